@@ -1,0 +1,107 @@
+"""SQLAlchemy 2 table definitions. Only `storage.store.Store` issues SQL against them."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 1
+
+
+class RunStatus(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self in {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED}
+
+
+class MemorySource(str, Enum):
+    NVML = "nvml"
+    TORCH = "torch"
+    HOST = "host"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(256))
+    spec_json: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    worker_pid: Mapped[int | None] = mapped_column(Integer)
+    child_pid: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    cancel_requested: Mapped[int] = mapped_column(Integer, default=0)
+    queue_order: Mapped[float] = mapped_column(Float)
+    error_summary: Mapped[str | None] = mapped_column(Text)
+    error_detail: Mapped[str | None] = mapped_column(Text)
+    current_step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int | None] = mapped_column(Integer)
+    final_metrics_json: Mapped[str | None] = mapped_column(Text)
+    resolved_config_json: Mapped[str | None] = mapped_column(Text)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_memory_source: Mapped[str | None] = mapped_column(String(16))
+    log_path: Mapped[str | None] = mapped_column(Text)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float] = mapped_column(Float)
+    time: Mapped[float] = mapped_column(Float)
+    __table_args__ = (Index("ix_metrics_run_name_step", "run_id", "name", "step"),)
+
+
+class MemorySample(Base):
+    __tablename__ = "memory_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    time: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(8))
+    device_index: Mapped[int | None] = mapped_column(Integer)
+    used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    utilization: Mapped[float | None] = mapped_column(Float)
+    temperature: Mapped[float | None] = mapped_column(Float)
+    power_watts: Mapped[float | None] = mapped_column(Float)
+    torch_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    torch_reserved: Mapped[int | None] = mapped_column(BigInteger)
+    torch_max_allocated: Mapped[int | None] = mapped_column(BigInteger)
+    process_rss: Mapped[int | None] = mapped_column(BigInteger)
+    __table_args__ = (Index("ix_memory_run_time", "run_id", "time"), Index("ix_memory_time", "time"))
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,47 @@
+"""Where tunedeck keeps its data: one data directory, one database URL.
+
+`TUNEDECK_HOME` (default `./data`) holds the database, run folders, uploads and the model
+cache. `TUNEDECK_DATABASE_URL` overrides the database (default SQLite at
+`$TUNEDECK_HOME/tunedeck.db`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """The data directory, created on first use."""
+    path = Path(os.environ.get("TUNEDECK_HOME", "data")).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def database_url() -> str:
+    url = os.environ.get("TUNEDECK_DATABASE_URL")
+    return url or f"sqlite:///{data_dir() / 'tunedeck.db'}"
+
+
+def runs_dir() -> Path:
+    path = data_dir() / "runs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_dir(run_id: int) -> Path:
+    path = runs_dir() / f"{int(run_id):06d}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    path = data_dir() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def uploads_dir() -> Path:
+    path = data_dir() / "uploads"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,42 @@
+"""Shared fixtures: an isolated data directory per test, a store, and a tiny offline model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh TUNEDECK_HOME (database, runs, uploads) for one test."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))
+    monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+    return home
+
+
+@pytest.fixture
+def store(data_home: Path):
+    from storage.store import Store
+
+    s = Store()
+    yield s
+    s.dispose()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama model + byte-level BPE tokenizer with a chat template, built offline once."""
+    from jobs.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
