@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# tunedeck's two set-up-everything commands.
+#
+#   ./dev.sh serve [args]   venv + install + default model, then `tunedeck serve [args]`
+#                           (http://127.0.0.1:7860, with its worker)
+#   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose when root), then pytest [args]
+#   ./dev.sh venv           only create/update the virtual environment
+#
+# Environment:
+#   TUNEDECK_VENV         venv folder (default ./.venv)
+#   TUNEDECK_PYTHON       interpreter that creates it (default python3.11)
+#   TUNEDECK_TORCH        torch requirement installed first (default torch==2.13.0, the CPU build
+#                         this dev machine has on disk). GPU hosts: e.g. TUNEDECK_TORCH="torch==2.14.1"
+#                         (PyPI's Linux x86_64 wheel is a CUDA build).
+#   TUNEDECK_TORCH_INDEX  a wheel index for torch only, e.g. https://download.pytorch.org/whl/cu128
+#
+# The venv is re-installed only when pyproject.toml, this file or the torch settings change
+# (a stamp file in the venv holds their hash), so a second call takes about a second.
+set -euo pipefail
+
+cd "$(dirname "$0")"
+ROOT="$(pwd)"
+VENV="${TUNEDECK_VENV:-$ROOT/.venv}"
+PYTHON="${TUNEDECK_PYTHON:-python3.11}"
+TORCH_REQ="${TUNEDECK_TORCH:-torch==2.13.0}"
+TORCH_INDEX="${TUNEDECK_TORCH_INDEX:-}"
+STAMP="$VENV/.tunedeck-stamp"
+
+log() { printf 'dev.sh: %s\n' "$*" >&2; }
+
+usage() {
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+stamp_hash() {
+    { cat pyproject.toml dev.sh; printf '%s\n%s\n%s\n' "$TORCH_REQ" "$TORCH_INDEX" "$PYTHON"; } \
+        | sha256sum | cut -d' ' -f1
+}
+
+ensure_venv() {
+    local want
+    want="$(stamp_hash)"
+    if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/tunedeck" ]]; then
+        return 0
+    fi
+    # Two dev.sh calls at once (serve in one terminal, test in another) must not both pip.
+    mkdir -p "$VENV"
+    exec 9>"$VENV/.tunedeck-lock"
+    if command -v flock >/dev/null 2>&1; then flock 9; fi
+    if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" && -x "$VENV/bin/tunedeck" ]]; then
+        return 0
+    fi
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        log "$PYTHON not found; install Python 3.11+ or set TUNEDECK_PYTHON"
+        exit 1
+    fi
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        log "creating $VENV with $PYTHON"
+        "$PYTHON" -m venv "$VENV"
+    fi
+    rm -f "$STAMP"
+    local pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+    # torch first, pinned: left to pip, `torch>=2.6` would pull a multi-GB CUDA build.
+    log "installing $TORCH_REQ${TORCH_INDEX:+ from $TORCH_INDEX}"
+    if [[ -n "$TORCH_INDEX" ]]; then
+        "${pip[@]}" --index-url "$TORCH_INDEX" "$TORCH_REQ"
+    else
+        "${pip[@]}" "$TORCH_REQ"
+    fi
+    log "installing tunedeck (editable, with test extras)"
+    "${pip[@]}" -e '.[test]'
+    echo "$want" > "$STAMP"
+}
+
+ensure_system_packages() {
+    # Browser tests drive Debian's Chromium; the compose test needs docker-compose. Never
+    # `playwright install`: it downloads a browser build of its own.
+    local missing=()
+    [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+    command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+    ((${#missing[@]})) || return 0
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        log "apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        log "missing ${missing[*]} (not root or no apt-get): the tests that need them will skip"
+    fi
+}
+
+cmd="${1:-}"
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+    serve)
+        ensure_venv
+        export GRADIO_ANALYTICS_ENABLED="${GRADIO_ANALYTICS_ENABLED:-False}"
+        export HF_HUB_DISABLE_TELEMETRY="${HF_HUB_DISABLE_TELEMETRY:-1}"
+        "$VENV/bin/tunedeck" setup
+        exec "$VENV/bin/tunedeck" serve "$@"
+        ;;
+    test)
+        ensure_venv
+        ensure_system_packages
+        export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
+    venv)
+        ensure_venv
+        log "ready: $VENV"
+        ;;
+    *)
+        usage
+        ;;
+esac

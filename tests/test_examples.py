@@ -1,0 +1,71 @@
+"""The shipped examples/*.yaml are valid job specs that survive a YAML round trip.
+
+    .venv/bin/python -m pytest tests/test_examples.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs.spec import JobSpec, Method, Precision, Scheduler, Trainer
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FILES = sorted(EXAMPLES.glob("*.yaml"))
+
+
+def _load(name: str) -> JobSpec:
+    return JobSpec.from_yaml((EXAMPLES / name).read_text())
+
+
+def test_examples_exist():
+    names = {p.name for p in FILES}
+    assert {"smollm2-tag-format.yaml", "smollm2-dpo.yaml", "tiny-llama-quick.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_example_parses_and_round_trips(path: Path):
+    spec = JobSpec.from_yaml(path.read_text())
+    assert spec.problems() == []
+    assert JobSpec.from_yaml(spec.to_yaml()) == spec
+    assert JobSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_example_sets_only_real_fields(path: Path):
+    # from_yaml already rejects unknown keys; this names the file when someone renames a field.
+    known = set(JobSpec.__dataclass_fields__)
+    keys = set(yaml.safe_load(path.read_text()))
+    assert keys <= known, f"{path.name}: unknown fields {sorted(keys - known)}"
+
+
+def test_default_example_is_the_measured_recipe():
+    # ENVIRONMENT.md: this exact recipe took ~101 s on CPU and visibly taught the format.
+    spec = _load("smollm2-tag-format.yaml")
+    assert spec.model == "smollm2-135m-instruct"
+    assert spec.dataset == "sample:chat-format"
+    assert spec.trainer is Trainer.SFT and spec.method is Method.LORA
+    assert (spec.lora_r, spec.lora_alpha, spec.lora_target_modules) == (16, 32, "all-linear")
+    assert spec.learning_rate == pytest.approx(1e-3)
+    assert spec.lr_scheduler_type is Scheduler.CONSTANT
+    assert spec.per_device_train_batch_size == 8 and spec.effective_batch_size == 8
+    assert spec.max_length == 96
+    assert spec.gradient_checkpointing is False
+    assert spec.precision is Precision.AUTO
+    assert (spec.max_steps, spec.logging_steps) == (30, 1)
+
+
+def test_dpo_example_uses_preference_data():
+    spec = _load("smollm2-dpo.yaml")
+    assert spec.trainer is Trainer.DPO
+    assert spec.dataset == "sample:preference-format"
+    assert spec.method is Method.LORA
+    assert 0 < spec.max_steps <= 20
+
+
+def test_quick_example_is_tiny():
+    spec = _load("tiny-llama-quick.yaml")
+    assert spec.model == "tiny-llama"
+    assert spec.max_steps == 20
