@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from contextlib import contextmanager
-from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy import Integer, create_engine, delete, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -98,6 +98,36 @@ class MemoryPoint:
     torch_reserved: int | None = None
     torch_max_allocated: int | None = None
     process_rss: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricBucket:
+    """A bucket of consecutive steps of one metric: its step span, min, max, sum and row count."""
+
+    first_step: int
+    last_step: int
+    min: float
+    max: float
+    total: float
+    count: int
+
+
+@dataclass(frozen=True)
+class MemoryBucket:
+    """A time bucket of memory samples from one source; maxima keep spikes visible."""
+
+    source: str
+    first_time: float
+    last_time: float
+    used_min: int | None
+    used_max: int | None
+    total_max: int | None
+    utilization_max: float | None
+    torch_allocated_max: int | None
+    torch_reserved_max: int | None
+    rss_min: int | None
+    rss_max: int | None
+    count: int
 
 
 @dataclass(frozen=True)
@@ -308,6 +338,26 @@ class Store:
         with self._tx() as s:
             s.execute(delete(m.Run).where(m.Run.id == run_id))
 
+    # ------------------------------------------------------------------ workers
+    # A worker's presence is a `meta` row `worker:<id>` = {"pid", "host", "time"}, refreshed
+    # while it lives (idle or busy), so `tunedeck run` can tell whether anyone will take its run.
+    def worker_beat(self, worker_id: str, pid: int, host: str) -> None:
+        key = f"worker:{worker_id}"[:64]
+        value = json.dumps({"worker_id": worker_id, "pid": pid, "host": host, "time": time.time()})
+        with self._tx() as s:
+            s.merge(m.Meta(key=key, value=value))
+
+    def worker_gone(self, worker_id: str) -> None:
+        with self._tx() as s:
+            s.execute(delete(m.Meta).where(m.Meta.key == f"worker:{worker_id}"[:64]))
+
+    def live_workers(self, within_s: float = 10.0) -> list[dict[str, Any]]:
+        """Workers that announced themselves in the last `within_s` seconds."""
+        cutoff = time.time() - within_s
+        with self._read() as s:
+            rows = [json.loads(v) for v in s.scalars(select(m.Meta.value).where(m.Meta.key.like("worker:%")))]
+        return [r for r in rows if r.get("time", 0) >= cutoff]
+
     # ------------------------------------------------------------------ metrics
     def add_metrics(self, run_id: int, points: Iterable[MetricPoint]) -> int:
         rows = [{"run_id": run_id, "step": p.step, "name": p.name, "value": float(p.value), "time": p.time}
@@ -337,6 +387,45 @@ class Store:
             r = s.execute(q).first()
             return MetricPoint(*r) if r else None
 
+    def metric_buckets(self, run_id: int, name: str, width: int, after_step: int = -1) -> list[MetricBucket]:
+        """One metric grouped in SQL into buckets of `width` steps (bucket = step // width), min/max kept.
+
+        `after_step` reads only newer rows (an index range scan), so a live graph can be kept up to date
+        without rescanning a long run.
+        """
+        step = m.Metric.step
+        bucket = (step if width <= 1 else func.cast(step / width, Integer)).label("b")
+        q = (select(bucket, func.min(step), func.max(step), func.min(m.Metric.value), func.max(m.Metric.value),
+                    func.sum(m.Metric.value), func.count())
+             .where(m.Metric.run_id == run_id, m.Metric.name == name, step > after_step)
+             .group_by("b").order_by("b"))
+        with self._read() as s:
+            return [MetricBucket(*r[1:]) for r in s.execute(q)]
+
+    def metric_extent(self, run_id: int, name: str) -> tuple[int, int] | None:
+        """(first step, last step) of one metric of a run, from the index alone; None when it has no rows."""
+        # Two scalar subqueries: SQLite answers a lone MIN() or MAX() from the index in O(log n),
+        # but scans every row when both share one SELECT.
+        cond = (m.Metric.run_id == run_id, m.Metric.name == name)
+        q = select(select(func.min(m.Metric.step)).where(*cond).scalar_subquery(),
+                   select(func.max(m.Metric.step)).where(*cond).scalar_subquery())
+        with self._read() as s:
+            lo, hi = s.execute(q).one()
+            return None if lo is None else (int(lo), int(hi))
+
+    def last_metric_values(self, run_ids: Sequence[int], name: str) -> dict[int, float]:
+        """The value at the highest step of one metric for each of several runs (for run tables)."""
+        if not run_ids:
+            return {}
+        inner = (select(m.Metric.run_id, func.max(m.Metric.step).label("step"))
+                 .where(m.Metric.run_id.in_(list(run_ids)), m.Metric.name == name)
+                 .group_by(m.Metric.run_id).subquery())
+        q = (select(m.Metric.run_id, m.Metric.value)
+             .join(inner, (m.Metric.run_id == inner.c.run_id) & (m.Metric.step == inner.c.step))
+             .where(m.Metric.name == name).order_by(m.Metric.id))
+        with self._read() as s:
+            return {run_id: value for run_id, value in s.execute(q)}
+
     # ------------------------------------------------------------------ memory
     def add_memory_samples(self, samples: Iterable[MemoryPoint]) -> int:
         rows = [{k: getattr(p, k) for k in _MEMORY_FIELDS} for p in samples]
@@ -361,6 +450,37 @@ class Store:
             q = q.limit(limit)
         with self._read() as s:
             return [MemoryPoint(**{k: getattr(r, k) for k in _MEMORY_FIELDS}) for r in s.scalars(q)]
+
+    def memory_buckets(self, run_id: int | None, origin: float, width: float,
+                       after: float | None = None) -> list[MemoryBucket]:
+        """Memory samples grouped in SQL per source into time buckets floor((time - origin) / width).
+
+        run_id=None groups every sample (the GPU panel); `after` reads only newer samples.
+        """
+        t = m.MemorySample
+        where = [t.time >= origin]
+        if run_id is not None:
+            where.append(t.run_id == run_id)
+        if after is not None:
+            where.append(t.time > after)
+        bucket = func.cast((t.time - origin) / width, Integer).label("b")
+        q = (select(bucket, t.source, func.min(t.time), func.max(t.time),
+                    func.min(t.used_bytes), func.max(t.used_bytes), func.max(t.total_bytes), func.max(t.utilization),
+                    func.max(t.torch_allocated), func.max(t.torch_reserved),
+                    func.min(t.process_rss), func.max(t.process_rss), func.count())
+             .where(*where).group_by("b", t.source).order_by("b"))
+        with self._read() as s:
+            return [MemoryBucket(*r[1:]) for r in s.execute(q)]
+
+    def memory_extent(self, run_id: int | None = None) -> tuple[float, float] | None:
+        """(first, last) sample time of a run's memory samples (all samples for None)."""
+        t = m.MemorySample
+        cond = (t.run_id == run_id,) if run_id is not None else ()
+        q = select(select(func.min(t.time)).where(*cond).scalar_subquery(),
+                   select(func.max(t.time)).where(*cond).scalar_subquery())
+        with self._read() as s:
+            lo, hi = s.execute(q).one()
+            return None if lo is None else (float(lo), float(hi))
 
     # ------------------------------------------------------------------ artifacts
     def add_artifact(self, run_id: int, kind: str, path: str, size: int, sha256: str) -> int:

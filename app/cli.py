@@ -1,0 +1,355 @@
+"""The `tunedeck` command line.
+
+    tunedeck serve [--host 127.0.0.1] [--port 7860] [--no-worker]   # dashboard (+ a worker process)
+    tunedeck worker [--burst]                 # take queued runs (burst: drain the queue, exit)
+    tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
+    tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
+    tunedeck runs [--status S]                # table of runs
+    tunedeck show RUN_ID                      # status, spec, metrics, memory, artifacts, error
+    tunedeck cancel RUN_ID
+    tunedeck setup [--model NAME]             # fetch/convert a built-in model once
+
+`run` follows the run in the database. When no worker has announced itself in the last few
+seconds it runs one inside this process (burst mode, stopping after this run); runs queued
+earlier are taken first, in queue order. Exit code 0 when the run succeeded, 1 when it failed,
+was cancelled or interrupted, 2 for bad input (one line per problem: field, problem, fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
+from storage.models import RunStatus  # noqa: E402
+from storage.store import RunRecord, Store  # noqa: E402
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+WORKER_SEEN_WITHIN_S = 10.0
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported as problems, exit code 2."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+# ---------------------------------------------------------------------- input
+def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
+    """Read a YAML spec file and apply `key=value` overrides; raises SpecError/UsageError."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError([Problem("spec", f"file {path} not found", "give the path of a YAML spec, e.g. examples/tiny-llama-quick.yaml")])
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UsageError([Problem("spec", f"{path} is not valid YAML ({exc})", "fix the YAML syntax at the line shown")]) from exc
+    if not isinstance(data, dict):
+        return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
+    bad = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            bad.append(Problem("--set", f"`{item}` is not key=value", "write e.g. --set learning_rate=1e-4"))
+            continue
+        data[key.strip()] = value  # strings: JobSpec coerces and validates them like YAML values
+    if bad:
+        raise UsageError(bad)
+    return JobSpec.from_dict(data)
+
+
+def _run_or_fail(store: Store, run_id: int) -> RunRecord:
+    run = store.get_run(run_id)
+    if run is None:
+        raise UsageError([Problem("RUN_ID", f"run {run_id} does not exist", "list runs with `tunedeck runs`")])
+    return run
+
+
+# ---------------------------------------------------------------------- formatting
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _duration(run: RunRecord) -> str:
+    if run.started_at is None:
+        return "-"
+    seconds = (run.finished_at or time.time()) - run.started_at
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+
+
+def runs_table(store: Store, runs: list[RunRecord]) -> str:
+    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME")
+    rows = []
+    for r in runs:
+        loss = store.last_metric(r.id, "loss")
+        step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
+        rows.append((str(r.id), r.status.value, r.name[:40], step, f"{loss.value:.4f}" if loss else "-",
+                     _when(r.created_at), _duration(r)))
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
+
+
+def bundle_path(store: Store, run: RunRecord) -> str | None:
+    """The downloadable bundle if the run made one, else its first artifact."""
+    arts = store.artifacts(run.id)
+    for a in arts:
+        if a.kind == "bundle":
+            return a.path
+    return arts[0].path if arts else None
+
+
+def show_text(store: Store, run: RunRecord) -> str:
+    lines = [f"run {run.id}: {run.name}", f"status:   {run.status.value}",
+             f"created:  {_when(run.created_at)}   duration: {_duration(run)}",
+             f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else "")]
+    if run.exit_code is not None:
+        lines.append(f"exit code: {run.exit_code}")
+    if run.peak_memory_bytes is not None:
+        lines.append(f"peak memory: {_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})")
+    if run.error_summary:
+        lines.append(f"error:    {run.error_summary}")
+    if run.log_path:
+        lines.append(f"log:      {run.log_path}")
+    lines += ["", "spec:", *("  " + ln for ln in run.spec.to_yaml().splitlines())]
+    if run.final_metrics:
+        lines += ["", "final metrics:", *(f"  {k}: {v:.6g}" if isinstance(v, (int, float)) else f"  {k}: {v}"
+                                          for k, v in run.final_metrics.items())]
+    arts = store.artifacts(run.id)
+    if arts:
+        lines += ["", "artifacts:", *(f"  {a.kind}: {a.path} ({_bytes(a.size)})" for a in arts)]
+    if run.error_detail:
+        lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- commands
+def cmd_submit(store: Store, args: argparse.Namespace) -> int:
+    from jobs.submit import submit
+
+    run_id = submit(store, load_spec(args.spec, args.set))
+    print(run_id)
+    return EXIT_OK
+
+
+def cmd_run(store: Store, args: argparse.Namespace) -> int:
+    from jobs.submit import submit
+
+    run_id = submit(store, load_spec(args.spec, args.set))
+    print(f"queued run {run_id}", file=sys.stderr)
+    worker = thread = None
+    if not store.live_workers(WORKER_SEEN_WITHIN_S):
+        from jobs.worker import Worker
+
+        print("no worker is running: running one in this process", file=sys.stderr)
+        worker = Worker(store)
+        thread = threading.Thread(target=worker.work, kwargs={"burst": True, "stop_after": run_id},
+                                  name="tunedeck-worker", daemon=True)
+        thread.start()
+    try:
+        run = follow(store, run_id, worker_thread=thread)
+    except KeyboardInterrupt:
+        if worker is None:
+            print(f"\nstopped following; run {run_id} continues (cancel it with `tunedeck cancel {run_id}`)",
+                  file=sys.stderr)
+            return EXIT_RUN_FAILED
+        print("\ninterrupted: stopping the training process", file=sys.stderr)
+        worker.stop("interrupted from the keyboard")
+        assert thread is not None
+        thread.join()
+        run = _run_or_fail(store, run_id)
+    finally:
+        if thread is not None:
+            thread.join(timeout=60)
+    print(f"run {run.id}: {run.status.value}", file=sys.stderr)
+    if run.status is not RunStatus.SUCCEEDED:
+        if run.error_summary:
+            print(f"error: {run.error_summary}", file=sys.stderr)
+        if run.log_path:
+            print(f"log: {run.log_path}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    bundle = bundle_path(store, run)
+    print(f"bundle: {bundle}" if bundle else "no artifacts were recorded", file=sys.stderr)
+    return EXIT_OK
+
+
+def follow(store: Store, run_id: int, worker_thread: threading.Thread | None = None,
+           interval: float = 0.5) -> RunRecord:
+    """Show a progress bar until the run finishes; prints each status change."""
+    from tqdm import tqdm
+
+    status: RunStatus | None = None
+    with tqdm(total=None, unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
+        while True:
+            run = _run_or_fail(store, run_id)
+            if run.status is not status:
+                status = run.status
+                extra = f" (position {_queue_position(store, run_id)} in the queue)" if status is RunStatus.QUEUED else ""
+                bar.write(f"run {run_id}: {status.value}{extra}", file=sys.stderr)
+            if run.total_steps and bar.total != run.total_steps:
+                bar.total = run.total_steps
+            if run.current_step != bar.n:
+                bar.n = run.current_step
+                loss = store.last_metric(run_id, "loss")
+                if loss is not None:
+                    bar.set_postfix(loss=f"{loss.value:.4f}", refresh=False)
+                bar.refresh()
+            if run.status.finished:
+                return run
+            if worker_thread is not None and not worker_thread.is_alive():
+                run = _run_or_fail(store, run_id)
+                if run.status.finished:
+                    return run
+                raise RuntimeError(f"the in-process worker stopped while run {run_id} was {run.status.value}")
+            time.sleep(interval)
+
+
+def _queue_position(store: Store, run_id: int) -> int:
+    ids = [r.id for r in store.queued()]
+    return ids.index(run_id) + 1 if run_id in ids else 0
+
+
+def cmd_runs(store: Store, args: argparse.Namespace) -> int:
+    status = None
+    if args.status:
+        try:
+            status = RunStatus(args.status.lower())
+        except ValueError:
+            choices = ", ".join(s.value for s in RunStatus)
+            raise UsageError([Problem("--status", f"`{args.status}` is not a run status", f"use one of: {choices}")])
+    runs = store.list_runs(status=status, limit=args.limit)
+    print(runs_table(store, runs) if runs else "no runs")
+    return EXIT_OK
+
+
+def cmd_show(store: Store, args: argparse.Namespace) -> int:
+    print(show_text(store, _run_or_fail(store, args.run_id)))
+    return EXIT_OK
+
+
+def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
+    run = _run_or_fail(store, args.run_id)
+    if run.status.finished:
+        print(f"run {run.id} already {run.status.value}; nothing to cancel")
+        return EXIT_OK
+    new = store.request_cancel(run.id)
+    print(f"run {run.id}: cancelled" if new is RunStatus.CANCELLED
+          else f"run {run.id}: cancel requested; the worker stops it within a few seconds")
+    return EXIT_OK
+
+
+def cmd_worker(store: Store, args: argparse.Namespace) -> int:
+    from jobs.worker import Worker
+
+    done = Worker(store, exit_with_parent=args.exit_with_parent).work(burst=args.burst)
+    if args.burst:
+        print(f"worker: {done} run(s) done", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_serve(store: Store, args: argparse.Namespace) -> int:
+    from app.server import serve
+
+    store.dispose()  # the server opens its own store
+    return serve(host=args.host, port=args.port, with_worker=not args.no_worker)
+
+
+def cmd_setup(store: Store, args: argparse.Namespace) -> int:
+    from jobs import models
+
+    print(f"preparing built-in model {args.model} (first time: download and convert, may take a minute)...")
+    ensure = getattr(models, "ensure_builtin", None)
+    path = ensure(args.model) if ensure else models.resolve_model(args.model).path
+    print(f"model {args.model} ready at {path}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tunedeck", description="Fine-tune a language model on one GPU.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="start the dashboard (and a worker process)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=7860)
+    s.add_argument("--no-worker", action="store_true", help="do not start a worker process")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
+    s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    s.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_worker)
+
+    for name, func, text in (("submit", cmd_submit, "check a YAML spec and queue it; prints the run id"),
+                             ("run", cmd_run, "submit a YAML spec and follow the run until it ends")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("spec", metavar="SPEC.yaml")
+        s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
+        s.set_defaults(func=func)
+
+    s = sub.add_parser("runs", help="list runs")
+    s.add_argument("--status", help="only runs with this status")
+    s.add_argument("--limit", type=int, default=50)
+    s.set_defaults(func=cmd_runs)
+
+    for name, func, text in (("show", cmd_show, "show one run"), ("cancel", cmd_cancel, "cancel a queued or running run")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("run_id", type=int, metavar="RUN_ID")
+        s.set_defaults(func=func)
+
+    s = sub.add_parser("setup", help="download/convert a built-in model once")
+    s.add_argument("--model", default="smollm2-135m-instruct")
+    s.set_defaults(func=cmd_setup)
+    return p
+
+
+def print_problems(problems: Sequence[Problem]) -> None:
+    print(f"tunedeck: {len(problems)} problem(s):", file=sys.stderr)
+    for p in problems:
+        print(f"  {p.field}: {p.problem}. Fix: {p.fix}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.command in ("worker", "serve") else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = Store()
+    try:
+        return args.func(store, args)
+    except (SpecError, UsageError) as exc:
+        print_problems(exc.problems)
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        problems = getattr(exc, "problems", None)  # ModelError / DataError
+        if isinstance(problems, list) and problems and all(isinstance(p, Problem) for p in problems):
+            print_problems(problems)
+            return EXIT_BAD_INPUT
+        raise
+    finally:
+        store.dispose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

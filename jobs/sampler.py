@@ -1,0 +1,250 @@
+"""Device memory sampling: NVML when there is an NVIDIA GPU, the host's RAM otherwise.
+
+`GpuProbe` reads one sample of every visible GPU (used/total bytes, utilization, temperature,
+power) through NVML (`import pynvml`, the nvidia-ml-py binding). Without a GPU it remembers
+why (e.g. "no NVIDIA GPU: NVML Shared Library Not Found"), logs that once, and samples the
+training process tree's RSS against the machine's RAM instead (source "host").
+
+`Sampler` is a daemon thread started by the worker: once a second while a run is active (every
+`idle_interval` seconds otherwise) it writes samples to the store, a few per transaction, and
+at the end of each run records the run's peak with `store.set_peak_memory`.
+
+    probe = GpuProbe()
+    print(probe.device_info().summary())
+    points = probe.sample(run_id=None, child_pid=None)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from storage.models import MemorySource
+from storage.store import MemoryPoint, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the UI shows about the machine's accelerators (or why there are none)."""
+
+    available: bool
+    reason: str | None = None
+    driver: str | None = None
+    devices: tuple[GpuDevice, ...] = ()
+    host_total_bytes: int = 0
+
+    def summary(self) -> str:
+        """One line per device, or the reason there is none."""
+        gib = 1024 ** 3
+        if not self.available:
+            return f"{self.reason}; sampling host RAM ({self.host_total_bytes / gib:.1f} GiB)"
+        lines = [f"GPU {d.index}: {d.name}, {d.total_bytes / gib:.1f} GiB" for d in self.devices]
+        return "\n".join(lines + [f"NVIDIA driver {self.driver}"])
+
+
+def process_tree_rss(pid: int | None) -> int:
+    """Resident memory of a process and all its descendants (0 when it is gone)."""
+    if pid is None:
+        return 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return total
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _visible_indices(count: int) -> list[int]:
+    """Devices named by CUDA_VISIBLE_DEVICES when it lists plain indices; all otherwise."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None or raw.strip() == "":
+        return list(range(count))
+    try:
+        wanted = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:  # UUIDs or MIG ids: do not guess the mapping, show everything
+        return list(range(count))
+    return [i for i in wanted if 0 <= i < count]
+
+
+class GpuProbe:
+    """Reads device memory; NVML is initialised once, its absence is remembered once."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._nvml: Any = None
+        self._handles: list[tuple[int, Any]] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible_indices(count)]
+            self._nvml = pynvml
+            if not self._handles:
+                self.reason = "no NVIDIA GPU: NVML sees no visible device"
+                self._nvml = None
+        except ImportError as exc:
+            self.reason = f"no NVIDIA GPU: pynvml is not installed ({exc})"
+        except Exception as exc:  # pynvml.NVMLError_* (LibraryNotFound, DriverNotLoaded, ...)
+            self.reason = f"no NVIDIA GPU: {_text(exc) or type(exc).__name__}"
+        if self.reason:
+            log.info("%s; memory graphs show host RAM of the training process tree", self.reason)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self._nvml is not None
+
+    def device_info(self) -> DeviceInfo:
+        host_total = psutil.virtual_memory().total
+        if not self.has_gpu:
+            return DeviceInfo(False, reason=self.reason, host_total_bytes=host_total)
+        nv = self._nvml
+        devices = []
+        for index, handle in self._handles:
+            devices.append(GpuDevice(index, _text(nv.nvmlDeviceGetName(handle)),
+                                     int(nv.nvmlDeviceGetMemoryInfo(handle).total)))
+        return DeviceInfo(True, driver=_text(nv.nvmlSystemGetDriverVersion()), devices=tuple(devices),
+                          host_total_bytes=host_total)
+
+    def sample(self, run_id: int | None, child_pid: int | None) -> list[MemoryPoint]:
+        """One point per GPU (source nvml), or one host point; cheap (~tens of us per device)."""
+        now = time.time()
+        rss = process_tree_rss(child_pid) if child_pid is not None else None
+        if not self.has_gpu:
+            vm = psutil.virtual_memory()
+            # With a run: RAM of the training process tree. Idle: RAM in use on the machine.
+            used = rss if child_pid is not None else vm.total - vm.available
+            return [MemoryPoint(time=now, source=MemorySource.HOST.value, run_id=run_id, used_bytes=used,
+                                total_bytes=vm.total, process_rss=rss)]
+        nv = self._nvml
+        points = []
+        for index, handle in self._handles:
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            points.append(MemoryPoint(
+                time=now, source=MemorySource.NVML.value, run_id=run_id, device_index=index,
+                used_bytes=int(mem.used), total_bytes=int(mem.total),
+                utilization=_optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
+                temperature=_optional(lambda: float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))),
+                power_watts=_optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+                process_rss=rss))
+        return points
+
+
+def _optional(read: Any) -> float | None:
+    """Some readings are unsupported on some boards (MIG, passive cooling): None, not an error."""
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+@dataclass
+class _RunPeak:
+    run_id: int
+    peak: int = 0
+    source: str = MemorySource.HOST.value
+
+
+class Sampler(threading.Thread):
+    """Background thread writing memory samples for the current run (or None when idle)."""
+
+    def __init__(self, store: Store, probe: GpuProbe | None = None, interval: float = 1.0,
+                 idle_interval: float = 5.0, batch_size: int = 3) -> None:
+        super().__init__(name="tunedeck-sampler", daemon=True)
+        self.store = store
+        self.probe = probe or GpuProbe()
+        self.interval = interval
+        self.idle_interval = idle_interval
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+        self._run: _RunPeak | None = None
+        self._child_pid: int | None = None
+        self._buffer: list[MemoryPoint] = []
+        self._stop_event = threading.Event()
+        self._wake = threading.Event()
+
+    # -- called by the worker -------------------------------------------------
+    def set_run(self, run_id: int | None, child_pid: int | None = None) -> None:
+        """Switch the sampled run; finishing a run flushes its samples and records its peak."""
+        with self._lock:
+            previous = self._run
+            self._run = _RunPeak(run_id) if run_id is not None else None
+            self._child_pid = child_pid
+        if previous is not None and (run_id is None or previous.run_id != run_id):
+            self._finish(previous)
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        self._wake.set()
+        if self.is_alive():
+            self.join(timeout)
+        with self._lock:
+            previous, self._run = self._run, None
+        if previous is not None:
+            self._finish(previous)
+        self._flush()
+
+    # -- the thread -------------------------------------------------------------
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.sample_once()
+            except Exception:  # a sampling hiccup must never take the worker down
+                log.exception("memory sampling failed")
+            with self._lock:
+                active = self._run is not None
+            self._wake.wait(self.interval if active else self.idle_interval)
+            self._wake.clear()
+
+    def sample_once(self) -> list[MemoryPoint]:
+        """Take one sample now, track the peak, write when the batch is full."""
+        with self._lock:
+            run, child_pid = self._run, self._child_pid
+        points = self.probe.sample(run.run_id if run else None, child_pid)
+        with self._lock:
+            if run is not None and run is self._run:
+                for p in points:
+                    if p.used_bytes is not None and p.used_bytes > run.peak:
+                        run.peak, run.source = p.used_bytes, p.source
+            self._buffer.extend(points)
+            full = len(self._buffer) >= self.batch_size * max(1, len(points))
+        if full or run is None:
+            self._flush()
+        return points
+
+    def _flush(self) -> None:
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+        if batch:
+            self.store.add_memory_samples(batch)
+
+    def _finish(self, run: _RunPeak) -> None:
+        self._flush()
+        if run.peak > 0:
+            self.store.set_peak_memory(run.run_id, run.peak, run.source)

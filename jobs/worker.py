@@ -1,0 +1,303 @@
+"""The worker: takes queued runs one at a time and runs each in its own training process.
+
+    tunedeck worker            # serve the queue until SIGTERM / Ctrl-C
+    tunedeck worker --burst    # drain the queue, then exit (tests, benchmarks)
+
+For each run it claims (atomically, `Store.claim_next`) it spawns
+`python -m jobs.train --run-id N` in a new session (its own process group), with stdout and
+stderr going to `runs/<id>/train.log` (never a pipe nobody reads). The child marks its run
+succeeded or failed itself; the worker records what the child cannot: when the child dies while
+its run is still `running`, the run is marked failed with the signal or exit code and the end of
+the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`, then `cancelled`. At start
+the worker marks runs interrupted whose heartbeat is stale or whose worker process on this host
+is dead (rq's StartedJobRegistry.cleanup). SIGTERM/SIGINT to the worker stop it warm: no new
+runs, SIGTERM forwarded to the child, wait, then exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+from jobs.sampler import GpuProbe, Sampler
+from storage.models import RunStatus
+from storage.settings import data_dir, run_dir
+from storage.store import RunRecord, Store
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 40
+_WATCH_TICK = 0.1  # how often the child is polled; the DB is read only every poll_interval
+
+
+def default_child_argv(run_id: int) -> list[str]:
+    """The training child's command line."""
+    return [sys.executable, "-m", "jobs.train", "--run-id", str(run_id)]
+
+
+def describe_exit(returncode: int) -> str:
+    """'training process killed by signal SIGKILL (9)' or 'training process exited with code N'."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"training process killed by signal {name} ({-returncode})"
+    return f"training process exited with code {returncode}"
+
+
+def log_tail(path: Path | str | None, lines: int = LOG_TAIL_LINES) -> str | None:
+    """The last lines of a log file (reads at most the last 64 KiB)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(text.splitlines()[-lines:]) or None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+    return out
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Worker:
+    """Runs queued runs one at a time in child processes; see the module docstring."""
+
+    def __init__(self, store: Store, worker_id: str | None = None, poll_interval: float = 1.0,
+                 heartbeat_interval: float = 2.0, stale_after: float = 30.0, grace_period: float = 20.0,
+                 *, child_argv: Callable[[int], list[str]] | None = None, sample: bool = True,
+                 exit_with_parent: int | None = None) -> None:
+        self.store = store
+        self.host = socket.gethostname()
+        self.worker_id = worker_id or f"{self.host}:{os.getpid()}"
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.stale_after = stale_after
+        self.grace_period = grace_period
+        self.child_argv = child_argv or default_child_argv  # tests swap in a fake child
+        self.sample = sample
+        self.exit_with_parent = exit_with_parent
+        self.sampler: Sampler | None = None
+        self._stop = threading.Event()
+        self._stop_reason = "worker stopped"
+        self._last_beat = 0.0
+
+    # ------------------------------------------------------------------ public
+    def stop(self, reason: str = "worker stopped") -> None:
+        """Ask the loop to stop: no new runs; a running child gets SIGTERM, then SIGKILL."""
+        self._stop_reason = reason
+        self._stop.set()
+
+    def work(self, burst: bool = False, stop_after: int | None = None) -> int:
+        """Serve the queue (burst: until it is empty; stop_after: until that run is done). Returns runs done."""
+        handlers = self._install_signal_handlers()
+        if self.sample:
+            self.sampler = Sampler(self.store, GpuProbe())
+            self.sampler.start()
+        done = 0
+        try:
+            self.cleanup_stale()
+            while not self._stop.is_set():
+                self._beat()
+                if self.exit_with_parent and not pid_alive(self.exit_with_parent):
+                    log.info("parent process %s is gone; stopping", self.exit_with_parent)
+                    break
+                run = self.store.claim_next(self.worker_id, os.getpid())
+                if run is None:
+                    if burst:
+                        break
+                    self._stop.wait(self.poll_interval)
+                    continue
+                self.execute(run)
+                done += 1
+                if stop_after is not None and run.id == stop_after:
+                    break
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
+            self.store.worker_gone(self.worker_id)
+            self._restore_signal_handlers(handlers)
+        return done
+
+    def cleanup_stale(self) -> list[int]:
+        """Mark running runs interrupted whose worker is gone; kill their orphaned children."""
+        marked = []
+        stale = {r.id: r for r in self.store.stale_running(self.stale_after)}
+        for run in self.store.list_runs(status=RunStatus.RUNNING, limit=10_000):
+            if run.id in stale:
+                reason = f"worker {run.worker_id} stopped sending heartbeats (none for {self.stale_after:g} s)"
+            elif self._dead_local_worker(run):
+                reason = f"worker {run.worker_id} (pid {run.worker_pid}) is no longer running"
+            else:
+                continue
+            self._kill_orphan(run)
+            if self.store.mark_interrupted(run.id, reason):
+                log.warning("run %s interrupted: %s", run.id, reason)
+                marked.append(run.id)
+        return marked
+
+    # ------------------------------------------------------------------ one run
+    def execute(self, run: RunRecord) -> RunStatus:
+        """Run one claimed run in a child process and record how it ended."""
+        log_path = run_dir(run.id) / "train.log"
+        env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), TUNEDECK_DATABASE_URL=self.store.url,
+                   PYTHONUNBUFFERED="1")
+        try:
+            with open(log_path, "ab") as out:
+                child = subprocess.Popen(self.child_argv(run.id), stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            self.store.mark_failed(run.id, f"could not start the training process: {exc}")
+            return self._status(run.id)
+        log.info("run %s: started child pid %s, log %s", run.id, child.pid, log_path)
+        self.store.set_child(run.id, child.pid, str(log_path))
+        if self.sampler is not None:
+            self.sampler.set_run(run.id, child.pid)
+        try:
+            returncode, why = self._watch(run.id, child)
+        finally:
+            _killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its run
+            if self.sampler is not None:
+                self.sampler.set_run(None)
+        return self._record_end(run.id, returncode, why, log_path)
+
+    def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:
+        """Wait for the child, heartbeating; returns (returncode, 'cancel'|'stop'|None)."""
+        next_check = 0.0
+        while True:
+            returncode = child.poll()
+            if returncode is not None:
+                return returncode, None
+            now = time.monotonic()
+            if self._stop.is_set():
+                return self._terminate(child), "stop"
+            if now >= next_check:
+                next_check = now + self.poll_interval
+                self._beat(run_id)
+                current = self.store.get_run(run_id)
+                if current is not None and current.cancel_requested and current.status is RunStatus.RUNNING:
+                    log.info("run %s: cancel requested; SIGTERM to process group %s", run_id, child.pid)
+                    return self._terminate(child), "cancel"
+                if current is None or current.status in (RunStatus.CANCELLED, RunStatus.INTERRUPTED):
+                    # Deleted or ended by someone else: the child has no business left.
+                    return self._terminate(child), "gone"
+            time.sleep(_WATCH_TICK)
+
+    def _terminate(self, child: subprocess.Popen) -> int:
+        """SIGTERM the group; SIGKILL it after the grace period. Returns the exit code."""
+        _killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_period
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(_WATCH_TICK)
+        if child.poll() is None:
+            log.warning("child %s ignored SIGTERM for %g s; SIGKILL", child.pid, self.grace_period)
+            _killpg(child.pid, signal.SIGKILL)
+        return child.wait()
+
+    def _record_end(self, run_id: int, returncode: int, why: str | None, log_path: Path) -> RunStatus:
+        self.store.set_exit_code(run_id, returncode)
+        if why == "cancel":
+            self.store.mark_cancelled(run_id, exit_code=returncode)
+        elif why == "stop":
+            self.store.mark_interrupted(run_id, f"{self._stop_reason} while the run was running "
+                                                f"({describe_exit(returncode)}); queue it again to retry")
+        current = self.store.get_run(run_id)
+        if current is not None and current.status is RunStatus.RUNNING:
+            summary = describe_exit(returncode)
+            if returncode == 0:
+                summary += " without reporting a result"
+            self.store.mark_failed(run_id, summary, log_tail(log_path), exit_code=returncode)
+        status = self._status(run_id)
+        log.info("run %s: %s (%s)", run_id, status.value if status else "deleted", describe_exit(returncode))
+        return status
+
+    # ------------------------------------------------------------------ helpers
+    def _status(self, run_id: int) -> RunStatus:
+        current = self.store.get_run(run_id)
+        return current.status if current else RunStatus.FAILED
+
+    def _beat(self, run_id: int | None = None) -> None:
+        now = time.monotonic()
+        if now - self._last_beat < self.heartbeat_interval:
+            return
+        self._last_beat = now
+        self.store.worker_beat(self.worker_id, os.getpid(), self.host)
+        if run_id is not None:
+            self.store.heartbeat(run_id)
+
+    def _dead_local_worker(self, run: RunRecord) -> bool:
+        wid = run.worker_id or ""
+        if not wid.startswith(f"{self.host}:") or run.worker_pid is None:
+            return False
+        return run.worker_pid != os.getpid() and not pid_alive(run.worker_pid)
+
+    def _kill_orphan(self, run: RunRecord) -> None:
+        """A training child whose worker died keeps the GPU busy: end it (only if it is ours)."""
+        wid = run.worker_id or ""
+        if not run.child_pid or not wid.startswith(f"{self.host}:"):
+            return
+        try:
+            cmdline = psutil.Process(run.child_pid).cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return
+        if "jobs.train" in cmdline and str(run.id) in cmdline:  # guard against pid reuse
+            log.warning("run %s: ending orphaned training process group %s", run.id, run.child_pid)
+            _killpg(run.child_pid, signal.SIGTERM)
+            time.sleep(min(self.grace_period, 5.0))
+            _killpg(run.child_pid, signal.SIGKILL)
+
+    def _install_signal_handlers(self) -> dict[int, object]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signals are only delivered to the main thread; the caller uses stop()
+
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            self.stop(f"worker received {signal.Signals(signum).name}")
+
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, handle)
+        return old
+
+    @staticmethod
+    def _restore_signal_handlers(old: dict[int, object]) -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]

@@ -1,0 +1,240 @@
+"""Every validation message of jobs.spec: unknown keys, types, bounds, enums, combinations."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.spec import (DEFAULT_MODEL, JobSpec, Method, Optim, Precision, Problem, Scheduler, SpecError,
+                       Trainer, field_infos)
+
+
+def problems_of(data) -> list[Problem]:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict(data)
+    return info.value.problems
+
+
+def one(data) -> Problem:
+    problems = problems_of(data)
+    assert len(problems) == 1, problems
+    return problems[0]
+
+
+def test_defaults_are_valid() -> None:
+    spec = JobSpec()
+    assert spec.problems() == []
+    assert spec.model == DEFAULT_MODEL
+    assert spec.trainer is Trainer.SFT and spec.method is Method.LORA
+    assert JobSpec.from_dict({}) == spec
+    assert JobSpec.from_yaml("") == spec
+
+
+def test_unknown_key_suggests_the_closest_field() -> None:
+    p = one({"learning_rat": 1e-4})
+    assert (p.field, p.problem, p.fix) == ("learning_rat", "unknown field", "did you mean `learning_rate`?")
+
+
+def test_unknown_key_without_close_match() -> None:
+    p = one({"zzzzzz": 1})
+    assert p.problem == "unknown field"
+    assert p.fix == "remove it; see the README's field table"
+
+
+def test_not_a_mapping() -> None:
+    p = one([1, 2])
+    assert p.field == "spec" and "expected a mapping" in p.problem and "list" in p.problem
+
+
+@pytest.mark.parametrize("field,value", [("lora_r", "eight"), ("lora_r", 2.5), ("lora_r", True), ("lora_r", [1])])
+def test_int_field_rejects_non_integers(field: str, value) -> None:
+    p = one({field: value})
+    assert p.field == field and p.problem.startswith("expected a whole number")
+    assert p.fix == "write a whole number such as 8"
+
+
+@pytest.mark.parametrize("raw,expected", [("16", 16), (16.0, 16), ("1e1", 10), (" 4 ", 4)])
+def test_int_field_accepts_integral_forms(raw, expected: int) -> None:
+    assert JobSpec.from_dict({"lora_r": raw}).lora_r == expected
+
+
+@pytest.mark.parametrize("value", ["fast", True, [1]])
+def test_float_field_rejects_non_numbers(value) -> None:
+    p = one({"learning_rate": value})
+    assert p.problem.startswith("expected a number")
+    assert p.fix == "write a number such as 0.0002 or 2e-4"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", float("inf")])
+def test_float_field_rejects_non_finite(value) -> None:
+    p = one({"learning_rate": value})
+    assert p.problem.startswith("must be a finite number")
+
+
+def test_float_field_accepts_strings() -> None:
+    assert JobSpec.from_dict({"learning_rate": "2e-4"}).learning_rate == 2e-4
+
+
+@pytest.mark.parametrize("raw,expected", [(True, True), ("yes", True), ("off", False), ("0", False), ("TRUE", True)])
+def test_bool_forms(raw, expected: bool) -> None:
+    assert JobSpec.from_dict({"packing": raw}).packing is expected
+
+
+@pytest.mark.parametrize("value", ["maybe", 1, 2.0])
+def test_bool_rejects_other_values(value) -> None:
+    p = one({"packing": value})
+    assert p.problem.startswith("expected true or false") and p.fix == "write true or false"
+
+
+def test_str_field_rejects_structures() -> None:
+    p = one({"model": {"a": 1}})
+    assert p.problem == "expected text, got dict" and p.fix == "write a single text value"
+
+
+def test_str_field_accepts_numbers_as_text() -> None:
+    assert JobSpec.from_dict({"run_name": 123}).run_name == "123"
+
+
+def test_missing_value_of_required_field() -> None:
+    p = one({"lora_r": None})
+    assert p.problem == "is missing a value"
+    assert "remove the line" in p.fix
+
+
+def test_empty_optional_is_none() -> None:
+    spec = JobSpec.from_dict({"eval_dataset": None, "max_train_samples": "", "eval_steps": None})
+    assert spec.eval_dataset is None and spec.max_train_samples is None and spec.eval_steps is None
+
+
+@pytest.mark.parametrize("field,enum", [("trainer", Trainer), ("method", Method), ("precision", Precision),
+                                        ("optim", Optim), ("lr_scheduler_type", Scheduler)])
+def test_enum_fields_list_their_choices(field: str, enum) -> None:
+    p = one({field: "nonsense"})
+    assert p.problem == "`nonsense` is not one of the choices"
+    assert p.fix == "use one of: " + ", ".join(m.value for m in enum)
+    first = next(iter(enum))
+    assert getattr(JobSpec.from_dict({field: first.value.upper()}), field) is first
+
+
+BOUNDS = [
+    ("max_train_samples", 0, "use a value >= 1"),
+    ("lora_r", 0, "use a value >= 1 and <= 4096"),
+    ("lora_r", 4097, "use a value >= 1 and <= 4096"),
+    ("lora_alpha", 0, "use a value >= 1"),
+    ("lora_dropout", -0.1, "use a value >= 0 and <= 0.9"),
+    ("lora_dropout", 0.95, "use a value >= 0 and <= 0.9"),
+    ("num_virtual_tokens", 0, "use a value >= 1 and <= 1024"),
+    ("num_virtual_tokens", 1025, "use a value >= 1 and <= 1024"),
+    ("beta", 0.0, "use a value > 0 and <= 10"),
+    ("beta", 11.0, "use a value > 0 and <= 10"),
+    ("per_device_train_batch_size", 0, "use a value >= 1 and <= 4096"),
+    ("gradient_accumulation_steps", 5000, "use a value >= 1 and <= 4096"),
+    ("max_length", 7, "use a value >= 8 and <= 131072"),
+    ("max_length", 131073, "use a value >= 8 and <= 131072"),
+    ("learning_rate", 0.0, "use a value > 0 and <= 1"),
+    ("learning_rate", 1.5, "use a value > 0 and <= 1"),
+    ("warmup_steps", -1, "use a value >= 0"),
+    ("num_train_epochs", 0.0, "use a value > 0 and <= 1000"),
+    ("num_train_epochs", 1001.0, "use a value > 0 and <= 1000"),
+    ("max_steps", -2, "use a value >= -1"),
+    ("weight_decay", 1.5, "use a value >= 0 and <= 1"),
+    ("max_grad_norm", -1.0, "use a value >= 0"),
+    ("logging_steps", 0, "use a value >= 1"),
+    ("eval_steps", 0, "use a value >= 1"),
+    ("save_steps", 0, "use a value >= 1"),
+    ("seed", -1, "use a value >= 0"),
+]
+
+
+@pytest.mark.parametrize("field,value,fix", BOUNDS)
+def test_each_bound(field: str, value, fix: str) -> None:
+    p = one({field: value})
+    assert p.field == field
+    assert p.problem.endswith("is out of range")
+    assert p.fix == fix
+
+
+def test_every_bounded_field_is_covered() -> None:
+    bounded = {f.name for f in field_infos() if f.ge is not None or f.gt is not None or f.le is not None}
+    assert bounded == {b[0] for b in BOUNDS}
+
+
+def test_bounds_edges_are_inclusive_where_declared() -> None:
+    spec = JobSpec.from_dict({"lora_r": 1, "lora_dropout": 0.9, "max_length": 8, "max_steps": -1,
+                              "learning_rate": 1.0, "warmup_steps": 0})
+    assert spec.problems() == []
+
+
+@pytest.mark.parametrize("data,field,text", [
+    ({"model": "  "}, "model", "is empty"),
+    ({"dataset": ""}, "dataset", "is empty"),
+    ({"lora_target_modules": " "}, "lora_target_modules", "is empty"),
+    ({"packing": True, "trainer": "dpo"}, "packing", "is only supported by the SFT trainer"),
+    ({"method": "prefix_tuning", "gradient_checkpointing": True}, "gradient_checkpointing", "prefix tuning fails"),
+    ({"max_steps": 0}, "max_steps", "0 would train nothing"),
+    ({"run_name": "x" * 201}, "run_name", "is longer than 200 characters"),
+])
+def test_combinations(data: dict, field: str, text: str) -> None:
+    p = one(data)
+    assert p.field == field and p.problem.startswith(text)
+    assert p.fix
+
+
+def test_empty_target_modules_is_fine_outside_lora() -> None:
+    assert JobSpec.from_dict({"lora_target_modules": "", "method": "ia3"}).method is Method.IA3
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    problems = problems_of({"learning_rat": 1, "lora_r": "x", "method": "magic", "seed": -5, "max_steps": 0,
+                            "packing": True, "trainer": "dpo"})
+    fields = [p.field for p in problems]
+    assert set(fields) == {"learning_rat", "lora_r", "method", "seed", "max_steps", "packing"}
+    message = str(SpecError(problems))
+    assert message.startswith(f"{len(problems)} problem(s) in the job spec:")
+    assert "learning_rat: unknown field. Fix: did you mean `learning_rate`?" in message
+
+
+def test_yaml_round_trip_keeps_every_field() -> None:
+    spec = JobSpec(run_name="r", model="org/m", dataset="d.jsonl", eval_dataset="e.jsonl", trainer=Trainer.DPO,
+                   method=Method.QLORA, lora_r=4, precision=Precision.BF16, optim=Optim.ADAMW_8BIT,
+                   lr_scheduler_type=Scheduler.COSINE, learning_rate=1e-5, eval_steps=3, max_train_samples=10)
+    text = spec.to_yaml()
+    assert "trainer: dpo" in text and "method: qlora" in text
+    assert JobSpec.from_yaml(text) == spec
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_invalid_yaml_and_json() -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_yaml("model: [unclosed")
+    assert info.value.problems[0].field == "spec" and "not valid YAML" in info.value.problems[0].problem
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_json("{nope")
+    assert "not valid JSON" in info.value.problems[0].problem
+
+
+def test_replace_validates() -> None:
+    assert JobSpec().replace(lora_r=4).lora_r == 4
+    with pytest.raises(SpecError):
+        JobSpec().replace(lora_r=0)
+    with pytest.raises(SpecError):
+        JobSpec(lora_r=0).validate()
+
+
+def test_derived_values() -> None:
+    spec = JobSpec(per_device_train_batch_size=4, gradient_accumulation_steps=3, model="org/Some-Model/")
+    assert spec.effective_batch_size == 12
+    assert spec.display_name == "Some-Model-lora-sft"
+    assert JobSpec(run_name="mine").display_name == "mine"
+
+
+def test_problem_str() -> None:
+    assert str(Problem("lora_r", "0 is out of range", "use a value >= 1")) == "lora_r: 0 is out of range. Fix: use a value >= 1"
+
+
+def test_field_infos_describe_every_field() -> None:
+    infos = {f.name: f for f in field_infos()}
+    assert set(infos) == set(JobSpec().to_dict())
+    assert infos["method"].kind == "enum" and "qlora" in infos["method"].choices
+    assert infos["eval_dataset"].optional and infos["lora_r"].kind == "int" and infos["lora_r"].le == 4096
+    assert all(f.help for f in infos.values())

@@ -1,0 +1,266 @@
+"""The worker with fake training children (exit codes, signals, cancel, stale runs) and the real one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.sampler import GpuProbe, Sampler, process_tree_rss
+from jobs.spec import JobSpec
+from jobs.worker import Worker, describe_exit, group_members
+from storage.models import RunStatus
+from storage.store import Store
+
+SPEC = JobSpec(model="tiny-llama", max_steps=5)
+
+
+def fake_child(code: str):
+    """A child_argv hook running a Python snippet; `run_id` and `store` are available in it."""
+    prelude = "import os, sys, time, signal\nrun_id = int(sys.argv[1])\n"
+    script = prelude + textwrap.dedent(code)
+    return lambda run_id: [sys.executable, "-c", script, str(run_id)]
+
+
+def make_worker(store: Store, code: str, **kw) -> Worker:
+    kw.setdefault("poll_interval", 0.1)
+    kw.setdefault("heartbeat_interval", 0.2)
+    kw.setdefault("grace_period", 2.0)
+    return Worker(store, child_argv=fake_child(code), sample=kw.pop("sample", False), **kw)
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(-9) == "training process killed by signal SIGKILL (9)"
+    assert describe_exit(3) == "training process exited with code 3"
+
+
+def test_child_exit_code_marks_failed_with_code_and_log(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    worker = make_worker(store, "print('loading model'); print('boom: bad thing', flush=True); sys.exit(3)")
+    assert worker.work(burst=True) == 1
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.exit_code == 3
+    assert run.error_summary == "training process exited with code 3"
+    assert "boom: bad thing" in run.error_detail
+    assert run.log_path and Path(run.log_path).name == "train.log"
+    assert run.child_pid is not None
+
+
+def test_child_that_reports_itself_keeps_its_status(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    code = """
+    from storage.store import Store
+    Store().mark_succeeded(run_id, {"train_loss": 1.5})
+    """
+    make_worker(store, code).work(burst=True)
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.SUCCEEDED, run.error_summary
+    assert run.final_metrics == {"train_loss": 1.5}
+    assert run.exit_code == 0
+
+
+def test_child_env_carries_home_and_database(store: Store, data_home: Path) -> None:
+    run_id = store.create_run(SPEC)
+    code = "print('HOME=' + os.environ['TUNEDECK_HOME']); print('DB=' + os.environ['TUNEDECK_DATABASE_URL'])"
+    make_worker(store, code).work(burst=True)
+    text = Path(store.get_run(run_id).log_path).read_text()
+    assert f"HOME={data_home}" in text
+    assert f"DB={store.url}" in text
+
+
+def test_sigkilled_child_fails_and_worker_takes_next_run(store: Store) -> None:
+    first = store.create_run(SPEC)
+    second = store.create_run(SPEC)
+    code = """
+    if run_id == %d:
+        print('step 1', flush=True)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    print('fine')
+    """ % first
+    worker = make_worker(store, code)
+    assert worker.work(burst=True) == 2
+    run = store.get_run(first)
+    assert run.status is RunStatus.FAILED
+    assert run.error_summary == "training process killed by signal SIGKILL (9)"
+    assert "SIGKILL" in run.error_summary
+    assert run.exit_code == -9
+    assert "step 1" in run.error_detail
+    # The second child exited 0 without reporting: failed, but it ran.
+    nxt = store.get_run(second)
+    assert nxt.status is RunStatus.FAILED
+    assert nxt.error_summary == "training process exited with code 0 without reporting a result"
+
+
+def test_cancel_running_run_terminates_whole_group(store: Store, tmp_path: Path) -> None:
+    run_id = store.create_run(SPEC)
+    marker = tmp_path / "got-sigterm"
+    # The child starts a grandchild (same process group), ignores SIGTERM after noting it:
+    # the worker must escalate to SIGKILL and leave nothing of the group behind.
+    code = f"""
+    import subprocess
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    def on_term(signum, frame):
+        open({str(marker)!r}, "w").write("yes")
+    signal.signal(signal.SIGTERM, on_term)
+    print("grandchild", grandchild.pid, flush=True)
+    while True:
+        time.sleep(0.05)
+    """
+    worker = make_worker(store, code, grace_period=1.0)
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True})
+    thread.start()
+    run = wait_for(lambda: (r := store.get_run(run_id)).child_pid and "grandchild" in Path(r.log_path).read_text() and r)
+    pgid = run.child_pid
+    assert len(group_members(pgid)) == 2
+    assert store.request_cancel(run_id) is RunStatus.RUNNING
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED
+    assert marker.read_text() == "yes"  # SIGTERM came first
+    assert run.exit_code == -9  # then SIGKILL after the grace period
+    assert group_members(pgid) == []
+
+
+def test_cancel_with_cooperative_child_needs_no_sigkill(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    worker = make_worker(store, "print('up', flush=True); time.sleep(600)", grace_period=10.0)
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True})
+    thread.start()
+    wait_for(lambda: store.get_run(run_id).child_pid)
+    store.request_cancel(run_id)
+    started = time.monotonic()
+    thread.join(timeout=20)
+    assert time.monotonic() - started < 5
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED
+    assert run.exit_code == -signal.SIGTERM
+
+
+def test_stop_interrupts_running_run(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    queued = store.create_run(SPEC)
+    worker = make_worker(store, "time.sleep(600)")
+    thread = threading.Thread(target=worker.work)
+    thread.start()
+    wait_for(lambda: store.get_run(run_id).child_pid)
+    worker.stop("worker received SIGTERM")
+    thread.join(timeout=20)
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.INTERRUPTED
+    assert "SIGTERM" in run.error_summary
+    assert store.get_run(queued).status is RunStatus.QUEUED  # not taken after the stop
+
+
+def test_stale_run_at_start_is_interrupted(store: Store) -> None:
+    stale = store.create_run(SPEC)
+    store.claim_next("otherhost:123", worker_pid=123)
+    with store._tx() as s:  # age its heartbeat (test-only shortcut into the store's session)
+        from sqlalchemy import update
+
+        from storage import models as m
+        s.execute(update(m.Run).where(m.Run.id == stale).values(heartbeat_at=time.time() - 3600))
+    fresh = store.create_run(SPEC)
+    store.claim_next("otherhost:456", worker_pid=456)  # fresh heartbeat, other host: left alone
+    worker = make_worker(store, "pass")
+    assert worker.cleanup_stale() == [stale]
+    run = store.get_run(stale)
+    assert run.status is RunStatus.INTERRUPTED
+    assert "heartbeat" in run.error_summary
+    assert store.get_run(fresh).status is RunStatus.RUNNING
+
+
+def test_run_of_dead_local_worker_is_interrupted(store: Store) -> None:
+    import subprocess
+    import socket
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run_id = store.create_run(SPEC)
+    store.claim_next(f"{socket.gethostname()}:{dead.pid}", worker_pid=dead.pid)
+    make_worker(store, "pass").work(burst=True)
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.INTERRUPTED
+    assert "no longer running" in run.error_summary
+
+
+def test_worker_announces_itself(store: Store) -> None:
+    worker = make_worker(store, "pass", worker_id="test-worker")
+    seen = []
+    worker.execute = lambda run: seen.append(store.live_workers())  # type: ignore[method-assign]
+    store.create_run(SPEC)
+    worker.work(burst=True)
+    assert seen and seen[0][0]["worker_id"] == "test-worker"
+    assert store.live_workers() == []  # gone after work() returns
+
+
+def test_sampler_writes_host_samples_with_rss(store: Store) -> None:
+    probe = GpuProbe()
+    if probe.has_gpu:
+        pytest.skip("host sampling is the no-GPU path")
+    assert probe.reason and probe.reason.startswith("no NVIDIA GPU")
+    assert "NVIDIA" in probe.device_info().summary()
+    run_id = store.create_run(SPEC)
+    assert process_tree_rss(os.getpid()) > 0
+    sampler = Sampler(store, probe, interval=0.05, batch_size=2)
+    sampler.set_run(run_id, os.getpid())
+    sampler.start()
+    wait_for(lambda: len(store.memory_samples(run_id)) >= 4, timeout=10)
+    sampler.set_run(None)
+    sampler.stop()
+    samples = store.memory_samples(run_id)
+    assert all(s.source == "host" and s.used_bytes > 0 and s.process_rss > 0 for s in samples)
+    assert all(s.total_bytes and s.total_bytes >= s.used_bytes for s in samples)
+    run = store.get_run(run_id)
+    assert run.peak_memory_source == "host"
+    assert run.peak_memory_bytes == max(s.used_bytes for s in samples)
+
+
+def test_worker_samples_child_memory(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    worker = make_worker(store, "x = bytearray(50 * 2**20); time.sleep(2.5)", sample=True)
+    worker.work(burst=True)
+    samples = store.memory_samples(run_id)
+    assert samples and all(s.process_rss and s.process_rss > 0 for s in samples)
+    assert store.get_run(run_id).peak_memory_bytes >= 50 * 2**20
+
+
+@pytest.mark.integration
+def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: Path) -> None:
+    """The real `python -m jobs.train` child, killed mid-run; the next run still trains."""
+    pytest.importorskip("jobs.train")
+    spec = JobSpec(model=str(tiny_model), max_steps=400, max_length=64, per_device_train_batch_size=2,
+                   logging_steps=1)
+    first = store.create_run(spec)
+    second = store.create_run(spec.replace(max_steps=3))
+    worker = Worker(store, poll_interval=0.2, heartbeat_interval=0.5, grace_period=5.0)
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True})
+    thread.start()
+    run = wait_for(lambda: (r := store.get_run(first)).current_step >= 2 and r, timeout=180, interval=0.2)
+    os.killpg(run.child_pid, signal.SIGKILL)
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    run = store.get_run(first)
+    assert run.status is RunStatus.FAILED
+    assert "SIGKILL" in run.error_summary and run.exit_code == -9
+    nxt = store.get_run(second)
+    assert nxt.status is RunStatus.SUCCEEDED, (nxt.error_summary, nxt.error_detail)
+    assert store.memory_samples(second)
