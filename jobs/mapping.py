@@ -1,0 +1,266 @@
+"""Pure mapping from a `JobSpec` (our intent) to library configs (trl, peft, bitsandbytes).
+
+Spec in, library config out, in the manner of trl's `get_peft_config` / `get_quantization_config`.
+Nothing here touches a GPU, a file or the database except `detect_device()`, which only asks
+torch what the machine can do. Each memory trick's memory/speed trade-off is written next to
+the code that maps it.
+
+    device = detect_device()
+    problems = capability_problems(spec, device)          # [] or reasons to refuse
+    args = training_config(spec, device, "out/", has_eval=True)
+    record = resolved_config(spec, device, "out/", has_eval=True)   # JSON for the run row
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from jobs.spec import LORA_FAMILY, JobSpec, Method, Optim, Precision, Problem, Trainer
+
+PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
+QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
+# peft's own IA3 defaults for Llama-style decoders; used when the model type is unknown.
+IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
+IA3_LLAMA_FEEDFORWARD = ["down_proj"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the training device can do; a plain value so the mapping stays testable."""
+
+    cuda: bool
+    bf16: bool
+    compute_capability: tuple[int, int] | None = None
+    name: str = "cpu"
+
+
+CPU = Device(cuda=False, bf16=False, compute_capability=None, name="cpu")
+
+
+def detect_device() -> Device:
+    """Ask torch what the first visible device supports (the only impure function here)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return CPU
+    return Device(cuda=True, bf16=bool(torch.cuda.is_bf16_supported()),
+                  compute_capability=tuple(torch.cuda.get_device_capability(0)),  # type: ignore[arg-type]
+                  name=torch.cuda.get_device_name(0))
+
+
+# ---------------------------------------------------------------------- precision
+# Mixed precision (bf16/fp16) runs matmuls in 16 bits under autocast: activations take about
+# half the memory and tensor cores run several times faster than fp32. Weights being trained
+# keep an fp32 master copy, so a full fine-tune saves little weight memory; a frozen base
+# (LoRA family) is loaded directly in 16 bits and halves the base's footprint. bf16 has fp32's
+# range (no loss scaling); fp16 needs a GradScaler, which only exists on CUDA.
+def resolve_precision(spec: JobSpec, device: Device) -> Precision:
+    """auto -> bf16 on CUDA with bf16, fp16 on older CUDA, fp32 on CPU; else the spec's choice."""
+    if spec.precision is not Precision.AUTO:
+        return spec.precision
+    if device.cuda:
+        return Precision.BF16 if device.bf16 else Precision.FP16
+    return Precision.FP32
+
+
+def capability_problems(spec: JobSpec, device: Device | None = None) -> list[Problem]:
+    """Reasons this spec cannot honestly run on this device (default: this machine's)."""
+    device = device if device is not None else detect_device()
+    out: list[Problem] = []
+    if spec.precision is Precision.FP16 and not device.cuda:
+        out.append(Problem("precision", "fp16 needs CUDA: on the CPU trl would silently train in fp32 without loss scaling",
+                           "use precision: auto (fp32 on CPU) or bf16"))
+    if spec.precision is Precision.BF16 and device.cuda and not device.bf16:
+        out.append(Problem("precision", f"this GPU ({device.name}) does not support bf16",
+                           "use precision: auto (fp16 with loss scaling) or fp32"))
+    return out
+
+
+def capability_warnings(spec: JobSpec, device: Device | None = None) -> list[str]:
+    """Things that will run on this device, but not the way the spec suggests."""
+    device = device if device is not None else detect_device()
+    out: list[str] = []
+    if spec.optim in PAGED_OPTIMS and not device.cuda:
+        out.append(f"optim {spec.optim.value}: paged optimizers need CUDA; bitsandbytes falls back to the "
+                   "non-paged optimizer on the CPU")
+    if spec.method in QUANTIZED_METHODS and not device.cuda:
+        out.append(f"method {spec.method.value}: bitsandbytes' CPU backend runs quantized layers much slower than a GPU")
+    if resolve_precision(spec, device) is Precision.BF16 and not device.cuda:
+        out.append("precision bf16 on the CPU: runs (use_cpu=True) but is usually slower than fp32 there")
+    return out
+
+
+def torch_dtype_name(spec: JobSpec, precision: Precision) -> str:
+    """dtype to load the model weights in: fp32 for trained weights, 16-bit for a frozen base."""
+    if spec.method is Method.FULL or precision is Precision.FP32:
+        return "float32"  # trained weights stay fp32 masters; autocast does the 16-bit compute
+    return "bfloat16" if precision is Precision.BF16 else "float16"
+
+
+# ---------------------------------------------------------------------- peft
+def _target_modules(spec: JobSpec) -> str | list[str]:
+    """`all-linear` passes through (peft expands it); a comma list becomes names."""
+    raw = spec.lora_target_modules.strip()
+    if raw == "all-linear":
+        return raw
+    return [name.strip() for name in raw.split(",") if name.strip()]
+
+
+def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
+    """(peft config class name, its keyword arguments) for the spec's method; None for full."""
+    m = spec.method
+    base: dict[str, Any] = {"task_type": "CAUSAL_LM"}
+    if m is Method.FULL:
+        return None
+    # LoRA: the base stays frozen (no gradients, no optimizer state); only r*(in+out) adapter
+    # weights per layer train, ~0.1-1% of the model, so optimizer memory all but vanishes. The
+    # adapters add a little compute per layer. DoRA also learns a per-column magnitude: often
+    # closer to full fine-tuning, ~10-30% slower and more activation memory.
+    if m in LORA_FAMILY:
+        return "LoraConfig", {**base, "r": spec.lora_r, "lora_alpha": spec.lora_alpha,
+                              "lora_dropout": spec.lora_dropout, "target_modules": _target_modules(spec),
+                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none"}
+    # IA3 learns one scaling vector per targeted layer: far fewer parameters than LoRA.
+    if m is Method.IA3:
+        targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
+        if model_type is not None:
+            from peft.utils.constants import (TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as FF,
+                                              TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as TM)
+            if model_type in TM and model_type in FF:
+                targets, feedforward = list(TM[model_type]), list(FF[model_type])
+        return "IA3Config", {**base, "target_modules": list(targets), "feedforward_modules": list(feedforward)}
+    # Prompt-learning methods train only virtual-token embeddings (prefix: per-layer keys and
+    # values); each virtual token lengthens every sequence, costing a little activation memory.
+    virtual = {"num_virtual_tokens": spec.num_virtual_tokens}
+    if m is Method.PROMPT_TUNING:
+        return "PromptTuningConfig", {**base, **virtual, "prompt_tuning_init": "RANDOM"}
+    if m is Method.PREFIX_TUNING:
+        return "PrefixTuningConfig", {**base, **virtual}
+    if m is Method.P_TUNING:
+        return "PromptEncoderConfig", {**base, **virtual, "encoder_reparameterization_type": "MLP"}
+    raise ValueError(f"no peft mapping for method {m!r}")  # pragma: no cover - enum is closed
+
+
+def peft_config(spec: JobSpec, model_type: str | None = None) -> Any | None:
+    """The peft config object for the spec's method, or None for a full fine-tune."""
+    found = peft_kwargs(spec, model_type)
+    if found is None:
+        return None
+    import peft
+
+    cls_name, kwargs = found
+    return getattr(peft, cls_name)(**kwargs)
+
+
+# ---------------------------------------------------------------------- quantization
+# QLoRA stores the frozen base in 4-bit NF4 (~0.5 B/param, ~0.52 with the quantization
+# constants; double quantization squeezes the constants themselves), a 4x saving over 16-bit,
+# and de-quantizes each layer on the fly to the compute dtype: ~10-40% slower than plain LoRA.
+# lora_8bit (LLM.int8) stores ~1 B/param and is usually slower still, for outlier handling.
+def quantization_kwargs(spec: JobSpec, precision: Precision) -> dict[str, Any] | None:
+    """BitsAndBytesConfig keyword arguments (compute dtype as a name), or None."""
+    if spec.method is Method.QLORA:
+        compute = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(precision, "float32")
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                "bnb_4bit_compute_dtype": compute}
+    if spec.method is Method.LORA_8BIT:
+        return {"load_in_8bit": True}
+    return None
+
+
+def quantization_config(spec: JobSpec, precision: Precision = Precision.FP32) -> Any | None:
+    """A transformers BitsAndBytesConfig for qlora / lora_8bit, else None."""
+    kwargs = quantization_kwargs(spec, precision)
+    if kwargs is None:
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if "bnb_4bit_compute_dtype" in kwargs:
+        kwargs = {**kwargs, "bnb_4bit_compute_dtype": getattr(torch, kwargs["bnb_4bit_compute_dtype"])}
+    return BitsAndBytesConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------- training args
+def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False) -> dict[str, Any]:
+    """Keyword arguments for SFTConfig / DPOConfig, every default that matters set explicitly."""
+    precision = resolve_precision(spec, device)
+    kw: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        # Micro-batch x accumulation: activation memory scales with the micro-batch only, so a
+        # small micro-batch with more accumulation reaches the same effective batch in less
+        # memory, paying with smaller, less efficient kernels (and more optimizer-step latency).
+        "per_device_train_batch_size": spec.per_device_train_batch_size,
+        "per_device_eval_batch_size": spec.per_device_train_batch_size,
+        "gradient_accumulation_steps": spec.gradient_accumulation_steps,
+        # Gradient checkpointing keeps only each layer's input and recomputes the rest in the
+        # backward pass: activation memory drops from O(layers x everything) to ~O(layers x
+        # hidden), for roughly one extra forward (~20-30% slower). trl turns it on by default.
+        "gradient_checkpointing": spec.gradient_checkpointing,
+        # Set explicitly: trl's configs default to bf16, which fails (or lies) on some devices.
+        "bf16": precision is Precision.BF16,
+        "fp16": precision is Precision.FP16,
+        "use_cpu": not device.cuda,
+        # 8-bit AdamW keeps its two moments in 8 bits (~2 B/param instead of 8) at nearly the same
+        # speed; paged variants move optimizer state to CPU RAM under GPU pressure (CUDA only).
+        "optim": spec.optim.value,
+        "learning_rate": spec.learning_rate,
+        "lr_scheduler_type": spec.lr_scheduler_type.value,
+        "warmup_steps": spec.warmup_steps,
+        "num_train_epochs": spec.num_train_epochs,
+        "max_steps": spec.max_steps,
+        "weight_decay": spec.weight_decay,
+        "max_grad_norm": spec.max_grad_norm,
+        "logging_steps": spec.logging_steps,
+        "logging_nan_inf_filter": False,  # a NaN loss must reach the graphs, not be hidden
+        "save_strategy": "steps" if spec.save_steps is not None else "no",
+        "eval_strategy": "steps" if has_eval and spec.eval_steps is not None else "no",
+        "seed": spec.seed,
+        # Activations and the logits tensor grow linearly with max_length (attention itself
+        # too with SDPA kernels); truncating long rows is the bluntest memory cap.
+        "max_length": spec.max_length,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+    if spec.gradient_checkpointing:
+        kw["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
+    if spec.save_steps is not None:
+        kw["save_steps"] = spec.save_steps
+    if kw["eval_strategy"] == "steps":
+        kw["eval_steps"] = spec.eval_steps
+    if spec.trainer is Trainer.SFT:
+        # Packing concatenates short rows into max_length blocks: no compute or memory is spent
+        # on padding, often ~2x tokens/s on short-row data; attention may span row boundaries.
+        kw["packing"] = spec.packing
+    else:
+        kw["beta"] = spec.beta
+    return kw
+
+
+def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False) -> Any:
+    """trl SFTConfig or DPOConfig for the spec on this device."""
+    from trl import DPOConfig, SFTConfig
+
+    cls = SFTConfig if spec.trainer is Trainer.SFT else DPOConfig
+    return cls(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
+
+
+def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False,
+                    model_type: str | None = None) -> dict[str, Any]:
+    """A JSON-able record of exactly what the trl config, peft config and BitsAndBytesConfig received."""
+    precision = resolve_precision(spec, device)
+    peft_found = peft_kwargs(spec, model_type)
+    return {
+        "device": {**asdict(device), "compute_capability": list(device.compute_capability or []) or None},
+        "precision": precision.value,
+        "torch_dtype": torch_dtype_name(spec, precision),
+        "trainer_config_class": "SFTConfig" if spec.trainer is Trainer.SFT else "DPOConfig",
+        "trainer_config": training_kwargs(spec, device, output_dir, has_eval=has_eval),
+        "peft_config_class": peft_found[0] if peft_found else None,
+        "peft_config": peft_found[1] if peft_found else None,
+        "quantization_config": quantization_kwargs(spec, precision),
+        "prepare_model_for_kbit_training": spec.method in QUANTIZED_METHODS,
+        "warnings": capability_warnings(spec, device),
+    }
