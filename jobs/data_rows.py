@@ -1,0 +1,236 @@
+"""Row formats and row-by-row validation for training data (used by `jobs.data`).
+
+Knows what trl 1.16 accepts: SFTTrainer takes `text`, `messages` or `prompt`/`completion`
+rows (prompt/completion as plain strings or as message lists); DPOTrainer takes
+`prompt`/`chosen`/`rejected` (plain strings or message lists). Everything here works on plain
+Python rows (dicts), so one code path checks .jsonl, .json, .csv, .parquet and hub data, and
+reports the 1-based numbers of the first bad rows instead of an Arrow stack trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from jobs.spec import Problem, Trainer
+
+
+class RowFormat(str, Enum):
+    TEXT = "text"
+    MESSAGES = "messages"
+    PROMPT_COMPLETION = "prompt_completion"
+    PREFERENCE = "preference"
+
+
+COLUMNS: dict[RowFormat, tuple[str, ...]] = {
+    RowFormat.TEXT: ("text",),
+    RowFormat.MESSAGES: ("messages",),
+    RowFormat.PROMPT_COMPLETION: ("prompt", "completion"),
+    RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
+}
+TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
+    Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
+    Trainer.DPO: (RowFormat.PREFERENCE,),
+}
+ROLES = ("system", "user", "assistant")
+FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
+              "or `prompt` + `chosen` + `rejected` (dpo)")
+# Column names seen in popular data sets, and what trl calls them.
+RENAMES = {"question": "prompt", "instruction": "prompt", "input": "prompt", "answer": "completion",
+           "output": "completion", "response": "completion", "conversations": "messages",
+           "conversation": "messages", "content": "text"}
+MSG_FIX = 'write it as [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]'
+
+
+def detect_format(columns: Iterable[str]) -> RowFormat | None:
+    """The format a set of columns asks for (first match wins: preference, messages, prompt/completion, text)."""
+    cols = set(columns)
+    if {"chosen", "rejected"} & cols:
+        return RowFormat.PREFERENCE
+    if "messages" in cols:
+        return RowFormat.MESSAGES
+    if "completion" in cols:
+        return RowFormat.PROMPT_COMPLETION
+    if "text" in cols:
+        return RowFormat.TEXT
+    if "prompt" in cols:
+        return RowFormat.PROMPT_COMPLETION
+    return None
+
+
+def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | None:
+    """A Problem when `trainer` cannot train on rows of `fmt`."""
+    if fmt in TRAINER_FORMATS[trainer]:
+        return None
+    if trainer is Trainer.DPO:
+        return Problem(field_name, f"has {fmt.value} rows, but the dpo trainer needs prompt/chosen/rejected rows",
+                       "use preference data such as `sample:preference-format`, or set trainer: sft")
+    return Problem(field_name, "has preference rows (prompt/chosen/rejected), which the sft trainer cannot use",
+                   "set trainer: dpo, or use text/messages/prompt+completion data such as `sample:chat-format`")
+
+
+# ---------------------------------------------------------------------- collecting issues
+@dataclass
+class _Issue:
+    fix: str
+    rows: list[int] = field(default_factory=list)
+    count: int = 0
+    detail: str | None = None
+
+
+class Issues:
+    """Bad rows grouped by what is wrong; keeps the first `max_rows` row numbers of each."""
+
+    def __init__(self, field_name: str, max_rows: int = 5, label: str = "row"):
+        self.field_name, self.max_rows, self.label = field_name, max(1, max_rows), label
+        self._by_message: dict[str, _Issue] = {}
+
+    def add(self, row: int, message: str, fix: str, detail: str | None = None) -> None:
+        issue = self._by_message.setdefault(message, _Issue(fix, detail=detail))
+        issue.count += 1
+        if len(issue.rows) < self.max_rows:
+            issue.rows.append(row)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_message)
+
+    def problems(self) -> list[Problem]:
+        out = []
+        for message, issue in sorted(self._by_message.items(), key=lambda kv: kv[1].rows[0]):
+            label = self.label if issue.count == 1 else f"{self.label}s"
+            where = f"{label} {', '.join(map(str, issue.rows))}"
+            if issue.count > len(issue.rows):
+                where += f" (and {issue.count - len(issue.rows)} more)"
+            text = f"{where}: {message}" + (f" ({issue.detail})" if issue.detail else "")
+            out.append(Problem(self.field_name, text, issue.fix))
+        return out
+
+
+# ---------------------------------------------------------------------- value checks
+def _messages_problem(value: Any, name: str, *, need_assistant: bool, only_assistant: bool = False) -> tuple[str, str] | None:
+    """(problem, fix) when `value` is not a usable list of chat messages."""
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                       for m in value)):
+        return f"`{name}` is not a list of {{role, content}}", MSG_FIX
+    roles = [m["role"] for m in value]
+    bad = sorted({r for r in roles if r not in ROLES})
+    if bad:
+        return f"`{name}` has unknown role `{bad[0]}`", "use the roles system, user and assistant"
+    if only_assistant and any(r != "assistant" for r in roles):
+        return f"`{name}` holds non-assistant turns", f"put only the assistant's answer in `{name}`; earlier turns belong in `prompt`"
+    if need_assistant and "assistant" not in roles:
+        return f"`{name}` has no assistant turn", "add the answer the model should learn as a message with role assistant"
+    return None
+
+
+def _string_problem(value: Any, name: str, *, allow_empty: bool = False) -> tuple[str, str] | None:
+    if not isinstance(value, str):
+        if value is None:
+            return f"`{name}` is missing", f"give every row a `{name}` value"
+        return f"`{name}` is not a string", f"write `{name}` as text"
+    if not allow_empty and not value.strip():
+        return f"`{name}` is empty", f"give every row a non-empty `{name}`"
+    return None
+
+
+def _style(value: Any) -> str:
+    return "conversational" if isinstance(value, list) else "plain"
+
+
+def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, str]], str | None]:
+    """Every (problem, fix) in one row of format `fmt`, and the row's style (plain / conversational)."""
+    present = {k for k, v in row.items() if v is not None}
+    own = detect_format(present)
+    if own is not None and own is not fmt and set(COLUMNS[own]) <= present:
+        cols = ", ".join(f"`{c}`" for c in sorted(present & {"text", "messages", "prompt", "completion", "chosen", "rejected"}))
+        want = " + ".join(f"`{c}`" for c in COLUMNS[fmt])
+        return [(f"has {cols} instead of {want} (mixed formats in one data set)",
+                 f"use one format for every row: {want}")], None
+    missing = [c for c in COLUMNS[fmt] if c not in present]
+    if missing:
+        return [(f"`{c}` is missing", f"give every row a `{c}` value") for c in missing], None
+    if fmt is RowFormat.TEXT:
+        found = _string_problem(row["text"], "text")
+        return ([found] if found else []), None
+    if fmt is RowFormat.MESSAGES:
+        found = _messages_problem(row["messages"], "messages", need_assistant=True)
+        return ([found] if found else []), "conversational"
+    answers = ("completion",) if fmt is RowFormat.PROMPT_COMPLETION else ("chosen", "rejected")
+    names = ("prompt", *answers)
+    styles = {_style(row[n]) for n in names}
+    if len(styles) > 1:
+        return [(f"mixes plain text and message lists across {', '.join(f'`{n}`' for n in names)}",
+                 "write all of them as strings, or all as lists of {role, content}")], None
+    style = styles.pop()
+    out: list[tuple[str, str]] = []
+    if style == "plain":
+        for n in names:
+            found = _string_problem(row[n], n, allow_empty=(n == "prompt"))
+            if found:
+                out.append(found)
+    else:
+        found = _messages_problem(row["prompt"], "prompt", need_assistant=False)
+        if found:
+            out.append(found)
+        for n in answers:
+            found = _messages_problem(row[n], n, need_assistant=True, only_assistant=True)
+            if found:
+                out.append(found)
+    return out, style
+
+
+def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
+    """The row reduced to what trl reads; chat messages reduced to {role, content}."""
+    out = {}
+    for c in COLUMNS[fmt]:
+        v = row.get(c)
+        if isinstance(v, list):
+            v = [{"role": m["role"], "content": m["content"]} if isinstance(m, dict) else m for m in v]
+        out[c] = v
+    return out
+
+
+# ---------------------------------------------------------------------- whole data set
+@dataclass
+class Checked:
+    """What validating every row found."""
+
+    format: RowFormat
+    n_rows: int
+    preview: list[dict[str, Any]]
+    warnings: list[str]
+    problems: list[Problem]
+    style: str | None  # "plain" | "conversational" | None (text rows)
+
+
+def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues,
+               preview_rows: int = 5) -> Checked:
+    """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
+    n_rows, preview, first_style, same_answer = 0, [], None, 0
+    for number, row in rows:
+        n_rows += 1
+        if len(preview) < preview_rows:
+            preview.append(only_columns(row, fmt))
+        found, style = row_problems(row, fmt)
+        for message, fix in found:
+            issues.add(number, message, fix)
+        if found:
+            continue
+        if style and first_style is None:
+            first_style = (number, style)
+        elif style and style != first_style[1]:
+            # trl decides plain vs conversational from the first row only; Arrow needs one type per column.
+            issues.add(number, f"is {style} where {issues.label} {first_style[0]} is {first_style[1]}"
+                               " (plain strings and message lists mixed in one data set)",
+                       "use one style for the whole file: all strings, or all lists of {role, content}")
+        if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
+            same_answer += 1
+    warnings = []
+    if same_answer:
+        warnings.append(f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing")
+    if 0 < n_rows < 8:
+        warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
+    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None)
