@@ -1,0 +1,211 @@
+"""Graph series for the dashboard: SQL-bucketed metrics and memory kept up to date incrementally.
+
+The store groups rows into buckets in SQL (min and max per bucket, so a spike survives); this
+module keeps those buckets per run in memory and, on each refresh, asks the store only for rows
+newer than the last one it saw. Bucket widths are powers of two aligned at step 0 (or at the
+run's first sample time), so when a series outgrows `max_points` neighbouring buckets merge
+exactly (min of mins, max of maxes) without another scan of the table.
+
+    cache = MetricSeriesCache(store)
+    buckets = cache.get(run_id, "loss")   # <= max_points // 2 buckets, two points each
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+
+from storage.store import MemoryBucket, MetricBucket, Store
+
+MAX_POINTS = 2000
+_CACHE_KEYS = 128
+_MEMORY_BASE_WIDTH_S = 1.0 / 16
+
+
+def merge_metric(a: MetricBucket, b: MetricBucket) -> MetricBucket:
+    """Combine two buckets of the same series (exact for min, max, sum, count)."""
+    return MetricBucket(min(a.first_step, b.first_step), max(a.last_step, b.last_step), min(a.min, b.min),
+                        max(a.max, b.max), a.total + b.total, a.count + b.count)
+
+
+def _opt(fn: Any, x: Any, y: Any) -> Any:
+    return y if x is None else x if y is None else fn(x, y)
+
+
+def merge_memory(a: MemoryBucket, b: MemoryBucket) -> MemoryBucket:
+    """Combine two memory buckets of the same source."""
+    return MemoryBucket(a.source, min(a.first_time, b.first_time), max(a.last_time, b.last_time),
+                        _opt(min, a.used_min, b.used_min), _opt(max, a.used_max, b.used_max),
+                        _opt(max, a.total_max, b.total_max), _opt(max, a.utilization_max, b.utilization_max),
+                        _opt(max, a.torch_allocated_max, b.torch_allocated_max),
+                        _opt(max, a.torch_reserved_max, b.torch_reserved_max),
+                        _opt(min, a.rss_min, b.rss_min), _opt(max, a.rss_max, b.rss_max), a.count + b.count)
+
+
+def pow2_at_least(x: float, base: float = 1.0) -> float:
+    """The smallest base * 2**k (k >= 0) that is >= x."""
+    width = base
+    while width < x:
+        width *= 2
+    return width
+
+
+@dataclass
+class _MetricState:
+    width: int
+    last_step: int
+    buckets: dict[int, MetricBucket] = field(default_factory=dict)
+
+
+@dataclass
+class _MemoryState:
+    origin: float
+    width: float
+    last_time: float
+    buckets: dict[tuple[int, str], MemoryBucket] = field(default_factory=dict)
+
+
+class MetricSeriesCache:
+    """Downsampled metric series per (run, name); refreshes read only new rows."""
+
+    def __init__(self, store: Store, max_points: int = MAX_POINTS):
+        self.store = store
+        self.max_buckets = max(1, max_points // 2)
+        self._lock = threading.Lock()
+        self._states: OrderedDict[tuple[int, str], _MetricState] = OrderedDict()
+
+    def get(self, run_id: int, name: str) -> list[MetricBucket]:
+        extent = self.store.metric_extent(run_id, name)
+        if extent is None:
+            return []
+        hi = extent[1]
+        with self._lock:
+            state = self._states.get((run_id, name))
+            if state is None or hi < state.last_step:
+                width = int(pow2_at_least((hi + 1) / self.max_buckets))
+                rows = self.store.metric_buckets(run_id, name, width)
+                state = _MetricState(width, hi, {r.first_step // width: r for r in rows})
+            elif hi > state.last_step:
+                for r in self.store.metric_buckets(run_id, name, state.width, after_step=state.last_step):
+                    key = r.first_step // state.width
+                    old = state.buckets.get(key)
+                    state.buckets[key] = merge_metric(old, r) if old else r
+                state.last_step = hi
+                while (hi + 1) / state.width > self.max_buckets:
+                    state.width *= 2
+                    merged: dict[int, MetricBucket] = {}
+                    for key, b in sorted(state.buckets.items()):
+                        k = key // 2
+                        merged[k] = merge_metric(merged[k], b) if k in merged else b
+                    state.buckets = merged
+            self._states[(run_id, name)] = state
+            self._states.move_to_end((run_id, name))
+            while len(self._states) > _CACHE_KEYS:
+                self._states.popitem(last=False)
+            return [b for _, b in sorted(state.buckets.items())]
+
+
+class MemorySeriesCache:
+    """Downsampled memory timeline per run; refreshes read only new samples."""
+
+    def __init__(self, store: Store, max_points: int = MAX_POINTS):
+        self.store = store
+        self.max_buckets = max(1, max_points // 2)
+        self._lock = threading.Lock()
+        self._states: OrderedDict[int, _MemoryState] = OrderedDict()
+
+    def get(self, run_id: int) -> tuple[float, list[MemoryBucket]]:
+        """(origin time, buckets in time order) for one run's samples."""
+        extent = self.store.memory_extent(run_id)
+        if extent is None:
+            return 0.0, []
+        lo, hi = extent
+        with self._lock:
+            state = self._states.get(run_id)
+            if state is None or lo != state.origin or hi < state.last_time:
+                width = pow2_at_least((hi - lo) / self.max_buckets, _MEMORY_BASE_WIDTH_S)
+                rows = self.store.memory_buckets(run_id, lo, width)
+                state = _MemoryState(lo, width, hi, {(int((r.first_time - lo) / width), r.source): r for r in rows})
+            elif hi > state.last_time:
+                for r in self.store.memory_buckets(run_id, lo, state.width, after=state.last_time):
+                    key = (int((r.first_time - lo) / state.width), r.source)
+                    old = state.buckets.get(key)
+                    state.buckets[key] = merge_memory(old, r) if old else r
+                state.last_time = hi
+                while (hi - lo) / state.width > self.max_buckets:
+                    state.width *= 2
+                    merged: dict[tuple[int, str], MemoryBucket] = {}
+                    for (key, src), b in sorted(state.buckets.items()):
+                        k = (key // 2, src)
+                        merged[k] = merge_memory(merged[k], b) if k in merged else b
+                    state.buckets = merged
+            self._states[run_id] = state
+            self._states.move_to_end(run_id)
+            while len(self._states) > _CACHE_KEYS:
+                self._states.popitem(last=False)
+            return lo, [b for _, b in sorted(state.buckets.items())]
+
+
+# ---------------------------------------------------------------------- frames for gr.LinePlot
+def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
+    """Columns step, value, series: one point per single-row bucket, else its min and max."""
+    rows: list[tuple[float, float, str]] = []
+    for label, buckets in series.items():
+        for b in buckets:
+            if b.count == 1 or b.min == b.max:
+                rows.append((float(b.first_step), b.max, label))
+            else:
+                mid = (b.first_step + b.last_step) / 2
+                rows.append((mid, b.min, label))
+                rows.append((mid, b.max, label))
+    return pd.DataFrame(rows, columns=["step", "value", "series"])
+
+
+_GIB = 1024 ** 3
+MEMORY_SERIES = {  # label -> (min attribute or None, max attribute)
+    "GPU used (NVML)": ("used_min", "used_max"),
+    "torch allocated": (None, "torch_allocated_max"),
+    "torch reserved": (None, "torch_reserved_max"),
+    "host RSS": ("rss_min", "rss_max"),
+}
+
+
+def memory_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
+    """Columns seconds (since origin; negative = ago), GiB, series; max (and min) per bucket."""
+    rows: list[tuple[float, float, str]] = []
+    for b in buckets:
+        t = (b.first_time + b.last_time) / 2 - origin
+        for label, (lo_attr, hi_attr) in MEMORY_SERIES.items():
+            hi = getattr(b, hi_attr)
+            if hi is None:
+                continue
+            lo = getattr(b, lo_attr) if lo_attr else None
+            if lo is not None and lo != hi:
+                rows.append((t, lo / _GIB, label))
+            rows.append((t, hi / _GIB, label))
+    return pd.DataFrame(rows, columns=["seconds", "GiB", "series"])
+
+
+def utilization_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
+    """Columns seconds, percent, series: the GPU utilization peak per bucket (NVML samples only)."""
+    rows = [((b.first_time + b.last_time) / 2 - origin, float(b.utilization_max), "GPU utilization")
+            for b in buckets if b.utilization_max is not None]
+    return pd.DataFrame(rows, columns=["seconds", "percent", "series"])
+
+
+def downsample_minmax(points: list[tuple[int, float]], max_points: int = MAX_POINTS) -> list[MetricBucket]:
+    """Reference (pure Python) version of the SQL bucketing, for tests: same widths, same buckets."""
+    if not points:
+        return []
+    hi = max(p[0] for p in points)
+    width = int(pow2_at_least((hi + 1) / max(1, max_points // 2)))
+    out: dict[int, MetricBucket] = {}
+    for step, value in points:
+        b = MetricBucket(step, step, value, value, value, 1)
+        k = step // width
+        out[k] = merge_metric(out[k], b) if k in out else b
+    return [replace(b) for _, b in sorted(out.items())]

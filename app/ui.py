@@ -1,0 +1,107 @@
+"""The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
+
+Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
+(app.ui_gpu), the runs table (app.ui_runs) and the run page (app.ui_run). This module lays
+them out and wires the events that cross views: launch or select -> run page, clone -> form,
+`?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
+
+    demo = build_ui(Store()); demo.launch(server_name="127.0.0.1")
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import gradio as gr
+
+from app import ui_form, ui_gpu, ui_run, ui_runs
+from storage.settings import runs_dir
+from storage.store import Store
+
+# Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
+_SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
+  const u = new URL(window.location.href); u.searchParams.set('run', String(id));
+  window.history.replaceState(null, '', u.toString()); } return []; }"""
+
+
+def _allow_run_downloads() -> None:
+    """Let Gradio serve bundles from the runs folder when it lies outside its default roots (cwd, tmp)."""
+    root = str(runs_dir())
+    if root.startswith((os.getcwd(), tempfile.gettempdir())) or os.environ.get("GRADIO_ALLOWED_PATHS"):
+        return
+    os.environ["GRADIO_ALLOWED_PATHS"] = root  # read by Blocks.launch when no allowed_paths are passed
+
+
+def build_ui(store: Store) -> gr.Blocks:
+    """The whole dashboard, wired to `store`."""
+    _allow_run_downloads()
+    page_data = ui_run.RunPageData(store)
+    with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
+        gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
+        gpu = ui_gpu.build_panel()
+        with gr.Tabs(selected="launch") as tabs:
+            with gr.Tab("Launch", id="launch"):
+                form = ui_form.build_form()
+            with gr.Tab("Runs", id="runs"):
+                runs = ui_runs.build()
+            with gr.Tab("Run", id="run"):
+                page = ui_run.build()
+        timer = gr.Timer(1.0)
+        runs_timer = gr.Timer(2.0)
+
+        ui_form.wire(form, store)
+        ui_gpu.wire(gpu, store, timer)
+        ui_runs.wire(runs, store, runs_timer)
+
+        def launch(*args: Any) -> tuple[str, Any, Any]:
+            errors, run_id = ui_form.launch(store, *args)
+            if run_id is None:
+                return errors, gr.skip(), gr.skip()
+            return "", run_id, gr.Tabs(selected="run")
+
+        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch")
+
+        def select(evt: gr.SelectData) -> tuple[Any, Any]:
+            row = evt.row_value or []
+            return (int(row[0]), gr.Tabs(selected="run")) if row else (gr.skip(), gr.skip())
+
+        runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
+
+        refresh_outputs = page.outputs
+        page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
+                           api_visibility="private")
+        page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
+        timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
+                   api_visibility="private")
+        page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
+
+        def clone(run_id: float | None) -> list[Any]:
+            run = store.get_run(int(run_id)) if run_id is not None else None
+            if run is None:
+                raise gr.Error("Open a run first.")
+            return ui_form.form_values(run.spec) + [gr.Tabs(selected="launch")]
+
+        page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
+
+        def on_load(request: gr.Request) -> list[Any]:
+            raw = dict(request.query_params).get("run", "") if request else ""
+            budget = ui_form.budget_text(*[c.value for c in form.inputs])
+            preview = ui_data_preview(form)
+            # gr.Number renders a missing initial value as 0; an explicit None empties the box.
+            empties = [None] * len(optional_numbers)
+            if raw.isdigit():
+                return [int(raw), gr.Tabs(selected="run"), budget, *preview, *empties]
+            return [gr.skip(), gr.skip(), budget, *preview, *empties]
+
+        optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
+        demo.load(on_load, None, [page.run_id, tabs, form.budget, form.data_info, form.data_preview,
+                                  *optional_numbers], api_visibility="private")
+    return demo
+
+
+def ui_data_preview(form: ui_form.LaunchForm) -> tuple[str, Any]:
+    from app.ui_data import preview_dataset
+
+    return preview_dataset(form.fields["dataset"].value, form.fields["trainer"].value)

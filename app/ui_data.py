@@ -1,0 +1,166 @@
+"""Model and data helpers behind the launch form: choices, uploads, preview, architecture lookup.
+
+Everything here is read-only towards the training side: it lists built-in and cached models,
+saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.check_dataset` for
+the preview and its row-numbered errors. Nothing here reaches the network.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.budget import SMOLLM2_135M, Arch
+from jobs.spec import DEFAULT_MODEL, Problem, Trainer
+from storage.settings import models_dir, uploads_dir
+
+UPLOAD_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+FALLBACK_BUILTINS = (DEFAULT_MODEL, "tiny-llama")
+TINY_LLAMA = Arch(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512, tied=True)
+
+
+def builtin_models() -> list[str]:
+    try:
+        from jobs.models import BUILTIN_MODELS
+        return list(BUILTIN_MODELS)
+    except ImportError:  # the models helper has not landed in this checkout
+        return list(FALLBACK_BUILTINS)
+
+
+@functools.lru_cache(maxsize=1)
+def cached_hub_models() -> tuple[str, ...]:
+    """Model repos in the local Hugging Face cache (no network); empty when there is no cache."""
+    try:
+        from huggingface_hub import scan_cache_dir
+        info = scan_cache_dir()
+    except Exception:  # no cache dir, unreadable cache, old hub version: the list is only a convenience
+        return ()
+    return tuple(sorted(r.repo_id for r in info.repos if r.repo_type == "model"))
+
+
+def model_choices() -> list[str]:
+    return builtin_models() + [m for m in cached_hub_models() if m not in builtin_models()]
+
+
+def uploaded_files() -> list[str]:
+    return sorted(str(p) for p in uploads_dir().iterdir() if p.suffix in UPLOAD_SUFFIXES)
+
+
+def sample_refs() -> list[str]:
+    try:
+        from jobs.data import list_samples
+        return list_samples()
+    except ImportError:
+        return ["sample:chat-format", "sample:preference-format"]
+
+
+def dataset_choices(optional: bool = False) -> list[str]:
+    return ([""] if optional else []) + sample_refs() + uploaded_files()
+
+
+def safe_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:80] or "file"
+
+
+def save_upload(path: str | None) -> Any:
+    """Copy an uploaded file under uploads_dir() (content-addressed name) and select it as dataset."""
+    if not path:
+        return gr.skip()
+    src = Path(path)
+    if src.suffix.lower() not in UPLOAD_SUFFIXES:
+        raise gr.Error(f"{src.name}: expected one of {', '.join(UPLOAD_SUFFIXES)}")
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:10]
+    dest = uploads_dir() / f"{safe_stem(src.stem)}-{digest}{src.suffix.lower()}"
+    if not dest.exists():
+        shutil.copyfile(src, dest)
+    return gr.Dropdown(choices=dataset_choices(), value=str(dest))
+
+
+def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
+    """Row-numbered problems of one data set ([] when it checks out)."""
+    from jobs.data import DataError, check_dataset
+    try:
+        check_dataset(ref, trainer, field)
+    except DataError as exc:
+        return list(exc.problems)
+    return []
+
+
+def preview_dataset(ref: str | None, trainer: str | None) -> tuple[str, pd.DataFrame]:
+    """(format + rows + warnings or the row errors, first rows) of the chosen data set."""
+    from jobs.data import DataError, check_dataset
+    empty = pd.DataFrame()
+    if not ref or not ref.strip():
+        return "", empty
+    try:
+        info = check_dataset(ref.strip(), Trainer(trainer or "sft"), "dataset")
+    except DataError as exc:
+        lines = "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
+        return f"**Data problems**\n{lines}", empty
+    except ValueError as exc:
+        return f"**Data problem**: {exc}", empty
+    warn = "".join(f"\n- {w}" for w in info.warnings)
+    text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
+    rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
+    return text, pd.DataFrame(rows)
+
+
+def _cell(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def _config_of(ref: str) -> tuple[dict[str, Any] | None, str]:
+    """A model's config.json from a local folder, a converted built-in, or the HF cache (no network)."""
+    candidates = [Path(ref).expanduser(), models_dir() / ref]
+    for folder in candidates:
+        cfg = folder / "config.json"
+        if cfg.is_file():
+            return json.loads(cfg.read_text()), str(cfg)
+    if "/" in ref:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            hit = try_to_load_from_cache(ref, "config.json")
+            if isinstance(hit, str):
+                return json.loads(Path(hit).read_text()), f"{ref} (HF cache)"
+        except Exception:  # invalid repo id, unreadable cache: no estimate rather than an error
+            pass
+    return None, ""
+
+
+def model_arch(ref: str) -> tuple[Arch | None, str]:
+    """(architecture, where it came from) for the budget, or (None, '') when unknown here."""
+    cfg, source = _config_of(ref)
+    if cfg is not None:
+        try:
+            return Arch.from_config(cfg), source
+        except (KeyError, TypeError, ValueError):
+            return None, ""
+    known = {DEFAULT_MODEL: SMOLLM2_135M, "tiny-llama": TINY_LLAMA}
+    if ref in known:
+        return known[ref], f"{ref}'s published config"
+    return None, ""
+
+
+@functools.lru_cache(maxsize=1)
+def has_cuda() -> bool:
+    """Whether this machine has an NVIDIA GPU (NVML), without importing torch into the web server."""
+    return device_info() is not None and bool(getattr(device_info(), "available", False))
+
+
+@functools.lru_cache(maxsize=1)
+def device_info() -> Any:
+    """jobs.sampler's DeviceInfo, probed once per process; None when the sampler is unavailable."""
+    try:
+        from jobs.sampler import GpuProbe
+        return GpuProbe().device_info()
+    except Exception:  # NVML missing or broken: the panel shows the host-memory note instead
+        return None

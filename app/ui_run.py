@@ -1,0 +1,191 @@
+"""One run's page: status, progress and ETA, live graphs, log tail, spec, cancel, download, clone.
+
+Refreshed by a 1 s timer that reads the store; once a finished run has been drawn the timer
+skips it (nothing changes any more). Files are only ever served from inside the data directory.
+"""
+
+from __future__ import annotations
+
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app import series
+from app.budget import human_bytes
+from storage.models import RunStatus
+from storage.settings import data_dir
+from storage.store import RunRecord, Store
+
+LOG_LINES = 50
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+def inside_data_dir(path: str | Path | None) -> Path | None:
+    """The resolved path when it lies inside the data directory, else None (never serve others)."""
+    if not path:
+        return None
+    p = Path(path).resolve()
+    return p if p.is_relative_to(data_dir()) and p.is_file() else None
+
+
+def log_tail(run: RunRecord, lines: int = LOG_LINES) -> str:
+    path = inside_data_dir(run.log_path)
+    if path is None:
+        return ""
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - _LOG_TAIL_BYTES))
+        text = fh.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def bundle_path(store: Store, run_id: int) -> Path | None:
+    """The run's zip bundle (adapter or model), if recorded and inside the data directory."""
+    for art in reversed(store.artifacts(run_id)):
+        if art.path.endswith(".zip"):
+            path = inside_data_dir(art.path)
+            if path is not None:
+                return path
+    return None
+
+
+def bundle_files(path: Path) -> pd.DataFrame:
+    with zipfile.ZipFile(path) as zf:
+        rows = [[i.filename, human_bytes(i.file_size)] for i in zf.infolist() if not i.is_dir()]
+    return pd.DataFrame(rows, columns=["file", "size"])
+
+
+def eta_text(run: RunRecord, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if run.status is not RunStatus.RUNNING or not run.total_steps or not run.started_at or run.current_step <= 0:
+        return ""
+    per_step = (now - run.started_at) / run.current_step
+    left = max(0.0, (run.total_steps - run.current_step) * per_step)
+    return f" · ETA {int(left // 60)}m {int(left % 60):02d}s"
+
+
+def progress_html(run: RunRecord) -> str:
+    total = run.total_steps or 0
+    pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
+    label = f"step {run.current_step}/{total or '?'}{eta_text(run)}"
+    return (f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
+            f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
+            f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
+            f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>')
+
+
+def header_markdown(run: RunRecord) -> str:
+    peak = f" · peak memory {human_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})" if run.peak_memory_bytes else ""
+    cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
+    return (f"## Run {run.id}: {run.name}\n"
+            f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{run.spec.model}` · "
+            f"{run.spec.method.value} / {run.spec.trainer.value}{peak}")
+
+
+@dataclass
+class RunPage:
+    run_id: gr.Number
+    header: gr.Markdown
+    progress: gr.HTML
+    cancel: gr.Button
+    clone: gr.Button
+    download: gr.DownloadButton
+    files: gr.Dataframe
+    error: gr.Markdown
+    memory: gr.LinePlot
+    loss: gr.LinePlot
+    lr: gr.LinePlot
+    tps: gr.LinePlot
+    log: gr.Code
+    spec: gr.Code
+    drawn: gr.State
+
+    @property
+    def outputs(self) -> list[gr.Component]:
+        return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
+                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn]
+
+
+def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None) -> gr.LinePlot:
+    return gr.LinePlot(x=x, y=y, color="series", label=label, height=240, elem_id=elem_id)
+
+
+def build() -> RunPage:
+    """Lay out the run tab; call inside a gr.Blocks context."""
+    with gr.Row():
+        run_id = gr.Number(label="run id", precision=0, value=None, elem_id="run-id", scale=1)
+        cancel = gr.Button("Cancel", variant="stop", visible=False, scale=0)
+        clone = gr.Button("Clone into form", scale=0)
+        download = gr.DownloadButton("Download adapter", visible=False, scale=0, elem_id="download-adapter")
+    header = gr.Markdown("Select a run in the Runs tab, or launch one.", elem_id="run-header")
+    progress = gr.HTML()
+    error = gr.Markdown(elem_id="run-error")
+    with gr.Row():
+        memory = _plot("GiB", "Memory (NVML used, torch allocated/reserved, or host RSS)", x="seconds",
+                       elem_id="run-memory-plot")
+        loss = _plot("value", "Loss (train, eval)", elem_id="run-loss-plot")
+    with gr.Row():
+        lr = _plot("value", "Learning rate")
+        tps = _plot("value", "Tokens/s")
+    files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
+    log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
+    spec = gr.Code(label="Spec", language="yaml", interactive=False)
+    return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
+                   spec, gr.State(None))
+
+
+class RunPageData:
+    """Builds the page's values from the store; holds the series caches shared by all tabs."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.metrics = series.MetricSeriesCache(store)
+        self.memory = series.MemorySeriesCache(store)
+
+    def graphs(self, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """(memory, loss, learning rate, tokens/s) frames, each <= ~2000 points per series."""
+        origin, mem = self.memory.get(run_id)
+        loss = series.metric_frame({"train": self.metrics.get(run_id, "loss"),
+                                    "eval": self.metrics.get(run_id, "eval_loss")})
+        lr = series.metric_frame({"learning rate": self.metrics.get(run_id, "learning_rate")})
+        tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
+        return series.memory_frame(mem, origin), loss, lr, tps
+
+    def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
+        """All outputs of the page; skipped entirely for a finished run already drawn."""
+        if run_id is None:
+            return [gr.skip()] * 13
+        rid = int(run_id)
+        run = self.store.get_run(rid)
+        if run is None:
+            return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
+                    gr.Dataframe(visible=False), ""] + [None] * 4 + ["", "", None]
+        if run.status.finished and drawn == (rid, run.status.value):
+            return [gr.skip()] * 13
+        memory, loss, lr, tps = self.graphs(rid)
+        bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
+        files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
+        label = "Download model" if run.spec.method.value == "full" else "Download adapter"
+        download = gr.DownloadButton(label, value=str(bundle), visible=True) if bundle else gr.DownloadButton(visible=False)
+        error = ""
+        if run.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
+            error = f"### Run {run.status.value}\n{run.error_summary or 'no error summary recorded'}"
+            if run.exit_code is not None:
+                error += f" (exit code {run.exit_code})"
+        cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
+        drawn_now = (rid, run.status.value) if run.status.finished else None
+        return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
+                log_tail(run), run.spec.to_yaml(), drawn_now]
+
+    def cancel(self, run_id: float | None) -> None:
+        if run_id is None:
+            return
+        status = self.store.request_cancel(int(run_id))
+        if status is None:
+            raise gr.Error(f"No run {int(run_id)}.")
+        gr.Info(f"Run {int(run_id)}: {'cancelled' if status is RunStatus.CANCELLED else 'cancel requested'}.")

@@ -1,0 +1,66 @@
+"""Helpers for the Chromium tests: start `tunedeck serve` on a free port, launch Debian's Chromium.
+
+Flags come from ../shared/ENVIRONMENT.md: offline, no sandbox, host lookups of anything but
+127.0.0.1 fail, so a request leaving the machine would show up as an error, never as traffic.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(port: int) -> list[str]:
+    exe = Path(sys.executable).with_name("tunedeck")
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    return base + ["serve", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def start_server(home: Path, port: int, log: Path, timeout: float = 60.0) -> subprocess.Popen:
+    """Start the dashboard + worker; raise with its stderr when it does not come up in time."""
+    env = {**os.environ, "TUNEDECK_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    env.pop("TUNEDECK_DATABASE_URL", None)
+    fh = log.open("wb")
+    proc = subprocess.Popen(serve_command(port), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+            return proc
+        except OSError:
+            time.sleep(0.3)
+    stop_server(proc)
+    raise RuntimeError(f"tunedeck serve did not come up on port {port}; its output:\n{log.read_text()[-8000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
