@@ -65,10 +65,21 @@ def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
         if not sep or not key.strip():
             bad.append(Problem("--set", f"`{item}` is not key=value", "write e.g. --set learning_rate=1e-4"))
             continue
-        data[key.strip()] = value  # strings: JobSpec coerces and validates them like YAML values
+        data[key.strip()] = _yaml_scalar(value)
     if bad:
         raise UsageError(bad)
     return JobSpec.from_dict(data)
+
+
+def _yaml_scalar(text: str) -> object:
+    """A --set value read like the same value in the YAML file (empty: null); odd text stays text."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if value is None or isinstance(value, (str, int, float, bool)) else text
 
 
 def _run_or_fail(store: Store, run_id: int) -> RunRecord:

@@ -11,85 +11,39 @@ and eval data (`jobs.data.check_dataset`), and what this machine can do with the
 
 from __future__ import annotations
 
-import importlib
-import logging
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
-
 from jobs.spec import JobSpec, Problem, SpecError
 from storage.store import Store
 
-log = logging.getLogger(__name__)
-
-# Names the training helper may give its "can this machine run this spec" check.
-_CAPABILITY_CHECKS = ("capability_problems", "check_capabilities", "device_problems", "check_device")
-
-
-def _optional_module(name: str) -> ModuleType | None:
-    """Import a module that may not exist yet in this checkout; real import errors propagate."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            log.warning("%s is not available; its checks are skipped", name)
-            return None
-        raise
-
-
-def _problems_of(exc: BaseException) -> list[Problem] | None:
-    problems = getattr(exc, "problems", None)
-    if isinstance(problems, list) and all(isinstance(p, Problem) for p in problems):
-        return problems
-    return None
-
 
 def model_problems(spec: JobSpec) -> list[Problem]:
-    models = _optional_module("jobs.models")
-    if models is None:
-        return []
+    from jobs.models import ModelError, check_model
+
     try:
-        return list(models.check_model(spec.model, trust_remote_code=spec.trust_remote_code))
-    except Exception as exc:  # ModelError carries problems
-        problems = _problems_of(exc)
-        if problems is None:
-            raise
-        return problems
+        return list(check_model(spec.model, trust_remote_code=spec.trust_remote_code))
+    except ModelError as exc:
+        return list(exc.problems)
 
 
 def dataset_problems(spec: JobSpec) -> list[Problem]:
-    data = _optional_module("jobs.data")
-    if data is None:
-        return []
+    # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
+    from jobs.data import DataError, check_dataset
+
     out: list[Problem] = []
     for field, ref in (("dataset", spec.dataset), ("eval_dataset", spec.eval_dataset)):
         if not ref or not ref.strip():
-            continue
+            continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            data.check_dataset(ref, spec.trainer, field=field)
-        except Exception as exc:  # DataError carries problems
-            problems = _problems_of(exc)
-            if problems is None:
-                raise
-            out.extend(problems)
+            check_dataset(ref, spec.trainer, field=field)
+        except DataError as exc:
+            out.extend(exc.problems)
     return out
 
 
 def capability_problems(spec: JobSpec) -> list[Problem]:
-    mapping = _optional_module("jobs.mapping")
-    if mapping is None:
-        return []
-    check: Callable[[JobSpec], Any] | None = next(
-        (getattr(mapping, n) for n in _CAPABILITY_CHECKS if callable(getattr(mapping, n, None))), None)
-    if check is None:
-        return []
-    try:
-        return list(check(spec) or [])
-    except Exception as exc:
-        problems = _problems_of(exc)
-        if problems is None:
-            raise
-        return problems
+    """What this machine cannot do with the spec (fp16 without CUDA, bf16 on an old GPU)."""
+    from jobs import mapping
+
+    return list(mapping.capability_problems(spec))
 
 
 def check(spec: JobSpec) -> list[Problem]:

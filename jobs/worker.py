@@ -209,6 +209,10 @@ class Worker:
                 return returncode, None
             now = time.monotonic()
             if self._stop.is_set():
+                # Marked first: the child answers SIGTERM by marking its run cancelled, but a
+                # worker shutdown is not the user's cancel.
+                self.store.mark_interrupted(run_id, f"{self._stop_reason} while the run was running; "
+                                                    "queue it again to retry")
                 return self._terminate(child), "stop"
             if now >= next_check:
                 next_check = now + self.poll_interval
@@ -237,9 +241,6 @@ class Worker:
         self.store.set_exit_code(run_id, returncode)
         if why == "cancel":
             self.store.mark_cancelled(run_id, exit_code=returncode)
-        elif why == "stop":
-            self.store.mark_interrupted(run_id, f"{self._stop_reason} while the run was running "
-                                                f"({describe_exit(returncode)}); queue it again to retry")
         current = self.store.get_run(run_id)
         if current is not None and current.status is RunStatus.RUNNING:
             summary = describe_exit(returncode)
