@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from types import FrameType
 from typing import Any
 
 from storage.store import Store
@@ -65,13 +66,20 @@ def serve(host: str = "127.0.0.1", port: int = 7860, with_worker: bool = True, *
         print(warning, file=sys.stderr)
     store = Store()
     worker = start_worker() if with_worker else None
+    # SIGTERM (docker stop, systemd) ends the server like Ctrl-C, so the worker is stopped warm.
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         demo = build_ui(store)
         demo.launch(server_name=host, server_port=port, show_error=True, **launch_kwargs)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if worker is not None:
             stop_worker(worker)
         store.dispose()
     return 0
+
+
+def _raise_keyboard_interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

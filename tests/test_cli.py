@@ -169,3 +169,48 @@ def test_submit_reports_model_data_and_device_problems_together(data_home: Path,
     if fp16_problem:
         assert "\n  precision: fp16 needs CUDA" in err
     assert Store().list_runs() == []
+
+
+def test_setup_builds_a_builtin_model(data_home: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(data_home / "models"))
+    assert main(["setup", "--model", "tiny-llama"]) == 0
+    out = capsys.readouterr().out
+    assert "model tiny-llama ready at" in out and (data_home / "models" / "tiny-llama" / "config.json").is_file()
+    assert main(["setup", "--model", "no-such-model"]) == 2
+    assert "model:" in capsys.readouterr().err
+
+
+def test_serve_starts_worker_and_stops_it(data_home: Path) -> None:
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"server did not come up:\n{proc.stdout.read() if proc.poll() is not None else ''}")
+                time.sleep(0.5)
+        workers = [c for c in psutil.Process(proc.pid).children() if "worker" in c.cmdline()]
+        assert len(workers) == 1
+        assert Store().live_workers(30) or time.sleep(3) or Store().live_workers(30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert not workers[0].is_running() or workers[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -264,3 +264,68 @@ def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: P
     nxt = store.get_run(second)
     assert nxt.status is RunStatus.SUCCEEDED, (nxt.error_summary, nxt.error_detail)
     assert store.memory_samples(second)
+
+
+COOPERATIVE = """
+from storage.store import Store
+def on_term(signum, frame):
+    Store().mark_cancelled(run_id, exit_code=0)   # what jobs.train does on SIGTERM
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print('up', flush=True)
+time.sleep(600)
+"""
+
+
+def test_worker_shutdown_is_interrupted_even_if_child_says_cancelled(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    worker = make_worker(store, COOPERATIVE)
+    thread = threading.Thread(target=worker.work)
+    thread.start()
+    wait_for(lambda: "up" in Path(store.get_run(run_id).log_path or "/nonexistent").read_text()
+             if store.get_run(run_id).log_path else False)
+    worker.stop("worker received SIGTERM")
+    thread.join(timeout=20)
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.INTERRUPTED and run.exit_code == 0
+
+
+def test_user_cancel_with_cooperative_child(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    worker = make_worker(store, COOPERATIVE)
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True})
+    thread.start()
+    wait_for(lambda: "up" in Path(store.get_run(run_id).log_path or "/nonexistent").read_text()
+             if store.get_run(run_id).log_path else False)
+    store.request_cancel(run_id)
+    thread.join(timeout=20)
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED and run.exit_code == 0
+
+
+def test_worker_process_sigterm_stops_child(data_home: Path, store: Store, tmp_path: Path) -> None:
+    """The real `tunedeck worker` process: SIGTERM forwarded to the child's group, then it exits."""
+    import subprocess
+
+    run_id = store.create_run(SPEC)
+    env = dict(os.environ, TUNEDECK_HOME=str(data_home))
+    # Run the worker with a fake child by patching default_child_argv in a tiny launcher.
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(textwrap.dedent(f"""
+        import sys
+        import jobs.worker as w
+        w.default_child_argv = lambda run_id: [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+        from app.cli import main
+        sys.exit(main(["worker"]))
+    """))
+    proc = subprocess.Popen([sys.executable, str(launcher)], env=env)
+    try:
+        run = wait_for(lambda: (r := store.get_run(run_id)).child_pid and r, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        run = store.get_run(run_id)
+        assert run.status is RunStatus.INTERRUPTED and "SIGTERM" in run.error_summary
+        assert group_members(run.child_pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
