@@ -1,0 +1,163 @@
+"""How much does tunedeck's instrumentation cost? Bare trl vs. the same job through the worker.
+
+    .venv/bin/python bench/overhead.py                      # tiny-llama, 3 pairs
+    .venv/bin/python bench/overhead.py --model smollm2-135m-instruct --steps 8 --pairs 3
+
+Each pair trains the same LoRA SFT job twice, in alternating order:
+(a) a bare trl script (AutoModelForCausalLM + SFTTrainer + LoraConfig, no tunedeck callback,
+    no store), run as its own process, with the trl/peft kwargs tunedeck's mapping produces;
+(b) the tunedeck path: `Store.create_run` -> `Worker(store).work(burst=True)` -> child
+    `python -m jobs.train` with StoreCallback, the memory sampler, heartbeats and artifacts.
+Both sides report tokens/s the same way: non-pad tokens trained (trl's `num_tokens`) divided by
+`train_runtime` from the trainer's output (model loading and saving excluded). Prints each pair
+and the median ratio b/a; 1.00 means no overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def bare_child(config_path: str) -> None:
+    """The bare side: a plain trl script driven by a JSON of kwargs; prints one JSON line."""
+    import torch
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    cfg = json.loads(Path(config_path).read_text())
+    tokenizer = AutoTokenizer.from_pretrained(cfg["model_path"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=getattr(torch, cfg["torch_dtype"]),
+                                                 use_safetensors=True)
+    data = load_dataset("json", data_files=cfg["data_file"], split="train")
+    trainer = SFTTrainer(model=model, args=SFTConfig(**cfg["trainer_config"]), train_dataset=data,
+                         processing_class=tokenizer, peft_config=LoraConfig(**cfg["peft_config"]))
+    out = trainer.train()
+    tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e][-1]
+    print("BARE_RESULT " + json.dumps({"num_tokens": tokens, "train_runtime": out.metrics["train_runtime"],
+                                       "steps": out.global_step}), flush=True)
+
+
+def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
+    """The job both sides train: LoRA SFT on the chat sample, no eval, no checkpoints."""
+    from jobs.spec import JobSpec
+
+    return JobSpec.from_dict(dict(model=args.model, dataset=str(data_file), method="lora", trainer="sft",
+                                  max_steps=args.steps, per_device_train_batch_size=args.batch,
+                                  max_length=args.max_length, learning_rate=1e-3, logging_steps=1,
+                                  lr_scheduler_type="constant", run_name="overhead-bench"))
+
+
+def run_bare(spec: Any, model_path: str, data_file: Path, work: Path) -> dict[str, float]:
+    """Side (a): spawn the bare trl script; tokens/s = num_tokens / train_runtime."""
+    from jobs.mapping import detect_device, resolved_config
+
+    resolved = resolved_config(spec, detect_device(), str(work / "bare-out"), has_eval=False,
+                               model_type="llama")
+    cfg = {"model_path": model_path, "data_file": str(data_file), "torch_dtype": resolved["torch_dtype"],
+           "trainer_config": resolved["trainer_config"], "peft_config": resolved["peft_config"]}
+    cfg_path = work / "bare.json"
+    cfg_path.write_text(json.dumps(cfg))
+    env = dict(os.environ, **OFFLINE_ENV)
+    proc = subprocess.run([sys.executable, __file__, "--bare-child", str(cfg_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("BARE_RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"bare run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads(line.split(" ", 1)[1])
+    return {"tokens_per_second": result["num_tokens"] / result["train_runtime"], **result}
+
+
+def run_tunedeck(spec: Any, work: Path, index: int) -> dict[str, float]:
+    """Side (b): queue the spec and drain the queue with the real worker."""
+    from jobs.worker import Worker
+    from storage.models import RunStatus
+    from storage.store import Store
+
+    store = Store()
+    run_id = store.create_run(spec)
+    Worker(store).work(burst=True)
+    record = store.get_run(run_id)
+    store.dispose()
+    if record is None or record.status is not RunStatus.SUCCEEDED:
+        raise RuntimeError(f"tunedeck run {run_id} ended {record.status if record else 'missing'}: "
+                           f"{record.error_summary if record else ''}\n{record.error_detail if record else ''}")
+    m = record.final_metrics
+    return {"tokens_per_second": m["num_tokens"] / m["train_runtime"], "num_tokens": m["num_tokens"],
+            "train_runtime": m["train_runtime"], "steps": m["global_step"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the pairs and print tokens/s of each side and the median ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--bare-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bare_child:
+        bare_child(args.bare_child)
+        return 0
+
+    from storage.settings import models_dir
+
+    work = Path(tempfile.mkdtemp(prefix="tunedeck-overhead-"))
+    # A throw-away database and runs folder, sharing the real model cache (SmolLM2 converts once).
+    shared_models = models_dir()
+    (work / "home").mkdir()
+    (work / "home" / "models").symlink_to(shared_models, target_is_directory=True)
+    os.environ.update(OFFLINE_ENV, TUNEDECK_HOME=str(work / "home"))
+    os.environ.pop("TUNEDECK_DATABASE_URL", None)
+    from jobs.data import SAMPLES_DIR
+    from jobs.models import resolve_model
+
+    data_file = work / "train.jsonl"  # a local file: no default eval split, so no eval on either side
+    shutil.copy(SAMPLES_DIR / "chat-format.train.jsonl", data_file)
+    model_path = resolve_model(args.model).path
+    spec = make_spec(args, data_file)
+    print(f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
+          f"{args.max_length}, {args.pairs} pairs, work dir {work}", flush=True)
+    rows = []
+    for i in range(args.pairs):
+        order = ["bare", "tunedeck"] if i % 2 == 0 else ["tunedeck", "bare"]
+        pair: dict[str, dict[str, float]] = {}
+        for side in order:
+            t0 = time.perf_counter()
+            pair[side] = run_bare(spec, model_path, data_file, work) if side == "bare" else run_tunedeck(spec, work, i)
+            pair[side]["wall_s"] = time.perf_counter() - t0
+        ratio = pair["tunedeck"]["tokens_per_second"] / pair["bare"]["tokens_per_second"]
+        rows.append({"pair": i + 1, "order": order, **{f"{k}_{s}": v for s in pair for k, v in pair[s].items()},
+                     "ratio": ratio})
+        print(f"pair {i + 1} ({' then '.join(order)}): bare {pair['bare']['tokens_per_second']:.1f} tok/s "
+              f"({pair['bare']['train_runtime']:.1f} s), tunedeck {pair['tunedeck']['tokens_per_second']:.1f} tok/s "
+              f"({pair['tunedeck']['train_runtime']:.1f} s), ratio {ratio:.3f}", flush=True)
+    median = statistics.median(r["ratio"] for r in rows)
+    print(f"median tokens/s ratio tunedeck/bare: {median:.3f} ({(1 - median) * 100:+.1f}% overhead)")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pairs": rows,
+                                         "median_ratio": median}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

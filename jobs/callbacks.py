@@ -1,0 +1,164 @@
+"""The training callback that feeds the store: metrics rows, progress, torch memory, cancel.
+
+`StoreCallback(store, run_id)` is added to the trl trainer by `jobs.train`. It is built to cost
+well under 2% of training time:
+- logged values are buffered and written in one transaction at most every `flush_interval`
+  (1 s) and at train end, never one transaction per scalar;
+- throughput comes from numbers trl already computes (`num_tokens`, a host-side counter)
+  and `time.perf_counter()` at step ends, so it adds no CUDA synchronisation;
+- torch memory counters are read from the caching allocator's host-side stats (no sync);
+- the database is asked about `cancel_requested` at most every `cancel_interval` (2 s), while
+  a SIGTERM flag (a `threading.Event`) is checked at every step for free.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from storage.models import MemorySource
+from storage.store import MemoryPoint, MetricPoint, Store
+
+log = logging.getLogger(__name__)
+
+STOP_REQUESTED = threading.Event()  # set by the SIGTERM handler of jobs.train
+
+
+class StoreCallback(TrainerCallback):
+    """Writes logged metrics, throughput, progress and torch memory of one run to the store."""
+
+    def __init__(self, store: Store, run_id: int, *, stop_event: threading.Event | None = None,
+                 flush_interval: float = 1.0, cancel_interval: float = 2.0, cuda: bool | None = None):
+        self.store = store
+        self.run_id = run_id
+        self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
+        self.flush_interval = flush_interval
+        self.cancel_interval = cancel_interval
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        self.cuda = cuda
+        self.stop_reason: str | None = None  # "signal" | "cancel" once training was asked to stop
+        self.tokens_per_second: list[float] = []
+        self.num_tokens: float | None = None
+        self._metrics: list[MetricPoint] = []
+        self._memory: list[MemoryPoint] = []
+        self._last_flush = self._last_cancel_check = 0.0
+        self._last_step_end = self._prev_log_time = 0.0
+        self._prev_log_step = 0
+        self._prev_tokens: float | None = None
+        self._max_steps: int | None = None
+        self._progress_step = -1
+        self._step = 0
+
+    # ------------------------------------------------------------------ trainer events
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        """Start the clocks and publish the step count."""
+        now = time.perf_counter()
+        self._last_flush = self._last_cancel_check = self._last_step_end = self._prev_log_time = now
+        self._prev_log_step = state.global_step
+        self._max_steps = state.max_steps if state.max_steps and state.max_steps > 0 else None
+        self._step = state.global_step
+        self.flush(force_progress=True)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        """Time the step; flush, check for cancel on their cadences."""
+        now = time.perf_counter()
+        self._last_step_end = now
+        self._step = state.global_step
+        if self.stop_event.is_set() and self.stop_reason is None:
+            self.stop_reason = "signal"
+            log.info("stop requested by signal: stopping after step %s", state.global_step)
+        if now - self._last_cancel_check >= self.cancel_interval and self.stop_reason is None:
+            self._last_cancel_check = now
+            run = self.store.get_run(self.run_id)
+            if run is None or run.cancel_requested:
+                self.stop_reason = "cancel"
+                log.info("cancel requested: stopping after step %s", state.global_step)
+        if self.stop_reason is not None:
+            control.should_training_stop = True
+        if now - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """Buffer every numeric logged value, plus tokens/s, step time and torch memory."""
+        if not logs:
+            return
+        step, wall = state.global_step, time.time()
+        for name, value in logs.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            value = float(value)
+            if math.isnan(value):
+                # SQLite stores NaN as NULL (the value column refuses it): record that it happened.
+                log.warning("step %s: %s is NaN", step, name)
+                self._metrics.append(MetricPoint(step, f"nan/{name}", 1.0, wall))
+                continue
+            self._metrics.append(MetricPoint(step, name, value, wall))
+        if "loss" in logs and step > self._prev_log_step:
+            self._throughput(logs, state, step, wall)
+        if self.cuda:
+            self._memory.append(_torch_memory(self.run_id, wall))
+        if time.perf_counter() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        """Write whatever is buffered."""
+        self._step = state.global_step
+        self.flush(force_progress=True)
+
+    # ------------------------------------------------------------------ helpers
+    def _throughput(self, logs: dict[str, Any], state: TrainerState, step: int, wall: float) -> None:
+        """Seconds per optimizer step and tokens/s over the steps since the previous training log."""
+        elapsed = self._last_step_end - self._prev_log_time
+        steps = step - self._prev_log_step
+        self._prev_log_time, self._prev_log_step = self._last_step_end, step
+        if elapsed <= 0 or steps <= 0:
+            return
+        self._metrics.append(MetricPoint(step, "step_time", elapsed / steps, wall))
+        tokens = logs.get("num_tokens")
+        if tokens is None and getattr(state, "num_input_tokens_seen", 0):
+            tokens = state.num_input_tokens_seen
+        if tokens is None:
+            return
+        tokens = float(tokens)
+        if self._prev_tokens is not None and tokens >= self._prev_tokens:
+            tps = (tokens - self._prev_tokens) / elapsed
+            self.tokens_per_second.append(tps)
+            self._metrics.append(MetricPoint(step, "tokens_per_second", tps, wall))
+        self._prev_tokens = tokens
+        self.num_tokens = tokens
+
+    def flush(self, force_progress: bool = False) -> None:
+        """Write buffered metrics and memory samples, and the progress, each in one transaction."""
+        self._last_flush = time.perf_counter()
+        metrics, self._metrics = self._metrics, []
+        memory, self._memory = self._memory, []
+        if metrics:
+            self.store.add_metrics(self.run_id, metrics)
+        if memory:
+            self.store.add_memory_samples(memory)
+        if force_progress or self._step != self._progress_step:
+            self._progress_step = self._step
+            self.store.set_progress(self.run_id, self._step, self._max_steps)
+
+
+def _torch_memory(run_id: int, wall: float) -> MemoryPoint:
+    """The caching allocator's counters for the current device (host-side reads, no sync)."""
+    import torch
+
+    index = torch.cuda.current_device()
+    return MemoryPoint(time=wall, source=MemorySource.TORCH.value, run_id=run_id, device_index=index,
+                       torch_allocated=torch.cuda.memory_allocated(index),
+                       torch_reserved=torch.cuda.memory_reserved(index),
+                       torch_max_allocated=torch.cuda.max_memory_allocated(index))

@@ -1,0 +1,270 @@
+"""The training child: one run, one process. The worker spawns it; it is also runnable by hand.
+
+    python -m jobs.train --run-id 7        # reads the spec from the store, trains, records
+
+It loads the run's `JobSpec` from the store (TUNEDECK_DATABASE_URL / TUNEDECK_HOME), maps it to
+trl/peft/bitsandbytes configs with the pure `jobs.mapping`, trains with trl's SFTTrainer or
+DPOTrainer plus `StoreCallback`, evaluates, writes the bundle (`jobs.artifacts`) and marks the
+run succeeded; any exception marks it failed with a one-line summary and the traceback (exit 1).
+SIGTERM stops training at the next step boundary and marks the run cancelled (exit 0).
+Output goes to stdout, which the worker sends to the run's train.log.
+
+`train_spec(spec, output_dir, callbacks)` does the training without any store (tests, bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import signal
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from jobs.callbacks import STOP_REQUESTED, StoreCallback
+from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
+                          peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
+                          training_config)
+from jobs.spec import JobSpec, Method, Precision, SpecError, Trainer
+
+log = logging.getLogger("jobs.train")
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) training produced."""
+
+    model: Any
+    tokenizer: Any
+    trainer: Any
+    metrics: dict[str, float]
+    resolved: dict[str, Any]
+    stopped: bool = False
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def peak_memory(device: Device) -> tuple[int, str]:
+    """Peak torch reserved memory on CUDA, else the process's peak RSS: (bytes, source)."""
+    if device.cuda:
+        import torch
+
+        return int(torch.cuda.max_memory_reserved()), "torch"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host"  # Linux: KiB
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameters; peft counts 4-bit weights at their real element count."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return int(trainable), int(total)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def trained_tokens(log_history: Sequence[dict[str, Any]]) -> float | None:
+    """Non-pad tokens trained, as counted by trl (`num_tokens` of the last training log)."""
+    for entry in reversed(log_history):
+        if "num_tokens" in entry and "eval_loss" not in entry:
+            return float(entry["num_tokens"])
+    return None
+
+
+def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
+    """Resolve and load the spec's model (quantized when the method asks) and its tokenizer."""
+    import torch
+
+    from jobs.models import load_model_and_tokenizer, resolve_model
+
+    precision = resolve_precision(spec, device)
+    resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(
+        resolved, torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
+        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code)
+    return model, tokenizer
+
+
+def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] = (), *,
+               device: Device | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
+               model_and_tokenizer: tuple[Any, Any] | None = None) -> TrainResult:
+    """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training."""
+    from jobs.data import load_datasets
+
+    device = device or detect_device()
+    problems = capability_problems(spec, device)
+    if problems:
+        raise SpecError(problems)
+    for warning in capability_warnings(spec, device):
+        log.warning("%s", warning)
+    model, tokenizer = model_and_tokenizer or load_model(spec, device)
+    train_ds, eval_ds = load_datasets(spec)
+    log.info("data: %d training rows, %s eval rows", len(train_ds), len(eval_ds) if eval_ds is not None else "no")
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    has_eval = eval_ds is not None
+    args = training_config(spec, device, str(output_dir), has_eval=has_eval)
+    resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type)
+    peft_cfg = peft_config(spec, model_type)
+    if spec.method in QUANTIZED_METHODS:
+        # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    trainable, total = count_params(trainer.model)
+    resolved["trainable_params"], resolved["total_params"] = trainable, total
+    log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
+    if on_ready is not None:
+        on_ready(resolved)
+    output = trainer.train()
+    stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
+    metrics: dict[str, float] = {"train_loss": float(output.training_loss),
+                                 "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
+                                 "global_step": float(output.global_step),
+                                 "trainable_params": float(trainable), "total_params": float(total)}
+    if eval_ds is not None and not stopped:
+        metrics.update({k: float(v) for k, v in trainer.evaluate().items()
+                        if k.startswith("eval_") and isinstance(v, (int, float))})
+    tokens = trained_tokens(trainer.state.log_history)
+    if tokens is not None and metrics["train_runtime"] > 0:
+        metrics["num_tokens"] = tokens
+        metrics["tokens_per_second"] = tokens / metrics["train_runtime"]
+    peak, source = peak_memory(device)
+    metrics["peak_memory_bytes"] = float(peak)
+    resolved["peak_memory_source"] = source
+    if device.cuda:
+        import torch
+
+        metrics["peak_torch_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
+    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
+
+
+def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
+                  peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
+    """SFTTrainer, or DPOTrainer whose reference is the base with the adapter off (ref_model=None)."""
+    from trl import DPOTrainer, SFTTrainer
+
+    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
+    if spec.trainer is Trainer.DPO:
+        return DPOTrainer(ref_model=None, **common)
+    return SFTTrainer(**common)
+
+
+# ---------------------------------------------------------------------- errors
+def oom_advice(spec: JobSpec) -> str:
+    """Which memory tricks the spec could still turn on."""
+    tips = []
+    if spec.per_device_train_batch_size > 1:
+        tips.append(f"per_device_train_batch_size {spec.per_device_train_batch_size} -> "
+                    f"{max(1, spec.per_device_train_batch_size // 2)} with gradient_accumulation_steps x2")
+    if not spec.gradient_checkpointing and spec.method is not Method.PREFIX_TUNING:
+        tips.append("gradient_checkpointing: true")
+    tips.append(f"a shorter max_length (now {spec.max_length})")
+    if spec.method is Method.FULL:
+        tips.append("method: lora (or qlora)")
+    elif spec.method in {Method.LORA, Method.DORA}:
+        tips.append("method: qlora (4-bit base)")
+    if spec.method is Method.FULL and spec.optim.value in {"adamw_torch", "adafactor"}:
+        tips.append("optim: adamw_bnb_8bit")
+    if spec.precision in {Precision.FP32}:
+        tips.append("precision: auto (16-bit)")
+    return "; ".join(tips)
+
+
+def summarize(exc: BaseException, spec: JobSpec | None) -> str:
+    """A one-line summary of why a run failed."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        advice = oom_advice(spec) if spec is not None else "smaller batch, gradient checkpointing, shorter max_length"
+        return f"CUDA out of memory. To use less memory try: {advice}"
+    problems = getattr(exc, "problems", None)
+    if problems:
+        return "; ".join(str(p) for p in problems)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+# ---------------------------------------------------------------------- entry point
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Ask the training loop to stop at the next step boundary."""
+    log.warning("received signal %s: stopping at the next step", signum)
+    STOP_REQUESTED.set()
+
+
+def setup_logging() -> None:
+    """Log lines to stdout (the worker redirects it to the run's train.log)."""
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*", category=FutureWarning)
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()  # progress bars are carriage-return noise in a log file
+    transformers.utils.logging.disable_progress_bar()
+
+
+def run(run_id: int, store: Any | None = None) -> int:
+    """Train run `run_id` from the store; returns the process exit code."""
+    from jobs.artifacts import write_artifacts
+    from storage.settings import run_dir
+    from storage.store import Store
+
+    store = store or Store()
+    record = store.get_run(run_id)
+    if record is None:
+        log.error("run %s does not exist", run_id)
+        return 1
+    spec = record.spec
+    log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
+    callback = StoreCallback(store, run_id)
+    try:
+        device = detect_device()
+        log.info("device: %s", device)
+        result = train_spec(spec, run_dir(run_id) / "output", [callback], device=device,
+                            on_ready=lambda cfg: store.set_resolved_config(run_id, cfg))
+        callback.flush()  # eval metrics and the last steps land before the status changes
+        store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
+        if result.stopped:
+            log.info("run %s stopped early (%s): marking cancelled", run_id, callback.stop_reason or "signal")
+            store.mark_cancelled(run_id, exit_code=0)
+            return 0
+        if callback.tokens_per_second:
+            result.metrics["tokens_per_second_mean"] = sum(callback.tokens_per_second) / len(callback.tokens_per_second)
+        write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics)
+        store.mark_succeeded(run_id, result.metrics)
+        log.info("run %s succeeded: %s", run_id, result.metrics)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the run row
+        try:
+            callback.flush()
+        except Exception:  # noqa: BLE001 - the failure itself matters more than its last metrics
+            log.exception("could not write the last metrics")
+        if isinstance(exc, KeyboardInterrupt) or STOP_REQUESTED.is_set():
+            store.mark_cancelled(run_id, exit_code=0)
+            log.info("run %s cancelled", run_id)
+            return 0
+        summary = summarize(exc, spec)
+        log.error("run %s failed: %s\n%s", run_id, summary, traceback.format_exc())
+        store.mark_failed(run_id, summary, traceback.format_exc(), exit_code=1)
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `--run-id`, install the SIGTERM handler, train."""
+    parser = argparse.ArgumentParser(description="Train one tunedeck run (spawned by the worker).")
+    parser.add_argument("--run-id", type=int, required=True)
+    ns = parser.parse_args(argv)
+    setup_logging()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return run(ns.run_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

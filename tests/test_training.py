@@ -1,0 +1,281 @@
+"""Real training on the tiny offline Llama (CPU): SFT/DPO, LoRA/full, store writes, failure, cancel.
+
+Each training here runs a handful of steps on a 140k-parameter model, so a test takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from jobs.artifacts import sha256_of, write_bundle
+from jobs.callbacks import STOP_REQUESTED, StoreCallback
+from jobs.mapping import CPU
+from jobs.spec import JobSpec
+from storage.models import RunStatus
+from storage.store import MetricPoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clear_stop_flag():
+    STOP_REQUESTED.clear()
+    yield
+    STOP_REQUESTED.clear()
+
+
+def tiny_spec(model: Path, **changes: Any) -> JobSpec:
+    """A spec that trains the tiny model quickly and visibly (high lr, few short rows)."""
+    base = dict(model=str(model), dataset="sample:chat-format", method="lora", max_steps=12,
+                per_device_train_batch_size=4, max_length=96, learning_rate=5e-3, lr_scheduler_type="constant",
+                max_train_samples=16, logging_steps=1, lora_r=8, lora_alpha=16, lora_dropout=0.0)
+    return JobSpec.from_dict({**base, **changes})
+
+
+def losses(log_history: list[dict[str, Any]]) -> list[float]:
+    return [e["loss"] for e in log_history if "loss" in e]
+
+
+def logits_of(model: Any, tokenizer: Any) -> torch.Tensor:
+    ids = tokenizer("Tell me about volcanoes.", return_tensors="pt")
+    model.eval()
+    with torch.no_grad():
+        return model(**ids).logits
+
+
+# ---------------------------------------------------------------------- callback (fast)
+class CountingStore:
+    """Stands in for Store: counts write transactions, never cancels."""
+
+    def __init__(self) -> None:
+        self.metric_calls: list[list[MetricPoint]] = []
+        self.progress: list[tuple[int, int | None]] = []
+        self.cancel = False
+
+    def add_metrics(self, run_id: int, points: Any) -> int:
+        self.metric_calls.append(list(points))
+        return len(self.metric_calls[-1])
+
+    def add_memory_samples(self, samples: Any) -> int:
+        return 0
+
+    def set_progress(self, run_id: int, step: int, total: int | None = None) -> None:
+        self.progress.append((step, total))
+
+    def get_run(self, run_id: int) -> Any:
+        return type("R", (), {"cancel_requested": self.cancel})()
+
+
+def test_callback_buffers_metrics_and_measures_throughput() -> None:
+    from transformers import TrainerControl, TrainerState
+
+    store = CountingStore()
+    cb = StoreCallback(store, 1, flush_interval=3600, cancel_interval=3600, cuda=False)  # type: ignore[arg-type]
+    state, control = TrainerState(max_steps=50), TrainerControl()
+    cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
+    for step in range(1, 51):
+        state.global_step = step
+        cb.on_step_end(None, state, control)  # type: ignore[arg-type]
+        cb.on_log(None, state, control, logs={"loss": 1.0 / step, "num_tokens": 100.0 * step,  # type: ignore[arg-type]
+                                              "learning_rate": 1e-3, "flag": True, "note": "x"})
+    assert store.metric_calls == []  # nothing written per scalar or per step
+    cb.on_log(None, state, control, logs={"loss": float("nan")})  # type: ignore[arg-type]
+    cb.on_train_end(None, state, control)  # type: ignore[arg-type]
+    (points,) = store.metric_calls  # one transaction for everything
+    names = {p.name for p in points}
+    assert {"loss", "num_tokens", "learning_rate", "step_time", "tokens_per_second", "nan/loss"} <= names
+    assert "flag" not in names and "note" not in names
+    assert all(p.value > 0 for p in points if p.name == "tokens_per_second")
+    assert store.progress[0] == (0, 50) and store.progress[-1] == (50, 50)
+
+
+def test_callback_stops_on_cancel_request_and_on_signal() -> None:
+    from transformers import TrainerControl, TrainerState
+
+    store = CountingStore()
+    cb = StoreCallback(store, 1, cancel_interval=0.0, cuda=False)  # type: ignore[arg-type]
+    state, control = TrainerState(max_steps=10), TrainerControl()
+    cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
+    cb.on_step_end(None, state, control)  # type: ignore[arg-type]
+    assert not control.should_training_stop
+    store.cancel = True
+    cb.on_step_end(None, state, control)  # type: ignore[arg-type]
+    assert control.should_training_stop and cb.stop_reason == "cancel"
+
+    cb2, control2 = StoreCallback(CountingStore(), 2, cancel_interval=3600, cuda=False), TrainerControl()  # type: ignore[arg-type]
+    cb2.on_train_begin(None, state, control2)  # type: ignore[arg-type]
+    STOP_REQUESTED.set()
+    cb2.on_step_end(None, state, control2)  # type: ignore[arg-type]
+    assert control2.should_training_stop and cb2.stop_reason == "signal"
+
+
+# ---------------------------------------------------------------------- real training
+@pytest.mark.integration
+def test_sft_lora_learns_and_adapter_reloads_with_same_logits(tiny_model: Path, tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from jobs.train import train_spec
+
+    result = train_spec(tiny_spec(tiny_model), tmp_path / "out", device=CPU)
+    seen = losses(result.log_history)
+    assert len(seen) == 12
+    assert sum(seen[-3:]) / 3 < sum(seen[:3]) / 3 - 0.05, seen  # loss went down
+    lora_b = [p for n, p in result.model.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.abs().sum() > 0 for p in lora_b)  # initialised to zero; trained
+    assert 0 < result.metrics["trainable_params"] < result.metrics["total_params"]
+    assert "eval_loss" in result.metrics and result.metrics["tokens_per_second"] > 0
+
+    trained = logits_of(result.model, result.tokenizer)
+    with result.model.disable_adapter():
+        base_logits = logits_of(result.model, result.tokenizer)
+    assert not torch.allclose(trained, base_logits, atol=1e-4)  # the adapter changes the output
+
+    bundle = write_bundle(tmp_path / "bundle", tiny_spec(tiny_model), result.model,
+                          result.tokenizer, result.metrics)
+    assert (bundle / "adapter_model.safetensors").exists() and (bundle / "adapter_config.json").exists()
+    assert not [p for p in bundle.iterdir() if p.suffix in {".bin", ".pt", ".pkl"}]
+    assert "PeftModel.from_pretrained" in (bundle / "README.md").read_text()
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_model)), str(bundle))
+    assert torch.allclose(logits_of(reloaded, result.tokenizer), trained, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_dpo_with_lora_trains_against_the_base_as_reference(tiny_model: Path, tmp_path: Path) -> None:
+    from jobs.train import train_spec
+
+    from jobs.data import SAMPLES_DIR
+
+    rows = (SAMPLES_DIR / "preference-format.train.jsonl").read_text().splitlines()[:8]
+    (tmp_path / "pref.jsonl").write_text("\n".join(rows) + "\n")  # a local file: no eval split
+    spec = tiny_spec(tiny_model, trainer="dpo", dataset=str(tmp_path / "pref.jsonl"), max_steps=4,
+                     per_device_train_batch_size=2, max_length=128)
+    result = train_spec(spec, tmp_path / "out", device=CPU)
+    assert type(result.trainer).__name__ == "DPOTrainer" and result.trainer.ref_model is None
+    logged = {k for e in result.log_history for k in e}
+    assert {"rewards/chosen", "rewards/margins", "loss"} <= logged
+    assert result.metrics["train_loss"] > 0 and result.metrics["global_step"] == 4
+    assert all(p.abs().sum() > 0 for n, p in result.model.named_parameters() if "lora_B" in n)
+
+
+@pytest.mark.integration
+def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from jobs.train import run
+
+    run_id = store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=8))
+    store.claim_next("test")
+    assert run(run_id, store) == 0
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.SUCCEEDED, record.error_summary
+    assert (record.current_step, record.total_steps) == (8, 8)
+    assert record.peak_memory_bytes > 0 and record.peak_memory_source == "host"
+    assert record.resolved_config["trainer_config"]["max_steps"] == 8
+    assert record.resolved_config["peft_config"] is None
+    for key in ("train_loss", "eval_loss", "train_runtime", "tokens_per_second", "trainable_params", "total_params"):
+        assert key in record.final_metrics, key
+    assert record.final_metrics["trainable_params"] == record.final_metrics["total_params"]
+    names = set(store.metric_names(run_id))
+    assert {"loss", "grad_norm", "learning_rate", "step_time", "tokens_per_second", "eval_loss"} <= names
+    assert len(store.metrics(run_id, ["loss"])) == 8
+
+    kinds = {a.kind: a for a in store.artifacts(run_id)}
+    archive = Path(kinds["bundle"].path)
+    assert archive.name.endswith("-model.zip") and kinds["bundle"].sha256 == sha256_of(archive)
+    assert kinds["bundle"].size == archive.stat().st_size
+    with zipfile.ZipFile(archive) as zf:
+        files = set(zf.namelist())
+    assert {"model.safetensors", "config.json", "spec.yaml", "metrics.json", "README.md", "tokenizer.json"} <= files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]
+    bundle = Path(kinds["model"].path)
+    assert json.loads((bundle / "metrics.json").read_text())["train_loss"] == record.final_metrics["train_loss"]
+    reloaded = AutoModelForCausalLM.from_pretrained(str(bundle))
+    assert sum(p.numel() for p in reloaded.parameters()) == record.final_metrics["total_params"]
+
+
+@pytest.mark.integration
+def test_missing_data_marks_the_run_failed_with_the_field(tiny_model: Path, store: Any, tmp_path: Path) -> None:
+    from jobs.train import run
+
+    run_id = store.create_run(tiny_spec(tiny_model, dataset=str(tmp_path / "nope.jsonl")))
+    store.claim_next("test")
+    assert run(run_id, store) == 1
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.FAILED and record.error_summary.startswith("dataset:")
+    assert "Traceback" in record.error_detail
+
+
+@pytest.mark.integration
+def test_crash_during_training_is_marked_failed_after_metrics(tiny_model: Path, store: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from trl import SFTTrainer
+
+    from jobs.train import run
+
+    real_step = SFTTrainer.training_step
+    calls = {"n": 0}
+
+    def breaking_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("row 5 broke the collator\nsecond line")
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "training_step", breaking_step)
+    run_id = store.create_run(tiny_spec(tiny_model))
+    store.claim_next("test")
+    assert run(run_id, store) == 1
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.FAILED
+    assert record.error_summary == "RuntimeError: row 5 broke the collator"
+    assert record.exit_code == 1
+    assert len(store.metrics(run_id, ["loss"])) == 3  # what was logged before the crash is kept
+
+
+@pytest.mark.integration
+def test_stop_flag_cancels_at_the_next_step(tiny_model: Path, store: Any) -> None:
+    from jobs.train import run
+
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=50))
+    store.claim_next("test")
+    STOP_REQUESTED.set()  # what the SIGTERM handler does
+    assert run(run_id, store) == 0
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.CANCELLED and record.current_step == 1
+    assert not store.artifacts(run_id)
+
+
+@pytest.mark.integration
+def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, data_home: Path) -> None:
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=100000, max_train_samples=None))
+    store.claim_next("test")
+    env = dict(os.environ, TUNEDECK_HOME=str(data_home), TUNEDECK_DATABASE_URL=store.url)
+    log = data_home / "child.log"
+    with open(log, "wb") as out:
+        child = subprocess.Popen([sys.executable, "-m", "jobs.train", "--run-id", str(run_id)], cwd=ROOT,
+                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while store.get_run(run_id).current_step < 2 and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.2)
+        assert child.poll() is None, log.read_text()[-3000:]
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if child.poll() is None:
+            child.kill()
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.CANCELLED and record.exit_code == 0
+    assert "stopping at the next step" in log.read_text()
