@@ -107,6 +107,12 @@ def _duration(run: RunRecord) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def _number(v: object) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
 
@@ -146,8 +152,7 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"log:      {run.log_path}")
     lines += ["", "spec:", *("  " + ln for ln in run.spec.to_yaml().splitlines())]
     if run.final_metrics:
-        lines += ["", "final metrics:", *(f"  {k}: {v:.6g}" if isinstance(v, (int, float)) else f"  {k}: {v}"
-                                          for k, v in run.final_metrics.items())]
+        lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)
     if arts:
         lines += ["", "artifacts:", *(f"  {a.kind}: {a.path} ({_bytes(a.size)})" for a in arts)]
@@ -194,7 +199,7 @@ def cmd_run(store: Store, args: argparse.Namespace) -> int:
     finally:
         if thread is not None:
             thread.join(timeout=60)
-    print(f"run {run.id}: {run.status.value}", file=sys.stderr)
+    print(f"run {run.id}: {run.status.value} after {_duration(run)}", file=sys.stderr)
     if run.status is not RunStatus.SUCCEEDED:
         if run.error_summary:
             print(f"error: {run.error_summary}", file=sys.stderr)
@@ -215,7 +220,7 @@ def follow(store: Store, run_id: int, worker_thread: threading.Thread | None = N
     with tqdm(total=None, unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
         while True:
             run = _run_or_fail(store, run_id)
-            if run.status is not status:
+            if run.status is not status and not run.status.finished:  # the end is reported by the caller
                 status = run.status
                 extra = f" (position {_queue_position(store, run_id)} in the queue)" if status is RunStatus.QUEUED else ""
                 bar.write(f"run {run_id}: {status.value}{extra}", file=sys.stderr)
@@ -349,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = Store()
     try:
         return args.func(store, args)
+    except BrokenPipeError:  # `tunedeck show 1 | head`
+        sys.stderr.close()
+        return EXIT_OK
     except (SpecError, UsageError) as exc:
         print_problems(exc.problems)
         return EXIT_BAD_INPUT
