@@ -2,7 +2,8 @@
 
 `TUNEDECK_HOME` (default `./data`) holds the database, run folders, uploads and the model
 cache. `TUNEDECK_DATABASE_URL` overrides the database (default SQLite at
-`$TUNEDECK_HOME/tunedeck.db`).
+`$TUNEDECK_HOME/tunedeck.db`). `TUNEDECK_MODELS_DIR` overrides the model cache (so tests and
+several data directories can share one converted SmolLM2).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def run_dir(run_id: int) -> Path:
 
 
 def models_dir() -> Path:
-    path = data_dir() / "models"
+    """Model cache (built-in models, downloads); `TUNEDECK_MODELS_DIR` overrides `$TUNEDECK_HOME/models`."""
+    override = os.environ.get("TUNEDECK_MODELS_DIR")
+    path = Path(override).expanduser().resolve() if override else data_dir() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
