@@ -134,8 +134,10 @@ class GpuProbe:
     def sample(self, run_id: int | None, child_pid: int | None) -> list[MemoryPoint]:
         """One point per GPU (source nvml), or one host point; cheap (~tens of us per device)."""
         now = time.time()
-        rss = process_tree_rss(child_pid) if child_pid is not None else None
+        rss = (process_tree_rss(child_pid) or None) if child_pid is not None else None
         if not self.has_gpu:
+            if child_pid is not None and rss is None:
+                return []  # the child has just exited: a 0-byte point would only be noise
             vm = psutil.virtual_memory()
             # With a run: RAM of the training process tree. Idle: RAM in use on the machine.
             used = rss if child_pid is not None else vm.total - vm.available
