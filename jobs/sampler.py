@@ -3,7 +3,7 @@
 `GpuProbe` reads one sample of every visible GPU (used/total bytes, utilization, temperature,
 power) through NVML (`import pynvml`, the nvidia-ml-py binding). Without a GPU it remembers
 why (e.g. "no NVIDIA GPU: NVML Shared Library Not Found"), logs that once, and samples the
-training process tree's RSS against the machine's RAM instead (source "host").
+training process tree's RSS against the machine's RAM instead (source "host"; 0 when idle).
 
 `Sampler` is a daemon thread started by the worker: once a second while a run is active (every
 `idle_interval` seconds otherwise) it writes samples to the store, a few per transaction, and
@@ -139,8 +139,9 @@ class GpuProbe:
             if child_pid is not None and rss is None:
                 return []  # the child has just exited: a 0-byte point would only be noise
             vm = psutil.virtual_memory()
-            # With a run: RAM of the training process tree. Idle: RAM in use on the machine.
-            used = rss if child_pid is not None else vm.total - vm.available
+            # RAM of the training process tree; idle: 0 (no training process), so the graph keeps
+            # one meaning instead of jumping to whatever else the machine runs.
+            used = rss or 0
             return [MemoryPoint(time=now, source=MemorySource.HOST.value, run_id=run_id, used_bytes=used,
                                 total_bytes=vm.total, process_rss=rss)]
         nv = self._nvml
@@ -230,7 +231,9 @@ class Sampler(threading.Thread):
             run, child_pid = self._run, self._child_pid
         points = self.probe.sample(run.run_id if run else None, child_pid)
         with self._lock:
-            if run is not None and run is self._run:
+            if run is not self._run:
+                return []  # the run ended while sampling: its peak is already recorded
+            if run is not None:
                 for p in points:
                     if p.used_bytes is not None and p.used_bytes > run.peak:
                         run.peak, run.source = p.used_bytes, p.source

@@ -221,7 +221,7 @@ def test_sampler_writes_host_samples_with_rss(store: Store) -> None:
     sampler = Sampler(store, probe, interval=0.05, batch_size=2)
     sampler.set_run(run_id, os.getpid())
     sampler.start()
-    wait_for(lambda: len(store.memory_samples(run_id)) >= 4, timeout=10)
+    wait_for(lambda: len(store.memory_samples(run_id)) >= 4, timeout=30)
     sampler.set_run(None)
     sampler.stop()
     samples = store.memory_samples(run_id)
