@@ -1,0 +1,146 @@
+"""The dashboard in real Chromium, as a user: launch, watch, reload, download, bad form; plus gradio_client.
+
+Starts `tunedeck serve` (dashboard + worker) on a free port with a temporary TUNEDECK_HOME and
+drives Debian's Chromium through the playwright package (never `playwright install`).
+Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
+
+pytestmark = pytest.mark.browser
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("tunedeck-home")
+    port = free_port()
+    proc = start_server(home, port, home / "server.log")
+    yield f"http://127.0.0.1:{port}", home
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _store(home: Path):
+    import os
+
+    from storage.store import Store
+
+    return Store(f"sqlite:///{home / 'tunedeck.db'}")
+
+
+def _set(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Tab")
+
+
+def _status(page) -> str:
+    loc = page.locator("#run-status")
+    return loc.inner_text() if loc.count() else ""
+
+
+def test_launch_watch_reload_download(server, browser):
+    url, home = server
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    outside: list[str] = []
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else None)
+    page.goto(url)
+    page.get_by_text("Detected format").wait_for(timeout=30_000)
+    _set(page, "model", "tiny-llama")
+    _set(page, "max_steps", "40")
+    _set(page, "max_length", "64")
+    _set(page, "per_device_train_batch_size", "2")
+    page.screenshot(path=str(ARTIFACTS / "launch-page.png"), full_page=True)
+    page.click("#launch-btn")
+    page.wait_for_url("**/?run=*", timeout=120_000)
+    run_id = int(page.url.split("run=")[1])
+    seen: list[str] = []
+    deadline = time.time() + 300
+    reloaded = False
+    while time.time() < deadline:
+        status = _status(page)
+        if status and (not seen or seen[-1] != status):
+            seen.append(status)
+        step = int(page.locator("#run-progress").get_attribute("data-step") or 0) if page.locator("#run-progress").count() else 0
+        if status == "running" and step >= 3 and not reloaded:
+            page.reload()
+            page.locator("#run-progress").wait_for(timeout=30_000)
+            assert page.get_by_label("run id", exact=True).input_value() == str(run_id)
+            time.sleep(3)
+            assert int(page.locator("#run-progress").get_attribute("data-step")) > step or _status(page) == "succeeded"
+            reloaded = True
+        if status in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.5)
+    assert seen[-1] == "succeeded", (seen, _status(page))
+    assert "running" in seen and reloaded
+    store = _store(home)
+    assert store.get_run(run_id).spec.max_steps == 40
+    assert store.metric_extent(run_id, "loss") is not None and store.memory_extent(run_id) is not None
+    time.sleep(2)
+    for plot in ("#run-loss-plot", "#run-memory-plot"):
+        assert page.locator(f"{plot} canvas, {plot} svg .mark-line path").count() > 0, plot
+    page.screenshot(path=str(ARTIFACTS / "run-page-finished.png"), full_page=True)
+    with page.expect_download() as info:
+        page.click("#download-adapter")
+    data = Path(info.value.path()).read_bytes()
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert any(n.endswith("adapter_config.json") for n in names), names
+    assert not outside, outside
+
+
+def test_bad_form_shows_every_problem_and_queues_nothing(server, browser, tmp_path):
+    url, home = server
+    before = len(_store(home).list_runs())
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   '{"messages": [{"role": "user", "content": "hi"\n')
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(url)
+    page.get_by_text("Detected format").wait_for(timeout=30_000)
+    page.locator("input[type=file]").first.set_input_files(str(bad))
+    page.wait_for_timeout(3000)
+    _set(page, "learning_rate", "0")
+    page.click("#launch-btn")
+    errors = page.locator("#form-errors")
+    errors.get_by_text("learning_rate").wait_for(timeout=60_000)
+    text = errors.inner_text()
+    assert "nothing was queued" in text and "dataset" in text and "row" in text.lower(), text
+    assert len(_store(home).list_runs()) == before
+
+
+def test_gradio_client_launches_a_run(server):
+    from gradio_client import Client
+
+    from app import ui_form
+    from jobs.spec import JobSpec
+
+    url, home = server
+    client = Client(url, analytics_enabled=False, verbose=False)
+    values = ui_form.form_values(JobSpec(model="tiny-llama", max_steps=3, run_name="api-run"))
+    values = [None if v == "" and n in {"eval_dataset"} else v for n, v in zip(ui_form.NAMES, values)]
+    errors, run_id = client.predict(*values, api_name="/launch")
+    assert errors == "" and run_id
+    assert _store(home).get_run(int(run_id)).spec.run_name == "api-run"
