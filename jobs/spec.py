@@ -312,7 +312,8 @@ def _plain(value: Any) -> Any:
 
 def _coerce(name: str, raw: Any, tp: Any) -> tuple[Any, Problem | None]:
     base, optional = _unwrap_optional(tp)
-    if raw is None or (isinstance(raw, str) and raw.strip() == "" and base is not str):
+    blank = isinstance(raw, str) and raw.strip() == ""
+    if raw is None or (blank and (base is not str or optional)):
         if optional:
             return None, None
         return None, Problem(name, "is missing a value", f"give a value or remove the line to use the default")
