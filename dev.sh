@@ -29,7 +29,7 @@ STAMP="$VENV/.tunedeck-stamp"
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 
 usage() {
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
