@@ -104,11 +104,40 @@ def run_tunedeck(spec: Any, work: Path, index: int) -> dict[str, float]:
             "train_runtime": m["train_runtime"], "steps": m["global_step"]}
 
 
+def callback_cost(spec: Any, work: Path) -> dict[str, float]:
+    """In-process: seconds spent inside StoreCallback's handlers, as a share of train_runtime."""
+    from jobs.callbacks import StoreCallback
+    from jobs.train import train_spec
+    from storage.store import Store
+
+    spent = {"s": 0.0, "calls": 0}
+
+    class TimedCallback(StoreCallback):
+        """StoreCallback whose every handler is timed."""
+
+    for name in ("on_train_begin", "on_step_end", "on_log", "on_train_end"):
+        def timed(self: Any, *a: Any, _orig: Any = getattr(StoreCallback, name), **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _orig(self, *a, **k)
+            finally:
+                spent["s"] += time.perf_counter() - t0
+                spent["calls"] += 1
+        setattr(TimedCallback, name, timed)
+
+    store = Store()
+    run_id = store.create_run(spec)
+    result = train_spec(spec, work / "timed-out", [TimedCallback(store, run_id)])
+    runtime = result.metrics["train_runtime"]
+    return {"callback_s": spent["s"], "handler_calls": spent["calls"], "train_runtime": runtime,
+            "share": spent["s"] / runtime}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the pairs and print tokens/s of each side and the median ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--pairs", type=int, default=3)
@@ -153,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
               f"({pair['tunedeck']['train_runtime']:.1f} s), ratio {ratio:.3f}", flush=True)
     median = statistics.median(r["ratio"] for r in rows)
     print(f"median tokens/s ratio tunedeck/bare: {median:.3f} ({(1 - median) * 100:+.1f}% overhead)")
+    cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
+    print(f"StoreCallback: {cost['callback_s']:.3f} s in {cost['handler_calls']} handler calls over a "
+          f"{cost['train_runtime']:.1f} s training = {cost['share'] * 100:.2f}% of training time", flush=True)
+    rows.append({"callback_cost": cost})
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pairs": rows,
                                          "median_ratio": median}, indent=2))

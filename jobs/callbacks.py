@@ -64,6 +64,7 @@ class StoreCallback(TrainerCallback):
         now = time.perf_counter()
         self._last_flush = self._last_cancel_check = self._last_step_end = self._prev_log_time = now
         self._prev_log_step = state.global_step
+        self._prev_tokens = 0.0  # trl counts num_tokens from zero in each trainer
         self._max_steps = state.max_steps if state.max_steps and state.max_steps > 0 else None
         self._step = state.global_step
         self.flush(force_progress=True)

@@ -279,3 +279,42 @@ def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, d
     record = store.get_run(run_id)
     assert record.status is RunStatus.CANCELLED and record.exit_code == 0
     assert "stopping at the next step" in log.read_text()
+
+
+def test_oom_summary_names_the_tricks_still_off() -> None:
+    from jobs.train import summarize
+
+    spec = JobSpec.from_dict({"method": "full", "per_device_train_batch_size": 8, "max_length": 2048})
+    summary = summarize(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), spec)
+    assert summary.startswith("CUDA out of memory")
+    for trick in ("per_device_train_batch_size 8 -> 4", "gradient_checkpointing: true", "max_length (now 2048)",
+                  "method: lora", "optim: adamw_bnb_8bit"):
+        assert trick in summary, trick
+    done = JobSpec.from_dict({"method": "qlora", "per_device_train_batch_size": 1, "gradient_checkpointing": True})
+    assert "gradient_checkpointing" not in summarize(torch.OutOfMemoryError("oom"), done)
+
+
+def test_problem_errors_summarize_as_their_problems() -> None:
+    from jobs.spec import Problem, SpecError
+    from jobs.train import summarize
+
+    exc = SpecError([Problem("precision", "fp16 needs CUDA", "use auto")])
+    assert summarize(exc, None) == "precision: fp16 needs CUDA. Fix: use auto"
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_cuda_run_records_torch_memory(tiny_model: Path, store: Any, method: str) -> None:
+    from jobs.train import run
+
+    run_id = store.create_run(tiny_spec(tiny_model, method=method, max_steps=6))
+    store.claim_next("test")
+    assert run(run_id, store) == 0
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.SUCCEEDED, record.error_summary
+    assert record.peak_memory_source == "torch" and record.peak_memory_bytes > 0
+    assert record.resolved_config["precision"] in {"bf16", "fp16"}
+    samples = store.memory_samples(run_id, source="torch")
+    assert len(samples) == 6 and all(s.torch_allocated and s.torch_max_allocated for s in samples)
