@@ -1,7 +1,7 @@
 """The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
 
 Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
-(app.ui_gpu), the runs table (app.ui_runs) and the run page (app.ui_run). This module lays
+(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) and the compare view (app.ui_compare). This module lays
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import ui_form, ui_gpu, ui_run, ui_runs
+from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs
 from storage.settings import runs_dir
 from storage.store import Store
 
@@ -48,12 +48,15 @@ def build_ui(store: Store) -> gr.Blocks:
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
+            with gr.Tab("Compare", id="compare") as compare_tab:
+                compare = ui_compare.build()
         timer = gr.Timer(1.0)
         runs_timer = gr.Timer(2.0)
 
         ui_form.wire(form, store)
         ui_gpu.wire(gpu, store, timer)
         ui_runs.wire(runs, store, runs_timer)
+        ui_compare.wire(compare, store, compare_tab)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
             errors, run_id = ui_form.launch(store, *args)
