@@ -1,10 +1,11 @@
 """Graph series for the dashboard: SQL-bucketed metrics and memory kept up to date incrementally.
 
-The store groups rows into buckets in SQL (min and max per bucket, so a spike survives); this
-module keeps those buckets per run in memory and, on each refresh, asks the store only for rows
-newer than the last one it saw. Bucket widths are powers of two aligned at step 0 (or at the
-run's first sample time), so when a series outgrows `max_points` neighbouring buckets merge
-exactly (min of mins, max of maxes) without another scan of the table.
+The store groups rows into buckets in SQL (min and max per bucket, so a spike survives), reading
+its rollup tables (aggregates over 2**level steps, maintained on write) so a first build costs
+about one row per bucket however long the run is. This module keeps those buckets per run in
+memory and, on each refresh, re-reads only the last bucket and newer ones. Bucket widths are
+powers of two aligned at step 0 (or time 0, in units of 1/16 s), so when a series outgrows
+`max_points` neighbouring buckets merge exactly (min of mins, max of maxes) without another read.
 
     cache = MetricSeriesCache(store)
     buckets = cache.get(run_id, "loss")   # <= max_points // 2 buckets, two points each
@@ -24,6 +25,7 @@ from storage.store import MemoryBucket, MetricBucket, Store
 MAX_POINTS = 2000
 _CACHE_KEYS = 128
 _MEMORY_BASE_WIDTH_S = 1.0 / 16
+_LATE_SAMPLES_S = 10.0
 
 
 def merge_metric(a: MetricBucket, b: MetricBucket) -> MetricBucket:
@@ -63,10 +65,14 @@ class _MetricState:
 
 @dataclass
 class _MemoryState:
-    origin: float
+    origin: float  # the run's first sample time: x = 0 on the graph (buckets are aligned at time 0)
     width: float
     last_time: float
     buckets: dict[tuple[int, str], MemoryBucket] = field(default_factory=dict)
+
+
+def _memory_key(b: MemoryBucket, width: float) -> tuple[int, str]:
+    return int(b.first_time // width), b.source
 
 
 class MetricSeriesCache:
@@ -87,13 +93,13 @@ class MetricSeriesCache:
             state = self._states.get((run_id, name))
             if state is None or hi < state.last_step:
                 width = int(pow2_at_least((hi + 1) / self.max_buckets))
-                rows = self.store.metric_buckets(run_id, name, width)
+                rows = self.store.metric_series(run_id, name, width)
                 state = _MetricState(width, hi, {r.first_step // width: r for r in rows})
             elif hi > state.last_step:
-                for r in self.store.metric_buckets(run_id, name, state.width, after_step=state.last_step):
-                    key = r.first_step // state.width
-                    old = state.buckets.get(key)
-                    state.buckets[key] = merge_metric(old, r) if old else r
+                # The last bucket may have grown: read it again whole, with every newer one.
+                last = max(state.buckets, default=0)
+                for r in self.store.metric_series(run_id, name, state.width, from_step=last * state.width):
+                    state.buckets[r.first_step // state.width] = r
                 state.last_step = hi
                 while (hi + 1) / state.width > self.max_buckets:
                     state.width *= 2
@@ -128,13 +134,14 @@ class MemorySeriesCache:
             state = self._states.get(run_id)
             if state is None or lo != state.origin or hi < state.last_time:
                 width = pow2_at_least((hi - lo) / self.max_buckets, _MEMORY_BASE_WIDTH_S)
-                rows = self.store.memory_buckets(run_id, lo, width)
-                state = _MemoryState(lo, width, hi, {(int((r.first_time - lo) / width), r.source): r for r in rows})
+                rows = self.store.memory_series(run_id, width)
+                state = _MemoryState(lo, width, hi, {_memory_key(r, width): r for r in rows})
             elif hi > state.last_time:
-                for r in self.store.memory_buckets(run_id, lo, state.width, after=state.last_time):
-                    key = (int((r.first_time - lo) / state.width), r.source)
-                    old = state.buckets.get(key)
-                    state.buckets[key] = merge_memory(old, r) if old else r
+                # Re-read whole buckets from a little before the last sample seen: samples arrive in
+                # batches from two writers (sampler, training callback), not strictly in time order.
+                first = (max(lo, state.last_time - _LATE_SAMPLES_S)) // state.width
+                for r in self.store.memory_series(run_id, state.width, from_time=first * state.width):
+                    state.buckets[_memory_key(r, state.width)] = r
                 state.last_time = hi
                 while (hi - lo) / state.width > self.max_buckets:
                     state.width *= 2
@@ -209,3 +216,10 @@ def downsample_minmax(points: list[tuple[int, float]], max_points: int = MAX_POI
         k = step // width
         out[k] = merge_metric(out[k], b) if k in out else b
     return [replace(b) for _, b in sorted(out.items())]
+
+
+def same_buckets(a: list[MetricBucket], b: list[MetricBucket], rel: float = 1e-9) -> bool:
+    """Equal bucket lists, sums compared to `rel` (rollups add partial sums, so the last bits may differ)."""
+    return len(a) == len(b) and all(
+        (x.first_step, x.last_step, x.min, x.max, x.count) == (y.first_step, y.last_step, y.min, y.max, y.count)
+        and abs(x.total - y.total) <= rel * max(1.0, abs(x.total), abs(y.total)) for x, y in zip(a, b))

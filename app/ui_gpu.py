@@ -50,11 +50,13 @@ def build_panel() -> GpuPanel:
     with gr.Accordion("GPU", open=True, elem_id="gpu-panel"):
         info = gr.Markdown(device_markdown())
         with gr.Row():
-            memory = gr.LinePlot(x="seconds", y="GiB", color="series", x_lim=[-WINDOW_S, 0], height=200,
+            # color_title="": the legend names each line; gradio would title it "series" (the column).
+            # No fixed height: with one, gradio 6.31 clips the legend below the x axis.
+            memory = gr.LinePlot(x="seconds", y="GiB", color="series", color_title="", x_lim=[-WINDOW_S, 0],
                                  x_title="seconds ago", y_title="GiB", label="Memory, last 5 minutes",
                                  elem_id="gpu-memory-plot", scale=3)
-            utilization = gr.LinePlot(x="seconds", y="percent", color="series", x_lim=[-WINDOW_S, 0],
-                                      y_lim=[0, 100], height=200, x_title="seconds ago",
+            utilization = gr.LinePlot(x="seconds", y="percent", color="series", colors_in_legend=[],
+                                      x_lim=[-WINDOW_S, 0], y_lim=[0, 100], x_title="seconds ago",
                                       label="GPU utilization", scale=2, visible=ui_data.has_cuda())
     return GpuPanel(info, memory, utilization)
 

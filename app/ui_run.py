@@ -111,8 +111,12 @@ class RunPage:
                 self.loss, self.lr, self.tps, self.log, self.spec, self.drawn]
 
 
-def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None) -> gr.LinePlot:
-    return gr.LinePlot(x=x, y=y, color="series", label=label, height=240, elem_id=elem_id)
+def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None, legend: bool = True) -> gr.LinePlot:
+    """A line plot coloured by the frame's `series` column; the legend names each line, untitled
+    (gradio would title it with the column name), and is left out for single-line plots.
+    No fixed height: with one, gradio 6.31 clips the legend below the x axis."""
+    return gr.LinePlot(x=x, y=y, color="series", color_title="", colors_in_legend=None if legend else [],
+                       label=label, elem_id=elem_id)
 
 
 def build() -> RunPage:
@@ -130,8 +134,8 @@ def build() -> RunPage:
                        elem_id="run-memory-plot")
         loss = _plot("value", "Loss (train, eval)", elem_id="run-loss-plot")
     with gr.Row():
-        lr = _plot("value", "Learning rate")
-        tps = _plot("value", "Tokens/s")
+        lr = _plot("value", "Learning rate", legend=False)
+        tps = _plot("value", "Tokens/s", legend=False)
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)

@@ -7,7 +7,7 @@ from enum import Enum
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class RunStatus(str, Enum):
@@ -94,6 +94,53 @@ class MemorySample(Base):
     torch_max_allocated: Mapped[int | None] = mapped_column(BigInteger)
     process_rss: Mapped[int | None] = mapped_column(BigInteger)
     __table_args__ = (Index("ix_memory_run_time", "run_id", "time"), Index("ix_memory_time", "time"))
+
+
+class MetricRollup(Base):
+    """Per-run, per-metric aggregates over aligned buckets of 2**level steps (bucket = step >> level).
+
+    Maintained by `Store.add_metrics` in the same transaction as the raw rows, so a long run's
+    graph reads ~1,000 rollup rows instead of scanning every raw row.
+    """
+
+    __tablename__ = "metric_rollups"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    first_step: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(Integer)
+    value_min: Mapped[float] = mapped_column(Float)
+    value_max: Mapped[float] = mapped_column(Float)
+    value_sum: Mapped[float] = mapped_column(Float)
+    row_count: Mapped[int] = mapped_column(Integer)
+    __table_args__ = {"sqlite_with_rowid": False}
+
+
+class MemoryRollup(Base):
+    """Per-run, per-source aggregates of memory samples over aligned time buckets of 2**level / 16 s.
+
+    bucket = floor(time * 16) >> level; maintained by `Store.add_memory_samples` (run samples only).
+    """
+
+    __tablename__ = "memory_rollups"
+    # Key order (run, level, source, bucket): a graph reads all sources of one level at once.
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    first_time: Mapped[float] = mapped_column(Float)
+    last_time: Mapped[float] = mapped_column(Float)
+    used_min: Mapped[int | None] = mapped_column(BigInteger)
+    used_max: Mapped[int | None] = mapped_column(BigInteger)
+    total_max: Mapped[int | None] = mapped_column(BigInteger)
+    utilization_max: Mapped[float | None] = mapped_column(Float)
+    torch_allocated_max: Mapped[int | None] = mapped_column(BigInteger)
+    torch_reserved_max: Mapped[int | None] = mapped_column(BigInteger)
+    rss_min: Mapped[int | None] = mapped_column(BigInteger)
+    rss_max: Mapped[int | None] = mapped_column(BigInteger)
+    row_count: Mapped[int] = mapped_column(Integer)
+    __table_args__ = {"sqlite_with_rowid": False}
 
 
 class Artifact(Base):

@@ -12,13 +12,14 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from contextlib import contextmanager
-from sqlalchemy import Integer, create_engine, delete, event, func, select, update
+from sqlalchemy import Integer, create_engine, delete, event, func, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -365,7 +366,10 @@ class Store:
         if not rows:
             return 0
         with self._tx() as s:
+            # The write lock is ours (BEGIN IMMEDIATE), so every id above `before` is one of these rows.
+            before = s.scalar(select(func.coalesce(func.max(m.Metric.id), 0)))
             s.execute(m.Metric.__table__.insert(), rows)
+            s.execute(_METRIC_ROLLUP_UPSERT, {"after": before})
         return len(rows)
 
     def metrics(self, run_id: int, names: Sequence[str] | None = None) -> list[MetricPoint]:
@@ -413,6 +417,26 @@ class Store:
             lo, hi = s.execute(q).one()
             return None if lo is None else (int(lo), int(hi))
 
+    def metric_series(self, run_id: int, name: str, width: int, from_step: int = 0) -> list[MetricBucket]:
+        """Same buckets as `metric_buckets` (bucket = step // width), read from the rollup table.
+
+        `width` a power of two: the coarsest rollup level <= width is regrouped in SQL (<= 16 rollup
+        rows per bucket), so the cost follows the number of buckets, not of raw rows; narrower
+        widths read raw rows. `from_step` (a multiple of `width`) skips older buckets.
+        """
+        k = width.bit_length() - 1
+        level = max((lv for lv in METRIC_LEVELS if lv <= k), default=None)
+        if width < 1 or width != 1 << k or level is None:
+            return self.metric_buckets(run_id, name, width, after_step=from_step - 1)
+        r = m.MetricRollup
+        b = r.bucket.op(">>")(k - level).label("b")
+        q = (select(b, func.min(r.first_step), func.max(r.last_step), func.min(r.value_min), func.max(r.value_max),
+                    func.sum(r.value_sum), func.sum(r.row_count))
+             .where(r.run_id == run_id, r.name == name, r.level == level, r.bucket >= (max(0, from_step) >> level))
+             .group_by("b").order_by("b"))
+        with self._read() as s:
+            return [MetricBucket(*row[1:]) for row in s.execute(q)]
+
     def last_metric_values(self, run_ids: Sequence[int], name: str) -> dict[int, float]:
         """The value at the highest step of one metric for each of several runs (for run tables)."""
         if not run_ids:
@@ -432,7 +456,10 @@ class Store:
         if not rows:
             return 0
         with self._tx() as s:
+            before = s.scalar(select(func.coalesce(func.max(m.MemorySample.id), 0)))
             s.execute(m.MemorySample.__table__.insert(), rows)
+            if any(r["run_id"] is not None for r in rows):
+                s.execute(_MEMORY_ROLLUP_UPSERT, {"after": before})
         return len(rows)
 
     def memory_samples(self, run_id: int | None = None, since: float | None = None,
@@ -472,6 +499,38 @@ class Store:
         with self._read() as s:
             return [MemoryBucket(*r[1:]) for r in s.execute(q)]
 
+    def memory_series(self, run_id: int, width: float, from_time: float = 0.0) -> list[MemoryBucket]:
+        """One run's samples per source in time buckets floor(time / width), width = 2**k / 16 s.
+
+        Buckets are aligned at time 0 so they match the rollup table, which is read when a level
+        fits (cost follows the number of buckets); narrower widths read raw samples.
+        `from_time` (a multiple of `width`) skips older buckets.
+        """
+        k = round(math.log2(width * 16))
+        if k < 0 or width * 16 != 2 ** k:
+            raise ValueError(f"memory bucket width must be 2**k / 16 s, got {width}")
+        level = max((lv for lv in MEMORY_LEVELS if lv <= k), default=None)
+        if level is None:
+            t = m.MemorySample
+            b = func.cast(t.time * 16, Integer).op(">>")(k).label("b")
+            q = (select(b, t.source, func.min(t.time), func.max(t.time),
+                        func.min(t.used_bytes), func.max(t.used_bytes), func.max(t.total_bytes), func.max(t.utilization),
+                        func.max(t.torch_allocated), func.max(t.torch_reserved),
+                        func.min(t.process_rss), func.max(t.process_rss), func.count())
+                 .where(t.run_id == run_id, t.time >= from_time).group_by("b", t.source).order_by("b", t.source))
+        else:
+            r = m.MemoryRollup
+            b = r.bucket.op(">>")(k - level).label("b")
+            first = (math.floor(from_time * 16) >> k) << (k - level) if from_time > 0 else 0
+            q = (select(b, r.source, func.min(r.first_time), func.max(r.last_time),
+                        func.min(r.used_min), func.max(r.used_max), func.max(r.total_max), func.max(r.utilization_max),
+                        func.max(r.torch_allocated_max), func.max(r.torch_reserved_max),
+                        func.min(r.rss_min), func.max(r.rss_max), func.sum(r.row_count))
+                 .where(r.run_id == run_id, r.level == level, r.bucket >= first)
+                 .group_by("b", r.source).order_by("b", r.source))
+        with self._read() as s:
+            return [MemoryBucket(*row[1:]) for row in s.execute(q)]
+
     def memory_extent(self, run_id: int | None = None) -> tuple[float, float] | None:
         """(first, last) sample time of a run's memory samples (all samples for None)."""
         t = m.MemorySample
@@ -497,4 +556,72 @@ class Store:
 
 
 # Statements that bring a database from version N-1 to N. Append, never edit.
-MIGRATIONS: dict[int, list[str]] = {}
+MIGRATIONS: dict[int, list[str]] = {
+    # 2: rollup tables (created by create_all just before migrations run), backfilled from the raw rows.
+    2: [
+        "INSERT INTO metric_rollups (run_id, name, level, bucket, first_step, last_step, value_min, value_max, "
+        "value_sum, row_count) SELECT x.run_id, x.name, lv.level, x.step >> lv.level, min(x.step), max(x.step), "
+        "min(x.value), max(x.value), sum(x.value), count(*) FROM metrics AS x, (SELECT 4 AS level UNION ALL "
+        "SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv WHERE true "
+        "GROUP BY x.run_id, x.name, lv.level, x.step >> lv.level",
+        "INSERT INTO memory_rollups (run_id, source, level, bucket, first_time, last_time, used_min, used_max, "
+        "total_max, utilization_max, torch_allocated_max, torch_reserved_max, rss_min, rss_max, row_count) "
+        "SELECT x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level, min(x.time), max(x.time), "
+        "min(x.used_bytes), max(x.used_bytes), max(x.total_bytes), max(x.utilization), max(x.torch_allocated), "
+        "max(x.torch_reserved), min(x.process_rss), max(x.process_rss), count(*) FROM memory_samples AS x, "
+        "(SELECT 4 AS level UNION ALL SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv "
+        "WHERE x.run_id IS NOT NULL GROUP BY x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level",
+    ],
+}
+
+# ---------------------------------------------------------------------- rollups
+# Levels kept in the rollup tables: buckets of 2**level steps (metrics) or 2**level / 16 s (memory).
+# Every 4th power of two, so a graph at any power-of-two width reads at most 16 rollup rows per
+# bucket, while each write touches only len(LEVELS) rollup rows per series.
+METRIC_LEVELS = (4, 8, 12, 16)
+MEMORY_LEVELS = (4, 8, 12, 16)
+
+
+def _levels_sql(levels: Sequence[int]) -> str:
+    return " UNION ALL ".join(f"SELECT {lv}" + (" AS level" if i == 0 else "") for i, lv in enumerate(levels))
+
+
+def _least(col: str, table: str) -> str:
+    """min() of the stored and the new value, ignoring NULLs (SQLite's two-argument min() does not)."""
+    return f"{col} = coalesce(min({table}.{col}, excluded.{col}), {table}.{col}, excluded.{col})"
+
+
+def _greatest(col: str, table: str) -> str:
+    return f"{col} = coalesce(max({table}.{col}, excluded.{col}), {table}.{col}, excluded.{col})"
+
+
+# Folds the rows with id > :after into the rollups, in the writer's transaction (one statement).
+_METRIC_ROLLUP_UPSERT = text(
+    "INSERT INTO metric_rollups (run_id, name, level, bucket, first_step, last_step, value_min, value_max, "
+    "value_sum, row_count) "
+    "SELECT x.run_id, x.name, lv.level, x.step >> lv.level, min(x.step), max(x.step), min(x.value), max(x.value), "
+    f"sum(x.value), count(*) FROM metrics AS x, ({_levels_sql(METRIC_LEVELS)}) AS lv "
+    "WHERE x.id > :after AND x.value IS NOT NULL "
+    "GROUP BY x.run_id, x.name, lv.level, x.step >> lv.level "
+    "ON CONFLICT (run_id, name, level, bucket) DO UPDATE SET "
+    + ", ".join([_least("first_step", "metric_rollups"), _greatest("last_step", "metric_rollups"),
+                 _least("value_min", "metric_rollups"), _greatest("value_max", "metric_rollups"),
+                 "value_sum = metric_rollups.value_sum + excluded.value_sum",
+                 "row_count = metric_rollups.row_count + excluded.row_count"]))
+
+_MEMORY_ROLLUP_UPSERT = text(
+    "INSERT INTO memory_rollups (run_id, source, level, bucket, first_time, last_time, used_min, used_max, "
+    "total_max, utilization_max, torch_allocated_max, torch_reserved_max, rss_min, rss_max, row_count) "
+    "SELECT x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level, min(x.time), max(x.time), "
+    "min(x.used_bytes), max(x.used_bytes), max(x.total_bytes), max(x.utilization), max(x.torch_allocated), "
+    "max(x.torch_reserved), min(x.process_rss), max(x.process_rss), count(*) "
+    f"FROM memory_samples AS x, ({_levels_sql(MEMORY_LEVELS)}) AS lv "
+    "WHERE x.id > :after AND x.run_id IS NOT NULL "
+    "GROUP BY x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level "
+    "ON CONFLICT (run_id, level, source, bucket) DO UPDATE SET "
+    + ", ".join([_least("first_time", "memory_rollups"), _greatest("last_time", "memory_rollups"),
+                 _least("used_min", "memory_rollups"), _greatest("used_max", "memory_rollups"),
+                 _greatest("total_max", "memory_rollups"), _greatest("utilization_max", "memory_rollups"),
+                 _greatest("torch_allocated_max", "memory_rollups"), _greatest("torch_reserved_max", "memory_rollups"),
+                 _least("rss_min", "memory_rollups"), _greatest("rss_max", "memory_rollups"),
+                 "row_count = memory_rollups.row_count + excluded.row_count"]))
