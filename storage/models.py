@@ -7,7 +7,7 @@ from enum import Enum
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class RunStatus(str, Enum):
@@ -72,7 +72,7 @@ class Metric(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(128))
-    value: Mapped[float] = mapped_column(Float)
+    value: Mapped[float | None] = mapped_column(Float)  # NULL = non-finite (SQLite has no NaN); read back as nan
     time: Mapped[float] = mapped_column(Float)
     __table_args__ = (Index("ix_metrics_run_name_step", "run_id", "name", "step"),)
 

@@ -339,6 +339,72 @@ class Store:
         with self._tx() as s:
             s.execute(delete(m.Run).where(m.Run.id == run_id))
 
+    # ------------------------------------------------------------------ device lease, queue order, resume
+    # One running run per device: the lease is a `meta` row `device:<name>` = {"run_id", "worker_id"},
+    # taken in the same BEGIN IMMEDIATE transaction as the claim. It is free again as soon as its
+    # run is no longer `running` (finished, or marked interrupted by stale-run cleanup), so a dead
+    # worker never needs to release it.
+    def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None) -> RunRecord | None:
+        """`claim_next`, but only while no other run holds `device`; records the lease."""
+        now = time.time()
+        key = f"device:{device}"[:64]
+        with self._tx() as s:
+            lease = s.get(m.Meta, key)
+            if lease is not None:
+                holder = s.get(m.Run, json.loads(lease.value).get("run_id"))
+                if holder is not None and holder.status == RunStatus.RUNNING.value:
+                    return None
+            candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
+                                  .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
+            if candidate is None:
+                return None
+            s.execute(update(m.Run).where(m.Run.id == candidate)
+                      .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
+                              worker_pid=worker_pid if worker_pid is not None else os.getpid(),
+                              started_at=now, heartbeat_at=now, finished_at=None))
+            s.merge(m.Meta(key=key, value=json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})))
+            return RunRecord.from_row(s.get(m.Run, candidate))
+
+    def move_queued(self, run_id: int, position: int) -> bool:
+        """Move a queued run to `position` (0 = next to run) of the queue; False if it is not queued."""
+        with self._tx() as s:
+            rows = list(s.scalars(select(m.Run).where(m.Run.status == RunStatus.QUEUED.value)
+                                  .order_by(m.Run.queue_order, m.Run.id)))
+            mine = next((r for r in rows if r.id == run_id), None)
+            if mine is None:
+                return False
+            rest = [r for r in rows if r.id != run_id]
+            position = max(0, min(position, len(rest)))
+            # Between its new neighbours, so nothing else moves and later submissions stay behind.
+            if not rest:
+                return True
+            if position == 0:
+                mine.queue_order = rest[0].queue_order - 1.0
+            elif position == len(rest):
+                mine.queue_order = math.nextafter(rest[-1].queue_order, math.inf)
+            else:
+                mine.queue_order = (rest[position - 1].queue_order + rest[position].queue_order) / 2
+            return True
+
+    def requeue(self, run_id: int) -> bool:
+        """Put an interrupted, cancelled or failed run back at the end of the queue (same id, same history)."""
+        ended = [RunStatus.INTERRUPTED.value, RunStatus.CANCELLED.value, RunStatus.FAILED.value]
+        with self._tx() as s:
+            result = s.execute(update(m.Run).where(m.Run.id == run_id, m.Run.status.in_(ended))
+                               .values(status=RunStatus.QUEUED.value, queue_order=time.time(), cancel_requested=0,
+                                       finished_at=None, exit_code=None, child_pid=None, error_summary=None,
+                                       error_detail=None))
+            return result.rowcount == 1
+
+    def truncate_metrics(self, run_id: int, after_step: int) -> int:
+        """Delete a run's metric rows with step > after_step (a resume redoes those steps); rebuilds its rollups."""
+        with self._tx() as s:
+            n = s.execute(delete(m.Metric).where(m.Metric.run_id == run_id, m.Metric.step > after_step)).rowcount
+            if n:
+                s.execute(delete(m.MetricRollup).where(m.MetricRollup.run_id == run_id))
+                s.execute(_METRIC_ROLLUP_REBUILD, {"run_id": run_id})
+            return n
+
     # ------------------------------------------------------------------ workers
     # A worker's presence is a `meta` row `worker:<id>` = {"pid", "host", "time"}, refreshed
     # while it lives (idle or busy), so `tunedeck run` can tell whether anyone will take its run.
@@ -361,7 +427,7 @@ class Store:
 
     # ------------------------------------------------------------------ metrics
     def add_metrics(self, run_id: int, points: Iterable[MetricPoint]) -> int:
-        rows = [{"run_id": run_id, "step": p.step, "name": p.name, "value": float(p.value), "time": p.time}
+        rows = [{"run_id": run_id, "step": p.step, "name": p.name, "value": _finite_or_none(p.value), "time": p.time}
                 for p in points]
         if not rows:
             return 0
@@ -378,7 +444,7 @@ class Store:
             q = q.where(m.Metric.name.in_(list(names)))
         q = q.order_by(m.Metric.name, m.Metric.step, m.Metric.id)
         with self._read() as s:
-            return [MetricPoint(*r) for r in s.execute(q)]
+            return [MetricPoint(st, n, _nan_if_none(v), t) for st, n, v, t in s.execute(q)]
 
     def metric_names(self, run_id: int) -> list[str]:
         with self._read() as s:
@@ -389,7 +455,7 @@ class Store:
              .where(m.Metric.run_id == run_id, m.Metric.name == name).order_by(m.Metric.id.desc()).limit(1))
         with self._read() as s:
             r = s.execute(q).first()
-            return MetricPoint(*r) if r else None
+            return MetricPoint(r[0], r[1], _nan_if_none(r[2]), r[3]) if r else None
 
     def metric_buckets(self, run_id: int, name: str, width: int, after_step: int = -1) -> list[MetricBucket]:
         """One metric grouped in SQL into buckets of `width` steps (bucket = step // width), min/max kept.
@@ -448,7 +514,7 @@ class Store:
              .join(inner, (m.Metric.run_id == inner.c.run_id) & (m.Metric.step == inner.c.step))
              .where(m.Metric.name == name).order_by(m.Metric.id))
         with self._read() as s:
-            return {run_id: value for run_id, value in s.execute(q)}
+            return {run_id: _nan_if_none(value) for run_id, value in s.execute(q)}
 
     # ------------------------------------------------------------------ memory
     def add_memory_samples(self, samples: Iterable[MemoryPoint]) -> int:
@@ -572,6 +638,18 @@ MIGRATIONS: dict[int, list[str]] = {
         "(SELECT 4 AS level UNION ALL SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv "
         "WHERE x.run_id IS NOT NULL GROUP BY x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level",
     ],
+    # 3: metrics.value nullable (NULL = a non-finite value; SQLite turns NaN into NULL): SQLite cannot
+    # drop a NOT NULL, so the table is rebuilt (ids kept, so the rollups stay valid).
+    3: [
+        "CREATE TABLE metrics_v3 (id INTEGER NOT NULL, run_id INTEGER NOT NULL, step INTEGER NOT NULL, "
+        "name VARCHAR(128) NOT NULL, value FLOAT, time FLOAT NOT NULL, PRIMARY KEY (id), "
+        "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)",
+        "INSERT INTO metrics_v3 (id, run_id, step, name, value, time) SELECT id, run_id, step, name, value, time "
+        "FROM metrics",
+        "DROP TABLE metrics",
+        "ALTER TABLE metrics_v3 RENAME TO metrics",
+        "CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)",
+    ],
 }
 
 # ---------------------------------------------------------------------- rollups
@@ -625,3 +703,23 @@ _MEMORY_ROLLUP_UPSERT = text(
                  _greatest("torch_allocated_max", "memory_rollups"), _greatest("torch_reserved_max", "memory_rollups"),
                  _least("rss_min", "memory_rollups"), _greatest("rss_max", "memory_rollups"),
                  "row_count = memory_rollups.row_count + excluded.row_count"]))
+
+
+# Rebuilds one run's metric rollups from its raw rows (after `truncate_metrics`).
+_METRIC_ROLLUP_REBUILD = text(
+    "INSERT INTO metric_rollups (run_id, name, level, bucket, first_step, last_step, value_min, value_max, "
+    "value_sum, row_count) "
+    "SELECT x.run_id, x.name, lv.level, x.step >> lv.level, min(x.step), max(x.step), min(x.value), max(x.value), "
+    f"sum(x.value), count(*) FROM metrics AS x, ({_levels_sql(METRIC_LEVELS)}) AS lv "
+    "WHERE x.run_id = :run_id AND x.value IS NOT NULL "
+    "GROUP BY x.run_id, x.name, lv.level, x.step >> lv.level")
+
+
+def _finite_or_none(value: float) -> float | None:
+    """Non-finite metric values are stored as NULL (SQLite would turn NaN into NULL anyway)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
