@@ -9,6 +9,11 @@ well under 2% of training time:
 - torch memory counters are read from the caching allocator's host-side stats (no sync);
 - the database is asked about `cancel_requested` at most every `cancel_interval` (2 s), while
   a SIGTERM flag (a `threading.Event`) is checked at every step for free.
+A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
+cancelled run can be resumed; every saved checkpoint gets a completeness marker
+(`jobs.checkpoints`). A non-finite training loss stops training at once, without saving, and
+is reported as `nonfinite_step` (trl hides NaN/inf from the log unless
+`logging_nan_inf_filter=False`, which `jobs.mapping` sets).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class StoreCallback(TrainerCallback):
             cuda = torch.cuda.is_available()
         self.cuda = cuda
         self.stop_reason: str | None = None  # "signal" | "cancel" once training was asked to stop
+        self.nonfinite_step: int | None = None  # the step whose training loss was NaN or inf
         self.tokens_per_second: list[float] = []
         self.num_tokens: float | None = None
         self._metrics: list[MetricPoint] = []
@@ -86,6 +92,7 @@ class StoreCallback(TrainerCallback):
                 log.info("cancel requested: stopping after step %s", state.global_step)
         if self.stop_reason is not None:
             control.should_training_stop = True
+            control.should_save = True  # a checkpoint to resume from (jobs.checkpoints)
         if now - self._last_flush >= self.flush_interval:
             self.flush()
 
@@ -98,19 +105,31 @@ class StoreCallback(TrainerCallback):
         for name, value in logs.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            value = float(value)
-            if math.isnan(value):
-                # SQLite stores NaN as NULL (the value column refuses it): record that it happened.
-                log.warning("step %s: %s is NaN", step, name)
-                self._metrics.append(MetricPoint(step, f"nan/{name}", 1.0, wall))
-                continue
-            self._metrics.append(MetricPoint(step, name, value, wall))
+            self._metrics.append(MetricPoint(step, name, float(value), wall))  # the store keeps NaN/inf as NULL
+        loss = logs.get("loss")
+        if isinstance(loss, (int, float)) and not math.isfinite(loss) and self.nonfinite_step is None:
+            # Stop before this step's save: the last good checkpoint stays the newest one.
+            self.nonfinite_step = step
+            log.error("non-finite loss (%s) at step %s: stopping without saving", loss, step)
+            control.should_training_stop = True
+            control.should_save = False
         if "loss" in logs and step > self._prev_log_step:
             self._throughput(logs, state, step, wall)
         if self.cuda:
             self._memory.append(_torch_memory(self.run_id, wall))
         if time.perf_counter() - self._last_flush >= self.flush_interval:
             self.flush()
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        """The trainer finished writing checkpoint-N: mark it complete (resumable)."""
+        from pathlib import Path
+
+        from jobs.checkpoints import mark_complete
+
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            mark_complete(folder, state.global_step)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:

@@ -6,7 +6,12 @@ It loads the run's `JobSpec` from the store (TUNEDECK_DATABASE_URL / TUNEDECK_HO
 trl/peft/bitsandbytes configs with the pure `jobs.mapping`, trains with trl's SFTTrainer or
 DPOTrainer plus `StoreCallback`, evaluates, writes the bundle (`jobs.artifacts`) and marks the
 run succeeded; any exception marks it failed with a one-line summary and the traceback (exit 1).
-SIGTERM stops training at the next step boundary and marks the run cancelled (exit 0).
+SIGTERM stops training at the next step boundary, saves a checkpoint there and marks the run
+cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues from its last
+complete checkpoint (`jobs.checkpoints`) with optimizer, scheduler and RNG state; its metric
+rows after that step are deleted first, so none is duplicated. A non-finite loss fails the run
+("non-finite loss at step N") and keeps the last good checkpoint; a full disk while saving
+fails it with the folder named and the half-written checkpoint removed.
 Output goes to stdout, which the worker sends to the run's train.log.
 
 `train_spec(spec, output_dir, callbacks)` does the training without any store (tests, bench).
@@ -15,6 +20,7 @@ Output goes to stdout, which the worker sends to the run's train.log.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import resource
 import signal
@@ -89,10 +95,20 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or inf."""
+
+    def __init__(self, step: int):
+        super().__init__(f"non-finite loss at step {step}")
+        self.step = step
+
+
 def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] = (), *,
                device: Device | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
-               model_and_tokenizer: tuple[Any, Any] | None = None) -> TrainResult:
-    """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training."""
+               model_and_tokenizer: tuple[Any, Any] | None = None, resume_from: str | None = None) -> TrainResult:
+    """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
+
+    `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count)."""
     from jobs.data import load_datasets
 
     device = device or detect_device()
@@ -121,7 +137,10 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
     if on_ready is not None:
         on_ready(resolved)
-    output = trainer.train()
+    output = trainer.train(resume_from_checkpoint=resume_from)
+    nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
+    if nonfinite:
+        raise NonFiniteLoss(nonfinite[0])
     stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
     metrics: dict[str, float] = {"train_loss": float(output.training_loss),
                                  "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
@@ -141,6 +160,11 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         import torch
 
         metrics["peak_torch_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
+        metrics["peak_torch_reserved_bytes"] = float(torch.cuda.max_memory_reserved())
+    else:
+        metrics["peak_rss_bytes"] = float(peak)
+    if metrics["global_step"] > 0 and metrics["train_runtime"] > 0:
+        metrics["step_time_mean"] = metrics["train_runtime"] / metrics["global_step"]  # seconds per optimizer step
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
 
 
@@ -177,10 +201,29 @@ def oom_advice(spec: JobSpec) -> str:
     return "; ".join(tips)
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether an error (or one it was raised from) is 'no space left on device'.
+
+    torch.save reports it as RuntimeError 'file write failed', safetensors as 'StorageFull'."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        text = str(exc)
+        if any(s in text for s in ("No space left on device", "StorageFull", "file write failed")):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
 def summarize(exc: BaseException, spec: JobSpec | None) -> str:
     """A one-line summary of why a run failed."""
     import torch
 
+    if isinstance(exc, NonFiniteLoss):
+        return (f"{exc}: the last good checkpoint is kept; lower learning_rate, set max_grad_norm, "
+                "or use bf16 rather than fp16")
     if isinstance(exc, torch.OutOfMemoryError):
         advice = oom_advice(spec) if spec is not None else "smaller batch, gradient checkpointing, shorter max_length"
         return f"CUDA out of memory. To use less memory try: {advice}"
@@ -210,9 +253,28 @@ def setup_logging() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def run(run_id: int, store: Any | None = None) -> int:
-    """Train run `run_id` from the store; returns the process exit code."""
+def resume_point(store: Any, run_id: int, output_dir: Path) -> str | None:
+    """The checkpoint to continue from (None: start afresh); drops metric rows the resume redoes."""
+    from jobs.checkpoints import last_complete, remove_incomplete
+
+    for folder in remove_incomplete(output_dir):
+        log.warning("removed incomplete checkpoint %s", folder)
+    last = last_complete(output_dir)
+    dropped = store.truncate_metrics(run_id, last[0] if last else -1)
+    if last is None:
+        if dropped:
+            log.info("no complete checkpoint: starting over (%d metric rows of the earlier attempt removed)", dropped)
+        return None
+    log.info("resuming from %s (step %d); %d metric rows after it removed", last[1], last[0], dropped)
+    return str(last[1])
+
+
+def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) -> int:
+    """Train run `run_id` from the store; returns the process exit code.
+
+    `callbacks`: extra trainer callbacks (tests inject faults through them)."""
     from jobs.artifacts import write_artifacts
+    from jobs.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
     from storage.settings import run_dir
     from storage.store import Store
 
@@ -224,10 +286,12 @@ def run(run_id: int, store: Any | None = None) -> int:
     spec = record.spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     callback = StoreCallback(store, run_id)
+    output_dir = run_dir(run_id) / "output"
     try:
         device = detect_device()
         log.info("device: %s", device)
-        result = train_spec(spec, run_dir(run_id) / "output", [callback], device=device,
+        resume_from = resume_point(store, run_id, output_dir)
+        result = train_spec(spec, output_dir, [callback, *callbacks], device=device, resume_from=resume_from,
                             on_ready=lambda cfg: store.set_resolved_config(run_id, cfg))
         callback.flush()  # eval metrics and the last steps land before the status changes
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
@@ -251,6 +315,12 @@ def run(run_id: int, store: Any | None = None) -> int:
             log.info("run %s cancelled", run_id)
             return 0
         summary = summarize(exc, spec)
+        if disk_full(exc):
+            partial = [f for _step, f in checkpoint_dirs(output_dir) if not is_complete(f)]
+            what, where = ("checkpoint", partial[-1]) if partial else ("output", output_dir)
+            summary = (f"disk full while saving {what} to {where}: free space or lower save frequency "
+                       f"(save_steps); earlier complete checkpoints are kept")
+            remove_incomplete(output_dir)  # give the space back; it could not be resumed from anyway
         log.error("run %s failed: %s\n%s", run_id, summary, traceback.format_exc())
         store.mark_failed(run_id, summary, traceback.format_exc(), exit_code=1)
         return 1

@@ -3,14 +3,18 @@
     tunedeck worker            # serve the queue until SIGTERM / Ctrl-C
     tunedeck worker --burst    # drain the queue, then exit (tests, benchmarks)
 
-For each run it claims (atomically, `Store.claim_next`) it spawns
+One device, one running run: a worker claims (`Store.claim_next_on_device`, one transaction)
+only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"), so two
+workers and two launches at the same moment give one running run and one queued; the queue is
+FIFO unless reordered (`Store.move_queued`). For each run it claims it spawns
 `python -m jobs.train --run-id N` in a new session (its own process group), with stdout and
 stderr going to `runs/<id>/train.log` (never a pipe nobody reads). The child marks its run
 succeeded or failed itself; the worker records what the child cannot: when the child dies while
 its run is still `running`, the run is marked failed with the signal or exit code and the end of
 the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`, then `cancelled`. At start
 the worker marks runs interrupted whose heartbeat is stale or whose worker process on this host
-is dead (rq's StartedJobRegistry.cleanup). SIGTERM/SIGINT to the worker stop it warm: no new
+is dead (rq's StartedJobRegistry.cleanup), and again every `stale_after / 2` s while it waits
+for the device, so a run of a SIGKILLed worker is taken over by another. SIGTERM/SIGINT to the worker stop it warm: no new
 runs, SIGTERM forwarded to the child, wait, then exit.
 """
 
@@ -105,7 +109,7 @@ class Worker:
     def __init__(self, store: Store, worker_id: str | None = None, poll_interval: float = 1.0,
                  heartbeat_interval: float = 2.0, stale_after: float = 30.0, grace_period: float = 20.0,
                  *, child_argv: Callable[[int], list[str]] | None = None, sample: bool = True,
-                 exit_with_parent: int | None = None) -> None:
+                 exit_with_parent: int | None = None, device: str | None = None) -> None:
         self.store = store
         self.host = socket.gethostname()
         self.worker_id = worker_id or f"{self.host}:{os.getpid()}"
@@ -116,6 +120,7 @@ class Worker:
         self.child_argv = child_argv or default_child_argv  # tests swap in a fake child
         self.sample = sample
         self.exit_with_parent = exit_with_parent
+        self.device = device or os.environ.get("TUNEDECK_DEVICE") or "0"
         self.sampler: Sampler | None = None
         self._stop = threading.Event()
         self._stop_reason = "worker stopped"
@@ -136,15 +141,19 @@ class Worker:
         done = 0
         try:
             self.cleanup_stale()
+            next_cleanup = time.monotonic() + self.stale_after / 2
             while not self._stop.is_set():
                 self._beat()
                 if self.exit_with_parent and not pid_alive(self.exit_with_parent):
                     log.info("parent process %s is gone; stopping", self.exit_with_parent)
                     break
-                run = self.store.claim_next(self.worker_id, os.getpid())
+                run = self.store.claim_next_on_device(self.worker_id, self.device, os.getpid())
                 if run is None:
-                    if burst:
+                    if burst and not self.store.queued():
                         break
+                    if time.monotonic() >= next_cleanup:  # the device may be held by a dead worker's run
+                        next_cleanup = time.monotonic() + self.stale_after / 2
+                        self.cleanup_stale()
                     self._stop.wait(self.poll_interval)
                     continue
                 self.execute(run)
@@ -169,10 +178,12 @@ class Worker:
                 reason = f"worker {run.worker_id} (pid {run.worker_pid}) is no longer running"
             else:
                 continue
-            self._kill_orphan(run)
+            # Marked first: the orphan answers SIGTERM by saving a checkpoint and marking its run
+            # cancelled, which must not win over 'interrupted'.
             if self.store.mark_interrupted(run.id, reason):
                 log.warning("run %s interrupted: %s", run.id, reason)
                 marked.append(run.id)
+            self._kill_orphan(run)
         return marked
 
     # ------------------------------------------------------------------ one run
@@ -282,8 +293,10 @@ class Worker:
             return
         if "jobs.train" in cmdline and str(run.id) in cmdline:  # guard against pid reuse
             log.warning("run %s: ending orphaned training process group %s", run.id, run.child_pid)
-            _killpg(run.child_pid, signal.SIGTERM)
-            time.sleep(min(self.grace_period, 5.0))
+            _killpg(run.child_pid, signal.SIGTERM)  # warm: it saves a checkpoint at the next step
+            deadline = time.monotonic() + self.grace_period
+            while group_members(run.child_pid) and time.monotonic() < deadline:
+                time.sleep(_WATCH_TICK)
             _killpg(run.child_pid, signal.SIGKILL)
 
     def _install_signal_handlers(self) -> dict[int, object]:
