@@ -7,6 +7,8 @@
     tunedeck runs [--status S]                # table of runs
     tunedeck show RUN_ID                      # status, spec, metrics, memory, artifacts, error
     tunedeck cancel RUN_ID
+    tunedeck resume RUN_ID                    # queue an interrupted/cancelled run again (from its checkpoint)
+    tunedeck move RUN_ID --to N | --first     # reorder the queue
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
 
 `run` follows the run in the database. When no worker has announced itself in the last few
@@ -276,6 +278,26 @@ def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_resume(store: Store, args: argparse.Namespace) -> int:
+    from jobs.checkpoints import resume
+
+    try:
+        print(resume(store, _run_or_fail(store, args.run_id)))
+    except ValueError as exc:
+        raise UsageError([Problem("RUN_ID", str(exc), "resume an interrupted or cancelled run, or submit again")])
+    return EXIT_OK
+
+
+def cmd_move(store: Store, args: argparse.Namespace) -> int:
+    run = _run_or_fail(store, args.run_id)
+    position = 0 if args.first else (args.to or 1) - 1
+    if not store.move_queued(run.id, position):
+        raise UsageError([Problem("RUN_ID", f"run {run.id} is {run.status.value}, not queued", "move a queued run")])
+    order = [r.id for r in store.queued()]
+    print(f"run {run.id}: position {order.index(run.id) + 1} of {len(order)} in the queue")
+    return EXIT_OK
+
+
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker import Worker
 
@@ -330,10 +352,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=50)
     s.set_defaults(func=cmd_runs)
 
-    for name, func, text in (("show", cmd_show, "show one run"), ("cancel", cmd_cancel, "cancel a queued or running run")):
+    for name, func, text in (("show", cmd_show, "show one run"), ("cancel", cmd_cancel, "cancel a queued or running run"),
+                             ("resume", cmd_resume, "queue an interrupted/cancelled run again; it continues from "
+                                                    "its last complete checkpoint")):
         s = sub.add_parser(name, help=text)
         s.add_argument("run_id", type=int, metavar="RUN_ID")
         s.set_defaults(func=func)
+
+    s = sub.add_parser("move", help="reorder the queue: move a queued run")
+    s.add_argument("run_id", type=int, metavar="RUN_ID")
+    where = s.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", type=int, metavar="N", help="to position N (1 = next to run)")
+    where.add_argument("--first", action="store_true", help="to the front of the queue")
+    s.set_defaults(func=cmd_move)
 
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")

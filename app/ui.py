@@ -79,6 +79,7 @@ def build_ui(store: Store) -> gr.Blocks:
         timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
                    api_visibility="private")
         page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
+        page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
 
         def clone(run_id: float | None) -> list[Any]:
             run = store.get_run(int(run_id)) if run_id is not None else None

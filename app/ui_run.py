@@ -1,4 +1,4 @@
-"""One run's page: status, progress and ETA, live graphs, log tail, spec, cancel, download, clone.
+"""One run's page: status, progress and ETA, live graphs, log tail, spec, cancel, resume, download, clone.
 
 Refreshed by a 1 s timer that reads the store; once a finished run has been drawn the timer
 skips it (nothing changes any more). Files are only ever served from inside the data directory.
@@ -17,6 +17,7 @@ import pandas as pd
 
 from app import series
 from app.budget import human_bytes
+from jobs.checkpoints import resumable, resume
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunRecord, Store
@@ -104,11 +105,12 @@ class RunPage:
     log: gr.Code
     spec: gr.Code
     drawn: gr.State
+    resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
 
     @property
     def outputs(self) -> list[gr.Component]:
         return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn]
+                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn, self.resume]
 
 
 def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None, legend: bool = True) -> gr.LinePlot:
@@ -124,6 +126,7 @@ def build() -> RunPage:
     with gr.Row():
         run_id = gr.Number(label="run id", precision=0, value=None, elem_id="run-id", scale=1)
         cancel = gr.Button("Cancel", variant="stop", visible=False, scale=0)
+        resume = gr.Button("Resume", variant="primary", visible=False, scale=0, elem_id="resume-run")
         clone = gr.Button("Clone into form", scale=0)
         download = gr.DownloadButton("Download adapter", visible=False, scale=0, elem_id="download-adapter")
     header = gr.Markdown("Select a run in the Runs tab, or launch one.", elem_id="run-header")
@@ -140,7 +143,7 @@ def build() -> RunPage:
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
     return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None))
+                   spec, gr.State(None), resume=resume)
 
 
 class RunPageData:
@@ -163,14 +166,14 @@ class RunPageData:
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
         if run_id is None:
-            return [gr.skip()] * 13
+            return [gr.skip()] * 14
         rid = int(run_id)
         run = self.store.get_run(rid)
         if run is None:
             return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
-                    gr.Dataframe(visible=False), ""] + [None] * 4 + ["", "", None]
+                    gr.Dataframe(visible=False), ""] + [None] * 4 + ["", "", None, gr.Button(visible=False)]
         if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * 13
+            return [gr.skip()] * 14
         memory, loss, lr, tps = self.graphs(rid)
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
@@ -183,8 +186,9 @@ class RunPageData:
                 error += f" (exit code {run.exit_code})"
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
+        resume = gr.Button(visible=resumable(run))
         return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                log_tail(run), run.spec.to_yaml(), drawn_now]
+                log_tail(run), run.spec.to_yaml(), drawn_now, resume]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:
@@ -193,3 +197,13 @@ class RunPageData:
         if status is None:
             raise gr.Error(f"No run {int(run_id)}.")
         gr.Info(f"Run {int(run_id)}: {'cancelled' if status is RunStatus.CANCELLED else 'cancel requested'}.")
+
+    def resume(self, run_id: float | None) -> None:
+        """Queue the run again (same id); it continues from its last complete checkpoint."""
+        run = self.store.get_run(int(run_id)) if run_id is not None else None
+        if run is None:
+            raise gr.Error("Open a run first.")
+        try:
+            gr.Info(resume(self.store, run))
+        except ValueError as exc:
+            raise gr.Error(str(exc))
