@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.spec import LORA_FAMILY, JobSpec, Method, Optim, Precision, Problem, Trainer
+from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, LossType, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
@@ -64,8 +64,12 @@ def resolve_precision(spec: JobSpec, device: Device) -> Precision:
     return Precision.FP32
 
 
-def capability_problems(spec: JobSpec, device: Device | None = None) -> list[Problem]:
-    """Reasons this spec cannot honestly run on this device (default: this machine's)."""
+def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: bool = True) -> list[Problem]:
+    """Reasons this spec cannot honestly run on this device (default: this machine's).
+
+    With `probe`, also reads the model's chat template and the data's row format when an option
+    depends on them (assistant_only_loss); never loads weights.
+    """
     device = device if device is not None else detect_device()
     out: list[Problem] = []
     if spec.precision is Precision.FP16 and not device.cuda:
@@ -74,6 +78,22 @@ def capability_problems(spec: JobSpec, device: Device | None = None) -> list[Pro
     if spec.precision is Precision.BF16 and device.cuda and not device.bf16:
         out.append(Problem("precision", f"this GPU ({device.name}) does not support bf16",
                            "use precision: auto (fp16 with loss scaling) or fp32"))
+    out.extend(combination_problems(spec))
+    if probe:
+        from jobs.capability import probe_problems
+
+        out.extend(probe_problems(spec))
+    return out
+
+
+def combination_problems(spec: JobSpec) -> list[Problem]:
+    """Combinations trl/peft/bitsandbytes reject, found by trying each (see tests/test_matrix.py)."""
+    out: list[Problem] = []
+    if spec.padding_free and spec.trainer is Trainer.SFT and not spec.packing:
+        # trl: "When `padding_free=True` without packing, `max_length` is not enforced."
+        out.append(Problem("padding_free", "needs packing for sft (trl refuses padding-free rows without packing "
+                           "because max_length would not be enforced)", "set packing: true (it turns padding-free on "
+                           "by itself), or padding_free: false"))
     return out
 
 
@@ -88,6 +108,12 @@ def capability_warnings(spec: JobSpec, device: Device | None = None) -> list[str
         out.append(f"method {spec.method.value}: bitsandbytes' CPU backend runs quantized layers much slower than a GPU")
     if resolve_precision(spec, device) is Precision.BF16 and not device.cuda:
         out.append("precision bf16 on the CPU: runs (use_cpu=True) but is usually slower than fp32 there")
+    if spec.method is not Method.QLORA and (spec.bnb_4bit_quant_type.value != "nf4" or not spec.bnb_4bit_use_double_quant
+                                            or spec.bnb_4bit_compute_dtype is not ComputeDtype.AUTO):
+        out.append(f"bnb_4bit_* settings only apply to method qlora; method {spec.method.value} ignores them")
+    if spec.packing and spec.method in {Method.PROMPT_TUNING, Method.P_TUNING}:
+        out.append(f"method {spec.method.value} with packing: the virtual tokens are prepended once per packed row, "
+                   "not once per example")
     return out
 
 
@@ -161,9 +187,10 @@ def peft_config(spec: JobSpec, model_type: str | None = None) -> Any | None:
 def quantization_kwargs(spec: JobSpec, precision: Precision) -> dict[str, Any] | None:
     """BitsAndBytesConfig keyword arguments (compute dtype as a name), or None."""
     if spec.method is Method.QLORA:
-        compute = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(precision, "float32")
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-                "bnb_4bit_compute_dtype": compute}
+        chosen = precision if spec.bnb_4bit_compute_dtype is ComputeDtype.AUTO else Precision(spec.bnb_4bit_compute_dtype.value)
+        compute = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(chosen, "float32")
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": spec.bnb_4bit_quant_type.value,
+                "bnb_4bit_use_double_quant": spec.bnb_4bit_use_double_quant, "bnb_4bit_compute_dtype": compute}
     if spec.method is Method.LORA_8BIT:
         return {"load_in_8bit": True}
     return None
@@ -223,6 +250,13 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         "report_to": "none",
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
+        # On a CUDA OOM, accelerate halves the micro-batch and restarts the loop: a run that would
+        # crash finishes instead, slower and with a smaller batch than asked (logged, not hidden).
+        "auto_find_batch_size": spec.auto_find_batch_size,
+        # Padding-free flattens a batch into one row with position_ids: no pad tokens are computed
+        # or stored. With trl's default "bfd" packing it is on whatever this flag says.
+        "padding_free": spec.padding_free,
+        "loss_type": loss_type_name(spec),
     }
     if spec.gradient_checkpointing:
         kw["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
@@ -234,9 +268,19 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # Packing concatenates short rows into max_length blocks: no compute or memory is spent
         # on padding, often ~2x tokens/s on short-row data; attention may span row boundaries.
         kw["packing"] = spec.packing
+        # Loss masks cost nothing in memory or time; they change what the model learns from.
+        kw["completion_only_loss"] = spec.completion_only_loss
+        kw["assistant_only_loss"] = spec.assistant_only_loss
     else:
         kw["beta"] = spec.beta
     return kw
+
+
+def loss_type_name(spec: JobSpec) -> str:
+    """trl's loss_type: the spec's choice, or trl's own default for the trainer when auto."""
+    if spec.loss_type is LossType.AUTO:
+        return "nll" if spec.trainer is Trainer.SFT else "sigmoid"
+    return spec.loss_type.value
 
 
 def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False) -> Any:

@@ -60,6 +60,31 @@ class Optim(str, Enum):
     ADAFACTOR = "adafactor"
 
 
+class QuantType(str, Enum):
+    NF4 = "nf4"
+    FP4 = "fp4"
+
+
+class ComputeDtype(str, Enum):
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class LossType(str, Enum):
+    AUTO = "auto"
+    NLL = "nll"
+    DFT = "dft"
+    SIGMOID = "sigmoid"
+    HINGE = "hinge"
+    IPO = "ipo"
+
+
+SFT_LOSSES = {LossType.NLL, LossType.DFT}
+DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
+
+
 class Scheduler(str, Enum):
     CONSTANT = "constant"
     CONSTANT_WITH_WARMUP = "constant_with_warmup"
@@ -133,6 +158,18 @@ class JobSpec:
     use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
     num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024)
     beta: float = _f(0.1, Group.METHOD, "DPO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0)
+    loss_type: LossType = _f(LossType.AUTO, Group.METHOD,
+                             "auto: trl's default (nll for sft, sigmoid for dpo). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo.")
+    completion_only_loss: bool = _f(True, Group.METHOD,
+                                    "SFT on prompt/completion rows: loss on the completion only. No effect on text or messages rows.")
+    assistant_only_loss: bool = _f(False, Group.METHOD,
+                                   "SFT on chat messages rows: loss on the assistant turns only. Needs `{% generation %}` markers in the chat template (the built-in models have them).")
+    bnb_4bit_quant_type: QuantType = _f(QuantType.NF4, Group.METHOD,
+                                        "qlora only: 4-bit data type of the frozen base. nf4 (QLoRA's NormalFloat) or fp4.")
+    bnb_4bit_use_double_quant: bool = _f(True, Group.METHOD,
+                                         "qlora only: quantize the quantization constants too (~0.4 bit/param less).")
+    bnb_4bit_compute_dtype: ComputeDtype = _f(ComputeDtype.AUTO, Group.METHOD,
+                                              "qlora only: dtype 4-bit layers de-quantize to for their matmuls. auto: the run's precision.")
     # --- Memory tricks
     per_device_train_batch_size: int = _f(8, Group.MEMORY,
                                           "Micro-batch size: examples per forward pass. Activation memory grows with it.", ge=1, le=4096)
@@ -146,6 +183,10 @@ class JobSpec:
                       "Optimizer. AdamW keeps ~8 B/param of state; 8-bit AdamW ~2 B; paged variants spill to CPU under pressure (CUDA only).")
     max_length: int = _f(512, Group.MEMORY, "Maximum tokens per example; longer rows are truncated. Activations grow with it.", ge=8, le=131072)
     packing: bool = _f(False, Group.MEMORY, "Pack several short examples into one sequence (SFT only): fewer pad tokens, faster.")
+    padding_free: bool = _f(False, Group.MEMORY,
+                            "Flatten each batch into one sequence without padding (SFT: needs packing, which turns it on anyway).")
+    auto_find_batch_size: bool = _f(False, Group.MEMORY,
+                                    "On a CUDA out-of-memory error, halve the micro-batch and retry instead of failing.")
     # --- Training
     learning_rate: float = _f(2e-4, Group.TRAINING, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", gt=0.0, le=1.0)
     lr_scheduler_type: Scheduler = _f(Scheduler.LINEAR, Group.TRAINING, "How the learning rate changes over training.")
@@ -247,6 +288,15 @@ class JobSpec:
             out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
         if self.packing and self.trainer is Trainer.DPO:
             out.append(Problem("packing", "is only supported by the SFT trainer", "set packing: false for dpo"))
+        if self.loss_type in SFT_LOSSES and self.trainer is not Trainer.SFT:
+            out.append(Problem("loss_type", f"{self.loss_type.value} is an SFT loss",
+                               "for dpo use auto, " + ", ".join(sorted(t.value for t in DPO_LOSSES))))
+        if self.loss_type in DPO_LOSSES and self.trainer is not Trainer.DPO:
+            out.append(Problem("loss_type", f"{self.loss_type.value} is a DPO loss",
+                               "for sft use auto, " + ", ".join(sorted(t.value for t in SFT_LOSSES))))
+        if self.assistant_only_loss and self.trainer is Trainer.DPO:
+            out.append(Problem("assistant_only_loss", "is an SFT option (DPO already scores only the chosen/rejected answers)",
+                               "set assistant_only_loss: false for dpo"))
         if self.method is Method.PREFIX_TUNING and self.gradient_checkpointing:
             out.append(Problem("gradient_checkpointing",
                                "prefix tuning fails with gradient checkpointing (the cached prefix keys do not match the recomputed attention shape)",

@@ -10,7 +10,7 @@ import torch
 
 from jobs.mapping import (CPU, Device, capability_problems, capability_warnings, peft_config, quantization_config,
                           resolve_precision, resolved_config, torch_dtype_name, training_config)
-from jobs.spec import JobSpec, Method, Optim, Precision, Trainer
+from jobs.spec import JobSpec, Method, Optim, Precision, SpecError, Trainer
 
 H100 = Device(cuda=True, bf16=True, compute_capability=(9, 0), name="NVIDIA H100")
 V100 = Device(cuda=True, bf16=False, compute_capability=(7, 0), name="Tesla V100")
@@ -194,3 +194,93 @@ def test_resolved_config_is_json_and_records_every_library_config(tmp_path: Any)
     assert again["device"]["compute_capability"] == [9, 0]
     full = resolved_config(JobSpec(method=Method.FULL), CPU, str(tmp_path))
     assert full["peft_config"] is None and full["quantization_config"] is None
+
+
+# ---------------------------------------------------------------------- issue 4: the menu
+@pytest.mark.parametrize("changes, expected", [
+    ({}, {"completion_only_loss": True, "assistant_only_loss": False, "padding_free": False,
+          "auto_find_batch_size": False, "loss_type": "nll"}),
+    ({"assistant_only_loss": True, "completion_only_loss": False}, {"assistant_only_loss": True,
+                                                                     "completion_only_loss": False}),
+    ({"padding_free": True, "packing": True}, {"padding_free": True, "packing": True}),
+    ({"auto_find_batch_size": True}, {"auto_find_batch_size": True}),
+    ({"loss_type": "dft"}, {"loss_type": "dft"}),
+    ({"trainer": "dpo", "loss_type": "ipo"}, {"loss_type": "ipo"}),
+    ({"trainer": "dpo"}, {"loss_type": "sigmoid", "padding_free": False}),
+])
+def test_new_trainer_fields_reach_the_config(tmp_path: Any, changes: dict[str, Any], expected: dict[str, Any]) -> None:
+    spec = JobSpec().replace(**changes)
+    record = resolved_config(spec, CPU, str(tmp_path))["trainer_config"]
+    args = training_config(spec, CPU, str(tmp_path))
+    for name, value in expected.items():
+        assert record[name] == value, name
+        got = getattr(args, name)
+        assert (got == [value] if isinstance(got, list) else got == value), name
+    if spec.trainer is Trainer.DPO:
+        assert "assistant_only_loss" not in record and "completion_only_loss" not in record
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"bnb_4bit_quant_type": "fp4"}, {"bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": True,
+                                       "bnb_4bit_compute_dtype": "float32"}),
+    ({"bnb_4bit_use_double_quant": False}, {"bnb_4bit_use_double_quant": False}),
+    ({"bnb_4bit_compute_dtype": "bf16"}, {"bnb_4bit_compute_dtype": "bfloat16"}),
+    ({"bnb_4bit_compute_dtype": "fp16", "precision": "bf16"}, {"bnb_4bit_compute_dtype": "float16"}),
+    ({"precision": "bf16"}, {"bnb_4bit_compute_dtype": "bfloat16"}),  # auto follows the run's precision
+])
+def test_qlora_quantization_fields(tmp_path: Any, changes: dict[str, Any], expected: dict[str, Any]) -> None:
+    spec = JobSpec(method=Method.QLORA).replace(**changes)
+    record = resolved_config(spec, CPU, str(tmp_path))["quantization_config"]
+    config = quantization_config(spec, resolve_precision(spec, CPU))
+    for name, value in expected.items():
+        assert record[name] == value, name
+        got = getattr(config, name)
+        assert (str(got).replace("torch.", "") if name == "bnb_4bit_compute_dtype" else got) == value, name
+
+
+def test_bnb_fields_on_other_methods_only_warn() -> None:
+    spec = JobSpec().replace(bnb_4bit_quant_type="fp4")
+    assert capability_problems(spec, CPU, probe=False) == []
+    assert any("only apply to method qlora" in w for w in capability_warnings(spec, CPU))
+
+
+@pytest.mark.parametrize("changes, field, needle", [
+    ({"padding_free": True}, "padding_free", "needs packing"),
+    ({"loss_type": "hinge"}, "loss_type", "is a DPO loss"),
+    ({"trainer": "dpo", "loss_type": "nll"}, "loss_type", "is an SFT loss"),
+    ({"trainer": "dpo", "assistant_only_loss": True}, "assistant_only_loss", "is an SFT option"),
+])
+def test_combinations_the_libraries_reject_are_refused(changes: dict[str, Any], field: str, needle: str) -> None:
+    try:
+        spec = JobSpec.from_dict(changes)
+        problems = capability_problems(spec, CPU, probe=False)
+    except SpecError as exc:
+        problems = exc.problems
+    assert [p.field for p in problems] == [field] and needle in problems[0].problem and problems[0].fix
+
+
+@pytest.mark.parametrize("changes", [
+    {"padding_free": True, "packing": True},
+    {"trainer": "dpo", "padding_free": True},
+    {"assistant_only_loss": True},  # the built-in default model's template has generation markers
+    {"method": "prompt_tuning", "packing": True},
+])
+def test_valid_combinations_pass(changes: dict[str, Any]) -> None:
+    spec = JobSpec().replace(**changes)
+    assert spec.problems() == [] and capability_problems(spec, CPU) == []
+
+
+def test_prompt_tuning_with_packing_warns() -> None:
+    spec = JobSpec().replace(method="p_tuning", packing=True)
+    assert any("once per packed row" in w for w in capability_warnings(spec, CPU))
+
+
+def test_template_problem() -> None:
+    from jobs.capability import template_problem
+    from jobs.tiny import CHAT_TEMPLATE
+
+    assert template_problem(CHAT_TEMPLATE) is None
+    plain = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    problem = template_problem(plain)
+    assert problem is not None and "generation" in problem.problem and "{% generation %}" in problem.fix
+    assert "no chat template" in template_problem(None).problem
