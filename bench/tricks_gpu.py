@@ -277,7 +277,7 @@ def table(rows: list[tuple[Trick, dict[str, Any]]], cuda: bool) -> str:
                  _gib(r.get("nvml_peak")), _gib(r.get("peak_rss")),
                  f"{r['step_time'] * 1000:.0f} ms" if r.get("step_time") else "-",
                  f"{tps:,.0f}" if tps else "-",
-                 f"{trainable / 1e6:.1f}M" if trainable else "-",
+                 (f"{trainable / 1e6:.1f}M" if trainable >= 1e5 else f"{trainable:,.0f}") if trainable else "-",
                  f"{mem / base_mem:.2f}x" if mem and base_mem else "-",
                  f"{tps / base_tps:.2f}x" if tps and base_tps else "-"]
         lines.append("| " + " | ".join(cells) + " |")
