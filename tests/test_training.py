@@ -6,6 +6,7 @@ Each training here runs a handful of steps on a 140k-parameter model, so a test 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -94,7 +95,9 @@ def test_callback_buffers_metrics_and_measures_throughput() -> None:
     cb.on_train_end(None, state, control)  # type: ignore[arg-type]
     (points,) = store.metric_calls  # one transaction for everything
     names = {p.name for p in points}
-    assert {"loss", "num_tokens", "learning_rate", "step_time", "tokens_per_second", "nan/loss"} <= names
+    assert {"loss", "num_tokens", "learning_rate", "step_time", "tokens_per_second"} <= names
+    assert math.isnan(points[-1].value) and points[-1].name == "loss"  # kept as NaN (the store: NULL)
+    assert cb.nonfinite_step == 50 and control.should_training_stop and not control.should_save
     assert "flag" not in names and "note" not in names
     assert all(p.value > 0 for p in points if p.name == "tokens_per_second")
     assert store.progress[0] == (0, 50) and store.progress[-1] == (50, 50)
@@ -112,6 +115,7 @@ def test_callback_stops_on_cancel_request_and_on_signal() -> None:
     store.cancel = True
     cb.on_step_end(None, state, control)  # type: ignore[arg-type]
     assert control.should_training_stop and cb.stop_reason == "cancel"
+    assert control.should_save  # a checkpoint at the step it stops, so the run can resume
 
     cb2, control2 = StoreCallback(CountingStore(), 2, cancel_interval=3600, cuda=False), TrainerControl()  # type: ignore[arg-type]
     cb2.on_train_begin(None, state, control2)  # type: ignore[arg-type]

@@ -252,13 +252,19 @@ def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: P
     worker = Worker(store, poll_interval=0.2, heartbeat_interval=0.5, grace_period=5.0)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True})
     thread.start()
-    run = wait_for(lambda: (r := store.get_run(first)).current_step >= 2 and r, timeout=180, interval=0.2)
+    run = wait_for(lambda: (r := store.get_run(first)).current_step >= 2 and len(store.metrics(first, ["loss"])) >= 2
+                   and r, timeout=180, interval=0.2)
     os.killpg(run.child_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    before = store.metrics(first)  # every row written before the kill
+    wait_for(lambda: store.get_run(first).status is RunStatus.FAILED, timeout=30, interval=0.05)
+    assert time.monotonic() - killed_at < 10  # marked within seconds (poll 0.1 s; slack for a loaded machine)
     thread.join(timeout=300)
     assert not thread.is_alive()
     run = store.get_run(first)
     assert run.status is RunStatus.FAILED
     assert "SIGKILL" in run.error_summary and run.exit_code == -9
+    assert store.metrics(first) == before  # kept, and nothing written after the kill
     nxt = store.get_run(second)
     assert nxt.status is RunStatus.SUCCEEDED, (nxt.error_summary, nxt.error_detail)
     assert store.memory_samples(second)
