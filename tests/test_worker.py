@@ -200,6 +200,30 @@ def test_run_of_dead_local_worker_is_interrupted(store: Store) -> None:
     assert "no longer running" in run.error_summary
 
 
+def test_idle_worker_takes_over_the_device_of_a_dead_workers_run(store: Store) -> None:
+    """A worker waiting for the device notices (within stale_after / 2) that the run holding it
+    belongs to a worker that died, marks it interrupted and takes the next queued run."""
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    worker = make_worker(store, "pass", stale_after=1.0)
+    thread = threading.Thread(target=worker.work)
+    thread.start()
+    try:
+        time.sleep(0.3)  # past the worker's start-up cleanup: only the periodic one can help now
+        held = store.create_run(SPEC)
+        assert store.claim_next_on_device(f"{socket.gethostname()}:{dead.pid}", worker.device, dead.pid).id == held
+        waiting = store.create_run(SPEC)
+        wait_for(lambda: store.get_run(waiting).status.finished, timeout=30)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert store.get_run(held).status is RunStatus.INTERRUPTED
+    assert "no longer running" in store.get_run(held).error_summary
+
+
 def test_worker_announces_itself(store: Store) -> None:
     worker = make_worker(store, "pass", worker_id="test-worker")
     seen = []
