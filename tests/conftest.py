@@ -40,3 +40,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from jobs.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache() -> Path:
+    """A model cache shared across test sessions, so SmolLM2 is fetched and converted once."""
+    override = os.environ.get("TUNEDECK_MODELS_DIR")
+    return Path(override or Path.home() / ".cache" / "tunedeck" / "test-models").expanduser()
