@@ -2,8 +2,15 @@
 
 The dashboard and the worker only share the database (STYLE.md "data path"): the worker runs
 as a subprocess (`python -m app.cli worker`, the same as `tunedeck worker`) so a crash or a
-GPU hang in training never takes the web server down, and it exits with the server. Binding
-a non-loopback address prints a warning: the dashboard has no login.
+GPU hang in training never takes the web server down, and it exits with the server.
+
+Safe serving:
+- binds 127.0.0.1 by default; a non-loopback address without a login prints a warning;
+- optional login (`TUNEDECK_AUTH=user:password` or `--auth-file`, see app.auth);
+- Gradio may serve only the runs' bundle zips (`bundle_allow_list`, re-read from the store at
+  each check) plus its own upload/cache folder, which lives under `uploads_dir()`; the
+  database, logs, checkpoints, model cache and `.env` files are on its blocked list;
+- uploads are capped at `TUNEDECK_MAX_UPLOAD_MB` (default 1024).
 """
 
 from __future__ import annotations
@@ -13,9 +20,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from storage.settings import data_dir, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -31,13 +41,121 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_warning(host: str, port: int) -> str | None:
-    """A warning when the dashboard would be reachable from other machines."""
-    if is_loopback(host):
+def exposure_warning(host: str, port: int, has_login: bool = False) -> str | None:
+    """A warning when the dashboard would be reachable from other machines without a login."""
+    if is_loopback(host) or has_login:
         return None
     return (f"WARNING: binding {host}:{port} makes the dashboard reachable from other machines. It has no "
             "login: anyone who can reach it can start training runs, read your data and download adapters. "
-            "Use --host 127.0.0.1 (default) with an SSH tunnel, or put it behind an authenticating proxy.")
+            "Use --host 127.0.0.1 (default) with an SSH tunnel, set TUNEDECK_AUTH=user:password or "
+            "--auth-file FILE (see `tunedeck hash-password`), or put it behind an authenticating proxy.")
+
+
+DEFAULT_MAX_UPLOAD_MB = 1024
+
+
+def max_upload_mb() -> int:
+    """The upload size limit in MB (`TUNEDECK_MAX_UPLOAD_MB`, default 1024)."""
+    raw = os.environ.get("TUNEDECK_MAX_UPLOAD_MB", "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_UPLOAD_MB
+    except ValueError:
+        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} is not a whole number of megabytes") from None
+    if value < 1:
+        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} must be at least 1")
+    return value
+
+
+def gradio_temp_dir() -> Path:
+    """Gradio's upload and download cache: inside the data directory, never the shared /tmp/gradio."""
+    path = uploads_dir() / "incoming"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+class LiveList(list):
+    """A list whose items are recomputed by `compute()` each time Gradio reads it.
+
+    Gradio reads `blocks.allowed_paths` / `blocked_paths` at every file request (iterating them
+    or adding them to another list), so runs and bundles made after start-up are covered.
+    """
+
+    def __init__(self, compute: Any):
+        super().__init__()
+        self.compute = compute
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+        return iter(self.compute())
+
+    def __len__(self) -> int:
+        return len(self.compute())
+
+    def __bool__(self) -> bool:  # truthy even when empty, so launch() keeps it instead of GRADIO_*_PATHS
+        return True
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.compute()
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.compute()[index]
+
+    def __add__(self, other: Any) -> list[str]:  # type: ignore[override]
+        return list(self.compute()) + list(other)
+
+    def __radd__(self, other: Any) -> list[str]:
+        return list(other) + list(self.compute())
+
+    def __repr__(self) -> str:
+        return f"LiveList({self.compute()!r})"
+
+
+def bundle_files(store: Store) -> list[str]:
+    """The recorded bundle zips that are real files inside the data directory (no symlinks)."""
+    root = data_dir()
+    out = []
+    for raw in store.artifact_paths("bundle"):
+        path = Path(raw)
+        if path.suffix != ".zip" or path.is_symlink() or not path.is_file():
+            continue
+        resolved = path.resolve()
+        if _inside(resolved, root) and resolved.suffix == ".zip":
+            out.append(str(resolved))
+    return out
+
+
+def blocked_paths() -> list[str]:
+    """What Gradio must never serve or copy: the database, secrets, model cache and run internals."""
+    root = data_dir()
+    blocked = [root / name for name in ("tunedeck.db", "tunedeck.db-wal", "tunedeck.db-shm", ".env")]
+    blocked += [models_dir(), Path.cwd() / ".env", Path.home() / ".cache" / "huggingface",
+                Path.home() / ".huggingface", Path.home() / ".ssh"]
+    for run in sorted(runs_dir().iterdir()) if runs_dir().is_dir() else []:
+        blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints"]
+    return [str(p) for p in blocked]
+
+
+def bundle_allow_list(store: Store) -> LiveList:
+    """Gradio's `allowed_paths`: only the runs' bundle zips, re-read from the store at each check."""
+    return LiveList(lambda: bundle_files(store))
+
+
+def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]:
+    """Gradio launch() keyword arguments for safe serving (login, file access, upload cap)."""
+    from app.auth import gradio_auth, load_credentials
+
+    users = load_credentials(auth_file)
+    return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths),
+            "max_file_size": f"{max_upload_mb()}mb",
+            "auth": gradio_auth(users) if users else None,
+            "auth_message": "tunedeck: log in" if users else None}
 
 
 def start_worker() -> subprocess.Popen:
@@ -57,20 +175,27 @@ def stop_worker(proc: subprocess.Popen, timeout: float = WORKER_STOP_TIMEOUT_S) 
     return proc.wait()
 
 
-def serve(host: str = "127.0.0.1", port: int = 7860, with_worker: bool = True, **launch_kwargs: Any) -> int:
+def serve(host: str = "127.0.0.1", port: int = 7860, with_worker: bool = True, auth_file: str | None = None,
+          **launch_kwargs: Any) -> int:
     """Run the dashboard until interrupted; returns an exit code."""
+    # Before gradio is imported: its upload folder and cache go under the data directory.
+    os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
     from app.ui import build_ui
 
-    warning = exposure_warning(host, port)
+    store = Store()
+    options = launch_options(store, auth_file)
+    options.update(launch_kwargs)
+    warning = exposure_warning(host, port, has_login=options.get("auth") is not None)
     if warning:
         print(warning, file=sys.stderr)
-    store = Store()
+    if options.get("auth") is not None:
+        print("tunedeck: login required (TUNEDECK_AUTH / --auth-file)", file=sys.stderr)
     worker = start_worker() if with_worker else None
     # SIGTERM (docker stop, systemd) ends the server like Ctrl-C, so the worker is stopped warm.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         demo = build_ui(store)
-        demo.launch(server_name=host, server_port=port, show_error=True, **launch_kwargs)
+        demo.launch(server_name=host, server_port=port, show_error=True, **options)
     except KeyboardInterrupt:
         pass
     finally:

@@ -77,6 +77,12 @@ def save_upload(path: str | None) -> Any:
     src = Path(path)
     if src.suffix.lower() not in UPLOAD_SUFFIXES:
         raise gr.Error(f"{src.name}: expected one of {', '.join(UPLOAD_SUFFIXES)}")
+    from app.server import max_upload_mb
+
+    limit = max_upload_mb()
+    if src.stat().st_size > limit * 1024 * 1024:
+        raise gr.Error(f"{src.name} is {src.stat().st_size / 2**20:.0f} MB, over the {limit} MB upload limit "
+                       "(raise it with TUNEDECK_MAX_UPLOAD_MB, or point the dataset field at the file's path)")
     digest = hashlib.sha256(src.read_bytes()).hexdigest()[:10]
     dest = uploads_dir() / f"{safe_stem(src.stem)}-{digest}{src.suffix.lower()}"
     if not dest.exists():
@@ -111,6 +117,32 @@ def preview_dataset(ref: str | None, trainer: str | None) -> tuple[str, pd.DataF
     text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
     rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
     return text, pd.DataFrame(rows)
+
+
+def length_warning_text(ref: str | None, trainer: str | None, model: str | None, max_length: float | None) -> str:
+    """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell.
+
+    Uses the model's tokenizer only when it is already on disk (a folder or a built model), so
+    the preview never downloads anything.
+    """
+    if not ref or not model or not max_length:
+        return ""
+    folder = next((f for f in (Path(model).expanduser(), models_dir() / model) if (f / "config.json").is_file()), None)
+    if folder is None:
+        return ""
+    try:
+        from transformers import AutoTokenizer
+
+        from jobs.data import DataError, length_warnings, load_datasets
+        from jobs.spec import JobSpec
+
+        spec = JobSpec(model=str(folder), dataset=ref.strip(), trainer=Trainer(trainer or "sft"),
+                       max_length=int(max_length))
+        train, _ = load_datasets(spec)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length)))
+    except (DataError, ValueError, OSError):
+        return ""
 
 
 def _cell(v: Any) -> str:

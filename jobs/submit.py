@@ -33,10 +33,58 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            check_dataset(ref, spec.trainer, field=field)
+            info = check_dataset(ref, spec.trainer, field=field)
         except DataError as exc:
             out.extend(exc.problems)
+            continue
+        if _is_chat(info) and has_chat_template(spec.model) is False:
+            out.append(Problem("model", f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
+                               "chat conversations (messages), which are rendered with the chat template",
+                               "pick an instruct/chat model (e.g. smollm2-135m-instruct), add a chat_template to the "
+                               "model's tokenizer_config.json, or use a text or prompt/completion data set"))
     return out
+
+
+def _is_chat(info: object) -> bool:
+    """Whether a checked data set is conversational (rows rendered through the chat template)."""
+    fmt = getattr(getattr(info, "format", None), "value", None)
+    if fmt == "messages":
+        return True
+    return any(isinstance(row.get("prompt"), list) for row in getattr(info, "preview", []) or [])
+
+
+def has_chat_template(model: str) -> bool | None:
+    """True/False when the model's tokenizer files are on disk (folder or HF cache); None when unknown."""
+    import json
+    from pathlib import Path
+
+    from jobs.models import BUILTIN_MODELS
+
+    ref = (model or "").strip()
+    if ref in BUILTIN_MODELS:
+        return True
+    folder = Path(ref).expanduser()
+    files: dict[str, Path | None] = {}
+    if folder.is_dir():
+        files = {name: folder / name if (folder / name).is_file() else None
+                 for name in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json")}
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            for name in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json"):
+                hit = try_to_load_from_cache(ref, name)
+                files[name] = Path(hit) if isinstance(hit, str) else None
+        except Exception:  # not a valid repo id, no cache: the model check reports what matters
+            return None
+    if files.get("chat_template.jinja") or files.get("chat_template.json"):
+        return True
+    config = files.get("tokenizer_config.json")
+    if config is None:
+        return None
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def capability_problems(spec: JobSpec) -> list[Problem]:
