@@ -12,8 +12,11 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import sqlite3
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
@@ -21,14 +24,27 @@ from typing import Any, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from sqlalchemy import Integer, create_engine, delete, event, func, select, text, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.spec import JobSpec
+from jobs.spec import JobSpec, SpecError
 from storage import models as m
 from storage.models import RunStatus
 from storage.settings import database_url
 
 BUSY_TIMEOUT_MS = 30_000
+# Metric/memory writes retry "database is locked" (a lock held past the busy timeout) with
+# exponential backoff for this long before their rows are kept in memory for the next write.
+WRITE_RETRY_S = 120.0
+
+log = logging.getLogger(__name__)
+
+
+def is_locked_error(exc: BaseException) -> bool:
+    """True for SQLite's transient 'database is locked' / 'database is busy' errors."""
+    text_ = str(getattr(exc, "orig", exc)).lower()
+    return isinstance(exc, (OperationalError, sqlite3.OperationalError)) and (
+        "database is locked" in text_ or "database is busy" in text_)
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,7 @@ class RunRecord:
     @classmethod
     def from_row(cls, row: m.Run) -> "RunRecord":
         return cls(
-            id=row.id, name=row.name, spec=JobSpec.from_json(row.spec_json), status=RunStatus(row.status),
+            id=row.id, name=row.name, spec=_spec_of(row), status=RunStatus(row.status),
             created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
             heartbeat_at=row.heartbeat_at, worker_id=row.worker_id, worker_pid=row.worker_pid,
             child_pid=row.child_pid, exit_code=row.exit_code, cancel_requested=bool(row.cancel_requested),
@@ -72,6 +88,62 @@ class RunRecord:
             peak_memory_bytes=row.peak_memory_bytes, peak_memory_source=row.peak_memory_source,
             log_path=row.log_path,
         )
+
+
+def _spec_problem(spec_json: str) -> str | None:
+    """Why a stored spec cannot be trained (None when it parses and validates)."""
+    try:
+        JobSpec.from_json(spec_json)
+    except SpecError as exc:
+        problems = "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in exc.problems)
+        return f"the stored job spec is not valid for this tunedeck version: {problems}"
+    except Exception as exc:  # noqa: BLE001 - whatever is stored, the queue must go on
+        return f"the stored job spec cannot be read ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _next_readable_queued(s: Session, now: float) -> int | None:
+    """The first queued run whose spec this version can train; unreadable ones ahead of it are failed.
+
+    Called inside the claim's write transaction, so a spec from an older/newer version or one
+    edited by hand fails with the reason instead of crashing the worker that claims it.
+    """
+    while True:
+        candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
+                              .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
+        if candidate is None:
+            return None
+        problem = _spec_problem(s.get(m.Run, candidate).spec_json)
+        if problem is None:
+            return candidate
+        s.execute(update(m.Run).where(m.Run.id == candidate).values(
+            status=RunStatus.FAILED.value, finished_at=now, error_summary=problem[:2000], error_detail=problem))
+
+
+def _spec_of(row: m.Run) -> JobSpec:
+    try:
+        return JobSpec.from_json(row.spec_json)
+    except Exception:  # noqa: BLE001 - an unreadable stored spec must not break listing runs
+        return _lenient_spec(row.spec_json)
+
+
+def _lenient_spec(spec_json: str) -> JobSpec:
+    """The stored spec for display: fields this version cannot read are dropped (defaults shown)."""
+    try:
+        data = json.loads(spec_json)
+    except (TypeError, ValueError):
+        data = {}
+    data = dict(data) if isinstance(data, dict) else {}
+    for _ in range(len(data) + 1):
+        try:
+            return JobSpec.from_dict(data)
+        except SpecError as exc:
+            bad = {p.field for p in exc.problems} & set(data)
+            if not bad:
+                break
+            for key in bad:
+                data.pop(key)
+    return JobSpec()
 
 
 @dataclass(frozen=True)
@@ -154,6 +226,9 @@ class Store:
         self._write_engine = self._make_engine(immediate=True)
         self._read_engine = self._make_engine(immediate=False) if self._sqlite else self._write_engine
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
+        self.lock_retries = 0  # how often a write met 'database is locked' and was retried
+        self._unwritten: list[tuple[int, list[dict[str, Any]]]] = []  # metric rows kept after retries ran out
+        self._buffer_lock = threading.Lock()
         self._read = sessionmaker(self._read_engine, expire_on_commit=False)
         self._migrate()
 
@@ -183,6 +258,21 @@ class Store:
     def _tx(self) -> Iterator[Session]:
         with self._write() as session, session.begin():
             yield session
+
+    def _retrying(self, fn: Any, what: str, deadline_s: float | None = None) -> Any:
+        """Call `fn()` (one whole write transaction) again on 'database is locked', backing off."""
+        deadline = time.monotonic() + (WRITE_RETRY_S if deadline_s is None else deadline_s)
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except (OperationalError, sqlite3.OperationalError) as exc:
+                if not is_locked_error(exc) or time.monotonic() + delay > deadline:
+                    raise
+                self.lock_retries += 1
+                log.warning("%s: database is locked; retrying in %.2f s", what, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def _migrate(self) -> None:
         """Create tables and bring an older database up to SCHEMA_VERSION."""
@@ -224,6 +314,20 @@ class Store:
             s.flush()
             return row.id
 
+    def create_run_unchecked(self, spec_json: str, name: str = "unchecked") -> int:
+        """Queue raw spec JSON without validating it: for tests of older/odd stored specs only."""
+        now = time.time()
+        with self._tx() as s:
+            row = m.Run(name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
+                        created_at=now, queue_order=now, cancel_requested=0, current_step=0)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def count_runs(self) -> int:
+        with self._read() as s:
+            return int(s.scalar(select(func.count()).select_from(m.Run)) or 0)
+
     def get_run(self, run_id: int) -> RunRecord | None:
         with self._read() as s:
             row = s.get(m.Run, run_id)
@@ -248,8 +352,7 @@ class Store:
         """Atomically move the first queued run to running for this worker."""
         now = time.time()
         with self._tx() as s:
-            candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
-                                  .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
+            candidate = _next_readable_queued(s, now)
             if candidate is None:
                 return None
             result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
@@ -261,8 +364,11 @@ class Store:
             return RunRecord.from_row(s.get(m.Run, candidate))
 
     def _set(self, run_id: int, **values: Any) -> None:
-        with self._tx() as s:
-            s.execute(update(m.Run).where(m.Run.id == run_id).values(**values))
+        def write() -> None:
+            with self._tx() as s:
+                s.execute(update(m.Run).where(m.Run.id == run_id).values(**values))
+
+        self._retrying(write, "update run")
 
     def set_child(self, run_id: int, pid: int | None, log_path: str | None = None) -> None:
         values: dict[str, Any] = {"child_pid": pid}
@@ -354,8 +460,7 @@ class Store:
                 holder = s.get(m.Run, json.loads(lease.value).get("run_id"))
                 if holder is not None and holder.status == RunStatus.RUNNING.value:
                     return None
-            candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
-                                  .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
+            candidate = _next_readable_queued(s, now)
             if candidate is None:
                 return None
             s.execute(update(m.Run).where(m.Run.id == candidate)
@@ -427,16 +532,43 @@ class Store:
 
     # ------------------------------------------------------------------ metrics
     def add_metrics(self, run_id: int, points: Iterable[MetricPoint]) -> int:
+        """Insert metric rows in one transaction; returns how many rows were written now.
+
+        A write lock held by someone else is waited out (busy timeout), then retried with backoff
+        for WRITE_RETRY_S; if it is still locked the rows are kept and written first by the next
+        call (or `flush_unwritten`), so a locked database never loses a row or fails training.
+        """
         rows = [{"run_id": run_id, "step": p.step, "name": p.name, "value": _finite_or_none(p.value), "time": p.time}
                 for p in points]
-        if not rows:
-            return 0
+        with self._buffer_lock:
+            if rows:
+                self._unwritten.append((run_id, rows))
+            batch = [r for _, rs in self._unwritten for r in rs]
+            if not batch:
+                return 0
+            try:
+                self._retrying(lambda: self._insert_metrics(batch), "add_metrics")
+            except (OperationalError, sqlite3.OperationalError) as exc:
+                if not is_locked_error(exc):
+                    if rows:  # not a lock: these rows can never be written; keep the older ones
+                        self._unwritten.pop()
+                    raise
+                log.error("add_metrics: database still locked after %.0f s; keeping %d rows for the next write",
+                          WRITE_RETRY_S, len(batch))
+                return 0
+            self._unwritten.clear()
+            return len(batch)
+
+    def flush_unwritten(self) -> int:
+        """Write metric rows kept back by a locked database; returns how many were written."""
+        return self.add_metrics(0, [])
+
+    def _insert_metrics(self, rows: list[dict[str, Any]]) -> None:
         with self._tx() as s:
             # The write lock is ours (BEGIN IMMEDIATE), so every id above `before` is one of these rows.
             before = s.scalar(select(func.coalesce(func.max(m.Metric.id), 0)))
             s.execute(m.Metric.__table__.insert(), rows)
             s.execute(_METRIC_ROLLUP_UPSERT, {"after": before})
-        return len(rows)
 
     def metrics(self, run_id: int, names: Sequence[str] | None = None) -> list[MetricPoint]:
         q = select(m.Metric.step, m.Metric.name, m.Metric.value, m.Metric.time).where(m.Metric.run_id == run_id)
@@ -521,11 +653,15 @@ class Store:
         rows = [{k: getattr(p, k) for k in _MEMORY_FIELDS} for p in samples]
         if not rows:
             return 0
-        with self._tx() as s:
-            before = s.scalar(select(func.coalesce(func.max(m.MemorySample.id), 0)))
-            s.execute(m.MemorySample.__table__.insert(), rows)
-            if any(r["run_id"] is not None for r in rows):
-                s.execute(_MEMORY_ROLLUP_UPSERT, {"after": before})
+
+        def write() -> None:
+            with self._tx() as s:
+                before = s.scalar(select(func.coalesce(func.max(m.MemorySample.id), 0)))
+                s.execute(m.MemorySample.__table__.insert(), rows)
+                if any(r["run_id"] is not None for r in rows):
+                    s.execute(_MEMORY_ROLLUP_UPSERT, {"after": before})
+
+        self._retrying(write, "add_memory_samples")
         return len(rows)
 
     def memory_samples(self, run_id: int | None = None, since: float | None = None,
@@ -614,6 +750,11 @@ class Store:
             s.add(row)
             s.flush()
             return row.id
+
+    def artifact_paths(self, kind: str) -> list[str]:
+        """Paths of every run's artifacts of one kind (e.g. the downloadable `bundle` zips)."""
+        with self._read() as s:
+            return list(s.scalars(select(m.Artifact.path).where(m.Artifact.kind == kind).order_by(m.Artifact.id)))
 
     def artifacts(self, run_id: int) -> list[ArtifactRecord]:
         q = select(m.Artifact).where(m.Artifact.run_id == run_id).order_by(m.Artifact.id)
