@@ -1,6 +1,7 @@
 """The `tunedeck` command line.
 
-    tunedeck serve [--host 127.0.0.1] [--port 7860] [--no-worker]   # dashboard (+ a worker process)
+    tunedeck serve [--host 127.0.0.1] [--port 7860] [--no-worker] [--auth-file FILE]  # dashboard (+ worker)
+    tunedeck hash-password [--user NAME]      # a `user:HASH` line for --auth-file (password on stdin)
     tunedeck worker [--burst]                 # take queued runs (burst: drain the queue, exit)
     tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
     tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
@@ -311,7 +312,26 @@ def cmd_serve(store: Store, args: argparse.Namespace) -> int:
     from app.server import serve
 
     store.dispose()  # the server opens its own store
-    return serve(host=args.host, port=args.port, with_worker=not args.no_worker)
+    return serve(host=args.host, port=args.port, with_worker=not args.no_worker, auth_file=args.auth_file)
+
+
+def cmd_hash_password(store: Store, args: argparse.Namespace) -> int:
+    """Print a `user:HASH` line (or the hash alone) for an --auth-file; the password is read from stdin."""
+    import getpass
+
+    from app.auth import hash_password
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise UsageError([Problem("password", "the two entries differ", "type the same password twice")])
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if len(password) < 8:
+        raise UsageError([Problem("password", "is shorter than 8 characters", "choose a longer password")])
+    encoded = hash_password(password)
+    print(f"{args.user}:{encoded}" if args.user else encoded)
+    return EXIT_OK
 
 
 def cmd_setup(store: Store, args: argparse.Namespace) -> int:
@@ -333,7 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=7860)
     s.add_argument("--no-worker", action="store_true", help="do not start a worker process")
+    s.add_argument("--auth-file", default=None, metavar="FILE",
+                   help="require a login; FILE has `user:HASH` lines from `tunedeck hash-password` "
+                        "(or set TUNEDECK_AUTH=user:password)")
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("hash-password", help="hash a password (read from stdin) for serve --auth-file")
+    s.add_argument("--user", default=None, help="print a complete `user:HASH` line")
+    s.set_defaults(func=cmd_hash_password)
 
     s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
     s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
