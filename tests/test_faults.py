@@ -62,15 +62,16 @@ def wait_for(predicate, timeout: float = 120.0, interval: float = 0.1, what: str
     raise AssertionError(f"{what} not met within {timeout} s")
 
 
-def run_processes(run_id: int) -> list[psutil.Process]:
-    """Live `jobs.train` processes of this run (whatever their group)."""
+def run_processes(run_id: int, home: Path) -> list[psutil.Process]:
+    """Live `jobs.train` processes of this run (whatever their group); `home` tells them from other tests'."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
-            if p.info["status"] != psutil.STATUS_ZOMBIE and "jobs.train" in cmd and str(run_id) in cmd:
+            if (p.info["status"] != psutil.STATUS_ZOMBIE and "jobs.train" in cmd and cmd[-1] == str(run_id)
+                    and p.environ().get("TUNEDECK_HOME") == str(home)):
                 out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return out
 
@@ -207,7 +208,7 @@ def test_queued_runs_reorder_and_cancel(store: Store, data_home: Path, capsys: p
 
 # ---------------------------------------------------------------------- 2. cancel
 @pytest.mark.integration
-def test_cancel_saves_a_checkpoint_and_leaves_no_process(store: Store, tiny_model: Path) -> None:
+def test_cancel_saves_a_checkpoint_and_leaves_no_process(store: Store, tiny_model: Path, data_home: Path) -> None:
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=400, max_length=48))
     worker = Worker(store, poll_interval=0.2, heartbeat_interval=0.5, grace_period=30.0)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True})
@@ -221,7 +222,7 @@ def test_cancel_saves_a_checkpoint_and_leaves_no_process(store: Store, tiny_mode
     assert not thread.is_alive()
     run = store.get_run(run_id)
     assert run.status is RunStatus.CANCELLED and run.exit_code == 0, (run.error_summary, run.error_detail)
-    assert group_members(pgid) == [] and run_processes(run_id) == []
+    assert group_members(pgid) == [] and run_processes(run_id, data_home) == []
     last = last_complete(run_dir(run_id) / "output")
     assert last is not None and last[0] >= 3 and last[0] == run.current_step  # saved at the step it stopped
     assert "stopping after step" in Path(run.log_path).read_text()
@@ -274,7 +275,7 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(data_home
     assert marked == [run_id]
     run = store.get_run(run_id)
     assert run.status is RunStatus.INTERRUPTED and "no longer running" in run.error_summary
-    assert group_members(run.child_pid) == [] and run_processes(run_id) == []
+    assert group_members(run.child_pid) == [] and run_processes(run_id, data_home) == []
     last = last_complete(run_dir(run_id) / "output")
     assert last is not None, "the orphan saved no checkpoint on SIGTERM"
     # 5. Resume through the CLI, same run id; it continues from that checkpoint.
