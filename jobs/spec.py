@@ -215,7 +215,8 @@ class JobSpec:
             if key not in known:
                 close = _closest(str(key), known)
                 fix = f"did you mean `{close}`?" if close else "remove it; see the README's field table"
-                problems.append(Problem(str(key), "unknown field", fix))
+                name = str(key).strip() or "spec"
+                problems.append(Problem(name, "has a field with an empty name" if name == "spec" else "unknown field", fix))
                 continue
             value, problem = _coerce(key, raw, hints[key])
             if problem:
