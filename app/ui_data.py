@@ -119,6 +119,15 @@ def preview_dataset(ref: str | None, trainer: str | None) -> tuple[str, pd.DataF
     return text, pd.DataFrame(rows)
 
 
+def preview_with_lengths(ref: str | None, trainer: str | None, model: str | None,
+                         max_length: float | None) -> tuple[str, pd.DataFrame]:
+    """The preview plus how many rows max_length would truncate (when the tokenizer is on disk)."""
+    text, rows = preview_dataset(ref, trainer)
+    if text.startswith("Detected format"):
+        text += length_warning_text(ref, trainer, model, max_length)
+    return text, rows
+
+
 def length_warning_text(ref: str | None, trainer: str | None, model: str | None, max_length: float | None) -> str:
     """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell.
 

@@ -301,3 +301,13 @@ def test_long_rows_warn_with_counts(tiny_model: Path, tmp_path: Path) -> None:
     text = length_warning_text(ds, "sft", str(tiny_model), 32)
     assert "3 of 4 rows" in text and "max_length 32" in text
     assert length_warning_text(ds, "sft", str(tiny_model), 100_000) == ""
+
+
+def test_data_preview_shows_the_long_row_warning(tiny_model: Path, tmp_path: Path) -> None:
+    """The form's data preview (what the launch page shows) carries the truncation count."""
+    from app.ui_data import preview_with_lengths
+
+    ds = _jsonl(tmp_path / "long.jsonl", [{"text": "word " * 400}] * 3 + [{"text": "short"}])
+    text, rows = preview_with_lengths(ds, "sft", str(tiny_model), 32)
+    assert text.startswith("Detected format: **text**") and "3 of 4 rows" in text
+    assert len(rows) == 4
