@@ -1,0 +1,167 @@
+"""Frozen snapshots of stored rows (runs, metric points, memory samples, buckets, artifacts).
+
+They are detached from any session, so the UI and the worker can hold them freely; only
+`storage.store.Store` creates them from rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.spec import JobSpec, SpecError
+from storage import models as m
+from storage.models import RunStatus
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A snapshot of one run row, detached from any session."""
+
+    id: int
+    name: str
+    spec: JobSpec
+    status: RunStatus
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+    worker_id: str | None
+    worker_pid: int | None
+    child_pid: int | None
+    exit_code: int | None
+    cancel_requested: bool
+    error_summary: str | None
+    error_detail: str | None
+    current_step: int
+    total_steps: int | None
+    final_metrics: dict[str, float]
+    resolved_config: dict[str, Any]
+    peak_memory_bytes: int | None
+    peak_memory_source: str | None
+    log_path: str | None
+
+    @classmethod
+    def from_row(cls, row: m.Run) -> "RunRecord":
+        return cls(
+            id=row.id, name=row.name, spec=_spec_of(row), status=RunStatus(row.status),
+            created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
+            heartbeat_at=row.heartbeat_at, worker_id=row.worker_id, worker_pid=row.worker_pid,
+            child_pid=row.child_pid, exit_code=row.exit_code, cancel_requested=bool(row.cancel_requested),
+            error_summary=row.error_summary, error_detail=row.error_detail,
+            current_step=row.current_step or 0, total_steps=row.total_steps,
+            final_metrics=json.loads(row.final_metrics_json) if row.final_metrics_json else {},
+            resolved_config=json.loads(row.resolved_config_json) if row.resolved_config_json else {},
+            peak_memory_bytes=row.peak_memory_bytes, peak_memory_source=row.peak_memory_source,
+            log_path=row.log_path,
+        )
+
+
+def _spec_problem(spec_json: str) -> str | None:
+    """Why a stored spec cannot be trained (None when it parses and validates)."""
+    try:
+        JobSpec.from_json(spec_json)
+    except SpecError as exc:
+        problems = "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in exc.problems)
+        return f"the stored job spec is not valid for this tunedeck version: {problems}"
+    except Exception as exc:  # noqa: BLE001 - whatever is stored, the queue must go on
+        return f"the stored job spec cannot be read ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _spec_of(row: m.Run) -> JobSpec:
+    try:
+        return JobSpec.from_json(row.spec_json)
+    except Exception:  # noqa: BLE001 - an unreadable stored spec must not break listing runs
+        return _lenient_spec(row.spec_json)
+
+
+def _lenient_spec(spec_json: str) -> JobSpec:
+    """The stored spec for display: fields this version cannot read are dropped (defaults shown)."""
+    try:
+        data = json.loads(spec_json)
+    except (TypeError, ValueError):
+        data = {}
+    data = dict(data) if isinstance(data, dict) else {}
+    for _ in range(len(data) + 1):
+        try:
+            return JobSpec.from_dict(data)
+        except SpecError as exc:
+            bad = {p.field for p in exc.problems} & set(data)
+            if not bad:
+                break
+            for key in bad:
+                data.pop(key)
+    return JobSpec()
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    step: int
+    name: str
+    value: float
+    time: float
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    """One memory sample; `run_id` is None for samples taken while no run was active."""
+
+    time: float
+    source: str
+    run_id: int | None = None
+    device_index: int | None = None
+    used_bytes: int | None = None
+    total_bytes: int | None = None
+    utilization: float | None = None
+    temperature: float | None = None
+    power_watts: float | None = None
+    torch_allocated: int | None = None
+    torch_reserved: int | None = None
+    torch_max_allocated: int | None = None
+    process_rss: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricBucket:
+    """A bucket of consecutive steps of one metric: its step span, min, max, sum and row count."""
+
+    first_step: int
+    last_step: int
+    min: float
+    max: float
+    total: float
+    count: int
+
+
+@dataclass(frozen=True)
+class MemoryBucket:
+    """A time bucket of memory samples from one source; maxima keep spikes visible."""
+
+    source: str
+    first_time: float
+    last_time: float
+    used_min: int | None
+    used_max: int | None
+    total_max: int | None
+    utilization_max: float | None
+    torch_allocated_max: int | None
+    torch_reserved_max: int | None
+    rss_min: int | None
+    rss_max: int | None
+    count: int
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    id: int
+    run_id: int
+    kind: str
+    path: str
+    size: int
+    sha256: str
+    created_at: float
+
+
+_MEMORY_FIELDS = [f for f in MemoryPoint.__dataclass_fields__]

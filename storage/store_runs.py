@@ -1,0 +1,271 @@
+"""Run rows for `storage.store.Store`: queue, claim, status changes, device lease, worker presence.
+
+A mixin: it uses the store's `_tx`, `_read` and `_retrying`, and keeps all of its SQL here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from jobs.spec import JobSpec
+from storage import models as m
+from storage.models import RunStatus
+from storage.records import RunRecord, _spec_problem
+from storage.rollups import _METRIC_ROLLUP_REBUILD
+
+
+def _next_readable_queued(s: Session, now: float) -> int | None:
+    """The first queued run whose spec this version can train; unreadable ones ahead of it are failed.
+
+    Called inside the claim's write transaction, so a spec from an older/newer version or one
+    edited by hand fails with the reason instead of crashing the worker that claims it.
+    """
+    while True:
+        candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
+                              .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
+        if candidate is None:
+            return None
+        problem = _spec_problem(s.get(m.Run, candidate).spec_json)
+        if problem is None:
+            return candidate
+        s.execute(update(m.Run).where(m.Run.id == candidate).values(
+            status=RunStatus.FAILED.value, finished_at=now, error_summary=problem[:2000], error_detail=problem))
+
+
+class RunsMixin:
+    """Store methods over the `runs` table and the `meta` rows of device leases and workers."""
+
+    # ------------------------------------------------------------------ runs
+    def create_run(self, spec: JobSpec) -> int:
+        """Queue a validated spec; returns the new run id."""
+        spec.validate()
+        now = time.time()
+        with self._tx() as s:
+            row = m.Run(name=spec.display_name, spec_json=spec.to_json(), status=RunStatus.QUEUED.value,
+                        created_at=now, queue_order=now, cancel_requested=0, current_step=0)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def create_run_unchecked(self, spec_json: str, name: str = "unchecked") -> int:
+        """Queue raw spec JSON without validating it: for tests of older/odd stored specs only."""
+        now = time.time()
+        with self._tx() as s:
+            row = m.Run(name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
+                        created_at=now, queue_order=now, cancel_requested=0, current_step=0)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def count_runs(self) -> int:
+        with self._read() as s:
+            return int(s.scalar(select(func.count()).select_from(m.Run)) or 0)
+
+    def get_run(self, run_id: int) -> RunRecord | None:
+        with self._read() as s:
+            row = s.get(m.Run, run_id)
+            return RunRecord.from_row(row) if row else None
+
+    def list_runs(self, status: RunStatus | Sequence[RunStatus] | None = None, limit: int = 200) -> list[RunRecord]:
+        """Newest first, optionally filtered by status."""
+        q = select(m.Run).order_by(m.Run.id.desc()).limit(limit)
+        if status is not None:
+            statuses = [status] if isinstance(status, RunStatus) else list(status)
+            q = q.where(m.Run.status.in_([st.value for st in statuses]))
+        with self._read() as s:
+            return [RunRecord.from_row(r) for r in s.scalars(q)]
+
+    def queued(self) -> list[RunRecord]:
+        """Queued runs in the order the worker will take them."""
+        q = select(m.Run).where(m.Run.status == RunStatus.QUEUED.value).order_by(m.Run.queue_order, m.Run.id)
+        with self._read() as s:
+            return [RunRecord.from_row(r) for r in s.scalars(q)]
+
+    def claim_next(self, worker_id: str, worker_pid: int | None = None) -> RunRecord | None:
+        """Atomically move the first queued run to running for this worker."""
+        now = time.time()
+        with self._tx() as s:
+            candidate = _next_readable_queued(s, now)
+            if candidate is None:
+                return None
+            result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
+                               .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
+                                       worker_pid=worker_pid if worker_pid is not None else os.getpid(),
+                                       started_at=now, heartbeat_at=now))
+            if result.rowcount != 1:
+                return None
+            return RunRecord.from_row(s.get(m.Run, candidate))
+
+    def _set(self, run_id: int, **values: Any) -> None:
+        def write() -> None:
+            with self._tx() as s:
+                s.execute(update(m.Run).where(m.Run.id == run_id).values(**values))
+
+        self._retrying(write, "update run")
+
+    def set_child(self, run_id: int, pid: int | None, log_path: str | None = None) -> None:
+        values: dict[str, Any] = {"child_pid": pid}
+        if log_path is not None:
+            values["log_path"] = log_path
+        self._set(run_id, **values)
+
+    def heartbeat(self, run_id: int) -> None:
+        self._set(run_id, heartbeat_at=time.time())
+
+    def set_progress(self, run_id: int, step: int, total_steps: int | None = None) -> None:
+        values: dict[str, Any] = {"current_step": int(step), "heartbeat_at": time.time()}
+        if total_steps is not None:
+            values["total_steps"] = int(total_steps)
+        self._set(run_id, **values)
+
+    def set_resolved_config(self, run_id: int, config: dict[str, Any]) -> None:
+        self._set(run_id, resolved_config_json=json.dumps(config, default=str))
+
+    def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None:
+        """Raise the run's recorded peak if this one is higher."""
+        with self._tx() as s:
+            row = s.get(m.Run, run_id)
+            if row is not None and (row.peak_memory_bytes is None or peak_bytes > row.peak_memory_bytes):
+                row.peak_memory_bytes = int(peak_bytes)
+                row.peak_memory_source = source
+
+    def _finish(self, run_id: int, status: RunStatus, only_if: Iterable[RunStatus], **values: Any) -> bool:
+        with self._tx() as s:
+            result = s.execute(update(m.Run).where(m.Run.id == run_id,
+                                                   m.Run.status.in_([st.value for st in only_if]))
+                               .values(status=status.value, finished_at=time.time(), **values))
+            return result.rowcount == 1
+
+    def mark_succeeded(self, run_id: int, final_metrics: dict[str, float]) -> bool:
+        return self._finish(run_id, RunStatus.SUCCEEDED, [RunStatus.RUNNING],
+                            final_metrics_json=json.dumps(final_metrics), error_summary=None)
+
+    def mark_failed(self, run_id: int, summary: str, detail: str | None = None, exit_code: int | None = None) -> bool:
+        """Fail a running run; returns False when it had already finished (first word wins)."""
+        return self._finish(run_id, RunStatus.FAILED, [RunStatus.RUNNING, RunStatus.QUEUED],
+                            error_summary=summary[:2000], error_detail=detail, exit_code=exit_code)
+
+    def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool:
+        return self._finish(run_id, RunStatus.CANCELLED, [RunStatus.RUNNING, RunStatus.QUEUED], exit_code=exit_code)
+
+    def mark_interrupted(self, run_id: int, summary: str) -> bool:
+        return self._finish(run_id, RunStatus.INTERRUPTED, [RunStatus.RUNNING], error_summary=summary)
+
+    def set_exit_code(self, run_id: int, exit_code: int) -> None:
+        self._set(run_id, exit_code=exit_code)
+
+    def request_cancel(self, run_id: int) -> RunStatus | None:
+        """Cancel a queued run at once; flag a running one for its worker. Returns the new status."""
+        with self._tx() as s:
+            row = s.get(m.Run, run_id)
+            if row is None:
+                return None
+            if row.status == RunStatus.QUEUED.value:
+                row.status = RunStatus.CANCELLED.value
+                row.finished_at = time.time()
+            elif row.status == RunStatus.RUNNING.value:
+                row.cancel_requested = 1
+            return RunStatus(row.status)
+
+    def stale_running(self, older_than_s: float) -> list[RunRecord]:
+        cutoff = time.time() - older_than_s
+        q = select(m.Run).where(m.Run.status == RunStatus.RUNNING.value,
+                                func.coalesce(m.Run.heartbeat_at, m.Run.started_at, 0) < cutoff)
+        with self._read() as s:
+            return [RunRecord.from_row(r) for r in s.scalars(q)]
+
+    def delete_run(self, run_id: int) -> None:
+        with self._tx() as s:
+            s.execute(delete(m.Run).where(m.Run.id == run_id))
+
+    # ------------------------------------------------------------------ device lease, queue order, resume
+    # One running run per device: the lease is a `meta` row `device:<name>` = {"run_id", "worker_id"},
+    # taken in the same BEGIN IMMEDIATE transaction as the claim. It is free again as soon as its
+    # run is no longer `running` (finished, or marked interrupted by stale-run cleanup), so a dead
+    # worker never needs to release it.
+    def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None) -> RunRecord | None:
+        """`claim_next`, but only while no other run holds `device`; records the lease."""
+        now = time.time()
+        key = f"device:{device}"[:64]
+        with self._tx() as s:
+            lease = s.get(m.Meta, key)
+            if lease is not None:
+                holder = s.get(m.Run, json.loads(lease.value).get("run_id"))
+                if holder is not None and holder.status == RunStatus.RUNNING.value:
+                    return None
+            candidate = _next_readable_queued(s, now)
+            if candidate is None:
+                return None
+            s.execute(update(m.Run).where(m.Run.id == candidate)
+                      .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
+                              worker_pid=worker_pid if worker_pid is not None else os.getpid(),
+                              started_at=now, heartbeat_at=now, finished_at=None))
+            s.merge(m.Meta(key=key, value=json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})))
+            return RunRecord.from_row(s.get(m.Run, candidate))
+
+    def move_queued(self, run_id: int, position: int) -> bool:
+        """Move a queued run to `position` (0 = next to run) of the queue; False if it is not queued."""
+        with self._tx() as s:
+            rows = list(s.scalars(select(m.Run).where(m.Run.status == RunStatus.QUEUED.value)
+                                  .order_by(m.Run.queue_order, m.Run.id)))
+            mine = next((r for r in rows if r.id == run_id), None)
+            if mine is None:
+                return False
+            rest = [r for r in rows if r.id != run_id]
+            position = max(0, min(position, len(rest)))
+            # Between its new neighbours, so nothing else moves and later submissions stay behind.
+            if not rest:
+                return True
+            if position == 0:
+                mine.queue_order = rest[0].queue_order - 1.0
+            elif position == len(rest):
+                mine.queue_order = math.nextafter(rest[-1].queue_order, math.inf)
+            else:
+                mine.queue_order = (rest[position - 1].queue_order + rest[position].queue_order) / 2
+            return True
+
+    def requeue(self, run_id: int) -> bool:
+        """Put an interrupted, cancelled or failed run back at the end of the queue (same id, same history)."""
+        ended = [RunStatus.INTERRUPTED.value, RunStatus.CANCELLED.value, RunStatus.FAILED.value]
+        with self._tx() as s:
+            result = s.execute(update(m.Run).where(m.Run.id == run_id, m.Run.status.in_(ended))
+                               .values(status=RunStatus.QUEUED.value, queue_order=time.time(), cancel_requested=0,
+                                       finished_at=None, exit_code=None, child_pid=None, error_summary=None,
+                                       error_detail=None))
+            return result.rowcount == 1
+
+    def truncate_metrics(self, run_id: int, after_step: int) -> int:
+        """Delete a run's metric rows with step > after_step (a resume redoes those steps); rebuilds its rollups."""
+        with self._tx() as s:
+            n = s.execute(delete(m.Metric).where(m.Metric.run_id == run_id, m.Metric.step > after_step)).rowcount
+            if n:
+                s.execute(delete(m.MetricRollup).where(m.MetricRollup.run_id == run_id))
+                s.execute(_METRIC_ROLLUP_REBUILD, {"run_id": run_id})
+            return n
+
+    # ------------------------------------------------------------------ workers
+    # A worker's presence is a `meta` row `worker:<id>` = {"pid", "host", "time"}, refreshed
+    # while it lives (idle or busy), so `tunedeck run` can tell whether anyone will take its run.
+    def worker_beat(self, worker_id: str, pid: int, host: str) -> None:
+        key = f"worker:{worker_id}"[:64]
+        value = json.dumps({"worker_id": worker_id, "pid": pid, "host": host, "time": time.time()})
+        with self._tx() as s:
+            s.merge(m.Meta(key=key, value=value))
+
+    def worker_gone(self, worker_id: str) -> None:
+        with self._tx() as s:
+            s.execute(delete(m.Meta).where(m.Meta.key == f"worker:{worker_id}"[:64]))
+
+    def live_workers(self, within_s: float = 10.0) -> list[dict[str, Any]]:
+        """Workers that announced themselves in the last `within_s` seconds."""
+        cutoff = time.time() - within_s
+        with self._read() as s:
+            rows = [json.loads(v) for v in s.scalars(select(m.Meta.value).where(m.Meta.key.like("worker:%")))]
+        return [r for r in rows if r.get("time", 0) >= cutoff]
