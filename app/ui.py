@@ -5,19 +5,19 @@ Views live in their own modules: the launch form (app.ui_form, app.ui_data), the
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
-    demo = build_ui(Store()); demo.launch(server_name="127.0.0.1")
+    app.server.serve(host="127.0.0.1", port=7860)   # build_ui(store) + safe file-serving options
+
+Launch it through `app.server` (or pass `app.server.launch_options(store)` to `launch`): those
+options restrict downloads to the recorded bundles; a bare `launch()` would not.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 import gradio as gr
 
 from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs
-from storage.settings import runs_dir
 from storage.store import Store
 
 # Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
@@ -26,17 +26,8 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
   window.history.replaceState(null, '', u.toString()); } return []; }"""
 
 
-def _allow_run_downloads() -> None:
-    """Let Gradio serve bundles from the runs folder when it lies outside its default roots (cwd, tmp)."""
-    root = str(runs_dir())
-    if root.startswith((os.getcwd(), tempfile.gettempdir())) or os.environ.get("GRADIO_ALLOWED_PATHS"):
-        return
-    os.environ["GRADIO_ALLOWED_PATHS"] = root  # read by Blocks.launch when no allowed_paths are passed
-
-
 def build_ui(store: Store) -> gr.Blocks:
     """The whole dashboard, wired to `store`."""
-    _allow_run_downloads()
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
