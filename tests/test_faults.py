@@ -35,6 +35,8 @@ from storage.models import RunStatus
 from storage.settings import run_dir
 from storage.store import MetricPoint, Store
 
+import training_helpers
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,20 +48,11 @@ def _clear_stop_flag():
 
 
 def tiny_spec(model: Path, **changes: Any) -> JobSpec:
-    base = dict(model=str(model), dataset="sample:chat-format", method="lora", max_steps=8,
-                per_device_train_batch_size=4, max_length=64, learning_rate=5e-3, lr_scheduler_type="constant",
-                max_train_samples=16, logging_steps=1, lora_r=8, lora_alpha=16, lora_dropout=0.0)
-    return JobSpec.from_dict({**base, **changes})
+    return training_helpers.tiny_spec(model, **{"max_steps": 8, "max_length": 64, **changes})
 
 
 def wait_for(predicate, timeout: float = 120.0, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what} not met within {timeout} s")
+    return training_helpers.wait_for(predicate, timeout, interval, what)
 
 
 def run_processes(run_id: int, home: Path) -> list[psutil.Process]:

@@ -36,12 +36,7 @@ def _clear_stop_flag():
     STOP_REQUESTED.clear()
 
 
-def tiny_spec(model: Path, **changes: Any) -> JobSpec:
-    """A spec that trains the tiny model quickly and visibly (high lr, few short rows)."""
-    base = dict(model=str(model), dataset="sample:chat-format", method="lora", max_steps=12,
-                per_device_train_batch_size=4, max_length=96, learning_rate=5e-3, lr_scheduler_type="constant",
-                max_train_samples=16, logging_steps=1, lora_r=8, lora_alpha=16, lora_dropout=0.0)
-    return JobSpec.from_dict({**base, **changes})
+from training_helpers import tiny_spec
 
 
 def losses(log_history: list[dict[str, Any]]) -> list[float]:

@@ -35,14 +35,7 @@ def make_worker(store: Store, code: str, **kw) -> Worker:
     return Worker(store, child_argv=fake_child(code), sample=kw.pop("sample", False), **kw)
 
 
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
+from training_helpers import wait_for
 
 
 def test_describe_exit() -> None:

@@ -1,0 +1,30 @@
+"""Helpers shared by the training, worker and fault tests: a quick tiny-model spec and polling."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from jobs.spec import JobSpec
+
+
+def tiny_spec(model: Path, *, max_steps: int = 12, max_length: int = 96, **changes: Any) -> JobSpec:
+    """A spec that trains the tiny model quickly and visibly (high lr, few short rows)."""
+    base = dict(model=str(model), dataset="sample:chat-format", method="lora", max_steps=max_steps,
+                per_device_train_batch_size=4, max_length=max_length, learning_rate=5e-3,
+                lr_scheduler_type="constant", max_train_samples=16, logging_steps=1, lora_r=8, lora_alpha=16,
+                lora_dropout=0.0)
+    return JobSpec.from_dict({**base, **changes})
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05,
+             what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what} not met within {timeout} s")
