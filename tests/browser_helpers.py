@@ -1,6 +1,6 @@
 """Helpers for the Chromium tests: start `tunedeck serve` on a free port, launch Debian's Chromium.
 
-Flags come from ../shared/ENVIRONMENT.md: offline, no sandbox, host lookups of anything but
+Chromium flags for a machine without internet (measured on the dev machines): offline, no sandbox, host lookups of anything but
 127.0.0.1 fail, so a request leaving the machine would show up as an error, never as traffic.
 """
 
