@@ -13,7 +13,10 @@ A stop (signal or cancel) also asks the trainer for a checkpoint at that step bo
 cancelled run can be resumed; every saved checkpoint gets a completeness marker
 (`jobs.checkpoints`). A non-finite training loss stops training at once, without saving, and
 is reported as `nonfinite_step` (trl hides NaN/inf from the log unless
-`logging_nan_inf_filter=False`, which `jobs.mapping` sets).
+`logging_nan_inf_filter=False`, which `jobs.mapping` sets). The logged loss is the mean over the
+steps since the previous log, so a NaN in any of them shows; and every step that saves a
+checkpoint also logs first, so no checkpoint is written (and marked complete) after a NaN that
+fell between two logging steps.
 """
 
 from __future__ import annotations
@@ -93,6 +96,10 @@ class StoreCallback(TrainerCallback):
         if self.stop_reason is not None:
             control.should_training_stop = True
             control.should_save = True  # a checkpoint to resume from (jobs.checkpoints)
+        if control.should_save:
+            # The trainer logs before it saves: a log here checks the loss of every step since the
+            # last one (on_log), and cancels this save if it went non-finite.
+            control.should_log = True
         if now - self._last_flush >= self.flush_interval:
             self.flush()
 

@@ -397,6 +397,22 @@ def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store:
     assert all(math.isfinite(p.value) for p in losses[:3]) and math.isnan(losses[3].value)
 
 
+@pytest.mark.integration
+def test_non_finite_loss_between_logging_steps_is_never_checkpointed(store: Store, tiny_model: Path) -> None:
+    """Saves every 2 steps, logs every 5: the NaN of step 4 must stop the run before checkpoint-4."""
+    from jobs.train import run
+
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2, logging_steps=5))
+    store.claim_next("test")
+    assert run(run_id, store, callbacks=[AtStep(3, poison)]) == 1
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.FAILED
+    assert record.error_summary.startswith("non-finite loss at step 4"), record.error_summary
+    out = run_dir(run_id) / "output"
+    assert [s for s, _ in checkpoint_dirs(out)] == [2]
+    assert last_complete(out) == (2, out / "checkpoint-2")
+
+
 def test_store_keeps_non_finite_metrics_and_migrates_old_databases(data_home: Path) -> None:
     db = data_home / "tunedeck.db"
     Store().dispose()
