@@ -224,7 +224,8 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # Gradient checkpointing keeps only each layer's input and recomputes the rest in the
         # backward pass: activation memory drops from O(layers x everything) to ~O(layers x
         # hidden), for roughly one extra forward (~20-30% slower). trl turns it on by default.
-        "gradient_checkpointing": spec.gradient_checkpointing,
+        # transformers 5 calls it activation_checkpointing (gradient_checkpointing is the old alias).
+        "activation_checkpointing": spec.gradient_checkpointing,
         # Set explicitly: trl's configs default to bf16, which fails (or lies) on some devices.
         "bf16": precision is Precision.BF16,
         "fp16": precision is Precision.FP16,
@@ -259,7 +260,7 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         "loss_type": loss_type_name(spec),
     }
     if spec.gradient_checkpointing:
-        kw["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
+        kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
     if spec.save_steps is not None:
         kw["save_steps"] = spec.save_steps
     if kw["eval_strategy"] == "steps":

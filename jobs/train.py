@@ -37,6 +37,7 @@ from jobs.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
+from jobs.readback import final_micro_batch, trainer_readback
 from jobs.spec import JobSpec, Method, Precision, SpecError, Trainer
 
 log = logging.getLogger("jobs.train")
@@ -132,12 +133,20 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
+    resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
     trainable, total = count_params(trainer.model)
     resolved["trainable_params"], resolved["total_params"] = trainable, total
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
     if on_ready is not None:
         on_ready(resolved)
     output = trainer.train(resume_from_checkpoint=resume_from)
+    if spec.auto_find_batch_size:  # the loop may have halved the micro-batch after an out-of-memory error
+        final = final_micro_batch(trainer)
+        if final != spec.per_device_train_batch_size:
+            resolved["trainer_config"]["per_device_train_batch_size"] = final
+            resolved["library_changes"]["per_device_train_batch_size"] = {
+                "requested": spec.per_device_train_batch_size, "effective": final}
     nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
     if nonfinite:
         raise NonFiniteLoss(nonfinite[0])
@@ -294,6 +303,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         result = train_spec(spec, output_dir, [callback, *callbacks], device=device, resume_from=resume_from,
                             on_ready=lambda cfg: store.set_resolved_config(run_id, cfg))
         callback.flush()  # eval metrics and the last steps land before the status changes
+        store.set_resolved_config(run_id, result.resolved)  # what training ended with (auto_find_batch_size)
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
         if result.stopped:
             log.info("run %s stopped early (%s): marking cancelled", run_id, callback.stop_reason or "signal")

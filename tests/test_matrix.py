@@ -46,7 +46,7 @@ import torch
 from transformers import TrainerCallback
 
 from jobs.data import SAMPLES_DIR
-from jobs.mapping import CPU, capability_problems
+from jobs.mapping import CPU, capability_problems, training_kwargs
 from jobs.params import model_shape_for, trainable_params
 from jobs.spec import JobSpec, SpecError
 
@@ -119,15 +119,18 @@ def train_and_check(spec: JobSpec, out: Path) -> Any:
     snap = Snapshot()
     result = train_spec(spec, out, [snap], device=CPU)
     resolved, trainer = result.resolved, result.trainer
-    # The trainer config received exactly what was recorded.
+    # The record is what the trainer ran with: its args as resolved, and every change from the request.
+    requested = training_kwargs(spec, CPU, str(out), has_eval=result.trainer.eval_dataset is not None)
+    changed = resolved["library_changes"]
     for key, value in resolved["trainer_config"].items():
-        got = getattr(trainer.args, key)
+        got = getattr(trainer.args, key) if key != "padding_free" else trainer.padding_free
         if key == "report_to":
-            assert got == [] and value == "none"
+            assert got == [] and requested[key] == "none"
         elif key == "loss_type" and isinstance(got, list):
-            assert got == [value]
+            assert got == [value] == [requested[key]]
         else:
             assert _plain(got) == _plain(value), key
+            assert _plain(value) == _plain(requested[key]) or changed[key]["effective"] == _plain(value), key
     # ...and so did peft.
     if resolved["peft_config"] is not None:
         config = trainer.model.peft_config["default"]
@@ -231,6 +234,12 @@ def test_trick_trains_with_the_config_it_asked_for(changes: dict[str, Any], tiny
         assert args.bf16 and args.use_cpu
     if changes.get("packing"):
         assert result.trainer.padding_free  # trl's bfd packing turns padding-free on by itself
+        # ...and the run record says so, rather than the padding_free: false it asked for.
+        assert result.resolved["trainer_config"]["padding_free"] is True
+        if not changes.get("padding_free"):
+            assert result.resolved["library_changes"]["padding_free"] == {"requested": False, "effective": True}
+    if changes.get("gradient_checkpointing"):
+        assert result.resolved["trainer_config"]["activation_checkpointing"] is True  # transformers 5's name
     if changes.get("assistant_only_loss") or changes.get("completion_only_loss"):
         # trl folds the assistant / completion mask into the labels: the prompt side is -100.
         labels = result.trainer.train_dataset[0]["labels"]
