@@ -160,6 +160,18 @@ class SeriesMixin:
         self._retrying(write, "add_memory_samples")
         return len(rows)
 
+    def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int:
+        """Thin samples of no run older than `older_than` (epoch s) to one per source, device and
+        `keep_every` seconds; samples of runs are kept whole (they belong to their run). Returns the
+        number of rows deleted."""
+        t = m.MemorySample
+        old_idle = (t.run_id.is_(None), t.time < older_than)
+        slot = func.floor(t.time / keep_every)
+        keep = (select(func.min(t.id)).where(*old_idle)
+                .group_by(t.source, func.coalesce(t.device_index, -1), slot).scalar_subquery())
+        with self._tx() as s:
+            return s.execute(t.__table__.delete().where(*old_idle, t.id.not_in(keep))).rowcount or 0
+
     def memory_samples(self, run_id: int | None = None, since: float | None = None,
                        source: str | None = None, limit: int | None = None) -> list[MemoryPoint]:
         """Samples in time order; run_id=None means every sample (also those of no run)."""
