@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from storage.settings import data_dir, models_dir, runs_dir, uploads_dir
+from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -49,21 +49,6 @@ def exposure_warning(host: str, port: int, has_login: bool = False) -> str | Non
             "login: anyone who can reach it can start training runs, read your data and download adapters. "
             "Use --host 127.0.0.1 (default) with an SSH tunnel, set TUNEDECK_AUTH=user:password or "
             "--auth-file FILE (see `tunedeck hash-password`), or put it behind an authenticating proxy.")
-
-
-DEFAULT_MAX_UPLOAD_MB = 1024
-
-
-def max_upload_mb() -> int:
-    """The upload size limit in MB (`TUNEDECK_MAX_UPLOAD_MB`, default 1024)."""
-    raw = os.environ.get("TUNEDECK_MAX_UPLOAD_MB", "").strip()
-    try:
-        value = int(raw) if raw else DEFAULT_MAX_UPLOAD_MB
-    except ValueError:
-        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} is not a whole number of megabytes") from None
-    if value < 1:
-        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} must be at least 1")
-    return value
 
 
 def gradio_temp_dir() -> Path:

@@ -77,7 +77,7 @@ def save_upload(path: str | None) -> Any:
     src = Path(path)
     if src.suffix.lower() not in UPLOAD_SUFFIXES:
         raise gr.Error(f"{src.name}: expected one of {', '.join(UPLOAD_SUFFIXES)}")
-    from app.server import max_upload_mb
+    from storage.settings import max_upload_mb
 
     limit = max_upload_mb()
     if src.stat().st_size > limit * 1024 * 1024:

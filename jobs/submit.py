@@ -3,14 +3,16 @@
     from jobs.submit import submit
     run_id = submit(store, JobSpec.from_yaml(text))   # raises SpecError with every problem
 
-Checks, all run before anything is queued, their problems reported together: the spec on its
-own (`JobSpec.problems`), the model (`jobs.models.check_model`, no weights loaded), the train
+Checks, all run before anything is queued, their problems reported together: what a shared
+dashboard's users may ask for (`jobs.access.AccessPolicy`: data folders, remote code; checked
+first, so a refused path is never read), the spec on its own (`JobSpec.problems`), the model (`jobs.models.check_model`, no weights loaded), the train
 and eval data (`jobs.data.check_dataset`), and what this machine can do with the spec
 (`jobs.mapping`'s capability check, e.g. fp16 without CUDA).
 """
 
 from __future__ import annotations
 
+from jobs.access import AccessPolicy
 from jobs.spec import JobSpec, Problem, SpecError
 from storage.store import Store
 
@@ -94,9 +96,9 @@ def capability_problems(spec: JobSpec) -> list[Problem]:
     return list(mapping.capability_problems(spec))
 
 
-def check(spec: JobSpec) -> list[Problem]:
+def check(spec: JobSpec, policy: AccessPolicy | None = None) -> list[Problem]:
     """Every problem with the spec, its model, its data and this machine (empty: good to go)."""
-    problems = list(spec.problems())
+    problems = (policy or AccessPolicy.open()).problems(spec) + list(spec.problems())
     # Field-level problems first; the model and data checks still run so one pass shows all.
     if not any(p.field == "model" for p in problems):
         problems.extend(model_problems(spec))
@@ -112,9 +114,9 @@ def check(spec: JobSpec) -> list[Problem]:
     return unique
 
 
-def submit(store: Store, spec: JobSpec) -> int:
-    """Check the spec (model, data, device) and queue it; raises SpecError with every problem."""
-    problems = check(spec)
+def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> int:
+    """Check the spec (access, model, data, device) and queue it; raises SpecError with every problem."""
+    problems = check(spec, policy)
     if problems:
         raise SpecError(problems)
     return store.create_run(spec)

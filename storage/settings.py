@@ -63,3 +63,18 @@ def idle_memory_retention_s() -> float:
     if not hours > 0:
         raise ValueError(f"TUNEDECK_IDLE_MEMORY_RETENTION_H={raw!r} must be above 0 hours: set it to e.g. 24")
     return hours * 3600.0
+
+
+DEFAULT_MAX_UPLOAD_MB = 1024
+
+
+def max_upload_mb() -> int:
+    """The upload size limit in MB (`TUNEDECK_MAX_UPLOAD_MB`, default 1024)."""
+    raw = os.environ.get("TUNEDECK_MAX_UPLOAD_MB", "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_UPLOAD_MB
+    except ValueError:
+        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} is not a whole number of megabytes") from None
+    if value < 1:
+        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} must be at least 1")
+    return value
