@@ -11,6 +11,7 @@
     tunedeck resume RUN_ID                    # queue an interrupted/cancelled run again (from its checkpoint)
     tunedeck move RUN_ID --to N | --first     # reorder the queue
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
+    tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -334,6 +335,24 @@ def cmd_hash_password(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(store: Store, args: argparse.Namespace) -> int:
+    from jobs.export import export_merged
+
+    if not args.merged:
+        raise UsageError([Problem("--merged", "no export format chosen", "add --merged (the adapter merged into "
+                                  "its base model); the adapter alone is the run's bundle")])
+    logging.getLogger("jobs.export").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
+    result = export_merged(store, args.run_id, args.dtype)
+    check = result.check
+    print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
+    print(f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
+          f"largest logit difference {check.max_logit_diff:.3g}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"download: {result.archive}  sha256 {result.sha256}")
+    return EXIT_OK
+
+
 def cmd_setup(store: Store, args: argparse.Namespace) -> int:
     from jobs import models
 
@@ -392,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--to", type=int, metavar="N", help="to position N (1 = next to run)")
     where.add_argument("--first", action="store_true", help="to the front of the queue")
     s.set_defaults(func=cmd_move)
+
+    s = sub.add_parser("export", help="export a finished run: --merged merges its adapter into the base model")
+    s.add_argument("run_id", type=int, metavar="RUN_ID")
+    s.add_argument("--merged", action="store_true", help="merge the adapter into a 16-bit (or fp32) base and check it")
+    s.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the merged weights")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")

@@ -103,10 +103,10 @@ class LiveList(list):
 
 
 def bundle_files(store: Store) -> list[str]:
-    """The recorded bundle zips that are real files inside the data directory (no symlinks)."""
+    """The recorded bundle and export zips that are real files inside the data directory (no symlinks)."""
     root = data_dir()
     out = []
-    for raw in store.artifact_paths("bundle"):
+    for raw in store.artifact_paths("bundle") + store.artifact_paths("export"):
         path = Path(raw)
         if path.suffix != ".zip" or path.is_symlink() or not path.is_file():
             continue
@@ -123,7 +123,7 @@ def blocked_paths() -> list[str]:
     blocked += [models_dir(), Path.cwd() / ".env", Path.home() / ".cache" / "huggingface",
                 Path.home() / ".huggingface", Path.home() / ".ssh"]
     for run in sorted(runs_dir().iterdir()) if runs_dir().is_dir() else []:
-        blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints"]
+        blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints", run / "export"]
     return [str(p) for p in blocked]
 
 
