@@ -12,24 +12,28 @@ import time
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from jobs.spec import JobSpec
 from storage import models as m
 from storage.models import RunStatus
 from storage.records import RunRecord, _spec_problem
-from storage.rollups import _METRIC_ROLLUP_REBUILD
+from storage.rollups import rebuild_metric_rollups
 
 
 def _next_readable_queued(s: Session, now: float) -> int | None:
-    """The first queued run whose spec this version can train; unreadable ones ahead of it are failed.
+    """The first queued run whose spec this version can train, row-locked; unreadable ones ahead are failed.
 
     Called inside the claim's write transaction, so a spec from an older/newer version or one
-    edited by hand fails with the reason instead of crashing the worker that claims it.
+    edited by hand fails with the reason instead of crashing the worker that claims it. On
+    PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run another claim holds is passed
+    over, and one that stopped being queued since this statement began is re-checked and skipped.
     """
     while True:
         candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
-                              .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
+                              .order_by(m.Run.queue_order, m.Run.id).limit(1)
+                              .with_for_update(skip_locked=True)).first()
         if candidate is None:
             return None
         problem = _spec_problem(s.get(m.Run, candidate).spec_json)
@@ -37,6 +41,22 @@ def _next_readable_queued(s: Session, now: float) -> int | None:
             return candidate
         s.execute(update(m.Run).where(m.Run.id == candidate).values(
             status=RunStatus.FAILED.value, finished_at=now, error_summary=problem[:2000], error_detail=problem))
+
+
+def _lock_lease(s: Session, key: str) -> m.Meta:
+    """The lease row of a device, created if missing and locked until the transaction ends.
+
+    SQLite's BEGIN IMMEDIATE already serialises every claim; on PostgreSQL the row lock makes
+    two claims for one device take turns, so both cannot see it free under READ COMMITTED.
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(postgresql.insert(m.Meta).values(key=key, value="{}").on_conflict_do_nothing())
+        return s.scalars(select(m.Meta).where(m.Meta.key == key).with_for_update()).one()
+    row = s.get(m.Meta, key)
+    if row is None:
+        row = m.Meta(key=key, value="{}")
+        s.add(row)
+    return row
 
 
 class RunsMixin:
@@ -195,19 +215,21 @@ class RunsMixin:
         now = time.time()
         key = f"device:{device}"[:64]
         with self._tx() as s:
-            lease = s.get(m.Meta, key)
-            if lease is not None:
-                holder = s.get(m.Run, json.loads(lease.value).get("run_id"))
-                if holder is not None and holder.status == RunStatus.RUNNING.value:
-                    return None
+            lease = _lock_lease(s, key)
+            holder_id = json.loads(lease.value or "{}").get("run_id")
+            holder = s.get(m.Run, holder_id) if holder_id is not None else None
+            if holder is not None and holder.status == RunStatus.RUNNING.value:
+                return None
             candidate = _next_readable_queued(s, now)
             if candidate is None:
                 return None
-            s.execute(update(m.Run).where(m.Run.id == candidate)
-                      .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
-                              worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                              started_at=now, heartbeat_at=now, finished_at=None))
-            s.merge(m.Meta(key=key, value=json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})))
+            result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
+                               .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
+                                       worker_pid=worker_pid if worker_pid is not None else os.getpid(),
+                                       started_at=now, heartbeat_at=now, finished_at=None))
+            if result.rowcount != 1:  # taken or cancelled since it was read: nothing claimed
+                return None
+            lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})
             return RunRecord.from_row(s.get(m.Run, candidate))
 
     def move_queued(self, run_id: int, position: int) -> bool:
@@ -246,8 +268,7 @@ class RunsMixin:
         with self._tx() as s:
             n = s.execute(delete(m.Metric).where(m.Metric.run_id == run_id, m.Metric.step > after_step)).rowcount
             if n:
-                s.execute(delete(m.MetricRollup).where(m.MetricRollup.run_id == run_id))
-                s.execute(_METRIC_ROLLUP_REBUILD, {"run_id": run_id})
+                rebuild_metric_rollups(s, run_id)
             return n
 
     # ------------------------------------------------------------------ workers

@@ -37,6 +37,8 @@ from storage.store import MetricPoint, Store
 
 import training_helpers
 
+BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

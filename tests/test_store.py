@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from storage import models as m
 from storage import store as store_module
 from storage.models import RunStatus
 from storage.store import MemoryPoint, MetricPoint, Store
+
+BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
 
 SPEC = JobSpec(model="tiny-llama", max_steps=5, run_name="lifecycle")
 
@@ -124,6 +127,53 @@ def test_memory_and_peak_round_trip(store: Store) -> None:
     assert (run.peak_memory_bytes, run.peak_memory_source) == (100, "nvml")
 
 
+def test_rollups_add_up_under_concurrent_writers(store: Store) -> None:
+    """Four writers interleave rows of one series into shared buckets: every rollup equals the raw rows."""
+    run_id = store.create_run(SPEC)
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        own = Store(store.url)
+        try:
+            start.wait()
+            for batch in range(10):  # steps n, n+4, n+8, ...: every bucket gets rows from every writer
+                steps = range(n + 4 * 25 * batch, n + 4 * 25 * (batch + 1), 4)
+                own.add_metrics(run_id, [MetricPoint(st, "loss", float(st % 97), 1.0) for st in steps])
+                own.add_memory_samples([MemoryPoint(time=1.7e9 + st / 8, source="host", run_id=run_id,
+                                                    process_rss=1000 + st) for st in steps])
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+        finally:
+            own.dispose()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    for width in (16, 256, 4096):
+        assert store.metric_series(run_id, "loss", width) == store.metric_buckets(run_id, "loss", width)
+    assert sum(b.count for b in store.metric_series(run_id, "loss", 16)) == 1000
+    for width in (1.0, 16.0):  # 2**4 / 16 s and 2**8 / 16 s, at epoch times (buckets above 2**31)
+        rolled = store.memory_series(run_id, width)
+        raw = store.memory_series(run_id, 1 / 16)  # narrower than every level: read from raw samples
+        assert sum(b.count for b in rolled) == sum(b.count for b in raw) == 1000
+        assert [b.rss_max for b in rolled][-1] == 1000 + 999
+        assert min(b.rss_min for b in rolled) == 1000
+
+
+def test_memory_buckets_of_epoch_times_match_the_rollups(store: Store) -> None:
+    run_id = store.create_run(SPEC)
+    t0 = 1_764_000_000.0  # floor(t * 16) is above 2**31: a 32-bit CAST would overflow
+    store.add_memory_samples([MemoryPoint(time=t0 + k * 0.3, source="host", run_id=run_id, process_rss=k)
+                              for k in range(200)])
+    rolled = store.memory_series(run_id, 1.0)
+    assert len(rolled) == len({math.floor((t0 + k * 0.3)) for k in range(200)})
+    assert [b.count for b in rolled] == [b.count for b in store.memory_buckets(run_id, 0.0, 1.0)]
+
+
 def test_artifacts_round_trip_and_cascade(store: Store) -> None:
     run_id = store.create_run(SPEC)
     aid = store.add_artifact(run_id, "adapter", "/x/adapter", 123, "ab" * 32)
@@ -134,7 +184,9 @@ def test_artifacts_round_trip_and_cascade(store: Store) -> None:
     assert store.artifacts(run_id) == [] and store.metrics(run_id) == []  # foreign keys cascade
 
 
-def test_pragmas_on_every_connection(store: Store) -> None:
+def test_pragmas_on_every_connection(store: Store, backend: str) -> None:
+    if backend != "sqlite":
+        pytest.skip("pragmas are SQLite's")
     for engine in (store._write_engine, store._read_engine):
         for _ in range(3):
             conn = engine.raw_connection()  # a fresh pool connection each time after invalidate
@@ -258,3 +310,23 @@ def test_claim_is_atomic_across_processes(store: Store) -> None:
     every = [int(x) for out in outputs for x in out.split(",") if x]
     assert sorted(every) == sorted(ids)
     assert all(r.status is RunStatus.RUNNING for r in store.list_runs())
+
+
+def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
+    """A version-3 database upgrades in place: ids and their sequence go on; PostgreSQL ids become 64-bit."""
+    from sqlalchemy import text
+
+    run_id = store.create_run(SPEC)
+    store.add_metrics(run_id, [MetricPoint(1, "loss", 1.0, 1.0)])
+    with store._tx() as s:
+        s.execute(text("UPDATE meta SET value = '3' WHERE key = 'schema_version'"))
+    again = Store(store.url)
+    assert again.schema_version == m.SCHEMA_VERSION
+    again.add_metrics(run_id, [MetricPoint(2, "loss", 2.0, 2.0)])
+    assert [p.step for p in again.metrics(run_id)] == [1, 2]
+    if backend == "postgresql":
+        with again._read() as s:
+            types = dict(s.execute(text("SELECT table_name, data_type FROM information_schema.columns "
+                                        "WHERE column_name = 'id' AND table_name IN ('metrics', 'memory_samples')")).all())
+        assert types == {"metrics": "bigint", "memory_samples": "bigint"}
+    again.dispose()

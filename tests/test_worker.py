@@ -18,6 +18,8 @@ from jobs.worker import Worker, describe_exit, group_members
 from storage.models import RunStatus
 from storage.store import Store
 
+BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
+
 SPEC = JobSpec(model="tiny-llama", max_steps=5)
 
 
