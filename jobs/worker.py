@@ -35,6 +35,7 @@ from types import FrameType
 import psutil
 
 from jobs.sampler import GpuProbe, Sampler
+from jobs.stored import spec_problem
 from storage.models import RunStatus
 from storage.settings import data_dir, run_dir
 from storage.store import RunRecord, Store
@@ -155,6 +156,10 @@ class Worker:
                         next_cleanup = time.monotonic() + self.stale_after / 2
                         self.cleanup_stale()
                     self._stop.wait(self.poll_interval)
+                    continue
+                problem = spec_problem(run.spec_json)
+                if problem is not None:  # another version's spec, or edited by hand: fail it, go on
+                    self.store.mark_failed(run.id, problem[:2000], problem)
                     continue
                 self.execute(run)
                 done += 1

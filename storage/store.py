@@ -2,7 +2,7 @@
 
     store = Store()                       # TUNEDECK_DATABASE_URL or ./data/tunedeck.db
     run_id = store.create_run(spec)
-    run = store.claim_next("worker-1")    # atomic: two workers never get the same run
+    run = store.claim_next_on_device("host:1", "0")   # atomic: two workers never get the same run
 
 Each call opens a short session and closes it. On SQLite every connection gets WAL, a busy
 timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a claim is one

@@ -298,7 +298,7 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
 
     spec = tiny_spec(tiny_model, max_steps=8, lr_scheduler_type="linear", warmup_steps=2)
     run_id = store.create_run(spec)
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     # What the SIGTERM handler does, during step 3: training stops (and saves) after step 4.
     assert run(run_id, store, callbacks=[AtStep(3, lambda *a: STOP_REQUESTED.set())]) == 0
     STOP_REQUESTED.clear()
@@ -312,7 +312,7 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     (out / "checkpoint-6" / "optimizer.pt").write_bytes(b"truncated")
     store.add_metrics(run_id, [MetricPoint(5, "loss", 9.9, time.time())])  # logged after the checkpoint
     assert "resumes from its checkpoint at step 4" in resume(store, store.get_run(run_id))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
     assert record.status is RunStatus.SUCCEEDED and record.current_step == 8
@@ -383,7 +383,7 @@ def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store:
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store, callbacks=[AtStep(3, poison)]) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
@@ -472,7 +472,7 @@ def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
 
     try:
         run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2))
-        store.claim_next("test")
+        store.claim_next_on_device("test", "0")
         assert run(run_id, store, callbacks=[FillAfterFirstSave()]) == 1
         record = store.get_run(run_id)
         assert record.status is RunStatus.FAILED
@@ -510,7 +510,7 @@ def test_out_of_memory_inside_a_training_step_names_the_tricks(store: Store, tin
             model.get_input_embeddings().register_forward_pre_hook(hook)
 
     run_id = store.create_run(tiny_spec(tiny_model, per_device_train_batch_size=4))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store, callbacks=[OomAtForward()]) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
@@ -529,12 +529,12 @@ def test_resume_button_shows_for_resumable_runs_and_requeues(store: Store) -> No
     run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=5))
     resume_button = lambda: page.refresh(run_id, None)[-1]  # noqa: E731 - the last output
     assert resume_button().visible is False  # queued
-    store.claim_next("w")
+    store.claim_next_on_device("w", "0")
     store.mark_interrupted(run_id, "worker gone")
     assert resume_button().visible is True
     page.resume(run_id)
     assert store.get_run(run_id).status is RunStatus.QUEUED and store.queued()[-1].id == run_id
-    store.claim_next("w")
+    store.claim_next_on_device("w", "0")
     store.mark_failed(run_id, "boom")
     assert resume_button().visible is False  # failed without a checkpoint: nothing to resume from
     folder = run_dir(run_id) / "output" / "checkpoint-2"

@@ -26,7 +26,7 @@ SPEC = JobSpec(model="tiny-llama", max_steps=5, run_name="lifecycle")
 def test_create_and_get(store: Store) -> None:
     run_id = store.create_run(SPEC)
     run = store.get_run(run_id)
-    assert run.status is RunStatus.QUEUED and run.spec == SPEC and run.name == "lifecycle"
+    assert run.status is RunStatus.QUEUED and run.spec_json == SPEC.to_json() and run.name == "lifecycle"
     assert run.started_at is None and run.current_step == 0 and not run.cancel_requested
     assert store.get_run(run_id + 100) is None
     assert [r.id for r in store.queued()] == [run_id]
@@ -40,7 +40,7 @@ def test_create_refuses_invalid_spec(store: Store) -> None:
 
 def test_lifecycle_succeeded(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    run = store.claim_next("w1", worker_pid=42)
+    run = store.claim_next_on_device("w1", "0", worker_pid=42)
     assert run.id == run_id and run.status is RunStatus.RUNNING and run.worker_id == "w1" and run.worker_pid == 42
     assert run.started_at and run.heartbeat_at
     store.set_child(run_id, 4242, "/tmp/train.log")
@@ -52,12 +52,12 @@ def test_lifecycle_succeeded(store: Store) -> None:
     assert run.status is RunStatus.SUCCEEDED and run.status.finished and run.finished_at
     assert (run.child_pid, run.log_path, run.current_step, run.total_steps) == (4242, "/tmp/train.log", 3, 5)
     assert run.final_metrics == {"train_loss": 0.5} and run.resolved_config == {"sft": {"lr": 1e-3}}
-    assert store.claim_next("w1") is None
+    assert store.claim_next_on_device("w1", "0") is None
 
 
 def test_lifecycle_failed(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    store.claim_next("w1")
+    store.claim_next_on_device("w1", "0")
     assert store.mark_failed(run_id, "boom", "trace", exit_code=3)
     run = store.get_run(run_id)
     assert (run.status, run.error_summary, run.error_detail, run.exit_code) == (RunStatus.FAILED, "boom", "trace", 3)
@@ -68,7 +68,7 @@ def test_lifecycle_cancelled_queued_and_running(store: Store) -> None:
     assert store.request_cancel(queued) is RunStatus.CANCELLED
     assert store.get_run(queued).status is RunStatus.CANCELLED
     running = store.create_run(SPEC)
-    store.claim_next("w1")
+    store.claim_next_on_device("w1", "0")
     assert store.request_cancel(running) is RunStatus.RUNNING
     assert store.get_run(running).cancel_requested
     assert store.mark_cancelled(running, exit_code=-15)
@@ -79,7 +79,7 @@ def test_lifecycle_cancelled_queued_and_running(store: Store) -> None:
 
 def test_interrupted_and_stale(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    store.claim_next("w1")
+    store.claim_next_on_device("w1", "0")
     assert store.stale_running(60) == []
     time.sleep(0.05)
     assert [r.id for r in store.stale_running(0.01)] == [run_id]
@@ -92,7 +92,7 @@ def test_interrupted_and_stale(store: Store) -> None:
 
 def test_list_runs_filters(store: Store) -> None:
     a, b = store.create_run(SPEC), store.create_run(SPEC)
-    store.claim_next("w")
+    store.claim_next_on_device("w", "0")
     assert [r.id for r in store.list_runs()] == [b, a]
     assert [r.id for r in store.list_runs(status=RunStatus.RUNNING)] == [a]
     assert [r.id for r in store.list_runs(status=[RunStatus.QUEUED, RunStatus.RUNNING])] == [b, a]
@@ -272,8 +272,9 @@ def test_claim_is_atomic_across_threads(store: Store) -> None:
     def claimer(name: str) -> None:
         own = Store(store.url)
         start.wait()
-        while (run := own.claim_next(name)) is not None:
+        while (run := own.claim_next_on_device(name, f"device-{name}")) is not None:
             claimed[name].append(run.id)
+            own.mark_succeeded(run.id, {})  # frees this claimer's device for its next claim
         own.dispose()
 
     threads = [threading.Thread(target=claimer, args=(n,)) for n in claimed]
@@ -294,8 +295,9 @@ s = Store(sys.argv[1])
 while time.time() < float(sys.argv[2]):
     time.sleep(0.001)
 got = []
-while (run := s.claim_next(sys.argv[3])) is not None:
+while (run := s.claim_next_on_device(sys.argv[3], sys.argv[3])) is not None:
     got.append(run.id)
+    s.mark_succeeded(run.id, {})
 print(",".join(map(str, got)))
 """
 
@@ -309,7 +311,7 @@ def test_claim_is_atomic_across_processes(store: Store) -> None:
     assert all(p.returncode == 0 for p in procs)
     every = [int(x) for out in outputs for x in out.split(",") if x]
     assert sorted(every) == sorted(ids)
-    assert all(r.status is RunStatus.RUNNING for r in store.list_runs())
+    assert all(r.status is RunStatus.SUCCEEDED for r in store.list_runs())
 
 
 def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
@@ -330,3 +332,14 @@ def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
                                         "WHERE column_name = 'id' AND table_name IN ('metrics', 'memory_samples')")).all())
         assert types == {"metrics": "bigint", "memory_samples": "bigint"}
     again.dispose()
+
+
+def test_storage_imports_neither_jobs_nor_app() -> None:
+    """The store keeps the spec as JSON; parsing it is the callers' job (nothing imports upward)."""
+    import ast
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "storage").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.split(".")[0] in ("jobs", "app")], path.name
