@@ -188,7 +188,7 @@ class RunPageData:
                 error += f" (exit code {run.exit_code})"
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
-        resume = gr.Button(visible=resumable(run))
+        resume = gr.Button(visible=resumable(self.store, run))
         return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
                 log_tail(run), spec_of(run).to_yaml(), drawn_now, resume]
 

@@ -276,7 +276,6 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     from jobs.artifacts import write_artifacts
     from jobs.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
     from jobs.stored import stored_spec
-    from storage.settings import run_dir
     from storage.store import Store
 
     store = store or Store()
@@ -287,7 +286,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     spec = stored_spec(record.spec_json)  # the worker claimed it only if it parses
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     callback = StoreCallback(store, run_id)
-    output_dir = run_dir(run_id) / "output"
+    output_dir = store.run_dir(run_id) / "output"
     try:
         device = detect_device()
         log.info("device: %s", device)
