@@ -74,11 +74,14 @@ ensure_venv() {
 }
 
 ensure_system_packages() {
-    # Browser tests drive Debian's Chromium; the compose test needs docker-compose. Never
-    # `playwright install`: it downloads a browser build of its own.
+    # Browser tests drive Debian's Chromium; the compose test needs docker-compose; the store,
+    # worker and fault tests start a throw-away PostgreSQL server. Never `playwright install`:
+    # it downloads a browser build of its own.
     local missing=()
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 \
+        || missing+=(postgresql)
     ((${#missing[@]})) || return 0
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         log "apt-get install ${missing[*]}"

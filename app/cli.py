@@ -34,6 +34,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
+from jobs.stored import spec_of  # noqa: E402
 from storage.models import RunStatus  # noqa: E402
 from storage.store import RunRecord, Store  # noqa: E402
 
@@ -154,7 +155,7 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:
         lines.append(f"log:      {run.log_path}")
-    lines += ["", "spec:", *("  " + ln for ln in run.spec.to_yaml().splitlines())]
+    lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
     if run.final_metrics:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)

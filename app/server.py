@@ -122,7 +122,8 @@ def blocked_paths() -> list[str]:
     blocked = [root / name for name in ("tunedeck.db", "tunedeck.db-wal", "tunedeck.db-shm", ".env")]
     blocked += [models_dir(), Path.cwd() / ".env", Path.home() / ".cache" / "huggingface",
                 Path.home() / ".huggingface", Path.home() / ".ssh"]
-    for run in sorted(runs_dir().iterdir()) if runs_dir().is_dir() else []:
+    # runs/<database id>/<run>/ (and the flat runs/<run>/ of databases older than their ids)
+    for run in sorted(p for pattern in ("[0-9]*", "*/[0-9]*") for p in runs_dir().glob(pattern) if p.is_dir()):
         blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints", run / "export"]
     return [str(p) for p in blocked]
 

@@ -18,6 +18,7 @@ from typing import Any
 import gradio as gr
 
 from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs
+from jobs.stored import spec_of
 from storage.store import Store
 
 # Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
@@ -76,7 +77,7 @@ def build_ui(store: Store) -> gr.Blocks:
             run = store.get_run(int(run_id)) if run_id is not None else None
             if run is None:
                 raise gr.Error("Open a run first.")
-            return ui_form.form_values(run.spec) + [gr.Tabs(selected="launch")]
+            return ui_form.form_values(spec_of(run)) + [gr.Tabs(selected="launch")]
 
         page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
 

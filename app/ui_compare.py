@@ -23,6 +23,7 @@ import pandas as pd
 
 from app import series
 from app.budget import human_bytes, human_count
+from jobs.stored import spec_of
 from storage.store import RunRecord, Store
 
 _GIB = 1024 ** 3
@@ -68,7 +69,7 @@ def run_choice(run: RunRecord) -> tuple[str, int]:
 # ---------------------------------------------------------------------- pure parts
 def spec_differences(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
     """(field, value per run) for every spec field whose value is not the same in all runs."""
-    specs = [r.spec.to_dict() for r in runs]
+    specs = [spec_of(r).to_dict() for r in runs]
     if len(specs) < 2:
         return []
     return [(name, [s[name] for s in specs]) for name in specs[0] if len({repr(s[name]) for s in specs}) > 1]

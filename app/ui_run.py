@@ -18,6 +18,7 @@ import pandas as pd
 from app import series
 from app.budget import human_bytes
 from jobs.checkpoints import resumable, resume
+from jobs.stored import spec_of
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunRecord, Store
@@ -83,9 +84,10 @@ def progress_html(run: RunRecord) -> str:
 def header_markdown(run: RunRecord) -> str:
     peak = f" · peak memory {human_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})" if run.peak_memory_bytes else ""
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
+    spec = spec_of(run)
     return (f"## Run {run.id}: {run.name}\n"
-            f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{run.spec.model}` · "
-            f"{run.spec.method.value} / {run.spec.trainer.value}{peak}")
+            f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
+            f"{spec.method.value} / {spec.trainer.value}{peak}")
 
 
 @dataclass
@@ -177,7 +179,7 @@ class RunPageData:
         memory, loss, lr, tps = self.graphs(rid)
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
-        label = "Download model" if run.spec.method.value == "full" else "Download adapter"
+        label = "Download model" if spec_of(run).method.value == "full" else "Download adapter"
         download = gr.DownloadButton(label, value=str(bundle), visible=True) if bundle else gr.DownloadButton(visible=False)
         error = ""
         if run.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
@@ -186,9 +188,9 @@ class RunPageData:
                 error += f" (exit code {run.exit_code})"
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
-        resume = gr.Button(visible=resumable(run))
+        resume = gr.Button(visible=resumable(self.store, run))
         return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                log_tail(run), run.spec.to_yaml(), drawn_now, resume]
+                log_tail(run), spec_of(run).to_yaml(), drawn_now, resume]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

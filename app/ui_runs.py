@@ -12,6 +12,7 @@ import gradio as gr
 import pandas as pd
 
 from app.budget import human_bytes
+from jobs.stored import spec_of
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
 
@@ -32,7 +33,7 @@ def runs_frame(store: Store, status: str = ALL, limit: int = 200) -> pd.DataFram
     ids = [r.id for r in runs]
     loss = store.last_metric_values(ids, "loss")
     tps = store.last_metric_values(ids, "tokens_per_second")
-    rows = [[r.id, r.name, r.spec.model, r.spec.method.value, r.status.value, progress_text(r),
+    rows = [[r.id, r.name, spec_of(r).model, spec_of(r).method.value, r.status.value, progress_text(r),
              human_bytes(r.peak_memory_bytes) + (f" ({r.peak_memory_source})" if r.peak_memory_source else "")
              if r.peak_memory_bytes else "",
              f"{tps[r.id]:.0f}" if r.id in tps else "", f"{loss[r.id]:.4f}" if r.id in loss else "",

@@ -77,7 +77,7 @@ def new_running_run(store: Any) -> int:
     from jobs.spec import JobSpec
 
     run_id = store.create_run(JobSpec(model="tiny-llama", run_name="bench"))
-    claimed = store.claim_next("bench-ui", os.getpid())
+    claimed = store.claim_next_on_device("bench-ui", "0", os.getpid())
     assert claimed is not None and claimed.id == run_id
     store.set_progress(run_id, 0, 1_000_000)
     return run_id

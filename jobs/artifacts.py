@@ -78,10 +78,8 @@ def zip_bundle(bundle: Path, dest: Path) -> Path:
 
 def write_artifacts(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: Any,
                     metrics: dict[str, float]) -> Path:
-    """Write the bundle and zip under run_dir(run_id) and record both in the store; returns the zip."""
-    from storage.settings import run_dir
-
-    root = run_dir(run_id)
+    """Write the bundle and zip under the run's folder and record both in the store; returns the zip."""
+    root = store.run_dir(run_id)
     bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics)
     full = spec.method is Method.FULL
     archive = zip_bundle(bundle, root / f"{safe_name(spec.display_name)}-{'model' if full else 'adapter'}.zip")

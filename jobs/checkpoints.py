@@ -67,24 +67,21 @@ def remove_incomplete(output_dir: Path | str) -> list[Path]:
     return removed
 
 
-def resumable(run: "RunRecord") -> bool:
+def resumable(store: "Store", run: "RunRecord") -> bool:
     """Interrupted and cancelled runs resume (from a checkpoint, or afresh); failed ones only from a checkpoint."""
     from storage.models import RunStatus
-    from storage.settings import run_dir
 
     if run.status in (RunStatus.INTERRUPTED, RunStatus.CANCELLED):
         return True
-    return run.status is RunStatus.FAILED and last_complete(run_dir(run.id) / "output") is not None
+    return run.status is RunStatus.FAILED and last_complete(store.run_dir(run.id) / "output") is not None
 
 
 def resume(store: "Store", run: "RunRecord") -> str:
     """Queue `run` again under the same id; its child continues from the last complete checkpoint."""
-    from storage.settings import run_dir
-
-    if not resumable(run):
+    if not resumable(store, run):
         raise ValueError(f"run {run.id} is {run.status.value}: only interrupted or cancelled runs, "
                          "or failed runs with a complete checkpoint, can be resumed")
-    last = last_complete(run_dir(run.id) / "output")
+    last = last_complete(store.run_dir(run.id) / "output")
     if not store.requeue(run.id):
         raise ValueError(f"run {run.id} changed status meanwhile; nothing done")
     if last is None:

@@ -284,7 +284,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     `callbacks`: extra trainer callbacks (tests inject faults through them)."""
     from jobs.artifacts import write_artifacts
     from jobs.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
-    from storage.settings import run_dir
+    from jobs.stored import stored_spec
     from storage.store import Store
 
     store = store or Store()
@@ -292,10 +292,10 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     if record is None:
         log.error("run %s does not exist", run_id)
         return 1
-    spec = record.spec
+    spec = stored_spec(record.spec_json)  # the worker claimed it only if it parses
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     callback = StoreCallback(store, run_id)
-    output_dir = run_dir(run_id) / "output"
+    output_dir = store.run_dir(run_id) / "output"
     try:
         device = detect_device()
         log.info("device: %s", device)

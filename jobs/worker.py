@@ -35,9 +35,10 @@ from types import FrameType
 import psutil
 
 from jobs.sampler import GpuProbe, Sampler
+from jobs.stored import spec_problem
 from storage.models import RunStatus
-from storage.settings import data_dir, run_dir
-from storage.store import RunRecord, Store
+from storage.settings import data_dir
+from storage.store import RunFolderError, RunRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,10 @@ class Worker:
                         self.cleanup_stale()
                     self._stop.wait(self.poll_interval)
                     continue
+                problem = spec_problem(run.spec_json)
+                if problem is not None:  # another version's spec, or edited by hand: fail it, go on
+                    self.store.mark_failed(run.id, problem[:2000], problem)
+                    continue
                 self.execute(run)
                 done += 1
                 if stop_after is not None and run.id == stop_after:
@@ -189,7 +194,11 @@ class Worker:
     # ------------------------------------------------------------------ one run
     def execute(self, run: RunRecord) -> RunStatus:
         """Run one claimed run in a child process and record how it ended."""
-        log_path = run_dir(run.id) / "train.log"
+        try:
+            log_path = self.store.run_dir(run.id) / "train.log"
+        except RunFolderError as exc:
+            self.store.mark_failed(run.id, str(exc))
+            return self._status(run.id)
         env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), TUNEDECK_DATABASE_URL=self.store.url,
                    PYTHONUNBUFFERED="1")
         try:

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Union
+
 from sqlalchemy.orm import Session
 
 from storage import models as m
 
+# One statement for every database, or one per dialect ({"sqlite": ..., "postgresql": ...}; a
+# dialect left out skips the step). PostgreSQL tables are altered in place, never rebuilt, so
+# their id sequences and identity columns are kept.
+Statement = Union[str, dict[str, str]]
+
+_TIME_BUCKET = {"sqlite": "CAST(x.time * 16 AS INTEGER)", "postgresql": "CAST(floor(x.time * 16) AS BIGINT)"}
+_MEMORY_BACKFILL = (
+    "INSERT INTO memory_rollups (run_id, source, level, bucket, first_time, last_time, used_min, used_max, "
+    "total_max, utilization_max, torch_allocated_max, torch_reserved_max, rss_min, rss_max, row_count) "
+    "SELECT x.run_id, x.source, lv.level, {b} >> lv.level, min(x.time), max(x.time), "
+    "min(x.used_bytes), max(x.used_bytes), max(x.total_bytes), max(x.utilization), max(x.torch_allocated), "
+    "max(x.torch_reserved), min(x.process_rss), max(x.process_rss), count(*) FROM memory_samples AS x, "
+    "(SELECT 4 AS level UNION ALL SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv "
+    "WHERE x.run_id IS NOT NULL GROUP BY x.run_id, x.source, lv.level, {b} >> lv.level")
+
 # Statements that bring a database from version N-1 to N. Append, never edit.
-MIGRATIONS: dict[int, list[str]] = {
+MIGRATIONS: dict[int, list[Statement]] = {
     # 2: rollup tables (created by create_all just before migrations run), backfilled from the raw rows.
     2: [
         "INSERT INTO metric_rollups (run_id, name, level, bucket, first_step, last_step, value_min, value_max, "
@@ -15,27 +32,35 @@ MIGRATIONS: dict[int, list[str]] = {
         "min(x.value), max(x.value), sum(x.value), count(*) FROM metrics AS x, (SELECT 4 AS level UNION ALL "
         "SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv WHERE true "
         "GROUP BY x.run_id, x.name, lv.level, x.step >> lv.level",
-        "INSERT INTO memory_rollups (run_id, source, level, bucket, first_time, last_time, used_min, used_max, "
-        "total_max, utilization_max, torch_allocated_max, torch_reserved_max, rss_min, rss_max, row_count) "
-        "SELECT x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level, min(x.time), max(x.time), "
-        "min(x.used_bytes), max(x.used_bytes), max(x.total_bytes), max(x.utilization), max(x.torch_allocated), "
-        "max(x.torch_reserved), min(x.process_rss), max(x.process_rss), count(*) FROM memory_samples AS x, "
-        "(SELECT 4 AS level UNION ALL SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv "
-        "WHERE x.run_id IS NOT NULL GROUP BY x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level",
+        {dialect: _MEMORY_BACKFILL.format(b=b) for dialect, b in _TIME_BUCKET.items()},
     ],
     # 3: metrics.value nullable (NULL = a non-finite value; SQLite turns NaN into NULL): SQLite cannot
     # drop a NOT NULL, so the table is rebuilt (ids kept, so the rollups stay valid).
     3: [
-        "CREATE TABLE metrics_v3 (id INTEGER NOT NULL, run_id INTEGER NOT NULL, step INTEGER NOT NULL, "
-        "name VARCHAR(128) NOT NULL, value FLOAT, time FLOAT NOT NULL, PRIMARY KEY (id), "
-        "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)",
-        "INSERT INTO metrics_v3 (id, run_id, step, name, value, time) SELECT id, run_id, step, name, value, time "
-        "FROM metrics",
-        "DROP TABLE metrics",
-        "ALTER TABLE metrics_v3 RENAME TO metrics",
-        "CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)",
+        {"sqlite": "CREATE TABLE metrics_v3 (id INTEGER NOT NULL, run_id INTEGER NOT NULL, step INTEGER NOT NULL, "
+                   "name VARCHAR(128) NOT NULL, value FLOAT, time FLOAT NOT NULL, PRIMARY KEY (id), "
+                   "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)",
+         "postgresql": "ALTER TABLE metrics ALTER COLUMN value DROP NOT NULL"},
+        {"sqlite": "INSERT INTO metrics_v3 (id, run_id, step, name, value, time) SELECT id, run_id, step, name, "
+                   "value, time FROM metrics"},
+        {"sqlite": "DROP TABLE metrics"},
+        {"sqlite": "ALTER TABLE metrics_v3 RENAME TO metrics"},
+        {"sqlite": "CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)"},
     ],
+    # 4: 64-bit ids and memory buckets on PostgreSQL (SQLite's INTEGER is 64-bit already); the id
+    # sequences widen with their columns.
+    4: [{"postgresql": statement} for statement in (
+        "ALTER TABLE metrics ALTER COLUMN id TYPE BIGINT",
+        "ALTER SEQUENCE IF EXISTS metrics_id_seq AS BIGINT",
+        "ALTER TABLE memory_samples ALTER COLUMN id TYPE BIGINT",
+        "ALTER SEQUENCE IF EXISTS memory_samples_id_seq AS BIGINT",
+        "ALTER TABLE memory_rollups ALTER COLUMN bucket TYPE BIGINT")],
 }
+
+
+def statement_for(statement: Statement, dialect: str) -> str | None:
+    """The SQL of one migration step on this dialect (None: nothing to do there)."""
+    return statement if isinstance(statement, str) else statement.get(dialect)
 
 
 def migrate(s: Session, url: str) -> None:
@@ -49,7 +74,10 @@ def migrate(s: Session, url: str) -> None:
         raise RuntimeError(
             f"database {url} has schema version {found}, newer than this tunedeck's "
             f"{m.SCHEMA_VERSION}: upgrade tunedeck, or point TUNEDECK_DATABASE_URL at another database")
+    dialect = s.get_bind().dialect.name
     for version in range(found + 1, m.SCHEMA_VERSION + 1):
         for statement in MIGRATIONS.get(version, []):
-            s.connection().exec_driver_sql(statement)
+            sql = statement_for(statement, dialect)
+            if sql is not None:
+                s.connection().exec_driver_sql(sql)
     row.value = str(m.SCHEMA_VERSION)

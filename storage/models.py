@@ -7,7 +7,7 @@ from enum import Enum
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class RunStatus(str, Enum):
@@ -31,6 +31,11 @@ class MemorySource(str, Enum):
 
 class Base(DeclarativeBase):
     pass
+
+
+# Row ids of the tables that grow without bound: 64-bit on PostgreSQL. SQLite keeps INTEGER,
+# the only type that makes a primary key the (already 64-bit) rowid.
+BigId = BigInteger().with_variant(Integer, "sqlite")
 
 
 class Meta(Base):
@@ -68,7 +73,7 @@ class Run(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(128))
@@ -79,7 +84,7 @@ class Metric(Base):
 
 class MemorySample(Base):
     __tablename__ = "memory_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     time: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(8))
@@ -128,7 +133,7 @@ class MemoryRollup(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     level: Mapped[int] = mapped_column(Integer, primary_key=True)
     source: Mapped[str] = mapped_column(String(8), primary_key=True)
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # floor(time * 16) > 2**31
     first_time: Mapped[float] = mapped_column(Float)
     last_time: Mapped[float] = mapped_column(Float)
     used_min: Mapped[int | None] = mapped_column(BigInteger)

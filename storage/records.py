@@ -10,7 +10,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.spec import JobSpec, SpecError
 from storage import models as m
 from storage.models import RunStatus
 
@@ -21,7 +20,7 @@ class RunRecord:
 
     id: int
     name: str
-    spec: JobSpec
+    spec_json: str  # the job spec as stored; `jobs.stored.spec_of(run)` parses it
     status: RunStatus
     created_at: float
     started_at: float | None
@@ -45,7 +44,7 @@ class RunRecord:
     @classmethod
     def from_row(cls, row: m.Run) -> "RunRecord":
         return cls(
-            id=row.id, name=row.name, spec=_spec_of(row), status=RunStatus(row.status),
+            id=row.id, name=row.name, spec_json=row.spec_json, status=RunStatus(row.status),
             created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
             heartbeat_at=row.heartbeat_at, worker_id=row.worker_id, worker_pid=row.worker_pid,
             child_pid=row.child_pid, exit_code=row.exit_code, cancel_requested=bool(row.cancel_requested),
@@ -56,44 +55,6 @@ class RunRecord:
             peak_memory_bytes=row.peak_memory_bytes, peak_memory_source=row.peak_memory_source,
             log_path=row.log_path,
         )
-
-
-def _spec_problem(spec_json: str) -> str | None:
-    """Why a stored spec cannot be trained (None when it parses and validates)."""
-    try:
-        JobSpec.from_json(spec_json)
-    except SpecError as exc:
-        problems = "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in exc.problems)
-        return f"the stored job spec is not valid for this tunedeck version: {problems}"
-    except Exception as exc:  # noqa: BLE001 - whatever is stored, the queue must go on
-        return f"the stored job spec cannot be read ({type(exc).__name__}: {exc})"
-    return None
-
-
-def _spec_of(row: m.Run) -> JobSpec:
-    try:
-        return JobSpec.from_json(row.spec_json)
-    except Exception:  # noqa: BLE001 - an unreadable stored spec must not break listing runs
-        return _lenient_spec(row.spec_json)
-
-
-def _lenient_spec(spec_json: str) -> JobSpec:
-    """The stored spec for display: fields this version cannot read are dropped (defaults shown)."""
-    try:
-        data = json.loads(spec_json)
-    except (TypeError, ValueError):
-        data = {}
-    data = dict(data) if isinstance(data, dict) else {}
-    for _ in range(len(data) + 1):
-        try:
-            return JobSpec.from_dict(data)
-        except SpecError as exc:
-            bad = {p.field for p in exc.problems} & set(data)
-            if not bad:
-                break
-            for key in bad:
-                data.pop(key)
-    return JobSpec()
 
 
 @dataclass(frozen=True)

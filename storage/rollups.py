@@ -1,14 +1,23 @@
-"""Rollup SQL for the metric and memory series: level constants and the statements that keep them.
+"""Rollups of the metric and memory series: level constants and the upserts that keep them.
 
-Only `storage.store.Store` runs these statements.
+The aggregates of a batch are computed here from the rows being written (not read back from the
+table by id), then folded into the rollup rows with one upsert per batch: `INSERT ... ON
+CONFLICT DO UPDATE`, which SQLite and PostgreSQL both apply row by row under the row's lock, so
+concurrent writers to the same bucket add up instead of overwriting each other. Only
+`storage.store.Store` runs these statements.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from sqlalchemy import text
+from sqlalchemy import BigInteger, Integer, func, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from storage import models as m
 
 # Levels kept in the rollup tables: buckets of 2**level steps (metrics) or 2**level / 16 s (memory).
 # Every 4th power of two, so a graph at any power-of-two width reads at most 16 rollup rows per
@@ -16,60 +25,122 @@ from sqlalchemy import text
 METRIC_LEVELS = (4, 8, 12, 16)
 MEMORY_LEVELS = (4, 8, 12, 16)
 
-
-def _levels_sql(levels: Sequence[int]) -> str:
-    return " UNION ALL ".join(f"SELECT {lv}" + (" AS level" if i == 0 else "") for i, lv in enumerate(levels))
-
-
-def _least(col: str, table: str) -> str:
-    """min() of the stored and the new value, ignoring NULLs (SQLite's two-argument min() does not)."""
-    return f"{col} = coalesce(min({table}.{col}, excluded.{col}), {table}.{col}, excluded.{col})"
+_MEMORY_MIN = {"used_min": "used_bytes", "rss_min": "process_rss"}
+_MEMORY_MAX = {"used_max": "used_bytes", "total_max": "total_bytes", "utilization_max": "utilization",
+               "torch_allocated_max": "torch_allocated", "torch_reserved_max": "torch_reserved",
+               "rss_max": "process_rss"}
 
 
-def _greatest(col: str, table: str) -> str:
-    return f"{col} = coalesce(max({table}.{col}, excluded.{col}), {table}.{col}, excluded.{col})"
+def time_bucket(t: float) -> int:
+    """The level-0 memory bucket of a time: floor(t * 16) (a 64-bit integer for any epoch time)."""
+    return math.floor(t * 16)
 
 
-# Folds the rows with id > :after into the rollups, in the writer's transaction (one statement).
-_METRIC_ROLLUP_UPSERT = text(
-    "INSERT INTO metric_rollups (run_id, name, level, bucket, first_step, last_step, value_min, value_max, "
-    "value_sum, row_count) "
-    "SELECT x.run_id, x.name, lv.level, x.step >> lv.level, min(x.step), max(x.step), min(x.value), max(x.value), "
-    f"sum(x.value), count(*) FROM metrics AS x, ({_levels_sql(METRIC_LEVELS)}) AS lv "
-    "WHERE x.id > :after AND x.value IS NOT NULL "
-    "GROUP BY x.run_id, x.name, lv.level, x.step >> lv.level "
-    "ON CONFLICT (run_id, name, level, bucket) DO UPDATE SET "
-    + ", ".join([_least("first_step", "metric_rollups"), _greatest("last_step", "metric_rollups"),
-                 _least("value_min", "metric_rollups"), _greatest("value_max", "metric_rollups"),
-                 "value_sum = metric_rollups.value_sum + excluded.value_sum",
-                 "row_count = metric_rollups.row_count + excluded.row_count"]))
-
-_MEMORY_ROLLUP_UPSERT = text(
-    "INSERT INTO memory_rollups (run_id, source, level, bucket, first_time, last_time, used_min, used_max, "
-    "total_max, utilization_max, torch_allocated_max, torch_reserved_max, rss_min, rss_max, row_count) "
-    "SELECT x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level, min(x.time), max(x.time), "
-    "min(x.used_bytes), max(x.used_bytes), max(x.total_bytes), max(x.utilization), max(x.torch_allocated), "
-    "max(x.torch_reserved), min(x.process_rss), max(x.process_rss), count(*) "
-    f"FROM memory_samples AS x, ({_levels_sql(MEMORY_LEVELS)}) AS lv "
-    "WHERE x.id > :after AND x.run_id IS NOT NULL "
-    "GROUP BY x.run_id, x.source, lv.level, CAST(x.time * 16 AS INTEGER) >> lv.level "
-    "ON CONFLICT (run_id, level, source, bucket) DO UPDATE SET "
-    + ", ".join([_least("first_time", "memory_rollups"), _greatest("last_time", "memory_rollups"),
-                 _least("used_min", "memory_rollups"), _greatest("used_max", "memory_rollups"),
-                 _greatest("total_max", "memory_rollups"), _greatest("utilization_max", "memory_rollups"),
-                 _greatest("torch_allocated_max", "memory_rollups"), _greatest("torch_reserved_max", "memory_rollups"),
-                 _least("rss_min", "memory_rollups"), _greatest("rss_max", "memory_rollups"),
-                 "row_count = memory_rollups.row_count + excluded.row_count"]))
+def floor_int(sqlite_: bool, expr: ColumnElement[Any]) -> ColumnElement[Any]:
+    """floor(expr) as a 64-bit integer in SQL (PostgreSQL's CAST rounds; SQLite's truncates, expr >= 0)."""
+    if sqlite_:
+        return func.cast(expr, Integer)
+    return func.cast(func.floor(expr), BigInteger)
 
 
-# Rebuilds one run's metric rollups from its raw rows (after `truncate_metrics`).
-_METRIC_ROLLUP_REBUILD = text(
-    "INSERT INTO metric_rollups (run_id, name, level, bucket, first_step, last_step, value_min, value_max, "
-    "value_sum, row_count) "
-    "SELECT x.run_id, x.name, lv.level, x.step >> lv.level, min(x.step), max(x.step), min(x.value), max(x.value), "
-    f"sum(x.value), count(*) FROM metrics AS x, ({_levels_sql(METRIC_LEVELS)}) AS lv "
-    "WHERE x.run_id = :run_id AND x.value IS NOT NULL "
-    "GROUP BY x.run_id, x.name, lv.level, x.step >> lv.level")
+def shift_right(expr: ColumnElement[Any], bits: int) -> ColumnElement[Any]:
+    """expr >> bits, with `bits` bound as a plain integer (PostgreSQL has no bigint >> bigint)."""
+    return expr.op(">>")(literal(int(bits), Integer))
+
+
+def _pick(values: Iterable[Any], fn: Callable[..., Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return fn(present) if present else None
+
+
+def metric_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rollup rows (one per run, metric, level, bucket) of a batch of metric rows; NULL values skipped."""
+    groups: dict[tuple[int, str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["value"] is None:
+            continue
+        for level in METRIC_LEVELS:
+            groups.setdefault((r["run_id"], r["name"], level, r["step"] >> level), []).append(r)
+    return [{"run_id": run_id, "name": name, "level": level, "bucket": bucket,
+             "first_step": min(r["step"] for r in rs), "last_step": max(r["step"] for r in rs),
+             "value_min": min(r["value"] for r in rs), "value_max": max(r["value"] for r in rs),
+             "value_sum": sum(r["value"] for r in rs), "row_count": len(rs)}
+            for (run_id, name, level, bucket), rs in sorted(groups.items())]
+
+
+def memory_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rollup rows (one per run, level, source, bucket) of a batch of memory samples of runs."""
+    groups: dict[tuple[int, int, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["run_id"] is None:
+            continue
+        b = time_bucket(r["time"])
+        for level in MEMORY_LEVELS:
+            groups.setdefault((r["run_id"], level, r["source"], b >> level), []).append(r)
+    out = []
+    for (run_id, level, source, bucket), rs in sorted(groups.items()):
+        row = {"run_id": run_id, "level": level, "source": source, "bucket": bucket,
+               "first_time": min(r["time"] for r in rs), "last_time": max(r["time"] for r in rs),
+               "row_count": len(rs)}
+        row.update({k: _pick((r[col] for r in rs), min) for k, col in _MEMORY_MIN.items()})
+        row.update({k: _pick((r[col] for r in rs), max) for k, col in _MEMORY_MAX.items()})
+        out.append(row)
+    return out
+
+
+def _insert(s: Session, table: Any) -> Any:
+    return (sqlite.insert if s.get_bind().dialect.name == "sqlite" else postgresql.insert)(table)
+
+
+def _extreme(s: Session, which: str, old: Any, new: Any) -> ColumnElement[Any]:
+    """least/greatest of the stored and the new value, ignoring NULLs (SQLite's min(a, b) does not)."""
+    sqlite_ = s.get_bind().dialect.name == "sqlite"
+    fn = {"min": func.min if sqlite_ else func.least, "max": func.max if sqlite_ else func.greatest}[which]
+    return func.coalesce(fn(old, new), old, new)
+
+
+def _chunks(values: list[dict[str, Any]], size: int = 500) -> Iterable[list[dict[str, Any]]]:
+    """Slices small enough for SQLite's limit on bound parameters per statement."""
+    for start in range(0, len(values), size):
+        yield values[start:start + size]
+
+
+def upsert_metric_rollups(s: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Fold a batch of metric rows into `metric_rollups` (in the caller's transaction)."""
+    t = m.MetricRollup.__table__
+    for values in _chunks(metric_rollup_rows(rows)):
+        stmt = _insert(s, t).values(values)
+        new, old = stmt.excluded, t.c
+        s.execute(stmt.on_conflict_do_update(
+            index_elements=[t.c.run_id, t.c.name, t.c.level, t.c.bucket],
+                set_={"first_step": _extreme(s, "min", old.first_step, new.first_step),
+                  "last_step": _extreme(s, "max", old.last_step, new.last_step),
+                  "value_min": _extreme(s, "min", old.value_min, new.value_min),
+                  "value_max": _extreme(s, "max", old.value_max, new.value_max),
+                  "value_sum": old.value_sum + new.value_sum, "row_count": old.row_count + new.row_count}))
+
+
+def upsert_memory_rollups(s: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Fold a batch of memory samples into `memory_rollups` (in the caller's transaction)."""
+    t = m.MemoryRollup.__table__
+    for values in _chunks(memory_rollup_rows(rows)):
+        stmt = _insert(s, t).values(values)
+        new, old = stmt.excluded, t.c
+        set_ = {"first_time": _extreme(s, "min", old.first_time, new.first_time),
+                "last_time": _extreme(s, "max", old.last_time, new.last_time),
+                "row_count": old.row_count + new.row_count}
+        set_.update({k: _extreme(s, "min", old[k], new[k]) for k in _MEMORY_MIN})
+        set_.update({k: _extreme(s, "max", old[k], new[k]) for k in _MEMORY_MAX})
+        s.execute(stmt.on_conflict_do_update(index_elements=[t.c.run_id, t.c.level, t.c.source, t.c.bucket],
+                                             set_=set_))
+
+
+def rebuild_metric_rollups(s: Session, run_id: int) -> None:
+    """Recompute one run's metric rollups from its raw rows (after `truncate_metrics`)."""
+    s.execute(m.MetricRollup.__table__.delete().where(m.MetricRollup.run_id == run_id))
+    raw = s.execute(select(m.Metric.run_id, m.Metric.name, m.Metric.step, m.Metric.value)
+                    .where(m.Metric.run_id == run_id, m.Metric.value.is_not(None)))
+    upsert_metric_rollups(s, [dict(r._mapping) for r in raw])
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -27,13 +27,8 @@ def database_url() -> str:
 
 
 def runs_dir() -> Path:
+    """Where run folders live: `runs/<database id>/<run>/` (`Store.run_dir`, `storage.identity`)."""
     path = data_dir() / "runs"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def run_dir(run_id: int) -> Path:
-    path = runs_dir() / f"{int(run_id):06d}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -2,7 +2,7 @@
 
     store = Store()                       # TUNEDECK_DATABASE_URL or ./data/tunedeck.db
     run_id = store.create_run(spec)
-    run = store.claim_next("worker-1")    # atomic: two workers never get the same run
+    run = store.claim_next_on_device("host:1", "0")   # atomic: two workers never get the same run
 
 Each call opens a short session and closes it. On SQLite every connection gets WAL, a busy
 timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a claim is one
@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import create_engine, event, select
@@ -31,13 +32,14 @@ from storage.records import (
     ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunRecord)
 from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
-from storage.settings import database_url
+from storage.identity import RunFolderError, claim_folder, ensure_identity
+from storage.settings import data_dir, database_url
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
 
 __all__ = [
     "ArtifactRecord", "BUSY_TIMEOUT_MS", "MEMORY_LEVELS", "METRIC_LEVELS", "MIGRATIONS", "MemoryBucket",
-    "MemoryPoint", "MetricBucket", "MetricPoint", "RunRecord", "Store", "WRITE_RETRY_S", "is_locked_error",
+    "MemoryPoint", "MetricBucket", "MetricPoint", "RunFolderError", "RunRecord", "Store", "WRITE_RETRY_S", "is_locked_error",
 ]
 
 BUSY_TIMEOUT_MS = 30_000
@@ -103,10 +105,19 @@ class Store(RunsMixin, SeriesMixin):
         return WRITE_RETRY_S
 
     def _migrate(self) -> None:
-        """Create tables and bring an older database up to SCHEMA_VERSION."""
+        """Create tables, bring an older database up to SCHEMA_VERSION, and read (or write) its identity."""
         m.Base.metadata.create_all(self._write_engine)
         with self._tx() as s:
             migrate(s, self.url)
+            self.database_id, self._runs_folder = ensure_identity(s)
+
+    def run_dir(self, run_id: int) -> Path:
+        """The run's folder under this database's own root (`storage.identity`), created if needed.
+
+        Raises RunFolderError when the folder belongs to another database.
+        """
+        root = data_dir() / self._runs_folder
+        return claim_folder(root / f"{int(run_id):06d}", self.database_id, self.url)
 
     @property
     def schema_version(self) -> int:

@@ -9,53 +9,67 @@ import json
 import math
 import os
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from jobs.spec import JobSpec
 from storage import models as m
 from storage.models import RunStatus
-from storage.records import RunRecord, _spec_problem
-from storage.rollups import _METRIC_ROLLUP_REBUILD
+from storage.records import RunRecord
+from storage.rollups import rebuild_metric_rollups
 
 
-def _next_readable_queued(s: Session, now: float) -> int | None:
-    """The first queued run whose spec this version can train; unreadable ones ahead of it are failed.
+def _next_queued(s: Session) -> int | None:
+    """The first queued run, row-locked until the claim's transaction ends.
 
-    Called inside the claim's write transaction, so a spec from an older/newer version or one
-    edited by hand fails with the reason instead of crashing the worker that claims it.
+    On PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run another claim holds is passed
+    over, and one that stopped being queued since this statement began is re-checked and skipped.
+    Whether its spec can be trained is the claimer's question (`jobs.stored.spec_problem`).
     """
-    while True:
-        candidate = s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
-                              .order_by(m.Run.queue_order, m.Run.id).limit(1)).first()
-        if candidate is None:
-            return None
-        problem = _spec_problem(s.get(m.Run, candidate).spec_json)
-        if problem is None:
-            return candidate
-        s.execute(update(m.Run).where(m.Run.id == candidate).values(
-            status=RunStatus.FAILED.value, finished_at=now, error_summary=problem[:2000], error_detail=problem))
+    return s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
+                     .order_by(m.Run.queue_order, m.Run.id).limit(1).with_for_update(skip_locked=True)).first()
+
+
+def _lock_lease(s: Session, key: str) -> m.Meta:
+    """The lease row of a device, created if missing and locked until the transaction ends.
+
+    SQLite's BEGIN IMMEDIATE already serialises every claim; on PostgreSQL the row lock makes
+    two claims for one device take turns, so both cannot see it free under READ COMMITTED.
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(postgresql.insert(m.Meta).values(key=key, value="{}").on_conflict_do_nothing())
+        return s.scalars(select(m.Meta).where(m.Meta.key == key).with_for_update()).one()
+    row = s.get(m.Meta, key)
+    if row is None:
+        row = m.Meta(key=key, value="{}")
+        s.add(row)
+    return row
+
+
+class QueueableSpec(Protocol):
+    """What the store needs of a job spec (`jobs.spec.JobSpec`): it stores the JSON, never parses it."""
+
+    @property
+    def display_name(self) -> str: ...
+
+    def validate(self) -> Any: ...
+
+    def to_json(self) -> str: ...
 
 
 class RunsMixin:
     """Store methods over the `runs` table and the `meta` rows of device leases and workers."""
 
     # ------------------------------------------------------------------ runs
-    def create_run(self, spec: JobSpec) -> int:
-        """Queue a validated spec; returns the new run id."""
+    def create_run(self, spec: QueueableSpec) -> int:
+        """Queue a spec after its own `validate()`; stored as its JSON. Returns the new run id."""
         spec.validate()
-        now = time.time()
-        with self._tx() as s:
-            row = m.Run(name=spec.display_name, spec_json=spec.to_json(), status=RunStatus.QUEUED.value,
-                        created_at=now, queue_order=now, cancel_requested=0, current_step=0)
-            s.add(row)
-            s.flush()
-            return row.id
+        return self.create_run_unchecked(spec.to_json(), spec.display_name)
 
     def create_run_unchecked(self, spec_json: str, name: str = "unchecked") -> int:
-        """Queue raw spec JSON without validating it: for tests of older/odd stored specs only."""
+        """Queue spec JSON as it is (`create_run` validates first; tests store older/odd specs)."""
         now = time.time()
         with self._tx() as s:
             row = m.Run(name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
@@ -87,21 +101,6 @@ class RunsMixin:
         q = select(m.Run).where(m.Run.status == RunStatus.QUEUED.value).order_by(m.Run.queue_order, m.Run.id)
         with self._read() as s:
             return [RunRecord.from_row(r) for r in s.scalars(q)]
-
-    def claim_next(self, worker_id: str, worker_pid: int | None = None) -> RunRecord | None:
-        """Atomically move the first queued run to running for this worker."""
-        now = time.time()
-        with self._tx() as s:
-            candidate = _next_readable_queued(s, now)
-            if candidate is None:
-                return None
-            result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
-                               .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
-                                       worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                                       started_at=now, heartbeat_at=now))
-            if result.rowcount != 1:
-                return None
-            return RunRecord.from_row(s.get(m.Run, candidate))
 
     def _set(self, run_id: int, **values: Any) -> None:
         def write() -> None:
@@ -191,23 +190,30 @@ class RunsMixin:
     # run is no longer `running` (finished, or marked interrupted by stale-run cleanup), so a dead
     # worker never needs to release it.
     def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None) -> RunRecord | None:
-        """`claim_next`, but only while no other run holds `device`; records the lease."""
+        """Atomically move the first queued run to running for this worker, while no other run holds `device`.
+
+        One transaction: the device's lease row is locked, the run is taken with a status guard
+        and a rowcount check, and the lease records it; two workers never get the same run, and
+        one device never runs two.
+        """
         now = time.time()
         key = f"device:{device}"[:64]
         with self._tx() as s:
-            lease = s.get(m.Meta, key)
-            if lease is not None:
-                holder = s.get(m.Run, json.loads(lease.value).get("run_id"))
-                if holder is not None and holder.status == RunStatus.RUNNING.value:
-                    return None
-            candidate = _next_readable_queued(s, now)
+            lease = _lock_lease(s, key)
+            holder_id = json.loads(lease.value or "{}").get("run_id")
+            holder = s.get(m.Run, holder_id) if holder_id is not None else None
+            if holder is not None and holder.status == RunStatus.RUNNING.value:
+                return None
+            candidate = _next_queued(s)
             if candidate is None:
                 return None
-            s.execute(update(m.Run).where(m.Run.id == candidate)
-                      .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
-                              worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                              started_at=now, heartbeat_at=now, finished_at=None))
-            s.merge(m.Meta(key=key, value=json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})))
+            result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
+                               .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
+                                       worker_pid=worker_pid if worker_pid is not None else os.getpid(),
+                                       started_at=now, heartbeat_at=now, finished_at=None))
+            if result.rowcount != 1:  # taken or cancelled since it was read: nothing claimed
+                return None
+            lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})
             return RunRecord.from_row(s.get(m.Run, candidate))
 
     def move_queued(self, run_id: int, position: int) -> bool:
@@ -246,8 +252,7 @@ class RunsMixin:
         with self._tx() as s:
             n = s.execute(delete(m.Metric).where(m.Metric.run_id == run_id, m.Metric.step > after_step)).rowcount
             if n:
-                s.execute(delete(m.MetricRollup).where(m.MetricRollup.run_id == run_id))
-                s.execute(_METRIC_ROLLUP_REBUILD, {"run_id": run_id})
+                rebuild_metric_rollups(s, run_id)
             return n
 
     # ------------------------------------------------------------------ workers

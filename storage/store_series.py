@@ -11,14 +11,15 @@ import math
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Integer, func, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from storage import models as m
 from storage.records import _MEMORY_FIELDS, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint
 from storage.retry import is_locked_error
 from storage.rollups import (
-    _MEMORY_ROLLUP_UPSERT, _METRIC_ROLLUP_UPSERT, MEMORY_LEVELS, METRIC_LEVELS, _finite_or_none, _nan_if_none)
+    MEMORY_LEVELS, METRIC_LEVELS, _finite_or_none, _nan_if_none, floor_int, shift_right, upsert_memory_rollups,
+    upsert_metric_rollups)
 
 log = logging.getLogger("storage.store")  # the store's logger, as before the split
 
@@ -61,10 +62,8 @@ class SeriesMixin:
 
     def _insert_metrics(self, rows: list[dict[str, Any]]) -> None:
         with self._tx() as s:
-            # The write lock is ours (BEGIN IMMEDIATE), so every id above `before` is one of these rows.
-            before = s.scalar(select(func.coalesce(func.max(m.Metric.id), 0)))
             s.execute(m.Metric.__table__.insert(), rows)
-            s.execute(_METRIC_ROLLUP_UPSERT, {"after": before})
+            upsert_metric_rollups(s, rows)
 
     def metrics(self, run_id: int, names: Sequence[str] | None = None) -> list[MetricPoint]:
         q = select(m.Metric.step, m.Metric.name, m.Metric.value, m.Metric.time).where(m.Metric.run_id == run_id)
@@ -92,7 +91,7 @@ class SeriesMixin:
         without rescanning a long run.
         """
         step = m.Metric.step
-        bucket = (step if width <= 1 else func.cast(step / width, Integer)).label("b")
+        bucket = (step if width <= 1 else step // int(width)).label("b")
         q = (select(bucket, func.min(step), func.max(step), func.min(m.Metric.value), func.max(m.Metric.value),
                     func.sum(m.Metric.value), func.count())
              .where(m.Metric.run_id == run_id, m.Metric.name == name, step > after_step)
@@ -123,7 +122,7 @@ class SeriesMixin:
         if width < 1 or width != 1 << k or level is None:
             return self.metric_buckets(run_id, name, width, after_step=from_step - 1)
         r = m.MetricRollup
-        b = r.bucket.op(">>")(k - level).label("b")
+        b = shift_right(r.bucket, k - level).label("b")
         q = (select(b, func.min(r.first_step), func.max(r.last_step), func.min(r.value_min), func.max(r.value_max),
                     func.sum(r.value_sum), func.sum(r.row_count))
              .where(r.run_id == run_id, r.name == name, r.level == level, r.bucket >= (max(0, from_step) >> level))
@@ -152,10 +151,8 @@ class SeriesMixin:
 
         def write() -> None:
             with self._tx() as s:
-                before = s.scalar(select(func.coalesce(func.max(m.MemorySample.id), 0)))
                 s.execute(m.MemorySample.__table__.insert(), rows)
-                if any(r["run_id"] is not None for r in rows):
-                    s.execute(_MEMORY_ROLLUP_UPSERT, {"after": before})
+                upsert_memory_rollups(s, rows)
 
         self._retrying(write, "add_memory_samples")
         return len(rows)
@@ -200,7 +197,7 @@ class SeriesMixin:
             where.append(t.run_id == run_id)
         if after is not None:
             where.append(t.time > after)
-        bucket = func.cast((t.time - origin) / width, Integer).label("b")
+        bucket = floor_int(self._sqlite, (t.time - origin) / width).label("b")
         q = (select(bucket, t.source, func.min(t.time), func.max(t.time),
                     func.min(t.used_bytes), func.max(t.used_bytes), func.max(t.total_bytes), func.max(t.utilization),
                     func.max(t.torch_allocated), func.max(t.torch_reserved),
@@ -222,7 +219,7 @@ class SeriesMixin:
         level = max((lv for lv in MEMORY_LEVELS if lv <= k), default=None)
         if level is None:
             t = m.MemorySample
-            b = func.cast(t.time * 16, Integer).op(">>")(k).label("b")
+            b = shift_right(floor_int(self._sqlite, t.time * 16), k).label("b")
             q = (select(b, t.source, func.min(t.time), func.max(t.time),
                         func.min(t.used_bytes), func.max(t.used_bytes), func.max(t.total_bytes), func.max(t.utilization),
                         func.max(t.torch_allocated), func.max(t.torch_reserved),
@@ -230,7 +227,7 @@ class SeriesMixin:
                  .where(t.run_id == run_id, t.time >= from_time).group_by("b", t.source).order_by("b", t.source))
         else:
             r = m.MemoryRollup
-            b = r.bucket.op(">>")(k - level).label("b")
+            b = shift_right(r.bucket, k - level).label("b")
             first = (math.floor(from_time * 16) >> k) << (k - level) if from_time > 0 else 0
             q = (select(b, r.source, func.min(r.first_time), func.max(r.last_time),
                         func.min(r.used_min), func.max(r.used_max), func.max(r.total_max), func.max(r.utilization_max),

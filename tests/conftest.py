@@ -33,13 +33,48 @@ def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules that set `BACKENDS = ("sqlite", "postgresql")` run their `store` tests on each."""
+    backends = getattr(metafunc.module, "BACKENDS", None)
+    if backends and "store" in metafunc.fixturenames:
+        metafunc.parametrize("backend", backends, indirect=True)
+
+
 @pytest.fixture
-def store(data_home: Path):
+def backend(request: pytest.FixtureRequest) -> str:
+    """The database the `store` fixture uses: "sqlite" unless the module asks for both."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throw-away PostgreSQL server for the session (initdb + pg_ctl); skips without the binaries."""
+    from postgres_helpers import PostgresServer, postgres_missing
+
+    why = postgres_missing()
+    if why:
+        pytest.skip(why)
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def store(data_home: Path, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A Store on a fresh database; TUNEDECK_DATABASE_URL points at it, so `Store()` and children agree."""
     from storage.store import Store
 
+    server = None
+    if backend == "postgresql":
+        server = request.getfixturevalue("postgres_server")
+        url = server.create_database()
+        monkeypatch.setenv("TUNEDECK_DATABASE_URL", url)
     s = Store()
     yield s
     s.dispose()
+    if server is not None:
+        server.drop_database(url)
 
 
 @pytest.fixture(scope="session")

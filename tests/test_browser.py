@@ -16,6 +16,8 @@ import pytest
 
 from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
 
+from jobs.stored import spec_of
+
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
@@ -97,7 +99,7 @@ def test_launch_watch_reload_download(server, browser):
     assert seen[-1] == "succeeded", (seen, _status(page))
     assert "running" in seen and reloaded
     store = _store(home)
-    assert store.get_run(run_id).spec.max_steps == 40
+    assert spec_of(store.get_run(run_id)).max_steps == 40
     assert store.metric_extent(run_id, "loss") is not None and store.memory_extent(run_id) is not None
     time.sleep(2)
     for plot in ("#run-loss-plot", "#run-memory-plot"):
@@ -143,4 +145,4 @@ def test_gradio_client_launches_a_run(server):
     values = [None if v == "" and n in {"eval_dataset"} else v for n, v in zip(ui_form.NAMES, values)]
     errors, run_id = client.predict(*values, api_name="/launch")
     assert errors == "" and run_id
-    assert _store(home).get_run(int(run_id)).spec.run_name == "api-run"
+    assert spec_of(_store(home).get_run(int(run_id))).run_name == "api-run"

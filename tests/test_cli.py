@@ -11,6 +11,7 @@ import pytest
 from app.cli import load_spec, main
 from app.server import exposure_warning, is_loopback
 from jobs.spec import JobSpec, SpecError
+from jobs.stored import spec_of
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
 
@@ -79,7 +80,7 @@ def test_submit_runs_show_cancel(data_home: Path, tmp_path: Path, capsys) -> Non
     run_id = int(capsys.readouterr().out.strip())
     store = Store()
     run = store.get_run(run_id)
-    assert run.status is RunStatus.QUEUED and run.spec.lora_r == 4
+    assert run.status is RunStatus.QUEUED and spec_of(run).lora_r == 4
 
     assert main(["runs"]) == 0
     out = capsys.readouterr().out
@@ -89,7 +90,7 @@ def test_submit_runs_show_cancel(data_home: Path, tmp_path: Path, capsys) -> Non
     assert main(["runs", "--status", "bogus"]) == 2
     assert "--status: `bogus` is not a run status" in capsys.readouterr().err
 
-    store.claim_next("w")
+    store.claim_next_on_device("w", "0")
     store.set_progress(run_id, 2, 3)
     store.add_metrics(run_id, [MetricPoint(2, "loss", 1.25, 1.0)])
     store.set_peak_memory(run_id, 3 * 2**20, "host")

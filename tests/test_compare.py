@@ -17,7 +17,7 @@ def _finished_run(store: Store, spec: JobSpec, *, losses: list[float], tps: list
                   peak: int, final: dict[str, float]) -> int:
     """A run that trained: metrics rows written as StoreCallback writes them, then marked succeeded."""
     run_id = store.create_run(spec)
-    assert store.claim_next("w1") is not None
+    assert store.claim_next_on_device("w1", "0") is not None
     now = time.time()
     points = [MetricPoint(i + 1, "loss", v, now) for i, v in enumerate(losses)]
     points += [MetricPoint(i + 1, "tokens_per_second", v, now) for i, v in enumerate(tps)]
@@ -84,7 +84,7 @@ def test_queued_run_has_empty_results(store):
 
 def test_running_run_uses_resolved_config_and_elapsed_time(store):
     run_id = store.create_run(JobSpec(run_name="live"))
-    run = store.claim_next("w1")
+    run = store.claim_next_on_device("w1", "0")
     store.set_resolved_config(run_id, {"trainable_params": 123, "total_params": 1000})
     s = ui_compare.summarize_run(store, store.get_run(run_id), now=run.started_at + 30)
     assert (s.trainable_params, s.total_params) == (123, 1000)

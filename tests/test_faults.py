@@ -32,12 +32,12 @@ from jobs.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last
 from jobs.spec import JobSpec
 from jobs.worker import Worker, group_members, pid_alive
 from storage.models import RunStatus
-from storage.settings import run_dir
 from storage.store import MetricPoint, Store
 
 import training_helpers
 
 pytestmark = pytest.mark.slow  # real fault injections around real training: the slow tier
+BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +218,7 @@ def test_cancel_saves_a_checkpoint_and_leaves_no_process(store: Store, tiny_mode
     run = store.get_run(run_id)
     assert run.status is RunStatus.CANCELLED and run.exit_code == 0, (run.error_summary, run.error_detail)
     assert group_members(pgid) == [] and run_processes(run_id, data_home) == []
-    last = last_complete(run_dir(run_id) / "output")
+    last = last_complete(store.run_dir(run_id) / "output")
     assert last is not None and last[0] >= 3 and last[0] == run.current_step  # saved at the step it stopped
     assert "stopping after step" in Path(run.log_path).read_text()
 
@@ -271,7 +271,7 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(data_home
     run = store.get_run(run_id)
     assert run.status is RunStatus.INTERRUPTED and "no longer running" in run.error_summary
     assert group_members(run.child_pid) == [] and run_processes(run_id, data_home) == []
-    last = last_complete(run_dir(run_id) / "output")
+    last = last_complete(store.run_dir(run_id) / "output")
     assert last is not None, "the orphan saved no checkpoint on SIGTERM"
     # 5. Resume through the CLI, same run id; it continues from that checkpoint.
     assert main(["resume", str(run_id)]) == 0
@@ -298,13 +298,13 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
 
     spec = tiny_spec(tiny_model, max_steps=8, lr_scheduler_type="linear", warmup_steps=2)
     run_id = store.create_run(spec)
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     # What the SIGTERM handler does, during step 3: training stops (and saves) after step 4.
     assert run(run_id, store, callbacks=[AtStep(3, lambda *a: STOP_REQUESTED.set())]) == 0
     STOP_REQUESTED.clear()
     record = store.get_run(run_id)
     assert record.status is RunStatus.CANCELLED and record.current_step == 4
-    out = run_dir(run_id) / "output"
+    out = store.run_dir(run_id) / "output"
     assert [s for s, _ in checkpoint_dirs(out)] == [4] and is_complete(out / "checkpoint-4")
     # What a process killed mid-save leaves behind: a newer folder without the completeness marker.
     shutil.copytree(out / "checkpoint-4", out / "checkpoint-6")
@@ -312,14 +312,14 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     (out / "checkpoint-6" / "optimizer.pt").write_bytes(b"truncated")
     store.add_metrics(run_id, [MetricPoint(5, "loss", 9.9, time.time())])  # logged after the checkpoint
     assert "resumes from its checkpoint at step 4" in resume(store, store.get_run(run_id))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
     assert record.status is RunStatus.SUCCEEDED and record.current_step == 8
     assert not (out / "checkpoint-6").exists()
     resumed = store.metrics(run_id, ["loss"])
     assert [p.step for p in resumed] == list(range(1, 9))
-    reference = train_spec(spec, run_dir(run_id) / "reference")
+    reference = train_spec(spec, store.run_dir(run_id) / "reference")
     ref = [e["loss"] for e in reference.log_history if "loss" in e]
     assert [p.value for p in resumed] == pytest.approx(ref, rel=1e-4, abs=1e-5)
     lrs = [p.value for p in store.metrics(run_id, ["learning_rate"])]
@@ -387,12 +387,12 @@ def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store:
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store, callbacks=[AtStep(3, poison)]) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
     assert record.error_summary.startswith("non-finite loss at step 4"), record.error_summary
-    out = run_dir(run_id) / "output"
+    out = store.run_dir(run_id) / "output"
     assert [s for s, _ in checkpoint_dirs(out)] == [2] and is_complete(out / "checkpoint-2")
     losses = store.metrics(run_id, ["loss"])
     assert [p.step for p in losses] == [1, 2, 3, 4]
@@ -405,7 +405,7 @@ def test_non_finite_loss_between_logging_steps_is_never_checkpointed(store: Stor
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2, logging_steps=5))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store, callbacks=[AtStep(3, poison)]) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
@@ -492,11 +492,11 @@ def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
 
     try:
         run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2))
-        store.claim_next("test")
+        store.claim_next_on_device("test", "0")
         assert run(run_id, store, callbacks=[FillAfterFirstSave()]) == 1
         record = store.get_run(run_id)
         assert record.status is RunStatus.FAILED
-        out = run_dir(run_id) / "output"
+        out = store.run_dir(run_id) / "output"
         assert record.error_summary.startswith(f"disk full while saving checkpoint to {out / 'checkpoint-4'}: "
                                                "free space or lower save frequency"), record.error_summary
         assert [s for s, _ in checkpoint_dirs(out)] == [2]  # the half-written one is gone
@@ -530,7 +530,7 @@ def test_out_of_memory_inside_a_training_step_names_the_tricks(store: Store, tin
             model.get_input_embeddings().register_forward_pre_hook(hook)
 
     run_id = store.create_run(tiny_spec(tiny_model, per_device_train_batch_size=4))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store, callbacks=[OomAtForward()]) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
@@ -549,15 +549,15 @@ def test_resume_button_shows_for_resumable_runs_and_requeues(store: Store) -> No
     run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=5))
     resume_button = lambda: page.refresh(run_id, None)[-1]  # noqa: E731 - the last output
     assert resume_button().visible is False  # queued
-    store.claim_next("w")
+    store.claim_next_on_device("w", "0")
     store.mark_interrupted(run_id, "worker gone")
     assert resume_button().visible is True
     page.resume(run_id)
     assert store.get_run(run_id).status is RunStatus.QUEUED and store.queued()[-1].id == run_id
-    store.claim_next("w")
+    store.claim_next_on_device("w", "0")
     store.mark_failed(run_id, "boom")
     assert resume_button().visible is False  # failed without a checkpoint: nothing to resume from
-    folder = run_dir(run_id) / "output" / "checkpoint-2"
+    folder = store.run_dir(run_id) / "output" / "checkpoint-2"
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text("{}")
     from jobs.checkpoints import mark_complete

@@ -133,12 +133,11 @@ def site(tmp_path_factory: pytest.TempPathFactory):
     os.environ["TUNEDECK_HOME"] = str(home)
     try:
         from jobs.spec import JobSpec
-        from storage.settings import run_dir
         from storage.store import Store
 
         store = Store()
         run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=1, run_name=SECRET))
-        folder = run_dir(run_id)
+        folder = store.run_dir(run_id)
         (folder / "train.log").write_text(f"log line {SECRET}\n")
         bundle = folder / "tiny-adapter.zip"
         with zipfile.ZipFile(bundle, "w") as zf:
@@ -214,7 +213,7 @@ def test_the_real_bundle_is_downloadable(site: dict) -> None:
     assert r.status_code == 200
     assert zipfile.ZipFile(io.BytesIO(r.content)).namelist() == ["adapter_config.json"]
     # ...but not its siblings in the same run folder, nor the bundle named through a traversal out and back.
-    sneaky = f"{site['run_dir']}/../../runs/{site['run_dir'].name}/train.log"
+    sneaky = f"{site['run_dir']}/../../{site['run_dir'].parent.name}/{site['run_dir'].name}/train.log"
     assert httpx.get(f"{site['base']}/gradio_api/file={sneaky}", timeout=10).status_code == 403
 
 
@@ -306,7 +305,7 @@ def test_hf_token_never_stored_logged_or_bundled(tiny_model: Path, store, data_h
                     for name in zf.namelist():
                         assert token not in zf.read(name), (path, name)
     assert any(p.suffix == ".zip" for p in data_home.rglob("*"))
-    assert (data_home / "runs" / f"{run_id:06d}" / "train.log").stat().st_size > 0
+    assert (store.run_dir(run_id) / "train.log").stat().st_size > 0
 
 
 def test_no_pickle_loading_in_the_code() -> None:

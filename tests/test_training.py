@@ -192,7 +192,7 @@ def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> N
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=8))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
     assert record.status is RunStatus.SUCCEEDED, record.error_summary
@@ -226,7 +226,7 @@ def test_missing_data_marks_the_run_failed_with_the_field(tiny_model: Path, stor
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, dataset=str(tmp_path / "nope.jsonl")))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED and record.error_summary.startswith("dataset:")
@@ -251,7 +251,7 @@ def test_crash_during_training_is_marked_failed_after_metrics(tiny_model: Path, 
 
     monkeypatch.setattr(SFTTrainer, "training_step", breaking_step)
     run_id = store.create_run(tiny_spec(tiny_model))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 1
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
@@ -265,7 +265,7 @@ def test_stop_flag_cancels_at_the_next_step(tiny_model: Path, store: Any) -> Non
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=50))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     STOP_REQUESTED.set()  # what the SIGTERM handler does
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
@@ -277,7 +277,7 @@ def test_stop_flag_cancels_at_the_next_step(tiny_model: Path, store: Any) -> Non
 @pytest.mark.slow
 def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, data_home: Path) -> None:
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=100000, max_train_samples=None))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     env = dict(os.environ, TUNEDECK_HOME=str(data_home), TUNEDECK_DATABASE_URL=store.url)
     log = data_home / "child.log"
     with open(log, "wb") as out:
@@ -327,7 +327,7 @@ def test_cuda_run_records_torch_memory(tiny_model: Path, store: Any, method: str
     from jobs.train import run
 
     run_id = store.create_run(tiny_spec(tiny_model, method=method, max_steps=6))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
     assert record.status is RunStatus.SUCCEEDED, record.error_summary

@@ -18,6 +18,8 @@ from jobs.worker import Worker, describe_exit, group_members
 from storage.models import RunStatus
 from storage.store import Store
 
+BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
+
 SPEC = JobSpec(model="tiny-llama", max_steps=5)
 
 
@@ -163,14 +165,14 @@ def test_stop_interrupts_running_run(store: Store) -> None:
 
 def test_stale_run_at_start_is_interrupted(store: Store) -> None:
     stale = store.create_run(SPEC)
-    store.claim_next("otherhost:123", worker_pid=123)
+    store.claim_next_on_device("otherhost:123", "0", worker_pid=123)
     with store._tx() as s:  # age its heartbeat (test-only shortcut into the store's session)
         from sqlalchemy import update
 
         from storage import models as m
         s.execute(update(m.Run).where(m.Run.id == stale).values(heartbeat_at=time.time() - 3600))
     fresh = store.create_run(SPEC)
-    store.claim_next("otherhost:456", worker_pid=456)  # fresh heartbeat, other host: left alone
+    store.claim_next_on_device("otherhost:456", "1", worker_pid=456)  # fresh heartbeat, other host: left alone
     worker = make_worker(store, "pass")
     assert worker.cleanup_stale() == [stale]
     run = store.get_run(stale)
@@ -186,7 +188,7 @@ def test_run_of_dead_local_worker_is_interrupted(store: Store) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     run_id = store.create_run(SPEC)
-    store.claim_next(f"{socket.gethostname()}:{dead.pid}", worker_pid=dead.pid)
+    store.claim_next_on_device(f"{socket.gethostname()}:{dead.pid}", "0", worker_pid=dead.pid)
     make_worker(store, "pass").work(burst=True)
     run = store.get_run(run_id)
     assert run.status is RunStatus.INTERRUPTED
