@@ -86,7 +86,7 @@ def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
     if run.status is not RunStatus.SUCCEEDED:
         raise _refuse(f"run {run_id} is {run.status.value}; only a finished run has a result to export",
                       "wait for it to succeed, or export another run")
-    spec = run.spec
+    spec = JobSpec.from_json(run.spec_json)
     if spec.method is Method.FULL:
         raise _refuse(f"run {run_id} is a full fine-tune: its bundle is already a whole model, nothing to merge",
                       "download the run's bundle; it loads with AutoModelForCausalLM.from_pretrained")
@@ -143,7 +143,6 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
     from transformers import AutoTokenizer
 
     from jobs.models import base_reference, load_model_and_tokenizer, resolve_model
-    from storage.settings import run_dir
 
     if dtype not in DTYPES:
         raise _refuse(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "use --dtype bf16, fp16 or fp32", "dtype")
@@ -183,7 +182,7 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
         raise _refuse(f"the merged model's answers differ from the adapter's ({check.rule} not met: token "
                       f"agreement {check.token_agreement:.0%})",
                       "export with --dtype fp32 (less rounding in the merge), or use the adapter bundle")
-    root = run_dir(run_id) / "export"
+    root = store.run_dir(run_id) / "export"
     folder = root / f"merged-{dtype}"
     if folder.exists():
         shutil.rmtree(folder)  # a re-export replaces the previous one of the same dtype
@@ -193,7 +192,7 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
     tokenizer.save_pretrained(str(folder))
     (folder / "export-check.json").write_text(json.dumps(asdict(check), indent=2))
     (folder / "README.md").write_text(merged_card(spec, run_id, dtype, check, notes))
-    archive = zip_bundle(folder, run_dir(run_id) / f"{safe_name(spec.display_name)}-merged-{dtype}.zip")
+    archive = zip_bundle(folder, store.run_dir(run_id) / f"{safe_name(spec.display_name)}-merged-{dtype}.zip")
     digest = sha256_of(archive)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     weights = sorted(folder.glob("*.safetensors"))
