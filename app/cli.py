@@ -154,6 +154,7 @@ def show_text(store: Store, run: RunRecord) -> str:
     if run.log_path:
         lines.append(f"log:      {run.log_path}")
     lines += ["", "spec:", *("  " + ln for ln in run.spec.to_yaml().splitlines())]
+    lines += events_lines(store, run)
     if run.final_metrics:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)
@@ -162,6 +163,21 @@ def show_text(store: Store, run: RunRecord) -> str:
     if run.error_detail:
         lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
     return "\n".join(lines)
+
+
+def events_lines(store: Store, run: RunRecord) -> list[str]:
+    """The run's events (OOM recoveries) and the spec fields it continued with."""
+    from jobs import oom
+
+    events = store.run_events(run.id)
+    if not events:
+        return []
+    out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]
+    changed = oom.changes(run.spec, oom.effective_spec(store, run.id, run.spec))
+    if changed:
+        out += ["", "continued with (spec above as submitted):",
+                *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items())]
+    return out
 
 
 # ---------------------------------------------------------------------- commands

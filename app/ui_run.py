@@ -88,6 +88,14 @@ def header_markdown(run: RunRecord) -> str:
             f"{run.spec.method.value} / {run.spec.trainer.value}{peak}")
 
 
+def events_markdown(events: list[dict[str, Any]]) -> str:
+    """The run's events (e.g. out-of-memory recoveries), one line each, for under the header."""
+    if not events:
+        return ""
+    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    return "\n\n**Events**\n" + "\n".join(lines)
+
+
 @dataclass
 class RunPage:
     run_id: gr.Number
@@ -187,7 +195,8 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(run))
-        return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
+        header = header_markdown(run) + events_markdown(self.store.run_events(rid))
+        return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
                 log_tail(run), run.spec.to_yaml(), drawn_now, resume]
 
     def cancel(self, run_id: float | None) -> None:

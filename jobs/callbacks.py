@@ -63,6 +63,11 @@ class StoreCallback(TrainerCallback):
         self._progress_step = -1
         self._step = 0
 
+    @property
+    def step(self) -> int:
+        """The last optimizer step that ended (0 before the first)."""
+        return self._step
+
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:

@@ -34,6 +34,7 @@ from types import FrameType
 
 import psutil
 
+from jobs.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.sampler import GpuProbe, Sampler
 from storage.models import RunStatus
 from storage.settings import data_dir, run_dir
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
 _WATCH_TICK = 0.1  # how often the child is polled; the DB is read only every poll_interval
+_RESTART = object()  # _execute_once: the child asked to be started again (OOM recovery)
 
 
 def default_child_argv(run_id: int) -> list[str]:
@@ -188,7 +190,25 @@ class Worker:
 
     # ------------------------------------------------------------------ one run
     def execute(self, run: RunRecord) -> RunStatus:
-        """Run one claimed run in a child process and record how it ended."""
+        """Run one claimed run in a child process and record how it ended.
+
+        A child that ran out of memory and recorded a recovery (`jobs.oom`) exits with
+        EXIT_OOM_RECOVER: the run is still ours and running, so a fresh child continues it."""
+        for attempt in range(MAX_RECOVERIES + 1):
+            status = self._execute_once(run, may_restart=attempt < MAX_RECOVERIES)
+            if status is not _RESTART:
+                return status  # type: ignore[return-value]
+            current = self.store.get_run(run.id)
+            if current is None or current.status is not RunStatus.RUNNING:
+                break
+            if self._stop.is_set():
+                self.store.mark_interrupted(run.id, f"{self._stop_reason} while the run was recovering from "
+                                                    "out of memory; queue it again to retry")
+                break
+            log.warning("run %s: out-of-memory recovery recorded; starting a fresh training process", run.id)
+        return self._status(run.id)
+
+    def _execute_once(self, run: RunRecord, may_restart: bool = False) -> RunStatus | object:
         log_path = run_dir(run.id) / "train.log"
         env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), TUNEDECK_DATABASE_URL=self.store.url,
                    PYTHONUNBUFFERED="1")
@@ -209,6 +229,8 @@ class Worker:
             _killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its run
             if self.sampler is not None:
                 self.sampler.set_run(None)
+        if returncode == EXIT_OOM_RECOVER and why is None and may_restart:
+            return _RESTART
         return self._record_end(run.id, returncode, why, log_path)
 
     def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:
