@@ -15,7 +15,9 @@ the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`, then `cance
 the worker marks runs interrupted whose heartbeat is stale or whose worker process on this host
 is dead (rq's StartedJobRegistry.cleanup), and again every `stale_after / 2` s while it waits
 for the device, so a run of a SIGKILLed worker is taken over by another. SIGTERM/SIGINT to the worker stop it warm: no new
-runs, SIGTERM forwarded to the child, wait, then exit.
+runs, SIGTERM forwarded to the child, wait, then exit. At start the worker publishes its device
+facts (`jobs.devices`) to the store. A child that exits with `jobs.oom.EXIT_OOM_RECOVER` has
+recorded an out-of-memory recovery: the worker starts a fresh child for the same run.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class Worker:
             self.sampler.start()
         done = 0
         try:
+            self.publish_device()
             self.cleanup_stale()
             next_cleanup = time.monotonic() + self.stale_after / 2
             while not self._stop.is_set():
@@ -168,6 +171,14 @@ class Worker:
             self.store.worker_gone(self.worker_id)
             self._restore_signal_handlers(handlers)
         return done
+
+    def publish_device(self) -> None:
+        """Tell the store what this worker trains on (checks and the GPU panel read it, not their own device)."""
+        from jobs.devices import detect
+
+        facts = detect(int(self.device) if self.device.isdigit() else 0)
+        self.store.publish_device(self.worker_id, self.host, facts.to_dict())
+        log.info("worker %s device: %s", self.worker_id, facts.summary())
 
     def cleanup_stale(self) -> list[int]:
         """Mark running runs interrupted whose worker is gone; kill their orphaned children."""

@@ -119,6 +119,14 @@ def test_oom_recovers_through_the_worker_smaller_batch_then_checkpointing(store:
     last_child = log.split("forward batch=4 step=4")[-1]  # what the later processes ran
     assert "forward batch=4" not in last_child and "forward batch=2 step=6 gc=True" in last_child
     assert loss_steps(store, run_id) == [1, 2, 3, 4, 5, 6]  # resumed, nothing duplicated
+    # Shown where a user looks: `tunedeck show` and the run page's header.
+    from app.cli import show_text
+    from app.ui_run import RunPageData
+
+    shown = show_text(store, run)
+    assert messages[0] in shown and "per_device_train_batch_size: 4 -> 2" in shown
+    assert "gradient_checkpointing: False -> True" in shown
+    assert messages[1] in RunPageData(store).refresh(run_id, None)[0]
 
 
 @pytest.mark.integration
