@@ -18,6 +18,7 @@ import pandas as pd
 from app import series
 from app.budget import human_bytes
 from jobs.checkpoints import resumable, resume
+from jobs.flops import FlopsRate
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunRecord, Store
@@ -86,6 +87,20 @@ def header_markdown(run: RunRecord) -> str:
     return (f"## Run {run.id}: {run.name}\n"
             f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{run.spec.model}` · "
             f"{run.spec.method.value} / {run.spec.trainer.value}{peak}")
+
+
+def throughput_markdown(store: Store, run: RunRecord) -> str:
+    """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.flops)."""
+    achieved = store.last_metric(run.id, "tflops")
+    if achieved is None:
+        return ""
+    text = f" · <span id='run-tflops'>{achieved.value:.3g}</span> TFLOP/s achieved"
+    mfu = store.last_metric(run.id, "mfu")
+    rate = FlopsRate.for_run(run.resolved_config)
+    if mfu is not None and rate is not None and rate.peak_label:
+        return text + f" · MFU {100 * mfu.value:.1f}% of {rate.peak_label}"
+    device = (run.resolved_config.get("device") or {}).get("name", "this device")
+    return text + f" · MFU: no peak figure known for {device}"
 
 
 def events_markdown(events: list[dict[str, Any]]) -> str:
@@ -195,7 +210,7 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(run))
-        header = header_markdown(run) + events_markdown(self.store.run_events(rid))
+        header = header_markdown(run) + throughput_markdown(self.store, run) + events_markdown(self.store.run_events(rid))
         return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
                 log_tail(run), run.spec.to_yaml(), drawn_now, resume]
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from jobs import oom
 from jobs.callbacks import STOP_REQUESTED, StoreCallback
+from jobs.flops import FlopsRate
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
@@ -299,6 +300,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
 
     def ready(cfg: dict[str, Any]) -> None:
         store.set_resolved_config(run_id, cfg)
+        callback.flops = FlopsRate.for_run(cfg)
         training.append(True)
 
     try:
@@ -315,6 +317,11 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             return 0
         if callback.tokens_per_second:
             result.metrics["tokens_per_second_mean"] = sum(callback.tokens_per_second) / len(callback.tokens_per_second)
+            if callback.flops is not None:
+                result.metrics["tflops_mean"] = callback.flops.tflops(result.metrics["tokens_per_second_mean"])
+                mfu = callback.flops.mfu(result.metrics["tokens_per_second_mean"])
+                if mfu is not None:
+                    result.metrics["mfu_mean"] = mfu
         write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics)
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)
