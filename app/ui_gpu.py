@@ -31,6 +31,7 @@ def device_markdown(store: Store | None = None) -> str:
             if not chosen.facts.cuda:
                 return f"**{NO_GPU_NOTE}** · the worker trains on the CPU ({chosen.note})"
             return f"**Worker GPU: {chosen.facts.name}** · {chosen.note}"
+        return device_markdown() + " · no worker has published its device yet: this is the dashboard's machine"
     info = ui_data.device_info()
     if info is None or not info.available:
         host = f" ({info.host_total_bytes / 1024 ** 3:.1f} GiB host RAM)" if info is not None else ""

@@ -17,6 +17,7 @@ memory for itself. torch is asked only where NVML is missing and torch already s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -131,6 +132,12 @@ def detect(index: int | None = None) -> DeviceFacts:
     return _nvml_facts(index) or _torch_facts(index) or cpu_facts()
 
 
+@functools.lru_cache(maxsize=1)
+def local_facts() -> DeviceFacts:
+    """This process's device, detected once (the dashboard asks every second)."""
+    return detect()
+
+
 # ---------------------------------------------------------------------- reading published facts
 @dataclass(frozen=True)
 class Target:
@@ -159,5 +166,5 @@ def target(store: Any, local: DeviceFacts | None = None) -> Target:
         facts = DeviceFacts.from_dict(last["facts"])
         return Target(facts, f"worker {last['worker_id']} (not running now; last published): {facts.summary()}",
                       last["worker_id"])
-    facts = local or detect()
+    facts = local or local_facts()
     return Target(facts, f"no worker has published its device yet; using this machine's: {facts.summary()}")
