@@ -8,7 +8,8 @@ with `target(store)`. With no worker registered, `target` falls back to this mac
 says so in its `note`.
 
 Detection asks NVML first: it needs no CUDA context, so the worker process does not claim GPU
-memory for itself. torch is asked only where NVML is missing and torch already sees CUDA.
+memory for itself. torch is asked only where NVML is missing and the process has already
+imported torch (the training child, not the worker).
 
     facts = detect()                      # DeviceFacts(kind="cuda", name="NVIDIA H200", ...)
     store.publish_device(worker_id, facts.host, facts.to_dict())
@@ -21,6 +22,7 @@ import functools
 import json
 import os
 import socket
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -110,7 +112,10 @@ def _nvml_facts(index: int) -> DeviceFacts | None:
 
 
 def _torch_facts(index: int) -> DeviceFacts | None:
-    """Facts from torch, only when NVML gave none and CUDA is there (creates no tensors)."""
+    """Facts from torch, only when NVML gave none and this process already imported torch (the
+    worker does not: importing it costs seconds, and CUDA must not be initialised there)."""
+    if "torch" not in sys.modules:
+        return None
     try:
         import torch
 
