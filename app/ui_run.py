@@ -103,11 +103,17 @@ def throughput_markdown(store: Store, run: RunRecord) -> str:
     return text + f" · MFU: no peak figure known for {device}"
 
 
-def events_markdown(events: list[dict[str, Any]]) -> str:
-    """The run's events (e.g. out-of-memory recoveries), one line each, for under the header."""
+def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
+    """The run's events (e.g. out-of-memory recoveries), one line each, and the spec fields it continued with."""
     if not events:
         return ""
+    from jobs import oom
+
     lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    changed = oom.changes(run.spec, oom.effective_spec_from(events, run.spec))
+    if changed:
+        lines.append("- continued with: " + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
+                     + " (the Spec below is as submitted)")
     return "\n\n**Events**\n" + "\n".join(lines)
 
 
@@ -210,7 +216,8 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(run))
-        header = header_markdown(run) + throughput_markdown(self.store, run) + events_markdown(self.store.run_events(rid))
+        events = events_markdown(run, self.store.run_events(rid))
+        header = header_markdown(run) + throughput_markdown(self.store, run) + events
         return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
                 log_tail(run), run.spec.to_yaml(), drawn_now, resume]
 

@@ -75,10 +75,13 @@ def recoveries(store: Any, run_id: int) -> list[dict[str, Any]]:
 
 def effective_spec(store: Any, run_id: int, original: JobSpec) -> JobSpec:
     """The spec the run continues with: the last recovery's, else the one submitted."""
-    found = recoveries(store, run_id)
-    if not found:
-        return original
-    return JobSpec.from_dict(found[-1]["data"]["spec"])
+    return effective_spec_from(store.run_events(run_id), original)
+
+
+def effective_spec_from(events: list[dict[str, Any]], original: JobSpec) -> JobSpec:
+    """effective_spec over events already read."""
+    found = [e for e in events if e["kind"] == EVENT_KIND]
+    return JobSpec.from_dict(found[-1]["data"]["spec"]) if found else original
 
 
 def set_aside_optimizer_state(checkpoint: Path) -> Path | None:

@@ -101,3 +101,29 @@ def test_gpu_panel_names_the_workers_gpu(store: Store) -> None:
     publish_live(store, "gpu-box:7", H200)
     text = device_markdown(store)
     assert "NVIDIA H200" in text and "gpu-box" in text and "No NVIDIA GPU" not in text
+
+
+def test_a_version_3_database_gains_the_event_device_and_sweep_tables(data_home: Path) -> None:
+    import sqlite3
+
+    from storage import models as m
+    from storage.settings import database_url
+
+    old = Store()
+    run_id = old.create_run(JobSpec(model="tiny-llama", max_steps=2))
+    old.dispose()
+    path = database_url().removeprefix("sqlite:///")
+    with sqlite3.connect(path) as con:
+        for table in ("run_events", "worker_devices", "sweep_runs"):
+            con.execute(f"DROP TABLE {table}")
+        con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    store = Store()
+    try:
+        assert store.schema_version == m.SCHEMA_VERSION == 4
+        assert store.get_run(run_id) is not None  # nothing stored is lost
+        store.add_run_event(run_id, "oom_recovery", "OOM at step 1", step=1, data={"rung": 0})
+        store.publish_device("w", "h", H200.to_dict())
+        assert store.run_events(run_id)[0]["data"] == {"rung": 0}
+        assert DeviceFacts.from_dict(store.published_devices()[0]["facts"]) == H200
+    finally:
+        store.dispose()

@@ -126,7 +126,8 @@ def test_oom_recovers_through_the_worker_smaller_batch_then_checkpointing(store:
     shown = show_text(store, run)
     assert messages[0] in shown and "per_device_train_batch_size: 4 -> 2" in shown
     assert "gradient_checkpointing: False -> True" in shown
-    assert messages[1] in RunPageData(store).refresh(run_id, None)[0]
+    header = RunPageData(store).refresh(run_id, None)[0]
+    assert messages[1] in header and "`per_device_train_batch_size` 4 -> 2" in header
 
 
 @pytest.mark.integration
