@@ -12,6 +12,7 @@
     tunedeck move RUN_ID --to N | --first     # reorder the queue
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
+    tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -35,58 +36,14 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
 from jobs.stored import spec_of  # noqa: E402
+from app.cli_input import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
 from storage.models import RunStatus  # noqa: E402
 from storage.store import RunRecord, Store  # noqa: E402
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 WORKER_SEEN_WITHIN_S = 10.0
 
 
-class UsageError(Exception):
-    """Bad input from the command line: reported as problems, exit code 2."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
-
-
 # ---------------------------------------------------------------------- input
-def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
-    """Read a YAML spec file and apply `key=value` overrides; raises SpecError/UsageError."""
-    import yaml
-
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError([Problem("spec", f"file {path} not found", "give the path of a YAML spec, e.g. examples/tiny-llama-quick.yaml")])
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UsageError([Problem("spec", f"{path} is not valid YAML ({exc})", "fix the YAML syntax at the line shown")]) from exc
-    if not isinstance(data, dict):
-        return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
-    bad = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            bad.append(Problem("--set", f"`{item}` is not key=value", "write e.g. --set learning_rate=1e-4"))
-            continue
-        data[key.strip()] = _yaml_scalar(value)
-    if bad:
-        raise UsageError(bad)
-    return JobSpec.from_dict(data)
-
-
-def _yaml_scalar(text: str) -> object:
-    """A --set value read like the same value in the YAML file (empty: null); odd text stays text."""
-    import yaml
-
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if value is None or isinstance(value, (str, int, float, bool)) else text
-
-
 def _run_or_fail(store: Store, run_id: int) -> RunRecord:
     run = store.get_run(run_id)
     if run is None:
@@ -156,6 +113,7 @@ def show_text(store: Store, run: RunRecord) -> str:
     if run.log_path:
         lines.append(f"log:      {run.log_path}")
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
+    lines += events_lines(store, run)
     if run.final_metrics:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)
@@ -164,6 +122,21 @@ def show_text(store: Store, run: RunRecord) -> str:
     if run.error_detail:
         lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
     return "\n".join(lines)
+
+
+def events_lines(store: Store, run: RunRecord) -> list[str]:
+    """The run's events (OOM recoveries) and the spec fields it continued with."""
+    from jobs import oom
+
+    events = store.run_events(run.id)
+    if not events:
+        return []
+    out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]
+    changed = oom.changes(spec_of(run), oom.effective_spec(store, run.id, spec_of(run)))
+    if changed:
+        out += ["", "continued with (spec above as submitted):",
+                *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items())]
+    return out
 
 
 # ---------------------------------------------------------------------- commands
@@ -422,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=cmd_setup)
+
+    from app.cli_sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
     return p
 
 

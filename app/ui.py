@@ -1,7 +1,8 @@
 """The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
 
 Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
-(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) and the compare view (app.ui_compare). This module lays
+(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run), the compare view
+(app.ui_compare) and trick sweeps (app.ui_sweep). This module lays
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs
+from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs, ui_sweep
 from jobs.stored import spec_of
 from storage.store import Store
 
@@ -40,8 +41,10 @@ def build_ui(store: Store) -> gr.Blocks:
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
+                sweep_controls = ui_sweep.build_controls()
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
+                sweep_section = ui_sweep.build_section()
         timer = gr.Timer(1.0)
         runs_timer = gr.Timer(2.0)
 
@@ -49,6 +52,7 @@ def build_ui(store: Store) -> gr.Blocks:
         ui_gpu.wire(gpu, store, timer)
         ui_runs.wire(runs, store, runs_timer)
         ui_compare.wire(compare, store, compare_tab)
+        ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
             errors, run_id = ui_form.launch(store, *args)

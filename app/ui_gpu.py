@@ -1,6 +1,7 @@
 """The always-visible GPU panel: device facts and a live graph of the last minutes of memory.
 
-Reads stored memory samples (whatever the worker's sampler wrote, also when no run is active),
+The device line shows what the workers published (`jobs.devices`), not the dashboard's own
+device: in a deployment the dashboard may have no GPU while the worker has one. Reads stored memory samples (whatever the worker's sampler wrote, also when no run is active),
 bucketed in SQL by `Store.memory_buckets`. Without NVIDIA GPU the panel says so plainly and the
 graph shows the host memory (RSS) of the training process.
 """
@@ -20,8 +21,17 @@ WINDOW_S = 300.0
 NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"
 
 
-def device_markdown() -> str:
-    """GPU name, driver and total memory, or the no-GPU note."""
+def device_markdown(store: Store | None = None) -> str:
+    """The workers' device as they published it (`jobs.devices`); without a store, this machine's."""
+    if store is not None:
+        from jobs.devices import target
+
+        chosen = target(store)
+        if chosen.worker_id is not None:
+            if not chosen.facts.cuda:
+                return f"**{NO_GPU_NOTE}** · the worker trains on the CPU ({chosen.note})"
+            return f"**Worker GPU: {chosen.facts.name}** · {chosen.note}"
+        return device_markdown() + " · no worker has published its device yet: this is the dashboard's machine"
     info = ui_data.device_info()
     if info is None or not info.available:
         host = f" ({info.host_total_bytes / 1024 ** 3:.1f} GiB host RAM)" if info is not None else ""
@@ -66,3 +76,5 @@ def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
         return gpu_frames(store)
 
     timer.tick(tick, None, [panel.memory, panel.utilization], show_progress="hidden", api_visibility="private")
+    # The device line follows the workers' published facts (a worker may start after the page).
+    timer.tick(lambda: device_markdown(store), None, panel.info, show_progress="hidden", api_visibility="private")

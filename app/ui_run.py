@@ -19,6 +19,7 @@ from app import series
 from app.budget import human_bytes
 from jobs.checkpoints import resumable, resume
 from jobs.stored import spec_of
+from jobs.flops import FlopsRate
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunRecord, Store
@@ -88,6 +89,34 @@ def header_markdown(run: RunRecord) -> str:
     return (f"## Run {run.id}: {run.name}\n"
             f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
             f"{spec.method.value} / {spec.trainer.value}{peak}")
+
+
+def throughput_markdown(store: Store, run: RunRecord) -> str:
+    """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.flops)."""
+    achieved = store.last_metric(run.id, "tflops")
+    if achieved is None:
+        return ""
+    text = f" · <span id='run-tflops'>{achieved.value:.3g}</span> TFLOP/s achieved"
+    mfu = store.last_metric(run.id, "mfu")
+    rate = FlopsRate.for_run(run.resolved_config)
+    if mfu is not None and rate is not None and rate.peak_label:
+        return text + f" · MFU {100 * mfu.value:.1f}% of {rate.peak_label}"
+    device = (run.resolved_config.get("device") or {}).get("name", "this device")
+    return text + f" · MFU: no peak figure known for {device}"
+
+
+def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
+    """The run's events (e.g. out-of-memory recoveries), one line each, and the spec fields it continued with."""
+    if not events:
+        return ""
+    from jobs import oom
+
+    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
+    if changed:
+        lines.append("- continued with: " + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
+                     + " (the Spec below is as submitted)")
+    return "\n\n**Events**\n" + "\n".join(lines)
 
 
 @dataclass
@@ -189,7 +218,9 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
-        return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
+        events = events_markdown(run, self.store.run_events(rid))
+        header = header_markdown(run) + throughput_markdown(self.store, run) + events
+        return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
                 log_tail(run), spec_of(run).to_yaml(), drawn_now, resume]
 
     def cancel(self, run_id: float | None) -> None:

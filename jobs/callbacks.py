@@ -7,6 +7,8 @@ well under 2% of training time:
 - throughput comes from numbers trl already computes (`num_tokens`, a host-side counter)
   and `time.perf_counter()` at step ends, so it adds no CUDA synchronisation;
 - torch memory counters are read from the caching allocator's host-side stats (no sync);
+- achieved TFLOP/s and MFU are tokens/s times a per-token FLOPs count fixed at the start
+  (`jobs.flops`): no NVML or device query in the step loop;
 - the database is asked about `cancel_requested` at most every `cancel_interval` (2 s), while
   a SIGTERM flag (a `threading.Event`) is checked at every step for free.
 A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
@@ -29,6 +31,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from jobs.flops import FlopsRate
 from storage.models import MemorySource
 from storage.store import MemoryPoint, MetricPoint, Store
 
@@ -55,6 +58,7 @@ class StoreCallback(TrainerCallback):
         self.stop_reason: str | None = None  # "signal" | "cancel" once training was asked to stop
         self.nonfinite_step: int | None = None  # the step whose training loss was NaN or inf
         self.tokens_per_second: list[float] = []
+        self.flops: FlopsRate | None = None  # set by jobs.train once the model is built: adds tflops / mfu
         self.num_tokens: float | None = None
         self._metrics: list[MetricPoint] = []
         self._memory: list[MemoryPoint] = []
@@ -65,6 +69,11 @@ class StoreCallback(TrainerCallback):
         self._max_steps: int | None = None
         self._progress_step = -1
         self._step = 0
+
+    @property
+    def step(self) -> int:
+        """The last optimizer step that ended (0 before the first)."""
+        return self._step
 
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -163,6 +172,11 @@ class StoreCallback(TrainerCallback):
             tps = (tokens - self._prev_tokens) / elapsed
             self.tokens_per_second.append(tps)
             self._metrics.append(MetricPoint(step, "tokens_per_second", tps, wall))
+            if self.flops is not None:  # arithmetic on numbers already here: no device query
+                self._metrics.append(MetricPoint(step, "tflops", self.flops.tflops(tps), wall))
+                mfu = self.flops.mfu(tps)
+                if mfu is not None:
+                    self._metrics.append(MetricPoint(step, "mfu", mfu, wall))
         self._prev_tokens = tokens
         self.num_tokens = tokens
 

@@ -92,6 +92,11 @@ class Scheduler(str, Enum):
     COSINE = "cosine"
 
 
+class OnOom(str, Enum):
+    RECOVER = "recover"
+    FAIL = "fail"
+
+
 class Group(str, Enum):
     RUN = "Run"
     MODEL = "Model"
@@ -187,6 +192,8 @@ class JobSpec:
                             "Flatten each batch into one sequence without padding (SFT: needs packing, which turns it on anyway).")
     auto_find_batch_size: bool = _f(False, Group.MEMORY,
                                     "On a CUDA out-of-memory error, halve the micro-batch and retry instead of failing.")
+    on_oom: OnOom = _f(OnOom.RECOVER, Group.MEMORY,
+                       "recover: on a CUDA out-of-memory error, continue from the last checkpoint with a smaller micro-batch (same effective batch), then gradient checkpointing, then 8-bit AdamW; at most 3 times, each change recorded on the run. fail: stop with advice.")
     # --- Training
     learning_rate: float = _f(2e-4, Group.TRAINING, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", gt=0.0, le=1.0)
     lr_scheduler_type: Scheduler = _f(Scheduler.LINEAR, Group.TRAINING, "How the learning rate changes over training.")

@@ -5,16 +5,23 @@
 
 Checks, all run before anything is queued, their problems reported together: what a shared
 dashboard's users may ask for (`jobs.access.AccessPolicy`: data folders, remote code; checked
-first, so a refused path is never read), the spec on its own (`JobSpec.problems`), the model (`jobs.models.check_model`, no weights loaded), the train
-and eval data (`jobs.data.check_dataset`), and what this machine can do with the spec
-(`jobs.mapping`'s capability check, e.g. fp16 without CUDA).
+first, so a refused path is never read), the spec on its own (`JobSpec.problems`), the model
+(`jobs.models.check_model`, no weights loaded), the train and eval data
+(`jobs.data.check_dataset`), and what the workers' device can do with the spec
+(`jobs.mapping`'s capability check, e.g. fp16 without CUDA, against the facts the workers
+published: `jobs.devices.target`; this machine's when none has).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jobs.access import AccessPolicy
 from jobs.spec import JobSpec, Problem, SpecError
 from storage.store import Store
+
+if TYPE_CHECKING:
+    from jobs.mapping import Device
 
 
 def model_problems(spec: JobSpec) -> list[Problem]:
@@ -89,22 +96,22 @@ def has_chat_template(model: str) -> bool | None:
         return None
 
 
-def capability_problems(spec: JobSpec) -> list[Problem]:
-    """What this machine cannot do with the spec (fp16 without CUDA, bf16 on an old GPU)."""
+def capability_problems(spec: JobSpec, device: "Device | None" = None) -> list[Problem]:
+    """What the device cannot do with the spec (fp16 without CUDA, bf16 on an old GPU); default: this machine."""
     from jobs import mapping
 
-    return list(mapping.capability_problems(spec))
+    return list(mapping.capability_problems(spec, device))
 
 
-def check(spec: JobSpec, policy: AccessPolicy | None = None) -> list[Problem]:
-    """Every problem with the spec, its model, its data and this machine (empty: good to go)."""
+def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | None = None) -> list[Problem]:
+    """Every problem with the spec, its model, its data and the device (default: this machine's; empty: good to go)."""
     problems = (policy or AccessPolicy.open()).problems(spec) + list(spec.problems())
     # Field-level problems first; the model and data checks still run so one pass shows all.
     if not any(p.field == "model" for p in problems):
         problems.extend(model_problems(spec))
     if not any(p.field in ("dataset", "eval_dataset") for p in problems):
         problems.extend(dataset_problems(spec))
-    problems.extend(capability_problems(spec))
+    problems.extend(capability_problems(spec, device))
     seen: set[tuple[str, str]] = set()
     unique = []
     for p in problems:
@@ -115,8 +122,10 @@ def check(spec: JobSpec, policy: AccessPolicy | None = None) -> list[Problem]:
 
 
 def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> int:
-    """Check the spec (access, model, data, device) and queue it; raises SpecError with every problem."""
-    problems = check(spec, policy)
+    """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
+    from jobs.devices import target
+
+    problems = check(spec, target(store).facts.device(), policy)
     if problems:
         raise SpecError(problems)
     return store.create_run(spec)

@@ -11,7 +11,9 @@ cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues fr
 complete checkpoint (`jobs.checkpoints`) with optimizer, scheduler and RNG state; its metric
 rows after that step are deleted first, so none is duplicated. A non-finite loss fails the run
 ("non-finite loss at step N") and keeps the last good checkpoint; a full disk while saving
-fails it with the folder named and the half-written checkpoint removed.
+fails it with the folder named and the half-written checkpoint removed. A CUDA out-of-memory
+error in training, with `on_oom: recover`, records the next memory trick as a run event and exits
+with `jobs.oom.EXIT_OOM_RECOVER`; the worker starts the run again with that change (`jobs.oom`).
 Output goes to stdout, which the worker sends to the run's train.log.
 
 `train_spec(spec, output_dir, callbacks)` does the training without any store (tests, bench).
@@ -33,7 +35,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from jobs import oom
 from jobs.callbacks import STOP_REQUESTED, StoreCallback
+from jobs.flops import FlopsRate
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
@@ -228,12 +232,10 @@ def disk_full(exc: BaseException) -> bool:
 
 def summarize(exc: BaseException, spec: JobSpec | None) -> str:
     """A one-line summary of why a run failed."""
-    import torch
-
     if isinstance(exc, NonFiniteLoss):
         return (f"{exc}: the last good checkpoint is kept; lower learning_rate, set max_grad_norm, "
                 "or use bf16 rather than fp16")
-    if isinstance(exc, torch.OutOfMemoryError):
+    if isinstance(exc, torch_oom()):
         advice = oom_advice(spec) if spec is not None else "smaller batch, gradient checkpointing, shorter max_length"
         return f"CUDA out of memory. To use less memory try: {advice}"
     problems = getattr(exc, "problems", None)
@@ -241,6 +243,13 @@ def summarize(exc: BaseException, spec: JobSpec | None) -> str:
         return "; ".join(str(p) for p in problems)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def torch_oom() -> type[BaseException]:
+    """torch's out-of-memory error class (torch.cuda.OutOfMemoryError is the same class)."""
+    import torch
+
+    return torch.OutOfMemoryError
 
 
 # ---------------------------------------------------------------------- entry point
@@ -292,16 +301,23 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     if record is None:
         log.error("run %s does not exist", run_id)
         return 1
-    spec = stored_spec(record.spec_json)  # the worker claimed it only if it parses
+    spec = oom.effective_spec(store, run_id, stored_spec(record.spec_json))  # after an OOM recovery: the changed spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     callback = StoreCallback(store, run_id)
     output_dir = store.run_dir(run_id) / "output"
+    training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
+
+    def ready(cfg: dict[str, Any]) -> None:
+        store.set_resolved_config(run_id, cfg)
+        callback.flops = FlopsRate.for_run(cfg)
+        training.append(True)
+
     try:
         device = detect_device()
         log.info("device: %s", device)
         resume_from = resume_point(store, run_id, output_dir)
         result = train_spec(spec, output_dir, [callback, *callbacks], device=device, resume_from=resume_from,
-                            on_ready=lambda cfg: store.set_resolved_config(run_id, cfg))
+                            on_ready=ready)
         callback.flush()  # eval metrics and the last steps land before the status changes
         store.set_resolved_config(run_id, result.resolved)  # what training ended with (auto_find_batch_size)
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
@@ -311,6 +327,11 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             return 0
         if callback.tokens_per_second:
             result.metrics["tokens_per_second_mean"] = sum(callback.tokens_per_second) / len(callback.tokens_per_second)
+            if callback.flops is not None:
+                result.metrics["tflops_mean"] = callback.flops.tflops(result.metrics["tokens_per_second_mean"])
+                mfu = callback.flops.mfu(result.metrics["tokens_per_second_mean"])
+                if mfu is not None:
+                    result.metrics["mfu_mean"] = mfu
         write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics)
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)
@@ -324,7 +345,13 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             store.mark_cancelled(run_id, exit_code=0)
             log.info("run %s cancelled", run_id)
             return 0
+        if isinstance(exc, torch_oom()) and training and oom.handle(store, run_id, spec, callback.step + 1, output_dir):
+            log.warning("run %s: out of memory; the worker continues it with the change above", run_id)
+            return oom.EXIT_OOM_RECOVER
         summary = summarize(exc, spec)
+        past = len(oom.recoveries(store, run_id)) if isinstance(exc, torch_oom()) else 0
+        if past:
+            summary += f" (after {past} automatic recover{'y' if past == 1 else 'ies'}; see the run's events)"
         if disk_full(exc):
             partial = [f for _step, f in checkpoint_dirs(output_dir) if not is_complete(f)]
             what, where = ("checkpoint", partial[-1]) if partial else ("output", output_dir)

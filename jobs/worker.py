@@ -15,7 +15,9 @@ the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`, then `cance
 the worker marks runs interrupted whose heartbeat is stale or whose worker process on this host
 is dead (rq's StartedJobRegistry.cleanup), and again every `stale_after / 2` s while it waits
 for the device, so a run of a SIGKILLed worker is taken over by another. SIGTERM/SIGINT to the worker stop it warm: no new
-runs, SIGTERM forwarded to the child, wait, then exit.
+runs, SIGTERM forwarded to the child, wait, then exit. At start the worker publishes its device
+facts (`jobs.devices`) to the store. A child that exits with `jobs.oom.EXIT_OOM_RECOVER` has
+recorded an out-of-memory recovery: the worker starts a fresh child for the same run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from types import FrameType
 
 import psutil
 
+from jobs.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.sampler import GpuProbe, Sampler
 from jobs.stored import spec_problem
 from storage.models import RunStatus
@@ -44,6 +47,7 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
 _WATCH_TICK = 0.1  # how often the child is polled; the DB is read only every poll_interval
+_RESTART = object()  # _execute_once: the child asked to be started again (OOM recovery)
 
 
 def default_child_argv(run_id: int) -> list[str]:
@@ -141,6 +145,7 @@ class Worker:
             self.sampler.start()
         done = 0
         try:
+            self.publish_device()
             self.cleanup_stale()
             next_cleanup = time.monotonic() + self.stale_after / 2
             while not self._stop.is_set():
@@ -172,6 +177,14 @@ class Worker:
             self._restore_signal_handlers(handlers)
         return done
 
+    def publish_device(self) -> None:
+        """Tell the store what this worker trains on (checks and the GPU panel read it, not their own device)."""
+        from jobs.devices import detect
+
+        facts = detect(int(self.device) if self.device.isdigit() else 0)
+        self.store.publish_device(self.worker_id, self.host, facts.to_dict())
+        log.info("worker %s device: %s", self.worker_id, facts.summary())
+
     def cleanup_stale(self) -> list[int]:
         """Mark running runs interrupted whose worker is gone; kill their orphaned children."""
         marked = []
@@ -193,7 +206,25 @@ class Worker:
 
     # ------------------------------------------------------------------ one run
     def execute(self, run: RunRecord) -> RunStatus:
-        """Run one claimed run in a child process and record how it ended."""
+        """Run one claimed run in a child process and record how it ended.
+
+        A child that ran out of memory and recorded a recovery (`jobs.oom`) exits with
+        EXIT_OOM_RECOVER: the run is still ours and running, so a fresh child continues it."""
+        for attempt in range(MAX_RECOVERIES + 1):
+            status = self._execute_once(run, may_restart=attempt < MAX_RECOVERIES)
+            if status is not _RESTART:
+                return status  # type: ignore[return-value]
+            current = self.store.get_run(run.id)
+            if current is None or current.status is not RunStatus.RUNNING:
+                break
+            if self._stop.is_set():
+                self.store.mark_interrupted(run.id, f"{self._stop_reason} while the run was recovering from "
+                                                    "out of memory; queue it again to retry")
+                break
+            log.warning("run %s: out-of-memory recovery recorded; starting a fresh training process", run.id)
+        return self._status(run.id)
+
+    def _execute_once(self, run: RunRecord, may_restart: bool = False) -> RunStatus | object:
         try:
             log_path = self.store.run_dir(run.id) / "train.log"
         except RunFolderError as exc:
@@ -218,6 +249,8 @@ class Worker:
             _killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its run
             if self.sampler is not None:
                 self.sampler.set_run(None)
+        if returncode == EXIT_OOM_RECOVER and why is None and may_restart:
+            return _RESTART
         return self._record_end(run.id, returncode, why, log_path)
 
     def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:

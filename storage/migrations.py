@@ -55,6 +55,9 @@ MIGRATIONS: dict[int, list[Statement]] = {
         "ALTER TABLE memory_samples ALTER COLUMN id TYPE BIGINT",
         "ALTER SEQUENCE IF EXISTS memory_samples_id_seq AS BIGINT",
         "ALTER TABLE memory_rollups ALTER COLUMN bucket TYPE BIGINT")],
+    # 5: run_events (OOM recoveries), worker_devices (published device facts), sweep_runs (trick
+    # sweeps): new tables only, created by create_all just before migrations run; nothing to backfill.
+    5: [],
 }
 
 

@@ -9,7 +9,8 @@ timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a cla
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
-and memory series in `store_series.py`, records in `records.py`, rollup SQL in `rollups.py`,
+and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
+records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`. Every name is importable from here.
 """
 
@@ -34,6 +35,7 @@ from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.identity import RunFolderError, claim_folder, ensure_identity
 from storage.settings import data_dir, database_url
+from storage.store_events import EventsMixin
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
 
@@ -50,7 +52,7 @@ WRITE_RETRY_S = 120.0
 log = logging.getLogger(__name__)
 
 
-class Store(RunsMixin, SeriesMixin):
+class Store(RunsMixin, SeriesMixin, EventsMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):

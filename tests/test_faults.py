@@ -529,9 +529,9 @@ def test_out_of_memory_inside_a_training_step_names_the_tricks(store: Store, tin
 
             model.get_input_embeddings().register_forward_pre_hook(hook)
 
-    run_id = store.create_run(tiny_spec(tiny_model, per_device_train_batch_size=4))
+    run_id = store.create_run(tiny_spec(tiny_model, per_device_train_batch_size=4, on_oom="fail"))
     store.claim_next_on_device("test", "0")
-    assert run(run_id, store, callbacks=[OomAtForward()]) == 1
+    assert run(run_id, store, callbacks=[OomAtForward()]) == 1  # on_oom: recover is tests/test_oom.py
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
     assert record.error_summary.startswith("CUDA out of memory. To use less memory try:"), record.error_summary
