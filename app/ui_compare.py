@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import gradio as gr
 import pandas as pd
 
-from app import series
+from app import charts, series
 from app.budget import human_bytes, human_count
 from storage.store import RunRecord, Store
 
@@ -151,15 +151,16 @@ def _unique(columns: list[str]) -> list[str]:
 
 
 def tradeoff_frame(summaries: Sequence[RunSummary]) -> pd.DataFrame:
-    """Columns tokens/s, peak GiB, run: one point per run that has both measurements."""
-    rows = [(s.tokens_per_second, s.peak_memory_bytes / _GIB, s.label) for s in summaries
+    """Columns tokens/s (whole), peak GiB (3 decimals), series (the run): one point per measured run."""
+    rows = [(round(s.tokens_per_second), round(s.peak_memory_bytes / _GIB, 3), s.label) for s in summaries
             if s.tokens_per_second is not None and s.peak_memory_bytes]
-    return pd.DataFrame(rows, columns=["tokens/s", "peak GiB", "run"])
+    return charts.COMPARE_TRADEOFF.frame(rows)
 
 
 def loss_frame(cache: series.MetricSeriesCache, runs: Sequence[RunRecord]) -> pd.DataFrame:
-    """Columns step, value, series: each run's training loss, <= ~2000 points per run."""
-    return series.metric_frame({run_label(r.id, r.name): cache.get(r.id, "loss") for r in runs})
+    """Columns step, loss, series: each run's training loss, <= ~2000 points per run."""
+    frame = series.metric_frame({run_label(r.id, r.name): cache.get(r.id, "loss") for r in runs})
+    return frame.rename(columns={"value": charts.COMPARE_LOSS.y})
 
 
 # ---------------------------------------------------------------------- layout and handlers
@@ -170,10 +171,15 @@ class CompareView:
     table: gr.Dataframe
     tradeoff: gr.ScatterPlot
     loss: gr.LinePlot
+    styles: gr.State
 
     @property
     def outputs(self) -> list[gr.Component]:
-        return [self.table, self.tradeoff, self.loss]
+        return [self.table, self.tradeoff, self.loss, self.styles]
+
+    @property
+    def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
+        return [(charts.COMPARE_TRADEOFF, self.tradeoff), (charts.COMPARE_LOSS, self.loss)]
 
 
 def build() -> CompareView:
@@ -185,12 +191,9 @@ def build() -> CompareView:
     table = gr.Dataframe(label="Spec differences and measured results", interactive=False,
                          elem_id="compare-table", wrap=True)
     with gr.Row():
-        tradeoff = gr.ScatterPlot(x="tokens/s", y="peak GiB", color="run", color_title="",
-                                  tooltip=["run", "tokens/s", "peak GiB"],
-                                  label="Time vs memory: peak memory against tokens/s", elem_id="compare-tradeoff")
-        loss = gr.LinePlot(x="step", y="value", color="series", color_title="", label="Training loss",
-                           elem_id="compare-loss")
-    return CompareView(runs, refresh, table, tradeoff, loss)
+        tradeoff = charts.COMPARE_TRADEOFF.build()
+        loss = charts.COMPARE_LOSS.build()
+    return CompareView(runs, refresh, table, tradeoff, loss, gr.State({}))
 
 
 class CompareData:
@@ -206,10 +209,16 @@ class CompareData:
         return gr.Dropdown(choices=[run_choice(r) for r in self.store.list_runs(limit=self.limit)])
 
     def compare(self, selected: Sequence[int | str] | None) -> list[Any]:
-        """(table, scatter frame, loss frame) for the picked runs."""
-        runs = [r for r in (self.store.get_run(int(i)) for i in selected or []) if r is not None]
+        """(table, scatter data, loss overlay data, their styles) for the picked runs; a run picked twice
+        counts once."""
+        ids = dict.fromkeys(int(i) for i in selected or [])
+        runs = [r for r in (self.store.get_run(i) for i in ids) if r is not None]
         summaries = [summarize_run(self.store, r) for r in runs]
-        return [compare_table(runs, summaries), tradeoff_frame(summaries), loss_frame(self.metrics, runs)]
+        tradeoff, loss = tradeoff_frame(summaries), loss_frame(self.metrics, runs)
+        styles = {charts.COMPARE_TRADEOFF.elem_id: charts.COMPARE_TRADEOFF.style(tradeoff),
+                  charts.COMPARE_LOSS.elem_id: charts.COMPARE_LOSS.style(loss)}
+        return [compare_table(runs, summaries), charts.COMPARE_TRADEOFF.update(tradeoff),
+                charts.COMPARE_LOSS.update(loss), styles]
 
 
 def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareData:
@@ -217,8 +226,10 @@ def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareD
     data = CompareData(store)
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
-        event(data.choices, None, view.runs, show_progress="hidden", api_visibility="private").then(
+        drawn = event(data.choices, None, view.runs, show_progress="hidden", api_visibility="private").then(
             data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
+        charts.redraw_after(drawn, view.plots, view.styles)
     # input, not change: a refresh re-sets the value and already redraws through .then above.
-    view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
+    picked = view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
+    charts.redraw_after(picked, view.plots, view.styles)
     return data

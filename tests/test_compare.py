@@ -116,15 +116,22 @@ def test_tradeoff_frame_has_one_point_per_measured_run(store, two_runs):
     queued = store.create_run(JobSpec(run_name="waiting"))
     runs = [store.get_run(i) for i in (*two_runs, queued)]
     frame = ui_compare.tradeoff_frame([ui_compare.summarize_run(store, r) for r in runs])
-    assert list(frame.columns) == ["tokens/s", "peak GiB", "run"]
+    assert list(frame.columns) == ["tokens/s", "peak GiB", "series"]
     assert frame.values.tolist() == [[1100.0, 6.0, f"#{two_runs[0]} lora"], [700.0, 12.0, f"#{two_runs[1]} full"]]
+    assert [str(t) for t in frame.dtypes] == ["float64", "float64", "string"]
+
+
+def test_plot_frames_are_typed_even_when_empty():
+    """An untyped empty first frame froze the plot's axes as discrete in the browser (issue 15)."""
+    for frame in (ui_compare.tradeoff_frame([]), series.metric_frame({}), series.memory_frame([], 0.0)):
+        assert [str(t) for t in frame.dtypes] == ["float64", "float64", "string"]
 
 
 def test_loss_frame_overlays_one_series_per_run(store, two_runs):
     runs = [store.get_run(i) for i in two_runs]
     frame = ui_compare.loss_frame(series.MetricSeriesCache(store), runs)
-    assert list(frame.columns) == ["step", "value", "series"]
-    by_run = frame.groupby("series")["value"].apply(list).to_dict()
+    assert list(frame.columns) == ["step", "loss", "series"]
+    by_run = frame.groupby("series")["loss"].apply(list).to_dict()
     assert by_run == {f"#{two_runs[0]} lora": [3.0, 2.5, 2.0], f"#{two_runs[1]} full": [3.0, 1.5]}
 
 
@@ -137,13 +144,19 @@ def test_loss_frame_is_downsampled_for_long_runs(store):
 
 def test_handler_compares_picked_runs_and_lists_choices(store, two_runs):
     data = ui_compare.CompareData(store)
-    table, tradeoff, loss = data.compare([str(two_runs[1]), two_runs[0], 9999])  # unknown ids are skipped
-    assert list(table.columns)[1:] == [f"#{two_runs[1]} full", f"#{two_runs[0]} lora"]
-    assert len(tradeoff) == 2 and set(loss["series"]) == {f"#{two_runs[1]} full", f"#{two_runs[0]} lora"}
+    # Unknown ids are skipped, a run picked twice counts once.
+    table, tradeoff, loss, styles = data.compare([str(two_runs[1]), two_runs[0], 9999, two_runs[0]])
+    labels = [f"#{two_runs[1]} full", f"#{two_runs[0]} lora"]
+    assert list(table.columns)[1:] == labels
+    assert len(tradeoff.value["data"]) == 2 and {row[2] for row in loss.value["data"]} == set(labels)
+    assert list(styles["compare-loss"]["color_map"]) == labels  # one colour per run, in order
+    assert len(set(styles["compare-loss"]["color_map"].values())) == 2
+    assert styles["compare-tradeoff"]["x_lim"] == [0.0, 1500.0]  # 1100 tokens/s * 1.1, rounded up
     dropdown = data.choices()
     assert dropdown.choices[0] == (f"{two_runs[1]} · full · succeeded", two_runs[1])  # newest first
-    empty_table, empty_scatter, empty_loss = data.compare([])
-    assert list(empty_table["field"]) == ui_compare.RESULT_ROWS and empty_scatter.empty and empty_loss.empty
+    empty_table, empty_scatter, empty_loss, _ = data.compare([])
+    assert list(empty_table["field"]) == ui_compare.RESULT_ROWS
+    assert empty_scatter.value["data"] == [] and empty_loss.value["data"] == []
 
 
 def test_compare_tab_is_in_the_dashboard(store):
