@@ -32,6 +32,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+from jobs import figures  # noqa: E402
 from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
 from storage.models import RunStatus  # noqa: E402
 from storage.store import RunRecord, Store  # noqa: E402
@@ -147,8 +148,8 @@ def show_text(store: Store, run: RunRecord) -> str:
              f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else "")]
     if run.exit_code is not None:
         lines.append(f"exit code: {run.exit_code}")
-    if run.peak_memory_bytes is not None:
-        lines.append(f"peak memory: {_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})")
+    measured = figures.run_figures(store, run)
+    lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
     if run.error_summary:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from app import charts, series
 from app.budget import human_bytes
+from jobs import figures
 from jobs.checkpoints import resumable, resume
 from storage.models import RunStatus
 from storage.settings import data_dir
@@ -81,8 +82,12 @@ def progress_html(run: RunRecord) -> str:
             f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>')
 
 
-def header_markdown(run: RunRecord) -> str:
-    peak = f" · peak memory {human_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})" if run.peak_memory_bytes else ""
+def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
+    """Title, status, model and method, then the run's figures (jobs.figures) measured so far."""
+    measured = measured or figures.RunFigures(peak_memory_bytes=run.peak_memory_bytes,
+                                              peak_memory_source=run.peak_memory_source)
+    shown = [f"{f.label} {measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
+    peak = "".join(f" · {text}" for text in shown)
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
     return (f"## Run {run.id}: {run.name}\n"
             f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{run.spec.model}` · "
@@ -188,7 +193,7 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(run))
-        return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
+        return [header_markdown(run, figures.run_figures(self.store, run)), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
                 log_tail(run), run.spec.to_yaml(), drawn_now, resume, styles]
 
     def cancel(self, run_id: float | None) -> None:
