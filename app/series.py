@@ -159,9 +159,16 @@ class MemorySeriesCache:
 
 # ---------------------------------------------------------------------- frames for gr.LinePlot
 def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
-    """Columns step, value, series: one point per single-row bucket, else its min and max."""
+    """Columns step, value, series: one point per single-row bucket, else its min and max (a series of
+    one row: two points, half a step either side)."""
     rows: list[tuple[float, float, str]] = []
     for label, buckets in series.items():
+        if len(buckets) == 1 and buckets[0].count == 1:
+            # A line needs two vertices: one logged value (a final eval loss) is drawn as a flat
+            # segment half a step either side of its step, so the legend never names an invisible line.
+            b = buckets[0]
+            rows += [(b.first_step - 0.5, b.max, label), (b.first_step + 0.5, b.max, label)]
+            continue
         for b in buckets:
             if b.count == 1 or b.min == b.max:
                 rows.append((float(b.first_step), b.max, label))

@@ -86,7 +86,9 @@ def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) 
     """Title, status, model and method, then the run's figures (jobs.figures) measured so far."""
     measured = measured or figures.RunFigures(peak_memory_bytes=run.peak_memory_bytes,
                                               peak_memory_source=run.peak_memory_source)
-    shown = [f"{f.label} {measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
+    # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
+    shown = [text if f.unit == f.label else f"{f.label} {text}"
+             for f, text in ((f, measured.text(f)) for f in figures.FIGURES) if text]
     peak = "".join(f" · {text}" for text in shown)
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
     return (f"## Run {run.id}: {run.name}\n"

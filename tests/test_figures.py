@@ -64,7 +64,7 @@ def test_every_surface_shows_the_same_text(store, measured_run):
     shown = cli.show_text(store, run)
     card = model_card(run.spec, f.metrics())
     for x in figures.FIGURES:
-        assert f"{x.label} {texts[x.label]}" in header, x.label
+        assert texts[x.label] in header, x.label
         assert texts[x.label] in shown, x.label
         assert figures.format_figure(x, f.metrics()[x.key]) in card, x.label
 
@@ -124,3 +124,14 @@ def test_axis_tops_are_round_numbers_past_the_data(value, top):
     from app.charts import round_up
 
     assert round_up(value) == pytest.approx(top)
+
+
+def test_a_single_logged_value_still_draws_a_line():
+    """A run's one final eval loss: a line plot draws nothing for one vertex, so it gets two."""
+    from app import series
+    from storage.store import MetricBucket
+
+    frame = series.metric_frame({"eval": [MetricBucket(40, 40, 1.5, 1.5, 1.5, 1)],
+                                 "train": [MetricBucket(s, s, 2.0, 2.0, 2.0, 1) for s in (1, 2)]})
+    assert frame[frame["series"] == "eval"][["step", "value"]].values.tolist() == [[39.5, 1.5], [40.5, 1.5]]
+    assert frame[frame["series"] == "train"]["step"].tolist() == [1.0, 2.0]
