@@ -34,6 +34,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+from jobs import figures  # noqa: E402
 from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
 from jobs.stored import spec_of  # noqa: E402
 from app.cli_input import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
@@ -106,8 +107,8 @@ def show_text(store: Store, run: RunRecord) -> str:
              f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else "")]
     if run.exit_code is not None:
         lines.append(f"exit code: {run.exit_code}")
-    if run.peak_memory_bytes is not None:
-        lines.append(f"peak memory: {_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})")
+    measured = figures.run_figures(store, run)
+    lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
     if run.error_summary:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:

@@ -18,7 +18,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs, ui_sweep
+from app import charts, ui_compare, ui_form, ui_gpu, ui_run, ui_runs, ui_sweep
 from jobs.stored import spec_of
 from storage.store import Store
 
@@ -69,11 +69,13 @@ def build_ui(store: Store) -> gr.Blocks:
         runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
 
         refresh_outputs = page.outputs
-        page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
-                           api_visibility="private")
+        opened = page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
+                                    api_visibility="private")
+        charts.redraw_after(opened, page.plots, page.styles)
         page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
-        timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
-                   api_visibility="private")
+        ticked = timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
+                            api_visibility="private")
+        charts.redraw_after(ticked, page.plots, page.styles)
         page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
         page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
 

@@ -15,8 +15,9 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app import series
+from app import charts, series
 from app.budget import human_bytes
+from jobs import figures
 from jobs.checkpoints import resumable, resume
 from jobs.stored import spec_of
 from jobs.flops import FlopsRate
@@ -25,6 +26,7 @@ from storage.settings import data_dir
 from storage.store import RunRecord, Store
 
 LOG_LINES = 50
+GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS)  # the order of `graphs`
 _LOG_TAIL_BYTES = 64 * 1024
 
 
@@ -82,8 +84,14 @@ def progress_html(run: RunRecord) -> str:
             f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>')
 
 
-def header_markdown(run: RunRecord) -> str:
-    peak = f" · peak memory {human_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})" if run.peak_memory_bytes else ""
+def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
+    """Title, status, model and method, then the run's figures (jobs.figures) measured so far."""
+    measured = measured or figures.RunFigures(peak_memory_bytes=run.peak_memory_bytes,
+                                              peak_memory_source=run.peak_memory_source)
+    # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
+    shown = [text if f.unit == f.label else f"{f.label} {text}"
+             for f, text in ((f, measured.text(f)) for f in figures.FIGURES) if text]
+    peak = "".join(f" · {text}" for text in shown)
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
     spec = spec_of(run)
     return (f"## Run {run.id}: {run.name}\n"
@@ -137,19 +145,16 @@ class RunPage:
     spec: gr.Code
     drawn: gr.State
     resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
+    styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
 
     @property
     def outputs(self) -> list[gr.Component]:
         return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn, self.resume]
+                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn, self.resume, self.styles]
 
-
-def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None, legend: bool = True) -> gr.LinePlot:
-    """A line plot coloured by the frame's `series` column; the legend names each line, untitled
-    (gradio would title it with the column name), and is left out for single-line plots.
-    No fixed height: with one, gradio 6.31 clips the legend below the x axis."""
-    return gr.LinePlot(x=x, y=y, color="series", color_title="", colors_in_legend=None if legend else [],
-                       label=label, elem_id=elem_id)
+    @property
+    def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
+        return list(zip(GRAPHS, (self.memory, self.loss, self.lr, self.tps)))
 
 
 def build() -> RunPage:
@@ -164,17 +169,16 @@ def build() -> RunPage:
     progress = gr.HTML()
     error = gr.Markdown(elem_id="run-error")
     with gr.Row():
-        memory = _plot("GiB", "Memory (NVML used, torch allocated/reserved, or host RSS)", x="seconds",
-                       elem_id="run-memory-plot")
-        loss = _plot("value", "Loss (train, eval)", elem_id="run-loss-plot")
+        memory = charts.RUN_MEMORY.build()
+        loss = charts.RUN_LOSS.build()
     with gr.Row():
-        lr = _plot("value", "Learning rate", legend=False)
-        tps = _plot("value", "Tokens/s", legend=False)
+        lr = charts.RUN_LR.build()
+        tps = charts.RUN_TOKENS.build()
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
     return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None), resume=resume)
+                   spec, gr.State(None), resume=resume, styles=gr.State({}))
 
 
 class RunPageData:
@@ -197,15 +201,19 @@ class RunPageData:
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
         if run_id is None:
-            return [gr.skip()] * 14
+            return [gr.skip()] * 15
         rid = int(run_id)
         run = self.store.get_run(rid)
         if run is None:
+            empty = [c.frame([]) for c in GRAPHS]
             return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
-                    gr.Dataframe(visible=False), ""] + [None] * 4 + ["", "", None, gr.Button(visible=False)]
+                    gr.Dataframe(visible=False), ""] + [c.update(f) for c, f in zip(GRAPHS, empty)] + [
+                    "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
         if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * 14
-        memory, loss, lr, tps = self.graphs(rid)
+            return [gr.skip()] * 15
+        frames = self.graphs(rid)
+        memory, loss, lr, tps = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
+        styles = {chart.elem_id: chart.style(frame) for chart, frame in zip(GRAPHS, frames)}
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
         label = "Download model" if spec_of(run).method.value == "full" else "Download adapter"
@@ -219,9 +227,9 @@ class RunPageData:
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
         events = events_markdown(run, self.store.run_events(rid))
-        header = header_markdown(run) + throughput_markdown(self.store, run) + events
+        header = header_markdown(run, figures.run_figures(self.store, run)) + throughput_markdown(self.store, run) + events
         return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                log_tail(run), spec_of(run).to_yaml(), drawn_now, resume]
+                log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

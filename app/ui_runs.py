@@ -1,4 +1,4 @@
-"""The runs table: one row per run with its status, progress, peak memory and last metrics.
+"""The runs table: one row per run with its status, progress and figures (jobs.figures).
 
 Selecting a row opens that run's page (wired in app.ui); a status filter narrows the list.
 """
@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from app.budget import human_bytes
+from jobs import figures
 from jobs.stored import spec_of
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
 
 ALL = "all"
 STATUS_FILTER = [ALL] + [s.value for s in RunStatus]
-COLUMNS = ["id", "name", "model", "method", "status", "progress", "peak memory", "tokens/s", "last loss", "created"]
+FIGURE_COLUMNS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.LOSS)
+COLUMNS = ["id", "name", "model", "method", "status", "progress", *(f.label for f in FIGURE_COLUMNS), "created"]
 
 
 def progress_text(run: RunRecord) -> str:
@@ -30,13 +31,9 @@ def progress_text(run: RunRecord) -> str:
 def runs_frame(store: Store, status: str = ALL, limit: int = 200) -> pd.DataFrame:
     """The table's rows, newest first."""
     runs = store.list_runs(None if status in (ALL, "", None) else RunStatus(status), limit=limit)
-    ids = [r.id for r in runs]
-    loss = store.last_metric_values(ids, "loss")
-    tps = store.last_metric_values(ids, "tokens_per_second")
+    measured = figures.figures_of_runs(store, runs)
     rows = [[r.id, r.name, spec_of(r).model, spec_of(r).method.value, r.status.value, progress_text(r),
-             human_bytes(r.peak_memory_bytes) + (f" ({r.peak_memory_source})" if r.peak_memory_source else "")
-             if r.peak_memory_bytes else "",
-             f"{tps[r.id]:.0f}" if r.id in tps else "", f"{loss[r.id]:.4f}" if r.id in loss else "",
+             *(measured[r.id].text(f) for f in FIGURE_COLUMNS),
              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at))] for r in runs]
     return pd.DataFrame(rows, columns=COLUMNS)
 

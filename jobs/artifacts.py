@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from jobs.figures import FIGURES, format_figure
 from jobs.spec import JobSpec, Method
 
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle"}
@@ -153,7 +154,11 @@ def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> s
     def fmt(v: float) -> str:
         return f"{int(v):,}" if float(v).is_integer() and abs(v) >= 100 else f"{v:.4g}"
 
-    results = "\n".join(f"| {k} | {fmt(v)} |" for k, v in sorted(metrics.items()))
+    # The figures first, named and formatted as the dashboard shows them (jobs.figures), then the rest.
+    keys = {f.key for f in FIGURES}
+    results = "\n".join([f"| {f.label} ({f.key}) | {format_figure(f, metrics[f.key])} |" for f in FIGURES
+                          if f.key in metrics] + [f"| {k} | {fmt(v)} |" for k, v in sorted(metrics.items())
+                                                   if k not in keys])
     tricks = "\n".join(f"- {t}" for t in _tricks(spec))
     method = spec.method.value
     if spec.method in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT}:

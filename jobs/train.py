@@ -35,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from jobs import oom
+from jobs import figures, oom
 from jobs.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.flops import FlopsRate
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
@@ -177,7 +177,9 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     else:
         metrics["peak_rss_bytes"] = float(peak)
     if metrics["global_step"] > 0 and metrics["train_runtime"] > 0:
-        metrics["step_time_mean"] = metrics["train_runtime"] / metrics["global_step"]  # seconds per optimizer step
+        # seconds per optimizer step from trl's clock; `run` replaces this and tokens_per_second with the
+        # figures of jobs.figures (the store-less callers, benches and tests, keep these).
+        metrics["step_time_mean"] = metrics["train_runtime"] / metrics["global_step"]
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
 
 
@@ -321,17 +323,23 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         callback.flush()  # eval metrics and the last steps land before the status changes
         store.set_resolved_config(run_id, result.resolved)  # what training ended with (auto_find_batch_size)
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
+        sampled = figures.sampled_peak(store, run_id)  # the sampler's readings so far (it records its own at the end)
+        if sampled is not None:
+            store.set_peak_memory(run_id, *sampled)
         if result.stopped:
             log.info("run %s stopped early (%s): marking cancelled", run_id, callback.stop_reason or "signal")
             store.mark_cancelled(run_id, exit_code=0)
             return 0
-        if callback.tokens_per_second:
-            result.metrics["tokens_per_second_mean"] = sum(callback.tokens_per_second) / len(callback.tokens_per_second)
-            if callback.flops is not None:
-                result.metrics["tflops_mean"] = callback.flops.tflops(result.metrics["tokens_per_second_mean"])
-                mfu = callback.flops.mfu(result.metrics["tokens_per_second_mean"])
-                if mfu is not None:
-                    result.metrics["mfu_mean"] = mfu
+        # metrics.json, the model card and the final metrics carry the figures as the UI shows them.
+        result.metrics.pop("step_time_mean", None)
+        result.metrics.pop("tokens_per_second", None)
+        result.metrics.update(figures.run_figures(store, store.get_run(run_id)).metrics())
+        tps = result.metrics.get("tokens_per_second")
+        if tps and callback.flops is not None:  # achieved TFLOP/s and MFU at the run's mean tokens/s
+            result.metrics["tflops_mean"] = callback.flops.tflops(tps)
+            mfu = callback.flops.mfu(tps)
+            if mfu is not None:
+                result.metrics["mfu_mean"] = mfu
         write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics)
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)

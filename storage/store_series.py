@@ -143,6 +143,18 @@ class SeriesMixin:
         with self._read() as s:
             return {run_id: _nan_if_none(value) for run_id, value in s.execute(q)}
 
+    def metric_means(self, run_ids: Sequence[int], name: str) -> dict[int, float]:
+        """Mean of every finite value of one metric, per run, from the coarsest rollup level (a few rows
+        per run however long it is); runs without rows are left out."""
+        if not run_ids:
+            return {}
+        r = m.MetricRollup
+        q = (select(r.run_id, func.sum(r.value_sum), func.sum(r.row_count))
+             .where(r.run_id.in_(list(run_ids)), r.name == name, r.level == max(METRIC_LEVELS))
+             .group_by(r.run_id))
+        with self._read() as s:
+            return {run_id: total / count for run_id, total, count in s.execute(q) if count}
+
     # ------------------------------------------------------------------ memory
     def add_memory_samples(self, samples: Iterable[MemoryPoint]) -> int:
         rows = [{k: getattr(p, k) for k in _MEMORY_FIELDS} for p in samples]

@@ -101,9 +101,18 @@ def test_launch_watch_reload_download(server, browser):
     store = _store(home)
     assert spec_of(store.get_run(run_id)).max_steps == 40
     assert store.metric_extent(run_id, "loss") is not None and store.memory_extent(run_id) is not None
-    time.sleep(2)
-    for plot in ("#run-loss-plot", "#run-memory-plot"):
-        assert page.locator(f"{plot} canvas, {plot} svg .mark-line path").count() > 0, plot
+    # What the graphs drew for a real run (tests/chart_scene.py): lines with their data, honest legends.
+    from app import ui_data
+    from chart_scene import wait_scene
+
+    losses = [p.value for p in store.metrics(run_id, ["loss"])]
+    loss = wait_scene(page, "run-loss-plot", lambda s: s.drawn_lines().get("train", 0) >= min(len(losses), 2))
+    assert loss.axis("Y").covers(min(losses), max(losses)), loss.describe()
+    assert set(loss.legend) <= {"train", "eval"} and "train" in loss.legend, loss.describe()
+    assert set(loss.drawn_lines()) == set(loss.legend), loss.describe()  # a final eval loss alone draws too
+    device = {"GPU used (NVML)", "torch allocated", "torch reserved"} if ui_data.has_cuda() else {"host RSS"}
+    memory = wait_scene(page, "run-memory-plot", lambda s: set(s.drawn_lines()) == device)
+    assert sorted(memory.legend) == sorted(device) and not memory.legend_clipped, memory.describe()
     page.screenshot(path=str(ARTIFACTS / "run-page-finished.png"), full_page=True)
     with page.expect_download() as info:
         page.click("#download-adapter")

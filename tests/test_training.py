@@ -216,7 +216,16 @@ def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> N
     assert {"model.safetensors", "config.json", "spec.yaml", "metrics.json", "README.md", "tokenizer.json"} <= files
     assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]
     bundle = Path(kinds["model"].path)
-    assert json.loads((bundle / "metrics.json").read_text())["train_loss"] == record.final_metrics["train_loss"]
+    saved = json.loads((bundle / "metrics.json").read_text())
+    assert saved["train_loss"] == record.final_metrics["train_loss"]
+    # The bundle carries the figures the dashboard shows (jobs.figures), not a second definition of them.
+    from jobs.figures import run_figures
+
+    shown = run_figures(store, record).metrics()
+    assert {"tokens_per_second", "step_time", "loss", "peak_memory_bytes"} <= set(shown)
+    for key, value in shown.items():
+        assert saved[key] == pytest.approx(value) and record.final_metrics[key] == pytest.approx(value), key
+    assert "tokens_per_second_mean" not in saved and "step_time_mean" not in saved
     reloaded = AutoModelForCausalLM.from_pretrained(str(bundle))
     assert sum(p.numel() for p in reloaded.parameters()) == record.final_metrics["total_params"]
 
