@@ -13,6 +13,7 @@ import pytest
 
 from jobs import figures
 from jobs.spec import JobSpec
+from jobs.stored import spec_of
 from storage.store import MemoryBucket, MemoryPoint, MetricPoint
 
 GIB = 1024 ** 3
@@ -62,7 +63,7 @@ def test_every_surface_shows_the_same_text(store, measured_run):
         assert cells[x.label] == texts[x.label], x.label
     header = ui_run.header_markdown(run, f)
     shown = cli.show_text(store, run)
-    card = model_card(run.spec, f.metrics())
+    card = model_card(spec_of(run), f.metrics())
     for x in figures.FIGURES:
         assert texts[x.label] in header, x.label
         assert texts[x.label] in shown, x.label
