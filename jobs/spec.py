@@ -141,10 +141,12 @@ class JobSpec:
                                  "Run Python code shipped with the model. Only for models you trust; never turned on implicitly.")
     # --- Data
     dataset: str = _f(DEFAULT_SFT_DATASET, Group.DATA,
-                      "A bundled sample (sample:chat-format, sample:preference-format), a local .jsonl/.json/.csv/.parquet file, or a hub dataset name.")
+                      "A bundled sample (sample:chat-format, sample:preference-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.")
     eval_dataset: str | None = _f(None, Group.DATA,
                                   "Held-out data, same forms as dataset. Empty: the sample's own eval split, or none for user data.")
     max_train_samples: int | None = _f(None, Group.DATA, "Use only the first N training rows (empty: all).", ge=1)
+    dataset_columns: str | None = _f(None, Group.DATA,
+                                     "Map your column names to the ones trl reads, as target=yours pairs: prompt=question, completion=answer (in YAML also a mapping). Alpaca and ShareGPT files need no mapping: they are detected and converted.")
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
                           "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows.")
@@ -212,6 +214,8 @@ class JobSpec:
         hints = get_type_hints(cls)
         values: dict[str, Any] = {}
         for key, raw in data.items():
+            if key == "dataset_columns" and isinstance(raw, dict):
+                raw = columns_text(raw)  # YAML/JSON mapping -> the one stored form, target=source pairs
             if key not in known:
                 close = _closest(str(key), known)
                 fix = f"did you mean `{close}`?" if close else "remove it; see the README's field table"
@@ -304,9 +308,16 @@ class JobSpec:
                                "set gradient_checkpointing: false, or use prompt_tuning / p_tuning"))
         if self.max_steps == 0:
             out.append(Problem("max_steps", "0 would train nothing", "use -1 to train for num_train_epochs, or a positive step count"))
+        if self.dataset_columns is not None:
+            out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(self.dataset_columns)[1])
         if self.run_name is not None and len(self.run_name) > 200:
             out.append(Problem("run_name", "is longer than 200 characters", "use a shorter name"))
         return out
+
+    @property
+    def column_map(self) -> dict[str, str]:
+        """dataset_columns as {trl column: the data's column}; {} when unset or invalid."""
+        return parse_columns(self.dataset_columns)[0] if self.dataset_columns else {}
 
     def validate(self) -> "JobSpec":
         problems = self.problems()
@@ -346,6 +357,41 @@ def field_infos() -> list[FieldInfo]:
         out.append(FieldInfo(f.name, m["group"], m["help"], kind, optional, _plain(f.default), choices,
                              m.get("ge"), m.get("gt"), m.get("le")))
     return out
+
+
+# ---------------------------------------------------------------------- dataset_columns
+COLUMN_TARGETS = ("text", "messages", "prompt", "completion", "chosen", "rejected", "label",
+                  "instruction", "input", "output", "system", "history", "conversations")
+
+
+def columns_text(mapping: dict[Any, Any]) -> str:
+    """A {target: source} mapping in the stored form `target=source, ...`."""
+    return ", ".join(f"{k}={v}" for k, v in mapping.items())
+
+
+def parse_columns(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """`prompt=question, completion=answer` (or `prompt: question`) -> ({target: source}, [(problem, fix)])."""
+    mapping: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    example = "write target=your_column pairs separated by commas, e.g. prompt=question, completion=answer"
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        sep = "=" if "=" in part else ":"
+        target, _, source = (x.strip() for x in part.partition(sep))
+        if not _ or not target or not source:
+            problems.append((f"`{part}` is not a target=column pair", example))
+        elif target not in COLUMN_TARGETS:
+            problems.append((f"`{target}` is not a column tunedeck reads", f"map to one of {', '.join(COLUMN_TARGETS)}"))
+        elif target in mapping:
+            problems.append((f"`{target}` is mapped twice", "map each target column once"))
+        elif source in mapping.values():
+            problems.append((f"column `{source}` is mapped twice", "map each of your columns to one target"))
+        else:
+            mapping[target] = source
+    if not mapping and not problems:
+        problems.append(("is empty", "leave it out, or " + example))
+    return mapping, problems
 
 
 # ---------------------------------------------------------------------- helpers

@@ -33,7 +33,7 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            info = check_dataset(ref, spec.trainer, field=field)
+            info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
         except DataError as exc:
             out.extend(exc.problems)
             continue

@@ -109,7 +109,7 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
     `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count)."""
-    from jobs.data import load_datasets
+    from jobs.data import load_data
 
     device = device or detect_device()
     problems = capability_problems(spec, device)
@@ -118,12 +118,17 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     for warning in capability_warnings(spec, device):
         log.warning("%s", warning)
     model, tokenizer = model_and_tokenizer or load_model(spec, device)
-    train_ds, eval_ds = load_datasets(spec)
+    loaded = load_data(spec)
+    train_ds, eval_ds = loaded.train, loaded.eval
+    for info in filter(None, (loaded.train_info, loaded.eval_info)):
+        if info.conversion:
+            log.info("data %s: %s", info.ref, info.conversion)
     log.info("data: %d training rows, %s eval rows", len(train_ds), len(eval_ds) if eval_ds is not None else "no")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
     resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type)
+    resolved["data"] = loaded.record()  # which formats were detected and how they were converted
     peft_cfg = peft_config(spec, model_type)
     if spec.method in QUANTIZED_METHODS:
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
