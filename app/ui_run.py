@@ -23,6 +23,11 @@ from storage.settings import data_dir
 from storage.store import RunRecord, Store
 
 LOG_LINES = 50
+# The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
+TRAINER_SERIES: dict[str, dict[str, str]] = {
+    "sft": {"eval perplexity": "eval_perplexity"},
+    "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+}
 _LOG_TAIL_BYTES = 64 * 1024
 
 
@@ -106,11 +111,12 @@ class RunPage:
     spec: gr.Code
     drawn: gr.State
     resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
+    trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
 
     @property
     def outputs(self) -> list[gr.Component]:
         return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn, self.resume]
+                self.loss, self.lr, self.tps, self.trainer, self.log, self.spec, self.drawn, self.resume]
 
 
 def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None, legend: bool = True) -> gr.LinePlot:
@@ -139,11 +145,12 @@ def build() -> RunPage:
     with gr.Row():
         lr = _plot("value", "Learning rate", legend=False)
         tps = _plot("value", "Tokens/s", legend=False)
+    trainer = _plot("value", "Trainer metrics (eval perplexity, rewards)", elem_id="run-trainer-plot")
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
     return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None), resume=resume)
+                   spec, gr.State(None), resume=resume, trainer=trainer)
 
 
 class RunPageData:
@@ -163,17 +170,22 @@ class RunPageData:
         tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         return series.memory_frame(mem, origin), loss, lr, tps
 
+    def trainer_frame(self, run_id: int, trainer: str) -> pd.DataFrame:
+        """The trainer's own metrics (TRAINER_SERIES), e.g. eval perplexity for sft."""
+        return series.metric_frame({label: self.metrics.get(run_id, name)
+                                    for label, name in TRAINER_SERIES.get(trainer, {}).items()})
+
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
         if run_id is None:
-            return [gr.skip()] * 14
+            return [gr.skip()] * 15
         rid = int(run_id)
         run = self.store.get_run(rid)
         if run is None:
             return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
-                    gr.Dataframe(visible=False), ""] + [None] * 4 + ["", "", None, gr.Button(visible=False)]
+                    gr.Dataframe(visible=False), ""] + [None] * 5 + ["", "", None, gr.Button(visible=False)]
         if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * 14
+            return [gr.skip()] * 15
         memory, loss, lr, tps = self.graphs(rid)
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
@@ -187,8 +199,9 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(run))
+        trainer = self.trainer_frame(rid, run.spec.trainer.value)
         return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                log_tail(run), run.spec.to_yaml(), drawn_now, resume]
+                trainer, log_tail(run), run.spec.to_yaml(), drawn_now, resume]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

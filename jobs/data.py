@@ -20,6 +20,7 @@ Every row is validated before training starts, and problems name the first bad r
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from itertools import islice
 import re
@@ -283,7 +284,7 @@ def load_data(spec: JobSpec) -> LoadedData:
     except DataError as exc:
         problems.extend(exc.problems)
     eval_ref = spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec.dataset)
-    if eval_ref:
+    if eval_ref and spec.eval_split is None:  # eval_split holds out rows instead of a sample's eval split
         try:
             eval_ = _load(eval_ref, spec.trainer, "eval_dataset", spec.column_map)
         except DataError as exc:
@@ -292,9 +293,27 @@ def load_data(spec: JobSpec) -> LoadedData:
         raise DataError(problems)
     assert train is not None
     train_ds, train_info = train
+    eval_ds, eval_info = eval_ if eval_ else (None, None)
+    if spec.eval_split is not None:
+        n_eval = eval_rows(len(train_ds), spec.eval_split)
+        if isinstance(n_eval, Problem):
+            raise DataError([n_eval])
+        parts = train_ds.train_test_split(test_size=n_eval, seed=spec.seed, shuffle=True)
+        train_ds, eval_ds = parts["train"], parts["test"]
+        eval_info = dataclasses.replace(train_info, ref=f"{spec.dataset} (eval_split {spec.eval_split:g})", n_rows=n_eval,
+                                        preview=[], warnings=[])
     if spec.max_train_samples is not None and spec.max_train_samples < len(train_ds):
         train_ds = train_ds.select(range(spec.max_train_samples))
-    return LoadedData(train_ds, eval_[0] if eval_ else None, train_info, eval_[1] if eval_ else None)
+    return LoadedData(train_ds, eval_ds, train_info, eval_info)
+
+
+def eval_rows(n_rows: int, eval_split: float) -> int | Problem:
+    """How many of `n_rows` rows eval_split holds out (a fraction, at least one row, or a count)."""
+    n = max(1, round(n_rows * eval_split)) if eval_split < 1 else int(eval_split)
+    if n >= n_rows:
+        return Problem("eval_split", f"would hold out {n} of the {n_rows} training rows, leaving none to train on",
+                       "use a smaller fraction or row count, or give an eval_dataset")
+    return n
 
 
 def load_datasets(spec: JobSpec) -> tuple[datasets.Dataset, datasets.Dataset | None]:

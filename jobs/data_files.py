@@ -22,7 +22,7 @@ from typing import Any
 import datasets
 
 from jobs.data_rows import FORMS_HINT, Issues
-from jobs.spec import Problem
+from jobs.spec import COLUMN_TARGETS, Problem
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".jsonl.gz", ".json.gz")
 Rows = Callable[[], Iterator[tuple[int, dict[str, Any]]]]
@@ -80,7 +80,11 @@ def columns_of(rows: Iterator[tuple[int, dict[str, Any]]]) -> tuple[list[str], i
 
 
 def _row_lists(data: Any) -> dict[str, list[Any]]:
-    """Keys of a top-level object whose values are non-empty lists of objects (the candidate row lists)."""
+    """Keys of a top-level object whose values are non-empty lists of objects (the candidate row lists).
+
+    An object with a column tunedeck reads (`messages`, `conversations`, `prompt`, ...) is a row, not a wrapper."""
+    if set(data) & set(COLUMN_TARGETS):
+        return {}
     return {k: v for k, v in data.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
 
 

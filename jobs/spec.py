@@ -147,6 +147,9 @@ class JobSpec:
     max_train_samples: int | None = _f(None, Group.DATA, "Use only the first N training rows (empty: all).", ge=1)
     dataset_columns: str | None = _f(None, Group.DATA,
                                      "Map your column names to the ones trl reads, as target=yours pairs: prompt=question, completion=answer (in YAML also a mapping). Alpaca and ShareGPT files need no mapping: they are detected and converted.")
+    eval_split: float | None = _f(None, Group.DATA,
+                                  "Hold out rows of the training file for evaluation when there is no eval_dataset: a fraction (0.1 = 10%) or a row count (50). Eval loss (and perplexity for sft) is graphed.",
+                                  gt=0.0)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
                           "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows.")
@@ -308,6 +311,13 @@ class JobSpec:
                                "set gradient_checkpointing: false, or use prompt_tuning / p_tuning"))
         if self.max_steps == 0:
             out.append(Problem("max_steps", "0 would train nothing", "use -1 to train for num_train_epochs, or a positive step count"))
+        if self.eval_split is not None:
+            if self.eval_split >= 1 and not float(self.eval_split).is_integer():
+                out.append(Problem("eval_split", f"{self.eval_split:g} is neither a fraction below 1 nor a whole row count",
+                                   "write a fraction such as 0.1, or a row count such as 50"))
+            if self.eval_dataset and self.eval_dataset.strip():
+                out.append(Problem("eval_split", "is set together with eval_dataset, so which rows to evaluate on is ambiguous",
+                                   "leave eval_split empty to use eval_dataset, or leave eval_dataset empty to hold out rows"))
         if self.dataset_columns is not None:
             out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(self.dataset_columns)[1])
         if self.run_name is not None and len(self.run_name) > 200:

@@ -37,7 +37,8 @@ from jobs.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
-from jobs.spec import JobSpec, Method, Precision, SpecError, Trainer
+from jobs.spec import JobSpec, Method, Precision, SpecError
+from jobs.trainers import build_trainer, perplexity
 
 log = logging.getLogger("jobs.train")
 
@@ -154,6 +155,8 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     if eval_ds is not None and not stopped:
         metrics.update({k: float(v) for k, v in trainer.evaluate().items()
                         if k.startswith("eval_") and isinstance(v, (int, float))})
+        if "eval_loss" in metrics and spec.trainer.value == "sft":
+            metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     tokens = trained_tokens(trainer.state.log_history)
     if tokens is not None and metrics["train_runtime"] > 0:
         metrics["num_tokens"] = tokens
@@ -171,18 +174,6 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     if metrics["global_step"] > 0 and metrics["train_runtime"] > 0:
         metrics["step_time_mean"] = metrics["train_runtime"] / metrics["global_step"]  # seconds per optimizer step
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
-
-
-def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
-                  peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
-    """SFTTrainer, or DPOTrainer whose reference is the base with the adapter off (ref_model=None)."""
-    from trl import DPOTrainer, SFTTrainer
-
-    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
-    if spec.trainer is Trainer.DPO:
-        return DPOTrainer(ref_model=None, **common)
-    return SFTTrainer(**common)
 
 
 # ---------------------------------------------------------------------- errors

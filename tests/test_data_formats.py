@@ -243,3 +243,10 @@ def test_converted_data_trains_and_is_recorded(tiny_model: Path, tmp_path: Path,
     assert result.metrics["global_step"] == 2 and result.metrics["train_loss"] > 0
     assert seen["data"]["dataset"]["source_format"] == shape
     assert seen["data"]["dataset"]["conversion"] and seen["data"]["train_rows"] == 8
+
+
+def test_one_line_chat_file_is_a_row_not_a_wrapper(tmp_path: Path) -> None:
+    """{"messages": [...]} on one line is one row, though it looks like a {"data": [...]} wrapper."""
+    for name in ("one.jsonl", "one.json"):
+        info = check_dataset(write(tmp_path / name, lines(CHAT[:1])), SFT)
+        assert (info.format, info.n_rows) == (RowFormat.MESSAGES, 1)

@@ -142,6 +142,7 @@ BOUNDS = [
     ("eval_steps", 0, "use a value >= 1"),
     ("save_steps", 0, "use a value >= 1"),
     ("seed", -1, "use a value >= 0"),
+    ("eval_split", 0.0, "use a value > 0"),
 ]
 
 
