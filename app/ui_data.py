@@ -64,7 +64,7 @@ def sample_refs() -> list[str]:
         from jobs.data import list_samples
         return list_samples()
     except ImportError:
-        return ["sample:chat-format", "sample:preference-format"]
+        return ["sample:chat-format", "sample:kto-format", "sample:preference-format"]
 
 
 def dataset_choices(optional: bool = False) -> list[str]:

@@ -27,6 +27,7 @@ LOG_LINES = 50
 TRAINER_SERIES: dict[str, dict[str, str]] = {
     "sft": {"eval perplexity": "eval_perplexity"},
     "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
 }
 _LOG_TAIL_BYTES = 64 * 1024
 

@@ -235,7 +235,8 @@ def check_dataset(ref: str, trainer: Trainer, field: str = "dataset", max_bad_ro
 def _features(fmt: RowFormat, style: str | None) -> datasets.Features:
     message = [{"role": datasets.Value("string"), "content": datasets.Value("string")}]
     cell = message if style == "conversational" else datasets.Value("string")
-    return datasets.Features({c: (message if c == "messages" else cell) for c in COLUMNS[fmt]})
+    return datasets.Features({c: (message if c == "messages" else datasets.Value("bool") if c == "label" else cell)
+                              for c in COLUMNS[fmt]})
 
 
 def _load(ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]) -> tuple[datasets.Dataset, DatasetInfo]:

@@ -22,6 +22,7 @@ class RowFormat(str, Enum):
     MESSAGES = "messages"
     PROMPT_COMPLETION = "prompt_completion"
     PREFERENCE = "preference"
+    UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
 
 
 COLUMNS: dict[RowFormat, tuple[str, ...]] = {
@@ -29,14 +30,21 @@ COLUMNS: dict[RowFormat, tuple[str, ...]] = {
     RowFormat.MESSAGES: ("messages",),
     RowFormat.PROMPT_COMPLETION: ("prompt", "completion"),
     RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
+    RowFormat.UNPAIRED: ("prompt", "completion", "label"),
 }
 TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
     Trainer.DPO: (RowFormat.PREFERENCE,),
+    Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
 }
+NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
+         Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)"}
+SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
+              Trainer.KTO: "sample:kto-format"}
+LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
 FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
-              "or `prompt` + `chosen` + `rejected` (dpo)")
+              "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)")
 # Column names seen in popular data sets, and what trl calls them.
 RENAMES = {"question": "prompt", "instruction": "prompt", "input": "prompt", "answer": "completion",
            "output": "completion", "response": "completion", "conversations": "messages",
@@ -49,6 +57,8 @@ def detect_format(columns: Iterable[str]) -> RowFormat | None:
     cols = set(columns)
     if {"chosen", "rejected"} & cols:
         return RowFormat.PREFERENCE
+    if "label" in cols and "completion" in cols:
+        return RowFormat.UNPAIRED
     if "messages" in cols:
         return RowFormat.MESSAGES
     if "completion" in cols:
@@ -64,11 +74,13 @@ def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | 
     """A Problem when `trainer` cannot train on rows of `fmt`."""
     if fmt in TRAINER_FORMATS[trainer]:
         return None
-    if trainer is Trainer.DPO:
-        return Problem(field_name, f"has {fmt.value} rows, but the dpo trainer needs prompt/chosen/rejected rows",
-                       "use preference data such as `sample:preference-format`, or set trainer: sft")
-    return Problem(field_name, "has preference rows (prompt/chosen/rejected), which the sft trainer cannot use",
-                   "set trainer: dpo, or use text/messages/prompt+completion data such as `sample:chat-format`")
+    if trainer is Trainer.SFT:
+        return Problem(field_name, f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
+                       "set trainer: " + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
+                       + ", or use text/messages/prompt+completion data such as `sample:chat-format`")
+    fits = [t.value for t, f in TRAINER_FORMATS.items() if fmt in f]
+    return Problem(field_name, f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
+                   f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}")
 
 
 # ---------------------------------------------------------------------- collecting issues
@@ -207,7 +219,10 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     if fmt is RowFormat.MESSAGES:
         found = _messages_problem(row["messages"], "messages", need_assistant=True)
         return ([found] if found else []), "conversational"
-    answers = ("completion",) if fmt is RowFormat.PROMPT_COMPLETION else ("chosen", "rejected")
+    if fmt is RowFormat.UNPAIRED and _label(row["label"]) is None:
+        return [(f"`label` is `{row['label']}`, not true or false",
+                 "write label: true for a desirable completion, false for an undesirable one")], None
+    answers = ("completion",) if fmt in (RowFormat.PROMPT_COMPLETION, RowFormat.UNPAIRED) else ("chosen", "rejected")
     names = ("prompt", *answers)
     styles = {_style(row[n]) for n in names}
     if len(styles) > 1:
@@ -231,11 +246,23 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     return out, style
 
 
+def _label(value: Any) -> bool | None:
+    """A KTO label as a bool (true/false, 1/0, also as text from CSV); None when it is neither."""
+    key = value.strip().lower() if isinstance(value, str) else value
+    try:
+        return LABELS.get(key)
+    except TypeError:  # unhashable (a list or dict)
+        return None
+
+
 def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
-    """The row reduced to what trl reads; chat messages reduced to {role, content}."""
+    """The row reduced to what trl reads; chat messages reduced to {role, content}; labels to bools."""
     out = {}
     for c in COLUMNS[fmt]:
         v = row.get(c)
+        if c == "label":
+            out[c] = _label(v)
+            continue
         if isinstance(v, list):
             v = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in v]
         out[c] = v
@@ -246,7 +273,7 @@ def _chat_of(row: dict[str, Any], fmt: RowFormat) -> list[dict[str, Any]]:
     """The whole conversation of a valid conversational row (prompt + first answer)."""
     if fmt is RowFormat.MESSAGES:
         return row["messages"]
-    answer = "completion" if fmt is RowFormat.PROMPT_COMPLETION else "chosen"
+    answer = "chosen" if fmt is RowFormat.PREFERENCE else "completion"
     return list(row["prompt"]) + list(row[answer])
 
 
@@ -268,6 +295,7 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
     """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
     n_rows, preview, first_style, same_answer = 0, [], None, 0
     repeated: list[int] = []
+    labels = {True: 0, False: 0}
     for number, row in rows:
         n_rows += 1
         if len(preview) < preview_rows:
@@ -286,6 +314,8 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
                        "use one style for the whole file: all strings, or all lists of {role, content}")
         if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
             same_answer += 1
+        if fmt is RowFormat.UNPAIRED:
+            labels[bool(_label(row["label"]))] += 1
         if style == "conversational" and repeated_role([m["role"] for m in _chat_of(row, fmt)]):
             repeated.append(number)
     warnings = []
@@ -295,6 +325,9 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
                         "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns")
     if same_answer:
         warnings.append(f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing")
+    if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
+        missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
+        warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
     if 0 < n_rows < 8:
         warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
     return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None)

@@ -27,6 +27,7 @@ DEFAULT_DPO_DATASET = "sample:preference-format"
 class Trainer(str, Enum):
     SFT = "sft"
     DPO = "dpo"
+    KTO = "kto"
 
 
 class Method(str, Enum):
@@ -79,10 +80,14 @@ class LossType(str, Enum):
     SIGMOID = "sigmoid"
     HINGE = "hinge"
     IPO = "ipo"
+    KTO = "kto"
+    APO_ZERO_UNPAIRED = "apo_zero_unpaired"
 
 
 SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
+KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
+TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES}
 
 
 class Scheduler(str, Enum):
@@ -141,7 +146,7 @@ class JobSpec:
                                  "Run Python code shipped with the model. Only for models you trust; never turned on implicitly.")
     # --- Data
     dataset: str = _f(DEFAULT_SFT_DATASET, Group.DATA,
-                      "A bundled sample (sample:chat-format, sample:preference-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.")
+                      "A bundled sample (sample:chat-format, sample:preference-format, sample:kto-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.")
     eval_dataset: str | None = _f(None, Group.DATA,
                                   "Held-out data, same forms as dataset. Empty: the sample's own eval split, or none for user data.")
     max_train_samples: int | None = _f(None, Group.DATA, "Use only the first N training rows (empty: all).", ge=1)
@@ -152,7 +157,7 @@ class JobSpec:
                                   gt=0.0)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
-                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows.")
+                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). PPO was removed from trl: for RLHF train a reward model, then GRPO.")
     method: Method = _f(Method.LORA, Group.METHOD,
                         "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.")
     lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096)
@@ -162,9 +167,11 @@ class JobSpec:
                                   "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.")
     use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
     num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024)
-    beta: float = _f(0.1, Group.METHOD, "DPO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0)
+    beta: float = _f(0.1, Group.METHOD, "DPO/KTO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0)
+    desirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the desirable (label true) rows' loss; raise it when they are the minority.", gt=0.0, le=100.0)
+    undesirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the undesirable (label false) rows' loss.", gt=0.0, le=100.0)
     loss_type: LossType = _f(LossType.AUTO, Group.METHOD,
-                             "auto: trl's default (nll for sft, sigmoid for dpo). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo.")
+                             "auto: trl's default (nll for sft, sigmoid for dpo, kto for kto). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired.")
     completion_only_loss: bool = _f(True, Group.METHOD,
                                     "SFT on prompt/completion rows: loss on the completion only. No effect on text or messages rows.")
     assistant_only_loss: bool = _f(False, Group.METHOD,
@@ -294,17 +301,25 @@ class JobSpec:
             out.append(Problem("dataset", "is empty", f"use `{DEFAULT_SFT_DATASET}` or a path to a .jsonl/.json/.csv/.parquet file"))
         if self.lora_target_modules.strip() == "" and self.method in LORA_FAMILY:
             out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
-        if self.packing and self.trainer is Trainer.DPO:
-            out.append(Problem("packing", "is only supported by the SFT trainer", "set packing: false for dpo"))
-        if self.loss_type in SFT_LOSSES and self.trainer is not Trainer.SFT:
-            out.append(Problem("loss_type", f"{self.loss_type.value} is an SFT loss",
-                               "for dpo use auto, " + ", ".join(sorted(t.value for t in DPO_LOSSES))))
-        if self.loss_type in DPO_LOSSES and self.trainer is not Trainer.DPO:
-            out.append(Problem("loss_type", f"{self.loss_type.value} is a DPO loss",
-                               "for sft use auto, " + ", ".join(sorted(t.value for t in SFT_LOSSES))))
-        if self.assistant_only_loss and self.trainer is Trainer.DPO:
-            out.append(Problem("assistant_only_loss", "is an SFT option (DPO already scores only the chosen/rejected answers)",
-                               "set assistant_only_loss: false for dpo"))
+        if self.packing and self.trainer is not Trainer.SFT:
+            out.append(Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {self.trainer.value}"))
+        owner = next((t for t, losses in TRAINER_LOSSES.items() if self.loss_type in losses), None)
+        if owner is not None and owner != self.trainer.value:
+            out.append(Problem("loss_type", f"{self.loss_type.value} is {'an' if owner == 'sft' else 'a'} {owner.upper()} loss",
+                               f"for {self.trainer.value} use auto, "
+                               + ", ".join(sorted(t.value for t in TRAINER_LOSSES[self.trainer.value]))))
+        if self.assistant_only_loss and self.trainer is not Trainer.SFT:
+            out.append(Problem("assistant_only_loss", f"is an SFT option ({self.trainer.value.upper()} already scores only the answers)",
+                               f"set assistant_only_loss: false for {self.trainer.value}"))
+        if self.padding_free and self.trainer is Trainer.KTO:
+            # KTOConfig has no padding_free (TypeError: unexpected keyword argument).
+            out.append(Problem("padding_free", "is not supported by the KTO trainer", "set padding_free: false for kto"))
+        if self.trainer is Trainer.KTO and self.per_device_train_batch_size < 2:
+            # trl: "Actual (not effective) batch size must be > 1. KTO will not work properly because the KL term
+            # will be equivalent to the implied reward."
+            out.append(Problem("per_device_train_batch_size", "must be at least 2 for kto (its KL estimate pairs each "
+                               "row with another completion of the same micro-batch)",
+                               "set per_device_train_batch_size: 2 or more (lower gradient_accumulation_steps to keep memory)"))
         if self.method is Method.PREFIX_TUNING and self.gradient_checkpointing:
             out.append(Problem("gradient_checkpointing",
                                "prefix tuning fails with gradient checkpointing (the cached prefix keys do not match the recomputed attention shape)",

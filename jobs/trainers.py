@@ -32,12 +32,15 @@ class PerplexityCallback(TrainerCallback):
 
 def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
                   peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
-    """SFTTrainer, or DPOTrainer whose reference is the base with the adapter off (ref_model=None)."""
-    from trl import DPOTrainer, SFTTrainer
+    """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None)."""
+    from trl import DPOTrainer, KTOTrainer, SFTTrainer
 
     common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                   processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
     if spec.trainer is Trainer.DPO:
         return DPOTrainer(ref_model=None, **common)
+    if spec.trainer is Trainer.KTO:
+        # Without an adapter (full fine-tuning) trl copies the model as the frozen reference.
+        return KTOTrainer(ref_model=None, **common)
     # The perplexity callback goes first: the store callback then records what it added.
     return SFTTrainer(**{**common, "callbacks": [PerplexityCallback(), *callbacks]})

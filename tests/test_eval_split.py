@@ -75,6 +75,7 @@ def test_spec_problems(data: dict, words: str) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_eval_loss_and_perplexity_through_the_worker(store, tiny_model: Path, tmp_path: Path) -> None:
     """The real worker and child: eval every 2 steps on held-out rows; both series reach the run page."""
     from app.ui_run import RunPageData
