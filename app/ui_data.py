@@ -166,7 +166,7 @@ def length_warning_text(ref: str | None, trainer: str | None, model: str | None,
                        max_length=int(max_length), dataset_columns=(columns or "").strip() or None)
         train, _ = load_datasets(spec)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length)))
+        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length), trainer=spec.trainer))
     except (DataError, ValueError, OSError):
         return ""
 

@@ -28,6 +28,7 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
     "sft": {"eval perplexity": "eval_perplexity"},
     "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
     "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
+    "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
 }
 _LOG_TAIL_BYTES = 64 * 1024
 

@@ -323,8 +323,12 @@ def load_datasets(spec: JobSpec) -> tuple[datasets.Dataset, datasets.Dataset | N
     return loaded.train, loaded.eval
 
 
-def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None, sample_size: int = 1000) -> list[str]:
-    """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap)."""
+def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None, sample_size: int = 1000,
+                    trainer: Trainer = Trainer.SFT) -> list[str]:
+    """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap).
+
+    The reward trainer drops such rows (trl filters them out) where the others truncate them."""
+    fate = "dropped (the reward trainer filters them out)" if Trainer(trainer) is Trainer.REWARD else "truncated"
     n = len(ds)
     if not n or not max_length:
         return []
@@ -340,8 +344,8 @@ def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None
         return []
     if sampled:
         return [f"about {round(over / len(lengths) * n)} of {n} rows (estimated from {len(lengths)}) are longer "
-                f"than max_length {max_length} tokens and will be truncated"]
-    return [f"{over} of {n} rows are longer than max_length {max_length} tokens and will be truncated"]
+                f"than max_length {max_length} tokens and will be {fate}"]
+    return [f"{over} of {n} rows are longer than max_length {max_length} tokens and will be {fate}"]
 
 
 def _texts(row: dict[str, Any], tokenizer: Any) -> list[tuple[str, bool]]:

@@ -36,11 +36,13 @@ TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
     Trainer.DPO: (RowFormat.PREFERENCE,),
     Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
+    Trainer.REWARD: (RowFormat.PREFERENCE,),
 }
 NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
-         Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)"}
+         Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
+         Trainer.REWARD: "prompt/chosen/rejected rows"}
 SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
-              Trainer.KTO: "sample:kto-format"}
+              Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format"}
 LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
 FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.mapping_trainers import config_class_name, drop_unsupported, loss_type_name, trainer_kwargs  # noqa: F401
+from jobs.mapping_trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
+                                   trainer_kwargs)
 from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
@@ -95,6 +96,16 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
         out.append(Problem("padding_free", "needs packing for sft (trl refuses padding-free rows without packing "
                            "because max_length would not be enforced)", "set packing: true (it turns padding-free on "
                            "by itself), or padding_free: false"))
+    if spec.trainer is Trainer.REWARD and spec.method in QUANTIZED_METHODS:
+        # Measured on the CPU (trl 1.16, peft 0.21.2, bitsandbytes 0.50.2): RuntimeError "expected m1 and m2 to
+        # have the same dtype, but got: float != c10::BFloat16" in the first forward of the score head.
+        out.append(Problem("method", f"{spec.method.value} fails for a reward model (the quantized base and the new "
+                           "score head disagree on dtype: 'expected m1 and m2 to have the same dtype')",
+                           "use method: lora (or dora, full) for trainer: reward"))
+    if spec.trainer is Trainer.REWARD and spec.method is Method.PREFIX_TUNING:
+        # peft: "Model does not support past key values which are required for prefix tuning."
+        out.append(Problem("method", "prefix_tuning needs past key values, which the sequence-classification model of "
+                           "a reward model does not return", "use prompt_tuning or p_tuning, or lora, for trainer: reward"))
     if spec.method in LORA_FAMILY and "lm_head" in _target_modules(spec):
         # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
         # are computed from `lm_head.weight` directly, so the adapter would never be trained."
@@ -143,7 +154,7 @@ def _target_modules(spec: JobSpec) -> str | list[str]:
 def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """(peft config class name, its keyword arguments) for the spec's method; None for full."""
     m = spec.method
-    base: dict[str, Any] = {"task_type": "CAUSAL_LM"}
+    base: dict[str, Any] = {"task_type": task_type(spec)}
     if m is Method.FULL:
         return None
     # LoRA: the base stays frozen (no gradients, no optimizer state); only r*(in+out) adapter

@@ -14,10 +14,13 @@ from typing import Any
 
 from jobs.spec import JobSpec, LossType, Trainer
 
-CONFIG_CLASSES = {Trainer.SFT: "SFTConfig", Trainer.DPO: "DPOConfig", Trainer.KTO: "KTOConfig"}
+CONFIG_CLASSES = {Trainer.SFT: "SFTConfig", Trainer.DPO: "DPOConfig", Trainer.KTO: "KTOConfig",
+                  Trainer.REWARD: "RewardConfig"}
 DEFAULT_LOSSES = {Trainer.SFT: "nll", Trainer.DPO: "sigmoid", Trainer.KTO: "kto"}
 # Common TrainingArguments-level keys a trainer's config does not have (it would raise TypeError).
-UNSUPPORTED = {Trainer.KTO: ("padding_free",)}
+UNSUPPORTED = {Trainer.KTO: ("padding_free",), Trainer.REWARD: ("padding_free",)}
+# The peft task type, which decides the model head peft wraps (and trains: a reward model's score head).
+TASK_TYPES = {Trainer.REWARD: "SEQ_CLS"}
 
 
 def config_class_name(spec: JobSpec) -> str:
@@ -28,7 +31,7 @@ def config_class_name(spec: JobSpec) -> str:
 def loss_type_name(spec: JobSpec) -> str:
     """trl's loss_type: the spec's choice, or trl's own default for the trainer when auto."""
     if spec.loss_type is LossType.AUTO:
-        return DEFAULT_LOSSES[spec.trainer]
+        return DEFAULT_LOSSES.get(spec.trainer, "auto")
     return spec.loss_type.value
 
 
@@ -48,7 +51,16 @@ def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:
         # like DPO, but no pairs are needed.
         return {"beta": spec.beta, "loss_type": loss_type_name(spec), "desirable_weight": spec.desirable_weight,
                 "undesirable_weight": spec.undesirable_weight}
+    if spec.trainer is Trainer.REWARD:
+        # A reward model is the base with a one-output classification head ("score"), trained so that
+        # chosen answers score above rejected ones; one forward per answer, no reference model.
+        return {}
     raise ValueError(f"no trainer mapping for {spec.trainer!r}")  # pragma: no cover - enum is closed
+
+
+def task_type(spec: JobSpec) -> str:
+    """peft's task_type for the spec's trainer: SEQ_CLS for a reward model, else CAUSAL_LM."""
+    return TASK_TYPES.get(spec.trainer, "CAUSAL_LM")
 
 
 def drop_unsupported(spec: JobSpec, kw: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class Trainer(str, Enum):
     SFT = "sft"
     DPO = "dpo"
     KTO = "kto"
+    REWARD = "reward"
 
 
 class Method(str, Enum):
@@ -81,13 +82,14 @@ class LossType(str, Enum):
     HINGE = "hinge"
     IPO = "ipo"
     KTO = "kto"
+    REWARD = "reward"
     APO_ZERO_UNPAIRED = "apo_zero_unpaired"
 
 
 SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
 KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
-TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES}
+TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES, "reward": set()}
 
 
 class Scheduler(str, Enum):
@@ -157,7 +159,7 @@ class JobSpec:
                                   gt=0.0)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
-                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). PPO was removed from trl: for RLHF train a reward model, then GRPO.")
+                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. PPO was removed from trl: for RLHF train a reward model, then GRPO.")
     method: Method = _f(Method.LORA, Group.METHOD,
                         "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.")
     lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096)
@@ -306,14 +308,15 @@ class JobSpec:
         owner = next((t for t, losses in TRAINER_LOSSES.items() if self.loss_type in losses), None)
         if owner is not None and owner != self.trainer.value:
             out.append(Problem("loss_type", f"{self.loss_type.value} is {'an' if owner == 'sft' else 'a'} {owner.upper()} loss",
-                               f"for {self.trainer.value} use auto, "
-                               + ", ".join(sorted(t.value for t in TRAINER_LOSSES[self.trainer.value]))))
+                               f"for {self.trainer.value} use "
+                               + ", ".join(["auto"] + sorted(t.value for t in TRAINER_LOSSES[self.trainer.value]))))
         if self.assistant_only_loss and self.trainer is not Trainer.SFT:
             out.append(Problem("assistant_only_loss", f"is an SFT option ({self.trainer.value.upper()} already scores only the answers)",
                                f"set assistant_only_loss: false for {self.trainer.value}"))
-        if self.padding_free and self.trainer is Trainer.KTO:
-            # KTOConfig has no padding_free (TypeError: unexpected keyword argument).
-            out.append(Problem("padding_free", "is not supported by the KTO trainer", "set padding_free: false for kto"))
+        if self.padding_free and self.trainer in (Trainer.KTO, Trainer.REWARD):
+            # KTOConfig and RewardConfig have no padding_free (TypeError: unexpected keyword argument).
+            out.append(Problem("padding_free", f"is not supported by the {self.trainer.value.upper()} trainer",
+                               f"set padding_free: false for {self.trainer.value}"))
         if self.trainer is Trainer.KTO and self.per_device_train_batch_size < 2:
             # trl: "Actual (not effective) batch size must be > 1. KTO will not work properly because the KL term
             # will be equivalent to the implied reward."

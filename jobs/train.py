@@ -37,7 +37,7 @@ from jobs.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
-from jobs.spec import JobSpec, Method, Precision, SpecError
+from jobs.spec import JobSpec, Method, Precision, Problem, SpecError, Trainer
 from jobs.trainers import build_trainer, perplexity
 
 log = logging.getLogger("jobs.train")
@@ -92,7 +92,8 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
     model, tokenizer = load_model_and_tokenizer(
         resolved, torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
-        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code)
+        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code,
+        reward_head=spec.trainer is Trainer.REWARD)
     return model, tokenizer
 
 
@@ -138,6 +139,10 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
+        # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
+        raise SpecError([Problem("max_length", f"every training row is longer than {spec.max_length} tokens, and the "
+                                 "reward trainer drops such rows", "raise max_length (the data preview counts long rows)")])
     trainable, total = count_params(trainer.model)
     resolved["trainable_params"], resolved["total_params"] = trainable, total
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))

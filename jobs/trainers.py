@@ -32,8 +32,9 @@ class PerplexityCallback(TrainerCallback):
 
 def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
                   peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
-    """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None)."""
-    from trl import DPOTrainer, KTOTrainer, SFTTrainer
+    """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
+    RewardTrainer on a sequence-classification model (`jobs.models.load_model_and_tokenizer(reward_head=True)`)."""
+    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
 
     common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                   processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
@@ -42,5 +43,7 @@ def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds
     if spec.trainer is Trainer.KTO:
         # Without an adapter (full fine-tuning) trl copies the model as the frozen reference.
         return KTOTrainer(ref_model=None, **common)
+    if spec.trainer is Trainer.REWARD:
+        return RewardTrainer(**common)
     # The perplexity callback goes first: the store callback then records what it added.
     return SFTTrainer(**{**common, "callbacks": [PerplexityCallback(), *callbacks]})
