@@ -29,6 +29,8 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
     "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
     "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
     "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
+    "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
+    "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
 }
 _LOG_TAIL_BYTES = 64 * 1024
 

@@ -37,12 +37,16 @@ TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.DPO: (RowFormat.PREFERENCE,),
     Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
     Trainer.REWARD: (RowFormat.PREFERENCE,),
+    Trainer.ORPO: (RowFormat.PREFERENCE,),
+    Trainer.CPO: (RowFormat.PREFERENCE,),
 }
 NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
          Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
-         Trainer.REWARD: "prompt/chosen/rejected rows"}
+         Trainer.REWARD: "prompt/chosen/rejected rows", Trainer.ORPO: "prompt/chosen/rejected rows",
+         Trainer.CPO: "prompt/chosen/rejected rows"}
 SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
-              Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format"}
+              Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format",
+              Trainer.ORPO: "sample:preference-format", Trainer.CPO: "sample:preference-format"}
 LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
 FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jobs.mapping_trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
-                                   trainer_kwargs)
+                                   trainer_kwargs, trl_module)
 from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
@@ -287,9 +287,10 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
 
 def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False) -> Any:
     """The trl config (SFTConfig, DPOConfig, KTOConfig, ...) for the spec on this device."""
-    import trl
+    import importlib
 
-    return getattr(trl, config_class_name(spec))(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
+    module = importlib.import_module(trl_module(spec))
+    return getattr(module, config_class_name(spec))(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
 
 
 def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False,
@@ -301,7 +302,7 @@ def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         "device": {**asdict(device), "compute_capability": list(device.compute_capability or []) or None},
         "precision": precision.value,
         "torch_dtype": torch_dtype_name(spec, precision),
-        "trainer_config_class": config_class_name(spec),
+        "trainer_config_class": f"{trl_module(spec)}.{config_class_name(spec)}".removeprefix("trl."),
         "trainer_config": training_kwargs(spec, device, output_dir, has_eval=has_eval),
         "peft_config_class": peft_found[0] if peft_found else None,
         "peft_config": peft_found[1] if peft_found else None,

@@ -15,10 +15,12 @@ from typing import Any
 from jobs.spec import JobSpec, LossType, Trainer
 
 CONFIG_CLASSES = {Trainer.SFT: "SFTConfig", Trainer.DPO: "DPOConfig", Trainer.KTO: "KTOConfig",
-                  Trainer.REWARD: "RewardConfig"}
-DEFAULT_LOSSES = {Trainer.SFT: "nll", Trainer.DPO: "sigmoid", Trainer.KTO: "kto"}
+                  Trainer.REWARD: "RewardConfig", Trainer.ORPO: "ORPOConfig", Trainer.CPO: "CPOConfig"}
+# Where each config (and its trainer) lives; trl.experimental may change in any release, so trl is pinned.
+MODULES = {Trainer.ORPO: "trl.experimental.orpo", Trainer.CPO: "trl.experimental.cpo"}
+DEFAULT_LOSSES = {Trainer.SFT: "nll", Trainer.DPO: "sigmoid", Trainer.KTO: "kto", Trainer.CPO: "sigmoid"}
 # Common TrainingArguments-level keys a trainer's config does not have (it would raise TypeError).
-UNSUPPORTED = {Trainer.KTO: ("padding_free",), Trainer.REWARD: ("padding_free",)}
+UNSUPPORTED = {t: ("padding_free",) for t in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO)}
 # The peft task type, which decides the model head peft wraps (and trains: a reward model's score head).
 TASK_TYPES = {Trainer.REWARD: "SEQ_CLS"}
 
@@ -26,6 +28,11 @@ TASK_TYPES = {Trainer.REWARD: "SEQ_CLS"}
 def config_class_name(spec: JobSpec) -> str:
     """The trl config class the spec's trainer takes."""
     return CONFIG_CLASSES[spec.trainer]
+
+
+def trl_module(spec: JobSpec) -> str:
+    """The module holding the spec's trainer and config class (`trl`, or a `trl.experimental` one)."""
+    return MODULES.get(spec.trainer, "trl")
 
 
 def loss_type_name(spec: JobSpec) -> str:
@@ -51,6 +58,13 @@ def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:
         # like DPO, but no pairs are needed.
         return {"beta": spec.beta, "loss_type": loss_type_name(spec), "desirable_weight": spec.desirable_weight,
                 "undesirable_weight": spec.undesirable_weight}
+    if spec.trainer is Trainer.ORPO:
+        # ORPO adds an odds-ratio penalty (weight beta) to the SFT loss on the chosen answer: one model,
+        # no reference pass, so it costs about what SFT on chosen+rejected costs.
+        return {"beta": spec.beta}
+    if spec.trainer is Trainer.CPO:
+        # CPO: a DPO-style loss without the reference model plus a behaviour-cloning term on the chosen answer.
+        return {"beta": spec.beta, "loss_type": loss_type_name(spec)}
     if spec.trainer is Trainer.REWARD:
         # A reward model is the base with a one-output classification head ("score"), trained so that
         # chosen answers score above rejected ones; one forward per answer, no reference model.

@@ -29,6 +29,8 @@ class Trainer(str, Enum):
     DPO = "dpo"
     KTO = "kto"
     REWARD = "reward"
+    ORPO = "orpo"  # trl.experimental
+    CPO = "cpo"    # trl.experimental
 
 
 class Method(str, Enum):
@@ -83,13 +85,17 @@ class LossType(str, Enum):
     IPO = "ipo"
     KTO = "kto"
     REWARD = "reward"
+    ORPO = "orpo"  # trl.experimental
+    CPO = "cpo"    # trl.experimental
     APO_ZERO_UNPAIRED = "apo_zero_unpaired"
 
 
 SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
 KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
-TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES, "reward": set()}
+TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES, "reward": set(), "orpo": set(),
+                  "cpo": DPO_LOSSES}
+EXPERIMENTAL_TRAINERS = {Trainer.ORPO, Trainer.CPO}  # in trl.experimental: may change in any trl release
 
 
 class Scheduler(str, Enum):
@@ -159,7 +165,7 @@ class JobSpec:
                                   gt=0.0)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
-                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. PPO was removed from trl: for RLHF train a reward model, then GRPO.")
+                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. orpo, cpo (experimental in trl, pinned): preference tuning on prompt/chosen/rejected rows without a reference model. PPO was removed from trl: for RLHF train a reward model, then GRPO.")
     method: Method = _f(Method.LORA, Group.METHOD,
                         "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.")
     lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096)
@@ -169,11 +175,11 @@ class JobSpec:
                                   "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.")
     use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
     num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024)
-    beta: float = _f(0.1, Group.METHOD, "DPO/KTO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0)
+    beta: float = _f(0.1, Group.METHOD, "DPO/KTO/CPO temperature: how far the policy may move from the reference; ORPO: weight of the odds-ratio term.", gt=0.0, le=10.0)
     desirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the desirable (label true) rows' loss; raise it when they are the minority.", gt=0.0, le=100.0)
     undesirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the undesirable (label false) rows' loss.", gt=0.0, le=100.0)
     loss_type: LossType = _f(LossType.AUTO, Group.METHOD,
-                             "auto: trl's default (nll for sft, sigmoid for dpo, kto for kto). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired.")
+                             "auto: trl's default (nll for sft, sigmoid for dpo and cpo, kto for kto). sft: nll or dft. dpo, cpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired.")
     completion_only_loss: bool = _f(True, Group.METHOD,
                                     "SFT on prompt/completion rows: loss on the completion only. No effect on text or messages rows.")
     assistant_only_loss: bool = _f(False, Group.METHOD,
@@ -306,15 +312,15 @@ class JobSpec:
         if self.packing and self.trainer is not Trainer.SFT:
             out.append(Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {self.trainer.value}"))
         owner = next((t for t, losses in TRAINER_LOSSES.items() if self.loss_type in losses), None)
-        if owner is not None and owner != self.trainer.value:
+        if owner is not None and self.loss_type not in TRAINER_LOSSES[self.trainer.value]:
             out.append(Problem("loss_type", f"{self.loss_type.value} is {'an' if owner == 'sft' else 'a'} {owner.upper()} loss",
                                f"for {self.trainer.value} use "
                                + ", ".join(["auto"] + sorted(t.value for t in TRAINER_LOSSES[self.trainer.value]))))
         if self.assistant_only_loss and self.trainer is not Trainer.SFT:
             out.append(Problem("assistant_only_loss", f"is an SFT option ({self.trainer.value.upper()} already scores only the answers)",
                                f"set assistant_only_loss: false for {self.trainer.value}"))
-        if self.padding_free and self.trainer in (Trainer.KTO, Trainer.REWARD):
-            # KTOConfig and RewardConfig have no padding_free (TypeError: unexpected keyword argument).
+        if self.padding_free and self.trainer in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO):
+            # KTOConfig, RewardConfig, ORPOConfig, CPOConfig have no padding_free (TypeError: unexpected keyword).
             out.append(Problem("padding_free", f"is not supported by the {self.trainer.value.upper()} trainer",
                                f"set padding_free: false for {self.trainer.value}"))
         if self.trainer is Trainer.KTO and self.per_device_train_batch_size < 2:

@@ -45,5 +45,13 @@ def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds
         return KTOTrainer(ref_model=None, **common)
     if spec.trainer is Trainer.REWARD:
         return RewardTrainer(**common)
+    if spec.trainer is Trainer.ORPO:
+        from trl.experimental.orpo import ORPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+
+        return ORPOTrainer(**common)
+    if spec.trainer is Trainer.CPO:
+        from trl.experimental.cpo import CPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+
+        return CPOTrainer(**common)
     # The perplexity callback goes first: the store callback then records what it added.
     return SFTTrainer(**{**common, "callbacks": [PerplexityCallback(), *callbacks]})
