@@ -157,6 +157,8 @@ RUN_LR = Chart("run-lr-plot", "Learning rate", "step", "value", "optimizer step"
                y_format=".2~e")
 RUN_TOKENS = Chart("run-tps-plot", "Tokens/s (per logging interval)", "step", "value", "optimizer step",
                    "tokens/s", legend=False, y_format=",.0f")
+RUN_TRAINER = Chart("run-trainer-plot", "Trainer metrics (eval perplexity, rewards)", "step", "value",
+                    "optimizer step", "value")
 COMPARE_TRADEOFF = Chart("compare-tradeoff", "Time vs memory: peak memory against tokens/s", "tokens/s",
                          "peak GiB", "tokens/s (mean)", "peak memory (GiB)", kind="point",
                          x_lim=(0.0, None), y_lim=(0.0, None),

@@ -29,13 +29,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from jobs import figures  # noqa: E402
-from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
+from jobs.spec import Problem, SpecError  # noqa: E402
 from jobs.stored import spec_of  # noqa: E402
 from app.cli_input import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
 from storage.models import RunStatus  # noqa: E402

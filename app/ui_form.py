@@ -218,8 +218,8 @@ def wire(form: LaunchForm, store: Store) -> None:
     form.yaml_upload.upload(load_yaml, form.yaml_upload, ins + [form.errors])
     for name in BUDGET_FIELDS:
         form.fields[name].change(budget_text, ins, form.budget, show_progress="hidden")
-    data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length")]
+    data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length", "dataset_columns")]
     data_out = [form.data_info, form.data_preview]
-    for name in ("dataset", "trainer", "max_length"):
+    for name in ("dataset", "trainer", "max_length", "dataset_columns"):
         form.fields[name].change(ui_data.preview_with_lengths, data_in, data_out)
     form.upload.upload(ui_data.save_upload, form.upload, form.fields["dataset"])

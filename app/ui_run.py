@@ -26,7 +26,16 @@ from storage.settings import data_dir
 from storage.store import RunRecord, Store
 
 LOG_LINES = 50
-GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS)  # the order of `graphs`
+GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
+# The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
+TRAINER_SERIES: dict[str, dict[str, str]] = {
+    "sft": {"eval perplexity": "eval_perplexity"},
+    "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
+    "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
+    "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
+    "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+}
 _LOG_TAIL_BYTES = 64 * 1024
 
 
@@ -146,15 +155,17 @@ class RunPage:
     drawn: gr.State
     resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
     styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
+    trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
 
     @property
     def outputs(self) -> list[gr.Component]:
         return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn, self.resume, self.styles]
+                self.loss, self.lr, self.tps, self.trainer, self.log, self.spec, self.drawn, self.resume,
+                self.styles]
 
     @property
     def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
-        return list(zip(GRAPHS, (self.memory, self.loss, self.lr, self.tps)))
+        return list(zip(GRAPHS, (self.memory, self.loss, self.lr, self.tps, self.trainer)))
 
 
 def build() -> RunPage:
@@ -174,11 +185,12 @@ def build() -> RunPage:
     with gr.Row():
         lr = charts.RUN_LR.build()
         tps = charts.RUN_TOKENS.build()
+    trainer = charts.RUN_TRAINER.build()
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
     return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None), resume=resume, styles=gr.State({}))
+                   spec, gr.State(None), resume=resume, styles=gr.State({}), trainer=trainer)
 
 
 class RunPageData:
@@ -198,10 +210,15 @@ class RunPageData:
         tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         return series.memory_frame(mem, origin), loss, lr, tps
 
+    def trainer_frame(self, run_id: int, trainer: str) -> pd.DataFrame:
+        """The trainer's own metrics (TRAINER_SERIES), e.g. eval perplexity for sft."""
+        return series.metric_frame({label: self.metrics.get(run_id, name)
+                                    for label, name in TRAINER_SERIES.get(trainer, {}).items()})
+
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
         if run_id is None:
-            return [gr.skip()] * 15
+            return [gr.skip()] * 16
         rid = int(run_id)
         run = self.store.get_run(rid)
         if run is None:
@@ -210,9 +227,9 @@ class RunPageData:
                     gr.Dataframe(visible=False), ""] + [c.update(f) for c, f in zip(GRAPHS, empty)] + [
                     "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
         if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * 15
-        frames = self.graphs(rid)
-        memory, loss, lr, tps = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
+            return [gr.skip()] * 16
+        frames = self.graphs(rid) + (self.trainer_frame(rid, spec_of(run).trainer.value),)
+        memory, loss, lr, tps, trainer = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
         styles = {chart.elem_id: chart.style(frame) for chart, frame in zip(GRAPHS, frames)}
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
@@ -229,7 +246,7 @@ class RunPageData:
         events = events_markdown(run, self.store.run_events(rid))
         header = header_markdown(run, figures.run_figures(self.store, run)) + throughput_markdown(self.store, run) + events
         return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
+                trainer, log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

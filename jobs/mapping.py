@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, LossType, Method, Optim, Precision, Problem, Trainer
+from jobs.mapping_trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
+                                   trainer_kwargs, trl_module)
+from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
@@ -94,6 +96,22 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
         out.append(Problem("padding_free", "needs packing for sft (trl refuses padding-free rows without packing "
                            "because max_length would not be enforced)", "set packing: true (it turns padding-free on "
                            "by itself), or padding_free: false"))
+    if spec.trainer is Trainer.REWARD and spec.method in QUANTIZED_METHODS:
+        # Measured on the CPU (trl 1.16, peft 0.21.2, bitsandbytes 0.50.2): RuntimeError "expected m1 and m2 to
+        # have the same dtype, but got: float != c10::BFloat16" in the first forward of the score head.
+        out.append(Problem("method", f"{spec.method.value} fails for a reward model (the quantized base and the new "
+                           "score head disagree on dtype: 'expected m1 and m2 to have the same dtype')",
+                           "use method: lora (or dora, full) for trainer: reward"))
+    if spec.trainer is Trainer.REWARD and spec.method is Method.PREFIX_TUNING:
+        # peft: "Model does not support past key values which are required for prefix tuning."
+        out.append(Problem("method", "prefix_tuning needs past key values, which the sequence-classification model of "
+                           "a reward model does not return", "use prompt_tuning or p_tuning, or lora, for trainer: reward"))
+    if spec.method in LORA_FAMILY and "lm_head" in _target_modules(spec):
+        # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
+        # are computed from `lm_head.weight` directly, so the adapter would never be trained."
+        out.append(Problem("lora_target_modules", f"an adapter on lm_head is not trained by {spec.trainer.value} (trl "
+                           "computes log-probabilities from lm_head's weight directly, so trl refuses it)",
+                           "remove lm_head from lora_target_modules (all-linear already leaves it out)"))
     return out
 
 
@@ -136,7 +154,7 @@ def _target_modules(spec: JobSpec) -> str | list[str]:
 def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """(peft config class name, its keyword arguments) for the spec's method; None for full."""
     m = spec.method
-    base: dict[str, Any] = {"task_type": "CAUSAL_LM"}
+    base: dict[str, Any] = {"task_type": task_type(spec)}
     if m is Method.FULL:
         return None
     # LoRA: the base stays frozen (no gradients, no optimizer state); only r*(in+out) adapter
@@ -257,7 +275,6 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # Padding-free flattens a batch into one row with position_ids: no pad tokens are computed
         # or stored. With trl's default "bfd" packing it is on whatever this flag says.
         "padding_free": spec.padding_free,
-        "loss_type": loss_type_name(spec),
     }
     if spec.gradient_checkpointing:
         kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
@@ -265,31 +282,16 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         kw["save_steps"] = spec.save_steps
     if kw["eval_strategy"] == "steps":
         kw["eval_steps"] = spec.eval_steps
-    if spec.trainer is Trainer.SFT:
-        # Packing concatenates short rows into max_length blocks: no compute or memory is spent
-        # on padding, often ~2x tokens/s on short-row data; attention may span row boundaries.
-        kw["packing"] = spec.packing
-        # Loss masks cost nothing in memory or time; they change what the model learns from.
-        kw["completion_only_loss"] = spec.completion_only_loss
-        kw["assistant_only_loss"] = spec.assistant_only_loss
-    else:
-        kw["beta"] = spec.beta
-    return kw
-
-
-def loss_type_name(spec: JobSpec) -> str:
-    """trl's loss_type: the spec's choice, or trl's own default for the trainer when auto."""
-    if spec.loss_type is LossType.AUTO:
-        return "nll" if spec.trainer is Trainer.SFT else "sigmoid"
-    return spec.loss_type.value
+    kw.update(trainer_kwargs(spec))  # packing, loss masks, beta, loss_type, ... (jobs.mapping_trainers)
+    return drop_unsupported(spec, kw)
 
 
 def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False) -> Any:
-    """trl SFTConfig or DPOConfig for the spec on this device."""
-    from trl import DPOConfig, SFTConfig
+    """The trl config (SFTConfig, DPOConfig, KTOConfig, ...) for the spec on this device."""
+    import importlib
 
-    cls = SFTConfig if spec.trainer is Trainer.SFT else DPOConfig
-    return cls(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
+    module = importlib.import_module(trl_module(spec))
+    return getattr(module, config_class_name(spec))(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
 
 
 def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False,
@@ -301,7 +303,7 @@ def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         "device": {**asdict(device), "compute_capability": list(device.compute_capability or []) or None},
         "precision": precision.value,
         "torch_dtype": torch_dtype_name(spec, precision),
-        "trainer_config_class": "SFTConfig" if spec.trainer is Trainer.SFT else "DPOConfig",
+        "trainer_config_class": f"{trl_module(spec)}.{config_class_name(spec)}".removeprefix("trl."),
         "trainer_config": training_kwargs(spec, device, output_dir, has_eval=has_eval),
         "peft_config_class": peft_found[0] if peft_found else None,
         "peft_config": peft_found[1] if peft_found else None,

@@ -401,10 +401,13 @@ def resolve_model(ref: str, *, trust_remote_code: bool = False) -> ResolvedModel
 
 
 # ----------------------------------------------------------------------------- loading
-def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None,
-                             quantization_config: Any = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """Load (model, tokenizer) from safetensors; the tokenizer gets a pad token (eos) if it has none."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None, quantization_config: Any = None,
+                             trust_remote_code: bool = False, reward_head: bool = False) -> tuple[Any, Any]:
+    """Load (model, tokenizer) from safetensors; the tokenizer gets a pad token (eos) if it has none.
+
+    `reward_head`: the base with a new one-output sequence-classification head (a reward model) instead
+    of the language-model head."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": bool(trust_remote_code)}
     if torch_dtype is not None:
@@ -413,7 +416,10 @@ def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None
         kwargs["quantization_config"] = quantization_config
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=bool(trust_remote_code))
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
+        if reward_head:
+            model = AutoModelForSequenceClassification.from_pretrained(resolved.path, num_labels=1, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
     except (OSError, ValueError) as exc:
         if isinstance(exc, ModelError):
             raise

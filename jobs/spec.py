@@ -27,6 +27,10 @@ DEFAULT_DPO_DATASET = "sample:preference-format"
 class Trainer(str, Enum):
     SFT = "sft"
     DPO = "dpo"
+    KTO = "kto"
+    REWARD = "reward"
+    ORPO = "orpo"  # trl.experimental
+    CPO = "cpo"    # trl.experimental
 
 
 class Method(str, Enum):
@@ -79,10 +83,19 @@ class LossType(str, Enum):
     SIGMOID = "sigmoid"
     HINGE = "hinge"
     IPO = "ipo"
+    KTO = "kto"
+    REWARD = "reward"
+    ORPO = "orpo"  # trl.experimental
+    CPO = "cpo"    # trl.experimental
+    APO_ZERO_UNPAIRED = "apo_zero_unpaired"
 
 
 SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
+KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
+TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES, "reward": set(), "orpo": set(),
+                  "cpo": DPO_LOSSES}
+EXPERIMENTAL_TRAINERS = {Trainer.ORPO, Trainer.CPO}  # in trl.experimental: may change in any trl release
 
 
 class Scheduler(str, Enum):
@@ -146,13 +159,18 @@ class JobSpec:
                                  "Run Python code shipped with the model. Only for models you trust; never turned on implicitly.")
     # --- Data
     dataset: str = _f(DEFAULT_SFT_DATASET, Group.DATA,
-                      "A bundled sample (sample:chat-format, sample:preference-format), a local .jsonl/.json/.csv/.parquet file, or a hub dataset name.")
+                      "A bundled sample (sample:chat-format, sample:preference-format, sample:kto-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.")
     eval_dataset: str | None = _f(None, Group.DATA,
                                   "Held-out data, same forms as dataset. Empty: the sample's own eval split, or none for user data.")
     max_train_samples: int | None = _f(None, Group.DATA, "Use only the first N training rows (empty: all).", ge=1)
+    dataset_columns: str | None = _f(None, Group.DATA,
+                                     "Map your column names to the ones trl reads, as target=yours pairs: prompt=question, completion=answer (in YAML also a mapping). Alpaca and ShareGPT files need no mapping: they are detected and converted.")
+    eval_split: float | None = _f(None, Group.DATA,
+                                  "Hold out rows of the training file for evaluation when there is no eval_dataset: a fraction (0.1 = 10%) or a row count (50). Eval loss (and perplexity for sft) is graphed.",
+                                  gt=0.0)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
-                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows.")
+                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. orpo, cpo (experimental in trl, pinned): preference tuning on prompt/chosen/rejected rows without a reference model. PPO was removed from trl: for RLHF train a reward model, then GRPO.")
     method: Method = _f(Method.LORA, Group.METHOD,
                         "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.")
     lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096)
@@ -162,9 +180,11 @@ class JobSpec:
                                   "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.")
     use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
     num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024)
-    beta: float = _f(0.1, Group.METHOD, "DPO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0)
+    beta: float = _f(0.1, Group.METHOD, "DPO/KTO/CPO temperature: how far the policy may move from the reference; ORPO: weight of the odds-ratio term.", gt=0.0, le=10.0)
+    desirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the desirable (label true) rows' loss; raise it when they are the minority.", gt=0.0, le=100.0)
+    undesirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the undesirable (label false) rows' loss.", gt=0.0, le=100.0)
     loss_type: LossType = _f(LossType.AUTO, Group.METHOD,
-                             "auto: trl's default (nll for sft, sigmoid for dpo). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo.")
+                             "auto: trl's default (nll for sft, sigmoid for dpo and cpo, kto for kto). sft: nll or dft. dpo, cpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired.")
     completion_only_loss: bool = _f(True, Group.METHOD,
                                     "SFT on prompt/completion rows: loss on the completion only. No effect on text or messages rows.")
     assistant_only_loss: bool = _f(False, Group.METHOD,
@@ -219,6 +239,8 @@ class JobSpec:
         hints = get_type_hints(cls)
         values: dict[str, Any] = {}
         for key, raw in data.items():
+            if key == "dataset_columns" and isinstance(raw, dict):
+                raw = columns_text(raw)  # YAML/JSON mapping -> the one stored form, target=source pairs
             if key not in known:
                 close = _closest(str(key), known)
                 fix = f"did you mean `{close}`?" if close else "remove it; see the README's field table"
@@ -294,26 +316,49 @@ class JobSpec:
             out.append(Problem("dataset", "is empty", f"use `{DEFAULT_SFT_DATASET}` or a path to a .jsonl/.json/.csv/.parquet file"))
         if self.lora_target_modules.strip() == "" and self.method in LORA_FAMILY:
             out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
-        if self.packing and self.trainer is Trainer.DPO:
-            out.append(Problem("packing", "is only supported by the SFT trainer", "set packing: false for dpo"))
-        if self.loss_type in SFT_LOSSES and self.trainer is not Trainer.SFT:
-            out.append(Problem("loss_type", f"{self.loss_type.value} is an SFT loss",
-                               "for dpo use auto, " + ", ".join(sorted(t.value for t in DPO_LOSSES))))
-        if self.loss_type in DPO_LOSSES and self.trainer is not Trainer.DPO:
-            out.append(Problem("loss_type", f"{self.loss_type.value} is a DPO loss",
-                               "for sft use auto, " + ", ".join(sorted(t.value for t in SFT_LOSSES))))
-        if self.assistant_only_loss and self.trainer is Trainer.DPO:
-            out.append(Problem("assistant_only_loss", "is an SFT option (DPO already scores only the chosen/rejected answers)",
-                               "set assistant_only_loss: false for dpo"))
+        if self.packing and self.trainer is not Trainer.SFT:
+            out.append(Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {self.trainer.value}"))
+        owner = next((t for t, losses in TRAINER_LOSSES.items() if self.loss_type in losses), None)
+        if owner is not None and self.loss_type not in TRAINER_LOSSES[self.trainer.value]:
+            out.append(Problem("loss_type", f"{self.loss_type.value} is {'an' if owner == 'sft' else 'a'} {owner.upper()} loss",
+                               f"for {self.trainer.value} use "
+                               + ", ".join(["auto"] + sorted(t.value for t in TRAINER_LOSSES[self.trainer.value]))))
+        if self.assistant_only_loss and self.trainer is not Trainer.SFT:
+            out.append(Problem("assistant_only_loss", f"is an SFT option ({self.trainer.value.upper()} already scores only the answers)",
+                               f"set assistant_only_loss: false for {self.trainer.value}"))
+        if self.padding_free and self.trainer in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO):
+            # KTOConfig, RewardConfig, ORPOConfig, CPOConfig have no padding_free (TypeError: unexpected keyword).
+            out.append(Problem("padding_free", f"is not supported by the {self.trainer.value.upper()} trainer",
+                               f"set padding_free: false for {self.trainer.value}"))
+        if self.trainer is Trainer.KTO and self.per_device_train_batch_size < 2:
+            # trl: "Actual (not effective) batch size must be > 1. KTO will not work properly because the KL term
+            # will be equivalent to the implied reward."
+            out.append(Problem("per_device_train_batch_size", "must be at least 2 for kto (its KL estimate pairs each "
+                               "row with another completion of the same micro-batch)",
+                               "set per_device_train_batch_size: 2 or more (lower gradient_accumulation_steps to keep memory)"))
         if self.method is Method.PREFIX_TUNING and self.gradient_checkpointing:
             out.append(Problem("gradient_checkpointing",
                                "prefix tuning fails with gradient checkpointing (the cached prefix keys do not match the recomputed attention shape)",
                                "set gradient_checkpointing: false, or use prompt_tuning / p_tuning"))
         if self.max_steps == 0:
             out.append(Problem("max_steps", "0 would train nothing", "use -1 to train for num_train_epochs, or a positive step count"))
+        if self.eval_split is not None:
+            if self.eval_split >= 1 and not float(self.eval_split).is_integer():
+                out.append(Problem("eval_split", f"{self.eval_split:g} is neither a fraction below 1 nor a whole row count",
+                                   "write a fraction such as 0.1, or a row count such as 50"))
+            if self.eval_dataset and self.eval_dataset.strip():
+                out.append(Problem("eval_split", "is set together with eval_dataset, so which rows to evaluate on is ambiguous",
+                                   "leave eval_split empty to use eval_dataset, or leave eval_dataset empty to hold out rows"))
+        if self.dataset_columns is not None:
+            out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(self.dataset_columns)[1])
         if self.run_name is not None and len(self.run_name) > 200:
             out.append(Problem("run_name", "is longer than 200 characters", "use a shorter name"))
         return out
+
+    @property
+    def column_map(self) -> dict[str, str]:
+        """dataset_columns as {trl column: the data's column}; {} when unset or invalid."""
+        return parse_columns(self.dataset_columns)[0] if self.dataset_columns else {}
 
     def validate(self) -> "JobSpec":
         problems = self.problems()
@@ -353,6 +398,41 @@ def field_infos() -> list[FieldInfo]:
         out.append(FieldInfo(f.name, m["group"], m["help"], kind, optional, _plain(f.default), choices,
                              m.get("ge"), m.get("gt"), m.get("le")))
     return out
+
+
+# ---------------------------------------------------------------------- dataset_columns
+COLUMN_TARGETS = ("text", "messages", "prompt", "completion", "chosen", "rejected", "label",
+                  "instruction", "input", "output", "system", "history", "conversations")
+
+
+def columns_text(mapping: dict[Any, Any]) -> str:
+    """A {target: source} mapping in the stored form `target=source, ...`."""
+    return ", ".join(f"{k}={v}" for k, v in mapping.items())
+
+
+def parse_columns(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """`prompt=question, completion=answer` (or `prompt: question`) -> ({target: source}, [(problem, fix)])."""
+    mapping: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    example = "write target=your_column pairs separated by commas, e.g. prompt=question, completion=answer"
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        sep = "=" if "=" in part else ":"
+        target, _, source = (x.strip() for x in part.partition(sep))
+        if not _ or not target or not source:
+            problems.append((f"`{part}` is not a target=column pair", example))
+        elif target not in COLUMN_TARGETS:
+            problems.append((f"`{target}` is not a column tunedeck reads", f"map to one of {', '.join(COLUMN_TARGETS)}"))
+        elif target in mapping:
+            problems.append((f"`{target}` is mapped twice", "map each target column once"))
+        elif source in mapping.values():
+            problems.append((f"column `{source}` is mapped twice", "map each of your columns to one target"))
+        else:
+            mapping[target] = source
+    if not mapping and not problems:
+        problems.append(("is empty", "leave it out, or " + example))
+    return mapping, problems
 
 
 # ---------------------------------------------------------------------- helpers

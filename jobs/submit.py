@@ -42,10 +42,16 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            info = check_dataset(ref, spec.trainer, field=field)
+            info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
         except DataError as exc:
             out.extend(exc.problems)
             continue
+        if field == "dataset" and spec.eval_split is not None:
+            from jobs.data import eval_rows
+
+            held_out = eval_rows(info.n_rows, spec.eval_split)
+            if isinstance(held_out, Problem):
+                out.append(held_out)
         if _is_chat(info) and has_chat_template(spec.model) is False:
             out.append(Problem("model", f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
                                "chat conversations (messages), which are rendered with the chat template",

@@ -42,7 +42,8 @@ from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capabi
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
 from jobs.readback import final_micro_batch, trainer_readback
-from jobs.spec import JobSpec, Method, Precision, SpecError, Trainer
+from jobs.spec import JobSpec, Method, Precision, Problem, SpecError, Trainer
+from jobs.trainers import build_trainer, perplexity
 
 log = logging.getLogger("jobs.train")
 
@@ -96,7 +97,8 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
     model, tokenizer = load_model_and_tokenizer(
         resolved, torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
-        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code)
+        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code,
+        reward_head=spec.trainer is Trainer.REWARD)
     return model, tokenizer
 
 
@@ -114,7 +116,7 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
     `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count)."""
-    from jobs.data import load_datasets
+    from jobs.data import load_data
 
     device = device or detect_device()
     problems = capability_problems(spec, device)
@@ -123,12 +125,17 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     for warning in capability_warnings(spec, device):
         log.warning("%s", warning)
     model, tokenizer = model_and_tokenizer or load_model(spec, device)
-    train_ds, eval_ds = load_datasets(spec)
+    loaded = load_data(spec)
+    train_ds, eval_ds = loaded.train, loaded.eval
+    for info in filter(None, (loaded.train_info, loaded.eval_info)):
+        if info.conversion:
+            log.info("data %s: %s", info.ref, info.conversion)
     log.info("data: %d training rows, %s eval rows", len(train_ds), len(eval_ds) if eval_ds is not None else "no")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
     resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type)
+    resolved["data"] = loaded.record()  # which formats were detected and how they were converted
     peft_cfg = peft_config(spec, model_type)
     if spec.method in QUANTIZED_METHODS:
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
@@ -137,6 +144,10 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
+        # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
+        raise SpecError([Problem("max_length", f"every training row is longer than {spec.max_length} tokens, and the "
+                                 "reward trainer drops such rows", "raise max_length (the data preview counts long rows)")])
     # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
     resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
     trainable, total = count_params(trainer.model)
@@ -162,6 +173,8 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     if eval_ds is not None and not stopped:
         metrics.update({k: float(v) for k, v in trainer.evaluate().items()
                         if k.startswith("eval_") and isinstance(v, (int, float))})
+        if "eval_loss" in metrics and spec.trainer.value == "sft":
+            metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     tokens = trained_tokens(trainer.state.log_history)
     if tokens is not None and metrics["train_runtime"] > 0:
         metrics["num_tokens"] = tokens
@@ -181,18 +194,6 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         # figures of jobs.figures (the store-less callers, benches and tests, keep these).
         metrics["step_time_mean"] = metrics["train_runtime"] / metrics["global_step"]
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
-
-
-def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
-                  peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
-    """SFTTrainer, or DPOTrainer whose reference is the base with the adapter off (ref_model=None)."""
-    from trl import DPOTrainer, SFTTrainer
-
-    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
-    if spec.trainer is Trainer.DPO:
-        return DPOTrainer(ref_model=None, **common)
-    return SFTTrainer(**common)
 
 
 # ---------------------------------------------------------------------- errors

@@ -54,7 +54,7 @@ def _seed(store, name: str, k: int, *, gpu: bool, mem_start: float):
 
     methods = [Method.LORA, Method.QLORA, Method.FULL, Method.DORA, Method.LORA]
     run_id = store.create_run(JobSpec(run_name=name, method=methods[k % len(methods)], lora_r=8 * (k + 1)))
-    assert store.claim_next("seed") is not None
+    assert store.claim_next_on_device("seed", "0") is not None
     now = time.time()
     losses = [3.0 - k * 0.2 - 1.5 * i / STEPS for i in range(STEPS)]
     tps = [1000.0 * (k + 1) + 37.0 * (i % 5) for i in range(STEPS)]

@@ -410,7 +410,7 @@ def test_non_finite_loss_between_logging_steps_is_never_checkpointed(store: Stor
     record = store.get_run(run_id)
     assert record.status is RunStatus.FAILED
     assert record.error_summary.startswith("non-finite loss at step 4"), record.error_summary
-    out = run_dir(run_id) / "output"
+    out = store.run_dir(run_id) / "output"
     assert [s for s, _ in checkpoint_dirs(out)] == [2]
     assert last_complete(out) == (2, out / "checkpoint-2")
 

@@ -24,7 +24,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def measured_run(store):
     """A run whose last tokens/s (1100) and step time (0.2) differ from their means."""
     run_id = store.create_run(JobSpec(run_name="measured"))
-    assert store.claim_next("w") is not None
+    assert store.claim_next_on_device("w", "0") is not None
     now = time.time()
     rows = [MetricPoint(s, "tokens_per_second", v, now) for s, v in ((1, 1000.0), (2, 1300.0), (3, 1100.0))]
     rows += [MetricPoint(s, "step_time", v, now) for s, v in ((1, 0.5), (2, 0.3), (3, 0.2))]

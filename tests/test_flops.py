@@ -63,7 +63,7 @@ def test_a_run_records_tflops_from_its_tokens_per_second(store: Store, tiny_mode
     from jobs.train import run
 
     run_id = store.create_run(training_helpers.tiny_spec(tiny_model, max_steps=4, max_length=64))
-    store.claim_next("test")
+    store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
     assert record.status is RunStatus.SUCCEEDED

@@ -142,6 +142,9 @@ BOUNDS = [
     ("eval_steps", 0, "use a value >= 1"),
     ("save_steps", 0, "use a value >= 1"),
     ("seed", -1, "use a value >= 0"),
+    ("eval_split", 0.0, "use a value > 0"),
+    ("desirable_weight", 0.0, "use a value > 0 and <= 100"),
+    ("undesirable_weight", 101.0, "use a value > 0 and <= 100"),
 ]
 
 
