@@ -37,10 +37,18 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "run"
 
 
-def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, float]) -> Path:
-    """Save weights (safetensors), tokenizer, spec, metrics and a model card into `bundle`."""
+def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, float],
+                 output_dir: Path | None = None) -> Path:
+    """Save weights (safetensors), tokenizer, spec, metrics and a model card into `bundle`.
+
+    `output_dir`: the training output folder (PiSSA/OLoRA keep their initial adapter there)."""
     bundle.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(bundle), safe_serialization=True)
+    if spec.method is Method.FULL:
+        model.save_pretrained(str(bundle), safe_serialization=True)
+    else:
+        from jobs.adapter_setup import save_adapter
+
+        save_adapter(spec, model, bundle, output_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(bundle))
     (bundle / "spec.yaml").write_text(spec.to_yaml())
@@ -69,7 +77,7 @@ def write_artifacts(store: Any, run_id: int, spec: JobSpec, model: Any, tokenize
     from storage.settings import run_dir
 
     root = run_dir(run_id)
-    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics)
+    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics, output_dir=root / "output")
     full = spec.method is Method.FULL
     archive = zip_bundle(bundle, root / f"{safe_name(spec.display_name)}-{'model' if full else 'adapter'}.zip")
     store.add_artifact(run_id, "bundle", str(archive), archive.stat().st_size, sha256_of(archive))
@@ -107,6 +115,15 @@ def model_card(spec: JobSpec, metrics: dict[str, float]) -> str:
     method = spec.method.value
     if spec.method in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT}:
         method += f" (r={spec.lora_r}, alpha={spec.lora_alpha}, targets {spec.lora_target_modules})"
+        if spec.lora_init.value != "default":
+            method += f", {spec.lora_init.value} initialisation"
+    from jobs.spec import METHOD_DESCRIPTIONS, applies_to
+
+    if spec.method not in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT, Method.FULL}:
+        knobs = [f"{name}={getattr(spec, name).value if hasattr(getattr(spec, name), 'value') else getattr(spec, name)}"
+                 for name in ("lora_r", "lora_alpha", "lora_target_modules", "mora_type", "adapter_len",
+                              "adapter_layers", "oft_block_size", "num_virtual_tokens") if applies_to(name, spec.method)]
+        method += f" ({METHOD_DESCRIPTIONS[spec.method]}{'; ' if knobs else ''}{', '.join(knobs)})"
     if spec.method is Method.FULL:
         load = (f"```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
                 f"model = AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")\n"
@@ -118,6 +135,16 @@ def model_card(spec: JobSpec, metrics: dict[str, float]) -> str:
                 f"tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/folder\")\n```\n")
         if spec.method is Method.QLORA:
             load += "\nThe adapter was trained on a 4-bit base; it loads on a 16-bit base as well.\n"
+        if spec.method is Method.MORA:
+            load = (f"MoRA is not a peft method: load it with tunedeck's `jobs/mora.py` importable (it registers "
+                    f"MoRA as a LoRA variant on peft's LoRA layers).\n\n```python\nfrom jobs.mora import load_mora\n"
+                    f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+                    f"base = AutoModelForCausalLM.from_pretrained(\"{spec.model}\")  # the base model (tunedeck name or path)\n"
+                    f"model = load_mora(base, \"path/to/this/folder\")  # PeftModel; merge_and_unload() works\n"
+                    f"tokenizer = AutoTokenizer.from_pretrained(\"path/to/this/folder\")\n```\n")
+        if spec.lora_init.value in {"pissa", "olora"}:
+            load += (f"\nTrained with {spec.lora_init.value} initialisation (which changes the base weights); the adapter "
+                     f"here was converted (rank 2r) so that it applies to the original base model.\n")
     data = spec.dataset + (f" (eval: {spec.eval_dataset})" if spec.eval_dataset else "")
     return (f"# {spec.display_name}\n\nFine-tuned with tunedeck ({spec.trainer.value.upper()}).\n\n"
             f"- Base model: `{spec.model}`\n- Method: {method}\n- Data: `{data}`\n"

@@ -132,6 +132,10 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    if peft_cfg is not None:
+        from jobs.adapter_setup import prepare_adapter
+
+        prepare_adapter(spec, trainer, output_dir)
     trainable, total = count_params(trainer.model)
     resolved["trainable_params"], resolved["total_params"] = trainable, total
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
