@@ -92,18 +92,19 @@ def train(method: str, args: argparse.Namespace, ids: torch.Tensor, labels: torc
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=128, help="key/value pairs to memorise")
+    parser.add_argument("--pairs", type=int, default=64, help="key/value pairs to memorise")
     parser.add_argument("--length", type=int, default=8, help="hex characters per key and per value")
     parser.add_argument("--hidden", type=int, default=256, help="model width (256: equal budgets at r=8)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--r", type=int, default=8, help="LoRA rank; MoRA gets the same parameter budget")
-    parser.add_argument("--steps", type=int, default=150, help="epochs over the pairs")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=200, help="epochs over the pairs")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="lora,mora-rope,mora-sharing")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)  # one thread: a busy shared machine makes more threads spin, not work
     ids, labels = encode(uuid_pairs(args.pairs, args.length, args.seed))
     methods = args.methods.split(",")
     results = {m: train(m, args, ids, labels) for m in methods}
