@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from app import budget, ui_data
-from jobs.spec import FieldInfo, Group, JobSpec, Problem, SpecError, Trainer, field_infos
+from jobs.spec import METHOD_DESCRIPTIONS, FieldInfo, Group, JobSpec, Method, Problem, SpecError, Trainer, field_infos
 from storage.store import Store
 
 INFOS: list[FieldInfo] = field_infos()
@@ -74,6 +74,9 @@ def make_component(f: FieldInfo) -> gr.Component:
     if f.name in ("dataset", "eval_dataset"):
         choices = ui_data.dataset_choices(optional=f.optional)
         return gr.Dropdown(choices, value=default or "", label=f.name, info=f.help, allow_custom_value=True)
+    if f.name == "method":  # each method with its one-line description; the value stays the enum's
+        return gr.Dropdown([(f"{m.value}: {METHOD_DESCRIPTIONS[m]}", m.value) for m in Method], value=default,
+                           label=f.name, info=f.help)
     if f.kind == "enum":
         return gr.Dropdown(list(f.choices), value=default, label=f.name, info=f.help)
     if f.kind == "bool":
@@ -208,7 +211,12 @@ def budget_text(*args: Any) -> str:
     if arch is None:
         return (f"**Before launch**: effective batch size **{spec.effective_batch_size}**; "
                 f"no config.json found for `{spec.model}` here, so no parameter estimate.")
-    return budget.budget_markdown(budget.estimate(arch, spec, cuda=ui_data.has_cuda()), source)
+    try:
+        estimate = budget.estimate(arch, spec, cuda=ui_data.has_cuda())
+    except ValueError:  # app.budget predates the newer methods; jobs.params counts them exactly
+        return (f"**Before launch**: effective batch size **{spec.effective_batch_size}**; no memory estimate "
+                f"for method {spec.method.value} here yet (its exact parameter count is shown when it starts).")
+    return budget.budget_markdown(estimate, source)
 
 
 def wire(form: LaunchForm, store: Store) -> None:

@@ -47,13 +47,21 @@ def name_base_model(bundle: Path, base: str) -> None:
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, float]) -> Path:
-    """Save weights (safetensors), tokenizer, spec, metrics and a model card into `bundle`."""
+def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, float],
+                 output_dir: Path | None = None) -> Path:
+    """Save weights (safetensors), tokenizer, spec, metrics and a model card into `bundle`.
+
+    `output_dir`: the training output folder (PiSSA/OLoRA keep their initial adapter there)."""
     from jobs.models import base_reference
 
     bundle.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(bundle), safe_serialization=True)
-    name_base_model(bundle, base_reference(spec.model))
+    if spec.method is Method.FULL:
+        model.save_pretrained(str(bundle), safe_serialization=True)
+    else:
+        from jobs.adapter_setup import save_adapter
+
+        save_adapter(spec, model, bundle, output_dir)
+        name_base_model(bundle, base_reference(spec.model))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(bundle))
     (bundle / "spec.yaml").write_text(spec.to_yaml())
@@ -81,7 +89,7 @@ def write_artifacts(store: Any, run_id: int, spec: JobSpec, model: Any, tokenize
                     metrics: dict[str, float]) -> Path:
     """Write the bundle and zip under the run's folder and record both in the store; returns the zip."""
     root = store.run_dir(run_id)
-    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics)
+    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics, output_dir=root / "output")
     full = spec.method is Method.FULL
     archive = zip_bundle(bundle, root / f"{safe_name(spec.display_name)}-{'model' if full else 'adapter'}.zip")
     store.add_artifact(run_id, "bundle", str(archive), archive.stat().st_size, sha256_of(archive))
@@ -128,15 +136,22 @@ def load_snippet(spec: JobSpec, chat: bool = True) -> str:
                 "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
                 "model = AutoModelForCausalLM.from_pretrained(\".\")\n"
                 "tokenizer = AutoTokenizer.from_pretrained(\".\")\n" + chat + "```\n")
-    text = ("Run this from the folder this file is in (`adapter_config.json` names the same base model):"
-            "\n\n```python\nfrom peft import PeftModel\n"
+    mora = spec.method is Method.MORA
+    text = ("MoRA is not a peft method: run this with tunedeck's `jobs/mora.py` importable (it registers MoRA "
+            "as a LoRA variant on peft's LoRA layers), " if mora else "Run this ") + (
+            "from the folder this file is in (`adapter_config.json` names the same base model):"
+            "\n\n```python\n" + ("from jobs.mora import load_mora\n" if mora else "from peft import PeftModel\n") +
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            f"base = AutoModelForCausalLM.from_pretrained(\"{base_reference(spec.model)}\")\n"
-            "model = PeftModel.from_pretrained(base, \".\")\n"
+            f"base = AutoModelForCausalLM.from_pretrained(\"{base_reference(spec.model)}\")\n" +
+            ("model = load_mora(base, \".\")  # a PeftModel; merge_and_unload() works\n" if mora else
+             "model = PeftModel.from_pretrained(base, \".\")\n") +
             "tokenizer = AutoTokenizer.from_pretrained(\".\")  # with the chat template the run trained on\n"
             + chat + "```\n")
     if spec.method is Method.QLORA:
         text += "\nThe adapter was trained on a 4-bit base; it loads on a 16-bit base as well.\n"
+    if spec.lora_init.value in {"pissa", "olora"}:
+        text += (f"\nTrained with {spec.lora_init.value} initialisation (which changes the base weights); the adapter "
+                 "here was converted (rank 2r) so that it applies to the original base model.\n")
     return text
 
 
@@ -163,6 +178,15 @@ def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> s
     method = spec.method.value
     if spec.method in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT}:
         method += f" (r={spec.lora_r}, alpha={spec.lora_alpha}, targets {spec.lora_target_modules})"
+        if spec.lora_init.value != "default":
+            method += f", {spec.lora_init.value} initialisation"
+    from jobs.spec import METHOD_DESCRIPTIONS, applies_to
+
+    if spec.method not in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT, Method.FULL}:
+        knobs = [f"{name}={getattr(spec, name).value if hasattr(getattr(spec, name), 'value') else getattr(spec, name)}"
+                 for name in ("lora_r", "lora_alpha", "lora_target_modules", "mora_type", "adapter_len",
+                              "adapter_layers", "oft_block_size", "num_virtual_tokens") if applies_to(name, spec.method)]
+        method += f" ({METHOD_DESCRIPTIONS[spec.method]}{'; ' if knobs else ''}{', '.join(knobs)})"
     load = load_snippet(spec, chat)
     data = spec.dataset + (f" (eval: {spec.eval_dataset})" if spec.eval_dataset else "")
     return (f"# {spec.display_name}\n\nFine-tuned with tunedeck ({spec.trainer.value.upper()}).\n\n"

@@ -18,10 +18,13 @@ from typing import Any
 
 from jobs.mapping_trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
                                    trainer_kwargs, trl_module)
-from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, Method, Optim, Precision, Problem, Trainer
+from jobs.methods import targets
+from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
+# Methods whose refusals depend on the model's architecture (read from its config, no weights).
+MODEL_CHECKED_METHODS = {Method.ADAPTION_PROMPT}
 # peft's own IA3 defaults for Llama-style decoders; used when the model type is unknown.
 IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
 IA3_LLAMA_FEEDFORWARD = ["down_proj"]
@@ -80,11 +83,23 @@ def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: b
     if spec.precision is Precision.BF16 and device.cuda and not device.bf16:
         out.append(Problem("precision", f"this GPU ({device.name}) does not support bf16",
                            "use precision: auto (fp16 with loss scaling) or fp32"))
+    if spec.lora_init is LoraInit.LOFTQ and not device.cuda:
+        # peft's replace_lora_weights_loftq computes on "cuda" unconditionally:
+        # AssertionError "Torch not compiled with CUDA enabled" on a CPU-only machine.
+        out.append(Problem("lora_init", "loftq needs CUDA (peft runs its LoftQ quantizer on the GPU)",
+                           "use lora_init: default or eva on this machine, or run on a GPU worker"))
     out.extend(combination_problems(spec))
     if probe:
         from jobs.capability import probe_problems
 
         out.extend(probe_problems(spec))
+        if spec.method in MODEL_CHECKED_METHODS:
+            from jobs.methods import method_problems
+            from jobs.params import model_shape_for
+
+            shape = model_shape_for(spec.model)
+            known = {(p.field, p.problem) for p in out}
+            out.extend(p for p in method_problems(spec, shape) if (p.field, p.problem) not in known)
     return out
 
 
@@ -106,12 +121,15 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
         # peft: "Model does not support past key values which are required for prefix tuning."
         out.append(Problem("method", "prefix_tuning needs past key values, which the sequence-classification model of "
                            "a reward model does not return", "use prompt_tuning or p_tuning, or lora, for trainer: reward"))
-    if spec.method in LORA_FAMILY and "lm_head" in _target_modules(spec):
+    if spec.method in LORA_FAMILY and "lm_head" in targets(spec):
         # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
         # are computed from `lm_head.weight` directly, so the adapter would never be trained."
         out.append(Problem("lora_target_modules", f"an adapter on lm_head is not trained by {spec.trainer.value} (trl "
                            "computes log-probabilities from lm_head's weight directly, so trl refuses it)",
                            "remove lm_head from lora_target_modules (all-linear already leaves it out)"))
+    from jobs.methods import method_problems
+
+    out.extend(method_problems(spec))
     return out
 
 
@@ -143,14 +161,6 @@ def torch_dtype_name(spec: JobSpec, precision: Precision) -> str:
 
 
 # ---------------------------------------------------------------------- peft
-def _target_modules(spec: JobSpec) -> str | list[str]:
-    """`all-linear` passes through (peft expands it); a comma list becomes names."""
-    raw = spec.lora_target_modules.strip()
-    if raw == "all-linear":
-        return raw
-    return [name.strip() for name in raw.split(",") if name.strip()]
-
-
 def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """(peft config class name, its keyword arguments) for the spec's method; None for full."""
     m = spec.method
@@ -162,9 +172,17 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
     # adapters add a little compute per layer. DoRA also learns a per-column magnitude: often
     # closer to full fine-tuning, ~10-30% slower and more activation memory.
     if m in LORA_FAMILY:
+        from jobs.methods import lora_init_kwargs, targets
+
         return "LoraConfig", {**base, "r": spec.lora_r, "lora_alpha": spec.lora_alpha,
-                              "lora_dropout": spec.lora_dropout, "target_modules": _target_modules(spec),
-                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none"}
+                              "lora_dropout": spec.lora_dropout, "target_modules": targets(spec),
+                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none",
+                              **lora_init_kwargs(spec)}
+    from jobs.methods import method_kwargs
+
+    found = method_kwargs(spec)
+    if found is not None:
+        return found
     # IA3 learns one scaling vector per targeted layer: far fewer parameters than LoRA.
     if m is Method.IA3:
         targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
@@ -191,10 +209,14 @@ def peft_config(spec: JobSpec, model_type: str | None = None) -> Any | None:
     found = peft_kwargs(spec, model_type)
     if found is None:
         return None
-    import peft
+    from jobs.methods import config_class
 
     cls_name, kwargs = found
-    return getattr(peft, cls_name)(**kwargs)
+    if "eva_config" in kwargs:
+        from peft import EvaConfig
+
+        kwargs = {**kwargs, "eva_config": EvaConfig(**kwargs["eva_config"])}
+    return config_class(cls_name)(**kwargs)
 
 
 # ---------------------------------------------------------------------- quantization

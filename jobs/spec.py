@@ -43,10 +43,57 @@ class Method(str, Enum):
     PROMPT_TUNING = "prompt_tuning"
     PREFIX_TUNING = "prefix_tuning"
     P_TUNING = "p_tuning"
+    MORA = "mora"
+    ADAPTION_PROMPT = "adaption_prompt"
+    LOKR = "lokr"
+    LOHA = "loha"
+    OFT = "oft"
+    VERA = "vera"
+    MISS = "miss"
+    HIRA = "hira"
 
 
 LORA_FAMILY = {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT}
 PROMPT_FAMILY = {Method.PROMPT_TUNING, Method.PREFIX_TUNING, Method.P_TUNING}
+# Methods that put an adapter on the targeted linear layers (lora_target_modules applies).
+TARGETED_METHODS = LORA_FAMILY | {Method.MORA, Method.LOKR, Method.LOHA, Method.OFT, Method.VERA, Method.MISS,
+                                  Method.HIRA}
+# Methods whose adapter size is set by lora_r.
+RANKED_METHODS = TARGETED_METHODS - {Method.OFT}
+
+# One line per method, shown next to the method choice in the form.
+METHOD_DESCRIPTIONS: dict[Method, str] = {
+    Method.FULL: "every weight trains; most memory, no adapter",
+    Method.LORA: "low-rank adapters A, B on the linear layers (Hu et al. 2021)",
+    Method.DORA: "LoRA plus a learned magnitude per output column (Liu et al. 2024)",
+    Method.QLORA: "LoRA on a 4-bit NF4 base (Dettmers et al. 2023)",
+    Method.LORA_8BIT: "LoRA on an 8-bit LLM.int8 base",
+    Method.IA3: "one learned scaling vector per attention/MLP layer (Liu et al. 2022)",
+    Method.PROMPT_TUNING: "learned virtual tokens before the input (Lester et al. 2021)",
+    Method.PREFIX_TUNING: "learned keys/values prepended in every layer (Li & Liang 2021)",
+    Method.P_TUNING: "virtual tokens produced by a small MLP encoder (Liu et al. 2021)",
+    Method.MORA: "one square matrix per layer: LoRA's parameters, higher-rank update (Jiang et al. 2024)",
+    Method.ADAPTION_PROMPT: "LLaMA-Adapter: gated prompts in the top layers (Zhang et al. 2023; llama, mistral, gpt2)",
+    Method.LOKR: "Kronecker-product update (LyCORIS LoKr)",
+    Method.LOHA: "Hadamard product of two low-rank updates (LyCORIS LoHa)",
+    Method.OFT: "orthogonal rotation of the weights in blocks (Qiu et al. 2023)",
+    Method.VERA: "frozen shared random matrices, learned scaling vectors (Kopiczko et al. 2024)",
+    Method.MISS: "shard-shared update, cheap and fast (MiSS, Kang & Yin 2024)",
+    Method.HIRA: "Hadamard product of the base weight with a low-rank update (HiRA, Huang et al. 2025)",
+}
+
+
+class LoraInit(str, Enum):
+    DEFAULT = "default"
+    PISSA = "pissa"
+    OLORA = "olora"
+    EVA = "eva"
+    LOFTQ = "loftq"
+
+
+class MoraType(str, Enum):
+    ROPE = "rope"
+    SHARING = "sharing"
 
 
 class Precision(str, Enum):
@@ -120,9 +167,10 @@ class Group(str, Enum):
 
 
 def _f(default: Any, group: Group, help: str, *, ge: float | None = None,
-       gt: float | None = None, le: float | None = None) -> Any:
-    """A spec field with its help text, form group and numeric bounds attached."""
-    meta = {"group": group, "help": help, "ge": ge, "gt": gt, "le": le}
+       gt: float | None = None, le: float | None = None, methods: Any = None) -> Any:
+    """A spec field with its help text, form group, numeric bounds and (if method-specific) its methods."""
+    meta = {"group": group, "help": help, "ge": ge, "gt": gt, "le": le,
+            "methods": frozenset(methods) if methods is not None else None}
     return field(default=default, metadata=meta)
 
 
@@ -172,14 +220,38 @@ class JobSpec:
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
                           "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. orpo, cpo (experimental in trl, pinned): preference tuning on prompt/chosen/rejected rows without a reference model. PPO was removed from trl: for RLHF train a reward model, then GRPO.")
     method: Method = _f(Method.LORA, Group.METHOD,
-                        "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.")
-    lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096)
-    lora_alpha: int = _f(32, Group.METHOD, "LoRA scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rsLoRA).", ge=1)
-    lora_dropout: float = _f(0.05, Group.METHOD, "Dropout on the LoRA input.", ge=0.0, le=0.9)
+                        "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. "
+                        "ia3, prompt_tuning, prefix_tuning, p_tuning, adaption_prompt (LLaMA-Adapter), lokr, loha, oft, vera, miss, hira: "
+                        "other peft methods. mora: MoRA's square-matrix update (tunedeck's own, on peft's LoRA).")
+    lora_r: int = _f(16, Group.METHOD, "Adapter rank: LoRA's r; MoRA's square matrix gets the same parameter count; "
+                     "LoKr/LoHa/VeRA/MiSS/HiRA rank. Larger learns more and costs more memory.", ge=1, le=4096,
+                     methods=RANKED_METHODS)
+    lora_alpha: int = _f(32, Group.METHOD, "Scaling numerator (LoRA: scale = alpha / r, or alpha / sqrt(r) with rsLoRA; "
+                         "LoKr/LoHa alpha).", ge=1, methods=LORA_FAMILY | {Method.LOKR, Method.LOHA})
+    lora_dropout: float = _f(0.05, Group.METHOD, "Dropout on the adapter input (LoRA family, MoRA, VeRA, MiSS, HiRA).",
+                             ge=0.0, le=0.9, methods=LORA_FAMILY | {Method.MORA, Method.VERA, Method.MISS, Method.HIRA})
     lora_target_modules: str = _f("all-linear", Group.METHOD,
-                                  "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.")
-    use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
-    num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024)
+                                  "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.",
+                                  methods=TARGETED_METHODS)
+    use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).", methods=LORA_FAMILY)
+    lora_init: LoraInit = _f(LoraInit.DEFAULT, Group.METHOD,
+                             "How LoRA's A and B start. default: random A, zero B. pissa: the principal singular "
+                             "vectors of each weight (the base keeps the residual). olora: a QR decomposition of each "
+                             "weight. eva: SVD of the layer inputs on a pass over the training data. loftq (qlora "
+                             "only): A, B that cancel most of the 4-bit quantization error.", methods=LORA_FAMILY)
+    num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024,
+                                 methods=PROMPT_FAMILY)
+    mora_type: MoraType = _f(MoraType.ROPE, Group.METHOD,
+                             "MoRA's compress/decompress operators. rope: chunks rotated RoPE-style (the paper's "
+                             "choice for small ranks). sharing: summed groups of rows/columns (for large ranks, ~256).",
+                             methods={Method.MORA})
+    adapter_len: int = _f(10, Group.METHOD, "LLaMA-Adapter: learned prompt tokens per adapted layer.", ge=1, le=1024,
+                          methods={Method.ADAPTION_PROMPT})
+    adapter_layers: int = _f(8, Group.METHOD, "LLaMA-Adapter: how many of the top layers get adaption prompts "
+                             "(at most the model's layer count).", ge=1, le=1024, methods={Method.ADAPTION_PROMPT})
+    oft_block_size: int = _f(32, Group.METHOD, "OFT: size of the orthogonal blocks. peft moves it to the nearest divisor "
+                             "of each layer's input features (with a warning). Larger rotates more at once and costs more.", ge=1, le=4096,
+                             methods={Method.OFT})
     beta: float = _f(0.1, Group.METHOD, "DPO/KTO/CPO temperature: how far the policy may move from the reference; ORPO: weight of the odds-ratio term.", gt=0.0, le=10.0)
     desirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the desirable (label true) rows' loss; raise it when they are the minority.", gt=0.0, le=100.0)
     undesirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the undesirable (label false) rows' loss.", gt=0.0, le=100.0)
@@ -190,11 +262,14 @@ class JobSpec:
     assistant_only_loss: bool = _f(False, Group.METHOD,
                                    "SFT on chat messages rows: loss on the assistant turns only. Needs `{% generation %}` markers in the chat template (the built-in models have them).")
     bnb_4bit_quant_type: QuantType = _f(QuantType.NF4, Group.METHOD,
-                                        "qlora only: 4-bit data type of the frozen base. nf4 (QLoRA's NormalFloat) or fp4.")
+                                        "qlora only: 4-bit data type of the frozen base. nf4 (QLoRA's NormalFloat) or fp4.",
+                                        methods={Method.QLORA})
     bnb_4bit_use_double_quant: bool = _f(True, Group.METHOD,
-                                         "qlora only: quantize the quantization constants too (~0.4 bit/param less).")
+                                         "qlora only: quantize the quantization constants too (~0.4 bit/param less).",
+                                         methods={Method.QLORA})
     bnb_4bit_compute_dtype: ComputeDtype = _f(ComputeDtype.AUTO, Group.METHOD,
-                                              "qlora only: dtype 4-bit layers de-quantize to for their matmuls. auto: the run's precision.")
+                                              "qlora only: dtype 4-bit layers de-quantize to for their matmuls. auto: the run's precision.",
+                                              methods={Method.QLORA})
     # --- Memory tricks
     per_device_train_batch_size: int = _f(8, Group.MEMORY,
                                           "Micro-batch size: examples per forward pass. Activation memory grows with it.", ge=1, le=4096)
@@ -314,7 +389,7 @@ class JobSpec:
             out.append(Problem("model", "is empty", f"use `{DEFAULT_MODEL}`, a hub id such as org/name, or a local folder"))
         if not self.dataset.strip():
             out.append(Problem("dataset", "is empty", f"use `{DEFAULT_SFT_DATASET}` or a path to a .jsonl/.json/.csv/.parquet file"))
-        if self.lora_target_modules.strip() == "" and self.method in LORA_FAMILY:
+        if self.lora_target_modules.strip() == "" and self.method in TARGETED_METHODS:
             out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
         if self.packing and self.trainer is not Trainer.SFT:
             out.append(Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {self.trainer.value}"))
@@ -340,6 +415,7 @@ class JobSpec:
             out.append(Problem("gradient_checkpointing",
                                "prefix tuning fails with gradient checkpointing (the cached prefix keys do not match the recomputed attention shape)",
                                "set gradient_checkpointing: false, or use prompt_tuning / p_tuning"))
+        out.extend(self._lora_init_problems())
         if self.max_steps == 0:
             out.append(Problem("max_steps", "0 would train nothing", "use -1 to train for num_train_epochs, or a positive step count"))
         if self.eval_split is not None:
@@ -359,6 +435,23 @@ class JobSpec:
     def column_map(self) -> dict[str, str]:
         """dataset_columns as {trl column: the data's column}; {} when unset or invalid."""
         return parse_columns(self.dataset_columns)[0] if self.dataset_columns else {}
+
+    def _lora_init_problems(self) -> list[Problem]:
+        """LoRA initialisations that peft offers only for some bases."""
+        init, m = self.lora_init, self.method
+        if init is LoraInit.DEFAULT:
+            return []
+        if m not in LORA_FAMILY:
+            return [Problem("lora_init", f"{init.value} initialises LoRA adapters; method {m.value} has none",
+                            "set lora_init: default, or method: lora")]
+        if init is LoraInit.LOFTQ and m is not Method.QLORA:
+            return [Problem("lora_init", "loftq offsets the 4-bit quantization error, so it needs a 4-bit base",
+                            "use method: qlora with loftq, or pissa/olora/eva with lora")]
+        if init in {LoraInit.PISSA, LoraInit.OLORA} and m in {Method.QLORA, Method.LORA_8BIT}:
+            return [Problem("lora_init", f"{init.value} rewrites the base weights, which a quantized base cannot hold "
+                            "(peft: quantize the residual yourself afterwards)",
+                            f"use method: lora or dora with {init.value}, or lora_init: loftq with qlora")]
+        return []
 
     def validate(self) -> "JobSpec":
         problems = self.problems()
@@ -382,6 +475,7 @@ class FieldInfo:
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
+    methods: tuple[str, ...] = ()  # the methods this field applies to; empty: every method
 
 
 def field_infos() -> list[FieldInfo]:
@@ -395,8 +489,9 @@ def field_infos() -> list[FieldInfo]:
         else:
             kind, choices = base.__name__, ()
         m = f.metadata
+        methods = tuple(x.value for x in Method if x in m["methods"]) if m.get("methods") else ()
         out.append(FieldInfo(f.name, m["group"], m["help"], kind, optional, _plain(f.default), choices,
-                             m.get("ge"), m.get("gt"), m.get("le")))
+                             m.get("ge"), m.get("gt"), m.get("le"), methods))
     return out
 
 
@@ -433,6 +528,12 @@ def parse_columns(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     if not mapping and not problems:
         problems.append(("is empty", "leave it out, or " + example))
     return mapping, problems
+
+
+def applies_to(field_name: str, method: Method | str) -> bool:
+    """Whether a spec field matters for a method (the form hides the ones that do not)."""
+    methods = next(f.metadata.get("methods") for f in fields(JobSpec) if f.name == field_name)
+    return methods is None or Method(method) in methods
 
 
 # ---------------------------------------------------------------------- helpers

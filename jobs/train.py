@@ -150,6 +150,10 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
                                  "reward trainer drops such rows", "raise max_length (the data preview counts long rows)")])
     # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
     resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
+    if peft_cfg is not None:
+        from jobs.adapter_setup import prepare_adapter
+
+        prepare_adapter(spec, trainer, output_dir)
     trainable, total = count_params(trainer.model)
     resolved["trainable_params"], resolved["total_params"] = trainable, total
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))

@@ -61,8 +61,9 @@ def fields_table() -> str:
 
     lines = ["| name | group | type | default | help |", "|---|---|---|---|---|"]
     for info in field_infos():
+        help_text = info.help + (f" (method: {', '.join(info.methods)})" if info.methods else "")
         lines.append(
-            f"| `{info.name}` | {info.group.value} | {_cell(_type(info))} | {_cell(_default(info.default))} | {_cell(info.help)} |"
+            f"| `{info.name}` | {info.group.value} | {_cell(_type(info))} | {_cell(_default(info.default))} | {_cell(help_text)} |"
         )
     return "\n".join(lines)
 
