@@ -35,6 +35,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE metrics_v3 RENAME TO metrics",
         "CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)",
     ],
+    # 4: a note per run; its tags live in the new run_tags table (created by create_all).
+    4: [
+        "ALTER TABLE runs ADD COLUMN note TEXT",
+    ],
 }
 
 

@@ -30,8 +30,14 @@ def runs_dir() -> Path:
     return path
 
 
+def run_path(run_id: int) -> Path:
+    """A run's folder, without creating it."""
+    return runs_dir() / f"{int(run_id):06d}"
+
+
 def run_dir(run_id: int) -> Path:
-    path = runs_dir() / f"{int(run_id):06d}"
+    """A run's folder, created on first use."""
+    path = run_path(run_id)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -9,8 +9,9 @@ timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a cla
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
-and memory series in `store_series.py`, records in `records.py`, rollup SQL in `rollups.py`,
-migrations in `migrations.py`, lock retries in `retry.py`. Every name is importable from here.
+and memory series in `store_series.py`, tags, notes and deletion in `store_manage.py`, records in
+`records.py`, rollup SQL in `rollups.py`, migrations in `migrations.py`, lock retries in `retry.py`.
+Every name is importable from here.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from storage.records import (
 from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.settings import database_url
+from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
 
 __all__ = [
     "ArtifactRecord", "BUSY_TIMEOUT_MS", "MEMORY_LEVELS", "METRIC_LEVELS", "MIGRATIONS", "MemoryBucket",
-    "MemoryPoint", "MetricBucket", "MetricPoint", "RunRecord", "Store", "WRITE_RETRY_S", "is_locked_error",
+    "MemoryPoint", "MetricBucket", "MetricPoint", "RunRecord", "RunningRunError", "Store", "WRITE_RETRY_S",
+    "is_locked_error",
 ]
 
 BUSY_TIMEOUT_MS = 30_000
@@ -48,7 +51,7 @@ WRITE_RETRY_S = 120.0
 log = logging.getLogger(__name__)
 
 
-class Store(RunsMixin, SeriesMixin):
+class Store(RunsMixin, SeriesMixin, ManageMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):
