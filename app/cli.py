@@ -273,8 +273,11 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         return EXIT_OK
     from storage.run_files import total_bytes
 
-    print(runs_table(store, runs) if runs else "no runs")
-    print(f"\nall runs use {_bytes(total_bytes())} on disk ({store.count_runs()} runs)")
+    if not runs:
+        print("no runs")
+        return EXIT_OK
+    print(runs_table(store, runs))
+    print(f"\nall {store.count_runs()} run(s) use {_bytes(total_bytes())} on disk")
     return EXIT_OK
 
 

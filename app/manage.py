@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from app.budget import human_bytes
 from jobs.spec import Problem
@@ -69,13 +69,15 @@ def check_note(note: str | None, field: str = "note") -> str | None:
     return text or None
 
 
-def existing_run(store: Store, run_id: int | float | None, field: str = "RUN_ID") -> RunRecord:
+def existing_run(store: Store, run_id: Any, field: str = "RUN_ID") -> RunRecord:
     """The run, or ManageError saying how to find one."""
-    if run_id is None or (isinstance(run_id, float) and not run_id.is_integer()) or int(run_id) < 1:
+    whole = isinstance(run_id, int) or (isinstance(run_id, float) and run_id.is_integer())
+    if isinstance(run_id, bool) or not whole or int(run_id) < 1:
         raise ManageError([Problem(field, f"`{run_id}` is not a run id", "give a whole number from `tunedeck runs`")])
     run = store.get_run(int(run_id))
     if run is None:
-        raise ManageError([Problem(field, f"run {int(run_id)} does not exist", "list runs with `tunedeck runs`")])
+        raise ManageError([Problem(field, f"run {int(run_id)} does not exist",
+                                   "list runs with `tunedeck runs` (or the API's `runs` endpoint)")])
     return run
 
 
@@ -165,14 +167,36 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def summaries(store: Store, runs: Sequence[RunRecord], disk: DiskUsage | None = None) -> list[dict[str, Any]]:
-    """One JSON-ready dict per run (the shape of `tunedeck runs --json` and the API's `runs`)."""
+class RunSummary(TypedDict):
+    """One run as plain data: `tunedeck runs --json` and the API's `runs` and `run` (times are Unix seconds)."""
+
+    id: int
+    name: str
+    status: str
+    model: str
+    method: str
+    trainer: str
+    tags: list[str]
+    note: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    current_step: int
+    total_steps: int | None
+    last_loss: float | None
+    peak_memory_bytes: int | None
+    peak_memory_source: str | None
+    disk_bytes: int
+    error_summary: str | None
+
+
+def summaries(store: Store, runs: Sequence[RunRecord], disk: DiskUsage | None = None) -> list[RunSummary]:
+    """One JSON-ready summary per run."""
     usage = disk or DiskUsage()
-    ids = [r.id for r in runs]
-    loss = store.last_metric_values(ids, "loss")
-    return [{"id": r.id, "name": r.name, "status": r.status.value, "model": r.spec.model,
-             "method": r.spec.method.value, "trainer": r.spec.trainer.value, "tags": list(r.tags), "note": r.note,
-             "created_at": r.created_at, "started_at": r.started_at, "finished_at": r.finished_at,
-             "current_step": r.current_step, "total_steps": r.total_steps, "last_loss": finite_or_none(loss.get(r.id)),
-             "peak_memory_bytes": r.peak_memory_bytes, "peak_memory_source": r.peak_memory_source,
-             "disk_bytes": usage.of(r), "error_summary": r.error_summary} for r in runs]
+    loss = store.last_metric_values([r.id for r in runs], "loss")
+    return [RunSummary(id=r.id, name=r.name, status=r.status.value, model=r.spec.model, method=r.spec.method.value,
+                       trainer=r.spec.trainer.value, tags=list(r.tags), note=r.note, created_at=r.created_at,
+                       started_at=r.started_at, finished_at=r.finished_at, current_step=r.current_step,
+                       total_steps=r.total_steps, last_loss=finite_or_none(loss.get(r.id)),
+                       peak_memory_bytes=r.peak_memory_bytes, peak_memory_source=r.peak_memory_source,
+                       disk_bytes=usage.of(r), error_summary=r.error_summary) for r in runs]

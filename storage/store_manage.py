@@ -46,6 +46,20 @@ def search_filter(query: Any, search: str | None, tag: str | None) -> Any:
     return query
 
 
+def rows_of_existing_runs(s: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` without those of runs that no longer exist (inside the caller's write transaction).
+
+    A worker flushes a run's last memory samples (and a child its last metrics) a moment after
+    the run is marked finished; if the run was deleted in that moment, those rows are dropped
+    instead of failing the write (and the worker) on the foreign key.
+    """
+    ids = {r["run_id"] for r in rows if r["run_id"] is not None}
+    if not ids:
+        return rows
+    live = set(s.scalars(select(m.Run.id).where(m.Run.id.in_(ids))))
+    return rows if live == ids else [r for r in rows if r["run_id"] is None or r["run_id"] in live]
+
+
 class ManageMixin:
     """Store methods for tags, notes and deleting runs."""
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError
 from storage import models as m
 from storage.records import _MEMORY_FIELDS, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint
 from storage.retry import is_locked_error
+from storage.store_manage import rows_of_existing_runs
 from storage.rollups import (
     _MEMORY_ROLLUP_UPSERT, _METRIC_ROLLUP_UPSERT, MEMORY_LEVELS, METRIC_LEVELS, _finite_or_none, _nan_if_none)
 
@@ -63,13 +64,18 @@ class SeriesMixin:
         with self._tx() as s:
             # The write lock is ours (BEGIN IMMEDIATE), so every id above `before` is one of these rows.
             before = s.scalar(select(func.coalesce(func.max(m.Metric.id), 0)))
-            s.execute(m.Metric.__table__.insert(), rows)
-            s.execute(_METRIC_ROLLUP_UPSERT, {"after": before})
+            live = rows_of_existing_runs(s, rows)
+            if live:
+                s.execute(m.Metric.__table__.insert(), live)
+                s.execute(_METRIC_ROLLUP_UPSERT, {"after": before})
 
-    def metrics(self, run_id: int, names: Sequence[str] | None = None) -> list[MetricPoint]:
+    def metrics(self, run_id: int, names: Sequence[str] | None = None, after_step: int | None = None) -> list[MetricPoint]:
+        """Raw rows by name then step; `after_step` keeps only later steps (for polling)."""
         q = select(m.Metric.step, m.Metric.name, m.Metric.value, m.Metric.time).where(m.Metric.run_id == run_id)
         if names is not None:
             q = q.where(m.Metric.name.in_(list(names)))
+        if after_step is not None:
+            q = q.where(m.Metric.step > after_step)
         q = q.order_by(m.Metric.name, m.Metric.step, m.Metric.id)
         with self._read() as s:
             return [MetricPoint(st, n, _nan_if_none(v), t) for st, n, v, t in s.execute(q)]
@@ -153,8 +159,10 @@ class SeriesMixin:
         def write() -> None:
             with self._tx() as s:
                 before = s.scalar(select(func.coalesce(func.max(m.MemorySample.id), 0)))
-                s.execute(m.MemorySample.__table__.insert(), rows)
-                if any(r["run_id"] is not None for r in rows):
+                live = rows_of_existing_runs(s, rows)
+                if live:
+                    s.execute(m.MemorySample.__table__.insert(), live)
+                if any(r["run_id"] is not None for r in live):
                     s.execute(_MEMORY_ROLLUP_UPSERT, {"after": before})
 
         self._retrying(write, "add_memory_samples")

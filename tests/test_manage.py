@@ -169,7 +169,7 @@ def test_cli_tag_runs_json_and_rm(store: Store, capsys) -> None:
     assert row["disk_bytes"] >= 20_000 and row["status"] == "succeeded" and row["last_loss"] == pytest.approx(1.51)
     assert main(["runs", "--search", "ALPHA"]) == 0
     out = capsys.readouterr().out
-    assert "alpha" in out and "beta" not in out and "DISK" in out and "on disk (2 runs)" in out
+    assert "alpha" in out and "beta" not in out and "DISK" in out and "all 2 run(s) use" in out
     assert main(["rm", str(b), "999"]) == 2  # one bad id: nothing is deleted
     err = capsys.readouterr().err
     assert "RUN_ID: run 999 does not exist" in err and store.get_run(b) is not None
@@ -186,3 +186,24 @@ def test_cli_rm_refuses_a_running_run(store: Store, capsys) -> None:
     assert main(["rm", str(run_id), "--yes"]) == 2
     assert f"tunedeck cancel {run_id}" in capsys.readouterr().err
     assert store.get_run(run_id).status is RunStatus.RUNNING
+
+
+def test_a_worker_flushing_a_deleted_run_s_last_samples_does_not_fail(store: Store) -> None:
+    """The worker flushes a finished run's last samples a moment after it is marked finished."""
+    from jobs.sampler import Sampler
+
+    class Probe:
+        def sample(self, run_id: int | None, child_pid: int | None) -> list[MemoryPoint]:
+            return [MemoryPoint(1e9, "host", run_id, used_bytes=123, process_rss=123)]
+
+    kept = _finished_run(store, "kept", {})
+    run_id = store.create_run(JobSpec())
+    sampler = Sampler(store, Probe(), batch_size=100)  # not started: driven by hand
+    sampler.set_run(run_id, None)
+    sampler.sample_once()  # buffered, not yet written
+    store.delete_run(run_id)
+    sampler.set_run(None)  # flushes the buffer of the deleted run: dropped, no foreign-key error
+    store.add_metrics(run_id, [MetricPoint(1, "loss", 1.0, 1.0)])
+    store.add_metrics(kept, [MetricPoint(99, "loss", 0.5, 1.0)])
+    assert store.memory_samples(run_id) == [] and store.metrics(run_id) == []
+    assert store.last_metric(kept, "loss").step == 99
