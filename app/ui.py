@@ -1,7 +1,8 @@
 """The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
 
 Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
-(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) and the compare view (app.ui_compare). This module lays
+(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) with its tags/note/delete panel
+(app.ui_manage), the compare view (app.ui_compare) and the scripting API (app.api). This module lays
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs
+from app import api, ui_compare, ui_form, ui_gpu, ui_manage, ui_run, ui_runs
 from storage.store import Store
 
 # Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
@@ -30,6 +31,7 @@ def build_ui(store: Store) -> gr.Blocks:
     """The whole dashboard, wired to `store`."""
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
+        endpoints = api.wire(store)  # first, so the API's names are not taken by UI events
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
@@ -39,6 +41,7 @@ def build_ui(store: Store) -> gr.Blocks:
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
+                manage_panel = ui_manage.build()
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
         timer = gr.Timer(1.0)
@@ -48,6 +51,7 @@ def build_ui(store: Store) -> gr.Blocks:
         ui_gpu.wire(gpu, store, timer)
         ui_runs.wire(runs, store, runs_timer)
         ui_compare.wire(compare, store, compare_tab)
+        ui_manage.wire(manage_panel, store, page.run_id)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
             errors, run_id = ui_form.launch(store, *args)
@@ -93,6 +97,7 @@ def build_ui(store: Store) -> gr.Blocks:
         optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
         demo.load(on_load, None, [page.run_id, tabs, form.budget, form.data_info, form.data_preview,
                                   *optional_numbers], api_visibility="private")
+    api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
 
 
