@@ -157,6 +157,12 @@ def _finished_run_row(home: Path, name: str) -> int:
                           (name, JobSpec(run_name=name).to_json()))
         run_id = cur.lastrowid
     con.close()
+    from storage.store import MemoryPoint, MetricPoint
+
+    store = _store(home)
+    store.add_metrics(run_id, [MetricPoint(s, "loss", 3.0 - s / 10, 1.0 + s) for s in range(1, 6)])
+    store.add_memory_samples([MemoryPoint(1.0 + t, "host", run_id, process_rss=2**28) for t in range(5)])
+    store.dispose()
     folder = home / "runs" / f"{run_id:06d}"
     folder.mkdir(parents=True)
     (folder / "train.log").write_bytes(b"x" * 300_000)
