@@ -21,8 +21,8 @@ from storage.store import RunRecord, Store
 
 ALL = "all"
 STATUS_FILTER = [ALL] + [s.value for s in RunStatus]
-COLUMNS = ["id", "name", "model", "method", "status", "progress", "peak memory", "tokens/s", "last loss", "created",
-           "tags", "disk"]
+COLUMNS = ["id", "name", "model", "method", "status", "progress", "tags", "disk", "peak memory", "tokens/s",
+           "last loss", "created"]
 TOTAL_EVERY_S = 30.0
 
 
@@ -41,12 +41,12 @@ def runs_frame(store: Store, status: str = ALL, limit: int = 200, search: str = 
     ids = [r.id for r in runs]
     loss = store.last_metric_values(ids, "loss")
     tps = store.last_metric_values(ids, "tokens_per_second")
-    rows = [[r.id, r.name, r.spec.model, r.spec.method.value, r.status.value, progress_text(r),
+    rows = [[r.id, r.name, r.spec.model, r.spec.method.value, r.status.value, progress_text(r), ", ".join(r.tags),
+             human_bytes(disk.of(r)),
              human_bytes(r.peak_memory_bytes) + (f" ({r.peak_memory_source})" if r.peak_memory_source else "")
              if r.peak_memory_bytes else "",
              f"{tps[r.id]:.0f}" if r.id in tps else "", f"{loss[r.id]:.4f}" if r.id in loss else "",
-             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)), ", ".join(r.tags),
-             human_bytes(disk.of(r))] for r in runs]
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at))] for r in runs]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

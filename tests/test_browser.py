@@ -172,6 +172,7 @@ def _finished_run_row(home: Path, name: str) -> int:
 def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser):
     url, home = server
     keep, doomed = _finished_run_row(home, "keep-me"), _finished_run_row(home, "delete-me")
+    ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     page.goto(f"{url}/?run={doomed}")
     page.get_by_text("delete-me").first.wait_for(timeout=30_000)
@@ -179,11 +180,18 @@ def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser):
     page.click("#save-notes")
     page.locator("#manage-message").get_by_text("Saved").wait_for(timeout=30_000)
     assert _store(home).get_run(doomed).tags == ("old", "paper")
+    page.get_by_role("tab", name="Runs").click()
+    page.fill("#runs-search textarea, #runs-search input", "PAPER")  # a tag, in other case
+    table = page.locator("#runs-table")
+    page.wait_for_function("() => { const t = document.querySelector('#runs-table').innerText;"
+                           " return t.includes('old, paper') && !t.includes('keep-me'); }", timeout=30_000)
+    assert "KiB" in table.inner_text() and "on disk" in page.locator("#runs-disk-total").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "runs-search-tags-disk.png"), full_page=True)
+    page.get_by_role("tab", name="Run", exact=True).click()
     page.click("#delete-run")
     question = page.locator("#delete-question")
     question.get_by_text("delete-me").wait_for(timeout=30_000)
     assert "This cannot be undone" in question.inner_text() and "KiB" in question.inner_text()
-    ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "run-delete-confirmation.png"), full_page=True)
     page.click("#delete-keep")
     question.wait_for(state="hidden", timeout=30_000)
