@@ -17,9 +17,9 @@ from sqlalchemy.exc import OperationalError
 from storage import models as m
 from storage.records import _MEMORY_FIELDS, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint
 from storage.retry import is_locked_error
-from storage.store_manage import rows_of_existing_runs
 from storage.rollups import (
     _MEMORY_ROLLUP_UPSERT, _METRIC_ROLLUP_UPSERT, MEMORY_LEVELS, METRIC_LEVELS, _finite_or_none, _nan_if_none)
+from storage.store_manage import rows_of_existing_runs
 
 log = logging.getLogger("storage.store")  # the store's logger, as before the split
 
