@@ -31,8 +31,8 @@ def build_ui(store: Store) -> gr.Blocks:
     """The whole dashboard, wired to `store`."""
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
-        endpoints = api.wire(store)  # first, so the API's names are not taken by UI events
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
+        endpoints = api.wire(store)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
