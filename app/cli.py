@@ -5,11 +5,13 @@
     tunedeck worker [--burst]                 # take queued runs (burst: drain the queue, exit)
     tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
     tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
-    tunedeck runs [--status S]                # table of runs
+    tunedeck runs [--status S] [--search TEXT] [--tag TAG] [--json]   # table of runs (--json: for scripts)
     tunedeck show RUN_ID                      # status, spec, metrics, memory, artifacts, error
     tunedeck cancel RUN_ID
     tunedeck resume RUN_ID                    # queue an interrupted/cancelled run again (from its checkpoint)
     tunedeck move RUN_ID --to N | --first     # reorder the queue
+    tunedeck rm RUN_ID... [--yes]             # delete runs with their files (a running run: cancel first)
+    tunedeck tag RUN_ID [TAG...] [--remove TAG] [--note TEXT]   # tags and a note per run
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
@@ -80,13 +82,16 @@ def _when(t: float | None) -> str:
 
 
 def runs_table(store: Store, runs: list[RunRecord]) -> str:
-    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME")
+    from storage.run_files import DiskUsage
+
+    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME", "DISK", "TAGS")
     rows = []
+    disk = DiskUsage(store)
     for r in runs:
         loss = store.last_metric(r.id, "loss")
         step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
         rows.append((str(r.id), r.status.value, r.name[:40], step, f"{loss.value:.4f}" if loss else "-",
-                     _when(r.created_at), _duration(r)))
+                     _when(r.created_at), _duration(r), _bytes(disk.of(r)), ",".join(r.tags) or "-"))
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
 
@@ -233,8 +238,21 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         except ValueError:
             choices = ", ".join(s.value for s in RunStatus)
             raise UsageError([Problem("--status", f"`{args.status}` is not a run status", f"use one of: {choices}")])
-    runs = store.list_runs(status=status, limit=args.limit)
-    print(runs_table(store, runs) if runs else "no runs")
+    runs = store.list_runs(status=status, limit=args.limit, search=args.search, tag=args.tag)
+    if args.json:
+        import json
+
+        from app.manage import summaries
+
+        print(json.dumps(summaries(store, runs), indent=2))
+        return EXIT_OK
+    from storage.run_files import total_bytes
+
+    if not runs:
+        print("no runs")
+        return EXIT_OK
+    print(runs_table(store, runs))
+    print(f"\nall {store.count_runs()} run(s) use {_bytes(total_bytes(store))} on disk")
     return EXIT_OK
 
 
@@ -370,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("runs", help="list runs")
     s.add_argument("--status", help="only runs with this status")
     s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--search", default=None, metavar="TEXT", help="only runs whose name, tags or note contain TEXT")
+    s.add_argument("--tag", default=None, metavar="TAG", help="only runs tagged TAG")
+    s.add_argument("--json", action="store_true", help="print a JSON list (id, status, tags, note, disk_bytes, ...)")
     s.set_defaults(func=cmd_runs)
 
     for name, func, text in (("show", cmd_show, "show one run"), ("cancel", cmd_cancel, "cancel a queued or running run"),
@@ -391,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--merged", action="store_true", help="merge the adapter into a 16-bit (or fp32) base and check it")
     s.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the merged weights")
     s.set_defaults(func=cmd_export)
+
+    from app.cli_manage import add_parsers
+
+    add_parsers(sub)
 
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")

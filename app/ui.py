@@ -1,8 +1,9 @@
 """The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
 
 Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
-(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run), the compare view
-(app.ui_compare) and trick sweeps (app.ui_sweep). This module lays
+(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) with its tags/note/delete panel
+(app.ui_manage), the compare view (app.ui_compare), trick sweeps (app.ui_sweep) and the scripting
+API (app.api). This module lays
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import charts, ui_compare, ui_form, ui_gpu, ui_run, ui_runs, ui_sweep
+from app import api, charts, ui_compare, ui_form, ui_gpu, ui_manage, ui_run, ui_runs, ui_sweep
 from jobs.stored import spec_of
 from storage.store import Store
 
@@ -33,6 +34,7 @@ def build_ui(store: Store) -> gr.Blocks:
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
+        endpoints = api.wire(store)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
@@ -42,6 +44,7 @@ def build_ui(store: Store) -> gr.Blocks:
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
                 sweep_controls = ui_sweep.build_controls()
+                manage_panel = ui_manage.build()
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
                 sweep_section = ui_sweep.build_section()
@@ -53,6 +56,7 @@ def build_ui(store: Store) -> gr.Blocks:
         ui_runs.wire(runs, store, runs_timer)
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
+        ui_manage.wire(manage_panel, store, page.run_id)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
             errors, run_id = ui_form.launch(store, *args)
@@ -100,6 +104,7 @@ def build_ui(store: Store) -> gr.Blocks:
         optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
         demo.load(on_load, None, [page.run_id, tabs, form.budget, form.data_info, form.data_preview,
                                   *optional_numbers], api_visibility="private")
+    api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
 
 

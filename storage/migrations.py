@@ -58,6 +58,10 @@ MIGRATIONS: dict[int, list[Statement]] = {
     # 5: run_events (OOM recoveries), worker_devices (published device facts), sweep_runs (trick
     # sweeps): new tables only, created by create_all just before migrations run; nothing to backfill.
     5: [],
+    # 6: a note per run; its tags live in the new run_tags table (created by create_all).
+    6: [
+        "ALTER TABLE runs ADD COLUMN note TEXT",
+    ],
 }
 
 

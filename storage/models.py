@@ -5,9 +5,9 @@ from __future__ import annotations
 from enum import Enum
 
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class RunStatus(str, Enum):
@@ -69,6 +69,18 @@ class Run(Base):
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     peak_memory_source: Mapped[str | None] = mapped_column(String(16))
     log_path: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 4)
+    # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
+    tag_rows: Mapped[list["RunTag"]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
+
+
+class RunTag(Base):
+    """One tag of one run (schema 4); a run has any number of distinct tags."""
+
+    __tablename__ = "run_tags"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    __table_args__ = (Index("ix_run_tags_tag", "tag"),)
 
 
 class Metric(Base):

@@ -20,6 +20,7 @@ from storage.retry import is_locked_error
 from storage.rollups import (
     MEMORY_LEVELS, METRIC_LEVELS, _finite_or_none, _nan_if_none, floor_int, shift_right, upsert_memory_rollups,
     upsert_metric_rollups)
+from storage.store_manage import rows_of_existing_runs
 
 log = logging.getLogger("storage.store")  # the store's logger, as before the split
 
@@ -62,13 +63,18 @@ class SeriesMixin:
 
     def _insert_metrics(self, rows: list[dict[str, Any]]) -> None:
         with self._tx() as s:
-            s.execute(m.Metric.__table__.insert(), rows)
-            upsert_metric_rollups(s, rows)
+            live = rows_of_existing_runs(s, rows)  # a run deleted meanwhile drops its late rows
+            if live:
+                s.execute(m.Metric.__table__.insert(), live)
+                upsert_metric_rollups(s, live)
 
-    def metrics(self, run_id: int, names: Sequence[str] | None = None) -> list[MetricPoint]:
+    def metrics(self, run_id: int, names: Sequence[str] | None = None, after_step: int | None = None) -> list[MetricPoint]:
+        """Raw rows by name then step; `after_step` keeps only later steps (for polling)."""
         q = select(m.Metric.step, m.Metric.name, m.Metric.value, m.Metric.time).where(m.Metric.run_id == run_id)
         if names is not None:
             q = q.where(m.Metric.name.in_(list(names)))
+        if after_step is not None:
+            q = q.where(m.Metric.step > after_step)
         q = q.order_by(m.Metric.name, m.Metric.step, m.Metric.id)
         with self._read() as s:
             return [MetricPoint(st, n, _nan_if_none(v), t) for st, n, v, t in s.execute(q)]
@@ -163,8 +169,10 @@ class SeriesMixin:
 
         def write() -> None:
             with self._tx() as s:
-                s.execute(m.MemorySample.__table__.insert(), rows)
-                upsert_memory_rollups(s, rows)
+                live = rows_of_existing_runs(s, rows)  # a run deleted meanwhile drops its late rows
+                if live:
+                    s.execute(m.MemorySample.__table__.insert(), live)
+                    upsert_memory_rollups(s, live)
 
         self._retrying(write, "add_memory_samples")
         return len(rows)

@@ -145,13 +145,71 @@ def test_bad_form_shows_every_problem_and_queues_nothing(server, browser, tmp_pa
 def test_gradio_client_launches_a_run(server):
     from gradio_client import Client
 
-    from app import ui_form
     from jobs.spec import JobSpec
 
     url, home = server
     client = Client(url, analytics_enabled=False, verbose=False)
-    values = ui_form.form_values(JobSpec(model="tiny-llama", max_steps=3, run_name="api-run"))
-    values = [None if v == "" and n in {"eval_dataset"} else v for n, v in zip(ui_form.NAMES, values)]
-    errors, run_id = client.predict(*values, api_name="/launch")
-    assert errors == "" and run_id
-    assert spec_of(_store(home).get_run(int(run_id))).run_name == "api-run"
+    spec = JobSpec(model="tiny-llama", max_steps=3, run_name="api-run").to_yaml()
+    out = client.predict(spec_yaml=spec, api_name="/submit")  # the form's own /launch is private now
+    assert out["problems"] == [] and out["run_id"]
+    assert spec_of(_store(home).get_run(int(out["run_id"]))).run_name == "api-run"
+
+
+def _finished_run_row(home: Path, name: str) -> int:
+    """A succeeded run written straight into the database (the worker never sees it queued)."""
+    import sqlite3
+
+    from jobs.spec import JobSpec
+
+    _store(home).dispose()  # makes sure the schema exists
+    with sqlite3.connect(home / "tunedeck.db") as con:
+        cur = con.execute("INSERT INTO runs (name, spec_json, status, created_at, finished_at, queue_order, "
+                          "cancel_requested, current_step) VALUES (?, ?, 'succeeded', 1.0, 2.0, 1.0, 0, 5)",
+                          (name, JobSpec(run_name=name).to_json()))
+        run_id = cur.lastrowid
+    con.close()
+    from storage.store import MemoryPoint, MetricPoint
+
+    store = _store(home)
+    store.add_metrics(run_id, [MetricPoint(s, "loss", 3.0 - s / 10, 1.0 + s) for s in range(1, 6)])
+    store.add_memory_samples([MemoryPoint(1.0 + t, "host", run_id, process_rss=2**28) for t in range(5)])
+    folder = store.run_path(run_id)
+    store.dispose()
+    folder.mkdir(parents=True)
+    (folder / "train.log").write_bytes(b"x" * 300_000)
+    return run_id
+
+
+def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser):
+    url, home = server
+    keep, doomed = _finished_run_row(home, "keep-me"), _finished_run_row(home, "delete-me")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(f"{url}/?run={doomed}")
+    page.get_by_text("delete-me").first.wait_for(timeout=30_000)
+    page.fill("#run-tags textarea, #run-tags input", "old, paper")
+    page.click("#save-notes")
+    page.locator("#manage-message").get_by_text("Saved").wait_for(timeout=30_000)
+    assert _store(home).get_run(doomed).tags == ("old", "paper")
+    page.get_by_role("tab", name="Runs").click()
+    page.fill("#runs-search textarea, #runs-search input", "PAPER")  # a tag, in other case
+    table = page.locator("#runs-table")
+    page.wait_for_function("() => { const t = document.querySelector('#runs-table').innerText;"
+                           " return t.includes('old, paper') && !t.includes('keep-me'); }", timeout=30_000)
+    assert "KiB" in table.inner_text() and "on disk" in page.locator("#runs-disk-total").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "runs-search-tags-disk.png"), full_page=True)
+    page.get_by_role("tab", name="Run", exact=True).click()
+    page.click("#delete-run")
+    question = page.locator("#delete-question")
+    question.get_by_text("delete-me").wait_for(timeout=30_000)
+    assert "This cannot be undone" in question.inner_text() and "KiB" in question.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "run-delete-confirmation.png"), full_page=True)
+    page.click("#delete-keep")
+    question.wait_for(state="hidden", timeout=30_000)
+    assert _store(home).get_run(doomed) is not None  # "No, keep it" keeps it
+    page.click("#delete-run")
+    page.locator("#delete-confirm").wait_for(timeout=30_000)
+    page.click("#delete-confirm")
+    page.locator("#manage-message").get_by_text(f"Deleted run {doomed}").wait_for(timeout=30_000)
+    assert _store(home).get_run(doomed) is None and not _store(home).run_path(doomed).exists()
+    assert _store(home).get_run(keep) is not None and (home / "runs" / f"{keep:06d}" / "train.log").exists()

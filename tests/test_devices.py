@@ -9,6 +9,7 @@ import pytest
 from jobs.devices import DeviceFacts, detect, target
 from jobs.spec import JobSpec, SpecError
 from storage.store import Store
+from jobs.stored import spec_of
 
 import training_helpers
 
@@ -63,7 +64,7 @@ def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(s
             submit(store, spec)  # ... and so does submit while no worker has published a device
     publish_live(store, "gpu-box:7", H200)
     run_id = submit(store, spec)  # accepted: the worker that will run it has CUDA
-    assert store.get_run(run_id).spec.precision.value == "fp16"
+    assert spec_of(store.get_run(run_id)).precision.value == "fp16"
     chosen = target(store)
     assert chosen.facts == H200 and chosen.worker_id == "gpu-box:7" and "NVIDIA H200" in chosen.note
 

@@ -268,7 +268,7 @@ def test_migration_upgrades_an_older_database(data_home: Path, monkeypatch: pyte
     con.close()
     new_version = m.SCHEMA_VERSION + 1
     monkeypatch.setattr(m, "SCHEMA_VERSION", new_version)
-    monkeypatch.setitem(store_module.MIGRATIONS, new_version, ["ALTER TABLE runs ADD COLUMN note TEXT"])
+    monkeypatch.setitem(store_module.MIGRATIONS, new_version, ["ALTER TABLE runs ADD COLUMN later_field TEXT"])
     s = Store(f"sqlite:///{path}")
     assert s.schema_version == new_version
     assert [r.name for r in s.list_runs()] == ["old"]  # data kept
@@ -276,7 +276,7 @@ def test_migration_upgrades_an_older_database(data_home: Path, monkeypatch: pyte
     with sqlite3.connect(path) as con:
         columns = [row[1] for row in con.execute("PRAGMA table_info(runs)")]
     con.close()
-    assert "note" in columns
+    assert "later_field" in columns
     Store(f"sqlite:///{path}").dispose()  # idempotent: already at the new version
 
 

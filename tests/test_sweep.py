@@ -15,6 +15,7 @@ from jobs.sweep import plan_probes, sweep_table
 from jobs.tricks import Trick
 from storage.models import RunStatus
 from storage.store import Store
+from jobs.stored import spec_of
 
 import training_helpers
 
@@ -48,7 +49,7 @@ def test_run_page_button_queues_a_sweep_of_the_runs_spec(store: Store, tiny_mode
     assert text.startswith("Sweep 1: queued runs") and "skipped fp16" in text
     members = store.sweep_runs(1)
     assert [m["trick"] for m in members] == ["baseline", "gradient_checkpointing"]
-    assert store.get_run(members[1]["run_id"]).spec.gradient_checkpointing
+    assert spec_of(store.get_run(members[1]["run_id"])).gradient_checkpointing
 
 
 @pytest.mark.integration
