@@ -29,7 +29,7 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
 def build_ui(store: Store) -> gr.Blocks:
     """The whole dashboard, wired to `store`."""
     page_data = ui_run.RunPageData(store)
-    with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
+    with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:

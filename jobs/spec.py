@@ -101,10 +101,27 @@ class Group(str, Enum):
     TRAINING = "Training"
 
 
+# Who a field applies to, by the value of a deciding field: the form shows a field only when every
+# deciding field holds one of the listed values. New trainers and methods join these sets (or a
+# field declares its own `when`), and the form follows without further code.
+SFT_ONLY = {"trainer": {Trainer.SFT}}
+PREFERENCE_ONLY = {"trainer": {Trainer.DPO}}
+LORA_ONLY = {"method": LORA_FAMILY}
+QLORA_ONLY = {"method": {Method.QLORA}}
+PROMPT_ONLY = {"method": PROMPT_FAMILY}
+
+
 def _f(default: Any, group: Group, help: str, *, ge: float | None = None,
-       gt: float | None = None, le: float | None = None) -> Any:
-    """A spec field with its help text, form group and numeric bounds attached."""
-    meta = {"group": group, "help": help, "ge": ge, "gt": gt, "le": le}
+       gt: float | None = None, le: float | None = None, label: str | None = None,
+       when: dict[str, set[Enum]] | None = None, advanced: bool = False) -> Any:
+    """A spec field with its help text, form group, numeric bounds, label and applicability attached.
+
+    label: the words people use ("LoRA rank"); the form shows it with the field's name beside it.
+    when: deciding field -> the values under which this field applies (None: always).
+    advanced: the form keeps it in the group's closed "More" section.
+    """
+    meta = {"group": group, "help": help, "ge": ge, "gt": gt, "le": le, "label": label, "when": when or {},
+            "advanced": advanced}
     return field(default=default, metadata=meta)
 
 
@@ -133,72 +150,107 @@ class SpecError(ValueError):
 class JobSpec:
     """A fine-tuning job: model, data, method, memory tricks and hyper-parameters."""
 
-    run_name: str | None = _f(None, Group.RUN, "A name to find the run by; defaults to model + method.")
+    run_name: str | None = _f(None, Group.RUN, "A name to find the run by; defaults to model + method.", label="Run name")
     # --- Model
     model: str = _f(DEFAULT_MODEL, Group.MODEL,
-                    "Built-in model name (smollm2-135m-instruct), a Hugging Face hub id, or a local model folder.")
+                    "Built-in model name (smollm2-135m-instruct), a Hugging Face hub id, or a local model folder.", label="Model")
     trust_remote_code: bool = _f(False, Group.MODEL,
-                                 "Run Python code shipped with the model. Only for models you trust; never turned on implicitly.")
+                                 "Run Python code shipped with the model. Only for models you trust; never turned on implicitly.",
+                                 label="Trust the model's code", advanced=True)
     # --- Data
     dataset: str = _f(DEFAULT_SFT_DATASET, Group.DATA,
-                      "A bundled sample (sample:chat-format, sample:preference-format), a local .jsonl/.json/.csv/.parquet file, or a hub dataset name.")
+                      "A bundled sample (sample:chat-format, sample:preference-format), a local .jsonl/.json/.csv/.parquet file, or a hub dataset name.",
+                      label="Training data")
     eval_dataset: str | None = _f(None, Group.DATA,
-                                  "Held-out data, same forms as dataset. Empty: the sample's own eval split, or none for user data.")
-    max_train_samples: int | None = _f(None, Group.DATA, "Use only the first N training rows (empty: all).", ge=1)
+                                  "Held-out data, same forms as dataset. Empty: the sample's own eval split, or none for user data.",
+                                  label="Evaluation data")
+    max_train_samples: int | None = _f(None, Group.DATA, "Use only the first N training rows (empty: all).", ge=1,
+                                       label="Row limit", advanced=True)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
-                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows.")
+                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows.",
+                          label="Trainer")
     method: Method = _f(Method.LORA, Group.METHOD,
-                        "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.")
-    lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096)
-    lora_alpha: int = _f(32, Group.METHOD, "LoRA scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rsLoRA).", ge=1)
-    lora_dropout: float = _f(0.05, Group.METHOD, "Dropout on the LoRA input.", ge=0.0, le=0.9)
+                        "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. ia3, prompt_tuning, prefix_tuning, p_tuning: other peft methods.",
+                        label="Method")
+    lora_r: int = _f(16, Group.METHOD, "LoRA rank: adapter size; larger learns more and costs more memory.", ge=1, le=4096,
+                     label="LoRA rank", when=LORA_ONLY)
+    lora_alpha: int = _f(32, Group.METHOD, "LoRA scaling numerator (scale = alpha / r, or alpha / sqrt(r) with rsLoRA).", ge=1,
+                         label="LoRA alpha", when=LORA_ONLY)
+    lora_dropout: float = _f(0.05, Group.METHOD, "Dropout on the LoRA input.", ge=0.0, le=0.9,
+                             label="LoRA dropout", when=LORA_ONLY, advanced=True)
     lora_target_modules: str = _f("all-linear", Group.METHOD,
-                                  "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.")
-    use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
-    num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024)
-    beta: float = _f(0.1, Group.METHOD, "DPO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0)
+                                  "Which layers get adapters: all-linear, or comma-separated module names such as q_proj,v_proj.",
+                                  label="Layers with adapters", when=LORA_ONLY, advanced=True)
+    use_rslora: bool = _f(False, Group.METHOD, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).",
+                          label="Rank-stabilised LoRA", when=LORA_ONLY, advanced=True)
+    num_virtual_tokens: int = _f(20, Group.METHOD, "Virtual tokens for prompt, prefix and P-tuning.", ge=1, le=1024,
+                                 label="Virtual tokens", when=PROMPT_ONLY)
+    beta: float = _f(0.1, Group.METHOD, "DPO temperature: how far the policy may move from the reference.", gt=0.0, le=10.0,
+                     label="DPO beta", when=PREFERENCE_ONLY)
     loss_type: LossType = _f(LossType.AUTO, Group.METHOD,
-                             "auto: trl's default (nll for sft, sigmoid for dpo). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo.")
+                             "auto: trl's default (nll for sft, sigmoid for dpo). sft: nll or dft. dpo: sigmoid (DPO), hinge (SLiC) or ipo.",
+                             label="Loss", advanced=True)
     completion_only_loss: bool = _f(True, Group.METHOD,
-                                    "SFT on prompt/completion rows: loss on the completion only. No effect on text or messages rows.")
+                                    "SFT on prompt/completion rows: loss on the completion only. No effect on text or messages rows.",
+                                    label="Loss on completions only", when=SFT_ONLY, advanced=True)
     assistant_only_loss: bool = _f(False, Group.METHOD,
-                                   "SFT on chat messages rows: loss on the assistant turns only. Needs `{% generation %}` markers in the chat template (the built-in models have them).")
+                                   "SFT on chat messages rows: loss on the assistant turns only. Needs `{% generation %}` markers in the chat template (the built-in models have them).",
+                                   label="Loss on assistant turns only", when=SFT_ONLY, advanced=True)
     bnb_4bit_quant_type: QuantType = _f(QuantType.NF4, Group.METHOD,
-                                        "qlora only: 4-bit data type of the frozen base. nf4 (QLoRA's NormalFloat) or fp4.")
+                                        "qlora only: 4-bit data type of the frozen base. nf4 (QLoRA's NormalFloat) or fp4.",
+                                        label="4-bit data type", when=QLORA_ONLY)
     bnb_4bit_use_double_quant: bool = _f(True, Group.METHOD,
-                                         "qlora only: quantize the quantization constants too (~0.4 bit/param less).")
+                                         "qlora only: quantize the quantization constants too (~0.4 bit/param less).",
+                                         label="Double quantization", when=QLORA_ONLY)
     bnb_4bit_compute_dtype: ComputeDtype = _f(ComputeDtype.AUTO, Group.METHOD,
-                                              "qlora only: dtype 4-bit layers de-quantize to for their matmuls. auto: the run's precision.")
+                                              "qlora only: dtype 4-bit layers de-quantize to for their matmuls. auto: the run's precision.",
+                                              label="4-bit compute dtype", when=QLORA_ONLY)
     # --- Memory tricks
     per_device_train_batch_size: int = _f(8, Group.MEMORY,
-                                          "Micro-batch size: examples per forward pass. Activation memory grows with it.", ge=1, le=4096)
+                                          "Micro-batch size: examples per forward pass. Activation memory grows with it.", ge=1, le=4096,
+                                          label="Micro-batch size")
     gradient_accumulation_steps: int = _f(1, Group.MEMORY,
-                                          "Micro-batches per optimizer step. Same effective batch with less memory; costs time.", ge=1, le=4096)
+                                          "Micro-batches per optimizer step. Same effective batch with less memory; costs time.", ge=1, le=4096,
+                                          label="Gradient accumulation")
     gradient_checkpointing: bool = _f(False, Group.MEMORY,
-                                      "Recompute activations in the backward pass: much less activation memory, ~20-30% slower.")
+                                      "Recompute activations in the backward pass: much less activation memory, ~20-30% slower.",
+                                      label="Gradient checkpointing")
     precision: Precision = _f(Precision.AUTO, Group.MEMORY,
-                              "auto: the best the device supports (bf16 on recent GPUs, fp32 on CPU). fp16 uses loss scaling and needs CUDA.")
+                              "auto: the best the device supports (bf16 on recent GPUs, fp32 on CPU). fp16 uses loss scaling and needs CUDA.",
+                              label="Precision", advanced=True)
     optim: Optim = _f(Optim.ADAMW, Group.MEMORY,
-                      "Optimizer. AdamW keeps ~8 B/param of state; 8-bit AdamW ~2 B; paged variants spill to CPU under pressure (CUDA only).")
-    max_length: int = _f(512, Group.MEMORY, "Maximum tokens per example; longer rows are truncated. Activations grow with it.", ge=8, le=131072)
-    packing: bool = _f(False, Group.MEMORY, "Pack several short examples into one sequence (SFT only): fewer pad tokens, faster.")
+                      "Optimizer. AdamW keeps ~8 B/param of state; 8-bit AdamW ~2 B; paged variants spill to CPU under pressure (CUDA only).",
+                      label="Optimizer")
+    max_length: int = _f(512, Group.MEMORY, "Maximum tokens per example; longer rows are truncated. Activations grow with it.", ge=8, le=131072,
+                         label="Max tokens per example")
+    packing: bool = _f(False, Group.MEMORY, "Pack several short examples into one sequence (SFT only): fewer pad tokens, faster.",
+                       label="Packing", when=SFT_ONLY, advanced=True)
     padding_free: bool = _f(False, Group.MEMORY,
-                            "Flatten each batch into one sequence without padding (SFT: needs packing, which turns it on anyway).")
+                            "Flatten each batch into one sequence without padding (SFT: needs packing, which turns it on anyway).",
+                            label="Padding-free batches", advanced=True)
     auto_find_batch_size: bool = _f(False, Group.MEMORY,
-                                    "On a CUDA out-of-memory error, halve the micro-batch and retry instead of failing.")
+                                    "On a CUDA out-of-memory error, halve the micro-batch and retry instead of failing.",
+                                    label="Shrink the batch on out-of-memory", advanced=True)
     # --- Training
-    learning_rate: float = _f(2e-4, Group.TRAINING, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", gt=0.0, le=1.0)
-    lr_scheduler_type: Scheduler = _f(Scheduler.LINEAR, Group.TRAINING, "How the learning rate changes over training.")
-    warmup_steps: int = _f(0, Group.TRAINING, "Optimizer steps of linear warm-up.", ge=0)
-    num_train_epochs: float = _f(1.0, Group.TRAINING, "Passes over the training data (ignored when max_steps is set).", gt=0.0, le=1000.0)
-    max_steps: int = _f(-1, Group.TRAINING, "Stop after this many optimizer steps; -1 trains for num_train_epochs.", ge=-1)
-    weight_decay: float = _f(0.0, Group.TRAINING, "AdamW weight decay.", ge=0.0, le=1.0)
-    max_grad_norm: float = _f(1.0, Group.TRAINING, "Gradient clipping norm; 0 turns clipping off.", ge=0.0)
-    logging_steps: int = _f(1, Group.TRAINING, "Log metrics every N optimizer steps.", ge=1)
-    eval_steps: int | None = _f(None, Group.TRAINING, "Evaluate every N steps (empty: only at the end, when there is eval data).", ge=1)
-    save_steps: int | None = _f(None, Group.TRAINING, "Save a resumable checkpoint every N steps (empty: none).", ge=1)
-    seed: int = _f(42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0)
+    learning_rate: float = _f(2e-4, Group.TRAINING, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", gt=0.0, le=1.0,
+                              label="Learning rate")
+    lr_scheduler_type: Scheduler = _f(Scheduler.LINEAR, Group.TRAINING, "How the learning rate changes over training.",
+                                      label="Learning-rate schedule", advanced=True)
+    warmup_steps: int = _f(0, Group.TRAINING, "Optimizer steps of linear warm-up.", ge=0, label="Warm-up steps", advanced=True)
+    num_train_epochs: float = _f(1.0, Group.TRAINING, "Passes over the training data (ignored when max_steps is set).", gt=0.0, le=1000.0,
+                                 label="Epochs")
+    max_steps: int = _f(-1, Group.TRAINING, "Stop after this many optimizer steps; -1 trains for num_train_epochs.", ge=-1,
+                        label="Max steps")
+    weight_decay: float = _f(0.0, Group.TRAINING, "AdamW weight decay.", ge=0.0, le=1.0, label="Weight decay", advanced=True)
+    max_grad_norm: float = _f(1.0, Group.TRAINING, "Gradient clipping norm; 0 turns clipping off.", ge=0.0,
+                              label="Gradient clipping", advanced=True)
+    logging_steps: int = _f(1, Group.TRAINING, "Log metrics every N optimizer steps.", ge=1, label="Log every N steps", advanced=True)
+    eval_steps: int | None = _f(None, Group.TRAINING, "Evaluate every N steps (empty: only at the end, when there is eval data).", ge=1,
+                                label="Evaluate every N steps", advanced=True)
+    save_steps: int | None = _f(None, Group.TRAINING, "Save a resumable checkpoint every N steps (empty: none).", ge=1,
+                                label="Checkpoint every N steps", advanced=True)
+    seed: int = _f(42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0, label="Seed", advanced=True)
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -330,10 +382,29 @@ class FieldInfo:
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
+    label: str = ""
+    when: tuple[tuple[str, frozenset[str]], ...] = ()  # (deciding field, values it applies under)
+    advanced: bool = False
+
+    @property
+    def title(self) -> str:
+        """The form's label: the words people use, with the spec name beside them."""
+        return f"{self.label} ({self.name})"
+
+    def applies(self, values: dict[str, Any]) -> bool:
+        """Whether this field applies under these values of its deciding fields (plain or enum).
+
+        A deciding value that is missing or not one of its choices counts as applying: the field
+        stays in view while the spec reports that value's own problem."""
+        for name, allowed in self.when:
+            value = _plain(values.get(name))
+            if value in _CHOICES.get(name, ()) and value not in allowed:
+                return False
+        return True
 
 
 def field_infos() -> list[FieldInfo]:
-    """Every JobSpec field with its group, help, type and bounds, in declaration order."""
+    """Every JobSpec field with its group, help, type, bounds, label and applicability, in declaration order."""
     hints = get_type_hints(JobSpec)
     out = []
     for f in fields(JobSpec):
@@ -343,8 +414,25 @@ def field_infos() -> list[FieldInfo]:
         else:
             kind, choices = base.__name__, ()
         m = f.metadata
+        when = tuple((name, frozenset(_plain(v) for v in allowed)) for name, allowed in m.get("when", {}).items())
+        label = m.get("label") or f.name.replace("_", " ").capitalize()
         out.append(FieldInfo(f.name, m["group"], m["help"], kind, optional, _plain(f.default), choices,
-                             m.get("ge"), m.get("gt"), m.get("le")))
+                             m.get("ge"), m.get("gt"), m.get("le"), label, when, bool(m.get("advanced"))))
+    return out
+
+
+def deciding_fields() -> list[str]:
+    """The fields whose value decides whether others apply (today: trainer and method)."""
+    return sorted({name for info in field_infos() for name, _ in info.when})
+
+
+def _enum_choices() -> dict[str, tuple[str, ...]]:
+    hints = get_type_hints(JobSpec)
+    out = {}
+    for f in fields(JobSpec):
+        base, _ = _unwrap_optional(hints[f.name])
+        if isinstance(base, type) and issubclass(base, Enum):
+            out[f.name] = tuple(m.value for m in base)
     return out
 
 
@@ -438,3 +526,6 @@ def _closest(key: str, known: dict[str, Any]) -> str | None:
 
     match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return match[0] if match else None
+
+
+_CHOICES: dict[str, tuple[str, ...]] = _enum_choices()  # enum field -> its values, for FieldInfo.applies

@@ -121,4 +121,4 @@ def test_build_ui_builds(store):
 
     demo = build_ui(store)
     labels = {c.get("props", {}).get("label") for c in demo.get_config_file()["components"]}
-    assert {"learning_rate", "model", "dataset", "run id"} <= labels
+    assert {"Learning rate (learning_rate)", "Model (model)", "Training data (dataset)", "run id"} <= labels
