@@ -43,9 +43,12 @@ PREVIEW_DIR_NAME = "tunedeck-spec-previews"
 PREVIEWS_KEPT = 20
 FIELD_MIN_WIDTH = 160  # five fields to a row beside the side column at 1400 px
 SLIDER_STEP = 0.01
-# The side column sticks to the top of the window, so the memory verdict and Launch stay in view.
-# Help texts show two lines; the field being edited shows all of its help.
+# The side column sticks to the top of the window, so the memory verdict and Launch stay in view;
+# Gradio's container hides its overflow, which would pin a sticky element to the container instead
+# (clip cuts the same overflow without that). Help texts show two lines; the field being edited
+# shows all of its help.
 FORM_CSS = """
+.gradio-container { overflow: clip !important; }
 #launch-side { position: sticky; top: 8px; align-self: flex-start; }
 #preset-note p { margin: 0; }
 #form-fields .info-text { display: -webkit-box; -webkit-box-orient: vertical;

@@ -49,7 +49,10 @@ def _store(home: Path):
     return Store(f"sqlite:///{home / 'tunedeck.db'}")
 
 
-def _set(page, label: str, value: str) -> None:
+def _set(page, name: str, value: str) -> None:
+    from jobs.spec import field_infos
+
+    label = next(f.title for f in field_infos() if f.name == name)  # "Model (model)"
     box = page.get_by_label(label, exact=True)
     box.fill(value)
     box.press("Tab")
