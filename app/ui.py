@@ -55,7 +55,8 @@ def build_ui(store: Store) -> gr.Blocks:
                 return errors, gr.skip(), gr.skip()
             return "", run_id, gr.Tabs(selected="run")
 
-        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch")
+        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch",
+                              **ui_form.UNCHECKED)
 
         def select(evt: gr.SelectData) -> tuple[Any, Any]:
             row = evt.row_value or []

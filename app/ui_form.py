@@ -39,6 +39,10 @@ BUDGET_FIELDS = ("model", "method", "lora_r", "lora_target_modules", "num_virtua
 SECTIONS: tuple[tuple[str, tuple[Group, ...]], ...] = (
     ("Model and data", (Group.RUN, Group.MODEL, Group.DATA)), ("Method", (Group.METHOD,)),
     ("Memory tricks", (Group.MEMORY,)), ("Training", (Group.TRAINING,)))
+# Events that read the form's fields skip Gradio's preprocessing: it would stop at the first number
+# out of its range, without naming the field, where JobSpec reports every problem at once. The
+# browser's number boxes still carry the ranges. The values arrive as the browser sent them.
+UNCHECKED = {"preprocess": False}
 PREVIEW_DIR_NAME = "tunedeck-spec-previews"
 PREVIEWS_KEPT = 20
 FIELD_MIN_WIDTH = 160  # five fields to a row beside the side column at 1400 px
@@ -124,18 +128,6 @@ def _info(name: str) -> FieldInfo:
 
 
 # ---------------------------------------------------------------------- components
-class RangeNumber(gr.Number):
-    """gr.Number with its range on the browser's number box, checked by JobSpec instead of Gradio.
-
-    Gradio would raise on the first out-of-range box alone, without its name; the spec reports
-    every problem at once, each naming its field."""
-
-    is_template = True  # rendered by Gradio's own Number front end
-
-    def preprocess(self, payload: float | None) -> float | int | None:
-        return None if payload is None else self.round_to_precision(payload, self.precision)
-
-
 def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
     """The typed component for one field; help text as `info`, label = words + spec name."""
     default, label = f.default, f.title
@@ -154,9 +146,9 @@ def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
     if is_slider(f):
         return gr.Slider(minimum=low, maximum=f.le, step=SLIDER_STEP, value=default, info=f.help + bounds_text(f), **common)
     if f.kind in ("int", "float"):
-        return RangeNumber(value=default, info=f.help + bounds_text(f), precision=0 if f.kind == "int" else None,
-                           minimum=low, maximum=f.le, step=number_step(f),
-                           placeholder="empty: none" if f.optional else None, **common)
+        return gr.Number(value=default, info=f.help + bounds_text(f), precision=0 if f.kind == "int" else None,
+                         minimum=low, maximum=f.le, step=number_step(f),
+                         placeholder="empty: none" if f.optional else None, **common)
     return gr.Textbox(value=default or "", info=f.help, max_lines=1, **common)
 
 
@@ -360,20 +352,21 @@ def wire(form: LaunchForm, store: Store) -> None:
     """Connect the form's own events (launch and clone are wired by app.ui); none is a public API."""
     ins = form.inputs
     private = {"api_visibility": "private"}
+    raw = {**private, **UNCHECKED}
     form.preview_btn.click(preview_spec, ins, [form.yaml_code, form.yaml_download, form.errors, form.yaml_box],
-                           **private)
+                           **raw)
     form.yaml_upload.upload(load_yaml, form.yaml_upload, ins + [form.errors], **private)
     preset_outs = [form.fields[n] for n in PRESET_FIELDS] + [form.preset_note]
     for name, button in form.presets.items():
-        button.click(partial(choose_preset, name), ins, preset_outs, **private)
+        button.click(partial(choose_preset, name), ins, preset_outs, **raw)
     deciding = [form.fields[n] for n in DECIDING]
     conditional = [form.fields[n] for n in CONDITIONAL]
     for comp in deciding:
-        comp.change(show_applicable, deciding, conditional, show_progress="hidden", **private)
+        comp.change(show_applicable, deciding, conditional, show_progress="hidden", **raw)
     for name in BUDGET_FIELDS:
-        form.fields[name].change(budget_text, ins, form.budget, show_progress="hidden", **private)
+        form.fields[name].change(budget_text, ins, form.budget, show_progress="hidden", **raw)
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length")]
     data_out = [form.data_info, form.data_preview]
     for name in ("dataset", "trainer", "max_length"):
-        form.fields[name].change(ui_data.preview_with_lengths, data_in, data_out, **private)
+        form.fields[name].change(ui_data.preview_with_lengths, data_in, data_out, **raw)
     form.upload.upload(ui_data.save_upload, form.upload, form.fields["dataset"], **private)

@@ -182,3 +182,15 @@ def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_p
     code.get_by_text("run_name: from-yaml").wait_for(timeout=15_000)
     text = code.inner_text()
     assert "beta: 0.25" in text and "lora_r: 8" in text and "method: qlora" in text
+
+
+def test_numbers_out_of_range_are_all_reported_by_name(page):
+    for name, value in (("lora_r", "0"), ("per_device_train_batch_size", "0"), ("learning_rate", "0")):
+        box = field(page, name)
+        box.fill(value)
+        box.press("Tab")
+    page.click("#launch-btn")
+    errors = page.locator("#form-errors")
+    errors.get_by_text("nothing was queued").wait_for(timeout=30_000)
+    text = errors.inner_text()
+    assert all(n in text for n in ("lora_r", "per_device_train_batch_size", "learning_rate")), text

@@ -133,8 +133,17 @@ def test_numbers_carry_their_range_and_short_float_ranges_are_sliders():
     assert rank.label == "LoRA rank (lora_r)"
     assert isinstance(dropout, gr.Slider) and (dropout.minimum, dropout.maximum) == (0.0, 0.9)
     assert isinstance(lr, gr.Number) and lr.step == pytest.approx(1e-5)
-    # Out of range still reaches the spec, which names the field (Gradio would raise on this box alone).
-    assert rank.preprocess(0) == 0 and rank.get_block_name() == "number"
+
+
+def test_events_reading_the_form_leave_range_checks_to_the_spec(store):
+    """Gradio's Number/Slider preprocessing raises on the first out-of-range box without naming it."""
+    from app.ui import build_ui
+
+    demo = build_ui(store)
+    bounded = {c._id for c in demo.blocks.values() if isinstance(c, (gr.Number, gr.Slider))
+               and (c.minimum is not None or c.maximum is not None)}
+    readers = [fn for fn in demo.fns.values() if bounded & {c._id for c in fn.inputs}]
+    assert len(readers) >= 5 and all(not fn.preprocess for fn in readers), [fn.name for fn in readers if fn.preprocess]
 
 
 def test_form_events_stay_off_the_api_page(store):
