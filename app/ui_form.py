@@ -50,7 +50,8 @@ SLIDER_STEP = 0.01
 # The side column sticks to the top of the window, so the memory verdict and Launch stay in view;
 # Gradio's container hides its overflow, which would pin a sticky element to the container instead
 # (clip cuts the same overflow without that). Help texts show two lines; the field being edited
-# shows all of its help.
+# shows all of its help. Long labels wrap, and a checkbox shown later keeps a field's width
+# (Gradio drops its min-width to 0 and cuts the label).
 FORM_CSS = """
 .gradio-container { overflow: clip !important; }
 #launch-side { position: sticky; top: 8px; align-self: flex-start; }
@@ -58,7 +59,8 @@ FORM_CSS = """
 #form-fields .info-text { display: -webkit-box; -webkit-box-orient: vertical;
   -webkit-line-clamp: 2; overflow: hidden; }
 #form-fields .block:focus-within .info-text { -webkit-line-clamp: unset; }
-#form-fields [data-testid="block-info"] { overflow-wrap: anywhere; }
+#form-fields [data-testid="block-info"], #form-fields .label-text { overflow-wrap: anywhere; white-space: normal; }
+#form-fields .form > .block { min-width: min(160px, 100%) !important; }
 """
 
 

@@ -85,6 +85,8 @@ def test_form_at_its_defaults_fits_two_screens_and_hides_qlora_fields_for_lora(p
     choose(page, "method", "qlora")
     for name in QLORA_FIELDS:
         wait_shown(page, name, True)
+    field(page, "bnb_4bit_quant_type").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "launch-form-qlora.png"))
     choose(page, "method", "lora")
     for name in QLORA_FIELDS:
         wait_shown(page, name, False)
@@ -113,6 +115,8 @@ def test_verdict_and_launch_stay_in_view_while_scrolling(page):
     for sel in ("#launch-btn", "#budget"):
         box = page.locator(sel).bounding_box()
         assert box and 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT["height"], (sel, box)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "launch-form-scrolled.png"))
 
 
 def test_a_preset_sets_its_fields_and_says_what_it_changed(page):
