@@ -134,11 +134,13 @@ def bundle_allow_list(store: Store) -> LiveList:
 
 
 def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]:
-    """Gradio launch() keyword arguments for safe serving (login, file access, upload cap)."""
+    """Gradio launch() keyword arguments for safe serving (login, file access, upload cap) and page CSS."""
     from app.auth import gradio_auth, load_credentials
 
+    from app.ui_form import FORM_CSS
+
     users = load_credentials(auth_file)
-    return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths),
+    return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths), "css": FORM_CSS,
             "max_file_size": f"{max_upload_mb()}mb",
             "auth": gradio_auth(users) if users else None,
             "auth_message": "tunedeck: log in" if users else None}

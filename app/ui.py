@@ -32,7 +32,7 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
 def build_ui(store: Store) -> gr.Blocks:
     """The whole dashboard, wired to `store`."""
     page_data = ui_run.RunPageData(store)
-    with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
+    with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
         endpoints = api.wire(store)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
@@ -64,7 +64,8 @@ def build_ui(store: Store) -> gr.Blocks:
                 return errors, gr.skip(), gr.skip()
             return "", run_id, gr.Tabs(selected="run")
 
-        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch")
+        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch",
+                              **ui_form.UNCHECKED)
 
         def select(evt: gr.SelectData) -> tuple[Any, Any]:
             row = evt.row_value or []

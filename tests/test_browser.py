@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
+from browser_helpers import CHROMIUM, REPO, chromium, served
 
 from jobs.stored import spec_of
 
@@ -29,18 +29,14 @@ ARTIFACTS = REPO / "test-artifacts"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("tunedeck-home")
-    port = free_port()
-    proc = start_server(home, port, home / "server.log")
-    yield f"http://127.0.0.1:{port}", home
-    stop_server(proc)
+    with served(home) as url:
+        yield url, home
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _store(home: Path):
@@ -51,7 +47,10 @@ def _store(home: Path):
     return Store(f"sqlite:///{home / 'tunedeck.db'}")
 
 
-def _set(page, label: str, value: str) -> None:
+def _set(page, name: str, value: str) -> None:
+    from jobs.spec import field_infos
+
+    label = next(f.title for f in field_infos() if f.name == name)  # "Model (model)"
     box = page.get_by_label(label, exact=True)
     box.fill(value)
     box.press("Tab")

@@ -121,7 +121,7 @@ def test_build_ui_builds(store):
 
     demo = build_ui(store)
     labels = {c.get("props", {}).get("label") for c in demo.get_config_file()["components"]}
-    assert {"learning_rate", "model", "dataset", "run id"} <= labels
+    assert {"Learning rate (learning_rate)", "Model (model)", "Training data (dataset)", "run id"} <= labels
 
 
 def test_method_choice_shows_each_methods_description_and_budget_survives_new_methods():
