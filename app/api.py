@@ -130,7 +130,7 @@ def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
     return RunDetail(**summary, spec=spec_of(run).to_dict(),
                      final_metrics={k: _number(v) for k, v in run.final_metrics.items()},
                      metric_names=sorted(store.metric_names(run.id)), error_detail=run.error_detail,
-                     resumable=resumable(run), has_bundle=bundle_path(store, run.id) is not None)
+                     resumable=resumable(store, run), has_bundle=bundle_path(store, run.id) is not None)
 
 
 def _run(store: Store, run_id: int) -> RunRecord:

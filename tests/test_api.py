@@ -165,7 +165,7 @@ def test_submit_follow_download_tag_and_delete(server: dict, client: Client) -> 
     assert [r["id"] for r in client.predict(search="API-QUICK", api_name="/runs")] == [run_id]
     assert run_id in [r["id"] for r in client.predict(status="succeeded", api_name="/runs")]
 
-    folder = server["home"] / "runs" / f"{run_id:06d}"
+    (folder,) = server["home"].glob(f"runs/*/{run_id:06d}")  # runs/<database id>/<run id>
     assert folder.is_dir()
     gone = client.predict(run_id=run_id, api_name="/delete")
     assert gone["status"] == "deleted" and f"deleted run {run_id}" in gone["message"]

@@ -172,15 +172,14 @@ def _finished_run_row(home: Path, name: str) -> int:
     store = _store(home)
     store.add_metrics(run_id, [MetricPoint(s, "loss", 3.0 - s / 10, 1.0 + s) for s in range(1, 6)])
     store.add_memory_samples([MemoryPoint(1.0 + t, "host", run_id, process_rss=2**28) for t in range(5)])
-    folder = store.run_path(run_id)
+    (store.run_dir(run_id) / "train.log").write_bytes(b"x" * 300_000)
     store.dispose()
-    folder.mkdir(parents=True)
-    (folder / "train.log").write_bytes(b"x" * 300_000)
     return run_id
 
 
-def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser):
+def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser, monkeypatch):
     url, home = server
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))  # the run folders this test's store sees are the server's
     keep, doomed = _finished_run_row(home, "keep-me"), _finished_run_row(home, "delete-me")
     ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
@@ -210,5 +209,6 @@ def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser):
     page.locator("#delete-confirm").wait_for(timeout=30_000)
     page.click("#delete-confirm")
     page.locator("#manage-message").get_by_text(f"Deleted run {doomed}").wait_for(timeout=30_000)
-    assert _store(home).get_run(doomed) is None and not _store(home).run_path(doomed).exists()
-    assert _store(home).get_run(keep) is not None and (home / "runs" / f"{keep:06d}" / "train.log").exists()
+    store = _store(home)
+    assert store.get_run(doomed) is None and not store.run_path(doomed).exists()
+    assert store.get_run(keep) is not None and (store.run_path(keep) / "train.log").exists()

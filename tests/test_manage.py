@@ -21,7 +21,7 @@ from storage.store import MemoryPoint, MetricPoint, RunningRunError, Store
 def _finished_run(store: Store, name: str, files: dict[str, bytes]) -> int:
     """A succeeded run with metrics, memory samples, an artifact, tags and files in its folder."""
     run_id = store.create_run(JobSpec(run_name=name))
-    store.claim_next("w")
+    store.claim_next_on_device("w", "cpu")
     store.add_metrics(run_id, [MetricPoint(s, "loss", 2.0 - s / 100, float(s)) for s in range(50)])
     store.add_memory_samples([MemoryPoint(1e9 + i, "host", run_id, process_rss=1000 + i) for i in range(20)])
     folder = store.run_dir(run_id)
@@ -71,7 +71,7 @@ def test_delete_removes_one_run_and_nothing_else(store: Store, data_home: Path) 
 def test_a_running_run_is_refused_until_cancelled(store: Store) -> None:
     run_id = store.create_run(JobSpec())
     store.run_dir(run_id).joinpath("train.log").write_text("training\n")
-    store.claim_next("w")
+    store.claim_next_on_device("w", "cpu")
     with pytest.raises(manage.ManageError) as exc:
         manage.delete_run(store, run_id)
     (problem,) = exc.value.problems
@@ -134,18 +134,18 @@ def test_disk_use_per_run_and_in_total(store: Store, data_home: Path) -> None:
     assert DiskUsage(store).of(store.get_run(a)) >= 200_000
 
 
-def test_schema_3_database_gains_notes_and_tags(data_home: Path) -> None:
-    path = data_home / "v3.db"
+def test_schema_5_database_gains_notes_and_tags(data_home: Path) -> None:
+    path = data_home / "v5.db"
     Store(f"sqlite:///{path}").dispose()
-    with sqlite3.connect(path) as con:  # as schema 3 left it: no note column, no run_tags table
+    with sqlite3.connect(path) as con:  # as schema 5 left it: no note column, no run_tags table
         con.execute("DROP TABLE run_tags")
         con.execute("ALTER TABLE runs DROP COLUMN note")
-        con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+        con.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
         con.execute("INSERT INTO runs (name, spec_json, status, created_at, queue_order, cancel_requested, current_step)"
                     " VALUES ('old', ?, 'succeeded', 1.0, 1.0, 0, 0)", (JobSpec().to_json(),))
     con.close()
     s = Store(f"sqlite:///{path}")
-    assert s.schema_version == m.SCHEMA_VERSION == 4
+    assert s.schema_version == m.SCHEMA_VERSION == 6
     (run,) = s.list_runs()
     assert run.name == "old" and run.tags == () and run.note is None
     s.change_tags(run.id, add=["kept"])
@@ -181,7 +181,7 @@ def test_cli_tag_runs_json_and_rm(store: Store, capsys) -> None:
 
 def test_cli_rm_refuses_a_running_run(store: Store, capsys) -> None:
     run_id = store.create_run(JobSpec())
-    store.claim_next("w")
+    store.claim_next_on_device("w", "cpu")
     assert main(["rm", str(run_id), "--yes"]) == 2
     assert f"tunedeck cancel {run_id}" in capsys.readouterr().err
     assert store.get_run(run_id).status is RunStatus.RUNNING

@@ -362,6 +362,7 @@ def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
     store.add_metrics(run_id, [MetricPoint(1, "loss", 1.0, 1.0)])
     with store._tx() as s:
         s.execute(text("UPDATE meta SET value = '3' WHERE key = 'schema_version'"))
+        s.execute(text("ALTER TABLE runs DROP COLUMN note"))  # added by schema 6
     again = Store(store.url)
     assert again.schema_version == m.SCHEMA_VERSION
     again.add_metrics(run_id, [MetricPoint(2, "loss", 2.0, 2.0)])
