@@ -35,9 +35,9 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE metrics_v3 RENAME TO metrics",
         "CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)",
     ],
-    # 4: run_events (OOM recoveries), worker_devices (published device facts), sweep_runs (trick
+    # 5: run_events (OOM recoveries), worker_devices (published device facts), sweep_runs (trick
     # sweeps): new tables only, created by create_all just before migrations run; nothing to backfill.
-    4: [],
+    5: [],
 }
 
 
