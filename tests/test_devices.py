@@ -59,8 +59,9 @@ def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(s
     local = check(spec)
     if not detect().cuda:  # this machine alone refuses fp16 ...
         assert [p.field for p in local] == ["precision"]
-        with pytest.raises(SpecError, match="fp16 needs CUDA"):
-            submit(store, spec)  # ... and so does submit while no worker has published a device
+        with pytest.raises(SpecError, match="fp16 needs CUDA") as refused:
+            submit(store, spec)  # ... and so does submit while no worker has published a device, saying so
+        assert "no worker has published its device yet" in refused.value.problems[0].fix
     publish_live(store, "gpu-box:7", H200)
     run_id = submit(store, spec)  # accepted: the worker that will run it has CUDA
     assert store.get_run(run_id).spec.precision.value == "fp16"
