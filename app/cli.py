@@ -292,6 +292,13 @@ def cmd_move(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(store: Store, args: argparse.Namespace) -> int:
+    from app.cli_sweep import sweep_command
+
+    queueing = args.spec and args.show is None and not args.list
+    return sweep_command(store, args, load_spec(args.spec, args.set) if queueing else None)
+
+
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker import Worker
 
@@ -423,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from app.cli_sweep import add_parser as add_sweep_parser
 
-    add_sweep_parser(sub)
+    add_sweep_parser(sub).set_defaults(func=cmd_sweep)
     return p
 
 
