@@ -67,5 +67,5 @@ def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
         return [chart.update(frame) for (chart, _), frame in zip(plots, frames)] + [styles]
 
     ticked = timer.tick(tick, None, [plot for _, plot in plots] + [panel.styles], show_progress="hidden",
-                        api_visibility="private")
-    charts.redraw_after(ticked, plots, panel.styles)
+                        api_visibility="private", concurrency_id="gpu-graphs", concurrency_limit=1)
+    charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")

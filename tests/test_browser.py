@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
+from browser_helpers import CHROMIUM, REPO, browser, served  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
@@ -27,18 +27,8 @@ ARTIFACTS = REPO / "test-artifacts"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("tunedeck-home")
-    port = free_port()
-    proc = start_server(home, port, home / "server.log")
-    yield f"http://127.0.0.1:{port}", home
-    stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    with served(home) as url:
+        yield url, home
 
 
 def _store(home: Path):

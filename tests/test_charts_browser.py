@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
+from browser_helpers import CHROMIUM, REPO, browser, served  # noqa: F401 (browser: a fixture)
 from chart_scene import Scene, number, wait_scene
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 ARTIFACTS = REPO / "test-artifacts"
 GIB = 1024 ** 3
@@ -100,18 +100,8 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory):
     runs = [_seed(store, name, k, gpu=(k == 4), mem_start=now - 80 if k == 0 else now - 3600 - 100 * k)
             for k, name in enumerate(["lora-r8", "lora-r8", "full", "dora", "gpu-run"])]
     store.dispose()
-    port = free_port()
-    proc = start_server(home, port, home / "server.log")
-    yield f"http://127.0.0.1:{port}", runs
-    stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    with served(home) as url:
+        yield url, runs
 
 
 def _page(browser, url: str):
