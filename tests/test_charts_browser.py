@@ -173,6 +173,8 @@ def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
     assert scene.axis("Y").title == "memory (GiB)"
     assert scene.legend_clipped == [], scene.describe()
     assert MIN_HEIGHT <= scene.height <= MAX_HEIGHT, scene.describe()
+    # GPU utilization has no meaning without a GPU: the plot is shown only with one.
+    assert page.locator("#gpu-utilization-plot").is_visible() == ui_data.has_cuda()
     page.close()
 
 
