@@ -221,7 +221,8 @@ def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareD
             concurrency_id=GRAPHS, concurrency_limit=1)
         charts.redraw_after(drawn, view.plots, view.styles, GRAPHS)
     # input, not change: a refresh re-sets the value and already redraws through .then above.
+    # always_last: a pick made while the previous one is drawn is drawn next (the default, once, drops it).
     picked = view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
-                             concurrency_id=GRAPHS, concurrency_limit=1)
+                             concurrency_id=GRAPHS, concurrency_limit=1, trigger_mode="always_last")
     charts.redraw_after(picked, view.plots, view.styles, GRAPHS)
     return data
