@@ -25,7 +25,7 @@ fixes the colour) plus its rows in the frame that chart's handler builds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import cycle
 from typing import Any, Iterable, Literal
 
@@ -69,15 +69,13 @@ class Chart:
     y_format: str | None = None
     x_format: str | None = None
     tooltip: tuple[str, ...] | None = None
-    extra_columns: tuple[str, ...] = field(default=())
 
     @property
     def columns(self) -> list[str]:
-        return [self.x, self.y, SERIES, *self.extra_columns]
+        return [self.x, self.y, SERIES]
 
     def build(self, **layout: Any) -> gr.LinePlot | gr.ScatterPlot:
         """The gradio component; `layout` passes scale, visible, ... through."""
-        cls = gr.ScatterPlot if self.kind == "point" else gr.LinePlot
         kwargs: dict[str, Any] = dict(
             x=self.x, y=self.y, color=SERIES, color_title="", x_title=self.x_title, y_title=self.y_title,
             label=self.label, elem_id=self.elem_id, height=self.height,
@@ -86,10 +84,10 @@ class Chart:
             colors_in_legend=None if self.legend else [])
         if self.tooltip is not None:
             kwargs["tooltip"] = list(self.tooltip)
-        return cls(**kwargs, **layout)
+        return self._cls(**kwargs, **layout)
 
     def frame(self, rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
-        """A typed frame from (x, y, series, *extra) rows: float x and y, string series."""
+        """A typed frame from (x, y, series) rows: float x and y, string series."""
         return typed_frame(rows, self.columns)
 
     def update(self, frame: pd.DataFrame) -> gr.LinePlot | gr.ScatterPlot:
