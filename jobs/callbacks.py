@@ -51,6 +51,7 @@ class StoreCallback(TrainerCallback):
         self.cuda = cuda
         self.stop_reason: str | None = None  # "signal" | "cancel" once training was asked to stop
         self.nonfinite_step: int | None = None  # the step whose training loss was NaN or inf
+        self.tokens_per_second: list[float] = []
         self.num_tokens: float | None = None
         self._metrics: list[MetricPoint] = []
         self._memory: list[MemoryPoint] = []
@@ -153,6 +154,7 @@ class StoreCallback(TrainerCallback):
         tokens = float(tokens)
         if self._prev_tokens is not None and tokens >= self._prev_tokens:
             tps = (tokens - self._prev_tokens) / elapsed
+            self.tokens_per_second.append(tps)
             self._metrics.append(MetricPoint(step, "tokens_per_second", tps, wall))
         self._prev_tokens = tokens
         self.num_tokens = tokens

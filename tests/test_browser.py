@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, REPO, browser, served  # noqa: F401 (browser: a fixture)
+from browser_helpers import CHROMIUM, REPO, chromium, served
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
@@ -29,6 +29,12 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("tunedeck-home")
     with served(home) as url:
         yield url, home
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
 
 
 def _store(home: Path):

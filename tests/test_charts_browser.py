@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, REPO, browser, served  # noqa: F401 (browser: a fixture)
+from browser_helpers import CHROMIUM, REPO, chromium, served
 from chart_scene import Scene, number, wait_scene
 
 pytestmark = pytest.mark.browser
@@ -103,6 +103,12 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory):
     store.dispose()
     with served(home) as url:
         yield url, runs
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
 
 
 def _page(browser, url: str):
