@@ -124,10 +124,10 @@ def _when(t: float | None) -> str:
 def runs_table(store: Store, runs: list[RunRecord]) -> str:
     header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME")
     rows = []
-    measured = figures.figures_of_runs(store, runs)
     for r in runs:
+        loss = store.last_metric(r.id, "loss")
         step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
-        rows.append((str(r.id), r.status.value, r.name[:40], step, measured[r.id].text(figures.LOSS) or "-",
+        rows.append((str(r.id), r.status.value, r.name[:40], step, f"{loss.value:.4f}" if loss else "-",
                      _when(r.created_at), _duration(r)))
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
