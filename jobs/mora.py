@@ -154,7 +154,12 @@ class MoraVariant(LoraVariant):
 
 
 class MoraLinear(LoraLinear):
-    """peft's LoRA Linear layer that also knows the MoRA variant."""
+    """peft's LoRA Linear layer that also knows the MoRA variant (torch Linear, or GPT-2's Conv1D)."""
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, config: Any, **kwargs: Any) -> None:
+        super().__init__(base_layer, adapter_name, config=config, **kwargs)
+        # Conv1D stores its weight as (in, out): merging must add dW transposed (peft's fan_in_fan_out).
+        self.fan_in_fan_out = not isinstance(self.get_base_layer(), nn.Linear)
 
     @property
     def lora_variants(self) -> dict[tuple[str, ...], Any]:
@@ -173,7 +178,9 @@ class MoraConfig(LoraConfig):
         super().__post_init__()
         if self.mora_type not in MORA_TYPES:
             raise ValueError(f"mora_type must be one of {MORA_TYPES}, got {self.mora_type!r}")
-        self._register_custom_module({nn.Linear: MoraLinear})
+        from transformers.pytorch_utils import Conv1D
+
+        self._register_custom_module({nn.Linear: MoraLinear, Conv1D: MoraLinear})
 
     @classmethod
     def from_peft_type(cls, **kwargs: Any) -> "MoraConfig":
