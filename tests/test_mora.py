@@ -156,3 +156,16 @@ def test_gpt2_conv1d_layers_merge_too() -> None:
         with model.disable_adapter():
             assert not torch.allclose(model(ids).logits, unmerged, atol=1e-3)
         torch.testing.assert_close(model.merge_and_unload()(ids).logits, unmerged, rtol=1e-4, atol=1e-4)
+
+
+def test_trains_after_an_inference_mode_forward() -> None:
+    """The operators' cached index tensors must not be inference tensors (samples are drawn mid-training)."""
+    from peft import get_peft_model
+
+    for mora_type in ("rope", "sharing"):
+        model = get_peft_model(small_llama(), MoraConfig(r=4, target_modules="all-linear", mora_type=mora_type))
+        ids = torch.randint(0, 300, (2, 7))
+        with torch.inference_mode():
+            model(ids)
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)

@@ -128,7 +128,8 @@ def test_method_choice_shows_each_methods_description_and_budget_survives_new_me
     import gradio as gr
 
     from app import ui_form
-    from jobs.spec import METHOD_DESCRIPTIONS, Method
+    from jobs.methods import METHOD_DESCRIPTIONS
+    from jobs.spec import Method
 
     with gr.Blocks():
         dropdown = ui_form.make_component(ui_form._info("method"))
