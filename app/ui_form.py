@@ -15,8 +15,7 @@ from typing import Any
 import gradio as gr
 
 from app import budget, ui_data
-from jobs.methods import METHOD_DESCRIPTIONS
-from jobs.spec import FieldInfo, Group, JobSpec, Method, Problem, SpecError, Trainer, field_infos
+from jobs.spec import METHOD_DESCRIPTIONS, FieldInfo, Group, JobSpec, Method, Problem, SpecError, Trainer, field_infos
 from storage.store import Store
 
 INFOS: list[FieldInfo] = field_infos()

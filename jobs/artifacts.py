@@ -117,8 +117,7 @@ def model_card(spec: JobSpec, metrics: dict[str, float]) -> str:
         method += f" (r={spec.lora_r}, alpha={spec.lora_alpha}, targets {spec.lora_target_modules})"
         if spec.lora_init.value != "default":
             method += f", {spec.lora_init.value} initialisation"
-    from jobs.methods import METHOD_DESCRIPTIONS
-    from jobs.spec import applies_to
+    from jobs.spec import METHOD_DESCRIPTIONS, applies_to
 
     if spec.method not in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT, Method.FULL}:
         knobs = [f"{name}={getattr(spec, name).value if hasattr(getattr(spec, name), 'value') else getattr(spec, name)}"

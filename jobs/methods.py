@@ -8,7 +8,6 @@ checkpointing; EVA with gradient checkpointing and with dora/qlora; PiSSA/OLoRA 
 oft_block_size that does not divide a layer's input features is not refused: peft moves it to the
 nearest divisor (and warns), and the pre-launch count, taken from peft, follows.
 
-    METHOD_DESCRIPTIONS[Method.MORA]         # the one line the form shows next to the method
     found = method_kwargs(spec)              # ("LoKrConfig", {...}) or None for other methods
     problems = method_problems(spec, shape)  # [] or reasons to refuse, with the fix
 """
@@ -18,27 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.spec import JobSpec, LoraInit, Method, Problem
-
-# One line per method, shown next to the method choice in the form.
-METHOD_DESCRIPTIONS: dict[Method, str] = {
-    Method.FULL: "every weight trains; most memory, no adapter",
-    Method.LORA: "low-rank adapters A, B on the linear layers (Hu et al. 2021)",
-    Method.DORA: "LoRA plus a learned magnitude per output column (Liu et al. 2024)",
-    Method.QLORA: "LoRA on a 4-bit NF4 base (Dettmers et al. 2023)",
-    Method.LORA_8BIT: "LoRA on an 8-bit LLM.int8 base",
-    Method.IA3: "one learned scaling vector per attention/MLP layer (Liu et al. 2022)",
-    Method.PROMPT_TUNING: "learned virtual tokens before the input (Lester et al. 2021)",
-    Method.PREFIX_TUNING: "learned keys/values prepended in every layer (Li & Liang 2021)",
-    Method.P_TUNING: "virtual tokens produced by a small MLP encoder (Liu et al. 2021)",
-    Method.MORA: "one square matrix per layer: LoRA's parameters, higher-rank update (Jiang et al. 2024)",
-    Method.ADAPTION_PROMPT: "LLaMA-Adapter: gated prompts in the top layers (Zhang et al. 2023; llama, mistral, gpt2)",
-    Method.LOKR: "Kronecker-product update (LyCORIS LoKr)",
-    Method.LOHA: "Hadamard product of two low-rank updates (LyCORIS LoHa)",
-    Method.OFT: "orthogonal rotation of the weights in blocks (Qiu et al. 2023)",
-    Method.VERA: "frozen shared random matrices, learned scaling vectors (Kopiczko et al. 2024)",
-    Method.MISS: "shard-shared update, cheap and fast (MiSS, Kang & Yin 2024)",
-    Method.HIRA: "Hadamard product of the base weight with a low-rank update (HiRA, Huang et al. 2025)",
-}
 
 # peft's LLaMA-Adapter patches the attention of these model types only (peft.tuners.adaption_prompt.config).
 ADAPTION_PROMPT_MODEL_TYPES = ("llama", "mistral", "gpt2")

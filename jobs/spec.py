@@ -57,6 +57,27 @@ TARGETED_METHODS = LORA_FAMILY | {Method.MORA, Method.LOKR, Method.LOHA, Method.
 # Methods whose adapter size is set by lora_r.
 RANKED_METHODS = TARGETED_METHODS - {Method.OFT}
 
+# One line per method, shown next to the method choice in the form.
+METHOD_DESCRIPTIONS: dict[Method, str] = {
+    Method.FULL: "every weight trains; most memory, no adapter",
+    Method.LORA: "low-rank adapters A, B on the linear layers (Hu et al. 2021)",
+    Method.DORA: "LoRA plus a learned magnitude per output column (Liu et al. 2024)",
+    Method.QLORA: "LoRA on a 4-bit NF4 base (Dettmers et al. 2023)",
+    Method.LORA_8BIT: "LoRA on an 8-bit LLM.int8 base",
+    Method.IA3: "one learned scaling vector per attention/MLP layer (Liu et al. 2022)",
+    Method.PROMPT_TUNING: "learned virtual tokens before the input (Lester et al. 2021)",
+    Method.PREFIX_TUNING: "learned keys/values prepended in every layer (Li & Liang 2021)",
+    Method.P_TUNING: "virtual tokens produced by a small MLP encoder (Liu et al. 2021)",
+    Method.MORA: "one square matrix per layer: LoRA's parameters, higher-rank update (Jiang et al. 2024)",
+    Method.ADAPTION_PROMPT: "LLaMA-Adapter: gated prompts in the top layers (Zhang et al. 2023; llama, mistral, gpt2)",
+    Method.LOKR: "Kronecker-product update (LyCORIS LoKr)",
+    Method.LOHA: "Hadamard product of two low-rank updates (LyCORIS LoHa)",
+    Method.OFT: "orthogonal rotation of the weights in blocks (Qiu et al. 2023)",
+    Method.VERA: "frozen shared random matrices, learned scaling vectors (Kopiczko et al. 2024)",
+    Method.MISS: "shard-shared update, cheap and fast (MiSS, Kang & Yin 2024)",
+    Method.HIRA: "Hadamard product of the base weight with a low-rank update (HiRA, Huang et al. 2025)",
+}
+
 
 class LoraInit(str, Enum):
     DEFAULT = "default"

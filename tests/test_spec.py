@@ -245,8 +245,7 @@ def test_field_infos_describe_every_field() -> None:
 
 def test_method_specific_fields_name_their_methods() -> None:
     """The form hides knobs by this metadata: each method-specific field lists exactly its methods."""
-    from jobs.methods import METHOD_DESCRIPTIONS
-    from jobs.spec import Method, applies_to, field_infos
+    from jobs.spec import METHOD_DESCRIPTIONS, Method, applies_to, field_infos
 
     infos = {f.name: f for f in field_infos()}
     assert infos["mora_type"].methods == ("mora",) and infos["oft_block_size"].methods == ("oft",)

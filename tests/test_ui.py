@@ -128,8 +128,7 @@ def test_method_choice_shows_each_methods_description_and_budget_survives_new_me
     import gradio as gr
 
     from app import ui_form
-    from jobs.methods import METHOD_DESCRIPTIONS
-    from jobs.spec import Method
+    from jobs.spec import METHOD_DESCRIPTIONS, Method
 
     with gr.Blocks():
         dropdown = ui_form.make_component(ui_form._info("method"))
