@@ -199,6 +199,10 @@ class JobSpec:
     eval_steps: int | None = _f(None, Group.TRAINING, "Evaluate every N steps (empty: only at the end, when there is eval data).", ge=1)
     save_steps: int | None = _f(None, Group.TRAINING, "Save a resumable checkpoint every N steps (empty: none).", ge=1)
     seed: int = _f(42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0)
+    # --- Placement (which worker may take the run)
+    pin_host: str | None = _f(None, Group.RUN, "Only a worker on this host (its hostname) takes the run; empty: any host.")
+    pin_device: str | None = _f(None, Group.RUN,
+                                "Only the worker of this device (`tunedeck worker --device N`) takes the run; empty: any free worker.")
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -306,6 +310,11 @@ class JobSpec:
             out.append(Problem("max_steps", "0 would train nothing", "use -1 to train for num_train_epochs, or a positive step count"))
         if self.run_name is not None and len(self.run_name) > 200:
             out.append(Problem("run_name", "is longer than 200 characters", "use a shorter name"))
+        for name, limit in (("pin_host", 128), ("pin_device", 32)):
+            value = getattr(self, name)
+            if value is not None and (len(value) > limit or not value.strip() or value != value.strip()):
+                out.append(Problem(name, f"{value!r} is not a host/device name (at most {limit} characters, no "
+                                         "surrounding spaces)", f"give the name `hostname` or --device shows, or leave {name} empty"))
         return out
 
     def validate(self) -> "JobSpec":

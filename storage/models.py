@@ -7,7 +7,7 @@ from enum import Enum
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class RunStatus(str, Enum):
@@ -53,7 +53,7 @@ class Run(Base):
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
-    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)  # written by the worker only, on the database's clock
     worker_id: Mapped[str | None] = mapped_column(String(128))
     worker_pid: Mapped[int | None] = mapped_column(Integer)
     child_pid: Mapped[int | None] = mapped_column(Integer)
@@ -69,6 +69,9 @@ class Run(Base):
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     peak_memory_source: Mapped[str | None] = mapped_column(String(16))
     log_path: Mapped[str | None] = mapped_column(Text)
+    progress_at: Mapped[float | None] = mapped_column(Float)  # the training child's last step report
+    pin_host: Mapped[str | None] = mapped_column(String(128))  # only a worker on this host may claim it
+    pin_device: Mapped[str | None] = mapped_column(String(32))  # only a worker on this device may claim it
 
 
 class Metric(Base):
@@ -145,6 +148,7 @@ class MemoryRollup(Base):
     rss_min: Mapped[int | None] = mapped_column(BigInteger)
     rss_max: Mapped[int | None] = mapped_column(BigInteger)
     row_count: Mapped[int] = mapped_column(Integer)
+    device_index: Mapped[int | None] = mapped_column(Integer)  # the GPU the samples came from (a run has one)
     __table_args__ = {"sqlite_with_rowid": False}
 
 

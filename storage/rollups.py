@@ -81,7 +81,7 @@ def memory_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (run_id, level, source, bucket), rs in sorted(groups.items()):
         row = {"run_id": run_id, "level": level, "source": source, "bucket": bucket,
                "first_time": min(r["time"] for r in rs), "last_time": max(r["time"] for r in rs),
-               "row_count": len(rs)}
+               "row_count": len(rs), "device_index": _pick((r["device_index"] for r in rs), max)}
         row.update({k: _pick((r[col] for r in rs), min) for k, col in _MEMORY_MIN.items()})
         row.update({k: _pick((r[col] for r in rs), max) for k, col in _MEMORY_MAX.items()})
         out.append(row)
@@ -128,7 +128,8 @@ def upsert_memory_rollups(s: Session, rows: Sequence[dict[str, Any]]) -> None:
         new, old = stmt.excluded, t.c
         set_ = {"first_time": _extreme(s, "min", old.first_time, new.first_time),
                 "last_time": _extreme(s, "max", old.last_time, new.last_time),
-                "row_count": old.row_count + new.row_count}
+                "row_count": old.row_count + new.row_count,
+                "device_index": func.coalesce(new.device_index, old.device_index)}
         set_.update({k: _extreme(s, "min", old[k], new[k]) for k in _MEMORY_MIN})
         set_.update({k: _extreme(s, "max", old[k], new[k]) for k in _MEMORY_MAX})
         s.execute(stmt.on_conflict_do_update(index_elements=[t.c.run_id, t.c.level, t.c.source, t.c.bucket],
