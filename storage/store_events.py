@@ -64,7 +64,7 @@ class EventsMixin:
             sweep_id = int(s.scalar(select(func.coalesce(func.max(m.SweepRun.sweep_id), 0))) or 0) + 1
             ids = []
             for i, (trick, note, name, spec_json) in enumerate(probes):
-                row = m.Run(name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
+                row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
                             created_at=now, queue_order=now + i * 1e-6, cancel_requested=0, current_step=0)
                 s.add(row)
                 s.flush()
