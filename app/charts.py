@@ -4,7 +4,8 @@
     plot = chart.build()                                  # inside gr.Blocks
     frame = chart.frame(rows)                             # typed, also when empty
     return chart.update(frame), {chart.elem_id: chart.style(frame)}   # from a handler: data, styles
-    charts.redraw_after(event, [(chart, plot)], styles)  # then the styles (colour map, limits)
+    charts.redraw_after(event, [(chart, plot)], styles, "group")  # then the styles (colour map, limits);
+                                                          # `event` registered with concurrency_id="group"
 
 Why a frame is never handed to a plot bare: gradio 6.31's native plots embed their Vega-Lite spec
 once, from the first value they receive, and later values only replace the data. Column types
@@ -24,7 +25,7 @@ fixes the colour) plus its rows in the frame that chart's handler builds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import cycle
 from typing import Any, Iterable, Literal
 
@@ -68,15 +69,13 @@ class Chart:
     y_format: str | None = None
     x_format: str | None = None
     tooltip: tuple[str, ...] | None = None
-    extra_columns: tuple[str, ...] = field(default=())
 
     @property
     def columns(self) -> list[str]:
-        return [self.x, self.y, SERIES, *self.extra_columns]
+        return [self.x, self.y, SERIES]
 
     def build(self, **layout: Any) -> gr.LinePlot | gr.ScatterPlot:
         """The gradio component; `layout` passes scale, visible, ... through."""
-        cls = gr.ScatterPlot if self.kind == "point" else gr.LinePlot
         kwargs: dict[str, Any] = dict(
             x=self.x, y=self.y, color=SERIES, color_title="", x_title=self.x_title, y_title=self.y_title,
             label=self.label, elem_id=self.elem_id, height=self.height,
@@ -85,10 +84,10 @@ class Chart:
             colors_in_legend=None if self.legend else [])
         if self.tooltip is not None:
             kwargs["tooltip"] = list(self.tooltip)
-        return cls(**kwargs, **layout)
+        return self._cls(**kwargs, **layout)
 
     def frame(self, rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
-        """A typed frame from (x, y, series, *extra) rows: float x and y, string series."""
+        """A typed frame from (x, y, series) rows: float x and y, string series."""
         return typed_frame(rows, self.columns)
 
     def update(self, frame: pd.DataFrame) -> gr.LinePlot | gr.ScatterPlot:
@@ -114,16 +113,21 @@ class Chart:
         return gr.ScatterPlot if self.kind == "point" else gr.LinePlot
 
 
-def redraw_after(event: Any, plots: list[tuple[Chart, gr.components.Component]], styles: gr.State) -> None:
+def redraw_after(event: Any, plots: list[tuple[Chart, gr.components.Component]], styles: gr.State,
+                 group: str) -> None:
     """Chain step 2 of a redraw to `event`, whose handler put {elem_id: style} into `styles`.
 
     Two steps because gradio 6.31 applies data and properties in one update out of order: a plot
     re-embedded for a new colour map took the previous data (seen in Chromium: the Compare scatter
-    drew the run picked before). Data first, then properties, draws the data just sent."""
+    drew the run picked before). Data first, then properties, draws the data just sent.
+    `group`: the concurrency id shared by every event that writes these plots (pass it to them too).
+    One at a time, so a step 2 never reaches the browser before the data its styles were made for
+    (a timer tick's step 2 read styles a concurrent event had stored, and re-embedded an empty plot)."""
     def step2(value: dict[str, Any] | None) -> list[Any]:
         return [chart.restyle((value or {}).get(chart.elem_id)) for chart, _ in plots]
 
-    event.then(step2, styles, [plot for _, plot in plots], show_progress="hidden", api_visibility="private")
+    event.then(step2, styles, [plot for _, plot in plots], show_progress="hidden", api_visibility="private",
+               concurrency_id=group, concurrency_limit=1)
 
 
 def color_map(names: list[str]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
     tunedeck serve [--host 127.0.0.1] [--port 7860] [--no-worker] [--auth-file FILE]  # dashboard (+ worker)
     tunedeck hash-password [--user NAME]      # a `user:HASH` line for --auth-file (password on stdin)
-    tunedeck worker [--burst]                 # take queued runs (burst: drain the queue, exit)
+    tunedeck worker [--burst] [--device N]    # take queued runs (burst: drain the queue, exit); N: its GPU
     tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
     tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
     tunedeck runs [--status S] [--search TEXT] [--tag TAG] [--json]   # table of runs (--json: for scripts)
@@ -292,10 +292,17 @@ def cmd_move(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(store: Store, args: argparse.Namespace) -> int:
+    from app.cli_sweep import sweep_command
+
+    queueing = args.spec and args.show is None and not args.list
+    return sweep_command(store, args, load_spec(args.spec, args.set) if queueing else None)
+
+
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker import Worker
 
-    done = Worker(store, exit_with_parent=args.exit_with_parent).work(burst=args.burst)
+    done = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device).work(burst=args.burst)
     if args.burst:
         print(f"worker: {done} run(s) done", file=sys.stderr)
     return EXIT_OK
@@ -375,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
     s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    s.add_argument("--device", default=None,
+                   help="the GPU this worker owns (index or UUID; default TUNEDECK_DEVICE): its training "
+                        "processes see only it (CUDA_VISIBLE_DEVICES), and one run at a time holds it")
     s.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_worker)
 
@@ -423,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from app.cli_sweep import add_parser as add_sweep_parser
 
-    add_sweep_parser(sub)
+    add_sweep_parser(sub).set_defaults(func=cmd_sweep)
     return p
 
 

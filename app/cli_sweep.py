@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobs.spec import Problem
+from jobs.spec import JobSpec, Problem, SpecError
 
 
 def _tricks(text: str) -> list[Any]:
@@ -26,16 +26,14 @@ def _tricks(text: str) -> list[Any]:
         except ValueError:
             bad.append(name)
     if bad or not out:
-        from app.cli_input import UsageError
-
         choices = ", ".join(t.value for t in Trick)
-        raise UsageError([Problem("--tricks", f"unknown trick(s): {', '.join(bad) or '(none given)'}",
+        raise SpecError([Problem("--tricks", f"unknown trick(s): {', '.join(bad) or '(none given)'}",
                                   f"use a comma-separated list of: {choices}")])
     return out
 
 
-def cmd_sweep(store: Any, args: argparse.Namespace) -> int:
-    from app.cli_input import EXIT_OK, UsageError, load_spec
+def sweep_command(store: Any, args: argparse.Namespace, spec: JobSpec | None) -> int:
+    """`tunedeck sweep`: --list, --show ID, or queue probes of `spec` (read by app.cli from SPEC.yaml)."""
     from jobs.sweep import DEFAULT_TRICKS, format_table, queue_sweep, sweep_table
 
     if args.list:
@@ -43,26 +41,26 @@ def cmd_sweep(store: Any, args: argparse.Namespace) -> int:
             members = store.sweep_runs(sweep_id)
             print(f"sweep {sweep_id}: runs {', '.join(str(m['run_id']) for m in members)} "
                   f"({', '.join(m['trick'] for m in members)})")
-        return EXIT_OK
+        return 0
     if args.show is not None:
         rows = sweep_table(store, args.show)
         if not rows:
-            raise UsageError([Problem("--show", f"no sweep {args.show}", "list sweeps with `tunedeck sweep --list`")])
+            raise SpecError([Problem("--show", f"no sweep {args.show}", "list sweeps with `tunedeck sweep --list`")])
         print(format_table(rows))
-        return EXIT_OK
-    if not args.spec:
-        raise UsageError([Problem("spec", "missing", "give a YAML spec: tunedeck sweep SPEC.yaml --steps 10")])
+        return 0
+    if spec is None:
+        raise SpecError([Problem("spec", "missing", "give a YAML spec: tunedeck sweep SPEC.yaml --steps 10")])
     chosen = _tricks(args.tricks) if args.tricks else list(DEFAULT_TRICKS)
-    queued = queue_sweep(store, load_spec(args.spec, args.set), chosen, args.steps)
+    queued = queue_sweep(store, spec, chosen, args.steps)
     print(f"sweep {queued.sweep_id}: queued runs {', '.join(map(str, queued.run_ids))}")
     for trick, why in queued.skipped:
         print(f"  skipped {trick}: {why}")
     print(f"table: tunedeck sweep --show {queued.sweep_id} (fills in as the runs finish)")
-    return EXIT_OK
+    return 0
 
 
-def add_parser(sub: Any) -> None:
-    """Register `sweep` on the CLI's subparsers."""
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register `sweep` on the CLI's subparsers; app.cli sets its function."""
     from jobs.sweep import DEFAULT_STEPS
     from jobs.tricks import Trick
 
@@ -74,4 +72,4 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     s.add_argument("--show", type=int, default=None, metavar="SWEEP_ID", help="print a sweep's table")
     s.add_argument("--list", action="store_true", help="list sweeps")
-    s.set_defaults(func=cmd_sweep)
+    return s

@@ -23,6 +23,8 @@ from app import api, charts, ui_compare, ui_form, ui_gpu, ui_manage, ui_run, ui_
 from jobs.stored import spec_of
 from storage.store import Store
 
+RUN_GRAPHS = "run-graphs"  # the concurrency group of every event that draws the run page's graphs
+
 # Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
 _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
   const u = new URL(window.location.href); u.searchParams.set('run', String(id));
@@ -75,12 +77,12 @@ def build_ui(store: Store) -> gr.Blocks:
 
         refresh_outputs = page.outputs
         opened = page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
-                                    api_visibility="private")
-        charts.redraw_after(opened, page.plots, page.styles)
+                                    api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        charts.redraw_after(opened, page.plots, page.styles, RUN_GRAPHS)
         page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
         ticked = timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
-                            api_visibility="private")
-        charts.redraw_after(ticked, page.plots, page.styles)
+                            api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        charts.redraw_after(ticked, page.plots, page.styles, RUN_GRAPHS)
         page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
         page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
 

@@ -31,6 +31,7 @@ _GIB = 1024 ** 3
 FIGURE_ROWS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.STEP_TIME, figures.LOSS)
 RESULT_ROWS = ["status", *(f.label for f in FIGURE_ROWS), "final eval loss", "trainable params", "runtime"]
 FIELD = "field"
+GRAPHS = "compare-graphs"  # the concurrency group of the events that draw the plots (charts.redraw_after)
 
 
 @dataclass(frozen=True)
@@ -217,9 +218,12 @@ def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareD
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
         drawn = event(data.choices, None, view.runs, show_progress="hidden", api_visibility="private").then(
-            data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
-        charts.redraw_after(drawn, view.plots, view.styles)
+            data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
+            concurrency_id=GRAPHS, concurrency_limit=1)
+        charts.redraw_after(drawn, view.plots, view.styles, GRAPHS)
     # input, not change: a refresh re-sets the value and already redraws through .then above.
-    picked = view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
-    charts.redraw_after(picked, view.plots, view.styles)
+    # always_last: a pick made while the previous one is drawn is drawn next (the default, once, drops it).
+    picked = view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
+                             concurrency_id=GRAPHS, concurrency_limit=1, trigger_mode="always_last")
+    charts.redraw_after(picked, view.plots, view.styles, GRAPHS)
     return data

@@ -78,7 +78,7 @@ def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
         return [chart.update(frame) for (chart, _), frame in zip(plots, frames)] + [styles]
 
     ticked = timer.tick(tick, None, [plot for _, plot in plots] + [panel.styles], show_progress="hidden",
-                        api_visibility="private")
-    charts.redraw_after(ticked, plots, panel.styles)
+                        api_visibility="private", concurrency_id="gpu-graphs", concurrency_limit=1)
+    charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
     # The device line follows the workers' published facts (a worker may start after the page).
     timer.tick(lambda: device_markdown(store), None, panel.info, show_progress="hidden", api_visibility="private")

@@ -3,13 +3,17 @@
     .venv/bin/python bench/store.py                    # 10 s baseline + 10 s with 6 readers
     .venv/bin/python bench/store.py --seconds 20 --batch 200 --readers 6
     .venv/bin/python bench/store.py --soak 600         # 10 minutes at 10 Hz: written vs read back
+    .venv/bin/python bench/store.py --url postgresql+psycopg://postgres@127.0.0.1:5432/bench
+                                                       # SQLite and PostgreSQL side by side
 
 Ingest: one writer process calls `Store.add_metrics` with batches of `--batch` rows as fast as
 it can (the training callback writes one batch per second; this is the worst case). Readers
 are separate processes doing what a dashboard tab does every second (run row, runs table,
 loss series from the rollups, last metric, memory series), polling every `--poll` s; 6 of them
 stand for the dashboard and 5 more viewers. Every error is counted, "database is locked"
-separately. Goal: >= 10,000 rows/s with readers, 0 lock errors.
+separately. Goal: >= 10,000 rows/s with readers, 0 lock errors. `--url` runs both phases again on
+that database (an existing, preferably empty PostgreSQL database; each phase writes a new run) and
+prints the columns side by side; the goal applies to each backend.
 Soak: the writer writes 3 metrics per step at 10 Hz for SECONDS with the readers running, then
 the rows read back are counted. Goal: written == read back.
 """
@@ -98,12 +102,12 @@ def _phase(url: str, run_id: int, seconds: float, batch: int, readers: int, poll
             "locked": w_locked + sum(g[2] for g in got), "retries": retries}
 
 
-def _fresh(home: Path) -> tuple[str, int]:
+def _fresh(home: Path, url: str | None = None) -> tuple[str, int]:
     os.environ["TUNEDECK_HOME"] = str(home)
     from jobs.spec import JobSpec
     from storage.store import Store
 
-    url = f"sqlite:///{home / 'tunedeck.db'}"
+    url = url or f"sqlite:///{home / 'tunedeck.db'}"
     store = Store(url)
     run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=1))
     store.dispose()
@@ -111,25 +115,30 @@ def _fresh(home: Path) -> tuple[str, int]:
 
 
 def ingest(args: argparse.Namespace) -> int:
-    results = {}
-    for label, readers in (("baseline (no readers)", 0), (f"with {args.readers} readers", args.readers)):
-        with tempfile.TemporaryDirectory() as tmp:
-            url, run_id = _fresh(Path(tmp))
-            results[label] = _phase(url, run_id, args.seconds, args.batch, readers, args.poll)
-    base, loaded = results.values()
+    backends = [("sqlite", None)] + ([("postgresql", args.url)] if args.url else [])
+    results: dict[str, dict] = {}
+    for backend, url in backends:
+        for label, readers in (("no readers", 0), (f"{args.readers} readers", args.readers)):
+            with tempfile.TemporaryDirectory() as tmp:
+                phase_url, run_id = _fresh(Path(tmp), url)
+                results[f"{backend}, {label}"] = _phase(phase_url, run_id, args.seconds, args.batch, readers, args.poll)
     rows = [("rows written", "rows"), ("seconds", "elapsed"), ("rows/s", "rate"), ("reader polls", "reads"),
             ("writer errors", "writer_errors"), ("reader errors", "reader_errors"),
             ("'database is locked'", "locked"), ("lock retries", "retries")]
     labels = list(results)
     print(f"\nmetric ingest, batches of {args.batch} rows, readers poll every {args.poll} s, {args.seconds:g} s each\n")
-    print(f"{'':24}{labels[0]:>24}{labels[1]:>24}")
+    print(f"{'':24}" + "".join(f"{label:>24}" for label in labels))
     for title, key in rows:
-        a, b = base[key], loaded[key]
         fmt = (lambda v: f"{v:,.0f}") if key != "elapsed" else (lambda v: f"{v:.1f}")
-        print(f"{title:24}{fmt(a):>24}{fmt(b):>24}")
-    print(f"{'ratio readers/baseline':24}{'':>24}{loaded['rate'] / base['rate']:>24.2f}")
-    ok = loaded["rate"] >= 10_000 and loaded["locked"] == 0 and loaded["writer_errors"] == 0
-    print(f"\ngoal >= 10,000 rows/s with readers and 0 lock errors: {'MET' if ok else 'NOT MET'}")
+        print(f"{title:24}" + "".join(f"{fmt(results[label][key]):>24}" for label in labels))
+    ok = True
+    for i, (backend, _url) in enumerate(backends):
+        base, loaded = results[labels[2 * i]], results[labels[2 * i + 1]]
+        met = loaded["rate"] >= 10_000 and loaded["locked"] == 0 and loaded["writer_errors"] == 0 \
+            and loaded["reader_errors"] == 0
+        ok = ok and met
+        print(f"{backend}: with readers / without = {loaded['rate'] / base['rate']:.2f}; goal >= 10,000 rows/s "
+              f"with readers and 0 errors: {'MET' if met else 'NOT MET'}")
     return 0 if ok else 1
 
 
@@ -160,6 +169,7 @@ def main() -> int:
     p.add_argument("--readers", type=int, default=6, help="reader processes (dashboard + 5 viewers)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between a reader's polls")
     p.add_argument("--soak", type=float, default=None, metavar="SECONDS", help="soak mode for SECONDS")
+    p.add_argument("--url", default=None, help="also measure this database (e.g. postgresql+psycopg://...), side by side")
     args = p.parse_args()
     return soak(args) if args.soak else ingest(args)
 

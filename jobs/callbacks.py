@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from typing import Any
@@ -194,12 +195,18 @@ class StoreCallback(TrainerCallback):
             self.store.set_progress(self.run_id, self._step, self._max_steps)
 
 
+def physical_index(index: int) -> int:
+    """The NVML index of CUDA device `index` when CUDA_VISIBLE_DEVICES renumbers them (a pinned worker's child)."""
+    names = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return int(names[index]) if index < len(names) and names[index].isdigit() else index
+
+
 def _torch_memory(run_id: int, wall: float) -> MemoryPoint:
     """The caching allocator's counters for the current device (host-side reads, no sync)."""
     import torch
 
     index = torch.cuda.current_device()
-    return MemoryPoint(time=wall, source=MemorySource.TORCH.value, run_id=run_id, device_index=index,
+    return MemoryPoint(time=wall, source=MemorySource.TORCH.value, run_id=run_id, device_index=physical_index(index),
                        torch_allocated=torch.cuda.memory_allocated(index),
                        torch_reserved=torch.cuda.memory_reserved(index),
                        torch_max_allocated=torch.cuda.max_memory_allocated(index))

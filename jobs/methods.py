@@ -20,10 +20,9 @@ from jobs.spec import JobSpec, LoraInit, Method, Problem
 
 # peft's LLaMA-Adapter patches the attention of these model types only (peft.tuners.adaption_prompt.config).
 ADAPTION_PROMPT_MODEL_TYPES = ("llama", "mistral", "gpt2")
-# Methods whose saved adapter needs tunedeck's module to load (it is not a peft method).
-NEEDS_TUNEDECK_TO_LOAD = {Method.MORA}
-# peft's fast randomized SVD for PiSSA: 16 subspace iterations, seconds instead of minutes on 7B models.
-PISSA_INIT = "pissa_niter_16"
+# peft's exact SVD for PiSSA (not its randomized "pissa_niter_N"): deterministic, so a resumed run
+# rebuilds the same residual base; it costs one full SVD per targeted weight at start-up.
+PISSA_INIT = "pissa"
 
 
 def targets(spec: JobSpec) -> str | list[str]:

@@ -38,6 +38,7 @@ and the trl trainers see an ordinary `PeftModel`. The saved adapter is a LoRA ad
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,17 +59,28 @@ def mora_rank(in_features: int, out_features: int, r: int, mora_type: str = "rop
 
 
 # ---------------------------------------------------------------------- the operators
+@functools.lru_cache(maxsize=256)  # constants per layer shape: built once, not every forward
 def _groups(features: int, rank: int, device: torch.device) -> torch.Tensor:
     """Eq. 6's grouping: feature j belongs to group floor(j * r^ / features)."""
-    return torch.arange(features, device=device) * rank // features
+    with torch.inference_mode(False):  # cached: must stay usable by autograd after a generate()
+        return torch.arange(features, device=device) * rank // features
 
 
+@functools.lru_cache(maxsize=256)
 def _rotation(chunks: int, rank: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (chunks x r^) of RoPE angles i * theta_p for chunk i, rotate-half layout."""
-    theta = 10000.0 ** (-torch.arange(0, rank, 2, device=device, dtype=torch.float32) / rank)
-    angles = torch.outer(torch.arange(chunks, device=device, dtype=torch.float32), theta)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    with torch.inference_mode(False):
+        theta = 10000.0 ** (-torch.arange(0, rank, 2, device=device, dtype=torch.float32) / rank)
+        angles = torch.outer(torch.arange(chunks, device=device, dtype=torch.float32), theta)
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _tiling(out_features: int, width: int, device: torch.device) -> torch.Tensor:
+    """Output l reads entry l mod width: truncates a longer vector, repeats a shorter one."""
+    with torch.inference_mode(False):
+        return torch.arange(out_features, device=device) % width
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -87,7 +99,7 @@ def mora_delta_x(x: torch.Tensor, matrix: torch.Tensor, out_features: int, mora_
     padded = nn.functional.pad(x, (0, chunks * rank - k)).view(*x.shape[:-1], chunks, rank)
     cos, sin = _rotation(chunks, rank, x.device, x.dtype)
     out = (_rotate(padded, cos, sin) @ matrix.T).reshape(*x.shape[:-1], chunks * rank)
-    return out.index_select(-1, torch.arange(out_features, device=x.device) % (chunks * rank))
+    return out.index_select(-1, _tiling(out_features, chunks * rank, x.device))
 
 
 def mora_delta_weight(matrix: torch.Tensor, in_features: int, out_features: int, mora_type: str) -> torch.Tensor:
@@ -102,7 +114,7 @@ def mora_delta_weight(matrix: torch.Tensor, in_features: int, out_features: int,
     eye = torch.eye(rank, device=matrix.device, dtype=matrix.dtype)
     blocks = [matrix @ _rotate(eye, cos[i], sin[i]).T for i in range(chunks)]
     wide = torch.block_diag(*blocks)[:, :in_features]
-    return wide.index_select(0, torch.arange(out_features, device=matrix.device) % (chunks * rank))
+    return wide.index_select(0, _tiling(out_features, chunks * rank, matrix.device))
 
 
 # ---------------------------------------------------------------------- peft integration
@@ -154,7 +166,12 @@ class MoraVariant(LoraVariant):
 
 
 class MoraLinear(LoraLinear):
-    """peft's LoRA Linear layer that also knows the MoRA variant."""
+    """peft's LoRA Linear layer that also knows the MoRA variant (torch Linear, or GPT-2's Conv1D)."""
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, config: Any, **kwargs: Any) -> None:
+        super().__init__(base_layer, adapter_name, config=config, **kwargs)
+        # Conv1D stores its weight as (in, out): merging must add dW transposed (peft's fan_in_fan_out).
+        self.fan_in_fan_out = not isinstance(self.get_base_layer(), nn.Linear)
 
     @property
     def lora_variants(self) -> dict[tuple[str, ...], Any]:
@@ -173,7 +190,9 @@ class MoraConfig(LoraConfig):
         super().__post_init__()
         if self.mora_type not in MORA_TYPES:
             raise ValueError(f"mora_type must be one of {MORA_TYPES}, got {self.mora_type!r}")
-        self._register_custom_module({nn.Linear: MoraLinear})
+        from transformers.pytorch_utils import Conv1D
+
+        self._register_custom_module({nn.Linear: MoraLinear, Conv1D: MoraLinear})
 
     @classmethod
     def from_peft_type(cls, **kwargs: Any) -> "MoraConfig":

@@ -84,14 +84,41 @@ def effective_spec_from(events: list[dict[str, Any]], original: JobSpec) -> JobS
     return JobSpec.from_dict(found[-1]["data"]["spec"]) if found else original
 
 
+SET_ASIDE = "optimizer.pt.before-oom-recovery"
+
+
 def set_aside_optimizer_state(checkpoint: Path) -> Path | None:
     """Rename the checkpoint's optimizer state so the trainer starts the new optimizer afresh (kept, not deleted)."""
     state = checkpoint / "optimizer.pt"
     if not state.is_file():
         return None
-    kept = checkpoint / "optimizer.pt.before-oom-recovery"
+    kept = checkpoint / SET_ASIDE
     state.rename(kept)
     return kept
+
+
+def scheduler_restorer(resume_from: str | None) -> Any | None:
+    """A trainer callback that loads the checkpoint's scheduler state after an optimizer change.
+
+    Without optimizer.pt the HF Trainer skips scheduler.pt too, and the learning-rate schedule
+    would start over (warm-up again) in the middle of the run. None when there is nothing to do."""
+    folder = Path(resume_from) if resume_from else None
+    if folder is None or not (folder / SET_ASIDE).is_file() or (folder / "optimizer.pt").is_file() \
+            or not (folder / "scheduler.pt").is_file():
+        return None
+    from transformers import TrainerCallback
+
+    class RestoreScheduler(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                           lr_scheduler: Any = None, **kwargs: Any) -> None:
+            import torch
+
+            lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+            for group, lr in zip(optimizer.param_groups, lr_scheduler.get_last_lr()):
+                group["lr"] = lr  # the next step runs at the schedule's rate, not the initial one
+            log.info("restored the learning-rate schedule from %s (optimizer state starts afresh)", folder)
+
+    return RestoreScheduler()
 
 
 def handle(store: Any, run_id: int, spec: JobSpec, step: int, output_dir: Path) -> bool:

@@ -80,9 +80,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _visible_indices(count: int) -> list[int]:
-    """Devices named by CUDA_VISIBLE_DEVICES when it lists plain indices; all otherwise."""
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+def _visible_indices(count: int, visible: str | None = None) -> list[int]:
+    """Devices named by `visible` (a worker's device), else CUDA_VISIBLE_DEVICES, when plain indices; all otherwise."""
+    raw = visible if visible is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None or raw.strip() == "":
         return list(range(count))
     try:
@@ -95,7 +95,7 @@ def _visible_indices(count: int) -> list[int]:
 class GpuProbe:
     """Reads device memory; NVML is initialised once, its absence is remembered once."""
 
-    def __init__(self) -> None:
+    def __init__(self, visible: str | None = None) -> None:
         self.reason: str | None = None
         self._nvml: Any = None
         self._handles: list[tuple[int, Any]] = []
@@ -104,7 +104,7 @@ class GpuProbe:
 
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible_indices(count)]
+            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible_indices(count, visible)]
             self._nvml = pynvml
             if not self._handles:
                 self.reason = "no NVIDIA GPU: NVML sees no visible device"

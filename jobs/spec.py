@@ -356,6 +356,11 @@ class JobSpec:
     save_steps: int | None = _f(None, Group.TRAINING, "Save a resumable checkpoint every N steps (empty: none).", ge=1,
                                 label="Checkpoint every N steps", advanced=True)
     seed: int = _f(42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0, label="Seed", advanced=True)
+    pin_host: str | None = _f(None, Group.RUN, "Only a worker on this host (its hostname) takes the run; empty: any host.",
+                              label="Host", advanced=True)
+    pin_device: str | None = _f(None, Group.RUN,
+                                "Only the worker of this device (`tunedeck worker --device N`) takes the run; empty: any free worker.",
+                                label="Device", advanced=True)
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -484,6 +489,11 @@ class JobSpec:
             out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(self.dataset_columns)[1])
         if self.run_name is not None and len(self.run_name) > 200:
             out.append(Problem("run_name", "is longer than 200 characters", "use a shorter name"))
+        for name, limit in (("pin_host", 128), ("pin_device", 32)):
+            value = getattr(self, name)
+            if value is not None and (len(value) > limit or not value.strip() or value != value.strip()):
+                out.append(Problem(name, f"{value!r} is not a host/device name (at most {limit} characters, no "
+                                         "surrounding spaces)", f"give the name `hostname` or --device shows, or leave {name} empty"))
         return out
 
     @property

@@ -131,7 +131,21 @@ def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> i
     """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
     from jobs.devices import target
 
-    problems = check(spec, target(store).facts.device(), policy)
+    chosen = target(store)
+    problems = check(spec, chosen.facts.device(), policy)
+    if problems and chosen.worker_id is None:
+        problems = _say_which_device(problems, spec, chosen.facts.device(), chosen.note)
     if problems:
         raise SpecError(problems)
     return store.create_run(spec)
+
+
+def _say_which_device(problems: list[Problem], spec: JobSpec, device: "Device", note: str) -> list[Problem]:
+    """Device problems found against this machine because no worker has published its device: say so."""
+    from jobs import mapping
+
+    capable = mapping.Device(cuda=True, bf16=True, compute_capability=(9, 0), name="any GPU")
+    anywhere = {(p.field, p.problem) for p in mapping.capability_problems(spec, capable, probe=False)}
+    device_only = {(p.field, p.problem) for p in mapping.capability_problems(spec, device, probe=False)}
+    return [Problem(p.field, p.problem, f"{p.fix} ({note}; start the worker first if it has a GPU)")
+            if (p.field, p.problem) in device_only - anywhere else p for p in problems]

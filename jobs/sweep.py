@@ -74,7 +74,8 @@ def queue_sweep(store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRI
     if problems:
         raise SpecError(problems)
     probes, skipped = plan_probes(spec, chosen, steps, device)
-    sweep_id, run_ids = store.create_sweep(probes)
+    sweep_id, run_ids = store.create_sweep([(trick, note, probe.validate().display_name, probe.to_json())
+                                            for trick, note, probe in probes])
     return SweepQueued(sweep_id, run_ids, skipped)
 
 

@@ -323,8 +323,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         device = detect_device()
         log.info("device: %s", device)
         resume_from = resume_point(store, run_id, output_dir)
-        result = train_spec(spec, output_dir, [callback, *callbacks], device=device, resume_from=resume_from,
-                            on_ready=ready)
+        restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
+        result = train_spec(spec, output_dir, [callback, *restore, *callbacks], device=device,
+                            resume_from=resume_from, on_ready=ready)
         callback.flush()  # eval metrics and the last steps land before the status changes
         store.set_resolved_config(run_id, result.resolved)  # what training ended with (auto_find_batch_size)
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])

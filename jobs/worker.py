@@ -35,6 +35,7 @@ from pathlib import Path
 from types import FrameType
 
 import psutil
+from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.sampler import GpuProbe, Sampler
@@ -101,6 +102,26 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Wait until no process of the group is left (after SIGKILL: reaped or zombie); True when none is."""
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() >= deadline:
+            log.error("process group %s still has members %s after %g s", pgid, group_members(pgid), timeout)
+            return False
+        time.sleep(_WATCH_TICK)
+    return True
+
+
+def _is_gpu_id(device: str) -> bool:
+    """A CUDA device as CUDA_VISIBLE_DEVICES names one: an index, or a GPU-/MIG- UUID."""
+    return device.isdigit() or device.startswith(("GPU-", "MIG-"))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -125,7 +146,12 @@ class Worker:
         self.child_argv = child_argv or default_child_argv  # tests swap in a fake child
         self.sample = sample
         self.exit_with_parent = exit_with_parent
-        self.device = device or os.environ.get("TUNEDECK_DEVICE") or "0"
+        # An explicit device (argument or TUNEDECK_DEVICE) pins the children to it; otherwise the
+        # device is named after what this process already sees, and the environment is left alone.
+        explicit = device or os.environ.get("TUNEDECK_DEVICE")
+        self.pinned = bool(explicit)
+        self.device = str(explicit or os.environ.get("CUDA_VISIBLE_DEVICES") or "0")
+        self.db_retry_max_s = 30.0  # the longest wait between tries while the database is unreachable
         self.sampler: Sampler | None = None
         self._stop = threading.Event()
         self._stop_reason = "worker stopped"
@@ -141,30 +167,41 @@ class Worker:
         """Serve the queue (burst: until it is empty; stop_after: until that run is done). Returns runs done."""
         handlers = self._install_signal_handlers()
         if self.sample:
-            self.sampler = Sampler(self.store, GpuProbe())
+            self.sampler = Sampler(self.store, GpuProbe(visible=self.device if self.pinned else None))
             self.sampler.start()
         done = 0
+        delay = 0.0  # backoff while the database fails
         try:
             self.publish_device()
-            self.cleanup_stale()
-            next_cleanup = time.monotonic() + self.stale_after / 2
+            next_cleanup = 0.0
             while not self._stop.is_set():
-                self._beat()
-                if self.exit_with_parent and not pid_alive(self.exit_with_parent):
-                    log.info("parent process %s is gone; stopping", self.exit_with_parent)
-                    break
-                run = self.store.claim_next_on_device(self.worker_id, self.device, os.getpid())
-                if run is None:
-                    if burst and not self.store.queued():
-                        break
+                try:
                     if time.monotonic() >= next_cleanup:  # the device may be held by a dead worker's run
                         next_cleanup = time.monotonic() + self.stale_after / 2
                         self.cleanup_stale()
-                    self._stop.wait(self.poll_interval)
-                    continue
-                problem = spec_problem(run.spec_json)
-                if problem is not None:  # another version's spec, or edited by hand: fail it, go on
-                    self.store.mark_failed(run.id, problem[:2000], problem)
+                        self._take_over_device()
+                    self._beat()
+                    if self.exit_with_parent and not pid_alive(self.exit_with_parent):
+                        log.info("parent process %s is gone; stopping", self.exit_with_parent)
+                        break
+                    run = self.store.claim_next_on_device(self.worker_id, self.device, os.getpid(), host=self.host)
+                    if run is None:
+                        if burst and not self.store.queued():
+                            break
+                        delay = 0.0
+                        self._stop.wait(self.poll_interval)
+                        continue
+                    problem = spec_problem(run.spec_json)
+                    if problem is not None:  # another version's spec, or edited by hand: fail it, go on
+                        self.store.mark_failed(run.id, problem[:2000], problem)
+                        self.store.release_device(self.device, self.worker_id, host=self.host)
+                        continue
+                    delay = 0.0
+                except SQLAlchemyError as exc:  # the database is down or locked: wait, log, go on
+                    delay = min(max(2 * delay, self.poll_interval), self.db_retry_max_s)
+                    log.error("worker %s: database error (%s); retrying in %.1f s", self.worker_id,
+                              _first_line(exc), delay)
+                    self._stop.wait(delay)
                     continue
                 self.execute(run)
                 done += 1
@@ -173,7 +210,7 @@ class Worker:
         finally:
             if self.sampler is not None:
                 self.sampler.stop()
-            self.store.worker_gone(self.worker_id)
+            self._quietly(self.store.worker_gone, self.worker_id)
             self._restore_signal_handlers(handlers)
         return done
 
@@ -182,7 +219,10 @@ class Worker:
         from jobs.devices import detect
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
-        self.store.publish_device(self.worker_id, self.host, facts.to_dict())
+        try:
+            self.store.publish_device(self.worker_id, self.host, facts.to_dict())
+        except Exception:  # bookkeeping: the worker trains without it (checks fall back to this machine)
+            log.exception("could not publish this worker's device facts")
         log.info("worker %s device: %s", self.worker_id, facts.summary())
 
     def cleanup_stale(self) -> list[int]:
@@ -229,29 +269,38 @@ class Worker:
             log_path = self.store.run_dir(run.id) / "train.log"
         except RunFolderError as exc:
             self.store.mark_failed(run.id, str(exc))
+            self._release()
             return self._status(run.id)
         env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), TUNEDECK_DATABASE_URL=self.store.url,
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1", TUNEDECK_DEVICE=self.device)
+        if self.pinned:
+            # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
+            env["CUDA_VISIBLE_DEVICES"] = self.device if _is_gpu_id(self.device) else ""
         try:
             with open(log_path, "ab") as out:
                 child = subprocess.Popen(self.child_argv(run.id), stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             self.store.mark_failed(run.id, f"could not start the training process: {exc}")
+            self._release()
             return self._status(run.id)
         log.info("run %s: started child pid %s, log %s", run.id, child.pid, log_path)
-        self.store.set_child(run.id, child.pid, str(log_path))
-        if self.sampler is not None:
-            self.sampler.set_run(run.id, child.pid)
         try:
+            self._quietly(self.store.set_child, run.id, child.pid, str(log_path))
+            if self.sampler is not None:
+                self.sampler.set_run(run.id, child.pid)
             returncode, why = self._watch(run.id, child)
         finally:
             _killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its run
+            wait_group_gone(child.pid, self.grace_period)
             if self.sampler is not None:
                 self.sampler.set_run(None)
         if returncode == EXIT_OOM_RECOVER and why is None and may_restart:
-            return _RESTART
-        return self._record_end(run.id, returncode, why, log_path)
+            return _RESTART  # the same run goes on in a fresh child: the device stays leased
+        try:
+            return self._record_end(run.id, returncode, why, log_path)
+        finally:
+            self._release()  # the group is gone: the device is free for the next run
 
     def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:
         """Wait for the child, heartbeating; returns (returncode, 'cancel'|'stop'|None)."""
@@ -269,8 +318,14 @@ class Worker:
                 return self._terminate(child), "stop"
             if now >= next_check:
                 next_check = now + self.poll_interval
-                self._beat(run_id)
-                current = self.store.get_run(run_id)
+                try:
+                    self._beat(run_id)
+                    current = self.store.get_run(run_id)
+                except SQLAlchemyError as exc:  # bookkeeping failed: the training goes on
+                    log.error("run %s: database error while watching (%s); training goes on", run_id,
+                              _first_line(exc))
+                    time.sleep(_WATCH_TICK)
+                    continue
                 if current is not None and current.cancel_requested and current.status is RunStatus.RUNNING:
                     log.info("run %s: cancel requested; SIGTERM to process group %s", run_id, child.pid)
                     return self._terminate(child), "cancel"
@@ -305,6 +360,44 @@ class Worker:
         return status
 
     # ------------------------------------------------------------------ helpers
+    def _release(self) -> None:
+        """Free this worker's device lease, retrying while the database is unreachable (or stopping)."""
+        delay = self.poll_interval
+        while True:
+            try:
+                self.store.release_device(self.device, self.worker_id, host=self.host)
+                return
+            except SQLAlchemyError as exc:
+                log.error("worker %s: could not release device %s (%s); retrying in %.1f s", self.worker_id,
+                          self.device, _first_line(exc), delay)
+                if self._stop.wait(delay):
+                    return  # a restarted worker on this host takes the lease over
+                delay = min(2 * delay, self.db_retry_max_s)
+
+    def _take_over_device(self) -> None:
+        """Free this host's lease of our device when the worker holding it is dead and its run's processes are gone."""
+        lease = self.store.device_lease(self.device, host=self.host)
+        holder, pid = lease.get("worker_id"), lease.get("pid")
+        if not holder or holder == self.worker_id or pid_alive(pid):
+            return
+        run = self.store.get_run(lease["run_id"]) if lease.get("run_id") is not None else None
+        if run is not None:
+            if run.status is RunStatus.RUNNING and self.store.mark_interrupted(
+                    run.id, f"worker {holder} (pid {pid}) is no longer running"):
+                log.warning("run %s interrupted: its worker %s is gone", run.id, holder)
+            self._kill_orphan(run)
+            if run.child_pid and group_members(run.child_pid):
+                return  # still ending; the lease waits for it
+        if self.store.release_device(self.device, holder, host=self.host):
+            log.info("device %s: lease of dead worker %s released", self.device, holder)
+
+    def _quietly(self, fn: Callable[..., object], *args: object) -> None:
+        """A bookkeeping write that must not stop the worker: logged when the database fails."""
+        try:
+            fn(*args)
+        except SQLAlchemyError as exc:
+            log.error("%s failed: %s", getattr(fn, "__name__", fn), _first_line(exc))
+
     def _status(self, run_id: int) -> RunStatus:
         current = self.store.get_run(run_id)
         return current.status if current else RunStatus.FAILED

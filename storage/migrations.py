@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Union
 
+from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
 from storage import models as m
@@ -62,12 +64,27 @@ MIGRATIONS: dict[int, list[Statement]] = {
     6: [
         "ALTER TABLE runs ADD COLUMN note TEXT",
     ],
+    # 7: the child's progress time apart from the worker's heartbeat; runs pinned to a host/device;
+    # the device of a run's memory rollups.
+    7: ["ALTER TABLE runs ADD COLUMN progress_at FLOAT",
+        "ALTER TABLE runs ADD COLUMN pin_host VARCHAR(128)",
+        "ALTER TABLE runs ADD COLUMN pin_device VARCHAR(32)",
+        "ALTER TABLE memory_rollups ADD COLUMN device_index INTEGER"],
 }
 
 
 def statement_for(statement: Statement, dialect: str) -> str | None:
     """The SQL of one migration step on this dialect (None: nothing to do there)."""
     return statement if isinstance(statement, str) else statement.get(dialect)
+
+
+def _column_exists(s: Session, sql: str) -> bool:
+    """True for `ALTER TABLE t ADD COLUMN c ...` when t already has c (SQLite has no ADD COLUMN IF NOT EXISTS)."""
+    match = re.match(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", sql)
+    if match is None:
+        return False
+    table, column = match.groups()
+    return column in {c["name"] for c in inspect(s.connection()).get_columns(table)}
 
 
 def migrate(s: Session, url: str) -> None:
@@ -85,6 +102,6 @@ def migrate(s: Session, url: str) -> None:
     for version in range(found + 1, m.SCHEMA_VERSION + 1):
         for statement in MIGRATIONS.get(version, []):
             sql = statement_for(statement, dialect)
-            if sql is not None:
+            if sql is not None and not _column_exists(s, sql):
                 s.connection().exec_driver_sql(sql)
     row.value = str(m.SCHEMA_VERSION)

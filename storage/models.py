@@ -7,7 +7,7 @@ from enum import Enum
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class RunStatus(str, Enum):
@@ -53,7 +53,7 @@ class Run(Base):
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
-    heartbeat_at: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)  # written by the worker only, on the database's clock
     worker_id: Mapped[str | None] = mapped_column(String(128))
     worker_pid: Mapped[int | None] = mapped_column(Integer)
     child_pid: Mapped[int | None] = mapped_column(Integer)
@@ -69,13 +69,16 @@ class Run(Base):
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     peak_memory_source: Mapped[str | None] = mapped_column(String(16))
     log_path: Mapped[str | None] = mapped_column(Text)
-    note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 4)
+    progress_at: Mapped[float | None] = mapped_column(Float)  # the training child's last step report
+    pin_host: Mapped[str | None] = mapped_column(String(128))  # only a worker on this host may claim it
+    pin_device: Mapped[str | None] = mapped_column(String(32))  # only a worker on this device may claim it
+    note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 6)
     # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
     tag_rows: Mapped[list["RunTag"]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
 
 
 class RunTag(Base):
-    """One tag of one run (schema 4); a run has any number of distinct tags."""
+    """One tag of one run (schema 6); a run has any number of distinct tags."""
 
     __tablename__ = "run_tags"
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
@@ -157,6 +160,7 @@ class MemoryRollup(Base):
     rss_min: Mapped[int | None] = mapped_column(BigInteger)
     rss_max: Mapped[int | None] = mapped_column(BigInteger)
     row_count: Mapped[int] = mapped_column(Integer)
+    device_index: Mapped[int | None] = mapped_column(Integer)  # the GPU the samples came from (a run has one)
     __table_args__ = {"sqlite_with_rowid": False}
 
 

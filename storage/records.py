@@ -42,6 +42,9 @@ class RunRecord:
     log_path: str | None
     tags: tuple[str, ...] = ()
     note: str | None = None
+    progress_at: float | None = None
+    pin_host: str | None = None
+    pin_device: str | None = None
 
     @classmethod
     def from_row(cls, row: m.Run) -> "RunRecord":
@@ -56,6 +59,7 @@ class RunRecord:
             resolved_config=json.loads(row.resolved_config_json) if row.resolved_config_json else {},
             peak_memory_bytes=row.peak_memory_bytes, peak_memory_source=row.peak_memory_source,
             log_path=row.log_path, tags=tuple(t.tag for t in row.tag_rows), note=row.note,
+            progress_at=row.progress_at, pin_host=row.pin_host, pin_device=row.pin_device,
         )
 
 

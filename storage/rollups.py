@@ -10,6 +10,7 @@ concurrent writers to the same bucket add up instead of overwriting each other. 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
 from sqlalchemy import BigInteger, Integer, func, literal, select
@@ -81,58 +82,68 @@ def memory_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (run_id, level, source, bucket), rs in sorted(groups.items()):
         row = {"run_id": run_id, "level": level, "source": source, "bucket": bucket,
                "first_time": min(r["time"] for r in rs), "last_time": max(r["time"] for r in rs),
-               "row_count": len(rs)}
+               "row_count": len(rs), "device_index": _pick((r["device_index"] for r in rs), max)}
         row.update({k: _pick((r[col] for r in rs), min) for k, col in _MEMORY_MIN.items()})
         row.update({k: _pick((r[col] for r in rs), max) for k, col in _MEMORY_MAX.items()})
         out.append(row)
     return out
 
 
-def _insert(s: Session, table: Any) -> Any:
-    return (sqlite.insert if s.get_bind().dialect.name == "sqlite" else postgresql.insert)(table)
-
-
-def _extreme(s: Session, which: str, old: Any, new: Any) -> ColumnElement[Any]:
+def _extreme(sqlite_: bool, which: str, old: Any, new: Any) -> ColumnElement[Any]:
     """least/greatest of the stored and the new value, ignoring NULLs (SQLite's min(a, b) does not)."""
-    sqlite_ = s.get_bind().dialect.name == "sqlite"
     fn = {"min": func.min if sqlite_ else func.least, "max": func.max if sqlite_ else func.greatest}[which]
     return func.coalesce(fn(old, new), old, new)
 
 
-def _chunks(values: list[dict[str, Any]], size: int = 500) -> Iterable[list[dict[str, Any]]]:
-    """Slices small enough for SQLite's limit on bound parameters per statement."""
-    for start in range(0, len(values), size):
-        yield values[start:start + size]
+@lru_cache(maxsize=None)
+def _metric_upsert(sqlite_: bool) -> Any:
+    """One-row upsert into `metric_rollups`, built once per dialect and run as an executemany."""
+    t = m.MetricRollup.__table__
+    stmt = (sqlite.insert if sqlite_ else postgresql.insert)(t)
+    new, old = stmt.excluded, t.c
+    return stmt.on_conflict_do_update(
+        index_elements=[t.c.run_id, t.c.name, t.c.level, t.c.bucket],
+        set_={"first_step": _extreme(sqlite_, "min", old.first_step, new.first_step),
+              "last_step": _extreme(sqlite_, "max", old.last_step, new.last_step),
+              "value_min": _extreme(sqlite_, "min", old.value_min, new.value_min),
+              "value_max": _extreme(sqlite_, "max", old.value_max, new.value_max),
+              "value_sum": old.value_sum + new.value_sum, "row_count": old.row_count + new.row_count})
+
+
+@lru_cache(maxsize=None)
+def _memory_upsert(sqlite_: bool) -> Any:
+    """One-row upsert into `memory_rollups`, built once per dialect and run as an executemany."""
+    t = m.MemoryRollup.__table__
+    stmt = (sqlite.insert if sqlite_ else postgresql.insert)(t)
+    new, old = stmt.excluded, t.c
+    set_ = {"first_time": _extreme(sqlite_, "min", old.first_time, new.first_time),
+            "last_time": _extreme(sqlite_, "max", old.last_time, new.last_time),
+            "row_count": old.row_count + new.row_count,
+            "device_index": func.coalesce(new.device_index, old.device_index)}
+    set_.update({k: _extreme(sqlite_, "min", old[k], new[k]) for k in _MEMORY_MIN})
+    set_.update({k: _extreme(sqlite_, "max", old[k], new[k]) for k in _MEMORY_MAX})
+    return stmt.on_conflict_do_update(index_elements=[t.c.run_id, t.c.level, t.c.source, t.c.bucket], set_=set_)
+
+
+def _is_sqlite(s: Session) -> bool:
+    return s.get_bind().dialect.name == "sqlite"
 
 
 def upsert_metric_rollups(s: Session, rows: Sequence[dict[str, Any]]) -> None:
-    """Fold a batch of metric rows into `metric_rollups` (in the caller's transaction)."""
-    t = m.MetricRollup.__table__
-    for values in _chunks(metric_rollup_rows(rows)):
-        stmt = _insert(s, t).values(values)
-        new, old = stmt.excluded, t.c
-        s.execute(stmt.on_conflict_do_update(
-            index_elements=[t.c.run_id, t.c.name, t.c.level, t.c.bucket],
-                set_={"first_step": _extreme(s, "min", old.first_step, new.first_step),
-                  "last_step": _extreme(s, "max", old.last_step, new.last_step),
-                  "value_min": _extreme(s, "min", old.value_min, new.value_min),
-                  "value_max": _extreme(s, "max", old.value_max, new.value_max),
-                  "value_sum": old.value_sum + new.value_sum, "row_count": old.row_count + new.row_count}))
+    """Fold a batch of metric rows into `metric_rollups` (in the caller's transaction).
+
+    Rows are sorted by key, so two writers of the same buckets lock them in the same order.
+    """
+    values = metric_rollup_rows(rows)
+    if values:
+        s.execute(_metric_upsert(_is_sqlite(s)), values)
 
 
 def upsert_memory_rollups(s: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Fold a batch of memory samples into `memory_rollups` (in the caller's transaction)."""
-    t = m.MemoryRollup.__table__
-    for values in _chunks(memory_rollup_rows(rows)):
-        stmt = _insert(s, t).values(values)
-        new, old = stmt.excluded, t.c
-        set_ = {"first_time": _extreme(s, "min", old.first_time, new.first_time),
-                "last_time": _extreme(s, "max", old.last_time, new.last_time),
-                "row_count": old.row_count + new.row_count}
-        set_.update({k: _extreme(s, "min", old[k], new[k]) for k in _MEMORY_MIN})
-        set_.update({k: _extreme(s, "max", old[k], new[k]) for k in _MEMORY_MAX})
-        s.execute(stmt.on_conflict_do_update(index_elements=[t.c.run_id, t.c.level, t.c.source, t.c.bucket],
-                                             set_=set_))
+    values = memory_rollup_rows(rows)
+    if values:
+        s.execute(_memory_upsert(_is_sqlite(s)), values)
 
 
 def rebuild_metric_rollups(s: Session, run_id: int) -> None:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import Float, create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -95,6 +95,12 @@ class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
     def _tx(self) -> Iterator[Session]:
         with self._write() as session, session.begin():
             yield session
+
+    def _db_now(self) -> Any:
+        """The database server's clock as epoch seconds (an SQL expression): one clock for every host."""
+        if self._sqlite:
+            return (func.julianday("now") - 2440587.5) * 86400.0
+        return func.cast(func.extract("epoch", func.clock_timestamp()), Float)
 
     def _retrying(self, fn: Any, what: str, deadline_s: float | None = None) -> Any:
         """Call `fn()` (one whole write transaction) again on 'database is locked', backing off."""

@@ -14,7 +14,6 @@ from sqlalchemy import delete, func, select
 
 from storage import models as m
 from storage.models import RunStatus
-from storage.store_runs import QueueableSpec
 
 
 class EventsMixin:
@@ -56,16 +55,16 @@ class EventsMixin:
             s.execute(delete(m.WorkerDevice).where(m.WorkerDevice.worker_id == worker_id[:128]))
 
     # ------------------------------------------------------------------ trick sweeps
-    def create_sweep(self, probes: list[tuple[str, str, QueueableSpec]]) -> tuple[int, list[int]]:
-        """Queue one run per (trick, note, spec) under a new sweep id, in one transaction: (sweep id, run ids)."""
-        for _trick, _note, spec in probes:
-            spec.validate()
+    def create_sweep(self, probes: list[tuple[str, str, str, str]]) -> tuple[int, list[int]]:
+        """Queue one run per (trick, note, run name, spec JSON) under a new sweep id, in one transaction.
+
+        The caller (`jobs.sweep`) has validated each spec. Returns (sweep id, run ids)."""
         now = time.time()
         with self._tx() as s:
             sweep_id = int(s.scalar(select(func.coalesce(func.max(m.SweepRun.sweep_id), 0))) or 0) + 1
             ids = []
-            for i, (trick, note, spec) in enumerate(probes):
-                row = m.Run(name=spec.display_name, spec_json=spec.to_json(), status=RunStatus.QUEUED.value,
+            for i, (trick, note, name, spec_json) in enumerate(probes):
+                row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
                             created_at=now, queue_order=now + i * 1e-6, cancel_requested=0, current_step=0)
                 s.add(row)
                 s.flush()

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 from typing import Any, Iterable, Protocol, Sequence
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
@@ -22,15 +23,21 @@ from storage.rollups import rebuild_metric_rollups
 from storage.store_manage import search_filter
 
 
-def _next_queued(s: Session) -> int | None:
+def _next_queued(s: Session, host: str, device: str) -> int | None:
     """The first queued run, row-locked until the claim's transaction ends.
 
     On PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run another claim holds is passed
     over, and one that stopped being queued since this statement began is re-checked and skipped.
     Whether its spec can be trained is the claimer's question (`jobs.stored.spec_problem`).
     """
-    return s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value)
+    return s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value,
+                                            or_(m.Run.pin_host.is_(None), m.Run.pin_host == host),
+                                            or_(m.Run.pin_device.is_(None), m.Run.pin_device == device))
                      .order_by(m.Run.queue_order, m.Run.id).limit(1).with_for_update(skip_locked=True)).first()
+
+
+def _lease_key(host: str, device: str) -> str:
+    return f"device:{host}:{device}"[:64]
 
 
 def _lock_lease(s: Session, key: str) -> m.Meta:
@@ -55,6 +62,12 @@ class QueueableSpec(Protocol):
     @property
     def display_name(self) -> str: ...
 
+    @property
+    def pin_host(self) -> str | None: ...
+
+    @property
+    def pin_device(self) -> str | None: ...
+
     def validate(self) -> Any: ...
 
     def to_json(self) -> str: ...
@@ -67,14 +80,16 @@ class RunsMixin:
     def create_run(self, spec: QueueableSpec) -> int:
         """Queue a spec after its own `validate()`; stored as its JSON. Returns the new run id."""
         spec.validate()
-        return self.create_run_unchecked(spec.to_json(), spec.display_name)
+        return self.create_run_unchecked(spec.to_json(), spec.display_name, spec.pin_host, spec.pin_device)
 
-    def create_run_unchecked(self, spec_json: str, name: str = "unchecked") -> int:
+    def create_run_unchecked(self, spec_json: str, name: str = "unchecked", pin_host: str | None = None,
+                             pin_device: str | None = None) -> int:
         """Queue spec JSON as it is (`create_run` validates first; tests store older/odd specs)."""
         now = time.time()
         with self._tx() as s:
-            row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
-                        created_at=now, queue_order=now, cancel_requested=0, current_step=0)
+            row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value, pin_host=pin_host or None,
+                        pin_device=pin_device or None, created_at=now, queue_order=now, cancel_requested=0,
+                        current_step=0)
             s.add(row)
             s.flush()
             return row.id
@@ -118,10 +133,12 @@ class RunsMixin:
         self._set(run_id, **values)
 
     def heartbeat(self, run_id: int) -> None:
-        self._set(run_id, heartbeat_at=time.time())
+        """The worker's sign of life for its run, on the database's clock (only the worker writes it)."""
+        self._set(run_id, heartbeat_at=self._db_now())
 
     def set_progress(self, run_id: int, step: int, total_steps: int | None = None) -> None:
-        values: dict[str, Any] = {"current_step": int(step), "heartbeat_at": time.time()}
+        """The training child's step report; `progress_at` is its time (never the heartbeat)."""
+        values: dict[str, Any] = {"current_step": int(step), "progress_at": time.time()}
         if total_steps is not None:
             values["total_steps"] = int(total_steps)
         self._set(run_id, **values)
@@ -176,43 +193,63 @@ class RunsMixin:
             return RunStatus(row.status)
 
     def stale_running(self, older_than_s: float) -> list[RunRecord]:
-        cutoff = time.time() - older_than_s
+        """Running runs whose worker has not beaten for `older_than_s`, by the database's clock (hosts' clocks differ)."""
         q = select(m.Run).where(m.Run.status == RunStatus.RUNNING.value,
-                                func.coalesce(m.Run.heartbeat_at, m.Run.started_at, 0) < cutoff)
+                                func.coalesce(m.Run.heartbeat_at, m.Run.started_at, 0) < self._db_now() - older_than_s)
         with self._read() as s:
             return [RunRecord.from_row(r) for r in s.scalars(q)]
 
     # ------------------------------------------------------------------ device lease, queue order, resume
-    # One running run per device: the lease is a `meta` row `device:<name>` = {"run_id", "worker_id"},
-    # taken in the same BEGIN IMMEDIATE transaction as the claim. It is free again as soon as its
-    # run is no longer `running` (finished, or marked interrupted by stale-run cleanup), so a dead
-    # worker never needs to release it.
-    def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None) -> RunRecord | None:
+    # One running run per device: the lease is a `meta` row `device:<host>:<device>` =
+    # {"run_id", "worker_id", "pid", "time"}, taken in the claim's transaction and released by its
+    # worker after the run's process group is gone. A worker that died holding it is replaced by
+    # one on the same host (the only place its processes can be seen), which ends the orphaned
+    # group and then releases the lease (`jobs.worker.Worker`).
+    def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None,
+                             host: str | None = None) -> RunRecord | None:
         """Atomically move the first queued run to running for this worker, while no other run holds `device`.
 
         One transaction: the device's lease row is locked, the run is taken with a status guard
         and a rowcount check, and the lease records it; two workers never get the same run, and
-        one device never runs two.
+        one device never runs two. The lease is (host, device): it stays taken until its worker
+        releases it (`release_device`, once the run's process group is gone), so a run that is
+        still writing its last checkpoint never shares the GPU with the next one. A run pinned to
+        a host or device (`pin_host`, `pin_device`) is only taken by a worker there.
         """
         now = time.time()
-        key = f"device:{device}"[:64]
+        host = host or socket.gethostname()
         with self._tx() as s:
-            lease = _lock_lease(s, key)
-            holder_id = json.loads(lease.value or "{}").get("run_id")
-            holder = s.get(m.Run, holder_id) if holder_id is not None else None
-            if holder is not None and holder.status == RunStatus.RUNNING.value:
+            lease = _lock_lease(s, _lease_key(host, device))
+            holder = json.loads(lease.value or "{}")
+            if holder.get("run_id") is not None and holder.get("worker_id") != worker_id:
                 return None
-            candidate = _next_queued(s)
+            candidate = _next_queued(s, host, device)
             if candidate is None:
                 return None
             result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
                                .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
                                        worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                                       started_at=now, heartbeat_at=now, finished_at=None))
+                                       started_at=now, heartbeat_at=self._db_now(), progress_at=None,
+                                       finished_at=None))
             if result.rowcount != 1:  # taken or cancelled since it was read: nothing claimed
                 return None
-            lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "time": now})
+            lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "pid": worker_pid, "time": now})
             return RunRecord.from_row(s.get(m.Run, candidate))
+
+    def device_lease(self, device: str, host: str | None = None) -> dict[str, Any]:
+        """Who holds (host, device): {"run_id", "worker_id", "pid", "time"}, or {} when it is free."""
+        with self._read() as s:
+            row = s.get(m.Meta, _lease_key(host or socket.gethostname(), device))
+            return json.loads(row.value) if row is not None and row.value else {}
+
+    def release_device(self, device: str, worker_id: str, host: str | None = None) -> bool:
+        """Free (host, device) if `worker_id` holds it; True when it did. Call once the run's processes are gone."""
+        with self._tx() as s:
+            lease = _lock_lease(s, _lease_key(host or socket.gethostname(), device))
+            if json.loads(lease.value or "{}").get("worker_id") != worker_id:
+                return False
+            lease.value = "{}"
+            return True
 
     def move_queued(self, run_id: int, position: int) -> bool:
         """Move a queued run to `position` (0 = next to run) of the queue; False if it is not queued."""

@@ -19,6 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+# Every chart the Chromium tests check (tests/test_charts_browser.py). tests/test_figures.py fails when
+# the dashboard has a plot that is not listed here: a new chart needs its browser check.
+CHECKED_CHARTS = frozenset({
+    "gpu-memory-plot", "gpu-utilization-plot", "run-memory-plot", "run-loss-plot", "run-lr-plot", "run-tps-plot",
+    "run-trainer-plot", "compare-tradeoff", "compare-loss"})
+
 _JS = """(id) => {
   const root = document.getElementById(id);
   const svg = root && root.querySelector('svg.marks');

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
+from browser_helpers import CHROMIUM, REPO, chromium, served
 from chart_scene import Scene, number, wait_scene
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 ARTIFACTS = REPO / "test-artifacts"
 GIB = 1024 ** 3
@@ -63,6 +63,7 @@ def _seed(store, name: str, k: int, *, gpu: bool, mem_start: float):
     points += [MetricPoint(i + 1, "step_time", 0.25 * (k + 1), now) for i in range(STEPS)]
     points += [MetricPoint(i + 1, "learning_rate", 2e-4 * (1 - i / STEPS), now) for i in range(STEPS)]
     points += [MetricPoint(s, "eval_loss", losses[s - 1] + 0.3, now) for s in (10, 20, 30)]
+    points += [MetricPoint(s, "eval_perplexity", 2.0 * losses[s - 1], now) for s in (10, 20, 30)]
     store.add_metrics(run_id, points)
     memory: dict[str, list[tuple[float, float]]] = {}
     samples = []
@@ -100,18 +101,14 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory):
     runs = [_seed(store, name, k, gpu=(k == 4), mem_start=now - 80 if k == 0 else now - 3600 - 100 * k)
             for k, name in enumerate(["lora-r8", "lora-r8", "full", "dora", "gpu-run"])]
     store.dispose()
-    port = free_port()
-    proc = start_server(home, port, home / "server.log")
-    yield f"http://127.0.0.1:{port}", runs
-    stop_server(proc)
+    with served(home) as url:
+        yield url, runs
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _page(browser, url: str):
@@ -157,6 +154,8 @@ def _metric_series(run: Seeded) -> dict[str, dict[str, list[tuple[float, float]]
                           "eval": [(s, run.losses[s - 1] + 0.3) for s in (10, 20, 30)]},
         "run-lr-plot": {"learning rate": [(s, 2e-4 * (1 - (s - 1) / STEPS)) for s in steps]},
         "run-tps-plot": {"tokens/s": list(zip(steps, run.tps))},
+        # The trainer's own metrics (SFT: eval perplexity), where the dashboard has that plot.
+        "run-trainer-plot": {"eval perplexity": [(s, 2.0 * run.losses[s - 1]) for s in (10, 20, 30)]},
     }
 
 
@@ -183,6 +182,8 @@ def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
     assert scene.axis("Y").title == "memory (GiB)"
     assert scene.legend_clipped == [], scene.describe()
     assert MIN_HEIGHT <= scene.height <= MAX_HEIGHT, scene.describe()
+    # GPU utilization has no meaning without a GPU: the plot is shown only with one.
+    assert page.locator("#gpu-utilization-plot").is_visible() == ui_data.has_cuda()
     page.close()
 
 
@@ -198,7 +199,9 @@ def test_run_page_graphs_draw_every_series(dashboard, browser, which):
     assert scene.axis("Y").title == "memory (GiB)"
     assert scene.axis("Y").lo == 0.0, scene.describe()
     for elem_id, series in _metric_series(run).items():
-        legend = elem_id == "run-loss-plot"
+        if elem_id == "run-trainer-plot" and page.locator(f"#{elem_id}").count() == 0:
+            continue
+        legend = elem_id in ("run-loss-plot", "run-trainer-plot")
         _check_lines(wait_scene(page, elem_id, _has_lines(series, legend)), series, legend)
     page.close()
 

@@ -60,8 +60,9 @@ def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(s
     local = check(spec)
     if not detect().cuda:  # this machine alone refuses fp16 ...
         assert [p.field for p in local] == ["precision"]
-        with pytest.raises(SpecError, match="fp16 needs CUDA"):
-            submit(store, spec)  # ... and so does submit while no worker has published a device
+        with pytest.raises(SpecError, match="fp16 needs CUDA") as refused:
+            submit(store, spec)  # ... and so does submit while no worker has published a device, saying so
+        assert "no worker has published its device yet" in refused.value.problems[0].fix
     publish_live(store, "gpu-box:7", H200)
     run_id = submit(store, spec)  # accepted: the worker that will run it has CUDA
     assert spec_of(store.get_run(run_id)).precision.value == "fp16"
@@ -104,7 +105,7 @@ def test_gpu_panel_names_the_workers_gpu(store: Store) -> None:
     assert "NVIDIA H200" in text and "gpu-box" in text and "No NVIDIA GPU" not in text
 
 
-def test_a_version_3_database_gains_the_event_device_and_sweep_tables(data_home: Path) -> None:
+def test_an_older_database_gains_the_event_device_and_sweep_tables(data_home: Path) -> None:
     import sqlite3
 
     from storage import models as m
@@ -120,7 +121,7 @@ def test_a_version_3_database_gains_the_event_device_and_sweep_tables(data_home:
         con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     store = Store()
     try:
-        assert store.schema_version == m.SCHEMA_VERSION == 4
+        assert store.schema_version == m.SCHEMA_VERSION
         assert store.get_run(run_id) is not None  # nothing stored is lost
         store.add_run_event(run_id, "oom_recovery", "OOM at step 1", step=1, data={"rung": 0})
         store.publish_device("w", "h", H200.to_dict())

@@ -176,7 +176,11 @@ def test_device_claim_is_exclusive_under_concurrent_claims(store: Store) -> None
     assert len(claimed) == 1 and claimed[0].id == 1  # FIFO: the oldest
     assert store.claim_next_on_device("other", "1") is not None  # another device is free
     store.mark_succeeded(1, {})
-    assert store.claim_next_on_device("w0", "0").id == 3  # the lease ends with its run
+    holder = claimed[0].worker_id
+    assert store.claim_next_on_device("w-late", "0") is None  # finished, but its worker has not let go yet
+    assert not store.release_device("0", "w-late")  # only the holder releases
+    assert store.release_device("0", holder)  # what the worker does once the run's processes are gone
+    assert store.claim_next_on_device("w-late", "0").id == 3
 
 
 def test_queued_runs_reorder_and_cancel(store: Store, data_home: Path, capsys: pytest.CaptureFixture) -> None:

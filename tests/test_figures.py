@@ -136,3 +136,16 @@ def test_a_single_logged_value_still_draws_a_line():
                                  "train": [MetricBucket(s, s, 2.0, 2.0, 2.0, 1) for s in (1, 2)]})
     assert frame[frame["series"] == "eval"][["step", "value"]].values.tolist() == [[39.5, 1.5], [40.5, 1.5]]
     assert frame[frame["series"] == "train"]["step"].tolist() == [1.0, 2.0]
+
+
+def test_every_dashboard_plot_has_a_browser_check(store):
+    """A new chart must come with a check in tests/test_charts_browser.py (issue 15: charts that draw)."""
+    import gradio as gr
+
+    from app.ui import build_ui
+    from chart_scene import CHECKED_CHARTS
+
+    demo = build_ui(store)
+    plots = {b.elem_id for b in demo.blocks.values() if isinstance(b, (gr.LinePlot, gr.ScatterPlot, gr.BarPlot))}
+    assert None not in plots, "a plot without elem_id cannot be found by the browser tests"
+    assert plots <= CHECKED_CHARTS, f"plots without a browser check: {sorted(plots - CHECKED_CHARTS)}"

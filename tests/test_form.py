@@ -11,7 +11,7 @@ import pytest
 from app import ui_form
 from jobs import presets
 from jobs.presets import PRESET_FIELDS, PRESETS, apply_preset, describe
-from jobs.spec import JobSpec, Method, Trainer, deciding_fields, field_infos
+from jobs.spec import RANKED_METHODS, JobSpec, Method, Trainer, deciding_fields, field_infos
 
 INFOS = {f.name: f for f in field_infos()}
 QLORA_FIELDS = {"bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"}
@@ -43,7 +43,10 @@ def test_applicability_names_enum_fields_and_their_values():
 def test_qlora_fields_apply_only_to_qlora(method):
     shown = ui_form.visibility({"trainer": "sft", "method": method.value})
     assert all(shown[n] is (method is Method.QLORA) for n in QLORA_FIELDS), shown
-    assert shown["lora_r"] is (method in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT})
+    # The rank applies to every ranked adapter (LoRA family, MoRA, LoKr, LoHa, VeRA, MiSS, HiRA), never to the rest.
+    assert shown["lora_r"] is (method in RANKED_METHODS)
+    assert shown["lora_r"] is not (method in {Method.FULL, Method.IA3, Method.OFT, Method.ADAPTION_PROMPT}
+                                   | {Method.PROMPT_TUNING, Method.PREFIX_TUNING, Method.P_TUNING})
     assert shown["num_virtual_tokens"] is (method in {Method.PROMPT_TUNING, Method.PREFIX_TUNING, Method.P_TUNING})
 
 

@@ -137,3 +137,35 @@ def test_rank_formula() -> None:
     assert mora_rank(4096, 11008, 8, "rope") % 2 == 0
     assert mora_rank(10, 10, 1, "rope") == 4  # floor(sqrt(20)) = 4
     assert mora_rank(10, 11, 1, "sharing") == 4 and mora_rank(12, 13, 1, "rope") == 4  # floor(sqrt(25)) = 5 -> even 4
+
+
+def test_gpt2_conv1d_layers_merge_too() -> None:
+    """GPT-2 stores its projections as Conv1D (weight in x out): the merged update must be transposed."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=300,
+                                                       n_positions=64, bos_token_id=0, eos_token_id=0))
+    model = get_peft_model(base, MoraConfig(r=4, target_modules="all-linear"))
+    randomize(model)
+    model.eval()
+    ids = torch.randint(0, 300, (2, 9))
+    with torch.no_grad():
+        unmerged = model(ids).logits
+        with model.disable_adapter():
+            assert not torch.allclose(model(ids).logits, unmerged, atol=1e-3)
+        torch.testing.assert_close(model.merge_and_unload()(ids).logits, unmerged, rtol=1e-4, atol=1e-4)
+
+
+def test_trains_after_an_inference_mode_forward() -> None:
+    """The operators' cached index tensors must not be inference tensors (samples are drawn mid-training)."""
+    from peft import get_peft_model
+
+    for mora_type in ("rope", "sharing"):
+        model = get_peft_model(small_llama(), MoraConfig(r=4, target_modules="all-linear", mora_type=mora_type))
+        ids = torch.randint(0, 300, (2, 7))
+        with torch.inference_mode():
+            model(ids)
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)

@@ -22,7 +22,8 @@ import training_helpers
 ROOT = Path(__file__).resolve().parents[1]
 
 # The training child, with a forward pre-hook that raises CUDA's OOM error when the micro-batch is
-# above MAX_BATCH (from step FROM_STEP on), or when gradient checkpointing is off (from NEED_GC_FROM).
+# above MAX_BATCH (from step FROM_STEP on), when gradient checkpointing is off (from NEED_GC_FROM), or
+# when the optimizer is not 8-bit (from NEED_8BIT_FROM).
 CHILD = """
 import signal, sys
 sys.path.insert(0, {root!r})
@@ -30,7 +31,7 @@ import torch
 from transformers import TrainerCallback
 from jobs import train
 
-MAX_BATCH, FROM_STEP, NEED_GC_FROM = {max_batch}, {from_step}, {need_gc_from}
+MAX_BATCH, FROM_STEP, NEED_GC_FROM, NEED_8BIT_FROM = {max_batch}, {from_step}, {need_gc_from}, {need_8bit_from}
 
 class OomAbove(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -41,6 +42,8 @@ class OomAbove(TrainerCallback):
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             if NEED_GC_FROM is not None and step >= NEED_GC_FROM and not args.gradient_checkpointing:
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+            if NEED_8BIT_FROM is not None and step >= NEED_8BIT_FROM and "8bit" not in getattr(args.optim, "value", ""):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
         model.get_input_embeddings().register_forward_pre_hook(hook)
 
 train.setup_logging()
@@ -50,10 +53,10 @@ sys.exit(train.run(int(sys.argv[1]), callbacks=[OomAbove()]))
 
 
 def worker_with_oom(store: Store, tmp_path: Path, *, max_batch: int, from_step: int = 0,
-                    need_gc_from: int | None = None) -> Worker:
+                    need_gc_from: int | None = None, need_8bit_from: int | None = None) -> Worker:
     script = tmp_path / "oom_child.py"
     script.write_text(textwrap.dedent(CHILD.format(root=str(ROOT), max_batch=max_batch, from_step=from_step,
-                                                   need_gc_from=need_gc_from)))
+                                                   need_gc_from=need_gc_from, need_8bit_from=need_8bit_from)))
     return Worker(store, child_argv=lambda run_id: [sys.executable, str(script), str(run_id)], sample=False,
                   poll_interval=0.2)
 
@@ -94,12 +97,12 @@ def test_event_message_names_step_batch_and_what_it_continued_with() -> None:
 # ---------------------------------------------------------------------- through the real worker
 @pytest.mark.integration
 @pytest.mark.slow
-def test_oom_recovers_through_the_worker_smaller_batch_then_checkpointing(store: Store, tiny_model: Path,
-                                                                         tmp_path: Path) -> None:
-    spec = training_helpers.tiny_spec(tiny_model, max_steps=6, max_length=64, per_device_train_batch_size=4,
-                                      save_steps=2)
+def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(store: Store, tiny_model: Path,
+                                                                          tmp_path: Path) -> None:
+    spec = training_helpers.tiny_spec(tiny_model, max_steps=8, max_length=64, per_device_train_batch_size=4,
+                                      save_steps=2, lr_scheduler_type="linear")
     run_id = store.create_run(spec)
-    worker = worker_with_oom(store, tmp_path, max_batch=2, from_step=3, need_gc_from=4)
+    worker = worker_with_oom(store, tmp_path, max_batch=2, from_step=3, need_gc_from=4, need_8bit_from=6)
     assert worker.work(burst=True) == 1
     run = store.get_run(run_id)
     log = Path(run.log_path).read_text()
@@ -108,27 +111,34 @@ def test_oom_recovers_through_the_worker_smaller_batch_then_checkpointing(store:
     assert messages == [
         "OOM at step 4 with micro-batch 4; continued with 2 x 2 from the checkpoint at step 2",
         "OOM at step 5 with micro-batch 2; turned on gradient checkpointing (2 x 2) from the checkpoint at step 4",
+        "OOM at step 7 with micro-batch 2; switched to adamw_bnb_8bit (2 x 2) from the checkpoint at step 6; "
+        "optimizer state starts afresh",
     ]
     # The original spec stays; the effective one is what trl got in the last process.
     assert (spec_of(run).per_device_train_batch_size, spec_of(run).gradient_accumulation_steps) == (4, 1)
     effective = oom.effective_spec(store, run_id, spec_of(run))
     assert (effective.per_device_train_batch_size, effective.gradient_accumulation_steps) == (2, 2)
-    assert effective.gradient_checkpointing and effective.effective_batch_size == spec.effective_batch_size
+    assert effective.gradient_checkpointing and effective.optim is Optim.ADAMW_8BIT
+    assert effective.effective_batch_size == spec.effective_batch_size
     trainer_config = run.resolved_config["trainer_config"]
     assert (trainer_config["per_device_train_batch_size"], trainer_config["gradient_accumulation_steps"]) == (2, 2)
-    assert trainer_config["gradient_checkpointing"] is True
-    last_child = log.split("forward batch=4 step=4")[-1]  # what the later processes ran
-    assert "forward batch=4" not in last_child and "forward batch=2 step=6 gc=True" in last_child
-    assert loss_steps(store, run_id) == [1, 2, 3, 4, 5, 6]  # resumed, nothing duplicated
+    assert trainer_config["gradient_checkpointing"] is True and trainer_config["optim"] == "adamw_bnb_8bit"
+    later = log.split("forward batch=4 step=4")[-1]  # what the later processes ran
+    assert "forward batch=4" not in later and "forward batch=2 step=8 gc=True" in later
+    assert loss_steps(store, run_id) == list(range(1, 9))  # resumed, nothing duplicated
+    # The 32-bit optimizer state is kept aside, and the linear schedule went on where it was.
+    assert (Path(run.log_path).parent / "output" / "checkpoint-6" / oom.SET_ASIDE).is_file()
+    lrs = [p.value for p in store.metrics(run_id, ["learning_rate"])]
+    assert len(lrs) == 8 and all(a > b for a, b in zip(lrs, lrs[1:])), lrs
     # Shown where a user looks: `tunedeck show` and the run page's header.
     from app.cli import show_text
     from app.ui_run import RunPageData
 
     shown = show_text(store, run)
     assert messages[0] in shown and "per_device_train_batch_size: 4 -> 2" in shown
-    assert "gradient_checkpointing: False -> True" in shown
+    assert "gradient_checkpointing: False -> True" in shown and "optim: adamw_torch -> adamw_bnb_8bit" in shown
     header = RunPageData(store).refresh(run_id, None)[0]
-    assert messages[1] in header and "`per_device_train_batch_size` 4 -> 2" in header
+    assert messages[2] in header and "`per_device_train_batch_size` 4 -> 2" in header
 
 
 @pytest.mark.integration
