@@ -39,7 +39,7 @@ def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(
     monkeypatch.setattr("jobs.data.check_dataset", lambda *a, **k: read.append(a))
     for ref in (str(outside), f"{uploads_dir()}/../../elsewhere/secret.jsonl", "/etc/passwd",
                 str(outside.parent / "missing.jsonl"), "~/notes.csv"):
-        problems = check(JobSpec(dataset=ref), policy)
+        problems = check(JobSpec(dataset=ref), policy=policy)
         mine = [p for p in problems if p.field == "dataset"]
         assert len(mine) == 1 and "data folders" in mine[0].problem and "TUNEDECK_DATA_DIRS" in mine[0].fix, ref
     # The same message whether or not the file exists, and no file was opened.
@@ -52,7 +52,7 @@ def test_with_a_login_uploads_samples_and_hub_names_are_allowed(data_home: Path)
     shared = write_rows(data_home / "datasets" / "team.jsonl")
     for ref in (str(uploaded), str(shared), "sample:chat-format", "org/some-dataset"):
         assert policy.data_problem(ref, "dataset") is None, ref
-    assert check(JobSpec(dataset=str(uploaded), eval_dataset=str(shared)), policy) == []
+    assert check(JobSpec(dataset=str(uploaded), eval_dataset=str(shared)), policy=policy) == []
 
 
 def test_a_symlink_out_of_a_data_folder_is_refused(data_home: Path, outside: Path) -> None:

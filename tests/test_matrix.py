@@ -128,7 +128,7 @@ def train_and_check(spec: JobSpec, out: Path) -> Any:
         if key == "report_to":
             assert got == [] and requested[key] == "none"
         elif key == "loss_type" and isinstance(got, list):
-            assert got == [value] == [requested[key]]
+            assert got == value == [requested[key]]
         else:
             assert _plain(got) == _plain(value), key
             assert _plain(value) == _plain(requested[key]) or changed[key]["effective"] == _plain(value), key
