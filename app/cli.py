@@ -11,6 +11,7 @@
     tunedeck resume RUN_ID                    # queue an interrupted/cancelled run again (from its checkpoint)
     tunedeck move RUN_ID --to N | --first     # reorder the queue
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
+    tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -396,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=cmd_setup)
+
+    from app.cli_plan import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return p
 
 

@@ -278,3 +278,30 @@ def _optimizer(optim: Optim, p: int, shapes: list[tuple[int, ...]], largest: int
         state = adafactor_state_bytes(shapes)
         return state, 12.0 * largest, "fp32 row + column second moments per matrix, full per vector (factored)"
     raise ValueError(f"no memory rule for optimizer {optim}")  # pragma: no cover - the enum is closed
+
+
+PLAIN_NAMES = {"weights": "the model's weights", "adapter": "the adapter weights", "gradients": "the gradients",
+               "optimizer": "the optimizer state", "activations": "the activations kept for the backward pass",
+               "logits": "the output layer's scoring of the vocabulary", "overhead": "the CUDA context and allocator"}
+
+
+def explain(prediction: Prediction) -> str:
+    """The verdict and its reason in plain words."""
+    total, cap = prediction.total_bytes, prediction.device.total_bytes
+    biggest = max(prediction.parts, key=lambda p: p.bytes)
+    share = f"{100 * biggest.bytes / total:.0f}%" if total else "0%"
+    where = prediction.device.name if "GiB" in prediction.device.name else f"{prediction.device.name} ({human_bytes(cap)})"
+    head = {Verdict.FITS: f"Fits: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}%.",
+            Verdict.TIGHT: f"Tight: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}% "
+                           f"(above {TIGHT_ABOVE:.0%}: fragmentation or a longer row may tip it over).",
+            Verdict.WILL_NOT_FIT: f"Will not fit: {human_bytes(total)} needed, {100 * prediction.share:.0f}% of {where}."}[prediction.verdict]
+    return f"{head} The largest part is {PLAIN_NAMES[biggest.name]} ({share}); the peak is in the {prediction.phase}."
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
