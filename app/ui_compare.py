@@ -22,13 +22,13 @@ import gradio as gr
 import pandas as pd
 
 from app import series
-from app.budget import human_bytes, human_count
+from jobs.memory import human_bytes, human_count
 from storage.store import RunRecord, Store
 
 _GIB = 1024 ** 3
 # One bucket covers every step of a run below 2**20, read from the level-16 rollups (cheap).
 _WHOLE_RUN_WIDTH = 1 << 20
-RESULT_ROWS = ["status", "peak memory", "mean tokens/s", "mean step time", "final train loss",
+RESULT_ROWS = ["status", "peak memory", "predicted peak (error)", "mean tokens/s", "mean step time", "final train loss",
                "final eval loss", "trainable params", "runtime"]
 FIELD = "field"
 
@@ -125,7 +125,11 @@ def result_values(s: RunSummary) -> list[str]:
         params = human_count(s.trainable_params)
         if s.total_params:
             params += f" ({100 * s.trainable_params / s.total_params:.2f}%)"
-    return [s.status, peak, _num(s.tokens_per_second, ".0f"),
+    from jobs.memory import prediction_error_text
+    from jobs.submit import load_prediction
+
+    predicted = prediction_error_text(load_prediction(s.run_id), s.peak_memory_bytes, s.peak_memory_source)
+    return [s.status, peak, predicted, _num(s.tokens_per_second, ".0f"),
             f"{s.step_time:.3f}s" if s.step_time is not None else "",
             _num(s.train_loss, ".4f"), _num(s.eval_loss, ".4f"), params, _duration(s.runtime_s)]
 

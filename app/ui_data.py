@@ -1,4 +1,4 @@
-"""Model and data helpers behind the launch form: choices, uploads, preview, architecture lookup.
+"""Model and data helpers behind the launch form: choices, uploads, preview.
 
 Everything here is read-only towards the training side: it lists built-in and cached models,
 saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.check_dataset` for
@@ -18,13 +18,11 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.budget import SMOLLM2_135M, Arch
 from jobs.spec import DEFAULT_MODEL, Problem, Trainer
 from storage.settings import models_dir, uploads_dir
 
 UPLOAD_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 FALLBACK_BUILTINS = (DEFAULT_MODEL, "tiny-llama")
-TINY_LLAMA = Arch(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512, tied=True)
 
 
 def builtin_models() -> list[str]:
@@ -157,38 +155,6 @@ def length_warning_text(ref: str | None, trainer: str | None, model: str | None,
 def _cell(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
     return text if len(text) <= 300 else text[:300] + "…"
-
-
-def _config_of(ref: str) -> tuple[dict[str, Any] | None, str]:
-    """A model's config.json from a local folder, a converted built-in, or the HF cache (no network)."""
-    candidates = [Path(ref).expanduser(), models_dir() / ref]
-    for folder in candidates:
-        cfg = folder / "config.json"
-        if cfg.is_file():
-            return json.loads(cfg.read_text()), str(cfg)
-    if "/" in ref:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-            hit = try_to_load_from_cache(ref, "config.json")
-            if isinstance(hit, str):
-                return json.loads(Path(hit).read_text()), f"{ref} (HF cache)"
-        except Exception:  # invalid repo id, unreadable cache: no estimate rather than an error
-            pass
-    return None, ""
-
-
-def model_arch(ref: str) -> tuple[Arch | None, str]:
-    """(architecture, where it came from) for the budget, or (None, '') when unknown here."""
-    cfg, source = _config_of(ref)
-    if cfg is not None:
-        try:
-            return Arch.from_config(cfg), source
-        except (KeyError, TypeError, ValueError):
-            return None, ""
-    known = {DEFAULT_MODEL: SMOLLM2_135M, "tiny-llama": TINY_LLAMA}
-    if ref in known:
-        return known[ref], f"{ref}'s published config"
-    return None, ""
 
 
 @functools.lru_cache(maxsize=1)

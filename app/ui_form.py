@@ -2,7 +2,7 @@
 
 Components are kept in a dict name -> component (never looked up by string id at run time);
 their values become a `JobSpec` only at the edge, in `spec_from_form`. Model and data helpers
-(choices, uploads, preview) live in `app.ui_data`; the pre-launch arithmetic in `app.budget`.
+(choices, uploads, preview) live in `app.ui_data`; the memory prediction panel in `app.ui_memory`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import budget, ui_data
+from app import ui_data, ui_memory
 from jobs.spec import FieldInfo, Group, JobSpec, Problem, SpecError, Trainer, field_infos
 from storage.store import Store
 
@@ -22,7 +22,8 @@ INFOS: list[FieldInfo] = field_infos()
 NAMES: list[str] = [f.name for f in INFOS]
 OPEN_GROUPS = set(Group)
 BUDGET_FIELDS = ("model", "method", "lora_r", "lora_target_modules", "num_virtual_tokens", "precision", "optim",
-                 "per_device_train_batch_size", "gradient_accumulation_steps")
+                 "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "max_length",
+                 "trainer", "bnb_4bit_use_double_quant")
 
 
 # ---------------------------------------------------------------------- pure edge
@@ -102,6 +103,7 @@ class LaunchForm:
     yaml_code: gr.Code
     yaml_download: gr.DownloadButton
     yaml_upload: gr.File
+    memory: ui_memory.MemoryPanel | None = None
 
     @property
     def inputs(self) -> list[gr.Component]:
@@ -126,6 +128,7 @@ def build_form() -> LaunchForm:
                                                     wrap=True)
         with gr.Column(scale=2):
             budget_md = gr.Markdown(elem_id="budget")
+            memory = ui_memory.build_panel()
             with gr.Row():
                 preview_btn = gr.Button("Preview spec")
                 launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
@@ -135,7 +138,7 @@ def build_form() -> LaunchForm:
             yaml_upload = gr.File(label="Load a spec YAML into the form", file_types=[".yaml", ".yml"],
                                   type="filepath", height=90)
     return LaunchForm(comps, upload, data_info, data_preview, budget_md, errors, preview_btn, launch_btn,
-                      yaml_code, yaml_download, yaml_upload)
+                      yaml_code, yaml_download, yaml_upload, memory)
 
 
 # ---------------------------------------------------------------------- handlers
@@ -198,17 +201,12 @@ def load_yaml(path: str | None) -> list[Any]:
 
 
 def budget_text(*args: Any) -> str:
-    """The effective batch size, trainable parameters and weights/grads/optimizer bytes."""
-    values = _values(args)
+    """Trainable parameters, the predicted peak's verdict and reason, and the cheapest change that fits."""
     try:
-        spec = spec_from_form(values)
+        spec = spec_from_form(_values(args))
     except SpecError:
-        return "*Budget: fix the problems in the form to see the estimate.*"
-    arch, source = ui_data.model_arch(spec.model)
-    if arch is None:
-        return (f"**Before launch**: effective batch size **{spec.effective_batch_size}**; "
-                f"no config.json found for `{spec.model}` here, so no parameter estimate.")
-    return budget.budget_markdown(budget.estimate(arch, spec, cuda=ui_data.has_cuda()), source)
+        return "*Memory: fix the problems in the form to see the prediction.*"
+    return ui_memory.verdict_markdown(spec)
 
 
 def wire(form: LaunchForm, store: Store) -> None:
@@ -218,6 +216,8 @@ def wire(form: LaunchForm, store: Store) -> None:
     form.yaml_upload.upload(load_yaml, form.yaml_upload, ins + [form.errors])
     for name in BUDGET_FIELDS:
         form.fields[name].change(budget_text, ins, form.budget, show_progress="hidden")
+    if form.memory is not None:
+        ui_memory.wire(form.memory, ins, NAMES, [form.fields[n] for n in BUDGET_FIELDS], spec_from_form, form_values)
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length")]
     data_out = [form.data_info, form.data_preview]
     for name in ("dataset", "trainer", "max_length"):

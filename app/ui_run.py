@@ -16,7 +16,7 @@ import gradio as gr
 import pandas as pd
 
 from app import series
-from app.budget import human_bytes
+from jobs.memory import human_bytes
 from jobs.checkpoints import resumable, resume
 from storage.models import RunStatus
 from storage.settings import data_dir
@@ -82,6 +82,11 @@ def progress_html(run: RunRecord) -> str:
 
 def header_markdown(run: RunRecord) -> str:
     peak = f" · peak memory {human_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})" if run.peak_memory_bytes else ""
+    from jobs.memory import prediction_error_text
+    from jobs.submit import load_prediction
+
+    predicted = prediction_error_text(load_prediction(run.id), run.peak_memory_bytes, run.peak_memory_source)
+    peak += f" · memory {predicted}" if predicted else ""
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
     return (f"## Run {run.id}: {run.name}\n"
             f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{run.spec.model}` · "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from app.budget import human_bytes
+from jobs.memory import human_bytes
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
 

@@ -281,3 +281,160 @@ def quiet() -> None:
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
+
+
+# ---------------------------------------------------------------------- CUDA: each case in its own process
+CUDA_EXTRA = [
+    case("qwen2.5-0.5b", "lora", batch=4, length=512, precision="bf16"),
+    case("qwen2.5-0.5b", "lora", ckpt=True, batch=8, length=512, precision="bf16"),
+    case("qwen2.5-0.5b", "full", batch=2, length=512, precision="bf16"),
+    case("qwen2.5-0.5b", "full", ckpt=True, batch=4, length=512, precision="bf16", optim="adamw_bnb_8bit"),
+    case("qwen2.5-0.5b", "qlora", batch=4, length=512, precision="bf16"),
+    case("qwen2.5-0.5b", "lora", "dpo", batch=2, length=512, precision="bf16"),
+    case("qwen2.5-1.5b", "lora", batch=4, length=512, precision="bf16"),
+    case("qwen2.5-1.5b", "lora", ckpt=True, batch=8, length=1024, precision="bf16"),
+    case("qwen2.5-1.5b", "full", ckpt=True, batch=2, length=512, precision="bf16", optim="adamw_bnb_8bit"),
+    case("qwen2.5-1.5b", "qlora", ckpt=True, batch=8, length=512, precision="bf16"),
+]
+
+
+def cuda_child(spec_json: str, out: str, result: str) -> int:
+    """Train one spec on CUDA and write the measured peaks and persistent parts as JSON."""
+    import torch
+    from transformers import TrainerCallback
+
+    from jobs.data import load_datasets
+    from jobs.mapping import QUANTIZED_METHODS, detect_device, peft_config, training_config
+    from jobs.train import build_trainer, load_model
+
+    quiet()
+    spec = JobSpec.from_json(spec_json)
+    device = detect_device()
+    torch.cuda.reset_peak_memory_stats()
+    model, tokenizer = load_model(spec, device)
+    model.to("cuda")
+    weights = torch.cuda.memory_allocated()
+    train_ds, _ = load_datasets(spec)
+    if spec.method in QUANTIZED_METHODS:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    seen: dict[str, int] = {}
+
+    class Probe(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            seen["after_step"] = torch.cuda.memory_allocated()  # weights + adapter + optimizer state
+
+    trainer = build_trainer(spec, model, tokenizer, training_config(spec, device, out), train_ds, None,
+                            peft_config(spec, model.config.model_type), [Probe()])
+    before = torch.cuda.memory_allocated()
+    trainer.train()
+    import pynvml
+
+    pynvml.nvmlInit()
+    used = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used
+    Path(result).write_text(json.dumps({
+        "weights": weights, "adapter": before - weights, "optimizer": seen.get("after_step", before) - before,
+        "allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(),
+        "nvml_used_end": used}))
+    return 0
+
+
+def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[str, Any, dict[str, Any]]]:
+    """Each case in a child process (clean peaks; an OOM is one row); NVML peak polled here."""
+    import subprocess
+    import threading
+    import time
+
+    import pynvml
+
+    from jobs.devices import local_facts
+
+    facts = local_facts()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    out = []
+    for c in cases:
+        model_dir = build_model(work, c.shape)
+        f = dict(c.fields)
+        spec = spec_for(c, model_dir, build_data(work, model_dir, f["trainer"], f["max_length"]), work / "out")
+        result = work / "result.json"
+        result.unlink(missing_ok=True)
+        peak = [0]
+        done = threading.Event()
+
+        def poll() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+                time.sleep(0.02)
+
+        idle = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--child", spec.to_json(), str(work / "out"), str(result)],
+                                  timeout=timeout, capture_output=True, text=True)
+            failed = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+        except subprocess.TimeoutExpired:
+            failed = "timeout"
+        done.set()
+        thread.join()
+        measured = json.loads(result.read_text()) if result.is_file() else {"failed": failed}
+        measured["nvml_peak"] = peak[0] - idle
+        out.append((c.label, predicted(spec, model_dir, facts), measured))
+    return out
+
+
+def cuda_table(rows: list[tuple[str, Any, dict[str, Any]]]) -> str:
+    """Per-component and total errors; the goal is +-10% of max reserved (+ context) on >= 90%."""
+    from jobs.memory import context_bytes
+
+    gib = 2 ** 30
+    lines = [f"{'config':58s} {'pred':>7s} {'reserved':>8s} {'alloc':>7s} {'nvml':>7s} {'err(res)':>8s}  "
+             "weights / adapter+optimizer errors"]
+    errors = []
+    for label, p, m in rows:
+        if "failed" in m:
+            lines.append(f"{label:58s} FAILED: {m['failed']}")
+            continue
+        ctx = context_bytes(p.device)
+        pred_res = p.total_bytes - ctx  # reserved excludes the CUDA context
+        err = (pred_res - m["reserved"]) / m["reserved"]
+        errors.append(err)
+        w_err = (p.part("weights") - m["weights"]) / max(m["weights"], 1)
+        ao_pred = p.part("adapter") + p.part("optimizer")
+        ao_err = (ao_pred - (m["adapter"] + m["optimizer"])) / max(m["adapter"] + m["optimizer"], 1)
+        lines.append(f"{label:58s} {p.total_bytes / gib:7.2f} {m['reserved'] / gib:8.2f} {m['allocated'] / gib:7.2f} "
+                     f"{m['nvml_peak'] / gib:7.2f} {100 * err:+7.1f}%  {100 * w_err:+.1f}% / {100 * ao_err:+.1f}%")
+    good = sum(abs(e) <= 0.10 for e in errors)
+    lines.append(f"{100 * good / max(len(errors), 1):.0f}% of {len(errors)} configs within 10% of max reserved "
+                 f"(worst under-prediction {100 * min(errors + [0.0]):.1f}%)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--quick", action="store_true", help="the CI-sized subset only")
+    parser.add_argument("--workdir", default=None, help="keep models and data here (reused by a second run)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per CUDA configuration")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    if ns.child:
+        return cuda_child(*ns.child)
+    quiet()
+    work = Path(ns.workdir or tempfile.mkdtemp(prefix="tunedeck-memtruth-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cases = grid(full=not ns.quick)
+    if ns.device == "cuda":
+        print(cuda_table(run_cuda_grid(cases + ([] if ns.quick else CUDA_EXTRA), work, ns.timeout)))
+        return 0
+    print(f"{'config':58s} {'predicted':>10s} {'measured':>10s} {'error':>8s}   (MiB; CPU: counted live tensor bytes)")
+    rows = run_cpu_grid(cases, work, log=sys.stdout)
+    print(summary(rows)[2])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -95,7 +95,8 @@ class Prediction:
         return {"total_bytes": self.total_bytes, "parts": self.parts_dict(), "verdict": self.verdict.value,
                 "phase": self.phase, "device": asdict(self.device), "trainable_params": self.trainable_params,
                 "total_params": self.total_params, "precision": self.precision,
-                "formulas": {p.name: p.formula for p in self.parts}, "notes": list(self.notes)}
+                "formulas": {p.name: p.formula for p in self.parts}, "notes": list(self.notes),
+                "cuda_context_bytes": context_bytes(self.device)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -305,3 +306,26 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def human_count(n: int) -> str:
+    """134515008 -> '134.5M'."""
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{suffix}"
+    return str(n)
+
+
+def prediction_error_text(predicted: dict[str, Any] | None, measured: int | None, source: str | None) -> str:
+    """'predicted 1.2 GiB vs measured 1.1 GiB (torch): +9%' for a run, '' without a saved prediction.
+
+    On CUDA the measured peak is torch's max reserved (the prediction's CUDA context is left out);
+    on the CPU it is the process's peak RSS, which also holds the Python runtime and libraries."""
+    if not predicted:
+        return ""
+    total = int(predicted.get("total_bytes", 0))
+    text = f"predicted {human_bytes(total)}"
+    if not measured:
+        return text
+    comparable = total - (int(predicted.get("cuda_context_bytes", 0)) if source == "torch" else 0)
+    return f"{text} vs measured {human_bytes(measured)} ({source}): {100 * (comparable - measured) / measured:+.0f}%"

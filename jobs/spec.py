@@ -187,6 +187,8 @@ class JobSpec:
                             "Flatten each batch into one sequence without padding (SFT: needs packing, which turns it on anyway).")
     auto_find_batch_size: bool = _f(False, Group.MEMORY,
                                     "On a CUDA out-of-memory error, halve the micro-batch and retry instead of failing.")
+    ignore_memory_prediction: bool = _f(False, Group.MEMORY,
+                                        "Queue the run even when the predicted peak memory exceeds the device's memory (the prediction can be wrong for unusual models).")
     # --- Training
     learning_rate: float = _f(2e-4, Group.TRAINING, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", gt=0.0, le=1.0)
     lr_scheduler_type: Scheduler = _f(Scheduler.LINEAR, Group.TRAINING, "How the learning rate changes over training.")

@@ -6,7 +6,9 @@
 Checks, all run before anything is queued, their problems reported together: the spec on its
 own (`JobSpec.problems`), the model (`jobs.models.check_model`, no weights loaded), the train
 and eval data (`jobs.data.check_dataset`), and what this machine can do with the spec
-(`jobs.mapping`'s capability check, e.g. fp16 without CUDA).
+(`jobs.mapping`'s capability check, e.g. fp16 without CUDA), and whether the predicted peak
+memory fits the device (`jobs.memory`; `ignore_memory_prediction: true` overrides it). The
+prediction is saved with the run as `prediction.json` in its run folder.
 """
 
 from __future__ import annotations
@@ -94,6 +96,39 @@ def capability_problems(spec: JobSpec) -> list[Problem]:
     return list(mapping.capability_problems(spec))
 
 
+def memory_problems(spec: JobSpec, device: object | None = None) -> list[Problem]:
+    """A problem when the predicted peak will not fit the device (none when overridden or unpredictable)."""
+    prediction = predict_memory(spec, device)
+    if spec.ignore_memory_prediction or prediction is None:
+        return []
+    from jobs.memory import Verdict, explain
+
+    if prediction.verdict is not Verdict.WILL_NOT_FIT:
+        return []
+    from jobs.memory_config import arch_for
+    from jobs.planner import cheapest_change
+
+    change = cheapest_change(spec, arch_for(spec.model), prediction.device)
+    fix = (f"{change} (`tunedeck plan SPEC.yaml --fit` lists more)" if change else
+           "shorten max_length or pick a smaller model")
+    return [Problem("memory", explain(prediction).rstrip("."), fix + "; or set ignore_memory_prediction: true to queue it anyway")]
+
+
+def predict_memory(spec: JobSpec, device: object | None = None):  # -> jobs.memory.Prediction | None
+    """The spec's predicted peak on `device` (default: this machine's first GPU, else the CPU)."""
+    from jobs.memory import predict
+    from jobs.memory_config import arch_for
+
+    arch = arch_for(spec.model)
+    if arch is None:
+        return None
+    if device is None:
+        from jobs.devices import local_facts
+
+        device = local_facts()
+    return predict(spec, arch, device)  # type: ignore[arg-type]
+
+
 def check(spec: JobSpec) -> list[Problem]:
     """Every problem with the spec, its model, its data and this machine (empty: good to go)."""
     problems = list(spec.problems())
@@ -103,6 +138,8 @@ def check(spec: JobSpec) -> list[Problem]:
     if not any(p.field in ("dataset", "eval_dataset") for p in problems):
         problems.extend(dataset_problems(spec))
     problems.extend(capability_problems(spec))
+    if not problems:
+        problems.extend(memory_problems(spec))
     seen: set[tuple[str, str]] = set()
     unique = []
     for p in problems:
@@ -117,4 +154,31 @@ def submit(store: Store, spec: JobSpec) -> int:
     problems = check(spec)
     if problems:
         raise SpecError(problems)
-    return store.create_run(spec)
+    run_id = store.create_run(spec)
+    save_prediction(run_id, spec)
+    return run_id
+
+
+PREDICTION_FILE = "prediction.json"
+
+
+def save_prediction(run_id: int, spec: JobSpec) -> None:
+    """Keep the prediction made at submit next to the run (the run page compares it with the peak)."""
+    from storage.settings import run_dir
+
+    prediction = predict_memory(spec)
+    if prediction is not None:
+        (run_dir(run_id) / PREDICTION_FILE).write_text(prediction.to_json())
+
+
+def load_prediction(run_id: int) -> dict | None:
+    """The prediction saved at submit, or None."""
+    import json
+
+    from storage.settings import run_dir
+
+    path = run_dir(run_id) / PREDICTION_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
