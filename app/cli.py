@@ -150,6 +150,12 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"exit code: {run.exit_code}")
     if run.peak_memory_bytes is not None:
         lines.append(f"peak memory: {_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})")
+    from jobs.memory import prediction_error_text
+    from jobs.submit import load_prediction
+
+    predicted = prediction_error_text(load_prediction(run.id), run.peak_memory_bytes, run.peak_memory_source)
+    if predicted:
+        lines.append(f"memory:   {predicted}")
     if run.error_summary:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:

@@ -312,7 +312,10 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     device = detect_device()
     torch.cuda.reset_peak_memory_stats()
     model, tokenizer = load_model(spec, device)
-    model.to("cuda")
+    try:
+        model.to("cuda")  # the Trainer would move it later; here so the weights can be read apart
+    except (ValueError, RuntimeError):  # some transformers versions refuse .to() on quantized models
+        pass
     weights = torch.cuda.memory_allocated()
     train_ds, _ = load_datasets(spec)
     if spec.method in QUANTIZED_METHODS:
