@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any
 
 from jobs.devices import DeviceFacts
-from jobs.mapping import Device, resolve_precision
+from jobs.mapping import QUANTIZED_METHODS, Device, resolve_precision
 from jobs.memory_parts import (ActivationPlan, Arch, adafactor_state_bytes, adam8bit_state_bytes, block_elements,
                                head_bytes, int8_bytes, nf4_bytes_per_param)
 from jobs.params import _targeted, trainable_params
@@ -152,7 +152,8 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
         kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
         targets = {lin.name.split(".")[-1] for lin in _targeted(spec, arch.shape, kwargs["target_modules"])}
         return ActivationPlan(weights_train=False, adapters=tuple(x for x in arch.block_linears if x.name in targets),
-                              lora_r=spec.lora_r, dropout=spec.lora_dropout > 0, dora=m is Method.DORA)
+                              lora_r=spec.lora_r, dropout=spec.lora_dropout > 0, dora=m is Method.DORA,
+                              adapter_elem=2 if m in QUANTIZED_METHODS else None)
     if m is Method.IA3:
         kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
         targets = set(kwargs["target_modules"])
@@ -200,12 +201,16 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         weights += 4.0 * n  # trl loads a second copy as the frozen reference, in the model's dtype
         wf += f" + reference model {n:,} x 4 B"
     # ---- adapter, gradients, optimizer (docs/memory.md "Trainable parameters")
-    adapter = 0.0 if m is Method.FULL else 4.0 * p
-    af = "none (full fine-tune)" if m is Method.FULL else f"{p:,} trainable params x 4 B (peft keeps adapters in fp32)"
-    grads = 4.0 * p
+    # peft keeps adapters in fp32; for a quantized base trl casts them to bf16 (QLoRA paper s.3),
+    # all but DoRA's magnitudes, and the gradients and AdamW's moments follow the weights' dtype.
+    a_elem = 2 if m in QUANTIZED_METHODS else 4
+    adapter = 0.0 if m is Method.FULL else float(a_elem * p)
+    af = ("none (full fine-tune)" if m is Method.FULL else
+          f"{p:,} trainable params x {a_elem} B ({'bf16: trl casts adapters on a quantized base' if a_elem == 2 else 'peft keeps adapters in fp32'})")
+    grads = float(a_elem * p) if m is not Method.FULL else 4.0 * p
     shapes = _trainable_shapes(spec, arch)
     largest = max((_numel(s) for s in shapes), default=0)
-    opt_state, opt_temp, of = _optimizer(spec.optim, p, shapes, largest, cuda)
+    opt_state, opt_temp, of = _optimizer(spec.optim, p, shapes, largest, cuda, a_elem if m is not Method.FULL else 4)
     # ---- activations (docs/memory.md "Activations")
     rows = spec.per_device_train_batch_size * (2 if spec.trainer is Trainer.DPO else 1)
     length = spec.max_length + (spec.num_virtual_tokens if m in PROMPT_FAMILY else 0)
@@ -265,13 +270,15 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _optimizer(optim: Optim, p: int, shapes: list[tuple[int, ...]], largest: int,
-               cuda: bool) -> tuple[float, float, str]:
-    """(state bytes kept between steps, extra bytes during the step, formula)."""
+               cuda: bool, elem: int = 4) -> tuple[float, float, str]:
+    """(state bytes kept between steps, extra bytes during the step, formula); `elem`: the trained weights' bytes."""
     if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT):
-        # torch AdamW on CUDA updates all tensors at once (foreach): one fp32 temporary per parameter;
-        # on the CPU it loops tensor by tensor: two temporaries of the largest tensor.
-        temp = 4.0 * p if cuda and optim is Optim.ADAMW else 8.0 * largest
-        return 8.0 * p, temp, f"{p:,} x 8 B (two fp32 moments)"
+        # torch AdamW keeps two moments in the parameters' dtype. On CUDA it updates all tensors at
+        # once (foreach): one temporary per parameter; on the CPU it loops tensor by tensor: two
+        # temporaries of the largest tensor.
+        temp = elem * p if cuda and optim is Optim.ADAMW else 2.0 * elem * largest
+        kind = "fp32" if elem == 4 else "bf16"
+        return 2.0 * elem * p, temp, f"{p:,} x {2 * elem} B (two {kind} moments)"
     if optim in (Optim.ADAMW_8BIT, Optim.PAGED_ADAMW_8BIT):
         state = adam8bit_state_bytes([_numel(s) for s in shapes])
         return state, 4.0 * largest, f"{p:,} x ~2 B (two 8-bit moments + block scales; tensors < 4096 values keep fp32)"

@@ -173,6 +173,7 @@ class ActivationPlan:
     dora: bool = False
     ia3: tuple[LayerLinear, ...] = ()
     ia3_feedforward: frozenset[str] = frozenset()
+    adapter_elem: float | None = None  # bytes per value on the adapter path (None: the activations' own)
 
 
 def block_elements(arch: Arch, plan: ActivationPlan, mask_bytes: float, elem: float) -> float:
@@ -192,15 +193,17 @@ def block_elements(arch: Arch, plan: ActivationPlan, mask_bytes: float, elem: fl
         n += 2 * h + q + i  # inputs of the q/k/v, gate/up (normed), o_proj and down_proj linears
     byte_total = n * elem
     seen_sites: set[str] = set()
+    a_elem = plan.adapter_elem or elem  # peft casts the adapter's input to the adapter weights' dtype
+    a_mask = min(mask_bytes, a_elem)  # a boolean mask stays 1 byte; a dtype mask follows the input
     for lin in plan.adapters:
         if plan.dropout:  # peft applies a fresh dropout per adapter: the dropped copy and its mask stay
-            byte_total += lin.in_features * (elem + mask_bytes)
+            byte_total += lin.in_features * (a_elem + a_mask)
         else:
             site = INPUT_SITES.get(lin.name, lin.name)
             if site not in seen_sites and not plan.weights_train:
                 seen_sites.add(site)
-                byte_total += lin.in_features * elem
-        byte_total += plan.lora_r * elem  # A's output, kept for B's gradient
+                byte_total += lin.in_features * a_elem
+        byte_total += plan.lora_r * a_elem  # A's output, kept for B's gradient
         if plan.dora:  # DoRA also keeps the base output and the magnitude-scaled sum
             byte_total += 2 * lin.out_features * elem
     for lin in plan.ia3:
