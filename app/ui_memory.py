@@ -136,3 +136,18 @@ def wire(panel: MemoryPanel, inputs: list[gr.Component], names: list[str], watch
     for comp in watch:
         comp.change(draw, inputs, panel.bar, show_progress="hidden")
     panel.fit_btn.click(functools.partial(fit_values, spec_from_values, to_values, names), inputs, inputs)
+
+
+PREDICTED_SERIES = "predicted peak"
+
+
+def with_predicted_line(frame: Any, predicted: dict[str, Any] | None) -> Any:
+    """The run page's memory frame (seconds, GiB, series) plus a flat 'predicted peak' series across it."""
+    import pandas as pd
+
+    if not predicted or frame is None or frame.empty:
+        return frame
+    gib = int(predicted.get("total_bytes", 0)) / 1024 ** 3
+    ends = [float(frame["seconds"].min()), float(frame["seconds"].max())]
+    line = pd.DataFrame([(t, gib, PREDICTED_SERIES) for t in ends], columns=["seconds", "GiB", "series"])
+    return pd.concat([frame, line], ignore_index=True)

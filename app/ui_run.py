@@ -166,7 +166,10 @@ class RunPageData:
                                     "eval": self.metrics.get(run_id, "eval_loss")})
         lr = series.metric_frame({"learning rate": self.metrics.get(run_id, "learning_rate")})
         tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
-        return series.memory_frame(mem, origin), loss, lr, tps
+        from app.ui_memory import with_predicted_line
+        from jobs.submit import load_prediction
+
+        return with_predicted_line(series.memory_frame(mem, origin), load_prediction(run_id)), loss, lr, tps
 
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""

@@ -199,3 +199,15 @@ def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
                                                           ui_form.NAMES, *args)))
     picked = ui_form.spec_from_form(filled)
     assert predict(picked, qwen7b, GPU24).verdict is Verdict.FITS and picked.max_length == 2048
+
+
+def test_run_page_memory_graph_gets_the_predicted_line():
+    import pandas as pd
+
+    from app.ui_memory import PREDICTED_SERIES, with_predicted_line
+
+    frame = pd.DataFrame([(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")], columns=["seconds", "GiB", "series"])
+    out = with_predicted_line(frame, {"total_bytes": 2 * GIB})
+    line = out[out["series"] == PREDICTED_SERIES]
+    assert list(line["GiB"]) == [2.0, 2.0] and list(line["seconds"]) == [-30.0, -1.0]
+    assert with_predicted_line(frame, None) is frame
