@@ -11,6 +11,9 @@ from safetensors, quantization constants) are invisible to it: hand them over wi
         loss = model(**batch).loss; loss.backward()
     counter.peak, counter.live
 
+`LiveBytes(trace=True)` also keeps, at each new peak, the largest live storages with the operator
+that made each one (slow; for finding which formula of `jobs.memory_parts` is off).
+
 torch's own `MemTracker` registers hooks on frozen parameters and fails with peft, and fake
 tensors cannot be moved by peft, so real (small) tensors are counted instead (see docs/memory.md).
 """
@@ -75,9 +78,6 @@ class LiveBytes(TorchDispatchMode):
             state = getattr(tensor, "quant_state", None)
             for value in _quant_tensors(state):
                 self.track(value)
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
