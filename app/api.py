@@ -27,6 +27,7 @@ from gradio.utils import get_function_description
 
 from app import manage
 from app.manage import ManageError, RunSummary
+from jobs.access import AccessPolicy
 from jobs.spec import JobSpec, Problem, SpecError
 from storage.models import RunStatus
 from storage.records import RunRecord
@@ -93,7 +94,7 @@ def _number(value: Optional[float]) -> Optional[float]:
     return value if value is not None and math.isfinite(value) else None
 
 
-def check_yaml(spec_yaml: str) -> tuple[Optional[JobSpec], list[Problem]]:
+def check_yaml(spec_yaml: str, policy: AccessPolicy | None = None) -> tuple[Optional[JobSpec], list[Problem]]:
     """The spec, or the problems the launch form reports for the same values (fields, then data sets)."""
     from app.ui_form import all_problems
 
@@ -106,17 +107,17 @@ def check_yaml(spec_yaml: str) -> tuple[Optional[JobSpec], list[Problem]]:
     import yaml
 
     # The form always holds every field (defaults where untouched), so its data checks run too.
-    return all_problems({**JobSpec().to_dict(), **yaml.safe_load(spec_yaml)})
+    return all_problems({**JobSpec().to_dict(), **yaml.safe_load(spec_yaml)}, policy)
 
 
-def submit_yaml(store: Store, spec_yaml: str) -> Submitted:
+def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None) -> Submitted:
     """Check a YAML spec like the form does and queue it."""
     from jobs.submit import submit
 
-    spec, problems = check_yaml(spec_yaml)
+    spec, problems = check_yaml(spec_yaml, policy)
     if spec is not None:
         try:
-            return Submitted(run_id=submit(store, spec), problems=[])
+            return Submitted(run_id=submit(store, spec, policy), problems=[])
         except SpecError as exc:
             problems = list(exc.problems)
     return Submitted(run_id=None, problems=problem_data(problems))
@@ -140,8 +141,9 @@ def _run(store: Store, run_id: int) -> RunRecord:
         raise _fail(exc.problems) from None
 
 
-def wire(store: Store) -> list[Any]:
-    """Declare the API endpoints inside the current gr.Blocks; returns their functions."""
+def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
+    """Declare the API endpoints inside the current gr.Blocks; returns their functions. `policy`: what
+    callers may reach on the server (a dashboard behind a login: data folders only, no remote code)."""
     disk = DiskUsage(store)
 
     def submit(spec_yaml: str) -> Submitted:
@@ -152,7 +154,7 @@ def wire(store: Store) -> list[Any]:
         Returns:
             run_id: the new run's id, or null when nothing was queued; problems: every problem as {field, problem, fix}, the same ones the launch form shows.
         """
-        return submit_yaml(store, spec_yaml)
+        return submit_yaml(store, spec_yaml, policy)
 
     def runs(status: str = "all", limit: int = 50, search: str = "", tag: str = "") -> list[RunSummary]:
         """List runs, newest first.

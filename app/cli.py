@@ -15,6 +15,7 @@
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
+    tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -113,6 +114,12 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"exit code: {run.exit_code}")
     measured = figures.run_figures(store, run)
     lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
+    from jobs.memory import prediction_error_text
+    from jobs.submit import load_prediction
+
+    predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    if predicted:
+        lines.append(f"{'memory:':<13}{predicted}")
     if run.error_summary:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:
@@ -434,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_sweep import add_parser as add_sweep_parser
 
     add_sweep_parser(sub).set_defaults(func=cmd_sweep)
+
+    from app.cli_plan import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return p
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.budget import human_bytes
+from jobs.units import human_bytes
 from app.manage import ManageError, change_notes, check_deletable, delete_run
 from jobs.spec import Problem
 from storage.run_files import run_bytes

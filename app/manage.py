@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from app.budget import human_bytes
+from jobs.units import human_bytes
 from jobs.spec import Problem
 from storage.models import RunStatus
 from storage.records import RunRecord

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from jobs.access import AccessPolicy
 from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 
@@ -182,7 +183,7 @@ def serve(host: str = "127.0.0.1", port: int = 7860, with_worker: bool = True, a
     # SIGTERM (docker stop, systemd) ends the server like Ctrl-C, so the worker is stopped warm.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        demo = build_ui(store)
+        demo = build_ui(store, AccessPolicy.for_server(login=options.get("auth") is not None))
         demo.launch(server_name=host, server_port=port, show_error=True, **options)
     except KeyboardInterrupt:
         pass

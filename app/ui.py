@@ -19,7 +19,8 @@ from typing import Any
 
 import gradio as gr
 
-from app import api, charts, ui_compare, ui_form, ui_gpu, ui_manage, ui_run, ui_runs, ui_sweep
+from app import api, charts, ui_compare, ui_form, ui_gpu, ui_manage, ui_memory, ui_run, ui_runs, ui_sweep
+from jobs.access import AccessPolicy
 from jobs.stored import spec_of
 from storage.store import Store
 
@@ -31,12 +32,13 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
   window.history.replaceState(null, '', u.toString()); } return []; }"""
 
 
-def build_ui(store: Store) -> gr.Blocks:
-    """The whole dashboard, wired to `store`."""
+def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
+    """The whole dashboard, wired to `store`; `policy`: what its users may reach on the server
+    (`jobs.access`: a dashboard behind a login reads data only from its data folders)."""
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
-        endpoints = api.wire(store)  # before any UI event, so the API's names are not taken
+        endpoints = api.wire(store, policy)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
@@ -53,7 +55,7 @@ def build_ui(store: Store) -> gr.Blocks:
         timer = gr.Timer(1.0)
         runs_timer = gr.Timer(2.0)
 
-        ui_form.wire(form, store)
+        ui_form.wire(form, store, policy)
         ui_gpu.wire(gpu, store, timer)
         ui_runs.wire(runs, store, runs_timer)
         ui_compare.wire(compare, store, compare_tab)
@@ -61,7 +63,7 @@ def build_ui(store: Store) -> gr.Blocks:
         ui_manage.wire(manage_panel, store, page.run_id)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
-            errors, run_id = ui_form.launch(store, *args)
+            errors, run_id = ui_form.launch(store, *args, policy=policy)
             if run_id is None:
                 return errors, gr.skip(), gr.skip()
             return "", run_id, gr.Tabs(selected="run")
@@ -96,22 +98,25 @@ def build_ui(store: Store) -> gr.Blocks:
 
         def on_load(request: gr.Request) -> list[Any]:
             raw = dict(request.query_params).get("run", "") if request else ""
-            budget = ui_form.budget_text(*[c.value for c in form.inputs])
-            preview = ui_data_preview(form)
+            values = [c.value for c in form.inputs]
+            budget = ui_form.budget_text(*values, device=device)
+            bar = ui_memory.panel_html(ui_form.spec_from_form, ui_form.NAMES, *values, device=device)
+            preview = ui_data_preview(form, policy)
             # gr.Number renders a missing initial value as 0; an explicit None empties the box.
             empties = [None] * len(optional_numbers)
             if raw.isdigit():
-                return [int(raw), gr.Tabs(selected="run"), budget, *preview, *empties]
-            return [gr.skip(), gr.skip(), budget, *preview, *empties]
+                return [int(raw), gr.Tabs(selected="run"), budget, bar, *preview, *empties]
+            return [gr.skip(), gr.skip(), budget, bar, *preview, *empties]
 
         optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
-        demo.load(on_load, None, [page.run_id, tabs, form.budget, form.data_info, form.data_preview,
+        device = ui_memory.worker_device(store)
+        demo.load(on_load, None, [page.run_id, tabs, form.budget, form.memory.bar, form.data_info, form.data_preview,
                                   *optional_numbers], api_visibility="private")
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
 
 
-def ui_data_preview(form: ui_form.LaunchForm) -> tuple[str, Any]:
+def ui_data_preview(form: ui_form.LaunchForm, policy: AccessPolicy | None = None) -> tuple[str, Any]:
     from app.ui_data import preview_dataset
 
-    return preview_dataset(form.fields["dataset"].value, form.fields["trainer"].value)
+    return preview_dataset(form.fields["dataset"].value, form.fields["trainer"].value, policy=policy)

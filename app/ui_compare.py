@@ -22,14 +22,15 @@ import gradio as gr
 import pandas as pd
 
 from app import charts, series
-from app.budget import human_count
+from jobs.units import human_count
 from jobs import figures
 from jobs.stored import spec_of
 from storage.store import RunRecord, Store
 
 _GIB = 1024 ** 3
 FIGURE_ROWS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.STEP_TIME, figures.LOSS)
-RESULT_ROWS = ["status", *(f.label for f in FIGURE_ROWS), "final eval loss", "trainable params", "runtime"]
+RESULT_ROWS = ["status", *(f.label for f in FIGURE_ROWS), "predicted peak (error)", "final eval loss",
+               "trainable params", "runtime"]
 FIELD = "field"
 GRAPHS = "compare-graphs"  # the concurrency group of the events that draw the plots (charts.redraw_after)
 
@@ -46,6 +47,7 @@ class RunSummary:
     trainable_params: int | None
     total_params: int | None
     runtime_s: float | None
+    predicted: str = ""  # the memory prediction saved at submit against the measured peak (jobs.memory)
 
     @property
     def label(self) -> str:
@@ -95,8 +97,13 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
     if runtime is None and run.started_at is not None:
         end = run.finished_at or (time.time() if now is None else now)
         runtime = max(0.0, end - run.started_at)
-    return RunSummary(run.id, run.name, run.status.value, figures.run_figures(store, run), eval_loss, int(trainable) if trainable is not None else None,
-                      int(total) if total is not None else None, runtime)
+    from jobs.memory import prediction_error_text
+    from jobs.submit import load_prediction
+
+    predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    return RunSummary(run.id, run.name, run.status.value, figures.run_figures(store, run), eval_loss,
+                      int(trainable) if trainable is not None else None, int(total) if total is not None else None,
+                      runtime, predicted)
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -117,7 +124,7 @@ def result_values(s: RunSummary) -> list[str]:
         params = human_count(s.trainable_params)
         if s.total_params:
             params += f" ({100 * s.trainable_params / s.total_params:.2f}%)"
-    return [s.status, *(s.figures.text(f) for f in FIGURE_ROWS), _num(s.eval_loss, ".4f"), params,
+    return [s.status, *(s.figures.text(f) for f in FIGURE_ROWS), s.predicted, _num(s.eval_loss, ".4f"), params,
             _duration(s.runtime_s)]
 
 

@@ -1,4 +1,4 @@
-"""Model and data helpers behind the launch form: choices, uploads, preview, architecture lookup.
+"""Model and data helpers behind the launch form: choices, uploads, preview.
 
 Everything here is read-only towards the training side: it lists built-in and cached models,
 saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.check_dataset` for
@@ -18,13 +18,12 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.budget import SMOLLM2_135M, Arch
+from jobs.access import AccessPolicy
 from jobs.spec import DEFAULT_MODEL, Problem, Trainer
 from storage.settings import models_dir, uploads_dir
 
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first
 FALLBACK_BUILTINS = (DEFAULT_MODEL, "tiny-llama")
-TINY_LLAMA = Arch(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512, tied=True)
 
 
 def builtin_models() -> list[str]:
@@ -106,13 +105,18 @@ def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
     return []
 
 
-def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = None) -> tuple[str, pd.DataFrame]:
-    """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set."""
+def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = None,
+                    policy: AccessPolicy | None = None) -> tuple[str, pd.DataFrame]:
+    """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
+    a file `policy` keeps users from reading is refused before it is opened."""
     from jobs.data import DataError, check_dataset
     from jobs.spec import parse_columns
     empty = pd.DataFrame()
     if not ref or not ref.strip():
         return "", empty
+    refused = (policy or AccessPolicy.open()).data_problem(ref, "dataset")
+    if refused is not None:
+        return f"**{refused.field}**: {refused.problem}. Fix: {refused.fix}", empty
     column_map, bad = parse_columns(columns) if columns and columns.strip() else ({}, [])
     if bad:
         lines = "\n".join(f"- **dataset_columns**: {problem}. Fix: {fix}" for problem, fix in bad)
@@ -136,9 +140,10 @@ def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = 
 
 
 def preview_with_lengths(ref: str | None, trainer: str | None, model: str | None,
-                         max_length: float | None, columns: str | None = None) -> tuple[str, pd.DataFrame]:
+                         max_length: float | None, columns: str | None = None,
+                         policy: AccessPolicy | None = None) -> tuple[str, pd.DataFrame]:
     """The preview plus how many rows max_length would truncate (when the tokenizer is on disk)."""
-    text, rows = preview_dataset(ref, trainer, columns)
+    text, rows = preview_dataset(ref, trainer, columns, policy)
     if text.startswith("Detected format"):
         text += length_warning_text(ref, trainer, model, max_length, columns)
     return text, rows
@@ -174,38 +179,6 @@ def length_warning_text(ref: str | None, trainer: str | None, model: str | None,
 def _cell(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
     return text if len(text) <= 300 else text[:300] + "…"
-
-
-def _config_of(ref: str) -> tuple[dict[str, Any] | None, str]:
-    """A model's config.json from a local folder, a converted built-in, or the HF cache (no network)."""
-    candidates = [Path(ref).expanduser(), models_dir() / ref]
-    for folder in candidates:
-        cfg = folder / "config.json"
-        if cfg.is_file():
-            return json.loads(cfg.read_text()), str(cfg)
-    if "/" in ref:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-            hit = try_to_load_from_cache(ref, "config.json")
-            if isinstance(hit, str):
-                return json.loads(Path(hit).read_text()), f"{ref} (HF cache)"
-        except Exception:  # invalid repo id, unreadable cache: no estimate rather than an error
-            pass
-    return None, ""
-
-
-def model_arch(ref: str) -> tuple[Arch | None, str]:
-    """(architecture, where it came from) for the budget, or (None, '') when unknown here."""
-    cfg, source = _config_of(ref)
-    if cfg is not None:
-        try:
-            return Arch.from_config(cfg), source
-        except (KeyError, TypeError, ValueError):
-            return None, ""
-    known = {DEFAULT_MODEL: SMOLLM2_135M, "tiny-llama": TINY_LLAMA}
-    if ref in known:
-        return known[ref], f"{ref}'s published config"
-    return None, ""
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,7 +9,7 @@ its default in the spec, so the YAML says only what the run uses.
 
 Components are kept in a dict name -> component (never looked up by string id at run time);
 their values become a `JobSpec` only at the edge, in `spec_from_form`. Model and data helpers
-(choices, uploads, preview) live in `app.ui_data`; the pre-launch arithmetic in `app.budget`.
+(choices, uploads, preview) live in `app.ui_data`; the memory prediction panel in `app.ui_memory`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import gradio as gr
 
-from app import budget, ui_data
+from app import ui_data, ui_memory
+from jobs.access import AccessPolicy
 from jobs.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
 from jobs.spec import (METHOD_DESCRIPTIONS, FieldInfo, Group, JobSpec, Method, Problem, SpecError, Trainer,
                        deciding_fields, field_infos)
@@ -35,7 +36,8 @@ NAMES: list[str] = [f.name for f in INFOS]
 DECIDING: list[str] = deciding_fields()
 CONDITIONAL: list[str] = [f.name for f in INFOS if f.when]
 BUDGET_FIELDS = ("model", "method", "lora_r", "lora_target_modules", "num_virtual_tokens", "precision", "optim",
-                 "per_device_train_batch_size", "gradient_accumulation_steps")
+                 "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "max_length",
+                 "trainer", "bnb_4bit_use_double_quant")
 # Sections of the page, in order; a group not listed gets a section of its own at the end.
 SECTIONS: tuple[tuple[str, tuple[Group, ...]], ...] = (
     ("Model and data", (Group.RUN, Group.MODEL, Group.DATA)), ("Method", (Group.METHOD,)),
@@ -177,6 +179,7 @@ class LaunchForm:
     yaml_code: gr.Code
     yaml_download: gr.DownloadButton
     yaml_upload: gr.UploadButton
+    memory: ui_memory.MemoryPanel | None = None
 
     @property
     def inputs(self) -> list[gr.Component]:
@@ -230,6 +233,7 @@ def build_form() -> LaunchForm:
         with gr.Column(scale=3, elem_id="launch-side"):
             with gr.Column(elem_id="memory-slot") as memory_slot:
                 budget_md = _memory_slot()
+                memory = ui_memory.build_panel()
             with gr.Row():
                 yaml_upload = gr.UploadButton("Load YAML", file_types=[".yaml", ".yml"], type="filepath",
                                               size="sm", min_width=80)
@@ -241,7 +245,7 @@ def build_form() -> LaunchForm:
                                     max_lines=24)
                 yaml_download = gr.DownloadButton("Download spec YAML", visible=False, size="sm")
     return LaunchForm(comps, presets, preset_note, upload, data_info, data_preview, memory_slot, budget_md, errors,
-                      preview_btn, launch_btn, yaml_box, yaml_code, yaml_download, yaml_upload)
+                      preview_btn, launch_btn, yaml_box, yaml_code, yaml_download, yaml_upload, memory)
 
 
 # ---------------------------------------------------------------------- handlers
@@ -279,8 +283,9 @@ def preview_spec(*args: Any) -> tuple[str, Any, str, Any]:
     return spec.to_yaml(), gr.DownloadButton(value=str(out), visible=True), "", gr.Accordion(open=True)
 
 
-def all_problems(values: dict[str, Any]) -> tuple[JobSpec | None, list[Problem]]:
-    """The spec, or every problem: field problems plus the data check of a parseable dataset."""
+def all_problems(values: dict[str, Any], policy: AccessPolicy | None = None) -> tuple[JobSpec | None, list[Problem]]:
+    """The spec, or every problem: field problems plus the data check of a parseable dataset (never of
+    a file `policy` keeps users from reading)."""
     try:
         return spec_from_form(values), []
     except SpecError as exc:
@@ -290,19 +295,20 @@ def all_problems(values: dict[str, Any]) -> tuple[JobSpec | None, list[Problem]]
     for name in ("dataset", "eval_dataset"):
         ref = (values.get(name) or "").strip()
         if ref and name not in fields_bad and trainer:
-            problems.extend(ui_data.dataset_problems(ref, Trainer(trainer), name))
+            refused = (policy or AccessPolicy.open()).data_problem(ref, name)
+            problems.extend([refused] if refused else ui_data.dataset_problems(ref, Trainer(trainer), name))
     return None, problems
 
 
-def launch(store: Store, *args: Any) -> tuple[str, int | None]:
+def launch(store: Store, *args: Any, policy: AccessPolicy | None = None) -> tuple[str, int | None]:
     """Validate everything and queue; (error markdown, new run id or None)."""
     from jobs.submit import submit
 
-    spec, problems = all_problems(_values(args))
+    spec, problems = all_problems(_values(args), policy)
     if spec is None:
         return problems_markdown(problems), None
     try:
-        run_id = submit(store, spec)
+        run_id = submit(store, spec, policy)
     except SpecError as exc:
         return problems_markdown(exc.problems), None
     return "", run_id
@@ -340,28 +346,19 @@ def show_applicable(*deciding: Any) -> list[Any]:
     return [gr.update(visible=shown[n]) for n in CONDITIONAL]
 
 
-def budget_text(*args: Any) -> str:
-    """The effective batch size, trainable parameters and weights/grads/optimizer bytes."""
-    values = _values(args)
+def budget_text(*args: Any, device: ui_memory.DeviceSource | None = None) -> str:
+    """Trainable parameters, the predicted peak's verdict and reason, and the cheapest change that fits."""
     try:
-        spec = spec_from_form(values)
+        spec = spec_from_form(_values(args))
     except SpecError:
-        return "*Budget: fix the problems in the form to see the estimate.*"
-    arch, source = ui_data.model_arch(spec.model)
-    if arch is None:
-        return (f"**Before launch**: effective batch size **{spec.effective_batch_size}**; "
-                f"no config.json found for `{spec.model}` here, so no parameter estimate.")
-    try:
-        estimate = budget.estimate(arch, spec, cuda=ui_data.has_cuda())
-    except ValueError:  # app.budget predates the newer methods; jobs.params counts them exactly
-        return (f"**Before launch**: effective batch size **{spec.effective_batch_size}**; no memory estimate "
-                f"for method {spec.method.value} here yet (its exact parameter count is shown when it starts).")
-    return budget.budget_markdown(estimate, source)
+        return "*Memory: fix the problems in the form to see the prediction.*"
+    return ui_memory.verdict_markdown(spec, device)
 
 
-def wire(form: LaunchForm, store: Store) -> None:
+def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> None:
     """Connect the form's own events (launch and clone are wired by app.ui); none is a public API."""
     ins = form.inputs
+    device = ui_memory.worker_device(store)  # predictions are for the workers' device, not this machine
     private = {"api_visibility": "private"}
     raw = {**private, **UNCHECKED}
     form.preview_btn.click(preview_spec, ins, [form.yaml_code, form.yaml_download, form.errors, form.yaml_box],
@@ -375,9 +372,12 @@ def wire(form: LaunchForm, store: Store) -> None:
     for comp in deciding:
         comp.change(show_applicable, deciding, conditional, show_progress="hidden", **raw)
     for name in BUDGET_FIELDS:
-        form.fields[name].change(budget_text, ins, form.budget, show_progress="hidden", **raw)
+        form.fields[name].change(partial(budget_text, device=device), ins, form.budget, show_progress="hidden", **raw)
+    if form.memory is not None:
+        ui_memory.wire(form.memory, ins, NAMES, [form.fields[n] for n in BUDGET_FIELDS], spec_from_form, form_values,
+                       device, **raw)
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length", "dataset_columns")]
     data_out = [form.data_info, form.data_preview]
     for name in ("dataset", "trainer", "max_length", "dataset_columns"):
-        form.fields[name].change(ui_data.preview_with_lengths, data_in, data_out, **raw)
+        form.fields[name].change(partial(ui_data.preview_with_lengths, policy=policy), data_in, data_out, **raw)
     form.upload.upload(ui_data.save_upload, form.upload, form.fields["dataset"], **private)

@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from app import manage
-from app.budget import human_bytes
+from jobs.units import human_bytes
 from jobs.spec import Problem
 from storage.models import RunStatus
 from storage.run_files import run_bytes

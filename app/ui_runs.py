@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from app.budget import human_bytes
+from jobs.units import human_bytes
 from jobs import figures
 from jobs.stored import spec_of
 from storage.models import RunStatus

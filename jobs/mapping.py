@@ -18,6 +18,7 @@ from typing import Any
 
 from jobs.mapping_trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
                                    trainer_kwargs, trl_module)
+from jobs.mapping_peft import peft_config, peft_kwargs  # noqa: F401 - part of this module's API
 from jobs.methods import targets
 from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Problem, Trainer
 
@@ -26,8 +27,6 @@ QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
 # Methods whose refusals depend on the model's architecture (read from its config, no weights).
 MODEL_CHECKED_METHODS = {Method.ADAPTION_PROMPT}
 # peft's own IA3 defaults for Llama-style decoders; used when the model type is unknown.
-IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
-IA3_LLAMA_FEEDFORWARD = ["down_proj"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: b
         out.extend(probe_problems(spec))
         if spec.method in MODEL_CHECKED_METHODS:
             from jobs.methods import method_problems
-            from jobs.params import model_shape_for
+            from jobs.memory_config import model_shape_for
 
             shape = model_shape_for(spec.model)
             known = {(p.field, p.problem) for p in out}
@@ -158,65 +157,6 @@ def torch_dtype_name(spec: JobSpec, precision: Precision) -> str:
     if spec.method is Method.FULL or precision is Precision.FP32:
         return "float32"  # trained weights stay fp32 masters; autocast does the 16-bit compute
     return "bfloat16" if precision is Precision.BF16 else "float16"
-
-
-# ---------------------------------------------------------------------- peft
-def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
-    """(peft config class name, its keyword arguments) for the spec's method; None for full."""
-    m = spec.method
-    base: dict[str, Any] = {"task_type": task_type(spec)}
-    if m is Method.FULL:
-        return None
-    # LoRA: the base stays frozen (no gradients, no optimizer state); only r*(in+out) adapter
-    # weights per layer train, ~0.1-1% of the model, so optimizer memory all but vanishes. The
-    # adapters add a little compute per layer. DoRA also learns a per-column magnitude: often
-    # closer to full fine-tuning, ~10-30% slower and more activation memory.
-    if m in LORA_FAMILY:
-        from jobs.methods import lora_init_kwargs, targets
-
-        return "LoraConfig", {**base, "r": spec.lora_r, "lora_alpha": spec.lora_alpha,
-                              "lora_dropout": spec.lora_dropout, "target_modules": targets(spec),
-                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none",
-                              **lora_init_kwargs(spec)}
-    from jobs.methods import method_kwargs
-
-    found = method_kwargs(spec)
-    if found is not None:
-        return found
-    # IA3 learns one scaling vector per targeted layer: far fewer parameters than LoRA.
-    if m is Method.IA3:
-        targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
-        if model_type is not None:
-            from peft.utils.constants import (TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as FF,
-                                              TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as TM)
-            if model_type in TM and model_type in FF:
-                targets, feedforward = list(TM[model_type]), list(FF[model_type])
-        return "IA3Config", {**base, "target_modules": list(targets), "feedforward_modules": list(feedforward)}
-    # Prompt-learning methods train only virtual-token embeddings (prefix: per-layer keys and
-    # values); each virtual token lengthens every sequence, costing a little activation memory.
-    virtual = {"num_virtual_tokens": spec.num_virtual_tokens}
-    if m is Method.PROMPT_TUNING:
-        return "PromptTuningConfig", {**base, **virtual, "prompt_tuning_init": "RANDOM"}
-    if m is Method.PREFIX_TUNING:
-        return "PrefixTuningConfig", {**base, **virtual}
-    if m is Method.P_TUNING:
-        return "PromptEncoderConfig", {**base, **virtual, "encoder_reparameterization_type": "MLP"}
-    raise ValueError(f"no peft mapping for method {m!r}")  # pragma: no cover - enum is closed
-
-
-def peft_config(spec: JobSpec, model_type: str | None = None) -> Any | None:
-    """The peft config object for the spec's method, or None for a full fine-tune."""
-    found = peft_kwargs(spec, model_type)
-    if found is None:
-        return None
-    from jobs.methods import config_class
-
-    cls_name, kwargs = found
-    if "eva_config" in kwargs:
-        from peft import EvaConfig
-
-        kwargs = {**kwargs, "eva_config": EvaConfig(**kwargs["eva_config"])}
-    return config_class(cls_name)(**kwargs)
 
 
 # ---------------------------------------------------------------------- quantization

@@ -5,14 +5,13 @@ device (shapes, no storage, no weights read: milliseconds even for 7B), then pef
 each method are applied as arithmetic. Tests check the result equals peft's own
 `get_nb_trainable_parameters()` on real models, exactly.
 
-    shape = model_shape_for(spec.model)            # None when the config cannot be read here
+    shape = model_shape(config)                    # a transformers config or a config.json dict
     count = trainable_params(spec, shape)          # ParamCount(trainable, total); count.percent
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jobs.spec import LORA_FAMILY, JobSpec, Method
@@ -80,31 +79,6 @@ def model_shape(config: Any) -> ModelShape:
                       head_dim=int(head_dim), linears=linears, config=config)
 
 
-def model_shape_for(ref: str) -> ModelShape | None:
-    """The shape of a model ref (built-in, local folder or cached hub id) from its config.json; None if unreadable."""
-    from transformers import AutoConfig
-
-    try:
-        from jobs.models import BUILTIN_MODELS
-
-        if ref in BUILTIN_MODELS and ref == "smollm2-135m-instruct":
-            from transformers import LlamaConfig  # its published config; avoids converting the GGUF first
-
-            return model_shape(LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                           num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                                           tie_word_embeddings=True, max_position_embeddings=8192))
-        path = Path(ref).expanduser()
-        if ref in BUILTIN_MODELS:
-            from jobs.models import resolve_model
-
-            path = Path(resolve_model(ref).path)
-        if path.is_dir():
-            return model_shape(AutoConfig.from_pretrained(str(path)))
-        return model_shape(AutoConfig.from_pretrained(ref, local_files_only=True))
-    except Exception:  # noqa: BLE001 - an unknown or custom architecture simply has no estimate
-        return None
-
-
 # ---------------------------------------------------------------------- peft's rules as arithmetic
 def _matches(name: str, targets: str | list[str]) -> bool:
     """peft's module matching for a list of names: the full name, or a `.`-separated suffix."""
@@ -127,7 +101,7 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from jobs.mapping import peft_config
+    from jobs.mapping_peft import peft_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(shape.config)
@@ -137,7 +111,7 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
 
 def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
     """What peft's `get_nb_trainable_parameters()` will report for `spec` on this model."""
-    from jobs.mapping import peft_kwargs
+    from jobs.mapping_peft import peft_kwargs
 
     m = spec.method
     if m is Method.FULL:

@@ -337,6 +337,9 @@ class JobSpec:
     on_oom: OnOom = _f(OnOom.RECOVER, Group.MEMORY,
                        "recover: on a CUDA out-of-memory error, continue from the last checkpoint with a smaller micro-batch (same effective batch), then gradient checkpointing, then 8-bit AdamW; at most 3 times, each change recorded on the run. fail: stop with advice.",
                        label="On out-of-memory", advanced=True)
+    ignore_memory_prediction: bool = _f(False, Group.MEMORY,
+                                        "Queue the run even when the predicted peak memory exceeds the device's memory (the prediction can be wrong for unusual models).",
+                                        label="Queue even if predicted not to fit", advanced=True)
     # --- Training
     learning_rate: float = _f(2e-4, Group.TRAINING, "Peak learning rate. LoRA likes 1e-4..1e-3; full fine-tuning 1e-5..5e-5.", gt=0.0, le=1.0,
                               label="Learning rate")

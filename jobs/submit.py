@@ -7,9 +7,11 @@ Checks, all run before anything is queued, their problems reported together: wha
 dashboard's users may ask for (`jobs.access.AccessPolicy`: data folders, remote code; checked
 first, so a refused path is never read), the spec on its own (`JobSpec.problems`), the model
 (`jobs.models.check_model`, no weights loaded), the train and eval data
-(`jobs.data.check_dataset`), and what the workers' device can do with the spec
-(`jobs.mapping`'s capability check, e.g. fp16 without CUDA, against the facts the workers
-published: `jobs.devices.target`; this machine's when none has).
+(`jobs.data.check_dataset`), what the workers' device can do with the spec (`jobs.mapping`'s
+capability check, e.g. fp16 without CUDA, against the facts the workers published:
+`jobs.devices.target`; this machine's when none has), and whether the predicted peak memory fits
+that device (`jobs.memory`; `ignore_memory_prediction: true` overrides it). The prediction is
+saved with the run as `prediction.json` in its run folder.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from jobs.spec import JobSpec, Problem, SpecError
 from storage.store import Store
 
 if TYPE_CHECKING:
+    from jobs.devices import DeviceFacts
     from jobs.mapping import Device
 
 
@@ -109,8 +112,44 @@ def capability_problems(spec: JobSpec, device: "Device | None" = None) -> list[P
     return list(mapping.capability_problems(spec, device))
 
 
-def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | None = None) -> list[Problem]:
-    """Every problem with the spec, its model, its data and the device (default: this machine's; empty: good to go)."""
+def memory_problems(spec: JobSpec, device: "DeviceFacts | None" = None) -> list[Problem]:
+    """A problem when the predicted peak will not fit the device (none when overridden or unpredictable)."""
+    prediction = predict_memory(spec, device)
+    if spec.ignore_memory_prediction or prediction is None:
+        return []
+    from jobs.memory import Verdict, explain
+
+    if prediction.verdict is not Verdict.WILL_NOT_FIT:
+        return []
+    from jobs.memory_config import arch_for
+    from jobs.planner import cheapest_change
+
+    change = cheapest_change(spec, arch_for(spec.model), prediction.device)
+    fix = (f"{change} (`tunedeck plan SPEC.yaml --fit` lists more)" if change else
+           "shorten max_length or pick a smaller model")
+    return [Problem("memory", explain(prediction).rstrip("."), fix + "; or set ignore_memory_prediction: true to queue it anyway")]
+
+
+def predict_memory(spec: JobSpec, device: "DeviceFacts | None" = None):  # -> jobs.memory.Prediction | None
+    """The spec's predicted peak on `device` (default: this machine's device)."""
+    from jobs.memory import predict
+    from jobs.memory_config import arch_for
+
+    arch = arch_for(spec.model)
+    if arch is None:
+        return None
+    if device is None:
+        from jobs.devices import local_facts
+
+        device = local_facts()
+    return predict(spec, arch, device)  # type: ignore[arg-type]
+
+
+def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | None = None,
+          facts: "DeviceFacts | None" = None) -> list[Problem]:
+    """Every problem with the spec, its model, its data and the device (default: this machine's; empty: good to go).
+
+    `device`: the capability view of the device; `facts`: its full facts, for the memory prediction."""
     problems = (policy or AccessPolicy.open()).problems(spec) + list(spec.problems())
     # Field-level problems first; the model and data checks still run so one pass shows all.
     if not any(p.field == "model" for p in problems):
@@ -118,6 +157,8 @@ def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | 
     if not any(p.field in ("dataset", "eval_dataset") for p in problems):
         problems.extend(dataset_problems(spec))
     problems.extend(capability_problems(spec, device))
+    if not problems:
+        problems.extend(memory_problems(spec, facts))
     seen: set[tuple[str, str]] = set()
     unique = []
     for p in problems:
@@ -132,12 +173,14 @@ def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> i
     from jobs.devices import target
 
     chosen = target(store)
-    problems = check(spec, chosen.facts.device(), policy)
+    problems = check(spec, chosen.facts.device(), policy, chosen.facts)
     if problems and chosen.worker_id is None:
         problems = _say_which_device(problems, spec, chosen.facts.device(), chosen.note)
     if problems:
         raise SpecError(problems)
-    return store.create_run(spec)
+    run_id = store.create_run(spec)
+    save_prediction(store, run_id, spec, chosen.facts)
+    return run_id
 
 
 def _say_which_device(problems: list[Problem], spec: JobSpec, device: "Device", note: str) -> list[Problem]:
@@ -149,3 +192,23 @@ def _say_which_device(problems: list[Problem], spec: JobSpec, device: "Device", 
     device_only = {(p.field, p.problem) for p in mapping.capability_problems(spec, device, probe=False)}
     return [Problem(p.field, p.problem, f"{p.fix} ({note}; start the worker first if it has a GPU)")
             if (p.field, p.problem) in device_only - anywhere else p for p in problems]
+
+
+PREDICTION_FILE = "prediction.json"
+
+
+def save_prediction(store: Store, run_id: int, spec: JobSpec, facts: "DeviceFacts | None" = None) -> None:
+    """Keep the prediction made at submit next to the run (the run page compares it with the peak)."""
+    prediction = predict_memory(spec, facts)
+    if prediction is not None:
+        (store.run_dir(run_id) / PREDICTION_FILE).write_text(prediction.to_json())
+
+
+def load_prediction(store: Store, run_id: int) -> dict | None:
+    """The prediction saved at submit, or None."""
+    import json
+
+    try:
+        return json.loads((store.run_path(run_id) / PREDICTION_FILE).read_text())
+    except (OSError, ValueError):
+        return None

@@ -79,3 +79,21 @@ def test_remote_code_needs_the_server_setting_when_shared(data_home: Path, monke
     assert store.count_runs() == 0
     monkeypatch.setenv("TUNEDECK_ALLOW_REMOTE_CODE", "1")
     assert AccessPolicy.for_server(login=True).problems(spec) == []
+
+
+def test_the_form_its_preview_and_the_api_apply_the_policy(data_home: Path, outside: Path, store) -> None:
+    from app import api, ui_data, ui_form
+
+    policy = AccessPolicy.for_server(login=True)
+    text, rows = ui_data.preview_dataset(str(outside), "sft", policy=policy)
+    assert "data folders" in text and rows.empty
+    assert "secret" not in text.replace(str(outside), "")  # nothing of the file itself is shown
+    text, _ = ui_data.preview_dataset(str(outside), "sft")  # without a login: today's behaviour
+    assert "Detected format" in text
+    spec = JobSpec(model="tiny-llama", dataset=str(outside), max_steps=1)
+    values = ui_form.form_values(spec)
+    errors, run_id = ui_form.launch(store, *values, policy=policy)
+    assert run_id is None and "data folders" in errors
+    out = api.submit_yaml(store, spec.to_yaml(), policy)
+    assert out["run_id"] is None and [p["field"] for p in out["problems"]] == ["dataset"]
+    assert store.count_runs() == 0

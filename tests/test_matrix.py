@@ -47,7 +47,8 @@ from transformers import TrainerCallback
 
 from jobs.data import SAMPLES_DIR
 from jobs.mapping import CPU, capability_problems, training_kwargs
-from jobs.params import model_shape_for, trainable_params
+from jobs.memory_config import arch_for
+from jobs.params import trainable_params
 from jobs.spec import JobSpec, SpecError
 
 pytestmark = pytest.mark.integration
@@ -149,7 +150,7 @@ def train_and_check(spec: JobSpec, out: Path) -> Any:
         for key, value in resolved["quantization_config"].items():
             assert str(quant[key]).replace("torch.", "") == str(value), key
     # The pre-launch estimate is exactly what peft counts.
-    estimate = trainable_params(spec, model_shape_for(spec.model))
+    estimate = trainable_params(spec, arch_for(spec.model).shape)
     assert result.metrics["trainable_params"] == estimate.trainable == resolved["trainable_params"]
     assert result.metrics["total_params"] == estimate.total
     # Loss finite, parameters moved.

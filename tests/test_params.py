@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from jobs.mapping import peft_config
-from jobs.params import ModelShape, model_shape, model_shape_for, trainable_params
+from jobs.memory_config import arch_for
+from jobs.params import ModelShape, model_shape, trainable_params
 from jobs.spec import JobSpec
 
 PEFT_METHODS = ["lora", "dora", "ia3", "prompt_tuning", "prefix_tuning", "p_tuning", "mora", "adaption_prompt",
@@ -38,7 +39,7 @@ def test_estimate_equals_peft_on_the_tiny_model(method: str, changes: dict[str, 
     from transformers import AutoModelForCausalLM
 
     spec = JobSpec.from_dict({"method": method, "model": str(tiny_model), **changes})
-    estimate = trainable_params(spec, model_shape_for(str(tiny_model)))
+    estimate = trainable_params(spec, arch_for(str(tiny_model)).shape)
     assert (estimate.trainable, estimate.total) == peft_count(AutoModelForCausalLM.from_pretrained(str(tiny_model)), spec)
     assert 0 < estimate.percent < 100
 
@@ -59,17 +60,17 @@ def test_full_fine_tune_trains_everything(tiny_model: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
-    count = trainable_params(JobSpec.from_dict({"method": "full"}), model_shape_for(str(tiny_model)))
+    count = trainable_params(JobSpec.from_dict({"method": "full"}), arch_for(str(tiny_model)).shape)
     assert count.trainable == count.total == sum(p.numel() for p in model.parameters())
     assert count.percent == 100.0
 
 
 def test_builtin_default_model_shape_needs_no_download() -> None:
-    shape = model_shape_for("smollm2-135m-instruct")
+    shape = arch_for("smollm2-135m-instruct").shape
     assert isinstance(shape, ModelShape) and shape.total == 134_515_008  # counted on the converted model
     lora = trainable_params(JobSpec(), shape)  # r=16 on all linear layers
     assert lora.trainable == 30 * 16 * (4 * 576 + 2 * 192 + 2 * 576 + 3 * (576 + 1536)) and lora.percent < 5
 
 
 def test_unknown_model_has_no_estimate(tmp_path: Path) -> None:
-    assert model_shape_for(str(tmp_path / "missing")) is None
+    assert arch_for(str(tmp_path / "missing")) is None

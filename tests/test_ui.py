@@ -1,12 +1,11 @@
-"""Unit tests of the dashboard's pure parts: form values -> spec, budget arithmetic, downsampling."""
+"""Unit tests of the dashboard's pure parts: form values -> spec, downsampling."""
 
 from __future__ import annotations
 
 import pytest
 
-from app import budget, series, ui_form
-from app.budget import SMOLLM2_135M, Arch
-from jobs.spec import JobSpec, Method, Optim, Precision, SpecError
+from app import series, ui_form
+from jobs.spec import JobSpec, SpecError
 from storage.store import MemoryPoint, MetricPoint
 
 
@@ -36,36 +35,6 @@ def test_every_problem_is_reported_at_once():
 
 def test_form_is_generated_from_every_spec_field():
     assert ui_form.NAMES == [f.name for f in __import__("jobs.spec", fromlist=["x"]).field_infos()]
-
-
-def test_smollm2_parameter_count_matches_the_published_model():
-    assert SMOLLM2_135M.params == 134_515_008
-
-
-def test_lora_trainable_params_and_bytes():
-    arch = Arch(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512)
-    spec = JobSpec(method=Method.LORA, lora_r=8, lora_target_modules="q_proj,v_proj", precision=Precision.FP32)
-    # q: 8*(64+64), v: 8*(64+32) per layer, two layers
-    assert budget.trainable_params(arch, spec) == 2 * (8 * 128 + 8 * 96)
-    b = budget.estimate(arch, spec, cuda=False)
-    p = b.trainable_params
-    assert b.gradients_bytes == 4 * p and b.optimizer_bytes == 8 * p
-    assert b.weights_bytes == 4 * arch.params + 4 * p
-
-
-def test_full_finetune_mixed_precision_is_18_bytes_per_param():
-    spec = JobSpec(method=Method.FULL, precision=Precision.BF16, learning_rate=1e-5)
-    b = budget.estimate(SMOLLM2_135M, spec, cuda=True)
-    assert b.total_bytes == pytest.approx(18 * SMOLLM2_135M.params)
-
-
-def test_qlora_base_and_8bit_optimizer():
-    spec = JobSpec(method=Method.QLORA, optim=Optim.ADAMW_8BIT)
-    b = budget.estimate(SMOLLM2_135M, spec, cuda=True)
-    p = b.trainable_params
-    assert b.optimizer_bytes == 2 * p
-    assert b.weights_bytes == pytest.approx(0.516 * SMOLLM2_135M.params + 4 * p)
-    assert b.effective_batch_size == spec.effective_batch_size
 
 
 def test_downsampling_in_sql_keeps_a_spike_and_bounds_points(store):

@@ -1,0 +1,213 @@
+"""The memory predictor: its parts follow the spec the way training does, verdicts, the planner, `tunedeck plan`.
+
+The figures the prediction must match are measured by bench/memory_truth.py (and, on a CI-sized
+subset, tests/test_memory_truth.py); these tests check the arithmetic's structure and the
+commands that show it, with the Qwen2.5-7B architecture from a config.json alone (no weights).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from jobs.devices import DeviceFacts, cpu_facts
+from jobs.memory import PART_NAMES, Verdict, explain, predict
+from jobs.memory_config import arch_for
+from jobs.planner import cheapest_change, fit
+from jobs.spec import JobSpec
+
+QWEN7B = Path(__file__).parent / "fixtures" / "qwen2.5-7b"
+GIB = 2 ** 30
+def S(**fields) -> JobSpec:
+    """A spec parsed like YAML (enum fields from their text values)."""
+    return JobSpec.from_dict(fields)
+
+
+H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * GIB, compute_capability="9.0", bf16=True, fp16=True)
+GPU24 = replace(H200, name="24 GiB GPU", total_bytes=24 * GIB)
+
+
+@pytest.fixture(scope="module")
+def qwen7b():
+    return arch_for(str(QWEN7B))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return arch_for("smollm2-135m-instruct")
+
+
+def test_qwen7b_architecture_from_config_alone(qwen7b):
+    assert qwen7b.total_params == 7_615_616_512  # Qwen2.5-7B's published parameter count
+    assert not qwen7b.tied and qwen7b.head_params == 152064 * 3584
+    assert qwen7b.kv_dim == 4 * 128 and qwen7b.gated_mlp
+    assert any(lin.bias for lin in qwen7b.block_linears if lin.name == "q_proj")  # Qwen2's qkv biases
+
+
+def test_parts_add_up_and_name_their_formula(smollm2):
+    p = predict(S(), smollm2, H200)
+    assert [part.name for part in p.parts] == list(PART_NAMES)
+    assert p.total_bytes == sum(p.parts_dict().values())
+    assert all(part.formula for part in p.parts)
+    assert p.trainable_params == 30 * 16 * (4 * 576 + 2 * 192 + 2 * 576 + 3 * (576 + 1536))
+
+
+def test_quantized_bases_are_smaller_and_keep_embeddings_and_head_in_fp32(qwen7b):
+    lora = predict(S(model=str(QWEN7B), method="lora"), qwen7b, H200).part("weights")
+    qlora = predict(S(model=str(QWEN7B), method="qlora"), qwen7b, H200).part("weights")
+    no_dq = predict(S(model=str(QWEN7B), method="qlora", bnb_4bit_use_double_quant=False), qwen7b, H200).part("weights")
+    int8 = predict(S(model=str(QWEN7B), method="lora_8bit"), qwen7b, H200).part("weights")
+    unquantized = qwen7b.total_params - qwen7b.linear_params
+    assert qlora > 4 * unquantized  # embeddings, untied head, norms, biases upcast to fp32
+    assert qlora - 4 * unquantized == pytest.approx(qwen7b.linear_params * (0.5 + 1 / 64 + 4 / (64 * 256)))
+    assert qlora < no_dq < int8 < 2 * lora
+
+
+def test_checkpointing_micro_batch_and_length_move_activations_only(qwen7b):
+    base = S(model=str(QWEN7B), per_device_train_batch_size=4, max_length=1024)
+    a = predict(base, qwen7b, H200)
+    ckpt = predict(base.replace(gradient_checkpointing=True), qwen7b, H200)
+    half = predict(base.replace(per_device_train_batch_size=2), qwen7b, H200)
+    assert ckpt.part("activations") < a.part("activations") / 5
+    assert half.part("activations") == pytest.approx(a.part("activations") / 2, rel=0.02)
+    assert ckpt.part("weights") == a.part("weights") and half.part("optimizer") == a.part("optimizer")
+
+
+def test_optimizers_state_sizes(smollm2):
+    small = predict(S(method="full", learning_rate=1e-5, per_device_train_batch_size=1, max_length=64), smollm2, H200)
+    p = small.trainable_params
+    assert small.phase == "optimizer step"  # few tokens: the peak comes with all gradients alive
+    assert small.part("gradients") == 4 * p and small.part("activations") == 0
+    full = S(method="full", learning_rate=1e-5)  # 8 x 512 tokens: the peak is in the backward, state only
+    states = {o: predict(full.replace(optim=o), smollm2, H200).part("optimizer")
+              for o in ("adamw_torch", "adamw_bnb_8bit", "adafactor")}
+    assert states["adamw_torch"] >= 8 * p
+    assert 2 * p < states["adamw_bnb_8bit"] < 3 * p + 4 * smollm2.largest_param
+    assert states["adafactor"] < states["adamw_bnb_8bit"]
+
+
+def test_dpo_doubles_the_rows_and_full_dpo_loads_a_reference_copy(smollm2):
+    sft = predict(S(max_length=256), smollm2, H200)
+    dpo = predict(S(trainer="dpo", dataset="sample:preference-format", max_length=256), smollm2, H200)
+    assert dpo.part("activations") == pytest.approx(2 * sft.part("activations"), rel=0.05)
+    full = S(method="full", trainer="dpo", dataset="sample:preference-format")
+    assert predict(full, smollm2, H200).part("weights") >= 2 * 4 * smollm2.total_params
+
+
+def test_cpu_prediction_has_no_cuda_overhead(smollm2):
+    p = predict(S(), smollm2, cpu_facts())
+    assert p.part("overhead") == 0 and p.precision == "fp32"
+    assert predict(S(), smollm2, H200).part("overhead") > 500 * 2 ** 20
+
+
+def test_verdicts_and_their_words(qwen7b):
+    spec = S(model=str(QWEN7B), per_device_train_batch_size=4, max_length=2048)
+    p = predict(spec, qwen7b, GPU24)
+    assert p.verdict is Verdict.WILL_NOT_FIT and "Will not fit" in explain(p) and "activations" in explain(p)
+    assert predict(spec, qwen7b, H200).verdict is Verdict.FITS
+    tight = replace(H200, total_bytes=int(p.total_bytes / 0.95))
+    assert predict(spec, qwen7b, tight).verdict is Verdict.TIGHT
+
+
+def test_planner_pick_fits_keeps_the_effective_batch_and_is_fastest_first(qwen7b):
+    spec = S(model=str(QWEN7B), per_device_train_batch_size=8, gradient_accumulation_steps=2, max_length=2048)
+    plan = fit(spec, qwen7b, GPU24)
+    assert plan, "a 7B LoRA fits 24 GiB with checkpointing or QLoRA"
+    for c in plan:
+        assert c.prediction.total_bytes <= 0.9 * GPU24.total_bytes
+        assert c.spec.effective_batch_size == 16 and c.spec.max_length == 2048
+    assert [c.speed for c in plan] == sorted((c.speed for c in plan), reverse=True)
+    assert "gradient_checkpointing: true" in plan[0].changes or "method: qlora" in plan[0].changes
+    assert cheapest_change(spec, qwen7b, GPU24) == "; ".join(plan[0].changes)
+    assert fit(spec, qwen7b, GPU24, allow_qlora=False) and all(c.spec.method.value == "lora"
+                                                               for c in fit(spec, qwen7b, GPU24, allow_qlora=False))
+
+
+def test_planner_speed_is_calibrated_by_measured_runs(qwen7b):
+    spec = S(model=str(QWEN7B), max_length=1024, gradient_checkpointing=True)
+    plan = fit(spec, qwen7b, GPU24, history=[(spec, 1234.0)])
+    same = next(c for c in plan if c.spec == spec.replace(precision="auto"))
+    assert same.calibrated and same.speed == pytest.approx(1234.0)
+
+
+def test_nothing_fits_a_tiny_device(qwen7b):
+    assert fit(S(model=str(QWEN7B)), qwen7b, replace(GPU24, total_bytes=GIB)) == []
+
+
+def test_plan_command_table_json_memory_and_fit(capsys, data_home):
+    from app.cli import main
+
+    spec = data_home / "q7.yaml"
+    spec.write_text(f"model: {QWEN7B}\nper_device_train_batch_size: 4\nmax_length: 2048\n")
+    assert main(["plan", str(spec), "--memory", "24GiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "will not fit" and out["device"]["total_bytes"] == 24 * GIB
+    assert set(out["parts"]) == set(PART_NAMES) and out["total_bytes"] == sum(out["parts"].values())
+    assert main(["plan", str(spec), "--fit", "24GiB"]) == 0
+    text = capsys.readouterr().out
+    assert "activations" in text and "Will not fit" in text and "pick" in text and "gradient_checkpointing" in text
+    assert main(["plan", str(spec), "--memory", "lots"]) == 2
+
+
+def test_plan_command_for_the_default_smollm2(capsys, data_home):
+    from app.cli import main
+
+    spec = data_home / "s.yaml"
+    spec.write_text("model: smollm2-135m-instruct\n")
+    assert main(["plan", str(spec), "--memory", "24GiB"]) == 0
+    text = capsys.readouterr().out
+    assert "Fits" in text and "134,515,008" in text
+
+
+def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
+    from jobs.submit import memory_problems
+
+    spec = S(model=str(QWEN7B), max_length=4096)
+    problems = memory_problems(spec, GPU24)
+    assert [p.field for p in problems] == ["memory"]
+    assert "Will not fit" in problems[0].problem and "ignore_memory_prediction" in problems[0].fix
+    assert "gradient_checkpointing" in problems[0].fix or "qlora" in problems[0].fix
+    assert memory_problems(spec.replace(ignore_memory_prediction=True), GPU24) == []
+    assert memory_problems(S(model=str(QWEN7B), max_length=256, gradient_checkpointing=True), H200) == []
+
+
+def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
+    from jobs.memory import prediction_error_text
+    from jobs.submit import load_prediction, submit
+
+    run_id = submit(store, S(model=str(tiny_model), max_steps=1))
+    saved = load_prediction(store, run_id)
+    assert saved is not None and saved["total_bytes"] > 0 and saved["verdict"] == "fits"
+    text = prediction_error_text(saved, saved["total_bytes"] // 2, "host")
+    assert text.startswith("predicted") and text.endswith("+100%")
+
+
+def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
+    from app import ui_form, ui_memory
+
+    monkeypatch.setattr(ui_memory, "ui_device", lambda: GPU24)
+    values = dict(zip(ui_form.NAMES, ui_form.form_values(S(model=str(QWEN7B), max_length=2048))))
+    args = [values[n] for n in ui_form.NAMES]
+    html = ui_memory.panel_html(ui_form.spec_from_form, ui_form.NAMES, *args)
+    assert 'data-verdict="will not fit"' in html and "activations" in html
+    text = ui_form.budget_text(*args)
+    assert "Will not fit" in text and "Cheapest change that fits" in text
+    filled = dict(zip(ui_form.NAMES, ui_memory.fit_values(ui_form.spec_from_form, ui_form.form_values,
+                                                          ui_form.NAMES, *args)))
+    picked = ui_form.spec_from_form(filled)
+    assert predict(picked, qwen7b, GPU24).verdict is Verdict.FITS and picked.max_length == 2048
+
+
+def test_run_page_memory_graph_gets_the_predicted_line():
+    import pandas as pd
+
+    from app.ui_memory import PREDICTED_SERIES, with_predicted_line
+
+    frame = pd.DataFrame([(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")], columns=["seconds", "GiB", "series"])
+    out = with_predicted_line(frame, {"total_bytes": 2 * GIB})
+    line = out[out["series"] == PREDICTED_SERIES]
+    assert list(line["GiB"]) == [2.0, 2.0] and list(line["seconds"]) == [-30.0, -1.0]
+    assert with_predicted_line(frame, None) is frame
