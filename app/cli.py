@@ -38,7 +38,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from jobs import figures  # noqa: E402
 from jobs.spec import Problem, SpecError  # noqa: E402
+from jobs.artifacts import bundle_of  # noqa: E402
 from jobs.stored import spec_of  # noqa: E402
+from jobs.units import human_bytes  # noqa: E402
 from app.cli_input import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
 from storage.models import RunStatus  # noqa: E402
 from storage.store import RunRecord, Store  # noqa: E402
@@ -55,16 +57,6 @@ def _run_or_fail(store: Store, run_id: int) -> RunRecord:
 
 
 # ---------------------------------------------------------------------- formatting
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
 def _duration(run: RunRecord) -> str:
     if run.started_at is None:
         return "-"
@@ -92,18 +84,9 @@ def runs_table(store: Store, runs: list[RunRecord]) -> str:
         loss = store.last_metric(r.id, "loss")
         step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
         rows.append((str(r.id), r.status.value, r.name[:40], step, f"{loss.value:.4f}" if loss else "-",
-                     _when(r.created_at), _duration(r), _bytes(disk.of(r)), ",".join(r.tags) or "-"))
+                     _when(r.created_at), _duration(r), human_bytes(disk.of(r)), ",".join(r.tags) or "-"))
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
-
-
-def bundle_path(store: Store, run: RunRecord) -> str | None:
-    """The downloadable bundle if the run made one, else its first artifact."""
-    arts = store.artifacts(run.id)
-    for a in arts:
-        if a.kind == "bundle":
-            return a.path
-    return arts[0].path if arts else None
 
 
 def show_text(store: Store, run: RunRecord) -> str:
@@ -130,7 +113,7 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)
     if arts:
-        lines += ["", "artifacts:", *(f"  {a.kind}: {a.path} ({_bytes(a.size)})" for a in arts)]
+        lines += ["", "artifacts:", *(f"  {a.kind}: {a.path} ({human_bytes(a.size)})" for a in arts)]
     if run.error_detail:
         lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
     return "\n".join(lines)
@@ -196,7 +179,7 @@ def cmd_run(store: Store, args: argparse.Namespace) -> int:
         if run.log_path:
             print(f"log: {run.log_path}", file=sys.stderr)
         return EXIT_RUN_FAILED
-    bundle = bundle_path(store, run)
+    bundle = bundle_of(store, run.id)
     print(f"bundle: {bundle}" if bundle else "no artifacts were recorded", file=sys.stderr)
     return EXIT_OK
 
@@ -259,7 +242,7 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         print("no runs")
         return EXIT_OK
     print(runs_table(store, runs))
-    print(f"\nall {store.count_runs()} run(s) use {_bytes(total_bytes(store))} on disk")
+    print(f"\nall {store.count_runs()} run(s) use {human_bytes(total_bytes(store))} on disk")
     return EXIT_OK
 
 

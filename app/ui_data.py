@@ -19,19 +19,16 @@ import gradio as gr
 import pandas as pd
 
 from jobs.access import AccessPolicy
-from jobs.spec import DEFAULT_MODEL, Problem, Trainer
+from jobs.spec import Problem, Trainer
 from storage.settings import models_dir, uploads_dir
 
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first
-FALLBACK_BUILTINS = (DEFAULT_MODEL, "tiny-llama")
 
 
 def builtin_models() -> list[str]:
-    try:
-        from jobs.models import BUILTIN_MODELS
-        return list(BUILTIN_MODELS)
-    except ImportError:  # the models helper has not landed in this checkout
-        return list(FALLBACK_BUILTINS)
+    from jobs.models import BUILTIN_MODELS
+
+    return list(BUILTIN_MODELS)
 
 
 @functools.lru_cache(maxsize=1)

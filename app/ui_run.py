@@ -36,7 +36,6 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
     "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
     "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
 }
-_LOG_TAIL_BYTES = 64 * 1024
 
 
 def inside_data_dir(path: str | Path | None) -> Path | None:
@@ -48,24 +47,17 @@ def inside_data_dir(path: str | Path | None) -> Path | None:
 
 
 def log_tail(run: RunRecord, lines: int = LOG_LINES) -> str:
-    path = inside_data_dir(run.log_path)
-    if path is None:
-        return ""
-    with path.open("rb") as fh:
-        size = fh.seek(0, 2)
-        fh.seek(max(0, size - _LOG_TAIL_BYTES))
-        text = fh.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+    """The last lines of the run's train.log (only a log inside the data directory is read)."""
+    from jobs.worker import log_tail as tail_of
+
+    return tail_of(inside_data_dir(run.log_path), lines) or ""
 
 
 def bundle_path(store: Store, run_id: int) -> Path | None:
     """The run's zip bundle (adapter or model), if recorded and inside the data directory."""
-    for art in reversed(store.artifacts(run_id)):
-        if art.path.endswith(".zip"):
-            path = inside_data_dir(art.path)
-            if path is not None:
-                return path
-    return None
+    from jobs.artifacts import bundle_of
+
+    return inside_data_dir(bundle_of(store, run_id))
 
 
 def bundle_files(path: Path) -> pd.DataFrame:

@@ -100,6 +100,12 @@ def write_artifacts(store: Any, run_id: int, spec: JobSpec, model: Any, tokenize
     return archive
 
 
+def bundle_of(store: Any, run_id: int) -> str | None:
+    """The path of the run's recorded bundle zip (what "download" means), or None: never an export."""
+    found = [a.path for a in store.artifacts(run_id) if a.kind == "bundle"]
+    return found[-1] if found else None
+
+
 # ---------------------------------------------------------------------- model card
 def _tricks(spec: JobSpec) -> list[str]:
     """Human names of the memory tricks the spec turned on."""

@@ -14,6 +14,7 @@ from app import series
 from jobs.spec import JobSpec
 from storage import models as m
 from storage.store import METRIC_LEVELS, MEMORY_LEVELS, MemoryBucket, MemoryPoint, MetricPoint, Store
+from series_reference import downsample_minmax, same_buckets
 
 
 def _add_in_batches(store: Store, run_id: int, points: list[MetricPoint], rng: random.Random) -> None:
@@ -73,9 +74,9 @@ def test_metric_rollup_equals_raw_aggregation_at_every_width(store):
         width = 1 << k
         for name in ("loss", "learning_rate"):
             raw = store.metric_buckets(a, name, width)
-            assert series.same_buckets(store.metric_series(a, name, width), raw), (name, width)
+            assert same_buckets(store.metric_series(a, name, width), raw), (name, width)
             start = (20_000 // width) * width
-            assert series.same_buckets(store.metric_series(a, name, width, from_step=start),
+            assert same_buckets(store.metric_series(a, name, width, from_step=start),
                                        [x for x in raw if x.first_step >= start]), (name, width, "from")
 
 
@@ -108,7 +109,7 @@ def test_spikes_survive_a_coarse_rollup_read(store):
     assert len(buckets) <= 200 and sum(b.count for b in buckets) == n
     frame = series.metric_frame({"train": buckets})
     assert len(frame) <= 400 and frame["value"].max() == 99.0 and frame["value"].min() == -7.0
-    assert series.same_buckets(buckets, series.downsample_minmax([(p.step, p.value) for p in points], 400))
+    assert same_buckets(buckets, downsample_minmax([(p.step, p.value) for p in points], 400))
 
     samples = [MemoryPoint(1e9 + i, "nvml", run_id, 0, 1 << 30, 80 << 30) for i in range(40_000)]
     samples[31_337] = MemoryPoint(1e9 + 31_337, "nvml", run_id, 0, 70 << 30, 80 << 30)

@@ -7,6 +7,7 @@ import pytest
 from app import series, ui_form
 from jobs.spec import JobSpec, SpecError
 from storage.store import MemoryPoint, MetricPoint
+from series_reference import downsample_minmax, same_buckets
 
 
 def _defaults() -> dict:
@@ -49,7 +50,7 @@ def test_downsampling_in_sql_keeps_a_spike_and_bounds_points(store):
     assert len(buckets) <= 1000
     assert max(b.max for b in buckets) == 99.0 and min(b.min for b in buckets) == -5.0
     assert sum(b.count for b in buckets) == n
-    assert series.same_buckets(buckets, series.downsample_minmax([(p.step, p.value) for p in points], 2000))
+    assert same_buckets(buckets, downsample_minmax([(p.step, p.value) for p in points], 2000))
     frame = series.metric_frame({"train": buckets})
     assert len(frame) <= 2000 and frame["value"].max() == 99.0
 
