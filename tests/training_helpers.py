@@ -28,3 +28,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"{what} not met within {timeout} s")
+
+
+def refusal_messages(data: dict[str, Any]) -> list[str]:
+    """Every refusal of a spec dict: from parsing, or from the capability check on the CPU."""
+    from jobs.mapping import CPU, capability_problems
+    from jobs.spec import SpecError
+
+    try:
+        return [str(p) for p in capability_problems(JobSpec.from_dict(data), CPU)]
+    except SpecError as exc:
+        return [str(p) for p in exc.problems]
