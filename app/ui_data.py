@@ -109,7 +109,7 @@ def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
 def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = None) -> tuple[str, pd.DataFrame]:
     """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set."""
     from jobs.data import DataError, check_dataset
-    from jobs.spec import parse_columns
+    from jobs.columns import parse_columns
     empty = pd.DataFrame()
     if not ref or not ref.strip():
         return "", empty
