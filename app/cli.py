@@ -109,6 +109,12 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"log:      {run.log_path}")
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
     lines += events_lines(store, run)
+    data = (run.resolved_config or {}).get("data")
+    if data:
+        lines += ["", "data:", *(f"  {name}: {d['ref']}: {d['rows']} rows, {d['format']}"
+                                 + (f" ({d['conversion']})" if d.get("conversion") else "")
+                                 for name, d in data.items() if isinstance(d, dict))]
+        lines.append(f"  rows used: {data.get('train_rows')} train, {data.get('eval_rows')} eval")
     if run.final_metrics:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)

@@ -107,7 +107,7 @@ def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = 
     """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
     a file `policy` keeps users from reading is refused before it is opened."""
     from jobs.data import DataError, check_dataset
-    from jobs.spec import parse_columns
+    from jobs.columns import parse_columns
     empty = pd.DataFrame()
     if not ref or not ref.strip():
         return "", empty

@@ -21,8 +21,9 @@ from typing import Any
 
 import datasets
 
+from jobs.columns import COLUMN_TARGETS
 from jobs.data_rows import FORMS_HINT, Issues
-from jobs.spec import COLUMN_TARGETS, Problem
+from jobs.spec import Problem
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".jsonl.gz", ".json.gz")
 Rows = Callable[[], Iterator[tuple[int, dict[str, Any]]]]

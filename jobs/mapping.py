@@ -120,6 +120,12 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
         # peft: "Model does not support past key values which are required for prefix tuning."
         out.append(Problem("method", "prefix_tuning needs past key values, which the sequence-classification model of "
                            "a reward model does not return", "use prompt_tuning or p_tuning, or lora, for trainer: reward"))
+    if spec.trainer in (Trainer.ORPO, Trainer.CPO) and spec.method in (Method.PROMPT_TUNING, Method.P_TUNING):
+        # trl.experimental ORPO/CPO build labels without the virtual tokens: ValueError "Expected input
+        # batch_size (340) to match target batch_size (324)" (tiny Llama, 4 virtual tokens, batch 4).
+        out.append(Problem("method", f"{spec.method.value} fails with {spec.trainer.value} (its labels leave out the "
+                           "virtual tokens: 'Expected input batch_size ... to match target batch_size')",
+                           f"use lora, ia3 or prefix_tuning for trainer: {spec.trainer.value}"))
     if spec.method in LORA_FAMILY and "lm_head" in targets(spec):
         # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
         # are computed from `lm_head.weight` directly, so the adapter would never be trained."

@@ -19,6 +19,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from jobs.columns import columns_text, parse_columns
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_SFT_DATASET = "sample:chat-format"
 DEFAULT_DPO_DATASET = "sample:preference-format"
@@ -597,41 +599,6 @@ def _enum_choices() -> dict[str, tuple[str, ...]]:
         if isinstance(base, type) and issubclass(base, Enum):
             out[f.name] = tuple(m.value for m in base)
     return out
-
-
-# ---------------------------------------------------------------------- dataset_columns
-COLUMN_TARGETS = ("text", "messages", "prompt", "completion", "chosen", "rejected", "label",
-                  "instruction", "input", "output", "system", "history", "conversations")
-
-
-def columns_text(mapping: dict[Any, Any]) -> str:
-    """A {target: source} mapping in the stored form `target=source, ...`."""
-    return ", ".join(f"{k}={v}" for k, v in mapping.items())
-
-
-def parse_columns(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """`prompt=question, completion=answer` (or `prompt: question`) -> ({target: source}, [(problem, fix)])."""
-    mapping: dict[str, str] = {}
-    problems: list[tuple[str, str]] = []
-    example = "write target=your_column pairs separated by commas, e.g. prompt=question, completion=answer"
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        sep = "=" if "=" in part else ":"
-        target, _, source = (x.strip() for x in part.partition(sep))
-        if not _ or not target or not source:
-            problems.append((f"`{part}` is not a target=column pair", example))
-        elif target not in COLUMN_TARGETS:
-            problems.append((f"`{target}` is not a column tunedeck reads", f"map to one of {', '.join(COLUMN_TARGETS)}"))
-        elif target in mapping:
-            problems.append((f"`{target}` is mapped twice", "map each target column once"))
-        elif source in mapping.values():
-            problems.append((f"column `{source}` is mapped twice", "map each of your columns to one target"))
-        else:
-            mapping[target] = source
-    if not mapping and not problems:
-        problems.append(("is empty", "leave it out, or " + example))
-    return mapping, problems
 
 
 def applies_to(field_name: str, method: Method | str) -> bool:

@@ -250,3 +250,16 @@ def test_one_line_chat_file_is_a_row_not_a_wrapper(tmp_path: Path) -> None:
     for name in ("one.jsonl", "one.json"):
         info = check_dataset(write(tmp_path / name, lines(CHAT[:1])), SFT)
         assert (info.format, info.n_rows) == (RowFormat.MESSAGES, 1)
+
+
+def test_cli_show_says_what_was_converted(store) -> None:
+    """`tunedeck show` prints the data part of the resolved config: formats, conversions, rows used."""
+    from app.cli import show_text
+
+    run_id = store.create_run(JobSpec(model="tiny-llama"))
+    info = {"ref": "a.jsonl", "format": "prompt_completion", "source_format": "alpaca", "rows": 20,
+            "conversion": "Alpaca instruction/input converted to conversational prompt/completion", "dataset_columns": None}
+    store.set_resolved_config(run_id, {"data": {"dataset": info, "eval_dataset": None, "train_rows": 16, "eval_rows": 4}})
+    text = show_text(store, store.get_run(run_id))
+    assert "  dataset: a.jsonl: 20 rows, prompt_completion (Alpaca instruction/input converted" in text
+    assert "  rows used: 16 train, 4 eval" in text

@@ -2,15 +2,16 @@
 
 trl 1.16 keeps ORPOTrainer/CPOTrainer in `trl.experimental` ("APIs here are unstable and may change
 or be removed without notice"), so pyproject pins trl to 1.16.x and these tests train both on the
-CPU. Their sample is the bundled `sample:preference-format`. Combinations tried with the check off
-(tiny Llama, 2 steps) are in the module docstring of jobs/mapping_trainers.py's callers: see
-`REFUSED` below for what the libraries reject.
+CPU. Their sample is the bundled `sample:preference-format`.
+
+Tried on this CPU with the capability check off (tiny Llama, 2 steps, each for orpo and cpo):
+full, lora, dora, qlora, lora_8bit, ia3, prefix_tuning, gradient checkpointing train (padding_free
+too, only because the mapping drops it: ORPOConfig/CPOConfig have no such field). prompt_tuning and
+p_tuning fail ("Expected input batch_size (340) to match target batch_size (324)"): refused.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,8 @@ REFUSED = [
     ({"trainer": "orpo", "padding_free": True}, "padding_free: is not supported by the ORPO trainer"),
     ({"trainer": "cpo", "packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for cpo"),
     ({"trainer": "cpo", "dataset": "sample:kto-format"}, "the cpo trainer needs prompt/chosen/rejected rows"),
+    ({"trainer": "orpo", "method": "prompt_tuning"}, "method: prompt_tuning fails with orpo"),
+    ({"trainer": "cpo", "method": "p_tuning"}, "method: p_tuning fails with cpo"),
 ]
 
 
@@ -107,3 +110,21 @@ def test_trains_through_the_worker(trainer: str, series: set[str], store, tiny_m
     assert {"loss", "rewards/margins", "eval_loss"} <= names
     assert len(store.metrics(run_id, ["loss"])) == 3
     assert set(RunPageData(store).trainer_frame(run_id, trainer)["series"]) == series
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("trainer,method", [("orpo", "p_tuning"), ("cpo", "prompt_tuning")])
+def test_prompt_learning_really_fails(trainer: str, method: str, tiny_model: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With our check off, trl fails on these: the refusal is grounded, not guessed."""
+    import dataclasses
+
+    import jobs.train
+    from jobs.spec import Method
+
+    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    spec = tiny_spec(tiny_model, trainer=trainer, dataset="sample:preference-format", max_steps=1, max_train_samples=4,
+                     max_length=128, num_virtual_tokens=4, eval_split=1)
+    spec = dataclasses.replace(spec, method=Method(method))
+    with pytest.raises(ValueError, match="to match target batch_size"):
+        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)

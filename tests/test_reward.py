@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from jobs.data import DataError, check_dataset, length_warnings, load_datasets
-from jobs.mapping import CPU, capability_problems, peft_kwargs, resolved_config
+from jobs.mapping import CPU, peft_kwargs, resolved_config
 from jobs.spec import JobSpec, SpecError, Trainer
 from storage.models import RunStatus
-from tests.training_helpers import tiny_spec
+from tests.training_helpers import refusal_messages, tiny_spec
 
 REWARD = Trainer.REWARD
 
@@ -56,11 +56,7 @@ def test_reward_mapping(tmp_path: Path) -> None:
     ({"method": "prefix_tuning"}, "method: prefix_tuning needs past key values"),
 ])
 def test_refused_before_queueing(changes: dict, message: str) -> None:
-    data = {"trainer": "reward", "dataset": "sample:preference-format", **changes}
-    try:
-        messages = [str(p) for p in capability_problems(JobSpec.from_dict(data), CPU)]
-    except SpecError as exc:
-        messages = [str(p) for p in exc.problems]
+    messages = refusal_messages({"trainer": "reward", "dataset": "sample:preference-format", **changes})
     assert any(message in m for m in messages), messages
 
 

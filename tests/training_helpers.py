@@ -53,3 +53,14 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> st
     with torch.no_grad():
         output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def refusal_messages(data: dict[str, Any]) -> list[str]:
+    """Every refusal of a spec dict: from parsing, or from the capability check on the CPU."""
+    from jobs.mapping import CPU, capability_problems
+    from jobs.spec import SpecError
+
+    try:
+        return [str(p) for p in capability_problems(JobSpec.from_dict(data), CPU)]
+    except SpecError as exc:
+        return [str(p) for p in exc.problems]
