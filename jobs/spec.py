@@ -198,6 +198,11 @@ class JobSpec:
     logging_steps: int = _f(1, Group.TRAINING, "Log metrics every N optimizer steps.", ge=1)
     eval_steps: int | None = _f(None, Group.TRAINING, "Evaluate every N steps (empty: only at the end, when there is eval data).", ge=1)
     save_steps: int | None = _f(None, Group.TRAINING, "Save a resumable checkpoint every N steps (empty: none).", ge=1)
+    save_minutes: float | None = _f(10.0, Group.TRAINING,
+                                    "Also save a resumable checkpoint every N minutes of training, so a crash loses at most that (empty: off).",
+                                    gt=0.0)
+    save_total_limit: int | None = _f(2, Group.TRAINING,
+                                      "Keep at most N checkpoints on disk, the newest (empty: keep all).", ge=1)
     seed: int = _f(42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0)
     # --- Placement (which worker may take the run)
     pin_host: str | None = _f(None, Group.RUN, "Only a worker on this host (its hostname) takes the run; empty: any host.")

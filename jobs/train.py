@@ -285,7 +285,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         return 1
     spec = stored_spec(record.spec_json)  # the worker claimed it only if it parses
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
-    callback = StoreCallback(store, run_id)
+    callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None)
     output_dir = store.run_dir(run_id) / "output"
     try:
         device = detect_device()
