@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from jobs.callbacks import StoreCallback
 from jobs.checkpoints import is_complete
 from jobs.spec import JobSpec
@@ -12,7 +14,7 @@ from storage.models import RunStatus
 from storage.store import Store
 
 from test_worker import make_worker  # noqa: E402
-from training_helpers import wait_for  # noqa: E402
+from training_helpers import tiny_spec, wait_for  # noqa: E402
 
 
 def test_timed_checkpoints_by_default(store: Store) -> None:
@@ -65,3 +67,13 @@ def test_cancel_waits_for_the_checkpoint_being_written(store: Store) -> None:
     assert run.status is RunStatus.CANCELLED and run.exit_code == 0  # not SIGKILLed (-9)
     assert is_complete(out / "checkpoint-3")
     assert Path(run.log_path).exists()
+
+
+@pytest.mark.integration
+def test_auto_find_batch_size_records_the_micro_batch_it_ended_with(tiny_model: Path, tmp_path: Path) -> None:
+    from jobs.train import train_spec
+
+    spec = tiny_spec(tiny_model, max_steps=2, max_length=48, per_device_train_batch_size=4, auto_find_batch_size=True)
+    result = train_spec(spec, tmp_path / "out")
+    assert result.metrics["per_device_train_batch_size_final"] == 4.0  # no OOM on CPU: what was asked
+    assert result.resolved["per_device_train_batch_size_final"] == 4
