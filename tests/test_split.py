@@ -7,7 +7,6 @@ device lease, so four queued runs go two at a time, never two on one device.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import training_helpers
-from browser_helpers import REPO, free_port
+from browser_helpers import REPO, free_port, stop_server
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -30,16 +29,6 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
     env.pop("TUNEDECK_DEVICE", None)
     return subprocess.Popen(CLI + args, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.mark.integration
@@ -60,7 +49,7 @@ def test_dashboard_two_workers_postgresql_four_runs(store: Store, data_home: Pat
         assert "tunedeck" in page.lower()
     finally:
         for proc in procs.values():
-            _stop(proc)
+            stop_server(proc)
     runs = [store.get_run(i) for i in ids]
     assert all(r.status is RunStatus.SUCCEEDED for r in runs), [(r.id, r.status, r.error_summary) for r in runs]
     device_of = {f"{proc_host()}:{procs[d].pid}": d for d in ("cpu-a", "cpu-b")}
