@@ -1,6 +1,6 @@
 """The rough memory budget shown before launch: weights, gradients and optimizer state.
 
-Pure arithmetic from ../shared/MEMORY.md (bytes per parameter); activations, the CUDA context
+Pure arithmetic (bytes per parameter, mixed-precision AdamW figures); activations, the CUDA context
 and the logits are left out on purpose and the form says so. The full predictor is a later issue.
 
     arch = Arch.from_config(json.load(open("config.json")))

@@ -5,12 +5,16 @@
     tunedeck worker [--burst] [--device N]    # take queued runs (burst: drain the queue, exit); N: its GPU
     tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
     tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
-    tunedeck runs [--status S]                # table of runs
+    tunedeck runs [--status S] [--search TEXT] [--tag TAG] [--json]   # table of runs (--json: for scripts)
     tunedeck show RUN_ID                      # status, spec, metrics, memory, artifacts, error
     tunedeck cancel RUN_ID
     tunedeck resume RUN_ID                    # queue an interrupted/cancelled run again (from its checkpoint)
     tunedeck move RUN_ID --to N | --first     # reorder the queue
+    tunedeck rm RUN_ID... [--yes]             # delete runs with their files (a running run: cancel first)
+    tunedeck tag RUN_ID [TAG...] [--remove TAG] [--note TEXT]   # tags and a note per run
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
+    tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
+    tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -27,65 +31,21 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from jobs.spec import JobSpec, Problem, SpecError  # noqa: E402
+from jobs import figures  # noqa: E402
+from jobs.spec import Problem, SpecError  # noqa: E402
 from jobs.stored import spec_of  # noqa: E402
+from app.cli_input import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
 from storage.models import RunStatus  # noqa: E402
 from storage.store import RunRecord, Store  # noqa: E402
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 WORKER_SEEN_WITHIN_S = 10.0
 
 
-class UsageError(Exception):
-    """Bad input from the command line: reported as problems, exit code 2."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
-
-
 # ---------------------------------------------------------------------- input
-def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
-    """Read a YAML spec file and apply `key=value` overrides; raises SpecError/UsageError."""
-    import yaml
-
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError([Problem("spec", f"file {path} not found", "give the path of a YAML spec, e.g. examples/tiny-llama-quick.yaml")])
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UsageError([Problem("spec", f"{path} is not valid YAML ({exc})", "fix the YAML syntax at the line shown")]) from exc
-    if not isinstance(data, dict):
-        return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
-    bad = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            bad.append(Problem("--set", f"`{item}` is not key=value", "write e.g. --set learning_rate=1e-4"))
-            continue
-        data[key.strip()] = _yaml_scalar(value)
-    if bad:
-        raise UsageError(bad)
-    return JobSpec.from_dict(data)
-
-
-def _yaml_scalar(text: str) -> object:
-    """A --set value read like the same value in the YAML file (empty: null); odd text stays text."""
-    import yaml
-
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if value is None or isinstance(value, (str, int, float, bool)) else text
-
-
 def _run_or_fail(store: Store, run_id: int) -> RunRecord:
     run = store.get_run(run_id)
     if run is None:
@@ -122,13 +82,16 @@ def _when(t: float | None) -> str:
 
 
 def runs_table(store: Store, runs: list[RunRecord]) -> str:
-    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME")
+    from storage.run_files import DiskUsage
+
+    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME", "DISK", "TAGS")
     rows = []
+    disk = DiskUsage(store)
     for r in runs:
         loss = store.last_metric(r.id, "loss")
         step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
         rows.append((str(r.id), r.status.value, r.name[:40], step, f"{loss.value:.4f}" if loss else "-",
-                     _when(r.created_at), _duration(r)))
+                     _when(r.created_at), _duration(r), _bytes(disk.of(r)), ",".join(r.tags) or "-"))
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
 
@@ -148,13 +111,14 @@ def show_text(store: Store, run: RunRecord) -> str:
              f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else "")]
     if run.exit_code is not None:
         lines.append(f"exit code: {run.exit_code}")
-    if run.peak_memory_bytes is not None:
-        lines.append(f"peak memory: {_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})")
+    measured = figures.run_figures(store, run)
+    lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
     if run.error_summary:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:
         lines.append(f"log:      {run.log_path}")
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
+    lines += events_lines(store, run)
     if run.final_metrics:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
     arts = store.artifacts(run.id)
@@ -163,6 +127,21 @@ def show_text(store: Store, run: RunRecord) -> str:
     if run.error_detail:
         lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
     return "\n".join(lines)
+
+
+def events_lines(store: Store, run: RunRecord) -> list[str]:
+    """The run's events (OOM recoveries) and the spec fields it continued with."""
+    from jobs import oom
+
+    events = store.run_events(run.id)
+    if not events:
+        return []
+    out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]
+    changed = oom.changes(spec_of(run), oom.effective_spec(store, run.id, spec_of(run)))
+    if changed:
+        out += ["", "continued with (spec above as submitted):",
+                *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items())]
+    return out
 
 
 # ---------------------------------------------------------------------- commands
@@ -259,8 +238,21 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
         except ValueError:
             choices = ", ".join(s.value for s in RunStatus)
             raise UsageError([Problem("--status", f"`{args.status}` is not a run status", f"use one of: {choices}")])
-    runs = store.list_runs(status=status, limit=args.limit)
-    print(runs_table(store, runs) if runs else "no runs")
+    runs = store.list_runs(status=status, limit=args.limit, search=args.search, tag=args.tag)
+    if args.json:
+        import json
+
+        from app.manage import summaries
+
+        print(json.dumps(summaries(store, runs), indent=2))
+        return EXIT_OK
+    from storage.run_files import total_bytes
+
+    if not runs:
+        print("no runs")
+        return EXIT_OK
+    print(runs_table(store, runs))
+    print(f"\nall {store.count_runs()} run(s) use {_bytes(total_bytes(store))} on disk")
     return EXIT_OK
 
 
@@ -300,6 +292,13 @@ def cmd_move(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(store: Store, args: argparse.Namespace) -> int:
+    from app.cli_sweep import sweep_command
+
+    queueing = args.spec and args.show is None and not args.list
+    return sweep_command(store, args, load_spec(args.spec, args.set) if queueing else None)
+
+
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker import Worker
 
@@ -332,6 +331,24 @@ def cmd_hash_password(store: Store, args: argparse.Namespace) -> int:
         raise UsageError([Problem("password", "is shorter than 8 characters", "choose a longer password")])
     encoded = hash_password(password)
     print(f"{args.user}:{encoded}" if args.user else encoded)
+    return EXIT_OK
+
+
+def cmd_export(store: Store, args: argparse.Namespace) -> int:
+    from jobs.export import export_merged
+
+    if not args.merged:
+        raise UsageError([Problem("--merged", "no export format chosen", "add --merged (the adapter merged into "
+                                  "its base model); the adapter alone is the run's bundle")])
+    logging.getLogger("jobs.export").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
+    result = export_merged(store, args.run_id, args.dtype)
+    check = result.check
+    print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
+    print(f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
+          f"largest logit difference {check.max_logit_diff:.3g}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"download: {result.archive}  sha256 {result.sha256}")
     return EXIT_OK
 
 
@@ -381,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("runs", help="list runs")
     s.add_argument("--status", help="only runs with this status")
     s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--search", default=None, metavar="TEXT", help="only runs whose name, tags or note contain TEXT")
+    s.add_argument("--tag", default=None, metavar="TAG", help="only runs tagged TAG")
+    s.add_argument("--json", action="store_true", help="print a JSON list (id, status, tags, note, disk_bytes, ...)")
     s.set_defaults(func=cmd_runs)
 
     for name, func, text in (("show", cmd_show, "show one run"), ("cancel", cmd_cancel, "cancel a queued or running run"),
@@ -397,9 +417,23 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--first", action="store_true", help="to the front of the queue")
     s.set_defaults(func=cmd_move)
 
+    s = sub.add_parser("export", help="export a finished run: --merged merges its adapter into the base model")
+    s.add_argument("run_id", type=int, metavar="RUN_ID")
+    s.add_argument("--merged", action="store_true", help="merge the adapter into a 16-bit (or fp32) base and check it")
+    s.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the merged weights")
+    s.set_defaults(func=cmd_export)
+
+    from app.cli_manage import add_parsers
+
+    add_parsers(sub)
+
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=cmd_setup)
+
+    from app.cli_sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub).set_defaults(func=cmd_sweep)
     return p
 
 

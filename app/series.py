@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -159,9 +159,16 @@ class MemorySeriesCache:
 
 # ---------------------------------------------------------------------- frames for gr.LinePlot
 def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
-    """Columns step, value, series: one point per single-row bucket, else its min and max."""
+    """Columns step, value, series: one point per single-row bucket, else its min and max (a series of
+    one row: two points, half a step either side)."""
     rows: list[tuple[float, float, str]] = []
     for label, buckets in series.items():
+        if len(buckets) == 1 and buckets[0].count == 1:
+            # A line needs two vertices: one logged value (a final eval loss) is drawn as a flat
+            # segment half a step either side of its step, so the legend never names an invisible line.
+            b = buckets[0]
+            rows += [(b.first_step - 0.5, b.max, label), (b.first_step + 0.5, b.max, label)]
+            continue
         for b in buckets:
             if b.count == 1 or b.min == b.max:
                 rows.append((float(b.first_step), b.max, label))
@@ -169,39 +176,62 @@ def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
                 mid = (b.first_step + b.last_step) / 2
                 rows.append((mid, b.min, label))
                 rows.append((mid, b.max, label))
-    return pd.DataFrame(rows, columns=["step", "value", "series"])
+    return typed_frame(rows, ["step", "value", "series"])
+
+
+def typed_frame(rows: Iterable[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
+    """A frame whose first two columns are float and the others strings, also when it is empty.
+
+    A plot reads its axis types from the first frame it gets (see app.charts): an untyped empty
+    frame would make every axis discrete for good."""
+    frame = pd.DataFrame(list(rows), columns=columns)
+    return frame.astype({c: ("float64" if i < 2 else "string") for i, c in enumerate(columns)})
 
 
 _GIB = 1024 ** 3
-MEMORY_SERIES = {  # label -> (min attribute or None, max attribute)
-    "GPU used (NVML)": ("used_min", "used_max"),
-    "torch allocated": (None, "torch_allocated_max"),
-    "torch reserved": (None, "torch_reserved_max"),
-    "host RSS": ("rss_min", "rss_max"),
+# label -> (sample source, min attributes, max attributes; the first one set is used). The memory graphs follow the
+# device through the sources the machine wrote: NVML and torch's allocator on a GPU, the training
+# process tree's RSS (the sampler's "host" source) without one. A label is drawn only when its
+# source has samples, so the legend never names a series this machine does not have.
+MEMORY_SERIES = {
+    "GPU used (NVML)": ("nvml", ("used_min",), ("used_max",)),
+    "torch allocated": ("torch", (), ("torch_allocated_max",)),
+    "torch reserved": ("torch", (), ("torch_reserved_max",)),
+    # The sampler's host samples carry the process tree's RSS in both fields (used is 0 when idle).
+    "host RSS": ("host", ("rss_min", "used_min"), ("rss_max", "used_max")),
 }
 
 
-def memory_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
-    """Columns seconds (since origin; negative = ago), GiB, series; max (and min) per bucket."""
+def _first(bucket: MemoryBucket, attrs: tuple[str, ...]) -> int | None:
+    return next((v for v in (getattr(bucket, a) for a in attrs) if v is not None), None)
+
+
+def memory_rows(buckets: list[MemoryBucket], origin: float) -> list[tuple[float, float, str]]:
+    """(seconds since origin (negative = ago), GiB, series): the max (and min) of each bucket."""
     rows: list[tuple[float, float, str]] = []
     for b in buckets:
         t = (b.first_time + b.last_time) / 2 - origin
-        for label, (lo_attr, hi_attr) in MEMORY_SERIES.items():
-            hi = getattr(b, hi_attr)
+        for label, (source, lo_attrs, hi_attrs) in MEMORY_SERIES.items():
+            hi = _first(b, hi_attrs) if b.source == source else None
             if hi is None:
                 continue
-            lo = getattr(b, lo_attr) if lo_attr else None
+            lo = _first(b, lo_attrs)
             if lo is not None and lo != hi:
                 rows.append((t, lo / _GIB, label))
             rows.append((t, hi / _GIB, label))
-    return pd.DataFrame(rows, columns=["seconds", "GiB", "series"])
+    return rows
+
+
+def memory_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
+    """Columns seconds (since origin; negative = ago), GiB, series."""
+    return typed_frame(memory_rows(buckets, origin), ["seconds", "GiB", "series"])
 
 
 def utilization_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
     """Columns seconds, percent, series: the GPU utilization peak per bucket (NVML samples only)."""
     rows = [((b.first_time + b.last_time) / 2 - origin, float(b.utilization_max), "GPU utilization")
             for b in buckets if b.utilization_max is not None]
-    return pd.DataFrame(rows, columns=["seconds", "percent", "series"])
+    return typed_frame(rows, ["seconds", "percent", "series"])
 
 
 def downsample_minmax(points: list[tuple[int, float]], max_points: int = MAX_POINTS) -> list[MetricBucket]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from storage.settings import data_dir, models_dir, runs_dir, uploads_dir
+from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
@@ -49,21 +49,6 @@ def exposure_warning(host: str, port: int, has_login: bool = False) -> str | Non
             "login: anyone who can reach it can start training runs, read your data and download adapters. "
             "Use --host 127.0.0.1 (default) with an SSH tunnel, set TUNEDECK_AUTH=user:password or "
             "--auth-file FILE (see `tunedeck hash-password`), or put it behind an authenticating proxy.")
-
-
-DEFAULT_MAX_UPLOAD_MB = 1024
-
-
-def max_upload_mb() -> int:
-    """The upload size limit in MB (`TUNEDECK_MAX_UPLOAD_MB`, default 1024)."""
-    raw = os.environ.get("TUNEDECK_MAX_UPLOAD_MB", "").strip()
-    try:
-        value = int(raw) if raw else DEFAULT_MAX_UPLOAD_MB
-    except ValueError:
-        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} is not a whole number of megabytes") from None
-    if value < 1:
-        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} must be at least 1")
-    return value
 
 
 def gradio_temp_dir() -> Path:
@@ -118,10 +103,10 @@ class LiveList(list):
 
 
 def bundle_files(store: Store) -> list[str]:
-    """The recorded bundle zips that are real files inside the data directory (no symlinks)."""
+    """The recorded bundle and export zips that are real files inside the data directory (no symlinks)."""
     root = data_dir()
     out = []
-    for raw in store.artifact_paths("bundle"):
+    for raw in store.artifact_paths("bundle") + store.artifact_paths("export"):
         path = Path(raw)
         if path.suffix != ".zip" or path.is_symlink() or not path.is_file():
             continue
@@ -139,7 +124,7 @@ def blocked_paths() -> list[str]:
                 Path.home() / ".huggingface", Path.home() / ".ssh"]
     # runs/<database id>/<run>/ (and the flat runs/<run>/ of databases older than their ids)
     for run in sorted(p for pattern in ("[0-9]*", "*/[0-9]*") for p in runs_dir().glob(pattern) if p.is_dir()):
-        blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints"]
+        blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints", run / "export"]
     return [str(p) for p in blocked]
 
 
@@ -149,11 +134,13 @@ def bundle_allow_list(store: Store) -> LiveList:
 
 
 def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]:
-    """Gradio launch() keyword arguments for safe serving (login, file access, upload cap)."""
+    """Gradio launch() keyword arguments for safe serving (login, file access, upload cap) and page CSS."""
     from app.auth import gradio_auth, load_credentials
 
+    from app.ui_form import FORM_CSS
+
     users = load_credentials(auth_file)
-    return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths),
+    return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths), "css": FORM_CSS,
             "max_file_size": f"{max_upload_mb()}mb",
             "auth": gradio_auth(users) if users else None,
             "auth_message": "tunedeck: log in" if users else None}

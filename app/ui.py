@@ -1,7 +1,9 @@
 """The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
 
 Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
-(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) and the compare view (app.ui_compare). This module lays
+(app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) with its tags/note/delete panel
+(app.ui_manage), the compare view (app.ui_compare), trick sweeps (app.ui_sweep) and the scripting
+API (app.api). This module lays
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
@@ -17,9 +19,11 @@ from typing import Any
 
 import gradio as gr
 
-from app import ui_compare, ui_form, ui_gpu, ui_run, ui_runs
+from app import api, charts, ui_compare, ui_form, ui_gpu, ui_manage, ui_run, ui_runs, ui_sweep
 from jobs.stored import spec_of
 from storage.store import Store
+
+RUN_GRAPHS = "run-graphs"  # the concurrency group of every event that draws the run page's graphs
 
 # Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
 _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
@@ -30,8 +34,9 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
 def build_ui(store: Store) -> gr.Blocks:
     """The whole dashboard, wired to `store`."""
     page_data = ui_run.RunPageData(store)
-    with gr.Blocks(title="tunedeck", analytics_enabled=False) as demo:
+    with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
+        endpoints = api.wire(store)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
@@ -40,8 +45,11 @@ def build_ui(store: Store) -> gr.Blocks:
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
+                sweep_controls = ui_sweep.build_controls()
+                manage_panel = ui_manage.build()
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
+                sweep_section = ui_sweep.build_section()
         timer = gr.Timer(1.0)
         runs_timer = gr.Timer(2.0)
 
@@ -49,6 +57,8 @@ def build_ui(store: Store) -> gr.Blocks:
         ui_gpu.wire(gpu, store, timer)
         ui_runs.wire(runs, store, runs_timer)
         ui_compare.wire(compare, store, compare_tab)
+        ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
+        ui_manage.wire(manage_panel, store, page.run_id)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
             errors, run_id = ui_form.launch(store, *args)
@@ -56,7 +66,8 @@ def build_ui(store: Store) -> gr.Blocks:
                 return errors, gr.skip(), gr.skip()
             return "", run_id, gr.Tabs(selected="run")
 
-        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch")
+        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch",
+                              **ui_form.UNCHECKED)
 
         def select(evt: gr.SelectData) -> tuple[Any, Any]:
             row = evt.row_value or []
@@ -65,11 +76,13 @@ def build_ui(store: Store) -> gr.Blocks:
         runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
 
         refresh_outputs = page.outputs
-        page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
-                           api_visibility="private")
+        opened = page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
+                                    api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        charts.redraw_after(opened, page.plots, page.styles, RUN_GRAPHS)
         page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
-        timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
-                   api_visibility="private")
+        ticked = timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
+                            api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        charts.redraw_after(ticked, page.plots, page.styles, RUN_GRAPHS)
         page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
         page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
 
@@ -94,6 +107,7 @@ def build_ui(store: Store) -> gr.Blocks:
         optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
         demo.load(on_load, None, [page.run_id, tabs, form.budget, form.data_info, form.data_preview,
                                   *optional_numbers], api_visibility="private")
+    api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
 
 

@@ -2,8 +2,8 @@
 
 Pick several runs; the view shows
 - one table: a row per spec field whose value differs between the picked runs, then the
-  measured results (status, peak memory and its source, mean tokens/s, mean step time, final
-  train/eval loss, trainable parameters, runtime), one column per run;
+  measured results (status, the figures of jobs.figures: peak memory and its source, tokens/s,
+  step time, loss; then final eval loss, trainable parameters, runtime), one column per run;
 - a scatter of peak memory (GiB) against tokens/s, one point per run: the time vs memory
   trade-off of each choice, measured on this machine;
 - the runs' training loss curves overlaid, downsampled by the store's bucket methods.
@@ -21,17 +21,17 @@ from typing import Any, Sequence
 import gradio as gr
 import pandas as pd
 
-from app import series
-from app.budget import human_bytes, human_count
+from app import charts, series
+from app.budget import human_count
+from jobs import figures
 from jobs.stored import spec_of
 from storage.store import RunRecord, Store
 
 _GIB = 1024 ** 3
-# One bucket covers every step of a run below 2**20, read from the level-16 rollups (cheap).
-_WHOLE_RUN_WIDTH = 1 << 20
-RESULT_ROWS = ["status", "peak memory", "mean tokens/s", "mean step time", "final train loss",
-               "final eval loss", "trainable params", "runtime"]
+FIGURE_ROWS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.STEP_TIME, figures.LOSS)
+RESULT_ROWS = ["status", *(f.label for f in FIGURE_ROWS), "final eval loss", "trainable params", "runtime"]
 FIELD = "field"
+GRAPHS = "compare-graphs"  # the concurrency group of the events that draw the plots (charts.redraw_after)
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,7 @@ class RunSummary:
     run_id: int
     name: str
     status: str
-    peak_memory_bytes: int | None
-    peak_memory_source: str | None
-    tokens_per_second: float | None
-    step_time: float | None
-    train_loss: float | None
+    figures: figures.RunFigures
     eval_loss: float | None
     trainable_params: int | None
     total_params: int | None
@@ -54,6 +50,14 @@ class RunSummary:
     @property
     def label(self) -> str:
         return run_label(self.run_id, self.name)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.figures.tokens_per_second
+
+    @property
+    def peak_memory_bytes(self) -> int | None:
+        return self.figures.peak_memory_bytes
 
 
 def run_label(run_id: int, name: str) -> str:
@@ -75,23 +79,13 @@ def spec_differences(runs: Sequence[RunRecord]) -> list[tuple[str, list[Any]]]:
     return [(name, [s[name] for s in specs]) for name in specs[0] if len({repr(s[name]) for s in specs}) > 1]
 
 
-def metric_mean(store: Store, run_id: int, name: str) -> float | None:
-    """Mean of every logged value of one metric of a run, from the rollup buckets (no row scan)."""
-    buckets = store.metric_series(run_id, name, _WHOLE_RUN_WIDTH)
-    count = sum(b.count for b in buckets)
-    return sum(b.total for b in buckets) / count if count else None
-
-
 def _final(run: RunRecord, key: str) -> float | None:
     value = run.final_metrics.get(key)
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> RunSummary:
-    """Measured results of `run`: final metrics where the run finished, else what its rows say so far."""
-    tps = _final(run, "tokens_per_second_mean") or metric_mean(store, run.id, "tokens_per_second") \
-        or _final(run, "tokens_per_second")
-    last_loss = store.last_metric(run.id, "loss")
+    """Measured results of `run`: its figures (jobs.figures), then final metrics or what its rows say so far."""
     last_eval = store.last_metric(run.id, "eval_loss")
     eval_loss = _final(run, "eval_loss") if _final(run, "eval_loss") is not None else (
         last_eval.value if last_eval else None)
@@ -101,9 +95,7 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
     if runtime is None and run.started_at is not None:
         end = run.finished_at or (time.time() if now is None else now)
         runtime = max(0.0, end - run.started_at)
-    return RunSummary(run.id, run.name, run.status.value, run.peak_memory_bytes, run.peak_memory_source,
-                      tps, metric_mean(store, run.id, "step_time"), last_loss.value if last_loss else None,
-                      eval_loss, int(trainable) if trainable is not None else None,
+    return RunSummary(run.id, run.name, run.status.value, figures.run_figures(store, run), eval_loss, int(trainable) if trainable is not None else None,
                       int(total) if total is not None else None, runtime)
 
 
@@ -120,15 +112,13 @@ def _duration(seconds: float | None) -> str:
 
 def result_values(s: RunSummary) -> list[str]:
     """The RESULT_ROWS cells of one run, as text."""
-    peak = f"{human_bytes(s.peak_memory_bytes)} ({s.peak_memory_source})" if s.peak_memory_bytes else ""
     params = ""
     if s.trainable_params is not None:
         params = human_count(s.trainable_params)
         if s.total_params:
             params += f" ({100 * s.trainable_params / s.total_params:.2f}%)"
-    return [s.status, peak, _num(s.tokens_per_second, ".0f"),
-            f"{s.step_time:.3f}s" if s.step_time is not None else "",
-            _num(s.train_loss, ".4f"), _num(s.eval_loss, ".4f"), params, _duration(s.runtime_s)]
+    return [s.status, *(s.figures.text(f) for f in FIGURE_ROWS), _num(s.eval_loss, ".4f"), params,
+            _duration(s.runtime_s)]
 
 
 def compare_table(runs: Sequence[RunRecord], summaries: Sequence[RunSummary]) -> pd.DataFrame:
@@ -152,15 +142,16 @@ def _unique(columns: list[str]) -> list[str]:
 
 
 def tradeoff_frame(summaries: Sequence[RunSummary]) -> pd.DataFrame:
-    """Columns tokens/s, peak GiB, run: one point per run that has both measurements."""
-    rows = [(s.tokens_per_second, s.peak_memory_bytes / _GIB, s.label) for s in summaries
+    """Columns tokens/s (whole), peak GiB (3 decimals), series (the run): one point per measured run."""
+    rows = [(round(s.tokens_per_second), round(s.peak_memory_bytes / _GIB, 3), s.label) for s in summaries
             if s.tokens_per_second is not None and s.peak_memory_bytes]
-    return pd.DataFrame(rows, columns=["tokens/s", "peak GiB", "run"])
+    return charts.COMPARE_TRADEOFF.frame(rows)
 
 
 def loss_frame(cache: series.MetricSeriesCache, runs: Sequence[RunRecord]) -> pd.DataFrame:
-    """Columns step, value, series: each run's training loss, <= ~2000 points per run."""
-    return series.metric_frame({run_label(r.id, r.name): cache.get(r.id, "loss") for r in runs})
+    """Columns step, loss, series: each run's training loss, <= ~2000 points per run."""
+    frame = series.metric_frame({run_label(r.id, r.name): cache.get(r.id, "loss") for r in runs})
+    return frame.rename(columns={"value": charts.COMPARE_LOSS.y})
 
 
 # ---------------------------------------------------------------------- layout and handlers
@@ -171,10 +162,15 @@ class CompareView:
     table: gr.Dataframe
     tradeoff: gr.ScatterPlot
     loss: gr.LinePlot
+    styles: gr.State
 
     @property
     def outputs(self) -> list[gr.Component]:
-        return [self.table, self.tradeoff, self.loss]
+        return [self.table, self.tradeoff, self.loss, self.styles]
+
+    @property
+    def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
+        return [(charts.COMPARE_TRADEOFF, self.tradeoff), (charts.COMPARE_LOSS, self.loss)]
 
 
 def build() -> CompareView:
@@ -186,12 +182,9 @@ def build() -> CompareView:
     table = gr.Dataframe(label="Spec differences and measured results", interactive=False,
                          elem_id="compare-table", wrap=True)
     with gr.Row():
-        tradeoff = gr.ScatterPlot(x="tokens/s", y="peak GiB", color="run", color_title="",
-                                  tooltip=["run", "tokens/s", "peak GiB"],
-                                  label="Time vs memory: peak memory against tokens/s", elem_id="compare-tradeoff")
-        loss = gr.LinePlot(x="step", y="value", color="series", color_title="", label="Training loss",
-                           elem_id="compare-loss")
-    return CompareView(runs, refresh, table, tradeoff, loss)
+        tradeoff = charts.COMPARE_TRADEOFF.build()
+        loss = charts.COMPARE_LOSS.build()
+    return CompareView(runs, refresh, table, tradeoff, loss, gr.State({}))
 
 
 class CompareData:
@@ -207,10 +200,16 @@ class CompareData:
         return gr.Dropdown(choices=[run_choice(r) for r in self.store.list_runs(limit=self.limit)])
 
     def compare(self, selected: Sequence[int | str] | None) -> list[Any]:
-        """(table, scatter frame, loss frame) for the picked runs."""
-        runs = [r for r in (self.store.get_run(int(i)) for i in selected or []) if r is not None]
+        """(table, scatter data, loss overlay data, their styles) for the picked runs; a run picked twice
+        counts once."""
+        ids = dict.fromkeys(int(i) for i in selected or [])
+        runs = [r for r in (self.store.get_run(i) for i in ids) if r is not None]
         summaries = [summarize_run(self.store, r) for r in runs]
-        return [compare_table(runs, summaries), tradeoff_frame(summaries), loss_frame(self.metrics, runs)]
+        tradeoff, loss = tradeoff_frame(summaries), loss_frame(self.metrics, runs)
+        styles = {charts.COMPARE_TRADEOFF.elem_id: charts.COMPARE_TRADEOFF.style(tradeoff),
+                  charts.COMPARE_LOSS.elem_id: charts.COMPARE_LOSS.style(loss)}
+        return [compare_table(runs, summaries), charts.COMPARE_TRADEOFF.update(tradeoff),
+                charts.COMPARE_LOSS.update(loss), styles]
 
 
 def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareData:
@@ -218,8 +217,13 @@ def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareD
     data = CompareData(store)
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
-        event(data.choices, None, view.runs, show_progress="hidden", api_visibility="private").then(
-            data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
+        drawn = event(data.choices, None, view.runs, show_progress="hidden", api_visibility="private").then(
+            data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
+            concurrency_id=GRAPHS, concurrency_limit=1)
+        charts.redraw_after(drawn, view.plots, view.styles, GRAPHS)
     # input, not change: a refresh re-sets the value and already redraws through .then above.
-    view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private")
+    # always_last: a pick made while the previous one is drawn is drawn next (the default, once, drops it).
+    picked = view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
+                             concurrency_id=GRAPHS, concurrency_limit=1, trigger_mode="always_last")
+    charts.redraw_after(picked, view.plots, view.styles, GRAPHS)
     return data

@@ -22,7 +22,7 @@ from app.budget import SMOLLM2_135M, Arch
 from jobs.spec import DEFAULT_MODEL, Problem, Trainer
 from storage.settings import models_dir, uploads_dir
 
-UPLOAD_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first
 FALLBACK_BUILTINS = (DEFAULT_MODEL, "tiny-llama")
 TINY_LLAMA = Arch(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=512, tied=True)
 
@@ -51,7 +51,12 @@ def model_choices() -> list[str]:
 
 
 def uploaded_files() -> list[str]:
-    return sorted(str(p) for p in uploads_dir().iterdir() if p.suffix in UPLOAD_SUFFIXES)
+    return sorted(str(p) for p in uploads_dir().iterdir() if upload_suffix(p.name))
+
+
+def upload_suffix(name: str) -> str | None:
+    """The supported data suffix a file name ends with (`.jsonl.gz` counts as one), or None."""
+    return next((s for s in UPLOAD_SUFFIXES if name.lower().endswith(s)), None)
 
 
 def sample_refs() -> list[str]:
@@ -59,7 +64,7 @@ def sample_refs() -> list[str]:
         from jobs.data import list_samples
         return list_samples()
     except ImportError:
-        return ["sample:chat-format", "sample:preference-format"]
+        return ["sample:chat-format", "sample:kto-format", "sample:preference-format"]
 
 
 def dataset_choices(optional: bool = False) -> list[str]:
@@ -75,16 +80,17 @@ def save_upload(path: str | None) -> Any:
     if not path:
         return gr.skip()
     src = Path(path)
-    if src.suffix.lower() not in UPLOAD_SUFFIXES:
+    suffix = upload_suffix(src.name)
+    if suffix is None:
         raise gr.Error(f"{src.name}: expected one of {', '.join(UPLOAD_SUFFIXES)}")
-    from app.server import max_upload_mb
+    from storage.settings import max_upload_mb
 
     limit = max_upload_mb()
     if src.stat().st_size > limit * 1024 * 1024:
         raise gr.Error(f"{src.name} is {src.stat().st_size / 2**20:.0f} MB, over the {limit} MB upload limit "
                        "(raise it with TUNEDECK_MAX_UPLOAD_MB, or point the dataset field at the file's path)")
     digest = hashlib.sha256(src.read_bytes()).hexdigest()[:10]
-    dest = uploads_dir() / f"{safe_stem(src.stem)}-{digest}{src.suffix.lower()}"
+    dest = uploads_dir() / f"{safe_stem(src.name[: -len(suffix)])}-{digest}{suffix}"
     if not dest.exists():
         shutil.copyfile(src, dest)
     return gr.Dropdown(choices=dataset_choices(), value=str(dest))
@@ -100,14 +106,19 @@ def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
     return []
 
 
-def preview_dataset(ref: str | None, trainer: str | None) -> tuple[str, pd.DataFrame]:
-    """(format + rows + warnings or the row errors, first rows) of the chosen data set."""
+def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = None) -> tuple[str, pd.DataFrame]:
+    """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set."""
     from jobs.data import DataError, check_dataset
+    from jobs.spec import parse_columns
     empty = pd.DataFrame()
     if not ref or not ref.strip():
         return "", empty
+    column_map, bad = parse_columns(columns) if columns and columns.strip() else ({}, [])
+    if bad:
+        lines = "\n".join(f"- **dataset_columns**: {problem}. Fix: {fix}" for problem, fix in bad)
+        return f"**Data problems**\n{lines}", empty
     try:
-        info = check_dataset(ref.strip(), Trainer(trainer or "sft"), "dataset")
+        info = check_dataset(ref.strip(), Trainer(trainer or "sft"), "dataset", column_map=column_map)
     except DataError as exc:
         lines = "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
         return f"**Data problems**\n{lines}", empty
@@ -115,20 +126,26 @@ def preview_dataset(ref: str | None, trainer: str | None) -> tuple[str, pd.DataF
         return f"**Data problem**: {exc}", empty
     warn = "".join(f"\n- {w}" for w in info.warnings)
     text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
+    if info.conversion:
+        text = (f"Detected format: **{info.source_format}**, converted to **{info.format.value}** · {info.n_rows} rows · "
+                f"columns {', '.join(info.columns)}\n- {info.conversion}; the rows below are the converted ones{warn}")
+    if info.column_map:
+        text += "\n- dataset_columns: " + ", ".join(f"`{c}` read as `{t}`" for t, c in info.column_map.items())
     rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
     return text, pd.DataFrame(rows)
 
 
 def preview_with_lengths(ref: str | None, trainer: str | None, model: str | None,
-                         max_length: float | None) -> tuple[str, pd.DataFrame]:
+                         max_length: float | None, columns: str | None = None) -> tuple[str, pd.DataFrame]:
     """The preview plus how many rows max_length would truncate (when the tokenizer is on disk)."""
-    text, rows = preview_dataset(ref, trainer)
+    text, rows = preview_dataset(ref, trainer, columns)
     if text.startswith("Detected format"):
-        text += length_warning_text(ref, trainer, model, max_length)
+        text += length_warning_text(ref, trainer, model, max_length, columns)
     return text, rows
 
 
-def length_warning_text(ref: str | None, trainer: str | None, model: str | None, max_length: float | None) -> str:
+def length_warning_text(ref: str | None, trainer: str | None, model: str | None, max_length: float | None,
+                        columns: str | None = None) -> str:
     """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell.
 
     Uses the model's tokenizer only when it is already on disk (a folder or a built model), so
@@ -146,10 +163,10 @@ def length_warning_text(ref: str | None, trainer: str | None, model: str | None,
         from jobs.spec import JobSpec
 
         spec = JobSpec(model=str(folder), dataset=ref.strip(), trainer=Trainer(trainer or "sft"),
-                       max_length=int(max_length))
+                       max_length=int(max_length), dataset_columns=(columns or "").strip() or None)
         train, _ = load_datasets(spec)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length)))
+        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length), trainer=spec.trainer))
     except (DataError, ValueError, OSError):
         return ""
 

@@ -1,27 +1,40 @@
 """The always-visible GPU panel: device facts and a live graph of the last minutes of memory.
 
-Reads stored memory samples (whatever the worker's sampler wrote, also when no run is active),
-bucketed in SQL by `Store.memory_buckets`. Without NVIDIA GPU the panel says so plainly and the
-graph shows the host memory (RSS) of the training process.
+The device line shows what the workers published (`jobs.devices`), not the dashboard's own
+device: in a deployment the dashboard may have no GPU while the worker has one. Reads stored
+memory samples (whatever the worker's sampler wrote, also when no run is active), bucketed in
+SQL by `Store.memory_buckets`. The graph follows the device: on a GPU it draws NVML's used memory
+and torch's allocated/reserved; without NVIDIA GPU the panel says so plainly and the graph draws
+the host memory (RSS) of the training process only (`series.MEMORY_SERIES`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 import pandas as pd
 
-from app import series, ui_data
+from app import charts, series, ui_data
 from storage.store import Store
 
-WINDOW_S = 300.0
+WINDOW_S = charts.GPU_WINDOW_S
 NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"
 
 
-def device_markdown() -> str:
-    """GPU name, driver and total memory, or the no-GPU note."""
+def device_markdown(store: Store | None = None) -> str:
+    """The workers' device as they published it (`jobs.devices`); without a store, this machine's."""
+    if store is not None:
+        from jobs.devices import target
+
+        chosen = target(store)
+        if chosen.worker_id is not None:
+            if not chosen.facts.cuda:
+                return f"**{NO_GPU_NOTE}** · the worker trains on the CPU ({chosen.note})"
+            return f"**Worker GPU: {chosen.facts.name}** · {chosen.note}"
+        return device_markdown() + " · no worker has published its device yet: this is the dashboard's machine"
     info = ui_data.device_info()
     if info is None or not info.available:
         host = f" ({info.host_total_bytes / 1024 ** 3:.1f} GiB host RAM)" if info is not None else ""
@@ -43,6 +56,7 @@ class GpuPanel:
     info: gr.Markdown
     memory: gr.LinePlot
     utilization: gr.LinePlot
+    styles: gr.State
 
 
 def build_panel() -> GpuPanel:
@@ -50,19 +64,21 @@ def build_panel() -> GpuPanel:
     with gr.Accordion("GPU", open=True, elem_id="gpu-panel"):
         info = gr.Markdown(device_markdown())
         with gr.Row():
-            # color_title="": the legend names each line; gradio would title it "series" (the column).
-            # No fixed height: with one, gradio 6.31 clips the legend below the x axis.
-            memory = gr.LinePlot(x="seconds", y="GiB", color="series", color_title="", x_lim=[-WINDOW_S, 0],
-                                 x_title="seconds ago", y_title="GiB", label="Memory, last 5 minutes",
-                                 elem_id="gpu-memory-plot", scale=3)
-            utilization = gr.LinePlot(x="seconds", y="percent", color="series", colors_in_legend=[],
-                                      x_lim=[-WINDOW_S, 0], y_lim=[0, 100], x_title="seconds ago",
-                                      label="GPU utilization", scale=2, visible=ui_data.has_cuda())
-    return GpuPanel(info, memory, utilization)
+            memory = charts.GPU_MEMORY.build(scale=3)
+            utilization = charts.GPU_UTILIZATION.build(scale=2, visible=ui_data.has_cuda())
+    return GpuPanel(info, memory, utilization, gr.State({}))
 
 
 def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
-    def tick() -> tuple[pd.DataFrame, pd.DataFrame]:
-        return gpu_frames(store)
+    plots = [(charts.GPU_MEMORY, panel.memory), (charts.GPU_UTILIZATION, panel.utilization)]
 
-    timer.tick(tick, None, [panel.memory, panel.utilization], show_progress="hidden", api_visibility="private")
+    def tick() -> list[Any]:
+        frames = gpu_frames(store)
+        styles = {chart.elem_id: chart.style(frame) for (chart, _), frame in zip(plots, frames)}
+        return [chart.update(frame) for (chart, _), frame in zip(plots, frames)] + [styles]
+
+    ticked = timer.tick(tick, None, [plot for _, plot in plots] + [panel.styles], show_progress="hidden",
+                        api_visibility="private", concurrency_id="gpu-graphs", concurrency_limit=1)
+    charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
+    # The device line follows the workers' published facts (a worker may start after the page).
+    timer.tick(lambda: device_markdown(store), None, panel.info, show_progress="hidden", api_visibility="private")

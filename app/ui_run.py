@@ -15,15 +15,27 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app import series
+from app import charts, series
 from app.budget import human_bytes
+from jobs import figures
 from jobs.checkpoints import resumable, resume
 from jobs.stored import spec_of
+from jobs.flops import FlopsRate
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunRecord, Store
 
 LOG_LINES = 50
+GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
+# The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
+TRAINER_SERIES: dict[str, dict[str, str]] = {
+    "sft": {"eval perplexity": "eval_perplexity"},
+    "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
+    "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
+    "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
+    "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+}
 _LOG_TAIL_BYTES = 64 * 1024
 
 
@@ -81,13 +93,47 @@ def progress_html(run: RunRecord) -> str:
             f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>')
 
 
-def header_markdown(run: RunRecord) -> str:
-    peak = f" · peak memory {human_bytes(run.peak_memory_bytes)} ({run.peak_memory_source})" if run.peak_memory_bytes else ""
+def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
+    """Title, status, model and method, then the run's figures (jobs.figures) measured so far."""
+    measured = measured or figures.RunFigures(peak_memory_bytes=run.peak_memory_bytes,
+                                              peak_memory_source=run.peak_memory_source)
+    # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
+    shown = [text if f.unit == f.label else f"{f.label} {text}"
+             for f, text in ((f, measured.text(f)) for f in figures.FIGURES) if text]
+    peak = "".join(f" · {text}" for text in shown)
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
     spec = spec_of(run)
     return (f"## Run {run.id}: {run.name}\n"
             f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
             f"{spec.method.value} / {spec.trainer.value}{peak}")
+
+
+def throughput_markdown(store: Store, run: RunRecord) -> str:
+    """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.flops)."""
+    achieved = store.last_metric(run.id, "tflops")
+    if achieved is None:
+        return ""
+    text = f" · <span id='run-tflops'>{achieved.value:.3g}</span> TFLOP/s achieved"
+    mfu = store.last_metric(run.id, "mfu")
+    rate = FlopsRate.for_run(run.resolved_config)
+    if mfu is not None and rate is not None and rate.peak_label:
+        return text + f" · MFU {100 * mfu.value:.1f}% of {rate.peak_label}"
+    device = (run.resolved_config.get("device") or {}).get("name", "this device")
+    return text + f" · MFU: no peak figure known for {device}"
+
+
+def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
+    """The run's events (e.g. out-of-memory recoveries), one line each, and the spec fields it continued with."""
+    if not events:
+        return ""
+    from jobs import oom
+
+    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
+    if changed:
+        lines.append("- continued with: " + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
+                     + " (the Spec below is as submitted)")
+    return "\n\n**Events**\n" + "\n".join(lines)
 
 
 @dataclass
@@ -108,19 +154,18 @@ class RunPage:
     spec: gr.Code
     drawn: gr.State
     resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
+    styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
+    trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
 
     @property
     def outputs(self) -> list[gr.Component]:
         return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.log, self.spec, self.drawn, self.resume]
+                self.loss, self.lr, self.tps, self.trainer, self.log, self.spec, self.drawn, self.resume,
+                self.styles]
 
-
-def _plot(y: str, label: str, x: str = "step", elem_id: str | None = None, legend: bool = True) -> gr.LinePlot:
-    """A line plot coloured by the frame's `series` column; the legend names each line, untitled
-    (gradio would title it with the column name), and is left out for single-line plots.
-    No fixed height: with one, gradio 6.31 clips the legend below the x axis."""
-    return gr.LinePlot(x=x, y=y, color="series", color_title="", colors_in_legend=None if legend else [],
-                       label=label, elem_id=elem_id)
+    @property
+    def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
+        return list(zip(GRAPHS, (self.memory, self.loss, self.lr, self.tps, self.trainer)))
 
 
 def build() -> RunPage:
@@ -135,17 +180,17 @@ def build() -> RunPage:
     progress = gr.HTML()
     error = gr.Markdown(elem_id="run-error")
     with gr.Row():
-        memory = _plot("GiB", "Memory (NVML used, torch allocated/reserved, or host RSS)", x="seconds",
-                       elem_id="run-memory-plot")
-        loss = _plot("value", "Loss (train, eval)", elem_id="run-loss-plot")
+        memory = charts.RUN_MEMORY.build()
+        loss = charts.RUN_LOSS.build()
     with gr.Row():
-        lr = _plot("value", "Learning rate", legend=False)
-        tps = _plot("value", "Tokens/s", legend=False)
+        lr = charts.RUN_LR.build()
+        tps = charts.RUN_TOKENS.build()
+    trainer = charts.RUN_TRAINER.build()
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
     return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None), resume=resume)
+                   spec, gr.State(None), resume=resume, styles=gr.State({}), trainer=trainer)
 
 
 class RunPageData:
@@ -165,18 +210,27 @@ class RunPageData:
         tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         return series.memory_frame(mem, origin), loss, lr, tps
 
+    def trainer_frame(self, run_id: int, trainer: str) -> pd.DataFrame:
+        """The trainer's own metrics (TRAINER_SERIES), e.g. eval perplexity for sft."""
+        return series.metric_frame({label: self.metrics.get(run_id, name)
+                                    for label, name in TRAINER_SERIES.get(trainer, {}).items()})
+
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
         if run_id is None:
-            return [gr.skip()] * 14
+            return [gr.skip()] * 16
         rid = int(run_id)
         run = self.store.get_run(rid)
         if run is None:
+            empty = [c.frame([]) for c in GRAPHS]
             return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
-                    gr.Dataframe(visible=False), ""] + [None] * 4 + ["", "", None, gr.Button(visible=False)]
+                    gr.Dataframe(visible=False), ""] + [c.update(f) for c, f in zip(GRAPHS, empty)] + [
+                    "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
         if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * 14
-        memory, loss, lr, tps = self.graphs(rid)
+            return [gr.skip()] * 16
+        frames = self.graphs(rid) + (self.trainer_frame(rid, spec_of(run).trainer.value),)
+        memory, loss, lr, tps, trainer = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
+        styles = {chart.elem_id: chart.style(frame) for chart, frame in zip(GRAPHS, frames)}
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
         label = "Download model" if spec_of(run).method.value == "full" else "Download adapter"
@@ -189,8 +243,10 @@ class RunPageData:
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
-        return [header_markdown(run), progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                log_tail(run), spec_of(run).to_yaml(), drawn_now, resume]
+        events = events_markdown(run, self.store.run_events(rid))
+        header = header_markdown(run, figures.run_figures(self.store, run)) + throughput_markdown(self.store, run) + events
+        return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
+                trainer, log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

@@ -1,16 +1,21 @@
-"""How much does tunedeck's instrumentation cost? Bare trl vs. the same job through the worker.
+"""How much does tunedeck's instrumentation cost? The same training with and without it.
 
-    .venv/bin/python bench/overhead.py                      # tiny-llama, 3 pairs
-    .venv/bin/python bench/overhead.py --model smollm2-135m-instruct --steps 8 --pairs 3
+    .venv/bin/python bench/overhead.py                      # tiny-llama, 5 pairs
+    .venv/bin/python bench/overhead.py --model smollm2-135m-instruct --steps 20 --pairs 3
 
-Each pair trains the same LoRA SFT job twice, in alternating order:
-(a) a bare trl script (AutoModelForCausalLM + SFTTrainer + LoraConfig, no tunedeck callback,
-    no store), run as its own process, with the trl/peft kwargs tunedeck's mapping produces;
-(b) the tunedeck path: `Store.create_run` -> `Worker(store).work(burst=True)` -> child
-    `python -m jobs.train` with StoreCallback, the memory sampler, heartbeats and artifacts.
-Both sides report tokens/s the same way: non-pad tokens trained (trl's `num_tokens`) divided by
-`train_runtime` from the trainer's output (model loading and saving excluded). Prints each pair
-and the median ratio b/a; 1.00 means no overhead.
+Both sides run the same code in the same kind of process; only the instrumentation differs:
+(a) bare: a child process started exactly as the worker starts its children (same interpreter,
+    environment, new session, output to a file) that calls `jobs.train.train_spec(spec, out)`
+    with no callbacks: no StoreCallback, no store writes, and a parent that only waits;
+(b) tunedeck: `Store.create_run` -> `Worker(store).work(burst=True)` -> child `python -m
+    jobs.train`: StoreCallback (metric rows, progress, heartbeats), the parent's 1 Hz memory
+    sampler and heartbeats, artifacts.
+Model loading, data preparation and the trl/peft configs are the same code on both sides, so a
+difference is the instrumentation's. Both report tokens/s the same way: non-pad tokens trained
+(trl's `num_tokens`) / `train_runtime` (model loading and saving excluded). Pairs alternate the
+order. Prints every pair, each side's spread across repeats (max/min - 1: below 5% means the
+figures are steadier than the effect being measured), and the min / median / max of the ratio
+b/a; 1.00 means no overhead. A busy machine widens the spread: run it on a quiet one.
 """
 
 from __future__ import annotations
@@ -32,27 +37,17 @@ sys.path.insert(0, str(ROOT))
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def bare_child(config_path: str) -> None:
-    """The bare side: a plain trl script driven by a JSON of kwargs; prints one JSON line."""
-    import torch
-    from datasets import load_dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+def bare_child(spec_path: str) -> None:
+    """The bare side: tunedeck's own training function with no callbacks; prints one JSON line."""
+    from jobs.spec import JobSpec
+    from jobs.train import setup_logging, train_spec
 
-    cfg = json.loads(Path(config_path).read_text())
-    tokenizer = AutoTokenizer.from_pretrained(cfg["model_path"])
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=getattr(torch, cfg["torch_dtype"]),
-                                                 use_safetensors=True)
-    data = load_dataset("json", data_files=cfg["data_file"], split="train")
-    trainer = SFTTrainer(model=model, args=SFTConfig(**cfg["trainer_config"]), train_dataset=data,
-                         processing_class=tokenizer, peft_config=LoraConfig(**cfg["peft_config"]))
-    out = trainer.train()
-    tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e][-1]
-    print("BARE_RESULT " + json.dumps({"num_tokens": tokens, "train_runtime": out.metrics["train_runtime"],
-                                       "steps": out.global_step}), flush=True)
+    setup_logging()
+    spec = JobSpec.from_json(Path(spec_path).read_text())
+    result = train_spec(spec, Path(spec_path).parent / "bare-out", [])
+    m = result.metrics
+    print("BARE_RESULT " + json.dumps({"num_tokens": m["num_tokens"], "train_runtime": m["train_runtime"],
+                                       "steps": m["global_step"]}), flush=True)
 
 
 def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
@@ -65,22 +60,23 @@ def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
                                   lr_scheduler_type="constant", run_name="overhead-bench"))
 
 
-def run_bare(spec: Any, model_path: str, data_file: Path, work: Path) -> dict[str, float]:
-    """Side (a): spawn the bare trl script; tokens/s = num_tokens / train_runtime."""
-    from jobs.mapping import detect_device, resolved_config
+def run_bare(spec: Any, work: Path) -> dict[str, float]:
+    """Side (a): a child started as `Worker.execute` starts one, running `train_spec` bare."""
+    from storage.settings import data_dir
 
-    resolved = resolved_config(spec, detect_device(), str(work / "bare-out"), has_eval=False,
-                               model_type="llama")
-    cfg = {"model_path": model_path, "data_file": str(data_file), "torch_dtype": resolved["torch_dtype"],
-           "trainer_config": resolved["trainer_config"], "peft_config": resolved["peft_config"]}
-    cfg_path = work / "bare.json"
-    cfg_path.write_text(json.dumps(cfg))
-    env = dict(os.environ, **OFFLINE_ENV)
-    proc = subprocess.run([sys.executable, __file__, "--bare-child", str(cfg_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("BARE_RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"bare run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    spec_path = work / "bare-spec.json"
+    spec_path.write_text(spec.to_json())
+    log_path = work / "bare.log"
+    env = dict(os.environ, **OFFLINE_ENV, TUNEDECK_HOME=str(data_dir()), PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as out:
+        child = subprocess.Popen([sys.executable, __file__, "--bare-child", str(spec_path)], cwd=ROOT,
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+        returncode = child.wait()
+    text = log_path.read_text(errors="replace")
+    line = next((l for l in text.splitlines() if l.startswith("BARE_RESULT ")), None)
+    if returncode != 0 or line is None:
+        raise RuntimeError(f"bare run failed ({returncode}):\n{text[-3000:]}")
     result = json.loads(line.split(" ", 1)[1])
     return {"tokens_per_second": result["num_tokens"] / result["train_runtime"], **result}
 
@@ -133,6 +129,11 @@ def callback_cost(spec: Any, work: Path) -> dict[str, float]:
             "share": spent["s"] / runtime}
 
 
+def spread(values: list[float]) -> float:
+    """max/min - 1: how far apart repeats of the same side landed."""
+    return max(values) / min(values) - 1.0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the pairs and print tokens/s of each side and the median ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data_file = work / "train.jsonl"  # a local file: no default eval split, so no eval on either side
     shutil.copy(SAMPLES_DIR / "chat-format.train.jsonl", data_file)
-    model_path = resolve_model(args.model).path
+    model_path = resolve_model(args.model).path  # converts a built-in once, outside the timed pairs
     spec = make_spec(args, data_file)
     print(f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
           f"{args.max_length}, {args.pairs} pairs, work dir {work}", flush=True)
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         pair: dict[str, dict[str, float]] = {}
         for side in order:
             t0 = time.perf_counter()
-            pair[side] = run_bare(spec, model_path, data_file, work) if side == "bare" else run_tunedeck(spec, work, i)
+            pair[side] = run_bare(spec, work) if side == "bare" else run_tunedeck(spec, work, i)
             pair[side]["wall_s"] = time.perf_counter() - t0
         ratio = pair["tunedeck"]["tokens_per_second"] / pair["bare"]["tokens_per_second"]
         rows.append({"pair": i + 1, "order": order, **{f"{k}_{s}": v for s in pair for k, v in pair[s].items()},
@@ -180,15 +181,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pair {i + 1} ({' then '.join(order)}): bare {pair['bare']['tokens_per_second']:.1f} tok/s "
               f"({pair['bare']['train_runtime']:.1f} s), tunedeck {pair['tunedeck']['tokens_per_second']:.1f} tok/s "
               f"({pair['tunedeck']['train_runtime']:.1f} s), ratio {ratio:.3f}", flush=True)
-    median = statistics.median(r["ratio"] for r in rows)
-    print(f"median tokens/s ratio tunedeck/bare: {median:.3f} ({(1 - median) * 100:+.1f}% overhead)")
+    ratios = [r["ratio"] for r in rows]
+    median = statistics.median(ratios)
+    for side in ("bare", "tunedeck"):
+        tps = [r[f"tokens_per_second_{side}"] for r in rows]
+        print(f"{side}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
+              f"spread {spread(tps) * 100:.1f}%", flush=True)
+    print(f"ratio tunedeck/bare: min {min(ratios):.3f} / median {median:.3f} / max {max(ratios):.3f} "
+          f"({(1 - median) * 100:+.1f}% overhead at the median)")
+    if max(spread([r[f"tokens_per_second_{s}"] for r in rows]) for s in ("bare", "tunedeck")) > 0.05:
+        print("note: a side's spread is above 5%: the machine was busy or the runs too short (--steps); "
+              "the ratio is less certain than its digits", flush=True)
     cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
     print(f"StoreCallback: {cost['callback_s']:.3f} s in {cost['handler_calls']} handler calls over a "
           f"{cost['train_runtime']:.1f} s training = {cost['share'] * 100:.2f}% of training time", flush=True)
     rows.append({"callback_cost": cost})
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pairs": rows,
-                                         "median_ratio": median}, indent=2))
+                                         "ratio_min": min(ratios), "median_ratio": median,
+                                         "ratio_max": max(ratios)}, indent=2))
     return 0
 
 

@@ -6,7 +6,7 @@
 
 (a) Starts `python -m app.cli serve --no-worker` on a free port with a temporary TUNEDECK_HOME,
     creates a running run in the store directly and opens `?run=N` in Debian's Chromium (the
-    playwright package, flags from ../shared/ENVIRONMENT.md). Each sample writes one `loss` row with
+    playwright package, the offline flags of tests/browser_helpers.py). Each sample writes one `loss` row with
     `Store.add_metrics` (as the training callback does) at the next step, with a value twice the
     previous maximum, and waits until the loss plot's y axis (its SVG aria-label, "... values from
     A to B") reaches that value: the axis can only get there once the new point is drawn. The time

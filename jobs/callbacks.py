@@ -7,13 +7,18 @@ well under 2% of training time:
 - throughput comes from numbers trl already computes (`num_tokens`, a host-side counter)
   and `time.perf_counter()` at step ends, so it adds no CUDA synchronisation;
 - torch memory counters are read from the caching allocator's host-side stats (no sync);
+- achieved TFLOP/s and MFU are tokens/s times a per-token FLOPs count fixed at the start
+  (`jobs.flops`): no NVML or device query in the step loop;
 - the database is asked about `cancel_requested` at most every `cancel_interval` (2 s), while
   a SIGTERM flag (a `threading.Event`) is checked at every step for free.
 A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
 cancelled run can be resumed; every saved checkpoint gets a completeness marker
 (`jobs.checkpoints`). A non-finite training loss stops training at once, without saving, and
 is reported as `nonfinite_step` (trl hides NaN/inf from the log unless
-`logging_nan_inf_filter=False`, which `jobs.mapping` sets).
+`logging_nan_inf_filter=False`, which `jobs.mapping` sets). The logged loss is the mean over the
+steps since the previous log, so a NaN in any of them shows; and every step that saves a
+checkpoint also logs first, so no checkpoint is written (and marked complete) after a NaN that
+fell between two logging steps.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from jobs.flops import FlopsRate
 from storage.models import MemorySource
 from storage.store import MemoryPoint, MetricPoint, Store
 
@@ -56,6 +62,7 @@ class StoreCallback(TrainerCallback):
         self.stop_reason: str | None = None  # "signal" | "cancel" once training was asked to stop
         self.nonfinite_step: int | None = None  # the step whose training loss was NaN or inf
         self.tokens_per_second: list[float] = []
+        self.flops: FlopsRate | None = None  # set by jobs.train once the model is built: adds tflops / mfu
         self.num_tokens: float | None = None
         self._metrics: list[MetricPoint] = []
         self._memory: list[MemoryPoint] = []
@@ -66,6 +73,11 @@ class StoreCallback(TrainerCallback):
         self._max_steps: int | None = None
         self._progress_step = -1
         self._step = 0
+
+    @property
+    def step(self) -> int:
+        """The last optimizer step that ended (0 before the first)."""
+        return self._step
 
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -100,6 +112,10 @@ class StoreCallback(TrainerCallback):
             control.should_save = True  # a checkpoint to resume from (jobs.checkpoints)
         elif self.save_interval_s and now - self._last_save >= self.save_interval_s:
             control.should_save = True  # timed: a crash loses at most save_interval_s of training
+        if control.should_save:
+            # The trainer logs before it saves: a log here checks the loss of every step since the
+            # last one (on_log), and cancels this save if it went non-finite.
+            control.should_log = True
         if now - self._last_flush >= self.flush_interval:
             self.flush()
 
@@ -164,6 +180,11 @@ class StoreCallback(TrainerCallback):
             tps = (tokens - self._prev_tokens) / elapsed
             self.tokens_per_second.append(tps)
             self._metrics.append(MetricPoint(step, "tokens_per_second", tps, wall))
+            if self.flops is not None:  # arithmetic on numbers already here: no device query
+                self._metrics.append(MetricPoint(step, "tflops", self.flops.tflops(tps), wall))
+                mfu = self.flops.mfu(tps)
+                if mfu is not None:
+                    self._metrics.append(MetricPoint(step, "mfu", mfu, wall))
         self._prev_tokens = tokens
         self.num_tokens = tokens
 

@@ -58,7 +58,7 @@ def data_format_problem(spec: JobSpec) -> Problem | None:
     from jobs.data_rows import RowFormat
 
     try:
-        info = check_dataset(spec.dataset, spec.trainer)
+        info = check_dataset(spec.dataset, spec.trainer, column_map=spec.column_map)
     except DataError:
         return None  # the data check reports it itself
     conversational = info.format is RowFormat.MESSAGES or (

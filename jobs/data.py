@@ -1,15 +1,18 @@
-"""Training data: bundled samples, local files and hub data sets, checked and shaped for trl.
+"""Training data: bundled samples, local files and hub data sets, checked, converted and shaped for trl.
 
 A dataset reference is one of
 - `sample:<name>` (train split) or `sample:<name>:eval` - files shipped in jobs/samples/,
   written by jobs/samples/make_samples.py;
-- a local `.jsonl`, `.json`, `.csv` or `.parquet` file (read through `datasets`; never
-  unpickled; row numbers of a .jsonl file are its line numbers);
+- a local `.jsonl`, `.json`, `.csv` or `.parquet` file, `.jsonl.gz`/`.json.gz` too (read by
+  `jobs.data_files`: UTF-8 with or without BOM, CRLF, JSON arrays and `{"data": [...]}`
+  wrappers; never unpickled; row numbers of a .jsonl file are its line numbers);
 - a hub data set `org/name` (its `train` split; fails fast when HF_HUB_OFFLINE=1 and it is
   not cached).
+Alpaca and ShareGPT rows are detected and converted (`jobs.data_formats`), after the spec's
+`dataset_columns` renamed the user's columns.
 
     info = check_dataset("sample:chat-format", Trainer.SFT)     # DatasetInfo, or DataError
-    train, eval_ = load_datasets(spec)                          # what SFTTrainer/DPOTrainer take
+    loaded = load_data(spec)                                    # train/eval for trl + what was converted
 
 Every row is validated before training starts, and problems name the first bad rows
 ("rows 3, 7: `messages` is not a list of {role, content}").
@@ -17,25 +20,27 @@ Every row is validated before training starts, and problems name the first bad r
 
 from __future__ import annotations
 
-import csv
-import json
+import dataclasses
 import random
+from itertools import islice
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from jobs.data_rows import COLUMNS, FORMS_HINT, RENAMES, Issues, RowFormat, check_rows, detect_format, trainer_fit
+from jobs.data_files import SUFFIXES, FileProblem, Rows, file_kind, file_rows
+from jobs.data_formats import Conversion, detect_conversion, rename_columns, renamed
+from jobs.data_rows import (COLUMNS, FORMS_HINT, RENAMES, Issues, RowFormat, check_rows, detect_format, only_columns,
+                             trainer_fit)
 from jobs.spec import JobSpec, Problem, Trainer
 
-__all__ = ["RowFormat", "DatasetInfo", "DataError", "check_dataset", "load_datasets", "length_warnings",
-           "list_samples", "SAMPLES_DIR"]
+__all__ = ["RowFormat", "DatasetInfo", "DataError", "LoadedData", "check_dataset", "load_data", "load_datasets",
+           "length_warnings", "list_samples", "SAMPLES_DIR", "SUFFIXES"]
 
 SAMPLES_DIR = Path(__file__).resolve().parent / "samples"
-EXTENSIONS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -47,8 +52,16 @@ class DatasetInfo:
     format: RowFormat
     n_rows: int
     columns: list[str]
-    preview: list[dict[str, Any]] = field(default_factory=list)  # first 5 rows, trl's columns only
+    preview: list[dict[str, Any]] = field(default_factory=list)  # first 5 rows, converted, trl's columns only
     warnings: list[str] = field(default_factory=list)
+    source_format: str = "trl"          # "trl" (already trl's columns), "alpaca" or "sharegpt"
+    conversion: str | None = None       # what was converted, in words; None when nothing was
+    column_map: dict[str, str] = field(default_factory=dict)  # dataset_columns applied: {trl column: file column}
+
+    def record(self) -> dict[str, Any]:
+        """What the run's resolved config keeps about this data set."""
+        return {"ref": self.ref, "format": self.format.value, "source_format": self.source_format,
+                "conversion": self.conversion, "dataset_columns": self.column_map or None, "rows": self.n_rows}
 
 
 class DataError(ValueError):
@@ -92,13 +105,13 @@ def _resolve(ref: str, field_name: str) -> _Source:
     if path.is_dir():
         raise DataError([Problem(field_name, f"`{ref}` is a folder", "point at one .jsonl, .json, .csv or .parquet file")])
     if path.is_file():
-        if path.suffix.lower() not in EXTENSIONS:
+        if file_kind(path) is None:
             raise DataError([Problem(field_name, f"`{path.suffix or path.name}` files are not supported",
-                                     "convert it to .jsonl (one JSON object per line), .json, .csv or .parquet")])
+                                     "convert it to .jsonl (one JSON object per line, may be gzipped), .json, .csv or .parquet")])
         return _Source(ref, path=path)
-    if _HUB_NAME.match(ref) and path.suffix.lower() not in EXTENSIONS:
+    if _HUB_NAME.match(ref) and file_kind(path) is None:
         return _Source(ref, hub=ref)
-    if path.suffix.lower() in EXTENSIONS or "/" in ref or "\\" in ref:
+    if file_kind(path) is not None or "/" in ref or "\\" in ref:
         raise DataError([Problem(field_name, f"file `{ref}` does not exist",
                                  f"check the path (relative paths start at {Path.cwd()})")])
     raise DataError([Problem(field_name, f"`{ref}` is not a sample, a file or a hub data set name",
@@ -106,48 +119,6 @@ def _resolve(ref: str, field_name: str) -> _Source:
 
 
 # ---------------------------------------------------------------------- reading rows
-def _jsonl_rows(path: Path, issues: Issues | None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) per non-blank line; broken lines go to `issues` when given."""
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if issues is not None:
-                    issues.add(number, "is not valid JSON", "write one complete JSON object per line",
-                               detail=f"row {number}: {exc.msg} at column {exc.colno}")
-                continue
-            if not isinstance(obj, dict):
-                if issues is not None:
-                    issues.add(number, "is not a JSON object", 'write each line as {"column": value, ...}')
-                continue
-            yield number, obj
-
-
-def _columns_of(rows: Iterator[tuple[int, dict[str, Any]]]) -> tuple[list[str], int]:
-    cols: dict[str, None] = {}
-    n = 0
-    for _, row in rows:
-        n += 1
-        cols.update(dict.fromkeys(row))
-    return list(cols), n
-
-
-def _load_file(path: Path) -> datasets.Dataset:
-    """The whole file through `datasets` (Arrow; nothing unpickled)."""
-    builder = EXTENSIONS[path.suffix.lower()]
-    kwargs: dict[str, Any] = {}
-    if builder == "csv":
-        # All columns as strings, empty cells as "" - pandas would turn "42" into an int and "" into NaN.
-        with path.open(encoding="utf-8", newline="") as fh:
-            header = next(csv.reader(fh), [])
-        kwargs = {"features": datasets.Features({c: datasets.Value("string") for c in header}),
-                  "keep_default_na": False}
-    return datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
-
-
 def _load_hub(name: str, field_name: str) -> datasets.Dataset:
     try:
         return datasets.load_dataset(name, split="train")
@@ -159,31 +130,82 @@ def _load_hub(name: str, field_name: str) -> datasets.Dataset:
                                  "check the name, or download the data and point at a local .jsonl/.parquet file")]) from exc
 
 
+@dataclass
+class _Inspected:
+    """A checked data set: its info, its converted rows and, for tables and hub data, the Dataset."""
+
+    info: DatasetInfo
+    rows: Rows
+    ds: datasets.Dataset | None
+    style: str | None
+
+
+def _converted(raw: Rows, column_map: dict[str, str], conversion: Conversion | None,
+               issues: Issues | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows with dataset_columns applied and converted to trl's columns; conversion problems go to `issues`."""
+    for number, row in raw():
+        row = rename_columns(row, column_map)
+        if conversion is not None:
+            converted, problems = conversion.convert(row)
+            for message, fix in problems:
+                if issues is not None:
+                    issues.add(number, message, fix)
+            if converted is None:
+                continue
+            row = converted
+        yield number, row
+
+
+def _mapping_problems(columns: list[str], column_map: dict[str, str], field_name: str) -> list[Problem]:
+    found = ", ".join(f"`{c}`" for c in columns) or "none"
+    return [Problem("dataset_columns", f"maps `{target}` to `{source}`, but {field_name} has no `{source}` column "
+                                       f"(found {found})", f"name one of the columns found, or remove `{target}={source}`")
+            for target, source in column_map.items() if source not in columns]
+
+
 def _inspect(ref: str, trainer: Trainer, field_name: str, max_bad_rows: int,
-             need_dataset: bool) -> tuple[DatasetInfo, datasets.Dataset | None, str | None]:
-    """Validate every row of `ref`; returns the info, the loaded data set (if loaded) and its style."""
+             column_map: dict[str, str] | None = None) -> _Inspected:
+    """Validate every row of `ref` (after dataset_columns and format conversion); DataError lists all problems."""
     trainer = Trainer(trainer)
+    column_map = dict(column_map or {})
     source = _resolve(ref, field_name)
     issues = Issues(field_name, max_bad_rows)
     ds: datasets.Dataset | None = None
     if source.hub:
         ds = _load_hub(source.hub, field_name)
-        columns, rows = list(ds.column_names), lambda: enumerate(ds, 1)
+        hub = ds
+        columns, raw = list(ds.column_names), lambda: enumerate(hub, 1)
     else:
         assert source.path is not None
-        columns, rows, ds = _file_rows(source.path, ref, field_name, issues)
-    fmt = detect_format(columns)
+        try:
+            columns, raw, ds = file_rows(source.path, ref, field_name, issues)
+        except FileProblem as exc:
+            raise DataError(exc.problems) from exc
+    mapping_problems = _mapping_problems(columns, column_map, field_name)
+    if mapping_problems:
+        raise DataError(issues.problems() + mapping_problems)
+    mapped = renamed(columns, column_map)
+    first = [rename_columns(row, column_map) for _, row in islice(raw(), 20)]
+    conversion = detect_conversion(mapped, first)
+    fmt_columns = list(conversion.columns) if conversion else mapped
+    fmt = detect_format(fmt_columns)
     if fmt is None:
-        hints = [f"`{c}` -> `{RENAMES[c]}`" for c in columns if c in RENAMES]
-        fix = (f"rename columns ({', '.join(hints)}); " if hints else "") + FORMS_HINT
+        targets: dict[str, str] = {}
+        for c in mapped:
+            if c in RENAMES:
+                targets.setdefault(RENAMES[c], c)
+        hints = [f"{target}={c}" for target, c in targets.items()]
+        fix = (f"map your columns with dataset_columns, e.g. `{', '.join(hints)}`; " if hints else
+               "map your columns with dataset_columns (target=yours, e.g. prompt=question, completion=answer), or ") + FORMS_HINT
         found = ", ".join(f"`{c}`" for c in columns) or "none"
         raise DataError(issues.problems() + [Problem(field_name, f"has no column trl can train on (found {found})", fix)])
-    checked = check_rows(rows(), fmt, issues)
+    rows: Rows = lambda: _converted(raw, column_map, conversion, None)  # noqa: E731
+    checked = check_rows(_converted(raw, column_map, conversion, issues), fmt, issues)
     problems = list(checked.problems)
-    missing = [c for c in COLUMNS[fmt] if c not in columns]
+    missing = [c for c in COLUMNS[fmt] if c not in fmt_columns]
     if missing:
         problems = [p for p in problems if not any(f"`{c}` is missing" in p.problem for c in missing)]
-        problems.insert(0, Problem(field_name, f"has {' and '.join(f'`{c}`' for c in COLUMNS[fmt] if c in columns)} "
+        problems.insert(0, Problem(field_name, f"has {' and '.join(f'`{c}`' for c in COLUMNS[fmt] if c in fmt_columns)} "
                                                f"but no {' or '.join(f'`{c}`' for c in missing)} column",
                                    f"{fmt.value} rows need {' + '.join(f'`{c}`' for c in COLUMNS[fmt])}"))
     if checked.n_rows == 0 and not problems:
@@ -194,117 +216,42 @@ def _inspect(ref: str, trainer: Trainer, field_name: str, max_bad_rows: int,
     if problems:
         raise DataError(problems)
     warnings = list(checked.warnings)
-    unused = [c for c in columns if c not in COLUMNS[fmt]]
+    used = set(COLUMNS[fmt]) | set(conversion.reads if conversion else ())
+    unused = [c for c in mapped if c not in used]
     if unused:
         warnings.insert(0, f"column(s) {', '.join(f'`{c}`' for c in unused)} are not used by {trainer.value} and will be dropped")
-    info = DatasetInfo(ref, fmt, checked.n_rows, columns, checked.preview, warnings)
-    if need_dataset and ds is None:
-        assert source.path is not None
-        try:
-            ds = _load_file(source.path)
-        except Exception as exc:
-            raise DataError([Problem(field_name, f"`{ref}` passed the checks but `datasets` could not load it "
-                                     f"({type(exc).__name__}: {str(exc)[:200]})", "report this with the file attached")]) from exc
-    return info, ds, checked.style
-
-
-_Rows = Callable[[], Iterator[tuple[int, dict[str, Any]]]]
-
-
-def _file_rows(path: Path, ref: str, field_name: str,
-               issues: Issues) -> tuple[list[str], _Rows, datasets.Dataset | None]:
-    """Columns, a fresh iterator over (row number, row), and the Dataset when reading needed it."""
-    suffix = path.suffix.lower()
-    empty = Problem(field_name, f"`{ref}` is empty", "add rows to the file: " + FORMS_HINT)
-    if path.stat().st_size == 0:
-        raise DataError([empty])
-    try:
-        listed = _json_list(path, ref, field_name) if suffix == ".json" else None
-        if suffix in (".jsonl", ".json") and listed is None:
-            # Our own pass over the lines: `datasets` reports a broken line without its number.
-            columns, n = _columns_of(_jsonl_rows(path, issues))
-            if n == 0 and not issues:
-                raise DataError([empty])
-            return columns, lambda: _jsonl_rows(path, None), None
-        if listed is not None:
-            if not listed[1]:
-                raise DataError([empty])
-            return listed[0], lambda: iter(listed[1]), None
-        if suffix == ".csv":
-            with path.open(encoding="utf-8", newline="") as fh:
-                if not fh.read(1 << 16).strip():
-                    raise DataError([empty])
-        ds = _load_file(path)
-    except UnicodeDecodeError as exc:
-        raise DataError([Problem(field_name, f"`{ref}` is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                                 "save the file as UTF-8")]) from exc
-    except DataError:
-        raise
-    except Exception as exc:
-        kind = suffix[1:]
-        raise DataError([Problem(field_name, f"`{ref}` could not be read as {kind} ({type(exc).__name__}: {str(exc)[:200]})",
-                                 f"check that the file is valid {kind}")]) from exc
-    return list(ds.column_names), lambda: enumerate(ds, 1), ds
-
-
-def _json_list(path: Path, ref: str, field_name: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]] | None:
-    """A .json file holding a list of row objects; None when it is JSON lines under a .json name."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if not text.lstrip().startswith("["):
-            return None  # JSON lines (what `datasets` also accepts as .json): checked line by line
-        raise DataError([Problem(field_name, f"`{ref}` is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
-                                 "fix the JSON, or write one object per line in a .jsonl file")]) from exc
-    if isinstance(data, dict):
-        return None if text.strip().count("\n") == 0 else _not_rows(ref, field_name)
-    if not isinstance(data, list):
-        _not_rows(ref, field_name)
-    issues = Issues(field_name)
-    rows = []
-    for number, obj in enumerate(data, 1):
-        if isinstance(obj, dict):
-            rows.append((number, obj))
-        else:
-            issues.add(number, "is not a JSON object", 'write each row as {"column": value, ...}')
-    if issues:
-        raise DataError(issues.problems())
-    columns, _ = _columns_of(iter(rows))
-    return columns, rows
-
-
-def _not_rows(ref: str, field_name: str) -> None:
-    raise DataError([Problem(field_name, f"`{ref}` does not hold a list of rows",
-                             'write [{"column": value, ...}, ...], or one object per line in a .jsonl file')])
-
+    info = DatasetInfo(ref, fmt, checked.n_rows, columns, checked.preview, warnings,
+                       conversion.source if conversion else "trl", conversion.description if conversion else None,
+                       column_map)
+    return _Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
 
 # ---------------------------------------------------------------------- public API
-def check_dataset(ref: str, trainer: Trainer, field: str = "dataset", max_bad_rows: int = 5) -> DatasetInfo:
+def check_dataset(ref: str, trainer: Trainer, field: str = "dataset", max_bad_rows: int = 5,
+                  column_map: dict[str, str] | None = None) -> DatasetInfo:
     """Check every row of `ref` for `trainer`; raises DataError naming the first bad rows."""
-    return _inspect(ref, trainer, field, max_bad_rows, need_dataset=False)[0]
+    return _inspect(ref, trainer, field, max_bad_rows, column_map).info
 
 
 def _features(fmt: RowFormat, style: str | None) -> datasets.Features:
     message = [{"role": datasets.Value("string"), "content": datasets.Value("string")}]
     cell = message if style == "conversational" else datasets.Value("string")
-    return datasets.Features({c: (message if c == "messages" else cell) for c in COLUMNS[fmt]})
+    return datasets.Features({c: (message if c == "messages" else datasets.Value("bool") if c == "label" else cell)
+                              for c in COLUMNS[fmt]})
 
 
-def _load(ref: str, trainer: Trainer, field_name: str) -> datasets.Dataset:
-    info, ds, style = _inspect(ref, trainer, field_name, 5, need_dataset=True)
-    assert ds is not None
-    fmt, keep = info.format, COLUMNS[info.format]
-    features = _features(fmt, style)
+def _load(ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]) -> tuple[datasets.Dataset, DatasetInfo]:
+    """The checked, converted data set with trl's columns only, and its info."""
+    checked = _inspect(ref, trainer, field_name, 5, column_map)
+    info, ds = checked.info, checked.ds
+    keep, features = COLUMNS[info.format], _features(info.format, checked.style)
+    if ds is None:  # JSON files, and anything converted: built from the checked rows
+        return datasets.Dataset.from_list([only_columns(row, info.format) for _, row in checked.rows()],
+                                          features=features), info
     drop = [c for c in ds.column_names if c not in keep]
     if all(ds.features.get(c) == features[c] for c in keep):
-        return ds.remove_columns(drop) if drop else ds
-
-    def shape(row: dict[str, Any]) -> dict[str, Any]:
-        return {c: ([{"role": m["role"], "content": m["content"]} for m in row[c]] if isinstance(row[c], list) else row[c])
-                for c in keep}
-
-    return ds.map(shape, remove_columns=drop, features=features, desc=f"Shaping {field_name}")
+        return (ds.remove_columns(drop) if drop else ds), info
+    return ds.map(lambda row: only_columns(row, info.format), remove_columns=drop, features=features,
+                  desc=f"Shaping {field_name}"), info
 
 
 def _default_eval(ref: str) -> str | None:
@@ -314,31 +261,74 @@ def _default_eval(ref: str) -> str | None:
     return None
 
 
-def load_datasets(spec: JobSpec) -> tuple[datasets.Dataset, datasets.Dataset | None]:
-    """Train and eval data for `spec`, shaped for trl's SFTTrainer / DPOTrainer; DataError lists all problems."""
+@dataclass
+class LoadedData:
+    """Train and eval data shaped for trl, with what was detected and converted in each."""
+
+    train: datasets.Dataset
+    eval: datasets.Dataset | None
+    train_info: DatasetInfo
+    eval_info: DatasetInfo | None
+
+    def record(self) -> dict[str, Any]:
+        """The data part of a run's resolved config."""
+        return {"dataset": self.train_info.record(), "eval_dataset": self.eval_info.record() if self.eval_info else None,
+                "train_rows": len(self.train), "eval_rows": len(self.eval) if self.eval is not None else 0}
+
+
+def load_data(spec: JobSpec) -> LoadedData:
+    """Train and eval data for `spec`, checked and converted; DataError lists every problem of both."""
     problems: list[Problem] = []
-    train: datasets.Dataset | None = None
-    eval_: datasets.Dataset | None = None
+    train = eval_ = None
     try:
-        train = _load(spec.dataset, spec.trainer, "dataset")
+        train = _load(spec.dataset, spec.trainer, "dataset", spec.column_map)
     except DataError as exc:
         problems.extend(exc.problems)
     eval_ref = spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec.dataset)
-    if eval_ref:
+    if eval_ref and spec.eval_split is None:  # eval_split holds out rows instead of a sample's eval split
         try:
-            eval_ = _load(eval_ref, spec.trainer, "eval_dataset")
+            eval_ = _load(eval_ref, spec.trainer, "eval_dataset", spec.column_map)
         except DataError as exc:
             problems.extend(exc.problems)
     if problems:
         raise DataError(problems)
     assert train is not None
-    if spec.max_train_samples is not None and spec.max_train_samples < len(train):
-        train = train.select(range(spec.max_train_samples))
-    return train, eval_
+    train_ds, train_info = train
+    eval_ds, eval_info = eval_ if eval_ else (None, None)
+    if spec.eval_split is not None:
+        n_eval = eval_rows(len(train_ds), spec.eval_split)
+        if isinstance(n_eval, Problem):
+            raise DataError([n_eval])
+        parts = train_ds.train_test_split(test_size=n_eval, seed=spec.seed, shuffle=True)
+        train_ds, eval_ds = parts["train"], parts["test"]
+        eval_info = dataclasses.replace(train_info, ref=f"{spec.dataset} (eval_split {spec.eval_split:g})", n_rows=n_eval,
+                                        preview=[], warnings=[])
+    if spec.max_train_samples is not None and spec.max_train_samples < len(train_ds):
+        train_ds = train_ds.select(range(spec.max_train_samples))
+    return LoadedData(train_ds, eval_ds, train_info, eval_info)
 
 
-def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None, sample_size: int = 1000) -> list[str]:
-    """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap)."""
+def eval_rows(n_rows: int, eval_split: float) -> int | Problem:
+    """How many of `n_rows` rows eval_split holds out (a fraction, at least one row, or a count)."""
+    n = max(1, round(n_rows * eval_split)) if eval_split < 1 else int(eval_split)
+    if n >= n_rows:
+        return Problem("eval_split", f"would hold out {n} of the {n_rows} training rows, leaving none to train on",
+                       "use a smaller fraction or row count, or give an eval_dataset")
+    return n
+
+
+def load_datasets(spec: JobSpec) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """Train and eval data for `spec`, shaped for trl's trainers; DataError lists all problems."""
+    loaded = load_data(spec)
+    return loaded.train, loaded.eval
+
+
+def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None, sample_size: int = 1000,
+                    trainer: Trainer = Trainer.SFT) -> list[str]:
+    """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap).
+
+    The reward trainer drops such rows (trl filters them out) where the others truncate them."""
+    fate = "dropped (the reward trainer filters them out)" if Trainer(trainer) is Trainer.REWARD else "truncated"
     n = len(ds)
     if not n or not max_length:
         return []
@@ -354,8 +344,8 @@ def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None
         return []
     if sampled:
         return [f"about {round(over / len(lengths) * n)} of {n} rows (estimated from {len(lengths)}) are longer "
-                f"than max_length {max_length} tokens and will be truncated"]
-    return [f"{over} of {n} rows are longer than max_length {max_length} tokens and will be truncated"]
+                f"than max_length {max_length} tokens and will be {fate}"]
+    return [f"{over} of {n} rows are longer than max_length {max_length} tokens and will be {fate}"]
 
 
 def _texts(row: dict[str, Any], tokenizer: Any) -> list[tuple[str, bool]]:

@@ -22,6 +22,7 @@ class RowFormat(str, Enum):
     MESSAGES = "messages"
     PROMPT_COMPLETION = "prompt_completion"
     PREFERENCE = "preference"
+    UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
 
 
 COLUMNS: dict[RowFormat, tuple[str, ...]] = {
@@ -29,14 +30,27 @@ COLUMNS: dict[RowFormat, tuple[str, ...]] = {
     RowFormat.MESSAGES: ("messages",),
     RowFormat.PROMPT_COMPLETION: ("prompt", "completion"),
     RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
+    RowFormat.UNPAIRED: ("prompt", "completion", "label"),
 }
 TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
     Trainer.DPO: (RowFormat.PREFERENCE,),
+    Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
+    Trainer.REWARD: (RowFormat.PREFERENCE,),
+    Trainer.ORPO: (RowFormat.PREFERENCE,),
+    Trainer.CPO: (RowFormat.PREFERENCE,),
 }
-ROLES = ("system", "user", "assistant")
+NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
+         Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
+         Trainer.REWARD: "prompt/chosen/rejected rows", Trainer.ORPO: "prompt/chosen/rejected rows",
+         Trainer.CPO: "prompt/chosen/rejected rows"}
+SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
+              Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format",
+              Trainer.ORPO: "sample:preference-format", Trainer.CPO: "sample:preference-format"}
+LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
+ROLES = ("system", "user", "assistant", "tool")
 FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
-              "or `prompt` + `chosen` + `rejected` (dpo)")
+              "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)")
 # Column names seen in popular data sets, and what trl calls them.
 RENAMES = {"question": "prompt", "instruction": "prompt", "input": "prompt", "answer": "completion",
            "output": "completion", "response": "completion", "conversations": "messages",
@@ -49,6 +63,8 @@ def detect_format(columns: Iterable[str]) -> RowFormat | None:
     cols = set(columns)
     if {"chosen", "rejected"} & cols:
         return RowFormat.PREFERENCE
+    if "label" in cols and "completion" in cols:
+        return RowFormat.UNPAIRED
     if "messages" in cols:
         return RowFormat.MESSAGES
     if "completion" in cols:
@@ -64,11 +80,13 @@ def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | 
     """A Problem when `trainer` cannot train on rows of `fmt`."""
     if fmt in TRAINER_FORMATS[trainer]:
         return None
-    if trainer is Trainer.DPO:
-        return Problem(field_name, f"has {fmt.value} rows, but the dpo trainer needs prompt/chosen/rejected rows",
-                       "use preference data such as `sample:preference-format`, or set trainer: sft")
-    return Problem(field_name, "has preference rows (prompt/chosen/rejected), which the sft trainer cannot use",
-                   "set trainer: dpo, or use text/messages/prompt+completion data such as `sample:chat-format`")
+    if trainer is Trainer.SFT:
+        return Problem(field_name, f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
+                       "set trainer: " + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
+                       + ", or use text/messages/prompt+completion data such as `sample:chat-format`")
+    fits = [t.value for t, f in TRAINER_FORMATS.items() if fmt in f]
+    return Problem(field_name, f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
+                   f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}")
 
 
 # ---------------------------------------------------------------------- collecting issues
@@ -109,21 +127,70 @@ class Issues:
 
 
 # ---------------------------------------------------------------------- value checks
+def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
+    """(problem, fix) when `value` is not a non-empty list of {role: str, content: non-empty str}."""
+    if not isinstance(value, list):
+        return f"`{name}` is not a list of {{role, content}}", MSG_FIX
+    if not value:
+        return f"`{name}` is an empty list", f"give `{name}` at least one turn: {MSG_FIX}"
+    if not all(isinstance(m, dict) for m in value):
+        return f"`{name}` has a turn that is not a {{role, content}} object", MSG_FIX
+    if any("role" not in m for m in value):
+        return f"`{name}` has a turn without `role`", "give every turn a role: system, user or assistant"
+    if any(not isinstance(m["role"], str) for m in value):
+        return f"`{name}` has a turn whose `role` is not text", "write each role as system, user or assistant"
+    bad = sorted({m["role"] for m in value if m["role"] not in ROLES})
+    if bad:
+        return f"`{name}` has unknown role `{bad[0]}`", "use the roles " + ", ".join(ROLES)
+    if any("content" not in m or m["content"] is None for m in value):
+        return f"`{name}` has a turn without `content`", "give every turn its text as `content`"
+    if any(not isinstance(m["content"], str) for m in value):
+        return (f"`{name}` has a turn whose `content` is not text",
+                "write each turn's content as one string (lists of content parts are not supported)")
+    if any(not m["content"].strip() for m in value):
+        return (f"`{name}` has an empty or whitespace-only turn",
+                "write the turn's text, or remove the turn (a chat of empty turns trains on nothing)")
+    return None
+
+
+def _order_problem(roles: list[str], name: str, *, full_chat: bool) -> tuple[str, str] | None:
+    """(problem, fix) when the roles are in an order chat templates cannot render or trl cannot mask."""
+    body = roles[1:] if roles[0] == "system" else roles
+    if "system" in body:
+        return f"`{name}` has a system turn after the first turn", "put the one system turn first, or remove it"
+    if not body:
+        return f"`{name}` holds only a system turn", "add the user's turn (and the assistant's answer)"
+    if body[0] != "user":
+        return (f"`{name}` starts with {'an' if body[0] == 'assistant' else 'a'} {body[0]} turn",
+                "start with a user turn (after an optional system turn)")
+    for before, after in zip(body, body[1:]):
+        if after == "tool" and before not in ("assistant", "tool"):
+            return f"`{name}` has a tool turn that does not follow an assistant turn", \
+                "put each tool result right after the assistant turn that called the tool"
+    if full_chat and body[-1] != "assistant":
+        return (f"`{name}` ends with a {body[-1]} turn, which nothing learns from",
+                "end each chat with the assistant's answer, or remove the trailing turn")
+    return None
+
+
+def repeated_role(roles: list[str]) -> str | None:
+    """The first role that follows itself (user, user), which strict chat templates refuse; None if none."""
+    return next((a for a, b in zip(roles, roles[1:]) if a == b and a in ("user", "assistant")), None)
+
+
 def _messages_problem(value: Any, name: str, *, need_assistant: bool, only_assistant: bool = False) -> tuple[str, str] | None:
     """(problem, fix) when `value` is not a usable list of chat messages."""
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                       for m in value)):
-        return f"`{name}` is not a list of {{role, content}}", MSG_FIX
+    found = _turns_problem(value, name)
+    if found:
+        return found
     roles = [m["role"] for m in value]
-    bad = sorted({r for r in roles if r not in ROLES})
-    if bad:
-        return f"`{name}` has unknown role `{bad[0]}`", "use the roles system, user and assistant"
-    if only_assistant and any(r != "assistant" for r in roles):
-        return f"`{name}` holds non-assistant turns", f"put only the assistant's answer in `{name}`; earlier turns belong in `prompt`"
+    if only_assistant:
+        if any(r != "assistant" for r in roles):
+            return f"`{name}` holds non-assistant turns", f"put only the assistant's answer in `{name}`; earlier turns belong in `prompt`"
+        return None
     if need_assistant and "assistant" not in roles:
         return f"`{name}` has no assistant turn", "add the answer the model should learn as a message with role assistant"
-    return None
+    return _order_problem(roles, name, full_chat=need_assistant)
 
 
 def _string_problem(value: Any, name: str, *, allow_empty: bool = False) -> tuple[str, str] | None:
@@ -158,7 +225,10 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     if fmt is RowFormat.MESSAGES:
         found = _messages_problem(row["messages"], "messages", need_assistant=True)
         return ([found] if found else []), "conversational"
-    answers = ("completion",) if fmt is RowFormat.PROMPT_COMPLETION else ("chosen", "rejected")
+    if fmt is RowFormat.UNPAIRED and _label(row["label"]) is None:
+        return [(f"`label` is `{row['label']}`, not true or false",
+                 "write label: true for a desirable completion, false for an undesirable one")], None
+    answers = ("completion",) if fmt in (RowFormat.PROMPT_COMPLETION, RowFormat.UNPAIRED) else ("chosen", "rejected")
     names = ("prompt", *answers)
     styles = {_style(row[n]) for n in names}
     if len(styles) > 1:
@@ -182,15 +252,35 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     return out, style
 
 
+def _label(value: Any) -> bool | None:
+    """A KTO label as a bool (true/false, 1/0, also as text from CSV); None when it is neither."""
+    key = value.strip().lower() if isinstance(value, str) else value
+    try:
+        return LABELS.get(key)
+    except TypeError:  # unhashable (a list or dict)
+        return None
+
+
 def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
-    """The row reduced to what trl reads; chat messages reduced to {role, content}."""
+    """The row reduced to what trl reads; chat messages reduced to {role, content}; labels to bools."""
     out = {}
     for c in COLUMNS[fmt]:
         v = row.get(c)
+        if c == "label":
+            out[c] = _label(v)
+            continue
         if isinstance(v, list):
-            v = [{"role": m["role"], "content": m["content"]} if isinstance(m, dict) else m for m in v]
+            v = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in v]
         out[c] = v
     return out
+
+
+def _chat_of(row: dict[str, Any], fmt: RowFormat) -> list[dict[str, Any]]:
+    """The whole conversation of a valid conversational row (prompt + first answer)."""
+    if fmt is RowFormat.MESSAGES:
+        return row["messages"]
+    answer = "chosen" if fmt is RowFormat.PREFERENCE else "completion"
+    return list(row["prompt"]) + list(row[answer])
 
 
 # ---------------------------------------------------------------------- whole data set
@@ -210,6 +300,8 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
                preview_rows: int = 5) -> Checked:
     """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
     n_rows, preview, first_style, same_answer = 0, [], None, 0
+    repeated: list[int] = []
+    labels = {True: 0, False: 0}
     for number, row in rows:
         n_rows += 1
         if len(preview) < preview_rows:
@@ -228,9 +320,20 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
                        "use one style for the whole file: all strings, or all lists of {role, content}")
         if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
             same_answer += 1
+        if fmt is RowFormat.UNPAIRED:
+            labels[bool(_label(row["label"]))] += 1
+        if style == "conversational" and repeated_role([m["role"] for m in _chat_of(row, fmt)]):
+            repeated.append(number)
     warnings = []
+    if repeated:
+        where = ", ".join(map(str, repeated[:5])) + (f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else "")
+        warnings.append(f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
+                        "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns")
     if same_answer:
         warnings.append(f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing")
+    if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
+        missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
+        warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
     if 0 < n_rows < 8:
         warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
     return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None)

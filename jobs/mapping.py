@@ -16,10 +16,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, LossType, Method, Optim, Precision, Problem, Trainer
+from jobs.mapping_trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
+                                   trainer_kwargs, trl_module)
+from jobs.methods import targets
+from jobs.spec import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
+# Methods whose refusals depend on the model's architecture (read from its config, no weights).
+MODEL_CHECKED_METHODS = {Method.ADAPTION_PROMPT}
 # peft's own IA3 defaults for Llama-style decoders; used when the model type is unknown.
 IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
 IA3_LLAMA_FEEDFORWARD = ["down_proj"]
@@ -78,11 +83,23 @@ def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: b
     if spec.precision is Precision.BF16 and device.cuda and not device.bf16:
         out.append(Problem("precision", f"this GPU ({device.name}) does not support bf16",
                            "use precision: auto (fp16 with loss scaling) or fp32"))
+    if spec.lora_init is LoraInit.LOFTQ and not device.cuda:
+        # peft's replace_lora_weights_loftq computes on "cuda" unconditionally:
+        # AssertionError "Torch not compiled with CUDA enabled" on a CPU-only machine.
+        out.append(Problem("lora_init", "loftq needs CUDA (peft runs its LoftQ quantizer on the GPU)",
+                           "use lora_init: default or eva on this machine, or run on a GPU worker"))
     out.extend(combination_problems(spec))
     if probe:
         from jobs.capability import probe_problems
 
         out.extend(probe_problems(spec))
+        if spec.method in MODEL_CHECKED_METHODS:
+            from jobs.methods import method_problems
+            from jobs.params import model_shape_for
+
+            shape = model_shape_for(spec.model)
+            known = {(p.field, p.problem) for p in out}
+            out.extend(p for p in method_problems(spec, shape) if (p.field, p.problem) not in known)
     return out
 
 
@@ -94,6 +111,25 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
         out.append(Problem("padding_free", "needs packing for sft (trl refuses padding-free rows without packing "
                            "because max_length would not be enforced)", "set packing: true (it turns padding-free on "
                            "by itself), or padding_free: false"))
+    if spec.trainer is Trainer.REWARD and spec.method in QUANTIZED_METHODS:
+        # Measured on the CPU (trl 1.16, peft 0.21.2, bitsandbytes 0.50.2): RuntimeError "expected m1 and m2 to
+        # have the same dtype, but got: float != c10::BFloat16" in the first forward of the score head.
+        out.append(Problem("method", f"{spec.method.value} fails for a reward model (the quantized base and the new "
+                           "score head disagree on dtype: 'expected m1 and m2 to have the same dtype')",
+                           "use method: lora (or dora, full) for trainer: reward"))
+    if spec.trainer is Trainer.REWARD and spec.method is Method.PREFIX_TUNING:
+        # peft: "Model does not support past key values which are required for prefix tuning."
+        out.append(Problem("method", "prefix_tuning needs past key values, which the sequence-classification model of "
+                           "a reward model does not return", "use prompt_tuning or p_tuning, or lora, for trainer: reward"))
+    if spec.method in LORA_FAMILY and "lm_head" in targets(spec):
+        # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
+        # are computed from `lm_head.weight` directly, so the adapter would never be trained."
+        out.append(Problem("lora_target_modules", f"an adapter on lm_head is not trained by {spec.trainer.value} (trl "
+                           "computes log-probabilities from lm_head's weight directly, so trl refuses it)",
+                           "remove lm_head from lora_target_modules (all-linear already leaves it out)"))
+    from jobs.methods import method_problems
+
+    out.extend(method_problems(spec))
     return out
 
 
@@ -125,18 +161,10 @@ def torch_dtype_name(spec: JobSpec, precision: Precision) -> str:
 
 
 # ---------------------------------------------------------------------- peft
-def _target_modules(spec: JobSpec) -> str | list[str]:
-    """`all-linear` passes through (peft expands it); a comma list becomes names."""
-    raw = spec.lora_target_modules.strip()
-    if raw == "all-linear":
-        return raw
-    return [name.strip() for name in raw.split(",") if name.strip()]
-
-
 def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """(peft config class name, its keyword arguments) for the spec's method; None for full."""
     m = spec.method
-    base: dict[str, Any] = {"task_type": "CAUSAL_LM"}
+    base: dict[str, Any] = {"task_type": task_type(spec)}
     if m is Method.FULL:
         return None
     # LoRA: the base stays frozen (no gradients, no optimizer state); only r*(in+out) adapter
@@ -144,9 +172,17 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
     # adapters add a little compute per layer. DoRA also learns a per-column magnitude: often
     # closer to full fine-tuning, ~10-30% slower and more activation memory.
     if m in LORA_FAMILY:
+        from jobs.methods import lora_init_kwargs, targets
+
         return "LoraConfig", {**base, "r": spec.lora_r, "lora_alpha": spec.lora_alpha,
-                              "lora_dropout": spec.lora_dropout, "target_modules": _target_modules(spec),
-                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none"}
+                              "lora_dropout": spec.lora_dropout, "target_modules": targets(spec),
+                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none",
+                              **lora_init_kwargs(spec)}
+    from jobs.methods import method_kwargs
+
+    found = method_kwargs(spec)
+    if found is not None:
+        return found
     # IA3 learns one scaling vector per targeted layer: far fewer parameters than LoRA.
     if m is Method.IA3:
         targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
@@ -173,10 +209,14 @@ def peft_config(spec: JobSpec, model_type: str | None = None) -> Any | None:
     found = peft_kwargs(spec, model_type)
     if found is None:
         return None
-    import peft
+    from jobs.methods import config_class
 
     cls_name, kwargs = found
-    return getattr(peft, cls_name)(**kwargs)
+    if "eva_config" in kwargs:
+        from peft import EvaConfig
+
+        kwargs = {**kwargs, "eva_config": EvaConfig(**kwargs["eva_config"])}
+    return config_class(cls_name)(**kwargs)
 
 
 # ---------------------------------------------------------------------- quantization
@@ -224,7 +264,8 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # Gradient checkpointing keeps only each layer's input and recomputes the rest in the
         # backward pass: activation memory drops from O(layers x everything) to ~O(layers x
         # hidden), for roughly one extra forward (~20-30% slower). trl turns it on by default.
-        "gradient_checkpointing": spec.gradient_checkpointing,
+        # transformers 5 calls it activation_checkpointing (gradient_checkpointing is the old alias).
+        "activation_checkpointing": spec.gradient_checkpointing,
         # Set explicitly: trl's configs default to bf16, which fails (or lies) on some devices.
         "bf16": precision is Precision.BF16,
         "fp16": precision is Precision.FP16,
@@ -256,41 +297,25 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # Padding-free flattens a batch into one row with position_ids: no pad tokens are computed
         # or stored. With trl's default "bfd" packing it is on whatever this flag says.
         "padding_free": spec.padding_free,
-        "loss_type": loss_type_name(spec),
     }
     if spec.gradient_checkpointing:
-        kw["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
+        kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
     if spec.save_steps is not None:
         kw["save_steps"] = spec.save_steps
     # Rotation applies to every checkpoint, also the timed ones (`save_minutes`, jobs.callbacks).
     kw["save_total_limit"] = spec.save_total_limit
     if kw["eval_strategy"] == "steps":
         kw["eval_steps"] = spec.eval_steps
-    if spec.trainer is Trainer.SFT:
-        # Packing concatenates short rows into max_length blocks: no compute or memory is spent
-        # on padding, often ~2x tokens/s on short-row data; attention may span row boundaries.
-        kw["packing"] = spec.packing
-        # Loss masks cost nothing in memory or time; they change what the model learns from.
-        kw["completion_only_loss"] = spec.completion_only_loss
-        kw["assistant_only_loss"] = spec.assistant_only_loss
-    else:
-        kw["beta"] = spec.beta
-    return kw
-
-
-def loss_type_name(spec: JobSpec) -> str:
-    """trl's loss_type: the spec's choice, or trl's own default for the trainer when auto."""
-    if spec.loss_type is LossType.AUTO:
-        return "nll" if spec.trainer is Trainer.SFT else "sigmoid"
-    return spec.loss_type.value
+    kw.update(trainer_kwargs(spec))  # packing, loss masks, beta, loss_type, ... (jobs.mapping_trainers)
+    return drop_unsupported(spec, kw)
 
 
 def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False) -> Any:
-    """trl SFTConfig or DPOConfig for the spec on this device."""
-    from trl import DPOConfig, SFTConfig
+    """The trl config (SFTConfig, DPOConfig, KTOConfig, ...) for the spec on this device."""
+    import importlib
 
-    cls = SFTConfig if spec.trainer is Trainer.SFT else DPOConfig
-    return cls(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
+    module = importlib.import_module(trl_module(spec))
+    return getattr(module, config_class_name(spec))(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
 
 
 def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False,
@@ -302,7 +327,7 @@ def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         "device": {**asdict(device), "compute_capability": list(device.compute_capability or []) or None},
         "precision": precision.value,
         "torch_dtype": torch_dtype_name(spec, precision),
-        "trainer_config_class": "SFTConfig" if spec.trainer is Trainer.SFT else "DPOConfig",
+        "trainer_config_class": f"{trl_module(spec)}.{config_class_name(spec)}".removeprefix("trl."),
         "trainer_config": training_kwargs(spec, device, output_dir, has_eval=has_eval),
         "peft_config_class": peft_found[0] if peft_found else None,
         "peft_config": peft_found[1] if peft_found else None,

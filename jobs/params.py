@@ -42,6 +42,7 @@ class ModelShape:
     num_key_value_heads: int | None  # None when the config has no such key (peft then uses all heads)
     head_dim: int
     linears: tuple[Linear, ...] = field(default=())
+    config: Any = field(default=None, compare=False, repr=False)  # the transformers config it was read from
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def model_shape(config: Any) -> ModelShape:
     return ModelShape(model_type=str(config.model_type), total=sum(p.numel() for p in model.parameters()),
                       hidden_size=hidden, num_layers=int(getattr(text, "num_hidden_layers")),
                       num_attention_heads=heads, num_key_value_heads=int(kv) if kv is not None else None,
-                      head_dim=int(head_dim), linears=linears)
+                      head_dim=int(head_dim), linears=linears, config=config)
 
 
 def model_shape_for(ref: str) -> ModelShape | None:
@@ -120,6 +121,20 @@ def _targeted(spec: JobSpec, shape: ModelShape, targets: str | list[str]) -> lis
     return [lin for lin in shape.linears if _matches(lin.name, targets)]
 
 
+def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
+    """Trainable parameters as peft counts them on the model built on the meta device (no weights)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from jobs.mapping import peft_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape.config)
+    trainable, _ = get_peft_model(model, peft_config(spec, shape.model_type)).get_nb_trainable_parameters()
+    return int(trainable)
+
+
 def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
     """What peft's `get_nb_trainable_parameters()` will report for `spec` on this model."""
     from jobs.mapping import peft_kwargs
@@ -152,6 +167,10 @@ def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
     elif m is Method.P_TUNING:
         # Virtual-token embeddings plus the MLP encoder (hidden -> hidden -> hidden -> hidden, with biases).
         trainable = n * h + 3 * (h * h + h)
-    else:  # pragma: no cover - the enum is closed
-        raise ValueError(f"no trainable-parameter rule for {m}")
+    elif shape.config is not None:
+        # The other methods' rules (Kronecker factors, orthogonal blocks, shared projections...) are
+        # not restated here: peft applies them to the meta-device model and counts.
+        trainable = counted_by_peft(spec, shape)
+    else:  # pragma: no cover - shapes always come from a config
+        raise ValueError(f"no trainable-parameter rule for {m} without the model's config")
     return ParamCount(trainable, shape.total + trainable)

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from storage.models import MemorySource
+from storage.settings import idle_memory_retention_s
 from storage.store import MemoryPoint, Store
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,8 @@ class Sampler(threading.Thread):
     """Background thread writing memory samples for the current run (or None when idle)."""
 
     def __init__(self, store: Store, probe: GpuProbe | None = None, interval: float = 1.0,
-                 idle_interval: float = 5.0, batch_size: int = 3) -> None:
+                 idle_interval: float = 5.0, batch_size: int = 3, retention_s: float | None = None,
+                 thin_every_s: float = 600.0) -> None:
         super().__init__(name="tunedeck-sampler", daemon=True)
         self.store = store
         self.probe = probe or GpuProbe()
@@ -190,6 +192,9 @@ class Sampler(threading.Thread):
         self._buffer: list[MemoryPoint] = []
         self._stop_event = threading.Event()
         self._wake = threading.Event()
+        self.retention_s = retention_s if retention_s is not None else idle_memory_retention_s()
+        self.thin_every_s = thin_every_s
+        self._last_thin = 0.0
 
     # -- called by the worker -------------------------------------------------
     def set_run(self, run_id: int | None, child_pid: int | None = None) -> None:
@@ -222,6 +227,8 @@ class Sampler(threading.Thread):
                 log.exception("memory sampling failed")
             with self._lock:
                 active = self._run is not None
+            if not active:
+                self.thin_idle(time.time())
             self._wake.wait(self.interval if active else self.idle_interval)
             self._wake.clear()
 
@@ -242,6 +249,17 @@ class Sampler(threading.Thread):
         if full or run is None:
             self._flush()
         return points
+
+    def thin_idle(self, now: float) -> int:
+        """Every `thin_every_s`, thin idle samples older than the retention window (one a minute stays)."""
+        if now - self._last_thin < self.thin_every_s:
+            return 0
+        self._last_thin = now
+        try:
+            return self.store.thin_idle_memory(now - self.retention_s)
+        except Exception:  # bookkeeping: never take the worker down
+            log.exception("thinning idle memory samples failed")
+            return 0
 
     def _flush(self) -> None:
         with self._lock:

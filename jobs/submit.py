@@ -3,16 +3,25 @@
     from jobs.submit import submit
     run_id = submit(store, JobSpec.from_yaml(text))   # raises SpecError with every problem
 
-Checks, all run before anything is queued, their problems reported together: the spec on its
-own (`JobSpec.problems`), the model (`jobs.models.check_model`, no weights loaded), the train
-and eval data (`jobs.data.check_dataset`), and what this machine can do with the spec
-(`jobs.mapping`'s capability check, e.g. fp16 without CUDA).
+Checks, all run before anything is queued, their problems reported together: what a shared
+dashboard's users may ask for (`jobs.access.AccessPolicy`: data folders, remote code; checked
+first, so a refused path is never read), the spec on its own (`JobSpec.problems`), the model
+(`jobs.models.check_model`, no weights loaded), the train and eval data
+(`jobs.data.check_dataset`), and what the workers' device can do with the spec
+(`jobs.mapping`'s capability check, e.g. fp16 without CUDA, against the facts the workers
+published: `jobs.devices.target`; this machine's when none has).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from jobs.access import AccessPolicy
 from jobs.spec import JobSpec, Problem, SpecError
 from storage.store import Store
+
+if TYPE_CHECKING:
+    from jobs.mapping import Device
 
 
 def model_problems(spec: JobSpec) -> list[Problem]:
@@ -33,10 +42,16 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            info = check_dataset(ref, spec.trainer, field=field)
+            info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
         except DataError as exc:
             out.extend(exc.problems)
             continue
+        if field == "dataset" and spec.eval_split is not None:
+            from jobs.data import eval_rows
+
+            held_out = eval_rows(info.n_rows, spec.eval_split)
+            if isinstance(held_out, Problem):
+                out.append(held_out)
         if _is_chat(info) and has_chat_template(spec.model) is False:
             out.append(Problem("model", f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
                                "chat conversations (messages), which are rendered with the chat template",
@@ -87,22 +102,22 @@ def has_chat_template(model: str) -> bool | None:
         return None
 
 
-def capability_problems(spec: JobSpec) -> list[Problem]:
-    """What this machine cannot do with the spec (fp16 without CUDA, bf16 on an old GPU)."""
+def capability_problems(spec: JobSpec, device: "Device | None" = None) -> list[Problem]:
+    """What the device cannot do with the spec (fp16 without CUDA, bf16 on an old GPU); default: this machine."""
     from jobs import mapping
 
-    return list(mapping.capability_problems(spec))
+    return list(mapping.capability_problems(spec, device))
 
 
-def check(spec: JobSpec) -> list[Problem]:
-    """Every problem with the spec, its model, its data and this machine (empty: good to go)."""
-    problems = list(spec.problems())
+def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | None = None) -> list[Problem]:
+    """Every problem with the spec, its model, its data and the device (default: this machine's; empty: good to go)."""
+    problems = (policy or AccessPolicy.open()).problems(spec) + list(spec.problems())
     # Field-level problems first; the model and data checks still run so one pass shows all.
     if not any(p.field == "model" for p in problems):
         problems.extend(model_problems(spec))
     if not any(p.field in ("dataset", "eval_dataset") for p in problems):
         problems.extend(dataset_problems(spec))
-    problems.extend(capability_problems(spec))
+    problems.extend(capability_problems(spec, device))
     seen: set[tuple[str, str]] = set()
     unique = []
     for p in problems:
@@ -112,9 +127,25 @@ def check(spec: JobSpec) -> list[Problem]:
     return unique
 
 
-def submit(store: Store, spec: JobSpec) -> int:
-    """Check the spec (model, data, device) and queue it; raises SpecError with every problem."""
-    problems = check(spec)
+def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> int:
+    """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
+    from jobs.devices import target
+
+    chosen = target(store)
+    problems = check(spec, chosen.facts.device(), policy)
+    if problems and chosen.worker_id is None:
+        problems = _say_which_device(problems, spec, chosen.facts.device(), chosen.note)
     if problems:
         raise SpecError(problems)
     return store.create_run(spec)
+
+
+def _say_which_device(problems: list[Problem], spec: JobSpec, device: "Device", note: str) -> list[Problem]:
+    """Device problems found against this machine because no worker has published its device: say so."""
+    from jobs import mapping
+
+    capable = mapping.Device(cuda=True, bf16=True, compute_capability=(9, 0), name="any GPU")
+    anywhere = {(p.field, p.problem) for p in mapping.capability_problems(spec, capable, probe=False)}
+    device_only = {(p.field, p.problem) for p in mapping.capability_problems(spec, device, probe=False)}
+    return [Problem(p.field, p.problem, f"{p.fix} ({note}; start the worker first if it has a GPU)")
+            if (p.field, p.problem) in device_only - anywhere else p for p in problems]

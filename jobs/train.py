@@ -11,7 +11,9 @@ cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues fr
 complete checkpoint (`jobs.checkpoints`) with optimizer, scheduler and RNG state; its metric
 rows after that step are deleted first, so none is duplicated. A non-finite loss fails the run
 ("non-finite loss at step N") and keeps the last good checkpoint; a full disk while saving
-fails it with the folder named and the half-written checkpoint removed.
+fails it with the folder named and the half-written checkpoint removed. A CUDA out-of-memory
+error in training, with `on_oom: recover`, records the next memory trick as a run event and exits
+with `jobs.oom.EXIT_OOM_RECOVER`; the worker starts the run again with that change (`jobs.oom`).
 Output goes to stdout, which the worker sends to the run's train.log.
 
 `train_spec(spec, output_dir, callbacks)` does the training without any store (tests, bench).
@@ -33,11 +35,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from jobs import figures, oom
 from jobs.callbacks import STOP_REQUESTED, StoreCallback
+from jobs.flops import FlopsRate
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
                           peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
                           training_config)
-from jobs.spec import JobSpec, Method, Precision, SpecError, Trainer
+from jobs.readback import final_micro_batch, trainer_readback
+from jobs.spec import JobSpec, Method, Precision, Problem, SpecError, Trainer
+from jobs.trainers import build_trainer, perplexity
 
 log = logging.getLogger("jobs.train")
 
@@ -91,7 +97,8 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
     model, tokenizer = load_model_and_tokenizer(
         resolved, torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
-        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code)
+        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code,
+        reward_head=spec.trainer is Trainer.REWARD)
     return model, tokenizer
 
 
@@ -115,7 +122,7 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
     `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count)."""
-    from jobs.data import load_datasets
+    from jobs.data import load_data
 
     device = device or detect_device()
     problems = capability_problems(spec, device)
@@ -124,12 +131,17 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     for warning in capability_warnings(spec, device):
         log.warning("%s", warning)
     model, tokenizer = model_and_tokenizer or load_model(spec, device)
-    train_ds, eval_ds = load_datasets(spec)
+    loaded = load_data(spec)
+    train_ds, eval_ds = loaded.train, loaded.eval
+    for info in filter(None, (loaded.train_info, loaded.eval_info)):
+        if info.conversion:
+            log.info("data %s: %s", info.ref, info.conversion)
     log.info("data: %d training rows, %s eval rows", len(train_ds), len(eval_ds) if eval_ds is not None else "no")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
     resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type)
+    resolved["data"] = loaded.record()  # which formats were detected and how they were converted
     peft_cfg = peft_config(spec, model_type)
     if spec.method in QUANTIZED_METHODS:
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
@@ -138,12 +150,28 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
+        # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
+        raise SpecError([Problem("max_length", f"every training row is longer than {spec.max_length} tokens, and the "
+                                 "reward trainer drops such rows", "raise max_length (the data preview counts long rows)")])
+    # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
+    resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
+    if peft_cfg is not None:
+        from jobs.adapter_setup import prepare_adapter
+
+        prepare_adapter(spec, trainer, output_dir)
     trainable, total = count_params(trainer.model)
     resolved["trainable_params"], resolved["total_params"] = trainable, total
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
     if on_ready is not None:
         on_ready(resolved)
     output = trainer.train(resume_from_checkpoint=resume_from)
+    if spec.auto_find_batch_size:  # the loop may have halved the micro-batch after an out-of-memory error
+        final = final_micro_batch(trainer)
+        if final != spec.per_device_train_batch_size:
+            resolved["trainer_config"]["per_device_train_batch_size"] = final
+            resolved["library_changes"]["per_device_train_batch_size"] = {
+                "requested": spec.per_device_train_batch_size, "effective": final}
     nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
     if nonfinite:
         raise NonFiniteLoss(nonfinite[0])
@@ -155,6 +183,8 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     if eval_ds is not None and not stopped:
         metrics.update({k: float(v) for k, v in trainer.evaluate().items()
                         if k.startswith("eval_") and isinstance(v, (int, float))})
+        if "eval_loss" in metrics and spec.trainer.value == "sft":
+            metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     tokens = trained_tokens(trainer.state.log_history)
     if tokens is not None and metrics["train_runtime"] > 0:
         metrics["num_tokens"] = tokens
@@ -172,24 +202,14 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     # A resumed trainer only timed the steps after its checkpoint: the mean is over those.
     timed_steps = metrics["global_step"] - _checkpoint_step(resume_from)
     if timed_steps > 0 and metrics["train_runtime"] > 0:
-        metrics["step_time_mean"] = metrics["train_runtime"] / timed_steps  # seconds per optimizer step
+        # seconds per optimizer step from trl's clock; `run` replaces this and tokens_per_second with the
+        # figures of jobs.figures (the store-less callers, benches and tests, keep these).
+        metrics["step_time_mean"] = metrics["train_runtime"] / timed_steps
     if spec.auto_find_batch_size:  # the micro-batch accelerate ended with after halving on OOM
         metrics["per_device_train_batch_size_final"] = float(getattr(trainer, "_train_batch_size", 0)
                                                              or spec.per_device_train_batch_size)
         resolved["per_device_train_batch_size_final"] = int(metrics["per_device_train_batch_size_final"])
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
-
-
-def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
-                  peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
-    """SFTTrainer, or DPOTrainer whose reference is the base with the adapter off (ref_model=None)."""
-    from trl import DPOTrainer, SFTTrainer
-
-    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
-    if spec.trainer is Trainer.DPO:
-        return DPOTrainer(ref_model=None, **common)
-    return SFTTrainer(**common)
 
 
 # ---------------------------------------------------------------------- errors
@@ -231,12 +251,10 @@ def disk_full(exc: BaseException) -> bool:
 
 def summarize(exc: BaseException, spec: JobSpec | None) -> str:
     """A one-line summary of why a run failed."""
-    import torch
-
     if isinstance(exc, NonFiniteLoss):
         return (f"{exc}: the last good checkpoint is kept; lower learning_rate, set max_grad_norm, "
                 "or use bf16 rather than fp16")
-    if isinstance(exc, torch.OutOfMemoryError):
+    if isinstance(exc, torch_oom()):
         advice = oom_advice(spec) if spec is not None else "smaller batch, gradient checkpointing, shorter max_length"
         return f"CUDA out of memory. To use less memory try: {advice}"
     problems = getattr(exc, "problems", None)
@@ -244,6 +262,13 @@ def summarize(exc: BaseException, spec: JobSpec | None) -> str:
         return "; ".join(str(p) for p in problems)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def torch_oom() -> type[BaseException]:
+    """torch's out-of-memory error class (torch.cuda.OutOfMemoryError is the same class)."""
+    import torch
+
+    return torch.OutOfMemoryError
 
 
 # ---------------------------------------------------------------------- entry point
@@ -302,24 +327,44 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     if record is None:
         log.error("run %s does not exist", run_id)
         return 1
-    spec = stored_spec(record.spec_json)  # the worker claimed it only if it parses
+    spec = oom.effective_spec(store, run_id, stored_spec(record.spec_json))  # after an OOM recovery: the changed spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None)
     output_dir = store.run_dir(run_id) / "output"
+    training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
+
+    def ready(cfg: dict[str, Any]) -> None:
+        store.set_resolved_config(run_id, cfg)
+        callback.flops = FlopsRate.for_run(cfg)
+        training.append(True)
+
     try:
         device = detect_device()
         log.info("device: %s", device)
         resume_from = resume_point(store, run_id, output_dir)
-        result = train_spec(spec, output_dir, [callback, *callbacks], device=device, resume_from=resume_from,
-                            on_ready=lambda cfg: store.set_resolved_config(run_id, cfg))
+        restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
+        result = train_spec(spec, output_dir, [callback, *restore, *callbacks], device=device,
+                            resume_from=resume_from, on_ready=ready)
         callback.flush()  # eval metrics and the last steps land before the status changes
+        store.set_resolved_config(run_id, result.resolved)  # what training ended with (auto_find_batch_size)
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
+        sampled = figures.sampled_peak(store, run_id)  # the sampler's readings so far (it records its own at the end)
+        if sampled is not None:
+            store.set_peak_memory(run_id, *sampled)
         if result.stopped:
             log.info("run %s stopped early (%s): marking cancelled", run_id, callback.stop_reason or "signal")
             store.mark_cancelled(run_id, exit_code=0)
             return 0
-        if callback.tokens_per_second:
-            result.metrics["tokens_per_second_mean"] = sum(callback.tokens_per_second) / len(callback.tokens_per_second)
+        # metrics.json, the model card and the final metrics carry the figures as the UI shows them.
+        result.metrics.pop("step_time_mean", None)
+        result.metrics.pop("tokens_per_second", None)
+        result.metrics.update(figures.run_figures(store, store.get_run(run_id)).metrics())
+        tps = result.metrics.get("tokens_per_second")
+        if tps and callback.flops is not None:  # achieved TFLOP/s and MFU at the run's mean tokens/s
+            result.metrics["tflops_mean"] = callback.flops.tflops(tps)
+            mfu = callback.flops.mfu(tps)
+            if mfu is not None:
+                result.metrics["mfu_mean"] = mfu
         if resume_from is not None:
             # The trainer's train_loss covers only the steps after the resume; the stored loss rows
             # (kept up to the checkpoint, redone after it) cover the whole run.
@@ -339,7 +384,13 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             store.mark_cancelled(run_id, exit_code=0)
             log.info("run %s cancelled", run_id)
             return 0
+        if isinstance(exc, torch_oom()) and training and oom.handle(store, run_id, spec, callback.step + 1, output_dir):
+            log.warning("run %s: out of memory; the worker continues it with the change above", run_id)
+            return oom.EXIT_OOM_RECOVER
         summary = summarize(exc, spec)
+        past = len(oom.recoveries(store, run_id)) if isinstance(exc, torch_oom()) else 0
+        if past:
+            summary += f" (after {past} automatic recover{'y' if past == 1 else 'ies'}; see the run's events)"
         if disk_full(exc):
             partial = [f for _step, f in checkpoint_dirs(output_dir) if not is_complete(f)]
             what, where = ("checkpoint", partial[-1]) if partial else ("output", output_dir)

@@ -15,7 +15,9 @@ the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`, then `cance
 the worker marks runs interrupted whose heartbeat is stale or whose worker process on this host
 is dead (rq's StartedJobRegistry.cleanup), and again every `stale_after / 2` s while it waits
 for the device, so a run of a SIGKILLed worker is taken over by another. SIGTERM/SIGINT to the worker stop it warm: no new
-runs, SIGTERM forwarded to the child, wait, then exit.
+runs, SIGTERM forwarded to the child, wait, then exit. At start the worker publishes its device
+facts (`jobs.devices`) to the store. A child that exits with `jobs.oom.EXIT_OOM_RECOVER` has
+recorded an out-of-memory recovery: the worker starts a fresh child for the same run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from types import FrameType
 import psutil
 from sqlalchemy.exc import SQLAlchemyError
 
+from jobs.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.sampler import GpuProbe, Sampler
 from jobs.stored import spec_problem
 from storage.models import RunStatus
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
 _WATCH_TICK = 0.1  # how often the child is polled; the DB is read only every poll_interval
+_RESTART = object()  # _execute_once: the child asked to be started again (OOM recovery)
 
 
 def default_child_argv(run_id: int) -> list[str]:
@@ -172,6 +176,7 @@ class Worker:
         done = 0
         delay = 0.0  # backoff while the database fails
         try:
+            self.publish_device()
             next_cleanup = 0.0
             while not self._stop.is_set():
                 try:
@@ -213,6 +218,17 @@ class Worker:
             self._restore_signal_handlers(handlers)
         return done
 
+    def publish_device(self) -> None:
+        """Tell the store what this worker trains on (checks and the GPU panel read it, not their own device)."""
+        from jobs.devices import detect
+
+        facts = detect(int(self.device) if self.device.isdigit() else 0)
+        try:
+            self.store.publish_device(self.worker_id, self.host, facts.to_dict())
+        except Exception:  # bookkeeping: the worker trains without it (checks fall back to this machine)
+            log.exception("could not publish this worker's device facts")
+        log.info("worker %s device: %s", self.worker_id, facts.summary())
+
     def cleanup_stale(self) -> list[int]:
         """Mark running runs interrupted whose worker is gone; kill their orphaned children."""
         marked = []
@@ -234,7 +250,25 @@ class Worker:
 
     # ------------------------------------------------------------------ one run
     def execute(self, run: RunRecord) -> RunStatus:
-        """Run one claimed run in a child process and record how it ended."""
+        """Run one claimed run in a child process and record how it ended.
+
+        A child that ran out of memory and recorded a recovery (`jobs.oom`) exits with
+        EXIT_OOM_RECOVER: the run is still ours and running, so a fresh child continues it."""
+        for attempt in range(MAX_RECOVERIES + 1):
+            status = self._execute_once(run, may_restart=attempt < MAX_RECOVERIES)
+            if status is not _RESTART:
+                return status  # type: ignore[return-value]
+            current = self.store.get_run(run.id)
+            if current is None or current.status is not RunStatus.RUNNING:
+                break
+            if self._stop.is_set():
+                self.store.mark_interrupted(run.id, f"{self._stop_reason} while the run was recovering from "
+                                                    "out of memory; queue it again to retry")
+                break
+            log.warning("run %s: out-of-memory recovery recorded; starting a fresh training process", run.id)
+        return self._status(run.id)
+
+    def _execute_once(self, run: RunRecord, may_restart: bool = False) -> RunStatus | object:
         try:
             log_path = self.store.run_dir(run.id) / "train.log"
         except RunFolderError as exc:
@@ -265,6 +299,8 @@ class Worker:
             wait_group_gone(child.pid, self.grace_period)
             if self.sampler is not None:
                 self.sampler.set_run(None)
+        if returncode == EXIT_OOM_RECOVER and why is None and may_restart:
+            return _RESTART  # the same run goes on in a fresh child: the device stays leased
         try:
             return self._record_end(run.id, returncode, why, log_path)
         finally:

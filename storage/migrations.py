@@ -57,9 +57,16 @@ MIGRATIONS: dict[int, list[Statement]] = {
         "ALTER TABLE memory_samples ALTER COLUMN id TYPE BIGINT",
         "ALTER SEQUENCE IF EXISTS memory_samples_id_seq AS BIGINT",
         "ALTER TABLE memory_rollups ALTER COLUMN bucket TYPE BIGINT")],
-    # 5: the child's progress time apart from the worker's heartbeat; runs pinned to a host/device;
+    # 5: run_events (OOM recoveries), worker_devices (published device facts), sweep_runs (trick
+    # sweeps): new tables only, created by create_all just before migrations run; nothing to backfill.
+    5: [],
+    # 6: a note per run; its tags live in the new run_tags table (created by create_all).
+    6: [
+        "ALTER TABLE runs ADD COLUMN note TEXT",
+    ],
+    # 7: the child's progress time apart from the worker's heartbeat; runs pinned to a host/device;
     # the device of a run's memory rollups.
-    5: ["ALTER TABLE runs ADD COLUMN progress_at FLOAT",
+    7: ["ALTER TABLE runs ADD COLUMN progress_at FLOAT",
         "ALTER TABLE runs ADD COLUMN pin_host VARCHAR(128)",
         "ALTER TABLE runs ADD COLUMN pin_device VARCHAR(32)",
         "ALTER TABLE memory_rollups ADD COLUMN device_index INTEGER"],

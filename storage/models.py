@@ -5,9 +5,9 @@ from __future__ import annotations
 from enum import Enum
 
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
 
 
 class RunStatus(str, Enum):
@@ -72,6 +72,18 @@ class Run(Base):
     progress_at: Mapped[float | None] = mapped_column(Float)  # the training child's last step report
     pin_host: Mapped[str | None] = mapped_column(String(128))  # only a worker on this host may claim it
     pin_device: Mapped[str | None] = mapped_column(String(32))  # only a worker on this device may claim it
+    note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 6)
+    # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
+    tag_rows: Mapped[list["RunTag"]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
+
+
+class RunTag(Base):
+    """One tag of one run (schema 6); a run has any number of distinct tags."""
+
+    __tablename__ = "run_tags"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    __table_args__ = (Index("ix_run_tags_tag", "tag"),)
 
 
 class Metric(Base):
@@ -161,3 +173,36 @@ class Artifact(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class RunEvent(Base):
+    """Something that happened to a run besides its status: e.g. an OOM recovery and the spec it continued with."""
+
+    __tablename__ = "run_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    time: Mapped[float] = mapped_column(Float)
+    step: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    data_json: Mapped[str | None] = mapped_column(Text)
+
+
+class WorkerDevice(Base):
+    """The device facts a worker published when it started (plain JSON; `jobs.devices` reads it)."""
+
+    __tablename__ = "worker_devices"
+    worker_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(256))
+    facts_json: Mapped[str] = mapped_column(Text)
+    published_at: Mapped[float] = mapped_column(Float)
+
+
+class SweepRun(Base):
+    """One probe run of a trick sweep: which sweep, which trick, and the note on what changed."""
+
+    __tablename__ = "sweep_runs"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(Integer, index=True)
+    trick: Mapped[str] = mapped_column(String(32))
+    note: Mapped[str] = mapped_column(Text)

@@ -40,6 +40,8 @@ class RunRecord:
     peak_memory_bytes: int | None
     peak_memory_source: str | None
     log_path: str | None
+    tags: tuple[str, ...] = ()
+    note: str | None = None
     progress_at: float | None = None
     pin_host: str | None = None
     pin_device: str | None = None
@@ -56,7 +58,8 @@ class RunRecord:
             final_metrics=json.loads(row.final_metrics_json) if row.final_metrics_json else {},
             resolved_config=json.loads(row.resolved_config_json) if row.resolved_config_json else {},
             peak_memory_bytes=row.peak_memory_bytes, peak_memory_source=row.peak_memory_source,
-            log_path=row.log_path, progress_at=row.progress_at, pin_host=row.pin_host, pin_device=row.pin_device,
+            log_path=row.log_path, tags=tuple(t.tag for t in row.tag_rows), note=row.note,
+            progress_at=row.progress_at, pin_host=row.pin_host, pin_device=row.pin_device,
         )
 
 

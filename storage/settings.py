@@ -3,7 +3,9 @@
 `TUNEDECK_HOME` (default `./data`) holds the database, run folders, uploads and the model
 cache. `TUNEDECK_DATABASE_URL` overrides the database (default SQLite at
 `$TUNEDECK_HOME/tunedeck.db`). `TUNEDECK_MODELS_DIR` overrides the model cache (so tests and
-several data directories can share one converted SmolLM2).
+several data directories can share one converted SmolLM2). `TUNEDECK_IDLE_MEMORY_RETENTION_H`
+(default 24) is how long memory samples taken while no run trains are kept at full rate; older
+ones are thinned to one a minute (samples of runs are kept with their run).
 """
 
 from __future__ import annotations
@@ -43,3 +45,31 @@ def uploads_dir() -> Path:
     path = data_dir() / "uploads"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def idle_memory_retention_s() -> float:
+    """Seconds idle memory samples are kept at full rate (`TUNEDECK_IDLE_MEMORY_RETENTION_H`, default 24 h)."""
+    raw = os.environ.get("TUNEDECK_IDLE_MEMORY_RETENTION_H", "").strip()
+    try:
+        hours = float(raw) if raw else 24.0
+    except ValueError:
+        raise ValueError(f"TUNEDECK_IDLE_MEMORY_RETENTION_H={raw!r} is not a number of hours: "
+                         "set it to e.g. 24, or unset it") from None
+    if not hours > 0:
+        raise ValueError(f"TUNEDECK_IDLE_MEMORY_RETENTION_H={raw!r} must be above 0 hours: set it to e.g. 24")
+    return hours * 3600.0
+
+
+DEFAULT_MAX_UPLOAD_MB = 1024
+
+
+def max_upload_mb() -> int:
+    """The upload size limit in MB (`TUNEDECK_MAX_UPLOAD_MB`, default 1024)."""
+    raw = os.environ.get("TUNEDECK_MAX_UPLOAD_MB", "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_UPLOAD_MB
+    except ValueError:
+        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} is not a whole number of megabytes") from None
+    if value < 1:
+        raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} must be at least 1")
+    return value

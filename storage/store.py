@@ -9,7 +9,8 @@ timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a cla
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
-and memory series in `store_series.py`, records in `records.py`, rollup SQL in `rollups.py`,
+and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
+tags, notes and deletion in `store_manage.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`. Every name is importable from here.
 """
 
@@ -34,12 +35,15 @@ from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.identity import RunFolderError, claim_folder, ensure_identity
 from storage.settings import data_dir, database_url
+from storage.store_events import EventsMixin
+from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
 
 __all__ = [
     "ArtifactRecord", "BUSY_TIMEOUT_MS", "MEMORY_LEVELS", "METRIC_LEVELS", "MIGRATIONS", "MemoryBucket",
-    "MemoryPoint", "MetricBucket", "MetricPoint", "RunFolderError", "RunRecord", "Store", "WRITE_RETRY_S", "is_locked_error",
+    "MemoryPoint", "MetricBucket", "MetricPoint", "RunFolderError", "RunRecord", "RunningRunError", "Store",
+    "WRITE_RETRY_S", "is_locked_error",
 ]
 
 BUSY_TIMEOUT_MS = 30_000
@@ -50,7 +54,7 @@ WRITE_RETRY_S = 120.0
 log = logging.getLogger(__name__)
 
 
-class Store(RunsMixin, SeriesMixin):
+class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):
@@ -117,13 +121,21 @@ class Store(RunsMixin, SeriesMixin):
             migrate(s, self.url)
             self.database_id, self._runs_folder = ensure_identity(s)
 
+    @property
+    def runs_root(self) -> Path:
+        """This database's own folder of run folders (`storage.identity`)."""
+        return data_dir() / self._runs_folder
+
+    def run_path(self, run_id: int) -> Path:
+        """The run's folder, neither created nor claimed (for measuring and removing it)."""
+        return self.runs_root / f"{int(run_id):06d}"
+
     def run_dir(self, run_id: int) -> Path:
         """The run's folder under this database's own root (`storage.identity`), created if needed.
 
         Raises RunFolderError when the folder belongs to another database.
         """
-        root = data_dir() / self._runs_folder
-        return claim_folder(root / f"{int(run_id):06d}", self.database_id, self.url)
+        return claim_folder(self.run_path(run_id), self.database_id, self.url)
 
     @property
     def schema_version(self) -> int:

@@ -20,6 +20,7 @@ from storage import models as m
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.rollups import rebuild_metric_rollups
+from storage.store_manage import search_filter
 
 
 def _next_queued(s: Session, host: str, device: str) -> int | None:
@@ -86,7 +87,7 @@ class RunsMixin:
         """Queue spec JSON as it is (`create_run` validates first; tests store older/odd specs)."""
         now = time.time()
         with self._tx() as s:
-            row = m.Run(name=name, spec_json=spec_json, status=RunStatus.QUEUED.value, pin_host=pin_host or None,
+            row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value, pin_host=pin_host or None,
                         pin_device=pin_device or None, created_at=now, queue_order=now, cancel_requested=0,
                         current_step=0)
             s.add(row)
@@ -102,9 +103,10 @@ class RunsMixin:
             row = s.get(m.Run, run_id)
             return RunRecord.from_row(row) if row else None
 
-    def list_runs(self, status: RunStatus | Sequence[RunStatus] | None = None, limit: int = 200) -> list[RunRecord]:
-        """Newest first, optionally filtered by status."""
-        q = select(m.Run).order_by(m.Run.id.desc()).limit(limit)
+    def list_runs(self, status: RunStatus | Sequence[RunStatus] | None = None, limit: int = 200,
+                  search: str | None = None, tag: str | None = None) -> list[RunRecord]:
+        """Newest first, optionally filtered by status, a search text (name, tags, note) and a tag."""
+        q = search_filter(select(m.Run).order_by(m.Run.id.desc()).limit(limit), search, tag)
         if status is not None:
             statuses = [status] if isinstance(status, RunStatus) else list(status)
             q = q.where(m.Run.status.in_([st.value for st in statuses]))
@@ -196,10 +198,6 @@ class RunsMixin:
                                 func.coalesce(m.Run.heartbeat_at, m.Run.started_at, 0) < self._db_now() - older_than_s)
         with self._read() as s:
             return [RunRecord.from_row(r) for r in s.scalars(q)]
-
-    def delete_run(self, run_id: int) -> None:
-        with self._tx() as s:
-            s.execute(delete(m.Run).where(m.Run.id == run_id))
 
     # ------------------------------------------------------------------ device lease, queue order, resume
     # One running run per device: the lease is a `meta` row `device:<host>:<device>` =

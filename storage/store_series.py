@@ -20,6 +20,7 @@ from storage.retry import is_locked_error
 from storage.rollups import (
     MEMORY_LEVELS, METRIC_LEVELS, _finite_or_none, _nan_if_none, floor_int, shift_right, upsert_memory_rollups,
     upsert_metric_rollups)
+from storage.store_manage import rows_of_existing_runs
 
 log = logging.getLogger("storage.store")  # the store's logger, as before the split
 
@@ -62,13 +63,18 @@ class SeriesMixin:
 
     def _insert_metrics(self, rows: list[dict[str, Any]]) -> None:
         with self._tx() as s:
-            s.execute(m.Metric.__table__.insert(), rows)
-            upsert_metric_rollups(s, rows)
+            live = rows_of_existing_runs(s, rows)  # a run deleted meanwhile drops its late rows
+            if live:
+                s.execute(m.Metric.__table__.insert(), live)
+                upsert_metric_rollups(s, live)
 
-    def metrics(self, run_id: int, names: Sequence[str] | None = None) -> list[MetricPoint]:
+    def metrics(self, run_id: int, names: Sequence[str] | None = None, after_step: int | None = None) -> list[MetricPoint]:
+        """Raw rows by name then step; `after_step` keeps only later steps (for polling)."""
         q = select(m.Metric.step, m.Metric.name, m.Metric.value, m.Metric.time).where(m.Metric.run_id == run_id)
         if names is not None:
             q = q.where(m.Metric.name.in_(list(names)))
+        if after_step is not None:
+            q = q.where(m.Metric.step > after_step)
         q = q.order_by(m.Metric.name, m.Metric.step, m.Metric.id)
         with self._read() as s:
             return [MetricPoint(st, n, _nan_if_none(v), t) for st, n, v, t in s.execute(q)]
@@ -143,6 +149,18 @@ class SeriesMixin:
         with self._read() as s:
             return {run_id: _nan_if_none(value) for run_id, value in s.execute(q)}
 
+    def metric_means(self, run_ids: Sequence[int], name: str) -> dict[int, float]:
+        """Mean of every finite value of one metric, per run, from the coarsest rollup level (a few rows
+        per run however long it is); runs without rows are left out."""
+        if not run_ids:
+            return {}
+        r = m.MetricRollup
+        q = (select(r.run_id, func.sum(r.value_sum), func.sum(r.row_count))
+             .where(r.run_id.in_(list(run_ids)), r.name == name, r.level == max(METRIC_LEVELS))
+             .group_by(r.run_id))
+        with self._read() as s:
+            return {run_id: total / count for run_id, total, count in s.execute(q) if count}
+
     # ------------------------------------------------------------------ memory
     def add_memory_samples(self, samples: Iterable[MemoryPoint]) -> int:
         rows = [{k: getattr(p, k) for k in _MEMORY_FIELDS} for p in samples]
@@ -151,11 +169,25 @@ class SeriesMixin:
 
         def write() -> None:
             with self._tx() as s:
-                s.execute(m.MemorySample.__table__.insert(), rows)
-                upsert_memory_rollups(s, rows)
+                live = rows_of_existing_runs(s, rows)  # a run deleted meanwhile drops its late rows
+                if live:
+                    s.execute(m.MemorySample.__table__.insert(), live)
+                    upsert_memory_rollups(s, live)
 
         self._retrying(write, "add_memory_samples")
         return len(rows)
+
+    def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int:
+        """Thin samples of no run older than `older_than` (epoch s) to one per source, device and
+        `keep_every` seconds; samples of runs are kept whole (they belong to their run). Returns the
+        number of rows deleted."""
+        t = m.MemorySample
+        old_idle = (t.run_id.is_(None), t.time < older_than)
+        slot = func.floor(t.time / keep_every)
+        keep = (select(func.min(t.id)).where(*old_idle)
+                .group_by(t.source, func.coalesce(t.device_index, -1), slot).scalar_subquery())
+        with self._tx() as s:
+            return s.execute(t.__table__.delete().where(*old_idle, t.id.not_in(keep))).rowcount or 0
 
     def memory_samples(self, run_id: int | None = None, since: float | None = None,
                        source: str | None = None, limit: int | None = None) -> list[MemoryPoint]:

@@ -1,6 +1,6 @@
 """Helpers for the Chromium tests: start `tunedeck serve` on a free port, launch Debian's Chromium.
 
-Flags come from ../shared/ENVIRONMENT.md: offline, no sandbox, host lookups of anything but
+Chromium flags for a machine without internet (measured on the dev machines): offline, no sandbox, host lookups of anything but
 127.0.0.1 fail, so a request leaving the machine would show up as an error, never as traffic.
 """
 
@@ -12,7 +12,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -33,10 +36,11 @@ def serve_command(port: int) -> list[str]:
     return base + ["serve", "--host", "127.0.0.1", "--port", str(port)]
 
 
-def start_server(home: Path, port: int, log: Path, timeout: float = 60.0) -> subprocess.Popen:
+def start_server(home: Path, port: int, log: Path, timeout: float = 60.0,
+                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the dashboard + worker; raise with its stderr when it does not come up in time."""
     env = {**os.environ, "TUNEDECK_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     env.pop("TUNEDECK_DATABASE_URL", None)
     fh = log.open("wb")
     proc = subprocess.Popen(serve_command(port), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -64,3 +68,27 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@contextmanager
+def served(home: Path) -> Iterator[str]:
+    """`tunedeck serve` with TUNEDECK_HOME=home on a free port while the block runs; yields its URL."""
+    port = free_port()
+    proc = start_server(home, port, home / "server.log")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_server(proc)
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium through playwright, with the offline flags above."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

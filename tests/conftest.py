@@ -13,6 +13,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests are reproducible by default: the "ci" profile derandomizes (the same examples on
+# every run and machine) and keeps no example database. `HYPOTHESIS_PROFILE=explore` searches
+# afresh with many more examples (see tests/property_settings.py); run it locally, not in CI.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.spec import JobSpec, Problem, SpecError, Trainer, field_infos
+from property_settings import examples
 from storage.models import RunStatus
 
 KNOWN = [f.name for f in field_infos()]
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
                     st.text(max_size=20), st.sampled_from(["lora", "qlora", "sft", "dpo", "bf16", "fp16", "1e-4",
@@ -67,7 +68,7 @@ valid_ish = st.fixed_dictionaries({
                                  "per_device_train_batch_size", "optim", "eval_dataset", "max_steps")})
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(valid_ish)
 def test_submit_check_never_raises(data: dict) -> None:
     from jobs.submit import check
@@ -98,7 +99,7 @@ def test_cli_submit_random_yaml(cli_home: Path, tmp_path: Path, capsys: pytest.C
 
     counts = {"ok": 0, "bad": 0}
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.one_of(spec_dicts.map(lambda d: yaml.safe_dump(d, allow_unicode=True)), st.text(max_size=60)))
     def run(text: str) -> None:
         path = tmp_path / "spec.yaml"
@@ -146,21 +147,21 @@ json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st
                            max_leaves=8)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.binary(max_size=200), st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]),
        st.sampled_from(list(Trainer)))
 def test_random_bytes_only_data_error(tmp_path: Path, content: bytes, suffix: str, trainer: Trainer) -> None:
     _check_file(tmp_path, "random" + suffix, content, trainer)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.one_of(json_values.map(json.dumps), st.text(max_size=20)), min_size=0, max_size=6),
        st.sampled_from(list(Trainer)))
 def test_random_json_lines_only_data_error(tmp_path: Path, lines: list[str], trainer: Trainer) -> None:
     _check_file(tmp_path, "random.jsonl", "\n".join(lines).encode("utf-8"), trainer)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=8), min_size=1,
                          max_size=4), min_size=0, max_size=5),
        st.sampled_from(list(Trainer)))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_helpers import CHROMIUM, CHROMIUM_ARGS, REPO, free_port, start_server, stop_server
+from browser_helpers import CHROMIUM, REPO, chromium, served
 
 from jobs.stored import spec_of
 
@@ -29,18 +29,14 @@ ARTIFACTS = REPO / "test-artifacts"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("tunedeck-home")
-    port = free_port()
-    proc = start_server(home, port, home / "server.log")
-    yield f"http://127.0.0.1:{port}", home
-    stop_server(proc)
+    with served(home) as url:
+        yield url, home
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _store(home: Path):
@@ -51,7 +47,10 @@ def _store(home: Path):
     return Store(f"sqlite:///{home / 'tunedeck.db'}")
 
 
-def _set(page, label: str, value: str) -> None:
+def _set(page, name: str, value: str) -> None:
+    from jobs.spec import field_infos
+
+    label = next(f.title for f in field_infos() if f.name == name)  # "Model (model)"
     box = page.get_by_label(label, exact=True)
     box.fill(value)
     box.press("Tab")
@@ -101,9 +100,18 @@ def test_launch_watch_reload_download(server, browser):
     store = _store(home)
     assert spec_of(store.get_run(run_id)).max_steps == 40
     assert store.metric_extent(run_id, "loss") is not None and store.memory_extent(run_id) is not None
-    time.sleep(2)
-    for plot in ("#run-loss-plot", "#run-memory-plot"):
-        assert page.locator(f"{plot} canvas, {plot} svg .mark-line path").count() > 0, plot
+    # What the graphs drew for a real run (tests/chart_scene.py): lines with their data, honest legends.
+    from app import ui_data
+    from chart_scene import wait_scene
+
+    losses = [p.value for p in store.metrics(run_id, ["loss"])]
+    loss = wait_scene(page, "run-loss-plot", lambda s: s.drawn_lines().get("train", 0) >= min(len(losses), 2))
+    assert loss.axis("Y").covers(min(losses), max(losses)), loss.describe()
+    assert set(loss.legend) <= {"train", "eval"} and "train" in loss.legend, loss.describe()
+    assert set(loss.drawn_lines()) == set(loss.legend), loss.describe()  # a final eval loss alone draws too
+    device = {"GPU used (NVML)", "torch allocated", "torch reserved"} if ui_data.has_cuda() else {"host RSS"}
+    memory = wait_scene(page, "run-memory-plot", lambda s: set(s.drawn_lines()) == device)
+    assert sorted(memory.legend) == sorted(device) and not memory.legend_clipped, memory.describe()
     page.screenshot(path=str(ARTIFACTS / "run-page-finished.png"), full_page=True)
     with page.expect_download() as info:
         page.click("#download-adapter")
@@ -136,13 +144,71 @@ def test_bad_form_shows_every_problem_and_queues_nothing(server, browser, tmp_pa
 def test_gradio_client_launches_a_run(server):
     from gradio_client import Client
 
-    from app import ui_form
     from jobs.spec import JobSpec
 
     url, home = server
     client = Client(url, analytics_enabled=False, verbose=False)
-    values = ui_form.form_values(JobSpec(model="tiny-llama", max_steps=3, run_name="api-run"))
-    values = [None if v == "" and n in {"eval_dataset"} else v for n, v in zip(ui_form.NAMES, values)]
-    errors, run_id = client.predict(*values, api_name="/launch")
-    assert errors == "" and run_id
-    assert spec_of(_store(home).get_run(int(run_id))).run_name == "api-run"
+    spec = JobSpec(model="tiny-llama", max_steps=3, run_name="api-run").to_yaml()
+    out = client.predict(spec_yaml=spec, api_name="/submit")  # the form's own /launch is private now
+    assert out["problems"] == [] and out["run_id"]
+    assert spec_of(_store(home).get_run(int(out["run_id"]))).run_name == "api-run"
+
+
+def _finished_run_row(home: Path, name: str) -> int:
+    """A succeeded run written straight into the database (the worker never sees it queued)."""
+    import sqlite3
+
+    from jobs.spec import JobSpec
+
+    _store(home).dispose()  # makes sure the schema exists
+    with sqlite3.connect(home / "tunedeck.db") as con:
+        cur = con.execute("INSERT INTO runs (name, spec_json, status, created_at, finished_at, queue_order, "
+                          "cancel_requested, current_step) VALUES (?, ?, 'succeeded', 1.0, 2.0, 1.0, 0, 5)",
+                          (name, JobSpec(run_name=name).to_json()))
+        run_id = cur.lastrowid
+    con.close()
+    from storage.store import MemoryPoint, MetricPoint
+
+    store = _store(home)
+    store.add_metrics(run_id, [MetricPoint(s, "loss", 3.0 - s / 10, 1.0 + s) for s in range(1, 6)])
+    store.add_memory_samples([MemoryPoint(1.0 + t, "host", run_id, process_rss=2**28) for t in range(5)])
+    (store.run_dir(run_id) / "train.log").write_bytes(b"x" * 300_000)
+    store.dispose()
+    return run_id
+
+
+def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser, monkeypatch):
+    url, home = server
+    monkeypatch.setenv("TUNEDECK_HOME", str(home))  # the run folders this test's store sees are the server's
+    keep, doomed = _finished_run_row(home, "keep-me"), _finished_run_row(home, "delete-me")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(f"{url}/?run={doomed}")
+    page.get_by_text("delete-me").first.wait_for(timeout=30_000)
+    page.fill("#run-tags textarea, #run-tags input", "old, paper")
+    page.click("#save-notes")
+    page.locator("#manage-message").get_by_text("Saved").wait_for(timeout=30_000)
+    assert _store(home).get_run(doomed).tags == ("old", "paper")
+    page.get_by_role("tab", name="Runs").click()
+    page.fill("#runs-search textarea, #runs-search input", "PAPER")  # a tag, in other case
+    table = page.locator("#runs-table")
+    page.wait_for_function("() => { const t = document.querySelector('#runs-table').innerText;"
+                           " return t.includes('old, paper') && !t.includes('keep-me'); }", timeout=30_000)
+    assert "KiB" in table.inner_text() and "on disk" in page.locator("#runs-disk-total").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "runs-search-tags-disk.png"), full_page=True)
+    page.get_by_role("tab", name="Run", exact=True).click()
+    page.click("#delete-run")
+    question = page.locator("#delete-question")
+    question.get_by_text("delete-me").wait_for(timeout=30_000)
+    assert "This cannot be undone" in question.inner_text() and "KiB" in question.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "run-delete-confirmation.png"), full_page=True)
+    page.click("#delete-keep")
+    question.wait_for(state="hidden", timeout=30_000)
+    assert _store(home).get_run(doomed) is not None  # "No, keep it" keeps it
+    page.click("#delete-run")
+    page.locator("#delete-confirm").wait_for(timeout=30_000)
+    page.click("#delete-confirm")
+    page.locator("#manage-message").get_by_text(f"Deleted run {doomed}").wait_for(timeout=30_000)
+    store = _store(home)
+    assert store.get_run(doomed) is None and not store.run_path(doomed).exists()
+    assert store.get_run(keep) is not None and (store.run_path(keep) / "train.log").exists()

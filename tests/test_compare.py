@@ -7,6 +7,7 @@ import time
 import pytest
 
 from app import series, ui_compare
+from jobs import figures
 from jobs.spec import JobSpec, Method, Optim
 from storage.store import MetricPoint, Store
 
@@ -56,10 +57,10 @@ def test_summary_reads_final_metrics_and_metric_rows(store, two_runs):
     lora, full = (store.get_run(i) for i in two_runs)
     s = ui_compare.summarize_run(store, lora)
     assert s.status == "succeeded"
-    assert s.peak_memory_bytes == 6 * GIB and s.peak_memory_source == "torch"
+    assert s.peak_memory_bytes == 6 * GIB and s.figures.peak_memory_source == "torch"
     assert s.tokens_per_second == pytest.approx(1100.0)  # mean of the rows
-    assert s.step_time == pytest.approx(0.5)
-    assert s.train_loss == 2.0  # the last logged loss, not trl's average train_loss
+    assert s.figures.step_time == pytest.approx(0.5)
+    assert s.figures.loss == 2.0  # the last logged loss, not trl's average train_loss
     assert s.eval_loss == 2.4  # final metrics win over rows
     assert (s.trainable_params, s.total_params, s.runtime_s) == (1_000_000, 100_000_000, 75.0)
     f = ui_compare.summarize_run(store, full)
@@ -67,18 +68,18 @@ def test_summary_reads_final_metrics_and_metric_rows(store, two_runs):
     assert f.tokens_per_second == pytest.approx(700.0)
 
 
-def test_final_mean_tokens_per_second_wins_over_rows(store):
+def test_tokens_per_second_is_the_one_figure_not_a_final_metric(store):
+    """An older run's final metrics held another tokens/s (trl's runtime); the figure comes from the rows."""
     run_id = _finished_run(store, JobSpec(run_name="x"), losses=[1.0], tps=[10.0], step_time=1.0, peak=GIB,
-                           final={"tokens_per_second_mean": 42.0})
-    assert ui_compare.summarize_run(store, store.get_run(run_id)).tokens_per_second == 42.0
+                           final={"tokens_per_second_mean": 42.0, "tokens_per_second": 41.0})
+    assert ui_compare.summarize_run(store, store.get_run(run_id)).tokens_per_second == 10.0
 
 
 def test_queued_run_has_empty_results(store):
     run_id = store.create_run(JobSpec(run_name="waiting"))
     s = ui_compare.summarize_run(store, store.get_run(run_id))
     assert s.status == "queued"
-    assert (s.peak_memory_bytes, s.tokens_per_second, s.step_time, s.train_loss, s.eval_loss, s.runtime_s) == \
-        (None,) * 6
+    assert s.figures == figures.RunFigures() and (s.eval_loss, s.runtime_s) == (None, None)
     assert ui_compare.result_values(s)[1:] == [""] * (len(ui_compare.RESULT_ROWS) - 1)
 
 
@@ -98,9 +99,10 @@ def test_table_has_differences_then_results_one_column_per_run(store, two_runs):
     rows = {row[0]: list(row[1:]) for row in table.itertuples(index=False)}
     assert list(table["field"])[-len(ui_compare.RESULT_ROWS):] == ui_compare.RESULT_ROWS
     assert rows["method"] == ["lora", "full"]
-    assert rows["peak memory"] == ["6.0 GiB (torch)", "12.0 GiB (torch)"]
-    assert rows["mean tokens/s"] == ["1100", "700"]
-    assert rows["mean step time"] == ["0.500s", "1.250s"]
+    assert rows["peak memory"] == ["6.00 GiB (torch)", "12.00 GiB (torch)"]
+    assert rows["tokens/s"] == ["1,100 tokens/s", "700 tokens/s"]
+    assert rows["step time"] == ["0.500 s", "1.250 s"]
+    assert rows["loss"] == ["2.0000", "1.5000"]
     assert rows["trainable params"] == ["1.0M (1.00%)", "100.0M (100.00%)"]
     assert rows["runtime"] == ["1m 15s", "5.0s"]
     assert "seed" not in rows  # equal fields are left out
@@ -116,15 +118,22 @@ def test_tradeoff_frame_has_one_point_per_measured_run(store, two_runs):
     queued = store.create_run(JobSpec(run_name="waiting"))
     runs = [store.get_run(i) for i in (*two_runs, queued)]
     frame = ui_compare.tradeoff_frame([ui_compare.summarize_run(store, r) for r in runs])
-    assert list(frame.columns) == ["tokens/s", "peak GiB", "run"]
+    assert list(frame.columns) == ["tokens/s", "peak GiB", "series"]
     assert frame.values.tolist() == [[1100.0, 6.0, f"#{two_runs[0]} lora"], [700.0, 12.0, f"#{two_runs[1]} full"]]
+    assert [str(t) for t in frame.dtypes] == ["float64", "float64", "string"]
+
+
+def test_plot_frames_are_typed_even_when_empty():
+    """An untyped empty first frame froze the plot's axes as discrete in the browser (issue 15)."""
+    for frame in (ui_compare.tradeoff_frame([]), series.metric_frame({}), series.memory_frame([], 0.0)):
+        assert [str(t) for t in frame.dtypes] == ["float64", "float64", "string"]
 
 
 def test_loss_frame_overlays_one_series_per_run(store, two_runs):
     runs = [store.get_run(i) for i in two_runs]
     frame = ui_compare.loss_frame(series.MetricSeriesCache(store), runs)
-    assert list(frame.columns) == ["step", "value", "series"]
-    by_run = frame.groupby("series")["value"].apply(list).to_dict()
+    assert list(frame.columns) == ["step", "loss", "series"]
+    by_run = frame.groupby("series")["loss"].apply(list).to_dict()
     assert by_run == {f"#{two_runs[0]} lora": [3.0, 2.5, 2.0], f"#{two_runs[1]} full": [3.0, 1.5]}
 
 
@@ -137,13 +146,19 @@ def test_loss_frame_is_downsampled_for_long_runs(store):
 
 def test_handler_compares_picked_runs_and_lists_choices(store, two_runs):
     data = ui_compare.CompareData(store)
-    table, tradeoff, loss = data.compare([str(two_runs[1]), two_runs[0], 9999])  # unknown ids are skipped
-    assert list(table.columns)[1:] == [f"#{two_runs[1]} full", f"#{two_runs[0]} lora"]
-    assert len(tradeoff) == 2 and set(loss["series"]) == {f"#{two_runs[1]} full", f"#{two_runs[0]} lora"}
+    # Unknown ids are skipped, a run picked twice counts once.
+    table, tradeoff, loss, styles = data.compare([str(two_runs[1]), two_runs[0], 9999, two_runs[0]])
+    labels = [f"#{two_runs[1]} full", f"#{two_runs[0]} lora"]
+    assert list(table.columns)[1:] == labels
+    assert len(tradeoff.value["data"]) == 2 and {row[2] for row in loss.value["data"]} == set(labels)
+    assert list(styles["compare-loss"]["color_map"]) == labels  # one colour per run, in order
+    assert len(set(styles["compare-loss"]["color_map"].values())) == 2
+    assert styles["compare-tradeoff"]["x_lim"] == [0.0, 1500.0]  # 1100 tokens/s * 1.1, rounded up
     dropdown = data.choices()
     assert dropdown.choices[0] == (f"{two_runs[1]} · full · succeeded", two_runs[1])  # newest first
-    empty_table, empty_scatter, empty_loss = data.compare([])
-    assert list(empty_table["field"]) == ui_compare.RESULT_ROWS and empty_scatter.empty and empty_loss.empty
+    empty_table, empty_scatter, empty_loss, _ = data.compare([])
+    assert list(empty_table["field"]) == ui_compare.RESULT_ROWS
+    assert empty_scatter.value["data"] == [] and empty_loss.value["data"] == []
 
 
 def test_compare_tab_is_in_the_dashboard(store):
@@ -188,8 +203,8 @@ def test_compare_tab_in_chromium(tmp_path):
                 page.get_by_role("option", name=f"{run_id} · {name} · succeeded").click()
             table = page.locator("#compare-table")
             # The dataframe keeps a hidden copy of its cells: look at the visible ones only.
-            table.get_by_text("9.0 GiB (torch)").filter(visible=True).first.wait_for(timeout=20_000)
-            assert table.get_by_text("3.0 GiB (torch)").filter(visible=True).count() > 0
+            table.get_by_text("9.00 GiB (torch)").filter(visible=True).first.wait_for(timeout=20_000)
+            assert table.get_by_text("3.00 GiB (torch)").filter(visible=True).count() > 0
             assert table.get_by_text("method", exact=True).filter(visible=True).count() > 0
             for plot in ("#compare-tradeoff", "#compare-loss"):
                 page.locator(f"{plot} canvas, {plot} svg").first.wait_for(timeout=15_000)

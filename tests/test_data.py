@@ -31,7 +31,7 @@ def problems_of(ref: str, trainer: Trainer = SFT, **kw: Any) -> str:
 
 # ---------------------------------------------------------------------- samples
 def test_list_samples() -> None:
-    assert list_samples() == ["sample:chat-format", "sample:preference-format"]
+    assert list_samples() == ["sample:chat-format", "sample:kto-format", "sample:preference-format"]
 
 
 @pytest.mark.parametrize("ref,trainer,fmt,n", [
@@ -155,7 +155,7 @@ def test_mixed_styles(tmp_path: Path) -> None:
 def test_unknown_columns(tmp_path: Path) -> None:
     text = problems_of(jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}]))
     assert "has no column trl can train on (found `question`, `answer`)" in text
-    assert "`question` -> `prompt`" in text
+    assert "Fix: map your columns with dataset_columns, e.g. `prompt=question, completion=answer`" in text
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n"])

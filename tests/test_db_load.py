@@ -22,6 +22,8 @@ from jobs.spec import JobSpec
 from storage import store as store_module
 from storage.store import MetricPoint, Store, is_locked_error
 
+pytestmark = pytest.mark.slow  # real processes holding database locks: the slow tier
+
 
 _HOLDER = """
 import sqlite3, sys, time

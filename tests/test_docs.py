@@ -61,8 +61,9 @@ def fields_table() -> str:
 
     lines = ["| name | group | type | default | help |", "|---|---|---|---|---|"]
     for info in field_infos():
+        help_text = info.help + (f" (method: {', '.join(info.methods)})" if info.methods else "")
         lines.append(
-            f"| `{info.name}` | {info.group.value} | {_cell(_type(info))} | {_cell(_default(info.default))} | {_cell(info.help)} |"
+            f"| `{info.name}` | {info.group.value} | {_cell(_type(info))} | {_cell(_default(info.default))} | {_cell(help_text)} |"
         )
     return "\n".join(lines)
 
@@ -133,6 +134,52 @@ def test_dev_sh_usage_names_its_commands():
     out = subprocess.run(["bash", str(ROOT / "dev.sh"), "help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "./dev.sh serve" in out.stderr and "./dev.sh test" in out.stderr
+
+
+# Paths that live outside this repository: a checkout must explain itself with its own files. The
+# patterns are built from pieces so that this file does not match itself.
+_OUTSIDE = re.compile("|".join([r"\.\./" + "shared", r"(?<![\w.-])/" + r"(?:work|farm|old_root)/", r"/home/" + r"[\w.-]+/",
+                                r"(?<![\w.-])/" + r"root/(?!\.cache/tunedeck)"]))
+_TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".txt", ".cfg", ".ini", ".json", ""}
+
+
+def _tracked_text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:  # not a git checkout (an sdist): every file below the root
+        names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and ".venv" not in p.parts]
+    else:
+        names = [n for n in out.stdout.split("\0") if n]
+    files = [ROOT / n for n in names]
+    return [f for f in files if f.is_file() and (f.suffix in _TEXT_SUFFIXES or f.name in {"Dockerfile", "run"})
+            and f.stat().st_size < 2_000_000]
+
+
+def test_nothing_points_outside_the_repository():
+    """Code, docs and comments cite files in the repository, never a folder beside it or a machine's path."""
+    hits = []
+    for path in _tracked_text_files():
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if _OUTSIDE.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
+    assert not hits, "references to paths outside the repository:\n" + "\n".join(hits)
+
+
+def test_outside_reference_check_catches_what_it_should():
+    for line in ("see ../" "shared/MEMORY.md", "in /" "work/shared/ENV.md", "open /" "home/alice/x", "/" "root/notes"):
+        assert _OUTSIDE.search(line), line
+    for line in ("/usr/bin/chromium", "~/.cache/tunedeck/test-models", "docs/memory.md", "shared memory"):
+        assert not _OUTSIDE.search(line), line
+
+
+def test_markdown_links_point_at_files_that_exist():
+    missing = []
+    for md in [f for f in _tracked_text_files() if f.suffix == ".md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", md.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (md.parent / target).exists():
+                missing.append(f"{md.relative_to(ROOT)} -> {target}")
+    assert not missing, "links to files that do not exist: " + ", ".join(missing)
 
 
 if __name__ == "__main__":

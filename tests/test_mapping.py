@@ -141,14 +141,14 @@ def test_load_dtype(method: Method, precision: Precision, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("changes, expected", [
-    ({}, {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
+    ({}, {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "activation_checkpointing": False,
           "optim": "adamw_torch", "learning_rate": 2e-4, "lr_scheduler_type": "linear", "warmup_steps": 0,
           "num_train_epochs": 1.0, "max_steps": -1, "weight_decay": 0.0, "max_grad_norm": 1.0,
           "logging_steps": 1, "seed": 42, "max_length": 512, "packing": False, "report_to": [],
           "logging_nan_inf_filter": False, "disable_tqdm": True, "dataloader_num_workers": 0,
           "save_strategy": "no", "eval_strategy": "no", "bf16": False, "fp16": False, "use_cpu": True}),
     ({"gradient_checkpointing": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4},
-     {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
+     {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False},
       "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}),
     ({"optim": "adamw_bnb_8bit"}, {"optim": "adamw_bnb_8bit"}),
     ({"optim": "paged_adamw_8bit"}, {"optim": "paged_adamw_8bit"}),

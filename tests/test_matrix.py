@@ -46,13 +46,14 @@ import torch
 from transformers import TrainerCallback
 
 from jobs.data import SAMPLES_DIR
-from jobs.mapping import CPU, capability_problems
+from jobs.mapping import CPU, capability_problems, training_kwargs
 from jobs.params import model_shape_for, trainable_params
 from jobs.spec import JobSpec, SpecError
 
 pytestmark = pytest.mark.integration
 
-METHODS = ["full", "lora", "dora", "qlora", "lora_8bit", "ia3", "prompt_tuning", "prefix_tuning", "p_tuning"]
+METHODS = ["full", "lora", "dora", "qlora", "lora_8bit", "ia3", "prompt_tuning", "prefix_tuning", "p_tuning",
+           "mora", "adaption_prompt", "lokr", "loha", "oft", "vera", "miss", "hira"]
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -91,7 +92,7 @@ def no_markers_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
 def spec_for(tiny_model: Path, files: dict[str, Path], **changes: Any) -> JobSpec:
     base = dict(model=str(tiny_model), dataset=str(files["chat"]), method="lora", max_steps=2,
                 per_device_train_batch_size=2, max_length=48, learning_rate=1e-2, lr_scheduler_type="constant",
-                logging_steps=1, lora_r=4, lora_alpha=8, lora_dropout=0.0, num_virtual_tokens=4)
+                logging_steps=1, lora_r=4, lora_alpha=8, lora_dropout=0.0, num_virtual_tokens=4, adapter_layers=2)
     if changes.get("trainer") == "dpo":
         base["dataset"] = str(files["pref"])
     return JobSpec.from_dict({**base, **changes})
@@ -119,15 +120,18 @@ def train_and_check(spec: JobSpec, out: Path) -> Any:
     snap = Snapshot()
     result = train_spec(spec, out, [snap], device=CPU)
     resolved, trainer = result.resolved, result.trainer
-    # The trainer config received exactly what was recorded.
+    # The record is what the trainer ran with: its args as resolved, and every change from the request.
+    requested = training_kwargs(spec, CPU, str(out), has_eval=result.trainer.eval_dataset is not None)
+    changed = resolved["library_changes"]
     for key, value in resolved["trainer_config"].items():
-        got = getattr(trainer.args, key)
+        got = getattr(trainer.args, key) if key != "padding_free" else trainer.padding_free
         if key == "report_to":
-            assert got == [] and value == "none"
+            assert got == [] and requested[key] == "none"
         elif key == "loss_type" and isinstance(got, list):
-            assert got == [value]
+            assert got == value == [requested[key]]
         else:
             assert _plain(got) == _plain(value), key
+            assert _plain(value) == _plain(requested[key]) or changed[key]["effective"] == _plain(value), key
     # ...and so did peft.
     if resolved["peft_config"] is not None:
         config = trainer.model.peft_config["default"]
@@ -135,7 +139,10 @@ def train_and_check(spec: JobSpec, out: Path) -> Any:
         for key, value in resolved["peft_config"].items():
             if value == "all-linear":
                 continue  # peft expands it into the module names it found
-            assert _plain(getattr(config, key)) == _plain(value), key
+            got = getattr(config, key)
+            if dataclasses.is_dataclass(got):  # nested configs (eva_config) are recorded as plain dicts
+                got = {k: getattr(got, k) for k in value}
+            assert _plain(got) == _plain(value), key
     if resolved["quantization_config"] is not None:
         quant = trainer.model.base_model.model.config.quantization_config
         quant = quant if isinstance(quant, dict) else quant.to_dict()
@@ -171,6 +178,7 @@ def test_method_trains_and_its_bundle_reloads(method: str, tiny_model: Path, fil
     from transformers import AutoModelForCausalLM
 
     from jobs.artifacts import write_bundle
+    from jobs.mora import load_mora
 
     spec = spec_for(tiny_model, files, method=method)
     result = train_and_check(spec, tmp_path / "out")
@@ -180,7 +188,8 @@ def test_method_trains_and_its_bundle_reloads(method: str, tiny_model: Path, fil
         assert 0 < result.metrics["trainable_params"] < result.metrics["total_params"] / 5
     bundle = write_bundle(tmp_path / "bundle", spec, result.model, result.tokenizer, result.metrics)
     base = AutoModelForCausalLM.from_pretrained(str(bundle if method == "full" else tiny_model))
-    reloaded = base if method == "full" else PeftModel.from_pretrained(base, str(bundle))
+    reloaded = (base if method == "full" else load_mora(base, str(bundle)) if method == "mora"
+                else PeftModel.from_pretrained(base, str(bundle)))
     got = logits_of(reloaded, result.tokenizer)
     assert torch.isfinite(got).all()
     if method in {"qlora", "lora_8bit"}:
@@ -231,6 +240,12 @@ def test_trick_trains_with_the_config_it_asked_for(changes: dict[str, Any], tiny
         assert args.bf16 and args.use_cpu
     if changes.get("packing"):
         assert result.trainer.padding_free  # trl's bfd packing turns padding-free on by itself
+        # ...and the run record says so, rather than the padding_free: false it asked for.
+        assert result.resolved["trainer_config"]["padding_free"] is True
+        if not changes.get("padding_free"):
+            assert result.resolved["library_changes"]["padding_free"] == {"requested": False, "effective": True}
+    if changes.get("gradient_checkpointing"):
+        assert result.resolved["trainer_config"]["activation_checkpointing"] is True  # transformers 5's name
     if changes.get("assistant_only_loss") or changes.get("completion_only_loss"):
         # trl folds the assistant / completion mask into the labels: the prompt side is -100.
         labels = result.trainer.train_dataset[0]["labels"]

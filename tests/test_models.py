@@ -318,6 +318,7 @@ def smollm2_models_dir() -> Path:
 
 
 @pytest.mark.smollm2
+@pytest.mark.slow
 def test_smollm2_builtin(smollm2_models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_models_dir))
     resolved = resolve_model("smollm2-135m-instruct")

@@ -281,6 +281,7 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
         load_model_and_tokenizer(ResolvedModel(str(folder), str(folder), ModelSource.LOCAL))
 
 
+@pytest.mark.slow
 def test_hf_token_never_stored_logged_or_bundled(tiny_model: Path, store, data_home: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from jobs.spec import JobSpec

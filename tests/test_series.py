@@ -162,12 +162,14 @@ def test_deleting_a_run_deletes_its_rollups(store):
 def test_a_version_1_database_is_upgraded_and_its_series_backfilled(tmp_path):
     """A database as tunedeck schema 1 left it (no rollup tables), built by hand with sqlite3."""
     path = tmp_path / "v1.db"
-    v1_tables = [t for t in m.Base.metadata.sorted_tables if t.name not in {"metric_rollups", "memory_rollups"}]
+    later = {"metric_rollups", "memory_rollups", "run_tags"}  # tables, and below columns, added after schema 1
+    v1_tables = [t for t in m.Base.metadata.sorted_tables if t.name not in later]
     con = sqlite3.connect(path)
     for table in v1_tables:
         con.execute(str(CreateTable(table).compile(dialect=sqlite_dialect.dialect())))
         for index in table.indexes:
             con.execute(str(CreateIndex(index).compile(dialect=sqlite_dialect.dialect())))
+    con.execute("ALTER TABLE runs DROP COLUMN note")
     con.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '1')")
     con.execute("INSERT INTO runs (id, name, spec_json, status, created_at, queue_order, cancel_requested, "
                 "current_step) VALUES (1, 'old', ?, 'succeeded', 1.0, 1.0, 0, 0)", (JobSpec().to_json(),))

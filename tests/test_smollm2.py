@@ -14,7 +14,7 @@ import pytest
 from jobs.spec import JobSpec
 from storage.models import RunStatus
 
-pytestmark = [pytest.mark.smollm2, pytest.mark.integration]
+pytestmark = [pytest.mark.smollm2, pytest.mark.integration, pytest.mark.slow]
 
 
 def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,3 +60,24 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
         tuned = PeftModel.from_pretrained(base, str(adapter_cfg))
         after = tuned(ids).logits
     assert not torch.allclose(before, after, atol=1e-4), "the trained adapter did not change the model's output"
+
+    # The card's snippet runs as written with plain transformers + peft, the hub id resolved to a
+    # local copy (a hub cache holding tunedeck's converted folder under the upstream name).
+    import json
+
+    from jobs.artifacts import LOAD_PROMPT
+    from training_helpers import greedy_answer, run_card_snippet
+
+    assert json.loads((adapter_cfg / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "dequantized from the Q4_1 GGUF" in (adapter_cfg / "README.md").read_text()
+    hub = Path(bundle[0].path).parent / "hub-cache"
+    snapshot = hub / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots" / "local"
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("local")
+    for f in Path(resolve_model("smollm2-135m-instruct").path).iterdir():
+        (snapshot / f.name).symlink_to(f)
+    printed = run_card_snippet(adapter_cfg, env={"HF_HUB_CACHE": str(hub)})
+    tuned.eval()
+    assert printed and printed == greedy_answer(tuned, tok, LOAD_PROMPT)

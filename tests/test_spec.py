@@ -124,6 +124,9 @@ BOUNDS = [
     ("lora_dropout", 0.95, "use a value >= 0 and <= 0.9"),
     ("num_virtual_tokens", 0, "use a value >= 1 and <= 1024"),
     ("num_virtual_tokens", 1025, "use a value >= 1 and <= 1024"),
+    ("adapter_len", 0, "use a value >= 1 and <= 1024"),
+    ("adapter_layers", 1025, "use a value >= 1 and <= 1024"),
+    ("oft_block_size", 0, "use a value >= 1 and <= 4096"),
     ("beta", 0.0, "use a value > 0 and <= 10"),
     ("beta", 11.0, "use a value > 0 and <= 10"),
     ("per_device_train_batch_size", 0, "use a value >= 1 and <= 4096"),
@@ -144,6 +147,9 @@ BOUNDS = [
     ("save_minutes", 0.0, "use a value > 0"),
     ("save_total_limit", 0, "use a value >= 1"),
     ("seed", -1, "use a value >= 0"),
+    ("eval_split", 0.0, "use a value > 0"),
+    ("desirable_weight", 0.0, "use a value > 0 and <= 100"),
+    ("undesirable_weight", 101.0, "use a value > 0 and <= 100"),
 ]
 
 
@@ -240,3 +246,29 @@ def test_field_infos_describe_every_field() -> None:
     assert infos["method"].kind == "enum" and "qlora" in infos["method"].choices
     assert infos["eval_dataset"].optional and infos["lora_r"].kind == "int" and infos["lora_r"].le == 4096
     assert all(f.help for f in infos.values())
+
+
+def test_method_specific_fields_name_their_methods() -> None:
+    """The form hides knobs by this metadata: each method-specific field lists exactly its methods."""
+    from jobs.spec import METHOD_DESCRIPTIONS, Method, applies_to, field_infos
+
+    infos = {f.name: f for f in field_infos()}
+    assert infos["mora_type"].methods == ("mora",) and infos["oft_block_size"].methods == ("oft",)
+    assert set(infos["adapter_len"].methods) == {"adaption_prompt"}
+    assert "oft" not in infos["lora_r"].methods and "mora" in infos["lora_r"].methods
+    assert infos["learning_rate"].methods == ()  # applies to every method
+    assert applies_to("lora_alpha", "lokr") and not applies_to("lora_alpha", Method.MORA)
+    assert not applies_to("num_virtual_tokens", "lora") and applies_to("seed", "adaption_prompt")
+    assert set(METHOD_DESCRIPTIONS) == set(Method) and all(0 < len(d) <= 100 for d in METHOD_DESCRIPTIONS.values())
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"method": "qlora", "lora_init": "pissa"}, "lora_init: pissa rewrites the base weights"),
+    ({"method": "lora", "lora_init": "loftq"}, "lora_init: loftq offsets the 4-bit quantization error"),
+    ({"method": "mora", "lora_init": "eva"}, "lora_init: eva initialises LoRA adapters; method mora has none"),
+    ({"method": "oft", "lora_target_modules": " "}, "lora_target_modules: is empty"),
+])
+def test_lora_init_and_target_problems(changes: dict, message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        JobSpec.from_dict(changes)
+    assert any(message in str(p) for p in err.value.problems), err.value.problems

@@ -127,6 +127,46 @@ def test_memory_and_peak_round_trip(store: Store) -> None:
     assert (run.peak_memory_bytes, run.peak_memory_source) == (100, "nvml")
 
 
+def test_old_idle_memory_samples_are_thinned_and_run_samples_kept(store: Store) -> None:
+    run_id = store.create_run(JobSpec())
+    now = 108_000.0  # a whole number of minutes
+    idle_old = [MemoryPoint(time=now - 7200 + 5 * i, source="host", run_id=None, used_bytes=i) for i in range(360)]
+    run_old = [MemoryPoint(time=now - 7200 + 5 * i, source="host", run_id=run_id, used_bytes=i) for i in range(360)]
+    idle_new = [MemoryPoint(time=now - 600 + 5 * i, source="host", run_id=None, used_bytes=i) for i in range(120)]
+    store.add_memory_samples(idle_old + run_old + idle_new)
+    deleted = store.thin_idle_memory(older_than=now - 3600, keep_every=60.0)
+    kept_old_idle = [p for p in store.memory_samples(source="host") if p.run_id is None and p.time < now - 3600]
+    # 30 minutes of 5 s samples older than the window: one a minute stays (the first of each minute).
+    assert len(kept_old_idle) == 30 and deleted == 360 - 30
+    assert all(p.time % 60 == 0 for p in kept_old_idle)
+    assert store.memory_samples(run_id) == run_old  # a run's samples stay whole
+    assert [p for p in store.memory_samples(since=now - 600) if p.run_id is None] == idle_new
+    assert store.thin_idle_memory(older_than=now - 3600, keep_every=60.0) == 0  # idempotent
+
+
+def test_sampler_thins_idle_samples_on_its_cadence(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.sampler import Sampler
+
+    monkeypatch.setenv("TUNEDECK_IDLE_MEMORY_RETENTION_H", "1")
+    calls = []
+    monkeypatch.setattr(store, "thin_idle_memory", lambda older_than: calls.append(older_than) or 0)
+    sampler = Sampler(store, thin_every_s=600)
+    assert sampler.retention_s == 3600
+    sampler.thin_idle(10_000.0)
+    sampler.thin_idle(10_300.0)  # within the cadence: no second pass
+    sampler.thin_idle(10_600.0)
+    assert calls == [10_000.0 - 3600, 10_600.0 - 3600]
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3"])
+def test_bad_idle_retention_setting_names_the_variable(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage.settings import idle_memory_retention_s
+
+    monkeypatch.setenv("TUNEDECK_IDLE_MEMORY_RETENTION_H", raw)
+    with pytest.raises(ValueError, match="TUNEDECK_IDLE_MEMORY_RETENTION_H"):
+        idle_memory_retention_s()
+
+
 def test_rollups_add_up_under_concurrent_writers(store: Store) -> None:
     """Four writers interleave rows of one series into shared buckets: every rollup equals the raw rows."""
     run_id = store.create_run(SPEC)
@@ -228,7 +268,7 @@ def test_migration_upgrades_an_older_database(data_home: Path, monkeypatch: pyte
     con.close()
     new_version = m.SCHEMA_VERSION + 1
     monkeypatch.setattr(m, "SCHEMA_VERSION", new_version)
-    monkeypatch.setitem(store_module.MIGRATIONS, new_version, ["ALTER TABLE runs ADD COLUMN note TEXT"])
+    monkeypatch.setitem(store_module.MIGRATIONS, new_version, ["ALTER TABLE runs ADD COLUMN later_field TEXT"])
     s = Store(f"sqlite:///{path}")
     assert s.schema_version == new_version
     assert [r.name for r in s.list_runs()] == ["old"]  # data kept
@@ -236,7 +276,7 @@ def test_migration_upgrades_an_older_database(data_home: Path, monkeypatch: pyte
     with sqlite3.connect(path) as con:
         columns = [row[1] for row in con.execute("PRAGMA table_info(runs)")]
     con.close()
-    assert "note" in columns
+    assert "later_field" in columns
     Store(f"sqlite:///{path}").dispose()  # idempotent: already at the new version
 
 
@@ -322,6 +362,7 @@ def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
     store.add_metrics(run_id, [MetricPoint(1, "loss", 1.0, 1.0)])
     with store._tx() as s:
         s.execute(text("UPDATE meta SET value = '3' WHERE key = 'schema_version'"))
+        s.execute(text("ALTER TABLE runs DROP COLUMN note"))  # added by schema 6
     again = Store(store.url)
     assert again.schema_version == m.SCHEMA_VERSION
     again.add_metrics(run_id, [MetricPoint(2, "loss", 2.0, 2.0)])

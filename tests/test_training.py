@@ -36,7 +36,7 @@ def _clear_stop_flag():
     STOP_REQUESTED.clear()
 
 
-from training_helpers import tiny_spec
+from training_helpers import greedy_answer, run_card_snippet, tiny_spec
 
 
 def losses(log_history: list[dict[str, Any]]) -> list[float]:
@@ -151,6 +151,23 @@ def test_sft_lora_learns_and_adapter_reloads_with_same_logits(tiny_model: Path, 
 
 
 @pytest.mark.integration
+def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, tmp_path: Path) -> None:
+    import json
+
+    from jobs.artifacts import LOAD_PROMPT
+    from jobs.train import train_spec
+
+    result = train_spec(tiny_spec(tiny_model, max_steps=4), tmp_path / "out", device=CPU)
+    bundle = write_bundle(tmp_path / "bundle", tiny_spec(tiny_model, max_steps=4), result.model, result.tokenizer,
+                          result.metrics)
+    # The adapter names a base that plain peft can load, not a tunedeck-only name.
+    assert json.loads((bundle / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tiny_model)
+    printed = run_card_snippet(bundle)
+    result.model.eval()
+    assert printed == greedy_answer(result.model, result.tokenizer, LOAD_PROMPT)
+
+
+@pytest.mark.integration
 def test_dpo_with_lora_trains_against_the_base_as_reference(tiny_model: Path, tmp_path: Path) -> None:
     from jobs.train import train_spec
 
@@ -199,7 +216,16 @@ def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> N
     assert {"model.safetensors", "config.json", "spec.yaml", "metrics.json", "README.md", "tokenizer.json"} <= files
     assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]
     bundle = Path(kinds["model"].path)
-    assert json.loads((bundle / "metrics.json").read_text())["train_loss"] == record.final_metrics["train_loss"]
+    saved = json.loads((bundle / "metrics.json").read_text())
+    assert saved["train_loss"] == record.final_metrics["train_loss"]
+    # The bundle carries the figures the dashboard shows (jobs.figures), not a second definition of them.
+    from jobs.figures import run_figures
+
+    shown = run_figures(store, record).metrics()
+    assert {"tokens_per_second", "step_time", "loss", "peak_memory_bytes"} <= set(shown)
+    for key, value in shown.items():
+        assert saved[key] == pytest.approx(value) and record.final_metrics[key] == pytest.approx(value), key
+    assert "tokens_per_second_mean" not in saved and "step_time_mean" not in saved
     reloaded = AutoModelForCausalLM.from_pretrained(str(bundle))
     assert sum(p.numel() for p in reloaded.parameters()) == record.final_metrics["total_params"]
 
@@ -257,6 +283,7 @@ def test_stop_flag_cancels_at_the_next_step(tiny_model: Path, store: Any) -> Non
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, data_home: Path) -> None:
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=100000, max_train_samples=None))
     store.claim_next_on_device("test", "0")

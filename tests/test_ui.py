@@ -121,4 +121,20 @@ def test_build_ui_builds(store):
 
     demo = build_ui(store)
     labels = {c.get("props", {}).get("label") for c in demo.get_config_file()["components"]}
-    assert {"learning_rate", "model", "dataset", "run id"} <= labels
+    assert {"Learning rate (learning_rate)", "Model (model)", "Training data (dataset)", "run id"} <= labels
+
+
+def test_method_choice_shows_each_methods_description_and_budget_survives_new_methods():
+    import gradio as gr
+
+    from app import ui_form
+    from jobs.spec import METHOD_DESCRIPTIONS, Method
+
+    with gr.Blocks():
+        dropdown = ui_form.make_component(ui_form._info("method"))
+    labels = {value: label for label, value in dropdown.choices}
+    assert set(labels) == {m.value for m in Method}
+    assert labels["mora"] == f"mora: {METHOD_DESCRIPTIONS[Method.MORA]}"
+    values = dict(zip(ui_form.NAMES, ui_form.form_values(JobSpec(method="lokr"))))
+    text = ui_form.budget_text(*[values[n] for n in ui_form.NAMES])
+    assert "effective batch size" in text

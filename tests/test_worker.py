@@ -261,6 +261,7 @@ def test_worker_samples_child_memory(store: Store) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: Path) -> None:
     """The real `python -m jobs.train` child, killed mid-run; the next run still trains."""
     pytest.importorskip("jobs.train")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,3 +32,24 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"{what} not met within {timeout} s")
+
+
+def run_card_snippet(bundle: Path, env: dict[str, str] | None = None) -> str:
+    """Run the Python snippet of a bundle's README.md as written, from the bundle folder; its stdout."""
+    code = re.search(r"```python\n(.*?)```", (bundle / "README.md").read_text(), re.S)
+    assert code, "the model card has no python snippet"
+    out = subprocess.run([sys.executable, "-c", code.group(1)], cwd=bundle, capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
+
+
+def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
+    """What the card snippet prints, computed in-process: chat template, greedy decoding."""
+    import torch
+
+    inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()

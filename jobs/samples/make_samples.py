@@ -2,14 +2,17 @@
 
 Both samples teach one visible habit: every answer follows a fixed format,
 "[tag] <Topic> is worth a closer look. Over." A short LoRA run on SmolLM2-135M picks it up
-(30 steps at lr 1e-3, r=16 in /work/shared/ENVIRONMENT.md), so a user sees training work.
+(measured: 30 steps at lr 1e-3, LoRA r=16 on a 2-core CPU; README's quick start), so a user sees training
+work.
 Eval rows use topics that never appear in train, so the eval split measures generalisation.
 
     python jobs/samples/make_samples.py            # rewrites the .jsonl files next to this script
     python jobs/samples/make_samples.py --out DIR  # writes them elsewhere (tests compare the bytes)
 
-Files: chat-format.{train,eval}.jsonl (SFT `messages` rows) and
-preference-format.{train,eval}.jsonl (DPO `prompt`/`chosen`/`rejected` plain strings).
+Files: chat-format.{train,eval}.jsonl (SFT `messages` rows),
+preference-format.{train,eval}.jsonl (DPO `prompt`/`chosen`/`rejected` plain strings) and
+kto-format.{train,eval}.jsonl (KTO unpaired `prompt`/`completion`/`label` rows: two thirds
+desirable answers in the format, one third undesirable free prose, never both for one question).
 """
 
 from __future__ import annotations
@@ -93,18 +96,32 @@ def preference_rows(pairs: list[tuple[str, str]], rng: random.Random) -> list[di
     return [{"prompt": q, "chosen": answer(t), "rejected": prose(t, rng)} for t, q in pairs]
 
 
+def unpaired_rows(pairs: list[tuple[str, str]], rng: random.Random) -> list[dict[str, Any]]:
+    """KTO rows: each question gets one completion, desirable (the format) or not (prose)."""
+    rows = []
+    for i, (t, q) in enumerate(pairs):
+        good = i % 3 != 0
+        rows.append({"prompt": q, "completion": answer(t) if good else prose(t, rng), "label": good})
+    return rows
+
+
 def build() -> dict[str, list[dict[str, Any]]]:
-    """All four files' rows, keyed by file name."""
+    """Every sample file's rows, keyed by file name."""
     rng = random.Random(SEED)
     chat_train = _questions(TRAIN_TOPICS, 4, rng)        # 60 x 4 = 240
     chat_eval = _questions(EVAL_TOPICS, 2, rng)          # 20 x 2 = 40, unseen topics
     pref_train = _questions(TRAIN_TOPICS, 4, rng)[:200]  # 200
     pref_eval = _questions(EVAL_TOPICS, 2, rng)          # 40
+    kto_rng = random.Random(SEED + 1)  # its own stream: the files above stay byte-identical
+    kto_train = _questions(TRAIN_TOPICS, 4, kto_rng)[:210]  # 210 (140 desirable, 70 undesirable)
+    kto_eval = _questions(EVAL_TOPICS, 2, kto_rng)[:30]     # 30
     return {
         "chat-format.train.jsonl": chat_rows(chat_train),
         "chat-format.eval.jsonl": chat_rows(chat_eval),
         "preference-format.train.jsonl": preference_rows(pref_train, rng),
         "preference-format.eval.jsonl": preference_rows(pref_eval, rng),
+        "kto-format.train.jsonl": unpaired_rows(kto_train, kto_rng),
+        "kto-format.eval.jsonl": unpaired_rows(kto_eval, kto_rng),
     }
 
 

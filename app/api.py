@@ -1,0 +1,316 @@
+"""The scripting API: named Gradio endpoints with typed, documented parameters.
+
+    from gradio_client import Client
+    client = Client("http://127.0.0.1:7860/", auth=("alice", "password"), analytics_enabled=False)
+    out = client.predict(spec_yaml="model: tiny-llama\\nmax_steps: 20\\n", api_name="/submit")
+    out["run_id"], out["problems"]            # an id, or null and every problem (field, problem, fix)
+    client.predict(run_id=1, names=["loss"], since_step=-1, api_name="/metrics")
+
+Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete (`client.view_api()`
+lists them with their parameters). Bad input raises an error naming the parameter and the fix
+(`gradio_client.exceptions.AppError`). A login set with `--auth-file`/`TUNEDECK_AUTH` guards
+these routes as it guards the page: pass `auth=(user, password)` to the Client.
+
+`wire(store)` declares the endpoints; call it first inside the dashboard's Blocks so the names
+are theirs. `publish(demo)`, called last, takes every other event handler (the form's, the
+timers') off the API: the page still calls them, clients and the API page do not see them.
+
+No `from __future__ import annotations` here: Gradio reads these functions' type hints at run
+time to type the endpoints.
+"""
+
+import math
+from typing import Any, Optional, TypedDict
+
+import gradio as gr
+from gradio.utils import get_function_description
+
+from app import manage
+from app.manage import ManageError, RunSummary
+from jobs.spec import JobSpec, Problem, SpecError
+from storage.models import RunStatus
+from storage.records import RunRecord
+from storage.run_files import DiskUsage
+from storage.store import Store
+from jobs.stored import spec_of
+
+ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+MAX_RUNS = 1000
+
+
+class ProblemData(TypedDict):
+    field: str
+    problem: str
+    fix: str
+
+
+class Submitted(TypedDict):
+    run_id: Optional[int]
+    problems: list[ProblemData]
+
+
+class RunDetail(RunSummary):
+    spec: dict[str, Any]
+    final_metrics: dict[str, Optional[float]]
+    metric_names: list[str]
+    error_detail: Optional[str]
+    resumable: bool
+    has_bundle: bool
+
+
+class MetricRow(TypedDict):
+    step: int
+    value: Optional[float]
+    time: float
+
+
+class MemoryRow(TypedDict):
+    time: float
+    source: str
+    used_bytes: Optional[int]
+    total_bytes: Optional[int]
+    utilization: Optional[float]
+    torch_allocated: Optional[int]
+    torch_reserved: Optional[int]
+    process_rss: Optional[int]
+
+
+class Outcome(TypedDict):
+    run_id: int
+    status: str
+    message: str
+
+
+def problem_data(problems: list[Problem]) -> list[ProblemData]:
+    return [ProblemData(field=p.field, problem=p.problem, fix=p.fix) for p in problems]
+
+
+def _fail(problems: list[Problem]) -> gr.Error:
+    return gr.Error("; ".join(str(p) for p in problems), title="tunedeck: bad input")
+
+
+def _number(value: Optional[float]) -> Optional[float]:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def check_yaml(spec_yaml: str) -> tuple[Optional[JobSpec], list[Problem]]:
+    """The spec, or the problems the launch form reports for the same values (fields, then data sets)."""
+    from app.ui_form import all_problems
+
+    try:
+        return JobSpec.from_yaml(spec_yaml or ""), []
+    except SpecError as exc:
+        problems = list(exc.problems)
+    if any(p.field == "spec" for p in problems):  # not YAML, or not a mapping: nothing more to check
+        return None, problems
+    import yaml
+
+    # The form always holds every field (defaults where untouched), so its data checks run too.
+    return all_problems({**JobSpec().to_dict(), **yaml.safe_load(spec_yaml)})
+
+
+def submit_yaml(store: Store, spec_yaml: str) -> Submitted:
+    """Check a YAML spec like the form does and queue it."""
+    from jobs.submit import submit
+
+    spec, problems = check_yaml(spec_yaml)
+    if spec is not None:
+        try:
+            return Submitted(run_id=submit(store, spec), problems=[])
+        except SpecError as exc:
+            problems = list(exc.problems)
+    return Submitted(run_id=None, problems=problem_data(problems))
+
+
+def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
+    from app.ui_run import bundle_path
+    from jobs.checkpoints import resumable
+
+    (summary,) = manage.summaries(store, [run], disk)
+    return RunDetail(**summary, spec=spec_of(run).to_dict(),
+                     final_metrics={k: _number(v) for k, v in run.final_metrics.items()},
+                     metric_names=sorted(store.metric_names(run.id)), error_detail=run.error_detail,
+                     resumable=resumable(store, run), has_bundle=bundle_path(store, run.id) is not None)
+
+
+def _run(store: Store, run_id: int) -> RunRecord:
+    try:
+        return manage.existing_run(store, run_id, "run_id")
+    except ManageError as exc:
+        raise _fail(exc.problems) from None
+
+
+def wire(store: Store) -> list[Any]:
+    """Declare the API endpoints inside the current gr.Blocks; returns their functions."""
+    disk = DiskUsage(store)
+
+    def submit(spec_yaml: str) -> Submitted:
+        """Check a job spec and queue it. Nothing is queued unless every check passes (fields, model, data, device).
+
+        Parameters:
+            spec_yaml: the job spec as YAML text (the fields of the launch form and README's table), e.g. "model: tiny-llama\\nmax_steps: 20".
+        Returns:
+            run_id: the new run's id, or null when nothing was queued; problems: every problem as {field, problem, fix}, the same ones the launch form shows.
+        """
+        return submit_yaml(store, spec_yaml)
+
+    def runs(status: str = "all", limit: int = 50, search: str = "", tag: str = "") -> list[RunSummary]:
+        """List runs, newest first.
+
+        Parameters:
+            status: "all", or one run status: queued, running, succeeded, failed, cancelled, interrupted.
+            limit: at most this many runs (1 to 1000).
+            search: only runs whose name, tags or note contain this text (case-insensitive); empty: all.
+            tag: only runs carrying exactly this tag; empty: all.
+        Returns:
+            one summary per run: id, name, status, model, method, trainer, tags, note, times (Unix seconds), step, last loss, peak memory and disk use in bytes.
+        """
+        problems = []
+        choices = [s.value for s in RunStatus]
+        if (status or "all") not in ["all", *choices]:
+            problems.append(Problem("status", f"`{status}` is not a run status", f"use all or one of: {', '.join(choices)}"))
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RUNS:
+            problems.append(Problem("limit", f"`{limit}` is not a whole number from 1 to {MAX_RUNS}",
+                                    "pass e.g. limit=50"))
+        if problems:
+            raise _fail(problems)
+        found = store.list_runs(None if status in ("all", "", None) else RunStatus(status), limit=limit,
+                                search=search or None, tag=tag or None)
+        return manage.summaries(store, found, disk)
+
+    def run(run_id: int) -> RunDetail:
+        """One run: its summary plus the spec, final metrics, metric names, error detail, and whether it can be resumed or its bundle downloaded.
+
+        Parameters:
+            run_id: the run's id (from submit or runs).
+        """
+        return detail(store, _run(store, run_id), disk)
+
+    def metrics(run_id: int, names: Optional[list[str]] = None, since_step: int = -1) -> dict[str, list[MetricRow]]:
+        """A run's logged metrics, by name, oldest step first.
+
+        Parameters:
+            run_id: the run's id.
+            names: metric names to return (e.g. ["loss", "eval_loss", "learning_rate"]); null or empty: all of them.
+            since_step: only steps after this one; pass the last step you have to poll for new points (-1: from the start).
+        Returns:
+            {name: [{step, value, time}, ...]}; a value is null where training logged NaN or infinity.
+        """
+        _run(store, run_id)
+        out: dict[str, list[MetricRow]] = {}
+        for p in store.metrics(run_id, names or None, after_step=int(since_step if since_step is not None else -1)):
+            out.setdefault(p.name, []).append(MetricRow(step=p.step, value=_number(p.value), time=p.time))
+        return out
+
+    def memory(run_id: int, since: float = 0.0) -> list[MemoryRow]:
+        """A run's memory samples (GPU via NVML and torch, or host RSS on CPU), oldest first.
+
+        Parameters:
+            run_id: the run's id.
+            since: only samples taken at or after this Unix time (0: all); pass the last time you have to poll.
+        Returns:
+            [{time, source, used_bytes, total_bytes, utilization, torch_allocated, torch_reserved, process_rss}, ...].
+        """
+        _run(store, run_id)
+        keys = MemoryRow.__annotations__
+        return [MemoryRow(**{k: getattr(p, k) for k in keys})  # type: ignore[typeddict-item]
+                for p in store.memory_samples(run_id, since=float(since) if since else None)]
+
+    def cancel(run_id: int) -> Outcome:
+        """Cancel a queued run at once, or ask a running run's worker to stop it (within seconds).
+
+        Parameters:
+            run_id: the run's id.
+        """
+        found = _run(store, run_id)
+        if found.status.finished:
+            return Outcome(run_id=found.id, status=found.status.value,
+                           message=f"run {found.id} already {found.status.value}; nothing to cancel")
+        new = store.request_cancel(found.id)
+        cancelled = new is RunStatus.CANCELLED
+        return Outcome(run_id=found.id, status=new.value if new else found.status.value,
+                       message=f"run {found.id}: " + ("cancelled" if cancelled else "cancel requested"))
+
+    def resume(run_id: int) -> Outcome:
+        """Queue an interrupted or cancelled run again (same id); it continues from its last complete checkpoint.
+
+        Parameters:
+            run_id: the run's id.
+        """
+        from jobs.checkpoints import resume as requeue
+
+        found = _run(store, run_id)
+        try:
+            message = requeue(store, found)
+        except ValueError as exc:
+            raise _fail([Problem("run_id", str(exc), "resume an interrupted or cancelled run, or submit again")])
+        return Outcome(run_id=found.id, status=RunStatus.QUEUED.value, message=message)
+
+    def bundle(run_id: int) -> gr.FileData:
+        """Download a succeeded run's bundle: a zip of the adapter (or model), tokenizer, spec.yaml, metrics and model card.
+
+        Parameters:
+            run_id: the run's id.
+        Returns:
+            the zip file (gradio_client saves it and returns its local path).
+        """
+        from app.ui_run import bundle_path
+
+        found = _run(store, run_id)
+        path = bundle_path(store, found.id)
+        if path is None:
+            raise _fail([Problem("run_id", f"run {found.id} is {found.status.value} and has no bundle",
+                                 "wait until it has succeeded; failed and cancelled runs leave no bundle")])
+        return gr.FileData(path=str(path), orig_name=path.name)
+
+    def tag(run_id: int, add: Optional[list[str]] = None, remove: Optional[list[str]] = None,
+            note: Optional[str] = None) -> RunSummary:
+        """Add and remove a run's tags, and set its note.
+
+        Parameters:
+            run_id: the run's id.
+            add: tags to add (letters, digits, . _ : + / -; at most 64 characters each).
+            remove: tags to remove.
+            note: the run's new note; null keeps it, "" removes it.
+        """
+        try:
+            changed = manage.change_notes(store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
+        except ManageError as exc:
+            raise _fail(exc.problems) from None
+        return manage.summaries(store, [changed], disk)[0]
+
+    def delete(run_id: int) -> Outcome:
+        """Delete a run with its files (metrics, memory samples, log, checkpoints, bundle). A running run is refused: cancel it first.
+
+        Parameters:
+            run_id: the run's id.
+        """
+        try:
+            report = manage.delete_run(store, run_id, field="run_id")
+        except ManageError as exc:
+            raise _fail(exc.problems) from None
+        disk.forget(report.run_id)
+        return Outcome(run_id=report.run_id, status="deleted", message=report.message)
+
+    functions = [submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete]
+    for fn in functions:
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=None if fn.__name__ != "submit" else 1)
+    return functions
+
+
+def publish(demo: gr.Blocks, functions: list[Any]) -> None:
+    """Make `functions` the whole API: document their parameters; every other handler becomes private."""
+    ours = {id(fn) for fn in functions}
+    named = set()
+    for block_fn in demo.fns.values():
+        if id(block_fn.fn) not in ours:
+            block_fn.api_visibility = "private"
+            continue
+        named.add(block_fn.api_name)
+        _, params, returns = get_function_description(block_fn.fn)
+        for component, text in zip(block_fn.inputs, params.values()):
+            component._api_info["additional_description"] = text
+        for component in block_fn.outputs:
+            component._api_info["additional_description"] = " ".join(returns)
+    if named != set(ENDPOINTS):  # another event took one of the names first: wire() must run first
+        raise RuntimeError(f"API endpoint names {sorted(named)} differ from {sorted(ENDPOINTS)}")

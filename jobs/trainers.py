@@ -1,0 +1,57 @@
+"""Building the trl trainer a spec asks for, and the trainer-specific metrics it logs.
+
+`jobs.train` calls `build_trainer(...)` with the model, the configs from `jobs.mapping` and the
+data from `jobs.data`; everything trainer-specific that is not a pure mapping lives here.
+
+    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import TrainerCallback
+
+from jobs.spec import JobSpec, Trainer
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean token cross-entropy): the eval perplexity of a causal LM (inf when it overflows)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
+class PerplexityCallback(TrainerCallback):
+    """Adds `eval_perplexity` next to every logged `eval_loss` (SFT), before the store sees the logs."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if logs is not None and isinstance(logs.get("eval_loss"), (int, float)):
+            logs["eval_perplexity"] = perplexity(float(logs["eval_loss"]))
+
+
+def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
+                  peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
+    """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
+    RewardTrainer on a sequence-classification model (`jobs.models.load_model_and_tokenizer(reward_head=True)`)."""
+    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
+
+    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
+    if spec.trainer is Trainer.DPO:
+        return DPOTrainer(ref_model=None, **common)
+    if spec.trainer is Trainer.KTO:
+        # Without an adapter (full fine-tuning) trl copies the model as the frozen reference.
+        return KTOTrainer(ref_model=None, **common)
+    if spec.trainer is Trainer.REWARD:
+        return RewardTrainer(**common)
+    if spec.trainer is Trainer.ORPO:
+        from trl.experimental.orpo import ORPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+
+        return ORPOTrainer(**common)
+    if spec.trainer is Trainer.CPO:
+        from trl.experimental.cpo import CPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+
+        return CPOTrainer(**common)
+    # The perplexity callback goes first: the store callback then records what it added.
+    return SFTTrainer(**{**common, "callbacks": [PerplexityCallback(), *callbacks]})

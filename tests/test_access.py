@@ -1,0 +1,81 @@
+"""A shared dashboard (login on) reads data only from its data folders and runs no remote code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs.access import AccessPolicy
+from jobs.spec import JobSpec, SpecError
+from jobs.submit import check, submit
+from storage.settings import uploads_dir
+
+ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+def write_rows(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(json.dumps(ROW) for _ in range(4)) + "\n")
+    return path
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    return write_rows(tmp_path / "elsewhere" / "secret.jsonl")
+
+
+def test_without_a_login_every_path_stays_open(data_home: Path, outside: Path) -> None:
+    policy = AccessPolicy.for_server(login=False)
+    assert policy == AccessPolicy.open()
+    assert policy.problems(JobSpec(dataset=str(outside), trust_remote_code=True)) == []
+
+
+def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(
+        data_home: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = AccessPolicy.for_server(login=True)
+    read = []
+    monkeypatch.setattr("jobs.data.check_dataset", lambda *a, **k: read.append(a))
+    for ref in (str(outside), f"{uploads_dir()}/../../elsewhere/secret.jsonl", "/etc/passwd",
+                str(outside.parent / "missing.jsonl"), "~/notes.csv"):
+        problems = check(JobSpec(dataset=ref), policy=policy)
+        mine = [p for p in problems if p.field == "dataset"]
+        assert len(mine) == 1 and "data folders" in mine[0].problem and "TUNEDECK_DATA_DIRS" in mine[0].fix, ref
+    # The same message whether or not the file exists, and no file was opened.
+    assert read == []
+
+
+def test_with_a_login_uploads_samples_and_hub_names_are_allowed(data_home: Path) -> None:
+    policy = AccessPolicy.for_server(login=True)
+    uploaded = write_rows(uploads_dir() / "mine.jsonl")
+    shared = write_rows(data_home / "datasets" / "team.jsonl")
+    for ref in (str(uploaded), str(shared), "sample:chat-format", "org/some-dataset"):
+        assert policy.data_problem(ref, "dataset") is None, ref
+    assert check(JobSpec(dataset=str(uploaded), eval_dataset=str(shared)), policy=policy) == []
+
+
+def test_a_symlink_out_of_a_data_folder_is_refused(data_home: Path, outside: Path) -> None:
+    link = uploads_dir() / "link.jsonl"
+    link.symlink_to(outside)
+    assert AccessPolicy.for_server(login=True).data_problem(str(link), "eval_dataset").field == "eval_dataset"
+
+
+def test_data_dirs_setting_replaces_the_defaults(data_home: Path, outside: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEDECK_DATA_DIRS", str(outside.parent))
+    policy = AccessPolicy.for_server(login=True)
+    assert policy.data_problem(str(outside), "dataset") is None
+    assert policy.data_problem(str(write_rows(uploads_dir() / "x.jsonl")), "dataset") is not None
+
+
+def test_remote_code_needs_the_server_setting_when_shared(data_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          store) -> None:
+    spec = JobSpec(model="tiny-llama", trust_remote_code=True, max_steps=1)
+    with pytest.raises(SpecError) as err:
+        submit(store, spec, AccessPolicy.for_server(login=True))
+    assert [p.field for p in err.value.problems] == ["trust_remote_code"]
+    assert "TUNEDECK_ALLOW_REMOTE_CODE=1" in err.value.problems[0].fix
+    assert store.count_runs() == 0
+    monkeypatch.setenv("TUNEDECK_ALLOW_REMOTE_CODE", "1")
+    assert AccessPolicy.for_server(login=True).problems(spec) == []

@@ -1,0 +1,131 @@
+"""The worker's device, not the UI's (issue 8 item 8): facts detected, published, and used by the checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.devices import DeviceFacts, detect, target
+from jobs.spec import JobSpec, SpecError
+from storage.store import Store
+from jobs.stored import spec_of
+
+import training_helpers
+
+H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=150_000_000_000, compute_capability="9.0",
+                   bf16=True, fp16=True, driver="580.65", host="gpu-box", index=0)
+T4 = DeviceFacts(kind="cuda", name="Tesla T4", total_bytes=16_000_000_000, compute_capability="7.5",
+                 bf16=False, fp16=True, host="old-box", index=0)
+
+
+def publish_live(store: Store, worker_id: str, facts: DeviceFacts) -> None:
+    store.publish_device(worker_id, facts.host, facts.to_dict())
+    store.worker_beat(worker_id, 4242, facts.host)
+
+
+def test_facts_round_trip_through_json_and_ignore_unknown_keys() -> None:
+    assert DeviceFacts.from_json(H200.to_json()) == H200
+    assert DeviceFacts.from_dict({**H200.to_dict(), "added_later": 1}) == H200
+    assert H200.device().cuda and H200.device().compute_capability == (9, 0)
+
+
+def test_detect_on_this_machine_without_gpu_gives_cpu_facts() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    facts = detect()
+    assert facts.kind == "cpu" and facts.name == "cpu" and facts.total_bytes > 1024 ** 3
+    assert not facts.fp16 and facts.host
+
+
+@pytest.mark.gpu
+def test_detect_on_a_gpu_matches_torch() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    facts = detect(0)
+    props = torch.cuda.get_device_properties(0)
+    assert facts.kind == "cuda" and facts.name == props.name and facts.total_bytes == props.total_memory
+    assert facts.compute_capability == f"{props.major}.{props.minor}"
+    assert facts.bf16 == torch.cuda.is_bf16_supported()
+
+
+def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(store: Store, tiny_model: Path) -> None:
+    from jobs.submit import check, submit
+
+    spec = training_helpers.tiny_spec(tiny_model, precision="fp16")
+    local = check(spec)
+    if not detect().cuda:  # this machine alone refuses fp16 ...
+        assert [p.field for p in local] == ["precision"]
+        with pytest.raises(SpecError, match="fp16 needs CUDA") as refused:
+            submit(store, spec)  # ... and so does submit while no worker has published a device, saying so
+        assert "no worker has published its device yet" in refused.value.problems[0].fix
+    publish_live(store, "gpu-box:7", H200)
+    run_id = submit(store, spec)  # accepted: the worker that will run it has CUDA
+    assert spec_of(store.get_run(run_id)).precision.value == "fp16"
+    chosen = target(store)
+    assert chosen.facts == H200 and chosen.worker_id == "gpu-box:7" and "NVIDIA H200" in chosen.note
+
+
+def test_bf16_is_refused_when_the_only_worker_has_an_old_gpu(store: Store, tiny_model: Path) -> None:
+    from jobs.submit import submit
+
+    publish_live(store, "old-box:1", T4)
+    with pytest.raises(SpecError, match=r"this GPU \(Tesla T4\) does not support bf16"):
+        submit(store, training_helpers.tiny_spec(tiny_model, precision="bf16"))
+
+
+def test_target_prefers_live_workers_then_the_last_published_then_this_machine(store: Store) -> None:
+    local = target(store)
+    assert local.worker_id is None and local.note.startswith("no worker has published its device yet")
+    store.publish_device("gone:1", "gone", T4.to_dict())  # published once, not beating now
+    assert target(store).facts == T4 and "not running now" in target(store).note
+    publish_live(store, "gpu-box:7", H200)
+    publish_live(store, "old-box:1", T4)
+    assert target(store).facts == H200  # the largest live GPU
+
+
+def test_worker_publishes_its_device_when_it_starts(store: Store) -> None:
+    from jobs.worker import Worker
+
+    Worker(store, worker_id="w-devices", sample=False).work(burst=True)
+    (published,) = store.published_devices()
+    assert published["worker_id"] == "w-devices"
+    assert DeviceFacts.from_dict(published["facts"]) == detect()
+
+
+def test_gpu_panel_names_the_workers_gpu(store: Store) -> None:
+    from app.ui_gpu import device_markdown
+
+    publish_live(store, "gpu-box:7", H200)
+    text = device_markdown(store)
+    assert "NVIDIA H200" in text and "gpu-box" in text and "No NVIDIA GPU" not in text
+
+
+def test_an_older_database_gains_the_event_device_and_sweep_tables(data_home: Path) -> None:
+    import sqlite3
+
+    from storage import models as m
+    from storage.settings import database_url
+
+    old = Store()
+    run_id = old.create_run(JobSpec(model="tiny-llama", max_steps=2))
+    old.dispose()
+    path = database_url().removeprefix("sqlite:///")
+    with sqlite3.connect(path) as con:
+        for table in ("run_events", "worker_devices", "sweep_runs"):
+            con.execute(f"DROP TABLE {table}")
+        con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    store = Store()
+    try:
+        assert store.schema_version == m.SCHEMA_VERSION
+        assert store.get_run(run_id) is not None  # nothing stored is lost
+        store.add_run_event(run_id, "oom_recovery", "OOM at step 1", step=1, data={"rung": 0})
+        store.publish_device("w", "h", H200.to_dict())
+        assert store.run_events(run_id)[0]["data"] == {"rung": 0}
+        assert DeviceFacts.from_dict(store.published_devices()[0]["facts"]) == H200
+    finally:
+        store.dispose()
