@@ -45,12 +45,15 @@ class StoreCallback(TrainerCallback):
     """Writes logged metrics, throughput, progress and torch memory of one run to the store."""
 
     def __init__(self, store: Store, run_id: int, *, stop_event: threading.Event | None = None,
-                 flush_interval: float = 1.0, cancel_interval: float = 2.0, cuda: bool | None = None):
+                 flush_interval: float = 1.0, cancel_interval: float = 2.0, cuda: bool | None = None,
+                 save_interval_s: float | None = None):
         self.store = store
         self.run_id = run_id
         self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
         self.flush_interval = flush_interval
         self.cancel_interval = cancel_interval
+        self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
+        self._last_save = 0.0
         if cuda is None:
             import torch
 
@@ -82,6 +85,7 @@ class StoreCallback(TrainerCallback):
         """Start the clocks and publish the step count."""
         now = time.perf_counter()
         self._last_flush = self._last_cancel_check = self._last_step_end = self._prev_log_time = now
+        self._last_save = now
         self._prev_log_step = state.global_step
         self._prev_tokens = 0.0  # trl counts num_tokens from zero in each trainer
         self._max_steps = state.max_steps if state.max_steps and state.max_steps > 0 else None
@@ -106,6 +110,8 @@ class StoreCallback(TrainerCallback):
         if self.stop_reason is not None:
             control.should_training_stop = True
             control.should_save = True  # a checkpoint to resume from (jobs.checkpoints)
+        elif self.save_interval_s and now - self._last_save >= self.save_interval_s:
+            control.should_save = True  # timed: a crash loses at most save_interval_s of training
         if control.should_save:
             # The trainer logs before it saves: a log here checks the loss of every step since the
             # last one (on_log), and cancels this save if it went non-finite.
@@ -144,6 +150,7 @@ class StoreCallback(TrainerCallback):
 
         from jobs.checkpoints import mark_complete
 
+        self._last_save = time.perf_counter()
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             mark_complete(folder, state.global_step)

@@ -248,6 +248,8 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
     if spec.save_steps is not None:
         kw["save_steps"] = spec.save_steps
+    # Rotation applies to every checkpoint, also the timed ones (`save_minutes`, jobs.callbacks).
+    kw["save_total_limit"] = spec.save_total_limit
     if kw["eval_strategy"] == "steps":
         kw["eval_steps"] = spec.eval_steps
     kw.update(trainer_kwargs(spec))  # packing, loss masks, beta, loss_type, ... (jobs.mapping_trainers)

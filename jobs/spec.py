@@ -360,6 +360,12 @@ class JobSpec:
                                 label="Evaluate every N steps", advanced=True)
     save_steps: int | None = _f(None, Group.TRAINING, "Save a resumable checkpoint every N steps (empty: none).", ge=1,
                                 label="Checkpoint every N steps", advanced=True)
+    save_minutes: float | None = _f(10.0, Group.TRAINING,
+                                    "Also save a resumable checkpoint every N minutes of training, so a crash loses at most that (empty: off).",
+                                    gt=0.0, label="Checkpoint every N minutes", advanced=True)
+    save_total_limit: int | None = _f(2, Group.TRAINING,
+                                      "Keep at most N checkpoints on disk, the newest (empty: keep all).", ge=1,
+                                      label="Checkpoints kept", advanced=True)
     seed: int = _f(42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0, label="Seed", advanced=True)
     pin_host: str | None = _f(None, Group.RUN, "Only a worker on this host (its hostname) takes the run; empty: any host.",
                               label="Host", advanced=True)

@@ -110,6 +110,12 @@ class NonFiniteLoss(RuntimeError):
         self.step = step
 
 
+def _checkpoint_step(resume_from: str | None) -> int:
+    """The step of a `checkpoint-N` folder (0 without one)."""
+    name = Path(resume_from).name if resume_from else ""
+    return int(name.split("-")[-1]) if name.startswith("checkpoint-") and name.split("-")[-1].isdigit() else 0
+
+
 def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] = (), *,
                device: Device | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
                model_and_tokenizer: tuple[Any, Any] | None = None, resume_from: str | None = None) -> TrainResult:
@@ -193,10 +199,16 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         metrics["peak_torch_reserved_bytes"] = float(torch.cuda.max_memory_reserved())
     else:
         metrics["peak_rss_bytes"] = float(peak)
-    if metrics["global_step"] > 0 and metrics["train_runtime"] > 0:
+    # A resumed trainer only timed the steps after its checkpoint: the mean is over those.
+    timed_steps = metrics["global_step"] - _checkpoint_step(resume_from)
+    if timed_steps > 0 and metrics["train_runtime"] > 0:
         # seconds per optimizer step from trl's clock; `run` replaces this and tokens_per_second with the
         # figures of jobs.figures (the store-less callers, benches and tests, keep these).
-        metrics["step_time_mean"] = metrics["train_runtime"] / metrics["global_step"]
+        metrics["step_time_mean"] = metrics["train_runtime"] / timed_steps
+    if spec.auto_find_batch_size:  # the micro-batch accelerate ended with after halving on OOM
+        metrics["per_device_train_batch_size_final"] = float(getattr(trainer, "_train_batch_size", 0)
+                                                             or spec.per_device_train_batch_size)
+        resolved["per_device_train_batch_size_final"] = int(metrics["per_device_train_batch_size_final"])
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
 
 
@@ -294,6 +306,13 @@ def resume_point(store: Any, run_id: int, output_dir: Path) -> str | None:
     return str(last[1])
 
 
+def whole_run_mean(store: Any, run_id: int, name: str) -> float | None:
+    """Mean of every stored value of one metric of a run (its rollups; None without rows)."""
+    buckets = store.metric_series(run_id, name, 1 << 30)
+    count = sum(b.count for b in buckets)
+    return sum(b.total for b in buckets) / count if count else None
+
+
 def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) -> int:
     """Train run `run_id` from the store; returns the process exit code.
 
@@ -310,7 +329,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         return 1
     spec = oom.effective_spec(store, run_id, stored_spec(record.spec_json))  # after an OOM recovery: the changed spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
-    callback = StoreCallback(store, run_id)
+    callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None)
     output_dir = store.run_dir(run_id) / "output"
     training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
 
@@ -346,6 +365,12 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             mfu = callback.flops.mfu(tps)
             if mfu is not None:
                 result.metrics["mfu_mean"] = mfu
+        if resume_from is not None:
+            # The trainer's train_loss covers only the steps after the resume; the stored loss rows
+            # (kept up to the checkpoint, redone after it) cover the whole run.
+            whole = whole_run_mean(store, run_id, "loss")
+            if whole is not None:
+                result.metrics["train_loss"] = whole
         write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics)
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)

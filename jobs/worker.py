@@ -135,14 +135,18 @@ class Worker:
     def __init__(self, store: Store, worker_id: str | None = None, poll_interval: float = 1.0,
                  heartbeat_interval: float = 2.0, stale_after: float = 30.0, grace_period: float = 20.0,
                  *, child_argv: Callable[[int], list[str]] | None = None, sample: bool = True,
-                 exit_with_parent: int | None = None, device: str | None = None) -> None:
+                 exit_with_parent: int | None = None, device: str | None = None,
+                 save_grace: float | None = None) -> None:
         self.store = store
         self.host = socket.gethostname()
         self.worker_id = worker_id or f"{self.host}:{os.getpid()}"
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.stale_after = stale_after
-        self.grace_period = grace_period
+        self.grace_period = float(os.environ.get("TUNEDECK_CANCEL_GRACE_S") or grace_period)
+        # How long a stopping child may go on writing the checkpoint it has begun, past grace_period.
+        self.save_grace = float(save_grace if save_grace is not None
+                                else os.environ.get("TUNEDECK_SAVE_GRACE_S") or 300.0)
         self.child_argv = child_argv or default_child_argv  # tests swap in a fake child
         self.sample = sample
         self.exit_with_parent = exit_with_parent
@@ -315,7 +319,7 @@ class Worker:
                 # worker shutdown is not the user's cancel.
                 self.store.mark_interrupted(run_id, f"{self._stop_reason} while the run was running; "
                                                     "queue it again to retry")
-                return self._terminate(child), "stop"
+                return self._terminate(child, run_id), "stop"
             if now >= next_check:
                 next_check = now + self.poll_interval
                 try:
@@ -328,22 +332,44 @@ class Worker:
                     continue
                 if current is not None and current.cancel_requested and current.status is RunStatus.RUNNING:
                     log.info("run %s: cancel requested; SIGTERM to process group %s", run_id, child.pid)
-                    return self._terminate(child), "cancel"
+                    return self._terminate(child, run_id), "cancel"
                 if current is None or current.status in (RunStatus.CANCELLED, RunStatus.INTERRUPTED):
                     # Deleted or ended by someone else: the child has no business left.
                     return self._terminate(child), "gone"
             time.sleep(_WATCH_TICK)
 
-    def _terminate(self, child: subprocess.Popen) -> int:
-        """SIGTERM the group; SIGKILL it after the grace period. Returns the exit code."""
+    def _terminate(self, child: subprocess.Popen, run_id: int | None = None) -> int:
+        """SIGTERM the group; SIGKILL it after the grace period. Returns the exit code.
+
+        A child still writing a checkpoint when the grace period ends (a `checkpoint-N` folder
+        without its completeness marker) gets up to `save_grace` more seconds to finish it.
+        """
         _killpg(child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_period
-        while child.poll() is None and time.monotonic() < deadline:
+        start = time.monotonic()
+        deadline, extended = start + self.grace_period, False
+        while child.poll() is None:
+            now = time.monotonic()
+            if now >= deadline:
+                if not extended and run_id is not None and self._saving(run_id):
+                    extended, deadline = True, start + self.grace_period + self.save_grace
+                    log.info("run %s: a checkpoint is being written; waiting up to %g s more", run_id,
+                             self.save_grace)
+                    continue
+                break
             time.sleep(_WATCH_TICK)
         if child.poll() is None:
-            log.warning("child %s ignored SIGTERM for %g s; SIGKILL", child.pid, self.grace_period)
+            log.warning("child %s ignored SIGTERM for %.0f s; SIGKILL", child.pid, time.monotonic() - start)
             _killpg(child.pid, signal.SIGKILL)
         return child.wait()
+
+    def _saving(self, run_id: int) -> bool:
+        """Whether the run has a checkpoint folder that is not complete yet (being written)."""
+        from jobs.checkpoints import checkpoint_dirs, is_complete
+
+        try:
+            return any(not is_complete(path) for _, path in checkpoint_dirs(self.store.run_dir(run_id) / "output"))
+        except (OSError, RunFolderError):
+            return False
 
     def _record_end(self, run_id: int, returncode: int, why: str | None, log_path: Path) -> RunStatus:
         self.store.set_exit_code(run_id, returncode)

@@ -25,6 +25,9 @@ needs_compose = pytest.mark.skipif(
 )
 
 
+PROFILES = ("--profile", "gpu1", "--profile", "postgres")  # every service, whatever its profile
+
+
 def _compose(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     assert DOCKER_COMPOSE is not None
     return subprocess.run([DOCKER_COMPOSE, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
@@ -32,9 +35,9 @@ def _compose(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 @functools.cache
 def _resolved() -> dict:
-    """The compose file as docker-compose resolves it (anchors, variables), else as YAML."""
+    """The compose file as docker-compose resolves it (anchors, variables, all profiles), else as YAML."""
     if DOCKER_COMPOSE:
-        out = _compose("config")
+        out = _compose(*PROFILES, "config")
         assert out.returncode == 0, out.stderr
         return yaml.safe_load(out.stdout)
     return yaml.safe_load(COMPOSE.read_text())
@@ -42,8 +45,9 @@ def _resolved() -> dict:
 
 @needs_compose
 def test_compose_config_is_valid():
-    out = _compose("config", "-q")
-    assert out.returncode == 0, f"docker-compose config -q failed:\n{out.stderr}"
+    for profiles in ((), PROFILES):
+        out = _compose(*profiles, "config", "-q")
+        assert out.returncode == 0, f"docker-compose {' '.join(profiles)} config -q failed:\n{out.stderr}"
 
 
 @needs_compose
@@ -56,21 +60,36 @@ def test_compose_validation_catches_a_misspelt_key(tmp_path: Path):
     assert "capabilites" in out.stderr
 
 
-def test_worker_reserves_one_nvidia_gpu():
-    worker = _resolved()["services"]["worker"]
+@pytest.mark.parametrize(("service", "gpu"), [("worker", "0"), ("worker-gpu1", "1")])
+def test_each_worker_reserves_its_own_nvidia_gpu(service: str, gpu: str):
+    worker = _resolved()["services"][service]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
     assert len(devices) == 1
     (device,) = devices
     assert device["driver"] == "nvidia"
-    assert int(device["count"]) == 1
+    assert [str(i) for i in device["device_ids"]] == [gpu]
     assert "gpu" in device["capabilities"]
-    assert worker["command"][:2] == ["tunedeck", "worker"]
+    # The container sees only its GPU, as index 0: the worker pins its children to it.
+    assert worker["command"] == ["tunedeck", "worker", "--device", "0"]
+
+
+def test_postgres_service_is_optional_with_a_healthcheck_and_a_named_volume():
+    config = _resolved()
+    pg = config["services"]["postgres"]
+    assert pg["profiles"] == ["postgres"]
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    (volume,) = pg["volumes"]
+    source = volume["source"] if isinstance(volume, dict) else str(volume).split(":")[0]
+    assert source in set(config.get("volumes") or {})
+    assert config["services"]["worker-gpu1"]["profiles"] == ["gpu1"]
+    for name in ("ui", "worker", "worker-gpu1"):  # one setting points them all at PostgreSQL
+        assert "TUNEDECK_DATABASE_URL" in config["services"][name]["environment"]
 
 
 def test_ui_and_worker_share_one_named_volume_at_data():
     config = _resolved()
-    services = config["services"]
-    assert set(services) == {"ui", "worker"}
+    services = {k: v for k, v in config["services"].items() if k != "postgres"}
+    assert set(services) == {"ui", "worker", "worker-gpu1"}
     named = set(config.get("volumes") or {})
     mounts = {}
     for name, service in services.items():
@@ -82,7 +101,7 @@ def test_ui_and_worker_share_one_named_volume_at_data():
         assert env["TUNEDECK_HOME"] == "/data"
         assert env["HF_HOME"] == "/data/hf"
         assert service.get("restart") in {"unless-stopped", "always", "on-failure"}
-    assert mounts["ui"] == mounts["worker"]
+    assert mounts["ui"] == mounts["worker"] == mounts["worker-gpu1"]
 
 
 def test_ui_is_published_on_loopback_only_with_a_healthcheck():

@@ -329,6 +329,9 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     lrs = [p.value for p in store.metrics(run_id, ["learning_rate"])]
     ref_lrs = [e["learning_rate"] for e in reference.log_history if "learning_rate" in e]
     assert lrs == pytest.approx(ref_lrs)  # the scheduler continued, it did not restart
+    # The resumed run reports over the whole run, like the run that was never stopped.
+    assert record.final_metrics["train_loss"] == pytest.approx(reference.metrics["train_loss"], rel=1e-4)
+    assert record.final_metrics["step_time"] > 0  # jobs.figures: over the stored rows of the whole run
 
 
 # ---------------------------------------------------------------------- 6. dashboard killed

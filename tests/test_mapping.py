@@ -156,6 +156,8 @@ def test_load_dtype(method: Method, precision: Precision, dtype: str) -> None:
                                                                               "lr_scheduler_type": "cosine",
                                                                               "warmup_steps": 3}),
     ({"save_steps": 10}, {"save_strategy": "steps", "save_steps": 10}),
+    ({}, {"save_total_limit": 2}),
+    ({"save_total_limit": None}, {"save_total_limit": None}),
     ({"eval_steps": 5}, {"eval_strategy": "steps", "eval_steps": 5}),
     ({"packing": True, "max_length": 64, "max_steps": 7}, {"packing": True, "max_length": 64, "max_steps": 7}),
     ({"trainer": "dpo", "beta": 0.3, "dataset": "sample:preference-format"}, {"beta": 0.3, "max_length": 512}),

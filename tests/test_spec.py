@@ -144,6 +144,8 @@ BOUNDS = [
     ("logging_steps", 0, "use a value >= 1"),
     ("eval_steps", 0, "use a value >= 1"),
     ("save_steps", 0, "use a value >= 1"),
+    ("save_minutes", 0.0, "use a value > 0"),
+    ("save_total_limit", 0, "use a value >= 1"),
     ("seed", -1, "use a value >= 0"),
     ("eval_split", 0.0, "use a value > 0"),
     ("desirable_weight", 0.0, "use a value > 0 and <= 100"),
