@@ -166,12 +166,12 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
     if on_ready is not None:
         on_ready(resolved)
     output = trainer.train(resume_from_checkpoint=resume_from)
-    if spec.auto_find_batch_size:  # the loop may have halved the micro-batch after an out-of-memory error
-        final = final_micro_batch(trainer)
-        if final != spec.per_device_train_batch_size:
-            resolved["trainer_config"]["per_device_train_batch_size"] = final
-            resolved["library_changes"]["per_device_train_batch_size"] = {
-                "requested": spec.per_device_train_batch_size, "effective": final}
+    final_batch = final_micro_batch(trainer) if spec.auto_find_batch_size else None
+    if final_batch is not None and final_batch != spec.per_device_train_batch_size:
+        # the loop halved the micro-batch after an out-of-memory error: the record says what ran
+        resolved["trainer_config"]["per_device_train_batch_size"] = final_batch
+        resolved["library_changes"]["per_device_train_batch_size"] = {
+            "requested": spec.per_device_train_batch_size, "effective": final_batch}
     nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
     if nonfinite:
         raise NonFiniteLoss(nonfinite[0])
@@ -205,10 +205,9 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         # seconds per optimizer step from trl's clock; `run` replaces this and tokens_per_second with the
         # figures of jobs.figures (the store-less callers, benches and tests, keep these).
         metrics["step_time_mean"] = metrics["train_runtime"] / timed_steps
-    if spec.auto_find_batch_size:  # the micro-batch accelerate ended with after halving on OOM
-        metrics["per_device_train_batch_size_final"] = float(getattr(trainer, "_train_batch_size", 0)
-                                                             or spec.per_device_train_batch_size)
-        resolved["per_device_train_batch_size_final"] = int(metrics["per_device_train_batch_size_final"])
+    if final_batch is not None:  # the micro-batch accelerate ended with after halving on OOM
+        metrics["per_device_train_batch_size_final"] = float(final_batch)
+        resolved["per_device_train_batch_size_final"] = final_batch
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
 
 

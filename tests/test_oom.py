@@ -122,7 +122,7 @@ def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(stor
     assert effective.effective_batch_size == spec.effective_batch_size
     trainer_config = run.resolved_config["trainer_config"]
     assert (trainer_config["per_device_train_batch_size"], trainer_config["gradient_accumulation_steps"]) == (2, 2)
-    assert trainer_config["gradient_checkpointing"] is True and trainer_config["optim"] == "adamw_bnb_8bit"
+    assert trainer_config["activation_checkpointing"] is True and trainer_config["optim"] == "adamw_bnb_8bit"
     later = log.split("forward batch=4 step=4")[-1]  # what the later processes ran
     assert "forward batch=4" not in later and "forward batch=2 step=8 gc=True" in later
     assert loss_steps(store, run_id) == list(range(1, 9))  # resumed, nothing duplicated
