@@ -61,11 +61,12 @@ def table(prediction, source: str) -> str:  # prediction: jobs.memory.Prediction
     return "\n".join(lines)
 
 
-def fit_text(spec, arch, device, target: int) -> str:
-    from jobs.units import human_bytes
+def fit_text(spec, arch, device, target: int, history=()) -> str:
+    """The pick and runners-up; `history`: earlier runs' measured tokens/s (`jobs.planner.measured_history`)."""
     from jobs.planner import MARGIN, fit
+    from jobs.units import human_bytes
 
-    plan = fit(spec, arch, device, target)
+    plan = fit(spec, arch, device, target, history=history)
     if not plan:
         return (f"nothing fits in {human_bytes(MARGIN * target)} ({MARGIN:.0%} of {human_bytes(target)}) by changing "
                 "micro-batch, checkpointing, precision, optimizer or LoRA -> QLoRA: shorten max_length or pick a smaller model")
@@ -96,9 +97,9 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
     if args.json:
         out = prediction.to_dict()
         if args.fit is not None:
-            from jobs.planner import fit
+            from jobs.planner import fit, measured_history
 
-            plan = fit(spec, arch, device, target)
+            plan = fit(spec, arch, device, target, history=measured_history(store, spec.model, device))
             out["fit"] = [{"changes": list(c.changes), "total_bytes": c.prediction.total_bytes, "speed": c.speed,
                            "spec": c.spec.to_dict()} for c in plan[:1 + RUNNERS_UP]]
         print(json.dumps(out, indent=2))
@@ -106,7 +107,10 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
     print(table(prediction, model_config(spec.model)[1]))
     if args.fit is not None:
         print("\nfit to " + (args.fit or "this device") + ":")
-        print(fit_text(spec, arch, device, target if target is not None else device.total_bytes))
+        from jobs.planner import measured_history
+
+        print(fit_text(spec, arch, device, target if target is not None else device.total_bytes,
+                       measured_history(store, spec.model, device)))
     return EXIT_OK
 
 

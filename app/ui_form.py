@@ -375,7 +375,7 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
         form.fields[name].change(partial(budget_text, device=device), ins, form.budget, show_progress="hidden", **raw)
     if form.memory is not None:
         ui_memory.wire(form.memory, ins, NAMES, [form.fields[n] for n in BUDGET_FIELDS], spec_from_form, form_values,
-                       device, **raw)
+                       device, store, **raw)
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length", "dataset_columns")]
     data_out = [form.data_info, form.data_preview]
     for name in ("dataset", "trainer", "max_length", "dataset_columns"):

@@ -111,10 +111,10 @@ def panel_html(spec_from_values: Callable[[dict[str, Any]], JobSpec], names: lis
 
 
 def fit_values(spec_from_values: Callable[[dict[str, Any]], JobSpec], to_values: Callable[[JobSpec], list[Any]],
-               names: list[str], *args: Any, device: DeviceSource | None = None) -> list[Any]:
+               names: list[str], *args: Any, device: DeviceSource | None = None, store: Any = None) -> list[Any]:
     """The form values of the planner's pick for this device (a gr.Error when nothing fits)."""
     from jobs.memory_config import arch_for
-    from jobs.planner import fit
+    from jobs.planner import fit, measured_history
 
     try:
         spec = spec_from_values(dict(zip(names, args)))
@@ -123,7 +123,9 @@ def fit_values(spec_from_values: Callable[[dict[str, Any]], JobSpec], to_values:
     arch = arch_for(spec.model)
     if arch is None:
         raise gr.Error(f"no config.json for {spec.model} here: cannot predict its memory")
-    plan = fit(spec, arch, (device or ui_device)())
+    facts = (device or ui_device)()
+    history = measured_history(store, spec.model, facts) if store is not None else ()
+    plan = fit(spec, arch, facts, history=history)  # measured runs of this setup rank by what they did
     if not plan:
         raise gr.Error("nothing fits this device by changing the memory tricks: shorten max_length or pick a smaller model")
     gr.Info("Fit to GPU: " + ("; ".join(plan[0].changes) or "the form already fits"))
@@ -137,13 +139,14 @@ def build_panel() -> MemoryPanel:
 
 def wire(panel: MemoryPanel, inputs: list[gr.Component], names: list[str], watch: list[gr.Component],
          spec_from_values: Callable[[dict[str, Any]], JobSpec], to_values: Callable[[JobSpec], list[Any]],
-         device: DeviceSource | None = None, **event: Any) -> None:
+         device: DeviceSource | None = None, store: Any = None, **event: Any) -> None:
     """Redraw the bar when a memory-relevant field changes; Fit to GPU fills the form. `event`: options
     for every event (the form passes api_visibility and preprocessing)."""
     draw = functools.partial(panel_html, spec_from_values, names, device=device)
     for comp in watch:
         comp.change(draw, inputs, panel.bar, show_progress="hidden", **event)
-    panel.fit_btn.click(functools.partial(fit_values, spec_from_values, to_values, names, device=device), inputs,
+    panel.fit_btn.click(functools.partial(fit_values, spec_from_values, to_values, names, device=device, store=store),
+                        inputs,
                         inputs, **event)
 
 

@@ -58,13 +58,40 @@ def relative_speed(spec: JobSpec, arch: Arch, prediction: Prediction) -> float:
     return 1e12 * rate * efficiency / flops_per_token(spec, arch, prediction.trainable_params)
 
 
-def calibration(history: Sequence[tuple[JobSpec, float]], arch: Arch, device: DeviceFacts) -> float | None:
-    """Median measured / modelled tokens/s over earlier runs of this model on this device, if any."""
+# The settings that decide a run's speed on a given model and device: runs that agree on all of
+# them are the same setup, whose measured tokens/s stands in for the model's estimate.
+SPEED_FIELDS = ("method", "per_device_train_batch_size", "gradient_checkpointing", "precision", "optim",
+                "max_length", "packing", "lora_r", "trainer")
+
+
+def same_setup(a: JobSpec, b: JobSpec) -> bool:
+    return all(getattr(a, f) == getattr(b, f) for f in SPEED_FIELDS)
+
+
+def calibration(history: Sequence[tuple[JobSpec, float]], arch: Arch, device: DeviceFacts,
+                like: JobSpec | None = None) -> float | None:
+    """Median measured / modelled tokens/s over earlier runs of this model on this device, if any;
+    with `like`, over those of the same setup only (so a measured variant ranks by what it did)."""
     ratios = []
     for spec, tokens_per_s in history:
-        if tokens_per_s > 0:
+        if tokens_per_s > 0 and (like is None or same_setup(spec, like)):
             ratios.append(tokens_per_s / relative_speed(spec, arch, predict(spec, arch, device)))
     return statistics.median(ratios) if ratios else None
+
+
+def measured_history(store: object, model: str, device: DeviceFacts, limit: int = 200) -> list[tuple[JobSpec, float]]:
+    """(spec, measured tokens/s) of earlier succeeded runs of `model` on a device of this name."""
+    from jobs.stored import spec_of
+    from storage.models import RunStatus
+
+    out = []
+    for run in store.list_runs(RunStatus.SUCCEEDED, limit=limit):  # type: ignore[attr-defined]
+        spec = spec_of(run)
+        ran_on = (run.resolved_config.get("device") or {}).get("name")
+        tokens_per_s = run.final_metrics.get("tokens_per_second")
+        if spec.model == model and ran_on == device.name and tokens_per_s:
+            out.append((spec, float(tokens_per_s)))
+    return out
 
 
 def _divisors_down(batch: int, effective: int) -> list[int]:
@@ -124,7 +151,8 @@ def fit(spec: JobSpec, arch: Arch, device: DeviceFacts, target_bytes: int | None
         if prediction.total_bytes > margin * target or key in seen:
             continue  # too big, or the same run as one already found (auto resolves to the same precision)
         seen.add(key)
-        speed = relative_speed(variant, arch, prediction) * (scale or 1.0)
+        own = calibration(history, arch, facts, like=variant) if history else None
+        speed = relative_speed(variant, arch, prediction) * (own or scale or 1.0)
         found.append(Candidate(variant, prediction, speed, scale is not None, describe_changes(spec, variant)))
     found.sort(key=lambda c: (-round(c.speed, 6), len(c.changes), c.prediction.total_bytes))
     return found

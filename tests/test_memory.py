@@ -133,6 +133,32 @@ def test_planner_speed_is_calibrated_by_measured_runs(qwen7b):
     assert same.calibrated and same.speed == pytest.approx(1234.0)
 
 
+def test_a_measured_setup_ranks_by_what_it_did(qwen7b):
+    """The FLOPs model ranks a pick first; runs of a runner-up setup that measured faster move it to the top."""
+    spec = S(model=str(QWEN7B), per_device_train_batch_size=8, gradient_accumulation_steps=2, max_length=2048)
+    modelled = fit(spec, qwen7b, GPU24)
+    first, runner_up = modelled[0], modelled[1]
+    # The first pick ran at the model's own estimate; the runner-up measured three times the pick's speed.
+    history = [(first.spec, first.speed), (runner_up.spec, 3.0 * first.speed)]
+    measured = fit(spec, qwen7b, GPU24, history=history)
+    assert measured[0].spec == runner_up.spec and measured[0].calibrated
+    assert measured[0].speed == pytest.approx(history[1][1], rel=1e-6)
+    assert next(c for c in measured if c.spec == first.spec).speed == pytest.approx(first.speed, rel=1e-6)
+
+
+def test_measured_history_reads_succeeded_runs_of_the_model_on_the_device(store):
+    from jobs.planner import measured_history
+
+    spec = JobSpec(model="tiny-llama", max_steps=1)
+    done, other_device, other_model = (store.create_run(s) for s in (spec, spec, spec.replace(model="smollm2-135m-instruct")))
+    for lease, (run_id, device) in enumerate(((done, "cpu"), (other_device, "NVIDIA H200"), (other_model, "cpu"))):
+        assert store.claim_next_on_device("w", str(lease)).id == run_id
+        store.set_resolved_config(run_id, {"device": {"name": device}})
+        store.mark_succeeded(run_id, {"tokens_per_second": 100.0 + run_id})
+    history = measured_history(store, "tiny-llama", cpu_facts())
+    assert [(s.model, tps) for s, tps in history] == [("tiny-llama", 100.0 + done)]
+
+
 def test_nothing_fits_a_tiny_device(qwen7b):
     assert fit(S(model=str(QWEN7B)), qwen7b, replace(GPU24, total_bytes=GIB)) == []
 
