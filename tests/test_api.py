@@ -104,6 +104,7 @@ def test_a_wrong_spec_comes_back_as_the_form_s_problems(server: dict, client: Cl
     import yaml
 
     from app.ui_form import all_problems
+    from jobs.access import AccessPolicy
     from jobs.spec import JobSpec
 
     text = "learning_rat: 1.0e-4\nlora_r: 0\nmodel: tiny-llama\ndataset: /no/such/file.jsonl\n"
@@ -111,8 +112,13 @@ def test_a_wrong_spec_comes_back_as_the_form_s_problems(server: dict, client: Cl
     out = client.predict(spec_yaml=text, api_name="/submit")
     assert out["run_id"] is None
     got = {(p["field"], p["problem"], p["fix"]) for p in out["problems"]}
-    _, form = all_problems({**JobSpec().to_dict(), **yaml.safe_load(text)})  # the form holds every field
+    # The form holds every field; this server has a login, so its shared-server limits apply too
+    # (a path outside its data folders is refused before it is read).
+    policy = AccessPolicy(restricted=True, data_dirs=(server["home"] / "datasets", server["home"] / "uploads"),
+                          allow_remote_code=False)
+    _, form = all_problems({**JobSpec().to_dict(), **yaml.safe_load(text)}, policy)
     assert got == {(p.field, p.problem, p.fix) for p in form}
+    assert any("data folders" in problem for field, problem, _ in got if field == "dataset")
     assert {"learning_rat", "lora_r", "dataset"} <= {field for field, _, _ in got}
     out = client.predict(spec_yaml="model: [unclosed", api_name="/submit")
     assert out["run_id"] is None and out["problems"][0]["field"] == "spec" and "YAML" in out["problems"][0]["problem"]

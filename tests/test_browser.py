@@ -110,6 +110,7 @@ def test_launch_watch_reload_download(server, browser):
     assert set(loss.legend) <= {"train", "eval"} and "train" in loss.legend, loss.describe()
     assert set(loss.drawn_lines()) == set(loss.legend), loss.describe()  # a final eval loss alone draws too
     device = {"GPU used (NVML)", "torch allocated", "torch reserved"} if ui_data.has_cuda() else {"host RSS"}
+    device |= {"predicted peak"}  # the prediction saved at submit, drawn flat across the run (jobs.memory)
     memory = wait_scene(page, "run-memory-plot", lambda s: set(s.drawn_lines()) == device)
     assert sorted(memory.legend) == sorted(device) and not memory.legend_clipped, memory.describe()
     page.screenshot(path=str(ARTIFACTS / "run-page-finished.png"), full_page=True)
