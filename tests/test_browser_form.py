@@ -53,10 +53,17 @@ def field(page, name: str):
     return page.get_by_label(title, exact=True).or_(page.get_by_label(f"number input for {title}", exact=True))
 
 
+def option_text(name: str, value: str) -> str:
+    """What a dropdown shows for a value: the method choice carries each method's description."""
+    from jobs.spec import METHOD_DESCRIPTIONS, Method
+
+    return f"{value}: {METHOD_DESCRIPTIONS[Method(value)]}" if name == "method" else value
+
+
 def choose(page, name: str, value: str) -> None:
     box = field(page, name)
     box.click()
-    page.get_by_role("option", name=value, exact=True).click()
+    page.get_by_role("option", name=option_text(name, value), exact=True).click()
 
 
 def shown(page, name: str) -> bool:
@@ -74,7 +81,7 @@ def page_height(page) -> int:
 def test_form_at_its_defaults_fits_two_screens_and_hides_qlora_fields_for_lora(page):
     ARTIFACTS.mkdir(exist_ok=True)
     assert field(page, "model").input_value() == "smollm2-135m-instruct"
-    assert field(page, "method").input_value() == "lora"
+    assert field(page, "method").input_value() == option_text("method", "lora")
     height = page_height(page)
     page.screenshot(path=str(ARTIFACTS / "launch-form-defaults-smollm2.png"), full_page=True)
     assert height <= 2 * VIEWPORT["height"], f"the launch page is {height} px tall at 1400x1000"
@@ -124,12 +131,12 @@ def test_a_preset_sets_its_fields_and_says_what_it_changed(page):
     note = page.locator("#preset-note")
     note.get_by_text("Low memory changed").wait_for(timeout=15_000)
     assert "Method (method) lora → qlora" in note.inner_text()
-    assert field(page, "method").input_value() == "qlora"
+    assert field(page, "method").input_value() == option_text("method", "qlora")
     assert field(page, "per_device_train_batch_size").input_value() == "1"
     wait_shown(page, "bnb_4bit_quant_type", True)
     page.get_by_role("button", name="Balanced", exact=True).click()
     note.get_by_text("Balanced changed").wait_for(timeout=15_000)
-    assert field(page, "method").input_value() == "lora"
+    assert field(page, "method").input_value() == option_text("method", "lora")
     wait_shown(page, "bnb_4bit_quant_type", False)
 
 
@@ -163,7 +170,7 @@ def test_keyboard_order_follows_the_page(page):
         a, b = stops[i]["before"], stops[i]["here"]
         same_line = a["top"] < b["bottom"] and b["top"] < a["bottom"]
         assert b["left"] > a["left"] if same_line else b["top"] >= a["bottom"] - 2, (stops[i - 1], stops[i])
-    assert [s["text"] for s in stops[first_side:]] == ["Load YAML", "Preview YAML", "Launch"]
+    assert [s["text"] for s in stops[first_side:]] == ["Fit to GPU", "Load YAML", "Preview YAML", "Launch"]
 
 
 def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_path):
@@ -173,7 +180,7 @@ def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_p
     page.locator("#launch-side input[type=file]").set_input_files(str(spec))
     page.wait_for_function("""(v) => Array.from(document.querySelectorAll('input')).some(i => i.value === v)""",
                            arg="from-yaml", timeout=15_000)
-    assert field(page, "method").input_value() == "qlora" and field(page, "lora_r").input_value() == "8"
+    assert field(page, "method").input_value() == option_text("method", "qlora") and field(page, "lora_r").input_value() == "8"
     wait_shown(page, "beta", True)
     wait_shown(page, "bnb_4bit_quant_type", True)
     page.get_by_role("button", name="Preview YAML", exact=True).click()
