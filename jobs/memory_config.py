@@ -61,27 +61,26 @@ def _arch_from_text(text: str) -> Any:
     return arch_from_config(json.loads(text))
 
 
-def arch_for(ref: str) -> Any:
-    """The `Arch` of a model ref, or None when its config is missing or transformers cannot build it."""
+def _built_from_config(ref: str, build: Any) -> Any:
+    """`build(config JSON)` for a model ref, or None when its config is missing or transformers cannot
+    build it (an unknown or custom architecture simply has no prediction)."""
     config, _ = model_config(ref)
     if config is None or "model_type" not in config:
         return None
     try:
-        return _arch_from_text(json.dumps(config, sort_keys=True))
-    except Exception:  # noqa: BLE001 - an unknown or custom architecture simply has no prediction
+        return build(json.dumps(config, sort_keys=True))
+    except Exception:  # noqa: BLE001 - see the docstring
         return None
+
+
+def arch_for(ref: str) -> Any:
+    """The `Arch` of a model ref, or None."""
+    return _built_from_config(ref, _arch_from_text)
 
 
 def model_shape_for(ref: str) -> Any:
-    """The `jobs.params.ModelShape` of a model ref (layer shapes on the meta device), or None when its
-    config is missing or transformers cannot build it."""
-    config, _ = model_config(ref)
-    if config is None or "model_type" not in config:
-        return None
-    try:
-        return _shape_from_text(json.dumps(config, sort_keys=True))
-    except Exception:  # noqa: BLE001 - an unknown or custom architecture simply has no shape
-        return None
+    """The `jobs.params.ModelShape` of a model ref (layer shapes on the meta device), or None."""
+    return _built_from_config(ref, _shape_from_text)
 
 
 @functools.lru_cache(maxsize=16)
