@@ -16,6 +16,7 @@ saved with the run as `prediction.json` in its run folder.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from jobs.access import AccessPolicy
@@ -114,8 +115,10 @@ def capability_problems(spec: JobSpec, device: "Device | None" = None) -> list[P
 
 def memory_problems(spec: JobSpec, device: "DeviceFacts | None" = None) -> list[Problem]:
     """A problem when the predicted peak will not fit the device (none when overridden or unpredictable)."""
+    if spec.ignore_memory_prediction:
+        return []
     prediction = predict_memory(spec, device)
-    if spec.ignore_memory_prediction or prediction is None:
+    if prediction is None:
         return []
     from jobs.memory import Verdict, explain
 
@@ -130,8 +133,10 @@ def memory_problems(spec: JobSpec, device: "DeviceFacts | None" = None) -> list[
     return [Problem("memory", explain(prediction).rstrip("."), fix + "; or set ignore_memory_prediction: true to queue it anyway")]
 
 
+@functools.lru_cache(maxsize=32)
 def predict_memory(spec: JobSpec, device: "DeviceFacts | None" = None):  # -> jobs.memory.Prediction | None
-    """The spec's predicted peak on `device` (default: this machine's device)."""
+    """The spec's predicted peak on `device` (default: this machine's device). Cached (spec and facts are
+    frozen): submit checks the prediction and then saves it with the run, and builds it once."""
     from jobs.memory import predict
     from jobs.memory_config import arch_for
 

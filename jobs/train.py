@@ -345,7 +345,8 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         result = train_spec(spec, output_dir, [callback, *restore, *callbacks], device=device,
                             resume_from=resume_from, on_ready=ready)
         callback.flush()  # eval metrics and the last steps land before the status changes
-        store.set_resolved_config(run_id, result.resolved)  # what training ended with (auto_find_batch_size)
+        if spec.auto_find_batch_size:  # the record gains the micro-batch training ended with
+            store.set_resolved_config(run_id, result.resolved)
         store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
         sampled = figures.sampled_peak(store, run_id)  # the sampler's readings so far (it records its own at the end)
         if sampled is not None:
