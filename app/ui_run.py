@@ -66,19 +66,26 @@ def bundle_files(path: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["file", "size"])
 
 
-def eta_text(run: RunRecord, now: float | None = None) -> str:
+def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
+    """" · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
+
+    `step_time` is the run's mean measured `step_time` (jobs.figures), which spans every attempt of
+    a resumed run; without it (before the first training log) the time since this attempt started
+    over the steps taken in it stands in (a resumed run starts counting at its checkpoint's step, so
+    its rate is only known once a step of this attempt is logged).
+    """
     now = time.time() if now is None else now
     if run.status is not RunStatus.RUNNING or not run.total_steps or not run.started_at or run.current_step <= 0:
         return ""
-    per_step = (now - run.started_at) / run.current_step
+    per_step = step_time if step_time and step_time > 0 else (now - run.started_at) / run.current_step
     left = max(0.0, (run.total_steps - run.current_step) * per_step)
     return f" · ETA {int(left // 60)}m {int(left % 60):02d}s"
 
 
-def progress_html(run: RunRecord) -> str:
+def progress_html(run: RunRecord, step_time: float | None = None) -> str:
     total = run.total_steps or 0
     pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
-    label = f"step {run.current_step}/{total or '?'}{eta_text(run)}"
+    label = f"step {run.current_step}/{total or '?'}{eta_text(run, step_time=step_time)}"
     return (f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
             f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
             f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
@@ -248,9 +255,10 @@ class RunPageData:
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
         events = events_markdown(run, self.store.run_events(rid))
-        header = (header_markdown(run, figures.run_figures(self.store, run)) + prediction_markdown(self.store, run)
+        measured = figures.run_figures(self.store, run)
+        header = (header_markdown(run, measured) + prediction_markdown(self.store, run)
                   + throughput_markdown(self.store, run) + events)
-        return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
+        return [header, progress_html(run, measured.step_time), cancel, download, files, error, memory, loss, lr, tps,
                 trainer, log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
 
     def cancel(self, run_id: float | None) -> None:

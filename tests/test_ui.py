@@ -108,3 +108,26 @@ def test_method_choice_shows_each_methods_description_and_budget_survives_new_me
     values = dict(zip(ui_form.NAMES, ui_form.form_values(JobSpec(method="lokr"))))
     text = ui_form.budget_text(*[values[n] for n in ui_form.NAMES])
     assert "effective batch size" in text
+
+
+def test_eta_of_a_resumed_run_uses_the_whole_runs_step_time(store, tiny_model):
+    """Resumed at step 50 of 100, 10 s into the new attempt, with 2 s steps measured before the
+    resume: 50 steps left take ~100 s, not the 10 s that 10 s over 50 steps would claim."""
+    import time
+    from dataclasses import replace
+
+    import training_helpers
+    from app.ui_run import eta_text
+    from jobs import figures
+    from storage.models import RunStatus
+
+    rid = store.create_run(training_helpers.tiny_spec(tiny_model))
+    store.add_metrics(rid, [MetricPoint(step, "step_time", 2.0, float(step)) for step in range(5, 55, 5)])
+    now = time.time()
+    run = replace(store.get_run(rid), status=RunStatus.RUNNING, started_at=now - 10.0, current_step=50,
+                  total_steps=100)
+    measured = figures.run_figures(store, run)
+    assert measured.step_time == pytest.approx(2.0)
+    assert eta_text(run, now=now, step_time=measured.step_time) == " · ETA 1m 40s"
+    assert eta_text(run, now=now) == " · ETA 0m 10s"  # no measured step time yet: this attempt's rate
+    assert eta_text(replace(run, status=RunStatus.SUCCEEDED), now=now, step_time=2.0) == ""
