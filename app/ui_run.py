@@ -60,6 +60,24 @@ def bundle_path(store: Store, run_id: int) -> Path | None:
     return inside_data_dir(bundle_of(store, run_id))
 
 
+def unreachable_files_note(store: Store, run_id: int) -> str:
+    """Why a finished run's recorded bundle cannot be downloaded from this dashboard ("" when it can).
+
+    Artifact paths are stored as absolute paths: on many hosts the data folder must be one shared
+    volume mounted at the same path everywhere (README, "Several GPUs, several hosts").
+    """
+    from jobs.artifacts import bundle_of
+
+    recorded = bundle_of(store, run_id)
+    if not recorded or inside_data_dir(recorded) is not None:
+        return ""
+    where = "is not inside this dashboard's data folder" if not Path(recorded).resolve().is_relative_to(data_dir()) \
+        else "is missing on this host"
+    return (f"### Files not reachable from this host\nRun {run_id}'s bundle was written to `{recorded}`, which "
+            f"{where} (`{data_dir()}`). Fix: mount the shared data folder at the same path on every host and "
+            "set the same `TUNEDECK_HOME` for the dashboard and the workers.")
+
+
 def bundle_files(path: Path) -> pd.DataFrame:
     with zipfile.ZipFile(path) as zf:
         rows = [[i.filename, human_bytes(i.file_size)] for i in zf.infolist() if not i.is_dir()]
@@ -251,6 +269,8 @@ class RunPageData:
             error = f"### Run {run.status.value}\n{run.error_summary or 'no error summary recorded'}"
             if run.exit_code is not None:
                 error += f" (exit code {run.exit_code})"
+        elif run.status is RunStatus.SUCCEEDED and bundle is None:
+            error = unreachable_files_note(self.store, rid)
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
