@@ -178,12 +178,12 @@ class ChatProcess:
         """Pieces of the answer of `which` ("base" or "run") of run `run_id`, as they are generated."""
         sampling = (sampling or Sampling()).checked()
         with self._lock:
-            result = locate(self.store, run_id)
             try:
                 device = choose_device(self.store, self.facts, self.host)
             except ChatError:
                 self.close()  # a run started training on our GPU: free it
                 raise
+            result = locate(self.store, run_id)
             proc = self._loaded(result, device)
             self._request(proc, op="generate", which=which, prompt=prompt, system=system,
                           sampling={"temperature": sampling.temperature, "top_p": sampling.top_p,
