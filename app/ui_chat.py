@@ -112,7 +112,9 @@ def ask(store: Store, chat: ChatProcess, policy: AccessPolicy | None, run_id: An
     except ChatError as exc:
         yield _problems_text(exc), answers["base"], answers["run"]
         return
-    yield f"Done ({way}).", answers["base"], answers["run"]
+    blank = [label for which, label in (("base", "the base model"), ("run", "the run")) if not answers[which].strip()]
+    note = f" {' and '.join(blank).capitalize()} answered with whitespace only." if blank else ""
+    yield f"Done ({way}).{note}", answers["base"], answers["run"]
 
 
 def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: AccessPolicy | None = None,
