@@ -122,15 +122,16 @@ def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: Access
     """Wire the tab's events; returns the generation process manager (started on the first question)."""
     chat = chat or ChatProcess(store)
 
-    def choices() -> tuple[Any, str]:
+    def choices(current: Any) -> tuple[Any, str]:
         found = run_choices(store)
         if not found:
             return gr.Dropdown(choices=[], value=None), NO_RUNS
-        return gr.Dropdown(choices=found, value=found[0][1]), ""
+        keep = current if current in {value for _, value in found} else found[0][1]
+        return gr.Dropdown(choices=found, value=keep), ""
 
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
-        event(choices, None, [view.run, view.status], show_progress="hidden", api_visibility="private")
+        event(choices, view.run, [view.run, view.status], show_progress="hidden", api_visibility="private")
     view.ask.click(lambda *args: (yield from ask(store, chat, policy, *args)), view.inputs,
                    [view.status, view.base, view.tuned], api_visibility="private", concurrency_limit=1,
                    concurrency_id="chat")

@@ -7,7 +7,7 @@
 
 Device rules, the same as training's: on a machine with a GPU, answers are generated on
 `TUNEDECK_CHAT_DEVICE` (a GPU index or UUID, or `cpu`), else the worker's `TUNEDECK_DEVICE`,
-else GPU 0, and never on a GPU whose lease a training run holds: that is refused with the run's
+else what CUDA_VISIBLE_DEVICES names (as the worker names it), else GPU 0, and never on a GPU whose lease a training run holds: that is refused with the run's
 id and the fix (the check is made before every request, and a process already on a GPU that a
 run has since started training on is stopped, freeing its memory). On a machine without a GPU
 it runs on the CPU. The process exits after `TUNEDECK_CHAT_IDLE_SECONDS` (default 300) without
@@ -67,12 +67,15 @@ def busy_problem(store: Any, gpu: str, host: str | None = None) -> Problem | Non
 def choose_device(store: Any, facts: Any = None, host: str | None = None) -> str:
     """"cpu" or the GPU (index or UUID) to answer on; raises ChatError when a training run holds it."""
     wanted = (os.environ.get(DEVICE_ENV) or os.environ.get("TUNEDECK_DEVICE") or "").strip()
+    inherited = not wanted and "CUDA_VISIBLE_DEVICES" in os.environ
+    if inherited:  # named as an unpinned worker names its device: the whole CUDA_VISIBLE_DEVICES value
+        wanted = os.environ["CUDA_VISIBLE_DEVICES"].strip() or "cpu"
     if wanted.lower() == "cpu":
         return "cpu"
     if facts is None:
         from jobs.devices import detect
 
-        facts = detect(int(wanted) if wanted.isdigit() else 0)
+        facts = detect(int(wanted) if wanted.isdigit() and not inherited else 0)
     if not facts.cuda:
         return "cpu"
     gpu = wanted or "0"

@@ -123,6 +123,7 @@ def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
     monkeypatch.delenv("TUNEDECK_DEVICE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     run_id = store.create_run(tiny_spec(tiny_model, run_name="training-now"))
     assert store.claim_next_on_device("w1", "0", host="gpu-box") is not None  # run is training on GPU 0
     with pytest.raises(ChatError) as err:
@@ -137,6 +138,13 @@ def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
     assert choose_device(store, GPU, host="gpu-box") == "cpu"
     monkeypatch.delenv("TUNEDECK_CHAT_DEVICE")
     assert choose_device(store, DeviceFacts(kind="cpu", name="cpu", total_bytes=1), host="gpu-box") == "cpu"
+    # Without a device setting, CUDA_VISIBLE_DEVICES names it as it names the worker's ("" hides the GPUs).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert choose_device(store, GPU, host="gpu-box") == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(ChatError, match=f"GPU 0 is training run {run_id}"):
+        choose_device(store, GPU, host="gpu-box")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     # The process manager refuses before starting anything.
     chat = ChatProcess(store, facts=GPU, host="gpu-box")
     with pytest.raises(ChatError, match="GPU 0 is training run"):
