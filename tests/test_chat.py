@@ -220,6 +220,11 @@ def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_
         status, _, _ = list(ask(store, chat, None, 999, "", 0.0, 1.0, 16, PROMPT))[-1]
         assert "run 999 does not exist" in status and "Fix" in status
         assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, "  "))[-1][0] == "Write a prompt first."
+        # A result that does not load: the message names the run and the reason; the process keeps serving.
+        broken = _broken_copy(store, ids["lora"], tiny_model)
+        status, _, _ = list(ask(store, chat, None, broken, "", 0.0, 1.0, 16, PROMPT))[-1]
+        assert f"run {broken}'s model failed to load" in status and "Fix" in status
+        assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, PROMPT))[-1][2] == run
     finally:
         chat.close()
     # Remote code needs the shared server's permission, as for training.
@@ -229,8 +234,43 @@ def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_
     assert policy_problem(store, remote, AccessPolicy.open()) is None
 
 
+def _broken_copy(store, run_id: int, model: Path) -> int:
+    """A succeeded run whose adapter folder is a copy of `run_id`'s with its weights file damaged."""
+    import shutil
+
+    source = next(Path(a.path) for a in store.artifacts(run_id) if a.kind == "adapter")
+    broken = store.create_run(tiny_spec(model, run_name="broken"))
+    folder = store.run_dir(broken) / "bundle"
+    shutil.copytree(source, folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    assert store.claim_next_on_device("test-worker", "fake-broken") is not None
+    store.mark_succeeded(broken, {})
+    store.add_artifact(broken, "adapter", str(folder), 1, "0" * 64)
+    return broken
+
+
 def test_no_finished_runs_message(store) -> None:
     from app.ui_chat import NO_RUNS, ask, run_choices
 
     assert run_choices(store) == []
     assert list(ask(store, ChatProcess(store), None, None, "", 0.0, 1.0, 16, PROMPT)) == [(NO_RUNS, "", "")]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_answers_come_from_the_gpu_and_a_training_run_keeps_it(home, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _, store, ids = home
+    pair = load(locate(store, ids["lora"]))
+    assert pair.device.type == "cuda" and TAUGHT in pair.answer("run", PROMPT, sampling=SHORT)
+    monkeypatch.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
+    monkeypatch.setenv("TUNEDECK_DEVICE", "0")
+    assert choose_device(store) == "0"  # this machine's real device facts
+    holder = store.create_run(tiny_spec(Path(locate(store, ids["lora"]).base), run_name="holder"))
+    assert store.claim_next_on_device("gpu-test", "0") is not None
+    with pytest.raises(ChatError, match=f"GPU 0 is training run {holder}"):
+        ChatProcess(store).answer(ids["lora"], "run", PROMPT, sampling=SHORT)
+    store.release_device("0", "gpu-test")
+    store.mark_cancelled(holder)
