@@ -85,10 +85,13 @@ def _common(s: argparse.ArgumentParser) -> None:
     s.add_argument("run_id", type=int, metavar="RUN_ID")
     s.add_argument("--base", action="store_true", help="answer with the run's base model instead of its result")
     s.add_argument("--system", default="", metavar="TEXT", help="a system prompt (the chat template's system role)")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy, reproducible answers")
-    s.add_argument("--top-p", type=float, default=1.0, dest="top_p", help="nucleus sampling (with --temperature > 0)")
-    s.add_argument("--max-new-tokens", type=int, default=256, dest="max_new_tokens", help="answer length limit")
-    s.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
+    s.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 (default): greedy, reproducible answers")
+    s.add_argument("--top-p", type=float, default=1.0, dest="top_p", metavar="P",
+                   help="nucleus sampling (with --temperature > 0)")
+    s.add_argument("--max-new-tokens", type=int, default=256, dest="max_new_tokens", metavar="N",
+                   help="answer length limit")
+    s.add_argument("--seed", type=int, default=0, metavar="N", help="sampling seed (with --temperature > 0)")
 
 
 def add_parser(sub: Any) -> None:

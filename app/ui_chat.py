@@ -91,7 +91,8 @@ def ask(store: Store, chat: ChatProcess, policy: AccessPolicy | None, run_id: An
         top_p: float, max_new_tokens: float | None, prompt: str) -> Iterator[tuple[str, str, str]]:
     """Stream (status, base answer, run answer): the base first, then the run, same prompt and sampling."""
     if run_id in (None, ""):
-        yield (NO_RUNS if not store.list_runs(status=RunStatus.SUCCEEDED, limit=1) else "Pick a finished run first."), "", ""
+        none = not store.list_runs(status=RunStatus.SUCCEEDED, limit=1)
+        yield (NO_RUNS if none else "Pick a finished run first."), "", ""
         return
     if not (prompt or "").strip():
         yield "Write a prompt first.", "", ""
@@ -105,10 +106,11 @@ def ask(store: Store, chat: ChatProcess, policy: AccessPolicy | None, run_id: An
     way = "greedy" if sampling.temperature <= 0 else f"temperature {sampling.temperature}, top_p {sampling.top_p}"
     try:
         for which in ("base", "run"):
-            yield f"Answering with the {'base model' if which == 'base' else 'run'} ({way})…", answers["base"], answers["run"]
+            status = f"Answering with the {'base model' if which == 'base' else 'run'} ({way})…"
+            yield status, answers["base"], answers["run"]
             for piece in chat.stream(int(run_id), which, prompt, system or "", sampling):
                 answers[which] += piece
-                yield f"Answering with the {'base model' if which == 'base' else 'run'} ({way})…", answers["base"], answers["run"]
+                yield status, answers["base"], answers["run"]
     except ChatError as exc:
         yield _problems_text(exc), answers["base"], answers["run"]
         return
