@@ -10,9 +10,10 @@ Device rules, the same as training's: on a machine with a GPU, answers are gener
 else what CUDA_VISIBLE_DEVICES names (as the worker names it), else GPU 0, and never on a GPU
 whose lease a training run holds: that is refused with the run's id and the fix (the check is
 made before every request, and a process already on a GPU that a run has since started
-training on is stopped, freeing its memory). On a machine without a GPU it runs on the CPU. The process exits after `TUNEDECK_CHAT_IDLE_SECONDS` (default 300) without
-a request, freeing the model's memory; the next request starts a fresh one. One run's model
-pair is loaded at a time; asking for another run reloads. Its log: `$TUNEDECK_HOME/logs/chat.log`.
+training on is stopped, freeing its memory). On a machine without a GPU it runs on the CPU.
+The process exits after `TUNEDECK_CHAT_IDLE_SECONDS` (default 300) without a request,
+freeing the model's memory; the next request starts a fresh one. One run's model pair is
+loaded at a time; asking for another run reloads. Its log: `$TUNEDECK_HOME/logs/chat.log`.
 """
 
 from __future__ import annotations
