@@ -16,6 +16,8 @@
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
     tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
+    tunedeck chat RUN_ID [--base] [--system TEXT] [--temperature T]  # talk to a finished run (stdin; /exit ends)
+    tunedeck generate RUN_ID "prompt" [--base] [--max-new-tokens N] [--json]  # one answer, for scripts
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -434,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+
+    from app.cli_chat import add_parser as add_chat_parsers
+
+    add_chat_parsers(sub)
     return p
 
 
