@@ -434,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+
+    from app.cli_push import add_parser as add_push_parser
+
+    add_push_parser(sub)
     return p
 
 
