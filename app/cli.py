@@ -440,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_chat import add_parser as add_chat_parsers
 
     add_chat_parsers(sub)
+
+    from app.cli_push import add_parser as add_push_parser
+
+    add_push_parser(sub)
     return p
 
 

@@ -157,6 +157,8 @@ def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
         return gr.Number(value=default, info=f.help + bounds_text(f), precision=0 if f.kind == "int" else None,
                          minimum=low, maximum=f.le, step=number_step(f),
                          placeholder="empty: none" if f.optional else None, **common)
+    if f.name == "sample_prompts":  # one prompt per line
+        return gr.Textbox(value=default or "", info=f.help, lines=3, max_lines=10, **common)
     return gr.Textbox(value=default or "", info=f.help, max_lines=1, **common)
 
 

@@ -26,6 +26,7 @@ from storage.settings import data_dir
 from storage.store import RunRecord, Store
 
 LOG_LINES = 50
+OUTPUTS = 17  # len(RunPage.outputs): what `refresh` returns
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
 TRAINER_SERIES: dict[str, dict[str, str]] = {
@@ -162,6 +163,17 @@ def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
     return "\n\n**Events**\n" + "\n".join(lines)
 
 
+def samples_markdown(store: Store, run: RunRecord) -> str:
+    """The "Before / after" section: prompt | base | this run, or a line saying why there is none."""
+    from jobs import before_after
+
+    data = before_after.samples_of(store, run.id)
+    line = before_after.status_line(data, run.status.finished)
+    table = before_after.table_markdown(data) if data and before_after.rows(data) and (
+        data.get("before") is not None or data.get("after") is not None) else ""
+    return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)
+
+
 @dataclass
 class RunPage:
     run_id: gr.Number
@@ -182,12 +194,13 @@ class RunPage:
     resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
     styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
     trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
+    samples: gr.Markdown | None = None  # the before/after table (jobs.before_after)
 
     @property
     def outputs(self) -> list[gr.Component]:
         return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.trainer, self.log, self.spec, self.drawn, self.resume,
-                self.styles]
+                self.loss, self.lr, self.tps, self.trainer, self.samples, self.log, self.spec, self.drawn,
+                self.resume, self.styles]
 
     @property
     def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
@@ -212,11 +225,12 @@ def build() -> RunPage:
         lr = charts.RUN_LR.build()
         tps = charts.RUN_TOKENS.build()
     trainer = charts.RUN_TRAINER.build()
+    samples = gr.Markdown(elem_id="run-samples")
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
     return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None), resume=resume, styles=gr.State({}), trainer=trainer)
+                   spec, gr.State(None), resume=resume, styles=gr.State({}), trainer=trainer, samples=samples)
 
 
 class RunPageData:
@@ -247,16 +261,16 @@ class RunPageData:
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
         if run_id is None:
-            return [gr.skip()] * 16
+            return [gr.skip()] * OUTPUTS
         rid = int(run_id)
         run = self.store.get_run(rid)
         if run is None:
             empty = [c.frame([]) for c in GRAPHS]
             return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
                     gr.Dataframe(visible=False), ""] + [c.update(f) for c, f in zip(GRAPHS, empty)] + [
-                    "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
+                    "", "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
         if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * 16
+            return [gr.skip()] * OUTPUTS
         frames = self.graphs(rid) + (self.trainer_frame(rid, spec_of(run).trainer.value),)
         memory, loss, lr, tps, trainer = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
         styles = {chart.elem_id: chart.style(frame) for chart, frame in zip(GRAPHS, frames)}
@@ -279,7 +293,8 @@ class RunPageData:
         header = (header_markdown(run, measured) + prediction_markdown(self.store, run)
                   + throughput_markdown(self.store, run) + events)
         return [header, progress_html(run, measured.step_time), cancel, download, files, error, memory, loss, lr, tps,
-                trainer, log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
+                trainer, samples_markdown(self.store, run), log_tail(run), spec_of(run).to_yaml(), drawn_now, resume,
+                styles]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

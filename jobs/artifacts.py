@@ -2,7 +2,7 @@
 
     runs/<id>/bundle/            adapter_model.safetensors + adapter_config.json (peft methods)
                                  or model.safetensors + config.json (full fine-tune),
-                                 tokenizer files, spec.yaml, metrics.json, README.md
+                                 tokenizer files, spec.yaml, metrics.json, samples.json, README.md
     runs/<id>/<name>-adapter.zip the same files, zipped (<name>-model.zip for a full fine-tune)
 
 Weights are written as safetensors only; nothing is ever pickled. The zip's sha256 and size are
@@ -48,10 +48,13 @@ def name_base_model(bundle: Path, base: str) -> None:
 
 
 def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, float],
-                 output_dir: Path | None = None) -> Path:
+                 output_dir: Path | None = None, extra_files: dict[str, str] | None = None,
+                 card_extra: str = "") -> Path:
     """Save weights (safetensors), tokenizer, spec, metrics and a model card into `bundle`.
 
-    `output_dir`: the training output folder (PiSSA/OLoRA keep their initial adapter there)."""
+    `output_dir`: the training output folder (PiSSA/OLoRA keep their initial adapter there).
+    `extra_files`: more text files (name -> content), e.g. the before/after samples; `card_extra`: text
+    appended to the card (their table)."""
     from jobs.models import base_reference
 
     bundle.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,9 @@ def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metric
     (bundle / "spec.yaml").write_text(spec.to_yaml())
     (bundle / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     chat = bool(getattr(tokenizer, "chat_template", None))
-    (bundle / "README.md").write_text(model_card(spec, metrics, chat))
+    for name, text in (extra_files or {}).items():
+        (bundle / name).write_text(text)
+    (bundle / "README.md").write_text(model_card(spec, metrics, chat) + card_extra)
     pickled = [p.name for p in bundle.rglob("*") if p.suffix in PICKLE_SUFFIXES]
     if pickled:  # a library changed its defaults: refuse to ship pickles
         raise RuntimeError(f"bundle would contain pickled files {pickled}; only safetensors are allowed")
@@ -86,10 +91,12 @@ def zip_bundle(bundle: Path, dest: Path) -> Path:
 
 
 def write_artifacts(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: Any,
-                    metrics: dict[str, float]) -> Path:
+                    metrics: dict[str, float], extra_files: dict[str, str] | None = None,
+                    card_extra: str = "") -> Path:
     """Write the bundle and zip under the run's folder and record both in the store; returns the zip."""
     root = store.run_dir(run_id)
-    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics, output_dir=root / "output")
+    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics, output_dir=root / "output",
+                          extra_files=extra_files, card_extra=card_extra)
     full = spec.method is Method.FULL
     archive = zip_bundle(bundle, root / f"{safe_name(spec.display_name)}-{'model' if full else 'adapter'}.zip")
     store.add_artifact(run_id, "bundle", str(archive), archive.stat().st_size, sha256_of(archive))

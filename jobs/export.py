@@ -28,14 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.artifacts import LOAD_PROMPT, safe_name, sha256_of, zip_bundle
+from jobs.artifacts import safe_name, sha256_of, zip_bundle
+from jobs.before_after import BUILT_IN_PROMPTS, greedy
 from jobs.spec import JobSpec, Method, Problem, SpecError
 
 log = logging.getLogger("jobs.export")
 
 DTYPES = ("bf16", "fp16", "fp32")
-CHECK_PROMPTS = (LOAD_PROMPT, "What do you know about the moon?", "Give me one tip for learning to cook.",
-                 "Why is the sky blue?", "Write one sentence about rivers.")
+CHECK_PROMPTS = BUILT_IN_PROMPTS
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
 QUANTIZED_TOKEN_AGREEMENT = 0.8
 CHECK_NEW_TOKENS = 32
@@ -96,25 +96,6 @@ def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
     return spec, folders[-1]
 
 
-def _answers(model: Any, tokenizer: Any, prompts: tuple[str, ...]) -> tuple[list[list[int]], list[Any]]:
-    """Greedy answer token ids and the prompt logits per prompt."""
-    import torch
-
-    ids, logits = [], []
-    for prompt in prompts:
-        if getattr(tokenizer, "chat_template", None):
-            inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   return_tensors="pt", return_dict=True)
-        else:
-            inputs = tokenizer(prompt, return_tensors="pt")
-        with torch.no_grad():
-            logits.append(model(**inputs).logits.float())
-            out = model.generate(**inputs, max_new_tokens=CHECK_NEW_TOKENS, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        ids.append(out[0, inputs["input_ids"].shape[1]:].tolist())
-    return ids, logits
-
-
 def compare(unmerged: tuple[list[list[int]], list[Any]], merged: tuple[list[list[int]], list[Any]],
             tokenizer: Any, quantized: bool) -> MergeCheck:
     """The check's verdict: equal answers, or (quantized bases) enough agreeing tokens."""
@@ -167,14 +148,14 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
                       "weights, so there is nothing to merge into the base",
                       "use the adapter bundle with peft (PeftModel.from_pretrained), or train with LoRA to merge")
     log.info("export run %s: answering %d check prompts with the adapter", run_id, len(CHECK_PROMPTS))
-    unmerged = _answers(model, tokenizer, CHECK_PROMPTS)
+    unmerged = greedy(model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
     log.info("export run %s: merging", run_id)
     try:
         merged_model = model.merge_and_unload()
     except (NotImplementedError, AttributeError, ValueError) as exc:
         raise _refuse(f"peft cannot merge this run's {spec.method.value} adapter: {exc}",
                       "use the adapter bundle with peft (PeftModel.from_pretrained)") from exc
-    merged = _answers(merged_model, tokenizer, CHECK_PROMPTS)
+    merged = greedy(merged_model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
     check = compare(unmerged, merged, tokenizer, spec.method in QUANTIZED_METHODS)
     log.info("export run %s: check %s (%s; token agreement %.3f, max logit diff %.3g)", run_id,
              "passed" if check.passed else "FAILED", check.rule, check.token_agreement, check.max_logit_diff)

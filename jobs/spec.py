@@ -372,6 +372,13 @@ class JobSpec:
     pin_device: str | None = _f(None, Group.RUN,
                                 "Only the worker of this device (`tunedeck worker --device N`) takes the run; empty: any free worker.",
                                 label="Device", advanced=True)
+    sample_prompts: str | None = _f(None, Group.RUN,
+                                    "Prompts the base model and the result answer greedily at the end of the run (the run page's before/after table), one per line (in YAML also a list). Empty: the first prompts of the held-out eval rows, else a built-in set.",
+                                    label="Before/after prompts", advanced=True)
+    sample_count: int = _f(3, Group.RUN, "How many prompts the before/after samples answer (0: take none).", ge=0, le=20,
+                           label="Before/after samples", advanced=True)
+    sample_new_tokens: int = _f(48, Group.RUN, "Most tokens each before/after answer may have.", ge=1, le=1024,
+                                label="Before/after answer length", advanced=True)
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -387,6 +394,8 @@ class JobSpec:
         for key, raw in data.items():
             if key == "dataset_columns" and isinstance(raw, dict):
                 raw = columns_text(raw)  # YAML/JSON mapping -> the one stored form, target=source pairs
+            if key == "sample_prompts" and isinstance(raw, list):
+                raw = "\n".join(str(p).strip() for p in raw)  # a YAML/JSON list -> the stored form, one per line
             if key not in known:
                 close = _closest(str(key), known)
                 fix = f"did you mean `{close}`?" if close else "remove it; see the README's field table"
@@ -506,6 +515,11 @@ class JobSpec:
                 out.append(Problem(name, f"{value!r} is not a host/device name (at most {limit} characters, no "
                                          "surrounding spaces)", f"give the name `hostname` or --device shows, or leave {name} empty"))
         return out
+
+    @property
+    def sample_prompt_list(self) -> list[str]:
+        """sample_prompts as a list: one prompt per non-empty line."""
+        return [line.strip() for line in (self.sample_prompts or "").splitlines() if line.strip()]
 
     @property
     def column_map(self) -> dict[str, str]:

@@ -4,7 +4,8 @@
 
 It loads the run's `JobSpec` from the store (TUNEDECK_DATABASE_URL / TUNEDECK_HOME), maps it to
 trl/peft/bitsandbytes configs with the pure `jobs.mapping`, trains with trl's SFTTrainer or
-DPOTrainer plus `StoreCallback`, evaluates, writes the bundle (`jobs.artifacts`) and marks the
+DPOTrainer plus `StoreCallback`, evaluates, answers a few held-out prompts with the base (before
+training) and the result (after: `jobs.before_after`), writes the bundle (`jobs.artifacts`) and marks the
 run succeeded; any exception marks it failed with a one-line summary and the traceback (exit 1).
 SIGTERM stops training at the next step boundary, saves a checkpoint there and marks the run
 cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues from its last
@@ -35,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from jobs import figures, oom
+from jobs import before_after, figures, oom
 from jobs.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.flops import FlopsRate
 from jobs.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
@@ -118,10 +119,13 @@ def _checkpoint_step(resume_from: str | None) -> int:
 
 def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] = (), *,
                device: Device | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
-               model_and_tokenizer: tuple[Any, Any] | None = None, resume_from: str | None = None) -> TrainResult:
+               model_and_tokenizer: tuple[Any, Any] | None = None, resume_from: str | None = None,
+               before_training: Callable[[Any, Any, Any], None] | None = None) -> TrainResult:
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
-    `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count)."""
+    `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
+    `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
+    before any adapter or trainer touches it (the "before" samples)."""
     from jobs.data import load_data
 
     device = device or detect_device()
@@ -137,6 +141,8 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         if info.conversion:
             log.info("data %s: %s", info.ref, info.conversion)
     log.info("data: %d training rows, %s eval rows", len(train_ds), len(eval_ds) if eval_ds is not None else "no")
+    if before_training is not None:
+        before_training(model, tokenizer, eval_ds)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
@@ -343,7 +349,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         resume_from = resume_point(store, run_id, output_dir)
         restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
         result = train_spec(spec, output_dir, [callback, *restore, *callbacks], device=device,
-                            resume_from=resume_from, on_ready=ready)
+                            resume_from=resume_from, on_ready=ready,
+                            before_training=lambda m, t, ev: before_after.record_before(store.run_dir(run_id), spec,
+                                                                                        m, t, ev))
         callback.flush()  # eval metrics and the last steps land before the status changes
         if spec.auto_find_batch_size:  # the record gains the micro-batch training ended with
             store.set_resolved_config(run_id, result.resolved)
@@ -371,7 +379,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             whole = whole_run_mean(store, run_id, "loss")
             if whole is not None:
                 result.metrics["train_loss"] = whole
-        write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics)
+        samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
+        write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics,
+                        **before_after.bundle_parts(samples))
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)
         return 0

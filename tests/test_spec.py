@@ -150,6 +150,8 @@ BOUNDS = [
     ("eval_split", 0.0, "use a value > 0"),
     ("desirable_weight", 0.0, "use a value > 0 and <= 100"),
     ("undesirable_weight", 101.0, "use a value > 0 and <= 100"),
+    ("sample_count", 21, "use a value >= 0 and <= 20"),
+    ("sample_new_tokens", 0, "use a value >= 1 and <= 1024"),
 ]
 
 
