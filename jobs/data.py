@@ -189,6 +189,8 @@ def _inspect(ref: str, trainer: Trainer, field_name: str, max_bad_rows: int,
     conversion = detect_conversion(mapped, first)
     fmt_columns = list(conversion.columns) if conversion else mapped
     fmt = detect_format(fmt_columns)
+    if trainer is Trainer.GRPO and "prompt" in fmt_columns:
+        fmt = RowFormat.PROMPT_ONLY  # grpo generates the answers: only the prompts are read
     if fmt is None:
         targets: dict[str, str] = {}
         for c in mapped:
