@@ -259,6 +259,14 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     return out, style
 
 
+ANSWER_COLUMNS = ("text", "messages", "completion", "chosen", "rejected", "label")
+
+
+def reward_columns(columns: Iterable[str]) -> list[str]:
+    """A grpo data set's columns besides `prompt` that trl hands to the reward functions (answers are dropped)."""
+    return [c for c in columns if c != "prompt" and c not in ANSWER_COLUMNS]
+
+
 def _prompt_only_problems(row: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     """A GRPO row: a non-empty `prompt` string, or chat messages that end with the user's turn."""
     prompt = row.get("prompt")

@@ -306,7 +306,7 @@ class JobSpec:
                                     ge=-100.0, le=100.0, label="Reward model weight", when=GRPO_ONLY, advanced=True)
     reward_function: str | None = _f(None, Group.METHOD,
                                      "grpo: your own reward, module:function or path/to/file.py:function, called as trl calls "
-                                     "reward functions (prompts, completions, completion_ids; one float per completion). Runs Python: accepted "
+                                     "reward functions (prompts, completions, completion_ids, your data's other columns; one float per completion). Runs Python: accepted "
                                      "only from a spec file on the command line, never from the dashboard or its API.",
                                      label="Custom reward function", when=GRPO_ONLY, advanced=True)
     reward_function_weight: float = _f(1.0, Group.METHOD, "grpo: weight of the custom reward function in the total reward.",

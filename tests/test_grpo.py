@@ -60,6 +60,17 @@ def test_grpo_reads_prompt_only_rows(tmp_path: Path) -> None:
     assert "row 2: `prompt` is empty" in text and "row 3: `prompt` ends with an assistant turn" in text
 
 
+def test_other_columns_reach_the_reward_functions(tmp_path: Path) -> None:
+    """trl passes every column but the prompt to reward functions: a `solution` column survives loading."""
+    rows = [{"prompt": f"What is {i} + 1?", "solution": str(i + 1), "completion": "unused"} for i in range(4)]
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    info = check_dataset(str(path), GRPO)
+    assert info.reward_columns == ["solution"] and any("`completion` are not used" in w for w in info.warnings)
+    train, _ = load_datasets(JobSpec.from_dict(grpo(dataset=str(path))))
+    assert train.column_names == ["prompt", "solution"] and train[2] == {"prompt": "What is 2 + 1?", "solution": "3"}
+
+
 # ---------------------------------------------------------------------- rewards and mapping
 @pytest.mark.parametrize("text,weights,problem", [
     ("think_format", {"think_format": 1.0}, None),
@@ -194,38 +205,47 @@ def _train(store, spec: JobSpec) -> int:
 
 
 def _grpo_spec(tiny_model: Path, **changes) -> JobSpec:
-    return tiny_spec(tiny_model, trainer="grpo", dataset="sample:prompt-format", max_steps=3, max_train_samples=8,
-                     num_generations=2, max_completion_length=12, per_device_train_batch_size=4, beta=0.1,
-                     eval_split=2, **changes)
+    fields = dict(trainer="grpo", dataset="sample:prompt-format", max_steps=3, max_train_samples=8, num_generations=2,
+                  max_completion_length=12, per_device_train_batch_size=4, beta=0.1, eval_split=2)
+    return tiny_spec(tiny_model, **{**fields, **changes})
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model: Path) -> None:
-    """Reward, its spread, completion length and KL are logged and graphed; the adapter moved."""
-    from safetensors.torch import load_file
+    """Reward, its spread, completion length and KL are logged and graphed; the total is the weighted sum.
 
+    The tiny random model never stops early and rarely repeats itself, so every completion runs to
+    max_completion_length: overlong gives each -1 and repetition 0 (no spread, nothing learnt; the
+    reward-model test below checks learning)."""
     from app.ui_run import RunPageData
 
-    run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition"))
+    run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition=0.5, overlong=2"))
     run = store.get_run(run_id)
     assert run.resolved_config["trainer_config_class"] == "GRPOConfig"
+    assert run.resolved_config["trainer_config"]["reward_weights"] == [0.5, 2.0]
     names = set(store.metric_names(run_id))
     assert {"reward", "reward_std", "completions/mean_length", "kl", "rewards/repetition_penalty_reward/mean",
-            "eval_reward", "grpo_step_time"} <= names
+            "rewards/soft_overlong_punishment_reward/mean", "eval_reward", "grpo_step_time"} <= names
     assert len(store.metrics(run_id, ["step_time"])) == 3  # trl's own step_time is kept apart
     assert set(RunPageData(store).trainer_frame(run_id, "grpo")["series"]) == \
         {"reward", "reward std", "completion length", "KL"}
-    assert max(p.value for p in store.metrics(run_id, ["reward_std"])) > 0  # the group had something to compare
-    bundle = Path(next(a.path for a in store.artifacts(run_id) if a.kind == "adapter"))
-    lora_b = [t for k, t in load_file(bundle / "adapter_model.safetensors").items() if "lora_B" in k]
-    assert any(t.abs().max() > 0 for t in lora_b)  # B starts at zero: it trained
+
+    def values(name: str) -> list[float]:
+        return [p.value for p in store.metrics(run_id, [name])]
+
+    assert values("completions/mean_length") == [12.0] * 3 and values("rewards/soft_overlong_punishment_reward/mean") == [-1.0] * 3
+    expected = [0.5 * r + 2 * o for r, o in zip(values("rewards/repetition_penalty_reward/mean"),
+                                                values("rewards/soft_overlong_punishment_reward/mean"))]
+    assert values("reward") == pytest.approx(expected)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_grpo_scores_with_a_finished_reward_run(store, tiny_model: Path) -> None:
     """A tiny reward run, then GRPO whose only reward is that run's model (LoRA adapter + score head)."""
+    from safetensors.torch import load_file
+
     from jobs.submit import submit
 
     reward_run = _train(store, tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format",
@@ -242,6 +262,10 @@ def test_grpo_scores_with_a_finished_reward_run(store, tiny_model: Path) -> None
     assert per_model == [f"rewards/{Path(tiny_model).name}/mean"]  # trl names a reward model after its base
     scores = [p.value for p in store.metrics(run_id, per_model)]
     assert len(scores) == 3 and all(s == s for s in scores) and len(set(scores)) > 1  # real, varying scores
+    assert max(p.value for p in store.metrics(run_id, ["reward_std"])) > 0  # the groups had something to compare
+    bundle = Path(next(a.path for a in store.artifacts(run_id) if a.kind == "adapter"))
+    lora_b = [t for k, t in load_file(bundle / "adapter_model.safetensors").items() if "lora_B" in k]
+    assert any(t.abs().max() > 0 for t in lora_b)  # B starts at zero: the policy moved
     with pytest.raises(SpecError, match="reward_model_run: run .* trained with trainer: grpo"):
         submit(store, spec.replace(reward_model_run=run_id))
 
