@@ -5,8 +5,11 @@ sample. Refusals are grounded in what the libraries do with the check off (tiny 
 num_generations 2): GRPOConfig raises for auto_find_batch_size ("auto_find_batch_size is not
 supported by GRPO"), for an effective batch that num_generations does not divide
 ("generation_batch_size (3) must be divisible by num_generations (2)") and for padding_free
-(TypeError: unexpected keyword); every method trains (full, full with beta > 0, lora, dora, qlora,
-lora_8bit, ia3, prompt/prefix/p-tuning, and the rest listed in test_every_method_generates).
+(TypeError: unexpected keyword), and peft's EVA initialisation fails on GRPO's raw-prompt batches
+("inputs must be a dictionary"). Tried and training (2 steps each): full, full with beta > 0 (trl
+loads a second copy as the reference), lora, dora, qlora, lora_8bit, ia3, prompt_tuning,
+prefix_tuning, p_tuning, mora, lokr, loha, oft, vera, miss, hira, gradient checkpointing (lora and
+full), pissa.
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ def test_grpo_mapping(tmp_path: Path) -> None:
     ({"rewards": "accuracy"}, "rewards: `accuracy` is not a built-in reward"),
     ({"reward_function": "score"}, "reward_function: `score` is not module:function"),
     ({"num_generations": 1}, "num_generations: 1 is out of range"),
+    ({"lora_init": "eva"}, "lora_init: eva fails with grpo"),
     ({"trainer": "dpo", "dataset": "sample:preference-format"}, "rewards: is a grpo option"),
     ({"trainer": "dpo", "dataset": "sample:preference-format", "rewards": None, "beta": 0},
      "beta: 0 leaves dpo without its preference term"),
@@ -288,3 +292,38 @@ def test_custom_reward_function_from_a_spec_file_on_the_command_line(store, tiny
     assert run.status is RunStatus.SUCCEEDED, run.error_summary
     scores = [p.value for p in store.metrics(run.id, ["rewards/shortness/mean"])]
     assert len(scores) == 2 and all(s < 0 for s in scores)  # the function's own numbers: minus a tenth of the length
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("changes,error", [
+    ({"lora_init": "eva"}, "inputs must be a dictionary"),
+])
+def test_the_libraries_really_fail_on_what_is_refused(changes: dict, error: str, tiny_model: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the capability check off, training fails with the library's own error."""
+    import re
+
+    import jobs.train
+    from jobs.spec import LoraInit
+
+    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    spec = dataclasses.replace(_grpo_spec(tiny_model, max_steps=1, rewards="repetition", eval_split=None),
+                               lora_init=LoraInit(changes["lora_init"]))
+    with pytest.raises(Exception, match=re.escape(error)):
+        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("changes", [{"method": "full", "beta": 0.1}, {"method": "prefix_tuning", "num_virtual_tokens": 4}])
+def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """A full fine-tune with a KL term gets a second model as its reference; prefix tuning generates through
+    its cached prefix. Both train with GRPO."""
+    from jobs.train import train_spec
+
+    result = train_spec(_grpo_spec(tiny_model, max_steps=1, rewards="overlong", eval_split=None, **changes),
+                        tmp_path / "out", device=CPU)
+    assert result.metrics["global_step"] == 1 and result.resolved["trainer_config_class"] == "GRPOConfig"
+    if changes["method"] == "full":
+        assert result.trainer.ref_model is not None  # beta > 0 without an adapter to switch off
