@@ -35,6 +35,7 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
 def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
     """The whole dashboard, wired to `store`; `policy`: what its users may reach on the server
     (`jobs.access`: a dashboard behind a login reads data only from its data folders)."""
+    policy = policy or AccessPolicy.dashboard()  # no custom reward function from any dashboard
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")

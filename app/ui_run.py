@@ -36,6 +36,8 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
     "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
     "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
     "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "grpo": {"reward": "reward", "reward std": "reward_std", "completion length": "completions/mean_length",
+             "KL": "kl"},
 }
 
 

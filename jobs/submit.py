@@ -10,7 +10,8 @@ first, so a refused path is never read), the spec on its own (`JobSpec.problems`
 (`jobs.data.check_dataset`), what the workers' device can do with the spec (`jobs.mapping`'s
 capability check, e.g. fp16 without CUDA, against the facts the workers published:
 `jobs.devices.target`; this machine's when none has), and whether the predicted peak memory fits
-that device (`jobs.memory`; `ignore_memory_prediction: true` overrides it). The prediction is
+that device (`jobs.memory`; `ignore_memory_prediction: true` overrides it), and that a grpo
+`reward_model_run` is a finished reward run (`jobs.reward_model`). The prediction is
 saved with the run as `prediction.json` in its run folder.
 """
 
@@ -177,8 +178,10 @@ def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> i
     """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
     from jobs.devices import target
 
+    from jobs.reward_model import reward_run_problems
+
     chosen = target(store)
-    problems = check(spec, chosen.facts.device(), policy, chosen.facts)
+    problems = check(spec, chosen.facts.device(), policy, chosen.facts) + reward_run_problems(store, spec)
     if problems and chosen.worker_id is None:
         problems = _say_which_device(problems, spec, chosen.facts.device(), chosen.note)
     if problems:
