@@ -58,6 +58,7 @@ class DatasetInfo:
     conversion: str | None = None       # what was converted, in words; None when nothing was
     column_map: dict[str, str] = field(default_factory=dict)  # dataset_columns applied: {trl column: file column}
     reward_columns: list[str] = field(default_factory=list)  # grpo: columns passed on to the reward functions
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)  # rows with a role twice in a row
 
     def record(self) -> dict[str, Any]:
         """What the run's resolved config keeps about this data set."""
@@ -229,7 +230,7 @@ def _inspect(ref: str, trainer: Trainer, field_name: str, max_bad_rows: int,
         warnings.insert(0, f"column(s) {', '.join(f'`{c}`' for c in unused)} are not used by {trainer.value} and will be dropped")
     info = DatasetInfo(ref, fmt, checked.n_rows, columns, checked.preview, warnings,
                        conversion.source if conversion else "trl", conversion.description if conversion else None,
-                       column_map, passed)
+                       column_map, passed, checked.repeated_turns)
     return _Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
 
 # ---------------------------------------------------------------------- public API

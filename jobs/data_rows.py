@@ -54,6 +54,7 @@ SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference
               Trainer.GRPO: "sample:prompt-format"}
 LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
+REPEATED_EXAMPLES = 5  # rows with a role twice in a row kept for the chat-template check at submit
 FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
               "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)")
 # Column names seen in popular data sets, and what trl calls them.
@@ -325,6 +326,7 @@ class Checked:
     warnings: list[str]
     problems: list[Problem]
     style: str | None  # "plain" | "conversational" | None (text rows)
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)  # first few (row, conversation)
 
 
 def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues,
@@ -332,6 +334,7 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
     """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
     n_rows, preview, first_style, same_answer = 0, [], None, 0
     repeated: list[int] = []
+    examples: list[tuple[int, list[dict[str, Any]]]] = []
     labels = {True: 0, False: 0}
     for number, row in rows:
         n_rows += 1
@@ -355,6 +358,8 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
             labels[bool(_label(row["label"]))] += 1
         if style == "conversational" and repeated_role([m["role"] for m in _chat_of(row, fmt)]):
             repeated.append(number)
+            if len(repeated) <= REPEATED_EXAMPLES:
+                examples.append((number, _chat_of(row, fmt)))
     warnings = []
     if repeated:
         where = ", ".join(map(str, repeated[:5])) + (f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else "")
@@ -367,4 +372,5 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
         warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
     if 0 < n_rows < 8:
         warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
-    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None)
+    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None,
+                   examples)

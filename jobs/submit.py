@@ -41,6 +41,7 @@ def model_problems(spec: JobSpec) -> list[Problem]:
 def dataset_problems(spec: JobSpec) -> list[Problem]:
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
     from jobs.data import DataError, check_dataset
+    from jobs.template_check import template_refusal
 
     out: list[Problem] = []
     for field, ref in (("dataset", spec.dataset), ("eval_dataset", spec.eval_dataset)):
@@ -57,6 +58,9 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
             held_out = eval_rows(info.n_rows, spec.eval_split)
             if isinstance(held_out, Problem):
                 out.append(held_out)
+        refused = template_refusal(spec.model, field, info.repeated_turns, spec.trust_remote_code)
+        if refused is not None:
+            out.append(refused)
         if _is_chat(info) and has_chat_template(spec.model) is False:
             out.append(Problem("model", f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
                                "chat conversations (messages), which are rendered with the chat template",
