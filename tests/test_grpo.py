@@ -8,8 +8,9 @@ supported by GRPO"), for an effective batch that num_generations does not divide
 (TypeError: unexpected keyword), and peft's EVA initialisation fails on GRPO's raw-prompt batches
 ("inputs must be a dictionary"). Tried and training (2 steps each): full, full with beta > 0 (trl
 loads a second copy as the reference), lora, dora, qlora, lora_8bit, ia3, prompt_tuning,
-prefix_tuning, p_tuning, mora, lokr, loha, oft, vera, miss, hira, gradient checkpointing (lora and
-full), pissa.
+prefix_tuning, p_tuning (also with beta > 0), mora, adaption_prompt, lokr, loha, oft, vera, miss, hira,
+gradient checkpointing (lora and full), pissa, bf16 (use_cpu), and a micro-batch of 1 with
+accumulation 2 and eval_steps (the eval batch is rounded up to whole groups by jobs.mapping_trainers).
 """
 
 from __future__ import annotations
