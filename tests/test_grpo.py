@@ -328,3 +328,23 @@ def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path
     assert result.metrics["global_step"] == 1 and result.resolved["trainer_config_class"] == "GRPOConfig"
     if changes["method"] == "full":
         assert result.trainer.ref_model is not None  # beta > 0 without an adapter to switch off
+
+
+def test_memory_prediction_for_grpo_is_an_approximation_that_says_so() -> None:
+    """Rows are prompt (max_length) + completion; a full fine-tune with a KL term adds a reference copy."""
+    from jobs.devices import DeviceFacts
+    from jobs.memory import predict
+    from jobs.memory_config import arch_for
+
+    arch = arch_for("smollm2-135m-instruct")
+    h200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2 ** 30, compute_capability="9.0",
+                       bf16=True, fp16=True)
+    sft = predict(JobSpec(max_length=256), arch, h200)
+    spec = JobSpec.from_dict(grpo(max_length=192, max_completion_length=64, num_generations=2))
+    prediction = predict(spec, arch, h200)
+    assert prediction.part("activations") == pytest.approx(sft.part("activations"), rel=0.01)  # same 256 tokens/row
+    assert any("grpo: rows taken as max_length prompt + max_completion_length" in n for n in prediction.notes)
+    full = {"method": "full"}
+    with_kl = predict(JobSpec.from_dict(grpo(**full, beta=0.1)), arch, h200).part("weights")
+    without = predict(JobSpec.from_dict(grpo(**full, beta=0.0)), arch, h200).part("weights")
+    assert with_kl - without == 4 * arch.total_params
