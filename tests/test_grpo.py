@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from jobs.access import AccessPolicy
-from jobs.data import DataError, check_dataset, load_datasets
+from jobs.data import DataError, check_dataset, length_warnings, load_datasets
 from jobs.mapping import CPU, resolved_config, training_kwargs
 from jobs.mapping_trainers import reward_weights
 from jobs.rewards import builtin_reward, function_ref_problem, parse_rewards
@@ -48,6 +48,7 @@ def test_grpo_reads_prompt_only_rows(tmp_path: Path) -> None:
     assert check_dataset("sample:prompt-format", GRPO).n_rows == 120
     train, evaluation = load_datasets(JobSpec.from_dict(grpo()))
     assert train.column_names == ["prompt"] and train[0]["prompt"][0]["role"] == "user" and len(evaluation) == 20
+    assert length_warnings(train, None, 8, trainer=GRPO) == []  # grpo never truncates prompts: nothing to warn
     with pytest.raises(DataError) as err:
         check_dataset("sample:chat-format", GRPO)
     assert "grpo trainer needs prompt rows" in str(err.value) and "sample:prompt-format" in str(err.value)
