@@ -347,6 +347,8 @@ def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None
     """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap).
 
     The reward trainer drops such rows (trl filters them out) where the others truncate them."""
+    if Trainer(trainer) is Trainer.GRPO:
+        return []  # grpo keeps prompts whole (GRPOConfig has no max_length); completions stop at max_completion_length
     fate = "dropped (the reward trainer filters them out)" if Trainer(trainer) is Trainer.REWARD else "truncated"
     n = len(ds)
     if not n or not max_length:

@@ -8,8 +8,9 @@ supported by GRPO"), for an effective batch that num_generations does not divide
 (TypeError: unexpected keyword), and peft's EVA initialisation fails on GRPO's raw-prompt batches
 ("inputs must be a dictionary"). Tried and training (2 steps each): full, full with beta > 0 (trl
 loads a second copy as the reference), lora, dora, qlora, lora_8bit, ia3, prompt_tuning,
-prefix_tuning, p_tuning, mora, lokr, loha, oft, vera, miss, hira, gradient checkpointing (lora and
-full), pissa.
+prefix_tuning, p_tuning (also with beta > 0), mora, adaption_prompt, lokr, loha, oft, vera, miss, hira,
+gradient checkpointing (lora and full), pissa, bf16 (use_cpu), and a micro-batch of 1 with
+accumulation 2 and eval_steps (the eval batch is rounded up to whole groups by jobs.mapping_trainers).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from jobs.access import AccessPolicy
-from jobs.data import DataError, check_dataset, load_datasets
+from jobs.data import DataError, check_dataset, length_warnings, load_datasets
 from jobs.mapping import CPU, resolved_config, training_kwargs
 from jobs.mapping_trainers import reward_weights
 from jobs.rewards import builtin_reward, function_ref_problem, parse_rewards
@@ -47,6 +48,7 @@ def test_grpo_reads_prompt_only_rows(tmp_path: Path) -> None:
     assert check_dataset("sample:prompt-format", GRPO).n_rows == 120
     train, evaluation = load_datasets(JobSpec.from_dict(grpo()))
     assert train.column_names == ["prompt"] and train[0]["prompt"][0]["role"] == "user" and len(evaluation) == 20
+    assert length_warnings(train, None, 8, trainer=GRPO) == []  # grpo never truncates prompts: nothing to warn
     with pytest.raises(DataError) as err:
         check_dataset("sample:chat-format", GRPO)
     assert "grpo trainer needs prompt rows" in str(err.value) and "sample:prompt-format" in str(err.value)
@@ -327,3 +329,23 @@ def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path
     assert result.metrics["global_step"] == 1 and result.resolved["trainer_config_class"] == "GRPOConfig"
     if changes["method"] == "full":
         assert result.trainer.ref_model is not None  # beta > 0 without an adapter to switch off
+
+
+def test_memory_prediction_for_grpo_is_an_approximation_that_says_so() -> None:
+    """Rows are prompt (max_length) + completion; a full fine-tune with a KL term adds a reference copy."""
+    from jobs.devices import DeviceFacts
+    from jobs.memory import predict
+    from jobs.memory_config import arch_for
+
+    arch = arch_for("smollm2-135m-instruct")
+    h200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2 ** 30, compute_capability="9.0",
+                       bf16=True, fp16=True)
+    sft = predict(JobSpec(max_length=256), arch, h200)
+    spec = JobSpec.from_dict(grpo(max_length=192, max_completion_length=64, num_generations=2))
+    prediction = predict(spec, arch, h200)
+    assert prediction.part("activations") == pytest.approx(sft.part("activations"), rel=0.01)  # same 256 tokens/row
+    assert any("grpo: rows taken as max_length prompt + max_completion_length" in n for n in prediction.notes)
+    full = {"method": "full"}
+    with_kl = predict(JobSpec.from_dict(grpo(**full, beta=0.1)), arch, h200).part("weights")
+    without = predict(JobSpec.from_dict(grpo(**full, beta=0.0)), arch, h200).part("weights")
+    assert with_kl - without == 4 * arch.total_params
