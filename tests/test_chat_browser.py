@@ -36,6 +36,7 @@ def _ask_in_browser(url: str, option: str, prompt: str, new_tokens: int, shot: s
                 page.locator("#chat-tuned textarea").input_value())
 
 
+@pytest.mark.slow
 def test_chat_tab_shows_the_run_and_its_base_side_by_side(tmp_path: Path, tiny_model: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from jobs.generate import Sampling, load, locate
