@@ -114,6 +114,7 @@ def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None
     """Check a YAML spec like the form does and queue it."""
     from jobs.submit import submit
 
+    policy = policy or AccessPolicy.dashboard()  # the API is the dashboard's: no custom reward function
     spec, problems = check_yaml(spec_yaml, policy)
     if spec is not None:
         try:

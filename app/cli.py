@@ -14,8 +14,11 @@
     tunedeck tag RUN_ID [TAG...] [--remove TAG] [--note TEXT]   # tags and a note per run
     tunedeck setup [--model NAME]             # fetch/convert a built-in model once
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
+    tunedeck export RUN_ID --gguf f16 [q8_0]                   # GGUF files for llama.cpp/Ollama, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
     tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
+    tunedeck chat RUN_ID [--base] [--system TEXT] [--temperature T]  # talk to a finished run (stdin; /exit ends)
+    tunedeck generate RUN_ID "prompt" [--base] [--max-new-tokens N] [--json]  # one answer, for scripts
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -333,18 +336,29 @@ def cmd_hash_password(store: Store, args: argparse.Namespace) -> int:
 def cmd_export(store: Store, args: argparse.Namespace) -> int:
     from jobs.export import export_merged
 
-    if not args.merged:
+    if not args.merged and not args.gguf:
         raise UsageError([Problem("--merged", "no export format chosen", "add --merged (the adapter merged into "
-                                  "its base model); the adapter alone is the run's bundle")])
+                                  "its base model) or --gguf f16|q8_0; the adapter alone is the run's bundle")])
     logging.getLogger("jobs.export").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
-    result = export_merged(store, args.run_id, args.dtype)
-    check = result.check
-    print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
-    print(f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
-          f"largest logit difference {check.max_logit_diff:.3g}")
-    for note in result.notes:
-        print(f"note: {note}")
-    print(f"download: {result.archive}  sha256 {result.sha256}")
+    if args.merged:
+        result = export_merged(store, args.run_id, args.dtype)
+        check = result.check
+        print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
+        print(f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
+              f"largest logit difference {check.max_logit_diff:.3g}")
+        for note in result.notes:
+            print(f"note: {note}")
+        print(f"download: {result.archive}  sha256 {result.sha256}")
+    if args.gguf:
+        from jobs.gguf_export import export_gguf
+
+        for gguf_type in dict.fromkeys(args.gguf):
+            gguf = export_gguf(store, args.run_id, gguf_type)
+            print(f"run {args.run_id}: {gguf_type} GGUF from {gguf.source}")
+            print(f"check ({gguf.check.rule}): passed; answer token agreement {gguf.check.token_agreement:.1%}, "
+                  f"next-token agreement {gguf.check.forced_agreement:.1%}, "
+                  f"largest logit difference {gguf.check.max_logit_diff:.3g}")
+            print(f"download: {gguf.path}  sha256 {gguf.sha256}")
     return EXIT_OK
 
 
@@ -413,10 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--first", action="store_true", help="to the front of the queue")
     s.set_defaults(func=cmd_move)
 
-    s = sub.add_parser("export", help="export a finished run: --merged merges its adapter into the base model")
+    s = sub.add_parser("export", help="export a finished run: --merged merges its adapter into the base model, "
+                                             "--gguf writes GGUF files")
     s.add_argument("run_id", type=int, metavar="RUN_ID")
     s.add_argument("--merged", action="store_true", help="merge the adapter into a 16-bit (or fp32) base and check it")
     s.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the merged weights")
+    s.add_argument("--gguf", nargs="+", choices=("f16", "q8_0"), metavar="TYPE",
+                   help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
+                        "back and checked against the merged model")
     s.set_defaults(func=cmd_export)
 
     from app.cli_manage import add_parsers
@@ -434,6 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+
+    from app.cli_chat import add_parser as add_chat_parsers
+
+    add_chat_parsers(sub)
 
     from app.cli_push import add_parser as add_push_parser
 

@@ -103,17 +103,22 @@ class LiveList(list):
         return f"LiveList({self.compute()!r})"
 
 
+# Artifact kinds the dashboard may serve, with the one file suffix each may have.
+SERVED_ARTIFACTS = {"bundle": ".zip", "export": ".zip", "gguf": ".gguf"}
+
+
 def bundle_files(store: Store) -> list[str]:
-    """The recorded bundle and export zips that are real files inside the data directory (no symlinks)."""
+    """The recorded bundle and export zips and GGUF files that are real files inside the data directory (no symlinks)."""
     root = data_dir()
     out = []
-    for raw in store.artifact_paths("bundle") + store.artifact_paths("export"):
-        path = Path(raw)
-        if path.suffix != ".zip" or path.is_symlink() or not path.is_file():
-            continue
-        resolved = path.resolve()
-        if _inside(resolved, root) and resolved.suffix == ".zip":
-            out.append(str(resolved))
+    for kind, suffix in SERVED_ARTIFACTS.items():
+        for raw in store.artifact_paths(kind):
+            path = Path(raw)
+            if path.suffix != suffix or path.is_symlink() or not path.is_file():
+                continue
+            resolved = path.resolve()
+            if _inside(resolved, root) and resolved.suffix == suffix:
+                out.append(str(resolved))
     return out
 
 

@@ -2,8 +2,8 @@
 
 Views live in their own modules: the launch form (app.ui_form, app.ui_data), the GPU panel
 (app.ui_gpu), the runs table (app.ui_runs), the run page (app.ui_run) with its tags/note/delete panel
-(app.ui_manage), the compare view (app.ui_compare), trick sweeps (app.ui_sweep) and the scripting
-API (app.api). This module lays
+(app.ui_manage), the compare view (app.ui_compare), trick sweeps (app.ui_sweep), the Chat tab
+(app.ui_chat) and the scripting API (app.api). This module lays
 them out and wires the events that cross views: launch or select -> run page, clone -> form,
 `?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import api, charts, ui_compare, ui_form, ui_gpu, ui_manage, ui_memory, ui_run, ui_runs, ui_sweep
+from app import api, charts, ui_chat, ui_compare, ui_form, ui_gpu, ui_manage, ui_memory, ui_run, ui_runs, ui_sweep
 from jobs.access import AccessPolicy
 from jobs.stored import spec_of
 from storage.store import Store
@@ -35,6 +35,7 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
 def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
     """The whole dashboard, wired to `store`; `policy`: what its users may reach on the server
     (`jobs.access`: a dashboard behind a login reads data only from its data folders)."""
+    policy = policy or AccessPolicy.dashboard()  # no custom reward function from any dashboard
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
@@ -52,6 +53,8 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
                 sweep_section = ui_sweep.build_section()
+            with gr.Tab("Chat", id="chat") as chat_tab:
+                chat = ui_chat.build()
         timer = gr.Timer(1.0)
         runs_timer = gr.Timer(2.0)
 
@@ -61,6 +64,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
+        ui_chat.wire(chat, store, chat_tab, policy)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:
             errors, run_id = ui_form.launch(store, *args, policy=policy)

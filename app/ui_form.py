@@ -306,6 +306,7 @@ def launch(store: Store, *args: Any, policy: AccessPolicy | None = None) -> tupl
     """Validate everything and queue; (error markdown, new run id or None)."""
     from jobs.submit import submit
 
+    policy = policy or AccessPolicy.dashboard()  # the form never queues a custom reward function
     spec, problems = all_problems(_values(args), policy)
     if spec is None:
         return problems_markdown(problems), None

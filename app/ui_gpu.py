@@ -5,7 +5,9 @@ device: in a deployment the dashboard may have no GPU while the worker has one. 
 memory samples (whatever the worker's sampler wrote, also when no run is active), bucketed in
 SQL by `Store.memory_buckets`. The graph follows the device: on a GPU it draws NVML's used memory
 and torch's allocated/reserved; without NVIDIA GPU the panel says so plainly and the graph draws
-the host memory (RSS) of the training process only (`series.MEMORY_SERIES`).
+the host memory (RSS) of the training process only (`series.MEMORY_SERIES`). With several
+workers on one store (a worker per GPU, many hosts), a device picker appears and the graph draws
+the chosen worker's device only: every sample carries the worker that took it.
 """
 
 from __future__ import annotations
@@ -43,17 +45,52 @@ def device_markdown(store: Store | None = None) -> str:
     return " · ".join(lines) + f" · NVIDIA driver {info.driver}"
 
 
-def gpu_frames(store: Store, window_s: float = WINDOW_S, now: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(memory GiB, utilization %) over the last window, x in seconds relative to now (negative)."""
+def device_choices(store: Store) -> list[tuple[str, str]]:
+    """(label, worker id) of every running worker's device, the largest GPU first (`jobs.devices`)."""
+    from jobs.devices import LIVE_WITHIN_S, DeviceFacts
+
+    live = {w.get("worker_id") for w in store.live_workers(within_s=LIVE_WITHIN_S)}
+    rows = [(DeviceFacts.from_dict(p["facts"]), p["worker_id"]) for p in store.published_devices()
+            if p["worker_id"] in live]
+    rows.sort(key=lambda r: (not r[0].cuda, -r[0].total_bytes, r[1]))
+    return [(f"{facts.summary()} · worker {worker}", worker) for facts, worker in rows]
+
+
+def worker_device(store: Store, worker_id: str | None) -> int | None:
+    """The CUDA index a worker published (None: a CPU worker, or unknown)."""
+    for p in store.published_devices():
+        if p["worker_id"] == worker_id:
+            return p["facts"].get("index") if p["facts"].get("kind") == "cuda" else None
+    return None
+
+
+def gpu_frames(store: Store, window_s: float = WINDOW_S, now: float | None = None,
+               worker_id: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(memory GiB, utilization %) over the last window, x in seconds relative to now (negative).
+
+    `worker_id` draws that worker's device only (several workers share one store); None draws
+    every sample (one worker, or samples written before workers stamped them).
+    """
     now = time.time() if now is None else now
     origin = now - window_s
-    buckets = store.memory_buckets(None, origin, max(window_s / 500, 0.25))
+    device = worker_device(store, worker_id) if worker_id is not None else None
+    buckets = store.memory_buckets(None, origin, max(window_s / 500, 0.25), worker_id=worker_id,
+                                   device_index=device)
     return series.memory_frame(buckets, now), series.utilization_frame(buckets, now)
+
+
+def device_picker(store: Store, current: str | None) -> Any:
+    """The device dropdown: running workers' devices; shown only when there is more than one."""
+    choices = device_choices(store)
+    ids = [worker for _, worker in choices]
+    value = current if current in ids else (ids[0] if ids else None)
+    return gr.Dropdown(choices=choices, value=value, visible=len(choices) > 1)
 
 
 @dataclass
 class GpuPanel:
     info: gr.Markdown
+    device: gr.Dropdown
     memory: gr.LinePlot
     utilization: gr.LinePlot
     styles: gr.State
@@ -63,22 +100,28 @@ def build_panel() -> GpuPanel:
     """Lay out the panel; call inside a gr.Blocks context."""
     with gr.Accordion("GPU", open=True, elem_id="gpu-panel"):
         info = gr.Markdown(device_markdown())
+        device = gr.Dropdown(label="Device (one graph per worker's device)", choices=[], value=None,
+                             visible=False, elem_id="gpu-device", allow_custom_value=False)
         with gr.Row():
             memory = charts.GPU_MEMORY.build(scale=3)
             utilization = charts.GPU_UTILIZATION.build(scale=2, visible=ui_data.has_cuda())
-    return GpuPanel(info, memory, utilization, gr.State({}))
+    return GpuPanel(info, device, memory, utilization, gr.State({}))
 
 
 def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
     plots = [(charts.GPU_MEMORY, panel.memory), (charts.GPU_UTILIZATION, panel.utilization)]
 
-    def tick() -> list[Any]:
-        frames = gpu_frames(store)
+    def tick(worker_id: str | None) -> list[Any]:
+        frames = gpu_frames(store, worker_id=worker_id or None)
         styles = {chart.elem_id: chart.style(frame) for (chart, _), frame in zip(plots, frames)}
         return [chart.update(frame) for (chart, _), frame in zip(plots, frames)] + [styles]
 
-    ticked = timer.tick(tick, None, [plot for _, plot in plots] + [panel.styles], show_progress="hidden",
-                        api_visibility="private", concurrency_id="gpu-graphs", concurrency_limit=1)
-    charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
-    # The device line follows the workers' published facts (a worker may start after the page).
-    timer.tick(lambda: device_markdown(store), None, panel.info, show_progress="hidden", api_visibility="private")
+    outputs = [plot for _, plot in plots] + [panel.styles]
+    for trigger in (timer.tick, panel.device.input):
+        ticked = trigger(tick, panel.device, outputs, show_progress="hidden", api_visibility="private",
+                         concurrency_id="gpu-graphs", concurrency_limit=1)
+        charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
+    # The device line and the device choices follow the workers' published facts (a worker may
+    # start after the page, or stop).
+    timer.tick(lambda current: (device_markdown(store), device_picker(store, current)), panel.device,
+               [panel.info, panel.device], show_progress="hidden", api_visibility="private")

@@ -36,6 +36,8 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
     "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
     "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
     "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "grpo": {"reward": "reward", "reward std": "reward_std", "completion length": "completions/mean_length",
+             "KL": "kl"},
 }
 
 
@@ -61,25 +63,50 @@ def bundle_path(store: Store, run_id: int) -> Path | None:
     return inside_data_dir(bundle_of(store, run_id))
 
 
+def unreachable_files_note(store: Store, run_id: int) -> str:
+    """Why a finished run's recorded bundle cannot be downloaded from this dashboard ("" when it can).
+
+    Artifact paths are stored as absolute paths: on many hosts the data folder must be one shared
+    volume mounted at the same path everywhere (README, "Several GPUs, several hosts").
+    """
+    from jobs.artifacts import bundle_of
+
+    recorded = bundle_of(store, run_id)
+    if not recorded or inside_data_dir(recorded) is not None:
+        return ""
+    where = "is not inside this dashboard's data folder" if not Path(recorded).resolve().is_relative_to(data_dir()) \
+        else "is missing on this host"
+    return (f"### Files not reachable from this host\nRun {run_id}'s bundle was written to `{recorded}`, which "
+            f"{where} (`{data_dir()}`). Fix: mount the shared data folder at the same path on every host and "
+            "set the same `TUNEDECK_HOME` for the dashboard and the workers.")
+
+
 def bundle_files(path: Path) -> pd.DataFrame:
     with zipfile.ZipFile(path) as zf:
         rows = [[i.filename, human_bytes(i.file_size)] for i in zf.infolist() if not i.is_dir()]
     return pd.DataFrame(rows, columns=["file", "size"])
 
 
-def eta_text(run: RunRecord, now: float | None = None) -> str:
+def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
+    """" · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
+
+    `step_time` is the run's mean measured `step_time` (jobs.figures), which spans every attempt of
+    a resumed run; without it (before the first training log) the time since this attempt started
+    over the steps taken in it stands in (a resumed run starts counting at its checkpoint's step, so
+    its rate is only known once a step of this attempt is logged).
+    """
     now = time.time() if now is None else now
     if run.status is not RunStatus.RUNNING or not run.total_steps or not run.started_at or run.current_step <= 0:
         return ""
-    per_step = (now - run.started_at) / run.current_step
+    per_step = step_time if step_time and step_time > 0 else (now - run.started_at) / run.current_step
     left = max(0.0, (run.total_steps - run.current_step) * per_step)
     return f" · ETA {int(left // 60)}m {int(left % 60):02d}s"
 
 
-def progress_html(run: RunRecord) -> str:
+def progress_html(run: RunRecord, step_time: float | None = None) -> str:
     total = run.total_steps or 0
     pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
-    label = f"step {run.current_step}/{total or '?'}{eta_text(run)}"
+    label = f"step {run.current_step}/{total or '?'}{eta_text(run, step_time=step_time)}"
     return (f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
             f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
             f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
@@ -258,14 +285,18 @@ class RunPageData:
             error = f"### Run {run.status.value}\n{run.error_summary or 'no error summary recorded'}"
             if run.exit_code is not None:
                 error += f" (exit code {run.exit_code})"
+        elif run.status is RunStatus.SUCCEEDED and bundle is None:
+            error = unreachable_files_note(self.store, rid)
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
         events = events_markdown(run, self.store.run_events(rid))
-        header = (header_markdown(run, figures.run_figures(self.store, run)) + prediction_markdown(self.store, run)
+        measured = figures.run_figures(self.store, run)
+        header = (header_markdown(run, measured) + prediction_markdown(self.store, run)
                   + throughput_markdown(self.store, run) + events)
-        return [header, progress_html(run), cancel, download, files, error, memory, loss, lr, tps,
-                trainer, samples_markdown(self.store, run), log_tail(run), spec_of(run).to_yaml(), drawn_now, resume, styles]
+        return [header, progress_html(run, measured.step_time), cancel, download, files, error, memory, loss, lr, tps,
+                trainer, samples_markdown(self.store, run), log_tail(run), spec_of(run).to_yaml(), drawn_now, resume,
+                styles]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

@@ -11,11 +11,19 @@ Both sides run the same code in the same kind of process; only the instrumentati
     jobs.train`: StoreCallback (metric rows, progress, heartbeats), the parent's 1 Hz memory
     sampler and heartbeats, artifacts.
 Model loading, data preparation and the trl/peft configs are the same code on both sides, so a
-difference is the instrumentation's. Both report tokens/s the same way: non-pad tokens trained
-(trl's `num_tokens`) / `train_runtime` (model loading and saving excluded). Pairs alternate the
-order. Prints every pair, each side's spread across repeats (max/min - 1: below 5% means the
-figures are steadier than the effect being measured), and the min / median / max of the ratio
-b/a; 1.00 means no overhead. A busy machine widens the spread: run it on a quiet one.
+difference is the instrumentation's. Two figures per side:
+- tokens/s over the whole training: non-pad tokens trained (trl's `num_tokens`) / `train_runtime`
+  (model loading and saving excluded). Everything counts, the periodic store flushes too, and so
+  does anything else the machine did meanwhile.
+- the median step time: the time from one optimizer step's end to the next one's, the median
+  over all steps (bare: a clock callback that only records `time.perf_counter()` at each step end;
+  tunedeck: StoreCallback's own `step_time` rows, logged every step, which measure the same
+  interval). The steady cost of a step, callbacks included; a few steps slowed by another process,
+  or by a flush, do not move it, so repeats agree more closely.
+Pairs alternate the order. Prints every pair, each side's spread across repeats (max/min - 1:
+below 5% means the figures are steadier than the effect being measured), and the min / median /
+max of each ratio tunedeck/bare (tokens/s ratio; bare/tunedeck for step times), 1.00 meaning no
+overhead. A busy machine widens the spread: run it on a quiet one.
 """
 
 from __future__ import annotations
@@ -42,12 +50,26 @@ def bare_child(spec_path: str) -> None:
     from jobs.spec import JobSpec
     from jobs.train import setup_logging, train_spec
 
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        """Only the time of each step's end: the bare side's step times."""
+
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.ends.append(time.perf_counter())
+
     setup_logging()
     spec = JobSpec.from_json(Path(spec_path).read_text())
-    result = train_spec(spec, Path(spec_path).parent / "bare-out", [])
+    clock = StepClock()
+    result = train_spec(spec, Path(spec_path).parent / "bare-out", [clock])
     m = result.metrics
+    steps = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
     print("BARE_RESULT " + json.dumps({"num_tokens": m["num_tokens"], "train_runtime": m["train_runtime"],
-                                       "steps": m["global_step"]}), flush=True)
+                                       "steps": m["global_step"], "step_time": statistics.median(steps)}),
+          flush=True)
 
 
 def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
@@ -96,8 +118,11 @@ def run_tunedeck(spec: Any, work: Path, index: int) -> dict[str, float]:
         raise RuntimeError(f"tunedeck run {run_id} ended {record.status if record else 'missing'}: "
                            f"{record.error_summary if record else ''}\n{record.error_detail if record else ''}")
     m = record.final_metrics
+    store = Store()
+    steps = [p.value for p in store.metrics(run_id, ["step_time"])]
+    store.dispose()
     return {"tokens_per_second": m["num_tokens"] / m["train_runtime"], "num_tokens": m["num_tokens"],
-            "train_runtime": m["train_runtime"], "steps": m["global_step"]}
+            "train_runtime": m["train_runtime"], "steps": m["global_step"], "step_time": statistics.median(steps)}
 
 
 def callback_cost(spec: Any, work: Path) -> dict[str, float]:
@@ -176,20 +201,30 @@ def main(argv: list[str] | None = None) -> int:
             pair[side] = run_bare(spec, work) if side == "bare" else run_tunedeck(spec, work, i)
             pair[side]["wall_s"] = time.perf_counter() - t0
         ratio = pair["tunedeck"]["tokens_per_second"] / pair["bare"]["tokens_per_second"]
+        step_ratio = pair["bare"]["step_time"] / pair["tunedeck"]["step_time"]
         rows.append({"pair": i + 1, "order": order, **{f"{k}_{s}": v for s in pair for k, v in pair[s].items()},
-                     "ratio": ratio})
+                     "ratio": ratio, "step_ratio": step_ratio})
         print(f"pair {i + 1} ({' then '.join(order)}): bare {pair['bare']['tokens_per_second']:.1f} tok/s "
-              f"({pair['bare']['train_runtime']:.1f} s), tunedeck {pair['tunedeck']['tokens_per_second']:.1f} tok/s "
-              f"({pair['tunedeck']['train_runtime']:.1f} s), ratio {ratio:.3f}", flush=True)
+              f"({pair['bare']['train_runtime']:.1f} s, median step {pair['bare']['step_time'] * 1000:.1f} ms), "
+              f"tunedeck {pair['tunedeck']['tokens_per_second']:.1f} tok/s ({pair['tunedeck']['train_runtime']:.1f} s, "
+              f"median step {pair['tunedeck']['step_time'] * 1000:.1f} ms), ratio {ratio:.3f}, "
+              f"step ratio {step_ratio:.3f}", flush=True)
     ratios = [r["ratio"] for r in rows]
+    step_ratios = [r["step_ratio"] for r in rows]
     median = statistics.median(ratios)
+    spreads = []
     for side in ("bare", "tunedeck"):
         tps = [r[f"tokens_per_second_{side}"] for r in rows]
+        steps = [r[f"step_time_{side}"] * 1000 for r in rows]
+        spreads += [spread(tps), spread(steps)]
         print(f"{side}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
-              f"spread {spread(tps) * 100:.1f}%", flush=True)
-    print(f"ratio tunedeck/bare: min {min(ratios):.3f} / median {median:.3f} / max {max(ratios):.3f} "
-          f"({(1 - median) * 100:+.1f}% overhead at the median)")
-    if max(spread([r[f"tokens_per_second_{s}"] for r in rows]) for s in ("bare", "tunedeck")) > 0.05:
+              f"spread {spread(tps) * 100:.1f}%; median step ms min {min(steps):.2f} / median "
+              f"{statistics.median(steps):.2f} / max {max(steps):.2f}, spread {spread(steps) * 100:.1f}%", flush=True)
+    print(f"ratio tunedeck/bare, tokens/s over the whole training: min {min(ratios):.3f} / median {median:.3f} / "
+          f"max {max(ratios):.3f} ({(1 - median) * 100:+.1f}% overhead at the median)")
+    print(f"ratio bare/tunedeck, median step time: min {min(step_ratios):.3f} / median "
+          f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}")
+    if max(spreads) > 0.05:
         print("note: a side's spread is above 5%: the machine was busy or the runs too short (--steps); "
               "the ratio is less certain than its digits", flush=True)
     cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
@@ -199,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pairs": rows,
                                          "ratio_min": min(ratios), "median_ratio": median,
-                                         "ratio_max": max(ratios)}, indent=2))
+                                         "ratio_max": max(ratios), "median_step_ratio": statistics.median(step_ratios)},
+                                        indent=2))
     return 0
 
 

@@ -9,6 +9,9 @@ people reach one server, so two things stay with the server's administrator:
   is read, so a refusal says nothing about whether a file exists;
 - `trust_remote_code` (running Python code shipped with a model) needs
   `TUNEDECK_ALLOW_REMOTE_CODE=1` on the server.
+A GRPO `reward_function` (Python the training process imports and calls) is refused by every
+dashboard, with a login or without, and by its API: it is written into a spec file and submitted
+with `tunedeck submit` by someone on the server (`AccessPolicy.dashboard()`).
 The command line is not restricted: whoever runs `tunedeck` is on the server already.
 
     policy = AccessPolicy.for_server(login=True)
@@ -48,21 +51,28 @@ class AccessPolicy:
     restricted: bool = False
     data_dirs: tuple[Path, ...] = ()
     allow_remote_code: bool = True
+    allow_reward_function: bool = True  # a custom GRPO reward function: the command line only
 
     @classmethod
     def open(cls) -> "AccessPolicy":
-        """One local user: everything allowed (today's behaviour without a login)."""
+        """The command line: everything allowed."""
         return cls()
+
+    @classmethod
+    def dashboard(cls) -> "AccessPolicy":
+        """One local user at the dashboard: every path and option, but no custom reward function."""
+        return cls(allow_reward_function=False)
 
     @classmethod
     def for_server(cls, login: bool) -> "AccessPolicy":
         """The policy of a dashboard with or without a login, from the environment."""
         if not login:
-            return cls.open()
+            return cls.dashboard()
         raw = os.environ.get(DATA_DIRS_ENV, "").strip()
         dirs = tuple(Path(p).expanduser().resolve() for p in raw.split(os.pathsep) if p.strip()) if raw \
             else tuple(p.resolve() for p in default_data_dirs())
-        return cls(restricted=True, data_dirs=dirs, allow_remote_code=_truthy(os.environ.get(REMOTE_CODE_ENV)))
+        return cls(restricted=True, data_dirs=dirs, allow_remote_code=_truthy(os.environ.get(REMOTE_CODE_ENV)),
+                   allow_reward_function=False)
 
     def data_problem(self, ref: str | None, field: str) -> Problem | None:
         """A Problem when `ref` is a server path this policy does not let users read."""
@@ -92,4 +102,9 @@ class AccessPolicy:
                                "server (it would run with the server's rights, for every user)",
                                f"pick a model that transformers supports without it, or ask the administrator "
                                f"to start the server with {REMOTE_CODE_ENV}=1"))
+        if spec.reward_function is not None and not self.allow_reward_function:
+            out.append(Problem("reward_function", "a custom reward function runs your Python in the training process, "
+                               "so the dashboard and its API never accept one",
+                               "remove reward_function here (use built-in rewards or reward_model_run), or put it in a "
+                               "spec file and run `tunedeck submit SPEC.yaml` on the server"))
         return out

@@ -214,6 +214,7 @@ def _torch_memory(run_id: int, wall: float) -> MemoryPoint:
 
     index = torch.cuda.current_device()
     return MemoryPoint(time=wall, source=MemorySource.TORCH.value, run_id=run_id, device_index=physical_index(index),
+                       worker_id=os.environ.get("TUNEDECK_WORKER_ID") or None,
                        torch_allocated=torch.cuda.memory_allocated(index),
                        torch_reserved=torch.cuda.memory_reserved(index),
                        torch_max_allocated=torch.cuda.max_memory_allocated(index))

@@ -34,7 +34,7 @@ import datasets
 from jobs.data_files import SUFFIXES, FileProblem, Rows, file_kind, file_rows
 from jobs.data_formats import Conversion, detect_conversion, rename_columns, renamed
 from jobs.data_rows import (COLUMNS, FORMS_HINT, RENAMES, Issues, RowFormat, check_rows, detect_format, only_columns,
-                             trainer_fit)
+                             reward_columns, trainer_fit)
 from jobs.spec import JobSpec, Problem, Trainer
 
 __all__ = ["RowFormat", "DatasetInfo", "DataError", "LoadedData", "check_dataset", "load_data", "load_datasets",
@@ -57,6 +57,8 @@ class DatasetInfo:
     source_format: str = "trl"          # "trl" (already trl's columns), "alpaca" or "sharegpt"
     conversion: str | None = None       # what was converted, in words; None when nothing was
     column_map: dict[str, str] = field(default_factory=dict)  # dataset_columns applied: {trl column: file column}
+    reward_columns: list[str] = field(default_factory=list)  # grpo: columns passed on to the reward functions
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)  # rows with a role twice in a row
 
     def record(self) -> dict[str, Any]:
         """What the run's resolved config keeps about this data set."""
@@ -189,6 +191,8 @@ def _inspect(ref: str, trainer: Trainer, field_name: str, max_bad_rows: int,
     conversion = detect_conversion(mapped, first)
     fmt_columns = list(conversion.columns) if conversion else mapped
     fmt = detect_format(fmt_columns)
+    if trainer is Trainer.GRPO and "prompt" in fmt_columns:
+        fmt = RowFormat.PROMPT_ONLY  # grpo generates the answers: only the prompts are read
     if fmt is None:
         targets: dict[str, str] = {}
         for c in mapped:
@@ -217,12 +221,16 @@ def _inspect(ref: str, trainer: Trainer, field_name: str, max_bad_rows: int,
         raise DataError(problems)
     warnings = list(checked.warnings)
     used = set(COLUMNS[fmt]) | set(conversion.reads if conversion else ())
-    unused = [c for c in mapped if c not in used]
+    passed = reward_columns(mapped) if fmt is RowFormat.PROMPT_ONLY and conversion is None else []
+    unused = [c for c in mapped if c not in used and c not in passed]
+    if passed:
+        warnings.insert(0, f"column(s) {', '.join(f'`{c}`' for c in passed)} are passed to the reward functions "
+                           "as keyword arguments (a custom reward_function can read them)")
     if unused:
         warnings.insert(0, f"column(s) {', '.join(f'`{c}`' for c in unused)} are not used by {trainer.value} and will be dropped")
     info = DatasetInfo(ref, fmt, checked.n_rows, columns, checked.preview, warnings,
                        conversion.source if conversion else "trl", conversion.description if conversion else None,
-                       column_map)
+                       column_map, passed, checked.repeated_turns)
     return _Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
 
 # ---------------------------------------------------------------------- public API
@@ -244,13 +252,24 @@ def _load(ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str
     checked = _inspect(ref, trainer, field_name, 5, column_map)
     info, ds = checked.info, checked.ds
     keep, features = COLUMNS[info.format], _features(info.format, checked.style)
+    extra = info.reward_columns
     if ds is None:  # JSON files, and anything converted: built from the checked rows
-        return datasets.Dataset.from_list([only_columns(row, info.format) for _, row in checked.rows()],
-                                          features=features), info
+        rows = [{**only_columns(row, info.format), **{c: row.get(c) for c in extra}} for _, row in checked.rows()]
+        if not extra:
+            return datasets.Dataset.from_list(rows, features=features), info
+        try:  # the extra columns' types are inferred; the prompt keeps its checked type
+            return datasets.Dataset.from_list(rows, features=datasets.Features(
+                {**features, **datasets.Dataset.from_list([{c: r[c] for c in extra} for r in rows]).features})), info
+        except (ValueError, TypeError) as exc:  # pyarrow's errors are ValueError/TypeError subclasses
+            raise DataError([Problem(field_name, f"columns {', '.join(extra)} do not hold one type each ({exc})",
+                                     "give each extra column one type in every row, or remove it")]) from exc
+    features = datasets.Features({**features, **{c: ds.features[c] for c in extra}})
+    keep = (*keep, *extra)
     drop = [c for c in ds.column_names if c not in keep]
     if all(ds.features.get(c) == features[c] for c in keep):
         return (ds.remove_columns(drop) if drop else ds), info
-    return ds.map(lambda row: only_columns(row, info.format), remove_columns=drop, features=features,
+    return ds.map(lambda row: {**only_columns(row, info.format), **{c: row[c] for c in extra}},
+                  remove_columns=drop, features=features,
                   desc=f"Shaping {field_name}"), info
 
 
@@ -328,6 +347,8 @@ def length_warnings(ds: datasets.Dataset, tokenizer: Any, max_length: int | None
     """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap).
 
     The reward trainer drops such rows (trl filters them out) where the others truncate them."""
+    if Trainer(trainer) is Trainer.GRPO:
+        return []  # grpo keeps prompts whole (GRPOConfig has no max_length); completions stop at max_completion_length
     fate = "dropped (the reward trainer filters them out)" if Trainer(trainer) is Trainer.REWARD else "truncated"
     n = len(ds)
     if not n or not max_length:

@@ -23,6 +23,7 @@ class RowFormat(str, Enum):
     PROMPT_COMPLETION = "prompt_completion"
     PREFERENCE = "preference"
     UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
+    PROMPT_ONLY = "prompt_only"  # GRPO: prompt only; the completions are generated
 
 
 COLUMNS: dict[RowFormat, tuple[str, ...]] = {
@@ -31,6 +32,7 @@ COLUMNS: dict[RowFormat, tuple[str, ...]] = {
     RowFormat.PROMPT_COMPLETION: ("prompt", "completion"),
     RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
     RowFormat.UNPAIRED: ("prompt", "completion", "label"),
+    RowFormat.PROMPT_ONLY: ("prompt",),
 }
 TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
@@ -39,16 +41,20 @@ TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.REWARD: (RowFormat.PREFERENCE,),
     Trainer.ORPO: (RowFormat.PREFERENCE,),
     Trainer.CPO: (RowFormat.PREFERENCE,),
+    Trainer.GRPO: (RowFormat.PROMPT_ONLY,),
 }
 NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
          Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
          Trainer.REWARD: "prompt/chosen/rejected rows", Trainer.ORPO: "prompt/chosen/rejected rows",
-         Trainer.CPO: "prompt/chosen/rejected rows"}
+         Trainer.CPO: "prompt/chosen/rejected rows",
+         Trainer.GRPO: "prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)"}
 SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
               Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format",
-              Trainer.ORPO: "sample:preference-format", Trainer.CPO: "sample:preference-format"}
+              Trainer.ORPO: "sample:preference-format", Trainer.CPO: "sample:preference-format",
+              Trainer.GRPO: "sample:prompt-format"}
 LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
+REPEATED_EXAMPLES = 5  # rows with a role twice in a row kept for the chat-template check at submit
 FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
               "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)")
 # Column names seen in popular data sets, and what trl calls them.
@@ -211,6 +217,8 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     """Every (problem, fix) in one row of format `fmt`, and the row's style (plain / conversational)."""
     present = {k for k, v in row.items() if v is not None}
     own = detect_format(present)
+    if fmt is RowFormat.PROMPT_ONLY:
+        return _prompt_only_problems(row)
     if own is not None and own is not fmt and set(COLUMNS[own]) <= present:
         cols = ", ".join(f"`{c}`" for c in sorted(present & {"text", "messages", "prompt", "completion", "chosen", "rejected"}))
         want = " + ".join(f"`{c}`" for c in COLUMNS[fmt])
@@ -252,6 +260,28 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     return out, style
 
 
+ANSWER_COLUMNS = ("text", "messages", "completion", "chosen", "rejected", "label")
+
+
+def reward_columns(columns: Iterable[str]) -> list[str]:
+    """A grpo data set's columns besides `prompt` that trl hands to the reward functions (answers are dropped)."""
+    return [c for c in columns if c != "prompt" and c not in ANSWER_COLUMNS]
+
+
+def _prompt_only_problems(row: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """A GRPO row: a non-empty `prompt` string, or chat messages that end with the user's turn."""
+    prompt = row.get("prompt")
+    if prompt is None:
+        return [("`prompt` is missing", "give every row a `prompt` value")], None
+    if not isinstance(prompt, list):
+        found = _string_problem(prompt, "prompt")
+        return ([found] if found else []), "plain"
+    found = _messages_problem(prompt, "prompt", need_assistant=False)
+    if found is None and prompt[-1]["role"] == "assistant":
+        found = ("`prompt` ends with an assistant turn", "end the prompt with the user's turn: the model answers it")
+    return ([found] if found else []), "conversational"
+
+
 def _label(value: Any) -> bool | None:
     """A KTO label as a bool (true/false, 1/0, also as text from CSV); None when it is neither."""
     key = value.strip().lower() if isinstance(value, str) else value
@@ -279,6 +309,8 @@ def _chat_of(row: dict[str, Any], fmt: RowFormat) -> list[dict[str, Any]]:
     """The whole conversation of a valid conversational row (prompt + first answer)."""
     if fmt is RowFormat.MESSAGES:
         return row["messages"]
+    if fmt is RowFormat.PROMPT_ONLY:
+        return row["prompt"]
     answer = "chosen" if fmt is RowFormat.PREFERENCE else "completion"
     return list(row["prompt"]) + list(row[answer])
 
@@ -294,6 +326,7 @@ class Checked:
     warnings: list[str]
     problems: list[Problem]
     style: str | None  # "plain" | "conversational" | None (text rows)
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)  # first few (row, conversation)
 
 
 def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues,
@@ -301,6 +334,7 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
     """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
     n_rows, preview, first_style, same_answer = 0, [], None, 0
     repeated: list[int] = []
+    examples: list[tuple[int, list[dict[str, Any]]]] = []
     labels = {True: 0, False: 0}
     for number, row in rows:
         n_rows += 1
@@ -324,6 +358,8 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
             labels[bool(_label(row["label"]))] += 1
         if style == "conversational" and repeated_role([m["role"] for m in _chat_of(row, fmt)]):
             repeated.append(number)
+            if len(repeated) <= REPEATED_EXAMPLES:
+                examples.append((number, _chat_of(row, fmt)))
     warnings = []
     if repeated:
         where = ", ".join(map(str, repeated[:5])) + (f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else "")
@@ -336,4 +372,5 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
         warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
     if 0 < n_rows < 8:
         warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
-    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None)
+    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None,
+                   examples)

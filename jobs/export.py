@@ -76,8 +76,8 @@ def _refuse(problem: str, fix: str, field_name: str = "run") -> ExportError:
     return ExportError([Problem(field_name, problem, fix)])
 
 
-def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
-    """The run's spec and its saved adapter folder; refuses runs that have none to merge."""
+def finished_spec(store: Any, run_id: int) -> JobSpec:
+    """The spec of a run that succeeded; refuses missing and unfinished runs."""
     from storage.models import RunStatus
 
     run = store.get_run(run_id)
@@ -86,7 +86,12 @@ def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
     if run.status is not RunStatus.SUCCEEDED:
         raise _refuse(f"run {run_id} is {run.status.value}; only a finished run has a result to export",
                       "wait for it to succeed, or export another run")
-    spec = JobSpec.from_json(run.spec_json)
+    return JobSpec.from_json(run.spec_json)
+
+
+def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
+    """The run's spec and its saved adapter folder; refuses runs that have none to merge."""
+    spec = finished_spec(store, run_id)
     if spec.method is Method.FULL:
         raise _refuse(f"run {run_id} is a full fine-tune: its bundle is already a whole model, nothing to merge",
                       "download the run's bundle; it loads with AutoModelForCausalLM.from_pretrained")
@@ -96,15 +101,20 @@ def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
     return spec, folders[-1]
 
 
-def compare(unmerged: tuple[list[list[int]], list[Any]], merged: tuple[list[list[int]], list[Any]],
-            tokenizer: Any, quantized: bool) -> MergeCheck:
-    """The check's verdict: equal answers, or (quantized bases) enough agreeing tokens."""
-    (ids_a, logits_a), (ids_b, logits_b) = unmerged, merged
+def token_agreement(ids_a: list[list[int]], ids_b: list[list[int]]) -> float:
+    """Share of answer token positions (over all answers, the longer one counting) that hold the same token."""
     agree = total = 0
     for a, b in zip(ids_a, ids_b):
         total += max(len(a), len(b))
         agree += sum(1 for x, y in zip(a, b) if x == y)
-    agreement = agree / total if total else 1.0
+    return agree / total if total else 1.0
+
+
+def compare(unmerged: tuple[list[list[int]], list[Any]], merged: tuple[list[list[int]], list[Any]],
+            tokenizer: Any, quantized: bool) -> MergeCheck:
+    """The check's verdict: equal answers, or (quantized bases) enough agreeing tokens."""
+    (ids_a, logits_a), (ids_b, logits_b) = unmerged, merged
+    agreement = token_agreement(ids_a, ids_b)
     diff = max(float((x - y).abs().max()) for x, y in zip(logits_a, logits_b))
     texts_a = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in ids_a]
     texts_b = [tokenizer.decode(b, skip_special_tokens=True).strip() for b in ids_b]

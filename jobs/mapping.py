@@ -126,6 +126,13 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
         out.append(Problem("method", f"{spec.method.value} fails with {spec.trainer.value} (its labels leave out the "
                            "virtual tokens: 'Expected input batch_size ... to match target batch_size')",
                            f"use lora, ia3 or prefix_tuning for trainer: {spec.trainer.value}"))
+    if spec.trainer is Trainer.GRPO and spec.lora_init is LoraInit.EVA:
+        # peft's EVA reads tokenized batches from the trainer's dataloader; GRPO's hold raw prompts (tokenized only
+        # after generation): TypeError "When using `prepare_model_inputs_fn_language_modeling` inputs must be a
+        # dictionary" (tiny Llama, trl 1.16, peft 0.21.2).
+        out.append(Problem("lora_init", "eva fails with grpo (it initialises from tokenized training batches, and "
+                           "grpo's batches are raw prompts: 'inputs must be a dictionary')",
+                           "use lora_init: default, pissa or olora for trainer: grpo"))
     if spec.method in LORA_FAMILY and "lm_head" in targets(spec):
         # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
         # are computed from `lm_head.weight` directly, so the adapter would never be trained."

@@ -4,7 +4,7 @@
 schedule); this module adds what one trainer family reads and removes what its config lacks.
 Spec in, kwargs out, no I/O, in the same style as `jobs.mapping`.
 
-    name = config_class_name(spec)               # "SFTConfig", "DPOConfig", "KTOConfig"
+    name = config_class_name(spec)               # "SFTConfig", "DPOConfig", "KTOConfig", "GRPOConfig"
     kw = {**common, **trainer_kwargs(spec)}; drop_unsupported(spec, kw)
 """
 
@@ -15,12 +15,15 @@ from typing import Any
 from jobs.spec import JobSpec, LossType, Trainer
 
 CONFIG_CLASSES = {Trainer.SFT: "SFTConfig", Trainer.DPO: "DPOConfig", Trainer.KTO: "KTOConfig",
-                  Trainer.REWARD: "RewardConfig", Trainer.ORPO: "ORPOConfig", Trainer.CPO: "CPOConfig"}
+                  Trainer.REWARD: "RewardConfig", Trainer.ORPO: "ORPOConfig", Trainer.CPO: "CPOConfig",
+                  Trainer.GRPO: "GRPOConfig"}
 # Where each config (and its trainer) lives; trl.experimental may change in any release, so trl is pinned.
 MODULES = {Trainer.ORPO: "trl.experimental.orpo", Trainer.CPO: "trl.experimental.cpo"}
 DEFAULT_LOSSES = {Trainer.SFT: "nll", Trainer.DPO: "sigmoid", Trainer.KTO: "kto", Trainer.CPO: "sigmoid"}
 # Common TrainingArguments-level keys a trainer's config does not have (it would raise TypeError).
 UNSUPPORTED = {t: ("padding_free",) for t in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO)}
+# GRPOConfig has no max_length either: prompts are kept whole, completions end at max_completion_length.
+UNSUPPORTED[Trainer.GRPO] = ("padding_free", "max_length")
 # The peft task type, which decides the model head peft wraps (and trains: a reward model's score head).
 TASK_TYPES = {Trainer.REWARD: "SEQ_CLS"}
 
@@ -65,11 +68,35 @@ def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:
     if spec.trainer is Trainer.CPO:
         # CPO: a DPO-style loss without the reference model plus a behaviour-cloning term on the chosen answer.
         return {"beta": spec.beta, "loss_type": loss_type_name(spec)}
+    if spec.trainer is Trainer.GRPO:
+        # GRPO samples num_generations completions per prompt and scores them; each completion's advantage is
+        # its reward minus the group's mean. Generation runs before every optimizer step (no KV cache kept for
+        # training); beta > 0 adds a reference pass (the base with the adapter off, or a second full model).
+        return {"num_generations": spec.num_generations, "max_completion_length": spec.max_completion_length,
+                "beta": spec.beta, "temperature": spec.temperature, "reward_weights": reward_weights(spec),
+                "log_completions": False,
+                # trl evaluates whole groups too: the eval batch is the micro-batch rounded up to a multiple of
+                # num_generations (inference only: no gradients or optimizer state).
+                "per_device_eval_batch_size": -(-spec.per_device_train_batch_size // spec.num_generations)
+                * spec.num_generations}
     if spec.trainer is Trainer.REWARD:
         # A reward model is the base with a one-output classification head ("score"), trained so that
         # chosen answers score above rejected ones; one forward per answer, no reference model.
         return {}
     raise ValueError(f"no trainer mapping for {spec.trainer!r}")  # pragma: no cover - enum is closed
+
+
+def reward_weights(spec: JobSpec) -> list[float]:
+    """One weight per reward source, in the order jobs.trainers passes them: built-ins as listed, then the
+    reward model, then the custom function."""
+    from jobs.rewards import parse_rewards
+
+    weights = list(parse_rewards(spec.rewards)[0].values()) if spec.rewards else []
+    if spec.reward_model_run is not None:
+        weights.append(spec.reward_model_weight)
+    if spec.reward_function is not None:
+        weights.append(spec.reward_function_weight)
+    return weights
 
 
 def task_type(spec: JobSpec) -> str:

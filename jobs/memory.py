@@ -198,7 +198,7 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         base = 2 if half else 4
         weights = float(n * base)
         wf = f"{n:,} frozen params x {base} B"
-    if spec.trainer is Trainer.DPO and m is Method.FULL:
+    if m is Method.FULL and (spec.trainer is Trainer.DPO or (spec.trainer is Trainer.GRPO and spec.beta > 0)):
         weights += 4.0 * n  # trl loads a second copy as the frozen reference, in the model's dtype
         wf += f" + reference model {n:,} x 4 B"
     # ---- adapter, gradients, optimizer (docs/memory.md "Trainable parameters")
@@ -215,6 +215,15 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     # ---- activations (docs/memory.md "Activations")
     rows = spec.per_device_train_batch_size * (2 if spec.trainer is Trainer.DPO else 1)
     length = spec.max_length + (spec.num_virtual_tokens if m in PROMPT_FAMILY else 0)
+    if spec.trainer is Trainer.GRPO:
+        # An approximation: each row is one prompt (taken as max_length tokens; grpo does not truncate prompts)
+        # plus one completion of max_completion_length tokens. Generation's KV cache is freed before the
+        # training pass, and a reward run's model (reward_model_run) is not counted.
+        length += spec.max_completion_length
+        kv = (2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length)
+        notes.append(f"grpo: rows taken as max_length prompt + max_completion_length tokens; generation's KV cache "
+                     f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
+                     "are not counted")
     tokens = rows * length
     plan = _plan(spec, arch)
     per_block = block_elements(arch, plan, mask_bytes, elem)

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -179,9 +179,10 @@ class Sampler(threading.Thread):
 
     def __init__(self, store: Store, probe: GpuProbe | None = None, interval: float = 1.0,
                  idle_interval: float = 5.0, batch_size: int = 3, retention_s: float | None = None,
-                 thin_every_s: float = 600.0) -> None:
+                 thin_every_s: float = 600.0, worker_id: str | None = None) -> None:
         super().__init__(name="tunedeck-sampler", daemon=True)
         self.store = store
+        self.worker_id = worker_id  # stamped on every sample: whose device it is
         self.probe = probe or GpuProbe()
         self.interval = interval
         self.idle_interval = idle_interval
@@ -237,6 +238,8 @@ class Sampler(threading.Thread):
         with self._lock:
             run, child_pid = self._run, self._child_pid
         points = self.probe.sample(run.run_id if run else None, child_pid)
+        if self.worker_id is not None:
+            points = [replace(p, worker_id=self.worker_id) for p in points]
         with self._lock:
             if run is not self._run:
                 return []  # the run ended while sampling: its peak is already recorded

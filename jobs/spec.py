@@ -33,6 +33,7 @@ class Trainer(str, Enum):
     REWARD = "reward"
     ORPO = "orpo"  # trl.experimental
     CPO = "cpo"    # trl.experimental
+    GRPO = "grpo"
 
 
 class Method(str, Enum):
@@ -143,7 +144,7 @@ SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
 KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
 TRAINER_LOSSES = {"sft": SFT_LOSSES, "dpo": DPO_LOSSES, "kto": KTO_LOSSES, "reward": set(), "orpo": set(),
-                  "cpo": DPO_LOSSES}
+                  "cpo": DPO_LOSSES, "grpo": set()}
 EXPERIMENTAL_TRAINERS = {Trainer.ORPO, Trainer.CPO}  # in trl.experimental: may change in any trl release
 
 
@@ -174,6 +175,7 @@ class Group(str, Enum):
 SFT_ONLY = {"trainer": {Trainer.SFT}}
 PREFERENCE_ONLY = {"trainer": {Trainer.DPO, Trainer.KTO, Trainer.ORPO, Trainer.CPO}}
 KTO_ONLY = {"trainer": {Trainer.KTO}}
+GRPO_ONLY = {"trainer": {Trainer.GRPO}}
 LORA_ONLY = {"method": LORA_FAMILY}
 QLORA_ONLY = {"method": {Method.QLORA}}
 PROMPT_ONLY = {"method": PROMPT_FAMILY}
@@ -231,7 +233,7 @@ class JobSpec:
                                  label="Trust the model's code", advanced=True)
     # --- Data
     dataset: str = _f(DEFAULT_SFT_DATASET, Group.DATA,
-                      "A bundled sample (sample:chat-format, sample:preference-format, sample:kto-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.",
+                      "A bundled sample (sample:chat-format, sample:preference-format, sample:kto-format, sample:prompt-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.",
                       label="Training data")
     eval_dataset: str | None = _f(None, Group.DATA,
                                   "Held-out data, same forms as dataset. Empty: the sample's own eval split, or none for user data.",
@@ -246,7 +248,7 @@ class JobSpec:
                                   gt=0.0, label="Held-out share", advanced=True)
     # --- Method
     trainer: Trainer = _f(Trainer.SFT, Group.METHOD,
-                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. orpo, cpo (experimental in trl, pinned): preference tuning on prompt/chosen/rejected rows without a reference model. PPO was removed from trl: for RLHF train a reward model, then GRPO.",
+                          "sft: supervised fine-tuning on text, chat messages or prompt/completion rows. dpo: preference tuning on prompt/chosen/rejected rows. kto: preference tuning on unpaired prompt/completion/label rows (label true = desirable). reward: a reward model (sequence-classification head scoring chosen above rejected) on prompt/chosen/rejected rows. orpo, cpo (experimental in trl, pinned): preference tuning on prompt/chosen/rejected rows without a reference model. grpo: reinforcement learning on prompt-only rows: sampled completions are scored by rewards (built-in, a reward run's model, or your function). PPO was removed from trl: for RLHF train a reward model, then GRPO.",
                           label="Trainer")
     method: Method = _f(Method.LORA, Group.METHOD,
                         "full: all weights train. lora/dora: low-rank adapters. qlora: LoRA on a 4-bit NF4 base. lora_8bit: LoRA on an 8-bit base. "
@@ -286,12 +288,38 @@ class JobSpec:
     oft_block_size: int = _f(32, Group.METHOD, "OFT: size of the orthogonal blocks. peft moves it to the nearest divisor "
                              "of each layer's input features (with a warning). Larger rotates more at once and costs more.", ge=1, le=4096,
                              methods={Method.OFT}, label="OFT block size")
-    beta: float = _f(0.1, Group.METHOD, "DPO/KTO/CPO temperature: how far the policy may move from the reference; ORPO: weight of the odds-ratio term.", gt=0.0, le=10.0,
-                     label="Preference beta", when=PREFERENCE_ONLY)
+    beta: float = _f(0.1, Group.METHOD, "DPO/KTO/CPO temperature: how far the policy may move from the reference; ORPO: weight of the odds-ratio term; GRPO: weight of the KL penalty towards the base model (0: none, and no reference pass).", ge=0.0, le=10.0,
+                     label="Preference beta", when={"trainer": PREFERENCE_ONLY["trainer"] | {Trainer.GRPO}})
     desirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the desirable (label true) rows' loss; raise it when they are the minority.", gt=0.0, le=100.0,
                                  label="Desirable weight", when=KTO_ONLY, advanced=True)
     undesirable_weight: float = _f(1.0, Group.METHOD, "kto only: weight of the undesirable (label false) rows' loss.", gt=0.0, le=100.0,
                                    label="Undesirable weight", when=KTO_ONLY, advanced=True)
+    rewards: str | None = _f(None, Group.METHOD,
+                             "grpo: built-in rewards from trl.rewards, comma-separated, each with an optional weight (name=weight): "
+                             "think_format (1 when the answer opens with <think>...</think>), repetition (penalty up to -1 for "
+                             "repeated 3-grams), overlong (penalty as completions near max_completion_length).",
+                             label="Built-in rewards", when=GRPO_ONLY)
+    reward_model_run: int | None = _f(None, Group.METHOD,
+                                      "grpo: the id of a finished run with trainer: reward; its reward model scores every completion.",
+                                      ge=1, label="Reward model (reward run id)", when=GRPO_ONLY)
+    reward_model_weight: float = _f(1.0, Group.METHOD, "grpo: weight of the reward model's score in the total reward.",
+                                    ge=-100.0, le=100.0, label="Reward model weight", when=GRPO_ONLY, advanced=True)
+    reward_function: str | None = _f(None, Group.METHOD,
+                                     "grpo: your own reward, module:function or path/to/file.py:function, called as trl calls "
+                                     "reward functions (prompts, completions, completion_ids, your data's other columns; one float per completion). Runs Python: accepted "
+                                     "only from a spec file on the command line, never from the dashboard or its API.",
+                                     label="Custom reward function", when=GRPO_ONLY, advanced=True)
+    reward_function_weight: float = _f(1.0, Group.METHOD, "grpo: weight of the custom reward function in the total reward.",
+                                       ge=-100.0, le=100.0, label="Custom reward weight", when=GRPO_ONLY, advanced=True)
+    num_generations: int = _f(4, Group.METHOD,
+                              "grpo: completions sampled per prompt; their rewards are compared within the group. The "
+                              "effective batch (micro-batch x accumulation) must be a multiple of it.", ge=2, le=64,
+                              label="Completions per prompt", when=GRPO_ONLY)
+    max_completion_length: int = _f(64, Group.METHOD, "grpo: most tokens generated per completion.", ge=1, le=8192,
+                                    label="Max completion tokens", when=GRPO_ONLY)
+    temperature: float = _f(1.0, Group.METHOD, "grpo: sampling temperature of the completions; lower is less varied, "
+                            "and too little variety leaves nothing to compare.", gt=0.0, le=2.0,
+                            label="Sampling temperature", when=GRPO_ONLY, advanced=True)
     loss_type: LossType = _f(LossType.AUTO, Group.METHOD,
                              "auto: trl's default (nll for sft, sigmoid for dpo and cpo, kto for kto). sft: nll or dft. dpo, cpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired.",
                              label="Loss", advanced=True)
@@ -481,8 +509,8 @@ class JobSpec:
         if self.assistant_only_loss and self.trainer is not Trainer.SFT:
             out.append(Problem("assistant_only_loss", f"is an SFT option ({self.trainer.value.upper()} already scores only the answers)",
                                f"set assistant_only_loss: false for {self.trainer.value}"))
-        if self.padding_free and self.trainer in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO):
-            # KTOConfig, RewardConfig, ORPOConfig, CPOConfig have no padding_free (TypeError: unexpected keyword).
+        if self.padding_free and self.trainer in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO, Trainer.GRPO):
+            # KTOConfig, RewardConfig, ORPOConfig, CPOConfig, GRPOConfig have no padding_free (TypeError: unexpected keyword).
             out.append(Problem("padding_free", f"is not supported by the {self.trainer.value.upper()} trainer",
                                f"set padding_free: false for {self.trainer.value}"))
         if self.trainer is Trainer.KTO and self.per_device_train_batch_size < 2:
@@ -496,6 +524,7 @@ class JobSpec:
                                "prefix tuning fails with gradient checkpointing (the cached prefix keys do not match the recomputed attention shape)",
                                "set gradient_checkpointing: false, or use prompt_tuning / p_tuning"))
         out.extend(self._lora_init_problems())
+        out.extend(p for p in self._grpo_problems() if p.field not in {q.field for q in out})  # a bound problem is enough
         if self.max_steps == 0:
             out.append(Problem("max_steps", "0 would train nothing", "use -1 to train for num_train_epochs, or a positive step count"))
         if self.eval_split is not None:
@@ -542,6 +571,44 @@ class JobSpec:
                             "(peft: quantize the residual yourself afterwards)",
                             f"use method: lora or dora with {init.value}, or lora_init: loftq with qlora")]
         return []
+
+    def _grpo_problems(self) -> list[Problem]:
+        """GRPO's rewards and group sizes; reward fields under another trainer (see jobs.rewards)."""
+        from jobs.rewards import function_ref_problem, parse_rewards
+
+        grpo = self.trainer is Trainer.GRPO
+        out: list[Problem] = []
+        if self.beta == 0 and self.trainer in PREFERENCE_ONLY["trainer"]:
+            out.append(Problem("beta", f"0 leaves {self.trainer.value} without its preference term",
+                               "use a value > 0 (0 is only for grpo: no KL penalty)"))
+        given = [n for n in ("rewards", "reward_model_run", "reward_function") if getattr(self, n) is not None]
+        if not grpo:
+            return out + [Problem(n, f"is a grpo option; the {self.trainer.value} trainer has no rewards",
+                                  f"remove {n}, or set trainer: grpo") for n in given]
+        if self.rewards is not None:
+            out.extend(Problem("rewards", problem, fix) for problem, fix in parse_rewards(self.rewards)[1])
+        if self.reward_function is not None:
+            found = function_ref_problem(self.reward_function)
+            if found:
+                out.append(Problem("reward_function", *found))
+        if not given:
+            out.append(Problem("rewards", "grpo needs at least one reward to score the completions",
+                               "name built-in rewards (e.g. rewards: repetition, overlong), a finished reward run "
+                               "(reward_model_run: ID), or a reward_function in a spec file"))
+        if self.effective_batch_size % self.num_generations:
+            # trl: "generation_batch_size (6) must be divisible by num_generations (4)."
+            out.append(Problem("num_generations", f"{self.num_generations} does not divide the effective batch "
+                               f"({self.per_device_train_batch_size} x {self.gradient_accumulation_steps} = "
+                               f"{self.effective_batch_size}); trl generates whole groups of completions per prompt",
+                               "make per_device_train_batch_size x gradient_accumulation_steps a multiple of "
+                               "num_generations"))
+        if self.auto_find_batch_size:
+            # trl: "auto_find_batch_size is not supported by GRPO, because the generation batch must contain full
+            # prompt groups of num_generations completions"
+            out.append(Problem("auto_find_batch_size", "is not supported by grpo (a halved batch would split the "
+                               "groups of completions per prompt)", "set auto_find_batch_size: false and lower "
+                               "per_device_train_batch_size instead (keep it a multiple of num_generations)"))
+        return out
 
     def validate(self) -> "JobSpec":
         problems = self.problems()

@@ -10,7 +10,8 @@ first, so a refused path is never read), the spec on its own (`JobSpec.problems`
 (`jobs.data.check_dataset`), what the workers' device can do with the spec (`jobs.mapping`'s
 capability check, e.g. fp16 without CUDA, against the facts the workers published:
 `jobs.devices.target`; this machine's when none has), and whether the predicted peak memory fits
-that device (`jobs.memory`; `ignore_memory_prediction: true` overrides it). The prediction is
+that device (`jobs.memory`; `ignore_memory_prediction: true` overrides it), and that a grpo
+`reward_model_run` is a finished reward run (`jobs.reward_model`). The prediction is
 saved with the run as `prediction.json` in its run folder.
 """
 
@@ -40,6 +41,7 @@ def model_problems(spec: JobSpec) -> list[Problem]:
 def dataset_problems(spec: JobSpec) -> list[Problem]:
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
     from jobs.data import DataError, check_dataset
+    from jobs.template_check import template_refusal
 
     out: list[Problem] = []
     for field, ref in (("dataset", spec.dataset), ("eval_dataset", spec.eval_dataset)):
@@ -56,6 +58,9 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
             held_out = eval_rows(info.n_rows, spec.eval_split)
             if isinstance(held_out, Problem):
                 out.append(held_out)
+        refused = template_refusal(spec.model, field, info.repeated_turns, spec.trust_remote_code)
+        if refused is not None:
+            out.append(refused)
         if _is_chat(info) and has_chat_template(spec.model) is False:
             out.append(Problem("model", f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
                                "chat conversations (messages), which are rendered with the chat template",
@@ -177,8 +182,10 @@ def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> i
     """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
     from jobs.devices import target
 
+    from jobs.reward_model import reward_run_problems
+
     chosen = target(store)
-    problems = check(spec, chosen.facts.device(), policy, chosen.facts)
+    problems = check(spec, chosen.facts.device(), policy, chosen.facts) + reward_run_problems(store, spec)
     if problems and chosen.worker_id is None:
         problems = _say_which_device(problems, spec, chosen.facts.device(), chosen.note)
     if problems:

@@ -120,12 +120,13 @@ def _checkpoint_step(resume_from: str | None) -> int:
 def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] = (), *,
                device: Device | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
                model_and_tokenizer: tuple[Any, Any] | None = None, resume_from: str | None = None,
-               before_training: Callable[[Any, Any, Any], None] | None = None) -> TrainResult:
+               before_training: Callable[[Any, Any, Any], None] | None = None, store: Any = None) -> TrainResult:
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
     `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
     `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
-    before any adapter or trainer touches it (the "before" samples)."""
+    before any adapter or trainer touches it (the "before" samples).
+    `store`: where a grpo spec's `reward_model_run` is looked up (default: `Store()` from the environment)."""
     from jobs.data import load_data
 
     device = device or detect_device()
@@ -155,7 +156,19 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
-    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+    reward_model = None
+    if spec.trainer is Trainer.GRPO and spec.reward_model_run is not None:
+        import torch
+
+        from jobs.reward_model import load_reward_model
+        from storage.store import Store
+
+        # The reward model only scores (frozen): it takes the run's compute precision.
+        dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(resolve_precision(spec, device),
+                                                                                    torch.float32)
+        reward_model = load_reward_model(store or Store(), spec.reward_model_run, dtype)
+        log.info("reward model: run %s", spec.reward_model_run)
+    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
     if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
         # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
         raise SpecError([Problem("max_length", f"every training row is longer than {spec.max_length} tokens, and the "
@@ -349,7 +362,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         resume_from = resume_point(store, run_id, output_dir)
         restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
         result = train_spec(spec, output_dir, [callback, *restore, *callbacks], device=device,
-                            resume_from=resume_from, on_ready=ready,
+                            resume_from=resume_from, on_ready=ready, store=store,
                             before_training=lambda m, t, ev: before_after.record_before(store.run_dir(run_id), spec,
                                                                                         m, t, ev))
         callback.flush()  # eval metrics and the last steps land before the status changes

@@ -30,10 +30,39 @@ class PerplexityCallback(TrainerCallback):
             logs["eval_perplexity"] = perplexity(float(logs["eval_loss"]))
 
 
+class GRPOLogCallback(TrainerCallback):
+    """trl's GRPO logs its own `step_time` (the training step only, generation excluded); renamed to
+    `grpo_step_time`, so the store's `step_time` (jobs.figures: the whole optimizer step) keeps one meaning."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if logs is not None and "step_time" in logs:
+            logs["grpo_step_time"] = logs.pop("step_time")
+
+
+def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -> tuple[list[Any], list[Any]]:
+    """GRPO's (reward functions, their processing classes) in `jobs.mapping_trainers.reward_weights`' order:
+    built-ins as listed, the reward run's model (with its own tokenizer), the custom function."""
+    from jobs.rewards import builtin_reward, load_function, parse_rewards
+
+    funcs: list[Any] = [builtin_reward(name, spec.max_completion_length)
+                        for name in (parse_rewards(spec.rewards)[0] if spec.rewards else {})]
+    classes: list[Any] = [None] * len(funcs)
+    if spec.reward_model_run is not None:
+        if reward_model is None:
+            raise ValueError("reward_model_run is set but no reward model was loaded")
+        funcs.append(reward_model[0])
+        classes.append(reward_model[1])
+    if spec.reward_function is not None:
+        funcs.append(load_function(spec.reward_function))
+        classes.append(None)
+    return funcs, classes
+
+
 def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
-                  peft_cfg: Any, callbacks: Sequence[Any]) -> Any:
+                  peft_cfg: Any, callbacks: Sequence[Any], reward_model: tuple[Any, Any] | None = None) -> Any:
     """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
-    RewardTrainer on a sequence-classification model (`jobs.models.load_model_and_tokenizer(reward_head=True)`)."""
+    RewardTrainer on a sequence-classification model (`jobs.models.load_model_and_tokenizer(reward_head=True)`);
+    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.reward_model`)."""
     from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
 
     common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
@@ -45,6 +74,12 @@ def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds
         return KTOTrainer(ref_model=None, **common)
     if spec.trainer is Trainer.REWARD:
         return RewardTrainer(**common)
+    if spec.trainer is Trainer.GRPO:
+        from trl import GRPOTrainer
+
+        funcs, classes = reward_sources(spec, reward_model)
+        return GRPOTrainer(reward_funcs=funcs, reward_processing_classes=classes,
+                           **{**common, "callbacks": [GRPOLogCallback(), *callbacks]})
     if spec.trainer is Trainer.ORPO:
         from trl.experimental.orpo import ORPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
 

@@ -171,7 +171,8 @@ class Worker:
         """Serve the queue (burst: until it is empty; stop_after: until that run is done). Returns runs done."""
         handlers = self._install_signal_handlers()
         if self.sample:
-            self.sampler = Sampler(self.store, GpuProbe(visible=self.device if self.pinned else None))
+            self.sampler = Sampler(self.store, GpuProbe(visible=self.device if self.pinned else None),
+                                   worker_id=self.worker_id)
             self.sampler.start()
         done = 0
         delay = 0.0  # backoff while the database fails
@@ -276,7 +277,7 @@ class Worker:
             self._release()
             return self._status(run.id)
         env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), TUNEDECK_DATABASE_URL=self.store.url,
-                   PYTHONUNBUFFERED="1", TUNEDECK_DEVICE=self.device)
+                   PYTHONUNBUFFERED="1", TUNEDECK_DEVICE=self.device, TUNEDECK_WORKER_ID=self.worker_id)
         if self.pinned:
             # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
             env["CUDA_VISIBLE_DEVICES"] = self.device if _is_gpu_id(self.device) else ""

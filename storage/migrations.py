@@ -70,6 +70,9 @@ MIGRATIONS: dict[int, list[Statement]] = {
         "ALTER TABLE runs ADD COLUMN pin_host VARCHAR(128)",
         "ALTER TABLE runs ADD COLUMN pin_device VARCHAR(32)",
         "ALTER TABLE memory_rollups ADD COLUMN device_index INTEGER"],
+    # 8: the worker (host:pid) whose device a memory sample is of: one graph per device when
+    # several workers share a store.
+    8: ["ALTER TABLE memory_samples ADD COLUMN worker_id VARCHAR(128)"],
 }
 
 

@@ -7,7 +7,7 @@ from enum import Enum
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class RunStatus(str, Enum):
@@ -104,6 +104,7 @@ class MemorySample(Base):
     time: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(8))
     device_index: Mapped[int | None] = mapped_column(Integer)
+    worker_id: Mapped[str | None] = mapped_column(String(128))  # the worker whose device this sample is of
     used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     total_bytes: Mapped[int | None] = mapped_column(BigInteger)
     utilization: Mapped[float | None] = mapped_column(Float)

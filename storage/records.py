@@ -88,6 +88,7 @@ class MemoryPoint:
     torch_reserved: int | None = None
     torch_max_allocated: int | None = None
     process_rss: int | None = None
+    worker_id: str | None = None  # the worker whose device this is (None: written before schema 8)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import math
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import OperationalError
 
 from storage import models as m
@@ -206,15 +206,21 @@ class SeriesMixin:
             return [MemoryPoint(**{k: getattr(r, k) for k in _MEMORY_FIELDS}) for r in s.scalars(q)]
 
     def memory_buckets(self, run_id: int | None, origin: float, width: float,
-                       after: float | None = None) -> list[MemoryBucket]:
+                       after: float | None = None, worker_id: str | None = None,
+                       device_index: int | None = None) -> list[MemoryBucket]:
         """Memory samples grouped in SQL per source into time buckets floor((time - origin) / width).
 
-        run_id=None groups every sample (the GPU panel); `after` reads only newer samples.
+        run_id=None groups every sample (the GPU panel); `after` reads only newer samples;
+        `worker_id` (and `device_index`) keep one worker's device apart from the others'.
         """
         t = m.MemorySample
         where = [t.time >= origin]
         if run_id is not None:
             where.append(t.run_id == run_id)
+        if worker_id is not None:
+            where.append(t.worker_id == worker_id)
+        if device_index is not None:
+            where.append(or_(t.device_index == device_index, t.device_index.is_(None)))
         if after is not None:
             where.append(t.time > after)
         bucket = floor_int(self._sqlite, (t.time - origin) / width).label("b")

@@ -31,7 +31,7 @@ def problems_of(ref: str, trainer: Trainer = SFT, **kw: Any) -> str:
 
 # ---------------------------------------------------------------------- samples
 def test_list_samples() -> None:
-    assert list_samples() == ["sample:chat-format", "sample:kto-format", "sample:preference-format"]
+    assert list_samples() == ["sample:chat-format", "sample:kto-format", "sample:preference-format", "sample:prompt-format"]
 
 
 @pytest.mark.parametrize("ref,trainer,fmt,n", [

@@ -263,3 +263,38 @@ def test_cli_show_says_what_was_converted(store) -> None:
     text = show_text(store, store.get_run(run_id))
     assert "  dataset: a.jsonl: 20 rows, prompt_completion (Alpaca instruction/input converted" in text
     assert "  rows used: 16 train, 4 eval" in text
+
+
+STRICT_TEMPLATE = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                   "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+                   "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+
+
+def _with_template(tiny_model: Path, folder: Path, template: str) -> Path:
+    import shutil
+
+    shutil.copytree(tiny_model, folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
+    for extra in ("chat_template.jinja", "chat_template.json"):
+        (folder / extra).unlink(missing_ok=True)
+    return folder
+
+
+def test_two_users_in_a_row_are_refused_where_the_models_template_forbids_it(tmp_path: Path, tiny_model: Path) -> None:
+    from jobs.submit import dataset_problems
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
+    rows.insert(1, {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                                 {"role": "assistant", "content": "c"}]})
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    strict = _with_template(tiny_model, tmp_path / "strict", STRICT_TEMPLATE)
+    (problem,) = dataset_problems(JobSpec(model=str(strict), dataset=str(data), max_steps=1))
+    assert problem.field == "dataset" and "rows 2 " in problem.problem and "must alternate" in problem.problem
+    assert "merge consecutive turns" in problem.fix
+    # The tiny model's own (ChatML-like) template accepts the row: a warning only, nothing refused.
+    assert dataset_problems(JobSpec(model=str(tiny_model), dataset=str(data), max_steps=1)) == []
+    assert any("in a row" in w for w in check_dataset(str(data), Trainer.SFT).warnings)

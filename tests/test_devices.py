@@ -129,3 +129,28 @@ def test_an_older_database_gains_the_event_device_and_sweep_tables(data_home: Pa
         assert DeviceFacts.from_dict(store.published_devices()[0]["facts"]) == H200
     finally:
         store.dispose()
+
+
+def test_gpu_panel_draws_each_workers_device_apart(store: Store) -> None:
+    """Two workers on two hosts, both on their GPU 0: each one's graph has only its own samples."""
+    import time
+
+    from app.ui_gpu import device_choices, gpu_frames
+    from storage.store import MemoryPoint
+
+    publish_live(store, "gpu-box:1", H200)
+    publish_live(store, "old-box:2", T4)
+    now = time.time()
+    gib = 1024 ** 3
+    store.add_memory_samples(
+        [MemoryPoint(time=now - 30 + i, source="nvml", device_index=0, worker_id="gpu-box:1", used_bytes=80 * gib,
+                     total_bytes=H200.total_bytes) for i in range(10)]
+        + [MemoryPoint(time=now - 30 + i, source="nvml", device_index=0, worker_id="old-box:2", used_bytes=5 * gib,
+                       total_bytes=T4.total_bytes) for i in range(10)])
+    choices = device_choices(store)
+    assert [worker for _, worker in choices] == ["gpu-box:1", "old-box:2"]  # the largest GPU first
+    assert "NVIDIA H200" in choices[0][0] and "Tesla T4" in choices[1][0]
+    big, small, both = (gpu_frames(store, now=now, worker_id=w)[0] for w in ("gpu-box:1", "old-box:2", None))
+    assert not big.empty and not small.empty
+    assert set(big["GiB"]) == {80.0} and set(small["GiB"]) == {5.0}  # no T4 sample in the H200's graph, nor back
+    assert set(both["GiB"]) == {5.0, 80.0}  # without a choice: every sample (a single worker, or older rows)

@@ -127,8 +127,8 @@ BOUNDS = [
     ("adapter_len", 0, "use a value >= 1 and <= 1024"),
     ("adapter_layers", 1025, "use a value >= 1 and <= 1024"),
     ("oft_block_size", 0, "use a value >= 1 and <= 4096"),
-    ("beta", 0.0, "use a value > 0 and <= 10"),
-    ("beta", 11.0, "use a value > 0 and <= 10"),
+    ("beta", -0.1, "use a value >= 0 and <= 10"),
+    ("beta", 11.0, "use a value >= 0 and <= 10"),
     ("per_device_train_batch_size", 0, "use a value >= 1 and <= 4096"),
     ("gradient_accumulation_steps", 5000, "use a value >= 1 and <= 4096"),
     ("max_length", 7, "use a value >= 8 and <= 131072"),
@@ -152,6 +152,12 @@ BOUNDS = [
     ("undesirable_weight", 101.0, "use a value > 0 and <= 100"),
     ("sample_count", 21, "use a value >= 0 and <= 20"),
     ("sample_new_tokens", 0, "use a value >= 1 and <= 1024"),
+    ("reward_model_run", 0, "use a value >= 1"),
+    ("reward_model_weight", 101.0, "use a value >= -100 and <= 100"),
+    ("reward_function_weight", -101.0, "use a value >= -100 and <= 100"),
+    ("num_generations", 1, "use a value >= 2 and <= 64"),
+    ("max_completion_length", 0, "use a value >= 1 and <= 8192"),
+    ("temperature", 0.0, "use a value > 0 and <= 2"),
 ]
 
 

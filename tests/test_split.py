@@ -6,9 +6,11 @@ device lease, so four queued runs go two at a time, never two on one device.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -47,6 +49,10 @@ def test_dashboard_two_workers_postgresql_four_runs(store: Store, data_home: Pat
         page = training_helpers.wait_for(lambda: _get(f"http://127.0.0.1:{port}/"), timeout=120, interval=1.0,
                                          what="the dashboard answering")
         assert "tunedeck" in page.lower()
+        for i in ids:  # the dashboard, a process apart from the workers that wrote them, serves every bundle
+            recorded = [a for a in store.artifacts(i) if a.kind == "bundle"][-1]
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/gradio_api/file={recorded.path}", timeout=30).read()
+            assert hashlib.sha256(body).hexdigest() == recorded.sha256, i
     finally:
         for proc in procs.values():
             stop_server(proc)
@@ -60,8 +66,18 @@ def test_dashboard_two_workers_postgresql_four_runs(store: Store, data_home: Pat
         spans = sorted((r.started_at, r.finished_at) for r in done)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), (device, spans)
     assert set(by_device) == {"cpu-a", "cpu-b"}, "both workers took runs"
-    for r in runs:  # each run's memory samples are its own
-        assert all(p.run_id == r.id for p in store.memory_samples(r.id))
+    for r in runs:  # each run's memory samples are its own, stamped with the worker whose device it ran on
+        samples = store.memory_samples(r.id)
+        assert samples and all(p.run_id == r.id for p in samples)
+        assert {p.worker_id for p in samples} == {r.worker_id}
+    from app.ui_gpu import gpu_frames
+
+    window = time.time() - min(r.created_at for r in runs) + 60
+    for worker, device in device_of.items():  # each device's graph in the GPU panel draws its own samples only
+        own = [p for p in store.memory_samples() if p.worker_id == worker and p.used_bytes is not None]
+        frame = gpu_frames(store, window_s=window, worker_id=worker)[0]
+        assert own and not frame.empty, device
+        assert frame["GiB"].max() == pytest.approx(max(p.used_bytes for p in own) / 1024 ** 3), device
 
 
 def _get(url: str) -> str | None:

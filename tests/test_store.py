@@ -363,8 +363,11 @@ def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
     with store._tx() as s:
         s.execute(text("UPDATE meta SET value = '3' WHERE key = 'schema_version'"))
         s.execute(text("ALTER TABLE runs DROP COLUMN note"))  # added by schema 6
+        s.execute(text("ALTER TABLE memory_samples DROP COLUMN worker_id"))  # added by schema 8
     again = Store(store.url)
     assert again.schema_version == m.SCHEMA_VERSION
+    again.add_memory_samples([MemoryPoint(time=1.0, source="host", run_id=run_id, used_bytes=1, worker_id="h:1")])
+    assert [p.worker_id for p in again.memory_samples(run_id)] == ["h:1"]
     again.add_metrics(run_id, [MetricPoint(2, "loss", 2.0, 2.0)])
     assert [p.step for p in again.metrics(run_id)] == [1, 2]
     if backend == "postgresql":

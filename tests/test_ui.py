@@ -108,3 +108,47 @@ def test_method_choice_shows_each_methods_description_and_budget_survives_new_me
     values = dict(zip(ui_form.NAMES, ui_form.form_values(JobSpec(method="lokr"))))
     text = ui_form.budget_text(*[values[n] for n in ui_form.NAMES])
     assert "effective batch size" in text
+
+
+def test_eta_of_a_resumed_run_uses_the_whole_runs_step_time(store, tiny_model):
+    """Resumed at step 50 of 100, 10 s into the new attempt, with 2 s steps measured before the
+    resume: 50 steps left take ~100 s, not the 10 s that 10 s over 50 steps would claim."""
+    import time
+    from dataclasses import replace
+
+    import training_helpers
+    from app.ui_run import eta_text
+    from jobs import figures
+    from storage.models import RunStatus
+
+    rid = store.create_run(training_helpers.tiny_spec(tiny_model))
+    store.add_metrics(rid, [MetricPoint(step, "step_time", 2.0, float(step)) for step in range(5, 55, 5)])
+    now = time.time()
+    run = replace(store.get_run(rid), status=RunStatus.RUNNING, started_at=now - 10.0, current_step=50,
+                  total_steps=100)
+    measured = figures.run_figures(store, run)
+    assert measured.step_time == pytest.approx(2.0)
+    assert eta_text(run, now=now, step_time=measured.step_time) == " · ETA 1m 40s"
+    assert eta_text(run, now=now) == " · ETA 0m 10s"  # no measured step time yet: this attempt's rate
+    assert eta_text(replace(run, status=RunStatus.SUCCEEDED), now=now, step_time=2.0) == ""
+
+
+def test_a_bundle_written_under_another_mount_is_explained_not_hidden(store, tiny_model, tmp_path):
+    """Many hosts: a worker whose data folder was mounted elsewhere recorded a path this dashboard
+    cannot serve. The run page says so and how to fix it, instead of silently showing no download."""
+    import training_helpers
+    from app.ui_run import bundle_path, unreachable_files_note
+
+    rid = store.create_run(training_helpers.tiny_spec(tiny_model))
+    elsewhere = tmp_path / "other-mount" / "run.zip"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"zip")
+    store.add_artifact(rid, "bundle", str(elsewhere), 3, "0" * 64)
+    assert bundle_path(store, rid) is None
+    note = unreachable_files_note(store, rid)
+    assert str(elsewhere) in note and "not inside this dashboard's data folder" in note and "same path" in note
+    inside = store.run_dir(rid) / "gone.zip"  # recorded inside the data folder, but not on this host's disk
+    store.add_artifact(rid, "bundle", str(inside), 3, "0" * 64)
+    assert "is missing on this host" in unreachable_files_note(store, rid)
+    inside.write_bytes(b"zip")
+    assert unreachable_files_note(store, rid) == "" and bundle_path(store, rid) == inside.resolve()

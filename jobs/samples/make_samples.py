@@ -11,7 +11,9 @@ Eval rows use topics that never appear in train, so the eval split measures gene
 Files: chat-format.{train,eval}.jsonl (SFT `messages` rows),
 preference-format.{train,eval}.jsonl (DPO `prompt`/`chosen`/`rejected` plain strings) and
 kto-format.{train,eval}.jsonl (KTO unpaired `prompt`/`completion`/`label` rows: two thirds
-desirable answers in the format, one third undesirable free prose, never both for one question).
+desirable answers in the format, one third undesirable free prose, never both for one question) and
+prompt-format.{train,eval}.jsonl (GRPO prompt-only rows, chat `prompt` messages with the same kind of
+questions: the rewards, e.g. a reward model trained on preference-format, judge the generated answers).
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def unpaired_rows(pairs: list[tuple[str, str]], rng: random.Random) -> list[dict
     return rows
 
 
+def prompt_rows(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """GRPO rows: the question only, as one user turn; the trainer samples the answers."""
+    return [{"prompt": [{"role": "user", "content": q}]} for _t, q in pairs]
+
+
 def build() -> dict[str, list[dict[str, Any]]]:
     """Every sample file's rows, keyed by file name."""
     rng = random.Random(SEED)
@@ -114,6 +121,9 @@ def build() -> dict[str, list[dict[str, Any]]]:
     kto_rng = random.Random(SEED + 1)  # its own stream: the files above stay byte-identical
     kto_train = _questions(TRAIN_TOPICS, 4, kto_rng)[:210]  # 210 (140 desirable, 70 undesirable)
     kto_eval = _questions(EVAL_TOPICS, 2, kto_rng)[:30]     # 30
+    grpo_rng = random.Random(SEED + 2)
+    grpo_train = _questions(TRAIN_TOPICS, 2, grpo_rng)     # 120
+    grpo_eval = _questions(EVAL_TOPICS, 1, grpo_rng)       # 20
     return {
         "chat-format.train.jsonl": chat_rows(chat_train),
         "chat-format.eval.jsonl": chat_rows(chat_eval),
@@ -121,6 +131,8 @@ def build() -> dict[str, list[dict[str, Any]]]:
         "preference-format.eval.jsonl": preference_rows(pref_eval, rng),
         "kto-format.train.jsonl": unpaired_rows(kto_train, kto_rng),
         "kto-format.eval.jsonl": unpaired_rows(kto_eval, kto_rng),
+        "prompt-format.train.jsonl": prompt_rows(grpo_train),
+        "prompt-format.eval.jsonl": prompt_rows(grpo_eval),
     }
 
 

@@ -1,0 +1,104 @@
+"""The generation process: holds one run's model pair and answers requests, until idle for too long.
+
+Started by `jobs.chat_process.ChatProcess` as `python -m jobs.chat_child IDLE_SECONDS`, it reads
+one JSON request per line on stdin and writes JSON events, one per line, on stdout:
+
+    {"op": "load", "result": {...RunResult...}}      -> {"event": "loaded", "run_id": 3, "device": "cpu"}
+    {"op": "generate", "which": "run", "prompt": "Hi", "system": "", "sampling": {...}}
+        -> {"event": "piece", "text": "He"} ... {"event": "done", "answer": "Hello"}
+    any failure                                      -> {"event": "error", "problems": [[field, problem, fix], ...]}
+
+A `load` of another run replaces the pair held (one pair at a time, its memory freed first).
+With no request for IDLE_SECONDS it exits (code 0), so the memory it held is freed; the parent
+starts a fresh one on the next request. Logs go to stderr (a file the parent names).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import select
+import sys
+import time
+import traceback
+from typing import Any, TextIO
+
+log = logging.getLogger("jobs.chat_child")
+
+
+def _send(out: TextIO, **event: Any) -> None:
+    out.write(json.dumps(event) + "\n")
+    out.flush()
+
+
+def _error(out: TextIO, exc: BaseException) -> None:
+    problems = getattr(exc, "problems", None)
+    if isinstance(problems, list) and problems:
+        rows = [[p.field, p.problem, p.fix] for p in problems]
+    else:
+        log.error("request failed:\n%s", traceback.format_exc())
+        rows = [["chat", f"generation failed: {type(exc).__name__}: {exc}", "see the chat process log; try again"]]
+    _send(out, event="error", problems=rows)
+
+
+def _free(pair: Any) -> None:
+    del pair
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - freeing is best effort
+        pass
+
+
+def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    """Answer requests until stdin closes or nothing arrives for `idle_seconds`."""
+    from jobs.generate import RunResult, Sampling, load
+
+    pair = None
+    while True:
+        ready, _, _ = select.select([stdin], [], [], idle_seconds)
+        if not ready:
+            log.info("idle for %.0f s: exiting to free the model's memory", idle_seconds)
+            return 0
+        line = stdin.readline()
+        if not line:
+            return 0
+        try:
+            request = json.loads(line)
+            if request.get("op") == "load":
+                result = RunResult.from_dict(request["result"])
+                if pair is None or pair.result != result:
+                    if pair is not None:
+                        _free(pair)
+                        pair = None
+                    started = time.monotonic()
+                    pair = load(result)
+                    log.info("loaded run %s on %s in %.1f s", result.run_id, pair.device, time.monotonic() - started)
+                _send(stdout, event="loaded", run_id=result.run_id, device=str(pair.device))
+            elif request.get("op") == "generate":
+                if pair is None:
+                    raise RuntimeError("no run loaded")
+                sampling = Sampling.from_dict(request.get("sampling") or {})
+                pieces = []
+                for piece in pair.stream(request["which"], request["prompt"], request.get("system") or "", sampling):
+                    pieces.append(piece)
+                    _send(stdout, event="piece", text=piece)
+                _send(stdout, event="done", answer="".join(pieces))
+            else:
+                raise RuntimeError(f"unknown request {request.get('op')!r}")
+        except Exception as exc:  # noqa: BLE001 - reported to the parent; the process keeps serving
+            _error(stdout, exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(float(args[0]) if args else 300.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

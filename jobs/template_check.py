@@ -1,0 +1,78 @@
+"""Does the model's own chat template accept the conversations? Checked before queueing.
+
+The data check (jobs.data_rows) only sees the rows: two user (or two assistant) turns in a row are
+fine for most chat templates (ChatML, SmolLM2, Qwen) and refused by strict ones (Llama 2, Mistral:
+"Conversation roles must alternate user/assistant/user/assistant/..."), which would only fail when
+training starts. When the model's tokenizer files are on disk (a local folder, the Hugging Face
+cache, or a built-in model already converted), the rows the data check kept aside are rendered
+with the model's template here, and the rows it refuses become a problem naming them.
+
+    problem = template_refusal("mistralai/Mistral-7B-Instruct-v0.3", "dataset", info.repeated_turns)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from jobs.spec import Problem
+
+log = logging.getLogger(__name__)
+
+
+def tokenizer_folder(model: str) -> Path | None:
+    """The folder holding the model's tokenizer files, when they are on this machine (never downloads)."""
+    from jobs.models import BUILTIN_MODELS
+
+    ref = (model or "").strip()
+    if ref in BUILTIN_MODELS:
+        from storage.settings import models_dir
+
+        folder = models_dir() / ref
+        return folder if (folder / "tokenizer_config.json").is_file() else None
+    folder = Path(ref).expanduser()
+    if folder.is_dir():
+        return folder if (folder / "tokenizer_config.json").is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(ref, "tokenizer_config.json")
+    except Exception:  # not a repo id, no cache: unknown
+        return None
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def template_refusal(model: str, field: str, rows: list[tuple[int, list[dict[str, Any]]]],
+                     trust_remote_code: bool = False) -> Problem | None:
+    """A problem naming the rows the model's chat template refuses; None when it accepts them or is unknown."""
+    if not rows:
+        return None
+    folder = tokenizer_folder(model)
+    if folder is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                  trust_remote_code=trust_remote_code)
+    except Exception as exc:  # the model check reports unreadable tokenizers; here it only means "unknown"
+        log.info("chat template check skipped: the tokenizer in %s did not load (%s)", folder, exc)
+        return None
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    refused: list[int] = []
+    reason = ""
+    for number, conversation in rows:
+        try:
+            tokenizer.apply_chat_template(conversation, tokenize=False)
+        except Exception as exc:  # jinja2's TemplateError from the template's raise_exception, or similar
+            refused.append(number)
+            reason = reason or str(exc).strip().splitlines()[0][:200]
+    if not refused:
+        return None
+    where = ", ".join(map(str, refused))
+    return Problem(field, f"rows {where} have two turns of one role in a row, which {model}'s chat template refuses "
+                          f"({reason})",
+                   "merge consecutive turns of the same role into one turn (or drop those rows), or pick a model "
+                   "whose chat template accepts them")

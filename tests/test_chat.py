@@ -1,0 +1,276 @@
+"""Chat with a finished run beside its base: the engine, the generation process, the CLI, the tab's handler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chat_helpers import PROMPT, TAUGHT, train_tag_runs
+from jobs.chat_process import ChatProcess, choose_device
+from jobs.devices import DeviceFacts
+from jobs.generate import ChatError, Sampling, load, locate
+from training_helpers import greedy_answer, tiny_spec, wait_for
+
+pytestmark = pytest.mark.integration
+
+SHORT = Sampling(max_new_tokens=16)
+GPU = DeviceFacts(kind="cuda", name="Fake GPU", total_bytes=80 * 1024 ** 3, compute_capability="9.0", bf16=True,
+                  index=0)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
+    """One data folder for the module: a LoRA run taught the "[tag]" format, a prompt-tuning run, a full one."""
+    from storage.store import Store
+
+    folder = tmp_path_factory.mktemp("chat-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEDECK_HOME", str(folder))
+        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        mp.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
+        store = Store()
+        ids = train_tag_runs(store, tiny_model, ("lora", "prompt_tuning", "full"))
+        yield folder, store, ids
+        store.dispose()
+
+
+@pytest.fixture(scope="module")
+def lora_pair(home):
+    _, store, ids = home
+    return load(locate(store, ids["lora"]), "cpu")
+
+
+def test_run_answers_in_the_taught_format_and_the_base_does_not(home, lora_pair, tiny_model: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run = lora_pair.answer("run", PROMPT, sampling=SHORT)
+    base = lora_pair.answer("base", PROMPT, sampling=SHORT)
+    assert TAUGHT in run and TAUGHT not in base and run != base
+    # Greedy by default: asked again, the same answers.
+    assert lora_pair.answer("run", PROMPT, sampling=SHORT) == run
+    assert lora_pair.answer("base", PROMPT, sampling=SHORT) == base
+    # "base" is the untouched base model (the adapter switched off), not something in between.
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
+    assert greedy_answer(plain, lora_pair.tokenizer, PROMPT, 16) == base.strip()
+
+
+def test_streamed_pieces_join_to_the_whole_answer(lora_pair) -> None:
+    for which in ("base", "run"):
+        pieces = list(lora_pair.stream(which, PROMPT, sampling=SHORT))
+        assert len(pieces) > 1, pieces  # streamed, not one block at the end
+        assert "".join(pieces) == lora_pair.answer(which, PROMPT, sampling=SHORT)
+
+
+def test_system_prompt_goes_through_the_chat_template(lora_pair) -> None:
+    ids = lora_pair.inputs(PROMPT, system="Answer like a pirate.")["input_ids"][0].tolist()
+    text = lora_pair.tokenizer.decode(ids)
+    assert "Answer like a pirate." in text and text.index("Answer like a pirate.") < text.index(PROMPT)
+    assert lora_pair.tokenizer.decode(lora_pair.inputs(PROMPT)["input_ids"][0]).count("system") == 0
+
+
+def test_sampling_is_reproducible_with_its_seed_and_checked(lora_pair) -> None:
+    hot = Sampling(temperature=1.5, top_p=0.95, max_new_tokens=16, seed=7)
+    assert lora_pair.answer("base", PROMPT, sampling=hot) == lora_pair.answer("base", PROMPT, sampling=hot)
+    assert Sampling().generate_kwargs()["do_sample"] is False and hot.generate_kwargs()["do_sample"] is True
+    with pytest.raises(ChatError) as err:
+        Sampling(temperature=-1, top_p=0, max_new_tokens=0).checked()
+    assert {p.field for p in err.value.problems} == {"temperature", "top_p", "max_new_tokens"}
+
+
+def test_prompt_tuning_and_full_runs_answer_beside_the_same_base(home, lora_pair) -> None:
+    import torch
+
+    _, store, ids = home
+    base = lora_pair.answer("base", PROMPT, sampling=SHORT)
+    for method in ("prompt_tuning", "full"):
+        pair = load(locate(store, ids[method]), "cpu")
+        assert pair.answer("base", PROMPT, sampling=SHORT) == base, method
+        # The run's model is the trained one: its next-token scores differ from the base's.
+        inputs = pair.inputs(PROMPT)
+        with torch.no_grad():
+            tuned = pair.tuned(**inputs).logits[0, -1]
+            plain = lora_pair.tuned.get_base_model()
+            with lora_pair.tuned.disable_adapter():
+                untouched = plain(**inputs).logits[0, -1]
+        assert not torch.allclose(tuned, untouched), method
+
+
+def test_runs_that_cannot_answer_are_refused_with_the_fix(home, tiny_model: Path) -> None:
+    _, store, _ = home
+    queued = store.create_run(tiny_spec(tiny_model, run_name="still-queued"))
+    reward = store.create_run(tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format"))
+    cases = {999: "does not exist", queued: "is queued"}
+    for run_id, words in cases.items():
+        with pytest.raises(ChatError) as err:
+            locate(store, run_id)
+        assert words in str(err.value) and "tunedeck runs --status succeeded" in str(err.value)
+    # A "succeeded" run without its result folder, and a reward model (claimed and finished by hand).
+    for run_id in (queued, reward):
+        assert store.claim_next_on_device("test-worker", f"fake-{run_id}") is not None
+        store.mark_succeeded(run_id, {})
+    with pytest.raises(ChatError, match="no saved adapter folder"):
+        locate(store, queued)
+    with pytest.raises(ChatError, match="reward model"):
+        locate(store, reward)
+
+
+def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
+    monkeypatch.delenv("TUNEDECK_DEVICE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run_id = store.create_run(tiny_spec(tiny_model, run_name="training-now"))
+    assert store.claim_next_on_device("w1", "0", host="gpu-box") is not None  # run is training on GPU 0
+    with pytest.raises(ChatError) as err:
+        choose_device(store, GPU, host="gpu-box")
+    text = str(err.value)
+    assert f"GPU 0 is training run {run_id} (training-now)" in text and f"tunedeck cancel {run_id}" in text
+    assert "TUNEDECK_CHAT_DEVICE" in text
+    # Another GPU, the CPU on request, or a machine without a GPU: answered there.
+    monkeypatch.setenv("TUNEDECK_CHAT_DEVICE", "1")
+    assert choose_device(store, GPU, host="gpu-box") == "1"
+    monkeypatch.setenv("TUNEDECK_CHAT_DEVICE", "cpu")
+    assert choose_device(store, GPU, host="gpu-box") == "cpu"
+    monkeypatch.delenv("TUNEDECK_CHAT_DEVICE")
+    assert choose_device(store, DeviceFacts(kind="cpu", name="cpu", total_bytes=1), host="gpu-box") == "cpu"
+    # Without a device setting, CUDA_VISIBLE_DEVICES names it as it names the worker's ("" hides the GPUs).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert choose_device(store, GPU, host="gpu-box") == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(ChatError, match=f"GPU 0 is training run {run_id}"):
+        choose_device(store, GPU, host="gpu-box")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    # The process manager refuses before starting anything.
+    chat = ChatProcess(store, facts=GPU, host="gpu-box")
+    with pytest.raises(ChatError, match="GPU 0 is training run"):
+        chat.answer(run_id, "run", PROMPT)
+    assert not chat.alive()
+    # Once the run's worker releases the GPU, the device check passes.
+    store.release_device("0", "w1", host="gpu-box")
+    assert choose_device(store, GPU, host="gpu-box") == "0"
+
+
+@pytest.mark.slow
+def test_generation_process_answers_switches_runs_and_exits_when_idle(home, lora_pair) -> None:
+    _, store, ids = home
+    other = load(locate(store, ids["full"]), "cpu").answer("run", PROMPT, sampling=SHORT)
+    chat = ChatProcess(store, idle_s=1.0)
+    try:
+        pieces = list(chat.stream(ids["lora"], "run", PROMPT, sampling=SHORT))
+        assert "".join(pieces) == lora_pair.answer("run", PROMPT, sampling=SHORT) and len(pieces) > 1
+        assert chat.answer(ids["lora"], "base", PROMPT, sampling=SHORT) == lora_pair.answer("base", PROMPT,
+                                                                                               sampling=SHORT)
+        # Another run: the same process loads it instead.
+        pid = chat.pid
+        assert chat.answer(ids["full"], "run", PROMPT, sampling=SHORT) == other and chat.pid == pid
+        # Idle for 1 s: it exits by itself (code 0), freeing its memory; the next question starts a fresh one.
+        proc = chat._proc
+        wait_for(lambda: not chat.alive(), timeout=60, what="the idle generation process to exit")
+        assert proc.returncode == 0
+        assert chat.answer(ids["lora"], "run", PROMPT, sampling=SHORT) == "".join(pieces)
+        assert chat.pid not in (None, pid)
+    finally:
+        chat.close()
+
+
+@pytest.mark.slow
+def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -> None:
+    from app.cli import main
+
+    folder, _, ids = home
+    run_answer = lora_pair.answer("run", PROMPT, sampling=Sampling(max_new_tokens=12))
+    base_answer = lora_pair.answer("base", PROMPT, sampling=Sampling(max_new_tokens=12))
+    assert main(["generate", str(ids["lora"]), PROMPT, "--max-new-tokens", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["run"] == ids["lora"] and out["model"] == "run" and out["prompt"] == PROMPT
+    assert out["answer"] == run_answer
+    assert main(["generate", str(ids["lora"]), PROMPT, "--max-new-tokens", "12", "--base"]) == 0
+    assert capsys.readouterr().out == base_answer + "\n"
+    # Bad ids and unfinished runs: the problem and the fix, exit code 2.
+    assert main(["generate", "999", PROMPT]) == 2
+    assert "run 999 does not exist" in capsys.readouterr().err
+    # chat: prompts on stdin, answers streamed to stdout; /exit ends before the last line.
+    env = {**os.environ, "TUNEDECK_HOME": str(folder)}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "chat", str(ids["lora"]), "--max-new-tokens", "12"],
+                          input=f"{PROMPT}\n\n{PROMPT}\n/exit\nnot asked\n", capture_output=True, text=True, env=env,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == f"{run_answer}\n{run_answer}\n"
+
+
+@pytest.mark.slow
+def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_pair, tiny_model: Path) -> None:
+    from app.ui_chat import ask, policy_problem
+    from jobs.access import AccessPolicy
+
+    _, store, ids = home
+    chat = ChatProcess(store, idle_s=30)
+    try:
+        steps = list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, PROMPT))
+        status, base, run = steps[-1]
+        assert status.startswith("Done") and base == lora_pair.answer("base", PROMPT, sampling=SHORT)
+        assert run == lora_pair.answer("run", PROMPT, sampling=SHORT) and TAUGHT in run
+        assert len(steps) > 4  # partial answers were shown on the way
+        # A run without a result: the message names it and the fix.
+        status, _, _ = list(ask(store, chat, None, 999, "", 0.0, 1.0, 16, PROMPT))[-1]
+        assert "run 999 does not exist" in status and "Fix" in status
+        assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, "  "))[-1][0] == "Write a prompt first."
+        # A result that does not load: the message names the run and the reason; the process keeps serving.
+        broken = _broken_copy(store, ids["lora"], tiny_model)
+        status, _, _ = list(ask(store, chat, None, broken, "", 0.0, 1.0, 16, PROMPT))[-1]
+        assert f"run {broken}'s model failed to load" in status and "Fix" in status
+        assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, PROMPT))[-1][2] == run
+    finally:
+        chat.close()
+    # Remote code needs the shared server's permission, as for training.
+    remote = store.create_run(tiny_spec(tiny_model, trust_remote_code=True))
+    shared = AccessPolicy(restricted=True, allow_remote_code=False)
+    assert "trust_remote_code" in policy_problem(store, remote, shared).problem
+    assert policy_problem(store, remote, AccessPolicy.open()) is None
+
+
+def _broken_copy(store, run_id: int, model: Path) -> int:
+    """A succeeded run whose adapter folder is a copy of `run_id`'s with its weights file damaged."""
+    import shutil
+
+    source = next(Path(a.path) for a in store.artifacts(run_id) if a.kind == "adapter")
+    broken = store.create_run(tiny_spec(model, run_name="broken"))
+    folder = store.run_dir(broken) / "bundle"
+    shutil.copytree(source, folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    assert store.claim_next_on_device("test-worker", "fake-broken") is not None
+    store.mark_succeeded(broken, {})
+    store.add_artifact(broken, "adapter", str(folder), 1, "0" * 64)
+    return broken
+
+
+def test_no_finished_runs_message(store) -> None:
+    from app.ui_chat import NO_RUNS, ask, run_choices
+
+    assert run_choices(store) == []
+    assert list(ask(store, ChatProcess(store), None, None, "", 0.0, 1.0, 16, PROMPT)) == [(NO_RUNS, "", "")]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_answers_come_from_the_gpu_and_a_training_run_keeps_it(home, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _, store, ids = home
+    pair = load(locate(store, ids["lora"]))
+    assert pair.device.type == "cuda" and TAUGHT in pair.answer("run", PROMPT, sampling=SHORT)
+    monkeypatch.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
+    monkeypatch.setenv("TUNEDECK_DEVICE", "0")
+    assert choose_device(store) == "0"  # this machine's real device facts
+    holder = store.create_run(tiny_spec(Path(locate(store, ids["lora"]).base), run_name="holder"))
+    assert store.claim_next_on_device("gpu-test", "0") is not None
+    with pytest.raises(ChatError, match=f"GPU 0 is training run {holder}"):
+        ChatProcess(store).answer(ids["lora"], "run", PROMPT, sampling=SHORT)
+    store.release_device("0", "gpu-test")
+    store.mark_cancelled(holder)

@@ -1,0 +1,205 @@
+"""`tunedeck export RUN_ID --gguf f16|q8_0`: GGUF files written, loaded back and checked, recorded, served."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs.artifacts import sha256_of
+from jobs.export import CHECK_PROMPTS, ExportError
+from jobs.gguf_export import TOKENIZER_TEXTS, export_gguf
+from jobs.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
+from storage.models import RunStatus
+from training_helpers import tiny_spec
+
+pytestmark = pytest.mark.integration
+
+
+def _tiny_variant(tiny_model: Path, dest: Path, config_class: str, **extra) -> Path:
+    """A random-weight model of another architecture with the tiny model's tokenizer."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    config = getattr(transformers, config_class)(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **extra)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = (tokenizer.bos_token_id, tokenizer.eos_token_id,
+                                                                     tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(str(dest))
+    tokenizer.save_pretrained(str(dest))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One store with finished runs, trained once for the module: LoRA and full on the tiny Llama, LoRA on a
+    tiny Mistral (an architecture the GGUF writer refuses)."""
+    from jobs.worker import Worker
+    from storage.store import Store
+
+    home = tmp_path_factory.mktemp("gguf-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TUNEDECK_HOME", str(home))
+        patch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        store = Store()
+        mistral = _tiny_variant(tiny_model, home / "tiny-mistral", "MistralConfig")
+        ids = {"lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
+               "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
+               "mistral": store.create_run(tiny_spec(mistral, max_steps=1))}
+        Worker(store, poll_interval=0.1).work(burst=True)
+        for name, run_id in ids.items():
+            assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
+        yield store, ids, home
+        store.dispose()
+
+
+@pytest.fixture
+def runs(trained, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """The trained runs' ids, with this test's environment pointing at their data directory."""
+    monkeypatch.setenv("TUNEDECK_HOME", str(trained[2]))
+    monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+    return trained[1]
+
+
+@pytest.fixture
+def tstore(trained):
+    return trained[0]
+
+
+def test_f16_and_q8_0_load_back_and_answer_like_the_merged_model(tstore, runs: dict[str, int]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from app.server import bundle_files
+
+    f16 = export_gguf(tstore, runs["lora"], "f16")
+    q8 = export_gguf(tstore, runs["lora"], "q8_0")
+    # f16: the same greedy answers as the merged model; q8_0: measured, above its threshold.
+    assert f16.check.passed and f16.check.source_answers == f16.check.gguf_answers
+    assert f16.check.token_agreement == 1.0 and len(f16.check.prompts) == len(CHECK_PROMPTS)
+    assert q8.check.passed and q8.check.forced_agreement >= 0.95 and "next-token agreement" in q8.check.rule
+    assert not f16.check.tokenizer_mismatches and f16.check.chat_template_equal
+    # Built on the merged export (made on the way), written under the run's folder, q8_0 smaller.
+    merged = [a for a in tstore.artifacts(runs["lora"]) if a.kind == "merged"]
+    assert merged and f16.source == Path(merged[-1].path) == q8.source
+    assert f16.path.name.endswith("-f16.gguf") and q8.path.name.endswith("-q8_0.gguf")
+    assert f16.path.parent == tstore.run_dir(runs["lora"]) / "gguf"
+    assert q8.path.stat().st_size < 0.7 * f16.path.stat().st_size
+    assert not list(f16.path.parent.glob(".*partial*"))
+    # Recorded with their sha256, served by the dashboard; the check beside each file and in the card.
+    recorded = {Path(a.path).name: a.sha256 for a in tstore.artifacts(runs["lora"]) if a.kind == "gguf"}
+    assert recorded == {f16.path.name: sha256_of(f16.path), q8.path.name: sha256_of(q8.path)}
+    assert {str(f16.path.resolve()), str(q8.path.resolve())} <= set(bundle_files(tstore))
+    saved = json.loads(f16.path.with_name(f16.path.name.replace(".gguf", ".check.json")).read_text())
+    assert saved["passed"] is True and saved["gguf_type"] == "f16"
+    card = (f16.path.parent / "README.md").read_text()
+    assert f16.path.name in card and q8.path.name in card and "transformers' GGUF loader" in card
+    # Independently: the file's tokenizer gives the run's ids, its model the merged model's logits.
+    import torch
+
+    run_tok = AutoTokenizer.from_pretrained(str(f16.source))
+    gguf_tok = AutoTokenizer.from_pretrained(str(f16.path.parent), gguf_file=f16.path.name)
+    for text in TOKENIZER_TEXTS:
+        assert gguf_tok(text)["input_ids"] == run_tok(text)["input_ids"], text
+    reference = AutoModelForCausalLM.from_pretrained(str(f16.source), dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(str(f16.path.parent), gguf_file=f16.path.name,
+                                                  dtype=torch.float32).eval()
+    ids = run_tok(CHECK_PROMPTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(reference(ids).logits, loaded(ids).logits, atol=1e-2)
+
+
+def test_full_fine_tune_is_written_from_its_model_folder(tstore, runs: dict[str, int]) -> None:
+    result = export_gguf(tstore, runs["full"], "f16")
+    model_dir = next(Path(a.path) for a in tstore.artifacts(runs["full"]) if a.kind == "model")
+    assert result.check.passed and result.source == model_dir
+    assert not [a for a in tstore.artifacts(runs["full"]) if a.kind == "merged"]
+
+
+def test_unsupported_architecture_is_refused_naming_it_and_the_way_out(tstore, runs: dict[str, int]) -> None:
+    with pytest.raises(ExportError) as err:
+        export_gguf(tstore, runs["mistral"], "f16")
+    problem = err.value.problems[0]
+    assert "'mistral'" in problem.problem and "convert_hf_to_gguf" in problem.fix and "--merged" in problem.fix
+    assert not [a for a in tstore.artifacts(runs["mistral"]) if a.kind == "gguf"]
+    assert not list((tstore.run_dir(runs["mistral"]) / "gguf").glob("*.gguf"))
+
+
+def test_a_failed_round_trip_deletes_the_file_and_records_nothing(tstore, runs: dict[str, int],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobs.gguf_export
+
+    folder = tstore.run_dir(runs["lora"]) / "gguf"
+
+    def state() -> tuple[set, list]:  # the files (with their hashes) and the recorded artifacts
+        files = {(p.name, sha256_of(p)) for p in folder.glob("*")} if folder.is_dir() else set()
+        return files, [(a.path, a.sha256) for a in tstore.artifacts(runs["lora"]) if a.kind == "gguf"]
+
+    before = state()
+    monkeypatch.setattr(jobs.gguf_export, "Q8_0_FORCED_AGREEMENT", 1.01)  # unreachable: the check must fail
+    with pytest.raises(ExportError) as err:
+        export_gguf(tstore, runs["lora"], "q8_0")
+    assert "file was deleted" in str(err.value) and "next-token agreement" in str(err.value)
+    assert state() == before  # nothing new on disk (an earlier good export stays as it was), nothing recorded
+
+
+def test_cli_export_gguf(tstore, runs: dict[str, int], capsys: pytest.CaptureFixture) -> None:
+    from app.cli import main
+
+    assert main(["export", str(runs["lora"]), "--gguf", "f16", "q8_0"]) == 0
+    out = capsys.readouterr().out
+    assert "f16 GGUF" in out and "q8_0 GGUF" in out and out.count("sha256") == 2
+    assert "greedy answers equal" in out and "next-token agreement on the source's answers >= 95%" in out
+    assert main(["export", str(runs["mistral"]), "--gguf", "f16"]) == 2
+    assert "convert_hf_to_gguf" in capsys.readouterr().err
+
+
+def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    qwen = _tiny_variant(tiny_model, tmp_path / "tiny-qwen2", "Qwen2Config")
+    write_gguf(qwen, tmp_path / "q.gguf", "f16", "tiny qwen2")
+    reference = AutoModelForCausalLM.from_pretrained(str(qwen), dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q.gguf", dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 20, 30, 40, 50]])
+    with torch.no_grad():
+        assert torch.allclose(reference(ids).logits, loaded(ids).logits, atol=1e-2)
+    assert any(k.endswith("q_proj.bias") for k in loaded.state_dict())  # Qwen2's attention biases came through
+    config = json.loads((qwen / "config.json").read_text())
+    tok = json.loads((qwen / "tokenizer.json").read_text())
+    with pytest.raises(GgufUnsupported, match="'gpt_neox'.*convert_hf_to_gguf"):
+        gguf_plan({**config, "model_type": "gpt_neox"}, tok)
+    with pytest.raises(GgufUnsupported, match="yarn rope scaling"):
+        gguf_plan({**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, tok)
+    with pytest.raises(GgufUnsupported, match="pre-tokenizer"):
+        gguf_plan(config, {**tok, "pre_tokenizer": {"type": "Whitespace"}})
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_smollm2_run_exports_f16_and_q8_0(store, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
+    from jobs.spec import JobSpec
+    from jobs.submit import submit
+    from jobs.worker import Worker
+
+    spec = JobSpec.from_dict({
+        "run_name": "smollm2-gguf", "model": "smollm2-135m-instruct", "dataset": "sample:chat-format",
+        "method": "lora", "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
+        "per_device_train_batch_size": 2, "max_length": 48, "max_steps": 2, "max_train_samples": 8})
+    run_id = submit(store, spec)
+    Worker(store, poll_interval=0.2).work(burst=True)
+    assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_detail
+    for gguf_type in ("f16", "q8_0"):
+        result = export_gguf(store, run_id, gguf_type)
+        assert result.check.passed and not result.check.tokenizer_mismatches, result.check
+        if gguf_type == "f16":
+            assert result.check.source_answers == result.check.gguf_answers
+        assert result.path.stat().st_size > 100 * 2**20
