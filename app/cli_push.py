@@ -33,6 +33,23 @@ def read_token() -> str:
         return ""
 
 
+def bound_hub_timeouts(connect_s: float = 5.0, io_s: float = 120.0) -> None:
+    """huggingface_hub's HTTP client waits forever by default: in this command a hub that stops answering
+    (connects, then stalls) ends the push with an error instead of hanging it."""
+    try:
+        import httpx2
+        from huggingface_hub.utils import _http
+    except ImportError:  # another huggingface_hub: keep its own client
+        return
+
+    def factory():
+        client = _http.default_client_factory()
+        client.timeout = httpx2.Timeout(io_s, connect=connect_s)
+        return client
+
+    _http.set_client_factory(factory)
+
+
 def cmd_push(store, args: argparse.Namespace) -> int:
     from app.cli_input import EXIT_OK
     from jobs.hub_push import check_repo_id, push, push_folder, reachability_problem, endpoint, PushError
@@ -43,6 +60,7 @@ def cmd_push(store, args: argparse.Namespace) -> int:
     if problem:  # say it within seconds, before a token is typed in vain
         raise PushError([Problem("hub", f"{problem}; nothing was uploaded",
                                  "connect to the internet (and unset HF_HUB_OFFLINE), then push again")])
+    bound_hub_timeouts()
     print(f"pushing {folder} to {args.repo} ({'private' if args.private else 'public'})")
     address = push(store, args.run_id, args.repo, read_token(), what=args.what, private=args.private)
     print(f"pushed: {address}")

@@ -258,7 +258,7 @@ def _cell(text: str | None) -> str:
         return "(empty)"
     for ch in "\\`*_[]":
         text = text.replace(ch, "\\" + ch)
-    return html.escape(text).replace("|", "&#124;").replace("\n", "<br>")
+    return html.escape(text, quote=False).replace("|", "&#124;").replace("\n", "<br>")
 
 
 def table_markdown(data: dict[str, Any], result_label: str = "this run") -> str:

@@ -130,3 +130,29 @@ def test_what_to_push_and_where_are_checked_before_any_token(store: Any, finishe
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["push", "999", "--repo", "alice/x"]) == 2
     assert "run 999 does not exist" in capsys.readouterr().err
+
+
+def test_a_hub_that_stops_answering_ends_the_push_with_an_error(finished_run: int, store: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """It accepts the connection and never answers: the command's bounded client gives up (no hang)."""
+    import huggingface_hub.constants
+    from huggingface_hub.utils import _http
+
+    from app.cli_push import bound_hub_timeouts
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    bound_hub_timeouts(connect_s=1.0, io_s=1.0)
+    try:
+        with pytest.raises(PushError, match="failed during the push") as err:
+            push(store, finished_run, "alice/tag-adapter", SECRET)
+        assert SECRET not in str(err.value)
+    finally:
+        _http.set_client_factory(_http.default_client_factory)
+        silent.close()
+    assert not store.run_events(finished_run)
