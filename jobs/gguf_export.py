@@ -5,7 +5,8 @@
 
 In order, logging each step (no fixed timeout: a large model takes minutes):
 1. the source: a full fine-tune's model folder, or the run's latest merged export (made now in
-   bf16 when there is none, with its own check against the adapter);
+   fp32 when there is none, with its own check against the adapter: a bf16 merge of SmolLM2
+   already fails that check on the CPU, and f16 is written from fp32 at least as well);
 2. the GGUF file, written by `jobs.gguf_writer` into `runs/<id>/gguf/` under a temporary name;
 3. the round trip: the file is loaded back through transformers' GGUF loader (model and
    tokenizer) and must answer the check prompts greedily like the source model (both computed in
@@ -38,7 +39,8 @@ from jobs.spec import JobSpec, Method, Problem
 
 log = logging.getLogger("jobs.export")
 
-Q8_0_FORCED_AGREEMENT = 0.95  # SmolLM2-135M measured 98.7% (its free-running answers: 73% of positions)
+Q8_0_FORCED_AGREEMENT = 0.9  # measured on SmolLM2-135M: 98.7% as shipped, 96.8% after a 2-step LoRA run (their
+# free-running answers: 73% and 70% of positions); a misplaced tensor or a wrong rotary layout gives far less
 TOKENIZER_TEXTS = ("Tell me about volcanoes.", "Prices: 12345 or 3.14, maybe 1,000,000?",
                    "  two  spaces,\ttabs\nand\n\nnew lines  ", "café, naïve, Straße, 東京, emoji 🙂",
                    "<|im_start|>user\nHi<|im_end|>\n")
@@ -81,8 +83,8 @@ def source_folder(store: Any, run_id: int, spec: JobSpec) -> Path:
         return folders[-1]
     if spec.method is Method.FULL:
         raise _refuse(f"run {run_id} has no saved model folder", "train it again; its bundle was not written")
-    log.info("export run %s: no merged export yet; merging the adapter in bf16 first", run_id)
-    return export_merged(store, run_id, "bf16").folder
+    log.info("export run %s: no merged export yet; merging the adapter in fp32 first", run_id)
+    return export_merged(store, run_id, "fp32").folder
 
 
 def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck:

@@ -9,7 +9,7 @@ import pytest
 
 from jobs.artifacts import sha256_of
 from jobs.export import CHECK_PROMPTS, ExportError
-from jobs.gguf_export import TOKENIZER_TEXTS, export_gguf
+from jobs.gguf_export import Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
 from jobs.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
 from storage.models import RunStatus
 from training_helpers import tiny_spec
@@ -73,6 +73,7 @@ def tstore(trained):
     return trained[0]
 
 
+@pytest.mark.slow
 def test_f16_and_q8_0_load_back_and_answer_like_the_merged_model(tstore, runs: dict[str, int]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,7 +84,7 @@ def test_f16_and_q8_0_load_back_and_answer_like_the_merged_model(tstore, runs: d
     # f16: the same greedy answers as the merged model; q8_0: measured, above its threshold.
     assert f16.check.passed and f16.check.source_answers == f16.check.gguf_answers
     assert f16.check.token_agreement == 1.0 and len(f16.check.prompts) == len(CHECK_PROMPTS)
-    assert q8.check.passed and q8.check.forced_agreement >= 0.95 and "next-token agreement" in q8.check.rule
+    assert q8.check.passed and q8.check.forced_agreement >= Q8_0_FORCED_AGREEMENT and "next-token" in q8.check.rule
     assert not f16.check.tokenizer_mismatches and f16.check.chat_template_equal
     # Built on the merged export (made on the way), written under the run's folder, q8_0 smaller.
     merged = [a for a in tstore.artifacts(runs["lora"]) if a.kind == "merged"]
@@ -149,13 +150,14 @@ def test_a_failed_round_trip_deletes_the_file_and_records_nothing(tstore, runs: 
     assert state() == before  # nothing new on disk (an earlier good export stays as it was), nothing recorded
 
 
+@pytest.mark.slow
 def test_cli_export_gguf(tstore, runs: dict[str, int], capsys: pytest.CaptureFixture) -> None:
     from app.cli import main
 
     assert main(["export", str(runs["lora"]), "--gguf", "f16", "q8_0"]) == 0
     out = capsys.readouterr().out
     assert "f16 GGUF" in out and "q8_0 GGUF" in out and out.count("sha256") == 2
-    assert "greedy answers equal" in out and "next-token agreement on the source's answers >= 95%" in out
+    assert "greedy answers equal" in out and "next-token agreement on the source's answers >= 90%" in out
     assert main(["export", str(runs["mistral"]), "--gguf", "f16"]) == 2
     assert "convert_hf_to_gguf" in capsys.readouterr().err
 
