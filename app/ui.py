@@ -49,6 +49,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
                 sweep_controls = ui_sweep.build_controls()
+                export_panel = ui_export.build()
                 manage_panel = ui_manage.build()
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
@@ -64,6 +65,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
+        ui_export.wire(export_panel, store, page.run_id, policy)
         ui_chat.wire(chat, store, chat_tab, policy)
 
         def launch(*args: Any) -> tuple[str, Any, Any]:

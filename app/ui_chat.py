@@ -17,7 +17,7 @@ from typing import Any
 
 import gradio as gr
 
-from jobs.access import REMOTE_CODE_ENV, AccessPolicy
+from jobs.access import AccessPolicy, loading_problem
 from jobs.chat_process import ChatProcess
 from jobs.generate import MAX_NEW_TOKENS, ChatError, Sampling
 from jobs.spec import Problem
@@ -76,11 +76,7 @@ def run_choices(store: Store) -> list[tuple[str, int]]:
 def policy_problem(store: Store, run_id: int, policy: AccessPolicy | None) -> Problem | None:
     """Loading a run whose model ships its own code needs the server's permission, as training does."""
     run = store.get_run(run_id)
-    if run is None or policy is None or policy.allow_remote_code or not spec_of(run).trust_remote_code:
-        return None
-    return Problem("run", f"run {run_id}'s model runs its own Python code (trust_remote_code), which is off on this "
-                   "shared server", f"chat with it from the command line, or ask the administrator to start the "
-                   f"server with {REMOTE_CODE_ENV}=1")
+    return None if run is None else loading_problem(spec_of(run), run_id, policy, "chat with it")
 
 
 def _problems_text(exc: ChatError) -> str:

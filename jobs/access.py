@@ -108,3 +108,14 @@ class AccessPolicy:
                                "remove reward_function here (use built-in rewards or reward_model_run), or put it in a "
                                "spec file and run `tunedeck submit SPEC.yaml` on the server"))
         return out
+
+
+def loading_problem(spec: JobSpec, run_id: int, policy: AccessPolicy | None, doing: str) -> Problem | None:
+    """Loading a finished run's model (to chat with it, to export it) whose code runs on load needs the
+    server's permission, as training it did; `doing` names the way out ("chat with it", "export it")."""
+    if policy is None or policy.allow_remote_code or not spec.trust_remote_code:
+        return None
+    return Problem("run", f"run {run_id}'s model runs its own Python code (trust_remote_code), which is off on this "
+                   "shared server", f"{doing} from the command line, or ask the administrator to start the "
+                   f"server with {REMOTE_CODE_ENV}=1")
+

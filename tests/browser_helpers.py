@@ -36,7 +36,7 @@ def serve_command(port: int) -> list[str]:
     return base + ["serve", "--host", "127.0.0.1", "--port", str(port)]
 
 
-def start_server(home: Path, port: int, log: Path, timeout: float = 60.0,
+def start_server(home: Path, port: int, log: Path, timeout: float = 300.0,
                  extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the dashboard + worker; raise with its stderr when it does not come up in time."""
     env = {**os.environ, "TUNEDECK_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
