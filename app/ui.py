@@ -19,7 +19,8 @@ from typing import Any
 
 import gradio as gr
 
-from app import api, charts, ui_chat, ui_compare, ui_form, ui_gpu, ui_manage, ui_memory, ui_run, ui_runs, ui_sweep
+from app import (api, charts, ui_chat, ui_compare, ui_export, ui_form, ui_gpu, ui_manage, ui_memory, ui_run, ui_runs,
+                 ui_sweep)
 from jobs.access import AccessPolicy
 from jobs.stored import spec_of
 from storage.store import Store
