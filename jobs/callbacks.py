@@ -53,6 +53,7 @@ class StoreCallback(TrainerCallback):
         self.flush_interval = flush_interval
         self.cancel_interval = cancel_interval
         self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
+        self.worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None  # whose device the torch samples are of
         self._last_save = 0.0
         if cuda is None:
             import torch
@@ -139,7 +140,7 @@ class StoreCallback(TrainerCallback):
         if "loss" in logs and step > self._prev_log_step:
             self._throughput(logs, state, step, wall)
         if self.cuda:
-            self._memory.append(_torch_memory(self.run_id, wall))
+            self._memory.append(_torch_memory(self.run_id, wall, self.worker_id))
         if time.perf_counter() - self._last_flush >= self.flush_interval:
             self.flush()
 
@@ -208,13 +209,13 @@ def physical_index(index: int) -> int:
     return int(names[index]) if index < len(names) and names[index].isdigit() else index
 
 
-def _torch_memory(run_id: int, wall: float) -> MemoryPoint:
+def _torch_memory(run_id: int, wall: float, worker_id: str | None) -> MemoryPoint:
     """The caching allocator's counters for the current device (host-side reads, no sync)."""
     import torch
 
     index = torch.cuda.current_device()
     return MemoryPoint(time=wall, source=MemorySource.TORCH.value, run_id=run_id, device_index=physical_index(index),
-                       worker_id=os.environ.get("TUNEDECK_WORKER_ID") or None,
+                       worker_id=worker_id,
                        torch_allocated=torch.cuda.memory_allocated(index),
                        torch_reserved=torch.cuda.memory_reserved(index),
                        torch_max_allocated=torch.cuda.max_memory_allocated(index))

@@ -80,26 +80,15 @@ def _is_chat(info: object) -> bool:
 def has_chat_template(model: str) -> bool | None:
     """True/False when the model's tokenizer files are on disk (folder or HF cache); None when unknown."""
     import json
-    from pathlib import Path
 
     from jobs.models import BUILTIN_MODELS
+    from jobs.template_check import tokenizer_files
 
-    ref = (model or "").strip()
-    if ref in BUILTIN_MODELS:
+    if (model or "").strip() in BUILTIN_MODELS:
         return True
-    folder = Path(ref).expanduser()
-    files: dict[str, Path | None] = {}
-    if folder.is_dir():
-        files = {name: folder / name if (folder / name).is_file() else None
-                 for name in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json")}
-    else:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-            for name in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json"):
-                hit = try_to_load_from_cache(ref, name)
-                files[name] = Path(hit) if isinstance(hit, str) else None
-        except Exception:  # not a valid repo id, no cache: the model check reports what matters
-            return None
+    files = tokenizer_files(model)
+    if files is None:
+        return None
     if files.get("chat_template.jinja") or files.get("chat_template.json"):
         return True
     config = files.get("tokenizer_config.json")

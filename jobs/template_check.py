@@ -21,26 +21,36 @@ from jobs.spec import Problem
 log = logging.getLogger(__name__)
 
 
-def tokenizer_folder(model: str) -> Path | None:
-    """The folder holding the model's tokenizer files, when they are on this machine (never downloads)."""
+TOKENIZER_FILES = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json")
+
+
+def tokenizer_files(model: str) -> dict[str, Path | None] | None:
+    """The model's tokenizer/chat-template files found on this machine (a built-in model's folder, a
+    local folder or the Hugging Face cache; never downloads), None per missing file; None when the
+    reference cannot be looked up at all."""
     from jobs.models import BUILTIN_MODELS
 
     ref = (model or "").strip()
+    folder = Path(ref).expanduser()
     if ref in BUILTIN_MODELS:
         from storage.settings import models_dir
 
         folder = models_dir() / ref
-        return folder if (folder / "tokenizer_config.json").is_file() else None
-    folder = Path(ref).expanduser()
-    if folder.is_dir():
-        return folder if (folder / "tokenizer_config.json").is_file() else None
+    if ref in BUILTIN_MODELS or folder.is_dir():
+        return {name: folder / name if (folder / name).is_file() else None for name in TOKENIZER_FILES}
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        hit = try_to_load_from_cache(ref, "tokenizer_config.json")
+        hits = {name: try_to_load_from_cache(ref, name) for name in TOKENIZER_FILES}
     except Exception:  # not a repo id, no cache: unknown
         return None
-    return Path(hit).parent if isinstance(hit, str) else None
+    return {name: Path(hit) if isinstance(hit, str) else None for name, hit in hits.items()}
+
+
+def tokenizer_folder(model: str) -> Path | None:
+    """The folder holding the model's tokenizer_config.json, when it is on this machine."""
+    config = (tokenizer_files(model) or {}).get("tokenizer_config.json")
+    return config.parent if config is not None else None
 
 
 def template_refusal(model: str, field: str, rows: list[tuple[int, list[dict[str, Any]]]],
