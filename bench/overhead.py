@@ -1,29 +1,39 @@
 """How much does tunedeck's instrumentation cost? The same training with and without it.
 
-    .venv/bin/python bench/overhead.py                      # tiny-llama, 5 pairs
+    .venv/bin/python bench/overhead.py                      # tiny-llama, 6 pairs
+    .venv/bin/python bench/overhead.py --sides bare,bare    # the method's own bias: expect 1.00
     .venv/bin/python bench/overhead.py --model smollm2-135m-instruct --steps 20 --pairs 3
 
 Both sides run the same code in the same kind of process; only the instrumentation differs:
-(a) bare: a child process started exactly as the worker starts its children (same interpreter,
+(a) bare: a child process started as the worker starts its children (same interpreter,
     environment, new session, output to a file) that calls `jobs.train.train_spec(spec, out)`
-    with no callbacks: no StoreCallback, no store writes, and a parent that only waits;
-(b) tunedeck: `Store.create_run` -> `Worker(store).work(burst=True)` -> child `python -m
-    jobs.train`: StoreCallback (metric rows, progress, heartbeats), the parent's 1 Hz memory
-    sampler and heartbeats, artifacts.
+    with a clock callback only: no StoreCallback, no store writes, and a parent that only waits;
+(b) tunedeck: the run is queued with `Store.create_run`, then `tunedeck worker --burst` (a
+    process of its own, as a user starts it) trains it in its child `python -m jobs.train`:
+    StoreCallback (metric rows, progress), the worker's memory sampler, heartbeats and cancel
+    polling, artifacts.
 Model loading, data preparation and the trl/peft configs are the same code on both sides, so a
 difference is the instrumentation's. Two figures per side:
 - tokens/s over the whole training: non-pad tokens trained (trl's `num_tokens`) / `train_runtime`
-  (model loading and saving excluded). Everything counts, the periodic store flushes too, and so
-  does anything else the machine did meanwhile.
-- the median step time: the time from one optimizer step's end to the next one's, the median
-  over all steps (bare: a clock callback that only records `time.perf_counter()` at each step end;
-  tunedeck: StoreCallback's own `step_time` rows, logged every step, which measure the same
-  interval). The steady cost of a step, callbacks included; a few steps slowed by another process,
-  or by a flush, do not move it, so repeats agree more closely.
-Pairs alternate the order. Prints every pair, each side's spread across repeats (max/min - 1:
-below 5% means the figures are steadier than the effect being measured), and the min / median /
-max of each ratio tunedeck/bare (tokens/s ratio; bare/tunedeck for step times), 1.00 meaning no
-overhead. A busy machine widens the spread: run it on a quiet one.
+  (model loading and saving excluded). Everything counts: the periodic store flushes, the
+  worker's wake-ups, and anything else the machine did meanwhile.
+- the median step time, from one optimizer step's end to the next (bare: the clock callback;
+  tunedeck: StoreCallback's own `step_time` rows, logged every step). The steady cost of a step;
+  a few steps slowed by a flush or another process do not move it.
+
+Two ways to pair the sides (`--mode`):
+- concurrent (the default on a CPU-only machine with 2+ cores): both sides train at the same
+  time, each pinned to its own half of the cores (sched_setaffinity, inherited by every process
+  of the side, the tunedeck worker included) with the same thread count (OMP_NUM_THREADS = cores
+  per side). The machine's speed drifts by tens of percent over minutes on a shared host; run
+  side by side, both sides meet the same drift, so their ratio holds still. The halves swap
+  every pair and the side started first alternates every two pairs. The tunedeck worker shares
+  its side's cores with its training child, so every wake-up of the worker is paid in training time.
+- sequential (a GPU, or one core): one side after the other, alternating the order, all cores.
+Prints every pair, each side's spread across repeats (max/min - 1), the spread of the pair
+ratios, and min / median / max of each ratio tunedeck/bare (tokens/s; bare/tunedeck for step
+times), 1.00 meaning no overhead. `--sides bare,bare` runs the method against itself: its
+median shows the bias of the pairing, its spread the noise left in a ratio.
 """
 
 from __future__ import annotations
@@ -73,56 +83,98 @@ def bare_child(spec_path: str) -> None:
 
 
 def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
-    """The job both sides train: LoRA SFT on the chat sample, no eval, no checkpoints."""
+    """The job both sides train: LoRA SFT on the chat sample, no eval, no checkpoints, no samples."""
     from jobs.spec import JobSpec
 
     return JobSpec.from_dict(dict(model=args.model, dataset=str(data_file), method="lora", trainer="sft",
                                   max_steps=args.steps, per_device_train_batch_size=args.batch,
                                   max_length=args.max_length, learning_rate=1e-3, logging_steps=1,
-                                  lr_scheduler_type="constant", run_name="overhead-bench"))
+                                  lr_scheduler_type="constant", run_name="overhead-bench", sample_count=0))
 
 
-def run_bare(spec: Any, work: Path) -> dict[str, float]:
-    """Side (a): a child started as `Worker.execute` starts one, running `train_spec` bare."""
+def pinned(cores: set[int] | None) -> Any:
+    """A preexec_fn that pins the new process (and so all it starts) to `cores`."""
+    if not cores:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def side_env(threads: int | None) -> dict[str, str]:
+    """The environment of either side's processes: identical apart from nothing."""
     from storage.settings import data_dir
 
-    spec_path = work / "bare-spec.json"
-    spec_path.write_text(spec.to_json())
-    log_path = work / "bare.log"
     env = dict(os.environ, **OFFLINE_ENV, TUNEDECK_HOME=str(data_dir()), PYTHONUNBUFFERED="1")
-    with open(log_path, "wb") as out:
-        child = subprocess.Popen([sys.executable, __file__, "--bare-child", str(spec_path)], cwd=ROOT,
-                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-        returncode = child.wait()
-    text = log_path.read_text(errors="replace")
-    line = next((l for l in text.splitlines() if l.startswith("BARE_RESULT ")), None)
-    if returncode != 0 or line is None:
-        raise RuntimeError(f"bare run failed ({returncode}):\n{text[-3000:]}")
-    result = json.loads(line.split(" ", 1)[1])
-    return {"tokens_per_second": result["num_tokens"] / result["train_runtime"], **result}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
 
 
-def run_tunedeck(spec: Any, work: Path, index: int) -> dict[str, float]:
-    """Side (b): queue the spec and drain the queue with the real worker."""
-    from jobs.worker import Worker
-    from storage.models import RunStatus
-    from storage.store import Store
+class Bare:
+    """Side (a): a child started as `Worker.execute` starts one, running `train_spec` bare."""
 
-    store = Store()
-    run_id = store.create_run(spec)
-    Worker(store).work(burst=True)
-    record = store.get_run(run_id)
-    store.dispose()
-    if record is None or record.status is not RunStatus.SUCCEEDED:
-        raise RuntimeError(f"tunedeck run {run_id} ended {record.status if record else 'missing'}: "
-                           f"{record.error_summary if record else ''}\n{record.error_detail if record else ''}")
-    m = record.final_metrics
-    store = Store()
-    steps = [p.value for p in store.metrics(run_id, ["step_time"])]
-    store.dispose()
-    return {"tokens_per_second": m["num_tokens"] / m["train_runtime"], "num_tokens": m["num_tokens"],
-            "train_runtime": m["train_runtime"], "steps": m["global_step"], "step_time": statistics.median(steps)}
+    name = "bare"
+
+    def __init__(self, spec: Any, work: Path, tag: str, cores: set[int] | None, threads: int | None) -> None:
+        self.folder = work / f"bare-{tag}"
+        self.folder.mkdir()
+        spec_path = self.folder / "spec.json"
+        spec_path.write_text(spec.to_json())
+        self.log_path = self.folder / "bare.log"
+        with open(self.log_path, "wb") as out:
+            self.process = subprocess.Popen([sys.executable, __file__, "--bare-child", str(spec_path)], cwd=ROOT,
+                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            env=side_env(threads), start_new_session=True, preexec_fn=pinned(cores))
+
+    def result(self) -> dict[str, float]:
+        returncode = self.process.wait()
+        text = self.log_path.read_text(errors="replace")
+        line = next((l for l in text.splitlines() if l.startswith("BARE_RESULT ")), None)
+        if returncode != 0 or line is None:
+            raise RuntimeError(f"bare run failed ({returncode}):\n{text[-3000:]}")
+        r = json.loads(line.split(" ", 1)[1])
+        shutil.rmtree(self.folder / "bare-out", ignore_errors=True)
+        return {"tokens_per_second": r["num_tokens"] / r["train_runtime"], **r}
+
+
+class Tunedeck:
+    """Side (b): queue the spec; `tunedeck worker --burst`, a process of its own, trains it."""
+
+    name = "tunedeck"
+
+    def __init__(self, spec: Any, work: Path, tag: str, cores: set[int] | None, threads: int | None) -> None:
+        from storage.store import Store
+
+        store = Store()
+        self.run_id = store.create_run(spec)
+        store.dispose()
+        self.log_path = work / f"worker-{tag}.log"
+        with open(self.log_path, "wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--burst"], cwd=ROOT,
+                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            env=side_env(threads), start_new_session=True, preexec_fn=pinned(cores))
+
+    def result(self) -> dict[str, float]:
+        from storage.models import RunStatus
+        from storage.store import Store
+
+        returncode = self.process.wait()
+        store = Store()
+        try:
+            record = store.get_run(self.run_id)
+            if returncode != 0 or record is None or record.status is not RunStatus.SUCCEEDED:
+                raise RuntimeError(f"tunedeck run {self.run_id} ended "
+                                   f"{record.status if record else 'missing'} (worker exit {returncode}): "
+                                   f"{record.error_summary if record else ''}\n"
+                                   f"{self.log_path.read_text(errors='replace')[-2000:]}")
+            m = record.final_metrics
+            steps = [p.value for p in store.metrics(self.run_id, ["step_time"])]
+        finally:
+            store.dispose()
+        return {"tokens_per_second": m["num_tokens"] / m["train_runtime"], "num_tokens": m["num_tokens"],
+                "train_runtime": m["train_runtime"], "steps": m["global_step"], "step_time": statistics.median(steps)}
+
+
+SIDES = {"bare": Bare, "tunedeck": Tunedeck}
 
 
 def callback_cost(spec: Any, work: Path) -> dict[str, float]:
@@ -148,7 +200,7 @@ def callback_cost(spec: Any, work: Path) -> dict[str, float]:
 
     store = Store()
     run_id = store.create_run(spec)
-    result = train_spec(spec, work / "timed-out", [TimedCallback(store, run_id)])
+    result = train_spec(spec, work / "timed-out", [TimedCallback(store, run_id, cancel_interval=None)])
     runtime = result.metrics["train_runtime"]
     return {"callback_s": spent["s"], "handler_calls": spent["calls"], "train_runtime": runtime,
             "share": spent["s"] / runtime}
@@ -159,20 +211,64 @@ def spread(values: list[float]) -> float:
     return max(values) / min(values) - 1.0
 
 
+def default_mode() -> str:
+    """Concurrent on a CPU-only machine with two cores or more; sequential otherwise."""
+    import torch
+
+    if torch.cuda.is_available() or len(os.sched_getaffinity(0)) < 2:
+        return "sequential"
+    return "concurrent"
+
+
+def run_pair(i: int, sides: list[str], spec: Any, work: Path, mode: str) -> list[dict[str, float]]:
+    """One pair: both sides at once on their own core halves (concurrent), or one after the other."""
+    results: list[dict[str, float]] = [{}, {}]
+    if mode == "concurrent":
+        cores = sorted(os.sched_getaffinity(0))
+        halves = [set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])]
+        if i % 2:
+            halves.reverse()
+        order = [0, 1] if (i // 2) % 2 == 0 else [1, 0]
+        threads = len(halves[0])
+        started: dict[int, Any] = {}
+        for k in order:
+            started[k] = SIDES[sides[k]](spec, work, f"{i}-{k}", halves[k], threads)
+        for k in order:
+            t0 = time.perf_counter()
+            results[k] = started[k].result()
+            results[k]["cores"] = ",".join(map(str, sorted(halves[k])))  # type: ignore[assignment]
+            results[k]["wall_s"] = time.perf_counter() - t0
+        return results
+    order = [0, 1] if i % 2 == 0 else [1, 0]
+    for k in order:
+        t0 = time.perf_counter()
+        results[k] = SIDES[sides[k]](spec, work, f"{i}-{k}", None, None).result()
+        results[k]["wall_s"] = time.perf_counter() - t0
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the pairs and print tokens/s of each side and the median ratio."""
+    """Run the pairs and print each side's figures and the ratios' min / median / max."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--mode", choices=["concurrent", "sequential"], help="default: concurrent on CPU")
+    parser.add_argument("--sides", default="bare,tunedeck",
+                        help="the two sides of each pair: bare,tunedeck (default); bare,bare checks the method")
+    parser.add_argument("--no-callback-cost", action="store_true", help="skip the in-process callback timing")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bare_child:
         bare_child(args.bare_child)
         return 0
+    sides = args.sides.split(",")
+    if len(sides) != 2 or any(s not in SIDES for s in sides):
+        parser.error(f"--sides: two of {', '.join(SIDES)}, comma-separated (got {args.sides!r})")
+    mode = args.mode or default_mode()
 
     from storage.settings import models_dir
 
@@ -190,52 +286,52 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copy(SAMPLES_DIR / "chat-format.train.jsonl", data_file)
     model_path = resolve_model(args.model).path  # converts a built-in once, outside the timed pairs
     spec = make_spec(args, data_file)
+    labels = [f"{s}#{k + 1}" if sides[0] == sides[1] else s for k, s in enumerate(sides)]
     print(f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
-          f"{args.max_length}, {args.pairs} pairs, work dir {work}", flush=True)
+          f"{args.max_length}, {args.pairs} pairs, mode {mode}, sides {' vs '.join(labels)}, work dir {work}",
+          flush=True)
     rows = []
     for i in range(args.pairs):
-        order = ["bare", "tunedeck"] if i % 2 == 0 else ["tunedeck", "bare"]
-        pair: dict[str, dict[str, float]] = {}
-        for side in order:
-            t0 = time.perf_counter()
-            pair[side] = run_bare(spec, work) if side == "bare" else run_tunedeck(spec, work, i)
-            pair[side]["wall_s"] = time.perf_counter() - t0
-        ratio = pair["tunedeck"]["tokens_per_second"] / pair["bare"]["tokens_per_second"]
-        step_ratio = pair["bare"]["step_time"] / pair["tunedeck"]["step_time"]
-        rows.append({"pair": i + 1, "order": order, **{f"{k}_{s}": v for s in pair for k, v in pair[s].items()},
+        a, b = run_pair(i, sides, spec, work, mode)
+        ratio = b["tokens_per_second"] / a["tokens_per_second"]
+        step_ratio = a["step_time"] / b["step_time"]
+        rows.append({"pair": i + 1, **{f"{k}_{lab}": v for lab, r in zip(labels, (a, b)) for k, v in r.items()},
                      "ratio": ratio, "step_ratio": step_ratio})
-        print(f"pair {i + 1} ({' then '.join(order)}): bare {pair['bare']['tokens_per_second']:.1f} tok/s "
-              f"({pair['bare']['train_runtime']:.1f} s, median step {pair['bare']['step_time'] * 1000:.1f} ms), "
-              f"tunedeck {pair['tunedeck']['tokens_per_second']:.1f} tok/s ({pair['tunedeck']['train_runtime']:.1f} s, "
-              f"median step {pair['tunedeck']['step_time'] * 1000:.1f} ms), ratio {ratio:.3f}, "
-              f"step ratio {step_ratio:.3f}", flush=True)
+        where = [f" (cores {r['cores']})" if "cores" in r else "" for r in (a, b)]
+        print(f"pair {i + 1}: " + ", ".join(
+            f"{lab}{w} {r['tokens_per_second']:.1f} tok/s ({r['train_runtime']:.1f} s, median step "
+            f"{r['step_time'] * 1000:.1f} ms)" for lab, w, r in zip(labels, where, (a, b)))
+            + f"; ratio {ratio:.3f}, step ratio {step_ratio:.3f}", flush=True)
     ratios = [r["ratio"] for r in rows]
     step_ratios = [r["step_ratio"] for r in rows]
     median = statistics.median(ratios)
     spreads = []
-    for side in ("bare", "tunedeck"):
-        tps = [r[f"tokens_per_second_{side}"] for r in rows]
-        steps = [r[f"step_time_{side}"] * 1000 for r in rows]
+    for lab in labels:
+        tps = [r[f"tokens_per_second_{lab}"] for r in rows]
+        steps = [r[f"step_time_{lab}"] * 1000 for r in rows]
         spreads += [spread(tps), spread(steps)]
-        print(f"{side}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
+        print(f"{lab}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
               f"spread {spread(tps) * 100:.1f}%; median step ms min {min(steps):.2f} / median "
               f"{statistics.median(steps):.2f} / max {max(steps):.2f}, spread {spread(steps) * 100:.1f}%", flush=True)
-    print(f"ratio tunedeck/bare, tokens/s over the whole training: min {min(ratios):.3f} / median {median:.3f} / "
-          f"max {max(ratios):.3f} ({(1 - median) * 100:+.1f}% overhead at the median)")
-    print(f"ratio bare/tunedeck, median step time: min {min(step_ratios):.3f} / median "
-          f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}")
+    what = f"{labels[1]}/{labels[0]}"
+    print(f"ratio {what}, tokens/s over the whole training: min {min(ratios):.3f} / median {median:.3f} / "
+          f"max {max(ratios):.3f}, spread {spread(ratios) * 100:.1f}% ({(1 - median) * 100:+.1f}% overhead at the median)")
+    print(f"ratio {what}, median step time: min {min(step_ratios):.3f} / median "
+          f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}, spread {spread(step_ratios) * 100:.1f}%")
     if max(spreads) > 0.05:
-        print("note: a side's spread is above 5%: the machine was busy or the runs too short (--steps); "
-              "the ratio is less certain than its digits", flush=True)
-    cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
-    print(f"StoreCallback: {cost['callback_s']:.3f} s in {cost['handler_calls']} handler calls over a "
-          f"{cost['train_runtime']:.1f} s training = {cost['share'] * 100:.2f}% of training time", flush=True)
-    rows.append({"callback_cost": cost})
+        print("note: a side's spread is above 5%: the machine's speed changed between repeats"
+              + (" (each pair's sides met the same speed: see the ratios' spread)" if mode == "concurrent" else
+                 "; the ratio is less certain than its digits"), flush=True)
+    summary = {"args": {k: str(v) for k, v in vars(args).items()}, "mode": mode, "pairs": rows,
+               "ratio_min": min(ratios), "median_ratio": median, "ratio_max": max(ratios),
+               "median_step_ratio": statistics.median(step_ratios)}
+    if not args.no_callback_cost:
+        cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
+        print(f"StoreCallback: {cost['callback_s']:.3f} s in {cost['handler_calls']} handler calls over a "
+              f"{cost['train_runtime']:.1f} s training = {cost['share'] * 100:.2f}% of training time", flush=True)
+        summary["callback_cost"] = cost
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "pairs": rows,
-                                         "ratio_min": min(ratios), "median_ratio": median,
-                                         "ratio_max": max(ratios), "median_step_ratio": statistics.median(step_ratios)},
-                                        indent=2))
+        args.json.write_text(json.dumps(summary, indent=2))
     return 0
 
 

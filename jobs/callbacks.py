@@ -3,14 +3,19 @@
 `StoreCallback(store, run_id)` is added to the trl trainer by `jobs.train`. It is built to cost
 well under 2% of training time:
 - logged values are buffered and written in one transaction at most every `flush_interval`
-  (1 s) and at train end, never one transaction per scalar;
+  (1 s) and at train end, never one transaction per scalar; and the writes keep to a budget
+  (`write_budget`, 0.5% of the time): when a flush takes longer than 0.5% of a second (a slow
+  disk, a busy database, a cold start on a shared core), the next one waits longer, up to
+  `max_flush_interval` (5 s), so a slow store costs the live graphs seconds, not training time;
 - throughput comes from numbers trl already computes (`num_tokens`, a host-side counter)
   and `time.perf_counter()` at step ends, so it adds no CUDA synchronisation;
 - torch memory counters are read from the caching allocator's host-side stats (no sync);
 - achieved TFLOP/s and MFU are tokens/s times a per-token FLOPs count fixed at the start
   (`jobs.flops`): no NVML or device query in the step loop;
-- the database is asked about `cancel_requested` at most every `cancel_interval` (2 s), while
-  a SIGTERM flag (a `threading.Event`) is checked at every step for free.
+- the database is asked about `cancel_requested` at most every `cancel_interval` (2 s; None:
+  never, for a child a worker watches, since the worker relays a cancel as SIGTERM), while a
+  SIGTERM flag (a `threading.Event`) is checked at every step for free;
+- progress rides in the metrics' transaction: one commit per flush.
 A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
 cancelled run can be resumed; every saved checkpoint gets a completeness marker
 (`jobs.checkpoints`). A non-finite training loss stops training at once, without saving, and
@@ -45,12 +50,17 @@ class StoreCallback(TrainerCallback):
     """Writes logged metrics, throughput, progress and torch memory of one run to the store."""
 
     def __init__(self, store: Store, run_id: int, *, stop_event: threading.Event | None = None,
-                 flush_interval: float = 1.0, cancel_interval: float = 2.0, cuda: bool | None = None,
-                 save_interval_s: float | None = None):
+                 flush_interval: float = 1.0, cancel_interval: float | None = 2.0, cuda: bool | None = None,
+                 save_interval_s: float | None = None, write_budget: float = 0.005,
+                 max_flush_interval: float = 5.0):
         self.store = store
         self.run_id = run_id
         self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
         self.flush_interval = flush_interval
+        self.write_budget = write_budget  # the share of time flushes may take
+        self.max_flush_interval = max(max_flush_interval, flush_interval)
+        self._flush_every = flush_interval  # flush_interval, stretched when flushes are slow
+        self._flush_cost: float | None = None  # seconds per flush, smoothed
         self.cancel_interval = cancel_interval
         self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
         self.worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None  # whose device the torch samples are of
@@ -102,9 +112,10 @@ class StoreCallback(TrainerCallback):
         if self.stop_event.is_set() and self.stop_reason is None:
             self.stop_reason = "signal"
             log.info("stop requested by signal: stopping after step %s", state.global_step)
-        if now - self._last_cancel_check >= self.cancel_interval and self.stop_reason is None:
+        if (self.cancel_interval is not None and now - self._last_cancel_check >= self.cancel_interval
+                and self.stop_reason is None):
             self._last_cancel_check = now
-            run = self.store.get_run(self.run_id)
+            run = self.store.run_control(self.run_id)
             if run is None or run.cancel_requested:
                 self.stop_reason = "cancel"
                 log.info("cancel requested: stopping after step %s", state.global_step)
@@ -117,7 +128,7 @@ class StoreCallback(TrainerCallback):
             # The trainer logs before it saves: a log here checks the loss of every step since the
             # last one (on_log), and cancels this save if it went non-finite.
             control.should_log = True
-        if now - self._last_flush >= self.flush_interval:
+        if now - self._last_flush >= self._flush_every:
             self.flush()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -141,7 +152,7 @@ class StoreCallback(TrainerCallback):
             self._throughput(logs, state, step, wall)
         if self.cuda:
             self._memory.append(_torch_memory(self.run_id, wall, self.worker_id))
-        if time.perf_counter() - self._last_flush >= self.flush_interval:
+        if time.perf_counter() - self._last_flush >= self._flush_every:
             self.flush()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -191,16 +202,35 @@ class StoreCallback(TrainerCallback):
 
     def flush(self, force_progress: bool = False) -> None:
         """Write buffered metrics and memory samples, and the progress, each in one transaction."""
-        self._last_flush = time.perf_counter()
+        start = self._last_flush = time.perf_counter()
+        try:
+            self._write(force_progress)
+        finally:
+            took = time.perf_counter() - start
+            # A slow flush counts at once; fast ones bring the estimate down gradually.
+            cost = self._flush_cost
+            self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
+            self._flush_every = min(self.max_flush_interval,
+                                    max(self.flush_interval, self._flush_cost / self.write_budget))
+
+    @property
+    def flush_every(self) -> float:
+        """Seconds between flushes now: flush_interval, or longer while flushes are slow."""
+        return self._flush_every
+
+    def _write(self, force_progress: bool) -> None:
         metrics, self._metrics = self._metrics, []
         memory, self._memory = self._memory, []
-        if metrics:
-            self.store.add_metrics(self.run_id, metrics)
-        if memory:
-            self.store.add_memory_samples(memory)
+        progress = None
         if force_progress or self._step != self._progress_step:
             self._progress_step = self._step
-            self.store.set_progress(self.run_id, self._step, self._max_steps)
+            progress = (self._step, self._max_steps)
+        if metrics:
+            self.store.add_metrics(self.run_id, metrics, progress=progress)  # one commit for both
+        elif progress is not None:
+            self.store.set_progress(self.run_id, *progress)
+        if memory:
+            self.store.add_memory_samples(memory)
 
 
 def physical_index(index: int) -> int:

@@ -58,22 +58,46 @@ class DeviceInfo:
         return "\n".join(lines + [f"NVIDIA driver {self.driver}"])
 
 
+class ProcessTree:
+    """Resident memory of a process and all its descendants, read cheaply once a second.
+
+    The descendants are looked up (a walk over every process of the machine) only every
+    `refresh_s` seconds; each reading in between costs one /proc read per process of the tree."""
+
+    def __init__(self, pid: int, refresh_s: float = 10.0) -> None:
+        self.pid = pid
+        self.refresh_s = refresh_s
+        self._procs: list[psutil.Process] = []
+        self._looked_up = float("-inf")
+
+    def rss(self) -> int:
+        """Bytes resident now (0 when the process is gone)."""
+        now = time.monotonic()
+        if now - self._looked_up >= self.refresh_s or not self._procs:
+            try:
+                root = psutil.Process(self.pid)
+                self._procs = [root, *root.children(recursive=True)]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                self._procs = []
+                return 0
+            self._looked_up = now
+        total, alive = 0, []
+        for p in self._procs:
+            try:
+                total += p.memory_info().rss
+                alive.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        if not alive or alive[0] is not self._procs[0]:
+            self._procs = []  # the root is gone: nothing of the tree counts any more
+            return 0
+        self._procs = alive
+        return total
+
+
 def process_tree_rss(pid: int | None) -> int:
     """Resident memory of a process and all its descendants (0 when it is gone)."""
-    if pid is None:
-        return 0
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return total
+    return ProcessTree(pid).rss() if pid is not None else 0
 
 
 def _text(value: Any) -> str:
@@ -99,6 +123,7 @@ class GpuProbe:
         self.reason: str | None = None
         self._nvml: Any = None
         self._handles: list[tuple[int, Any]] = []
+        self._tree: ProcessTree | None = None  # the sampled child's process tree, kept between samples
         try:
             import pynvml
 
@@ -135,7 +160,7 @@ class GpuProbe:
     def sample(self, run_id: int | None, child_pid: int | None) -> list[MemoryPoint]:
         """One point per GPU (source nvml), or one host point; cheap (~tens of us per device)."""
         now = time.time()
-        rss = (process_tree_rss(child_pid) or None) if child_pid is not None else None
+        rss = (self._tree_of(child_pid).rss() or None) if child_pid is not None else None
         if not self.has_gpu:
             if child_pid is not None and rss is None:
                 return []  # the child has just exited: a 0-byte point would only be noise
@@ -157,6 +182,12 @@ class GpuProbe:
                 power_watts=_optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
                 process_rss=rss))
         return points
+
+
+    def _tree_of(self, pid: int) -> ProcessTree:
+        if self._tree is None or self._tree.pid != pid:
+            self._tree = ProcessTree(pid)
+        return self._tree
 
 
 def _optional(read: Any) -> float | None:

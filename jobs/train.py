@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import resource
 import signal
 import sys
@@ -347,7 +348,11 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         return 1
     spec = oom.effective_spec(store, run_id, stored_spec(record.spec_json))  # after an OOM recovery: the changed spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
-    callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None)
+    # Under a worker (it passes TUNEDECK_WORKER_ID) a cancel arrives as SIGTERM within the
+    # worker's poll interval; asking the database as well would only cost the training time.
+    watched = bool(os.environ.get("TUNEDECK_WORKER_ID"))
+    callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None,
+                             cancel_interval=None if watched else 2.0)
     output_dir = store.run_dir(run_id) / "output"
     training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -47,7 +49,7 @@ from storage.store import RunFolderError, RunRecord, Store
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
-_WATCH_TICK = 0.1  # how often the child is polled; the DB is read only every poll_interval
+_WATCH_TICK = 0.1  # how often a child is polled where it cannot be waited for (no pidfd); waits for a group
 _RESTART = object()  # _execute_once: the child asked to be started again (OOM recovery)
 
 
@@ -113,6 +115,32 @@ def wait_group_gone(pgid: int, timeout: float) -> bool:
     return True
 
 
+def wait_exit(child: subprocess.Popen, timeout: float, wake_fd: int | None = None,
+              pidfd: int | None = None) -> int | None:
+    """The child's exit code once it has exited, else None after at most `timeout` seconds.
+
+    With a pidfd (`os.pidfd_open`, Linux 5.3+) the caller sleeps in select() until the child
+    exits, `wake_fd` turns readable (the worker is asked to stop) or the timeout passes: no
+    wake-ups while training runs, on a core training may need. Without one it polls every
+    _WATCH_TICK."""
+    returncode = child.poll()
+    if returncode is not None or timeout <= 0:
+        return returncode
+    if pidfd is None:
+        time.sleep(min(timeout, _WATCH_TICK))
+    else:
+        select.select([pidfd] + ([wake_fd] if wake_fd is not None else []), [], [], timeout)
+    return child.poll()
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A file descriptor that turns readable when process `pid` exits (None where the OS has none)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _is_gpu_id(device: str) -> bool:
     """A CUDA device as CUDA_VISIBLE_DEVICES names one: an index, or a GPU-/MIG- UUID."""
     return device.isdigit() or device.startswith(("GPU-", "MIG-"))
@@ -120,6 +148,14 @@ def _is_gpu_id(device: str) -> bool:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -160,12 +196,20 @@ class Worker:
         self._stop = threading.Event()
         self._stop_reason = "worker stopped"
         self._last_beat = 0.0
+        # stop() writes a byte here so a watch asleep in select() wakes at once (see wait_exit).
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
 
     # ------------------------------------------------------------------ public
     def stop(self, reason: str = "worker stopped") -> None:
         """Ask the loop to stop: no new runs; a running child gets SIGTERM, then SIGKILL."""
         self._stop_reason = reason
         self._stop.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # the pipe is full: a wake-up is already waiting
+            pass
 
     def work(self, burst: bool = False, stop_after: int | None = None) -> int:
         """Serve the queue (burst: until it is empty; stop_after: until that run is done). Returns runs done."""
@@ -309,9 +353,18 @@ class Worker:
 
     def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:
         """Wait for the child, heartbeating; returns (returncode, 'cancel'|'stop'|None)."""
+        pidfd = open_pidfd(child.pid)
+        try:
+            return self._watch_loop(run_id, child, pidfd)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _watch_loop(self, run_id: int, child: subprocess.Popen, pidfd: int | None) -> tuple[int, str | None]:
         next_check = 0.0
         while True:
-            returncode = child.poll()
+            now = time.monotonic()
+            returncode = wait_exit(child, max(0.0, next_check - now), self._wake_r, pidfd)
             if returncode is not None:
                 return returncode, None
             now = time.monotonic()
@@ -325,7 +378,7 @@ class Worker:
                 next_check = now + self.poll_interval
                 try:
                     self._beat(run_id)
-                    current = self.store.get_run(run_id)
+                    current = self.store.run_control(run_id)
                 except SQLAlchemyError as exc:  # bookkeeping failed: the training goes on
                     log.error("run %s: database error while watching (%s); training goes on", run_id,
                               _first_line(exc))
@@ -337,7 +390,6 @@ class Worker:
                 if current is None or current.status in (RunStatus.CANCELLED, RunStatus.INTERRUPTED):
                     # Deleted or ended by someone else: the child has no business left.
                     return self._terminate(child), "gone"
-            time.sleep(_WATCH_TICK)
 
     def _terminate(self, child: subprocess.Popen, run_id: int | None = None) -> int:
         """SIGTERM the group; SIGKILL it after the grace period. Returns the exit code.
@@ -434,9 +486,7 @@ class Worker:
         if now - self._last_beat < self.heartbeat_interval:
             return
         self._last_beat = now
-        self.store.worker_beat(self.worker_id, os.getpid(), self.host)
-        if run_id is not None:
-            self.store.heartbeat(run_id)
+        self.store.worker_beat(self.worker_id, os.getpid(), self.host, run_id)
 
     def _dead_local_worker(self, run: RunRecord) -> bool:
         wid = run.worker_id or ""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from enum import Enum
+from typing import Any
 
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -75,6 +77,14 @@ class Run(Base):
     note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 6)
     # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
     tag_rows: Mapped[list["RunTag"]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
+
+
+def progress_values(step: int, total_steps: int | None = None) -> dict[str, Any]:
+    """The `runs` columns of a training child's step report; `progress_at` is its time (never the heartbeat)."""
+    values: dict[str, Any] = {"current_step": int(step), "progress_at": time.time()}
+    if total_steps is not None:
+        values["total_steps"] = int(total_steps)
+    return values
 
 
 class RunTag(Base):

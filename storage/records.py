@@ -64,6 +64,14 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class RunControl:
+    """The two columns a watcher needs each second: is the run still running, is a cancel asked for."""
+
+    status: RunStatus
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
 class MetricPoint:
     step: int
     name: str

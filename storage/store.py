@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage import models as m
 from storage.migrations import MIGRATIONS, migrate
 from storage.records import (
-    ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunRecord)
+    ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord)
 from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.identity import RunFolderError, claim_folder, ensure_identity
@@ -42,7 +42,7 @@ from storage.store_series import SeriesMixin
 
 __all__ = [
     "ArtifactRecord", "BUSY_TIMEOUT_MS", "MEMORY_LEVELS", "METRIC_LEVELS", "MIGRATIONS", "MemoryBucket",
-    "MemoryPoint", "MetricBucket", "MetricPoint", "RunFolderError", "RunRecord", "RunningRunError", "Store",
+    "MemoryPoint", "MetricBucket", "MetricPoint", "RunControl", "RunFolderError", "RunRecord", "RunningRunError", "Store",
     "WRITE_RETRY_S", "is_locked_error",
 ]
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from storage import models as m
 from storage.models import RunStatus
-from storage.records import RunRecord
+from storage.records import RunControl, RunRecord
 from storage.rollups import rebuild_metric_rollups
 from storage.store_manage import search_filter
 
@@ -103,6 +103,14 @@ class RunsMixin:
             row = s.get(m.Run, run_id)
             return RunRecord.from_row(row) if row else None
 
+    def run_control(self, run_id: int) -> RunControl | None:
+        """Status and cancel flag only: what the worker and the training child poll while a run trains.
+
+        One two-column SELECT, no ORM objects and no tag load: a poll costs a fraction of `get_run`."""
+        with self._read() as s:
+            row = s.execute(select(m.Run.status, m.Run.cancel_requested).where(m.Run.id == run_id)).first()
+        return RunControl(RunStatus(row.status), bool(row.cancel_requested)) if row is not None else None
+
     def list_runs(self, status: RunStatus | Sequence[RunStatus] | None = None, limit: int = 200,
                   search: str | None = None, tag: str | None = None) -> list[RunRecord]:
         """Newest first, optionally filtered by status, a search text (name, tags, note) and a tag."""
@@ -138,10 +146,7 @@ class RunsMixin:
 
     def set_progress(self, run_id: int, step: int, total_steps: int | None = None) -> None:
         """The training child's step report; `progress_at` is its time (never the heartbeat)."""
-        values: dict[str, Any] = {"current_step": int(step), "progress_at": time.time()}
-        if total_steps is not None:
-            values["total_steps"] = int(total_steps)
-        self._set(run_id, **values)
+        self._set(run_id, **m.progress_values(step, total_steps))
 
     def set_resolved_config(self, run_id: int, config: dict[str, Any]) -> None:
         self._set(run_id, resolved_config_json=json.dumps(config, default=str))
@@ -293,11 +298,18 @@ class RunsMixin:
     # ------------------------------------------------------------------ workers
     # A worker's presence is a `meta` row `worker:<id>` = {"pid", "host", "time"}, refreshed
     # while it lives (idle or busy), so `tunedeck run` can tell whether anyone will take its run.
-    def worker_beat(self, worker_id: str, pid: int, host: str) -> None:
+    def worker_beat(self, worker_id: str, pid: int, host: str, run_id: int | None = None) -> None:
+        """The worker's presence row, and the heartbeat of the run it trains (if any), in one transaction.
+
+        Plain UPDATE statements (an INSERT the first time): this runs every couple of seconds for
+        the life of a worker, next to a training process that should have the machine."""
         key = f"worker:{worker_id}"[:64]
         value = json.dumps({"worker_id": worker_id, "pid": pid, "host": host, "time": time.time()})
         with self._tx() as s:
-            s.merge(m.Meta(key=key, value=value))
+            if not s.execute(update(m.Meta).where(m.Meta.key == key).values(value=value)).rowcount:
+                s.add(m.Meta(key=key, value=value))
+            if run_id is not None:
+                s.execute(update(m.Run).where(m.Run.id == run_id).values(heartbeat_at=self._db_now()))
 
     def worker_gone(self, worker_id: str) -> None:
         with self._tx() as s:

@@ -11,7 +11,7 @@ import math
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import OperationalError
 
 from storage import models as m
@@ -29,8 +29,12 @@ class SeriesMixin:
     """Store methods over `metrics`, `memory_samples` and their rollup tables."""
 
     # ------------------------------------------------------------------ metrics
-    def add_metrics(self, run_id: int, points: Iterable[MetricPoint]) -> int:
+    def add_metrics(self, run_id: int, points: Iterable[MetricPoint],
+                    progress: tuple[int, int | None] | None = None) -> int:
         """Insert metric rows in one transaction; returns how many rows were written now.
+
+        `progress` (step, total steps): the run's step report, written in the same transaction
+        (`Store.set_progress`), so a training child's periodic flush is one commit, not two.
 
         A write lock held by someone else is waited out (busy timeout), then retried with backoff
         for WRITE_RETRY_S; if it is still locked the rows are kept and written first by the next
@@ -43,9 +47,11 @@ class SeriesMixin:
                 self._unwritten.append((run_id, rows))
             batch = [r for _, rs in self._unwritten for r in rs]
             if not batch:
+                if progress is not None:
+                    self.set_progress(run_id, *progress)  # type: ignore[attr-defined]
                 return 0
             try:
-                self._retrying(lambda: self._insert_metrics(batch), "add_metrics")
+                self._retrying(lambda: self._insert_metrics(batch, run_id, progress), "add_metrics")
             except (OperationalError, sqlite3.OperationalError) as exc:
                 if not is_locked_error(exc):
                     if rows:  # not a lock: these rows can never be written; keep the older ones
@@ -61,12 +67,15 @@ class SeriesMixin:
         """Write metric rows kept back by a locked database; returns how many were written."""
         return self.add_metrics(0, [])
 
-    def _insert_metrics(self, rows: list[dict[str, Any]]) -> None:
+    def _insert_metrics(self, rows: list[dict[str, Any]], run_id: int | None = None,
+                        progress: tuple[int, int | None] | None = None) -> None:
         with self._tx() as s:
             live = rows_of_existing_runs(s, rows)  # a run deleted meanwhile drops its late rows
             if live:
                 s.execute(m.Metric.__table__.insert(), live)
                 upsert_metric_rollups(s, live)
+            if progress is not None:
+                s.execute(update(m.Run).where(m.Run.id == run_id).values(**m.progress_values(*progress)))
 
     def metrics(self, run_id: int, names: Sequence[str] | None = None, after_step: int | None = None) -> list[MetricPoint]:
         """Raw rows by name then step; `after_step` keeps only later steps (for polling)."""

@@ -16,7 +16,7 @@ from jobs.spec import JobSpec, SpecError
 from storage import models as m
 from storage import store as store_module
 from storage.models import RunStatus
-from storage.store import MemoryPoint, MetricPoint, Store
+from storage.store import MemoryPoint, MetricPoint, RunControl, Store
 
 BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
 
@@ -88,6 +88,29 @@ def test_interrupted_and_stale(store: Store) -> None:
     assert store.mark_interrupted(run_id, "worker died")
     assert store.get_run(run_id).status is RunStatus.INTERRUPTED
     assert not store.mark_interrupted(run_id, "again")
+
+
+def test_watch_reads_and_beats_are_the_light_statements(store: Store) -> None:
+    """run_control is status + cancel flag; worker_beat writes presence and the run's heartbeat in one
+    transaction; add_metrics carries the step report in its own transaction."""
+    run_id = store.create_run(SPEC)
+    assert store.run_control(run_id) == RunControl(RunStatus.QUEUED, False)
+    assert store.run_control(9999) is None
+    store.claim_next_on_device("w1", "0")
+    store.request_cancel(run_id)
+    assert store.run_control(run_id) == RunControl(RunStatus.RUNNING, True)
+    assert store.get_run(run_id).heartbeat_at is not None
+    before = store.get_run(run_id).heartbeat_at
+    time.sleep(0.05)
+    store.worker_beat("host:1", 1, "host", run_id)
+    store.worker_beat("host:1", 1, "host", run_id)  # the second beat updates the same presence row
+    assert store.get_run(run_id).heartbeat_at > before
+    assert [w["worker_id"] for w in store.live_workers()] == ["host:1"]
+    assert store.add_metrics(run_id, [MetricPoint(7, "loss", 1.5, time.time())], progress=(7, 20)) == 1
+    run = store.get_run(run_id)
+    assert (run.current_step, run.total_steps) == (7, 20) and run.progress_at is not None
+    assert store.add_metrics(run_id, [], progress=(8, None)) == 0  # no rows: the report alone
+    assert store.get_run(run_id).current_step == 8
 
 
 def test_list_runs_filters(store: Store) -> None:

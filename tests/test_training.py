@@ -58,9 +58,12 @@ class CountingStore:
         self.metric_calls: list[list[MetricPoint]] = []
         self.progress: list[tuple[int, int | None]] = []
         self.cancel = False
+        self.control_reads = 0
 
-    def add_metrics(self, run_id: int, points: Any) -> int:
+    def add_metrics(self, run_id: int, points: Any, progress: tuple[int, int | None] | None = None) -> int:
         self.metric_calls.append(list(points))
+        if progress is not None:
+            self.progress.append(progress)
         return len(self.metric_calls[-1])
 
     def add_memory_samples(self, samples: Any) -> int:
@@ -69,7 +72,8 @@ class CountingStore:
     def set_progress(self, run_id: int, step: int, total: int | None = None) -> None:
         self.progress.append((step, total))
 
-    def get_run(self, run_id: int) -> Any:
+    def run_control(self, run_id: int) -> Any:
+        self.control_reads += 1
         return type("R", (), {"cancel_requested": self.cancel})()
 
 
@@ -96,6 +100,7 @@ def test_callback_buffers_metrics_and_measures_throughput() -> None:
     assert "flag" not in names and "note" not in names
     assert all(p.value > 0 for p in points if p.name == "tokens_per_second")
     assert store.progress[0] == (0, 50) and store.progress[-1] == (50, 50)
+    assert len(store.progress) == 2  # the last report rode in the metrics' transaction: one write, not two
 
 
 def test_callback_stops_on_cancel_request_and_on_signal() -> None:
@@ -117,6 +122,49 @@ def test_callback_stops_on_cancel_request_and_on_signal() -> None:
     STOP_REQUESTED.set()
     cb2.on_step_end(None, state, control2)  # type: ignore[arg-type]
     assert control2.should_training_stop and cb2.stop_reason == "signal"
+
+
+def test_slow_writes_stretch_the_flush_interval_within_its_bounds() -> None:
+    """A flush that takes 30 ms (a slow store) would be 3% of each second: the next flushes wait
+    longer (up to max_flush_interval); once writes are fast again the interval comes back down."""
+    from transformers import TrainerControl, TrainerState
+
+    class SlowStore(CountingStore):
+        delay = 0.03
+
+        def add_metrics(self, run_id: int, points: Any, progress: Any = None) -> int:
+            time.sleep(self.delay)
+            return super().add_metrics(run_id, points, progress)
+
+    store = SlowStore()
+    cb = StoreCallback(store, 1, flush_interval=1.0, cancel_interval=None, cuda=False,  # type: ignore[arg-type]
+                       write_budget=0.005, max_flush_interval=5.0)
+    state, control = TrainerState(max_steps=10), TrainerControl()
+    cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
+    assert cb.flush_every == 1.0  # progress only: no metric write yet
+    cb.on_log(None, state, control, logs={"loss": 1.0})  # type: ignore[arg-type]
+    cb.flush()
+    assert cb.flush_every == 5.0  # 30 ms / 0.5% = 6 s, capped at 5 s
+    store.delay = 0.0
+    for _ in range(30):
+        cb.on_log(None, state, control, logs={"loss": 1.0})  # type: ignore[arg-type]
+        cb.flush()
+    assert cb.flush_every == 1.0  # fast writes again: back to flush_interval
+
+
+def test_a_watched_child_leaves_cancel_to_its_worker() -> None:
+    """cancel_interval=None (a worker watches and relays a cancel as SIGTERM): no database reads per step."""
+    from transformers import TrainerControl, TrainerState
+
+    store = CountingStore()
+    store.cancel = True
+    cb = StoreCallback(store, 1, cancel_interval=None, cuda=False)  # type: ignore[arg-type]
+    state, control = TrainerState(max_steps=10), TrainerControl()
+    cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
+    for step in range(1, 4):
+        state.global_step = step
+        cb.on_step_end(None, state, control)  # type: ignore[arg-type]
+    assert store.control_reads == 0 and not control.should_training_stop
 
 
 # ---------------------------------------------------------------------- real training
