@@ -78,27 +78,27 @@ def _refuse(problem: str, fix: str, field_name: str = "run") -> ExportError:
 
 def finished_spec(store: Any, run_id: int) -> JobSpec:
     """The spec of a run that succeeded; refuses missing and unfinished runs."""
-    from storage.models import RunStatus
+    from jobs.stored import finished_problem
 
     run = store.get_run(run_id)
-    if run is None:
-        raise _refuse(f"run {run_id} does not exist", "list runs with `tunedeck runs`")
-    if run.status is not RunStatus.SUCCEEDED:
-        raise _refuse(f"run {run_id} is {run.status.value}; only a finished run has a result to export",
-                      "wait for it to succeed, or export another run")
+    problem = finished_problem(run, run_id, "export")
+    if problem is not None:
+        raise _refuse(*problem)
     return JobSpec.from_json(run.spec_json)
 
 
 def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
     """The run's spec and its saved adapter folder; refuses runs that have none to merge."""
+    from jobs.stored import result_folder
+
     spec = finished_spec(store, run_id)
     if spec.method is Method.FULL:
         raise _refuse(f"run {run_id} is a full fine-tune: its bundle is already a whole model, nothing to merge",
                       "download the run's bundle; it loads with AutoModelForCausalLM.from_pretrained")
-    folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind == "adapter"]
-    if not folders or not (folders[-1] / "adapter_config.json").is_file():
+    folder = result_folder(store, run_id, "adapter", "adapter_config.json")
+    if folder is None:
         raise _refuse(f"run {run_id} has no saved adapter folder", "train it again; its bundle was not written")
-    return spec, folders[-1]
+    return spec, folder
 
 
 def token_agreement(ids_a: list[list[int]], ids_b: list[list[int]]) -> float:

@@ -106,26 +106,23 @@ class RunResult:
 
 def locate(store: Any, run_id: int) -> RunResult:
     """The run's result folder; refuses missing, unfinished or reward-model runs with the fix."""
-    from jobs.stored import spec_of
-    from storage.models import RunStatus
+    from jobs.stored import finished_problem, result_folder, spec_of
 
     run = store.get_run(run_id)
-    if run is None:
-        raise refuse(f"run {run_id} does not exist", "list finished runs with `tunedeck runs --status succeeded`")
-    if run.status is not RunStatus.SUCCEEDED:
-        raise refuse(f"run {run_id} is {run.status.value}; only a finished (succeeded) run has a result to chat with",
-                     "wait for it to finish, or pick a succeeded run (`tunedeck runs --status succeeded`)")
+    problem = finished_problem(run, run_id, "chat with")
+    if problem is not None:
+        raise refuse(*problem)
     spec = spec_of(run)
     if spec.trainer is Trainer.REWARD:
         raise refuse(f"run {run_id} trained a reward model: it scores answers and does not write them",
                      "chat with an SFT, DPO, KTO, ORPO or CPO run")
     full = spec.method is Method.FULL
     kind, marker = ("model", "config.json") if full else ("adapter", "adapter_config.json")
-    folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind == kind]
-    if not folders or not (folders[-1] / marker).is_file():
+    folder = result_folder(store, run_id, kind, marker)
+    if folder is None:
         raise refuse(f"run {run_id} has no saved {kind} folder (its result was not written or was deleted)",
                      "train the run again (`tunedeck resume` does not apply to a finished run: submit its spec)")
-    return RunResult(run_id, spec.display_name, spec.model, str(folders[-1]), spec.method.value, full,
+    return RunResult(run_id, spec.display_name, spec.model, str(folder), spec.method.value, full,
                      spec.trust_remote_code)
 
 

@@ -46,16 +46,13 @@ def check_repo_id(repo: str) -> str:
 
 def push_folder(store: Any, run_id: int, what: str = "bundle") -> Path:
     """The folder a push of `what` uploads: the run's bundle folder, or its newest merged export."""
-    from storage.models import RunStatus
+    from jobs.stored import finished_problem
 
     if what not in WHAT:
         raise _refuse("what", f"`{what}` is not one of {', '.join(WHAT)}", "use --what bundle or --what merged")
-    run = store.get_run(run_id)
-    if run is None:
-        raise _refuse("run", f"run {run_id} does not exist", "list runs with `tunedeck runs`")
-    if run.status is not RunStatus.SUCCEEDED:
-        raise _refuse("run", f"run {run_id} is {run.status.value}; only a finished run has a result to push",
-                      "wait for it to succeed, or push another run")
+    problem = finished_problem(store.get_run(run_id), run_id, "push")
+    if problem is not None:
+        raise _refuse("run", *problem)
     kinds = ("merged",) if what == "merged" else ("adapter", "model")
     folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind in kinds and Path(a.path).is_dir()]
     if not folders:

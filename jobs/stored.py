@@ -2,6 +2,8 @@
 
     spec = spec_of(run)                    # a JobSpec for display, even from another version
     problem = spec_problem(run.spec_json)  # why the worker cannot train it (None: it can)
+    finished_problem(run, 7, "export")     # (problem, fix) when run 7 has no finished result
+    result_folder(store, 7, "adapter", "adapter_config.json")  # its newest saved adapter folder
 
 A spec written by an older or newer tunedeck, or edited by hand, must neither crash the worker
 nor hide the run from the dashboard: the worker fails such a run with `spec_problem`'s reason,
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from jobs.spec import JobSpec, SpecError
+from storage.models import RunStatus
 
 
 class StoredRun(Protocol):
@@ -31,6 +35,23 @@ def spec_problem(spec_json: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - whatever is stored, the queue must go on
         return f"the stored job spec cannot be read ({type(exc).__name__}: {exc})"
     return None
+
+
+def finished_problem(run: Any, run_id: int, doing: str) -> tuple[str, str] | None:
+    """(problem, fix) when run `run_id` (`run`: its record, None if missing) has no finished result
+    to `doing` ("chat with", "export"); None when it succeeded. Chat, export and push share it."""
+    if run is None:
+        return f"run {run_id} does not exist", "list finished runs with `tunedeck runs --status succeeded`"
+    if run.status is not RunStatus.SUCCEEDED:
+        return (f"run {run_id} is {run.status.value}; only a finished run has a result to {doing}",
+                "wait for it to succeed, or pick a succeeded run (`tunedeck runs --status succeeded`)")
+    return None
+
+
+def result_folder(store: Any, run_id: int, kind: str, marker: str) -> Path | None:
+    """The run's newest artifact folder of `kind` ("adapter", "model"), if it still holds `marker`."""
+    folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind == kind]
+    return folders[-1] if folders and (folders[-1] / marker).is_file() else None
 
 
 def spec_of(run: StoredRun) -> JobSpec:
