@@ -15,7 +15,10 @@ well under 2% of training time:
 - the database is asked about `cancel_requested` at most every `cancel_interval` (2 s; None:
   never, for a child a worker watches, since the worker relays a cancel as SIGTERM), while a
   SIGTERM flag (a `threading.Event`) is checked at every step for free;
-- progress rides in the metrics' transaction: one commit per flush.
+- progress rides in the metrics' transaction: one commit per flush;
+- the periodic flushes run on a writer thread (`_Writer`), in order: on a GPU the training
+  thread waits for the device most of the time, so the writes cost it nothing; `flush()` (train
+  end, before the run's status changes) waits for them and writes the rest itself.
 A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
 cancelled run can be resumed; every saved checkpoint gets a completeness marker
 (`jobs.checkpoints`). A non-finite training loss stops training at once, without saving, and
@@ -31,8 +34,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -52,7 +57,7 @@ class StoreCallback(TrainerCallback):
     def __init__(self, store: Store, run_id: int, *, stop_event: threading.Event | None = None,
                  flush_interval: float = 1.0, cancel_interval: float | None = 2.0, cuda: bool | None = None,
                  save_interval_s: float | None = None, write_budget: float = 0.005,
-                 max_flush_interval: float = 5.0):
+                 max_flush_interval: float = 5.0, background: bool = True):
         self.store = store
         self.run_id = run_id
         self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
@@ -61,6 +66,8 @@ class StoreCallback(TrainerCallback):
         self.max_flush_interval = max(max_flush_interval, flush_interval)
         self._flush_every = flush_interval  # flush_interval, stretched when flushes are slow
         self._flush_cost: float | None = None  # seconds per flush, smoothed
+        self.background = background  # periodic flushes on a writer thread (flush() always waits)
+        self._writer: _Writer | None = None
         self.cancel_interval = cancel_interval
         self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
         self.worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None  # whose device the torch samples are of
@@ -129,7 +136,7 @@ class StoreCallback(TrainerCallback):
             # last one (on_log), and cancels this save if it went non-finite.
             control.should_log = True
         if now - self._last_flush >= self._flush_every:
-            self.flush()
+            self._flush_soon()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -153,7 +160,7 @@ class StoreCallback(TrainerCallback):
         if self.cuda:
             self._memory.append(_torch_memory(self.run_id, wall, self.worker_id))
         if time.perf_counter() - self._last_flush >= self._flush_every:
-            self.flush()
+            self._flush_soon()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -201,36 +208,98 @@ class StoreCallback(TrainerCallback):
         self.num_tokens = tokens
 
     def flush(self, force_progress: bool = False) -> None:
-        """Write buffered metrics and memory samples, and the progress, each in one transaction."""
-        start = self._last_flush = time.perf_counter()
-        try:
-            self._write(force_progress)
-        finally:
-            took = time.perf_counter() - start
-            # A slow flush counts at once; fast ones bring the estimate down gradually.
-            cost = self._flush_cost
-            self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
-            self._flush_every = min(self.max_flush_interval,
-                                    max(self.flush_interval, self._flush_cost / self.write_budget))
+        """Write everything buffered now, in this thread, after any write still in the background.
+
+        What jobs.train calls before it changes the run's status: the rows are in the store
+        when this returns, and a failure to write them raises here."""
+        batch = self._take(force_progress)
+        if self._writer is not None:
+            self._writer.drain()
+        self._write(batch)
+
+    def _flush_soon(self) -> None:
+        """The periodic flush: hand the batch to the writer thread and go back to training."""
+        batch = self._take(False)
+        if not self.background:
+            self._write(batch)
+            return
+        if self._writer is None:
+            self._writer = _Writer(self._write)
+        self._writer.submit(batch)
 
     @property
     def flush_every(self) -> float:
         """Seconds between flushes now: flush_interval, or longer while flushes are slow."""
         return self._flush_every
 
-    def _write(self, force_progress: bool) -> None:
+    def _take(self, force_progress: bool) -> _Batch:
+        """Empty the buffers into one batch (and the progress, when it moved)."""
+        self._last_flush = time.perf_counter()
         metrics, self._metrics = self._metrics, []
         memory, self._memory = self._memory, []
         progress = None
         if force_progress or self._step != self._progress_step:
             self._progress_step = self._step
             progress = (self._step, self._max_steps)
-        if metrics:
-            self.store.add_metrics(self.run_id, metrics, progress=progress)  # one commit for both
-        elif progress is not None:
-            self.store.set_progress(self.run_id, *progress)
-        if memory:
-            self.store.add_memory_samples(memory)
+        return _Batch(metrics, memory, progress)
+
+    def _write(self, batch: _Batch) -> None:
+        """One batch to the store (metrics and progress in one transaction); times it against the budget."""
+        start = time.perf_counter()
+        try:
+            if batch.metrics:
+                self.store.add_metrics(self.run_id, batch.metrics, progress=batch.progress)  # one commit for both
+            elif batch.progress is not None:
+                self.store.set_progress(self.run_id, *batch.progress)
+            if batch.memory:
+                self.store.add_memory_samples(batch.memory)
+        finally:
+            took = time.perf_counter() - start
+            # A slow write counts at once; fast ones bring the estimate down gradually.
+            cost = self._flush_cost
+            self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
+            self._flush_every = min(self.max_flush_interval,
+                                    max(self.flush_interval, self._flush_cost / self.write_budget))
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What one flush writes."""
+
+    metrics: list[MetricPoint]
+    memory: list[MemoryPoint]
+    progress: tuple[int, int | None] | None
+
+
+class _Writer(threading.Thread):
+    """Writes the callback's periodic batches in order, off the training thread.
+
+    On a GPU the training thread waits for the device most of the time, so a write there costs
+    nothing; on a CPU it runs on whatever core is free. A failed periodic write is logged and
+    training goes on (the store keeps rows a locked database refused for the next write)."""
+
+    def __init__(self, write: Any) -> None:
+        super().__init__(name="tunedeck-metrics-writer", daemon=True)
+        self._write = write
+        self._queue: queue.Queue[_Batch] = queue.Queue()
+        self.start()
+
+    def submit(self, batch: _Batch) -> None:
+        self._queue.put(batch)
+
+    def drain(self) -> None:
+        """Return once every batch submitted so far has been written (or has failed)."""
+        self._queue.join()
+
+    def run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            try:
+                self._write(batch)
+            except Exception:  # noqa: BLE001 - bookkeeping: the training goes on
+                log.exception("writing %d metric rows failed; training goes on", len(batch.metrics))
+            finally:
+                self._queue.task_done()
 
 
 def physical_index(index: int) -> int:

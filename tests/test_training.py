@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -150,6 +151,39 @@ def test_slow_writes_stretch_the_flush_interval_within_its_bounds() -> None:
         cb.on_log(None, state, control, logs={"loss": 1.0})  # type: ignore[arg-type]
         cb.flush()
     assert cb.flush_every == 1.0  # fast writes again: back to flush_interval
+
+
+def test_periodic_flushes_write_in_order_off_the_training_thread() -> None:
+    """Periodic flushes go to the writer thread in order; flush() waits for them; a failed
+    periodic write is logged and training goes on."""
+    from transformers import TrainerControl, TrainerState
+
+    class ThreadStore(CountingStore):
+        fail_first = True
+
+        def add_metrics(self, run_id: int, points: Any, progress: Any = None) -> int:
+            self.threads.append(threading.current_thread().name)
+            if self.fail_first:
+                self.fail_first = False
+                raise RuntimeError("database went away")
+            time.sleep(0.01)
+            return super().add_metrics(run_id, points, progress)
+
+    store = ThreadStore()
+    store.threads = []  # type: ignore[attr-defined]
+    cb = StoreCallback(store, 1, flush_interval=0.0, cancel_interval=None, cuda=False,  # type: ignore[arg-type]
+                       write_budget=1.0)
+    state, control = TrainerState(max_steps=20), TrainerControl()
+    cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
+    for step in range(1, 21):
+        state.global_step = step
+        cb.on_log(None, state, control, logs={"loss": float(step)})  # type: ignore[arg-type]  # the first write fails
+    cb.on_train_end(None, state, control)  # type: ignore[arg-type]
+    written = [p.step for call in store.metric_calls for p in call if p.name == "loss"]
+    assert written == sorted(written) and written[-1] == 20 and len(written) == len(set(written))
+    assert 1 not in written  # the failed batch is gone, and nothing else
+    assert set(store.threads) == {"tunedeck-metrics-writer"}  # type: ignore[attr-defined]
+    assert store.progress[-1] == (20, 20)  # train end waited for the writer, then reported the last step
 
 
 def test_a_watched_child_leaves_cancel_to_its_worker() -> None:
