@@ -1,6 +1,6 @@
 """How much does tunedeck's instrumentation cost? The same training with and without it.
 
-    .venv/bin/python bench/overhead.py                      # tiny-llama, 6 pairs
+    .venv/bin/python bench/overhead.py                      # tiny-llama, 600 steps, 10 pairs (~5 min)
     .venv/bin/python bench/overhead.py --sides bare,bare    # the method's own bias: expect 1.00
     .venv/bin/python bench/overhead.py --model smollm2-135m-instruct --steps 20 --pairs 3
 
@@ -251,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the pairs and print each side's figures and the ratios' min / median / max."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--mode", choices=["concurrent", "sequential"], help="default: concurrent on CPU")
     parser.add_argument("--sides", default="bare,tunedeck",
                         help="the two sides of each pair: bare,tunedeck (default); bare,bare checks the method")
