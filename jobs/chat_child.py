@@ -10,7 +10,10 @@ one JSON request per line on stdin and writes JSON events, one per line, on stdo
 
 A `load` of another run replaces the pair held (one pair at a time, its memory freed first).
 With no request for IDLE_SECONDS it exits (code 0), so the memory it held is freed; the parent
-starts a fresh one on the next request. Logs go to stderr (a file the parent names).
+starts a fresh one on the next request. On a GPU (`TUNEDECK_CHAT_GPU`, set by the parent) it
+also looks every `CHECK_EVERY_S` seconds between requests whether a training run has taken that
+GPU's lease, and exits at once if one has: the run gets the memory within seconds, while its
+model is still loading, not at the chat's next request. Logs go to stderr (a file the parent names).
 """
 
 from __future__ import annotations
@@ -18,13 +21,19 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import select
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from jobs.chat_device import GPU_ENV, busy_problem
+
 log = logging.getLogger("jobs.chat_child")
+
+CHECK_EVERY_S = 2.0  # how often an idle process on a GPU looks at that GPU's lease
 
 
 def _send(out: TextIO, **event: Any) -> None:
@@ -54,16 +63,27 @@ def _free(pair: Any) -> None:
         pass
 
 
-def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
-    """Answer requests until stdin closes or nothing arrives for `idle_seconds`."""
+def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout,
+          taken: Callable[[], str | None] | None = None, check_every: float = CHECK_EVERY_S) -> int:
+    """Answer requests until stdin closes, nothing arrives for `idle_seconds`, or `taken()`
+    (asked every `check_every` s between requests) says a training run needs the device."""
     from jobs.generate import RunResult, Sampling, load
 
     pair = None
+    last_request = time.monotonic()
     while True:
-        ready, _, _ = select.select([stdin], [], [], idle_seconds)
-        if not ready:
+        left = idle_seconds - (time.monotonic() - last_request)
+        if left <= 0:
             log.info("idle for %.0f s: exiting to free the model's memory", idle_seconds)
             return 0
+        ready, _, _ = select.select([stdin], [], [], min(left, check_every) if taken is not None else left)
+        if not ready:
+            why = taken() if taken is not None else None
+            if why:
+                log.info("%s: exiting to free its memory", why)
+                return 0
+            continue
+        last_request = time.monotonic()
         line = stdin.readline()
         if not line:
             return 0
@@ -97,7 +117,26 @@ def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.s
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(float(args[0]) if args else 300.0)
+    return serve(float(args[0]) if args else 300.0, taken=lease_watch(os.environ.get(GPU_ENV, "").strip()))
+
+
+def lease_watch(gpu: str) -> Callable[[], str | None] | None:
+    """For a process on GPU `gpu`: a check that names the training run holding that GPU's lease, if any."""
+    if not gpu:
+        return None
+    from storage.store import Store
+
+    store = Store()
+
+    def taken() -> str | None:
+        try:
+            problem = busy_problem(store, gpu)
+        except Exception:  # noqa: BLE001 - the database is away: keep answering, look again later
+            log.warning("could not read GPU %s's lease; looking again in %.0f s", gpu, CHECK_EVERY_S)
+            return None
+        return problem.problem if problem is not None else None
+
+    return taken
 
 
 if __name__ == "__main__":

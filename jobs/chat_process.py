@@ -9,8 +9,9 @@ Device rules, the same as training's: on a machine with a GPU, answers are gener
 `TUNEDECK_CHAT_DEVICE` (a GPU index or UUID, or `cpu`), else the worker's `TUNEDECK_DEVICE`,
 else what CUDA_VISIBLE_DEVICES names (as the worker names it), else GPU 0, and never on a GPU
 whose lease a training run holds: that is refused with the run's id and the fix (the check is
-made before every request, and a process already on a GPU that a run has since started
-training on is stopped, freeing its memory). On a machine without a GPU it runs on the CPU.
+made before every request, and a process on a GPU whose lease a run has since taken exits
+by itself within `jobs.chat_child.CHECK_EVERY_S`, freeing its memory while the run's model
+loads). On a machine without a GPU it runs on the CPU.
 The process exits after `TUNEDECK_CHAT_IDLE_SECONDS` (default 300) without a request,
 freeing the model's memory; the next request starts a fresh one. One run's model pair is
 loaded at a time; asking for another run reloads. Its log: `$TUNEDECK_HOME/logs/chat.log`.
@@ -29,13 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from jobs.chat_device import DEVICE_ENV, GPU_ENV, busy_problem
 from jobs.generate import ChatError, RunResult, Sampling, locate, refuse
 from jobs.spec import Problem
 
 log = logging.getLogger("jobs.chat_process")
 
 IDLE_ENV = "TUNEDECK_CHAT_IDLE_SECONDS"
-DEVICE_ENV = "TUNEDECK_CHAT_DEVICE"
 DEFAULT_IDLE_S = 300.0
 
 
@@ -50,19 +51,6 @@ def idle_seconds() -> float:
     if value <= 0:
         raise refuse(f"{IDLE_ENV}={raw} must be more than 0 seconds", f"set {IDLE_ENV} to e.g. 300", IDLE_ENV)
     return value
-
-
-def busy_problem(store: Any, gpu: str, host: str | None = None) -> Problem | None:
-    """A Problem when a training run holds GPU `gpu` on `host` (its device lease); None when it is free."""
-    run_id = store.device_lease(gpu, host=host).get("run_id")
-    if run_id is None:
-        return None
-    run = store.get_run(int(run_id))
-    name = f" ({run.name})" if run is not None else ""
-    return Problem("device", f"GPU {gpu} is training run {run_id}{name}; answering there would take memory the run "
-                   "needs and could make it run out",
-                   f"wait for run {run_id} to finish or cancel it (`tunedeck cancel {run_id}`), or start tunedeck "
-                   f"with {DEVICE_ENV} set to a free GPU (or {DEVICE_ENV}=cpu to answer on the CPU)")
 
 
 def choose_device(store: Any, facts: Any = None, host: str | None = None) -> str:
@@ -119,6 +107,9 @@ class ChatProcess:
         idle = self.idle_s if self.idle_s is not None else idle_seconds()
         env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), PYTHONUNBUFFERED="1",
                    CUDA_VISIBLE_DEVICES="" if device == "cpu" else device)
+        env.pop(GPU_ENV, None)
+        if device != "cpu":
+            env[GPU_ENV] = device  # the child watches this GPU's lease and leaves when a run takes it
         with open(log_path(), "ab") as err:
             proc = subprocess.Popen([sys.executable, "-m", "jobs.chat_child", str(idle)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=err, env=env, text=True, bufsize=1,

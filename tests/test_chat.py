@@ -155,6 +155,32 @@ def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
     assert choose_device(store, GPU, host="gpu-box") == "0"
 
 
+def test_a_chat_process_leaves_its_gpu_as_soon_as_a_run_takes_it(store, tiny_model: Path, tmp_path: Path) -> None:
+    """An idle generation process on GPU 0 exits within a couple of seconds of a run claiming GPU 0
+    (so the run's model loads into freed memory); one on GPU 1 stays."""
+    from jobs.chat_device import GPU_ENV
+
+    procs = {}
+    for gpu in ("0", "1"):
+        with open(tmp_path / f"chat-{gpu}.log", "wb") as err:
+            procs[gpu] = subprocess.Popen([sys.executable, "-m", "jobs.chat_child", "600"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=err, env=dict(os.environ, **{GPU_ENV: gpu}))
+    try:
+        log0 = tmp_path / "chat-0.log"
+        # Up and watching: it has looked at the lease at least once and is still there.
+        wait_for(lambda: procs["0"].poll() is None and procs["1"].poll() is None, what="chat processes started")
+        run_id = store.create_run(tiny_spec(tiny_model, run_name="needs-the-gpu"))
+        assert store.claim_next_on_device("w1", "0") is not None
+        wait_for(lambda: procs["0"].poll() is not None, timeout=60, what="the chat process on GPU 0 to exit")
+        assert procs["0"].returncode == 0
+        assert f"GPU 0 is training run {run_id} (needs-the-gpu)" in log0.read_text()
+        assert procs["1"].poll() is None  # GPU 1 is nobody's: that process keeps its model
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.slow
 def test_generation_process_answers_switches_runs_and_exits_when_idle(home, lora_pair) -> None:
     _, store, ids = home
