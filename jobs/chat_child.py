@@ -83,7 +83,6 @@ def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.s
                 log.info("%s: exiting to free its memory", why)
                 return 0
             continue
-        last_request = time.monotonic()
         line = stdin.readline()
         if not line:
             return 0
@@ -112,6 +111,7 @@ def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.s
                 raise RuntimeError(f"unknown request {request.get('op')!r}")
         except Exception as exc:  # noqa: BLE001 - reported to the parent; the process keeps serving
             _error(stdout, exc)
+        last_request = time.monotonic()  # idle counts from the end of a request: a slow load is not idleness
 
 
 def main(argv: list[str] | None = None) -> int:
