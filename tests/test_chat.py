@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,6 +154,53 @@ def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
     # Once the run's worker releases the GPU, the device check passes.
     store.release_device("0", "w1", host="gpu-box")
     assert choose_device(store, GPU, host="gpu-box") == "0"
+
+
+def test_a_load_slower_than_the_idle_time_is_not_idleness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle time counts from the end of a request: a model load that takes longer than the idle
+    timeout is followed by the answer, not by an exit (found by CI on a loaded machine)."""
+    import io
+    import threading
+    import time
+
+    import jobs.generate
+    from jobs.chat_child import serve
+    from jobs.generate import RunResult
+
+    class FakePair:
+        def __init__(self, result: RunResult) -> None:
+            self.result, self.device = result, "cpu"
+
+        def stream(self, which: str, prompt: str, system: str, sampling: Any) -> Any:
+            yield from ("Hel", "lo")
+
+    def slow_load(result: RunResult) -> FakePair:
+        time.sleep(3.0)  # longer than the 2 s idle timeout below
+        return FakePair(result)
+
+    monkeypatch.setattr(jobs.generate, "load", slow_load)
+    requests_r, requests_w = os.pipe()
+    events_r, events_w = os.pipe()
+    stdin, to_child = os.fdopen(requests_r, "r"), os.fdopen(requests_w, "w")
+    from_child, stdout = os.fdopen(events_r, "r"), os.fdopen(events_w, "w")
+    code: list[int] = []
+    def run() -> None:
+        code.append(serve(2.0, stdin, stdout))
+        stdout.close()  # the process has ended: the reader sees end of output, as from a real child
+
+    server = threading.Thread(target=run, daemon=True)
+    server.start()
+    result = RunResult(1, "r", "tiny", "/nowhere", "lora", False)
+    to_child.write(json.dumps({"op": "load", "result": result.to_dict()}) + "\n")
+    to_child.flush()
+    assert json.loads(from_child.readline())["event"] == "loaded"
+    to_child.write(json.dumps({"op": "generate", "which": "run", "prompt": "Hi"}) + "\n")
+    to_child.flush()
+    lines = [from_child.readline() for _ in range(3)]
+    assert lines[-1] and json.loads(lines[-1]) == {"event": "done", "answer": "Hello"}, f"no answer: {lines}"
+    to_child.close()  # end of input: the process ends
+    server.join(timeout=60)
+    assert code == [0]
 
 
 def test_a_chat_process_leaves_its_gpu_as_soon_as_a_run_takes_it(store, tiny_model: Path, tmp_path: Path) -> None:
