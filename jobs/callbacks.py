@@ -57,7 +57,7 @@ class StoreCallback(TrainerCallback):
     def __init__(self, store: Store, run_id: int, *, stop_event: threading.Event | None = None,
                  flush_interval: float = 1.0, cancel_interval: float | None = 2.0, cuda: bool | None = None,
                  save_interval_s: float | None = None, write_budget: float = 0.005,
-                 max_flush_interval: float = 5.0, background: bool = True):
+                 max_flush_interval: float = 5.0, worker_id: str | None = None):
         self.store = store
         self.run_id = run_id
         self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
@@ -66,11 +66,10 @@ class StoreCallback(TrainerCallback):
         self.max_flush_interval = max(max_flush_interval, flush_interval)
         self._flush_every = flush_interval  # flush_interval, stretched when flushes are slow
         self._flush_cost: float | None = None  # seconds per flush, smoothed
-        self.background = background  # periodic flushes on a writer thread (flush() always waits)
         self._writer: _Writer | None = None
         self.cancel_interval = cancel_interval
         self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
-        self.worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None  # whose device the torch samples are of
+        self.worker_id = worker_id  # the worker whose device the torch samples are of (jobs.train passes it)
         self._last_save = 0.0
         if cuda is None:
             import torch
@@ -220,9 +219,6 @@ class StoreCallback(TrainerCallback):
     def _flush_soon(self) -> None:
         """The periodic flush: hand the batch to the writer thread and go back to training."""
         batch = self._take(False)
-        if not self.background:
-            self._write(batch)
-            return
         if self._writer is None:
             self._writer = _Writer(self._write)
         self._writer.submit(batch)

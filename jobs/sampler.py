@@ -183,7 +183,6 @@ class GpuProbe:
                 process_rss=rss))
         return points
 
-
     def _tree_of(self, pid: int) -> ProcessTree:
         if self._tree is None or self._tree.pid != pid:
             self._tree = ProcessTree(pid)

@@ -350,9 +350,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     # Under a worker (it passes TUNEDECK_WORKER_ID) a cancel arrives as SIGTERM within the
     # worker's poll interval; asking the database as well would only cost the training time.
-    watched = bool(os.environ.get("TUNEDECK_WORKER_ID"))
+    worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None
     callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None,
-                             cancel_interval=None if watched else 2.0)
+                             cancel_interval=None if worker_id else 2.0, worker_id=worker_id)
     output_dir = store.run_dir(run_id) / "output"
     training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
 
