@@ -28,7 +28,7 @@ COPY jobs ./jobs
 COPY storage ./storage
 COPY examples ./examples
 # A non-editable install: the image needs no source checkout at run time.
-RUN pip install . && python -c "import app.cli, jobs.spec, storage.store"
+RUN pip install . && python -c "import app.cli.main, jobs.spec.job, storage.store"
 
 # One data directory for database, run artifacts and model cache; a named volume mounted
 # here takes this folder's owner, so the unprivileged user can write to it.

@@ -27,13 +27,13 @@ from gradio.utils import get_function_description
 
 from app import manage
 from app.manage import ManageError, RunSummary
-from jobs.access import AccessPolicy
-from jobs.spec import JobSpec, Problem, SpecError
+from jobs.checks.access import AccessPolicy
+from jobs.spec.job import JobSpec, Problem, SpecError
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.run_files import DiskUsage
 from storage.store import Store
-from jobs.stored import spec_of
+from jobs.spec.stored import spec_of
 
 ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
 MAX_RUNS = 1000
@@ -96,7 +96,7 @@ def _number(value: Optional[float]) -> Optional[float]:
 
 def check_yaml(spec_yaml: str, policy: AccessPolicy | None = None) -> tuple[Optional[JobSpec], list[Problem]]:
     """The spec, or the problems the launch form reports for the same values (fields, then data sets)."""
-    from app.ui_form import all_problems
+    from app.ui.form import all_problems
 
     try:
         return JobSpec.from_yaml(spec_yaml or ""), []
@@ -112,7 +112,7 @@ def check_yaml(spec_yaml: str, policy: AccessPolicy | None = None) -> tuple[Opti
 
 def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None) -> Submitted:
     """Check a YAML spec like the form does and queue it."""
-    from jobs.submit import submit
+    from jobs.queue.submit import submit
 
     policy = policy or AccessPolicy.dashboard()  # the API is the dashboard's: no custom reward function
     spec, problems = check_yaml(spec_yaml, policy)
@@ -125,8 +125,8 @@ def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None
 
 
 def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
-    from app.ui_run import bundle_path
-    from jobs.checkpoints import resumable
+    from app.ui.run import bundle_path
+    from jobs.train.checkpoints import resumable
 
     (summary,) = manage.summaries(store, [run], disk)
     return RunDetail(**summary, spec=spec_of(run).to_dict(),
@@ -240,7 +240,7 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Parameters:
             run_id: the run's id.
         """
-        from jobs.checkpoints import resume as requeue
+        from jobs.train.checkpoints import resume as requeue
 
         found = _run(store, run_id)
         try:
@@ -257,7 +257,7 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Returns:
             the zip file (gradio_client saves it and returns its local path).
         """
-        from app.ui_run import bundle_path
+        from app.ui.run import bundle_path
 
         found = _run(store, run_id)
         path = bundle_path(store, found.id)

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from jobs.spec import Problem
+from jobs.spec.job import Problem
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, KEY_LEN = 2**14, 8, 1, 32
 AUTH_ENV = "TUNEDECK_AUTH"

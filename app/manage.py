@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from jobs.units import human_bytes
-from jobs.spec import Problem
+from jobs.spec.job import Problem
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.run_files import DiskUsage, remove_run_folder, run_bytes
 from storage.store import RunningRunError, Store
-from jobs.stored import spec_of
+from jobs.spec.stored import spec_of
 
 log = logging.getLogger(__name__)
 

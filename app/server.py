@@ -1,7 +1,7 @@
 """`tunedeck serve`: the Gradio dashboard, with a worker in a separate process.
 
 The dashboard and the worker only share the database (STYLE.md "data path"): the worker runs
-as a subprocess (`python -m app.cli worker`, the same as `tunedeck worker`) so a crash or a
+as a subprocess (`python -m app.cli.main worker`, the same as `tunedeck worker`) so a crash or a
 GPU hang in training never takes the web server down, and it exits with the server.
 
 Safe serving:
@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from jobs.access import AccessPolicy
+from jobs.checks.access import AccessPolicy
 from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 
@@ -143,7 +143,7 @@ def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]
     """Gradio launch() keyword arguments for safe serving (login, file access, upload cap) and page CSS."""
     from app.auth import gradio_auth, load_credentials
 
-    from app.ui_form import FORM_CSS
+    from app.ui.form import FORM_CSS
 
     users = load_credentials(auth_file)
     return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths), "css": FORM_CSS,
@@ -154,7 +154,7 @@ def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]
 
 def start_worker() -> subprocess.Popen:
     """`tunedeck worker` as a child that exits when this process does."""
-    argv = [sys.executable, "-m", "app.cli", "worker", "--exit-with-parent", str(os.getpid())]
+    argv = [sys.executable, "-m", "app.cli.main", "worker", "--exit-with-parent", str(os.getpid())]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
 
@@ -174,7 +174,7 @@ def serve(host: str = "127.0.0.1", port: int = 7860, with_worker: bool = True, a
     """Run the dashboard until interrupted; returns an exit code."""
     # Before gradio is imported: its upload folder and cache go under the data directory.
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
 
     store = Store()
     options = launch_options(store, auth_file)

@@ -51,7 +51,7 @@ def _claimer(url: str, n: int, go: float, out: "mp.Queue") -> None:
 
 
 def race(url: str, processes: int, runs: int) -> dict:
-    from jobs.spec import JobSpec
+    from jobs.spec.job import JobSpec
     from storage.models import RunStatus
     from storage.store import Store
 

@@ -5,14 +5,14 @@
     python bench/memory_truth.py --device cuda   # a CUDA host: max allocated / reserved and NVML, + 0.5B/1.5B shapes
 
 Every configuration is a `JobSpec` trained for two optimizer steps by tunedeck's own path
-(`jobs.mapping` configs, `prepare_model_for_kbit_training`, `jobs.train.build_trainer`), on a
+(`jobs.config.mapping` configs, `prepare_model_for_kbit_training`, `jobs.train.child.build_trainer`), on a
 random-weight model built from a config (memory does not depend on weight values) and `text` /
 preference rows longer than `max_length`, so every row trains exactly `max_length` tokens.
 
-On the CPU the peak is counted exactly by `jobs.memory_count.LiveBytes` (every tensor storage
+On the CPU the peak is counted exactly by `jobs.memory.count.LiveBytes` (every tensor storage
 alive at once; the weights loaded outside it are handed over); on CUDA it is
 `torch.cuda.max_memory_allocated/reserved` and NVML's `used`, each configuration in its own
-process. The prediction is `jobs.memory.predict` with the CUDA-only constant left out on the CPU.
+process. The prediction is `jobs.memory.predict.predict` with the CUDA-only constant left out on the CPU.
 The last line says "N% of M configs within 10%": the goal is >= 90% and none more than 25% under
 (docs/memory.md, "How well it predicts").
 """
@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from jobs.spec import JobSpec  # noqa: E402  (after the sys.path line, so the script runs from anywhere)
+from jobs.spec.job import JobSpec  # noqa: E402  (after the sys.path line, so the script runs from anywhere)
 
 # Model shapes, built with random weights. Vocabularies larger than the 512-token tokenizer on
 # purpose: the logits are sized by the model, not by the tokens used.
@@ -138,7 +138,7 @@ def build_model(work: Path, shape: str) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from jobs.tiny import train_tokenizer
+    from jobs.models.tiny import train_tokenizer
 
     tokenizer = train_tokenizer()
     fields = dict(SHAPES[shape])
@@ -186,10 +186,10 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
     """Count the live tensor bytes of two real optimizer steps of `spec` on the CPU: {"peak", "weights"}."""
     import torch
 
-    from jobs.data import load_datasets
-    from jobs.mapping import CPU, QUANTIZED_METHODS, peft_config, training_config
-    from jobs.memory_count import LiveBytes
-    from jobs.train import build_trainer, load_model
+    from jobs.data.sources import load_datasets
+    from jobs.config.mapping import CPU, QUANTIZED_METHODS, peft_config, training_config
+    from jobs.memory.count import LiveBytes
+    from jobs.train.child import build_trainer, load_model
 
     torch.manual_seed(0)
     model, tokenizer = load_model(spec, CPU)  # read from safetensors: invisible to the counter, handed over below
@@ -213,8 +213,8 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
 
 
 def predicted(spec: JobSpec, model_dir: Path, facts: Any) -> Any:
-    from jobs.memory import predict
-    from jobs.memory_parts import arch_from_config
+    from jobs.memory.predict import predict
+    from jobs.memory.parts import arch_from_config
 
     return predict(spec, arch_from_config(json.loads((model_dir / "config.json").read_text())), facts)
 
@@ -236,7 +236,7 @@ class Row:
 
 def run_cpu_grid(cases: list[Case], work: Path, log: Any = None) -> list[Row]:
     """Train and count each case on the CPU; one Row each."""
-    from jobs.devices import cpu_facts
+    from jobs.devices.facts import cpu_facts
 
     facts = cpu_facts()
     rows = []
@@ -303,9 +303,9 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     import torch
     from transformers import TrainerCallback
 
-    from jobs.data import load_datasets
-    from jobs.mapping import QUANTIZED_METHODS, detect_device, peft_config, training_config
-    from jobs.train import build_trainer, load_model
+    from jobs.data.sources import load_datasets
+    from jobs.config.mapping import QUANTIZED_METHODS, detect_device, peft_config, training_config
+    from jobs.train.child import build_trainer, load_model
 
     quiet()
     spec = JobSpec.from_json(spec_json)
@@ -352,7 +352,7 @@ def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[s
 
     import pynvml
 
-    from jobs.devices import local_facts
+    from jobs.devices.facts import local_facts
 
     facts = local_facts()
     pynvml.nvmlInit()
@@ -391,7 +391,7 @@ def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[s
 
 def cuda_table(rows: list[tuple[str, Any, dict[str, Any]]]) -> str:
     """Per-component and total errors; the goal is +-10% of max reserved (+ context) on >= 90%."""
-    from jobs.memory import context_bytes
+    from jobs.memory.predict import context_bytes
 
     gib = 2 ** 30
     lines = [f"{'config':58s} {'pred':>7s} {'reserved':>8s} {'alloc':>7s} {'nvml':>7s} {'err(res)':>8s}  "

@@ -5,7 +5,7 @@ value, loss on the value only): new knowledge that a low-rank update struggles t
 tiny Llama (random, frozen weights) gets adapters on q/k/v/o with the same trainable parameter
 count for both methods (256 x 256 layers, r = 8: LoRA 8 x 512 = 4,096 per layer, MoRA a 64 x 64
 matrix), the same data, optimizer, learning rate and steps. Both runs start from the same seed.
-The adapters come from tunedeck's own mapping (`jobs.mapping.peft_config`).
+The adapters come from tunedeck's own mapping (`jobs.config.mapping.peft_config`).
 
     python bench/mora.py                        # ~2-4 min on 2 CPU cores
     python bench/mora.py --pairs 128 --steps 400 --lr 2e-3
@@ -60,8 +60,8 @@ def train(method: str, args: argparse.Namespace, ids: torch.Tensor, labels: torc
     """Train one adapter on the pairs; return its loss curve and parameter count."""
     from peft import get_peft_model
 
-    from jobs.mapping import peft_config
-    from jobs.spec import JobSpec
+    from jobs.config.mapping import peft_config
+    from jobs.spec.job import JobSpec
 
     extra = {"mora_type": method.split("-")[1]} if method.startswith("mora") else {}
     spec = JobSpec.from_dict({"method": method.split("-")[0], "lora_r": args.r, "lora_alpha": 2 * args.r,

@@ -6,10 +6,10 @@
 
 Both sides run the same code in the same kind of process; only the instrumentation differs:
 (a) bare: a child process started as the worker starts its children (same interpreter,
-    environment, new session, output to a file) that calls `jobs.train.train_spec(spec, out)`
+    environment, new session, output to a file) that calls `jobs.train.child.train_spec(spec, out)`
     with a clock callback only: no StoreCallback, no store writes, and a parent that only waits;
 (b) tunedeck: the run is queued with `Store.create_run`, then `tunedeck worker --burst` (a
-    process of its own, as a user starts it) trains it in its child `python -m jobs.train`:
+    process of its own, as a user starts it) trains it in its child `python -m jobs.train.child`:
     StoreCallback (metric rows, progress), the worker's memory sampler, heartbeats and cancel
     polling, artifacts.
 Model loading, data preparation and the trl/peft configs are the same code on both sides, so a
@@ -57,8 +57,8 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZE
 
 def bare_child(spec_path: str) -> None:
     """The bare side: tunedeck's own training function with no callbacks; prints one JSON line."""
-    from jobs.spec import JobSpec
-    from jobs.train import setup_logging, train_spec
+    from jobs.spec.job import JobSpec
+    from jobs.train.child import setup_logging, train_spec
 
     from transformers import TrainerCallback
 
@@ -84,7 +84,7 @@ def bare_child(spec_path: str) -> None:
 
 def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
     """The job both sides train: LoRA SFT on the chat sample, no eval, no checkpoints, no samples."""
-    from jobs.spec import JobSpec
+    from jobs.spec.job import JobSpec
 
     return JobSpec.from_dict(dict(model=args.model, dataset=str(data_file), method="lora", trainer="sft",
                                   max_steps=args.steps, per_device_train_batch_size=args.batch,
@@ -149,7 +149,7 @@ class Tunedeck:
         store.dispose()
         self.log_path = work / f"worker-{tag}.log"
         with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--burst"], cwd=ROOT,
+            self.process = subprocess.Popen([sys.executable, "-m", "app.cli.main", "worker", "--burst"], cwd=ROOT,
                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                             env=side_env(threads), start_new_session=True, preexec_fn=pinned(cores))
 
@@ -179,8 +179,8 @@ SIDES = {"bare": Bare, "tunedeck": Tunedeck}
 
 def callback_cost(spec: Any, work: Path) -> dict[str, float]:
     """In-process: seconds spent inside StoreCallback's handlers, as a share of train_runtime."""
-    from jobs.callbacks import StoreCallback
-    from jobs.train import train_spec
+    from jobs.train.callbacks import StoreCallback
+    from jobs.train.child import train_spec
     from storage.store import Store
 
     spent = {"s": 0.0, "calls": 0}
@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     (work / "home" / "models").symlink_to(shared_models, target_is_directory=True)
     os.environ.update(OFFLINE_ENV, TUNEDECK_HOME=str(work / "home"))
     os.environ.pop("TUNEDECK_DATABASE_URL", None)
-    from jobs.data import SAMPLES_DIR
-    from jobs.models import resolve_model
+    from jobs.data.sources import SAMPLES_DIR
+    from jobs.models.registry import resolve_model
 
     data_file = work / "train.jsonl"  # a local file: no default eval split, so no eval on either side
     shutil.copy(SAMPLES_DIR / "chat-format.train.jsonl", data_file)

@@ -104,7 +104,7 @@ def _phase(url: str, run_id: int, seconds: float, batch: int, readers: int, poll
 
 def _fresh(home: Path, url: str | None = None) -> tuple[str, int]:
     os.environ["TUNEDECK_HOME"] = str(home)
-    from jobs.spec import JobSpec
+    from jobs.spec.job import JobSpec
     from storage.store import Store
 
     url = url or f"sqlite:///{home / 'tunedeck.db'}"

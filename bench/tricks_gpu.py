@@ -7,10 +7,10 @@
 The model is built from a config with random weights (memory and speed do not depend on the
 weight values; no hub needed): Qwen2.5-0.5B's shape (hidden 896, intermediate 4864, 24 layers,
 14/2 heads, vocab 151,936, tied embeddings), saved with an offline byte-level BPE tokenizer
-(jobs.tiny.train_tokenizer) to a temporary folder. The data is a .jsonl of `text` rows that each
+(jobs.models.tiny.train_tokenizer) to a temporary folder. The data is a .jsonl of `text` rows that each
 tokenize to more than --seq-len tokens, so every row is truncated to exactly --seq-len tokens.
 
-Each configuration is a `JobSpec` trained by tunedeck's own `jobs.train.train_spec` (so the
+Each configuration is a `JobSpec` trained by tunedeck's own `jobs.train.child.train_spec` (so the
 mapping to SFTConfig / LoraConfig / BitsAndBytesConfig is the one tunedeck runs) in its OWN
 subprocess: the memory peak starts clean and an OOM in one configuration does not stop the table.
 While a child runs, this process polls NVML (device 0, every 20 ms) for the "used" peak, which
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from jobs.spec import JobSpec  # noqa: E402  (after the sys.path line, so the script runs from anywhere)
+from jobs.spec.job import JobSpec  # noqa: E402  (after the sys.path line, so the script runs from anywhere)
 
 QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151_936)
@@ -90,7 +90,7 @@ def base_spec(model_dir: Path, data_file: Path, steps: int, seq_len: int) -> Job
 
 def skip_reason(spec: JobSpec, cuda: bool) -> str | None:
     """Why this device cannot honestly run `spec` (tunedeck's own capability checks), or None."""
-    from jobs.mapping import CPU, PAGED_OPTIMS, capability_problems
+    from jobs.config.mapping import CPU, PAGED_OPTIMS, capability_problems
 
     if cuda:
         return None
@@ -108,7 +108,7 @@ def build_model(dest: Path, tiny: bool) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from jobs.tiny import train_tokenizer
+    from jobs.models.tiny import train_tokenizer
 
     if (dest / "config.json").is_file():
         return dest
@@ -149,8 +149,8 @@ def child(spec_json: str, out_dir: str, result_path: str, cuda: bool, warmup: in
     import torch
     from transformers import TrainerCallback
 
-    from jobs.mapping import CPU, detect_device
-    from jobs.train import train_spec
+    from jobs.config.mapping import CPU, detect_device
+    from jobs.train.child import train_spec
 
     class Timer(TrainerCallback):
         """perf_counter at each optimizer-step end, and trl's running num_tokens at each log."""

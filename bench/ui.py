@@ -4,7 +4,7 @@
     .venv/bin/python bench/ui.py --part build --metric-points 200000 --memory-samples 20000
     .venv/bin/python bench/ui.py --part latency --samples 30
 
-(a) Starts `python -m app.cli serve --no-worker` on a free port with a temporary TUNEDECK_HOME,
+(a) Starts `python -m app.cli.main serve --no-worker` on a free port with a temporary TUNEDECK_HOME,
     creates a running run in the store directly and opens `?run=N` in Debian's Chromium (the
     playwright package, the offline flags of tests/browser_helpers.py). Each sample writes one `loss` row with
     `Store.add_metrics` (as the training callback does) at the next step, with a value twice the
@@ -74,7 +74,7 @@ def open_store(home: Path) -> Any:
 
 
 def new_running_run(store: Any) -> int:
-    from jobs.spec import JobSpec
+    from jobs.spec.job import JobSpec
 
     run_id = store.create_run(JobSpec(model="tiny-llama", run_name="bench"))
     claimed = store.claim_next_on_device("bench-ui", "0", os.getpid())
@@ -143,7 +143,7 @@ def small_writes(store: Any, calls: int = 400) -> dict[str, float]:
 
 def baseline_graphs(store: Any, run_id: int) -> Any:
     """The old first build: GROUP BY over every raw row, per series, with the same widths and frames."""
-    from app import series
+    from app.ui import series
 
     def metric(name: str) -> list[Any]:
         extent = store.metric_extent(run_id, name)
@@ -162,7 +162,7 @@ def baseline_graphs(store: Any, run_id: int) -> Any:
 
 
 def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[str, float]:
-    from app.ui_run import RunPageData
+    from app.ui.run import RunPageData
     from storage.store import MemoryPoint, MetricPoint
 
     home = Path(tempfile.mkdtemp(prefix="tunedeck-bench-"))
@@ -228,7 +228,7 @@ def start_server(home: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, **OFFLINE_ENV, "TUNEDECK_HOME": str(home)}
     env.pop("TUNEDECK_DATABASE_URL", None)
     log = (home / "server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--no-worker", "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     deadline = time.time() + 60

@@ -200,7 +200,7 @@ class RunEvent(Base):
 
 
 class WorkerDevice(Base):
-    """The device facts a worker published when it started (plain JSON; `jobs.devices` reads it)."""
+    """The device facts a worker published when it started (plain JSON; `jobs.devices.facts` reads it)."""
 
     __tablename__ = "worker_devices"
     worker_id: Mapped[str] = mapped_column(String(128), primary_key=True)

@@ -20,7 +20,7 @@ class RunRecord:
 
     id: int
     name: str
-    spec_json: str  # the job spec as stored; `jobs.stored.spec_of(run)` parses it
+    spec_json: str  # the job spec as stored; `jobs.spec.stored.spec_of(run)` parses it
     status: RunStatus
     created_at: float
     started_at: float | None

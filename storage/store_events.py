@@ -1,7 +1,7 @@
 """Run events, published worker device facts and trick sweeps for `storage.store.Store`.
 
 A mixin: it uses the store's `_tx` and `_read`, and keeps all of its SQL here. Everything it
-stores is plain JSON (dicts); `jobs.oom`, `jobs.devices` and `jobs.sweep` give it meaning.
+stores is plain JSON (dicts); `jobs.train.oom`, `jobs.devices.facts` and `jobs.queue.sweep` give it meaning.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class EventsMixin:
     def create_sweep(self, probes: list[tuple[str, str, str, str]]) -> tuple[int, list[int]]:
         """Queue one run per (trick, note, run name, spec JSON) under a new sweep id, in one transaction.
 
-        The caller (`jobs.sweep`) has validated each spec. Returns (sweep id, run ids)."""
+        The caller (`jobs.queue.sweep`) has validated each spec. Returns (sweep id, run ids)."""
         now = time.time()
         with self._tx() as s:
             sweep_id = int(s.scalar(select(func.coalesce(func.max(m.SweepRun.sweep_id), 0))) or 0) + 1

@@ -28,7 +28,7 @@ def _next_queued(s: Session, host: str, device: str) -> int | None:
 
     On PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run another claim holds is passed
     over, and one that stopped being queued since this statement began is re-checked and skipped.
-    Whether its spec can be trained is the claimer's question (`jobs.stored.spec_problem`).
+    Whether its spec can be trained is the claimer's question (`jobs.spec.stored.spec_problem`).
     """
     return s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value,
                                             or_(m.Run.pin_host.is_(None), m.Run.pin_host == host),
@@ -57,7 +57,7 @@ def _lock_lease(s: Session, key: str) -> m.Meta:
 
 
 class QueueableSpec(Protocol):
-    """What the store needs of a job spec (`jobs.spec.JobSpec`): it stores the JSON, never parses it."""
+    """What the store needs of a job spec (`jobs.spec.job.JobSpec`): it stores the JSON, never parses it."""
 
     @property
     def display_name(self) -> str: ...
@@ -209,7 +209,7 @@ class RunsMixin:
     # {"run_id", "worker_id", "pid", "time"}, taken in the claim's transaction and released by its
     # worker after the run's process group is gone. A worker that died holding it is replaced by
     # one on the same host (the only place its processes can be seen), which ends the orphaned
-    # group and then releases the lease (`jobs.worker.Worker`).
+    # group and then releases the lease (`jobs.worker.loop.Worker`).
     def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None,
                              host: str | None = None) -> RunRecord | None:
         """Atomically move the first queued run to running for this worker, while no other run holds `device`.

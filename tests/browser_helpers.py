@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def serve_command(port: int) -> list[str]:
     exe = Path(sys.executable).with_name("tunedeck")
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli.main"]
     return base + ["serve", "--host", "127.0.0.1", "--port", str(port)]
 
 

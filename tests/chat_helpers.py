@@ -13,7 +13,7 @@ PROMPT = "Tell me about the moon."
 
 def train_tag_runs(store: Any, model: Path, methods: tuple[str, ...] = ("lora",)) -> dict[str, int]:
     """Runs of `methods` on the tiny model, trained through the worker until they answer with TAUGHT."""
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
     from storage.models import RunStatus
 
     settings = {"lora": {"max_steps": 30, "learning_rate": 1e-2},

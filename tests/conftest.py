@@ -80,7 +80,7 @@ def store(data_home: Path, backend: str, request: pytest.FixtureRequest, monkeyp
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama model + byte-level BPE tokenizer with a chat template, built offline once."""
-    from jobs.tiny import build_tiny_model
+    from jobs.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
 

@@ -1,10 +1,10 @@
-"""Pure-Python references for the SQL bucketing of `app.series` (the tests compare the two)."""
+"""Pure-Python references for the SQL bucketing of `app.ui.series` (the tests compare the two)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from app.series import MAX_POINTS, merge_metric, pow2_at_least
+from app.ui.series import MAX_POINTS, merge_metric, pow2_at_least
 from storage.store import MetricBucket
 
 

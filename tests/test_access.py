@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.access import AccessPolicy
-from jobs.spec import JobSpec, SpecError
-from jobs.submit import check, submit
+from jobs.checks.access import AccessPolicy
+from jobs.spec.job import JobSpec, SpecError
+from jobs.queue.submit import check, submit
 from storage.settings import uploads_dir
 
 ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -36,7 +36,7 @@ def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(
         data_home: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     policy = AccessPolicy.for_server(login=True)
     read = []
-    monkeypatch.setattr("jobs.data.check_dataset", lambda *a, **k: read.append(a))
+    monkeypatch.setattr("jobs.data.sources.check_dataset", lambda *a, **k: read.append(a))
     for ref in (str(outside), f"{uploads_dir()}/../../elsewhere/secret.jsonl", "/etc/passwd",
                 str(outside.parent / "missing.jsonl"), "~/notes.csv"):
         problems = check(JobSpec(dataset=ref), policy=policy)
@@ -82,7 +82,8 @@ def test_remote_code_needs_the_server_setting_when_shared(data_home: Path, monke
 
 
 def test_the_form_its_preview_and_the_api_apply_the_policy(data_home: Path, outside: Path, store) -> None:
-    from app import api, ui_data, ui_form
+    from app import api
+    from app.ui import data as ui_data, form as ui_form
 
     policy = AccessPolicy.for_server(login=True)
     text, rows = ui_data.preview_dataset(str(outside), "sft", policy=policy)

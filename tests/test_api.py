@@ -50,7 +50,7 @@ def client(server: dict, tmp_path_factory: pytest.TempPathFactory) -> Client:
 
 
 def test_the_dashboard_s_api_is_the_named_endpoints_only(store) -> None:
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
 
     info = build_ui(store).get_api_info()
     assert set(info["named_endpoints"]) == ENDPOINTS and info["unnamed_endpoints"] == {}
@@ -103,9 +103,9 @@ def test_a_wrong_password_or_no_login_is_refused(server: dict) -> None:
 def test_a_wrong_spec_comes_back_as_the_form_s_problems(server: dict, client: Client) -> None:
     import yaml
 
-    from app.ui_form import all_problems
-    from jobs.access import AccessPolicy
-    from jobs.spec import JobSpec
+    from app.ui.form import all_problems
+    from jobs.checks.access import AccessPolicy
+    from jobs.spec.job import JobSpec
 
     text = "learning_rat: 1.0e-4\nlora_r: 0\nmodel: tiny-llama\ndataset: /no/such/file.jsonl\n"
     before = client.predict(limit=1000, api_name="/runs")

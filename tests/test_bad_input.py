@@ -1,9 +1,9 @@
 """Bad input end to end: a clear problem (field, problem, fix), nothing queued, nothing stored
 changed, never a traceback, never a crashed worker.
 
-Property-based (hypothesis): random spec dicts through JobSpec.from_dict, jobs.submit.check and
-`tunedeck submit`; random bytes / JSON lines / CSV through jobs.data.check_dataset. Then the
-named cases from the issue, each through `jobs.submit.submit` with the runs counted before and
+Property-based (hypothesis): random spec dicts through JobSpec.from_dict, jobs.queue.submit.check and
+`tunedeck submit`; random bytes / JSON lines / CSV through jobs.data.sources.check_dataset. Then the
+named cases from the issue, each through `jobs.queue.submit.submit` with the runs counted before and
 after. Unit-level data/model checks live in test_data.py and test_models.py.
 """
 
@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.spec import JobSpec, Problem, SpecError, Trainer, field_infos
+from jobs.spec.job import JobSpec, Problem, SpecError, Trainer, field_infos
 from property_settings import examples
 from storage.models import RunStatus
 
@@ -71,7 +71,7 @@ valid_ish = st.fixed_dictionaries({
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(valid_ish)
 def test_submit_check_never_raises(data: dict) -> None:
-    from jobs.submit import check
+    from jobs.queue.submit import check
 
     try:
         spec = JobSpec.from_dict(data)
@@ -94,7 +94,7 @@ def cli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_cli_submit_random_yaml(cli_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """`tunedeck submit` on random YAML: exit 0 (queued) or 2 with problems; a run only when 0."""
-    from app.cli import main
+    from app.cli.main import main
     from storage.store import Store
 
     counts = {"ok": 0, "bad": 0}
@@ -125,7 +125,7 @@ def test_cli_submit_random_yaml(cli_home: Path, tmp_path: Path, capsys: pytest.C
 
 # ---------------------------------------------------------------------- random dataset files
 def _check_file(tmp_path: Path, name: str, content: bytes, trainer: Trainer) -> None:
-    from jobs.data import DataError, DatasetInfo, check_dataset
+    from jobs.data.sources import DataError, DatasetInfo, check_dataset
 
     path = tmp_path / name
     path.write_bytes(content)
@@ -186,7 +186,7 @@ ODD_SPECS = [
 
 
 def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
 
     odd = [store.create_run_unchecked(text, name=f"odd {i}") for i, text in enumerate(ODD_SPECS)]
     older = store.create_run_unchecked(json.dumps({"model": "tiny-llama", "max_steps": 1}), name="older, keys missing")
@@ -205,7 +205,7 @@ def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
         assert "stored job spec" in (run.error_summary or "")
     # The dashboard and CLI still list and show them.
     assert {r.id for r in store.list_runs()} >= set(odd)
-    from app.cli import show_text
+    from app.cli.main import show_text
 
     assert "odd 2" in show_text(store, store.get_run(odd[2]))
 
@@ -213,7 +213,7 @@ def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
 # ---------------------------------------------------------------------- named cases, end to end
 def _refused(store, spec_or_dict: dict | JobSpec, field: str, words: str) -> None:
     """submit() refuses with a problem on `field` mentioning `words`; nothing is stored."""
-    from jobs.submit import submit
+    from jobs.queue.submit import submit
 
     before = store.count_runs()
     with pytest.raises(SpecError) as exc:
@@ -266,7 +266,7 @@ def test_chat_data_needs_a_chat_template(store, tmp_path: Path, tiny_model: Path
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     _refused(store, {"model": str(folder), "dataset": "sample:chat-format"}, "model", "chat template")
     # The same model with text data is fine, and the original model with chat data too.
-    from jobs.submit import check
+    from jobs.queue.submit import check
 
     text = _jsonl(tmp_path / "text.jsonl", [{"text": "hello world"}] * 3)
     assert [p for p in check(JobSpec(model=str(folder), dataset=text)) if "chat template" in p.problem] == []
@@ -289,14 +289,14 @@ def test_models(store, tmp_path: Path, tiny_model: Path) -> None:
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomModel"}
     (custom / "config.json").write_text(json.dumps(cfg))
     _refused(store, {"model": str(custom)}, "trust_remote_code", "")
-    from jobs.submit import check
+    from jobs.queue.submit import check
 
     assert not [p for p in check(JobSpec(model=str(custom), trust_remote_code=True)) if p.field == "trust_remote_code"]
 
 
 def test_long_rows_warn_with_counts(tiny_model: Path, tmp_path: Path) -> None:
     """Rows over max_length: a warning with counts (shown in the data preview), not a refusal."""
-    from app.ui_data import length_warning_text
+    from app.ui.data import length_warning_text
 
     ds = _jsonl(tmp_path / "long.jsonl", [{"text": "word " * 400}] * 3 + [{"text": "short"}])
     text = length_warning_text(ds, "sft", str(tiny_model), 32)
@@ -306,7 +306,7 @@ def test_long_rows_warn_with_counts(tiny_model: Path, tmp_path: Path) -> None:
 
 def test_data_preview_shows_the_long_row_warning(tiny_model: Path, tmp_path: Path) -> None:
     """The form's data preview (what the launch page shows) carries the truncation count."""
-    from app.ui_data import preview_with_lengths
+    from app.ui.data import preview_with_lengths
 
     ds = _jsonl(tmp_path / "long.jsonl", [{"text": "word " * 400}] * 3 + [{"text": "short"}])
     text, rows = preview_with_lengths(ds, "sft", str(tiny_model), 32)

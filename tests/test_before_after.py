@@ -1,5 +1,5 @@
 """Before/after samples: the base model's and the result's greedy answers to a few held-out prompts,
-taken by every run (jobs.before_after), kept across a resume, put in the bundle and on the run page."""
+taken by every run (jobs.train.before_after), kept across a resume, put in the bundle and on the run page."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import datasets
 import pytest
 
-from jobs import before_after
-from jobs.before_after import BUILT_IN_PROMPTS, Prompt, pick_prompts, record_before, status_line
-from jobs.callbacks import STOP_REQUESTED
-from jobs.spec import JobSpec
+from jobs.train import before_after
+from jobs.train.before_after import BUILT_IN_PROMPTS, Prompt, pick_prompts, record_before, status_line
+from jobs.train.callbacks import STOP_REQUESTED
+from jobs.spec.job import JobSpec
 from storage.models import RunStatus
 from training_helpers import tiny_spec
 
@@ -52,8 +52,8 @@ def _samples_artifact(store: Any, run_id: int) -> dict[str, Any]:
 @pytest.mark.integration
 def test_a_run_answers_held_out_prompts_before_and_after(store: Any, tiny_model: Path,
                                                           fixed_answer_data: tuple[Path, Path]) -> None:
-    from app.ui_run import RunPageData
-    from jobs.train import run
+    from app.ui.run import RunPageData
+    from jobs.train.child import run
 
     train, eval_ = fixed_answer_data
     spec = tiny_spec(tiny_model, dataset=str(train), eval_dataset=str(eval_), max_steps=16, sample_count=3,
@@ -84,8 +84,8 @@ def test_a_run_answers_held_out_prompts_before_and_after(store: Any, tiny_model:
 
 @pytest.mark.integration
 def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Path) -> None:
-    from jobs.checkpoints import resume
-    from jobs.train import run
+    from jobs.train.checkpoints import resume
+    from jobs.train.child import run
     from test_faults import AtStep
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=6, sample_count=2, sample_new_tokens=4))
@@ -112,8 +112,8 @@ def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Pa
 def test_a_failure_while_sampling_never_fails_the_run(store: Any, tiny_model: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    from app.ui_run import samples_markdown
-    from jobs.train import run
+    from app.ui.run import samples_markdown
+    from jobs.train.child import run
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("generation broke")
@@ -133,7 +133,7 @@ def test_a_failure_while_sampling_never_fails_the_run(store: Any, tiny_model: Pa
 
 @pytest.mark.integration
 def test_a_dpo_run_answers_like_sft(store: Any, tiny_model: Path) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, trainer="dpo", dataset="sample:preference-format", max_steps=2,
                                         per_device_train_batch_size=2, sample_count=2, sample_new_tokens=4))
@@ -179,7 +179,7 @@ def test_prompts_come_from_the_spec_then_held_out_rows_then_built_in() -> None:
 
 
 def test_the_run_page_says_when_a_run_has_no_samples(store: Any) -> None:
-    from app.ui_run import samples_markdown
+    from app.ui.run import samples_markdown
 
     run_id = store.create_run(JobSpec())
     store.claim_next_on_device("test", "0")

@@ -16,7 +16,7 @@ import pytest
 
 from browser_helpers import CHROMIUM, REPO, chromium, served
 
-from jobs.stored import spec_of
+from jobs.spec.stored import spec_of
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
@@ -48,7 +48,7 @@ def _store(home: Path):
 
 
 def _set(page, name: str, value: str) -> None:
-    from jobs.spec import field_infos
+    from jobs.spec.job import field_infos
 
     label = next(f.title for f in field_infos() if f.name == name)  # "Model (model)"
     box = page.get_by_label(label, exact=True)
@@ -101,7 +101,7 @@ def test_launch_watch_reload_download(server, browser):
     assert spec_of(store.get_run(run_id)).max_steps == 40
     assert store.metric_extent(run_id, "loss") is not None and store.memory_extent(run_id) is not None
     # What the graphs drew for a real run (tests/chart_scene.py): lines with their data, honest legends.
-    from app import ui_data
+    from app.ui import data as ui_data
     from chart_scene import wait_scene
 
     losses = [p.value for p in store.metrics(run_id, ["loss"])]
@@ -110,7 +110,7 @@ def test_launch_watch_reload_download(server, browser):
     assert set(loss.legend) <= {"train", "eval"} and "train" in loss.legend, loss.describe()
     assert set(loss.drawn_lines()) == set(loss.legend), loss.describe()  # a final eval loss alone draws too
     device = {"GPU used (NVML)", "torch allocated", "torch reserved"} if ui_data.has_cuda() else {"host RSS"}
-    device |= {"predicted peak"}  # the prediction saved at submit, drawn flat across the run (jobs.memory)
+    device |= {"predicted peak"}  # the prediction saved at submit, drawn flat across the run (jobs.memory.predict)
     memory = wait_scene(page, "run-memory-plot", lambda s: set(s.drawn_lines()) == device)
     assert sorted(memory.legend) == sorted(device) and not memory.legend_clipped, memory.describe()
     page.screenshot(path=str(ARTIFACTS / "run-page-finished.png"), full_page=True)
@@ -145,7 +145,7 @@ def test_bad_form_shows_every_problem_and_queues_nothing(server, browser, tmp_pa
 def test_gradio_client_launches_a_run(server):
     from gradio_client import Client
 
-    from jobs.spec import JobSpec
+    from jobs.spec.job import JobSpec
 
     url, home = server
     client = Client(url, analytics_enabled=False, verbose=False)
@@ -159,7 +159,7 @@ def _finished_run_row(home: Path, name: str) -> int:
     """A succeeded run written straight into the database (the worker never sees it queued)."""
     import sqlite3
 
-    from jobs.spec import JobSpec
+    from jobs.spec.job import JobSpec
 
     _store(home).dispose()  # makes sure the schema exists
     with sqlite3.connect(home / "tunedeck.db") as con:

@@ -49,7 +49,7 @@ class Seeded:
 
 def _seed(store, name: str, k: int, *, gpu: bool, mem_start: float):
     """A finished run with loss/eval/lr/tokens-per-second rows and 30 s of memory samples."""
-    from jobs.spec import JobSpec, Method
+    from jobs.spec.job import JobSpec, Method
     from storage.store import MemoryPoint, MetricPoint
 
     methods = [Method.LORA, Method.QLORA, Method.FULL, Method.DORA, Method.LORA]
@@ -166,7 +166,7 @@ def _memory_since_start(run: Seeded) -> dict[str, list[tuple[float, float]]]:
 
 # ---------------------------------------------------------------------- the always-visible panel
 def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
-    from app import ui_data
+    from app.ui import data as ui_data
 
     url, runs = dashboard
     page = _page(browser, url)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from chat_helpers import PROMPT, TAUGHT, train_tag_runs
-from jobs.chat_process import ChatProcess, choose_device
-from jobs.devices import DeviceFacts
-from jobs.generate import ChatError, Sampling, load, locate
+from jobs.chat.process import ChatProcess, choose_device
+from jobs.devices.facts import DeviceFacts
+from jobs.chat.generate import ChatError, Sampling, load, locate
 from training_helpers import greedy_answer, tiny_spec, wait_for
 
 pytestmark = pytest.mark.integration
@@ -163,9 +163,9 @@ def test_a_load_slower_than_the_idle_time_is_not_idleness(monkeypatch: pytest.Mo
     import threading
     import time
 
-    import jobs.generate
-    from jobs.chat_child import serve
-    from jobs.generate import RunResult
+    import jobs.chat.generate
+    from jobs.chat.child import serve
+    from jobs.chat.generate import RunResult
 
     class FakePair:
         def __init__(self, result: RunResult) -> None:
@@ -178,7 +178,7 @@ def test_a_load_slower_than_the_idle_time_is_not_idleness(monkeypatch: pytest.Mo
         time.sleep(3.0)  # longer than the 2 s idle timeout below
         return FakePair(result)
 
-    monkeypatch.setattr(jobs.generate, "load", slow_load)
+    monkeypatch.setattr(jobs.chat.generate, "load", slow_load)
     requests_r, requests_w = os.pipe()
     events_r, events_w = os.pipe()
     stdin, to_child = os.fdopen(requests_r, "r"), os.fdopen(requests_w, "w")
@@ -206,12 +206,12 @@ def test_a_load_slower_than_the_idle_time_is_not_idleness(monkeypatch: pytest.Mo
 def test_a_chat_process_leaves_its_gpu_as_soon_as_a_run_takes_it(store, tiny_model: Path, tmp_path: Path) -> None:
     """An idle generation process on GPU 0 exits within a couple of seconds of a run claiming GPU 0
     (so the run's model loads into freed memory); one on GPU 1 stays."""
-    from jobs.chat_device import GPU_ENV
+    from jobs.chat.device import GPU_ENV
 
     procs = {}
     for gpu in ("0", "1"):
         with open(tmp_path / f"chat-{gpu}.log", "wb") as err:
-            procs[gpu] = subprocess.Popen([sys.executable, "-m", "jobs.chat_child", "600"], stdin=subprocess.PIPE,
+            procs[gpu] = subprocess.Popen([sys.executable, "-m", "jobs.chat.child", "600"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=err, env=dict(os.environ, **{GPU_ENV: gpu}))
     try:
         log0 = tmp_path / "chat-0.log"
@@ -254,7 +254,7 @@ def test_generation_process_answers_switches_runs_and_exits_when_idle(home, lora
 
 @pytest.mark.slow
 def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     folder, _, ids = home
     run_answer = lora_pair.answer("run", PROMPT, sampling=Sampling(max_new_tokens=12))
@@ -270,7 +270,7 @@ def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -
     assert "run 999 does not exist" in capsys.readouterr().err
     # chat: prompts on stdin, answers streamed to stdout; /exit ends before the last line.
     env = {**os.environ, "TUNEDECK_HOME": str(folder)}
-    done = subprocess.run([sys.executable, "-m", "app.cli", "chat", str(ids["lora"]), "--max-new-tokens", "12"],
+    done = subprocess.run([sys.executable, "-m", "app.cli.main", "chat", str(ids["lora"]), "--max-new-tokens", "12"],
                           input=f"{PROMPT}\n\n{PROMPT}\n/exit\nnot asked\n", capture_output=True, text=True, env=env,
                           timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
@@ -279,8 +279,8 @@ def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -
 
 @pytest.mark.slow
 def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_pair, tiny_model: Path) -> None:
-    from app.ui_chat import ask, policy_problem
-    from jobs.access import AccessPolicy
+    from app.ui.chat import ask, policy_problem
+    from jobs.checks.access import AccessPolicy
 
     _, store, ids = home
     chat = ChatProcess(store, idle_s=30)
@@ -324,7 +324,7 @@ def _broken_copy(store, run_id: int, model: Path) -> int:
 
 
 def test_no_finished_runs_message(store) -> None:
-    from app.ui_chat import NO_RUNS, ask, run_choices
+    from app.ui.chat import NO_RUNS, ask, run_choices
 
     assert run_choices(store) == []
     assert list(ask(store, ChatProcess(store), None, None, "", 0.0, 1.0, 16, PROMPT)) == [(NO_RUNS, "", "")]

@@ -39,7 +39,7 @@ def _ask_in_browser(url: str, option: str, prompt: str, new_tokens: int, shot: s
 @pytest.mark.slow
 def test_chat_tab_shows_the_run_and_its_base_side_by_side(tmp_path: Path, tiny_model: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.generate import Sampling, load, locate
+    from jobs.chat.generate import Sampling, load, locate
     from storage.store import Store
 
     home = tmp_path / "home"
@@ -66,8 +66,8 @@ def test_chat_tab_shows_the_run_and_its_base_side_by_side(tmp_path: Path, tiny_m
 def test_default_smollm2_run_answers_in_the_taught_format(tmp_path: Path, smollm2_cache: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The default example (examples/smollm2-tag-format.yaml) through the worker, then the Chat tab."""
-    from app.cli_input import load_spec
-    from jobs.worker import Worker
+    from app.cli.usage import load_spec
+    from jobs.worker.loop import Worker
     from storage.models import RunStatus
     from storage.store import Store
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import load_spec, main
+from app.cli.main import load_spec, main
 from app.server import exposure_warning, is_loopback
-from jobs.spec import JobSpec, SpecError
-from jobs.stored import spec_of
+from jobs.spec.job import JobSpec, SpecError
+from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
 
@@ -52,7 +52,7 @@ def test_submit_bad_yaml(data_home: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_submit_missing_data_file_is_reported_before_queueing(data_home: Path, tmp_path: Path, capsys) -> None:
-    pytest.importorskip("jobs.data")
+    pytest.importorskip("jobs.data.sources")
     spec = write(tmp_path, GOOD + f"eval_dataset: {tmp_path / 'missing.jsonl'}\n")
     assert main(["submit", str(spec)]) == 2
     assert "eval_dataset" in capsys.readouterr().err
@@ -61,7 +61,7 @@ def test_submit_missing_data_file_is_reported_before_queueing(data_home: Path, t
 
 def test_cli_process_exit_code_without_traceback(data_home: Path, tmp_path: Path) -> None:
     spec = write(tmp_path, "lora_r: -3\n")
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "submit", str(spec)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "submit", str(spec)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2
     assert "lora_r: -3 is out of range" in proc.stderr and "Traceback" not in proc.stderr
@@ -133,10 +133,10 @@ def test_worker_burst_on_empty_queue(data_home: Path, capsys) -> None:
 
 @pytest.mark.integration
 def test_run_tiny_model_end_to_end(data_home: Path, tmp_path: Path, tiny_model: Path) -> None:
-    pytest.importorskip("jobs.train")
+    pytest.importorskip("jobs.train.child")
     spec = write(tmp_path, f"model: {tiny_model}\ndataset: sample:chat-format\nmax_steps: 4\nmax_length: 64\n"
                            "per_device_train_batch_size: 2\nlogging_steps: 1\n")
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "run", str(spec)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "no worker is running" in proc.stderr
@@ -150,17 +150,17 @@ def test_run_tiny_model_end_to_end(data_home: Path, tmp_path: Path, tiny_model: 
 
 @pytest.mark.integration
 def test_run_failing_spec_exits_1(data_home: Path, tmp_path: Path, tiny_model: Path) -> None:
-    pytest.importorskip("jobs.train")
+    pytest.importorskip("jobs.train.child")
     # Valid on its own, but the child cannot train it: the run fails and `run` says why.
     spec = write(tmp_path, f"model: {tiny_model}\nmax_steps: 2\nmax_length: 64\nlora_target_modules: no_such_proj\n")
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "run", str(spec)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "failed" in proc.stderr and "error:" in proc.stderr
 
 
 def test_submit_reports_model_data_and_device_problems_together(data_home: Path, tmp_path: Path, capsys) -> None:
-    from jobs.mapping import detect_device
+    from jobs.config.mapping import detect_device
 
     fp16_problem = not detect_device().cuda
     spec = write(tmp_path, f"model: ./no-such-model\ndataset: {tmp_path / 'missing.jsonl'}\nprecision: fp16\n")
@@ -192,7 +192,7 @@ def test_serve_starts_worker_and_stops_it(data_home: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from app import series, ui_compare
-from jobs import figures
-from jobs.spec import JobSpec, Method, Optim
+from app.ui import series, compare as ui_compare
+from jobs.train import figures
+from jobs.spec.job import JobSpec, Method, Optim
 from storage.store import MetricPoint, Store
 
 GIB = 1024 ** 3
@@ -162,7 +162,7 @@ def test_handler_compares_picked_runs_and_lists_choices(store, two_runs):
 
 
 def test_compare_tab_is_in_the_dashboard(store):
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
 
     demo = build_ui(store)
     ids = {getattr(b, "elem_id", None) for b in demo.blocks.values()}

@@ -1,4 +1,4 @@
-"""Tests for jobs.data: samples, format detection, every error message, loading for trl."""
+"""Tests for jobs.data.sources: samples, format detection, every error message, loading for trl."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import datasets
 import pytest
 
-from jobs.data import SAMPLES_DIR, DataError, RowFormat, check_dataset, length_warnings, list_samples, load_datasets
-from jobs.spec import JobSpec, Trainer
+from jobs.data.sources import SAMPLES_DIR, DataError, RowFormat, check_dataset, length_warnings, list_samples, load_datasets
+from jobs.spec.job import JobSpec, Trainer
 
 SFT, DPO = Trainer.SFT, Trainer.DPO
 CHAT = {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "[tag] Hi is worth a closer look. Over."}]}

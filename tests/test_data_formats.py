@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from jobs.data import DataError, RowFormat, check_dataset, load_data
-from jobs.spec import JobSpec, SpecError, Trainer
+from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
+from jobs.spec.job import JobSpec, SpecError, Trainer
 
 SFT, DPO = Trainer.SFT, Trainer.DPO
 
@@ -216,7 +216,7 @@ def test_unknown_columns_suggest_dataset_columns(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- preview and training
 def test_preview_names_the_conversion(tmp_path: Path) -> None:
-    from app.ui_data import preview_dataset
+    from app.ui.data import preview_dataset
 
     text, rows = preview_dataset(write(tmp_path / "s.jsonl", lines(SHAREGPT)), "sft")
     assert text.startswith("Detected format: **sharegpt**, converted to **messages** · 8 rows")
@@ -232,8 +232,8 @@ def test_preview_names_the_conversion(tmp_path: Path) -> None:
 @pytest.mark.parametrize("shape", ["alpaca", "sharegpt"])
 def test_converted_data_trains_and_is_recorded(tiny_model: Path, tmp_path: Path, shape: str) -> None:
     """Converted rows train through trl, and the resolved config says what was converted."""
-    from jobs.mapping import CPU
-    from jobs.train import train_spec
+    from jobs.config.mapping import CPU
+    from jobs.train.child import train_spec
     from tests.training_helpers import tiny_spec
 
     ref = write(tmp_path / f"{shape}.jsonl", lines(ALPACA if shape == "alpaca" else SHAREGPT))
@@ -254,7 +254,7 @@ def test_one_line_chat_file_is_a_row_not_a_wrapper(tmp_path: Path) -> None:
 
 def test_cli_show_says_what_was_converted(store) -> None:
     """`tunedeck show` prints the data part of the resolved config: formats, conversions, rows used."""
-    from app.cli import show_text
+    from app.cli.main import show_text
 
     run_id = store.create_run(JobSpec(model="tiny-llama"))
     info = {"ref": "a.jsonl", "format": "prompt_completion", "source_format": "alpaca", "rows": 20,
@@ -284,7 +284,7 @@ def _with_template(tiny_model: Path, folder: Path, template: str) -> Path:
 
 
 def test_two_users_in_a_row_are_refused_where_the_models_template_forbids_it(tmp_path: Path, tiny_model: Path) -> None:
-    from jobs.submit import dataset_problems
+    from jobs.queue.submit import dataset_problems
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
     rows.insert(1, {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},

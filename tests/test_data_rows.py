@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.data import DataError, DatasetInfo, check_dataset
-from jobs.spec import Problem, Trainer
+from jobs.data.sources import DataError, DatasetInfo, check_dataset
+from jobs.spec.job import Problem, Trainer
 
 EXAMPLES = int(os.environ.get("TUNEDECK_HYPOTHESIS_EXAMPLES", "60"))
 SEARCH = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

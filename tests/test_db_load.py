@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec import JobSpec
+from jobs.spec.job import JobSpec
 from storage import store as store_module
 from storage.store import MetricPoint, Store, is_locked_error
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.devices import DeviceFacts, detect, target
-from jobs.spec import JobSpec, SpecError
+from jobs.devices.facts import DeviceFacts, detect, target
+from jobs.spec.job import JobSpec, SpecError
 from storage.store import Store
-from jobs.stored import spec_of
+from jobs.spec.stored import spec_of
 
 import training_helpers
 
@@ -54,7 +54,7 @@ def test_detect_on_a_gpu_matches_torch() -> None:
 
 
 def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(store: Store, tiny_model: Path) -> None:
-    from jobs.submit import check, submit
+    from jobs.queue.submit import check, submit
 
     spec = training_helpers.tiny_spec(tiny_model, precision="fp16")
     local = check(spec)
@@ -71,7 +71,7 @@ def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(s
 
 
 def test_bf16_is_refused_when_the_only_worker_has_an_old_gpu(store: Store, tiny_model: Path) -> None:
-    from jobs.submit import submit
+    from jobs.queue.submit import submit
 
     publish_live(store, "old-box:1", T4)
     with pytest.raises(SpecError, match=r"this GPU \(Tesla T4\) does not support bf16"):
@@ -89,7 +89,7 @@ def test_target_prefers_live_workers_then_the_last_published_then_this_machine(s
 
 
 def test_worker_publishes_its_device_when_it_starts(store: Store) -> None:
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
 
     Worker(store, worker_id="w-devices", sample=False).work(burst=True)
     (published,) = store.published_devices()
@@ -98,7 +98,7 @@ def test_worker_publishes_its_device_when_it_starts(store: Store) -> None:
 
 
 def test_gpu_panel_names_the_workers_gpu(store: Store) -> None:
-    from app.ui_gpu import device_markdown
+    from app.ui.gpu import device_markdown
 
     publish_live(store, "gpu-box:7", H200)
     text = device_markdown(store)
@@ -135,7 +135,7 @@ def test_gpu_panel_draws_each_workers_device_apart(store: Store) -> None:
     """Two workers on two hosts, both on their GPU 0: each one's graph has only its own samples."""
     import time
 
-    from app.ui_gpu import device_choices, gpu_frames
+    from app.ui.gpu import device_choices, gpu_frames
     from storage.store import MemoryPoint
 
     publish_live(store, "gpu-box:1", H200)

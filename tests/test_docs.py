@@ -1,4 +1,4 @@
-"""The README stays honest: its job-spec field table is generated from `jobs.spec.field_infos()`.
+"""The README stays honest: its job-spec field table is generated from `jobs.spec.job.field_infos()`.
 
     .venv/bin/python -m pytest tests/test_docs.py -q     # check
     .venv/bin/python tests/test_docs.py --write          # regenerate the table in README.md
@@ -57,7 +57,7 @@ def _default(value) -> str:
 
 def fields_table() -> str:
     """The README's field table, generated from the spec's own metadata."""
-    from jobs.spec import field_infos
+    from jobs.spec.job import field_infos
 
     lines = ["| name | group | type | default | help |", "|---|---|---|---|---|"]
     for info in field_infos():
@@ -93,7 +93,7 @@ def test_readme_field_table_is_generated_from_the_spec():
 
 
 def test_every_spec_field_is_in_the_readme():
-    from jobs.spec import field_infos
+    from jobs.spec.job import field_infos
 
     _, body, _ = _split(README.read_text())
     missing = [i.name for i in field_infos() if f"| `{i.name}` |" not in body]
@@ -108,7 +108,7 @@ def test_readme_leads_with_the_two_commands():
 
 def test_readme_names_every_cli_command_and_example():
     text = README.read_text()
-    from app.cli import build_parser
+    from app.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     assert {"serve", "worker", "submit", "run", "runs", "show", "cancel", "setup"} <= set(sub.choices)

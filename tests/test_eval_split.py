@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.data import DataError, eval_rows, load_data
-from jobs.spec import JobSpec, Problem, SpecError
+from jobs.data.sources import DataError, eval_rows, load_data
+from jobs.spec.job import JobSpec, Problem, SpecError
 from storage.models import RunStatus
 from tests.training_helpers import tiny_spec
 
@@ -54,7 +54,7 @@ def test_no_split_no_eval_for_user_data(tmp_path: Path) -> None:
 def test_split_leaving_nothing_to_train_is_refused(tmp_path: Path, n: int, split: float) -> None:
     problem = eval_rows(n, split)
     assert isinstance(problem, Problem) and problem.field == "eval_split" and "leaving none to train on" in problem.problem
-    from jobs.submit import check
+    from jobs.queue.submit import check
 
     spec = JobSpec(model="tiny-llama", dataset=chat_file(tmp_path / "d.jsonl", n), eval_split=split)
     assert [p for p in check(spec) if p.field == "eval_split"]
@@ -78,8 +78,8 @@ def test_spec_problems(data: dict, words: str) -> None:
 @pytest.mark.slow
 def test_eval_loss_and_perplexity_through_the_worker(store, tiny_model: Path, tmp_path: Path) -> None:
     """The real worker and child: eval every 2 steps on held-out rows; both series reach the run page."""
-    from app.ui_run import RunPageData
-    from jobs.worker import Worker
+    from app.ui.run import RunPageData
+    from jobs.worker.loop import Worker
 
     spec = tiny_spec(tiny_model, dataset=chat_file(tmp_path / "d.jsonl", 24), eval_split=0.25, max_steps=4,
                      eval_steps=2, max_train_samples=None)

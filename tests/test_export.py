@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.artifacts import sha256_of
-from jobs.export import CHECK_PROMPTS, ExportError, export_merged
+from jobs.train.artifacts import sha256_of
+from jobs.export.merged import CHECK_PROMPTS, ExportError, export_merged
 from storage.models import RunStatus
 from training_helpers import greedy_answer, tiny_spec
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def runs(store, tiny_model: Path) -> dict[str, int]:
     """A finished LoRA run, a finished prompt-tuning run and a full fine-tune, through the worker."""
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
 
     ids = {"lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
            "prompt": store.create_run(tiny_spec(tiny_model, method="prompt_tuning", max_steps=2)),
@@ -73,7 +73,7 @@ def test_runs_with_nothing_to_merge_are_refused_with_the_reason(store, runs: dic
 
 
 def test_cli_export(store, runs: dict[str, int], capsys: pytest.CaptureFixture) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     assert main(["export", str(runs["lora"]), "--merged", "--dtype", "fp32"]) == 0
     out = capsys.readouterr().out

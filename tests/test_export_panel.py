@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import ui_export
-from jobs.access import AccessPolicy
+from app.ui import export as ui_export
+from jobs.checks.access import AccessPolicy
 from storage.models import RunStatus
 from training_helpers import tiny_spec
 
@@ -21,7 +21,7 @@ def test_the_command_follows_the_choices() -> None:
 
 
 def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.access import REMOTE_CODE_ENV, loading_problem
+    from jobs.checks.access import REMOTE_CODE_ENV, loading_problem
 
     queued = store.create_run(tiny_spec(tiny_model))
     assert "Pick a run" in ui_export.refusal(store, None, True, [], None)
@@ -39,7 +39,7 @@ def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: p
 @pytest.mark.slow
 @pytest.mark.integration
 def test_export_from_the_panel_streams_progress_and_lists_the_checked_files(store, tiny_model: Path) -> None:
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=4))
     Worker(store, poll_interval=0.1).work(burst=True)

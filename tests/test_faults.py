@@ -2,7 +2,7 @@
 resume, killed dashboard, non-finite loss, full disk, CUDA OOM.
 
 Training runs use the tiny offline Llama (few steps, short rows); processes are real
-(`python -m jobs.train`, `python -m app.cli worker|serve`) and are killed with real signals.
+(`python -m jobs.train.child`, `python -m app.cli.main worker|serve`) and are killed with real signals.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from jobs.callbacks import STOP_REQUESTED
-from jobs.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last_complete
-from jobs.spec import JobSpec
-from jobs.worker import Worker, group_members, pid_alive
+from jobs.train.callbacks import STOP_REQUESTED
+from jobs.train.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last_complete
+from jobs.spec.job import JobSpec
+from jobs.worker.loop import Worker, group_members, pid_alive
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
 
@@ -58,12 +58,12 @@ def wait_for(predicate, timeout: float = 120.0, interval: float = 0.1, what: str
 
 
 def run_processes(run_id: int, home: Path) -> list[psutil.Process]:
-    """Live `jobs.train` processes of this run (whatever their group); `home` tells them from other tests'."""
+    """Live `jobs.train.child` processes of this run (whatever their group); `home` tells them from other tests'."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
-            if (p.info["status"] != psutil.STATUS_ZOMBIE and "jobs.train" in cmd and cmd[-1] == str(run_id)
+            if (p.info["status"] != psutil.STATUS_ZOMBIE and "jobs.train.child" in cmd and cmd[-1] == str(run_id)
                     and p.environ().get("TUNEDECK_HOME") == str(home)):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -100,14 +100,14 @@ class AtStep(TrainerCallback):
 # ---------------------------------------------------------------------- 1. one device, one run
 FAKE_WORKER = """
 import sys
-import jobs.worker as w
+import jobs.worker.loop as w
 w.default_child_argv = lambda run_id: [sys.executable, "-c", '''
 import sys, time
 from storage.store import Store
 time.sleep(%(secs)s)
 Store().mark_succeeded(int(sys.argv[1]), {"train_loss": 1.0})
 ''', str(run_id)]
-from app.cli import main
+from app.cli.main import main
 sys.exit(main(["worker"]))
 """
 
@@ -184,7 +184,7 @@ def test_device_claim_is_exclusive_under_concurrent_claims(store: Store) -> None
 
 
 def test_queued_runs_reorder_and_cancel(store: Store, data_home: Path, capsys: pytest.CaptureFixture) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     ids = [store.create_run(JobSpec(model="tiny-llama", max_steps=5)) for _ in range(4)]
     assert store.move_queued(ids[3], 0)
@@ -255,11 +255,11 @@ def test_cancel_frees_gpu_memory(store: Store, tiny_model: Path) -> None:
 @pytest.mark.integration
 def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(data_home: Path, store: Store,
                                                                        tiny_model: Path) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     spec = tiny_spec(tiny_model, max_steps=2000, max_length=48)
     run_id = store.create_run(spec)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=child_env(data_home, store), cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "worker"], env=child_env(data_home, store), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         run = wait_for(lambda: (r := store.get_run(run_id)).current_step >= 3 and r, timeout=180)
@@ -297,8 +297,8 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(data_home
 def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, tiny_model: Path) -> None:
     """A run cancelled at step 3 and resumed gives the same losses as one that was never stopped;
     a half-written newer checkpoint is skipped."""
-    from jobs.checkpoints import resume
-    from jobs.train import run, train_spec
+    from jobs.train.checkpoints import resume
+    from jobs.train.child import run, train_spec
 
     spec = tiny_spec(tiny_model, max_steps=8, lr_scheduler_type="linear", warmup_steps=2)
     run_id = store.create_run(spec)
@@ -331,7 +331,7 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     assert lrs == pytest.approx(ref_lrs)  # the scheduler continued, it did not restart
     # The resumed run reports over the whole run, like the run that was never stopped.
     assert record.final_metrics["train_loss"] == pytest.approx(reference.metrics["train_loss"], rel=1e-4)
-    assert record.final_metrics["step_time"] > 0  # jobs.figures: over the stored rows of the whole run
+    assert record.final_metrics["step_time"] > 0  # jobs.train.figures: over the stored rows of the whole run
 
 
 # ---------------------------------------------------------------------- 6. dashboard killed
@@ -344,13 +344,13 @@ def _free_port() -> int:
 @pytest.mark.integration
 def test_killed_dashboard_training_goes_on_and_a_new_dashboard_shows_it(data_home: Path, store: Store,
                                                                        tiny_model: Path) -> None:
-    from app.ui_run import RunPageData
-    from app.ui_runs import runs_frame
+    from app.ui.run import RunPageData
+    from app.ui.runs import runs_frame
 
     # Far more steps than any machine trains before the kill lands: the kill is always mid-run, and the
     # run is ended by a cancel afterwards instead of by its own end (no dependence on training speed).
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=100000, max_train_samples=None, max_length=48))
-    serve = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(_free_port())],
+    serve = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--port", str(_free_port())],
                              env=child_env(data_home, store), cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     worker_pid = None
@@ -391,7 +391,7 @@ def poison(model: Any, state: Any, control: Any) -> None:
 
 @pytest.mark.integration
 def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store: Store, tiny_model: Path) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2))
     store.claim_next_on_device("test", "0")
@@ -409,7 +409,7 @@ def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store:
 @pytest.mark.integration
 def test_non_finite_loss_between_logging_steps_is_never_checkpointed(store: Store, tiny_model: Path) -> None:
     """Saves every 2 steps, logs every 5: the NaN of step 4 must stop the run before checkpoint-4."""
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=10, save_steps=2, logging_steps=5))
     store.claim_next_on_device("test", "0")
@@ -482,7 +482,7 @@ def fill_disk(path: Path) -> None:
 @pytest.mark.integration
 def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
         small_disk: Path, tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     monkeypatch.setenv("TUNEDECK_HOME", str(small_disk))
     db = tmp_path / "elsewhere.db"
@@ -521,7 +521,7 @@ def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
 # ---------------------------------------------------------------------- 9. CUDA out of memory
 @pytest.mark.integration
 def test_out_of_memory_inside_a_training_step_names_the_tricks(store: Store, tiny_model: Path) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     class OomAtForward(TrainerCallback):
         """Raises CUDA's OOM error from the model's forward pass of step 3 (a real training step)."""
@@ -550,7 +550,7 @@ def test_out_of_memory_inside_a_training_step_names_the_tricks(store: Store, tin
 
 # ---------------------------------------------------------------------- 5. the Resume button
 def test_resume_button_shows_for_resumable_runs_and_requeues(store: Store) -> None:
-    from app.ui_run import RunPageData
+    from app.ui.run import RunPageData
 
     page = RunPageData(store)
     run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=5))
@@ -567,7 +567,7 @@ def test_resume_button_shows_for_resumable_runs_and_requeues(store: Store) -> No
     folder = store.run_dir(run_id) / "output" / "checkpoint-2"
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text("{}")
-    from jobs.checkpoints import mark_complete
+    from jobs.train.checkpoints import mark_complete
 
     mark_complete(folder, 2)
     assert resume_button().visible is True

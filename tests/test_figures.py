@@ -1,7 +1,7 @@
 """One definition per figure: tokens/s, step time, peak memory and loss read the same everywhere.
 
 Also the chart data that follows the device (host RSS alone on CPU, NVML + torch on a GPU) and
-the colours that tell runs apart (app/charts.py).
+the colours that tell runs apart (app/ui/charts.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs import figures
-from jobs.spec import JobSpec
-from jobs.stored import spec_of
+from jobs.train import figures
+from jobs.spec.job import JobSpec
+from jobs.spec.stored import spec_of
 from storage.store import MemoryBucket, MemoryPoint, MetricPoint
 
 GIB = 1024 ** 3
@@ -47,8 +47,9 @@ def test_figures_are_means_of_the_rows_and_the_last_loss(store, measured_run):
 
 def test_every_surface_shows_the_same_text(store, measured_run):
     """Runs table, run page header, Compare, `tunedeck show` and the model card print one text per figure."""
-    from app import cli, ui_compare, ui_run, ui_runs
-    from jobs.artifacts import model_card
+    from app.cli import main as cli
+    from app.ui import compare as ui_compare, run as ui_run, runs as ui_runs
+    from jobs.train.artifacts import model_card
 
     run = store.get_run(measured_run)
     f = figures.run_figures(store, run)
@@ -89,7 +90,7 @@ def test_sampled_peak_is_the_highest_nvml_or_host_sample(store):
 
 
 def test_readme_defines_every_figure_as_the_code_does():
-    assert figures.markdown_table() in README.read_text(), "README's figure table differs from jobs/figures.py"
+    assert figures.markdown_table() in README.read_text(), "README's figure table differs from jobs/train/figures.py"
 
 
 # ---------------------------------------------------------------------- chart data
@@ -100,7 +101,7 @@ def _bucket(source: str, **values) -> MemoryBucket:
 
 
 def test_memory_graph_follows_the_device():
-    from app import series
+    from app.ui import series
 
     cpu = series.memory_frame([_bucket("host", used_min=GIB, used_max=GIB, rss_min=GIB, rss_max=GIB)], 0.0)
     assert set(cpu["series"]) == {"host RSS"}  # no "GPU used (NVML)" line on a machine without one
@@ -111,7 +112,7 @@ def test_memory_graph_follows_the_device():
 
 
 def test_runs_sharing_a_name_get_their_own_colour_and_label():
-    from app import charts, ui_compare
+    from app.ui import charts, compare as ui_compare
 
     labels = [ui_compare.run_label(i, "lora") for i in range(1, 6)]
     colours = charts.color_map(labels)
@@ -122,14 +123,14 @@ def test_runs_sharing_a_name_get_their_own_colour_and_label():
 
 @pytest.mark.parametrize("value, top", [(0.0, 1.0), (0.93, 1.0), (1.01, 1.2), (3.3, 4.0), (27_576.0, 30_000.0)])
 def test_axis_tops_are_round_numbers_past_the_data(value, top):
-    from app.charts import round_up
+    from app.ui.charts import round_up
 
     assert round_up(value) == pytest.approx(top)
 
 
 def test_a_single_logged_value_still_draws_a_line():
     """A run's one final eval loss: a line plot draws nothing for one vertex, so it gets two."""
-    from app import series
+    from app.ui import series
     from storage.store import MetricBucket
 
     frame = series.metric_frame({"eval": [MetricBucket(40, 40, 1.5, 1.5, 1.5, 1)],
@@ -142,7 +143,7 @@ def test_every_dashboard_plot_has_a_browser_check(store):
     """A new chart must come with a check in tests/test_charts_browser.py (issue 15: charts that draw)."""
     import gradio as gr
 
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
     from chart_scene import CHECKED_CHARTS
 
     demo = build_ui(store)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.flops import FlopsRate, peak_tflops, train_flops_per_token
+from jobs.memory.flops import FlopsRate, peak_tflops, train_flops_per_token
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -59,8 +59,8 @@ def test_rate_for_a_run_on_a_known_gpu_gives_mfu() -> None:
 
 @pytest.mark.integration
 def test_a_run_records_tflops_from_its_tokens_per_second(store: Store, tiny_model: Path) -> None:
-    from app.ui_run import RunPageData
-    from jobs.train import run
+    from app.ui.run import RunPageData
+    from jobs.train.child import run
 
     run_id = store.create_run(training_helpers.tiny_spec(tiny_model, max_steps=4, max_length=64))
     store.claim_next_on_device("test", "0")

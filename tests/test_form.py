@@ -8,10 +8,10 @@ from enum import Enum
 import gradio as gr
 import pytest
 
-from app import ui_form
-from jobs import presets
-from jobs.presets import PRESET_FIELDS, PRESETS, apply_preset, describe
-from jobs.spec import RANKED_METHODS, JobSpec, Method, Trainer, deciding_fields, field_infos
+from app.ui import form as ui_form
+from jobs.spec import presets
+from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe
+from jobs.spec.job import RANKED_METHODS, JobSpec, Method, Trainer, deciding_fields, field_infos
 
 INFOS = {f.name: f for f in field_infos()}
 QLORA_FIELDS = {"bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"}
@@ -140,7 +140,7 @@ def test_numbers_carry_their_range_and_short_float_ranges_are_sliders():
 
 def test_events_reading_the_form_leave_range_checks_to_the_spec(store):
     """Gradio's Number/Slider preprocessing raises on the first out-of-range box without naming it."""
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
 
     demo = build_ui(store)
     titles = {f.title for f in INFOS.values()}  # the launch form's fields, by their labels
@@ -151,7 +151,7 @@ def test_events_reading_the_form_leave_range_checks_to_the_spec(store):
 
 
 def test_form_events_stay_off_the_api_page(store):
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
 
     named = build_ui(store).get_api_info()["named_endpoints"]
     internal = {"/budget_text", "/preview_spec", "/choose_preset", "/show_applicable", "/load_yaml", "/save_upload",

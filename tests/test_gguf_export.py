@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.artifacts import sha256_of
-from jobs.export import CHECK_PROMPTS, ExportError
-from jobs.gguf_export import Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
-from jobs.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
+from jobs.train.artifacts import sha256_of
+from jobs.export.merged import CHECK_PROMPTS, ExportError
+from jobs.export.gguf import Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
+from jobs.export.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
 from storage.models import RunStatus
 from training_helpers import tiny_spec
 
@@ -41,7 +41,7 @@ def _tiny_variant(tiny_model: Path, dest: Path, config_class: str, **extra) -> P
 def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """One store with finished runs, trained once for the module: LoRA and full on the tiny Llama, LoRA on a
     tiny Mistral (an architecture the GGUF writer refuses)."""
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
     from storage.store import Store
 
     home = tmp_path_factory.mktemp("gguf-home")
@@ -134,7 +134,7 @@ def test_unsupported_architecture_is_refused_naming_it_and_the_way_out(tstore, r
 
 def test_a_failed_round_trip_deletes_the_file_and_records_nothing(tstore, runs: dict[str, int],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import jobs.gguf_export
+    import jobs.export.gguf
 
     folder = tstore.run_dir(runs["lora"]) / "gguf"
 
@@ -143,7 +143,7 @@ def test_a_failed_round_trip_deletes_the_file_and_records_nothing(tstore, runs: 
         return files, [(a.path, a.sha256) for a in tstore.artifacts(runs["lora"]) if a.kind == "gguf"]
 
     before = state()
-    monkeypatch.setattr(jobs.gguf_export, "Q8_0_FORCED_AGREEMENT", 1.01)  # unreachable: the check must fail
+    monkeypatch.setattr(jobs.export.gguf, "Q8_0_FORCED_AGREEMENT", 1.01)  # unreachable: the check must fail
     with pytest.raises(ExportError) as err:
         export_gguf(tstore, runs["lora"], "q8_0")
     assert "file was deleted" in str(err.value) and "next-token agreement" in str(err.value)
@@ -152,7 +152,7 @@ def test_a_failed_round_trip_deletes_the_file_and_records_nothing(tstore, runs: 
 
 @pytest.mark.slow
 def test_cli_export_gguf(tstore, runs: dict[str, int], capsys: pytest.CaptureFixture) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     assert main(["export", str(runs["lora"]), "--gguf", "f16", "q8_0"]) == 0
     out = capsys.readouterr().out
@@ -188,9 +188,9 @@ def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_pa
 @pytest.mark.slow
 def test_smollm2_run_exports_f16_and_q8_0(store, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
-    from jobs.spec import JobSpec
-    from jobs.submit import submit
-    from jobs.worker import Worker
+    from jobs.spec.job import JobSpec
+    from jobs.queue.submit import submit
+    from jobs.worker.loop import Worker
 
     spec = JobSpec.from_dict({
         "run_name": "smollm2-gguf", "model": "smollm2-135m-instruct", "dataset": "sample:chat-format",

@@ -10,7 +10,7 @@ supported by GRPO"), for an effective batch that num_generations does not divide
 loads a second copy as the reference), lora, dora, qlora, lora_8bit, ia3, prompt_tuning,
 prefix_tuning, p_tuning (also with beta > 0), mora, adaption_prompt, lokr, loha, oft, vera, miss, hira,
 gradient checkpointing (lora and full), pissa, bf16 (use_cpu), and a micro-batch of 1 with
-accumulation 2 and eval_steps (the eval batch is rounded up to whole groups by jobs.mapping_trainers).
+accumulation 2 and eval_steps (the eval batch is rounded up to whole groups by jobs.config.trainers).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.access import AccessPolicy
-from jobs.data import DataError, check_dataset, length_warnings, load_datasets
-from jobs.mapping import CPU, resolved_config, training_kwargs
-from jobs.mapping_trainers import reward_weights
-from jobs.rewards import builtin_reward, function_ref_problem, parse_rewards
-from jobs.spec import JobSpec, SpecError, Trainer
+from jobs.checks.access import AccessPolicy
+from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
+from jobs.config.mapping import CPU, resolved_config, training_kwargs
+from jobs.config.trainers import reward_weights
+from jobs.spec.rewards import builtin_reward, function_ref_problem, parse_rewards
+from jobs.spec.job import JobSpec, SpecError, Trainer
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 
@@ -110,7 +110,7 @@ def test_function_ref_form(ref: str, ok: bool) -> None:
 def test_grpo_mapping(tmp_path: Path) -> None:
     from trl import GRPOConfig
 
-    from jobs.mapping import training_config
+    from jobs.config.mapping import training_config
 
     spec = JobSpec.from_dict(grpo(rewards="think_format=2, repetition", reward_model_run=3, reward_model_weight=0.5,
                                   reward_function="r.py:score", num_generations=2, max_completion_length=32,
@@ -170,7 +170,8 @@ def test_the_library_really_rejects_them(changes: dict, error: str, tmp_path: Pa
 
 
 def test_custom_reward_function_is_refused_by_the_dashboard_and_its_api(data_home: Path, store) -> None:
-    from app import api, ui_form
+    from app import api
+    from app.ui import form as ui_form
 
     spec = JobSpec.from_dict(grpo(model="tiny-llama", reward_function="my_rewards:score", max_steps=1))
     assert AccessPolicy.open().problems(spec) == []  # the command line
@@ -185,7 +186,7 @@ def test_custom_reward_function_is_refused_by_the_dashboard_and_its_api(data_hom
 
 
 def test_reward_model_run_must_be_a_finished_reward_run(data_home: Path, store) -> None:
-    from jobs.reward_model import reward_run_problems
+    from jobs.models.reward_model import reward_run_problems
 
     def problem(run_id: int) -> str:
         found = reward_run_problems(store, JobSpec.from_dict(grpo(rewards=None, reward_model_run=run_id)))
@@ -201,7 +202,7 @@ def test_reward_model_run_must_be_a_finished_reward_run(data_home: Path, store) 
 
 # ---------------------------------------------------------------------- training through the worker
 def _train(store, spec: JobSpec) -> int:
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
 
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
@@ -224,7 +225,7 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
     The tiny random model never stops early and rarely repeats itself, so every completion runs to
     max_completion_length: overlong gives each -1 and repetition 0 (no spread, nothing learnt; the
     reward-model test below checks learning)."""
-    from app.ui_run import RunPageData
+    from app.ui.run import RunPageData
 
     run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition=0.5, overlong=2"))
     run = store.get_run(run_id)
@@ -252,13 +253,13 @@ def test_grpo_scores_with_a_finished_reward_run(store, tiny_model: Path) -> None
     """A tiny reward run, then GRPO whose only reward is that run's model (LoRA adapter + score head)."""
     from safetensors.torch import load_file
 
-    from jobs.submit import submit
+    from jobs.queue.submit import submit
 
     reward_run = _train(store, tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format",
                                          max_steps=2, max_train_samples=8, max_length=128))
     spec = _grpo_spec(tiny_model, reward_model_run=reward_run, reward_model_weight=2.0, eval_split=None)
     run_id = submit(store, spec)
-    from jobs.worker import Worker
+    from jobs.worker.loop import Worker
 
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
     run = store.get_run(run_id)
@@ -279,8 +280,8 @@ def test_grpo_scores_with_a_finished_reward_run(store, tiny_model: Path) -> None
 @pytest.mark.integration
 @pytest.mark.slow
 def test_custom_reward_function_from_a_spec_file_on_the_command_line(store, tiny_model: Path, tmp_path: Path) -> None:
-    from app.cli import main
-    from jobs.worker import Worker
+    from app.cli.main import main
+    from jobs.worker.loop import Worker
 
     (tmp_path / "my_scores.py").write_text(SCORE_FILE)
     spec = _grpo_spec(tiny_model, rewards=None, reward_function=f"{tmp_path / 'my_scores.py'}:shortness",
@@ -306,14 +307,14 @@ def test_the_libraries_really_fail_on_what_is_refused(changes: dict, error: str,
     """With the capability check off, training fails with the library's own error."""
     import re
 
-    import jobs.train
-    from jobs.spec import LoraInit
+    import jobs.train.child
+    from jobs.spec.job import LoraInit
 
-    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = dataclasses.replace(_grpo_spec(tiny_model, max_steps=1, rewards="repetition", eval_split=None),
                                lora_init=LoraInit(changes["lora_init"]))
     with pytest.raises(Exception, match=re.escape(error)):
-        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.integration
@@ -322,7 +323,7 @@ def test_the_libraries_really_fail_on_what_is_refused(changes: dict, error: str,
 def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path, tmp_path: Path) -> None:
     """A full fine-tune with a KL term gets a second model as its reference; prefix tuning generates through
     its cached prefix. Both train with GRPO."""
-    from jobs.train import train_spec
+    from jobs.train.child import train_spec
 
     result = train_spec(_grpo_spec(tiny_model, max_steps=1, rewards="overlong", eval_split=None, **changes),
                         tmp_path / "out", device=CPU)
@@ -333,9 +334,9 @@ def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path
 
 def test_memory_prediction_for_grpo_is_an_approximation_that_says_so() -> None:
     """Rows are prompt (max_length) + completion; a full fine-tune with a KL term adds a reference copy."""
-    from jobs.devices import DeviceFacts
-    from jobs.memory import predict
-    from jobs.memory_config import arch_for
+    from jobs.devices.facts import DeviceFacts
+    from jobs.memory.predict import predict
+    from jobs.memory.model_config import arch_for
 
     arch = arch_for("smollm2-135m-instruct")
     h200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2 ** 30, compute_capability="9.0",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import training_helpers
-from jobs.spec import JobSpec
-from jobs.worker import Worker
+from jobs.spec.job import JobSpec
+from jobs.worker.loop import Worker
 from storage.identity import MARKER, RunFolderError
 from storage.models import RunStatus
 from storage.store import Store

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from jobs.data import DataError, RowFormat, check_dataset, load_data
-from jobs.mapping import CPU, capability_problems, resolved_config
-from jobs.spec import JobSpec, Trainer
+from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
+from jobs.config.mapping import CPU, capability_problems, resolved_config
+from jobs.spec.job import JobSpec, Trainer
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 
@@ -46,7 +46,7 @@ BAD = {"prompt": "Say hi.", "completion": "Go away.", "label": False}
 def test_kto_sample() -> None:
     info = check_dataset("sample:kto-format", KTO)
     assert (info.format, info.n_rows, info.warnings) == (RowFormat.UNPAIRED, 210, [])
-    labels = [json.loads(line)["label"] for line in Path("jobs/samples/kto-format.train.jsonl").read_text().splitlines()]
+    labels = [json.loads(line)["label"] for line in Path("jobs/data/samples/kto-format.train.jsonl").read_text().splitlines()]
     assert labels.count(True) == 140 and labels.count(False) == 70
     assert check_dataset("sample:kto-format:eval", KTO).n_rows == 30
 
@@ -89,7 +89,7 @@ def test_kto_takes_preference_rows_and_sft_refuses_unpaired_rows(tmp_path: Path)
 def test_kto_config_mapping(tmp_path: Path) -> None:
     from trl import KTOConfig
 
-    from jobs.mapping import training_config
+    from jobs.config.mapping import training_config
 
     spec = JobSpec(trainer=KTO, dataset="sample:kto-format", beta=0.2, desirable_weight=1.5, undesirable_weight=3.0)
     resolved = resolved_config(spec, CPU, str(tmp_path))
@@ -127,13 +127,13 @@ def test_the_library_really_rejects_them(changes: dict, error: str, tiny_model: 
     """With our check off, trl fails on each: the refusals above are grounded, not guessed."""
     import re
 
-    import jobs.train
+    import jobs.train.child
 
-    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     ref = write(tmp_path / "d.jsonl", [GOOD, BAD] * 4)
     spec = dataclasses.replace(tiny_spec(tiny_model, trainer="kto", dataset=ref, max_steps=1), **changes)
     with pytest.raises(Exception, match=re.escape(error)):
-        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 # ---------------------------------------------------------------------- training
@@ -141,8 +141,8 @@ def test_the_library_really_rejects_them(changes: dict, error: str, tiny_model: 
 @pytest.mark.slow
 def test_kto_trains_through_the_worker(store, tiny_model: Path) -> None:
     """The real worker and child: KTO with LoRA on the bundled sample; its metrics reach the run page."""
-    from app.ui_run import RunPageData
-    from jobs.worker import Worker
+    from app.ui.run import RunPageData
+    from jobs.worker.loop import Worker
 
     spec = tiny_spec(tiny_model, trainer="kto", dataset="sample:kto-format", max_steps=3, max_train_samples=12,
                      per_device_train_batch_size=4, eval_split=4)

@@ -1,42 +1,136 @@
-"""The structure stays one-directional: app -> jobs -> storage, and no two modules import each other.
+"""The structure stays one-directional and shows itself.
 
-Imports are read from the source (ast), lazy imports inside functions included, so a cycle that
-only shows at run time is caught here too.
+- app -> jobs -> storage, never upward; no two modules import each other (no cycles at all);
+- inside `jobs/`, packages keep their own one-way order (`config/` never imports `train/`,
+  `checks/` never the worker, ...), listed in `JOBS_ORDER`;
+- no module is over 400 lines and the longest import chain is at most 10 modules.
+
+Imports are read from the source (ast), lazy imports inside functions included, so a cycle or a
+long chain that only shows at run time is caught here too. `bench/architecture.py` prints the
+same figures (and the launch-to-queue call path) for a person.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "jobs", "storage")
 LAYER = {"app": 2, "jobs": 1, "storage": 0}
+MAX_LINES = 400
+MAX_LAYERS = 10
+
+# The packages of jobs/, lowest first: a package imports only packages listed before it (and
+# the root modules `jobs.errors` / `jobs.units`, which import nothing of jobs).
+JOBS_ORDER = (
+    "spec",
+    "devices",
+    "data",
+    "models",
+    "config",
+    "memory",
+    "checks",
+    "queue",
+    "train",
+    "export",
+    "chat",
+    "worker",
+)
+
+
+def module_files() -> dict[str, Path]:
+    """{dotted module name: its file} for every module of the three packages."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
 
 
 def module_imports() -> dict[str, set[str]]:
-    """{module: the project modules it imports}, e.g. {"app.ui": {"app.ui_form", "storage.store"}}."""
+    """{module: the project modules it imports}, e.g. {"app.ui.dashboard": {"app.ui.form", ...}}."""
+    files = module_files()
+
+    def known(name: str) -> str:
+        while name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
     graph: dict[str, set[str]] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
-            name = f"{package}.{path.stem}"
-            found: set[str] = set()
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    if node.module in PACKAGES:  # `from app import ui_form`
-                        found |= {f"{node.module}.{a.name}" for a in node.names}
-                    elif node.module.split(".")[0] in PACKAGES:
-                        found.add(node.module)
-                elif isinstance(node, ast.Import):
-                    found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
-            graph[name] = {m for m in found if m != name}
+    for name, path in files.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.split(".")[0] not in PACKAGES:
+                    continue
+                for alias in node.names:  # `from app.ui import form` names a module
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in files else known(node.module))
+            elif isinstance(node, ast.Import):
+                found |= {known(a.name) for a in node.names if a.name.split(".")[0] in PACKAGES}
+        graph[name] = {m for m in found if m != name}
     return graph
 
 
+def layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """{module: the length of its longest import chain, itself included} (a leaf is 1)."""
+
+    @functools.cache
+    def depth(name: str) -> int:
+        return 1 + max((depth(d) for d in graph[name]), default=0)
+
+    return {name: depth(name) for name in graph}
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    depth = layers(graph)
+    name = max(depth, key=lambda n: (depth[n], n))
+    chain = [name]
+    while graph[name]:
+        name = max(graph[name], key=lambda n: (depth[n], n))
+        chain.append(name)
+    return chain
+
+
 def test_no_layer_imports_upward() -> None:
-    upward = [f"{a} imports {b}" for a, deps in module_imports().items() for b in deps
-              if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]]
+    upward = [
+        f"{a} imports {b}"
+        for a, deps in module_imports().items()
+        for b in deps
+        if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]
+    ]
     assert not upward, upward
+
+
+def test_jobs_packages_import_downward_only() -> None:
+    rank = {name: i for i, name in enumerate(JOBS_ORDER)}
+
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if parts[0] == "jobs" and len(parts) > 1 and parts[1] in rank else None
+
+    upward = []
+    for module, deps in module_imports().items():
+        mine = package(module)
+        if not module.startswith("jobs.") or mine is None:
+            continue
+        for dep in deps:
+            theirs = package(dep)
+            if theirs is not None and rank[theirs] > rank[mine]:
+                upward.append(f"{module} imports {dep}")
+    assert not upward, upward
+
+
+def test_every_jobs_module_lives_in_a_package() -> None:
+    loose = sorted(p.name for p in (ROOT / "jobs").glob("*.py") if p.stem not in ("__init__", "errors", "units"))
+    packages = sorted(p.name for p in (ROOT / "jobs").iterdir() if (p / "__init__.py").exists())
+    assert not loose, loose
+    assert sorted(JOBS_ORDER) == packages
 
 
 def test_no_import_cycles() -> None:
@@ -46,8 +140,8 @@ def test_no_import_cycles() -> None:
     def visit(node: str, path: list[str]) -> None:
         for dep in sorted(graph.get(node, ())):
             if dep in path:
-                cycles.append(" -> ".join(path[path.index(dep):] + [dep]))
-            elif len(path) < 12:
+                cycles.append(" -> ".join(path[path.index(dep) :] + [dep]))
+            elif len(path) < 20:
                 visit(dep, path + [dep])
 
     for start in sorted(graph):
@@ -55,5 +149,23 @@ def test_no_import_cycles() -> None:
     assert not cycles, sorted(set(cycles))[:10]
 
 
-def test_the_import_reader_sees_lazy_imports(tmp_path: Path) -> None:
-    assert "storage.settings" in module_imports()["app.ui_data"]  # imported inside a function
+def test_no_module_over_the_size_limit() -> None:
+    big = {
+        str(path.relative_to(ROOT)): n
+        for path in module_files().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not big, big
+
+
+def test_import_chains_are_short() -> None:
+    chain = longest_chain(module_imports())
+    assert len(chain) <= MAX_LAYERS, " -> ".join(chain)
+
+
+def test_the_import_reader_sees_lazy_imports_and_package_modules() -> None:
+    graph = module_imports()
+    assert "storage.settings" in graph["app.ui.data"]  # imported inside a function
+    assert "app.ui.form" in graph["app.ui.dashboard"]  # `from app.ui import form`
+    # a chain of three made-up modules counts three layers
+    assert layers({"a": {"b"}, "b": {"c"}, "c": set()})["a"] == 3

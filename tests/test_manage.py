@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app import manage
-from app.cli import main
-from jobs.spec import JobSpec
+from app.cli.main import main
+from jobs.spec.job import JobSpec
 from storage import models as m
 from storage.models import RunStatus
 from storage.run_files import DiskUsage, run_bytes, total_bytes
@@ -189,7 +189,7 @@ def test_cli_rm_refuses_a_running_run(store: Store, capsys) -> None:
 
 def test_a_worker_flushing_a_deleted_run_s_last_samples_does_not_fail(store: Store) -> None:
     """The worker flushes a finished run's last samples a moment after it is marked finished."""
-    from jobs.sampler import Sampler
+    from jobs.devices.sampler import Sampler
 
     class Probe:
         def sample(self, run_id: int | None, child_pid: int | None) -> list[MemoryPoint]:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.mapping import (CPU, Device, capability_problems, capability_warnings, peft_config, quantization_config,
+from jobs.config.mapping import (CPU, Device, capability_problems, capability_warnings, peft_config, quantization_config,
                           resolve_precision, resolved_config, torch_dtype_name, training_config)
-from jobs.spec import JobSpec, Method, Optim, Precision, SpecError, Trainer
+from jobs.spec.job import JobSpec, Method, Optim, Precision, SpecError, Trainer
 
 H100 = Device(cuda=True, bf16=True, compute_capability=(9, 0), name="NVIDIA H100")
 V100 = Device(cuda=True, bf16=False, compute_capability=(7, 0), name="Tesla V100")
@@ -278,8 +278,8 @@ def test_prompt_tuning_with_packing_warns() -> None:
 
 
 def test_template_problem() -> None:
-    from jobs.capability import template_problem
-    from jobs.tiny import CHAT_TEMPLATE
+    from jobs.checks.capability import template_problem
+    from jobs.models.tiny import CHAT_TEMPLATE
 
     assert template_problem(CHAT_TEMPLATE) is None
     plain = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")

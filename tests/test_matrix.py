@@ -1,9 +1,9 @@
 """The method x trainer x trick matrix, trained for real on the tiny offline Llama (CPU).
 
 Every method and a representative set of memory tricks train for 2 steps in-process through
-`jobs.train.train_spec`; each run asserts that the libraries received exactly the resolved config
+`jobs.train.child.train_spec`; each run asserts that the libraries received exactly the resolved config
 (trainer args, peft config, BitsAndBytesConfig), that the trainable parameter count equals the
-pre-launch estimate (`jobs.params`), that the loss is finite, that trainable parameters moved and
+pre-launch estimate (`jobs.memory.params`), that the loss is finite, that trainable parameters moved and
 (per method) that the saved bundle reloads with the same logits.
 
 What was tried on this CPU (trl 1.16, peft 0.21.2, bitsandbytes 0.50.2, transformers 5.24), 2 steps
@@ -45,11 +45,11 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from jobs.data import SAMPLES_DIR
-from jobs.mapping import CPU, capability_problems, training_kwargs
-from jobs.memory_config import arch_for
-from jobs.params import trainable_params
-from jobs.spec import JobSpec, SpecError
+from jobs.data.sources import SAMPLES_DIR
+from jobs.config.mapping import CPU, capability_problems, training_kwargs
+from jobs.memory.model_config import arch_for
+from jobs.memory.params import trainable_params
+from jobs.spec.job import JobSpec, SpecError
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,7 @@ def _plain(value: Any) -> Any:
 
 def train_and_check(spec: JobSpec, out: Path) -> Any:
     """Train `spec`; assert config received, parameter count, finite loss, parameters moved."""
-    from jobs.train import train_spec
+    from jobs.train.child import train_spec
 
     snap = Snapshot()
     result = train_spec(spec, out, [snap], device=CPU)
@@ -178,8 +178,8 @@ def test_method_trains_and_its_bundle_reloads(method: str, tiny_model: Path, fil
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from jobs.artifacts import write_bundle
-    from jobs.mora import load_mora
+    from jobs.train.artifacts import write_bundle
+    from jobs.config.mora import load_mora
 
     spec = spec_for(tiny_model, files, method=method)
     result = train_and_check(spec, tmp_path / "out")
@@ -313,11 +313,11 @@ def test_the_libraries_really_reject_what_is_refused(changes: dict[str, Any], er
                                                      files: dict[str, Path], no_markers_model: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Without our check, trl/peft fail on these: the refusals are grounded, not guessed."""
-    import jobs.train
+    import jobs.train.child
 
-    from jobs.spec import Method
+    from jobs.spec.job import Method
 
-    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     fields = dict(changes)
     if fields.get("dataset") in files:
         fields["dataset"] = str(files[fields["dataset"]])
@@ -327,7 +327,7 @@ def test_the_libraries_really_reject_what_is_refused(changes: dict[str, Any], er
         fields["method"] = Method(fields["method"])
     spec = dataclasses.replace(spec_for(tiny_model, files), **fields)  # skips JobSpec's own validation
     with pytest.raises(Exception, match=error.replace("`", ".").replace("(", ".").replace(")", ".")):
-        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 def test_dpo_config_has_no_packing() -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.devices import DeviceFacts, cpu_facts
-from jobs.memory import PART_NAMES, Verdict, explain, predict
-from jobs.memory_config import arch_for
-from jobs.planner import cheapest_change, fit
-from jobs.spec import JobSpec
+from jobs.devices.facts import DeviceFacts, cpu_facts
+from jobs.memory.predict import PART_NAMES, Verdict, explain, predict
+from jobs.memory.model_config import arch_for
+from jobs.memory.planner import cheapest_change, fit
+from jobs.spec.job import JobSpec
 
 QWEN7B = Path(__file__).parent / "fixtures" / "qwen2.5-7b"
 GIB = 2 ** 30
@@ -147,7 +147,7 @@ def test_a_measured_setup_ranks_by_what_it_did(qwen7b):
 
 
 def test_measured_history_reads_succeeded_runs_of_the_model_on_the_device(store):
-    from jobs.planner import measured_history
+    from jobs.memory.planner import measured_history
 
     spec = JobSpec(model="tiny-llama", max_steps=1)
     done, other_device, other_model = (store.create_run(s) for s in (spec, spec, spec.replace(model="smollm2-135m-instruct")))
@@ -164,7 +164,7 @@ def test_nothing_fits_a_tiny_device(qwen7b):
 
 
 def test_plan_command_table_json_memory_and_fit(capsys, data_home):
-    from app.cli import main
+    from app.cli.main import main
 
     spec = data_home / "q7.yaml"
     spec.write_text(f"model: {QWEN7B}\nper_device_train_batch_size: 4\nmax_length: 2048\n")
@@ -179,7 +179,7 @@ def test_plan_command_table_json_memory_and_fit(capsys, data_home):
 
 
 def test_plan_command_for_the_default_smollm2(capsys, data_home):
-    from app.cli import main
+    from app.cli.main import main
 
     spec = data_home / "s.yaml"
     spec.write_text("model: smollm2-135m-instruct\n")
@@ -189,7 +189,7 @@ def test_plan_command_for_the_default_smollm2(capsys, data_home):
 
 
 def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
-    from jobs.submit import memory_problems
+    from jobs.queue.submit import memory_problems
 
     spec = S(model=str(QWEN7B), max_length=4096)
     problems = memory_problems(spec, GPU24)
@@ -201,8 +201,8 @@ def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
 
 
 def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
-    from jobs.memory import prediction_error_text
-    from jobs.submit import load_prediction, submit
+    from jobs.memory.predict import prediction_error_text
+    from jobs.queue.submit import load_prediction, submit
 
     run_id = submit(store, S(model=str(tiny_model), max_steps=1))
     saved = load_prediction(store, run_id)
@@ -212,7 +212,7 @@ def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
 
 
 def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
-    from app import ui_form, ui_memory
+    from app.ui import form as ui_form, memory as ui_memory
 
     monkeypatch.setattr(ui_memory, "ui_device", lambda: GPU24)
     values = dict(zip(ui_form.NAMES, ui_form.form_values(S(model=str(QWEN7B), max_length=2048))))
@@ -230,7 +230,7 @@ def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
 def test_run_page_memory_graph_gets_the_predicted_line():
     import pandas as pd
 
-    from app.ui_memory import PREDICTED_SERIES, with_predicted_line
+    from app.ui.memory import PREDICTED_SERIES, with_predicted_line
 
     frame = pd.DataFrame([(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")], columns=["seconds", "GiB", "series"])
     out = with_predicted_line(frame, {"total_bytes": 2 * GIB})

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 def test_counter_counts_live_storages_exactly() -> None:
     import torch
 
-    from jobs.memory_count import LiveBytes
+    from jobs.memory.count import LiveBytes
 
     outside = torch.zeros(250)  # created before: invisible until handed over
     with LiveBytes() as counter:
@@ -38,7 +38,7 @@ def test_counter_counts_live_storages_exactly() -> None:
 def test_counter_sees_quantization_constants() -> None:
     import torch
 
-    from jobs.memory_count import LiveBytes
+    from jobs.memory.count import LiveBytes
 
     class State:  # a stand-in for bitsandbytes' QuantState with a nested state
         absmax, code, offset = torch.zeros(16), torch.zeros(256), None
@@ -66,9 +66,9 @@ def test_grid_covers_the_issue_axes() -> None:
 
 def test_cuda_table_reads_measurements_without_a_gpu() -> None:
     from bench.memory_truth import SHAPES, case, cuda_table, spec_for
-    from jobs.devices import DeviceFacts
-    from jobs.memory import predict
-    from jobs.memory_parts import arch_from_config
+    from jobs.devices.facts import DeviceFacts
+    from jobs.memory.predict import predict
+    from jobs.memory.parts import arch_from_config
 
     facts = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2 ** 30, bf16=True, fp16=True)
     c = case("qwen2.5-0.5b", "lora", batch=4, length=512, precision="bf16")

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.mapping import CPU, capability_problems
-from jobs.spec import JobSpec, LoraInit, Method
+from jobs.config.mapping import CPU, capability_problems
+from jobs.spec.job import JobSpec, LoraInit, Method
 from training_helpers import tiny_spec
 
 pytestmark = pytest.mark.integration
@@ -59,8 +59,8 @@ def test_converted_adapter_loads_on_the_original_base(init: str, tiny_model: Pat
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from jobs.artifacts import write_bundle
-    from jobs.train import train_spec
+    from jobs.train.artifacts import write_bundle
+    from jobs.train.child import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=3, lora_init=init, lora_r=4)
     out = tmp_path / "out"
@@ -82,7 +82,7 @@ def test_eva_runs_its_data_pass_before_training(tiny_model: Path, tmp_path: Path
     """EVA's A is the inputs' top right-singular vectors: orthonormal rows at step 0 (random A is not)."""
     from transformers import TrainerCallback
 
-    from jobs.train import train_spec
+    from jobs.train.child import train_spec
 
     class FirstA(TrainerCallback):
         a: torch.Tensor | None = None
@@ -105,8 +105,8 @@ def test_run_through_the_store_leaves_a_bundle_that_reloads(method: str, tiny_mo
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from jobs.mora import load_mora
-    from jobs.train import run
+    from jobs.config.mora import load_mora
+    from jobs.train.child import run
     from storage.models import RunStatus
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=4, method=method, adapter_layers=2))
@@ -118,7 +118,7 @@ def test_run_through_the_store_leaves_a_bundle_that_reloads(method: str, tiny_mo
     card = (bundle / "README.md").read_text()
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model))
     if method == "mora":
-        assert "from jobs.mora import load_mora" in card and "not a peft method" in card
+        assert "from jobs.config.mora import load_mora" in card and "not a peft method" in card
         model = load_mora(base, str(bundle))
         assert model.peft_config["default"].use_mora
     else:
@@ -150,11 +150,11 @@ def test_loftq_is_refused_without_cuda(tiny_model: Path) -> None:
 ])
 def test_the_libraries_really_reject_what_is_refused(case: str, error: str, tiny_model: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import jobs.train
+    import jobs.train.child
 
     if case == "loftq" and torch.cuda.is_available():
         pytest.skip("LoftQ runs where CUDA exists")
-    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(tiny_model, max_steps=1, method="adaption_prompt", adapter_layers=2)
     if case == "qwen2":
         spec = dataclasses.replace(spec, model=str(qwen2_folder(tmp_path, tiny_model)))
@@ -163,14 +163,14 @@ def test_the_libraries_really_reject_what_is_refused(case: str, error: str, tiny
     else:
         spec = dataclasses.replace(spec, method=Method.QLORA, lora_init=LoraInit.LOFTQ)
     with pytest.raises(Exception, match=error):
-        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_loftq_initialises_qlora_on_a_gpu(tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.mapping import detect_device
-    from jobs.train import train_spec
+    from jobs.config.mapping import detect_device
+    from jobs.train.child import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=2, method="qlora", lora_init="loftq")
     result = train_spec(spec, tmp_path / "out", device=detect_device())

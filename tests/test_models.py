@@ -1,4 +1,4 @@
-"""Tests for jobs.tiny and jobs.models: tiny model, resolving references, checks, loading.
+"""Tests for jobs.models.tiny and jobs.models.registry: tiny model, resolving references, checks, loading.
 
 Run: .venv/bin/python -m pytest tests/test_models.py -q      (add -m "not smollm2" to skip the
 real SmolLM2 download + conversion, ~1-2 min the first time, cached in TUNEDECK_MODELS_DIR or
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import models
-from jobs.models import (
+from jobs.models import registry as models
+from jobs.models.registry import (
     BUILTIN_MODELS,
     ModelError,
     ModelSource,
@@ -28,7 +28,7 @@ from jobs.models import (
     load_model_and_tokenizer,
     resolve_model,
 )
-from jobs.tiny import build_tiny_model
+from jobs.models.tiny import build_tiny_model
 
 CHAT = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -91,7 +91,7 @@ def _slow_build(out: Path) -> None:
 
 def _build_in_child(dest: str) -> None:
     """Build a folder atomically in a separate process (for the race test)."""
-    from jobs.tiny import build_folder_atomically
+    from jobs.models.tiny import build_folder_atomically
 
     build_folder_atomically(Path(dest), _slow_build)
 
@@ -112,7 +112,7 @@ def test_processes_building_at_once_build_once(tmp_path: Path) -> None:
 
 
 def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
-    from jobs.tiny import build_folder_atomically
+    from jobs.models.tiny import build_folder_atomically
 
     def broken(out: Path) -> None:
         (out / "config.json").write_text("{}")
@@ -124,7 +124,7 @@ def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_older_build_is_replaced(tmp_path: Path) -> None:
-    from jobs.tiny import build_folder_atomically, built_version
+    from jobs.models.tiny import build_folder_atomically, built_version
 
     dest = build_folder_atomically(tmp_path / "model", _slow_build, version="v1")
     assert built_version(dest) == "v1"
@@ -147,7 +147,7 @@ def test_build_refuses_to_replace_a_foreign_folder(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- resolving
 def test_builtin_names() -> None:
     assert list(BUILTIN_MODELS) == ["smollm2-135m-instruct", "tiny-llama"]
-    from jobs.spec import DEFAULT_MODEL
+    from jobs.spec.job import DEFAULT_MODEL
 
     assert DEFAULT_MODEL in BUILTIN_MODELS
 

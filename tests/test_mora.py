@@ -1,4 +1,4 @@
-"""MoRA (jobs/mora.py) against the paper: budget, operators, merging, saving and loading."""
+"""MoRA (jobs/config/mora.py) against the paper: budget, operators, merging, saving and loading."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.mora import MoraConfig, load_mora, mora_delta_weight, mora_delta_x, mora_rank
+from jobs.config.mora import MoraConfig, load_mora, mora_delta_weight, mora_delta_x, mora_rank
 
 
 def small_llama(hidden: int = 64, intermediate: int = 176, layers: int = 2) -> Any:

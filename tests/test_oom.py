@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from jobs import oom
-from jobs.spec import JobSpec, Optim
-from jobs.stored import spec_of
-from jobs.worker import Worker
+from jobs.train import oom
+from jobs.spec.job import JobSpec, Optim
+from jobs.spec.stored import spec_of
+from jobs.worker.loop import Worker
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -29,7 +29,7 @@ import signal, sys
 sys.path.insert(0, {root!r})
 import torch
 from transformers import TrainerCallback
-from jobs import train
+from jobs.train import child as train
 
 MAX_BATCH, FROM_STEP, NEED_GC_FROM, NEED_8BIT_FROM = {max_batch}, {from_step}, {need_gc_from}, {need_8bit_from}
 
@@ -131,8 +131,8 @@ def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(stor
     lrs = [p.value for p in store.metrics(run_id, ["learning_rate"])]
     assert len(lrs) == 8 and all(a > b for a, b in zip(lrs, lrs[1:])), lrs
     # Shown where a user looks: `tunedeck show` and the run page's header.
-    from app.cli import show_text
-    from app.ui_run import RunPageData
+    from app.cli.main import show_text
+    from app.ui.run import RunPageData
 
     shown = show_text(store, run)
     assert messages[0] in shown and "per_device_train_batch_size: 4 -> 2" in shown

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.mapping import CPU, capability_problems, resolved_config
-from jobs.spec import JobSpec, SpecError, Trainer
+from jobs.config.mapping import CPU, capability_problems, resolved_config
+from jobs.spec.job import JobSpec, SpecError, Trainer
 from storage.models import RunStatus
 from tests.training_helpers import tiny_spec
 
@@ -39,7 +39,7 @@ def test_trl_is_pinned_where_the_experimental_trainers_live() -> None:
     ("cpo", "experimental.cpo.CPOConfig", {"beta": 0.1, "loss_type": "sigmoid"}),
 ])
 def test_mapping(trainer: str, cls: str, kw: dict, tmp_path: Path) -> None:
-    from jobs.mapping import training_config
+    from jobs.config.mapping import training_config
 
     spec = JobSpec(trainer=Trainer(trainer), dataset="sample:preference-format")
     resolved = resolved_config(spec, CPU, str(tmp_path))
@@ -69,7 +69,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("changes,message", REFUSED)
 def test_refused_before_queueing(changes: dict, message: str) -> None:
-    from jobs.submit import check
+    from jobs.queue.submit import check
 
     data = {"dataset": "sample:preference-format", **changes}
     try:
@@ -96,8 +96,8 @@ def test_config_has_no_padding_free(trainer: str) -> None:
                                             ("cpo", {"reward margin", "reward accuracy"})])
 def test_trains_through_the_worker(trainer: str, series: set[str], store, tiny_model: Path) -> None:
     """The real worker and child: LoRA ORPO / CPO on the preference sample; metrics reach the run page."""
-    from app.ui_run import RunPageData
-    from jobs.worker import Worker
+    from app.ui.run import RunPageData
+    from jobs.worker.loop import Worker
 
     spec = tiny_spec(tiny_model, trainer=trainer, dataset="sample:preference-format", max_steps=3, max_train_samples=12,
                      max_length=128, eval_split=4)
@@ -119,12 +119,12 @@ def test_prompt_learning_really_fails(trainer: str, method: str, tiny_model: Pat
     """With our check off, trl fails on these: the refusal is grounded, not guessed."""
     import dataclasses
 
-    import jobs.train
-    from jobs.spec import Method
+    import jobs.train.child
+    from jobs.spec.job import Method
 
-    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(tiny_model, trainer=trainer, dataset="sample:preference-format", max_steps=1, max_train_samples=4,
                      max_length=128, num_virtual_tokens=4, eval_split=1)
     spec = dataclasses.replace(spec, method=Method(method))
     with pytest.raises(ValueError, match="to match target batch_size"):
-        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)

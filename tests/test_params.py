@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from jobs.mapping import peft_config
-from jobs.memory_config import arch_for
-from jobs.params import ModelShape, model_shape, trainable_params
-from jobs.spec import JobSpec
+from jobs.config.mapping import peft_config
+from jobs.memory.model_config import arch_for
+from jobs.memory.params import ModelShape, model_shape, trainable_params
+from jobs.spec.job import JobSpec
 
 PEFT_METHODS = ["lora", "dora", "ia3", "prompt_tuning", "prefix_tuning", "p_tuning", "mora", "adaption_prompt",
                 "lokr", "loha", "oft", "vera", "miss", "hira"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from jobs.spec import JobSpec
-from jobs.worker import Worker
+from jobs.spec.job import JobSpec
+from jobs.worker.loop import Worker
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -111,7 +111,7 @@ def test_the_worker_loop_survives_database_errors(store: Store, caplog: pytest.L
         return real(*args, **kwargs)
 
     store.claim_next_on_device = flaky  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="jobs.worker"):
+    with caplog.at_level(logging.ERROR, logger="jobs.worker.loop"):
         assert worker.work(burst=True) == 1
     assert store.get_run(run_id).status is RunStatus.FAILED  # "pass" reports nothing: failed, but it ran
     assert sum("database error" in r.message for r in caplog.records) == 3

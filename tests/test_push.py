@@ -1,5 +1,5 @@
 """`tunedeck push`: a finished run's bundle to a hub repository; offline and unreachable hubs give a
-clear message at once, the token is never stored or printed (jobs.hub_push, app.cli_push)."""
+clear message at once, the token is never stored or printed (jobs.export.push, app.cli.push)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from app.cli import main
-from jobs.hub_push import PushError, check_repo_id, push, push_folder
-from jobs.spec import JobSpec
+from app.cli.main import main
+from jobs.export.push import PushError, check_repo_id, push, push_folder
+from jobs.spec.job import JobSpec
 
 SECRET = "hf_SECRETtokenThatMustNeverBeWritten"
 
@@ -138,7 +138,7 @@ def test_a_hub_that_stops_answering_ends_the_push_with_an_error(finished_run: in
     import huggingface_hub.constants
     from huggingface_hub.utils import _http
 
-    from app.cli_push import bound_hub_timeouts
+    from app.cli.push import bound_hub_timeouts
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))

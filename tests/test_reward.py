@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.data import DataError, check_dataset, length_warnings, load_datasets
-from jobs.mapping import CPU, peft_kwargs, resolved_config
-from jobs.spec import JobSpec, SpecError, Trainer
+from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
+from jobs.config.mapping import CPU, peft_kwargs, resolved_config
+from jobs.spec.job import JobSpec, SpecError, Trainer
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 
@@ -33,7 +33,7 @@ def test_reward_data_is_preference_rows() -> None:
 def test_reward_mapping(tmp_path: Path) -> None:
     from trl import RewardConfig
 
-    from jobs.mapping import training_config
+    from jobs.config.mapping import training_config
 
     spec = JobSpec(trainer=REWARD, dataset="sample:preference-format")
     resolved = resolved_config(spec, CPU, str(tmp_path))
@@ -82,8 +82,8 @@ def test_long_rows_are_dropped_not_truncated(tiny_model: Path) -> None:
 @pytest.mark.slow
 def test_reward_model_trains_through_the_worker(store, tiny_model: Path) -> None:
     """The real worker and child: LoRA reward model; accuracy/margin graphed; the bundle holds the score head."""
-    from app.ui_run import RunPageData
-    from jobs.worker import Worker
+    from app.ui.run import RunPageData
+    from jobs.worker.loop import Worker
 
     spec = tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format", max_steps=3,
                      max_train_samples=12, max_length=128)
@@ -110,21 +110,21 @@ def test_the_libraries_really_reject_them(changes: dict, error: str, tiny_model:
     """With our check off, the libraries fail on each: the refusals above are grounded, not guessed."""
     import re
 
-    import jobs.train
-    from jobs.spec import Method
+    import jobs.train.child
+    from jobs.spec.job import Method
 
-    monkeypatch.setattr(jobs.train, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format", max_steps=1, max_train_samples=4,
                      max_length=128, num_virtual_tokens=4)
     spec = dataclasses.replace(spec, method=Method(changes["method"]))
     with pytest.raises(Exception, match=re.escape(error)):
-        jobs.train.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.integration
 def test_all_rows_too_long_names_max_length(tiny_model: Path, tmp_path: Path) -> None:
     """trl drops every row and then fails with 'num_samples=0'; tunedeck names max_length instead."""
-    from jobs.train import train_spec
+    from jobs.train.child import train_spec
 
     spec = tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format", max_steps=1, max_train_samples=4,
                      max_length=16)

@@ -59,18 +59,18 @@ def test_auth_file_and_env(tmp_path: Path) -> None:
 
 
 def test_hash_password_cli(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "app.cli", "hash-password", "--user", "carol"], input="pw-carol-333\n",
+    out = subprocess.run([sys.executable, "-m", "app.cli.main", "hash-password", "--user", "carol"], input="pw-carol-333\n",
                          capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path / "home"), timeout=60)
     assert out.returncode == 0, out.stderr
     user, _, encoded = out.stdout.strip().partition(":")
     assert user == "carol" and auth.verify_password("pw-carol-333", encoded)
-    short = subprocess.run([sys.executable, "-m", "app.cli", "hash-password"], input="short\n",
+    short = subprocess.run([sys.executable, "-m", "app.cli.main", "hash-password"], input="short\n",
                            capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path / "home"), timeout=60)
     assert short.returncode == 2 and "shorter than 8" in short.stderr
 
 
 def test_default_bind_is_loopback_and_exposure_warns() -> None:
-    from app.cli import build_parser
+    from app.cli.main import build_parser
 
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
@@ -97,7 +97,7 @@ def _free_port() -> int:
 def _start(home: Path, cwd: Path, host: str = "127.0.0.1", **env: str) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
     log = cwd / f"server-{port}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--no-worker", "--host", host, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", host, "--port", str(port)],
                             cwd=cwd, env=_env(home, **env), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -132,7 +132,7 @@ def site(tmp_path_factory: pytest.TempPathFactory):
     old = os.environ.get("TUNEDECK_HOME")
     os.environ["TUNEDECK_HOME"] = str(home)
     try:
-        from jobs.spec import JobSpec
+        from jobs.spec.job import JobSpec
         from storage.store import Store
 
         store = Store()
@@ -257,7 +257,7 @@ def test_login_required_when_configured(tmp_path: Path, site: dict) -> None:
 def test_auth_file_with_plain_password_is_refused(tmp_path: Path) -> None:
     users = tmp_path / "users"
     users.write_text("alice:hunter2\n")
-    out = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--no-worker", "--auth-file", str(users),
+    out = subprocess.run([sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--auth-file", str(users),
                           "--port", str(_free_port())], capture_output=True, text=True, cwd=tmp_path,
                          env=_env(tmp_path / "home"), timeout=120)
     assert out.returncode == 2 and "line 1" in out.stderr and "Traceback" not in out.stderr
@@ -268,7 +268,7 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
     """A folder with only pytorch_model.bin is refused at the check, and loading never unpickles it."""
     import shutil
 
-    from jobs.models import ModelError, ResolvedModel, ModelSource, check_model, load_model_and_tokenizer
+    from jobs.models.registry import ModelError, ResolvedModel, ModelSource, check_model, load_model_and_tokenizer
 
     folder = tmp_path / "pickled"
     shutil.copytree(tiny_model, folder)
@@ -284,8 +284,8 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_hf_token_never_stored_logged_or_bundled(tiny_model: Path, store, data_home: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.spec import JobSpec
-    from jobs.worker import Worker
+    from jobs.spec.job import JobSpec
+    from jobs.worker.loop import Worker
 
     monkeypatch.setenv("HF_TOKEN", HF_FAKE)
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", HF_FAKE)
@@ -317,4 +317,4 @@ def test_no_pickle_loading_in_the_code() -> None:
             for n, line in enumerate(p.read_text().splitlines(), 1)
             if pattern.search(line) and "weights_only=True" not in line]
     assert hits == []
-    assert "use_safetensors" in (ROOT / "jobs" / "models.py").read_text()
+    assert "use_safetensors" in (ROOT / "jobs" / "models" / "registry.py").read_text()

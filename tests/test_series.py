@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from app import series
-from jobs.spec import JobSpec
+from app.ui import series
+from jobs.spec.job import JobSpec
 from storage import models as m
 from storage.store import METRIC_LEVELS, MEMORY_LEVELS, MemoryBucket, MemoryPoint, MetricPoint, Store
 from series_reference import downsample_minmax, same_buckets

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec import JobSpec
+from jobs.spec.job import JobSpec
 from storage.models import RunStatus
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.integration, pytest.mark.slow]
@@ -22,9 +22,9 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
     import torch
     from peft import PeftModel
 
-    from jobs.models import load_model_and_tokenizer, resolve_model
-    from jobs.submit import submit
-    from jobs.worker import Worker
+    from jobs.models.registry import load_model_and_tokenizer, resolve_model
+    from jobs.queue.submit import submit
+    from jobs.worker.loop import Worker
 
     spec = JobSpec.from_dict({
         "run_name": "smollm2-smoke", "model": "smollm2-135m-instruct", "dataset": "sample:chat-format",
@@ -65,7 +65,7 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
     # local copy (a hub cache holding tunedeck's converted folder under the upstream name).
     import json
 
-    from jobs.artifacts import LOAD_PROMPT
+    from jobs.train.artifacts import LOAD_PROMPT
     from training_helpers import greedy_answer, run_card_snippet
 
     assert json.loads((adapter_cfg / "adapter_config.json").read_text())["base_model_name_or_path"] == \

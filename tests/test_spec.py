@@ -1,10 +1,10 @@
-"""Every validation message of jobs.spec: unknown keys, types, bounds, enums, combinations."""
+"""Every validation message of jobs.spec.job: unknown keys, types, bounds, enums, combinations."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.spec import (DEFAULT_MODEL, JobSpec, Method, Optim, Precision, Problem, Scheduler, SpecError,
+from jobs.spec.job import (DEFAULT_MODEL, JobSpec, Method, Optim, Precision, Problem, Scheduler, SpecError,
                        Trainer, field_infos)
 
 
@@ -258,7 +258,7 @@ def test_field_infos_describe_every_field() -> None:
 
 def test_method_specific_fields_name_their_methods() -> None:
     """The form hides knobs by this metadata: each method-specific field lists exactly its methods."""
-    from jobs.spec import METHOD_DESCRIPTIONS, Method, applies_to, field_infos
+    from jobs.spec.job import METHOD_DESCRIPTIONS, Method, applies_to, field_infos
 
     infos = {f.name: f for f in field_infos()}
     assert infos["mora_type"].methods == ("mora",) and infos["oft_block_size"].methods == ("oft",)

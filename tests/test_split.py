@@ -23,7 +23,7 @@ from storage.store import Store
 
 BACKENDS = ("postgresql",)  # the split is what PostgreSQL is for (tests/conftest.py)
 
-CLI = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"]
+CLI = [sys.executable, "-c", "import sys; from app.cli.main import main; sys.exit(main(sys.argv[1:]))"]
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
@@ -70,7 +70,7 @@ def test_dashboard_two_workers_postgresql_four_runs(store: Store, data_home: Pat
         samples = store.memory_samples(r.id)
         assert samples and all(p.run_id == r.id for p in samples)
         assert {p.worker_id for p in samples} == {r.worker_id}
-    from app.ui_gpu import gpu_frames
+    from app.ui.gpu import gpu_frames
 
     window = time.time() - min(r.created_at for r in runs) + 60
     for worker, device in device_of.items():  # each device's graph in the GPU panel draws its own samples only

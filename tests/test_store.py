@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec import JobSpec, SpecError
+from jobs.spec.job import JobSpec, SpecError
 from storage import models as m
 from storage import store as store_module
 from storage.models import RunStatus
@@ -168,7 +168,7 @@ def test_old_idle_memory_samples_are_thinned_and_run_samples_kept(store: Store) 
 
 
 def test_sampler_thins_idle_samples_on_its_cadence(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.sampler import Sampler
+    from jobs.devices.sampler import Sampler
 
     monkeypatch.setenv("TUNEDECK_IDLE_MEMORY_RETENTION_H", "1")
     calls = []

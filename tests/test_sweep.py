@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.devices import DeviceFacts
-from jobs.mapping import CPU
-from jobs.spec import JobSpec
-from jobs.sweep import plan_probes, sweep_table
-from jobs.tricks import Trick
+from jobs.devices.facts import DeviceFacts
+from jobs.config.mapping import CPU
+from jobs.spec.job import JobSpec
+from jobs.queue.sweep import plan_probes, sweep_table
+from jobs.spec.tricks import Trick
 from storage.models import RunStatus
 from storage.store import Store
-from jobs.stored import spec_of
+from jobs.spec.stored import spec_of
 
 import training_helpers
 
@@ -42,7 +42,7 @@ def test_probes_on_a_gpu_worker_include_bf16_and_fp16() -> None:
 
 
 def test_run_page_button_queues_a_sweep_of_the_runs_spec(store: Store, tiny_model: Path) -> None:
-    from app.ui_sweep import queue_from_run
+    from app.ui.sweep import queue_from_run
 
     run_id = store.create_run(training_helpers.tiny_spec(tiny_model))
     text = queue_from_run(store, run_id, ["baseline", "gradient_checkpointing", "fp16"], 4)
@@ -56,9 +56,9 @@ def test_run_page_button_queues_a_sweep_of_the_runs_spec(store: Store, tiny_mode
 @pytest.mark.slow
 def test_cli_sweep_through_the_worker_prints_the_table(store: Store, tiny_model: Path, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture) -> None:
-    from app.cli import main
-    from app.ui_sweep import table_frame
-    from jobs.worker import Worker
+    from app.cli.main import main
+    from app.ui.sweep import table_frame
+    from jobs.worker.loop import Worker
 
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(training_helpers.tiny_spec(tiny_model, max_length=64).to_dict()))

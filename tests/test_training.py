@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.artifacts import sha256_of, write_bundle
-from jobs.callbacks import STOP_REQUESTED, StoreCallback
-from jobs.mapping import CPU
-from jobs.spec import JobSpec
+from jobs.train.artifacts import sha256_of, write_bundle
+from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
+from jobs.config.mapping import CPU
+from jobs.spec.job import JobSpec
 from storage.models import RunStatus
 from storage.store import MetricPoint
 
@@ -207,7 +207,7 @@ def test_sft_lora_learns_and_adapter_reloads_with_same_logits(tiny_model: Path, 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from jobs.train import train_spec
+    from jobs.train.child import train_spec
 
     result = train_spec(tiny_spec(tiny_model), tmp_path / "out", device=CPU)
     seen = losses(result.log_history)
@@ -236,8 +236,8 @@ def test_sft_lora_learns_and_adapter_reloads_with_same_logits(tiny_model: Path, 
 def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, tmp_path: Path) -> None:
     import json
 
-    from jobs.artifacts import LOAD_PROMPT
-    from jobs.train import train_spec
+    from jobs.train.artifacts import LOAD_PROMPT
+    from jobs.train.child import train_spec
 
     result = train_spec(tiny_spec(tiny_model, max_steps=4), tmp_path / "out", device=CPU)
     bundle = write_bundle(tmp_path / "bundle", tiny_spec(tiny_model, max_steps=4), result.model, result.tokenizer,
@@ -251,9 +251,9 @@ def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, t
 
 @pytest.mark.integration
 def test_dpo_with_lora_trains_against_the_base_as_reference(tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.train import train_spec
+    from jobs.train.child import train_spec
 
-    from jobs.data import SAMPLES_DIR
+    from jobs.data.sources import SAMPLES_DIR
 
     rows = (SAMPLES_DIR / "preference-format.train.jsonl").read_text().splitlines()[:8]
     (tmp_path / "pref.jsonl").write_text("\n".join(rows) + "\n")  # a local file: no eval split
@@ -271,7 +271,7 @@ def test_dpo_with_lora_trains_against_the_base_as_reference(tiny_model: Path, tm
 def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> None:
     from transformers import AutoModelForCausalLM
 
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=8))
     store.claim_next_on_device("test", "0")
@@ -300,8 +300,8 @@ def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> N
     bundle = Path(kinds["model"].path)
     saved = json.loads((bundle / "metrics.json").read_text())
     assert saved["train_loss"] == record.final_metrics["train_loss"]
-    # The bundle carries the figures the dashboard shows (jobs.figures), not a second definition of them.
-    from jobs.figures import run_figures
+    # The bundle carries the figures the dashboard shows (jobs.train.figures), not a second definition of them.
+    from jobs.train.figures import run_figures
 
     shown = run_figures(store, record).metrics()
     assert {"tokens_per_second", "step_time", "loss", "peak_memory_bytes"} <= set(shown)
@@ -314,7 +314,7 @@ def test_full_fine_tune_run_through_the_store(tiny_model: Path, store: Any) -> N
 
 @pytest.mark.integration
 def test_missing_data_marks_the_run_failed_with_the_field(tiny_model: Path, store: Any, tmp_path: Path) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, dataset=str(tmp_path / "nope.jsonl")))
     store.claim_next_on_device("test", "0")
@@ -329,7 +329,7 @@ def test_crash_during_training_is_marked_failed_after_metrics(tiny_model: Path, 
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from trl import SFTTrainer
 
-    from jobs.train import run
+    from jobs.train.child import run
 
     real_step = SFTTrainer.training_step
     calls = {"n": 0}
@@ -353,7 +353,7 @@ def test_crash_during_training_is_marked_failed_after_metrics(tiny_model: Path, 
 
 @pytest.mark.integration
 def test_stop_flag_cancels_at_the_next_step(tiny_model: Path, store: Any) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=50))
     store.claim_next_on_device("test", "0")
@@ -372,7 +372,7 @@ def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, d
     env = dict(os.environ, TUNEDECK_HOME=str(data_home), TUNEDECK_DATABASE_URL=store.url)
     log = data_home / "child.log"
     with open(log, "wb") as out:
-        child = subprocess.Popen([sys.executable, "-m", "jobs.train", "--run-id", str(run_id)], cwd=ROOT,
+        child = subprocess.Popen([sys.executable, "-m", "jobs.train.child", "--run-id", str(run_id)], cwd=ROOT,
                                  stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 120
@@ -390,7 +390,7 @@ def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, d
 
 
 def test_oom_summary_names_the_tricks_still_off() -> None:
-    from jobs.train import summarize
+    from jobs.train.child import summarize
 
     spec = JobSpec.from_dict({"method": "full", "per_device_train_batch_size": 8, "max_length": 2048})
     summary = summarize(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), spec)
@@ -403,8 +403,8 @@ def test_oom_summary_names_the_tricks_still_off() -> None:
 
 
 def test_problem_errors_summarize_as_their_problems() -> None:
-    from jobs.spec import Problem, SpecError
-    from jobs.train import summarize
+    from jobs.spec.job import Problem, SpecError
+    from jobs.train.child import summarize
 
     exc = SpecError([Problem("precision", "fp16 needs CUDA", "use auto")])
     assert summarize(exc, None) == "precision: fp16 needs CUDA. Fix: use auto"
@@ -415,7 +415,7 @@ def test_problem_errors_summarize_as_their_problems() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_cuda_run_records_torch_memory(tiny_model: Path, store: Any, method: str) -> None:
-    from jobs.train import run
+    from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, method=method, max_steps=6))
     store.claim_next_on_device("test", "0")

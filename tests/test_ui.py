@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app import series, ui_form
-from jobs.spec import JobSpec, SpecError
+from app.ui import series, form as ui_form
+from jobs.spec.job import JobSpec, SpecError
 from storage.store import MemoryPoint, MetricPoint
 from series_reference import downsample_minmax, same_buckets
 
@@ -35,7 +35,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_form_is_generated_from_every_spec_field():
-    assert ui_form.NAMES == [f.name for f in __import__("jobs.spec", fromlist=["x"]).field_infos()]
+    assert ui_form.NAMES == [f.name for f in __import__("jobs.spec.job", fromlist=["x"]).field_infos()]
 
 
 def test_downsampling_in_sql_keeps_a_spike_and_bounds_points(store):
@@ -87,7 +87,7 @@ def test_last_metric_values_per_run(store):
 
 
 def test_build_ui_builds(store):
-    from app.ui import build_ui
+    from app.ui.dashboard import build_ui
 
     demo = build_ui(store)
     labels = {c.get("props", {}).get("label") for c in demo.get_config_file()["components"]}
@@ -97,8 +97,8 @@ def test_build_ui_builds(store):
 def test_method_choice_shows_each_methods_description_and_budget_survives_new_methods():
     import gradio as gr
 
-    from app import ui_form
-    from jobs.spec import METHOD_DESCRIPTIONS, Method
+    from app.ui import form as ui_form
+    from jobs.spec.job import METHOD_DESCRIPTIONS, Method
 
     with gr.Blocks():
         dropdown = ui_form.make_component(ui_form._info("method"))
@@ -117,8 +117,8 @@ def test_eta_of_a_resumed_run_uses_the_whole_runs_step_time(store, tiny_model):
     from dataclasses import replace
 
     import training_helpers
-    from app.ui_run import eta_text
-    from jobs import figures
+    from app.ui.run import eta_text
+    from jobs.train import figures
     from storage.models import RunStatus
 
     rid = store.create_run(training_helpers.tiny_spec(tiny_model))
@@ -137,7 +137,7 @@ def test_a_bundle_written_under_another_mount_is_explained_not_hidden(store, tin
     """Many hosts: a worker whose data folder was mounted elsewhere recorded a path this dashboard
     cannot serve. The run page says so and how to fix it, instead of silently showing no download."""
     import training_helpers
-    from app.ui_run import bundle_path, unreachable_files_note
+    from app.ui.run import bundle_path, unreachable_files_note
 
     rid = store.create_run(training_helpers.tiny_spec(tiny_model))
     elsewhere = tmp_path / "other-mount" / "run.zip"

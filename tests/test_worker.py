@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.sampler import GpuProbe, Sampler, process_tree_rss
-from jobs.spec import JobSpec
-from jobs.worker import Worker, describe_exit, group_members
+from jobs.devices.sampler import GpuProbe, Sampler, process_tree_rss
+from jobs.spec.job import JobSpec
+from jobs.worker.loop import Worker, describe_exit, group_members
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -263,8 +263,8 @@ def test_worker_samples_child_memory(store: Store) -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: Path) -> None:
-    """The real `python -m jobs.train` child, killed mid-run; the next run still trains."""
-    pytest.importorskip("jobs.train")
+    """The real `python -m jobs.train.child` child, killed mid-run; the next run still trains."""
+    pytest.importorskip("jobs.train.child")
     spec = JobSpec(model=str(tiny_model), max_steps=400, max_length=64, per_device_train_batch_size=2,
                    logging_steps=1)
     first = store.create_run(spec)
@@ -293,7 +293,7 @@ def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: P
 COOPERATIVE = """
 from storage.store import Store
 def on_term(signum, frame):
-    Store().mark_cancelled(run_id, exit_code=0)   # what jobs.train does on SIGTERM
+    Store().mark_cancelled(run_id, exit_code=0)   # what jobs.train.child does on SIGTERM
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 print('up', flush=True)
@@ -337,9 +337,9 @@ def test_worker_process_sigterm_stops_child(data_home: Path, store: Store, tmp_p
     launcher = tmp_path / "launch.py"
     launcher.write_text(textwrap.dedent(f"""
         import sys
-        import jobs.worker as w
+        import jobs.worker.loop as w
         w.default_child_argv = lambda run_id: [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
-        from app.cli import main
+        from app.cli.main import main
         sys.exit(main(["worker"]))
     """))
     proc = subprocess.Popen([sys.executable, str(launcher)], env=env)

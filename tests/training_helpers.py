@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from jobs.spec import JobSpec
+from jobs.spec.job import JobSpec
 
 
 def tiny_spec(model: Path, *, max_steps: int = 12, max_length: int = 96, **changes: Any) -> JobSpec:
@@ -57,8 +57,8 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> st
 
 def refusal_messages(data: dict[str, Any]) -> list[str]:
     """Every refusal of a spec dict: from parsing, or from the capability check on the CPU."""
-    from jobs.mapping import CPU, capability_problems
-    from jobs.spec import SpecError
+    from jobs.config.mapping import CPU, capability_problems
+    from jobs.spec.job import SpecError
 
     try:
         return [str(p) for p in capability_problems(JobSpec.from_dict(data), CPU)]

@@ -1,0 +1,58 @@
+"""What the command line reads and how it reports bad input: exit codes, `UsageError`, spec files.
+
+Shared by `app.cli.main` and the command modules it registers (`app.cli.sweep`, ...), so none of
+them imports another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from jobs.spec.job import JobSpec, Problem
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported as problems, exit code 2."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
+    """Read a YAML spec file and apply `key=value` overrides; raises SpecError/UsageError."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError([Problem("spec", f"file {path} not found", "give the path of a YAML spec, e.g. examples/tiny-llama-quick.yaml")])
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UsageError([Problem("spec", f"{path} is not valid YAML ({exc})", "fix the YAML syntax at the line shown")]) from exc
+    if not isinstance(data, dict):
+        return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
+    bad = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            bad.append(Problem("--set", f"`{item}` is not key=value", "write e.g. --set learning_rate=1e-4"))
+            continue
+        data[key.strip()] = _yaml_scalar(value)
+    if bad:
+        raise UsageError(bad)
+    return JobSpec.from_dict(data)
+
+
+def _yaml_scalar(text: str) -> object:
+    """A --set value read like the same value in the YAML file (empty: null); odd text stays text."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if value is None or isinstance(value, (str, int, float, bool)) else text

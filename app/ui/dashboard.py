@@ -1,0 +1,139 @@
+"""The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
+
+Views live in their own modules: the launch form (app.ui.form, app.ui.data), the GPU panel
+(app.ui.gpu), the runs table (app.ui.runs), the run page (app.ui.run) with its tags/note/delete panel
+(app.ui.manage), the compare view (app.ui.compare), trick sweeps (app.ui.sweep), the Chat tab
+(app.ui.chat) and the scripting API (app.api). This module lays
+them out and wires the events that cross views: launch or select -> run page, clone -> form,
+`?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
+
+    app.server.serve(host="127.0.0.1", port=7860)   # build_ui(store) + safe file-serving options
+
+Launch it through `app.server` (or pass `app.server.launch_options(store)` to `launch`): those
+options restrict downloads to the recorded bundles; a bare `launch()` would not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from app import api
+from app.ui import charts
+from app.ui import chat as ui_chat
+from app.ui import compare as ui_compare
+from app.ui import export as ui_export
+from app.ui import form as ui_form
+from app.ui import gpu as ui_gpu
+from app.ui import manage as ui_manage
+from app.ui import memory as ui_memory
+from app.ui import run as ui_run
+from app.ui import runs as ui_runs
+from app.ui import sweep as ui_sweep
+from jobs.checks.access import AccessPolicy
+from jobs.spec.stored import spec_of
+from storage.store import Store
+
+RUN_GRAPHS = "run-graphs"  # the concurrency group of every event that draws the run page's graphs
+
+# Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
+_SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
+  const u = new URL(window.location.href); u.searchParams.set('run', String(id));
+  window.history.replaceState(null, '', u.toString()); } return []; }"""
+
+
+def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
+    """The whole dashboard, wired to `store`; `policy`: what its users may reach on the server
+    (`jobs.checks.access`: a dashboard behind a login reads data only from its data folders)."""
+    policy = policy or AccessPolicy.dashboard()  # no custom reward function from any dashboard
+    page_data = ui_run.RunPageData(store)
+    with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
+        gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
+        endpoints = api.wire(store, policy)  # before any UI event, so the API's names are not taken
+        gpu = ui_gpu.build_panel()
+        with gr.Tabs(selected="launch") as tabs:
+            with gr.Tab("Launch", id="launch"):
+                form = ui_form.build_form()
+            with gr.Tab("Runs", id="runs"):
+                runs = ui_runs.build()
+            with gr.Tab("Run", id="run"):
+                page = ui_run.build()
+                sweep_controls = ui_sweep.build_controls()
+                export_panel = ui_export.build()
+                manage_panel = ui_manage.build()
+            with gr.Tab("Compare", id="compare") as compare_tab:
+                compare = ui_compare.build()
+                sweep_section = ui_sweep.build_section()
+            with gr.Tab("Chat", id="chat") as chat_tab:
+                chat = ui_chat.build()
+        timer = gr.Timer(1.0)
+        runs_timer = gr.Timer(2.0)
+
+        ui_form.wire(form, store, policy)
+        ui_gpu.wire(gpu, store, timer)
+        ui_runs.wire(runs, store, runs_timer)
+        ui_compare.wire(compare, store, compare_tab)
+        ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
+        ui_manage.wire(manage_panel, store, page.run_id)
+        ui_export.wire(export_panel, store, page.run_id, policy)
+        ui_chat.wire(chat, store, chat_tab, policy)
+
+        def launch(*args: Any) -> tuple[str, Any, Any]:
+            errors, run_id = ui_form.launch(store, *args, policy=policy)
+            if run_id is None:
+                return errors, gr.skip(), gr.skip()
+            return "", run_id, gr.Tabs(selected="run")
+
+        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch",
+                              **ui_form.UNCHECKED)
+
+        def select(evt: gr.SelectData) -> tuple[Any, Any]:
+            row = evt.row_value or []
+            return (int(row[0]), gr.Tabs(selected="run")) if row else (gr.skip(), gr.skip())
+
+        runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
+
+        refresh_outputs = page.outputs
+        opened = page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
+                                    api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        charts.redraw_after(opened, page.plots, page.styles, RUN_GRAPHS)
+        page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
+        ticked = timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
+                            api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        charts.redraw_after(ticked, page.plots, page.styles, RUN_GRAPHS)
+        page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
+        page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
+
+        def clone(run_id: float | None) -> list[Any]:
+            run = store.get_run(int(run_id)) if run_id is not None else None
+            if run is None:
+                raise gr.Error("Open a run first.")
+            return ui_form.form_values(spec_of(run)) + [gr.Tabs(selected="launch")]
+
+        page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
+
+        def on_load(request: gr.Request) -> list[Any]:
+            raw = dict(request.query_params).get("run", "") if request else ""
+            values = [c.value for c in form.inputs]
+            budget = ui_form.budget_text(*values, device=device)
+            bar = ui_memory.panel_html(ui_form.spec_from_form, ui_form.NAMES, *values, device=device)
+            preview = ui_data_preview(form, policy)
+            # gr.Number renders a missing initial value as 0; an explicit None empties the box.
+            empties = [None] * len(optional_numbers)
+            if raw.isdigit():
+                return [int(raw), gr.Tabs(selected="run"), budget, bar, *preview, *empties]
+            return [gr.skip(), gr.skip(), budget, bar, *preview, *empties]
+
+        optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
+        device = ui_memory.worker_device(store)
+        demo.load(on_load, None, [page.run_id, tabs, form.budget, form.memory.bar, form.data_info, form.data_preview,
+                                  *optional_numbers], api_visibility="private")
+    api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
+    return demo
+
+
+def ui_data_preview(form: ui_form.LaunchForm, policy: AccessPolicy | None = None) -> tuple[str, Any]:
+    from app.ui.data import preview_dataset
+
+    return preview_dataset(form.fields["dataset"].value, form.fields["trainer"].value, policy=policy)

@@ -1,0 +1,194 @@
+"""Model and data helpers behind the launch form: choices, uploads, preview.
+
+Everything here is read-only towards the training side: it lists built-in and cached models,
+saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.sources.check_dataset` for
+the preview and its row-numbered errors. Nothing here reaches the network.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from jobs.checks.access import AccessPolicy
+from jobs.spec.job import Problem, Trainer
+from storage.settings import models_dir, uploads_dir
+
+UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first
+
+
+def builtin_models() -> list[str]:
+    from jobs.models.registry import BUILTIN_MODELS
+
+    return list(BUILTIN_MODELS)
+
+
+@functools.lru_cache(maxsize=1)
+def cached_hub_models() -> tuple[str, ...]:
+    """Model repos in the local Hugging Face cache (no network); empty when there is no cache."""
+    try:
+        from huggingface_hub import scan_cache_dir
+        info = scan_cache_dir()
+    except Exception:  # no cache dir, unreadable cache, old hub version: the list is only a convenience
+        return ()
+    return tuple(sorted(r.repo_id for r in info.repos if r.repo_type == "model"))
+
+
+def model_choices() -> list[str]:
+    return builtin_models() + [m for m in cached_hub_models() if m not in builtin_models()]
+
+
+def uploaded_files() -> list[str]:
+    return sorted(str(p) for p in uploads_dir().iterdir() if upload_suffix(p.name))
+
+
+def upload_suffix(name: str) -> str | None:
+    """The supported data suffix a file name ends with (`.jsonl.gz` counts as one), or None."""
+    return next((s for s in UPLOAD_SUFFIXES if name.lower().endswith(s)), None)
+
+
+def sample_refs() -> list[str]:
+    try:
+        from jobs.data.sources import list_samples
+        return list_samples()
+    except ImportError:
+        return ["sample:chat-format", "sample:kto-format", "sample:preference-format"]
+
+
+def dataset_choices(optional: bool = False) -> list[str]:
+    return ([""] if optional else []) + sample_refs() + uploaded_files()
+
+
+def safe_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:80] or "file"
+
+
+def save_upload(path: str | None) -> Any:
+    """Copy an uploaded file under uploads_dir() (content-addressed name) and select it as dataset."""
+    if not path:
+        return gr.skip()
+    src = Path(path)
+    suffix = upload_suffix(src.name)
+    if suffix is None:
+        raise gr.Error(f"{src.name}: expected one of {', '.join(UPLOAD_SUFFIXES)}")
+    from storage.settings import max_upload_mb
+
+    limit = max_upload_mb()
+    if src.stat().st_size > limit * 1024 * 1024:
+        raise gr.Error(f"{src.name} is {src.stat().st_size / 2**20:.0f} MB, over the {limit} MB upload limit "
+                       "(raise it with TUNEDECK_MAX_UPLOAD_MB, or point the dataset field at the file's path)")
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:10]
+    dest = uploads_dir() / f"{safe_stem(src.name[: -len(suffix)])}-{digest}{suffix}"
+    if not dest.exists():
+        shutil.copyfile(src, dest)
+    return gr.Dropdown(choices=dataset_choices(), value=str(dest))
+
+
+def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
+    """Row-numbered problems of one data set ([] when it checks out)."""
+    from jobs.data.sources import DataError, check_dataset
+    try:
+        check_dataset(ref, trainer, field)
+    except DataError as exc:
+        return list(exc.problems)
+    return []
+
+
+def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = None,
+                    policy: AccessPolicy | None = None) -> tuple[str, pd.DataFrame]:
+    """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
+    a file `policy` keeps users from reading is refused before it is opened."""
+    from jobs.data.sources import DataError, check_dataset
+    from jobs.spec.columns import parse_columns
+    empty = pd.DataFrame()
+    if not ref or not ref.strip():
+        return "", empty
+    refused = (policy or AccessPolicy.open()).data_problem(ref, "dataset")
+    if refused is not None:
+        return f"**{refused.field}**: {refused.problem}. Fix: {refused.fix}", empty
+    column_map, bad = parse_columns(columns) if columns and columns.strip() else ({}, [])
+    if bad:
+        lines = "\n".join(f"- **dataset_columns**: {problem}. Fix: {fix}" for problem, fix in bad)
+        return f"**Data problems**\n{lines}", empty
+    try:
+        info = check_dataset(ref.strip(), Trainer(trainer or "sft"), "dataset", column_map=column_map)
+    except DataError as exc:
+        lines = "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
+        return f"**Data problems**\n{lines}", empty
+    except ValueError as exc:
+        return f"**Data problem**: {exc}", empty
+    warn = "".join(f"\n- {w}" for w in info.warnings)
+    text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
+    if info.conversion:
+        text = (f"Detected format: **{info.source_format}**, converted to **{info.format.value}** · {info.n_rows} rows · "
+                f"columns {', '.join(info.columns)}\n- {info.conversion}; the rows below are the converted ones{warn}")
+    if info.column_map:
+        text += "\n- dataset_columns: " + ", ".join(f"`{c}` read as `{t}`" for t, c in info.column_map.items())
+    rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
+    return text, pd.DataFrame(rows)
+
+
+def preview_with_lengths(ref: str | None, trainer: str | None, model: str | None,
+                         max_length: float | None, columns: str | None = None,
+                         policy: AccessPolicy | None = None) -> tuple[str, pd.DataFrame]:
+    """The preview plus how many rows max_length would truncate (when the tokenizer is on disk)."""
+    text, rows = preview_dataset(ref, trainer, columns, policy)
+    if text.startswith("Detected format"):
+        text += length_warning_text(ref, trainer, model, max_length, columns)
+    return text, rows
+
+
+def length_warning_text(ref: str | None, trainer: str | None, model: str | None, max_length: float | None,
+                        columns: str | None = None) -> str:
+    """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell.
+
+    Uses the model's tokenizer only when it is already on disk (a folder or a built model), so
+    the preview never downloads anything.
+    """
+    if not ref or not model or not max_length:
+        return ""
+    folder = next((f for f in (Path(model).expanduser(), models_dir() / model) if (f / "config.json").is_file()), None)
+    if folder is None:
+        return ""
+    try:
+        from transformers import AutoTokenizer
+
+        from jobs.data.sources import DataError, length_warnings, load_datasets
+        from jobs.spec.job import JobSpec
+
+        spec = JobSpec(model=str(folder), dataset=ref.strip(), trainer=Trainer(trainer or "sft"),
+                       max_length=int(max_length), dataset_columns=(columns or "").strip() or None)
+        train, _ = load_datasets(spec)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length), trainer=spec.trainer))
+    except (DataError, ValueError, OSError):
+        return ""
+
+
+def _cell(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+@functools.lru_cache(maxsize=1)
+def has_cuda() -> bool:
+    """Whether this machine has an NVIDIA GPU (NVML), without importing torch into the web server."""
+    return device_info() is not None and bool(getattr(device_info(), "available", False))
+
+
+@functools.lru_cache(maxsize=1)
+def device_info() -> Any:
+    """jobs.devices.sampler's DeviceInfo, probed once per process; None when the sampler is unavailable."""
+    try:
+        from jobs.devices.sampler import GpuProbe
+        return GpuProbe().device_info()
+    except Exception:  # NVML missing or broken: the panel shows the host-memory note instead
+        return None

@@ -1,0 +1,127 @@
+"""The always-visible GPU panel: device facts and a live graph of the last minutes of memory.
+
+The device line shows what the workers published (`jobs.devices.facts`), not the dashboard's own
+device: in a deployment the dashboard may have no GPU while the worker has one. Reads stored
+memory samples (whatever the worker's sampler wrote, also when no run is active), bucketed in
+SQL by `Store.memory_buckets`. The graph follows the device: on a GPU it draws NVML's used memory
+and torch's allocated/reserved; without NVIDIA GPU the panel says so plainly and the graph draws
+the host memory (RSS) of the training process only (`series.MEMORY_SERIES`). With several
+workers on one store (a worker per GPU, many hosts), a device picker appears and the graph draws
+the chosen worker's device only: every sample carries the worker that took it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.ui import charts, series, data as ui_data
+from storage.store import Store
+
+WINDOW_S = charts.GPU_WINDOW_S
+NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"
+
+
+def device_markdown(store: Store | None = None) -> str:
+    """The workers' device as they published it (`jobs.devices.facts`); without a store, this machine's."""
+    if store is not None:
+        from jobs.devices.facts import target
+
+        chosen = target(store)
+        if chosen.worker_id is not None:
+            if not chosen.facts.cuda:
+                return f"**{NO_GPU_NOTE}** · the worker trains on the CPU ({chosen.note})"
+            return f"**Worker GPU: {chosen.facts.name}** · {chosen.note}"
+        return device_markdown() + " · no worker has published its device yet: this is the dashboard's machine"
+    info = ui_data.device_info()
+    if info is None or not info.available:
+        host = f" ({info.host_total_bytes / 1024 ** 3:.1f} GiB host RAM)" if info is not None else ""
+        return f"**{NO_GPU_NOTE}**{host}"
+    lines = [f"**GPU {d.index}: {d.name}** · {d.total_bytes / 1024 ** 3:.1f} GiB" for d in info.devices]
+    return " · ".join(lines) + f" · NVIDIA driver {info.driver}"
+
+
+def device_choices(store: Store) -> list[tuple[str, str]]:
+    """(label, worker id) of every running worker's device, the largest GPU first (`jobs.devices.facts`)."""
+    from jobs.devices.facts import LIVE_WITHIN_S, DeviceFacts
+
+    live = {w.get("worker_id") for w in store.live_workers(within_s=LIVE_WITHIN_S)}
+    rows = [(DeviceFacts.from_dict(p["facts"]), p["worker_id"]) for p in store.published_devices()
+            if p["worker_id"] in live]
+    rows.sort(key=lambda r: (not r[0].cuda, -r[0].total_bytes, r[1]))
+    return [(f"{facts.summary()} · worker {worker}", worker) for facts, worker in rows]
+
+
+def worker_device(store: Store, worker_id: str | None) -> int | None:
+    """The CUDA index a worker published (None: a CPU worker, or unknown)."""
+    for p in store.published_devices():
+        if p["worker_id"] == worker_id:
+            return p["facts"].get("index") if p["facts"].get("kind") == "cuda" else None
+    return None
+
+
+def gpu_frames(store: Store, window_s: float = WINDOW_S, now: float | None = None,
+               worker_id: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(memory GiB, utilization %) over the last window, x in seconds relative to now (negative).
+
+    `worker_id` draws that worker's device only (several workers share one store); None draws
+    every sample (one worker, or samples written before workers stamped them).
+    """
+    now = time.time() if now is None else now
+    origin = now - window_s
+    device = worker_device(store, worker_id) if worker_id is not None else None
+    buckets = store.memory_buckets(None, origin, max(window_s / 500, 0.25), worker_id=worker_id,
+                                   device_index=device)
+    return series.memory_frame(buckets, now), series.utilization_frame(buckets, now)
+
+
+def device_picker(store: Store, current: str | None) -> Any:
+    """The device dropdown: running workers' devices; shown only when there is more than one."""
+    choices = device_choices(store)
+    ids = [worker for _, worker in choices]
+    value = current if current in ids else (ids[0] if ids else None)
+    return gr.Dropdown(choices=choices, value=value, visible=len(choices) > 1)
+
+
+@dataclass
+class GpuPanel:
+    info: gr.Markdown
+    device: gr.Dropdown
+    memory: gr.LinePlot
+    utilization: gr.LinePlot
+    styles: gr.State
+
+
+def build_panel() -> GpuPanel:
+    """Lay out the panel; call inside a gr.Blocks context."""
+    with gr.Accordion("GPU", open=True, elem_id="gpu-panel"):
+        info = gr.Markdown(device_markdown())
+        device = gr.Dropdown(label="Device (one graph per worker's device)", choices=[], value=None,
+                             visible=False, elem_id="gpu-device", allow_custom_value=False)
+        with gr.Row():
+            memory = charts.GPU_MEMORY.build(scale=3)
+            utilization = charts.GPU_UTILIZATION.build(scale=2, visible=ui_data.has_cuda())
+    return GpuPanel(info, device, memory, utilization, gr.State({}))
+
+
+def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
+    plots = [(charts.GPU_MEMORY, panel.memory), (charts.GPU_UTILIZATION, panel.utilization)]
+
+    def tick(worker_id: str | None) -> list[Any]:
+        frames = gpu_frames(store, worker_id=worker_id or None)
+        styles = {chart.elem_id: chart.style(frame) for (chart, _), frame in zip(plots, frames)}
+        return [chart.update(frame) for (chart, _), frame in zip(plots, frames)] + [styles]
+
+    outputs = [plot for _, plot in plots] + [panel.styles]
+    for trigger in (timer.tick, panel.device.input):
+        ticked = trigger(tick, panel.device, outputs, show_progress="hidden", api_visibility="private",
+                         concurrency_id="gpu-graphs", concurrency_limit=1)
+        charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
+    # The device line and the device choices follow the workers' published facts (a worker may
+    # start after the page, or stop).
+    timer.tick(lambda current: (device_markdown(store), device_picker(store, current)), panel.device,
+               [panel.info, panel.device], show_progress="hidden", api_visibility="private")

@@ -1,0 +1,317 @@
+"""One run's page: status, progress and ETA, live graphs, log tail, spec, cancel, resume, download, clone.
+
+Refreshed by a 1 s timer that reads the store; once a finished run has been drawn the timer
+skips it (nothing changes any more). Files are only ever served from inside the data directory.
+"""
+
+from __future__ import annotations
+
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.ui import charts, series
+from jobs.train import figures
+from jobs.units import human_bytes
+from jobs.train.checkpoints import resumable, resume
+from jobs.spec.stored import spec_of
+from jobs.memory.flops import FlopsRate
+from storage.models import RunStatus
+from storage.settings import data_dir
+from storage.store import RunRecord, Store
+
+LOG_LINES = 50
+OUTPUTS = 17  # len(RunPage.outputs): what `refresh` returns
+GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
+# The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
+TRAINER_SERIES: dict[str, dict[str, str]] = {
+    "sft": {"eval perplexity": "eval_perplexity"},
+    "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
+    "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
+    "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
+    "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
+    "grpo": {"reward": "reward", "reward std": "reward_std", "completion length": "completions/mean_length",
+             "KL": "kl"},
+}
+
+
+def inside_data_dir(path: str | Path | None) -> Path | None:
+    """The resolved path when it lies inside the data directory, else None (never serve others)."""
+    if not path:
+        return None
+    p = Path(path).resolve()
+    return p if p.is_relative_to(data_dir()) and p.is_file() else None
+
+
+def log_tail(run: RunRecord, lines: int = LOG_LINES) -> str:
+    """The last lines of the run's train.log (only a log inside the data directory is read)."""
+    from jobs.worker.loop import log_tail as tail_of
+
+    return tail_of(inside_data_dir(run.log_path), lines) or ""
+
+
+def bundle_path(store: Store, run_id: int) -> Path | None:
+    """The run's zip bundle (adapter or model), if recorded and inside the data directory."""
+    from jobs.train.artifacts import bundle_of
+
+    return inside_data_dir(bundle_of(store, run_id))
+
+
+def unreachable_files_note(store: Store, run_id: int) -> str:
+    """Why a finished run's recorded bundle cannot be downloaded from this dashboard ("" when it can).
+
+    Artifact paths are stored as absolute paths: on many hosts the data folder must be one shared
+    volume mounted at the same path everywhere (README, "Several GPUs, several hosts").
+    """
+    from jobs.train.artifacts import bundle_of
+
+    recorded = bundle_of(store, run_id)
+    if not recorded or inside_data_dir(recorded) is not None:
+        return ""
+    where = "is not inside this dashboard's data folder" if not Path(recorded).resolve().is_relative_to(data_dir()) \
+        else "is missing on this host"
+    return (f"### Files not reachable from this host\nRun {run_id}'s bundle was written to `{recorded}`, which "
+            f"{where} (`{data_dir()}`). Fix: mount the shared data folder at the same path on every host and "
+            "set the same `TUNEDECK_HOME` for the dashboard and the workers.")
+
+
+def bundle_files(path: Path) -> pd.DataFrame:
+    with zipfile.ZipFile(path) as zf:
+        rows = [[i.filename, human_bytes(i.file_size)] for i in zf.infolist() if not i.is_dir()]
+    return pd.DataFrame(rows, columns=["file", "size"])
+
+
+def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
+    """" · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
+
+    `step_time` is the run's mean measured `step_time` (jobs.train.figures), which spans every attempt of
+    a resumed run; without it (before the first training log) the time since this attempt started
+    over the steps taken in it stands in (a resumed run starts counting at its checkpoint's step, so
+    its rate is only known once a step of this attempt is logged).
+    """
+    now = time.time() if now is None else now
+    if run.status is not RunStatus.RUNNING or not run.total_steps or not run.started_at or run.current_step <= 0:
+        return ""
+    per_step = step_time if step_time and step_time > 0 else (now - run.started_at) / run.current_step
+    left = max(0.0, (run.total_steps - run.current_step) * per_step)
+    return f" · ETA {int(left // 60)}m {int(left % 60):02d}s"
+
+
+def progress_html(run: RunRecord, step_time: float | None = None) -> str:
+    total = run.total_steps or 0
+    pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
+    label = f"step {run.current_step}/{total or '?'}{eta_text(run, step_time=step_time)}"
+    return (f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
+            f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
+            f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
+            f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>')
+
+
+def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
+    """Title, status, model and method, then the run's figures (jobs.train.figures) measured so far."""
+    measured = measured or figures.RunFigures(peak_memory_bytes=run.peak_memory_bytes,
+                                              peak_memory_source=run.peak_memory_source)
+    # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
+    shown = [text if f.unit == f.label else f"{f.label} {text}"
+             for f, text in ((f, measured.text(f)) for f in figures.FIGURES) if text]
+    peak = "".join(f" · {text}" for text in shown)
+    cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
+    spec = spec_of(run)
+    return (f"## Run {run.id}: {run.name}\n"
+            f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
+            f"{spec.method.value} / {spec.trainer.value}{peak}")
+
+
+def prediction_markdown(store: Store, run: RunRecord) -> str:
+    """' · memory: predicted 1.2 GiB, measured 1.1 GiB (-8%)' from the prediction saved at submit (jobs.memory.predict)."""
+    from jobs.memory.predict import prediction_error_text
+    from jobs.queue.submit import load_prediction
+
+    text = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    return f" · memory {text}" if text else ""
+
+
+def throughput_markdown(store: Store, run: RunRecord) -> str:
+    """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.memory.flops)."""
+    achieved = store.last_metric(run.id, "tflops")
+    if achieved is None:
+        return ""
+    text = f" · <span id='run-tflops'>{achieved.value:.3g}</span> TFLOP/s achieved"
+    mfu = store.last_metric(run.id, "mfu")
+    rate = FlopsRate.for_run(run.resolved_config)
+    if mfu is not None and rate is not None and rate.peak_label:
+        return text + f" · MFU {100 * mfu.value:.1f}% of {rate.peak_label}"
+    device = (run.resolved_config.get("device") or {}).get("name", "this device")
+    return text + f" · MFU: no peak figure known for {device}"
+
+
+def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
+    """The run's events (e.g. out-of-memory recoveries), one line each, and the spec fields it continued with."""
+    if not events:
+        return ""
+    from jobs.train import oom
+
+    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
+    if changed:
+        lines.append("- continued with: " + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
+                     + " (the Spec below is as submitted)")
+    return "\n\n**Events**\n" + "\n".join(lines)
+
+
+def samples_markdown(store: Store, run: RunRecord) -> str:
+    """The "Before / after" section: prompt | base | this run, or a line saying why there is none."""
+    from jobs.train import before_after
+
+    data = before_after.samples_of(store, run.id)
+    line = before_after.status_line(data, run.status.finished)
+    table = before_after.table_markdown(data) if data and before_after.rows(data) and (
+        data.get("before") is not None or data.get("after") is not None) else ""
+    return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)
+
+
+@dataclass
+class RunPage:
+    run_id: gr.Number
+    header: gr.Markdown
+    progress: gr.HTML
+    cancel: gr.Button
+    clone: gr.Button
+    download: gr.DownloadButton
+    files: gr.Dataframe
+    error: gr.Markdown
+    memory: gr.LinePlot
+    loss: gr.LinePlot
+    lr: gr.LinePlot
+    tps: gr.LinePlot
+    log: gr.Code
+    spec: gr.Code
+    drawn: gr.State
+    resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
+    styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
+    trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
+    samples: gr.Markdown | None = None  # the before/after table (jobs.train.before_after)
+
+    @property
+    def outputs(self) -> list[gr.Component]:
+        return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
+                self.loss, self.lr, self.tps, self.trainer, self.samples, self.log, self.spec, self.drawn,
+                self.resume, self.styles]
+
+    @property
+    def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
+        return list(zip(GRAPHS, (self.memory, self.loss, self.lr, self.tps, self.trainer)))
+
+
+def build() -> RunPage:
+    """Lay out the run tab; call inside a gr.Blocks context."""
+    with gr.Row():
+        run_id = gr.Number(label="run id", precision=0, value=None, elem_id="run-id", scale=1)
+        cancel = gr.Button("Cancel", variant="stop", visible=False, scale=0)
+        resume = gr.Button("Resume", variant="primary", visible=False, scale=0, elem_id="resume-run")
+        clone = gr.Button("Clone into form", scale=0)
+        download = gr.DownloadButton("Download adapter", visible=False, scale=0, elem_id="download-adapter")
+    header = gr.Markdown("Select a run in the Runs tab, or launch one.", elem_id="run-header")
+    progress = gr.HTML()
+    error = gr.Markdown(elem_id="run-error")
+    with gr.Row():
+        memory = charts.RUN_MEMORY.build()
+        loss = charts.RUN_LOSS.build()
+    with gr.Row():
+        lr = charts.RUN_LR.build()
+        tps = charts.RUN_TOKENS.build()
+    trainer = charts.RUN_TRAINER.build()
+    samples = gr.Markdown(elem_id="run-samples")
+    files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
+    log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
+    spec = gr.Code(label="Spec", language="yaml", interactive=False)
+    return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
+                   spec, gr.State(None), resume=resume, styles=gr.State({}), trainer=trainer, samples=samples)
+
+
+class RunPageData:
+    """Builds the page's values from the store; holds the series caches shared by all tabs."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.metrics = series.MetricSeriesCache(store)
+        self.memory = series.MemorySeriesCache(store)
+
+    def graphs(self, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """(memory, loss, learning rate, tokens/s) frames, each <= ~2000 points per series."""
+        origin, mem = self.memory.get(run_id)
+        loss = series.metric_frame({"train": self.metrics.get(run_id, "loss"),
+                                    "eval": self.metrics.get(run_id, "eval_loss")})
+        lr = series.metric_frame({"learning rate": self.metrics.get(run_id, "learning_rate")})
+        tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
+        from app.ui.memory import with_predicted_line
+        from jobs.queue.submit import load_prediction
+
+        return with_predicted_line(series.memory_frame(mem, origin), load_prediction(self.store, run_id)), loss, lr, tps
+
+    def trainer_frame(self, run_id: int, trainer: str) -> pd.DataFrame:
+        """The trainer's own metrics (TRAINER_SERIES), e.g. eval perplexity for sft."""
+        return series.metric_frame({label: self.metrics.get(run_id, name)
+                                    for label, name in TRAINER_SERIES.get(trainer, {}).items()})
+
+    def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
+        """All outputs of the page; skipped entirely for a finished run already drawn."""
+        if run_id is None:
+            return [gr.skip()] * OUTPUTS
+        rid = int(run_id)
+        run = self.store.get_run(rid)
+        if run is None:
+            empty = [c.frame([]) for c in GRAPHS]
+            return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
+                    gr.Dataframe(visible=False), ""] + [c.update(f) for c, f in zip(GRAPHS, empty)] + [
+                    "", "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
+        if run.status.finished and drawn == (rid, run.status.value):
+            return [gr.skip()] * OUTPUTS
+        frames = self.graphs(rid) + (self.trainer_frame(rid, spec_of(run).trainer.value),)
+        memory, loss, lr, tps, trainer = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
+        styles = {chart.elem_id: chart.style(frame) for chart, frame in zip(GRAPHS, frames)}
+        bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
+        files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
+        label = "Download model" if spec_of(run).method.value == "full" else "Download adapter"
+        download = gr.DownloadButton(label, value=str(bundle), visible=True) if bundle else gr.DownloadButton(visible=False)
+        error = ""
+        if run.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
+            error = f"### Run {run.status.value}\n{run.error_summary or 'no error summary recorded'}"
+            if run.exit_code is not None:
+                error += f" (exit code {run.exit_code})"
+        elif run.status is RunStatus.SUCCEEDED and bundle is None:
+            error = unreachable_files_note(self.store, rid)
+        cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
+        drawn_now = (rid, run.status.value) if run.status.finished else None
+        resume = gr.Button(visible=resumable(self.store, run))
+        events = events_markdown(run, self.store.run_events(rid))
+        measured = figures.run_figures(self.store, run)
+        header = (header_markdown(run, measured) + prediction_markdown(self.store, run)
+                  + throughput_markdown(self.store, run) + events)
+        return [header, progress_html(run, measured.step_time), cancel, download, files, error, memory, loss, lr, tps,
+                trainer, samples_markdown(self.store, run), log_tail(run), spec_of(run).to_yaml(), drawn_now, resume,
+                styles]
+
+    def cancel(self, run_id: float | None) -> None:
+        if run_id is None:
+            return
+        status = self.store.request_cancel(int(run_id))
+        if status is None:
+            raise gr.Error(f"No run {int(run_id)}.")
+        gr.Info(f"Run {int(run_id)}: {'cancelled' if status is RunStatus.CANCELLED else 'cancel requested'}.")
+
+    def resume(self, run_id: float | None) -> None:
+        """Queue the run again (same id); it continues from its last complete checkpoint."""
+        run = self.store.get_run(int(run_id)) if run_id is not None else None
+        if run is None:
+            raise gr.Error("Open a run first.")
+        try:
+            gr.Info(resume(self.store, run))
+        except ValueError as exc:
+            raise gr.Error(str(exc))

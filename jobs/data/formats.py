@@ -1,0 +1,168 @@
+"""Row shapes people bring, converted to what trl reads: Alpaca, ShareGPT and user column names.
+
+Pure functions on plain rows (dicts); `jobs.data.sources` runs them before the row checks, so the
+checks, the preview and the training all see the converted rows.
+
+- Column mapping (`dataset_columns`, e.g. `prompt=question, completion=answer`): each named
+  column is renamed to the trl (or Alpaca/ShareGPT) name first.
+- Alpaca: `instruction` (+ optional `input`, `system`, `history` of [question, answer] pairs)
+  with `output` -> conversational prompt/completion (so the loss covers the answer only), or
+  with `chosen`/`rejected` -> conversational preference rows.
+- ShareGPT: `conversations` (or `messages`) of {from, value} turns, speakers human/user,
+  gpt/assistant, system, tool/function/observation, optional `system` column -> `messages`.
+- Everything else (trl's own columns; OpenAI-style chat with extra keys, which are dropped)
+  passes through unchanged.
+
+    conversion = detect_conversion(columns, first_rows)   # None: rows are already trl's
+    row, problems = conversion.convert(row)                # problems: [(problem, fix)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ProblemList = list[tuple[str, str]]
+SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
+            "model": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool", "function": "tool",
+            "observation": "tool"}
+SHAREGPT_COLUMNS = ("conversations", "messages")
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A detected source format and the pure function that turns one of its rows into trl's."""
+
+    source: str          # "alpaca" | "sharegpt"
+    description: str     # what the preview and the resolved config say was done
+    convert: Callable[[dict[str, Any]], tuple[dict[str, Any] | None, ProblemList]]
+    columns: tuple[str, ...]  # the trl columns the converted rows have
+    reads: tuple[str, ...]    # the source columns the conversion uses (the rest are dropped)
+
+
+# ---------------------------------------------------------------------- column mapping
+def rename_columns(row: dict[str, Any], mapping: Mapping[str, str]) -> dict[str, Any]:
+    """`row` with each mapped source column renamed to its target (target=source pairs)."""
+    if not mapping:
+        return row
+    sources = set(mapping.values())
+    out = {k: v for k, v in row.items() if k not in sources and k not in mapping}
+    for target, source in mapping.items():
+        if source in row:
+            out[target] = row[source]
+    return out
+
+
+def renamed(columns: Iterable[str], mapping: Mapping[str, str]) -> list[str]:
+    """The column list after `rename_columns`."""
+    return list(rename_columns(dict.fromkeys(columns), mapping))
+
+
+# ---------------------------------------------------------------------- Alpaca
+def _text(row: dict[str, Any], name: str, *, required: bool) -> tuple[str, ProblemList]:
+    value = row.get(name)
+    if value is None:
+        return "", ([(f"`{name}` is missing", f"give every row a `{name}`")] if required else [])
+    if not isinstance(value, str):
+        return "", [(f"`{name}` is not a string", f"write `{name}` as text")]
+    if required and not value.strip():
+        return "", [(f"`{name}` is empty", f"give every row a non-empty `{name}`")]
+    return value, []
+
+
+def _history(value: Any) -> tuple[list[dict[str, str]], ProblemList]:
+    if value is None:
+        return [], []
+    pairs_ok = isinstance(value, list) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(t, str) and t.strip() for t in p) for p in value)
+    if not pairs_ok:
+        return [], [("`history` is not a list of [question, answer] pairs",
+                     'write history as [["earlier question", "earlier answer"], ...], or leave it out')]
+    turns = []
+    for question, answer in value:
+        turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return turns, []
+
+
+def alpaca_row(row: dict[str, Any]) -> tuple[dict[str, Any] | None, ProblemList]:
+    """One Alpaca row as conversational prompt/completion (or preference) rows."""
+    instruction, problems = _text(row, "instruction", required=True)
+    extra, more = _text(row, "input", required=False)
+    system, more2 = _text(row, "system", required=False)
+    history, more3 = _history(row.get("history"))
+    problems += more + more2 + more3
+    answers = ("chosen", "rejected") if "output" not in row and ("chosen" in row or "rejected" in row) else ("output",)
+    texts = {}
+    for name in answers:
+        texts[name], found = _text(row, name, required=True)
+        problems += found
+    if problems:
+        return None, problems
+    user = instruction if not extra.strip() else f"{instruction}\n\n{extra}"
+    prompt = ([{"role": "system", "content": system}] if system.strip() else []) + history
+    prompt.append({"role": "user", "content": user})
+    if answers == ("output",):
+        return {"prompt": prompt, "completion": [{"role": "assistant", "content": texts["output"]}]}, []
+    return {"prompt": prompt, **{n: [{"role": "assistant", "content": texts[n]}] for n in answers}}, []
+
+
+# ---------------------------------------------------------------------- ShareGPT
+def sharegpt_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | None, ProblemList]:
+    """One ShareGPT row ({from, value} turns, optional `system` column) as a `messages` row."""
+    turns = row.get(column)
+    fix = f'write `{column}` as [{{"from": "human", "value": "..."}}, {{"from": "gpt", "value": "..."}}]'
+    if not isinstance(turns, list) or not turns:
+        return None, [(f"`{column}` is not a list of {{from, value}} turns", fix)]
+    if not all(isinstance(t, dict) and "from" in t and "value" in t for t in turns):
+        return None, [(f"`{column}` has a turn without `from` or `value`", fix)]
+    speakers = [t["from"].strip().lower() if isinstance(t["from"], str) else t["from"] for t in turns]
+    unknown = [s for s in speakers if s not in SPEAKERS]
+    if unknown:
+        return None, [(f"`{column}` has unknown speaker `{unknown[0]}`",
+                       "use the speakers human, gpt, system or tool (or user/assistant)")]
+    messages = [{"role": SPEAKERS[s], "content": t["value"]} for s, t in zip(speakers, turns)]
+    system, problems = _text(row, "system", required=False)
+    if problems:
+        return None, problems
+    if system.strip() and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return {"messages": messages}, []
+
+
+# ---------------------------------------------------------------------- detection
+def _sharegpt_column(columns: set[str], rows: list[dict[str, Any]]) -> str | None:
+    """The column holding {from, value} turns, judged by the first rows that have a turn."""
+    for column in SHAREGPT_COLUMNS:
+        if column not in columns:
+            continue
+        for row in rows:
+            turns = row.get(column)
+            first = turns[0] if isinstance(turns, list) and turns else None
+            if isinstance(first, dict) and ("from" in first or "value" in first) and "role" not in first:
+                return column
+            if isinstance(first, dict) and "role" in first:
+                break
+        if column == "conversations":
+            return column  # trl never reads `conversations`: treat it as ShareGPT and report its turns
+    return None
+
+
+def detect_conversion(columns: Iterable[str], rows: list[dict[str, Any]]) -> Conversion | None:
+    """The conversion the columns (and, for ShareGPT vs chat, the first rows) call for; None for trl rows."""
+    cols = set(columns)
+    sharegpt = _sharegpt_column(cols, rows)
+    if sharegpt is not None:
+        extra = " plus the `system` column" if "system" in cols else ""
+        return Conversion("sharegpt", f"ShareGPT `{sharegpt}` ({{from, value}} turns){extra} converted to chat `messages`",
+                          lambda row: sharegpt_row(row, sharegpt), ("messages",), (sharegpt, "system"))
+    trl_columns = {"text", "messages", "prompt", "completion"}
+    if "instruction" in cols and not cols & trl_columns and ({"output", "chosen", "rejected"} & cols):
+        parts = "/".join(c for c in ("instruction", "input", "system", "history") if c in cols)
+        if "output" in cols:
+            target, columns_out = "conversational prompt/completion (loss on the output only)", ("prompt", "completion")
+        else:
+            target, columns_out = "conversational prompt/chosen/rejected", ("prompt", "chosen", "rejected")
+        return Conversion("alpaca", f"Alpaca {parts} converted to {target}", alpaca_row, columns_out,
+                          ("instruction", "input", "system", "history", "output", "chosen", "rejected"))
+    return None

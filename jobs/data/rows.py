@@ -1,0 +1,376 @@
+"""Row formats and row-by-row validation for training data (used by `jobs.data.sources`).
+
+Knows what trl 1.16 accepts: SFTTrainer takes `text`, `messages` or `prompt`/`completion`
+rows (prompt/completion as plain strings or as message lists); DPOTrainer takes
+`prompt`/`chosen`/`rejected` (plain strings or message lists). Everything here works on plain
+Python rows (dicts), so one code path checks .jsonl, .json, .csv, .parquet and hub data, and
+reports the 1-based numbers of the first bad rows instead of an Arrow stack trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from jobs.spec.job import Problem, Trainer
+
+
+class RowFormat(str, Enum):
+    TEXT = "text"
+    MESSAGES = "messages"
+    PROMPT_COMPLETION = "prompt_completion"
+    PREFERENCE = "preference"
+    UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
+    PROMPT_ONLY = "prompt_only"  # GRPO: prompt only; the completions are generated
+
+
+COLUMNS: dict[RowFormat, tuple[str, ...]] = {
+    RowFormat.TEXT: ("text",),
+    RowFormat.MESSAGES: ("messages",),
+    RowFormat.PROMPT_COMPLETION: ("prompt", "completion"),
+    RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
+    RowFormat.UNPAIRED: ("prompt", "completion", "label"),
+    RowFormat.PROMPT_ONLY: ("prompt",),
+}
+TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
+    Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
+    Trainer.DPO: (RowFormat.PREFERENCE,),
+    Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
+    Trainer.REWARD: (RowFormat.PREFERENCE,),
+    Trainer.ORPO: (RowFormat.PREFERENCE,),
+    Trainer.CPO: (RowFormat.PREFERENCE,),
+    Trainer.GRPO: (RowFormat.PROMPT_ONLY,),
+}
+NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
+         Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
+         Trainer.REWARD: "prompt/chosen/rejected rows", Trainer.ORPO: "prompt/chosen/rejected rows",
+         Trainer.CPO: "prompt/chosen/rejected rows",
+         Trainer.GRPO: "prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)"}
+SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
+              Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format",
+              Trainer.ORPO: "sample:preference-format", Trainer.CPO: "sample:preference-format",
+              Trainer.GRPO: "sample:prompt-format"}
+LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
+ROLES = ("system", "user", "assistant", "tool")
+REPEATED_EXAMPLES = 5  # rows with a role twice in a row kept for the chat-template check at submit
+FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
+              "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)")
+# Column names seen in popular data sets, and what trl calls them.
+RENAMES = {"question": "prompt", "instruction": "prompt", "input": "prompt", "answer": "completion",
+           "output": "completion", "response": "completion", "conversations": "messages",
+           "conversation": "messages", "content": "text"}
+MSG_FIX = 'write it as [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]'
+
+
+def detect_format(columns: Iterable[str]) -> RowFormat | None:
+    """The format a set of columns asks for (first match wins: preference, messages, prompt/completion, text)."""
+    cols = set(columns)
+    if {"chosen", "rejected"} & cols:
+        return RowFormat.PREFERENCE
+    if "label" in cols and "completion" in cols:
+        return RowFormat.UNPAIRED
+    if "messages" in cols:
+        return RowFormat.MESSAGES
+    if "completion" in cols:
+        return RowFormat.PROMPT_COMPLETION
+    if "text" in cols:
+        return RowFormat.TEXT
+    if "prompt" in cols:
+        return RowFormat.PROMPT_COMPLETION
+    return None
+
+
+def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | None:
+    """A Problem when `trainer` cannot train on rows of `fmt`."""
+    if fmt in TRAINER_FORMATS[trainer]:
+        return None
+    if trainer is Trainer.SFT:
+        return Problem(field_name, f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
+                       "set trainer: " + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
+                       + ", or use text/messages/prompt+completion data such as `sample:chat-format`")
+    fits = [t.value for t, f in TRAINER_FORMATS.items() if fmt in f]
+    return Problem(field_name, f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
+                   f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}")
+
+
+# ---------------------------------------------------------------------- collecting issues
+@dataclass
+class _Issue:
+    fix: str
+    rows: list[int] = field(default_factory=list)
+    count: int = 0
+    detail: str | None = None
+
+
+class Issues:
+    """Bad rows grouped by what is wrong; keeps the first `max_rows` row numbers of each."""
+
+    def __init__(self, field_name: str, max_rows: int = 5, label: str = "row"):
+        self.field_name, self.max_rows, self.label = field_name, max(1, max_rows), label
+        self._by_message: dict[str, _Issue] = {}
+
+    def add(self, row: int, message: str, fix: str, detail: str | None = None) -> None:
+        issue = self._by_message.setdefault(message, _Issue(fix, detail=detail))
+        issue.count += 1
+        if len(issue.rows) < self.max_rows:
+            issue.rows.append(row)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_message)
+
+    def problems(self) -> list[Problem]:
+        out = []
+        for message, issue in sorted(self._by_message.items(), key=lambda kv: kv[1].rows[0]):
+            label = self.label if issue.count == 1 else f"{self.label}s"
+            where = f"{label} {', '.join(map(str, issue.rows))}"
+            if issue.count > len(issue.rows):
+                where += f" (and {issue.count - len(issue.rows)} more)"
+            text = f"{where}: {message}" + (f" ({issue.detail})" if issue.detail else "")
+            out.append(Problem(self.field_name, text, issue.fix))
+        return out
+
+
+# ---------------------------------------------------------------------- value checks
+def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
+    """(problem, fix) when `value` is not a non-empty list of {role: str, content: non-empty str}."""
+    if not isinstance(value, list):
+        return f"`{name}` is not a list of {{role, content}}", MSG_FIX
+    if not value:
+        return f"`{name}` is an empty list", f"give `{name}` at least one turn: {MSG_FIX}"
+    if not all(isinstance(m, dict) for m in value):
+        return f"`{name}` has a turn that is not a {{role, content}} object", MSG_FIX
+    if any("role" not in m for m in value):
+        return f"`{name}` has a turn without `role`", "give every turn a role: system, user or assistant"
+    if any(not isinstance(m["role"], str) for m in value):
+        return f"`{name}` has a turn whose `role` is not text", "write each role as system, user or assistant"
+    bad = sorted({m["role"] for m in value if m["role"] not in ROLES})
+    if bad:
+        return f"`{name}` has unknown role `{bad[0]}`", "use the roles " + ", ".join(ROLES)
+    if any("content" not in m or m["content"] is None for m in value):
+        return f"`{name}` has a turn without `content`", "give every turn its text as `content`"
+    if any(not isinstance(m["content"], str) for m in value):
+        return (f"`{name}` has a turn whose `content` is not text",
+                "write each turn's content as one string (lists of content parts are not supported)")
+    if any(not m["content"].strip() for m in value):
+        return (f"`{name}` has an empty or whitespace-only turn",
+                "write the turn's text, or remove the turn (a chat of empty turns trains on nothing)")
+    return None
+
+
+def _order_problem(roles: list[str], name: str, *, full_chat: bool) -> tuple[str, str] | None:
+    """(problem, fix) when the roles are in an order chat templates cannot render or trl cannot mask."""
+    body = roles[1:] if roles[0] == "system" else roles
+    if "system" in body:
+        return f"`{name}` has a system turn after the first turn", "put the one system turn first, or remove it"
+    if not body:
+        return f"`{name}` holds only a system turn", "add the user's turn (and the assistant's answer)"
+    if body[0] != "user":
+        return (f"`{name}` starts with {'an' if body[0] == 'assistant' else 'a'} {body[0]} turn",
+                "start with a user turn (after an optional system turn)")
+    for before, after in zip(body, body[1:]):
+        if after == "tool" and before not in ("assistant", "tool"):
+            return f"`{name}` has a tool turn that does not follow an assistant turn", \
+                "put each tool result right after the assistant turn that called the tool"
+    if full_chat and body[-1] != "assistant":
+        return (f"`{name}` ends with a {body[-1]} turn, which nothing learns from",
+                "end each chat with the assistant's answer, or remove the trailing turn")
+    return None
+
+
+def repeated_role(roles: list[str]) -> str | None:
+    """The first role that follows itself (user, user), which strict chat templates refuse; None if none."""
+    return next((a for a, b in zip(roles, roles[1:]) if a == b and a in ("user", "assistant")), None)
+
+
+def _messages_problem(value: Any, name: str, *, need_assistant: bool, only_assistant: bool = False) -> tuple[str, str] | None:
+    """(problem, fix) when `value` is not a usable list of chat messages."""
+    found = _turns_problem(value, name)
+    if found:
+        return found
+    roles = [m["role"] for m in value]
+    if only_assistant:
+        if any(r != "assistant" for r in roles):
+            return f"`{name}` holds non-assistant turns", f"put only the assistant's answer in `{name}`; earlier turns belong in `prompt`"
+        return None
+    if need_assistant and "assistant" not in roles:
+        return f"`{name}` has no assistant turn", "add the answer the model should learn as a message with role assistant"
+    return _order_problem(roles, name, full_chat=need_assistant)
+
+
+def _string_problem(value: Any, name: str, *, allow_empty: bool = False) -> tuple[str, str] | None:
+    if not isinstance(value, str):
+        if value is None:
+            return f"`{name}` is missing", f"give every row a `{name}` value"
+        return f"`{name}` is not a string", f"write `{name}` as text"
+    if not allow_empty and not value.strip():
+        return f"`{name}` is empty", f"give every row a non-empty `{name}`"
+    return None
+
+
+def _style(value: Any) -> str:
+    return "conversational" if isinstance(value, list) else "plain"
+
+
+def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, str]], str | None]:
+    """Every (problem, fix) in one row of format `fmt`, and the row's style (plain / conversational)."""
+    present = {k for k, v in row.items() if v is not None}
+    own = detect_format(present)
+    if fmt is RowFormat.PROMPT_ONLY:
+        return _prompt_only_problems(row)
+    if own is not None and own is not fmt and set(COLUMNS[own]) <= present:
+        cols = ", ".join(f"`{c}`" for c in sorted(present & {"text", "messages", "prompt", "completion", "chosen", "rejected"}))
+        want = " + ".join(f"`{c}`" for c in COLUMNS[fmt])
+        return [(f"has {cols} instead of {want} (mixed formats in one data set)",
+                 f"use one format for every row: {want}")], None
+    missing = [c for c in COLUMNS[fmt] if c not in present]
+    if missing:
+        return [(f"`{c}` is missing", f"give every row a `{c}` value") for c in missing], None
+    if fmt is RowFormat.TEXT:
+        found = _string_problem(row["text"], "text")
+        return ([found] if found else []), None
+    if fmt is RowFormat.MESSAGES:
+        found = _messages_problem(row["messages"], "messages", need_assistant=True)
+        return ([found] if found else []), "conversational"
+    if fmt is RowFormat.UNPAIRED and _label(row["label"]) is None:
+        return [(f"`label` is `{row['label']}`, not true or false",
+                 "write label: true for a desirable completion, false for an undesirable one")], None
+    answers = ("completion",) if fmt in (RowFormat.PROMPT_COMPLETION, RowFormat.UNPAIRED) else ("chosen", "rejected")
+    names = ("prompt", *answers)
+    styles = {_style(row[n]) for n in names}
+    if len(styles) > 1:
+        return [(f"mixes plain text and message lists across {', '.join(f'`{n}`' for n in names)}",
+                 "write all of them as strings, or all as lists of {role, content}")], None
+    style = styles.pop()
+    out: list[tuple[str, str]] = []
+    if style == "plain":
+        for n in names:
+            found = _string_problem(row[n], n, allow_empty=(n == "prompt"))
+            if found:
+                out.append(found)
+    else:
+        found = _messages_problem(row["prompt"], "prompt", need_assistant=False)
+        if found:
+            out.append(found)
+        for n in answers:
+            found = _messages_problem(row[n], n, need_assistant=True, only_assistant=True)
+            if found:
+                out.append(found)
+    return out, style
+
+
+ANSWER_COLUMNS = ("text", "messages", "completion", "chosen", "rejected", "label")
+
+
+def reward_columns(columns: Iterable[str]) -> list[str]:
+    """A grpo data set's columns besides `prompt` that trl hands to the reward functions (answers are dropped)."""
+    return [c for c in columns if c != "prompt" and c not in ANSWER_COLUMNS]
+
+
+def _prompt_only_problems(row: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """A GRPO row: a non-empty `prompt` string, or chat messages that end with the user's turn."""
+    prompt = row.get("prompt")
+    if prompt is None:
+        return [("`prompt` is missing", "give every row a `prompt` value")], None
+    if not isinstance(prompt, list):
+        found = _string_problem(prompt, "prompt")
+        return ([found] if found else []), "plain"
+    found = _messages_problem(prompt, "prompt", need_assistant=False)
+    if found is None and prompt[-1]["role"] == "assistant":
+        found = ("`prompt` ends with an assistant turn", "end the prompt with the user's turn: the model answers it")
+    return ([found] if found else []), "conversational"
+
+
+def _label(value: Any) -> bool | None:
+    """A KTO label as a bool (true/false, 1/0, also as text from CSV); None when it is neither."""
+    key = value.strip().lower() if isinstance(value, str) else value
+    try:
+        return LABELS.get(key)
+    except TypeError:  # unhashable (a list or dict)
+        return None
+
+
+def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
+    """The row reduced to what trl reads; chat messages reduced to {role, content}; labels to bools."""
+    out = {}
+    for c in COLUMNS[fmt]:
+        v = row.get(c)
+        if c == "label":
+            out[c] = _label(v)
+            continue
+        if isinstance(v, list):
+            v = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in v]
+        out[c] = v
+    return out
+
+
+def _chat_of(row: dict[str, Any], fmt: RowFormat) -> list[dict[str, Any]]:
+    """The whole conversation of a valid conversational row (prompt + first answer)."""
+    if fmt is RowFormat.MESSAGES:
+        return row["messages"]
+    if fmt is RowFormat.PROMPT_ONLY:
+        return row["prompt"]
+    answer = "chosen" if fmt is RowFormat.PREFERENCE else "completion"
+    return list(row["prompt"]) + list(row[answer])
+
+
+# ---------------------------------------------------------------------- whole data set
+@dataclass
+class Checked:
+    """What validating every row found."""
+
+    format: RowFormat
+    n_rows: int
+    preview: list[dict[str, Any]]
+    warnings: list[str]
+    problems: list[Problem]
+    style: str | None  # "plain" | "conversational" | None (text rows)
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)  # first few (row, conversation)
+
+
+def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues,
+               preview_rows: int = 5) -> Checked:
+    """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
+    n_rows, preview, first_style, same_answer = 0, [], None, 0
+    repeated: list[int] = []
+    examples: list[tuple[int, list[dict[str, Any]]]] = []
+    labels = {True: 0, False: 0}
+    for number, row in rows:
+        n_rows += 1
+        if len(preview) < preview_rows:
+            preview.append(only_columns(row, fmt))
+        found, style = row_problems(row, fmt)
+        for message, fix in found:
+            issues.add(number, message, fix)
+        if found:
+            continue
+        if style and first_style is None:
+            first_style = (number, style)
+        elif style and style != first_style[1]:
+            # trl decides plain vs conversational from the first row only; Arrow needs one type per column.
+            issues.add(number, f"is {style} where {issues.label} {first_style[0]} is {first_style[1]}"
+                               " (plain strings and message lists mixed in one data set)",
+                       "use one style for the whole file: all strings, or all lists of {role, content}")
+        if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
+            same_answer += 1
+        if fmt is RowFormat.UNPAIRED:
+            labels[bool(_label(row["label"]))] += 1
+        if style == "conversational" and repeated_role([m["role"] for m in _chat_of(row, fmt)]):
+            repeated.append(number)
+            if len(repeated) <= REPEATED_EXAMPLES:
+                examples.append((number, _chat_of(row, fmt)))
+    warnings = []
+    if repeated:
+        where = ", ".join(map(str, repeated[:5])) + (f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else "")
+        warnings.append(f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
+                        "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns")
+    if same_answer:
+        warnings.append(f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing")
+    if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
+        missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
+        warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
+    if 0 < n_rows < 8:
+        warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
+    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None,
+                   examples)

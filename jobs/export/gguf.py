@@ -1,0 +1,228 @@
+"""A finished run as GGUF files for llama.cpp and Ollama, each checked by loading it back.
+
+    tunedeck export RUN_ID --gguf f16 [q8_0]
+    result = export_gguf(store, run_id, "q8_0")      # GgufExport: path, sha256, check
+
+In order, logging each step (no fixed timeout: a large model takes minutes):
+1. the source: a full fine-tune's model folder, or the run's latest merged export (made now in
+   fp32 when there is none, with its own check against the adapter: a bf16 merge of SmolLM2
+   already fails that check on the CPU, and f16 is written from fp32 at least as well);
+2. the GGUF file, written by `jobs.export.gguf_writer` into `runs/<id>/gguf/` under a temporary name;
+3. the round trip: the file is loaded back through transformers' GGUF loader (model and
+   tokenizer) and must answer the check prompts greedily like the source model (both computed in
+   fp32): equal answers for f16; for q8_0, fed the source model's answers, its own next-token
+   choice must agree on at least `Q8_0_FORCED_AGREEMENT` of the positions (free-running answers
+   of a quantized model drift apart after the first differing token, so their agreement is only
+   recorded); the GGUF tokenizer must give the same ids as the run's on `TOKENIZER_TEXTS` and the
+   chat prompts (and carry the same chat template);
+4. on success the file takes its name `<name>-<type>.gguf`, the check goes beside it
+   (`<name>-<type>.check.json`) and into the folder's README.md, and the file is recorded as
+   an artifact (kind "gguf", with its sha256) that the dashboard serves; on failure the file is
+   deleted and the export refused with the measured figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs.train.artifacts import safe_name, sha256_of
+from jobs.train.before_after import encode, greedy
+from jobs.export.merged import (CHECK_NEW_TOKENS, CHECK_PROMPTS, ExportError, _refuse, adapter_folder, finished_spec,
+                         token_agreement)
+from jobs.export.gguf_writer import GGUF_TYPES, GgufUnsupported, folder_plan, gguf_plan, tokenizer_json, write_gguf
+from jobs.spec.job import JobSpec, Method, Problem
+
+log = logging.getLogger("jobs.export.merged")
+
+Q8_0_FORCED_AGREEMENT = 0.9  # measured on SmolLM2-135M: 98.7% as shipped, 96.8% after a 2-step LoRA run (their
+# free-running answers: 73% and 70% of positions); a misplaced tensor or a wrong rotary layout gives far less
+TOKENIZER_TEXTS = ("Tell me about volcanoes.", "Prices: 12345 or 3.14, maybe 1,000,000?",
+                   "  two  spaces,\ttabs\nand\n\nnew lines  ", "café, naïve, Straße, 東京, emoji 🙂",
+                   "<|im_start|>user\nHi<|im_end|>\n")
+
+
+@dataclass
+class GgufCheck:
+    """The GGUF file loaded back vs the model it was written from."""
+
+    gguf_type: str
+    rule: str
+    prompts: list[str]
+    source_answers: list[str]
+    gguf_answers: list[str]
+    token_agreement: float  # free-running: share of answer positions holding the same token
+    forced_agreement: float  # fed the source's answers: share of positions where the GGUF model picks the same next token
+    max_logit_diff: float
+    tokenizer_texts: list[str]
+    tokenizer_mismatches: list[str]  # texts (and the chat prompts) whose ids differ
+    chat_template_equal: bool
+    passed: bool
+
+
+@dataclass
+class GgufExport:
+    path: Path
+    sha256: str
+    gguf_type: str
+    source: Path
+    check: GgufCheck
+
+
+def source_folder(store: Any, run_id: int, spec: JobSpec) -> Path:
+    """The whole model to write: the full fine-tune's folder, or the latest merged export (made if missing)."""
+    from jobs.export.merged import export_merged
+
+    kind = "model" if spec.method is Method.FULL else "merged"
+    folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind == kind and Path(a.path, "config.json").is_file()]
+    if folders:
+        return folders[-1]
+    if spec.method is Method.FULL:
+        raise _refuse(f"run {run_id} has no saved model folder", "train it again; its bundle was not written")
+    log.info("export run %s: no merged export yet; merging the adapter in fp32 first", run_id)
+    return export_merged(store, run_id, "fp32").folder
+
+
+def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck:
+    """Load `gguf_path` back with transformers and compare it with the model in `source`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    gguf_tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    mismatches = [t for t in TOKENIZER_TEXTS if tokenizer(t)["input_ids"] != gguf_tokenizer(t)["input_ids"]]
+    chat_same = tokenizer.chat_template == gguf_tokenizer.chat_template
+    if tokenizer.chat_template:
+        for prompt in CHECK_PROMPTS:
+            chat = [{"role": "user", "content": prompt}]
+            if tokenizer.apply_chat_template(chat, add_generation_prompt=True) != \
+                    gguf_tokenizer.apply_chat_template(chat, add_generation_prompt=True):
+                mismatches.append(f"chat prompt: {prompt}")
+    for tok in (tokenizer, gguf_tokenizer):
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
+    ids_a, logits_a = greedy(model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
+    del model
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                  dtype=torch.float32).eval()
+    ids_b, logits_b = greedy(loaded, gguf_tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
+    forced = forced_agreement(loaded, tokenizer, ids_a)
+    del loaded
+    agreement = token_agreement(ids_a, ids_b)
+    diff = max(float((x - y).abs().max()) for x, y in zip(logits_a, logits_b))
+    texts_a = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in ids_a]
+    texts_b = [gguf_tokenizer.decode(b, skip_special_tokens=True).strip() for b in ids_b]
+    if gguf_type == "f16":
+        rule, answers_ok = "greedy answers equal", ids_a == ids_b
+    else:
+        rule = f"next-token agreement on the source's answers >= {Q8_0_FORCED_AGREEMENT:.0%}"
+        answers_ok = forced >= Q8_0_FORCED_AGREEMENT
+    rule += "; tokenizer ids and chat template identical"
+    return GgufCheck(gguf_type, rule, list(CHECK_PROMPTS), texts_a, texts_b, agreement, forced, diff,
+                     list(TOKENIZER_TEXTS), mismatches, chat_same, answers_ok and not mismatches and chat_same)
+
+
+def forced_agreement(model: Any, tokenizer: Any, answers: list[list[int]]) -> float:
+    """Share of the given answers' tokens that `model` also predicts next, fed each check prompt and answer."""
+    import torch
+
+    agree = total = 0
+    for prompt, answer in zip(CHECK_PROMPTS, answers):
+        if not answer:
+            continue
+        ids = encode(tokenizer, prompt)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.cat([ids, torch.tensor([answer])], dim=1)).logits[0]
+        start = ids.shape[1] - 1
+        predicted = logits[start:start + len(answer)].argmax(-1).tolist()
+        agree += sum(1 for x, y in zip(predicted, answer) if x == y)
+        total += len(answer)
+    return agree / total if total else 1.0
+
+
+def export_gguf(store: Any, run_id: int, gguf_type: str = "f16") -> GgufExport:
+    """Write run `run_id` as a `gguf_type` GGUF file, check its round trip, record it."""
+    if gguf_type not in GGUF_TYPES:
+        raise _refuse(f"GGUF type {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}", "use --gguf f16 or q8_0",
+                      "gguf")
+    spec = finished_spec(store, run_id)
+    try:
+        if spec.method is not Method.FULL:  # known before merging: the base's config, the run's tokenizer
+            from transformers import AutoConfig
+
+            from jobs.models.registry import resolve_model
+
+            _, adapter = adapter_folder(store, run_id)
+            base = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code).path
+            config = AutoConfig.from_pretrained(base, trust_remote_code=spec.trust_remote_code).to_dict()
+            gguf_plan(config, tokenizer_json(adapter))
+        source = source_folder(store, run_id, spec)
+        folder_plan(source)
+    except GgufUnsupported as exc:
+        problem, _, fix = str(exc).partition("; ")
+        raise ExportError([Problem("model", problem, fix)]) from exc
+    folder = store.run_dir(run_id) / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{safe_name(spec.display_name)}-{gguf_type}"
+    final, partial = folder / f"{stem}.gguf", folder / f".{stem}.partial.gguf"
+    log.info("export run %s: writing %s GGUF from %s", run_id, gguf_type, source)
+    try:
+        write_gguf(source, partial, gguf_type, spec.display_name)
+        log.info("export run %s: loading the GGUF back with transformers and answering %d check prompts", run_id,
+                 len(CHECK_PROMPTS))
+        check = check_round_trip(source, partial, gguf_type)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    log.info("export run %s: GGUF check %s (%s; next-token agreement %.3f, answer token agreement %.3f, max logit "
+             "diff %.3g)", run_id, "passed" if check.passed else "FAILED", check.rule, check.forced_agreement,
+             check.token_agreement, check.max_logit_diff)
+    if not check.passed:
+        partial.unlink(missing_ok=True)
+        what = (f"tokenizer differs on {check.tokenizer_mismatches}" if check.tokenizer_mismatches else
+                "chat template differs" if not check.chat_template_equal else
+                f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
+                f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}")
+        raise _refuse(f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
+                      f"({check.rule} not met: {what}); the file was deleted",
+                      "use the merged safetensors export, or try --gguf f16 (no quantization)", "gguf")
+    os.replace(partial, final)
+    (folder / f"{stem}.check.json").write_text(json.dumps(asdict(check), indent=2, ensure_ascii=False))
+    digest = sha256_of(final)
+    store.add_artifact(run_id, "gguf", str(final), final.stat().st_size, digest)
+    (folder / "README.md").write_text(gguf_card(spec, run_id, folder))
+    log.info("export run %s: wrote %s (%s)", run_id, final, digest)
+    return GgufExport(final, digest, gguf_type, source, check)
+
+
+def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
+    """README.md of the run's GGUF folder: each file, its round-trip check, how to use it."""
+    from jobs.train.artifacts import provenance_note
+
+    parts = [f"# {spec.display_name} (GGUF)\n\nRun {run_id} of tunedeck ({spec.method.value} on `{spec.model}`) "
+             "as GGUF files for llama.cpp, Ollama and other GGUF readers.\n"]
+    for check_file in sorted(folder.glob("*.check.json")):
+        check = json.loads(check_file.read_text())
+        gguf_file = check_file.name.replace(".check.json", ".gguf")
+        if not (folder / gguf_file).is_file():
+            continue
+        rows = "\n".join(f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
+                         for p, a, b in zip(check["prompts"], check["source_answers"], check["gguf_answers"]))
+        parts.append(f"## {gguf_file}\nChecked by loading it back with transformers' GGUF loader: {check['rule']}: "
+                     f"passed. Answer token agreement {check['token_agreement']:.1%}; next-token agreement on the "
+                     f"source's answers {check['forced_agreement']:.1%}; largest logit difference "
+                     f"{check['max_logit_diff']:.3g}; tokenizer ids equal on {len(check['tokenizer_texts'])} texts "
+                     f"and the chat prompts.\n\n| prompt | source model | GGUF |\n|---|---|---|\n{rows}\n")
+    parts.append("## How to use\n```bash\nllama-cli -m FILE.gguf -cnv            # llama.cpp, chat with the file's template\n"
+                 "printf 'FROM ./FILE.gguf\\n' > Modelfile && ollama create my-model -f Modelfile   # Ollama\n```\n"
+                 "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+                 "model = AutoModelForCausalLM.from_pretrained(\".\", gguf_file=\"FILE.gguf\")\n"
+                 "tokenizer = AutoTokenizer.from_pretrained(\".\", gguf_file=\"FILE.gguf\")\n```\n"
+                 "The transformers round trip above is what tunedeck checked; llama.cpp and Ollama themselves were not "
+                 "run on these files.\n")
+    return "\n".join(parts) + provenance_note(spec)

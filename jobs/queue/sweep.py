@@ -1,0 +1,121 @@
+"""Trick sweeps: short probe runs of one spec with one memory trick each, and their comparison table.
+
+`queue_sweep` applies each chosen trick (`jobs.spec.tricks`) to the spec, shortens every probe to
+`steps` optimizer steps (no checkpoints; `on_oom: fail`, so a probe measures the trick as asked
+instead of recovering into another), and queues them as one sweep. `sweep_table` then answers
+"what does each trick cost me in memory and time on my model and my device": peak memory and
+seconds per optimizer step of each probe, and their ratio to the baseline probe.
+
+Time per step is the median of the logged `step_time` values after the first step (which pays
+for warm-up); peak memory is the run's recorded peak (torch reserved or NVML on a GPU, process
+RSS on the CPU, where the interpreter and libraries (~0.5 GiB) narrow the ratios).
+
+    queued = queue_sweep(store, spec, [Trick.BASELINE, Trick.GRADIENT_CHECKPOINTING], steps=10)
+    rows = sweep_table(store, queued.sweep_id)
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from jobs.spec import tricks
+from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.spec.tricks import Trick
+
+DEFAULT_TRICKS = tuple(Trick)
+DEFAULT_STEPS = 10
+
+
+@dataclass(frozen=True)
+class SweepQueued:
+    sweep_id: int
+    run_ids: list[int]
+    skipped: list[tuple[str, str]]  # (trick, why it was not queued)
+
+
+def probe_spec(spec: JobSpec, trick: Trick, steps: int) -> JobSpec:
+    """The short probe of one trick: `steps` optimizer steps, no checkpoints, no OOM recovery."""
+    return spec.replace(max_steps=steps, save_steps=None, on_oom="fail",
+                        run_name=f"sweep {trick.value}: {spec.display_name}"[:200])
+
+
+def plan_probes(spec: JobSpec, chosen: Sequence[Trick], steps: int, device: Any) -> tuple[list[tuple[str, str, JobSpec]], list[tuple[str, str]]]:
+    """(probes to queue as (trick, note, spec), skipped as (trick, reason)); the baseline always comes first."""
+    from jobs.config.mapping import capability_problems
+
+    order = [Trick.BASELINE] + [t for t in dict.fromkeys(chosen) if t is not Trick.BASELINE]
+    probes, skipped = [], []
+    for trick in order:
+        found = tricks.apply(trick, spec, cuda=device.cuda, bf16=device.bf16)
+        if isinstance(found, tricks.NotApplicable):
+            skipped.append((trick.value, found.reason))
+            continue
+        probe = probe_spec(found.spec, trick, steps)
+        problems = capability_problems(probe, device, probe=False)
+        if problems:
+            skipped.append((trick.value, "; ".join(str(p) for p in problems)))
+            continue
+        probes.append((trick.value, found.note, probe))
+    return probes, skipped
+
+
+def queue_sweep(store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRICKS,
+                steps: int = DEFAULT_STEPS) -> SweepQueued:
+    """Check the spec (model, data, the workers' device) and queue one probe per applicable trick."""
+    from jobs.devices.facts import target
+    from jobs.queue.submit import check
+
+    if steps < 1:
+        raise SpecError([Problem("steps", f"{steps} is out of range", "use a value >= 1 (10 is usually enough)")])
+    device = target(store).facts.device()
+    problems = check(spec, device)
+    if problems:
+        raise SpecError(problems)
+    probes, skipped = plan_probes(spec, chosen, steps, device)
+    sweep_id, run_ids = store.create_sweep([(trick, note, probe.validate().display_name, probe.to_json())
+                                            for trick, note, probe in probes])
+    return SweepQueued(sweep_id, run_ids, skipped)
+
+
+def step_time(store: Any, run: Any) -> float | None:
+    """Median seconds per optimizer step after the first; the run's mean when fewer were logged."""
+    times = [p.value for p in store.metrics(run.id, ["step_time"]) if p.step > 1]
+    if times:
+        return statistics.median(times)
+    return run.final_metrics.get("step_time_mean")
+
+
+def sweep_table(store: Any, sweep_id: int) -> list[dict[str, Any]]:
+    """One row per probe: trick, run, status, peak bytes, s/step, and both as ratios to the baseline."""
+    rows = []
+    for member in store.sweep_runs(sweep_id):
+        run = store.get_run(member["run_id"])
+        if run is None:
+            continue  # deleted
+        rows.append({"trick": member["trick"], "change": member["note"], "run_id": run.id, "status": run.status.value,
+                     "peak_bytes": run.peak_memory_bytes, "peak_source": run.peak_memory_source,
+                     "step_time": step_time(store, run)})
+    base = next((r for r in rows if r["trick"] == Trick.BASELINE.value), None)
+    for row in rows:
+        for key, ratio in (("peak_bytes", "memory_vs_baseline"), ("step_time", "time_vs_baseline")):
+            ok = base is not None and row[key] and base[key]
+            row[ratio] = row[key] / base[key] if ok else None
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The sweep as a fixed-width text table (CLI)."""
+    def gib(n: int | None) -> str:
+        return f"{n / 1024 ** 3:.2f} GiB" if n else "-"
+
+    def ratio(x: float | None) -> str:
+        return f"{x:.2f}x" if x is not None else "-"
+
+    head = ("trick", "run", "status", "peak memory", "vs base", "s/step", "vs base", "change")
+    body = [(r["trick"], str(r["run_id"]), r["status"], gib(r["peak_bytes"]), ratio(r["memory_vs_baseline"]),
+             f"{r['step_time']:.3f}" if r["step_time"] else "-", ratio(r["time_vs_baseline"]), r["change"])
+            for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in (head, *body))

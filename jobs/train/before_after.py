@@ -1,0 +1,301 @@
+"""Before/after samples: a few held-out prompts answered greedily by the base model and by the run's result.
+
+    prompts, source = pick_prompts(spec, eval_ds)      # spec's sample_prompts, else held-out rows, else BUILT_IN
+    texts = greedy_texts(model, tokenizer, prompts, spec.sample_new_tokens)
+    record_before(run_dir, spec, model, tokenizer, eval_ds)    # before training; a resumed run keeps its file
+    samples = record_after(store, run_id, spec, model, tokenizer)  # after; recorded as artifact kind "samples"
+
+The run folder's `samples.json` holds the prompts, the base model's answers ("before"), the result's
+answers ("after"), how they were decoded, and any reason there are none (a reward model does not
+generate; `sample_count: 0`) or error met while answering. Sampling never fails a run: an error is
+logged and written into the file, and training goes on.
+
+Prompts come from the spec (`sample_prompts`), else from the eval data (the prompt side of chat,
+prompt/completion, preference or KTO rows: held-out rows, never training rows), else from a small
+built-in set. A prompt with chat turns (and every typed prompt) is sent through the tokenizer's chat
+template; a plain-text prompt of prompt/completion rows is continued as the run trained on it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from jobs.train.artifacts import LOAD_PROMPT, sha256_of
+from jobs.spec.job import JobSpec, Trainer
+
+log = logging.getLogger("jobs.train.before_after")
+
+SAMPLES_FILE = "samples.json"
+# The export's check prompts too; the first is the one the bundle's load snippet asks.
+BUILT_IN_PROMPTS = (LOAD_PROMPT, "What do you know about the moon?", "Give me one tip for learning to cook.",
+                    "Why is the sky blue?", "Write one sentence about rivers.")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: the text shown, and the chat turns the model sees (None: `text` is continued as is)."""
+
+    text: str
+    messages: tuple[tuple[str, str], ...] | None = None  # (role, content) turns ending before the answer
+
+    @classmethod
+    def typed(cls, text: str) -> "Prompt":
+        return cls(text, (("user", text),))
+
+    def chat(self) -> list[dict[str, str]] | None:
+        return [{"role": r, "content": c} for r, c in self.messages] if self.messages is not None else None
+
+
+def _as_prompt(value: Any) -> Prompt:
+    return value if isinstance(value, Prompt) else Prompt.typed(str(value))
+
+
+def _turns(messages: Any) -> tuple[tuple[str, str], ...] | None:
+    """Chat turns up to (not including) the last assistant turn; None when there is no user turn before it."""
+    if not isinstance(messages, list):
+        return None
+    turns = [(str(m.get("role", "")), str(m.get("content", ""))) for m in messages if isinstance(m, dict)]
+    last = max((i for i, (role, _) in enumerate(turns) if role == "assistant"), default=len(turns))
+    turns = turns[:last]
+    return tuple(turns) if any(role == "user" for role, _ in turns) else None
+
+
+def row_prompt(row: dict[str, Any]) -> Prompt | None:
+    """The prompt side of one data row (chat, prompt/completion, preference, KTO); None for text rows."""
+    if "messages" in row:
+        turns = _turns(row["messages"])
+        return Prompt(next(c for r, c in reversed(turns) if r == "user"), turns) if turns else None
+    prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        turns = _turns(prompt + [{"role": "assistant", "content": ""}])
+        return Prompt(next(c for r, c in reversed(turns) if r == "user"), turns) if turns else None
+    if isinstance(prompt, str) and prompt.strip():
+        return Prompt(prompt, None)
+    return None
+
+
+def pick_prompts(spec: JobSpec, eval_ds: Any) -> tuple[list[Prompt], str]:
+    """The prompts to answer and where they came from, in words."""
+    typed = spec.sample_prompt_list
+    if typed:
+        return [Prompt.typed(t) for t in typed][: spec.sample_count], "the spec's sample_prompts"
+    if eval_ds is not None:
+        seen: dict[str, Prompt] = {}
+        for row in eval_ds:
+            prompt = row_prompt(row)
+            if prompt is not None and prompt.text.strip() and prompt.text not in seen:
+                seen[prompt.text] = prompt
+            if len(seen) >= spec.sample_count:
+                break
+        if seen:
+            return list(seen.values()), "the first prompts of the held-out (eval) rows"
+    return [Prompt.typed(t) for t in BUILT_IN_PROMPTS[: spec.sample_count]], "tunedeck's built-in prompts"
+
+
+# ---------------------------------------------------------------------- greedy answers
+def encode(tokenizer: Any, prompt: Prompt | str) -> dict[str, Any]:
+    """Token ids of a prompt: chat turns through the chat template (with the generation prompt), else raw text."""
+    prompt = _as_prompt(prompt)
+    chat = prompt.chat()
+    if chat is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    text = "\n".join(c for _, c in prompt.messages) if prompt.messages else prompt.text
+    return tokenizer(text, return_tensors="pt")
+
+
+def greedy(model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_tokens: int,
+           with_logits: bool = False) -> tuple[list[list[int]], list[Any]]:
+    """Greedy answer token ids per prompt, and (with_logits) the logits of each prompt's positions."""
+    import torch
+
+    device = next(model.parameters()).device
+    training = model.training
+    model.eval()
+    ids, logits = [], []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    try:
+        for prompt in prompts:
+            inputs = {k: v.to(device) for k, v in encode(tokenizer, prompt).items()}
+            with torch.no_grad():
+                if with_logits:
+                    logits.append(model(**inputs).logits.float().cpu())
+                out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=pad)
+            ids.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+    finally:
+        model.train(training)
+    return ids, logits
+
+
+def greedy_texts(model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_tokens: int) -> list[str]:
+    """Greedy answers, decoded without special tokens."""
+    ids, _ = greedy(model, tokenizer, prompts, max_new_tokens)
+    return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in ids]
+
+
+# ---------------------------------------------------------------------- the run's file
+def samples_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SAMPLES_FILE
+
+
+def read_samples(path: Path | None) -> dict[str, Any] | None:
+    """The samples file's content, or None when there is none (or it cannot be read)."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    tmp.replace(path)
+
+
+def skip_reason(spec: JobSpec) -> str | None:
+    if spec.trainer is Trainer.REWARD:
+        return "a reward model scores text and does not generate it: no answers to compare"
+    if spec.sample_count == 0:
+        return "sample_count is 0"
+    return None
+
+
+def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval_ds: Any) -> None:
+    """Answer the prompts with the base model into the run's samples.json; a resumed run keeps its answers.
+
+    Never raises: an error is logged and recorded in the file."""
+    path = samples_path(run_dir)
+    if (read_samples(path) or {}).get("before") is not None:
+        log.info("before/after samples: keeping the base model's answers from the first attempt")
+        return
+    data: dict[str, Any] = {"version": 1, "decoding": "greedy", "max_new_tokens": spec.sample_new_tokens,
+                            "prompts": [], "before": None, "after": None, "skipped": skip_reason(spec), "errors": []}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if data["skipped"] is None:
+            prompts, data["source"] = pick_prompts(spec, eval_ds)
+            data["prompts"] = [asdict(p) for p in prompts]
+            started = time.monotonic()
+            data["before"] = greedy_texts(model, tokenizer, prompts, spec.sample_new_tokens)
+            log.info("before/after samples: the base model answered %d prompts (%s) in %.1f s", len(prompts),
+                     data["source"], time.monotonic() - started)
+        else:
+            log.info("before/after samples: none (%s)", data["skipped"])
+    except Exception as exc:  # noqa: BLE001 - a sample must never fail the run
+        log.exception("before/after samples: the base model's answers failed; training goes on")
+        data["errors"].append(f"before: {type(exc).__name__}: {exc}")
+    try:
+        _write(path, data)
+    except OSError:
+        log.exception("before/after samples: could not write %s", path)
+
+
+def _prompts_of(data: dict[str, Any]) -> list[Prompt]:
+    return [Prompt(p["text"], tuple(tuple(t) for t in p["messages"]) if p.get("messages") is not None else None)
+            for p in data.get("prompts") or []]
+
+
+def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+    """Answer the stored prompts with the trained result, save and record the file; its content, or None.
+
+    Never raises: an error is logged and recorded in the file."""
+    path = samples_path(store.run_dir(run_id))
+    try:
+        data = read_samples(path)
+        if data is None:  # no "before" step ran (a caller without one): the prompts are chosen now
+            data = {"version": 1, "decoding": "greedy", "max_new_tokens": spec.sample_new_tokens, "prompts": [],
+                    "before": None, "after": None, "skipped": skip_reason(spec), "errors": []}
+            if data["skipped"] is None:
+                prompts, data["source"] = pick_prompts(spec, None)
+                data["prompts"] = [asdict(p) for p in prompts]
+        if data.get("skipped") is None and data.get("prompts"):
+            started = time.monotonic()
+            data["after"] = greedy_texts(model, tokenizer, _prompts_of(data), int(data["max_new_tokens"]))
+            log.info("before/after samples: the result answered %d prompts in %.1f s", len(data["after"]),
+                     time.monotonic() - started)
+    except Exception as exc:  # noqa: BLE001 - a sample must never fail the run
+        log.exception("before/after samples: the result's answers failed; the run goes on")
+        data = data if isinstance(data, dict) else {"version": 1, "prompts": [], "before": None, "after": None,
+                                                    "skipped": None, "errors": []}
+        data.setdefault("errors", []).append(f"after: {type(exc).__name__}: {exc}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, data)
+        store.add_artifact(run_id, "samples", str(path), path.stat().st_size, sha256_of(path))
+    except Exception:  # noqa: BLE001 - nor may recording it
+        log.exception("before/after samples: could not save %s", path)
+    return data
+
+
+def samples_of(store: Any, run_id: int) -> dict[str, Any] | None:
+    """A run's samples file (the recorded artifact, else the file of an unfinished run), or None."""
+    recorded = [a.path for a in store.artifacts(run_id) if a.kind == "samples"]
+    return read_samples(Path(recorded[-1]) if recorded else samples_path(store.run_dir(run_id)))
+
+
+# ---------------------------------------------------------------------- tables
+def rows(data: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    """(prompt, base answer, result answer) per prompt; None where that answer is missing."""
+    before, after = data.get("before") or [], data.get("after") or []
+    return [(p.get("text", ""), before[i] if i < len(before) else None, after[i] if i < len(after) else None)
+            for i, p in enumerate(data.get("prompts") or [])]
+
+
+def _cell(text: str | None) -> str:
+    """A table cell: escaped so model output cannot break the table or format itself."""
+    if text is None:
+        return "—"
+    if not text:
+        return "(empty)"
+    for ch in "\\`*_[]":
+        text = text.replace(ch, "\\" + ch)
+    return html.escape(text, quote=False).replace("|", "&#124;").replace("\n", "<br>")
+
+
+def table_markdown(data: dict[str, Any], result_label: str = "this run") -> str:
+    """A markdown table prompt | base | result, with a line on how the answers were made."""
+    lines = [f"| prompt | base | {result_label} |", "|---|---|---|"]
+    lines += [f"| {_cell(p)} | {_cell(b)} | {_cell(a)} |" for p, b, a in rows(data)]
+    how = (f"Greedy decoding, at most {data.get('max_new_tokens')} new tokens; prompts: "
+           f"{data.get('source', 'unknown')}.")
+    return how + "\n\n" + "\n".join(lines)
+
+
+def status_line(data: dict[str, Any] | None, finished: bool) -> str | None:
+    """Why a run shows no (or only half a) before/after table; None when it has both columns."""
+    if data is None:
+        return ("This run has no before/after samples (runs before this feature, and runs that failed before "
+                "training started, have none)." if finished else "The base model's answers appear once training starts.")
+    if data.get("skipped"):
+        return f"No before/after samples: {data['skipped']}."
+    errors = "; ".join(data.get("errors") or [])
+    if data.get("before") is None and data.get("after") is None:
+        return f"No before/after samples: {errors or 'none were taken'}."
+    if data.get("after") is None:
+        why = errors or ("the run did not finish" if finished else "the result answers when training ends")
+        return f"Only the base model's answers: {why}."
+    return f"Sampling errors: {errors}." if errors else None
+
+
+def card_section(data: dict[str, Any] | None) -> str:
+    """The model card's "Before / after" section (empty without samples)."""
+    if not data or data.get("skipped") or data.get("after") is None:
+        return ""
+    return f"\n## Before / after\n{table_markdown(data, 'fine-tuned')}\n"
+
+
+def bundle_parts(data: dict[str, Any] | None) -> dict[str, Any]:
+    """`write_artifacts` keywords that put the samples into the bundle: samples.json and the card's table."""
+    if data is None:
+        return {}
+    return {"extra_files": {SAMPLES_FILE: json.dumps(data, indent=2, ensure_ascii=False)},
+            "card_extra": card_section(data)}

@@ -1,0 +1,92 @@
+"""Building the trl trainer a spec asks for, and the trainer-specific metrics it logs.
+
+`jobs.train.child` calls `build_trainer(...)` with the model, the configs from `jobs.config.mapping` and the
+data from `jobs.data.sources`; everything trainer-specific that is not a pure mapping lives here.
+
+    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import TrainerCallback
+
+from jobs.spec.job import JobSpec, Trainer
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean token cross-entropy): the eval perplexity of a causal LM (inf when it overflows)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
+class PerplexityCallback(TrainerCallback):
+    """Adds `eval_perplexity` next to every logged `eval_loss` (SFT), before the store sees the logs."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if logs is not None and isinstance(logs.get("eval_loss"), (int, float)):
+            logs["eval_perplexity"] = perplexity(float(logs["eval_loss"]))
+
+
+class GRPOLogCallback(TrainerCallback):
+    """trl's GRPO logs its own `step_time` (the training step only, generation excluded); renamed to
+    `grpo_step_time`, so the store's `step_time` (jobs.train.figures: the whole optimizer step) keeps one meaning."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if logs is not None and "step_time" in logs:
+            logs["grpo_step_time"] = logs.pop("step_time")
+
+
+def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -> tuple[list[Any], list[Any]]:
+    """GRPO's (reward functions, their processing classes) in `jobs.config.trainers.reward_weights`' order:
+    built-ins as listed, the reward run's model (with its own tokenizer), the custom function."""
+    from jobs.spec.rewards import builtin_reward, load_function, parse_rewards
+
+    funcs: list[Any] = [builtin_reward(name, spec.max_completion_length)
+                        for name in (parse_rewards(spec.rewards)[0] if spec.rewards else {})]
+    classes: list[Any] = [None] * len(funcs)
+    if spec.reward_model_run is not None:
+        if reward_model is None:
+            raise ValueError("reward_model_run is set but no reward model was loaded")
+        funcs.append(reward_model[0])
+        classes.append(reward_model[1])
+    if spec.reward_function is not None:
+        funcs.append(load_function(spec.reward_function))
+        classes.append(None)
+    return funcs, classes
+
+
+def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
+                  peft_cfg: Any, callbacks: Sequence[Any], reward_model: tuple[Any, Any] | None = None) -> Any:
+    """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
+    RewardTrainer on a sequence-classification model (`jobs.models.registry.load_model_and_tokenizer(reward_head=True)`);
+    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.models.reward_model`)."""
+    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
+
+    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
+    if spec.trainer is Trainer.DPO:
+        return DPOTrainer(ref_model=None, **common)
+    if spec.trainer is Trainer.KTO:
+        # Without an adapter (full fine-tuning) trl copies the model as the frozen reference.
+        return KTOTrainer(ref_model=None, **common)
+    if spec.trainer is Trainer.REWARD:
+        return RewardTrainer(**common)
+    if spec.trainer is Trainer.GRPO:
+        from trl import GRPOTrainer
+
+        funcs, classes = reward_sources(spec, reward_model)
+        return GRPOTrainer(reward_funcs=funcs, reward_processing_classes=classes,
+                           **{**common, "callbacks": [GRPOLogCallback(), *callbacks]})
+    if spec.trainer is Trainer.ORPO:
+        from trl.experimental.orpo import ORPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+
+        return ORPOTrainer(**common)
+    if spec.trainer is Trainer.CPO:
+        from trl.experimental.cpo import CPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+
+        return CPOTrainer(**common)
+    # The perplexity callback goes first: the store callback then records what it added.
+    return SFTTrainer(**{**common, "callbacks": [PerplexityCallback(), *callbacks]})
