@@ -20,7 +20,7 @@ time to type the endpoints.
 """
 
 import math
-from typing import Any, Optional, TypedDict
+from typing import Any, TypedDict
 
 import gradio as gr
 from gradio.utils import get_function_description
@@ -29,11 +29,11 @@ from app import manage
 from app.manage import ManageError, RunSummary
 from jobs.checks.access import AccessPolicy
 from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.run_files import DiskUsage
 from storage.store import Store
-from jobs.spec.stored import spec_of
 
 ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
 MAX_RUNS = 1000
@@ -46,34 +46,34 @@ class ProblemData(TypedDict):
 
 
 class Submitted(TypedDict):
-    run_id: Optional[int]
+    run_id: int | None
     problems: list[ProblemData]
 
 
 class RunDetail(RunSummary):
     spec: dict[str, Any]
-    final_metrics: dict[str, Optional[float]]
+    final_metrics: dict[str, float | None]
     metric_names: list[str]
-    error_detail: Optional[str]
+    error_detail: str | None
     resumable: bool
     has_bundle: bool
 
 
 class MetricRow(TypedDict):
     step: int
-    value: Optional[float]
+    value: float | None
     time: float
 
 
 class MemoryRow(TypedDict):
     time: float
     source: str
-    used_bytes: Optional[int]
-    total_bytes: Optional[int]
-    utilization: Optional[float]
-    torch_allocated: Optional[int]
-    torch_reserved: Optional[int]
-    process_rss: Optional[int]
+    used_bytes: int | None
+    total_bytes: int | None
+    utilization: float | None
+    torch_allocated: int | None
+    torch_reserved: int | None
+    process_rss: int | None
 
 
 class Outcome(TypedDict):
@@ -90,11 +90,11 @@ def _fail(problems: list[Problem]) -> gr.Error:
     return gr.Error("; ".join(str(p) for p in problems), title="tunedeck: bad input")
 
 
-def _number(value: Optional[float]) -> Optional[float]:
+def _number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def check_yaml(spec_yaml: str, policy: AccessPolicy | None = None) -> tuple[Optional[JobSpec], list[Problem]]:
+def check_yaml(spec_yaml: str, policy: AccessPolicy | None = None) -> tuple[JobSpec | None, list[Problem]]:
     """The spec, or the problems the launch form reports for the same values (fields, then data sets)."""
     from app.ui.form import all_problems
 
@@ -129,10 +129,15 @@ def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
     from jobs.train.checkpoints import resumable
 
     (summary,) = manage.summaries(store, [run], disk)
-    return RunDetail(**summary, spec=spec_of(run).to_dict(),
-                     final_metrics={k: _number(v) for k, v in run.final_metrics.items()},
-                     metric_names=sorted(store.metric_names(run.id)), error_detail=run.error_detail,
-                     resumable=resumable(store, run), has_bundle=bundle_path(store, run.id) is not None)
+    return RunDetail(
+        **summary,
+        spec=spec_of(run).to_dict(),
+        final_metrics={k: _number(v) for k, v in run.final_metrics.items()},
+        metric_names=sorted(store.metric_names(run.id)),
+        error_detail=run.error_detail,
+        resumable=resumable(store, run),
+        has_bundle=bundle_path(store, run.id) is not None,
+    )
 
 
 def _run(store: Store, run_id: int) -> RunRecord:
@@ -171,14 +176,21 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         problems = []
         choices = [s.value for s in RunStatus]
         if (status or "all") not in ["all", *choices]:
-            problems.append(Problem("status", f"`{status}` is not a run status", f"use all or one of: {', '.join(choices)}"))
+            problems.append(
+                Problem("status", f"`{status}` is not a run status", f"use all or one of: {', '.join(choices)}")
+            )
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RUNS:
-            problems.append(Problem("limit", f"`{limit}` is not a whole number from 1 to {MAX_RUNS}",
-                                    "pass e.g. limit=50"))
+            problems.append(
+                Problem("limit", f"`{limit}` is not a whole number from 1 to {MAX_RUNS}", "pass e.g. limit=50")
+            )
         if problems:
             raise _fail(problems)
-        found = store.list_runs(None if status in ("all", "", None) else RunStatus(status), limit=limit,
-                                search=search or None, tag=tag or None)
+        found = store.list_runs(
+            None if status in ("all", "", None) else RunStatus(status),
+            limit=limit,
+            search=search or None,
+            tag=tag or None,
+        )
         return manage.summaries(store, found, disk)
 
     def run(run_id: int) -> RunDetail:
@@ -189,7 +201,7 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         """
         return detail(store, _run(store, run_id), disk)
 
-    def metrics(run_id: int, names: Optional[list[str]] = None, since_step: int = -1) -> dict[str, list[MetricRow]]:
+    def metrics(run_id: int, names: list[str] | None = None, since_step: int = -1) -> dict[str, list[MetricRow]]:
         """A run's logged metrics, by name, oldest step first.
 
         Parameters:
@@ -216,8 +228,10 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         """
         _run(store, run_id)
         keys = MemoryRow.__annotations__
-        return [MemoryRow(**{k: getattr(p, k) for k in keys})  # type: ignore[typeddict-item]
-                for p in store.memory_samples(run_id, since=float(since) if since else None)]
+        return [
+            MemoryRow(**{k: getattr(p, k) for k in keys})  # type: ignore[typeddict-item]
+            for p in store.memory_samples(run_id, since=float(since) if since else None)
+        ]
 
     def cancel(run_id: int) -> Outcome:
         """Cancel a queued run at once, or ask a running run's worker to stop it (within seconds).
@@ -227,12 +241,18 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         """
         found = _run(store, run_id)
         if found.status.finished:
-            return Outcome(run_id=found.id, status=found.status.value,
-                           message=f"run {found.id} already {found.status.value}; nothing to cancel")
+            return Outcome(
+                run_id=found.id,
+                status=found.status.value,
+                message=f"run {found.id} already {found.status.value}; nothing to cancel",
+            )
         new = store.request_cancel(found.id)
         cancelled = new is RunStatus.CANCELLED
-        return Outcome(run_id=found.id, status=new.value if new else found.status.value,
-                       message=f"run {found.id}: " + ("cancelled" if cancelled else "cancel requested"))
+        return Outcome(
+            run_id=found.id,
+            status=new.value if new else found.status.value,
+            message=f"run {found.id}: " + ("cancelled" if cancelled else "cancel requested"),
+        )
 
     def resume(run_id: int) -> Outcome:
         """Queue an interrupted or cancelled run again (same id); it continues from its last complete checkpoint.
@@ -262,12 +282,20 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         found = _run(store, run_id)
         path = bundle_path(store, found.id)
         if path is None:
-            raise _fail([Problem("run_id", f"run {found.id} is {found.status.value} and has no bundle",
-                                 "wait until it has succeeded; failed and cancelled runs leave no bundle")])
+            raise _fail(
+                [
+                    Problem(
+                        "run_id",
+                        f"run {found.id} is {found.status.value} and has no bundle",
+                        "wait until it has succeeded; failed and cancelled runs leave no bundle",
+                    )
+                ]
+            )
         return gr.FileData(path=str(path), orig_name=path.name)
 
-    def tag(run_id: int, add: Optional[list[str]] = None, remove: Optional[list[str]] = None,
-            note: Optional[str] = None) -> RunSummary:
+    def tag(
+        run_id: int, add: list[str] | None = None, remove: list[str] | None = None, note: str | None = None
+    ) -> RunSummary:
         """Add and remove a run's tags, and set its note.
 
         Parameters:

@@ -40,8 +40,9 @@ def _b64(data: bytes) -> str:
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
     """`scrypt$n$r$p$salt$key` for `password`, with a fresh 16-byte salt."""
     salt = salt if salt is not None else secrets.token_bytes(16)
-    key = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P,
-                         maxmem=64 * 1024 * 1024, dklen=KEY_LEN)
+    key = hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, maxmem=64 * 1024 * 1024, dklen=KEY_LEN
+    )
     return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64(salt)}${_b64(key)}"
 
 
@@ -58,8 +59,9 @@ def verify_password(password: str, encoded: str) -> bool:
         n, r, p, salt, key = _parse_hash(encoded)
     except (ValueError, TypeError):
         return False
-    derived = hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p,
-                             maxmem=128 * 1024 * 1024, dklen=len(key))
+    derived = hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=128 * 1024 * 1024, dklen=len(key)
+    )
     return hmac.compare_digest(derived, key)
 
 
@@ -67,8 +69,15 @@ def read_auth_file(path: str | Path) -> dict[str, str]:
     """{user: hash} from an auth file; AuthError naming the line of each bad entry."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise AuthError([Problem("--auth-file", f"{path} does not exist",
-                                 "create it with lines `user:HASH` from `tunedeck hash-password --user NAME`")])
+        raise AuthError(
+            [
+                Problem(
+                    "--auth-file",
+                    f"{path} does not exist",
+                    "create it with lines `user:HASH` from `tunedeck hash-password --user NAME`",
+                )
+            ]
+        )
     users: dict[str, str] = {}
     problems = []
     for number, raw in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
@@ -81,16 +90,28 @@ def read_auth_file(path: str | Path) -> dict[str, str]:
                 raise ValueError("not user:HASH")
             _parse_hash(encoded.strip())
         except (ValueError, TypeError):
-            problems.append(Problem("--auth-file", f"line {number} of {path} is not `user:HASH` with a scrypt hash "
-                                    "(plain passwords are not accepted in the file)",
-                                    "replace it with the line printed by `tunedeck hash-password --user NAME`"))
+            problems.append(
+                Problem(
+                    "--auth-file",
+                    f"line {number} of {path} is not `user:HASH` with a scrypt hash "
+                    "(plain passwords are not accepted in the file)",
+                    "replace it with the line printed by `tunedeck hash-password --user NAME`",
+                )
+            )
             continue
         users[user.strip()] = encoded.strip()
     if problems:
         raise AuthError(problems)
     if not users:
-        raise AuthError([Problem("--auth-file", f"{path} lists no users",
-                                 "add a `user:HASH` line from `tunedeck hash-password --user NAME`")])
+        raise AuthError(
+            [
+                Problem(
+                    "--auth-file",
+                    f"{path} lists no users",
+                    "add a `user:HASH` line from `tunedeck hash-password --user NAME`",
+                )
+            ]
+        )
     return users
 
 
@@ -101,8 +122,13 @@ def credentials_from_env(value: str | None = None) -> dict[str, str]:
         return {}
     user, sep, password = value.partition(":")
     if not sep or not user.strip() or not password:
-        raise AuthError([Problem(AUTH_ENV, "is not `user:password`",
-                                 f"set e.g. {AUTH_ENV}=admin:a-long-password, or use --auth-file")])
+        raise AuthError(
+            [
+                Problem(
+                    AUTH_ENV, "is not `user:password`", f"set e.g. {AUTH_ENV}=admin:a-long-password, or use --auth-file"
+                )
+            ]
+        )
     return {user.strip(): hash_password(password)}
 
 
@@ -116,6 +142,7 @@ _DUMMY_HASH = hash_password(secrets.token_hex(8))
 
 def gradio_auth(users: dict[str, str]) -> Callable[[str, str], bool]:
     """The `auth=` callable for Gradio: same work for unknown users as for wrong passwords."""
+
     def check(username: str, password: str) -> bool:
         encoded = users.get(username or "")
         ok = verify_password(password or "", encoded or _DUMMY_HASH)

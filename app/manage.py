@@ -17,13 +17,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from jobs.units import human_bytes
 from jobs.spec.job import Problem
+from jobs.spec.stored import spec_of
+from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.run_files import DiskUsage, remove_run_folder, run_bytes
 from storage.store import RunningRunError, Store
-from jobs.spec.stored import spec_of
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,11 @@ def split_tags(value: str | Iterable[str] | None) -> list[str]:
 def parse_tags(value: str | Iterable[str] | None, field: str = "tags") -> list[str]:
     """Checked tags; ManageError naming each bad one."""
     tags = split_tags(value)
-    bad = [Problem(field, f"`{t[:80]}` is not a valid tag", f"use {TAG_RULE}, e.g. lr-sweep")
-           for t in tags if not TAG_PATTERN.match(t)]
+    bad = [
+        Problem(field, f"`{t[:80]}` is not a valid tag", f"use {TAG_RULE}, e.g. lr-sweep")
+        for t in tags
+        if not TAG_PATTERN.match(t)
+    ]
     if bad:
         raise ManageError(bad)
     return tags
@@ -65,8 +68,15 @@ def check_note(note: str | None, field: str = "note") -> str | None:
     """The note to store (None for empty); ManageError when it is too long."""
     text = (note or "").strip()
     if len(text) > MAX_NOTE_CHARS:
-        raise ManageError([Problem(field, f"is {len(text):,} characters long, over the limit of {MAX_NOTE_CHARS:,}",
-                                   "shorten the note, or keep long text in a file and put its path in the note")])
+        raise ManageError(
+            [
+                Problem(
+                    field,
+                    f"is {len(text):,} characters long, over the limit of {MAX_NOTE_CHARS:,}",
+                    "shorten the note, or keep long text in a file and put its path in the note",
+                )
+            ]
+        )
     return text or None
 
 
@@ -77,15 +87,25 @@ def existing_run(store: Store, run_id: Any, field: str = "RUN_ID") -> RunRecord:
         raise ManageError([Problem(field, f"`{run_id}` is not a run id", "give a whole number from `tunedeck runs`")])
     run = store.get_run(int(run_id))
     if run is None:
-        raise ManageError([Problem(field, f"run {int(run_id)} does not exist",
-                                   "list runs with `tunedeck runs` (or the API's `runs` endpoint)")])
+        raise ManageError(
+            [
+                Problem(
+                    field,
+                    f"run {int(run_id)} does not exist",
+                    "list runs with `tunedeck runs` (or the API's `runs` endpoint)",
+                )
+            ]
+        )
     return run
 
 
 def _running_problem(run_id: int, field: str) -> Problem:
-    return Problem(field, f"run {run_id} is running; deleting it would pull its files from under the training",
-                   f"cancel it first (`tunedeck cancel {run_id}` or the Cancel button), wait until it shows "
-                   "cancelled, then delete it")
+    return Problem(
+        field,
+        f"run {run_id} is running; deleting it would pull its files from under the training",
+        f"cancel it first (`tunedeck cancel {run_id}` or the Cancel button), wait until it shows "
+        "cancelled, then delete it",
+    )
 
 
 @dataclass(frozen=True)
@@ -137,8 +157,9 @@ def delete_run(store: Store, run_id: int, field: str = "RUN_ID") -> DeleteReport
     return DeleteReport(run.id, run.name, freed)
 
 
-def change_notes(store: Store, run_id: int, add: Any = (), remove: Any = (), note: str | None = None,
-                 field: str = "RUN_ID") -> RunRecord:
+def change_notes(
+    store: Store, run_id: int, add: Any = (), remove: Any = (), note: str | None = None, field: str = "RUN_ID"
+) -> RunRecord:
     """Add and remove tags and (when `note` is not None) replace the note; every problem at once."""
     problems: list[Problem] = []
 
@@ -195,9 +216,26 @@ def summaries(store: Store, runs: Sequence[RunRecord], disk: DiskUsage | None = 
     """One JSON-ready summary per run."""
     usage = disk or DiskUsage(store)
     loss = store.last_metric_values([r.id for r in runs], "loss")
-    return [RunSummary(id=r.id, name=r.name, status=r.status.value, model=spec_of(r).model, method=spec_of(r).method.value,
-                       trainer=spec_of(r).trainer.value, tags=list(r.tags), note=r.note, created_at=r.created_at,
-                       started_at=r.started_at, finished_at=r.finished_at, current_step=r.current_step,
-                       total_steps=r.total_steps, last_loss=finite_or_none(loss.get(r.id)),
-                       peak_memory_bytes=r.peak_memory_bytes, peak_memory_source=r.peak_memory_source,
-                       disk_bytes=usage.of(r), error_summary=r.error_summary) for r in runs]
+    return [
+        RunSummary(
+            id=r.id,
+            name=r.name,
+            status=r.status.value,
+            model=spec_of(r).model,
+            method=spec_of(r).method.value,
+            trainer=spec_of(r).trainer.value,
+            tags=list(r.tags),
+            note=r.note,
+            created_at=r.created_at,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            current_step=r.current_step,
+            total_steps=r.total_steps,
+            last_loss=finite_or_none(loss.get(r.id)),
+            peak_memory_bytes=r.peak_memory_bytes,
+            peak_memory_source=r.peak_memory_source,
+            disk_bytes=usage.of(r),
+            error_summary=r.error_summary,
+        )
+        for r in runs
+    ]

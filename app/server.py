@@ -46,10 +46,12 @@ def exposure_warning(host: str, port: int, has_login: bool = False) -> str | Non
     """A warning when the dashboard would be reachable from other machines without a login."""
     if is_loopback(host) or has_login:
         return None
-    return (f"WARNING: binding {host}:{port} makes the dashboard reachable from other machines. It has no "
-            "login: anyone who can reach it can start training runs, read your data and download adapters. "
-            "Use --host 127.0.0.1 (default) with an SSH tunnel, set TUNEDECK_AUTH=user:password or "
-            "--auth-file FILE (see `tunedeck hash-password`), or put it behind an authenticating proxy.")
+    return (
+        f"WARNING: binding {host}:{port} makes the dashboard reachable from other machines. It has no "
+        "login: anyone who can reach it can start training runs, read your data and download adapters. "
+        "Use --host 127.0.0.1 (default) with an SSH tunnel, set TUNEDECK_AUTH=user:password or "
+        "--auth-file FILE (see `tunedeck hash-password`), or put it behind an authenticating proxy."
+    )
 
 
 def gradio_temp_dir() -> Path:
@@ -126,8 +128,13 @@ def blocked_paths() -> list[str]:
     """What Gradio must never serve or copy: the database, secrets, model cache and run internals."""
     root = data_dir()
     blocked = [root / name for name in ("tunedeck.db", "tunedeck.db-wal", "tunedeck.db-shm", ".env")]
-    blocked += [models_dir(), Path.cwd() / ".env", Path.home() / ".cache" / "huggingface",
-                Path.home() / ".huggingface", Path.home() / ".ssh"]
+    blocked += [
+        models_dir(),
+        Path.cwd() / ".env",
+        Path.home() / ".cache" / "huggingface",
+        Path.home() / ".huggingface",
+        Path.home() / ".ssh",
+    ]
     # runs/<database id>/<run>/ (and the flat runs/<run>/ of databases older than their ids)
     for run in sorted(p for pattern in ("[0-9]*", "*/[0-9]*") for p in runs_dir().glob(pattern) if p.is_dir()):
         blocked += [run / "train.log", run / "output", run / "bundle", run / "checkpoints", run / "export"]
@@ -142,14 +149,17 @@ def bundle_allow_list(store: Store) -> LiveList:
 def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]:
     """Gradio launch() keyword arguments for safe serving (login, file access, upload cap) and page CSS."""
     from app.auth import gradio_auth, load_credentials
-
     from app.ui.form import FORM_CSS
 
     users = load_credentials(auth_file)
-    return {"allowed_paths": bundle_allow_list(store), "blocked_paths": LiveList(blocked_paths), "css": FORM_CSS,
-            "max_file_size": f"{max_upload_mb()}mb",
-            "auth": gradio_auth(users) if users else None,
-            "auth_message": "tunedeck: log in" if users else None}
+    return {
+        "allowed_paths": bundle_allow_list(store),
+        "blocked_paths": LiveList(blocked_paths),
+        "css": FORM_CSS,
+        "max_file_size": f"{max_upload_mb()}mb",
+        "auth": gradio_auth(users) if users else None,
+        "auth_message": "tunedeck: log in" if users else None,
+    }
 
 
 def start_worker() -> subprocess.Popen:
@@ -169,8 +179,13 @@ def stop_worker(proc: subprocess.Popen, timeout: float = WORKER_STOP_TIMEOUT_S) 
     return proc.wait()
 
 
-def serve(host: str = "127.0.0.1", port: int = 7860, with_worker: bool = True, auth_file: str | None = None,
-          **launch_kwargs: Any) -> int:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    with_worker: bool = True,
+    auth_file: str | None = None,
+    **launch_kwargs: Any,
+) -> int:
     """Run the dashboard until interrupted; returns an exit code."""
     # Before gradio is imported: its upload folder and cache go under the data directory.
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _claimer(url: str, n: int, go: float, out: "mp.Queue") -> None:
+def _claimer(url: str, n: int, go: float, out: mp.Queue) -> None:
     from storage.store import Store
 
     store = Store(url)
@@ -71,10 +71,16 @@ def race(url: str, processes: int, runs: int) -> dict:
     elapsed = max(end for _, _, end in results) - go
     statuses = Counter(r.status for r in store.list_runs(limit=runs * 10) if r.id in ids)
     store.dispose()
-    return {"claims": sum(claimed.values()), "double": sum(c - 1 for c in claimed.values() if c > 1),
-            "lost": len(ids - set(claimed)), "errors": sum(e for _, e, _ in results), "seconds": elapsed,
-            "rate": sum(claimed.values()) / elapsed, "succeeded": statuses[RunStatus.SUCCEEDED],
-            "per_process": sorted(len(got) for got, _, _ in results)}
+    return {
+        "claims": sum(claimed.values()),
+        "double": sum(c - 1 for c in claimed.values() if c > 1),
+        "lost": len(ids - set(claimed)),
+        "errors": sum(e for _, e, _ in results),
+        "seconds": elapsed,
+        "rate": sum(claimed.values()) / elapsed,
+        "succeeded": statuses[RunStatus.SUCCEEDED],
+        "per_process": sorted(len(got) for got, _, _ in results),
+    }
 
 
 def main() -> int:
@@ -91,10 +97,15 @@ def main() -> int:
             results["postgresql"] = race(args.url, args.processes, args.runs)
     print(f"\nclaim race: {args.processes} processes, {args.runs} queued runs each backend\n")
     print(f"{'':24}" + "".join(f"{k:>16}" for k in results))
-    for title, key, fmt in (("runs claimed", "claims", "{:,}"), ("double claims", "double", "{}"),
-                            ("never claimed", "lost", "{}"), ("claim errors", "errors", "{}"),
-                            ("succeeded afterwards", "succeeded", "{:,}"), ("seconds", "seconds", "{:.2f}"),
-                            ("claims/s", "rate", "{:,.0f}")):
+    for title, key, fmt in (
+        ("runs claimed", "claims", "{:,}"),
+        ("double claims", "double", "{}"),
+        ("never claimed", "lost", "{}"),
+        ("claim errors", "errors", "{}"),
+        ("succeeded afterwards", "succeeded", "{:,}"),
+        ("seconds", "seconds", "{:.2f}"),
+        ("claims/s", "rate", "{:,.0f}"),
+    ):
         print(f"{title:24}" + "".join(f"{fmt.format(r[key]):>16}" for r in results.values()))
     for name, r in results.items():
         print(f"{name}: runs per process {r['per_process']}")

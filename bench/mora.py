@@ -31,8 +31,10 @@ TARGETS = "q_proj,k_proj,v_proj,o_proj"
 def uuid_pairs(n: int, length: int, seed: int) -> list[tuple[str, str]]:
     """n random (key, value) hex strings of `length` characters: nothing a model could already know."""
     rng = random.Random(seed)
-    return [("".join(rng.choice(HEX) for _ in range(length)), "".join(rng.choice(HEX) for _ in range(length)))
-            for _ in range(n)]
+    return [
+        ("".join(rng.choice(HEX) for _ in range(length)), "".join(rng.choice(HEX) for _ in range(length)))
+        for _ in range(n)
+    ]
 
 
 def encode(pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +44,7 @@ def encode(pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
     for key, value in pairs:
         row = [index["<bos>"], *(index[c] for c in key), index[":"], *(index[c] for c in value)]
         ids.append(row)
-        labels.append([-100] * (len(key) + 2) + row[len(key) + 2:])
+        labels.append([-100] * (len(key) + 2) + row[len(key) + 2 :])
     return torch.tensor(ids), torch.tensor(labels)
 
 
@@ -50,9 +52,16 @@ def base_model(hidden: int, layers: int, seed: int) -> Any:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=4, vocab_size=len(VOCAB),
-                         max_position_embeddings=128, tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=len(VOCAB),
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -64,8 +73,16 @@ def train(method: str, args: argparse.Namespace, ids: torch.Tensor, labels: torc
     from jobs.spec.job import JobSpec
 
     extra = {"mora_type": method.split("-")[1]} if method.startswith("mora") else {}
-    spec = JobSpec.from_dict({"method": method.split("-")[0], "lora_r": args.r, "lora_alpha": 2 * args.r,
-                              "lora_dropout": 0.0, "lora_target_modules": TARGETS, **extra})
+    spec = JobSpec.from_dict(
+        {
+            "method": method.split("-")[0],
+            "lora_r": args.r,
+            "lora_alpha": 2 * args.r,
+            "lora_dropout": 0.0,
+            "lora_target_modules": TARGETS,
+            **extra,
+        }
+    )
     model = get_peft_model(base_model(args.hidden, args.layers, args.seed), peft_config(spec))
     trainable = model.get_nb_trainable_parameters()[0]
     torch.manual_seed(args.seed)
@@ -109,13 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     methods = args.methods.split(",")
     results = {m: train(m, args, ids, labels) for m in methods}
     marks = sorted({0, args.steps // 4, args.steps // 2, 3 * args.steps // 4, args.steps - 1})
-    print(f"memorise {args.pairs} random pairs ({args.length} hex chars each), tiny Llama h{args.hidden} x "
-          f"{args.layers} layers (frozen, random), adapters on {TARGETS}, r={args.r}, lr {args.lr:g}, "
-          f"batch {args.batch}, {args.steps} epochs")
+    print(
+        f"memorise {args.pairs} random pairs ({args.length} hex chars each), tiny Llama h{args.hidden} x "
+        f"{args.layers} layers (frozen, random), adapters on {TARGETS}, r={args.r}, lr {args.lr:g}, "
+        f"batch {args.batch}, {args.steps} epochs"
+    )
     print(f"{'':>22}" + "".join(f"{m:>15}" for m in methods))
     print(f"{'trainable parameters':>22}" + "".join(f"{results[m]['trainable']:>15,}" for m in methods))
     for step in marks:
-        print(f"{'loss after epoch ' + str(step + 1):>22}" + "".join(f"{results[m]['curve'][step]:>15.4f}" for m in methods))
+        print(
+            f"{'loss after epoch ' + str(step + 1):>22}"
+            + "".join(f"{results[m]['curve'][step]:>15.4f}" for m in methods)
+        )
     print(f"{'exact-match pairs':>22}" + "".join(f"{results[m]['exact']:>15.1%}" for m in methods))
     print(f"{'seconds':>22}" + "".join(f"{results[m]['seconds']:>15.1f}" for m in methods))
     if "lora" in results:

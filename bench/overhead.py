@@ -57,10 +57,10 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZE
 
 def bare_child(spec_path: str) -> None:
     """The bare side: tunedeck's own training function with no callbacks; prints one JSON line."""
+    from transformers import TrainerCallback
+
     from jobs.spec.job import JobSpec
     from jobs.train.child import setup_logging, train_spec
-
-    from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
         """Only the time of each step's end: the bare side's step times."""
@@ -77,19 +77,40 @@ def bare_child(spec_path: str) -> None:
     result = train_spec(spec, Path(spec_path).parent / "bare-out", [clock])
     m = result.metrics
     steps = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
-    print("BARE_RESULT " + json.dumps({"num_tokens": m["num_tokens"], "train_runtime": m["train_runtime"],
-                                       "steps": m["global_step"], "step_time": statistics.median(steps)}),
-          flush=True)
+    print(
+        "BARE_RESULT "
+        + json.dumps(
+            {
+                "num_tokens": m["num_tokens"],
+                "train_runtime": m["train_runtime"],
+                "steps": m["global_step"],
+                "step_time": statistics.median(steps),
+            }
+        ),
+        flush=True,
+    )
 
 
 def make_spec(args: argparse.Namespace, data_file: Path) -> Any:
     """The job both sides train: LoRA SFT on the chat sample, no eval, no checkpoints, no samples."""
     from jobs.spec.job import JobSpec
 
-    return JobSpec.from_dict(dict(model=args.model, dataset=str(data_file), method="lora", trainer="sft",
-                                  max_steps=args.steps, per_device_train_batch_size=args.batch,
-                                  max_length=args.max_length, learning_rate=1e-3, logging_steps=1,
-                                  lr_scheduler_type="constant", run_name="overhead-bench", sample_count=0))
+    return JobSpec.from_dict(
+        dict(
+            model=args.model,
+            dataset=str(data_file),
+            method="lora",
+            trainer="sft",
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch,
+            max_length=args.max_length,
+            learning_rate=1e-3,
+            logging_steps=1,
+            lr_scheduler_type="constant",
+            run_name="overhead-bench",
+            sample_count=0,
+        )
+    )
 
 
 def pinned(cores: set[int] | None) -> Any:
@@ -121,9 +142,16 @@ class Bare:
         spec_path.write_text(spec.to_json())
         self.log_path = self.folder / "bare.log"
         with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen([sys.executable, __file__, "--bare-child", str(spec_path)], cwd=ROOT,
-                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            env=side_env(threads), start_new_session=True, preexec_fn=pinned(cores))
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, "--bare-child", str(spec_path)],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=side_env(threads),
+                start_new_session=True,
+                preexec_fn=pinned(cores),
+            )
 
     def result(self) -> dict[str, float]:
         returncode = self.process.wait()
@@ -149,9 +177,16 @@ class Tunedeck:
         store.dispose()
         self.log_path = work / f"worker-{tag}.log"
         with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "app.cli.main", "worker", "--burst"], cwd=ROOT,
-                                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            env=side_env(threads), start_new_session=True, preexec_fn=pinned(cores))
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "app.cli.main", "worker", "--burst"],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=side_env(threads),
+                start_new_session=True,
+                preexec_fn=pinned(cores),
+            )
 
     def result(self) -> dict[str, float]:
         from storage.models import RunStatus
@@ -162,16 +197,23 @@ class Tunedeck:
         try:
             record = store.get_run(self.run_id)
             if returncode != 0 or record is None or record.status is not RunStatus.SUCCEEDED:
-                raise RuntimeError(f"tunedeck run {self.run_id} ended "
-                                   f"{record.status if record else 'missing'} (worker exit {returncode}): "
-                                   f"{record.error_summary if record else ''}\n"
-                                   f"{self.log_path.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"tunedeck run {self.run_id} ended "
+                    f"{record.status if record else 'missing'} (worker exit {returncode}): "
+                    f"{record.error_summary if record else ''}\n"
+                    f"{self.log_path.read_text(errors='replace')[-2000:]}"
+                )
             m = record.final_metrics
             steps = [p.value for p in store.metrics(self.run_id, ["step_time"])]
         finally:
             store.dispose()
-        return {"tokens_per_second": m["num_tokens"] / m["train_runtime"], "num_tokens": m["num_tokens"],
-                "train_runtime": m["train_runtime"], "steps": m["global_step"], "step_time": statistics.median(steps)}
+        return {
+            "tokens_per_second": m["num_tokens"] / m["train_runtime"],
+            "num_tokens": m["num_tokens"],
+            "train_runtime": m["train_runtime"],
+            "steps": m["global_step"],
+            "step_time": statistics.median(steps),
+        }
 
 
 SIDES = {"bare": Bare, "tunedeck": Tunedeck}
@@ -189,6 +231,7 @@ def callback_cost(spec: Any, work: Path) -> dict[str, float]:
         """StoreCallback whose every handler is timed."""
 
     for name in ("on_train_begin", "on_step_end", "on_log", "on_train_end"):
+
         def timed(self: Any, *a: Any, _orig: Any = getattr(StoreCallback, name), **k: Any) -> Any:
             t0 = time.perf_counter()
             try:
@@ -196,14 +239,19 @@ def callback_cost(spec: Any, work: Path) -> dict[str, float]:
             finally:
                 spent["s"] += time.perf_counter() - t0
                 spent["calls"] += 1
+
         setattr(TimedCallback, name, timed)
 
     store = Store()
     run_id = store.create_run(spec)
     result = train_spec(spec, work / "timed-out", [TimedCallback(store, run_id, cancel_interval=None)])
     runtime = result.metrics["train_runtime"]
-    return {"callback_s": spent["s"], "handler_calls": spent["calls"], "train_runtime": runtime,
-            "share": spent["s"] / runtime}
+    return {
+        "callback_s": spent["s"],
+        "handler_calls": spent["calls"],
+        "train_runtime": runtime,
+        "share": spent["s"] / runtime,
+    }
 
 
 def spread(values: list[float]) -> float:
@@ -225,7 +273,7 @@ def run_pair(i: int, sides: list[str], spec: Any, work: Path, mode: str) -> list
     results: list[dict[str, float]] = [{}, {}]
     if mode == "concurrent":
         cores = sorted(os.sched_getaffinity(0))
-        halves = [set(cores[: len(cores) // 2]), set(cores[len(cores) // 2:])]
+        halves = [set(cores[: len(cores) // 2]), set(cores[len(cores) // 2 :])]
         if i % 2:
             halves.reverse()
         order = [0, 1] if (i // 2) % 2 == 0 else [1, 0]
@@ -256,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--mode", choices=["concurrent", "sequential"], help="default: concurrent on CPU")
-    parser.add_argument("--sides", default="bare,tunedeck",
-                        help="the two sides of each pair: bare,tunedeck (default); bare,bare checks the method")
+    parser.add_argument(
+        "--sides",
+        default="bare,tunedeck",
+        help="the two sides of each pair: bare,tunedeck (default); bare,bare checks the method",
+    )
     parser.add_argument("--no-callback-cost", action="store_true", help="skip the in-process callback timing")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
@@ -287,21 +338,35 @@ def main(argv: list[str] | None = None) -> int:
     model_path = resolve_model(args.model).path  # converts a built-in once, outside the timed pairs
     spec = make_spec(args, data_file)
     labels = [f"{s}#{k + 1}" if sides[0] == sides[1] else s for k, s in enumerate(sides)]
-    print(f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
-          f"{args.max_length}, {args.pairs} pairs, mode {mode}, sides {' vs '.join(labels)}, work dir {work}",
-          flush=True)
+    print(
+        f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
+        f"{args.max_length}, {args.pairs} pairs, mode {mode}, sides {' vs '.join(labels)}, work dir {work}",
+        flush=True,
+    )
     rows = []
     for i in range(args.pairs):
         a, b = run_pair(i, sides, spec, work, mode)
         ratio = b["tokens_per_second"] / a["tokens_per_second"]
         step_ratio = a["step_time"] / b["step_time"]
-        rows.append({"pair": i + 1, **{f"{k}_{lab}": v for lab, r in zip(labels, (a, b)) for k, v in r.items()},
-                     "ratio": ratio, "step_ratio": step_ratio})
+        rows.append(
+            {
+                "pair": i + 1,
+                **{f"{k}_{lab}": v for lab, r in zip(labels, (a, b)) for k, v in r.items()},
+                "ratio": ratio,
+                "step_ratio": step_ratio,
+            }
+        )
         where = [f" (cores {r['cores']})" if "cores" in r else "" for r in (a, b)]
-        print(f"pair {i + 1}: " + ", ".join(
-            f"{lab}{w} {r['tokens_per_second']:.1f} tok/s ({r['train_runtime']:.1f} s, median step "
-            f"{r['step_time'] * 1000:.1f} ms)" for lab, w, r in zip(labels, where, (a, b)))
-            + f"; ratio {ratio:.3f}, step ratio {step_ratio:.3f}", flush=True)
+        print(
+            f"pair {i + 1}: "
+            + ", ".join(
+                f"{lab}{w} {r['tokens_per_second']:.1f} tok/s ({r['train_runtime']:.1f} s, median step "
+                f"{r['step_time'] * 1000:.1f} ms)"
+                for lab, w, r in zip(labels, where, (a, b))
+            )
+            + f"; ratio {ratio:.3f}, step ratio {step_ratio:.3f}",
+            flush=True,
+        )
     ratios = [r["ratio"] for r in rows]
     step_ratios = [r["step_ratio"] for r in rows]
     median = statistics.median(ratios)
@@ -310,25 +375,47 @@ def main(argv: list[str] | None = None) -> int:
         tps = [r[f"tokens_per_second_{lab}"] for r in rows]
         steps = [r[f"step_time_{lab}"] * 1000 for r in rows]
         spreads += [spread(tps), spread(steps)]
-        print(f"{lab}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
-              f"spread {spread(tps) * 100:.1f}%; median step ms min {min(steps):.2f} / median "
-              f"{statistics.median(steps):.2f} / max {max(steps):.2f}, spread {spread(steps) * 100:.1f}%", flush=True)
+        print(
+            f"{lab}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
+            f"spread {spread(tps) * 100:.1f}%; median step ms min {min(steps):.2f} / median "
+            f"{statistics.median(steps):.2f} / max {max(steps):.2f}, spread {spread(steps) * 100:.1f}%",
+            flush=True,
+        )
     what = f"{labels[1]}/{labels[0]}"
-    print(f"ratio {what}, tokens/s over the whole training: min {min(ratios):.3f} / median {median:.3f} / "
-          f"max {max(ratios):.3f}, spread {spread(ratios) * 100:.1f}% ({(1 - median) * 100:+.1f}% overhead at the median)")
-    print(f"ratio {what}, median step time: min {min(step_ratios):.3f} / median "
-          f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}, spread {spread(step_ratios) * 100:.1f}%")
+    print(
+        f"ratio {what}, tokens/s over the whole training: min {min(ratios):.3f} / median {median:.3f} / "
+        f"max {max(ratios):.3f}, spread {spread(ratios) * 100:.1f}% ({(1 - median) * 100:+.1f}% overhead at the median)"
+    )
+    print(
+        f"ratio {what}, median step time: min {min(step_ratios):.3f} / median "
+        f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}, spread {spread(step_ratios) * 100:.1f}%"
+    )
     if max(spreads) > 0.05:
-        print("note: a side's spread is above 5%: the machine's speed changed between repeats"
-              + (" (each pair's sides met the same speed: see the ratios' spread)" if mode == "concurrent" else
-                 "; the ratio is less certain than its digits"), flush=True)
-    summary = {"args": {k: str(v) for k, v in vars(args).items()}, "mode": mode, "pairs": rows,
-               "ratio_min": min(ratios), "median_ratio": median, "ratio_max": max(ratios),
-               "median_step_ratio": statistics.median(step_ratios)}
+        print(
+            "note: a side's spread is above 5%: the machine's speed changed between repeats"
+            + (
+                " (each pair's sides met the same speed: see the ratios' spread)"
+                if mode == "concurrent"
+                else "; the ratio is less certain than its digits"
+            ),
+            flush=True,
+        )
+    summary = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "mode": mode,
+        "pairs": rows,
+        "ratio_min": min(ratios),
+        "median_ratio": median,
+        "ratio_max": max(ratios),
+        "median_step_ratio": statistics.median(step_ratios),
+    }
     if not args.no_callback_cost:
         cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
-        print(f"StoreCallback: {cost['callback_s']:.3f} s in {cost['handler_calls']} handler calls over a "
-              f"{cost['train_runtime']:.1f} s training = {cost['share'] * 100:.2f}% of training time", flush=True)
+        print(
+            f"StoreCallback: {cost['callback_s']:.3f} s in {cost['handler_calls']} handler calls over a "
+            f"{cost['train_runtime']:.1f} s training = {cost['share'] * 100:.2f}% of training time",
+            flush=True,
+        )
         summary["callback_cost"] = cost
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

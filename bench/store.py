@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 NAMES = ("loss", "learning_rate", "grad_norm")
 
 
-def _reader(url: str, run_id: int, poll: float, stop: "mp.synchronize.Event", out: "mp.Queue") -> None:
+def _reader(url: str, run_id: int, poll: float, stop: mp.synchronize.Event, out: mp.Queue) -> None:
     from storage.store import Store, is_locked_error
 
     store = Store(url)
@@ -55,7 +55,7 @@ def _reader(url: str, run_id: int, poll: float, stop: "mp.synchronize.Event", ou
     out.put((reads, errors, locked))
 
 
-def _writer(url: str, run_id: int, seconds: float, batch: int, rate_hz: float | None, out: "mp.Queue") -> None:
+def _writer(url: str, run_id: int, seconds: float, batch: int, rate_hz: float | None, out: mp.Queue) -> None:
     from storage.store import MetricPoint, Store, is_locked_error
 
     store = Store(url)
@@ -81,8 +81,9 @@ def _writer(url: str, run_id: int, seconds: float, batch: int, rate_hz: float | 
     store.dispose()
 
 
-def _phase(url: str, run_id: int, seconds: float, batch: int, readers: int, poll: float,
-           rate_hz: float | None = None) -> dict:
+def _phase(
+    url: str, run_id: int, seconds: float, batch: int, readers: int, poll: float, rate_hz: float | None = None
+) -> dict:
     ctx = mp.get_context("spawn")
     stop, out_r, out_w = ctx.Event(), ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=_reader, args=(url, run_id, poll, stop, out_r)) for _ in range(readers)]
@@ -97,9 +98,16 @@ def _phase(url: str, run_id: int, seconds: float, batch: int, readers: int, poll
     got = [out_r.get() for _ in procs]
     for p in procs:
         p.join()
-    return {"rows": rows, "elapsed": elapsed, "rate": rows / elapsed, "writer_errors": w_err,
-            "reads": sum(g[0] for g in got), "reader_errors": sum(g[1] for g in got),
-            "locked": w_locked + sum(g[2] for g in got), "retries": retries}
+    return {
+        "rows": rows,
+        "elapsed": elapsed,
+        "rate": rows / elapsed,
+        "writer_errors": w_err,
+        "reads": sum(g[0] for g in got),
+        "reader_errors": sum(g[1] for g in got),
+        "locked": w_locked + sum(g[2] for g in got),
+        "retries": retries,
+    }
 
 
 def _fresh(home: Path, url: str | None = None) -> tuple[str, int]:
@@ -122,9 +130,16 @@ def ingest(args: argparse.Namespace) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 phase_url, run_id = _fresh(Path(tmp), url)
                 results[f"{backend}, {label}"] = _phase(phase_url, run_id, args.seconds, args.batch, readers, args.poll)
-    rows = [("rows written", "rows"), ("seconds", "elapsed"), ("rows/s", "rate"), ("reader polls", "reads"),
-            ("writer errors", "writer_errors"), ("reader errors", "reader_errors"),
-            ("'database is locked'", "locked"), ("lock retries", "retries")]
+    rows = [
+        ("rows written", "rows"),
+        ("seconds", "elapsed"),
+        ("rows/s", "rate"),
+        ("reader polls", "reads"),
+        ("writer errors", "writer_errors"),
+        ("reader errors", "reader_errors"),
+        ("'database is locked'", "locked"),
+        ("lock retries", "retries"),
+    ]
     labels = list(results)
     print(f"\nmetric ingest, batches of {args.batch} rows, readers poll every {args.poll} s, {args.seconds:g} s each\n")
     print(f"{'':24}" + "".join(f"{label:>24}" for label in labels))
@@ -134,11 +149,17 @@ def ingest(args: argparse.Namespace) -> int:
     ok = True
     for i, (backend, _url) in enumerate(backends):
         base, loaded = results[labels[2 * i]], results[labels[2 * i + 1]]
-        met = loaded["rate"] >= 10_000 and loaded["locked"] == 0 and loaded["writer_errors"] == 0 \
+        met = (
+            loaded["rate"] >= 10_000
+            and loaded["locked"] == 0
+            and loaded["writer_errors"] == 0
             and loaded["reader_errors"] == 0
+        )
         ok = ok and met
-        print(f"{backend}: with readers / without = {loaded['rate'] / base['rate']:.2f}; goal >= 10,000 rows/s "
-              f"with readers and 0 errors: {'MET' if met else 'NOT MET'}")
+        print(
+            f"{backend}: with readers / without = {loaded['rate'] / base['rate']:.2f}; goal >= 10,000 rows/s "
+            f"with readers and 0 errors: {'MET' if met else 'NOT MET'}"
+        )
     return 0 if ok else 1
 
 
@@ -169,7 +190,9 @@ def main() -> int:
     p.add_argument("--readers", type=int, default=6, help="reader processes (dashboard + 5 viewers)")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between a reader's polls")
     p.add_argument("--soak", type=float, default=None, metavar="SECONDS", help="soak mode for SECONDS")
-    p.add_argument("--url", default=None, help="also measure this database (e.g. postgresql+psycopg://...), side by side")
+    p.add_argument(
+        "--url", default=None, help="also measure this database (e.g. postgresql+psycopg://...), side by side"
+    )
     args = p.parse_args()
     return soak(args) if args.soak else ingest(args)
 

@@ -40,12 +40,24 @@ if str(REPO) not in sys.path:
 
 from jobs.spec.job import JobSpec  # noqa: E402  (after the sys.path line, so the script runs from anywhere)
 
-QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151_936)
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151_936,
+)
 # Vocabulary larger than the tokenizer's 512 on purpose, as in the big model (logits sized by the model).
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=2048)
-_GIB = 1024 ** 3
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+)
+_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -73,19 +85,41 @@ TRICKS = [
     Trick("paged-adamw-8bit", "paged 8-bit AdamW", {"optim": "paged_adamw_8bit"}),
     Trick("lora+ckpt+bf16", "LoRA + checkpointing + bf16", {**LORA, "gradient_checkpointing": True}),
     Trick("qlora+ckpt", "QLoRA + checkpointing", {**LORA, "method": "qlora", "gradient_checkpointing": True}),
-    Trick("accum+ckpt+8bit", "batch 2 x acc 4 + checkpointing + 8-bit AdamW",
-          {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "gradient_checkpointing": True,
-           "optim": "adamw_bnb_8bit"}),
+    Trick(
+        "accum+ckpt+8bit",
+        "batch 2 x acc 4 + checkpointing + 8-bit AdamW",
+        {
+            "per_device_train_batch_size": 2,
+            "gradient_accumulation_steps": 4,
+            "gradient_checkpointing": True,
+            "optim": "adamw_bnb_8bit",
+        },
+    ),
 ]
 
 
 def base_spec(model_dir: Path, data_file: Path, steps: int, seq_len: int) -> JobSpec:
     """The baseline JobSpec: full bf16 fine-tune, batch 8, fixed sequence length, no eval."""
-    return JobSpec.from_dict(dict(
-        run_name="bench", model=str(model_dir), dataset=str(data_file), method="full", precision="bf16",
-        per_device_train_batch_size=8, gradient_accumulation_steps=1, gradient_checkpointing=False,
-        optim="adamw_torch", learning_rate=1e-5, lr_scheduler_type="constant", max_steps=steps,
-        logging_steps=1, max_length=seq_len, packing=False, seed=0))
+    return JobSpec.from_dict(
+        dict(
+            run_name="bench",
+            model=str(model_dir),
+            dataset=str(data_file),
+            method="full",
+            precision="bf16",
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            gradient_checkpointing=False,
+            optim="adamw_torch",
+            learning_rate=1e-5,
+            lr_scheduler_type="constant",
+            max_steps=steps,
+            logging_steps=1,
+            max_length=seq_len,
+            packing=False,
+            seed=0,
+        )
+    )
 
 
 def skip_reason(spec: JobSpec, cuda: bool) -> str | None:
@@ -113,9 +147,14 @@ def build_model(dest: Path, tiny: bool) -> Path:
     if (dest / "config.json").is_file():
         return dest
     tokenizer = train_tokenizer()
-    config = Qwen2Config(**(TINY if tiny else QWEN2_05B), tie_word_embeddings=True, max_position_embeddings=4096,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        **(TINY if tiny else QWEN2_05B),
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # bf16 on disk: half the write; loads as asked
     model.save_pretrained(dest, safe_serialization=True)
@@ -179,11 +218,15 @@ def child(spec_json: str, out_dir: str, result_path: str, cuda: bool, warmup: in
             t0, t1 = timer.tokens.get(first + 1), timer.tokens.get(steps)
             if t0 is not None and t1 is not None and span > 0:
                 result["tokens_per_second"] = (t1 - t0) / span
-        result.update(peak_reserved=metrics.get("peak_memory_bytes") if cuda else None,
-                      peak_allocated=metrics.get("peak_torch_allocated_bytes"),
-                      peak_rss=None if cuda else metrics.get("peak_memory_bytes"),
-                      trainable_params=metrics.get("trainable_params"), total_params=metrics.get("total_params"),
-                      steps=steps, loss=metrics.get("train_loss"))
+        result.update(
+            peak_reserved=metrics.get("peak_memory_bytes") if cuda else None,
+            peak_allocated=metrics.get("peak_torch_allocated_bytes"),
+            peak_rss=None if cuda else metrics.get("peak_memory_bytes"),
+            trainable_params=metrics.get("trainable_params"),
+            total_params=metrics.get("total_params"),
+            steps=steps,
+            loss=metrics.get("train_loss"),
+        )
         code = 0
     except torch.OutOfMemoryError as exc:
         result = {"error": "OOM: " + str(exc).splitlines()[0][:120]}
@@ -210,7 +253,7 @@ class NvmlPeak:
         except Exception:  # noqa: BLE001 - no NVML (CPU host): the column stays empty
             self._nvml = self._handle = None
 
-    def __enter__(self) -> "NvmlPeak":
+    def __enter__(self) -> NvmlPeak:
         if self._handle is not None:
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
@@ -231,12 +274,26 @@ class NvmlPeak:
 def run_one(trick: Trick, spec: JobSpec, work: Path, cuda: bool, warmup: int, timeout: float) -> dict[str, Any]:
     """Run one configuration in its own Python process; its measurements, or its error."""
     result_path = work / f"{trick.name}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_DATASETS_CACHE": str(work / "datasets-cache"), "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_DATASETS_CACHE": str(work / "datasets-cache"),
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    }
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", spec.to_json(), str(work / trick.name),
-           str(result_path), "1" if cuda else "0", str(warmup)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        spec.to_json(),
+        str(work / trick.name),
+        str(result_path),
+        "1" if cuda else "0",
+        str(warmup),
+    ]
     start = time.perf_counter()
     with NvmlPeak() as nvml, (work / f"{trick.name}.log").open("w") as log:
         try:
@@ -262,8 +319,19 @@ def table(rows: list[tuple[Trick, dict[str, Any]]], cuda: bool) -> str:
     """The results as a Markdown table; ratios against the baseline row (memory x, tokens/s x)."""
     mem_key = "peak_reserved" if cuda else "peak_rss"
     base = next((r for t, r in rows if t.name == "baseline" and "error" not in r and "skipped" not in r), {})
-    head = ["config", "what", "peak max reserved", "peak max allocated", "NVML used peak", "peak RSS",
-            "step time", "tokens/s", "trainable", "memory vs base", "tokens/s vs base"]
+    head = [
+        "config",
+        "what",
+        "peak max reserved",
+        "peak max allocated",
+        "NVML used peak",
+        "peak RSS",
+        "step time",
+        "tokens/s",
+        "trainable",
+        "memory vs base",
+        "tokens/s vs base",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for trick, r in rows:
         if "skipped" in r or "error" in r:
@@ -273,13 +341,19 @@ def table(rows: list[tuple[Trick, dict[str, Any]]], cuda: bool) -> str:
         mem, base_mem = r.get(mem_key), base.get(mem_key)
         tps, base_tps = r.get("tokens_per_second"), base.get("tokens_per_second")
         trainable = r.get("trainable_params")
-        cells = [trick.name, trick.what, _gib(r.get("peak_reserved")), _gib(r.get("peak_allocated")),
-                 _gib(r.get("nvml_peak")), _gib(r.get("peak_rss")),
-                 f"{r['step_time'] * 1000:.0f} ms" if r.get("step_time") else "-",
-                 f"{tps:,.0f}" if tps else "-",
-                 (f"{trainable / 1e6:.1f}M" if trainable >= 1e5 else f"{trainable:,.0f}") if trainable else "-",
-                 f"{mem / base_mem:.2f}x" if mem and base_mem else "-",
-                 f"{tps / base_tps:.2f}x" if tps and base_tps else "-"]
+        cells = [
+            trick.name,
+            trick.what,
+            _gib(r.get("peak_reserved")),
+            _gib(r.get("peak_allocated")),
+            _gib(r.get("nvml_peak")),
+            _gib(r.get("peak_rss")),
+            f"{r['step_time'] * 1000:.0f} ms" if r.get("step_time") else "-",
+            f"{tps:,.0f}" if tps else "-",
+            (f"{trainable / 1e6:.1f}M" if trainable >= 1e5 else f"{trainable:,.0f}") if trainable else "-",
+            f"{mem / base_mem:.2f}x" if mem and base_mem else "-",
+            f"{tps / base_tps:.2f}x" if tps and base_tps else "-",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -332,8 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     model_dir = build_model(work / ("model-tiny" if ns.tiny else "model-qwen2-0.5b"), ns.tiny)
     data = build_data(work / "data.jsonl", model_dir, rows=8 * steps + 8, seq_len=seq_len)
-    print(f"model {model_dir.name} and {8 * steps + 8} rows of {seq_len} tokens ready in "
-          f"{time.perf_counter() - t0:.0f} s (in {work})", flush=True)
+    print(
+        f"model {model_dir.name} and {8 * steps + 8} rows of {seq_len} tokens ready in "
+        f"{time.perf_counter() - t0:.0f} s (in {work})",
+        flush=True,
+    )
     base = base_spec(model_dir, data, steps, seq_len)
 
     rows: list[tuple[Trick, dict[str, Any]]] = []
@@ -346,17 +423,22 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = run_one(trick, spec, work, cuda, warmup, ns.timeout)
         rows.append((trick, result))
-        status = result.get("error") or (f"{result.get('step_time', 0) * 1000:.0f} ms/step, "
-                                         f"{result.get('tokens_per_second') or 0:,.0f} tokens/s")
+        status = result.get("error") or (
+            f"{result.get('step_time', 0) * 1000:.0f} ms/step, {result.get('tokens_per_second') or 0:,.0f} tokens/s"
+        )
         print(f"{trick.name}: {status} ({result['wall']:.0f} s)", flush=True)
 
     device = "CPU" if not cuda else _gpu_name()
-    print(f"\n{device} · {'tiny' if ns.tiny else 'Qwen2-0.5B-shaped'} model, random weights · seq {seq_len} · "
-          f"{steps} steps (timing skips the first {warmup}) · total {time.perf_counter() - t0:.0f} s\n")
+    print(
+        f"\n{device} · {'tiny' if ns.tiny else 'Qwen2-0.5B-shaped'} model, random weights · seq {seq_len} · "
+        f"{steps} steps (timing skips the first {warmup}) · total {time.perf_counter() - t0:.0f} s\n"
+    )
     print(table(rows, cuda))
     if not cuda:
-        print("\nOn the CPU the torch allocator columns do not apply; peak RSS includes the Python process "
-              "(imports, tokenizer, data), so memory ratios understate the tricks' effect.")
+        print(
+            "\nOn the CPU the torch allocator columns do not apply; peak RSS includes the Python process "
+            "(imports, tokenizer, data), so memory ratios understate the tricks' effect."
+        )
     return 0
 
 

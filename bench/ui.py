@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -37,17 +36,30 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-               "PYTHONUNBUFFERED": "1"}
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "PYTHONUNBUFFERED": "1",
+}
 LATENCY_GOAL_S = 2.0
 BUILD_GOAL_S = 0.200
 INGEST_GOAL_ROWS_S = 10_000
@@ -97,9 +109,12 @@ def fill(store: Any, run_id: int, metric_points: int, memory_samples: int) -> di
     for step in range(steps):
         t = t0 + step * 0.5
         loss = 3.0 * (0.9999 ** (step / 10)) + rng.random() * 0.05 + (40.0 if step == spike_step else 0.0)
-        batch += [MetricPoint(step, "loss", loss, t), MetricPoint(step, "eval_loss", loss + 0.1, t),
-                  MetricPoint(step, "learning_rate", 2e-4 * (1 - step / steps), t),
-                  MetricPoint(step, "tokens_per_second", 5000.0 + rng.random() * 100, t)]
+        batch += [
+            MetricPoint(step, "loss", loss, t),
+            MetricPoint(step, "eval_loss", loss + 0.1, t),
+            MetricPoint(step, "learning_rate", 2e-4 * (1 - step / steps), t),
+            MetricPoint(step, "tokens_per_second", 5000.0 + rng.random() * 100, t),
+        ]
         if len(batch) >= 8000:
             store.add_metrics(run_id, batch)
             batch = []
@@ -115,8 +130,17 @@ def fill(store: Any, run_id: int, metric_points: int, memory_samples: int) -> di
             used = (20 + (i % 50) / 10) * gib + (60 * gib if i == memory_samples // 3 * 2 else 0)
             samples.append(MemoryPoint(t, "nvml", run_id, 0, int(used), 141 * gib, 90.0, 60.0, 500.0))
         else:
-            samples.append(MemoryPoint(t, "torch", run_id, 0, torch_allocated=18 * gib, torch_reserved=19 * gib,
-                                       torch_max_allocated=19 * gib))
+            samples.append(
+                MemoryPoint(
+                    t,
+                    "torch",
+                    run_id,
+                    0,
+                    torch_allocated=18 * gib,
+                    torch_reserved=19 * gib,
+                    torch_max_allocated=19 * gib,
+                )
+            )
         if len(samples) >= 3000:
             store.add_memory_samples(samples)
             samples = []
@@ -132,13 +156,23 @@ def small_writes(store: Any, calls: int = 400) -> dict[str, float]:
     run_id = new_running_run(store)
     names = ["loss", "grad_norm", "learning_rate", "epoch", "entropy", "mean_token_accuracy", "tokens_per_second"]
     now = time.time()
-    metric = [timed(lambda s=s: store.add_metrics(run_id, [MetricPoint(s, n, 1.0 / (s + 1), now) for n in names]))
-              for s in range(calls)]
-    memory = [timed(lambda i=i: store.add_memory_samples(
-        [MemoryPoint(now + i + j / 3, "host", run_id, process_rss=(1 << 30) + j) for j in range(3)]))
-        for i in range(calls)]
-    return {"metric_call_s": statistics.median(metric), "metric_call_p95_s": pct(metric, 0.95),
-            "memory_call_s": statistics.median(memory)}
+    metric = [
+        timed(lambda s=s: store.add_metrics(run_id, [MetricPoint(s, n, 1.0 / (s + 1), now) for n in names]))
+        for s in range(calls)
+    ]
+    memory = [
+        timed(
+            lambda i=i: store.add_memory_samples(
+                [MemoryPoint(now + i + j / 3, "host", run_id, process_rss=(1 << 30) + j) for j in range(3)]
+            )
+        )
+        for i in range(calls)
+    ]
+    return {
+        "metric_call_s": statistics.median(metric),
+        "metric_call_p95_s": pct(metric, 0.95),
+        "memory_call_s": statistics.median(memory),
+    }
 
 
 def baseline_graphs(store: Any, run_id: int) -> Any:
@@ -199,19 +233,28 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
         for i in range(repeats * 4):
             step = steps + i
             t = 1.7e9 + step
-            s.add_metrics(run_id, [MetricPoint(step, n, 1.0, t) for n in
-                                   ("loss", "eval_loss", "learning_rate", "tokens_per_second")])
+            s.add_metrics(
+                run_id,
+                [MetricPoint(step, n, 1.0, t) for n in ("loss", "eval_loss", "learning_rate", "tokens_per_second")],
+            )
             s.add_memory_samples([MemoryPoint(1.7e9 + memory_samples // 2 + i, "nvml", run_id, 0, 1 << 34, 141 << 30)])
             warm.append(timed(lambda: page.graphs(run_id)))
         memory, loss, lr, tps = frames
         points = {"memory": len(memory), "loss": len(loss), "lr": len(lr), "tokens/s": len(tps)}
         ref = baseline_graphs(s, run_id)
         s.dispose()
-        print(f"points per graph (new): {points}; loss max {loss['value'].max():.1f} (spike kept), "
-              f"memory max {memory['GiB'].max():.1f} GiB (spike kept)")
+        print(
+            f"points per graph (new): {points}; loss max {loss['value'].max():.1f} (spike kept), "
+            f"memory max {memory['GiB'].max():.1f} GiB (spike kept)"
+        )
         print(f"points per graph (baseline): { {k: len(f) for k, f in zip(points, ref)} }")
-        out.update(baseline_cold_s=statistics.median(base), cold_s=statistics.median(cold), cold_max_s=max(cold),
-                   warm_s=statistics.median(warm), warm_p95_s=pct(warm, 0.95))
+        out.update(
+            baseline_cold_s=statistics.median(base),
+            cold_s=statistics.median(cold),
+            cold_max_s=max(cold),
+            warm_s=statistics.median(warm),
+            warm_p95_s=pct(warm, 0.95),
+        )
         return out
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -228,9 +271,14 @@ def start_server(home: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, **OFFLINE_ENV, "TUNEDECK_HOME": str(home)}
     env.pop("TUNEDECK_DATABASE_URL", None)
     log = (home / "server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", "127.0.0.1",
-                             "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -316,8 +364,15 @@ def main(argv: list[str] | None = None) -> int:
         p50, p95 = statistics.median(lat), pct(lat, 0.95)
         ok &= p95 <= LATENCY_GOAL_S
         rows.append((f"write -> visible p50 (n={len(lat)})", f"{p50 * 1000:.0f} ms", "", "", ""))
-        rows.append((f"write -> visible p95 (max {max(lat) * 1000:.0f} ms)", f"{p95 * 1000:.0f} ms",
-                     f"<= {LATENCY_GOAL_S * 1000:.0f} ms", "", "pass" if p95 <= LATENCY_GOAL_S else "FAIL"))
+        rows.append(
+            (
+                f"write -> visible p95 (max {max(lat) * 1000:.0f} ms)",
+                f"{p95 * 1000:.0f} ms",
+                f"<= {LATENCY_GOAL_S * 1000:.0f} ms",
+                "",
+                "pass" if p95 <= LATENCY_GOAL_S else "FAIL",
+            )
+        )
     if args.part in ("all", "build"):
         b = bench_build(args.metric_points, args.memory_samples, args.repeats)
         ok &= b["cold_s"] <= BUILD_GOAL_S and b["warm_s"] <= BUILD_GOAL_S
@@ -325,19 +380,41 @@ def main(argv: list[str] | None = None) -> int:
         size = f"{args.metric_points / 1e6:g}M pts + {args.memory_samples / 1e3:g}k mem"
         ratio = b["baseline_cold_s"] / b["cold_s"]
         rows += [
-            (f"graphs, cold first build ({size})", f"{b['cold_s'] * 1000:.1f} ms (max {b['cold_max_s'] * 1000:.1f})",
-             f"<= {BUILD_GOAL_S * 1000:.0f} ms", f"{b['baseline_cold_s'] * 1000:.0f} ms", f"{ratio:.0f}x faster"),
-            ("graphs, warm 1 s refresh (median)", f"{b['warm_s'] * 1000:.1f} ms (p95 {b['warm_p95_s'] * 1000:.1f})",
-             f"<= {BUILD_GOAL_S * 1000:.0f} ms", "", ""),
-            ("ingest, bulk metric rows (8k/call)", f"{b['metric_rows_per_s']:,.0f} rows/s",
-             f">= {INGEST_GOAL_ROWS_S:,} rows/s", "", ""),
+            (
+                f"graphs, cold first build ({size})",
+                f"{b['cold_s'] * 1000:.1f} ms (max {b['cold_max_s'] * 1000:.1f})",
+                f"<= {BUILD_GOAL_S * 1000:.0f} ms",
+                f"{b['baseline_cold_s'] * 1000:.0f} ms",
+                f"{ratio:.0f}x faster",
+            ),
+            (
+                "graphs, warm 1 s refresh (median)",
+                f"{b['warm_s'] * 1000:.1f} ms (p95 {b['warm_p95_s'] * 1000:.1f})",
+                f"<= {BUILD_GOAL_S * 1000:.0f} ms",
+                "",
+                "",
+            ),
+            (
+                "ingest, bulk metric rows (8k/call)",
+                f"{b['metric_rows_per_s']:,.0f} rows/s",
+                f">= {INGEST_GOAL_ROWS_S:,} rows/s",
+                "",
+                "",
+            ),
             ("ingest, bulk memory samples (3k/call)", f"{b['memory_rows_per_s']:,.0f} rows/s", "", "", ""),
-            ("callback flush, 7 metric rows", f"{b['metric_call_s'] * 1000:.2f} ms (p95 "
-             f"{b['metric_call_p95_s'] * 1000:.2f})", "", "", f"{7 / b['metric_call_s']:,.0f} rows/s"),
+            (
+                "callback flush, 7 metric rows",
+                f"{b['metric_call_s'] * 1000:.2f} ms (p95 {b['metric_call_p95_s'] * 1000:.2f})",
+                "",
+                "",
+                f"{7 / b['metric_call_s']:,.0f} rows/s",
+            ),
             ("sampler batch, 3 memory samples", f"{b['memory_call_s'] * 1000:.2f} ms", "", "", ""),
         ]
-    widths = [max(len(r[i]) for r in rows + [("what", "measured", "goal", "baseline (raw rows)", "new vs baseline")])
-              for i in range(5)]
+    widths = [
+        max(len(r[i]) for r in rows + [("what", "measured", "goal", "baseline (raw rows)", "new vs baseline")])
+        for i in range(5)
+    ]
     header = ("what", "measured", "goal", "baseline (raw rows)", "new vs baseline")
     for r in [header] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

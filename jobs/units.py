@@ -1,8 +1,8 @@
 """How sizes and counts read to a person: one formatting for the CLI, the dashboard and model cards.
 
-    human_bytes(1536)        # '1.5 KiB'   (binary units: KiB, MiB, GiB, TiB)
-    human_bytes(None)        # '-'
-    human_count(134515008)   # '134.5M'
+human_bytes(1536)        # '1.5 KiB'   (binary units: KiB, MiB, GiB, TiB)
+human_bytes(None)        # '-'
+human_count(134515008)   # '134.5M'
 """
 
 from __future__ import annotations

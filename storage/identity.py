@@ -32,17 +32,24 @@ class RunFolderError(RuntimeError):
 
 def ensure_identity(s: Session) -> tuple[str, str]:
     """(database id, run folder root relative to the data folder), written on first use."""
-    rows = dict(s.execute(select(m.Meta.key, m.Meta.value)
-                          .where(m.Meta.key.in_(["database_id", "runs_folder"]))).all())
+    rows = dict(s.execute(select(m.Meta.key, m.Meta.value).where(m.Meta.key.in_(["database_id", "runs_folder"]))).all())
     if "database_id" not in rows:
         new_id = uuid.uuid4().hex
         had_runs = bool(s.scalar(select(func.count()).select_from(m.Run)))
         insert = sqlite.insert if s.get_bind().dialect.name == "sqlite" else postgresql.insert
-        s.execute(insert(m.Meta).values([{"key": "database_id", "value": new_id},
-                                         {"key": "runs_folder", "value": "runs" if had_runs else f"runs/{new_id}"}])
-                  .on_conflict_do_nothing())  # a second process opening it at the same moment: first one wins
-        rows = dict(s.execute(select(m.Meta.key, m.Meta.value)
-                              .where(m.Meta.key.in_(["database_id", "runs_folder"]))).all())
+        s.execute(
+            insert(m.Meta)
+            .values(
+                [
+                    {"key": "database_id", "value": new_id},
+                    {"key": "runs_folder", "value": "runs" if had_runs else f"runs/{new_id}"},
+                ]
+            )
+            .on_conflict_do_nothing()
+        )  # a second process opening it at the same moment: first one wins
+        rows = dict(
+            s.execute(select(m.Meta.key, m.Meta.value).where(m.Meta.key.in_(["database_id", "runs_folder"]))).all()
+        )
     return rows["database_id"], rows["runs_folder"]
 
 
@@ -59,7 +66,8 @@ def claim_folder(path: Path, database_id: str, database_url: str) -> Path:
         raise RunFolderError(
             f"run folder {path} belongs to another database (id {owner}), not to {safe_url(database_url)} "
             f"(id {database_id}); nothing was written there. Give this database its own TUNEDECK_HOME, "
-            "or point TUNEDECK_DATABASE_URL back at the database that owns the folder")
+            "or point TUNEDECK_DATABASE_URL back at the database that owns the folder"
+        )
     return path
 
 

@@ -23,7 +23,8 @@ _MEMORY_BACKFILL = (
     "min(x.used_bytes), max(x.used_bytes), max(x.total_bytes), max(x.utilization), max(x.torch_allocated), "
     "max(x.torch_reserved), min(x.process_rss), max(x.process_rss), count(*) FROM memory_samples AS x, "
     "(SELECT 4 AS level UNION ALL SELECT 8 UNION ALL SELECT 12 UNION ALL SELECT 16) AS lv "
-    "WHERE x.run_id IS NOT NULL GROUP BY x.run_id, x.source, lv.level, {b} >> lv.level")
+    "WHERE x.run_id IS NOT NULL GROUP BY x.run_id, x.source, lv.level, {b} >> lv.level"
+)
 
 # Statements that bring a database from version N-1 to N. Append, never edit.
 MIGRATIONS: dict[int, list[Statement]] = {
@@ -39,24 +40,32 @@ MIGRATIONS: dict[int, list[Statement]] = {
     # 3: metrics.value nullable (NULL = a non-finite value; SQLite turns NaN into NULL): SQLite cannot
     # drop a NOT NULL, so the table is rebuilt (ids kept, so the rollups stay valid).
     3: [
-        {"sqlite": "CREATE TABLE metrics_v3 (id INTEGER NOT NULL, run_id INTEGER NOT NULL, step INTEGER NOT NULL, "
-                   "name VARCHAR(128) NOT NULL, value FLOAT, time FLOAT NOT NULL, PRIMARY KEY (id), "
-                   "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)",
-         "postgresql": "ALTER TABLE metrics ALTER COLUMN value DROP NOT NULL"},
-        {"sqlite": "INSERT INTO metrics_v3 (id, run_id, step, name, value, time) SELECT id, run_id, step, name, "
-                   "value, time FROM metrics"},
+        {
+            "sqlite": "CREATE TABLE metrics_v3 (id INTEGER NOT NULL, run_id INTEGER NOT NULL, step INTEGER NOT NULL, "
+            "name VARCHAR(128) NOT NULL, value FLOAT, time FLOAT NOT NULL, PRIMARY KEY (id), "
+            "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)",
+            "postgresql": "ALTER TABLE metrics ALTER COLUMN value DROP NOT NULL",
+        },
+        {
+            "sqlite": "INSERT INTO metrics_v3 (id, run_id, step, name, value, time) SELECT id, run_id, step, name, "
+            "value, time FROM metrics"
+        },
         {"sqlite": "DROP TABLE metrics"},
         {"sqlite": "ALTER TABLE metrics_v3 RENAME TO metrics"},
         {"sqlite": "CREATE INDEX ix_metrics_run_name_step ON metrics (run_id, name, step)"},
     ],
     # 4: 64-bit ids and memory buckets on PostgreSQL (SQLite's INTEGER is 64-bit already); the id
     # sequences widen with their columns.
-    4: [{"postgresql": statement} for statement in (
-        "ALTER TABLE metrics ALTER COLUMN id TYPE BIGINT",
-        "ALTER SEQUENCE IF EXISTS metrics_id_seq AS BIGINT",
-        "ALTER TABLE memory_samples ALTER COLUMN id TYPE BIGINT",
-        "ALTER SEQUENCE IF EXISTS memory_samples_id_seq AS BIGINT",
-        "ALTER TABLE memory_rollups ALTER COLUMN bucket TYPE BIGINT")],
+    4: [
+        {"postgresql": statement}
+        for statement in (
+            "ALTER TABLE metrics ALTER COLUMN id TYPE BIGINT",
+            "ALTER SEQUENCE IF EXISTS metrics_id_seq AS BIGINT",
+            "ALTER TABLE memory_samples ALTER COLUMN id TYPE BIGINT",
+            "ALTER SEQUENCE IF EXISTS memory_samples_id_seq AS BIGINT",
+            "ALTER TABLE memory_rollups ALTER COLUMN bucket TYPE BIGINT",
+        )
+    ],
     # 5: run_events (OOM recoveries), worker_devices (published device facts), sweep_runs (trick
     # sweeps): new tables only, created by create_all just before migrations run; nothing to backfill.
     5: [],
@@ -66,10 +75,12 @@ MIGRATIONS: dict[int, list[Statement]] = {
     ],
     # 7: the child's progress time apart from the worker's heartbeat; runs pinned to a host/device;
     # the device of a run's memory rollups.
-    7: ["ALTER TABLE runs ADD COLUMN progress_at FLOAT",
+    7: [
+        "ALTER TABLE runs ADD COLUMN progress_at FLOAT",
         "ALTER TABLE runs ADD COLUMN pin_host VARCHAR(128)",
         "ALTER TABLE runs ADD COLUMN pin_device VARCHAR(32)",
-        "ALTER TABLE memory_rollups ADD COLUMN device_index INTEGER"],
+        "ALTER TABLE memory_rollups ADD COLUMN device_index INTEGER",
+    ],
     # 8: the worker (host:pid) whose device a memory sample is of: one graph per device when
     # several workers share a store.
     8: ["ALTER TABLE memory_samples ADD COLUMN worker_id VARCHAR(128)"],
@@ -100,7 +111,8 @@ def migrate(s: Session, url: str) -> None:
     if found > m.SCHEMA_VERSION:
         raise RuntimeError(
             f"database {url} has schema version {found}, newer than this tunedeck's "
-            f"{m.SCHEMA_VERSION}: upgrade tunedeck, or point TUNEDECK_DATABASE_URL at another database")
+            f"{m.SCHEMA_VERSION}: upgrade tunedeck, or point TUNEDECK_DATABASE_URL at another database"
+        )
     dialect = s.get_bind().dialect.name
     for version in range(found + 1, m.SCHEMA_VERSION + 1):
         for statement in MIGRATIONS.get(version, []):

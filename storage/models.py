@@ -76,7 +76,7 @@ class Run(Base):
     pin_device: Mapped[str | None] = mapped_column(String(32))  # only a worker on this device may claim it
     note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 6)
     # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
-    tag_rows: Mapped[list["RunTag"]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
+    tag_rows: Mapped[list[RunTag]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
 
 
 def progress_values(step: int, total_steps: int | None = None) -> dict[str, Any]:

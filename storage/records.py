@@ -47,19 +47,35 @@ class RunRecord:
     pin_device: str | None = None
 
     @classmethod
-    def from_row(cls, row: m.Run) -> "RunRecord":
+    def from_row(cls, row: m.Run) -> RunRecord:
         return cls(
-            id=row.id, name=row.name, spec_json=row.spec_json, status=RunStatus(row.status),
-            created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
-            heartbeat_at=row.heartbeat_at, worker_id=row.worker_id, worker_pid=row.worker_pid,
-            child_pid=row.child_pid, exit_code=row.exit_code, cancel_requested=bool(row.cancel_requested),
-            error_summary=row.error_summary, error_detail=row.error_detail,
-            current_step=row.current_step or 0, total_steps=row.total_steps,
+            id=row.id,
+            name=row.name,
+            spec_json=row.spec_json,
+            status=RunStatus(row.status),
+            created_at=row.created_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+            heartbeat_at=row.heartbeat_at,
+            worker_id=row.worker_id,
+            worker_pid=row.worker_pid,
+            child_pid=row.child_pid,
+            exit_code=row.exit_code,
+            cancel_requested=bool(row.cancel_requested),
+            error_summary=row.error_summary,
+            error_detail=row.error_detail,
+            current_step=row.current_step or 0,
+            total_steps=row.total_steps,
             final_metrics=json.loads(row.final_metrics_json) if row.final_metrics_json else {},
             resolved_config=json.loads(row.resolved_config_json) if row.resolved_config_json else {},
-            peak_memory_bytes=row.peak_memory_bytes, peak_memory_source=row.peak_memory_source,
-            log_path=row.log_path, tags=tuple(t.tag for t in row.tag_rows), note=row.note,
-            progress_at=row.progress_at, pin_host=row.pin_host, pin_device=row.pin_device,
+            peak_memory_bytes=row.peak_memory_bytes,
+            peak_memory_source=row.peak_memory_source,
+            log_path=row.log_path,
+            tags=tuple(t.tag for t in row.tag_rows),
+            note=row.note,
+            progress_at=row.progress_at,
+            pin_host=row.pin_host,
+            pin_device=row.pin_device,
         )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
@@ -14,11 +15,13 @@ def is_locked_error(exc: BaseException) -> bool:
     """True for SQLite's transient 'database is locked' / 'database is busy' errors."""
     text_ = str(getattr(exc, "orig", exc)).lower()
     return isinstance(exc, (OperationalError, sqlite3.OperationalError)) and (
-        "database is locked" in text_ or "database is busy" in text_)
+        "database is locked" in text_ or "database is busy" in text_
+    )
 
 
-def call_retrying(fn: Callable[[], Any], what: str, window_s: float, log: logging.Logger,
-                  on_retry: Callable[[], None]) -> Any:
+def call_retrying(
+    fn: Callable[[], Any], what: str, window_s: float, log: logging.Logger, on_retry: Callable[[], None]
+) -> Any:
     """Call `fn()` (one whole write transaction) again on 'database is locked', backing off.
 
     Gives up (re-raises) once the next wait would end past `window_s` from now; `on_retry` is

@@ -10,8 +10,9 @@ concurrent writers to the same bucket add up instead of overwriting each other. 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from typing import Any
 
 from sqlalchemy import BigInteger, Integer, func, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -27,9 +28,14 @@ METRIC_LEVELS = (4, 8, 12, 16)
 MEMORY_LEVELS = (4, 8, 12, 16)
 
 _MEMORY_MIN = {"used_min": "used_bytes", "rss_min": "process_rss"}
-_MEMORY_MAX = {"used_max": "used_bytes", "total_max": "total_bytes", "utilization_max": "utilization",
-               "torch_allocated_max": "torch_allocated", "torch_reserved_max": "torch_reserved",
-               "rss_max": "process_rss"}
+_MEMORY_MAX = {
+    "used_max": "used_bytes",
+    "total_max": "total_bytes",
+    "utilization_max": "utilization",
+    "torch_allocated_max": "torch_allocated",
+    "torch_reserved_max": "torch_reserved",
+    "rss_max": "process_rss",
+}
 
 
 def time_bucket(t: float) -> int:
@@ -62,11 +68,21 @@ def metric_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         for level in METRIC_LEVELS:
             groups.setdefault((r["run_id"], r["name"], level, r["step"] >> level), []).append(r)
-    return [{"run_id": run_id, "name": name, "level": level, "bucket": bucket,
-             "first_step": min(r["step"] for r in rs), "last_step": max(r["step"] for r in rs),
-             "value_min": min(r["value"] for r in rs), "value_max": max(r["value"] for r in rs),
-             "value_sum": sum(r["value"] for r in rs), "row_count": len(rs)}
-            for (run_id, name, level, bucket), rs in sorted(groups.items())]
+    return [
+        {
+            "run_id": run_id,
+            "name": name,
+            "level": level,
+            "bucket": bucket,
+            "first_step": min(r["step"] for r in rs),
+            "last_step": max(r["step"] for r in rs),
+            "value_min": min(r["value"] for r in rs),
+            "value_max": max(r["value"] for r in rs),
+            "value_sum": sum(r["value"] for r in rs),
+            "row_count": len(rs),
+        }
+        for (run_id, name, level, bucket), rs in sorted(groups.items())
+    ]
 
 
 def memory_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -80,9 +96,16 @@ def memory_rollup_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             groups.setdefault((r["run_id"], level, r["source"], b >> level), []).append(r)
     out = []
     for (run_id, level, source, bucket), rs in sorted(groups.items()):
-        row = {"run_id": run_id, "level": level, "source": source, "bucket": bucket,
-               "first_time": min(r["time"] for r in rs), "last_time": max(r["time"] for r in rs),
-               "row_count": len(rs), "device_index": _pick((r["device_index"] for r in rs), max)}
+        row = {
+            "run_id": run_id,
+            "level": level,
+            "source": source,
+            "bucket": bucket,
+            "first_time": min(r["time"] for r in rs),
+            "last_time": max(r["time"] for r in rs),
+            "row_count": len(rs),
+            "device_index": _pick((r["device_index"] for r in rs), max),
+        }
         row.update({k: _pick((r[col] for r in rs), min) for k, col in _MEMORY_MIN.items()})
         row.update({k: _pick((r[col] for r in rs), max) for k, col in _MEMORY_MAX.items()})
         out.append(row)
@@ -95,7 +118,7 @@ def _extreme(sqlite_: bool, which: str, old: Any, new: Any) -> ColumnElement[Any
     return func.coalesce(fn(old, new), old, new)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _metric_upsert(sqlite_: bool) -> Any:
     """One-row upsert into `metric_rollups`, built once per dialect and run as an executemany."""
     t = m.MetricRollup.__table__
@@ -103,23 +126,29 @@ def _metric_upsert(sqlite_: bool) -> Any:
     new, old = stmt.excluded, t.c
     return stmt.on_conflict_do_update(
         index_elements=[t.c.run_id, t.c.name, t.c.level, t.c.bucket],
-        set_={"first_step": _extreme(sqlite_, "min", old.first_step, new.first_step),
-              "last_step": _extreme(sqlite_, "max", old.last_step, new.last_step),
-              "value_min": _extreme(sqlite_, "min", old.value_min, new.value_min),
-              "value_max": _extreme(sqlite_, "max", old.value_max, new.value_max),
-              "value_sum": old.value_sum + new.value_sum, "row_count": old.row_count + new.row_count})
+        set_={
+            "first_step": _extreme(sqlite_, "min", old.first_step, new.first_step),
+            "last_step": _extreme(sqlite_, "max", old.last_step, new.last_step),
+            "value_min": _extreme(sqlite_, "min", old.value_min, new.value_min),
+            "value_max": _extreme(sqlite_, "max", old.value_max, new.value_max),
+            "value_sum": old.value_sum + new.value_sum,
+            "row_count": old.row_count + new.row_count,
+        },
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _memory_upsert(sqlite_: bool) -> Any:
     """One-row upsert into `memory_rollups`, built once per dialect and run as an executemany."""
     t = m.MemoryRollup.__table__
     stmt = (sqlite.insert if sqlite_ else postgresql.insert)(t)
     new, old = stmt.excluded, t.c
-    set_ = {"first_time": _extreme(sqlite_, "min", old.first_time, new.first_time),
-            "last_time": _extreme(sqlite_, "max", old.last_time, new.last_time),
-            "row_count": old.row_count + new.row_count,
-            "device_index": func.coalesce(new.device_index, old.device_index)}
+    set_ = {
+        "first_time": _extreme(sqlite_, "min", old.first_time, new.first_time),
+        "last_time": _extreme(sqlite_, "max", old.last_time, new.last_time),
+        "row_count": old.row_count + new.row_count,
+        "device_index": func.coalesce(new.device_index, old.device_index),
+    }
     set_.update({k: _extreme(sqlite_, "min", old[k], new[k]) for k in _MEMORY_MIN})
     set_.update({k: _extreme(sqlite_, "max", old[k], new[k]) for k in _MEMORY_MAX})
     return stmt.on_conflict_do_update(index_elements=[t.c.run_id, t.c.level, t.c.source, t.c.bucket], set_=set_)
@@ -149,8 +178,11 @@ def upsert_memory_rollups(s: Session, rows: Sequence[dict[str, Any]]) -> None:
 def rebuild_metric_rollups(s: Session, run_id: int) -> None:
     """Recompute one run's metric rollups from its raw rows (after `truncate_metrics`)."""
     s.execute(m.MetricRollup.__table__.delete().where(m.MetricRollup.run_id == run_id))
-    raw = s.execute(select(m.Metric.run_id, m.Metric.name, m.Metric.step, m.Metric.value)
-                    .where(m.Metric.run_id == run_id, m.Metric.value.is_not(None)))
+    raw = s.execute(
+        select(m.Metric.run_id, m.Metric.name, m.Metric.step, m.Metric.value).where(
+            m.Metric.run_id == run_id, m.Metric.value.is_not(None)
+        )
+    )
     upsert_metric_rollups(s, [dict(r._mapping) for r in raw])
 
 

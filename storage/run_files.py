@@ -17,7 +17,6 @@ import os
 import shutil
 import threading
 from pathlib import Path
-
 from typing import Any
 
 from storage.records import RunRecord

@@ -53,8 +53,9 @@ def idle_memory_retention_s() -> float:
     try:
         hours = float(raw) if raw else 24.0
     except ValueError:
-        raise ValueError(f"TUNEDECK_IDLE_MEMORY_RETENTION_H={raw!r} is not a number of hours: "
-                         "set it to e.g. 24, or unset it") from None
+        raise ValueError(
+            f"TUNEDECK_IDLE_MEMORY_RETENTION_H={raw!r} is not a number of hours: set it to e.g. 24, or unset it"
+        ) from None
     if not hours > 0:
         raise ValueError(f"TUNEDECK_IDLE_MEMORY_RETENTION_H={raw!r} must be above 0 hours: set it to e.g. 24")
     return hours * 3600.0

@@ -19,21 +19,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sqlalchemy import Float, create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage import models as m
+from storage.identity import RunFolderError, claim_folder, ensure_identity
 from storage.migrations import MIGRATIONS, migrate
-from storage.records import (
-    ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord)
+from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
 from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
-from storage.identity import RunFolderError, claim_folder, ensure_identity
 from storage.settings import data_dir, database_url
 from storage.store_events import EventsMixin
 from storage.store_manage import ManageMixin, RunningRunError
@@ -41,9 +41,22 @@ from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
 
 __all__ = [
-    "ArtifactRecord", "BUSY_TIMEOUT_MS", "MEMORY_LEVELS", "METRIC_LEVELS", "MIGRATIONS", "MemoryBucket",
-    "MemoryPoint", "MetricBucket", "MetricPoint", "RunControl", "RunFolderError", "RunRecord", "RunningRunError", "Store",
-    "WRITE_RETRY_S", "is_locked_error",
+    "ArtifactRecord",
+    "BUSY_TIMEOUT_MS",
+    "MEMORY_LEVELS",
+    "METRIC_LEVELS",
+    "MIGRATIONS",
+    "MemoryBucket",
+    "MemoryPoint",
+    "MetricBucket",
+    "MetricPoint",
+    "RunControl",
+    "RunFolderError",
+    "RunRecord",
+    "RunningRunError",
+    "Store",
+    "WRITE_RETRY_S",
+    "is_locked_error",
 ]
 
 BUSY_TIMEOUT_MS = 30_000
@@ -76,6 +89,7 @@ class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
             kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
         engine = create_engine(self.url, **kwargs)
         if self._sqlite:
+
             @event.listens_for(engine, "connect")
             def _on_connect(dbapi_conn: Any, _record: Any) -> None:
                 dbapi_conn.isolation_level = None  # SQLAlchemy's begin event emits BEGIN itself
@@ -89,6 +103,7 @@ class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
             @event.listens_for(engine, "begin")
             def _on_begin(conn: Any) -> None:
                 conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
         return engine
 
     @contextmanager
@@ -104,8 +119,9 @@ class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
 
     def _retrying(self, fn: Any, what: str, deadline_s: float | None = None) -> Any:
         """Call `fn()` (one whole write transaction) again on 'database is locked', backing off."""
-        return call_retrying(fn, what, self._retry_window_s() if deadline_s is None else deadline_s,
-                             log, self._count_lock_retry)
+        return call_retrying(
+            fn, what, self._retry_window_s() if deadline_s is None else deadline_s, log, self._count_lock_retry
+        )
 
     def _count_lock_retry(self) -> None:
         self.lock_retries += 1
@@ -163,5 +179,6 @@ class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
     def artifacts(self, run_id: int) -> list[ArtifactRecord]:
         q = select(m.Artifact).where(m.Artifact.run_id == run_id).order_by(m.Artifact.id)
         with self._read() as s:
-            return [ArtifactRecord(a.id, a.run_id, a.kind, a.path, a.size, a.sha256, a.created_at) for a in s.scalars(q)]
-
+            return [
+                ArtifactRecord(a.id, a.run_id, a.kind, a.path, a.size, a.sha256, a.created_at) for a in s.scalars(q)
+            ]

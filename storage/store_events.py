@@ -20,11 +20,18 @@ class EventsMixin:
     """Store methods over `run_events`, `worker_devices` and `sweep_runs`."""
 
     # ------------------------------------------------------------------ run events
-    def add_run_event(self, run_id: int, kind: str, message: str, *, step: int | None = None,
-                      data: dict[str, Any] | None = None) -> int:
+    def add_run_event(
+        self, run_id: int, kind: str, message: str, *, step: int | None = None, data: dict[str, Any] | None = None
+    ) -> int:
         with self._tx() as s:
-            row = m.RunEvent(run_id=run_id, time=time.time(), step=step, kind=kind, message=message,
-                             data_json=json.dumps(data) if data is not None else None)
+            row = m.RunEvent(
+                run_id=run_id,
+                time=time.time(),
+                step=step,
+                kind=kind,
+                message=message,
+                data_json=json.dumps(data) if data is not None else None,
+            )
             s.add(row)
             s.flush()
             return row.id
@@ -33,22 +40,41 @@ class EventsMixin:
         """A run's events, oldest first: {id, time, step, kind, message, data}."""
         q = select(m.RunEvent).where(m.RunEvent.run_id == run_id).order_by(m.RunEvent.id)
         with self._read() as s:
-            return [{"id": e.id, "time": e.time, "step": e.step, "kind": e.kind, "message": e.message,
-                     "data": json.loads(e.data_json) if e.data_json else {}} for e in s.scalars(q)]
+            return [
+                {
+                    "id": e.id,
+                    "time": e.time,
+                    "step": e.step,
+                    "kind": e.kind,
+                    "message": e.message,
+                    "data": json.loads(e.data_json) if e.data_json else {},
+                }
+                for e in s.scalars(q)
+            ]
 
     # ------------------------------------------------------------------ worker devices
     def publish_device(self, worker_id: str, host: str, facts: dict[str, Any]) -> None:
         """Record (or replace) the device facts of a worker; kept after it stops (last known hardware)."""
         with self._tx() as s:
-            s.merge(m.WorkerDevice(worker_id=worker_id[:128], host=host[:256], facts_json=json.dumps(facts),
-                                   published_at=time.time()))
+            s.merge(
+                m.WorkerDevice(
+                    worker_id=worker_id[:128], host=host[:256], facts_json=json.dumps(facts), published_at=time.time()
+                )
+            )
 
     def published_devices(self) -> list[dict[str, Any]]:
         """Every published worker device, newest first: {worker_id, host, facts, published_at}."""
         q = select(m.WorkerDevice).order_by(m.WorkerDevice.published_at.desc())
         with self._read() as s:
-            return [{"worker_id": d.worker_id, "host": d.host, "facts": json.loads(d.facts_json),
-                     "published_at": d.published_at} for d in s.scalars(q)]
+            return [
+                {
+                    "worker_id": d.worker_id,
+                    "host": d.host,
+                    "facts": json.loads(d.facts_json),
+                    "published_at": d.published_at,
+                }
+                for d in s.scalars(q)
+            ]
 
     def forget_device(self, worker_id: str) -> None:
         with self._tx() as s:
@@ -64,8 +90,16 @@ class EventsMixin:
             sweep_id = int(s.scalar(select(func.coalesce(func.max(m.SweepRun.sweep_id), 0))) or 0) + 1
             ids = []
             for i, (trick, note, name, spec_json) in enumerate(probes):
-                row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value,
-                            created_at=now, queue_order=now + i * 1e-6, cancel_requested=0, current_step=0)
+                row = m.Run(
+                    id=self._unused_run_id(s),
+                    name=name,
+                    spec_json=spec_json,
+                    status=RunStatus.QUEUED.value,
+                    created_at=now,
+                    queue_order=now + i * 1e-6,
+                    cancel_requested=0,
+                    current_step=0,
+                )
                 s.add(row)
                 s.flush()
                 s.add(m.SweepRun(run_id=row.id, sweep_id=sweep_id, trick=trick, note=note))

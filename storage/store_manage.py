@@ -35,9 +35,11 @@ def search_filter(query: Any, search: str | None, tag: str | None) -> Any:
     text = (search or "").strip().lower()
     if text:
         tagged = select(m.RunTag.run_id).where(func.lower(m.RunTag.tag).contains(text, autoescape=True))
-        matches = [func.lower(m.Run.name).contains(text, autoescape=True),
-                   func.lower(func.coalesce(m.Run.note, "")).contains(text, autoescape=True),
-                   m.Run.id.in_(tagged)]
+        matches = [
+            func.lower(m.Run.name).contains(text, autoescape=True),
+            func.lower(func.coalesce(m.Run.note, "")).contains(text, autoescape=True),
+            m.Run.id.in_(tagged),
+        ]
         if text.isdigit():
             matches.append(m.Run.id == int(text))
         query = query.where(or_(*matches))

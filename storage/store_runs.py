@@ -10,7 +10,8 @@ import math
 import os
 import socket
 import time
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql
@@ -30,10 +31,17 @@ def _next_queued(s: Session, host: str, device: str) -> int | None:
     over, and one that stopped being queued since this statement began is re-checked and skipped.
     Whether its spec can be trained is the claimer's question (`jobs.spec.stored.spec_problem`).
     """
-    return s.scalars(select(m.Run.id).where(m.Run.status == RunStatus.QUEUED.value,
-                                            or_(m.Run.pin_host.is_(None), m.Run.pin_host == host),
-                                            or_(m.Run.pin_device.is_(None), m.Run.pin_device == device))
-                     .order_by(m.Run.queue_order, m.Run.id).limit(1).with_for_update(skip_locked=True)).first()
+    return s.scalars(
+        select(m.Run.id)
+        .where(
+            m.Run.status == RunStatus.QUEUED.value,
+            or_(m.Run.pin_host.is_(None), m.Run.pin_host == host),
+            or_(m.Run.pin_device.is_(None), m.Run.pin_device == device),
+        )
+        .order_by(m.Run.queue_order, m.Run.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).first()
 
 
 def _lease_key(host: str, device: str) -> str:
@@ -82,14 +90,24 @@ class RunsMixin:
         spec.validate()
         return self.create_run_unchecked(spec.to_json(), spec.display_name, spec.pin_host, spec.pin_device)
 
-    def create_run_unchecked(self, spec_json: str, name: str = "unchecked", pin_host: str | None = None,
-                             pin_device: str | None = None) -> int:
+    def create_run_unchecked(
+        self, spec_json: str, name: str = "unchecked", pin_host: str | None = None, pin_device: str | None = None
+    ) -> int:
         """Queue spec JSON as it is (`create_run` validates first; tests store older/odd specs)."""
         now = time.time()
         with self._tx() as s:
-            row = m.Run(id=self._unused_run_id(s), name=name, spec_json=spec_json, status=RunStatus.QUEUED.value, pin_host=pin_host or None,
-                        pin_device=pin_device or None, created_at=now, queue_order=now, cancel_requested=0,
-                        current_step=0)
+            row = m.Run(
+                id=self._unused_run_id(s),
+                name=name,
+                spec_json=spec_json,
+                status=RunStatus.QUEUED.value,
+                pin_host=pin_host or None,
+                pin_device=pin_device or None,
+                created_at=now,
+                queue_order=now,
+                cancel_requested=0,
+                current_step=0,
+            )
             s.add(row)
             s.flush()
             return row.id
@@ -111,8 +129,13 @@ class RunsMixin:
             row = s.execute(select(m.Run.status, m.Run.cancel_requested).where(m.Run.id == run_id)).first()
         return RunControl(RunStatus(row.status), bool(row.cancel_requested)) if row is not None else None
 
-    def list_runs(self, status: RunStatus | Sequence[RunStatus] | None = None, limit: int = 200,
-                  search: str | None = None, tag: str | None = None) -> list[RunRecord]:
+    def list_runs(
+        self,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 200,
+        search: str | None = None,
+        tag: str | None = None,
+    ) -> list[RunRecord]:
         """Newest first, optionally filtered by status, a search text (name, tags, note) and a tag."""
         q = search_filter(select(m.Run).order_by(m.Run.id.desc()).limit(limit), search, tag)
         if status is not None:
@@ -161,19 +184,32 @@ class RunsMixin:
 
     def _finish(self, run_id: int, status: RunStatus, only_if: Iterable[RunStatus], **values: Any) -> bool:
         with self._tx() as s:
-            result = s.execute(update(m.Run).where(m.Run.id == run_id,
-                                                   m.Run.status.in_([st.value for st in only_if]))
-                               .values(status=status.value, finished_at=time.time(), **values))
+            result = s.execute(
+                update(m.Run)
+                .where(m.Run.id == run_id, m.Run.status.in_([st.value for st in only_if]))
+                .values(status=status.value, finished_at=time.time(), **values)
+            )
             return result.rowcount == 1
 
     def mark_succeeded(self, run_id: int, final_metrics: dict[str, float]) -> bool:
-        return self._finish(run_id, RunStatus.SUCCEEDED, [RunStatus.RUNNING],
-                            final_metrics_json=json.dumps(final_metrics), error_summary=None)
+        return self._finish(
+            run_id,
+            RunStatus.SUCCEEDED,
+            [RunStatus.RUNNING],
+            final_metrics_json=json.dumps(final_metrics),
+            error_summary=None,
+        )
 
     def mark_failed(self, run_id: int, summary: str, detail: str | None = None, exit_code: int | None = None) -> bool:
         """Fail a running run; returns False when it had already finished (first word wins)."""
-        return self._finish(run_id, RunStatus.FAILED, [RunStatus.RUNNING, RunStatus.QUEUED],
-                            error_summary=summary[:2000], error_detail=detail, exit_code=exit_code)
+        return self._finish(
+            run_id,
+            RunStatus.FAILED,
+            [RunStatus.RUNNING, RunStatus.QUEUED],
+            error_summary=summary[:2000],
+            error_detail=detail,
+            exit_code=exit_code,
+        )
 
     def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool:
         return self._finish(run_id, RunStatus.CANCELLED, [RunStatus.RUNNING, RunStatus.QUEUED], exit_code=exit_code)
@@ -199,8 +235,10 @@ class RunsMixin:
 
     def stale_running(self, older_than_s: float) -> list[RunRecord]:
         """Running runs whose worker has not beaten for `older_than_s`, by the database's clock (hosts' clocks differ)."""
-        q = select(m.Run).where(m.Run.status == RunStatus.RUNNING.value,
-                                func.coalesce(m.Run.heartbeat_at, m.Run.started_at, 0) < self._db_now() - older_than_s)
+        q = select(m.Run).where(
+            m.Run.status == RunStatus.RUNNING.value,
+            func.coalesce(m.Run.heartbeat_at, m.Run.started_at, 0) < self._db_now() - older_than_s,
+        )
         with self._read() as s:
             return [RunRecord.from_row(r) for r in s.scalars(q)]
 
@@ -210,8 +248,9 @@ class RunsMixin:
     # worker after the run's process group is gone. A worker that died holding it is replaced by
     # one on the same host (the only place its processes can be seen), which ends the orphaned
     # group and then releases the lease (`jobs.worker.loop.Worker`).
-    def claim_next_on_device(self, worker_id: str, device: str, worker_pid: int | None = None,
-                             host: str | None = None) -> RunRecord | None:
+    def claim_next_on_device(
+        self, worker_id: str, device: str, worker_pid: int | None = None, host: str | None = None
+    ) -> RunRecord | None:
         """Atomically move the first queued run to running for this worker, while no other run holds `device`.
 
         One transaction: the device's lease row is locked, the run is taken with a status guard
@@ -231,11 +270,19 @@ class RunsMixin:
             candidate = _next_queued(s, host, device)
             if candidate is None:
                 return None
-            result = s.execute(update(m.Run).where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
-                               .values(status=RunStatus.RUNNING.value, worker_id=worker_id,
-                                       worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                                       started_at=now, heartbeat_at=self._db_now(), progress_at=None,
-                                       finished_at=None))
+            result = s.execute(
+                update(m.Run)
+                .where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
+                .values(
+                    status=RunStatus.RUNNING.value,
+                    worker_id=worker_id,
+                    worker_pid=worker_pid if worker_pid is not None else os.getpid(),
+                    started_at=now,
+                    heartbeat_at=self._db_now(),
+                    progress_at=None,
+                    finished_at=None,
+                )
+            )
             if result.rowcount != 1:  # taken or cancelled since it was read: nothing claimed
                 return None
             lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "pid": worker_pid, "time": now})
@@ -259,8 +306,11 @@ class RunsMixin:
     def move_queued(self, run_id: int, position: int) -> bool:
         """Move a queued run to `position` (0 = next to run) of the queue; False if it is not queued."""
         with self._tx() as s:
-            rows = list(s.scalars(select(m.Run).where(m.Run.status == RunStatus.QUEUED.value)
-                                  .order_by(m.Run.queue_order, m.Run.id)))
+            rows = list(
+                s.scalars(
+                    select(m.Run).where(m.Run.status == RunStatus.QUEUED.value).order_by(m.Run.queue_order, m.Run.id)
+                )
+            )
             mine = next((r for r in rows if r.id == run_id), None)
             if mine is None:
                 return False
@@ -281,10 +331,20 @@ class RunsMixin:
         """Put an interrupted, cancelled or failed run back at the end of the queue (same id, same history)."""
         ended = [RunStatus.INTERRUPTED.value, RunStatus.CANCELLED.value, RunStatus.FAILED.value]
         with self._tx() as s:
-            result = s.execute(update(m.Run).where(m.Run.id == run_id, m.Run.status.in_(ended))
-                               .values(status=RunStatus.QUEUED.value, queue_order=time.time(), cancel_requested=0,
-                                       finished_at=None, exit_code=None, child_pid=None, error_summary=None,
-                                       error_detail=None))
+            result = s.execute(
+                update(m.Run)
+                .where(m.Run.id == run_id, m.Run.status.in_(ended))
+                .values(
+                    status=RunStatus.QUEUED.value,
+                    queue_order=time.time(),
+                    cancel_requested=0,
+                    finished_at=None,
+                    exit_code=None,
+                    child_pid=None,
+                    error_summary=None,
+                    error_detail=None,
+                )
+            )
             return result.rowcount == 1
 
     def truncate_metrics(self, run_id: int, after_step: int) -> int:

@@ -18,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,15 +44,24 @@ def serve_command(port: int) -> list[str]:
     return base + ["serve", "--host", "127.0.0.1", "--port", str(port)]
 
 
-def start_server(home: Path, port: int, log: Path, timeout: float = 300.0,
-                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_server(
+    home: Path, port: int, log: Path, timeout: float = 300.0, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Start the dashboard + worker; raise with its stderr when it does not come up in time."""
-    env = {**os.environ, "TUNEDECK_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "TUNEDECK_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
     env.pop("TUNEDECK_DATABASE_URL", None)
     fh = log.open("wb")
-    proc = subprocess.Popen(serve_command(port), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        serve_command(port), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:

@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # Every chart the Chromium tests check (tests/test_charts_browser.py). tests/test_figures.py fails when
 # the dashboard has a plot that is not listed here: a new chart needs its browser check.
-CHECKED_CHARTS = frozenset({
-    "gpu-memory-plot", "gpu-utilization-plot", "run-memory-plot", "run-loss-plot", "run-lr-plot", "run-tps-plot",
-    "run-trainer-plot", "compare-tradeoff", "compare-loss"})
+CHECKED_CHARTS = frozenset(
+    {
+        "gpu-memory-plot",
+        "gpu-utilization-plot",
+        "run-memory-plot",
+        "run-loss-plot",
+        "run-lr-plot",
+        "run-tps-plot",
+        "run-trainer-plot",
+        "compare-tradeoff",
+        "compare-loss",
+    }
+)
 
 _JS = """(id) => {
   const root = document.getElementById(id);
@@ -134,9 +145,11 @@ class Scene:
         return [fields(p["label"]) for p in self.points]
 
     def describe(self) -> str:
-        return (f"{self.width:.0f}x{self.height:.0f}px (block {self.block_height:.0f}px), axes {self.axes}, "
-                f"legend {self.legend} (clipped: {self.legend_clipped}), "
-                f"lines {self.lines_by_series()}, {len(self.points)} points")
+        return (
+            f"{self.width:.0f}x{self.height:.0f}px (block {self.block_height:.0f}px), axes {self.axes}, "
+            f"legend {self.legend} (clipped: {self.legend_clipped}), "
+            f"lines {self.lines_by_series()}, {len(self.points)} points"
+        )
 
 
 def read_scene(page: Any, elem_id: str) -> Scene | None:
@@ -157,5 +170,6 @@ def wait_scene(page: Any, elem_id: str, ready: Callable[[Scene], bool], timeout:
             except (AssertionError, KeyError, ValueError):
                 pass
         time.sleep(0.25)
-    raise AssertionError(f"#{elem_id} never drew what was expected; last scene: "
-                         f"{scene.describe() if scene else 'no svg'}")
+    raise AssertionError(
+        f"#{elem_id} never drew what was expected; last scene: {scene.describe() if scene else 'no svg'}"
+    )

@@ -16,9 +16,11 @@ def train_tag_runs(store: Any, model: Path, methods: tuple[str, ...] = ("lora",)
     from jobs.worker.loop import Worker
     from storage.models import RunStatus
 
-    settings = {"lora": {"max_steps": 30, "learning_rate": 1e-2},
-                "prompt_tuning": {"max_steps": 4},
-                "full": {"max_steps": 4, "learning_rate": 1e-3}}
+    settings = {
+        "lora": {"max_steps": 30, "learning_rate": 1e-2},
+        "prompt_tuning": {"max_steps": 4},
+        "full": {"max_steps": 4, "learning_rate": 1e-3},
+    }
     ids = {m: store.create_run(tiny_spec(model, method=m, run_name=f"chat-{m}", **settings[m])) for m in methods}
     Worker(store, poll_interval=0.1).work(burst=True)
     for method, run_id in ids.items():

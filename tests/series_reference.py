@@ -26,4 +26,6 @@ def same_buckets(a: list[MetricBucket], b: list[MetricBucket], rel: float = 1e-9
     """Equal bucket lists, sums compared to `rel` (rollups add partial sums, so the last bits may differ)."""
     return len(a) == len(b) and all(
         (x.first_step, x.last_step, x.min, x.max, x.count) == (y.first_step, y.last_step, y.min, y.max, y.count)
-        and abs(x.total - y.total) <= rel * max(1.0, abs(x.total), abs(y.total)) for x, y in zip(a, b))
+        and abs(x.total - y.total) <= rel * max(1.0, abs(x.total), abs(y.total))
+        for x, y in zip(a, b)
+    )

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from jobs.checks.access import AccessPolicy
-from jobs.spec.job import JobSpec, SpecError
 from jobs.queue.submit import check, submit
+from jobs.spec.job import JobSpec, SpecError
 from storage.settings import uploads_dir
 
 ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -33,12 +33,18 @@ def test_without_a_login_every_path_stays_open(data_home: Path, outside: Path) -
 
 
 def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(
-        data_home: Path, outside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data_home: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     policy = AccessPolicy.for_server(login=True)
     read = []
     monkeypatch.setattr("jobs.data.sources.check_dataset", lambda *a, **k: read.append(a))
-    for ref in (str(outside), f"{uploads_dir()}/../../elsewhere/secret.jsonl", "/etc/passwd",
-                str(outside.parent / "missing.jsonl"), "~/notes.csv"):
+    for ref in (
+        str(outside),
+        f"{uploads_dir()}/../../elsewhere/secret.jsonl",
+        "/etc/passwd",
+        str(outside.parent / "missing.jsonl"),
+        "~/notes.csv",
+    ):
         problems = check(JobSpec(dataset=ref), policy=policy)
         mine = [p for p in problems if p.field == "dataset"]
         assert len(mine) == 1 and "data folders" in mine[0].problem and "TUNEDECK_DATA_DIRS" in mine[0].fix, ref
@@ -61,16 +67,18 @@ def test_a_symlink_out_of_a_data_folder_is_refused(data_home: Path, outside: Pat
     assert AccessPolicy.for_server(login=True).data_problem(str(link), "eval_dataset").field == "eval_dataset"
 
 
-def test_data_dirs_setting_replaces_the_defaults(data_home: Path, outside: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_dirs_setting_replaces_the_defaults(
+    data_home: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TUNEDECK_DATA_DIRS", str(outside.parent))
     policy = AccessPolicy.for_server(login=True)
     assert policy.data_problem(str(outside), "dataset") is None
     assert policy.data_problem(str(write_rows(uploads_dir() / "x.jsonl")), "dataset") is not None
 
 
-def test_remote_code_needs_the_server_setting_when_shared(data_home: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          store) -> None:
+def test_remote_code_needs_the_server_setting_when_shared(
+    data_home: Path, monkeypatch: pytest.MonkeyPatch, store
+) -> None:
     spec = JobSpec(model="tiny-llama", trust_remote_code=True, max_steps=1)
     with pytest.raises(SpecError) as err:
         submit(store, spec, AccessPolicy.for_server(login=True))
@@ -83,7 +91,8 @@ def test_remote_code_needs_the_server_setting_when_shared(data_home: Path, monke
 
 def test_the_form_its_preview_and_the_api_apply_the_policy(data_home: Path, outside: Path, store) -> None:
     from app import api
-    from app.ui import data as ui_data, form as ui_form
+    from app.ui import data as ui_data
+    from app.ui import form as ui_form
 
     policy = AccessPolicy.for_server(login=True)
     text, rows = ui_data.preview_dataset(str(outside), "sft", policy=policy)

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from browser_helpers import REPO, free_port, start_server, stop_server
 from gradio_client import Client
 from gradio_client.exceptions import AppError
-
-from browser_helpers import REPO, free_port, start_server, stop_server
 from training_helpers import wait_for
-
 
 USER, PASSWORD = "alice", "pw-alice-12345"
 ENDPOINTS = {"/submit", "/runs", "/run", "/metrics", "/memory", "/cancel", "/resume", "/bundle", "/tag", "/delete"}
-QUICK = "model: tiny-llama\ndataset: sample:chat-format\nmethod: lora\nlora_r: 4\nmax_length: 48\n" \
-        "per_device_train_batch_size: 4\nmax_train_samples: 16\nlearning_rate: 5.0e-3\nlogging_steps: 1\n"
+QUICK = (
+    "model: tiny-llama\ndataset: sample:chat-format\nmethod: lora\nlora_r: 4\nmax_length: 48\n"
+    "per_device_train_batch_size: 4\nmax_train_samples: 16\nlearning_rate: 5.0e-3\nlogging_steps: 1\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     home = root / "home"
     home.mkdir()
     port = free_port()
-    proc = start_server(home, port, root / "server.log", timeout=120,
-                        extra_env={"TUNEDECK_AUTH": f"{USER}:{PASSWORD}"})
+    proc = start_server(home, port, root / "server.log", timeout=120, extra_env={"TUNEDECK_AUTH": f"{USER}:{PASSWORD}"})
     try:
         yield {"url": f"http://127.0.0.1:{port}/", "home": home, "log": root / "server.log"}
     finally:
@@ -45,8 +44,13 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def client(server: dict, tmp_path_factory: pytest.TempPathFactory) -> Client:
-    return Client(server["url"], auth=(USER, PASSWORD), analytics_enabled=False, verbose=False,
-                  download_files=str(tmp_path_factory.mktemp("downloads")))
+    return Client(
+        server["url"],
+        auth=(USER, PASSWORD),
+        analytics_enabled=False,
+        verbose=False,
+        download_files=str(tmp_path_factory.mktemp("downloads")),
+    )
 
 
 def test_the_dashboard_s_api_is_the_named_endpoints_only(store) -> None:
@@ -54,13 +58,21 @@ def test_the_dashboard_s_api_is_the_named_endpoints_only(store) -> None:
 
     info = build_ui(store).get_api_info()
     assert set(info["named_endpoints"]) == ENDPOINTS and info["unnamed_endpoints"] == {}
-    assert [p["parameter_name"] for p in info["named_endpoints"]["/runs"]["parameters"]] == \
-        ["status", "limit", "search", "tag"]
+    assert [p["parameter_name"] for p in info["named_endpoints"]["/runs"]["parameters"]] == [
+        "status",
+        "limit",
+        "search",
+        "tag",
+    ]
 
 
 def _finished(client: Client, run_id: int, timeout: float = 300) -> dict:
-    return wait_for(lambda: (r := client.predict(run_id=run_id, api_name="/run"))["status"] not in ("queued", "running")
-                    and r, timeout=timeout, interval=0.5, what=f"run {run_id} finishes")
+    return wait_for(
+        lambda: (r := client.predict(run_id=run_id, api_name="/run"))["status"] not in ("queued", "running") and r,
+        timeout=timeout,
+        interval=0.5,
+        what=f"run {run_id} finishes",
+    )
 
 
 @pytest.mark.integration
@@ -114,8 +126,9 @@ def test_a_wrong_spec_comes_back_as_the_form_s_problems(server: dict, client: Cl
     got = {(p["field"], p["problem"], p["fix"]) for p in out["problems"]}
     # The form holds every field; this server has a login, so its shared-server limits apply too
     # (a path outside its data folders is refused before it is read).
-    policy = AccessPolicy(restricted=True, data_dirs=(server["home"] / "datasets", server["home"] / "uploads"),
-                          allow_remote_code=False)
+    policy = AccessPolicy(
+        restricted=True, data_dirs=(server["home"] / "datasets", server["home"] / "uploads"), allow_remote_code=False
+    )
     _, form = all_problems({**JobSpec().to_dict(), **yaml.safe_load(text)}, policy)
     assert got == {(p.field, p.problem, p.fix) for p in form}
     assert any("data folders" in problem for field, problem, _ in got if field == "dataset")
@@ -183,16 +196,26 @@ def test_submit_follow_download_tag_and_delete(server: dict, client: Client) -> 
 def test_cancel_resume_and_a_running_run_cannot_be_deleted(client: Client) -> None:
     out = client.predict(spec_yaml=QUICK + "max_steps: 5000\nsave_steps: 2\n", api_name="/submit")
     run_id = out["run_id"]
-    run = wait_for(lambda: (r := client.predict(run_id=run_id, api_name="/run"))["current_step"] >= 3
-                   or r["status"] not in ("queued", "running") and r, timeout=300, interval=0.5,
-                   what="training reaches step 3")
+    run = wait_for(
+        lambda: (
+            (r := client.predict(run_id=run_id, api_name="/run"))["current_step"] >= 3
+            or r["status"] not in ("queued", "running")
+            and r
+        ),
+        timeout=300,
+        interval=0.5,
+        what="training reaches step 3",
+    )
     assert run is True or run["status"] == "running", run
     with pytest.raises(AppError, match=rf"run_id: run {run_id} is running.*Fix: cancel it first"):
         client.predict(run_id=run_id, api_name="/delete")
     asked = client.predict(run_id=run_id, api_name="/cancel")
     assert asked["message"] == f"run {run_id}: cancel requested"
     assert _finished(client, run_id)["status"] == "cancelled"
-    assert client.predict(run_id=run_id, api_name="/cancel")["message"] == f"run {run_id} already cancelled; nothing to cancel"
+    assert (
+        client.predict(run_id=run_id, api_name="/cancel")["message"]
+        == f"run {run_id} already cancelled; nothing to cancel"
+    )
     resumed = client.predict(run_id=run_id, api_name="/resume")
     assert resumed["status"] == "queued" and "resumes from its checkpoint at step" in resumed["message"]
     assert client.predict(run_id=run_id, api_name="/cancel")["status"] in ("cancelled", "running")
@@ -206,15 +229,23 @@ def test_cancel_resume_and_a_running_run_cannot_be_deleted(client: Client) -> No
 @pytest.mark.slow
 def test_the_readme_script_runs_as_written(server: dict, tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text()
-    code = re.search(r"<!-- api-example:start -->\n```python\n(.*?)```\n<!-- api-example:end -->", readme, re.S).group(1)
+    code = re.search(r"<!-- api-example:start -->\n```python\n(.*?)```\n<!-- api-example:end -->", readme, re.S).group(
+        1
+    )
     assert len(code.splitlines()) <= 16
     local = 'Client("http://127.0.0.1:7860/", '
     assert local in code
     code = code.replace(local, f'Client("{server["url"]}", auth=("{USER}", "{PASSWORD}"), verbose=False, ')
     script = tmp_path / "follow.py"
     script.write_text(code)
-    done = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [int(s) for s in re.findall(r"^step (\d+): loss \d", done.stdout, re.M)]
     assert steps == list(range(1, 21)), done.stdout  # examples/tiny-llama-quick.yaml: 20 steps, each once

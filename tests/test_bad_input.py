@@ -18,17 +18,24 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_settings import examples
 
 from jobs.spec.job import JobSpec, Problem, SpecError, Trainer, field_infos
-from property_settings import examples
 from storage.models import RunStatus
 
 KNOWN = [f.name for f in field_infos()]
 SETTINGS = settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
-                    st.text(max_size=20), st.sampled_from(["lora", "qlora", "sft", "dpo", "bf16", "fp16", "1e-4",
-                                                           "-1", "", "  ", "sample:chat-format", "tiny-llama"]))
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        ["lora", "qlora", "sft", "dpo", "bf16", "fp16", "1e-4", "-1", "", "  ", "sample:chat-format", "tiny-llama"]
+    ),
+)
 values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=5), scalars, max_size=2))
 keys = st.one_of(st.sampled_from(KNOWN), st.text(max_size=12), st.sampled_from(["lora_rank", "lr", "epochs"]))
 spec_dicts = st.dictionaries(keys, values, max_size=8)
@@ -59,13 +66,40 @@ def test_non_mapping_specs(data: object) -> None:
     _problems_ok(exc.value.problems)
 
 
-valid_ish = st.fixed_dictionaries({
-    "model": st.sampled_from(["tiny-llama", "nobody/no-such-model-xyz", "/no/such/folder", "./rel", "weird name!!"]),
-    "dataset": st.sampled_from(["sample:chat-format", "sample:preference-format", "sample:nope", "/no/file.jsonl",
-                                "org/ds-not-cached", "", "data.txt"]),
-    "trainer": st.sampled_from(["sft", "dpo"]),
-}, optional={k: values for k in ("method", "precision", "max_length", "learning_rate", "lora_r", "packing",
-                                 "per_device_train_batch_size", "optim", "eval_dataset", "max_steps")})
+valid_ish = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(
+            ["tiny-llama", "nobody/no-such-model-xyz", "/no/such/folder", "./rel", "weird name!!"]
+        ),
+        "dataset": st.sampled_from(
+            [
+                "sample:chat-format",
+                "sample:preference-format",
+                "sample:nope",
+                "/no/file.jsonl",
+                "org/ds-not-cached",
+                "",
+                "data.txt",
+            ]
+        ),
+        "trainer": st.sampled_from(["sft", "dpo"]),
+    },
+    optional={
+        k: values
+        for k in (
+            "method",
+            "precision",
+            "max_length",
+            "learning_rate",
+            "lora_r",
+            "packing",
+            "per_device_train_batch_size",
+            "optim",
+            "eval_dataset",
+            "max_steps",
+        )
+    },
+)
 
 
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
@@ -138,33 +172,46 @@ def _check_file(tmp_path: Path, name: str, content: bytes, trainer: Trainer) -> 
         assert isinstance(info, DatasetInfo) and info.n_rows > 0
 
 
-json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                                     st.text(max_size=10)),
-                           lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                   st.dictionaries(st.sampled_from(
-                                                       ["messages", "role", "content", "text", "prompt",
-                                                        "completion", "chosen", "rejected", "x"]), inner, max_size=4)),
-                           max_leaves=8)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=10)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["messages", "role", "content", "text", "prompt", "completion", "chosen", "rejected", "x"]),
+            inner,
+            max_size=4,
+        ),
+    ),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.binary(max_size=200), st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]),
-       st.sampled_from(list(Trainer)))
+@given(
+    st.binary(max_size=200), st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]), st.sampled_from(list(Trainer))
+)
 def test_random_bytes_only_data_error(tmp_path: Path, content: bytes, suffix: str, trainer: Trainer) -> None:
     _check_file(tmp_path, "random" + suffix, content, trainer)
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.one_of(json_values.map(json.dumps), st.text(max_size=20)), min_size=0, max_size=6),
-       st.sampled_from(list(Trainer)))
+@given(
+    st.lists(st.one_of(json_values.map(json.dumps), st.text(max_size=20)), min_size=0, max_size=6),
+    st.sampled_from(list(Trainer)),
+)
 def test_random_json_lines_only_data_error(tmp_path: Path, lines: list[str], trainer: Trainer) -> None:
     _check_file(tmp_path, "random.jsonl", "\n".join(lines).encode("utf-8"), trainer)
 
 
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=8), min_size=1,
-                         max_size=4), min_size=0, max_size=5),
-       st.sampled_from(list(Trainer)))
+@given(
+    st.lists(
+        st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=8), min_size=1, max_size=4),
+        min_size=0,
+        max_size=5,
+    ),
+    st.sampled_from(list(Trainer)),
+)
 def test_random_csv_only_data_error(tmp_path: Path, rows: list[list[str]], trainer: Trainer) -> None:
     import csv
     import io
@@ -178,7 +225,7 @@ def test_random_csv_only_data_error(tmp_path: Path, rows: list[list[str]], train
 ODD_SPECS = [
     "not json at all {",
     json.dumps([1, 2, 3]),
-    json.dumps({"model": "tiny-llama", "lora_rank": 8}),           # a key from another version
+    json.dumps({"model": "tiny-llama", "lora_rank": 8}),  # a key from another version
     json.dumps({"model": "tiny-llama", "method": "prefix-tuning-v9"}),  # an enum value this version lacks
     json.dumps({"model": "tiny-llama", "learning_rate": "fast"}),
     json.dumps({"model": "tiny-llama", "max_length": -5}),
@@ -238,8 +285,19 @@ def test_spec_values(store) -> None:
     _refused(store, {"model": "tiny-llama", "learning_rate": -1}, "learning_rate", "")
     _refused(store, {"model": "tiny-llama", "lora_r": "eight"}, "lora_r", "")
     _refused(store, {"model": "tiny-llama", "lr": 1e-4}, "lr", "unknown field")
-    _refused(store, {"model": "tiny-llama", "method": "qlora", "precision": "fp32", "optim": "adamw_torch",
-                     "trainer": "dpo", "dataset": "sample:chat-format"}, "dataset", "")
+    _refused(
+        store,
+        {
+            "model": "tiny-llama",
+            "method": "qlora",
+            "precision": "fp32",
+            "optim": "adamw_torch",
+            "trainer": "dpo",
+            "dataset": "sample:chat-format",
+        },
+        "dataset",
+        "",
+    )
 
 
 def test_datasets(store, tmp_path: Path, tiny_model: Path) -> None:
@@ -247,10 +305,15 @@ def test_datasets(store, tmp_path: Path, tiny_model: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     _refused(store, {**base, "dataset": str(empty)}, "dataset", "empty")
-    _refused(store, {**base, "dataset": _jsonl(tmp_path / "broken.jsonl", [CHAT, '{"messages": [', CHAT])},
-             "dataset", "2")
-    _refused(store, {**base, "dataset": _jsonl(tmp_path / "cols.jsonl", [{"question": "a", "answer": "b"}])},
-             "dataset", "column")
+    _refused(
+        store, {**base, "dataset": _jsonl(tmp_path / "broken.jsonl", [CHAT, '{"messages": [', CHAT])}, "dataset", "2"
+    )
+    _refused(
+        store,
+        {**base, "dataset": _jsonl(tmp_path / "cols.jsonl", [{"question": "a", "answer": "b"}])},
+        "dataset",
+        "column",
+    )
     _refused(store, {**base, "dataset": _jsonl(tmp_path / "mixed.jsonl", [CHAT, {"text": "plain"}])}, "dataset", "")
     _refused(store, {**base, "trainer": "dpo", "dataset": _jsonl(tmp_path / "sft.jsonl", [CHAT])}, "dataset", "")
     _refused(store, {**base, "eval_dataset": str(tmp_path / "missing.jsonl")}, "eval_dataset", "")

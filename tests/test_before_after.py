@@ -10,13 +10,13 @@ from typing import Any
 
 import datasets
 import pytest
+from training_helpers import tiny_spec
 
+from jobs.spec.job import JobSpec
 from jobs.train import before_after
 from jobs.train.before_after import BUILT_IN_PROMPTS, Prompt, pick_prompts, record_before, status_line
 from jobs.train.callbacks import STOP_REQUESTED
-from jobs.spec.job import JobSpec
 from storage.models import RunStatus
-from training_helpers import tiny_spec
 
 
 @pytest.fixture(autouse=True)
@@ -32,15 +32,29 @@ FIXED = "Over and out."
 @pytest.fixture
 def fixed_answer_data(tmp_path: Path) -> tuple[Path, Path]:
     """Chat rows that all answer the same words (train), and held-out questions (eval)."""
+
     def write(name: str, topics: list[str]) -> Path:
         path = tmp_path / name
-        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Tell me about {t}."},
-                                                         {"role": "assistant", "content": FIXED}]}) + "\n"
-                                for t in topics))
+        path.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"Tell me about {t}."},
+                            {"role": "assistant", "content": FIXED},
+                        ]
+                    }
+                )
+                + "\n"
+                for t in topics
+            )
+        )
         return path
 
-    return (write("train.jsonl", [f"thing {i}" for i in range(32)]),
-            write("eval.jsonl", ["volcanoes", "the moon", "rivers", "volcanoes"]))
+    return (
+        write("train.jsonl", [f"thing {i}" for i in range(32)]),
+        write("eval.jsonl", ["volcanoes", "the moon", "rivers", "volcanoes"]),
+    )
 
 
 def _samples_artifact(store: Any, run_id: int) -> dict[str, Any]:
@@ -50,14 +64,16 @@ def _samples_artifact(store: Any, run_id: int) -> dict[str, Any]:
 
 
 @pytest.mark.integration
-def test_a_run_answers_held_out_prompts_before_and_after(store: Any, tiny_model: Path,
-                                                          fixed_answer_data: tuple[Path, Path]) -> None:
+def test_a_run_answers_held_out_prompts_before_and_after(
+    store: Any, tiny_model: Path, fixed_answer_data: tuple[Path, Path]
+) -> None:
     from app.ui.run import RunPageData
     from jobs.train.child import run
 
     train, eval_ = fixed_answer_data
-    spec = tiny_spec(tiny_model, dataset=str(train), eval_dataset=str(eval_), max_steps=16, sample_count=3,
-                     sample_new_tokens=6)
+    spec = tiny_spec(
+        tiny_model, dataset=str(train), eval_dataset=str(eval_), max_steps=16, sample_count=3, sample_new_tokens=6
+    )
     run_id = store.create_run(spec)
     store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
@@ -65,8 +81,11 @@ def test_a_run_answers_held_out_prompts_before_and_after(store: Any, tiny_model:
     assert record.status is RunStatus.SUCCEEDED, record.error_summary
     data = _samples_artifact(store, run_id)
     # the held-out rows' questions, each once, in file order; never a training row
-    assert [p["text"] for p in data["prompts"]] == ["Tell me about volcanoes.", "Tell me about the moon.",
-                                                    "Tell me about rivers."]
+    assert [p["text"] for p in data["prompts"]] == [
+        "Tell me about volcanoes.",
+        "Tell me about the moon.",
+        "Tell me about rivers.",
+    ]
     assert data["source"] == "the first prompts of the held-out (eval) rows"
     assert len(data["before"]) == len(data["after"]) == 3 and data["errors"] == []
     assert data["before"] != data["after"]  # it learned the fixed answer; the base did not know it
@@ -84,9 +103,10 @@ def test_a_run_answers_held_out_prompts_before_and_after(store: Any, tiny_model:
 
 @pytest.mark.integration
 def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Path) -> None:
+    from test_faults import AtStep
+
     from jobs.train.checkpoints import resume
     from jobs.train.child import run
-    from test_faults import AtStep
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=6, sample_count=2, sample_new_tokens=4))
     store.claim_next_on_device("test", "0")
@@ -109,9 +129,9 @@ def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Pa
 
 
 @pytest.mark.integration
-def test_a_failure_while_sampling_never_fails_the_run(store: Any, tiny_model: Path,
-                                                      monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failure_while_sampling_never_fails_the_run(
+    store: Any, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from app.ui.run import samples_markdown
     from jobs.train.child import run
 
@@ -135,14 +155,24 @@ def test_a_failure_while_sampling_never_fails_the_run(store: Any, tiny_model: Pa
 def test_a_dpo_run_answers_like_sft(store: Any, tiny_model: Path) -> None:
     from jobs.train.child import run
 
-    run_id = store.create_run(tiny_spec(tiny_model, trainer="dpo", dataset="sample:preference-format", max_steps=2,
-                                        per_device_train_batch_size=2, sample_count=2, sample_new_tokens=4))
+    run_id = store.create_run(
+        tiny_spec(
+            tiny_model,
+            trainer="dpo",
+            dataset="sample:preference-format",
+            max_steps=2,
+            per_device_train_batch_size=2,
+            sample_count=2,
+            sample_new_tokens=4,
+        )
+    )
     store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     data = _samples_artifact(store, run_id)
     assert len(data["before"]) == len(data["after"]) == 2 and data["skipped"] is None
-    first_eval = json.loads((Path(before_after.__file__).parent / "samples" / "preference-format.eval.jsonl")
-                            .read_text().splitlines()[0])
+    first_eval = json.loads(
+        (Path(before_after.__file__).parent / "samples" / "preference-format.eval.jsonl").read_text().splitlines()[0]
+    )
     assert data["prompts"][0]["text"] == first_eval["prompt"]
 
 
@@ -155,19 +185,40 @@ def test_a_reward_model_is_skipped_with_its_reason(tmp_path: Path) -> None:
 
 
 def test_prompts_come_from_the_spec_then_held_out_rows_then_built_in() -> None:
-    chat = datasets.Dataset.from_list([
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
-                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why?"},
-                      {"role": "assistant", "content": "Because."}]}])
+    chat = datasets.Dataset.from_list(
+        [
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Hi?"},
+                    {"role": "assistant", "content": "Hello."},
+                    {"role": "user", "content": "Why?"},
+                    {"role": "assistant", "content": "Because."},
+                ]
+            }
+        ]
+    )
     prompts, _ = pick_prompts(JobSpec(), chat)
-    assert prompts == [Prompt("Why?", (("system", "Be brief."), ("user", "Hi?"), ("assistant", "Hello."),
-                                       ("user", "Why?")))]
-    plain = datasets.Dataset.from_list([{"prompt": "2+2=", "completion": "4"}, {"prompt": "2+2=", "completion": "5"},
-                                        {"prompt": "3+3=", "completion": "6"}])
+    assert prompts == [
+        Prompt("Why?", (("system", "Be brief."), ("user", "Hi?"), ("assistant", "Hello."), ("user", "Why?")))
+    ]
+    plain = datasets.Dataset.from_list(
+        [
+            {"prompt": "2+2=", "completion": "4"},
+            {"prompt": "2+2=", "completion": "5"},
+            {"prompt": "3+3=", "completion": "6"},
+        ]
+    )
     assert pick_prompts(JobSpec(), plain)[0] == [Prompt("2+2=", None), Prompt("3+3=", None)]  # continued as text
-    preference = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "Pick one"}],
-                                              "chosen": [{"role": "assistant", "content": "A"}],
-                                              "rejected": [{"role": "assistant", "content": "B"}]}])
+    preference = datasets.Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": "Pick one"}],
+                "chosen": [{"role": "assistant", "content": "A"}],
+                "rejected": [{"role": "assistant", "content": "B"}],
+            }
+        ]
+    )
     assert pick_prompts(JobSpec(), preference)[0] == [Prompt("Pick one", (("user", "Pick one"),))]
     text = datasets.Dataset.from_list([{"text": "plain text"}])
     prompts, source = pick_prompts(JobSpec(sample_count=2), text)
@@ -189,8 +240,13 @@ def test_the_run_page_says_when_a_run_has_no_samples(store: Any) -> None:
 
 
 def test_answers_cannot_break_the_table() -> None:
-    data = {"prompts": [{"text": "a|b", "messages": None}], "before": ["x\n| y |"], "after": ["<b>*z*</b>"],
-            "max_new_tokens": 4, "source": "test"}
+    data = {
+        "prompts": [{"text": "a|b", "messages": None}],
+        "before": ["x\n| y |"],
+        "after": ["<b>*z*</b>"],
+        "max_new_tokens": 4,
+        "source": "test",
+    }
     table = before_after.table_markdown(data)
     row = table.splitlines()[-1]
     assert row.count("|") == 4 and "<b>" not in row and "<br>" in row

@@ -13,7 +13,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from browser_helpers import CHROMIUM, REPO, chromium, served
 
 from jobs.spec.stored import spec_of
@@ -40,7 +39,6 @@ def browser():
 
 
 def _store(home: Path):
-    import os
 
     from storage.store import Store
 
@@ -66,7 +64,10 @@ def test_launch_watch_reload_download(server, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     outside: list[str] = []
-    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else None)
+    page.on(
+        "request",
+        lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else None,
+    )
     page.goto(url)
     page.get_by_text("Detected format").wait_for(timeout=30_000)
     _set(page, "model", "tiny-llama")
@@ -84,7 +85,11 @@ def test_launch_watch_reload_download(server, browser):
         status = _status(page)
         if status and (not seen or seen[-1] != status):
             seen.append(status)
-        step = int(page.locator("#run-progress").get_attribute("data-step") or 0) if page.locator("#run-progress").count() else 0
+        step = (
+            int(page.locator("#run-progress").get_attribute("data-step") or 0)
+            if page.locator("#run-progress").count()
+            else 0
+        )
         if status == "running" and step >= 3 and not reloaded:
             page.reload()
             page.locator("#run-progress").wait_for(timeout=30_000)
@@ -101,8 +106,9 @@ def test_launch_watch_reload_download(server, browser):
     assert spec_of(store.get_run(run_id)).max_steps == 40
     assert store.metric_extent(run_id, "loss") is not None and store.memory_extent(run_id) is not None
     # What the graphs drew for a real run (tests/chart_scene.py): lines with their data, honest legends.
-    from app.ui import data as ui_data
     from chart_scene import wait_scene
+
+    from app.ui import data as ui_data
 
     losses = [p.value for p in store.metrics(run_id, ["loss"])]
     loss = wait_scene(page, "run-loss-plot", lambda s: s.drawn_lines().get("train", 0) >= min(len(losses), 2))
@@ -126,8 +132,10 @@ def test_bad_form_shows_every_problem_and_queues_nothing(server, browser, tmp_pa
     url, home = server
     before = len(_store(home).list_runs())
     bad = tmp_path / "broken.jsonl"
-    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
-                   '{"messages": [{"role": "user", "content": "hi"\n')
+    bad.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+        '{"messages": [{"role": "user", "content": "hi"\n'
+    )
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     page.goto(url)
     page.get_by_text("Detected format").wait_for(timeout=30_000)
@@ -163,9 +171,11 @@ def _finished_run_row(home: Path, name: str) -> int:
 
     _store(home).dispose()  # makes sure the schema exists
     with sqlite3.connect(home / "tunedeck.db") as con:
-        cur = con.execute("INSERT INTO runs (name, spec_json, status, created_at, finished_at, queue_order, "
-                          "cancel_requested, current_step) VALUES (?, ?, 'succeeded', 1.0, 2.0, 1.0, 0, 5)",
-                          (name, JobSpec(run_name=name).to_json()))
+        cur = con.execute(
+            "INSERT INTO runs (name, spec_json, status, created_at, finished_at, queue_order, "
+            "cancel_requested, current_step) VALUES (?, ?, 'succeeded', 1.0, 2.0, 1.0, 0, 5)",
+            (name, JobSpec(run_name=name).to_json()),
+        )
         run_id = cur.lastrowid
     con.close()
     from storage.store import MemoryPoint, MetricPoint
@@ -193,8 +203,11 @@ def test_delete_asks_first_then_removes_the_run_and_only_it(server, browser, mon
     page.get_by_role("tab", name="Runs").click()
     page.fill("#runs-search textarea, #runs-search input", "PAPER")  # a tag, in other case
     table = page.locator("#runs-table")
-    page.wait_for_function("() => { const t = document.querySelector('#runs-table').innerText;"
-                           " return t.includes('old, paper') && !t.includes('keep-me'); }", timeout=30_000)
+    page.wait_for_function(
+        "() => { const t = document.querySelector('#runs-table').innerText;"
+        " return t.includes('old, paper') && !t.includes('keep-me'); }",
+        timeout=30_000,
+    )
     assert "KiB" in table.inner_text() and "on disk" in page.locator("#runs-disk-total").inner_text()
     page.screenshot(path=str(ARTIFACTS / "runs-search-tags-disk.png"), full_page=True)
     page.get_by_role("tab", name="Run", exact=True).click()

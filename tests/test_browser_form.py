@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from browser_helpers import CHROMIUM, REPO, chromium, served
 
 pytestmark = pytest.mark.browser
@@ -148,7 +147,8 @@ def test_keyboard_order_follows_the_page(page):
     stops = []
     for _ in range(60):
         page.keyboard.press("Tab")
-        stops.append(page.evaluate("""() => {
+        stops.append(
+            page.evaluate("""() => {
             const box = (el) => {
                 const r = (el.tagName === 'BUTTON' ? el : el.closest('.block') || el).getBoundingClientRect();
                 return {top: Math.round(r.top), bottom: Math.round(r.bottom), left: Math.round(r.left)};
@@ -158,7 +158,8 @@ def test_keyboard_order_follows_the_page(page):
             return {here: box(el), before: box(prev), form: !!el.closest('#form-fields'),
                     side: !!el.closest('#launch-side'), id: el.id,
                     text: (el.getAttribute('aria-label') || el.textContent || el.value || '').trim().slice(0, 40)};
-        }"""))
+        }""")
+        )
         if stops[-1]["id"] == "launch-btn":
             break
     first_side = next(i for i, s in enumerate(stops) if s["side"])
@@ -175,12 +176,20 @@ def test_keyboard_order_follows_the_page(page):
 
 def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_path):
     spec = tmp_path / "mine.yaml"
-    spec.write_text("run_name: from-yaml\ntrainer: dpo\ndataset: sample:preference-format\nmethod: qlora\n"
-                    "lora_r: 8\nbeta: 0.25\nmax_steps: 5\n")
+    spec.write_text(
+        "run_name: from-yaml\ntrainer: dpo\ndataset: sample:preference-format\nmethod: qlora\n"
+        "lora_r: 8\nbeta: 0.25\nmax_steps: 5\n"
+    )
     page.locator("#launch-side input[type=file]").set_input_files(str(spec))
-    page.wait_for_function("""(v) => Array.from(document.querySelectorAll('input')).some(i => i.value === v)""",
-                           arg="from-yaml", timeout=15_000)
-    assert field(page, "method").input_value() == option_text("method", "qlora") and field(page, "lora_r").input_value() == "8"
+    page.wait_for_function(
+        """(v) => Array.from(document.querySelectorAll('input')).some(i => i.value === v)""",
+        arg="from-yaml",
+        timeout=15_000,
+    )
+    assert (
+        field(page, "method").input_value() == option_text("method", "qlora")
+        and field(page, "lora_r").input_value() == "8"
+    )
     wait_shown(page, "beta", True)
     wait_shown(page, "bnb_4bit_quant_type", True)
     page.get_by_role("button", name="Preview YAML", exact=True).click()

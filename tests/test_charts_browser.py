@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from browser_helpers import CHROMIUM, REPO, chromium, served
 from chart_scene import Scene, number, wait_scene
 
@@ -28,7 +27,7 @@ if not Path(CHROMIUM).exists():
 pytest.importorskip("playwright.sync_api")
 
 ARTIFACTS = REPO / "test-artifacts"
-GIB = 1024 ** 3
+GIB = 1024**3
 STEPS = 30
 MIN_HEIGHT, MAX_HEIGHT = 150, 600  # px: a plot between these is readable and fits the screen
 
@@ -71,17 +70,41 @@ def _seed(store, name: str, k: int, *, gpu: bool, mem_start: float):
         t = mem_start + i
         gib = 0.4 + 0.1 * k + 0.5 * i / 30
         if gpu:
-            samples.append(MemoryPoint(time=t, source="nvml", run_id=run_id, device_index=0,
-                                       used_bytes=int((gib + 1.0) * GIB), total_bytes=80 * GIB,
-                                       process_rss=int(0.3 * GIB)))
-            samples.append(MemoryPoint(time=t, source="torch", run_id=run_id, device_index=0,
-                                       torch_allocated=int(gib * GIB), torch_reserved=int((gib + 0.5) * GIB)))
+            samples.append(
+                MemoryPoint(
+                    time=t,
+                    source="nvml",
+                    run_id=run_id,
+                    device_index=0,
+                    used_bytes=int((gib + 1.0) * GIB),
+                    total_bytes=80 * GIB,
+                    process_rss=int(0.3 * GIB),
+                )
+            )
+            samples.append(
+                MemoryPoint(
+                    time=t,
+                    source="torch",
+                    run_id=run_id,
+                    device_index=0,
+                    torch_allocated=int(gib * GIB),
+                    torch_reserved=int((gib + 0.5) * GIB),
+                )
+            )
             memory.setdefault("GPU used (NVML)", []).append((t, gib + 1.0))
             memory.setdefault("torch allocated", []).append((t, gib))
             memory.setdefault("torch reserved", []).append((t, gib + 0.5))
         else:
-            samples.append(MemoryPoint(time=t, source="host", run_id=run_id, used_bytes=int(gib * GIB),
-                                       total_bytes=24 * GIB, process_rss=int(gib * GIB)))
+            samples.append(
+                MemoryPoint(
+                    time=t,
+                    source="host",
+                    run_id=run_id,
+                    used_bytes=int(gib * GIB),
+                    total_bytes=24 * GIB,
+                    process_rss=int(gib * GIB),
+                )
+            )
             memory.setdefault("host RSS", []).append((t, gib))
     store.add_memory_samples(samples)
     peak = int(max(v for series in memory.values() for _, v in series) * GIB)
@@ -98,8 +121,10 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory):
     store = Store(f"sqlite:///{home / 'tunedeck.db'}")
     now = time.time()
     # Two runs share a name; the last one trained on a GPU, an hour ago (outside the live panel's window).
-    runs = [_seed(store, name, k, gpu=(k == 4), mem_start=now - 80 if k == 0 else now - 3600 - 100 * k)
-            for k, name in enumerate(["lora-r8", "lora-r8", "full", "dora", "gpu-run"])]
+    runs = [
+        _seed(store, name, k, gpu=(k == 4), mem_start=now - 80 if k == 0 else now - 3600 - 100 * k)
+        for k, name in enumerate(["lora-r8", "lora-r8", "full", "dora", "gpu-run"])
+    ]
     store.dispose()
     with served(home) as url:
         yield url, runs
@@ -124,9 +149,11 @@ def _span(values) -> tuple[float, float]:
 
 def _has_lines(series: dict[str, list[tuple[float, float]]], legend: bool = True):
     """A readiness check: every expected series drew a line, and (with a legend) nothing else is named."""
+
     def ready(scene: Scene) -> bool:
         drawn = scene.drawn_lines()
         return set(drawn) == set(series) and (not legend or sorted(scene.legend) == sorted(series))
+
     return ready
 
 
@@ -150,8 +177,10 @@ def _check_lines(scene: Scene, series: dict[str, list[tuple[float, float]]], leg
 def _metric_series(run: Seeded) -> dict[str, dict[str, list[tuple[float, float]]]]:
     steps = range(1, STEPS + 1)
     return {
-        "run-loss-plot": {"train": list(zip(steps, run.losses)),
-                          "eval": [(s, run.losses[s - 1] + 0.3) for s in (10, 20, 30)]},
+        "run-loss-plot": {
+            "train": list(zip(steps, run.losses)),
+            "eval": [(s, run.losses[s - 1] + 0.3) for s in (10, 20, 30)],
+        },
         "run-lr-plot": {"learning rate": [(s, 2e-4 * (1 - (s - 1) / STEPS)) for s in steps]},
         "run-tps-plot": {"tokens/s": list(zip(steps, run.tps))},
         # The trainer's own metrics (SFT: eval perplexity), where the dashboard has that plot.
@@ -172,8 +201,9 @@ def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
     page = _page(browser, url)
     # The worker's sampler adds idle samples (0 bytes, source host, or nvml on a GPU machine).
     expected = {"host RSS"} | ({"GPU used (NVML)"} if ui_data.has_cuda() else set())
-    scene = wait_scene(page, "gpu-memory-plot", lambda s: set(s.drawn_lines()) == expected
-                       and sorted(s.legend) == sorted(expected))
+    scene = wait_scene(
+        page, "gpu-memory-plot", lambda s: set(s.drawn_lines()) == expected and sorted(s.legend) == sorted(expected)
+    )
     seeded = runs[0].memory["host RSS"]
     assert scene.drawn_lines()["host RSS"] >= len(seeded), scene.describe()
     x = scene.axis("X")

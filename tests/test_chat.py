@@ -10,18 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from chat_helpers import PROMPT, TAUGHT, train_tag_runs
+from training_helpers import greedy_answer, tiny_spec, wait_for
+
+from jobs.chat.generate import ChatError, Sampling, load, locate
 from jobs.chat.process import ChatProcess, choose_device
 from jobs.devices.facts import DeviceFacts
-from jobs.chat.generate import ChatError, Sampling, load, locate
-from training_helpers import greedy_answer, tiny_spec, wait_for
 
 pytestmark = pytest.mark.integration
 
 SHORT = Sampling(max_new_tokens=16)
-GPU = DeviceFacts(kind="cuda", name="Fake GPU", total_bytes=80 * 1024 ** 3, compute_capability="9.0", bf16=True,
-                  index=0)
+GPU = DeviceFacts(kind="cuda", name="Fake GPU", total_bytes=80 * 1024**3, compute_capability="9.0", bf16=True, index=0)
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +119,9 @@ def test_runs_that_cannot_answer_are_refused_with_the_fix(home, tiny_model: Path
         locate(store, reward)
 
 
-def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_busy_gpu_is_refused_naming_the_run_and_the_fix(
+    store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
     monkeypatch.delenv("TUNEDECK_DEVICE", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -159,7 +159,6 @@ def test_busy_gpu_is_refused_naming_the_run_and_the_fix(store, tiny_model: Path,
 def test_a_load_slower_than_the_idle_time_is_not_idleness(monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle time counts from the end of a request: a model load that takes longer than the idle
     timeout is followed by the answer, not by an exit (found by CI on a loaded machine)."""
-    import io
     import threading
     import time
 
@@ -184,6 +183,7 @@ def test_a_load_slower_than_the_idle_time_is_not_idleness(monkeypatch: pytest.Mo
     stdin, to_child = os.fdopen(requests_r, "r"), os.fdopen(requests_w, "w")
     from_child, stdout = os.fdopen(events_r, "r"), os.fdopen(events_w, "w")
     code: list[int] = []
+
     def run() -> None:
         code.append(serve(2.0, stdin, stdout))
         stdout.close()  # the process has ended: the reader sees end of output, as from a real child
@@ -211,8 +211,13 @@ def test_a_chat_process_leaves_its_gpu_as_soon_as_a_run_takes_it(store, tiny_mod
     procs = {}
     for gpu in ("0", "1"):
         with open(tmp_path / f"chat-{gpu}.log", "wb") as err:
-            procs[gpu] = subprocess.Popen([sys.executable, "-m", "jobs.chat.child", "600"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=err, env=dict(os.environ, **{GPU_ENV: gpu}))
+            procs[gpu] = subprocess.Popen(
+                [sys.executable, "-m", "jobs.chat.child", "600"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=dict(os.environ, **{GPU_ENV: gpu}),
+            )
     try:
         log0 = tmp_path / "chat-0.log"
         # Up and watching: it has looked at the lease at least once and is still there.
@@ -237,8 +242,9 @@ def test_generation_process_answers_switches_runs_and_exits_when_idle(home, lora
     try:
         pieces = list(chat.stream(ids["lora"], "run", PROMPT, sampling=SHORT))
         assert "".join(pieces) == lora_pair.answer("run", PROMPT, sampling=SHORT) and len(pieces) > 1
-        assert chat.answer(ids["lora"], "base", PROMPT, sampling=SHORT) == lora_pair.answer("base", PROMPT,
-                                                                                               sampling=SHORT)
+        assert chat.answer(ids["lora"], "base", PROMPT, sampling=SHORT) == lora_pair.answer(
+            "base", PROMPT, sampling=SHORT
+        )
         # Another run: the same process loads it instead.
         pid = chat.pid
         assert chat.answer(ids["full"], "run", PROMPT, sampling=SHORT) == other and chat.pid == pid
@@ -270,9 +276,15 @@ def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -
     assert "run 999 does not exist" in capsys.readouterr().err
     # chat: prompts on stdin, answers streamed to stdout; /exit ends before the last line.
     env = {**os.environ, "TUNEDECK_HOME": str(folder)}
-    done = subprocess.run([sys.executable, "-m", "app.cli.main", "chat", str(ids["lora"]), "--max-new-tokens", "12"],
-                          input=f"{PROMPT}\n\n{PROMPT}\n/exit\nnot asked\n", capture_output=True, text=True, env=env,
-                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "chat", str(ids["lora"]), "--max-new-tokens", "12"],
+        input=f"{PROMPT}\n\n{PROMPT}\n/exit\nnot asked\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == f"{run_answer}\n{run_answer}\n"
 

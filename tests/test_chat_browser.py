@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from browser_helpers import CHROMIUM, REPO, chromium, served
 from chat_helpers import PROMPT, TAUGHT, train_tag_runs
 
@@ -32,13 +31,17 @@ def _ask_in_browser(url: str, option: str, prompt: str, new_tokens: int, shot: s
         page.locator("#chat-status").get_by_text("Done").wait_for(timeout=600_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
-        return (page.locator("#chat-status").inner_text(), page.locator("#chat-base textarea").input_value(),
-                page.locator("#chat-tuned textarea").input_value())
+        return (
+            page.locator("#chat-status").inner_text(),
+            page.locator("#chat-base textarea").input_value(),
+            page.locator("#chat-tuned textarea").input_value(),
+        )
 
 
 @pytest.mark.slow
-def test_chat_tab_shows_the_run_and_its_base_side_by_side(tmp_path: Path, tiny_model: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chat_tab_shows_the_run_and_its_base_side_by_side(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from jobs.chat.generate import Sampling, load, locate
     from storage.store import Store
 
@@ -54,8 +57,9 @@ def test_chat_tab_shows_the_run_and_its_base_side_by_side(tmp_path: Path, tiny_m
     store.dispose()
     assert TAUGHT in expected["run"] and TAUGHT not in expected["base"]
     with served(home) as url:
-        status, base, tuned = _ask_in_browser(url, f"{run_id} · {run.name} (lora, sft)", PROMPT, NEW_TOKENS,
-                                              "chat-tab.png")
+        status, base, tuned = _ask_in_browser(
+            url, f"{run_id} · {run.name} (lora, sft)", PROMPT, NEW_TOKENS, "chat-tab.png"
+        )
     assert "greedy" in status
     assert tuned == expected["run"] and TAUGHT in tuned
     assert base == expected["base"] and TAUGHT not in base
@@ -63,8 +67,9 @@ def test_chat_tab_shows_the_run_and_its_base_side_by_side(tmp_path: Path, tiny_m
 
 @pytest.mark.smollm2
 @pytest.mark.slow
-def test_default_smollm2_run_answers_in_the_taught_format(tmp_path: Path, smollm2_cache: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_smollm2_run_answers_in_the_taught_format(
+    tmp_path: Path, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default example (examples/smollm2-tag-format.yaml) through the worker, then the Chat tab."""
     from app.cli.usage import load_spec
     from jobs.worker.loop import Worker
@@ -85,7 +90,8 @@ def test_default_smollm2_run_answers_in_the_taught_format(tmp_path: Path, smollm
     store.dispose()
     prompt = "What is interesting about the moon?"
     with served(home) as url:
-        status, base, tuned = _ask_in_browser(url, f"{run_id} · {run.name} ({spec.method.value}, sft)", prompt, 40,
-                                              "chat-tab-smollm2.png")
+        status, base, tuned = _ask_in_browser(
+            url, f"{run_id} · {run.name} ({spec.method.value}, sft)", prompt, 40, "chat-tab-smollm2.png"
+        )
     assert tuned.strip().startswith(TAUGHT), tuned
     assert TAUGHT not in base and base.strip(), base

@@ -6,15 +6,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from jobs.train.callbacks import StoreCallback
-from jobs.train.checkpoints import is_complete
-from jobs.spec.job import JobSpec
-from storage.models import RunStatus
-from storage.store import Store
-
 from test_worker import make_worker  # noqa: E402
 from training_helpers import tiny_spec, wait_for  # noqa: E402
+
+from jobs.spec.job import JobSpec
+from jobs.train.callbacks import StoreCallback
+from jobs.train.checkpoints import is_complete
+from storage.models import RunStatus
+from storage.store import Store
 
 
 def test_timed_checkpoints_by_default(store: Store) -> None:

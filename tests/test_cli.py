@@ -61,8 +61,9 @@ def test_submit_missing_data_file_is_reported_before_queueing(data_home: Path, t
 
 def test_cli_process_exit_code_without_traceback(data_home: Path, tmp_path: Path) -> None:
     spec = write(tmp_path, "lora_r: -3\n")
-    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "submit", str(spec)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "submit", str(spec)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "lora_r: -3 is out of range" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -104,8 +105,15 @@ def test_submit_runs_show_cancel(data_home: Path, tmp_path: Path, capsys) -> Non
     store.mark_failed(run_id, "training process exited with code 3", "line1\nline2", exit_code=3)
     assert main(["show", str(run_id)]) == 0
     out = capsys.readouterr().out
-    for text in ("status:   failed", "exit code: 3", "peak memory: 3.0 MiB (host)", "lora_r: 4",
-                 "adapter: /data/runs/1/adapter (2.0 KiB)", "error:    training process exited with code 3", "  line2"):
+    for text in (
+        "status:   failed",
+        "exit code: 3",
+        "peak memory: 3.0 MiB (host)",
+        "lora_r: 4",
+        "adapter: /data/runs/1/adapter (2.0 KiB)",
+        "error:    training process exited with code 3",
+        "  line2",
+    ):
         assert text in out
     assert main(["show", "999"]) == 2
     assert "run 999 does not exist" in capsys.readouterr().err
@@ -134,10 +142,14 @@ def test_worker_burst_on_empty_queue(data_home: Path, capsys) -> None:
 @pytest.mark.integration
 def test_run_tiny_model_end_to_end(data_home: Path, tmp_path: Path, tiny_model: Path) -> None:
     pytest.importorskip("jobs.train.child")
-    spec = write(tmp_path, f"model: {tiny_model}\ndataset: sample:chat-format\nmax_steps: 4\nmax_length: 64\n"
-                           "per_device_train_batch_size: 2\nlogging_steps: 1\n")
-    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True,
-                          timeout=600)
+    spec = write(
+        tmp_path,
+        f"model: {tiny_model}\ndataset: sample:chat-format\nmax_steps: 4\nmax_length: 64\n"
+        "per_device_train_batch_size: 2\nlogging_steps: 1\n",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "no worker is running" in proc.stderr
     assert "succeeded" in proc.stderr
@@ -153,8 +165,9 @@ def test_run_failing_spec_exits_1(data_home: Path, tmp_path: Path, tiny_model: P
     pytest.importorskip("jobs.train.child")
     # Valid on its own, but the child cannot train it: the run fails and `run` says why.
     spec = write(tmp_path, f"model: {tiny_model}\nmax_steps: 2\nmax_length: 64\nlora_target_modules: no_such_proj\n")
-    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "failed" in proc.stderr and "error:" in proc.stderr
 
@@ -192,8 +205,12 @@ def test_serve_starts_worker_and_stops_it(data_home: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -203,7 +220,9 @@ def test_serve_starts_worker_and_stops_it(data_home: Path) -> None:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"server did not come up:\n{proc.stdout.read() if proc.poll() is not None else ''}")
+                    raise AssertionError(
+                        f"server did not come up:\n{proc.stdout.read() if proc.poll() is not None else ''}"
+                    )
                 time.sleep(0.5)
         workers = [c for c in psutil.Process(proc.pid).children() if "worker" in c.cmdline()]
         assert len(workers) == 1

@@ -6,16 +6,25 @@ import time
 
 import pytest
 
-from app.ui import series, compare as ui_compare
-from jobs.train import figures
+from app.ui import compare as ui_compare
+from app.ui import series
 from jobs.spec.job import JobSpec, Method, Optim
+from jobs.train import figures
 from storage.store import MetricPoint, Store
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
-def _finished_run(store: Store, spec: JobSpec, *, losses: list[float], tps: list[float], step_time: float,
-                  peak: int, final: dict[str, float]) -> int:
+def _finished_run(
+    store: Store,
+    spec: JobSpec,
+    *,
+    losses: list[float],
+    tps: list[float],
+    step_time: float,
+    peak: int,
+    final: dict[str, float],
+) -> int:
     """A run that trained: metrics rows written as StoreCallback writes them, then marked succeeded."""
     run_id = store.create_run(spec)
     assert store.claim_next_on_device("w1", "0") is not None
@@ -32,22 +41,45 @@ def _finished_run(store: Store, spec: JobSpec, *, losses: list[float], tps: list
 
 @pytest.fixture
 def two_runs(store: Store) -> tuple[int, int]:
-    lora = _finished_run(store, JobSpec(run_name="lora", method=Method.LORA, per_device_train_batch_size=8),
-                         losses=[3.0, 2.5, 2.0], tps=[1000.0, 1200.0, 1100.0], step_time=0.5, peak=6 * GIB,
-                         final={"train_runtime": 75.0, "trainable_params": 1_000_000, "total_params": 100_000_000,
-                                "eval_loss": 2.4})
-    full = _finished_run(store, JobSpec(run_name="full", method=Method.FULL, per_device_train_batch_size=2,
-                                        gradient_accumulation_steps=4, optim=Optim.ADAMW_8BIT, learning_rate=1e-5),
-                         losses=[3.0, 1.5], tps=[800.0, 600.0], step_time=1.25, peak=12 * GIB,
-                         final={"train_runtime": 5.0, "trainable_params": 100_000_000, "total_params": 100_000_000})
+    lora = _finished_run(
+        store,
+        JobSpec(run_name="lora", method=Method.LORA, per_device_train_batch_size=8),
+        losses=[3.0, 2.5, 2.0],
+        tps=[1000.0, 1200.0, 1100.0],
+        step_time=0.5,
+        peak=6 * GIB,
+        final={"train_runtime": 75.0, "trainable_params": 1_000_000, "total_params": 100_000_000, "eval_loss": 2.4},
+    )
+    full = _finished_run(
+        store,
+        JobSpec(
+            run_name="full",
+            method=Method.FULL,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=4,
+            optim=Optim.ADAMW_8BIT,
+            learning_rate=1e-5,
+        ),
+        losses=[3.0, 1.5],
+        tps=[800.0, 600.0],
+        step_time=1.25,
+        peak=12 * GIB,
+        final={"train_runtime": 5.0, "trainable_params": 100_000_000, "total_params": 100_000_000},
+    )
     return lora, full
 
 
 def test_only_differing_fields_are_listed(store, two_runs):
     runs = [store.get_run(i) for i in two_runs]
     diff = dict(ui_compare.spec_differences(runs))
-    assert set(diff) == {"run_name", "method", "per_device_train_batch_size", "gradient_accumulation_steps",
-                         "optim", "learning_rate"}
+    assert set(diff) == {
+        "run_name",
+        "method",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "optim",
+        "learning_rate",
+    }
     assert diff["method"] == ["lora", "full"]
     assert diff["gradient_accumulation_steps"] == [1, 4]
     assert ui_compare.spec_differences(runs[:1]) == []  # one run: nothing to compare
@@ -70,8 +102,15 @@ def test_summary_reads_final_metrics_and_metric_rows(store, two_runs):
 
 def test_tokens_per_second_is_the_one_figure_not_a_final_metric(store):
     """An older run's final metrics held another tokens/s (trl's runtime); the figure comes from the rows."""
-    run_id = _finished_run(store, JobSpec(run_name="x"), losses=[1.0], tps=[10.0], step_time=1.0, peak=GIB,
-                           final={"tokens_per_second_mean": 42.0, "tokens_per_second": 41.0})
+    run_id = _finished_run(
+        store,
+        JobSpec(run_name="x"),
+        losses=[1.0],
+        tps=[10.0],
+        step_time=1.0,
+        peak=GIB,
+        final={"tokens_per_second_mean": 42.0, "tokens_per_second": 41.0},
+    )
     assert ui_compare.summarize_run(store, store.get_run(run_id)).tokens_per_second == 10.0
 
 
@@ -97,7 +136,7 @@ def test_table_has_differences_then_results_one_column_per_run(store, two_runs):
     table = ui_compare.compare_table(runs, [ui_compare.summarize_run(store, r) for r in runs])
     assert list(table.columns) == ["field", f"#{two_runs[0]} lora", f"#{two_runs[1]} full"]
     rows = {row[0]: list(row[1:]) for row in table.itertuples(index=False)}
-    assert list(table["field"])[-len(ui_compare.RESULT_ROWS):] == ui_compare.RESULT_ROWS
+    assert list(table["field"])[-len(ui_compare.RESULT_ROWS) :] == ui_compare.RESULT_ROWS
     assert rows["method"] == ["lora", "full"]
     assert rows["peak memory"] == ["6.00 GiB (torch)", "12.00 GiB (torch)"]
     assert rows["tokens/s"] == ["1,100 tokens/s", "700 tokens/s"]
@@ -184,10 +223,21 @@ def test_compare_tab_in_chromium(tmp_path):
     home.mkdir()
     seeded = Store(f"sqlite:///{home / 'tunedeck.db'}")
     # Finished before the server (and its worker) starts, so nothing is left for the worker to train.
-    ids = [_finished_run(seeded, JobSpec(run_name=name, method=method), losses=[3.0, 2.0, 1.0], tps=[tps] * 3,
-                         step_time=0.5, peak=peak, final={"train_runtime": 9.0})
-           for name, method, tps, peak in (("lora-run", Method.LORA, 900.0, 3 * GIB),
-                                           ("full-run", Method.FULL, 500.0, 9 * GIB))]
+    ids = [
+        _finished_run(
+            seeded,
+            JobSpec(run_name=name, method=method),
+            losses=[3.0, 2.0, 1.0],
+            tps=[tps] * 3,
+            step_time=0.5,
+            peak=peak,
+            final={"train_runtime": 9.0},
+        )
+        for name, method, tps, peak in (
+            ("lora-run", Method.LORA, 900.0, 3 * GIB),
+            ("full-run", Method.FULL, 500.0, 9 * GIB),
+        )
+    ]
     seeded.dispose()
     port = free_port()
     proc = start_server(home, port, home / "server.log")

@@ -10,11 +10,24 @@ from typing import Any
 import datasets
 import pytest
 
-from jobs.data.sources import SAMPLES_DIR, DataError, RowFormat, check_dataset, length_warnings, list_samples, load_datasets
+from jobs.data.sources import (
+    SAMPLES_DIR,
+    DataError,
+    RowFormat,
+    check_dataset,
+    length_warnings,
+    list_samples,
+    load_datasets,
+)
 from jobs.spec.job import JobSpec, Trainer
 
 SFT, DPO = Trainer.SFT, Trainer.DPO
-CHAT = {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "[tag] Hi is worth a closer look. Over."}]}
+CHAT = {
+    "messages": [
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": "[tag] Hi is worth a closer look. Over."},
+    ]
+}
 PREF = {"prompt": "Hi?", "chosen": "[tag] Hi. Over.", "rejected": "Hello there, friend."}
 
 
@@ -31,15 +44,23 @@ def problems_of(ref: str, trainer: Trainer = SFT, **kw: Any) -> str:
 
 # ---------------------------------------------------------------------- samples
 def test_list_samples() -> None:
-    assert list_samples() == ["sample:chat-format", "sample:kto-format", "sample:preference-format", "sample:prompt-format"]
+    assert list_samples() == [
+        "sample:chat-format",
+        "sample:kto-format",
+        "sample:preference-format",
+        "sample:prompt-format",
+    ]
 
 
-@pytest.mark.parametrize("ref,trainer,fmt,n", [
-    ("sample:chat-format", SFT, RowFormat.MESSAGES, 240),
-    ("sample:chat-format:eval", SFT, RowFormat.MESSAGES, 40),
-    ("sample:preference-format", DPO, RowFormat.PREFERENCE, 200),
-    ("sample:preference-format:eval", DPO, RowFormat.PREFERENCE, 40),
-])
+@pytest.mark.parametrize(
+    "ref,trainer,fmt,n",
+    [
+        ("sample:chat-format", SFT, RowFormat.MESSAGES, 240),
+        ("sample:chat-format:eval", SFT, RowFormat.MESSAGES, 40),
+        ("sample:preference-format", DPO, RowFormat.PREFERENCE, 200),
+        ("sample:preference-format:eval", DPO, RowFormat.PREFERENCE, 40),
+    ],
+)
 def test_samples_check(ref: str, trainer: Trainer, fmt: RowFormat, n: int) -> None:
     info = check_dataset(ref, trainer)
     assert (info.format, info.n_rows, info.warnings) == (fmt, n, [])
@@ -79,16 +100,29 @@ def test_unknown_sample() -> None:
 
 
 # ---------------------------------------------------------------------- formats
-@pytest.mark.parametrize("row,trainer,fmt", [
-    ({"text": "hello world"}, SFT, RowFormat.TEXT),
-    (CHAT, SFT, RowFormat.MESSAGES),
-    ({"prompt": "2+2=", "completion": "4"}, SFT, RowFormat.PROMPT_COMPLETION),
-    ({"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": "4"}]},
-     SFT, RowFormat.PROMPT_COMPLETION),
-    (PREF, DPO, RowFormat.PREFERENCE),
-    ({"prompt": [{"role": "user", "content": "Hi?"}], "chosen": [{"role": "assistant", "content": "[tag] Hi. Over."}],
-      "rejected": [{"role": "assistant", "content": "Hello."}]}, DPO, RowFormat.PREFERENCE),
-])
+@pytest.mark.parametrize(
+    "row,trainer,fmt",
+    [
+        ({"text": "hello world"}, SFT, RowFormat.TEXT),
+        (CHAT, SFT, RowFormat.MESSAGES),
+        ({"prompt": "2+2=", "completion": "4"}, SFT, RowFormat.PROMPT_COMPLETION),
+        (
+            {"prompt": [{"role": "user", "content": "2+2?"}], "completion": [{"role": "assistant", "content": "4"}]},
+            SFT,
+            RowFormat.PROMPT_COMPLETION,
+        ),
+        (PREF, DPO, RowFormat.PREFERENCE),
+        (
+            {
+                "prompt": [{"role": "user", "content": "Hi?"}],
+                "chosen": [{"role": "assistant", "content": "[tag] Hi. Over."}],
+                "rejected": [{"role": "assistant", "content": "Hello."}],
+            },
+            DPO,
+            RowFormat.PREFERENCE,
+        ),
+    ],
+)
 def test_formats_detected(tmp_path: Path, row: dict, trainer: Trainer, fmt: RowFormat) -> None:
     info = check_dataset(jsonl(tmp_path / "d.jsonl", [row] * 10), trainer)
     assert info.format is fmt and info.n_rows == 10 and info.preview[0] == row
@@ -124,13 +158,19 @@ def test_bad_rows_capped(tmp_path: Path) -> None:
     assert "rows 1, 2, 3 (and 9 more): `text` is empty" in text
 
 
-@pytest.mark.parametrize("row,message", [
-    ({"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]}, "unknown role `robot`"),
-    ({"text": 5}, "`text` is not a string"),
-    ({"prompt": "q", "completion": ""}, "`completion` is empty"),
-    ({"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]}, "mixes plain text and message lists"),
-    ({"prompt": "q", "chosen": "a"}, "no `rejected` column"),
-])
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        (
+            {"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
+            "unknown role `robot`",
+        ),
+        ({"text": 5}, "`text` is not a string"),
+        ({"prompt": "q", "completion": ""}, "`completion` is empty"),
+        ({"prompt": "q", "completion": [{"role": "assistant", "content": "a"}]}, "mixes plain text and message lists"),
+        ({"prompt": "q", "chosen": "a"}, "no `rejected` column"),
+    ],
+)
 def test_row_messages(tmp_path: Path, row: dict, message: str) -> None:
     trainer = DPO if "chosen" in row else SFT
     assert message in problems_of(jsonl(tmp_path / "d.jsonl", [row] * 3), trainer)
@@ -242,16 +282,21 @@ def test_load_dpo_sample() -> None:
 
 
 def test_load_strips_extra_message_keys(tmp_path: Path) -> None:
-    rows = [{"messages": [{"role": "user", "content": "q", "name": "me"}, {"role": "assistant", "content": "a"}],
-             "id": 1}, {**CHAT, "id": "two"}]
+    rows = [
+        {"messages": [{"role": "user", "content": "q", "name": "me"}, {"role": "assistant", "content": "a"}], "id": 1},
+        {**CHAT, "id": "two"},
+    ]
     train, _ = load_datasets(JobSpec(dataset=jsonl(tmp_path / "d.jsonl", rows)))
     assert train[0]["messages"][0] == {"role": "user", "content": "q"}
     assert train.column_names == ["messages"]
 
 
 def test_load_conversational_dpo(tmp_path: Path) -> None:
-    row = {"prompt": [{"role": "user", "content": "Hi?"}], "chosen": [{"role": "assistant", "content": "[tag] Hi. Over."}],
-           "rejected": [{"role": "assistant", "content": "Hello."}]}
+    row = {
+        "prompt": [{"role": "user", "content": "Hi?"}],
+        "chosen": [{"role": "assistant", "content": "[tag] Hi. Over."}],
+        "rejected": [{"role": "assistant", "content": "Hello."}],
+    }
     ref = jsonl(tmp_path / "d.jsonl", [row] * 4)
     train, eval_ = load_datasets(JobSpec(trainer=Trainer.DPO, dataset=ref, eval_dataset=ref))
     assert train[0] == row and eval_ is not None and len(eval_) == 4
@@ -282,7 +327,8 @@ def test_length_warnings(tmp_path: Path) -> None:
     rows = [{"text": "word " * 200}] * 3 + [{"text": "short"}] * 5
     ds = datasets.Dataset.from_list(rows)
     assert length_warnings(ds, _WordTokenizer(), 96) == [
-        "3 of 8 rows are longer than max_length 96 tokens and will be truncated"]
+        "3 of 8 rows are longer than max_length 96 tokens and will be truncated"
+    ]
     assert length_warnings(ds, _WordTokenizer(), 1000) == []
     pref = datasets.Dataset.from_list([{"prompt": "a b", "chosen": "c", "rejected": "d " * 50}] * 2)
     assert length_warnings(pref, _WordTokenizer(), 10)[0].startswith("2 of 2 rows")
@@ -312,12 +358,27 @@ def test_trl_trainers_accept_loaded_data(tiny_model: Path, tmp_path: Path) -> No
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    common = dict(max_steps=1, per_device_train_batch_size=2, bf16=False, use_cpu=True, gradient_checkpointing=False,
-                  report_to=[], max_length=48, save_strategy="no")
-    for trainer, dataset, trainer_cls, config_cls in ((SFT, "sample:chat-format", SFTTrainer, SFTConfig),
-                                                      (DPO, "sample:preference-format", DPOTrainer, DPOConfig)):
+    common = dict(
+        max_steps=1,
+        per_device_train_batch_size=2,
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        report_to=[],
+        max_length=48,
+        save_strategy="no",
+    )
+    for trainer, dataset, trainer_cls, config_cls in (
+        (SFT, "sample:chat-format", SFTTrainer, SFTConfig),
+        (DPO, "sample:preference-format", DPOTrainer, DPOConfig),
+    ):
         train, eval_ = load_datasets(JobSpec(trainer=trainer, dataset=dataset, max_train_samples=4))
         model = AutoModelForCausalLM.from_pretrained(tiny_model)
-        run = trainer_cls(model=model, processing_class=tok, train_dataset=train, eval_dataset=eval_.select(range(2)),
-                          args=config_cls(output_dir=str(tmp_path / trainer.value), **common))
+        run = trainer_cls(
+            model=model,
+            processing_class=tok,
+            train_dataset=train,
+            eval_dataset=eval_.select(range(2)),
+            args=config_cls(output_dir=str(tmp_path / trainer.value), **common),
+        )
         assert run.train().training_loss > 0

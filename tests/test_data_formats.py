@@ -40,21 +40,35 @@ def assistant(text: str) -> dict[str, str]:
 
 
 ALPACA = [{"instruction": f"Name a colour ({i}).", "input": "", "output": "Blue."} for i in range(8)]
-SHAREGPT = [{"conversations": [{"from": "human", "value": f"Hi {i}?"}, {"from": "gpt", "value": "Hello."}]}
-            for i in range(8)]
+SHAREGPT = [
+    {"conversations": [{"from": "human", "value": f"Hi {i}?"}, {"from": "gpt", "value": "Hello."}]} for i in range(8)
+]
 CHAT = [{"messages": [user(f"Hi {i}?"), assistant("Hello.")]} for i in range(8)]
 
 
 # ---------------------------------------------------------------------- Alpaca
 def test_alpaca_becomes_conversational_prompt_completion(tmp_path: Path) -> None:
-    rows = [{"instruction": "Translate.", "input": "chat", "output": "cat", "system": "Be brief.",
-             "history": [["Hi", "Hello"]]}] + ALPACA
+    rows = [
+        {
+            "instruction": "Translate.",
+            "input": "chat",
+            "output": "cat",
+            "system": "Be brief.",
+            "history": [["Hi", "Hello"]],
+        }
+    ] + ALPACA
     info = check_dataset(write(tmp_path / "a.json", json.dumps(rows)), SFT)
     assert (info.source_format, info.format, info.n_rows) == ("alpaca", RowFormat.PROMPT_COMPLETION, 9)
     assert info.conversion.startswith("Alpaca instruction/input/system/history converted to conversational")
-    assert info.preview[0] == {"prompt": [{"role": "system", "content": "Be brief."}, user("Hi"), assistant("Hello"),
-                                          user("Translate.\n\nchat")],
-                               "completion": [assistant("cat")]}
+    assert info.preview[0] == {
+        "prompt": [
+            {"role": "system", "content": "Be brief."},
+            user("Hi"),
+            assistant("Hello"),
+            user("Translate.\n\nchat"),
+        ],
+        "completion": [assistant("cat")],
+    }
     assert info.preview[1]["prompt"] == [user("Name a colour (0).")]  # empty input adds nothing
     assert info.warnings == []  # instruction/input/output/system/history are all used
 
@@ -63,30 +77,51 @@ def test_alpaca_preference_rows_train_dpo(tmp_path: Path) -> None:
     rows = [{"instruction": f"Greet {i}.", "chosen": "Hi!", "rejected": "Go away."} for i in range(8)]
     info = check_dataset(write(tmp_path / "p.jsonl", lines(rows)), DPO)
     assert (info.source_format, info.format) == ("alpaca", RowFormat.PREFERENCE)
-    assert info.preview[0] == {"prompt": [user("Greet 0.")], "chosen": [assistant("Hi!")], "rejected": [assistant("Go away.")]}
+    assert info.preview[0] == {
+        "prompt": [user("Greet 0.")],
+        "chosen": [assistant("Hi!")],
+        "rejected": [assistant("Go away.")],
+    }
 
 
-@pytest.mark.parametrize("bad,words", [
-    ({"instruction": "", "output": "x"}, "row 2: `instruction` is empty"),
-    ({"instruction": "q", "output": "  "}, "row 2: `output` is empty"),
-    ({"instruction": 5, "output": "x"}, "row 2: `instruction` is not a string"),
-    ({"output": "x"}, "row 2: `instruction` is missing"),
-    ({"instruction": "q", "output": "x", "history": [["only one"]]}, "`history` is not a list of [question, answer] pairs"),
-])
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ({"instruction": "", "output": "x"}, "row 2: `instruction` is empty"),
+        ({"instruction": "q", "output": "  "}, "row 2: `output` is empty"),
+        ({"instruction": 5, "output": "x"}, "row 2: `instruction` is not a string"),
+        ({"output": "x"}, "row 2: `instruction` is missing"),
+        (
+            {"instruction": "q", "output": "x", "history": [["only one"]]},
+            "`history` is not a list of [question, answer] pairs",
+        ),
+    ],
+)
 def test_bad_alpaca_rows_named(tmp_path: Path, bad: dict, words: str) -> None:
     assert words in problems_text(write(tmp_path / "a.jsonl", lines([ALPACA[0], bad, ALPACA[1]])))
 
 
 # ---------------------------------------------------------------------- ShareGPT
 def test_sharegpt_speakers_and_system_column(tmp_path: Path) -> None:
-    row = {"system": "You are terse.", "conversations": [
-        {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "calling calc"},
-        {"from": "tool", "value": "4"}, {"from": "gpt", "value": "4"}]}
+    row = {
+        "system": "You are terse.",
+        "conversations": [
+            {"from": "human", "value": "2+2?"},
+            {"from": "gpt", "value": "calling calc"},
+            {"from": "tool", "value": "4"},
+            {"from": "gpt", "value": "4"},
+        ],
+    }
     info = check_dataset(write(tmp_path / "s.jsonl", lines([row] + SHAREGPT)), SFT)
     assert (info.source_format, info.format) == ("sharegpt", RowFormat.MESSAGES)
     assert "plus the `system` column" in info.conversion
-    assert info.preview[0]["messages"] == [{"role": "system", "content": "You are terse."}, user("2+2?"),
-                                           assistant("calling calc"), {"role": "tool", "content": "4"}, assistant("4")]
+    assert info.preview[0]["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        user("2+2?"),
+        assistant("calling calc"),
+        {"role": "tool", "content": "4"},
+        assistant("4"),
+    ]
 
 
 def test_sharegpt_turns_under_messages(tmp_path: Path) -> None:
@@ -95,24 +130,40 @@ def test_sharegpt_turns_under_messages(tmp_path: Path) -> None:
     assert info.source_format == "sharegpt" and info.preview[0]["messages"] == [user("Hi 0?"), assistant("Hello.")]
 
 
-@pytest.mark.parametrize("bad,words", [
-    ({"conversations": [{"from": "alien", "value": "x"}]}, "row 2: `conversations` has unknown speaker `alien`"),
-    ({"conversations": [{"from": "human"}]}, "row 2: `conversations` has a turn without `from` or `value`"),
-    ({"conversations": "hi"}, "row 2: `conversations` is not a list of {from, value} turns"),
-    ({"conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}]},
-     "row 2: `messages` starts with an assistant turn"),
-    ({"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": ""}]}, "empty or whitespace-only turn"),
-    ({"conversations": [{"from": "human", "value": "q"}]}, "has no assistant turn"),
-])
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ({"conversations": [{"from": "alien", "value": "x"}]}, "row 2: `conversations` has unknown speaker `alien`"),
+        ({"conversations": [{"from": "human"}]}, "row 2: `conversations` has a turn without `from` or `value`"),
+        ({"conversations": "hi"}, "row 2: `conversations` is not a list of {from, value} turns"),
+        (
+            {"conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}]},
+            "row 2: `messages` starts with an assistant turn",
+        ),
+        (
+            {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": ""}]},
+            "empty or whitespace-only turn",
+        ),
+        ({"conversations": [{"from": "human", "value": "q"}]}, "has no assistant turn"),
+    ],
+)
 def test_bad_sharegpt_rows_named(tmp_path: Path, bad: dict, words: str) -> None:
     assert words in problems_text(write(tmp_path / "s.jsonl", lines([SHAREGPT[0], bad, SHAREGPT[1]])))
 
 
 # ---------------------------------------------------------------------- OpenAI-style chat
 def test_openai_chat_extra_keys_are_ignored(tmp_path: Path) -> None:
-    rows = [{"id": f"c{i}", "messages": [{"role": "system", "content": "Be kind.", "name": "policy"},
-                                         {"role": "user", "content": "Hi?", "name": "ann"},
-                                         {"role": "assistant", "content": "Hello.", "weight": 1}]} for i in range(8)]
+    rows = [
+        {
+            "id": f"c{i}",
+            "messages": [
+                {"role": "system", "content": "Be kind.", "name": "policy"},
+                {"role": "user", "content": "Hi?", "name": "ann"},
+                {"role": "assistant", "content": "Hello.", "weight": 1},
+            ],
+        }
+        for i in range(8)
+    ]
     ref = write(tmp_path / "o.jsonl", lines(rows))
     info = check_dataset(ref, SFT)
     assert (info.source_format, info.conversion) == ("trl", None)
@@ -122,15 +173,18 @@ def test_openai_chat_extra_keys_are_ignored(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- containers and encodings
-@pytest.mark.parametrize("name,text,bom", [
-    ("bom.jsonl", lines(CHAT), True),
-    ("crlf.jsonl", lines(CHAT, "\r\n"), False),
-    ("bom-crlf.jsonl", lines(CHAT, "\r\n"), True),
-    ("array.json", json.dumps(CHAT, indent=2), False),
-    ("array-in.jsonl", json.dumps(CHAT), False),
-    ("wrapped.json", json.dumps({"version": 2, "data": CHAT}, indent=1), False),
-    ("wrapped-crlf-bom.json", json.dumps({"rows": CHAT}, indent=1).replace("\n", "\r\n"), True),
-])
+@pytest.mark.parametrize(
+    "name,text,bom",
+    [
+        ("bom.jsonl", lines(CHAT), True),
+        ("crlf.jsonl", lines(CHAT, "\r\n"), False),
+        ("bom-crlf.jsonl", lines(CHAT, "\r\n"), True),
+        ("array.json", json.dumps(CHAT, indent=2), False),
+        ("array-in.jsonl", json.dumps(CHAT), False),
+        ("wrapped.json", json.dumps({"version": 2, "data": CHAT}, indent=1), False),
+        ("wrapped-crlf-bom.json", json.dumps({"rows": CHAT}, indent=1).replace("\n", "\r\n"), True),
+    ],
+)
 def test_containers_and_encodings(tmp_path: Path, name: str, text: str, bom: bool) -> None:
     ref = write(tmp_path / name, text, bom=bom)
     info = check_dataset(ref, SFT)
@@ -177,13 +231,18 @@ def test_dataset_columns_from_yaml_mapping_and_text(tmp_path: Path) -> None:
     assert from_yaml == from_form and from_yaml.column_map == {"prompt": "question", "completion": "answer"}
     assert JobSpec.from_json(from_yaml.to_json()) == from_yaml
     loaded = load_data(from_yaml)
-    assert loaded.train.column_names == ["prompt", "completion"] and loaded.train[0] == {"prompt": "Q0?", "completion": "A0."}
+    assert loaded.train.column_names == ["prompt", "completion"] and loaded.train[0] == {
+        "prompt": "Q0?",
+        "completion": "A0.",
+    }
     assert loaded.record()["dataset"]["dataset_columns"] == {"prompt": "question", "completion": "answer"}
 
 
 def test_dataset_columns_feed_alpaca(tmp_path: Path) -> None:
     rows = [{"task": "Say hi.", "reply": "Hi."}] * 8
-    info = check_dataset(write(tmp_path / "t.jsonl", lines(rows)), SFT, column_map={"instruction": "task", "output": "reply"})
+    info = check_dataset(
+        write(tmp_path / "t.jsonl", lines(rows)), SFT, column_map={"instruction": "task", "output": "reply"}
+    )
     assert info.source_format == "alpaca" and info.preview[0]["completion"] == [assistant("Hi.")]
 
 
@@ -193,16 +252,22 @@ def test_dataset_columns_missing_column(tmp_path: Path) -> None:
         check_dataset(ref, SFT, column_map={"prompt": "question", "completion": "reply"})
     (problem,) = err.value.problems
     assert problem.field == "dataset_columns"
-    assert "maps `completion` to `reply`, but dataset has no `reply` column (found `question`, `answer`, `id`)" in problem.problem
+    assert (
+        "maps `completion` to `reply`, but dataset has no `reply` column (found `question`, `answer`, `id`)"
+        in problem.problem
+    )
 
 
-@pytest.mark.parametrize("value,words", [
-    ("prompt", "`prompt` is not a target=column pair"),
-    ("answer=question", "`answer` is not a column tunedeck reads"),
-    ("prompt=a, prompt=b", "`prompt` is mapped twice"),
-    ("prompt=a, completion=a", "column `a` is mapped twice"),
-    (",", "is empty"),
-])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("prompt", "`prompt` is not a target=column pair"),
+        ("answer=question", "`answer` is not a column tunedeck reads"),
+        ("prompt=a, prompt=b", "`prompt` is mapped twice"),
+        ("prompt=a, completion=a", "column `a` is mapped twice"),
+        (",", "is empty"),
+    ],
+)
 def test_dataset_columns_spec_problems(value: str, words: str) -> None:
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict({"dataset_columns": value})
@@ -238,8 +303,9 @@ def test_converted_data_trains_and_is_recorded(tiny_model: Path, tmp_path: Path,
 
     ref = write(tmp_path / f"{shape}.jsonl", lines(ALPACA if shape == "alpaca" else SHAREGPT))
     seen: dict[str, Any] = {}
-    result = train_spec(tiny_spec(tiny_model, dataset=ref, max_steps=2), tmp_path / "out", device=CPU,
-                        on_ready=seen.update)
+    result = train_spec(
+        tiny_spec(tiny_model, dataset=ref, max_steps=2), tmp_path / "out", device=CPU, on_ready=seen.update
+    )
     assert result.metrics["global_step"] == 2 and result.metrics["train_loss"] > 0
     assert seen["data"]["dataset"]["source_format"] == shape
     assert seen["data"]["dataset"]["conversion"] and seen["data"]["train_rows"] == 8
@@ -257,17 +323,27 @@ def test_cli_show_says_what_was_converted(store) -> None:
     from app.cli.main import show_text
 
     run_id = store.create_run(JobSpec(model="tiny-llama"))
-    info = {"ref": "a.jsonl", "format": "prompt_completion", "source_format": "alpaca", "rows": 20,
-            "conversion": "Alpaca instruction/input converted to conversational prompt/completion", "dataset_columns": None}
-    store.set_resolved_config(run_id, {"data": {"dataset": info, "eval_dataset": None, "train_rows": 16, "eval_rows": 4}})
+    info = {
+        "ref": "a.jsonl",
+        "format": "prompt_completion",
+        "source_format": "alpaca",
+        "rows": 20,
+        "conversion": "Alpaca instruction/input converted to conversational prompt/completion",
+        "dataset_columns": None,
+    }
+    store.set_resolved_config(
+        run_id, {"data": {"dataset": info, "eval_dataset": None, "train_rows": 16, "eval_rows": 4}}
+    )
     text = show_text(store, store.get_run(run_id))
     assert "  dataset: a.jsonl: 20 rows, prompt_completion (Alpaca instruction/input converted" in text
     assert "  rows used: 16 train, 4 eval" in text
 
 
-STRICT_TEMPLATE = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-                   "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
-                   "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+)
 
 
 def _with_template(tiny_model: Path, folder: Path, template: str) -> Path:
@@ -287,8 +363,16 @@ def test_two_users_in_a_row_are_refused_where_the_models_template_forbids_it(tmp
     from jobs.queue.submit import dataset_problems
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
-    rows.insert(1, {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
-                                 {"role": "assistant", "content": "c"}]})
+    rows.insert(
+        1,
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": "b"},
+                {"role": "assistant", "content": "c"},
+            ]
+        },
+    )
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     strict = _with_template(tiny_model, tmp_path / "strict", STRICT_TEMPLATE)

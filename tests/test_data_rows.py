@@ -44,33 +44,60 @@ GOOD = {"messages": [turn("user", "Hi?"), turn("assistant", "Hello.")]}
 
 
 # ---------------------------------------------------------------------- named bad rows
-@pytest.mark.parametrize("bad,words", [
-    ({"messages": [{}]}, "row 2: `messages` has a turn without `role`. Fix: give every turn a role"),
-    ({"messages": [{"role": "user"}, turn("assistant", "a")]}, "row 2: `messages` has a turn without `content`"),
-    ({"messages": [{"content": "q"}, turn("assistant", "a")]}, "row 2: `messages` has a turn without `role`"),
-    ({"messages": [turn("user", "q"), {"role": "assistant", "content": None}]}, "turn without `content`"),
-    ({"messages": [turn("user", "q"), {"role": "assistant", "content": [{"type": "text"}]}]},
-     "`content` is not text. Fix: write each turn's content as one string"),
-    ({"messages": [{"role": 3, "content": "q"}, turn("assistant", "a")]}, "`role` is not text"),
-    ({"messages": [turn("user", "   "), turn("assistant", "a")]}, "row 2: `messages` has an empty or whitespace-only turn"),
-    ({"messages": [turn("user", ""), turn("assistant", "")]}, "empty or whitespace-only turn. Fix: write the turn's text"),
-    ({"messages": [turn("user", "q"), turn("assistant", "\n\t")]}, "empty or whitespace-only turn"),
-    ({"messages": []}, "row 2: `messages` is an empty list"),
-    ({"messages": ["hi", "there"]}, "has a turn that is not a {role, content} object"),
-    ({"messages": [turn("assistant", "a"), turn("user", "q"), turn("assistant", "b")]},
-     "row 2: `messages` starts with an assistant turn. Fix: start with a user turn"),
-    ({"messages": [turn("system", "s"), turn("assistant", "a")]}, "starts with an assistant turn"),
-    ({"messages": [turn("user", "q"), turn("system", "s"), turn("assistant", "a")]}, "system turn after the first turn"),
-    ({"messages": [turn("user", "q")]}, "row 2: `messages` has no assistant turn"),
-    ({"messages": [turn("system", "s"), turn("user", "q")]}, "has no assistant turn"),
-    ({"messages": [turn("user", "q"), turn("assistant", "a"), turn("user", "more?")]}, "ends with a user turn"),
-    ({"messages": [turn("user", "q"), turn("tool", "42"), turn("assistant", "a")]},
-     "tool turn that does not follow an assistant turn"),
-    ({"messages": [turn("robot", "q"), turn("assistant", "a")]}, "unknown role `robot`"),
-    ({"prompt": [turn("assistant", "q")], "completion": [turn("assistant", "a")]}, "`prompt` starts with an assistant turn"),
-    ({"prompt": [turn("user", "")], "completion": [turn("assistant", "a")]}, "`prompt` has an empty or whitespace-only turn"),
-    ({"prompt": [turn("user", "q")], "completion": [{"role": "assistant"}]}, "`completion` has a turn without `content`"),
-])
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ({"messages": [{}]}, "row 2: `messages` has a turn without `role`. Fix: give every turn a role"),
+        ({"messages": [{"role": "user"}, turn("assistant", "a")]}, "row 2: `messages` has a turn without `content`"),
+        ({"messages": [{"content": "q"}, turn("assistant", "a")]}, "row 2: `messages` has a turn without `role`"),
+        ({"messages": [turn("user", "q"), {"role": "assistant", "content": None}]}, "turn without `content`"),
+        (
+            {"messages": [turn("user", "q"), {"role": "assistant", "content": [{"type": "text"}]}]},
+            "`content` is not text. Fix: write each turn's content as one string",
+        ),
+        ({"messages": [{"role": 3, "content": "q"}, turn("assistant", "a")]}, "`role` is not text"),
+        (
+            {"messages": [turn("user", "   "), turn("assistant", "a")]},
+            "row 2: `messages` has an empty or whitespace-only turn",
+        ),
+        (
+            {"messages": [turn("user", ""), turn("assistant", "")]},
+            "empty or whitespace-only turn. Fix: write the turn's text",
+        ),
+        ({"messages": [turn("user", "q"), turn("assistant", "\n\t")]}, "empty or whitespace-only turn"),
+        ({"messages": []}, "row 2: `messages` is an empty list"),
+        ({"messages": ["hi", "there"]}, "has a turn that is not a {role, content} object"),
+        (
+            {"messages": [turn("assistant", "a"), turn("user", "q"), turn("assistant", "b")]},
+            "row 2: `messages` starts with an assistant turn. Fix: start with a user turn",
+        ),
+        ({"messages": [turn("system", "s"), turn("assistant", "a")]}, "starts with an assistant turn"),
+        (
+            {"messages": [turn("user", "q"), turn("system", "s"), turn("assistant", "a")]},
+            "system turn after the first turn",
+        ),
+        ({"messages": [turn("user", "q")]}, "row 2: `messages` has no assistant turn"),
+        ({"messages": [turn("system", "s"), turn("user", "q")]}, "has no assistant turn"),
+        ({"messages": [turn("user", "q"), turn("assistant", "a"), turn("user", "more?")]}, "ends with a user turn"),
+        (
+            {"messages": [turn("user", "q"), turn("tool", "42"), turn("assistant", "a")]},
+            "tool turn that does not follow an assistant turn",
+        ),
+        ({"messages": [turn("robot", "q"), turn("assistant", "a")]}, "unknown role `robot`"),
+        (
+            {"prompt": [turn("assistant", "q")], "completion": [turn("assistant", "a")]},
+            "`prompt` starts with an assistant turn",
+        ),
+        (
+            {"prompt": [turn("user", "")], "completion": [turn("assistant", "a")]},
+            "`prompt` has an empty or whitespace-only turn",
+        ),
+        (
+            {"prompt": [turn("user", "q")], "completion": [{"role": "assistant"}]},
+            "`completion` has a turn without `content`",
+        ),
+    ],
+)
 def test_bad_chat_rows_named(tmp_path: Path, bad: dict, words: str) -> None:
     good = GOOD if "messages" in bad else {"prompt": [turn("user", "q")], "completion": [turn("assistant", "a")]}
     text = problems_text(write_jsonl(tmp_path / "d.jsonl", [good, bad, good]))
@@ -86,8 +113,9 @@ def test_all_empty_chats_are_refused(tmp_path: Path) -> None:
 
 
 def test_tool_turns_after_an_assistant_pass(tmp_path: Path) -> None:
-    row = {"messages": [turn("user", "2+2?"), turn("assistant", "calling calc"), turn("tool", "4"),
-                        turn("assistant", "4")]}
+    row = {
+        "messages": [turn("user", "2+2?"), turn("assistant", "calling calc"), turn("tool", "4"), turn("assistant", "4")]
+    }
     assert check_dataset(write_jsonl(tmp_path / "d.jsonl", [row] * 8), Trainer.SFT).n_rows == 8
 
 
@@ -106,8 +134,15 @@ def test_preview_of_a_bad_row_does_not_crash(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- property search
 ROLE_NAMES = st.sampled_from(["system", "user", "assistant", "tool", "human", "gpt", "", "robot"])
 TEXTS = st.one_of(st.text(max_size=6), st.sampled_from(["", " ", "\n", "hi"]))
-ODD = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
-                TEXTS, st.lists(TEXTS, max_size=2), st.dictionaries(st.sampled_from(["type", "text"]), TEXTS, max_size=2))
+ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    TEXTS,
+    st.lists(TEXTS, max_size=2),
+    st.dictionaries(st.sampled_from(["type", "text"]), TEXTS, max_size=2),
+)
 TURN_KEYS = st.sampled_from(["role", "content", "from", "value", "name", "weight"])
 TURNS = st.one_of(
     st.fixed_dictionaries({"role": ROLE_NAMES, "content": TEXTS}),
@@ -116,15 +151,36 @@ TURNS = st.one_of(
     ODD,
 )
 CHATS = st.one_of(st.lists(TURNS, max_size=5), ODD)
-COLUMN = st.sampled_from(["messages", "conversations", "prompt", "completion", "chosen", "rejected", "text",
-                          "instruction", "input", "output", "system", "history", "label", "data", "x"])
-ROWS = st.one_of(st.dictionaries(COLUMN, st.one_of(CHATS, TEXTS, ODD), max_size=4),
-                 st.fixed_dictionaries({"messages": CHATS}), st.fixed_dictionaries({"conversations": CHATS}),
-                 st.fixed_dictionaries({"prompt": st.one_of(CHATS, TEXTS), "completion": st.one_of(CHATS, TEXTS)}),
-                 st.fixed_dictionaries({"instruction": st.one_of(TEXTS, ODD), "output": st.one_of(TEXTS, ODD)},
-                                       optional={"input": TEXTS, "system": TEXTS,
-                                                 "history": st.lists(st.lists(TEXTS, max_size=3), max_size=2)}),
-                 ODD)
+COLUMN = st.sampled_from(
+    [
+        "messages",
+        "conversations",
+        "prompt",
+        "completion",
+        "chosen",
+        "rejected",
+        "text",
+        "instruction",
+        "input",
+        "output",
+        "system",
+        "history",
+        "label",
+        "data",
+        "x",
+    ]
+)
+ROWS = st.one_of(
+    st.dictionaries(COLUMN, st.one_of(CHATS, TEXTS, ODD), max_size=4),
+    st.fixed_dictionaries({"messages": CHATS}),
+    st.fixed_dictionaries({"conversations": CHATS}),
+    st.fixed_dictionaries({"prompt": st.one_of(CHATS, TEXTS), "completion": st.one_of(CHATS, TEXTS)}),
+    st.fixed_dictionaries(
+        {"instruction": st.one_of(TEXTS, ODD), "output": st.one_of(TEXTS, ODD)},
+        optional={"input": TEXTS, "system": TEXTS, "history": st.lists(st.lists(TEXTS, max_size=3), max_size=2)},
+    ),
+    ODD,
+)
 
 
 def assert_only_data_errors(ref: str, trainer: Trainer) -> None:
@@ -140,10 +196,14 @@ def assert_only_data_errors(ref: str, trainer: Trainer) -> None:
 
 
 @SEARCH
-@given(rows=st.lists(ROWS, max_size=5), trainer=st.sampled_from(list(Trainer)),
-       wrap=st.sampled_from(["jsonl", "array", "data"]))
-def test_random_chat_rows_only_data_error(tmp_path_factory: pytest.TempPathFactory, rows: list[Any],
-                                          trainer: Trainer, wrap: str) -> None:
+@given(
+    rows=st.lists(ROWS, max_size=5),
+    trainer=st.sampled_from(list(Trainer)),
+    wrap=st.sampled_from(["jsonl", "array", "data"]),
+)
+def test_random_chat_rows_only_data_error(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[Any], trainer: Trainer, wrap: str
+) -> None:
     path = tmp_path_factory.mktemp("rows") / ("d.jsonl" if wrap == "jsonl" else "d.json")
     if wrap == "jsonl":
         write_jsonl(path, rows)

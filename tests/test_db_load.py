@@ -56,7 +56,9 @@ def _load(store: Store, run_id: int, db: str, lock_s: float, write_s: float) -> 
         step = 0
         end = time.monotonic() + write_s
         while time.monotonic() < end:
-            points = [MetricPoint(step, name, float(step), time.time()) for name in ("loss", "learning_rate", "grad_norm")]
+            points = [
+                MetricPoint(step, name, float(step), time.time()) for name in ("loss", "learning_rate", "grad_norm")
+            ]
             try:
                 store.add_metrics(run_id, points)
                 written += len(points)
@@ -91,7 +93,13 @@ def _load(store: Store, run_id: int, db: str, lock_s: float, write_s: float) -> 
     stop.set()
     for t in threads:
         t.join()
-    return {"errors": errors, "written": written, "reads": reads, "max_read_s": max(latencies, default=0.0), "holder_exit": holder.wait(30)}
+    return {
+        "errors": errors,
+        "written": written,
+        "reads": reads,
+        "max_read_s": max(latencies, default=0.0),
+        "holder_exit": holder.wait(30),
+    }
 
 
 @pytest.fixture

@@ -5,18 +5,34 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import training_helpers
 
 from jobs.devices.facts import DeviceFacts, detect, target
 from jobs.spec.job import JobSpec, SpecError
-from storage.store import Store
 from jobs.spec.stored import spec_of
+from storage.store import Store
 
-import training_helpers
-
-H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=150_000_000_000, compute_capability="9.0",
-                   bf16=True, fp16=True, driver="580.65", host="gpu-box", index=0)
-T4 = DeviceFacts(kind="cuda", name="Tesla T4", total_bytes=16_000_000_000, compute_capability="7.5",
-                 bf16=False, fp16=True, host="old-box", index=0)
+H200 = DeviceFacts(
+    kind="cuda",
+    name="NVIDIA H200",
+    total_bytes=150_000_000_000,
+    compute_capability="9.0",
+    bf16=True,
+    fp16=True,
+    driver="580.65",
+    host="gpu-box",
+    index=0,
+)
+T4 = DeviceFacts(
+    kind="cuda",
+    name="Tesla T4",
+    total_bytes=16_000_000_000,
+    compute_capability="7.5",
+    bf16=False,
+    fp16=True,
+    host="old-box",
+    index=0,
+)
 
 
 def publish_live(store: Store, worker_id: str, facts: DeviceFacts) -> None:
@@ -36,7 +52,7 @@ def test_detect_on_this_machine_without_gpu_gives_cpu_facts() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     facts = detect()
-    assert facts.kind == "cpu" and facts.name == "cpu" and facts.total_bytes > 1024 ** 3
+    assert facts.kind == "cpu" and facts.name == "cpu" and facts.total_bytes > 1024**3
     assert not facts.fp16 and facts.host
 
 
@@ -141,12 +157,31 @@ def test_gpu_panel_draws_each_workers_device_apart(store: Store) -> None:
     publish_live(store, "gpu-box:1", H200)
     publish_live(store, "old-box:2", T4)
     now = time.time()
-    gib = 1024 ** 3
+    gib = 1024**3
     store.add_memory_samples(
-        [MemoryPoint(time=now - 30 + i, source="nvml", device_index=0, worker_id="gpu-box:1", used_bytes=80 * gib,
-                     total_bytes=H200.total_bytes) for i in range(10)]
-        + [MemoryPoint(time=now - 30 + i, source="nvml", device_index=0, worker_id="old-box:2", used_bytes=5 * gib,
-                       total_bytes=T4.total_bytes) for i in range(10)])
+        [
+            MemoryPoint(
+                time=now - 30 + i,
+                source="nvml",
+                device_index=0,
+                worker_id="gpu-box:1",
+                used_bytes=80 * gib,
+                total_bytes=H200.total_bytes,
+            )
+            for i in range(10)
+        ]
+        + [
+            MemoryPoint(
+                time=now - 30 + i,
+                source="nvml",
+                device_index=0,
+                worker_id="old-box:2",
+                used_bytes=5 * gib,
+                total_bytes=T4.total_bytes,
+            )
+            for i in range(10)
+        ]
+    )
     choices = device_choices(store)
     assert [worker for _, worker in choices] == ["gpu-box:1", "old-box:2"]  # the largest GPU first
     assert "NVIDIA H200" in choices[0][0] and "Tesla T4" in choices[1][0]

@@ -142,8 +142,16 @@ def test_dev_sh_usage_names_its_commands():
 
 # Paths that live outside this repository: a checkout must explain itself with its own files. The
 # patterns are built from pieces so that this file does not match itself.
-_OUTSIDE = re.compile("|".join([r"\.\./" + "shared", r"(?<![\w.-])/" + r"(?:work|farm|old_root)/", r"/home/" + r"[\w.-]+/",
-                                r"(?<![\w.-])/" + r"root/(?!\.cache/tunedeck)"]))
+_OUTSIDE = re.compile(
+    "|".join(
+        [
+            r"\.\./" + "shared",
+            r"(?<![\w.-])/" + r"(?:work|farm|old_root)/",
+            r"/home/" + r"[\w.-]+/",
+            r"(?<![\w.-])/" + r"root/(?!\.cache/tunedeck)",
+        ]
+    )
+)
 _TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".sh", ".txt", ".cfg", ".ini", ".json", ""}
 
 
@@ -154,8 +162,13 @@ def _tracked_text_files() -> list[Path]:
     else:
         names = [n for n in out.stdout.split("\0") if n]
     files = [ROOT / n for n in names]
-    return [f for f in files if f.is_file() and (f.suffix in _TEXT_SUFFIXES or f.name in {"Dockerfile", "run"})
-            and f.stat().st_size < 2_000_000]
+    return [
+        f
+        for f in files
+        if f.is_file()
+        and (f.suffix in _TEXT_SUFFIXES or f.name in {"Dockerfile", "run"})
+        and f.stat().st_size < 2_000_000
+    ]
 
 
 def test_nothing_points_outside_the_repository():
@@ -169,7 +182,12 @@ def test_nothing_points_outside_the_repository():
 
 
 def test_outside_reference_check_catches_what_it_should():
-    for line in ("see ../" "shared/MEMORY.md", "in /" "work/shared/ENV.md", "open /" "home/alice/x", "/" "root/notes"):
+    for line in (
+        "see ../" + "shared/MEMORY.md",
+        "in /" + "work/shared/ENV.md",
+        "open /" + "home/alice/x",
+        "/" + "root/notes",
+    ):
         assert _OUTSIDE.search(line), line
     for line in ("/usr/bin/chromium", "~/.cache/tunedeck/test-models", "docs/memory.md", "shared memory"):
         assert not _OUTSIDE.search(line), line

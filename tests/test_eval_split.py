@@ -15,9 +15,20 @@ from tests.training_helpers import tiny_spec
 
 
 def chat_file(path: Path, n: int) -> str:
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"},
-                                                     {"role": "assistant", "content": f"Answer {i}."}]}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Question {i}?"},
+                        {"role": "assistant", "content": f"Answer {i}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
     return str(path)
 
 
@@ -53,7 +64,9 @@ def test_no_split_no_eval_for_user_data(tmp_path: Path) -> None:
 @pytest.mark.parametrize("n,split", [(10, 10), (10, 50), (1, 0.5)])
 def test_split_leaving_nothing_to_train_is_refused(tmp_path: Path, n: int, split: float) -> None:
     problem = eval_rows(n, split)
-    assert isinstance(problem, Problem) and problem.field == "eval_split" and "leaving none to train on" in problem.problem
+    assert (
+        isinstance(problem, Problem) and problem.field == "eval_split" and "leaving none to train on" in problem.problem
+    )
     from jobs.queue.submit import check
 
     spec = JobSpec(model="tiny-llama", dataset=chat_file(tmp_path / "d.jsonl", n), eval_split=split)
@@ -62,12 +75,15 @@ def test_split_leaving_nothing_to_train_is_refused(tmp_path: Path, n: int, split
         load_data(spec)
 
 
-@pytest.mark.parametrize("data,words", [
-    ({"eval_split": 1.5}, "neither a fraction below 1 nor a whole row count"),
-    ({"eval_split": 0}, "out of range"),
-    ({"eval_split": -0.1}, "out of range"),
-    ({"eval_split": 0.1, "eval_dataset": "sample:chat-format:eval"}, "set together with eval_dataset"),
-])
+@pytest.mark.parametrize(
+    "data,words",
+    [
+        ({"eval_split": 1.5}, "neither a fraction below 1 nor a whole row count"),
+        ({"eval_split": 0}, "out of range"),
+        ({"eval_split": -0.1}, "out of range"),
+        ({"eval_split": 0.1, "eval_dataset": "sample:chat-format:eval"}, "set together with eval_dataset"),
+    ],
+)
 def test_spec_problems(data: dict, words: str) -> None:
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict(data)
@@ -81,8 +97,14 @@ def test_eval_loss_and_perplexity_through_the_worker(store, tiny_model: Path, tm
     from app.ui.run import RunPageData
     from jobs.worker.loop import Worker
 
-    spec = tiny_spec(tiny_model, dataset=chat_file(tmp_path / "d.jsonl", 24), eval_split=0.25, max_steps=4,
-                     eval_steps=2, max_train_samples=None)
+    spec = tiny_spec(
+        tiny_model,
+        dataset=chat_file(tmp_path / "d.jsonl", 24),
+        eval_split=0.25,
+        max_steps=4,
+        eval_steps=2,
+        max_train_samples=None,
+    )
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
     run = store.get_run(run_id)

@@ -1,6 +1,6 @@
 """The shipped examples/*.yaml are valid job specs that survive a YAML round trip.
 
-    .venv/bin/python -m pytest tests/test_examples.py -q
+.venv/bin/python -m pytest tests/test_examples.py -q
 """
 
 from __future__ import annotations

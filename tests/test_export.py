@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from jobs.train.artifacts import sha256_of
-from jobs.export.merged import CHECK_PROMPTS, ExportError, export_merged
-from storage.models import RunStatus
 from training_helpers import greedy_answer, tiny_spec
+
+from jobs.export.merged import CHECK_PROMPTS, ExportError, export_merged
+from jobs.train.artifacts import sha256_of
+from storage.models import RunStatus
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +20,11 @@ def runs(store, tiny_model: Path) -> dict[str, int]:
     """A finished LoRA run, a finished prompt-tuning run and a full fine-tune, through the worker."""
     from jobs.worker.loop import Worker
 
-    ids = {"lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
-           "prompt": store.create_run(tiny_spec(tiny_model, method="prompt_tuning", max_steps=2)),
-           "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2))}
+    ids = {
+        "lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
+        "prompt": store.create_run(tiny_spec(tiny_model, method="prompt_tuning", max_steps=2)),
+        "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
+    }
     Worker(store, poll_interval=0.1).work(burst=True)
     for name, run_id in ids.items():
         assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
@@ -48,8 +50,9 @@ def test_merged_export_answers_like_the_adapter_and_is_recorded(store, runs: dic
     merged = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     adapter_dir = next(Path(a.path) for a in store.artifacts(runs["lora"]) if a.kind == "adapter")
-    base = AutoModelForCausalLM.from_pretrained(json.loads((adapter_dir / "adapter_config.json").read_text())
-                                                ["base_model_name_or_path"])
+    base = AutoModelForCausalLM.from_pretrained(
+        json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    )
     tuned = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
     for prompt in CHECK_PROMPTS[:2]:
         assert greedy_answer(merged, tokenizer, prompt, 32) == greedy_answer(tuned, tokenizer, prompt, 32)
@@ -64,8 +67,9 @@ def test_export_zip_is_served_and_its_folder_is_not(store, runs: dict[str, int])
 
 
 @pytest.mark.parametrize("which, words", [("prompt", "virtual tokens"), ("full", "already a whole model")])
-def test_runs_with_nothing_to_merge_are_refused_with_the_reason(store, runs: dict[str, int], which: str,
-                                                                 words: str) -> None:
+def test_runs_with_nothing_to_merge_are_refused_with_the_reason(
+    store, runs: dict[str, int], which: str, words: str
+) -> None:
     with pytest.raises(ExportError) as err:
         export_merged(store, runs[which], "fp32")
     assert words in str(err.value) and err.value.problems[0].fix

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from training_helpers import tiny_spec
 
 from app.ui import export as ui_export
 from jobs.checks.access import AccessPolicy
 from storage.models import RunStatus
-from training_helpers import tiny_spec
 
 BACKENDS = ("sqlite",)  # the panel only reads the store; the store's backends are tested elsewhere
 
@@ -17,7 +17,15 @@ BACKENDS = ("sqlite",)  # the panel only reads the store; the store's backends a
 def test_the_command_follows_the_choices() -> None:
     assert ui_export.command(3, True, "fp32", []) == ["export", "3", "--merged", "--dtype", "fp32"]
     assert ui_export.command(3, False, "bf16", ["q8_0", "f16"]) == ["export", "3", "--gguf", "f16", "q8_0"]
-    assert ui_export.command(3, True, "bf16", ["f16"]) == ["export", "3", "--merged", "--dtype", "bf16", "--gguf", "f16"]
+    assert ui_export.command(3, True, "bf16", ["f16"]) == [
+        "export",
+        "3",
+        "--merged",
+        "--dtype",
+        "bf16",
+        "--gguf",
+        "f16",
+    ]
 
 
 def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,12 +35,16 @@ def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: p
     assert "Pick a run" in ui_export.refusal(store, None, True, [], None)
     assert "No run 999" in ui_export.refusal(store, 999, True, [], None)
     assert f"Run {queued} is queued" in ui_export.refusal(store, queued, True, [], None)
-    (text, _), = list(ui_export.export(store, None, queued, True, "bf16", []))
+    ((text, _),) = list(ui_export.export(store, None, queued, True, "bf16", []))
     assert "only a finished run" in text
     monkeypatch.delenv(REMOTE_CODE_ENV, raising=False)
     shared = AccessPolicy.for_server(login=True)
     problem = loading_problem(tiny_spec(tiny_model, trust_remote_code=True), 7, shared, "export it")
-    assert problem is not None and "trust_remote_code" in problem.problem and "export it from the command line" in problem.fix
+    assert (
+        problem is not None
+        and "trust_remote_code" in problem.problem
+        and "export it from the command line" in problem.fix
+    )
     assert loading_problem(tiny_spec(tiny_model), 7, shared, "export it") is None
 
 

@@ -16,7 +16,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -25,16 +24,15 @@ from typing import Any
 import psutil
 import pytest
 import torch
+import training_helpers
 from transformers import TrainerCallback
 
+from jobs.spec.job import JobSpec
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last_complete
-from jobs.spec.job import JobSpec
 from jobs.worker.loop import Worker, group_members, pid_alive
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
-
-import training_helpers
 
 pytestmark = pytest.mark.slow  # real fault injections around real training: the slow tier
 BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
@@ -63,8 +61,12 @@ def run_processes(run_id: int, home: Path) -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = p.info["cmdline"] or []
-            if (p.info["status"] != psutil.STATUS_ZOMBIE and "jobs.train.child" in cmd and cmd[-1] == str(run_id)
-                    and p.environ().get("TUNEDECK_HOME") == str(home)):
+            if (
+                p.info["status"] != psutil.STATUS_ZOMBIE
+                and "jobs.train.child" in cmd
+                and cmd[-1] == str(run_id)
+                and p.environ().get("TUNEDECK_HOME") == str(home)
+            ):
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
@@ -116,8 +118,12 @@ def test_two_workers_two_launches_give_one_running_one_queued(data_home: Path, s
     launcher = tmp_path / "worker.py"
     launcher.write_text(FAKE_WORKER % {"secs": 2.5})
     env = dict(os.environ, TUNEDECK_HOME=str(data_home))
-    workers = [subprocess.Popen([sys.executable, str(launcher)], env=env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(launcher)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for _ in range(2)
+    ]
     try:
         wait_for(lambda: len(store.live_workers()) == 2, timeout=60, what="two workers up")
         ids: list[int] = []
@@ -141,8 +147,9 @@ def test_two_workers_two_launches_give_one_running_one_queued(data_home: Path, s
             assert statuses.count(RunStatus.RUNNING) <= 1, statuses
             time.sleep(0.05)
         assert store.get_run(second).status is RunStatus.QUEUED
-        wait_for(lambda: all(store.get_run(i).status is RunStatus.SUCCEEDED for i in ids), timeout=60,
-                 what="both runs done")
+        wait_for(
+            lambda: all(store.get_run(i).status is RunStatus.SUCCEEDED for i in ids), timeout=60, what="both runs done"
+        )
         a, b = store.get_run(first), store.get_run(second)
         assert b.started_at >= a.finished_at  # FIFO and never overlapping
     finally:
@@ -253,14 +260,20 @@ def test_cancel_frees_gpu_memory(store: Store, tiny_model: Path) -> None:
 
 # ---------------------------------------------------------------------- 4. worker killed (then 5. resume)
 @pytest.mark.integration
-def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(data_home: Path, store: Store,
-                                                                       tiny_model: Path) -> None:
+def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(
+    data_home: Path, store: Store, tiny_model: Path
+) -> None:
     from app.cli.main import main
 
     spec = tiny_spec(tiny_model, max_steps=2000, max_length=48)
     run_id = store.create_run(spec)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "worker"], env=child_env(data_home, store), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "worker"],
+        env=child_env(data_home, store),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         run = wait_for(lambda: (r := store.get_run(run_id)).current_step >= 3 and r, timeout=180)
         proc.kill()  # SIGKILL to the worker alone: its child (own session) trains on, orphaned
@@ -342,17 +355,22 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
-def test_killed_dashboard_training_goes_on_and_a_new_dashboard_shows_it(data_home: Path, store: Store,
-                                                                       tiny_model: Path) -> None:
+def test_killed_dashboard_training_goes_on_and_a_new_dashboard_shows_it(
+    data_home: Path, store: Store, tiny_model: Path
+) -> None:
     from app.ui.run import RunPageData
     from app.ui.runs import runs_frame
 
     # Far more steps than any machine trains before the kill lands: the kill is always mid-run, and the
     # run is ended by a cancel afterwards instead of by its own end (no dependence on training speed).
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=100000, max_train_samples=None, max_length=48))
-    serve = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--port", str(_free_port())],
-                             env=child_env(data_home, store), cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "serve", "--port", str(_free_port())],
+        env=child_env(data_home, store),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     worker_pid = None
     try:
         run = wait_for(lambda: (r := store.get_run(run_id)).current_step >= 2 and r, timeout=180)
@@ -361,8 +379,11 @@ def test_killed_dashboard_training_goes_on_and_a_new_dashboard_shows_it(data_hom
         serve.wait(10)
         run = store.get_run(run_id)
         assert run.status is RunStatus.RUNNING  # the kill came mid-run
-        wait_for(lambda: store.get_run(run_id).current_step > run.current_step, timeout=120,
-                 what="training goes on after the dashboard died")
+        wait_for(
+            lambda: store.get_run(run_id).current_step > run.current_step,
+            timeout=120,
+            what="training goes on after the dashboard died",
+        )
         # A new dashboard (its data functions; no browser needed) shows the live run.
         frame = runs_frame(store)
         row = frame[frame.iloc[:, 0] == run_id].iloc[0]
@@ -370,8 +391,9 @@ def test_killed_dashboard_training_goes_on_and_a_new_dashboard_shows_it(data_hom
         assert "running" in RunPageData(store).refresh(run_id, None)[0]
         # The orphaned worker still obeys the store: a cancel stops the run, with its checkpoint.
         assert store.request_cancel(run_id) is RunStatus.RUNNING
-        run = wait_for(lambda: (r := store.get_run(run_id)).status.finished and r, timeout=120,
-                       what="the cancelled run ends")
+        run = wait_for(
+            lambda: (r := store.get_run(run_id)).status.finished and r, timeout=120, what="the cancelled run ends"
+        )
         assert run.status is RunStatus.CANCELLED and run.current_step > 2, run.error_summary
         assert "cancelled" in RunPageData(store).refresh(run_id, None)[0]
         # The orphaned worker ends its run, then exits since its parent is gone.
@@ -441,8 +463,15 @@ def test_store_keeps_non_finite_metrics_and_migrates_old_databases(data_home: Pa
     try:
         assert store.schema_version >= 3
         run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=5))
-        store.add_metrics(run_id, [MetricPoint(1, "loss", 2.0, 1.0), MetricPoint(2, "loss", math.nan, 2.0),
-                                   MetricPoint(3, "loss", math.inf, 3.0), MetricPoint(4, "loss", 1.0, 4.0)])
+        store.add_metrics(
+            run_id,
+            [
+                MetricPoint(1, "loss", 2.0, 1.0),
+                MetricPoint(2, "loss", math.nan, 2.0),
+                MetricPoint(3, "loss", math.inf, 3.0),
+                MetricPoint(4, "loss", 1.0, 4.0),
+            ],
+        )
         values = [p.value for p in store.metrics(run_id, ["loss"])]
         assert values[0] == 2.0 and math.isnan(values[1]) and math.isnan(values[2]) and values[3] == 1.0
         assert store.last_metric(run_id, "loss").value == 1.0
@@ -481,7 +510,8 @@ def fill_disk(path: Path) -> None:
 
 @pytest.mark.integration
 def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
-        small_disk: Path, tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small_disk: Path, tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from jobs.train.child import run
 
     monkeypatch.setenv("TUNEDECK_HOME", str(small_disk))
@@ -504,8 +534,9 @@ def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
         record = store.get_run(run_id)
         assert record.status is RunStatus.FAILED
         out = store.run_dir(run_id) / "output"
-        assert record.error_summary.startswith(f"disk full while saving checkpoint to {out / 'checkpoint-4'}: "
-                                               "free space or lower save frequency"), record.error_summary
+        assert record.error_summary.startswith(
+            f"disk full while saving checkpoint to {out / 'checkpoint-4'}: free space or lower save frequency"
+        ), record.error_summary
         assert [s for s, _ in checkpoint_dirs(out)] == [2]  # the half-written one is gone
         folder = out / "checkpoint-2"
         assert is_complete(folder)

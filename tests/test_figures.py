@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.train import figures
 from jobs.spec.job import JobSpec
 from jobs.spec.stored import spec_of
+from jobs.train import figures
 from storage.store import MemoryBucket, MemoryPoint, MetricPoint
 
-GIB = 1024 ** 3
+GIB = 1024**3
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -41,14 +41,20 @@ def test_figures_are_means_of_the_rows_and_the_last_loss(store, measured_run):
     assert f.step_time == pytest.approx(1.0 / 3)
     assert (f.loss, f.peak_memory_bytes, f.peak_memory_source) == (1.25, int(1.5 * GIB), "host")
     assert [f.text(x) for x in figures.FIGURES] == ["1,133 tokens/s", "0.333 s", "1.50 GiB (host)", "1.2500"]
-    assert f.metrics() == {"tokens_per_second": pytest.approx(3400 / 3), "step_time": pytest.approx(1 / 3),
-                           "peak_memory_bytes": float(int(1.5 * GIB)), "loss": 1.25}
+    assert f.metrics() == {
+        "tokens_per_second": pytest.approx(3400 / 3),
+        "step_time": pytest.approx(1 / 3),
+        "peak_memory_bytes": float(int(1.5 * GIB)),
+        "loss": 1.25,
+    }
 
 
 def test_every_surface_shows_the_same_text(store, measured_run):
     """Runs table, run page header, Compare, `tunedeck show` and the model card print one text per figure."""
     from app.cli import main as cli
-    from app.ui import compare as ui_compare, run as ui_run, runs as ui_runs
+    from app.ui import compare as ui_compare
+    from app.ui import run as ui_run
+    from app.ui import runs as ui_runs
     from jobs.train.artifacts import model_card
 
     run = store.get_run(measured_run)
@@ -82,9 +88,10 @@ def test_many_runs_at_once_match_one_run_at_a_time(store, measured_run):
 
 def test_sampled_peak_is_the_highest_nvml_or_host_sample(store):
     run_id = store.create_run(JobSpec())
-    store.add_memory_samples([MemoryPoint(time=100.0 + i, source="nvml", run_id=run_id, used_bytes=(i + 1) * GIB)
-                              for i in range(5)] +
-                             [MemoryPoint(time=101.0, source="torch", run_id=run_id, torch_reserved=9 * GIB)])
+    store.add_memory_samples(
+        [MemoryPoint(time=100.0 + i, source="nvml", run_id=run_id, used_bytes=(i + 1) * GIB) for i in range(5)]
+        + [MemoryPoint(time=101.0, source="torch", run_id=run_id, torch_reserved=9 * GIB)]
+    )
     assert figures.sampled_peak(store, run_id) == (5 * GIB, "nvml")
     assert figures.sampled_peak(store, store.create_run(JobSpec())) is None
 
@@ -95,8 +102,16 @@ def test_readme_defines_every_figure_as_the_code_does():
 
 # ---------------------------------------------------------------------- chart data
 def _bucket(source: str, **values) -> MemoryBucket:
-    fields = dict(used_min=None, used_max=None, total_max=None, utilization_max=None, torch_allocated_max=None,
-                  torch_reserved_max=None, rss_min=None, rss_max=None)
+    fields = dict(
+        used_min=None,
+        used_max=None,
+        total_max=None,
+        utilization_max=None,
+        torch_allocated_max=None,
+        torch_reserved_max=None,
+        rss_min=None,
+        rss_max=None,
+    )
     return MemoryBucket(source, 10.0, 10.0, **{**fields, **values}, count=1)
 
 
@@ -105,20 +120,31 @@ def test_memory_graph_follows_the_device():
 
     cpu = series.memory_frame([_bucket("host", used_min=GIB, used_max=GIB, rss_min=GIB, rss_max=GIB)], 0.0)
     assert set(cpu["series"]) == {"host RSS"}  # no "GPU used (NVML)" line on a machine without one
-    gpu = series.memory_frame([_bucket("nvml", used_min=3 * GIB, used_max=3 * GIB, rss_min=GIB, rss_max=GIB),
-                               _bucket("torch", torch_allocated_max=GIB, torch_reserved_max=2 * GIB)], 0.0)
-    assert dict(zip(gpu["series"], gpu["GiB"])) == {"GPU used (NVML)": 3.0, "torch allocated": 1.0,
-                                                   "torch reserved": 2.0}
+    gpu = series.memory_frame(
+        [
+            _bucket("nvml", used_min=3 * GIB, used_max=3 * GIB, rss_min=GIB, rss_max=GIB),
+            _bucket("torch", torch_allocated_max=GIB, torch_reserved_max=2 * GIB),
+        ],
+        0.0,
+    )
+    assert dict(zip(gpu["series"], gpu["GiB"])) == {
+        "GPU used (NVML)": 3.0,
+        "torch allocated": 1.0,
+        "torch reserved": 2.0,
+    }
 
 
 def test_runs_sharing_a_name_get_their_own_colour_and_label():
-    from app.ui import charts, compare as ui_compare
+    from app.ui import charts
+    from app.ui import compare as ui_compare
 
     labels = [ui_compare.run_label(i, "lora") for i in range(1, 6)]
     colours = charts.color_map(labels)
     assert list(colours) == labels and len(set(colours.values())) == 5
-    assert charts.color_map(["train", "eval"]) == {"train": charts.SERIES_COLORS["train"],
-                                                    "eval": charts.SERIES_COLORS["eval"]}
+    assert charts.color_map(["train", "eval"]) == {
+        "train": charts.SERIES_COLORS["train"],
+        "eval": charts.SERIES_COLORS["eval"],
+    }
 
 
 @pytest.mark.parametrize("value, top", [(0.0, 1.0), (0.93, 1.0), (1.01, 1.2), (3.3, 4.0), (27_576.0, 30_000.0)])
@@ -133,8 +159,12 @@ def test_a_single_logged_value_still_draws_a_line():
     from app.ui import series
     from storage.store import MetricBucket
 
-    frame = series.metric_frame({"eval": [MetricBucket(40, 40, 1.5, 1.5, 1.5, 1)],
-                                 "train": [MetricBucket(s, s, 2.0, 2.0, 2.0, 1) for s in (1, 2)]})
+    frame = series.metric_frame(
+        {
+            "eval": [MetricBucket(40, 40, 1.5, 1.5, 1.5, 1)],
+            "train": [MetricBucket(s, s, 2.0, 2.0, 2.0, 1) for s in (1, 2)],
+        }
+    )
     assert frame[frame["series"] == "eval"][["step", "value"]].values.tolist() == [[39.5, 1.5], [40.5, 1.5]]
     assert frame[frame["series"] == "train"]["step"].tolist() == [1.0, 2.0]
 
@@ -142,9 +172,9 @@ def test_a_single_logged_value_still_draws_a_line():
 def test_every_dashboard_plot_has_a_browser_check(store):
     """A new chart must come with a check in tests/test_charts_browser.py (issue 15: charts that draw)."""
     import gradio as gr
+    from chart_scene import CHECKED_CHARTS
 
     from app.ui.dashboard import build_ui
-    from chart_scene import CHECKED_CHARTS
 
     demo = build_ui(store)
     plots = {b.elem_id for b in demo.blocks.values() if isinstance(b, (gr.LinePlot, gr.ScatterPlot, gr.BarPlot))}

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import training_helpers
 
 from jobs.memory.flops import FlopsRate, peak_tflops, train_flops_per_token
 from storage.models import RunStatus
 from storage.store import Store
-
-import training_helpers
 
 N = 1_000_000
 
@@ -26,28 +25,36 @@ def test_peft_pays_the_backward_through_frozen_layers_but_weight_gradients_only_
     assert train_flops_per_token(N, lora, recompute=True) == 6 * N + 2 * lora
 
 
-@pytest.mark.parametrize("name, precision, expected", [
-    ("NVIDIA H200", "bf16", 989.0),
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
-    ("NVIDIA H100 PCIe", "fp16", 756.0),
-    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),  # not the A10's row
-    ("NVIDIA A10G", "fp32", 31.2),
-    ("NVIDIA L40S", "bf16", 362.0),
-    ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
-    ("NVIDIA GeForce RTX 3090", "fp16", 71.0),
-    ("Tesla T4", "fp16", 65.0),
-    ("Tesla V100-SXM2-16GB", "fp16", 125.0),
-    ("Tesla T4", "bf16", None),  # no bf16 on Turing
-    ("Some Future GPU", "bf16", None),
-])
+@pytest.mark.parametrize(
+    "name, precision, expected",
+    [
+        ("NVIDIA H200", "bf16", 989.0),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "fp16", 756.0),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),  # not the A10's row
+        ("NVIDIA A10G", "fp32", 31.2),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+        ("NVIDIA GeForce RTX 3090", "fp16", 71.0),
+        ("Tesla T4", "fp16", 65.0),
+        ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+        ("Tesla T4", "bf16", None),  # no bf16 on Turing
+        ("Some Future GPU", "bf16", None),
+    ],
+)
 def test_peak_table(name: str, precision: str, expected: float | None) -> None:
     found = peak_tflops(name, precision)
     assert (found[0] if found else None) == expected
 
 
 def test_rate_for_a_run_on_a_known_gpu_gives_mfu() -> None:
-    resolved = {"total_params": N, "trainable_params": N, "precision": "bf16",
-                "device": {"cuda": True, "name": "NVIDIA H200"}, "trainer_config": {"gradient_checkpointing": True}}
+    resolved = {
+        "total_params": N,
+        "trainable_params": N,
+        "precision": "bf16",
+        "device": {"cuda": True, "name": "NVIDIA H200"},
+        "trainer_config": {"gradient_checkpointing": True},
+    }
     rate = FlopsRate.for_run(resolved)
     tokens_per_second = 1e8
     assert rate.tflops(tokens_per_second) == pytest.approx(1e8 * 8 * N / 1e12)

@@ -10,8 +10,8 @@ import pytest
 
 from app.ui import form as ui_form
 from jobs.spec import presets
-from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe
 from jobs.spec.job import RANKED_METHODS, JobSpec, Method, Trainer, deciding_fields, field_infos
+from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe
 
 INFOS = {f.name: f for f in field_infos()}
 QLORA_FIELDS = {"bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"}
@@ -45,13 +45,19 @@ def test_qlora_fields_apply_only_to_qlora(method):
     assert all(shown[n] is (method is Method.QLORA) for n in QLORA_FIELDS), shown
     # The rank applies to every ranked adapter (LoRA family, MoRA, LoKr, LoHa, VeRA, MiSS, HiRA), never to the rest.
     assert shown["lora_r"] is (method in RANKED_METHODS)
-    assert shown["lora_r"] is not (method in {Method.FULL, Method.IA3, Method.OFT, Method.ADAPTION_PROMPT}
-                                   | {Method.PROMPT_TUNING, Method.PREFIX_TUNING, Method.P_TUNING})
+    assert shown["lora_r"] is not (
+        method
+        in {Method.FULL, Method.IA3, Method.OFT, Method.ADAPTION_PROMPT}
+        | {Method.PROMPT_TUNING, Method.PREFIX_TUNING, Method.P_TUNING}
+    )
     assert shown["num_virtual_tokens"] is (method in {Method.PROMPT_TUNING, Method.PREFIX_TUNING, Method.P_TUNING})
 
 
 def test_trainer_decides_beta_and_the_sft_only_fields():
-    sft, dpo = ui_form.visibility({"trainer": "sft", "method": "lora"}), ui_form.visibility({"trainer": "dpo", "method": "lora"})
+    sft, dpo = (
+        ui_form.visibility({"trainer": "sft", "method": "lora"}),
+        ui_form.visibility({"trainer": "dpo", "method": "lora"}),
+    )
     assert not sft["beta"] and dpo["beta"]
     assert sft["packing"] and not dpo["packing"] and sft["completion_only_loss"] and not dpo["completion_only_loss"]
 
@@ -62,8 +68,16 @@ def test_an_unknown_deciding_value_keeps_the_field_in_view():
 
 
 def test_a_field_that_does_not_apply_takes_its_default_in_the_spec():
-    values = {**_form(JobSpec()), "trainer": "dpo", "dataset": "sample:preference-format", "packing": True,
-              "method": "full", "lora_r": 64, "bnb_4bit_quant_type": "fp4", "learning_rate": 1e-5}
+    values = {
+        **_form(JobSpec()),
+        "trainer": "dpo",
+        "dataset": "sample:preference-format",
+        "packing": True,
+        "method": "full",
+        "lora_r": 64,
+        "bnb_4bit_quant_type": "fp4",
+        "learning_rate": 1e-5,
+    }
     spec = ui_form.spec_from_form(values)  # packing would be a DPO problem if it were kept
     assert spec.packing is False and spec.lora_r == 16 and spec.bnb_4bit_quant_type.value == "nf4"
     assert "lora_r: 16" in spec.to_yaml()
@@ -101,8 +115,15 @@ def test_a_preset_leaves_nothing_of_the_one_before(first, then):
 def test_a_preset_says_what_it_changed():
     spec, changes = apply_preset(JobSpec(), "Low memory")
     assert spec.method is Method.QLORA and spec.gradient_checkpointing and spec.effective_batch_size == 8
-    assert {c.field for c in changes} == {"method", "lora_r", "lora_alpha", "per_device_train_batch_size",
-                                         "gradient_accumulation_steps", "gradient_checkpointing", "optim"}
+    assert {c.field for c in changes} == {
+        "method",
+        "lora_r",
+        "lora_alpha",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "gradient_checkpointing",
+        "optim",
+    }
     text = describe("Low memory", changes)
     assert text.startswith("Low memory changed 7 field(s): Method (method) lora → qlora;")
     assert "Gradient checkpointing (gradient_checkpointing) off → on" in text
@@ -144,8 +165,13 @@ def test_events_reading_the_form_leave_range_checks_to_the_spec(store):
 
     demo = build_ui(store)
     titles = {f.title for f in INFOS.values()}  # the launch form's fields, by their labels
-    bounded = {c._id for c in demo.blocks.values() if isinstance(c, (gr.Number, gr.Slider)) and c.label in titles
-               and (c.minimum is not None or c.maximum is not None)}
+    bounded = {
+        c._id
+        for c in demo.blocks.values()
+        if isinstance(c, (gr.Number, gr.Slider))
+        and c.label in titles
+        and (c.minimum is not None or c.maximum is not None)
+    }
     readers = [fn for fn in demo.fns.values() if bounded & {c._id for c in fn.inputs}]
     assert len(readers) >= 5 and all(not fn.preprocess for fn in readers), [fn.name for fn in readers if fn.preprocess]
 
@@ -154,8 +180,15 @@ def test_form_events_stay_off_the_api_page(store):
     from app.ui.dashboard import build_ui
 
     named = build_ui(store).get_api_info()["named_endpoints"]
-    internal = {"/budget_text", "/preview_spec", "/choose_preset", "/show_applicable", "/load_yaml", "/save_upload",
-                "/preview_with_lengths"}
+    internal = {
+        "/budget_text",
+        "/preview_spec",
+        "/choose_preset",
+        "/show_applicable",
+        "/load_yaml",
+        "/save_upload",
+        "/preview_with_lengths",
+    }
     assert not internal & set(named), sorted(named)
 
 

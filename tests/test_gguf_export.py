@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from training_helpers import tiny_spec
 
-from jobs.train.artifacts import sha256_of
-from jobs.export.merged import CHECK_PROMPTS, ExportError
 from jobs.export.gguf import Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
 from jobs.export.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
+from jobs.export.merged import CHECK_PROMPTS, ExportError
+from jobs.train.artifacts import sha256_of
 from storage.models import RunStatus
-from training_helpers import tiny_spec
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +24,22 @@ def _tiny_variant(tiny_model: Path, dest: Path, config_class: str, **extra) -> P
     from transformers import AutoTokenizer
 
     config = getattr(transformers, config_class)(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **extra)
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        **extra,
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    config.bos_token_id, config.eos_token_id, config.pad_token_id = (tokenizer.bos_token_id, tokenizer.eos_token_id,
-                                                                     tokenizer.pad_token_id)
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = (
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         model = transformers.AutoModelForCausalLM.from_config(config)
@@ -50,9 +61,11 @@ def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
         patch.delenv("TUNEDECK_DATABASE_URL", raising=False)
         store = Store()
         mistral = _tiny_variant(tiny_model, home / "tiny-mistral", "MistralConfig")
-        ids = {"lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
-               "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
-               "mistral": store.create_run(tiny_spec(mistral, max_steps=1))}
+        ids = {
+            "lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
+            "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
+            "mistral": store.create_run(tiny_spec(mistral, max_steps=1)),
+        }
         Worker(store, poll_interval=0.1).work(burst=True)
         for name, run_id in ids.items():
             assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
@@ -109,8 +122,9 @@ def test_f16_and_q8_0_load_back_and_answer_like_the_merged_model(tstore, runs: d
     for text in TOKENIZER_TEXTS:
         assert gguf_tok(text)["input_ids"] == run_tok(text)["input_ids"], text
     reference = AutoModelForCausalLM.from_pretrained(str(f16.source), dtype=torch.float32).eval()
-    loaded = AutoModelForCausalLM.from_pretrained(str(f16.path.parent), gguf_file=f16.path.name,
-                                                  dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(f16.path.parent), gguf_file=f16.path.name, dtype=torch.float32
+    ).eval()
     ids = run_tok(CHECK_PROMPTS[0], return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.allclose(reference(ids).logits, loaded(ids).logits, atol=1e-2)
@@ -132,8 +146,9 @@ def test_unsupported_architecture_is_refused_naming_it_and_the_way_out(tstore, r
     assert not list((tstore.run_dir(runs["mistral"]) / "gguf").glob("*.gguf"))
 
 
-def test_a_failed_round_trip_deletes_the_file_and_records_nothing(tstore, runs: dict[str, int],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_round_trip_deletes_the_file_and_records_nothing(
+    tstore, runs: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import jobs.export.gguf
 
     folder = tstore.run_dir(runs["lora"]) / "gguf"
@@ -188,14 +203,26 @@ def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_pa
 @pytest.mark.slow
 def test_smollm2_run_exports_f16_and_q8_0(store, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
-    from jobs.spec.job import JobSpec
     from jobs.queue.submit import submit
+    from jobs.spec.job import JobSpec
     from jobs.worker.loop import Worker
 
-    spec = JobSpec.from_dict({
-        "run_name": "smollm2-gguf", "model": "smollm2-135m-instruct", "dataset": "sample:chat-format",
-        "method": "lora", "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
-        "per_device_train_batch_size": 2, "max_length": 48, "max_steps": 2, "max_train_samples": 8})
+    spec = JobSpec.from_dict(
+        {
+            "run_name": "smollm2-gguf",
+            "model": "smollm2-135m-instruct",
+            "dataset": "sample:chat-format",
+            "method": "lora",
+            "lora_r": 8,
+            "lora_alpha": 16,
+            "learning_rate": 1e-3,
+            "lr_scheduler_type": "constant",
+            "per_device_train_batch_size": 2,
+            "max_length": 48,
+            "max_steps": 2,
+            "max_train_samples": 8,
+        }
+    )
     run_id = submit(store, spec)
     Worker(store, poll_interval=0.2).work(burst=True)
     assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_detail

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from jobs.checks.access import AccessPolicy
-from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
 from jobs.config.mapping import CPU, resolved_config, training_kwargs
 from jobs.config.trainers import reward_weights
-from jobs.spec.rewards import builtin_reward, function_ref_problem, parse_rewards
+from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
 from jobs.spec.job import JobSpec, SpecError, Trainer
+from jobs.spec.rewards import builtin_reward, function_ref_problem, parse_rewards
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 
@@ -56,9 +56,17 @@ def test_grpo_reads_prompt_only_rows(tmp_path: Path) -> None:
     info = check_dataset("sample:preference-format", GRPO)
     assert info.format.value == "prompt_only" and "`chosen`, `rejected` are not used by grpo" in info.warnings[0]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("\n".join(json.dumps(r) for r in (
-        {"prompt": "fine"}, {"prompt": ""},
-        {"prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})) + "\n")
+    bad.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"prompt": "fine"},
+                {"prompt": ""},
+                {"prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            )
+        )
+        + "\n"
+    )
     with pytest.raises(DataError) as err:
         check_dataset(str(bad), GRPO)
     text = str(err.value)
@@ -77,14 +85,17 @@ def test_other_columns_reach_the_reward_functions(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- rewards and mapping
-@pytest.mark.parametrize("text,weights,problem", [
-    ("think_format", {"think_format": 1.0}, None),
-    ("think_format, repetition=0.5, overlong=-2", {"think_format": 1.0, "repetition": 0.5, "overlong": -2.0}, None),
-    ("accuracy", {}, "`accuracy` is not a built-in reward"),
-    ("repetition=lots", {}, "has no number as its weight"),
-    ("repetition, repetition", {"repetition": 1.0}, "is listed twice"),
-    (" , ", {}, "lists no reward"),
-])
+@pytest.mark.parametrize(
+    "text,weights,problem",
+    [
+        ("think_format", {"think_format": 1.0}, None),
+        ("think_format, repetition=0.5, overlong=-2", {"think_format": 1.0, "repetition": 0.5, "overlong": -2.0}, None),
+        ("accuracy", {}, "`accuracy` is not a built-in reward"),
+        ("repetition=lots", {}, "has no number as its weight"),
+        ("repetition, repetition", {"repetition": 1.0}, "is listed twice"),
+        (" , ", {}, "lists no reward"),
+    ],
+)
 def test_parse_rewards(text: str, weights: dict, problem: str | None) -> None:
     found, problems = parse_rewards(text)
     assert found == weights
@@ -101,8 +112,17 @@ def test_builtin_rewards_score_as_trl_does() -> None:
     assert builtin_reward("overlong", 16)(completion_ids=[[1] * 8, [1] * 14, [1] * 17]) == [0.0, -0.5, -1.0]
 
 
-@pytest.mark.parametrize("ref,ok", [("my_rewards:score", True), ("pkg.mod:score", True), ("/x/r.py:score", True),
-                                    ("score", False), ("my rewards:score", False), ("r.py:", False)])
+@pytest.mark.parametrize(
+    "ref,ok",
+    [
+        ("my_rewards:score", True),
+        ("pkg.mod:score", True),
+        ("/x/r.py:score", True),
+        ("score", False),
+        ("my rewards:score", False),
+        ("r.py:", False),
+    ],
+)
 def test_function_ref_form(ref: str, ok: bool) -> None:
     assert (function_ref_problem(ref) is None) == ok
 
@@ -112,16 +132,30 @@ def test_grpo_mapping(tmp_path: Path) -> None:
 
     from jobs.config.mapping import training_config
 
-    spec = JobSpec.from_dict(grpo(rewards="think_format=2, repetition", reward_model_run=3, reward_model_weight=0.5,
-                                  reward_function="r.py:score", num_generations=2, max_completion_length=32,
-                                  beta=0.0, temperature=0.7, per_device_train_batch_size=3,
-                                  gradient_accumulation_steps=2))
+    spec = JobSpec.from_dict(
+        grpo(
+            rewards="think_format=2, repetition",
+            reward_model_run=3,
+            reward_model_weight=0.5,
+            reward_function="r.py:score",
+            num_generations=2,
+            max_completion_length=32,
+            beta=0.0,
+            temperature=0.7,
+            per_device_train_batch_size=3,
+            gradient_accumulation_steps=2,
+        )
+    )
     assert reward_weights(spec) == [2.0, 1.0, 0.5, 1.0]
     resolved = resolved_config(spec, CPU, str(tmp_path))
     kw = resolved["trainer_config"]
     assert resolved["trainer_config_class"] == "GRPOConfig"
-    assert {k: kw[k] for k in ("num_generations", "max_completion_length", "beta", "temperature")} == \
-        {"num_generations": 2, "max_completion_length": 32, "beta": 0.0, "temperature": 0.7}
+    assert {k: kw[k] for k in ("num_generations", "max_completion_length", "beta", "temperature")} == {
+        "num_generations": 2,
+        "max_completion_length": 32,
+        "beta": 0.0,
+        "temperature": 0.7,
+    }
     assert kw["per_device_eval_batch_size"] == 4  # the micro-batch rounded up to whole groups for evaluation
     assert not {"max_length", "padding_free", "packing", "loss_type"} & set(kw)
     config = training_config(spec, CPU, str(tmp_path))
@@ -129,32 +163,40 @@ def test_grpo_mapping(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- refusals
-@pytest.mark.parametrize("changes,message", [
-    ({"rewards": None}, "rewards: grpo needs at least one reward to score the completions"),
-    ({"per_device_train_batch_size": 3}, "num_generations: 4 does not divide the effective batch (3 x 1 = 3)"),
-    ({"auto_find_batch_size": True}, "auto_find_batch_size: is not supported by grpo"),
-    ({"padding_free": True}, "padding_free: is not supported by the GRPO trainer"),
-    ({"packing": True}, "packing: is only supported by the SFT trainer"),
-    ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for grpo use auto"),
-    ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head"),
-    ({"rewards": "accuracy"}, "rewards: `accuracy` is not a built-in reward"),
-    ({"reward_function": "score"}, "reward_function: `score` is not module:function"),
-    ({"num_generations": 1}, "num_generations: 1 is out of range"),
-    ({"lora_init": "eva"}, "lora_init: eva fails with grpo"),
-    ({"trainer": "dpo", "dataset": "sample:preference-format"}, "rewards: is a grpo option"),
-    ({"trainer": "dpo", "dataset": "sample:preference-format", "rewards": None, "beta": 0},
-     "beta: 0 leaves dpo without its preference term"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"rewards": None}, "rewards: grpo needs at least one reward to score the completions"),
+        ({"per_device_train_batch_size": 3}, "num_generations: 4 does not divide the effective batch (3 x 1 = 3)"),
+        ({"auto_find_batch_size": True}, "auto_find_batch_size: is not supported by grpo"),
+        ({"padding_free": True}, "padding_free: is not supported by the GRPO trainer"),
+        ({"packing": True}, "packing: is only supported by the SFT trainer"),
+        ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for grpo use auto"),
+        ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head"),
+        ({"rewards": "accuracy"}, "rewards: `accuracy` is not a built-in reward"),
+        ({"reward_function": "score"}, "reward_function: `score` is not module:function"),
+        ({"num_generations": 1}, "num_generations: 1 is out of range"),
+        ({"lora_init": "eva"}, "lora_init: eva fails with grpo"),
+        ({"trainer": "dpo", "dataset": "sample:preference-format"}, "rewards: is a grpo option"),
+        (
+            {"trainer": "dpo", "dataset": "sample:preference-format", "rewards": None, "beta": 0},
+            "beta: 0 leaves dpo without its preference term",
+        ),
+    ],
+)
 def test_refused_before_queueing(changes: dict, message: str) -> None:
     messages = refusal_messages(grpo(**changes))
     assert any(message in m for m in messages), messages
 
 
-@pytest.mark.parametrize("changes,error", [
-    ({"auto_find_batch_size": True}, "auto_find_batch_size is not supported by GRPO"),
-    ({"per_device_train_batch_size": 3, "num_generations": 2}, "must be divisible by num_generations (2)"),
-    ({"padding_free": True}, "padding_free"),
-])
+@pytest.mark.parametrize(
+    "changes,error",
+    [
+        ({"auto_find_batch_size": True}, "auto_find_batch_size is not supported by GRPO"),
+        ({"per_device_train_batch_size": 3, "num_generations": 2}, "must be divisible by num_generations (2)"),
+        ({"padding_free": True}, "padding_free"),
+    ],
+)
 def test_the_library_really_rejects_them(changes: dict, error: str, tmp_path: Path) -> None:
     """With our checks bypassed, GRPOConfig itself fails on each refused combination."""
     import re
@@ -193,8 +235,9 @@ def test_reward_model_run_must_be_a_finished_reward_run(data_home: Path, store) 
         return found[0].problem if found else ""
 
     sft = store.create_run(JobSpec(model="tiny-llama"))
-    reward = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "trainer": "reward",
-                                                 "dataset": "sample:preference-format"}))
+    reward = store.create_run(
+        JobSpec.from_dict({"model": "tiny-llama", "trainer": "reward", "dataset": "sample:preference-format"})
+    )
     assert problem(999) == "run 999 does not exist"
     assert problem(sft) == f"run {sft} trained with trainer: sft, not a reward model"
     assert problem(reward) == f"reward run {reward} is queued, not succeeded"
@@ -212,8 +255,17 @@ def _train(store, spec: JobSpec) -> int:
 
 
 def _grpo_spec(tiny_model: Path, **changes) -> JobSpec:
-    fields = dict(trainer="grpo", dataset="sample:prompt-format", max_steps=3, max_train_samples=8, num_generations=2,
-                  max_completion_length=12, per_device_train_batch_size=4, beta=0.1, eval_split=2)
+    fields = dict(
+        trainer="grpo",
+        dataset="sample:prompt-format",
+        max_steps=3,
+        max_train_samples=8,
+        num_generations=2,
+        max_completion_length=12,
+        per_device_train_batch_size=4,
+        beta=0.1,
+        eval_split=2,
+    )
     return tiny_spec(tiny_model, **{**fields, **changes})
 
 
@@ -232,18 +284,37 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
     assert run.resolved_config["trainer_config_class"] == "GRPOConfig"
     assert run.resolved_config["trainer_config"]["reward_weights"] == [0.5, 2.0]
     names = set(store.metric_names(run_id))
-    assert {"reward", "reward_std", "completions/mean_length", "kl", "rewards/repetition_penalty_reward/mean",
-            "rewards/soft_overlong_punishment_reward/mean", "eval_reward", "grpo_step_time"} <= names
+    assert {
+        "reward",
+        "reward_std",
+        "completions/mean_length",
+        "kl",
+        "rewards/repetition_penalty_reward/mean",
+        "rewards/soft_overlong_punishment_reward/mean",
+        "eval_reward",
+        "grpo_step_time",
+    } <= names
     assert len(store.metrics(run_id, ["step_time"])) == 3  # trl's own step_time is kept apart
-    assert set(RunPageData(store).trainer_frame(run_id, "grpo")["series"]) == \
-        {"reward", "reward std", "completion length", "KL"}
+    assert set(RunPageData(store).trainer_frame(run_id, "grpo")["series"]) == {
+        "reward",
+        "reward std",
+        "completion length",
+        "KL",
+    }
 
     def values(name: str) -> list[float]:
         return [p.value for p in store.metrics(run_id, [name])]
 
-    assert values("completions/mean_length") == [12.0] * 3 and values("rewards/soft_overlong_punishment_reward/mean") == [-1.0] * 3
-    expected = [0.5 * r + 2 * o for r, o in zip(values("rewards/repetition_penalty_reward/mean"),
-                                                values("rewards/soft_overlong_punishment_reward/mean"))]
+    assert (
+        values("completions/mean_length") == [12.0] * 3
+        and values("rewards/soft_overlong_punishment_reward/mean") == [-1.0] * 3
+    )
+    expected = [
+        0.5 * r + 2 * o
+        for r, o in zip(
+            values("rewards/repetition_penalty_reward/mean"), values("rewards/soft_overlong_punishment_reward/mean")
+        )
+    ]
     assert values("reward") == pytest.approx(expected)
 
 
@@ -255,8 +326,17 @@ def test_grpo_scores_with_a_finished_reward_run(store, tiny_model: Path) -> None
 
     from jobs.queue.submit import submit
 
-    reward_run = _train(store, tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format",
-                                         max_steps=2, max_train_samples=8, max_length=128))
+    reward_run = _train(
+        store,
+        tiny_spec(
+            tiny_model,
+            trainer="reward",
+            dataset="sample:preference-format",
+            max_steps=2,
+            max_train_samples=8,
+            max_length=128,
+        ),
+    )
     spec = _grpo_spec(tiny_model, reward_model_run=reward_run, reward_model_weight=2.0, eval_split=None)
     run_id = submit(store, spec)
     from jobs.worker.loop import Worker
@@ -284,8 +364,9 @@ def test_custom_reward_function_from_a_spec_file_on_the_command_line(store, tiny
     from jobs.worker.loop import Worker
 
     (tmp_path / "my_scores.py").write_text(SCORE_FILE)
-    spec = _grpo_spec(tiny_model, rewards=None, reward_function=f"{tmp_path / 'my_scores.py'}:shortness",
-                      max_steps=2, eval_split=None)
+    spec = _grpo_spec(
+        tiny_model, rewards=None, reward_function=f"{tmp_path / 'my_scores.py'}:shortness", max_steps=2, eval_split=None
+    )
     path = tmp_path / "grpo.yaml"
     path.write_text(spec.to_yaml())
     assert main(["submit", str(path)]) == 0
@@ -299,11 +380,15 @@ def test_custom_reward_function_from_a_spec_file_on_the_command_line(store, tiny
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("changes,error", [
-    ({"lora_init": "eva"}, "inputs must be a dictionary"),
-])
-def test_the_libraries_really_fail_on_what_is_refused(changes: dict, error: str, tiny_model: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "changes,error",
+    [
+        ({"lora_init": "eva"}, "inputs must be a dictionary"),
+    ],
+)
+def test_the_libraries_really_fail_on_what_is_refused(
+    changes: dict, error: str, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the capability check off, training fails with the library's own error."""
     import re
 
@@ -311,22 +396,29 @@ def test_the_libraries_really_fail_on_what_is_refused(changes: dict, error: str,
     from jobs.spec.job import LoraInit
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
-    spec = dataclasses.replace(_grpo_spec(tiny_model, max_steps=1, rewards="repetition", eval_split=None),
-                               lora_init=LoraInit(changes["lora_init"]))
+    spec = dataclasses.replace(
+        _grpo_spec(tiny_model, max_steps=1, rewards="repetition", eval_split=None),
+        lora_init=LoraInit(changes["lora_init"]),
+    )
     with pytest.raises(Exception, match=re.escape(error)):
         jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("changes", [{"method": "full", "beta": 0.1}, {"method": "prefix_tuning", "num_virtual_tokens": 4}])
+@pytest.mark.parametrize(
+    "changes", [{"method": "full", "beta": 0.1}, {"method": "prefix_tuning", "num_virtual_tokens": 4}]
+)
 def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path, tmp_path: Path) -> None:
     """A full fine-tune with a KL term gets a second model as its reference; prefix tuning generates through
     its cached prefix. Both train with GRPO."""
     from jobs.train.child import train_spec
 
-    result = train_spec(_grpo_spec(tiny_model, max_steps=1, rewards="overlong", eval_split=None, **changes),
-                        tmp_path / "out", device=CPU)
+    result = train_spec(
+        _grpo_spec(tiny_model, max_steps=1, rewards="overlong", eval_split=None, **changes),
+        tmp_path / "out",
+        device=CPU,
+    )
     assert result.metrics["global_step"] == 1 and result.resolved["trainer_config_class"] == "GRPOConfig"
     if changes["method"] == "full":
         assert result.trainer.ref_model is not None  # beta > 0 without an adapter to switch off
@@ -335,12 +427,13 @@ def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path
 def test_memory_prediction_for_grpo_is_an_approximation_that_says_so() -> None:
     """Rows are prompt (max_length) + completion; a full fine-tune with a KL term adds a reference copy."""
     from jobs.devices.facts import DeviceFacts
-    from jobs.memory.predict import predict
     from jobs.memory.model_config import arch_for
+    from jobs.memory.predict import predict
 
     arch = arch_for("smollm2-135m-instruct")
-    h200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2 ** 30, compute_capability="9.0",
-                       bf16=True, fp16=True)
+    h200 = DeviceFacts(
+        kind="cuda", name="NVIDIA H200", total_bytes=139 * 2**30, compute_capability="9.0", bf16=True, fp16=True
+    )
     sft = predict(JobSpec(max_length=256), arch, h200)
     spec = JobSpec.from_dict(grpo(max_length=192, max_completion_length=64, num_generations=2))
     prediction = predict(spec, arch, h200)

@@ -7,8 +7,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 import training_helpers
+
 from jobs.spec.job import JobSpec
 from jobs.worker.loop import Worker
 from storage.identity import MARKER, RunFolderError
@@ -56,8 +56,9 @@ def test_a_database_with_runs_before_its_identity_keeps_its_flat_folders(data_ho
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_two_databases_on_one_data_folder_keep_both_runs(store: Store, data_home: Path, tiny_model: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_databases_on_one_data_folder_keep_both_runs(
+    store: Store, data_home: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The issue's case: a second TUNEDECK_DATABASE_URL, the same data folder, run 1 in each."""
     other = Store(f"sqlite:///{data_home / 'second.db'}")
     spec = training_helpers.tiny_spec(tiny_model, max_steps=2, max_length=48)

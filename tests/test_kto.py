@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
 from jobs.config.mapping import CPU, capability_problems, resolved_config
+from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
 from jobs.spec.job import JobSpec, Trainer
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
@@ -46,7 +46,9 @@ BAD = {"prompt": "Say hi.", "completion": "Go away.", "label": False}
 def test_kto_sample() -> None:
     info = check_dataset("sample:kto-format", KTO)
     assert (info.format, info.n_rows, info.warnings) == (RowFormat.UNPAIRED, 210, [])
-    labels = [json.loads(line)["label"] for line in Path("jobs/data/samples/kto-format.train.jsonl").read_text().splitlines()]
+    labels = [
+        json.loads(line)["label"] for line in Path("jobs/data/samples/kto-format.train.jsonl").read_text().splitlines()
+    ]
     assert labels.count(True) == 140 and labels.count(False) == 70
     assert check_dataset("sample:kto-format:eval", KTO).n_rows == 30
 
@@ -79,7 +81,9 @@ def test_one_class_warns(tmp_path: Path) -> None:
 def test_kto_takes_preference_rows_and_sft_refuses_unpaired_rows(tmp_path: Path) -> None:
     assert check_dataset("sample:preference-format", KTO).format is RowFormat.PREFERENCE
     text = problems_text(write(tmp_path / "d.jsonl", [GOOD, BAD]), Trainer.SFT)
-    assert "has unpaired rows (prompt/completion/label), which the sft trainer cannot use. Fix: set trainer: kto" in text
+    assert (
+        "has unpaired rows (prompt/completion/label), which the sft trainer cannot use. Fix: set trainer: kto" in text
+    )
     text = problems_text("sample:chat-format", KTO)
     assert "the kto trainer needs prompt/completion/label rows" in text and "sample:kto-format" in text
     assert "set trainer: dpo or kto" in problems_text("sample:preference-format", Trainer.SFT)
@@ -103,27 +107,37 @@ def test_kto_config_mapping(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- refused combinations
-@pytest.mark.parametrize("changes,message", [
-    ({"per_device_train_batch_size": 1}, "per_device_train_batch_size: must be at least 2 for kto"),
-    ({"padding_free": True}, "padding_free: is not supported by the KTO trainer. Fix: set padding_free: false for kto"),
-    ({"packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for kto"),
-    ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for kto use auto, apo_zero_unpaired, kto"),
-    ({"trainer": "dpo", "loss_type": "kto"}, "loss_type: kto is a KTO loss. Fix: for dpo use auto"),
-    ({"assistant_only_loss": True}, "assistant_only_loss: is an SFT option"),
-    ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head is not trained by kto"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"per_device_train_batch_size": 1}, "per_device_train_batch_size: must be at least 2 for kto"),
+        (
+            {"padding_free": True},
+            "padding_free: is not supported by the KTO trainer. Fix: set padding_free: false for kto",
+        ),
+        ({"packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for kto"),
+        ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for kto use auto, apo_zero_unpaired, kto"),
+        ({"trainer": "dpo", "loss_type": "kto"}, "loss_type: kto is a KTO loss. Fix: for dpo use auto"),
+        ({"assistant_only_loss": True}, "assistant_only_loss: is an SFT option"),
+        ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head is not trained by kto"),
+    ],
+)
 def test_refused_before_queueing(changes: dict, message: str) -> None:
     messages = refusal_messages({"trainer": "kto", "dataset": "sample:kto-format", **changes})
     assert any(message in m for m in messages), messages
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("changes,error", [
-    ({"per_device_train_batch_size": 1}, "Actual (not effective) batch size must be > 1"),
-    ({"lora_target_modules": "q_proj,lm_head"}, "Applying a PEFT adapter to `lm_head` is not supported"),
-])
-def test_the_library_really_rejects_them(changes: dict, error: str, tiny_model: Path, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "changes,error",
+    [
+        ({"per_device_train_batch_size": 1}, "Actual (not effective) batch size must be > 1"),
+        ({"lora_target_modules": "q_proj,lm_head"}, "Applying a PEFT adapter to `lm_head` is not supported"),
+    ],
+)
+def test_the_library_really_rejects_them(
+    changes: dict, error: str, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With our check off, trl fails on each: the refusals above are grounded, not guessed."""
     import re
 
@@ -144,8 +158,15 @@ def test_kto_trains_through_the_worker(store, tiny_model: Path) -> None:
     from app.ui.run import RunPageData
     from jobs.worker.loop import Worker
 
-    spec = tiny_spec(tiny_model, trainer="kto", dataset="sample:kto-format", max_steps=3, max_train_samples=12,
-                     per_device_train_batch_size=4, eval_split=4)
+    spec = tiny_spec(
+        tiny_model,
+        trainer="kto",
+        dataset="sample:kto-format",
+        max_steps=3,
+        max_train_samples=12,
+        per_device_train_batch_size=4,
+        eval_split=4,
+    )
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
     run = store.get_run(run_id)

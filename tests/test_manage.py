@@ -38,10 +38,19 @@ def _finished_run(store: Store, name: str, files: dict[str, bytes]) -> int:
 def _snapshot(store: Store, run_id: int) -> dict:
     """Everything stored about a run, rows and file contents."""
     folder = store.run_dir(run_id)
-    files = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(folder.rglob("*")) if p.is_file()}
-    return {"run": store.get_run(run_id), "metrics": store.metrics(run_id), "series": store.metric_series(run_id, "loss", 16),
-            "memory": store.memory_samples(run_id), "artifacts": store.artifacts(run_id), "files": files}
+    files = {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+    return {
+        "run": store.get_run(run_id),
+        "metrics": store.metrics(run_id),
+        "series": store.metric_series(run_id, "loss", 16),
+        "memory": store.memory_samples(run_id),
+        "artifacts": store.artifacts(run_id),
+        "files": files,
+    }
 
 
 def test_delete_removes_one_run_and_nothing_else(store: Store, data_home: Path) -> None:
@@ -141,8 +150,11 @@ def test_schema_5_database_gains_notes_and_tags(data_home: Path) -> None:
         con.execute("DROP TABLE run_tags")
         con.execute("ALTER TABLE runs DROP COLUMN note")
         con.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
-        con.execute("INSERT INTO runs (name, spec_json, status, created_at, queue_order, cancel_requested, current_step)"
-                    " VALUES ('old', ?, 'succeeded', 1.0, 1.0, 0, 0)", (JobSpec().to_json(),))
+        con.execute(
+            "INSERT INTO runs (name, spec_json, status, created_at, queue_order, cancel_requested, current_step)"
+            " VALUES ('old', ?, 'succeeded', 1.0, 1.0, 0, 0)",
+            (JobSpec().to_json(),),
+        )
     con.close()
     s = Store(f"sqlite:///{path}")
     assert s.schema_version == m.SCHEMA_VERSION >= 6

@@ -8,35 +8,52 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.config.mapping import (CPU, Device, capability_problems, capability_warnings, peft_config, quantization_config,
-                          resolve_precision, resolved_config, torch_dtype_name, training_config)
+from jobs.config.mapping import (
+    CPU,
+    Device,
+    capability_problems,
+    capability_warnings,
+    peft_config,
+    quantization_config,
+    resolve_precision,
+    resolved_config,
+    torch_dtype_name,
+    training_config,
+)
 from jobs.spec.job import JobSpec, Method, Optim, Precision, SpecError, Trainer
 
 H100 = Device(cuda=True, bf16=True, compute_capability=(9, 0), name="NVIDIA H100")
 V100 = Device(cuda=True, bf16=False, compute_capability=(7, 0), name="Tesla V100")
 
 
-@pytest.mark.parametrize("precision, device, expected", [
-    (Precision.AUTO, CPU, Precision.FP32),
-    (Precision.AUTO, H100, Precision.BF16),
-    (Precision.AUTO, V100, Precision.FP16),
-    (Precision.BF16, CPU, Precision.BF16),
-    (Precision.FP32, H100, Precision.FP32),
-    (Precision.FP16, H100, Precision.FP16),
-])
+@pytest.mark.parametrize(
+    "precision, device, expected",
+    [
+        (Precision.AUTO, CPU, Precision.FP32),
+        (Precision.AUTO, H100, Precision.BF16),
+        (Precision.AUTO, V100, Precision.FP16),
+        (Precision.BF16, CPU, Precision.BF16),
+        (Precision.FP32, H100, Precision.FP32),
+        (Precision.FP16, H100, Precision.FP16),
+    ],
+)
 def test_resolve_precision(precision: Precision, device: Device, expected: Precision) -> None:
     assert resolve_precision(JobSpec(precision=precision), device) is expected
 
 
-@pytest.mark.parametrize("precision, device, bf16, fp16, use_cpu", [
-    (Precision.AUTO, CPU, False, False, True),
-    (Precision.BF16, CPU, True, False, True),
-    (Precision.AUTO, H100, True, False, False),
-    (Precision.AUTO, V100, False, True, False),
-    (Precision.FP32, H100, False, False, False),
-])
-def test_precision_flags(tmp_path: Any, precision: Precision, device: Device, bf16: bool, fp16: bool,
-                         use_cpu: bool) -> None:
+@pytest.mark.parametrize(
+    "precision, device, bf16, fp16, use_cpu",
+    [
+        (Precision.AUTO, CPU, False, False, True),
+        (Precision.BF16, CPU, True, False, True),
+        (Precision.AUTO, H100, True, False, False),
+        (Precision.AUTO, V100, False, True, False),
+        (Precision.FP32, H100, False, False, False),
+    ],
+)
+def test_precision_flags(
+    tmp_path: Any, precision: Precision, device: Device, bf16: bool, fp16: bool, use_cpu: bool
+) -> None:
     kwargs = resolved_config(JobSpec(precision=precision), device, str(tmp_path))["trainer_config"]
     assert (kwargs["bf16"], kwargs["fp16"], kwargs["use_cpu"]) == (bf16, fp16, use_cpu)
     if not device.cuda:  # the config object itself must build on this CPU machine
@@ -44,14 +61,17 @@ def test_precision_flags(tmp_path: Any, precision: Precision, device: Device, bf
         assert (args.bf16, args.fp16, args.use_cpu) == (bf16, fp16, use_cpu)
 
 
-@pytest.mark.parametrize("spec, device, fields", [
-    (JobSpec(precision=Precision.FP16), CPU, ["precision"]),
-    (JobSpec(precision=Precision.BF16), V100, ["precision"]),
-    (JobSpec(precision=Precision.BF16), CPU, []),
-    (JobSpec(precision=Precision.FP16), V100, []),
-    (JobSpec(optim=Optim.PAGED_ADAMW_8BIT), CPU, []),
-    (JobSpec(method=Method.QLORA), CPU, []),
-])
+@pytest.mark.parametrize(
+    "spec, device, fields",
+    [
+        (JobSpec(precision=Precision.FP16), CPU, ["precision"]),
+        (JobSpec(precision=Precision.BF16), V100, ["precision"]),
+        (JobSpec(precision=Precision.BF16), CPU, []),
+        (JobSpec(precision=Precision.FP16), V100, []),
+        (JobSpec(optim=Optim.PAGED_ADAMW_8BIT), CPU, []),
+        (JobSpec(method=Method.QLORA), CPU, []),
+    ],
+)
 def test_capability_problems(spec: JobSpec, device: Device, fields: list[str]) -> None:
     assert [p.field for p in capability_problems(spec, device)] == fields
 
@@ -62,12 +82,15 @@ def test_fp16_on_cpu_message_says_why_and_what_to_do() -> None:
     assert "auto" in problem.fix
 
 
-@pytest.mark.parametrize("spec, device, needle", [
-    (JobSpec(optim=Optim.PAGED_ADAMW_8BIT), CPU, "paged optimizers need CUDA"),
-    (JobSpec(optim=Optim.PAGED_ADAMW_32BIT), CPU, "paged optimizers need CUDA"),
-    (JobSpec(method=Method.QLORA), CPU, "slower"),
-    (JobSpec(precision=Precision.BF16), CPU, "use_cpu=True"),
-])
+@pytest.mark.parametrize(
+    "spec, device, needle",
+    [
+        (JobSpec(optim=Optim.PAGED_ADAMW_8BIT), CPU, "paged optimizers need CUDA"),
+        (JobSpec(optim=Optim.PAGED_ADAMW_32BIT), CPU, "paged optimizers need CUDA"),
+        (JobSpec(method=Method.QLORA), CPU, "slower"),
+        (JobSpec(precision=Precision.BF16), CPU, "use_cpu=True"),
+    ],
+)
 def test_capability_warnings(spec: JobSpec, device: Device, needle: str) -> None:
     assert any(needle in w for w in capability_warnings(spec, device))
 
@@ -76,17 +99,34 @@ def test_no_warnings_for_paged_optimizer_on_cuda() -> None:
     assert capability_warnings(JobSpec(optim=Optim.PAGED_ADAMW_8BIT), H100) == []
 
 
-@pytest.mark.parametrize("method, cls, fields", [
-    (Method.LORA, "LoraConfig", {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "use_dora": False,
-                                 "target_modules": "all-linear", "use_rslora": False}),
-    (Method.DORA, "LoraConfig", {"use_dora": True, "r": 16}),
-    (Method.QLORA, "LoraConfig", {"use_dora": False, "r": 16}),
-    (Method.LORA_8BIT, "LoraConfig", {"use_dora": False}),
-    (Method.IA3, "IA3Config", {"target_modules": {"k_proj", "v_proj", "down_proj"}, "feedforward_modules": {"down_proj"}}),
-    (Method.PROMPT_TUNING, "PromptTuningConfig", {"num_virtual_tokens": 20}),
-    (Method.PREFIX_TUNING, "PrefixTuningConfig", {"num_virtual_tokens": 20}),
-    (Method.P_TUNING, "PromptEncoderConfig", {"num_virtual_tokens": 20}),
-])
+@pytest.mark.parametrize(
+    "method, cls, fields",
+    [
+        (
+            Method.LORA,
+            "LoraConfig",
+            {
+                "r": 16,
+                "lora_alpha": 32,
+                "lora_dropout": 0.05,
+                "use_dora": False,
+                "target_modules": "all-linear",
+                "use_rslora": False,
+            },
+        ),
+        (Method.DORA, "LoraConfig", {"use_dora": True, "r": 16}),
+        (Method.QLORA, "LoraConfig", {"use_dora": False, "r": 16}),
+        (Method.LORA_8BIT, "LoraConfig", {"use_dora": False}),
+        (
+            Method.IA3,
+            "IA3Config",
+            {"target_modules": {"k_proj", "v_proj", "down_proj"}, "feedforward_modules": {"down_proj"}},
+        ),
+        (Method.PROMPT_TUNING, "PromptTuningConfig", {"num_virtual_tokens": 20}),
+        (Method.PREFIX_TUNING, "PrefixTuningConfig", {"num_virtual_tokens": 20}),
+        (Method.P_TUNING, "PromptEncoderConfig", {"num_virtual_tokens": 20}),
+    ],
+)
 def test_peft_config_per_method(method: Method, cls: str, fields: dict[str, Any]) -> None:
     config = peft_config(JobSpec(method=method))
     assert type(config).__name__ == cls
@@ -112,15 +152,26 @@ def test_ia3_uses_peft_defaults_for_a_known_model_type() -> None:
     assert set(config.target_modules) == {"c_attn", "mlp.c_proj"}
 
 
-@pytest.mark.parametrize("method, precision, expected", [
-    (Method.QLORA, Precision.BF16, {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                                    "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": torch.bfloat16}),
-    (Method.QLORA, Precision.FP16, {"bnb_4bit_compute_dtype": torch.float16}),
-    (Method.QLORA, Precision.FP32, {"bnb_4bit_compute_dtype": torch.float32}),
-    (Method.LORA_8BIT, Precision.BF16, {"load_in_8bit": True, "load_in_4bit": False}),
-    (Method.LORA, Precision.BF16, None),
-    (Method.IA3, Precision.FP32, None),
-])
+@pytest.mark.parametrize(
+    "method, precision, expected",
+    [
+        (
+            Method.QLORA,
+            Precision.BF16,
+            {
+                "load_in_4bit": True,
+                "bnb_4bit_quant_type": "nf4",
+                "bnb_4bit_use_double_quant": True,
+                "bnb_4bit_compute_dtype": torch.bfloat16,
+            },
+        ),
+        (Method.QLORA, Precision.FP16, {"bnb_4bit_compute_dtype": torch.float16}),
+        (Method.QLORA, Precision.FP32, {"bnb_4bit_compute_dtype": torch.float32}),
+        (Method.LORA_8BIT, Precision.BF16, {"load_in_8bit": True, "load_in_4bit": False}),
+        (Method.LORA, Precision.BF16, None),
+        (Method.IA3, Precision.FP32, None),
+    ],
+)
 def test_quantization_config(method: Method, precision: Precision, expected: dict[str, Any] | None) -> None:
     config = quantization_config(JobSpec(method=method), precision)
     if expected is None:
@@ -130,38 +181,74 @@ def test_quantization_config(method: Method, precision: Precision, expected: dic
         assert getattr(config, name) == value, name
 
 
-@pytest.mark.parametrize("method, precision, dtype", [
-    (Method.FULL, Precision.BF16, "float32"),
-    (Method.LORA, Precision.BF16, "bfloat16"),
-    (Method.QLORA, Precision.FP16, "float16"),
-    (Method.LORA, Precision.FP32, "float32"),
-])
+@pytest.mark.parametrize(
+    "method, precision, dtype",
+    [
+        (Method.FULL, Precision.BF16, "float32"),
+        (Method.LORA, Precision.BF16, "bfloat16"),
+        (Method.QLORA, Precision.FP16, "float16"),
+        (Method.LORA, Precision.FP32, "float32"),
+    ],
+)
 def test_load_dtype(method: Method, precision: Precision, dtype: str) -> None:
     assert torch_dtype_name(JobSpec(method=method), precision) == dtype
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({}, {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "activation_checkpointing": False,
-          "optim": "adamw_torch", "learning_rate": 2e-4, "lr_scheduler_type": "linear", "warmup_steps": 0,
-          "num_train_epochs": 1.0, "max_steps": -1, "weight_decay": 0.0, "max_grad_norm": 1.0,
-          "logging_steps": 1, "seed": 42, "max_length": 512, "packing": False, "report_to": [],
-          "logging_nan_inf_filter": False, "disable_tqdm": True, "dataloader_num_workers": 0,
-          "save_strategy": "no", "eval_strategy": "no", "bf16": False, "fp16": False, "use_cpu": True}),
-    ({"gradient_checkpointing": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4},
-     {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False},
-      "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}),
-    ({"optim": "adamw_bnb_8bit"}, {"optim": "adamw_bnb_8bit"}),
-    ({"optim": "paged_adamw_8bit"}, {"optim": "paged_adamw_8bit"}),
-    ({"optim": "adafactor", "lr_scheduler_type": "cosine", "warmup_steps": 3}, {"optim": "adafactor",
-                                                                              "lr_scheduler_type": "cosine",
-                                                                              "warmup_steps": 3}),
-    ({"save_steps": 10}, {"save_strategy": "steps", "save_steps": 10}),
-    ({}, {"save_total_limit": 2}),
-    ({"save_total_limit": None}, {"save_total_limit": None}),
-    ({"eval_steps": 5}, {"eval_strategy": "steps", "eval_steps": 5}),
-    ({"packing": True, "max_length": 64, "max_steps": 7}, {"packing": True, "max_length": 64, "max_steps": 7}),
-    ({"trainer": "dpo", "beta": 0.3, "dataset": "sample:preference-format"}, {"beta": 0.3, "max_length": 512}),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (
+            {},
+            {
+                "per_device_train_batch_size": 8,
+                "gradient_accumulation_steps": 1,
+                "activation_checkpointing": False,
+                "optim": "adamw_torch",
+                "learning_rate": 2e-4,
+                "lr_scheduler_type": "linear",
+                "warmup_steps": 0,
+                "num_train_epochs": 1.0,
+                "max_steps": -1,
+                "weight_decay": 0.0,
+                "max_grad_norm": 1.0,
+                "logging_steps": 1,
+                "seed": 42,
+                "max_length": 512,
+                "packing": False,
+                "report_to": [],
+                "logging_nan_inf_filter": False,
+                "disable_tqdm": True,
+                "dataloader_num_workers": 0,
+                "save_strategy": "no",
+                "eval_strategy": "no",
+                "bf16": False,
+                "fp16": False,
+                "use_cpu": True,
+            },
+        ),
+        (
+            {"gradient_checkpointing": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4},
+            {
+                "activation_checkpointing": True,
+                "activation_checkpointing_kwargs": {"use_reentrant": False},
+                "per_device_train_batch_size": 2,
+                "gradient_accumulation_steps": 4,
+            },
+        ),
+        ({"optim": "adamw_bnb_8bit"}, {"optim": "adamw_bnb_8bit"}),
+        ({"optim": "paged_adamw_8bit"}, {"optim": "paged_adamw_8bit"}),
+        (
+            {"optim": "adafactor", "lr_scheduler_type": "cosine", "warmup_steps": 3},
+            {"optim": "adafactor", "lr_scheduler_type": "cosine", "warmup_steps": 3},
+        ),
+        ({"save_steps": 10}, {"save_strategy": "steps", "save_steps": 10}),
+        ({}, {"save_total_limit": 2}),
+        ({"save_total_limit": None}, {"save_total_limit": None}),
+        ({"eval_steps": 5}, {"eval_strategy": "steps", "eval_steps": 5}),
+        ({"packing": True, "max_length": 64, "max_steps": 7}, {"packing": True, "max_length": 64, "max_steps": 7}),
+        ({"trainer": "dpo", "beta": 0.3, "dataset": "sample:preference-format"}, {"beta": 0.3, "max_length": 512}),
+    ],
+)
 def test_training_config_fields(tmp_path: Any, changes: dict[str, Any], expected: dict[str, Any]) -> None:
     spec = JobSpec().replace(**changes)
     args = training_config(spec, CPU, str(tmp_path), has_eval=True)
@@ -189,8 +276,12 @@ def test_resolved_config_is_json_and_records_every_library_config(tmp_path: Any)
     again = json.loads(json.dumps(record))
     assert again["trainer_config_class"] == "SFTConfig"
     assert again["peft_config_class"] == "LoraConfig" and again["peft_config"]["r"] == 16
-    assert again["quantization_config"] == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                                            "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "bfloat16"}
+    assert again["quantization_config"] == {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+    }
     assert again["precision"] == "bf16" and again["torch_dtype"] == "bfloat16"
     assert again["prepare_model_for_kbit_training"] is True
     assert again["device"]["compute_capability"] == [9, 0]
@@ -199,17 +290,30 @@ def test_resolved_config_is_json_and_records_every_library_config(tmp_path: Any)
 
 
 # ---------------------------------------------------------------------- issue 4: the menu
-@pytest.mark.parametrize("changes, expected", [
-    ({}, {"completion_only_loss": True, "assistant_only_loss": False, "padding_free": False,
-          "auto_find_batch_size": False, "loss_type": "nll"}),
-    ({"assistant_only_loss": True, "completion_only_loss": False}, {"assistant_only_loss": True,
-                                                                     "completion_only_loss": False}),
-    ({"padding_free": True, "packing": True}, {"padding_free": True, "packing": True}),
-    ({"auto_find_batch_size": True}, {"auto_find_batch_size": True}),
-    ({"loss_type": "dft"}, {"loss_type": "dft"}),
-    ({"trainer": "dpo", "loss_type": "ipo"}, {"loss_type": "ipo"}),
-    ({"trainer": "dpo"}, {"loss_type": "sigmoid", "padding_free": False}),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (
+            {},
+            {
+                "completion_only_loss": True,
+                "assistant_only_loss": False,
+                "padding_free": False,
+                "auto_find_batch_size": False,
+                "loss_type": "nll",
+            },
+        ),
+        (
+            {"assistant_only_loss": True, "completion_only_loss": False},
+            {"assistant_only_loss": True, "completion_only_loss": False},
+        ),
+        ({"padding_free": True, "packing": True}, {"padding_free": True, "packing": True}),
+        ({"auto_find_batch_size": True}, {"auto_find_batch_size": True}),
+        ({"loss_type": "dft"}, {"loss_type": "dft"}),
+        ({"trainer": "dpo", "loss_type": "ipo"}, {"loss_type": "ipo"}),
+        ({"trainer": "dpo"}, {"loss_type": "sigmoid", "padding_free": False}),
+    ],
+)
 def test_new_trainer_fields_reach_the_config(tmp_path: Any, changes: dict[str, Any], expected: dict[str, Any]) -> None:
     spec = JobSpec().replace(**changes)
     record = resolved_config(spec, CPU, str(tmp_path))["trainer_config"]
@@ -217,19 +321,24 @@ def test_new_trainer_fields_reach_the_config(tmp_path: Any, changes: dict[str, A
     for name, value in expected.items():
         assert record[name] == value, name
         got = getattr(args, name)
-        assert (got == [value] if isinstance(got, list) else got == value), name
+        assert got == [value] if isinstance(got, list) else got == value, name
     if spec.trainer is Trainer.DPO:
         assert "assistant_only_loss" not in record and "completion_only_loss" not in record
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"bnb_4bit_quant_type": "fp4"}, {"bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": True,
-                                       "bnb_4bit_compute_dtype": "float32"}),
-    ({"bnb_4bit_use_double_quant": False}, {"bnb_4bit_use_double_quant": False}),
-    ({"bnb_4bit_compute_dtype": "bf16"}, {"bnb_4bit_compute_dtype": "bfloat16"}),
-    ({"bnb_4bit_compute_dtype": "fp16", "precision": "bf16"}, {"bnb_4bit_compute_dtype": "float16"}),
-    ({"precision": "bf16"}, {"bnb_4bit_compute_dtype": "bfloat16"}),  # auto follows the run's precision
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (
+            {"bnb_4bit_quant_type": "fp4"},
+            {"bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": True, "bnb_4bit_compute_dtype": "float32"},
+        ),
+        ({"bnb_4bit_use_double_quant": False}, {"bnb_4bit_use_double_quant": False}),
+        ({"bnb_4bit_compute_dtype": "bf16"}, {"bnb_4bit_compute_dtype": "bfloat16"}),
+        ({"bnb_4bit_compute_dtype": "fp16", "precision": "bf16"}, {"bnb_4bit_compute_dtype": "float16"}),
+        ({"precision": "bf16"}, {"bnb_4bit_compute_dtype": "bfloat16"}),  # auto follows the run's precision
+    ],
+)
 def test_qlora_quantization_fields(tmp_path: Any, changes: dict[str, Any], expected: dict[str, Any]) -> None:
     spec = JobSpec(method=Method.QLORA).replace(**changes)
     record = resolved_config(spec, CPU, str(tmp_path))["quantization_config"]
@@ -246,12 +355,15 @@ def test_bnb_fields_on_other_methods_only_warn() -> None:
     assert any("only apply to method qlora" in w for w in capability_warnings(spec, CPU))
 
 
-@pytest.mark.parametrize("changes, field, needle", [
-    ({"padding_free": True}, "padding_free", "needs packing"),
-    ({"loss_type": "hinge"}, "loss_type", "is a DPO loss"),
-    ({"trainer": "dpo", "loss_type": "nll"}, "loss_type", "is an SFT loss"),
-    ({"trainer": "dpo", "assistant_only_loss": True}, "assistant_only_loss", "is an SFT option"),
-])
+@pytest.mark.parametrize(
+    "changes, field, needle",
+    [
+        ({"padding_free": True}, "padding_free", "needs packing"),
+        ({"loss_type": "hinge"}, "loss_type", "is a DPO loss"),
+        ({"trainer": "dpo", "loss_type": "nll"}, "loss_type", "is an SFT loss"),
+        ({"trainer": "dpo", "assistant_only_loss": True}, "assistant_only_loss", "is an SFT option"),
+    ],
+)
 def test_combinations_the_libraries_reject_are_refused(changes: dict[str, Any], field: str, needle: str) -> None:
     try:
         spec = JobSpec.from_dict(changes)
@@ -261,12 +373,15 @@ def test_combinations_the_libraries_reject_are_refused(changes: dict[str, Any], 
     assert [p.field for p in problems] == [field] and needle in problems[0].problem and problems[0].fix
 
 
-@pytest.mark.parametrize("changes", [
-    {"padding_free": True, "packing": True},
-    {"trainer": "dpo", "padding_free": True},
-    {"assistant_only_loss": True},  # the built-in default model's template has generation markers
-    {"method": "prompt_tuning", "packing": True},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"padding_free": True, "packing": True},
+        {"trainer": "dpo", "padding_free": True},
+        {"assistant_only_loss": True},  # the built-in default model's template has generation markers
+        {"method": "prompt_tuning", "packing": True},
+    ],
+)
 def test_valid_combinations_pass(changes: dict[str, Any]) -> None:
     spec = JobSpec().replace(**changes)
     assert spec.problems() == [] and capability_problems(spec, CPU) == []

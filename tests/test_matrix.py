@@ -45,16 +45,33 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from jobs.data.sources import SAMPLES_DIR
 from jobs.config.mapping import CPU, capability_problems, training_kwargs
+from jobs.data.sources import SAMPLES_DIR
 from jobs.memory.model_config import arch_for
 from jobs.memory.params import trainable_params
 from jobs.spec.job import JobSpec, SpecError
 
 pytestmark = pytest.mark.integration
 
-METHODS = ["full", "lora", "dora", "qlora", "lora_8bit", "ia3", "prompt_tuning", "prefix_tuning", "p_tuning",
-           "mora", "adaption_prompt", "lokr", "loha", "oft", "vera", "miss", "hira"]
+METHODS = [
+    "full",
+    "lora",
+    "dora",
+    "qlora",
+    "lora_8bit",
+    "ia3",
+    "prompt_tuning",
+    "prefix_tuning",
+    "p_tuning",
+    "mora",
+    "adaption_prompt",
+    "lokr",
+    "loha",
+    "oft",
+    "vera",
+    "miss",
+    "hira",
+]
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -65,12 +82,17 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     chat = (SAMPLES_DIR / "chat-format.train.jsonl").read_text().splitlines()[:4]
     pref = (SAMPLES_DIR / "preference-format.train.jsonl").read_text().splitlines()[:4]
     rows = [json.loads(line)["messages"] for line in chat]
-    out = {"chat": root / "chat.jsonl", "pref": root / "pref.jsonl", "pc": root / "pc.jsonl",
-           "text": root / "text.jsonl"}
+    out = {
+        "chat": root / "chat.jsonl",
+        "pref": root / "pref.jsonl",
+        "pc": root / "pc.jsonl",
+        "text": root / "text.jsonl",
+    }
     out["chat"].write_text("\n".join(chat) + "\n")
     out["pref"].write_text("\n".join(pref) + "\n")
-    out["pc"].write_text("".join(json.dumps({"prompt": m[0]["content"], "completion": " " + m[1]["content"]}) + "\n"
-                                 for m in rows))
+    out["pc"].write_text(
+        "".join(json.dumps({"prompt": m[0]["content"], "completion": " " + m[1]["content"]}) + "\n" for m in rows)
+    )
     out["text"].write_text("".join(json.dumps({"text": f"{m[0]['content']} {m[1]['content']}"}) + "\n" for m in rows))
     return out
 
@@ -91,9 +113,22 @@ def no_markers_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def spec_for(tiny_model: Path, files: dict[str, Path], **changes: Any) -> JobSpec:
-    base = dict(model=str(tiny_model), dataset=str(files["chat"]), method="lora", max_steps=2,
-                per_device_train_batch_size=2, max_length=48, learning_rate=1e-2, lr_scheduler_type="constant",
-                logging_steps=1, lora_r=4, lora_alpha=8, lora_dropout=0.0, num_virtual_tokens=4, adapter_layers=2)
+    base = dict(
+        model=str(tiny_model),
+        dataset=str(files["chat"]),
+        method="lora",
+        max_steps=2,
+        per_device_train_batch_size=2,
+        max_length=48,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        num_virtual_tokens=4,
+        adapter_layers=2,
+    )
     if changes.get("trainer") == "dpo":
         base["dataset"] = str(files["pref"])
     return JobSpec.from_dict({**base, **changes})
@@ -173,13 +208,14 @@ def logits_of(model: Any, tokenizer: Any) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- every method
 @pytest.mark.parametrize("method", METHODS)
-def test_method_trains_and_its_bundle_reloads(method: str, tiny_model: Path, files: dict[str, Path],
-                                              tmp_path: Path) -> None:
+def test_method_trains_and_its_bundle_reloads(
+    method: str, tiny_model: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from jobs.train.artifacts import write_bundle
     from jobs.config.mora import load_mora
+    from jobs.train.artifacts import write_bundle
 
     spec = spec_for(tiny_model, files, method=method)
     result = train_and_check(spec, tmp_path / "out")
@@ -189,8 +225,13 @@ def test_method_trains_and_its_bundle_reloads(method: str, tiny_model: Path, fil
         assert 0 < result.metrics["trainable_params"] < result.metrics["total_params"] / 5
     bundle = write_bundle(tmp_path / "bundle", spec, result.model, result.tokenizer, result.metrics)
     base = AutoModelForCausalLM.from_pretrained(str(bundle if method == "full" else tiny_model))
-    reloaded = (base if method == "full" else load_mora(base, str(bundle)) if method == "mora"
-                else PeftModel.from_pretrained(base, str(bundle)))
+    reloaded = (
+        base
+        if method == "full"
+        else load_mora(base, str(bundle))
+        if method == "mora"
+        else PeftModel.from_pretrained(base, str(bundle))
+    )
     got = logits_of(reloaded, result.tokenizer)
     assert torch.isfinite(got).all()
     if method in {"qlora", "lora_8bit"}:
@@ -201,30 +242,42 @@ def test_method_trains_and_its_bundle_reloads(method: str, tiny_model: Path, fil
         trained = {n: p for n, p in result.model.named_parameters() if "lora_" in n}
         assert saved and len(saved) == len(trained)
         for name, tensor in saved.items():
-            match = [p for n, p in trained.items() if n.replace(".default", "").endswith(name.split("base_model.model.")[-1])]
+            match = [
+                p for n, p in trained.items() if n.replace(".default", "").endswith(name.split("base_model.model.")[-1])
+            ]
             assert match and torch.equal(match[0].detach().cpu().to(tensor.dtype), tensor), name
     else:
         assert torch.allclose(got, logits_of(result.model, result.tokenizer), atol=1e-4)
 
 
 # ---------------------------------------------------------------------- tricks
-@pytest.mark.parametrize("changes", [
-    {"gradient_accumulation_steps": 2},
-    {"gradient_checkpointing": True},
-    {"precision": "bf16"},
-    {"optim": "adamw_bnb_8bit"},
-    {"optim": "paged_adamw_8bit"},
-    {"optim": "adafactor", "method": "full"},
-    {"packing": True},
-    {"padding_free": True, "packing": True},
-    {"assistant_only_loss": True},
-    {"completion_only_loss": True, "dataset": "pc"},
-    {"auto_find_batch_size": True},
-    {"method": "qlora", "bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False,
-     "bnb_4bit_compute_dtype": "bf16", "gradient_checkpointing": True},
-], ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items()))
-def test_trick_trains_with_the_config_it_asked_for(changes: dict[str, Any], tiny_model: Path,
-                                                   files: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gradient_accumulation_steps": 2},
+        {"gradient_checkpointing": True},
+        {"precision": "bf16"},
+        {"optim": "adamw_bnb_8bit"},
+        {"optim": "paged_adamw_8bit"},
+        {"optim": "adafactor", "method": "full"},
+        {"packing": True},
+        {"padding_free": True, "packing": True},
+        {"assistant_only_loss": True},
+        {"completion_only_loss": True, "dataset": "pc"},
+        {"auto_find_batch_size": True},
+        {
+            "method": "qlora",
+            "bnb_4bit_quant_type": "fp4",
+            "bnb_4bit_use_double_quant": False,
+            "bnb_4bit_compute_dtype": "bf16",
+            "gradient_checkpointing": True,
+        },
+    ],
+    ids=lambda c: "+".join(f"{k}={v}" for k, v in c.items()),
+)
+def test_trick_trains_with_the_config_it_asked_for(
+    changes: dict[str, Any], tiny_model: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
     if changes.get("dataset") in files:
         changes = {**changes, "dataset": str(files[changes["dataset"]])}
     spec = spec_for(tiny_model, files, **changes)
@@ -256,13 +309,16 @@ def test_trick_trains_with_the_config_it_asked_for(changes: dict[str, Any], tiny
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
-def test_dpo_trains_against_the_adapter_free_base(method: str, tiny_model: Path, files: dict[str, Path],
-                                                   tmp_path: Path) -> None:
+def test_dpo_trains_against_the_adapter_free_base(
+    method: str, tiny_model: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
     spec = spec_for(tiny_model, files, trainer="dpo", method=method, max_length=128)
     result = train_and_check(spec, tmp_path / "out")
     assert type(result.trainer).__name__ == "DPOTrainer" and result.trainer.ref_model is None
     assert {"rewards/chosen", "rewards/margins"} <= {k for e in result.log_history for k in e}
-    assert result.resolved["trainer_config"]["beta"] == 0.1 and result.resolved["trainer_config"]["loss_type"] == ["sigmoid"]  # as trl holds it
+    assert result.resolved["trainer_config"]["beta"] == 0.1 and result.resolved["trainer_config"]["loss_type"] == [
+        "sigmoid"
+    ]  # as trl holds it
 
 
 # ---------------------------------------------------------------------- refused combinations
@@ -275,46 +331,73 @@ def refused(spec_or_dict: Any, tiny_model: Path) -> list[str]:
     return [str(p) for p in capability_problems(spec, CPU)]
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"precision": "fp16"}, "precision: fp16 needs CUDA: on the CPU trl would silently train in fp32 without loss "
-                            "scaling. Fix: use precision: auto (fp32 on CPU) or bf16"),
-    ({"method": "prefix_tuning", "gradient_checkpointing": True},
-     "gradient_checkpointing: prefix tuning fails with gradient checkpointing"),
-    ({"trainer": "dpo", "packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for dpo"),
-    ({"padding_free": True}, "padding_free: needs packing for sft"),
-    ({"assistant_only_loss": True, "dataset": "text"}, "assistant_only_loss: needs chat `messages` rows"),
-    ({"assistant_only_loss": True, "dataset": "pc"}, "has prompt_completion rows"),
-    ({"assistant_only_loss": True, "model": "no-markers"}, "has no `{% generation %}` markers"),
-    ({"assistant_only_loss": True, "trainer": "dpo"}, "assistant_only_loss: is an SFT option"),
-    ({"loss_type": "ipo"}, "loss_type: ipo is a DPO loss. Fix: for sft use auto, dft, nll"),
-    ({"loss_type": "dft", "trainer": "dpo"}, "loss_type: dft is an SFT loss. Fix: for dpo use auto, hinge, ipo, sigmoid"),
-], ids=lambda x: "+".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else None)
-def test_refused_combination_names_its_fix(changes: dict[str, Any], message: str, tiny_model: Path,
-                                           files: dict[str, Path], no_markers_model: Path) -> None:
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"precision": "fp16"},
+            "precision: fp16 needs CUDA: on the CPU trl would silently train in fp32 without loss "
+            "scaling. Fix: use precision: auto (fp32 on CPU) or bf16",
+        ),
+        (
+            {"method": "prefix_tuning", "gradient_checkpointing": True},
+            "gradient_checkpointing: prefix tuning fails with gradient checkpointing",
+        ),
+        (
+            {"trainer": "dpo", "packing": True},
+            "packing: is only supported by the SFT trainer. Fix: set packing: false for dpo",
+        ),
+        ({"padding_free": True}, "padding_free: needs packing for sft"),
+        ({"assistant_only_loss": True, "dataset": "text"}, "assistant_only_loss: needs chat `messages` rows"),
+        ({"assistant_only_loss": True, "dataset": "pc"}, "has prompt_completion rows"),
+        ({"assistant_only_loss": True, "model": "no-markers"}, "has no `{% generation %}` markers"),
+        ({"assistant_only_loss": True, "trainer": "dpo"}, "assistant_only_loss: is an SFT option"),
+        ({"loss_type": "ipo"}, "loss_type: ipo is a DPO loss. Fix: for sft use auto, dft, nll"),
+        (
+            {"loss_type": "dft", "trainer": "dpo"},
+            "loss_type: dft is an SFT loss. Fix: for dpo use auto, hinge, ipo, sigmoid",
+        ),
+    ],
+    ids=lambda x: "+".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else None,
+)
+def test_refused_combination_names_its_fix(
+    changes: dict[str, Any], message: str, tiny_model: Path, files: dict[str, Path], no_markers_model: Path
+) -> None:
     changes = dict(changes)
     if changes.get("dataset") in files:
         changes["dataset"] = str(files[changes["dataset"]])
     if changes.get("model") == "no-markers":
         changes["model"] = str(no_markers_model)
-    data = {"model": str(tiny_model), "dataset": str(files["pref" if changes.get("trainer") == "dpo" else "chat"]),
-            **changes}
+    data = {
+        "model": str(tiny_model),
+        "dataset": str(files["pref" if changes.get("trainer") == "dpo" else "chat"]),
+        **changes,
+    }
     messages = refused(data, tiny_model)
     assert any(message in m for m in messages), messages
     assert all(". Fix: " in m for m in messages)
 
 
-@pytest.mark.parametrize("changes, error", [
-    ({"padding_free": True}, "When `padding_free=True` without packing, `max_length` is not enforced"),
-    ({"method": "prefix_tuning", "gradient_checkpointing": True}, "The size of tensor a"),
-    ({"assistant_only_loss": True, "dataset": "text"}, "but the dataset is not conversational"),
-    ({"assistant_only_loss": True, "model": "no-markers"}, "The chat template is not training-compatible"),
-])
-def test_the_libraries_really_reject_what_is_refused(changes: dict[str, Any], error: str, tiny_model: Path,
-                                                     files: dict[str, Path], no_markers_model: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "changes, error",
+    [
+        ({"padding_free": True}, "When `padding_free=True` without packing, `max_length` is not enforced"),
+        ({"method": "prefix_tuning", "gradient_checkpointing": True}, "The size of tensor a"),
+        ({"assistant_only_loss": True, "dataset": "text"}, "but the dataset is not conversational"),
+        ({"assistant_only_loss": True, "model": "no-markers"}, "The chat template is not training-compatible"),
+    ],
+)
+def test_the_libraries_really_reject_what_is_refused(
+    changes: dict[str, Any],
+    error: str,
+    tiny_model: Path,
+    files: dict[str, Path],
+    no_markers_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without our check, trl/peft fail on these: the refusals are grounded, not guessed."""
     import jobs.train.child
-
     from jobs.spec.job import Method
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])

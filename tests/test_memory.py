@@ -14,19 +14,23 @@ from pathlib import Path
 import pytest
 
 from jobs.devices.facts import DeviceFacts, cpu_facts
-from jobs.memory.predict import PART_NAMES, Verdict, explain, predict
 from jobs.memory.model_config import arch_for
 from jobs.memory.planner import cheapest_change, fit
+from jobs.memory.predict import PART_NAMES, Verdict, explain, predict
 from jobs.spec.job import JobSpec
 
 QWEN7B = Path(__file__).parent / "fixtures" / "qwen2.5-7b"
-GIB = 2 ** 30
+GIB = 2**30
+
+
 def S(**fields) -> JobSpec:
     """A spec parsed like YAML (enum fields from their text values)."""
     return JobSpec.from_dict(fields)
 
 
-H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * GIB, compute_capability="9.0", bf16=True, fp16=True)
+H200 = DeviceFacts(
+    kind="cuda", name="NVIDIA H200", total_bytes=139 * GIB, compute_capability="9.0", bf16=True, fp16=True
+)
 GPU24 = replace(H200, name="24 GiB GPU", total_bytes=24 * GIB)
 
 
@@ -82,8 +86,10 @@ def test_optimizers_state_sizes(smollm2):
     assert small.phase == "optimizer step"  # few tokens: the peak comes with all gradients alive
     assert small.part("gradients") == 4 * p and small.part("activations") == 0
     full = S(method="full", learning_rate=1e-5)  # 8 x 512 tokens: the peak is in the backward, state only
-    states = {o: predict(full.replace(optim=o), smollm2, H200).part("optimizer")
-              for o in ("adamw_torch", "adamw_bnb_8bit", "adafactor")}
+    states = {
+        o: predict(full.replace(optim=o), smollm2, H200).part("optimizer")
+        for o in ("adamw_torch", "adamw_bnb_8bit", "adafactor")
+    }
     assert states["adamw_torch"] >= 8 * p
     assert 2 * p < states["adamw_bnb_8bit"] < 3 * p + 4 * smollm2.largest_param
     assert states["adafactor"] < states["adamw_bnb_8bit"]
@@ -100,7 +106,7 @@ def test_dpo_doubles_the_rows_and_full_dpo_loads_a_reference_copy(smollm2):
 def test_cpu_prediction_has_no_cuda_overhead(smollm2):
     p = predict(S(), smollm2, cpu_facts())
     assert p.part("overhead") == 0 and p.precision == "fp32"
-    assert predict(S(), smollm2, H200).part("overhead") > 500 * 2 ** 20
+    assert predict(S(), smollm2, H200).part("overhead") > 500 * 2**20
 
 
 def test_verdicts_and_their_words(qwen7b):
@@ -122,8 +128,9 @@ def test_planner_pick_fits_keeps_the_effective_batch_and_is_fastest_first(qwen7b
     assert [c.speed for c in plan] == sorted((c.speed for c in plan), reverse=True)
     assert "gradient_checkpointing: true" in plan[0].changes or "method: qlora" in plan[0].changes
     assert cheapest_change(spec, qwen7b, GPU24) == "; ".join(plan[0].changes)
-    assert fit(spec, qwen7b, GPU24, allow_qlora=False) and all(c.spec.method.value == "lora"
-                                                               for c in fit(spec, qwen7b, GPU24, allow_qlora=False))
+    assert fit(spec, qwen7b, GPU24, allow_qlora=False) and all(
+        c.spec.method.value == "lora" for c in fit(spec, qwen7b, GPU24, allow_qlora=False)
+    )
 
 
 def test_planner_speed_is_calibrated_by_measured_runs(qwen7b):
@@ -150,7 +157,9 @@ def test_measured_history_reads_succeeded_runs_of_the_model_on_the_device(store)
     from jobs.memory.planner import measured_history
 
     spec = JobSpec(model="tiny-llama", max_steps=1)
-    done, other_device, other_model = (store.create_run(s) for s in (spec, spec, spec.replace(model="smollm2-135m-instruct")))
+    done, other_device, other_model = (
+        store.create_run(s) for s in (spec, spec, spec.replace(model="smollm2-135m-instruct"))
+    )
     for lease, (run_id, device) in enumerate(((done, "cpu"), (other_device, "NVIDIA H200"), (other_model, "cpu"))):
         assert store.claim_next_on_device("w", str(lease)).id == run_id
         store.set_resolved_config(run_id, {"device": {"name": device}})
@@ -212,7 +221,8 @@ def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
 
 
 def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
-    from app.ui import form as ui_form, memory as ui_memory
+    from app.ui import form as ui_form
+    from app.ui import memory as ui_memory
 
     monkeypatch.setattr(ui_memory, "ui_device", lambda: GPU24)
     values = dict(zip(ui_form.NAMES, ui_form.form_values(S(model=str(QWEN7B), max_length=2048))))
@@ -221,8 +231,9 @@ def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
     assert 'data-verdict="will not fit"' in html and "activations" in html
     text = ui_form.budget_text(*args)
     assert "Will not fit" in text and "Cheapest change that fits" in text
-    filled = dict(zip(ui_form.NAMES, ui_memory.fit_values(ui_form.spec_from_form, ui_form.form_values,
-                                                          ui_form.NAMES, *args)))
+    filled = dict(
+        zip(ui_form.NAMES, ui_memory.fit_values(ui_form.spec_from_form, ui_form.form_values, ui_form.NAMES, *args))
+    )
     picked = ui_form.spec_from_form(filled)
     assert predict(picked, qwen7b, GPU24).verdict is Verdict.FITS and picked.max_length == 2048
 
@@ -232,7 +243,9 @@ def test_run_page_memory_graph_gets_the_predicted_line():
 
     from app.ui.memory import PREDICTED_SERIES, with_predicted_line
 
-    frame = pd.DataFrame([(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")], columns=["seconds", "GiB", "series"])
+    frame = pd.DataFrame(
+        [(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")], columns=["seconds", "GiB", "series"]
+    )
     out = with_predicted_line(frame, {"total_bytes": 2 * GIB})
     line = out[out["series"] == PREDICTED_SERIES]
     assert list(line["GiB"]) == [2.0, 2.0] and list(line["seconds"]) == [-30.0, -1.0]

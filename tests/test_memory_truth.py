@@ -59,25 +59,45 @@ def test_grid_covers_the_issue_axes() -> None:
     fields = [dict(c.fields) for c in cases]
     assert {f["method"] for f in fields} >= {"full", "lora", "dora", "qlora", "ia3", "prompt_tuning"}
     assert {f["optim"] for f in fields} >= {"adamw_torch", "adamw_bnb_8bit", "adafactor"}
-    assert {f["trainer"] for f in fields} == {"sft", "dpo"} and {f["gradient_checkpointing"] for f in fields} == {True, False}
-    assert {f["per_device_train_batch_size"] for f in fields} >= {1, 4} and {f["max_length"] for f in fields} >= {64, 256}
+    assert {f["trainer"] for f in fields} == {"sft", "dpo"} and {f["gradient_checkpointing"] for f in fields} == {
+        True,
+        False,
+    }
+    assert {f["per_device_train_batch_size"] for f in fields} >= {1, 4} and {f["max_length"] for f in fields} >= {
+        64,
+        256,
+    }
     assert {c.shape for c in cases} >= {"qwen2-tied", "qwen2-untied", "smollm2-135m"}
 
 
 def test_cuda_table_reads_measurements_without_a_gpu() -> None:
     from bench.memory_truth import SHAPES, case, cuda_table, spec_for
     from jobs.devices.facts import DeviceFacts
-    from jobs.memory.predict import predict
     from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
 
-    facts = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2 ** 30, bf16=True, fp16=True)
+    facts = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=139 * 2**30, bf16=True, fp16=True)
     c = case("qwen2.5-0.5b", "lora", batch=4, length=512, precision="bf16")
     spec = spec_for(c, Path("unused"), Path("unused.jsonl"), Path("out"))
     p = predict(spec, arch_from_config(SHAPES["qwen2.5-0.5b"]), facts)
-    reserved = p.total_bytes - 600 * 2 ** 20
-    text = cuda_table([(c.label, p, {"weights": p.part("weights"), "adapter": p.part("adapter"), "optimizer": p.part("optimizer"),
-                                     "allocated": reserved, "reserved": reserved, "nvml_peak": p.total_bytes}),
-                       ("broken", p, {"failed": "CUDA out of memory", "nvml_peak": 0})])
+    reserved = p.total_bytes - 600 * 2**20
+    text = cuda_table(
+        [
+            (
+                c.label,
+                p,
+                {
+                    "weights": p.part("weights"),
+                    "adapter": p.part("adapter"),
+                    "optimizer": p.part("optimizer"),
+                    "allocated": reserved,
+                    "reserved": reserved,
+                    "nvml_peak": p.total_bytes,
+                },
+            ),
+            ("broken", p, {"failed": "CUDA out of memory", "nvml_peak": 0}),
+        ]
+    )
     assert "+0.0%" in text and "FAILED: CUDA out of memory" in text and "100% of 1 configs within 10%" in text
 
 

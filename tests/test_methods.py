@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import torch
+from training_helpers import tiny_spec
 
 from jobs.config.mapping import CPU, capability_problems
-from jobs.spec.job import JobSpec, LoraInit, Method
-from training_helpers import tiny_spec
+from jobs.spec.job import LoraInit, Method
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +44,14 @@ def qwen2_folder(tmp_path: Path, tiny_model: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
-    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=len(tok))
+    config = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tok),
+    )
     folder = tmp_path / "qwen2"
     AutoModelForCausalLM.from_config(config).save_pretrained(str(folder))
     tok.save_pretrained(str(folder))
@@ -134,7 +140,9 @@ def test_adaption_prompt_is_refused_for_other_architectures(tiny_model: Path, tm
     messages = [str(p) for p in capability_problems(spec, CPU)]
     assert any("supports model types llama, mistral, gpt2" in m and "is qwen2" in m for m in messages), messages
     too_many = tiny_spec(tiny_model, method="adaption_prompt", adapter_layers=3)
-    assert any("adapter_layers: 3 is more than the model's 2 layers" in str(p) for p in capability_problems(too_many, CPU))
+    assert any(
+        "adapter_layers: 3 is more than the model's 2 layers" in str(p) for p in capability_problems(too_many, CPU)
+    )
     assert capability_problems(tiny_spec(tiny_model, method="adaption_prompt", adapter_layers=2), CPU) == []
 
 
@@ -143,13 +151,17 @@ def test_loftq_is_refused_without_cuda(tiny_model: Path) -> None:
     assert any("lora_init: loftq needs CUDA" in str(p) for p in capability_problems(spec, CPU))
 
 
-@pytest.mark.parametrize("case, error", [
-    ("qwen2", "Unsupported model type for adaption prompt"),
-    ("layers", "more adapter layers"),
-    ("loftq", "Torch not compiled with CUDA enabled"),
-])
-def test_the_libraries_really_reject_what_is_refused(case: str, error: str, tiny_model: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "case, error",
+    [
+        ("qwen2", "Unsupported model type for adaption prompt"),
+        ("layers", "more adapter layers"),
+        ("loftq", "Torch not compiled with CUDA enabled"),
+    ],
+)
+def test_the_libraries_really_reject_what_is_refused(
+    case: str, error: str, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import jobs.train.child
 
     if case == "loftq" and torch.cuda.is_available():

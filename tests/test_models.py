@@ -228,8 +228,9 @@ def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cached_hub_model_resolves_to_its_id(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache",
-                        lambda repo_id, filename, **k: str(tiny_model / filename))
+    monkeypatch.setattr(
+        "huggingface_hub.try_to_load_from_cache", lambda repo_id, filename, **k: str(tiny_model / filename)
+    )
     resolved = resolve_model("some-org/cached-model")
     assert resolved == ResolvedModel("some-org/cached-model", "some-org/cached-model", ModelSource.HUB)
 
@@ -305,7 +306,9 @@ def test_load_sets_missing_pad_token(tiny_model: Path, tmp_path: Path) -> None:
 def test_load_with_dtype(tiny_model: Path) -> None:
     import torch
 
-    model, _ = load_model_and_tokenizer(ResolvedModel("x", str(tiny_model), ModelSource.LOCAL), torch_dtype=torch.bfloat16)
+    model, _ = load_model_and_tokenizer(
+        ResolvedModel("x", str(tiny_model), ModelSource.LOCAL), torch_dtype=torch.bfloat16
+    )
     assert model.dtype == torch.bfloat16
 
 
@@ -335,8 +338,10 @@ def test_smollm2_builtin(smollm2_models_dir: Path, monkeypatch: pytest.MonkeyPat
     assert tok.eos_token == "<|im_end|>" and tok.pad_token is not None
     assert "{% generation %}" in tok.chat_template
     text = tok.apply_chat_template(CHAT[1:2], tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                    "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     enc = tok.apply_chat_template(CHAT, return_dict=True, return_assistant_tokens_mask=True)
     masked = [i for i, m in zip(enc["input_ids"], enc["assistant_masks"]) if m]
     assert tok.decode(masked) == "The capital of France is Paris.<|im_end|>"

@@ -17,8 +17,14 @@ def small_llama(hidden: int = 64, intermediate: int = 176, layers: int = 2) -> A
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=300)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -71,8 +77,9 @@ def test_parameter_count_is_loras_budget(mora_type: str) -> None:
             assert rank * rank <= r * (k + d) < (rank + step) ** 2, name
     assert mora.get_nb_trainable_parameters()[0] <= lora.get_nb_trainable_parameters()[0]
     # On a layer whose budget is a perfect square (256 x 256, r = 8), the counts are equal.
-    square = get_peft_model(small_llama(256, 256, 1), MoraConfig(r=8, target_modules=["q_proj", "o_proj"],
-                                                                  mora_type=mora_type))
+    square = get_peft_model(
+        small_llama(256, 256, 1), MoraConfig(r=8, target_modules=["q_proj", "o_proj"], mora_type=mora_type)
+    )
     lora_square = get_peft_model(small_llama(256, 256, 1), LoraConfig(r=8, target_modules=["q_proj", "o_proj"]))
     assert square.get_nb_trainable_parameters()[0] == lora_square.get_nb_trainable_parameters()[0] == 2 * 64 * 64
 
@@ -145,8 +152,9 @@ def test_gpt2_conv1d_layers_merge_too() -> None:
     from transformers import AutoModelForCausalLM, GPT2Config
 
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=300,
-                                                       n_positions=64, bos_token_id=0, eos_token_id=0))
+    base = AutoModelForCausalLM.from_config(
+        GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=300, n_positions=64, bos_token_id=0, eos_token_id=0)
+    )
     model = get_peft_model(base, MoraConfig(r=4, target_modules="all-linear"))
     randomize(model)
     model.eval()

@@ -9,15 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import training_helpers
 
-from jobs.train import oom
 from jobs.spec.job import JobSpec, Optim
 from jobs.spec.stored import spec_of
+from jobs.train import oom
 from jobs.worker.loop import Worker
 from storage.models import RunStatus
 from storage.store import Store
-
-import training_helpers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,13 +51,30 @@ sys.exit(train.run(int(sys.argv[1]), callbacks=[OomAbove()]))
 """
 
 
-def worker_with_oom(store: Store, tmp_path: Path, *, max_batch: int, from_step: int = 0,
-                    need_gc_from: int | None = None, need_8bit_from: int | None = None) -> Worker:
+def worker_with_oom(
+    store: Store,
+    tmp_path: Path,
+    *,
+    max_batch: int,
+    from_step: int = 0,
+    need_gc_from: int | None = None,
+    need_8bit_from: int | None = None,
+) -> Worker:
     script = tmp_path / "oom_child.py"
-    script.write_text(textwrap.dedent(CHILD.format(root=str(ROOT), max_batch=max_batch, from_step=from_step,
-                                                   need_gc_from=need_gc_from, need_8bit_from=need_8bit_from)))
-    return Worker(store, child_argv=lambda run_id: [sys.executable, str(script), str(run_id)], sample=False,
-                  poll_interval=0.2)
+    script.write_text(
+        textwrap.dedent(
+            CHILD.format(
+                root=str(ROOT),
+                max_batch=max_batch,
+                from_step=from_step,
+                need_gc_from=need_gc_from,
+                need_8bit_from=need_8bit_from,
+            )
+        )
+    )
+    return Worker(
+        store, child_argv=lambda run_id: [sys.executable, str(script), str(run_id)], sample=False, poll_interval=0.2
+    )
 
 
 def loss_steps(store: Store, run_id: int) -> list[int]:
@@ -97,10 +113,12 @@ def test_event_message_names_step_batch_and_what_it_continued_with() -> None:
 # ---------------------------------------------------------------------- through the real worker
 @pytest.mark.integration
 @pytest.mark.slow
-def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(store: Store, tiny_model: Path,
-                                                                          tmp_path: Path) -> None:
-    spec = training_helpers.tiny_spec(tiny_model, max_steps=8, max_length=64, per_device_train_batch_size=4,
-                                      save_steps=2, lr_scheduler_type="linear")
+def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(
+    store: Store, tiny_model: Path, tmp_path: Path
+) -> None:
+    spec = training_helpers.tiny_spec(
+        tiny_model, max_steps=8, max_length=64, per_device_train_batch_size=4, save_steps=2, lr_scheduler_type="linear"
+    )
     run_id = store.create_run(spec)
     worker = worker_with_oom(store, tmp_path, max_batch=2, from_step=3, need_gc_from=4, need_8bit_from=6)
     assert worker.work(burst=True) == 1
@@ -142,10 +160,10 @@ def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(stor
 
 
 @pytest.mark.integration
-def test_oom_with_on_oom_fail_fails_with_advice_and_no_events(store: Store, tiny_model: Path,
-                                                              tmp_path: Path) -> None:
-    spec = training_helpers.tiny_spec(tiny_model, max_steps=4, max_length=64, per_device_train_batch_size=4,
-                                      on_oom="fail")
+def test_oom_with_on_oom_fail_fails_with_advice_and_no_events(store: Store, tiny_model: Path, tmp_path: Path) -> None:
+    spec = training_helpers.tiny_spec(
+        tiny_model, max_steps=4, max_length=64, per_device_train_batch_size=4, on_oom="fail"
+    )
     run_id = store.create_run(spec)
     worker_with_oom(store, tmp_path, max_batch=2).work(burst=True)
     run = store.get_run(run_id)
@@ -163,8 +181,9 @@ def test_oom_after_three_recoveries_fails_and_says_so(store: Store, tiny_model: 
     for done in range(oom.MAX_RECOVERIES):  # as if three processes had already recovered
         found = oom.next_recovery(current, done, done - 1 if done else -1)
         current = found.spec
-        store.add_run_event(run_id, oom.EVENT_KIND, f"recovery {done}", step=1,
-                            data={"rung": found.rung, "spec": current.to_dict()})
+        store.add_run_event(
+            run_id, oom.EVENT_KIND, f"recovery {done}", step=1, data={"rung": found.rung, "spec": current.to_dict()}
+        )
     worker_with_oom(store, tmp_path, max_batch=0).work(burst=True)  # every forward runs out of memory
     run = store.get_run(run_id)
     assert run.status is RunStatus.FAILED

@@ -34,10 +34,13 @@ def test_trl_is_pinned_where_the_experimental_trainers_live() -> None:
     assert "trl>=1.16,<1.17" in deps
 
 
-@pytest.mark.parametrize("trainer,cls,kw", [
-    ("orpo", "experimental.orpo.ORPOConfig", {"beta": 0.1}),
-    ("cpo", "experimental.cpo.CPOConfig", {"beta": 0.1, "loss_type": "sigmoid"}),
-])
+@pytest.mark.parametrize(
+    "trainer,cls,kw",
+    [
+        ("orpo", "experimental.orpo.ORPOConfig", {"beta": 0.1}),
+        ("cpo", "experimental.cpo.CPOConfig", {"beta": 0.1, "loss_type": "sigmoid"}),
+    ],
+)
 def test_mapping(trainer: str, cls: str, kw: dict, tmp_path: Path) -> None:
     from jobs.config.mapping import training_config
 
@@ -58,9 +61,15 @@ def test_cpo_takes_dpo_losses() -> None:
 
 REFUSED = [
     ({"trainer": "orpo", "loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for orpo use auto"),
-    ({"trainer": "cpo", "loss_type": "nll"}, "loss_type: nll is an SFT loss. Fix: for cpo use auto, hinge, ipo, sigmoid"),
+    (
+        {"trainer": "cpo", "loss_type": "nll"},
+        "loss_type: nll is an SFT loss. Fix: for cpo use auto, hinge, ipo, sigmoid",
+    ),
     ({"trainer": "orpo", "padding_free": True}, "padding_free: is not supported by the ORPO trainer"),
-    ({"trainer": "cpo", "packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for cpo"),
+    (
+        {"trainer": "cpo", "packing": True},
+        "packing: is only supported by the SFT trainer. Fix: set packing: false for cpo",
+    ),
     ({"trainer": "cpo", "dataset": "sample:kto-format"}, "the cpo trainer needs prompt/chosen/rejected rows"),
     ({"trainer": "orpo", "method": "prompt_tuning"}, "method: prompt_tuning fails with orpo"),
     ({"trainer": "cpo", "method": "p_tuning"}, "method: p_tuning fails with cpo"),
@@ -92,15 +101,23 @@ def test_config_has_no_padding_free(trainer: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer,series", [("orpo", {"reward margin", "log odds ratio"}),
-                                            ("cpo", {"reward margin", "reward accuracy"})])
+@pytest.mark.parametrize(
+    "trainer,series", [("orpo", {"reward margin", "log odds ratio"}), ("cpo", {"reward margin", "reward accuracy"})]
+)
 def test_trains_through_the_worker(trainer: str, series: set[str], store, tiny_model: Path) -> None:
     """The real worker and child: LoRA ORPO / CPO on the preference sample; metrics reach the run page."""
     from app.ui.run import RunPageData
     from jobs.worker.loop import Worker
 
-    spec = tiny_spec(tiny_model, trainer=trainer, dataset="sample:preference-format", max_steps=3, max_train_samples=12,
-                     max_length=128, eval_split=4)
+    spec = tiny_spec(
+        tiny_model,
+        trainer=trainer,
+        dataset="sample:preference-format",
+        max_steps=3,
+        max_train_samples=12,
+        max_length=128,
+        eval_split=4,
+    )
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
     run = store.get_run(run_id)
@@ -114,8 +131,9 @@ def test_trains_through_the_worker(trainer: str, series: set[str], store, tiny_m
 
 @pytest.mark.integration
 @pytest.mark.parametrize("trainer,method", [("orpo", "p_tuning"), ("cpo", "prompt_tuning")])
-def test_prompt_learning_really_fails(trainer: str, method: str, tiny_model: Path, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prompt_learning_really_fails(
+    trainer: str, method: str, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With our check off, trl fails on these: the refusal is grounded, not guessed."""
     import dataclasses
 
@@ -123,8 +141,16 @@ def test_prompt_learning_really_fails(trainer: str, method: str, tiny_model: Pat
     from jobs.spec.job import Method
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
-    spec = tiny_spec(tiny_model, trainer=trainer, dataset="sample:preference-format", max_steps=1, max_train_samples=4,
-                     max_length=128, num_virtual_tokens=4, eval_split=1)
+    spec = tiny_spec(
+        tiny_model,
+        trainer=trainer,
+        dataset="sample:preference-format",
+        max_steps=1,
+        max_train_samples=4,
+        max_length=128,
+        num_virtual_tokens=4,
+        eval_split=1,
+    )
     spec = dataclasses.replace(spec, method=Method(method))
     with pytest.raises(ValueError, match="to match target batch_size"):
         jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)

@@ -12,16 +12,37 @@ from jobs.memory.model_config import arch_for
 from jobs.memory.params import ModelShape, model_shape, trainable_params
 from jobs.spec.job import JobSpec
 
-PEFT_METHODS = ["lora", "dora", "ia3", "prompt_tuning", "prefix_tuning", "p_tuning", "mora", "adaption_prompt",
-                "lokr", "loha", "oft", "vera", "miss", "hira"]
+PEFT_METHODS = [
+    "lora",
+    "dora",
+    "ia3",
+    "prompt_tuning",
+    "prefix_tuning",
+    "p_tuning",
+    "mora",
+    "adaption_prompt",
+    "lokr",
+    "loha",
+    "oft",
+    "vera",
+    "miss",
+    "hira",
+]
 
 
 def qwen2_like() -> Any:
     """A small random config with grouped-query attention and q/k/v biases (Qwen2 style), untied head."""
     from transformers import Qwen2Config
 
-    return Qwen2Config(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-                       num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+    return Qwen2Config(
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=300,
+        tie_word_embeddings=False,
+    )
 
 
 def peft_count(model: Any, spec: JobSpec) -> tuple[int, int]:
@@ -32,15 +53,29 @@ def peft_count(model: Any, spec: JobSpec) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("method", PEFT_METHODS)
-@pytest.mark.parametrize("changes", [{"adapter_layers": 2},
-                                     {"lora_r": 3, "lora_target_modules": "q_proj,v_proj", "num_virtual_tokens": 7,
-                                      "adapter_layers": 1, "adapter_len": 3, "oft_block_size": 8, "mora_type": "sharing"}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"adapter_layers": 2},
+        {
+            "lora_r": 3,
+            "lora_target_modules": "q_proj,v_proj",
+            "num_virtual_tokens": 7,
+            "adapter_layers": 1,
+            "adapter_len": 3,
+            "oft_block_size": 8,
+            "mora_type": "sharing",
+        },
+    ],
+)
 def test_estimate_equals_peft_on_the_tiny_model(method: str, changes: dict[str, Any], tiny_model: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     spec = JobSpec.from_dict({"method": method, "model": str(tiny_model), **changes})
     estimate = trainable_params(spec, arch_for(str(tiny_model)).shape)
-    assert (estimate.trainable, estimate.total) == peft_count(AutoModelForCausalLM.from_pretrained(str(tiny_model)), spec)
+    assert (estimate.trainable, estimate.total) == peft_count(
+        AutoModelForCausalLM.from_pretrained(str(tiny_model)), spec
+    )
     assert 0 < estimate.percent < 100
 
 
@@ -49,7 +84,9 @@ def test_estimate_equals_peft_with_grouped_query_attention_and_biases(method: st
     from transformers import AutoModelForCausalLM
 
     if method == "adaption_prompt":
-        pytest.skip("peft's LLaMA-Adapter does not support qwen2 (see test_adaption_prompt_refuses_other_architectures)")
+        pytest.skip(
+            "peft's LLaMA-Adapter does not support qwen2 (see test_adaption_prompt_refuses_other_architectures)"
+        )
     spec = JobSpec.from_dict({"method": method, "lora_r": 4, "num_virtual_tokens": 5})
     config = qwen2_like()
     estimate = trainable_params(spec, model_shape(config))

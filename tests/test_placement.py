@@ -12,13 +12,12 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from jobs.spec.job import JobSpec
-from jobs.worker.loop import Worker
 from storage.models import RunStatus
 from storage.store import Store
 
 BACKENDS = ("sqlite", "postgresql")  # each `store` test runs on both databases (tests/conftest.py)
 
-from test_worker import fake_child, make_worker  # noqa: E402
+from test_worker import make_worker  # noqa: E402
 from training_helpers import wait_for  # noqa: E402
 
 SPEC = JobSpec(model="tiny-llama", max_steps=5)
@@ -69,8 +68,9 @@ def test_the_lease_is_held_until_the_process_group_is_gone(store: Store, tmp_pat
     assert store.claim_next_on_device("another-worker", "7").id == second
 
 
-def test_only_the_worker_beats_and_staleness_uses_the_database_clock(store: Store,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_worker_beats_and_staleness_uses_the_database_clock(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_id = store.create_run(SPEC)
     store.claim_next_on_device("w", "0")
     beat = store.get_run(run_id).heartbeat_at

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -66,8 +67,9 @@ def refusing_hub() -> Iterator[tuple[str, list[str]]]:
     server.server_close()
 
 
-def test_offline_mode_is_refused_with_a_clear_message(finished_run: int, monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture) -> None:
+def test_offline_mode_is_refused_with_a_clear_message(
+    finished_run: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_TOKEN", SECRET)
     assert main(["push", str(finished_run), "--repo", "alice/tag-adapter"]) == 2
@@ -76,8 +78,9 @@ def test_offline_mode_is_refused_with_a_clear_message(finished_run: int, monkeyp
     assert "unset HF_HUB_OFFLINE" in err and SECRET not in err
 
 
-def test_an_unreachable_hub_is_refused_with_a_clear_message(finished_run: int, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_an_unreachable_hub_is_refused_with_a_clear_message(
+    finished_run: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     port = closed_port()
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -89,10 +92,14 @@ def test_an_unreachable_hub_is_refused_with_a_clear_message(finished_run: int, m
     assert SECRET not in out.err + out.out
 
 
-def test_a_refused_token_is_reported_and_never_stored(finished_run: int, store: Any, data_home: Path,
-                                                      refusing_hub: tuple[str, list[str]],
-                                                      monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_token_is_reported_and_never_stored(
+    finished_run: int,
+    store: Any,
+    data_home: Path,
+    refusing_hub: tuple[str, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     address, seen = refusing_hub
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -114,9 +121,9 @@ def test_a_refused_token_is_reported_and_never_stored(finished_run: int, store: 
             assert SECRET.encode() not in path.read_bytes(), path
 
 
-def test_what_to_push_and_where_are_checked_before_any_token(store: Any, finished_run: int,
-                                                             monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture) -> None:
+def test_what_to_push_and_where_are_checked_before_any_token(
+    store: Any, finished_run: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     assert push_folder(store, finished_run, "bundle").name == "bundle"
     with pytest.raises(PushError, match=f"run `tunedeck export {finished_run} --merged` first"):
         push_folder(store, finished_run, "merged")
@@ -132,8 +139,9 @@ def test_what_to_push_and_where_are_checked_before_any_token(store: Any, finishe
     assert "run 999 does not exist" in capsys.readouterr().err
 
 
-def test_a_hub_that_stops_answering_ends_the_push_with_an_error(finished_run: int, store: Any,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hub_that_stops_answering_ends_the_push_with_an_error(
+    finished_run: int, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """It accepts the connection and never answers: the command's bounded client gives up (no hang)."""
     import huggingface_hub.constants
     from huggingface_hub.utils import _http

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
 from jobs.config.mapping import CPU, peft_kwargs, resolved_config
+from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
 from jobs.spec.job import JobSpec, SpecError, Trainer
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
@@ -45,16 +45,19 @@ def test_reward_mapping(tmp_path: Path) -> None:
     assert peft_kwargs(JobSpec())[1]["task_type"] == "CAUSAL_LM"
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for reward use auto"),
-    ({"padding_free": True}, "padding_free: is not supported by the REWARD trainer"),
-    ({"packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for reward"),
-    ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head"),
-    ({"assistant_only_loss": True}, "assistant_only_loss: is an SFT option"),
-    ({"method": "qlora"}, "method: qlora fails for a reward model"),
-    ({"method": "lora_8bit"}, "method: lora_8bit fails for a reward model"),
-    ({"method": "prefix_tuning"}, "method: prefix_tuning needs past key values"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for reward use auto"),
+        ({"padding_free": True}, "padding_free: is not supported by the REWARD trainer"),
+        ({"packing": True}, "packing: is only supported by the SFT trainer. Fix: set packing: false for reward"),
+        ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head"),
+        ({"assistant_only_loss": True}, "assistant_only_loss: is an SFT option"),
+        ({"method": "qlora"}, "method: qlora fails for a reward model"),
+        ({"method": "lora_8bit"}, "method: lora_8bit fails for a reward model"),
+        ({"method": "prefix_tuning"}, "method: prefix_tuning needs past key values"),
+    ],
+)
 def test_refused_before_queueing(changes: dict, message: str) -> None:
     messages = refusal_messages({"trainer": "reward", "dataset": "sample:preference-format", **changes})
     assert any(message in m for m in messages), messages
@@ -85,8 +88,14 @@ def test_reward_model_trains_through_the_worker(store, tiny_model: Path) -> None
     from app.ui.run import RunPageData
     from jobs.worker.loop import Worker
 
-    spec = tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format", max_steps=3,
-                     max_train_samples=12, max_length=128)
+    spec = tiny_spec(
+        tiny_model,
+        trainer="reward",
+        dataset="sample:preference-format",
+        max_steps=3,
+        max_train_samples=12,
+        max_length=128,
+    )
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
     run = store.get_run(run_id)
@@ -101,12 +110,16 @@ def test_reward_model_trains_through_the_worker(store, tiny_model: Path) -> None
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("changes,error", [
-    ({"method": "qlora"}, "expected m1 and m2 to have the same dtype"),
-    ({"method": "prefix_tuning"}, "Model does not support past key values which are required for prefix tuning"),
-])
-def test_the_libraries_really_reject_them(changes: dict, error: str, tiny_model: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "changes,error",
+    [
+        ({"method": "qlora"}, "expected m1 and m2 to have the same dtype"),
+        ({"method": "prefix_tuning"}, "Model does not support past key values which are required for prefix tuning"),
+    ],
+)
+def test_the_libraries_really_reject_them(
+    changes: dict, error: str, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With our check off, the libraries fail on each: the refusals above are grounded, not guessed."""
     import re
 
@@ -114,8 +127,15 @@ def test_the_libraries_really_reject_them(changes: dict, error: str, tiny_model:
     from jobs.spec.job import Method
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
-    spec = tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format", max_steps=1, max_train_samples=4,
-                     max_length=128, num_virtual_tokens=4)
+    spec = tiny_spec(
+        tiny_model,
+        trainer="reward",
+        dataset="sample:preference-format",
+        max_steps=1,
+        max_train_samples=4,
+        max_length=128,
+        num_virtual_tokens=4,
+    )
     spec = dataclasses.replace(spec, method=Method(changes["method"]))
     with pytest.raises(Exception, match=re.escape(error)):
         jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
@@ -126,8 +146,14 @@ def test_all_rows_too_long_names_max_length(tiny_model: Path, tmp_path: Path) ->
     """trl drops every row and then fails with 'num_samples=0'; tunedeck names max_length instead."""
     from jobs.train.child import train_spec
 
-    spec = tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format", max_steps=1, max_train_samples=4,
-                     max_length=16)
+    spec = tiny_spec(
+        tiny_model,
+        trainer="reward",
+        dataset="sample:preference-format",
+        max_steps=1,
+        max_train_samples=4,
+        max_length=16,
+    )
     with pytest.raises(SpecError) as err:
         train_spec(spec, tmp_path / "out", device=CPU)
     (problem,) = err.value.problems

@@ -59,13 +59,27 @@ def test_auth_file_and_env(tmp_path: Path) -> None:
 
 
 def test_hash_password_cli(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "app.cli.main", "hash-password", "--user", "carol"], input="pw-carol-333\n",
-                         capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path / "home"), timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "hash-password", "--user", "carol"],
+        input="pw-carol-333\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=_env(tmp_path / "home"),
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     user, _, encoded = out.stdout.strip().partition(":")
     assert user == "carol" and auth.verify_password("pw-carol-333", encoded)
-    short = subprocess.run([sys.executable, "-m", "app.cli.main", "hash-password"], input="short\n",
-                           capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path / "home"), timeout=60)
+    short = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "hash-password"],
+        input="short\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=_env(tmp_path / "home"),
+        timeout=60,
+    )
     assert short.returncode == 2 and "shorter than 8" in short.stderr
 
 
@@ -83,8 +97,9 @@ def test_default_bind_is_loopback_and_exposure_warns() -> None:
 # ---------------------------------------------------------------------- the real server
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEDECK_", "GRADIO_"))}
-    env.update(TUNEDECK_HOME=str(home), HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
-               PYTHONPATH=str(ROOT), **extra)
+    env.update(
+        TUNEDECK_HOME=str(home), HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONPATH=str(ROOT), **extra
+    )
     return env
 
 
@@ -97,8 +112,13 @@ def _free_port() -> int:
 def _start(home: Path, cwd: Path, host: str = "127.0.0.1", **env: str) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
     log = cwd / f"server-{port}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", host, "--port", str(port)],
-                            cwd=cwd, env=_env(home, **env), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", host, "--port", str(port)],
+        cwd=cwd,
+        env=_env(home, **env),
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -157,17 +177,31 @@ def site(tmp_path_factory: pytest.TempPathFactory):
             os.environ["TUNEDECK_HOME"] = old
     proc, base, log = _start(home, root, TUNEDECK_MAX_UPLOAD_MB="1")
     try:
-        yield {"base": base, "home": home, "outside": outside, "root": root, "bundle": bundle, "log": log,
-               "run_dir": folder}
+        yield {
+            "base": base,
+            "home": home,
+            "outside": outside,
+            "root": root,
+            "bundle": bundle,
+            "log": log,
+            "run_dir": folder,
+        }
     finally:
         _stop(proc)
 
 
 def _targets(site: dict) -> list[Path]:
     home = site["home"]
-    return [home / "tunedeck.db", home / "tunedeck.db-wal", home / ".env", site["run_dir"] / "train.log",
-            site["outside"] / "secret.txt", site["run_dir"] / "evil.zip", site["root"] / ".env",
-            Path("/etc/passwd")]
+    return [
+        home / "tunedeck.db",
+        home / "tunedeck.db-wal",
+        home / ".env",
+        site["run_dir"] / "train.log",
+        site["outside"] / "secret.txt",
+        site["run_dir"] / "evil.zip",
+        site["root"] / ".env",
+        Path("/etc/passwd"),
+    ]
 
 
 def _spellings(target: Path, site: dict) -> list[str]:
@@ -179,13 +213,25 @@ def _spellings(target: Path, site: dict) -> list[str]:
     forms = [absolute, rel_home, deep, absolute.replace("/", "//")]
     out = []
     for form in forms:
-        out += [form, urllib.parse.quote(form, safe=""), urllib.parse.quote(urllib.parse.quote(form, safe=""), safe=""),
-                form.replace("..", "%2e%2e")]
+        out += [
+            form,
+            urllib.parse.quote(form, safe=""),
+            urllib.parse.quote(urllib.parse.quote(form, safe=""), safe=""),
+            form.replace("..", "%2e%2e"),
+        ]
     return out
 
 
-ROUTES = ["/gradio_api/file={}", "/file={}", "/gradio_api/file/{}", "/static/{}", "/assets/{}", "/svelte/{}",
-          "/gradio_api/proxy={}", "/{}"]
+ROUTES = [
+    "/gradio_api/file={}",
+    "/file={}",
+    "/gradio_api/file/{}",
+    "/static/{}",
+    "/assets/{}",
+    "/svelte/{}",
+    "/gradio_api/proxy={}",
+    "/{}",
+]
 
 
 def _secrets(site: dict) -> list[bytes]:
@@ -257,9 +303,24 @@ def test_login_required_when_configured(tmp_path: Path, site: dict) -> None:
 def test_auth_file_with_plain_password_is_refused(tmp_path: Path) -> None:
     users = tmp_path / "users"
     users.write_text("alice:hunter2\n")
-    out = subprocess.run([sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--auth-file", str(users),
-                          "--port", str(_free_port())], capture_output=True, text=True, cwd=tmp_path,
-                         env=_env(tmp_path / "home"), timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli.main",
+            "serve",
+            "--no-worker",
+            "--auth-file",
+            str(users),
+            "--port",
+            str(_free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path / "home"),
+        timeout=120,
+    )
     assert out.returncode == 2 and "line 1" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -268,7 +329,7 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
     """A folder with only pytorch_model.bin is refused at the check, and loading never unpickles it."""
     import shutil
 
-    from jobs.models.registry import ModelError, ResolvedModel, ModelSource, check_model, load_model_and_tokenizer
+    from jobs.models.registry import ModelError, ModelSource, ResolvedModel, check_model, load_model_and_tokenizer
 
     folder = tmp_path / "pickled"
     shutil.copytree(tiny_model, folder)
@@ -282,15 +343,24 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_hf_token_never_stored_logged_or_bundled(tiny_model: Path, store, data_home: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_token_never_stored_logged_or_bundled(
+    tiny_model: Path, store, data_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from jobs.spec.job import JobSpec
     from jobs.worker.loop import Worker
 
     monkeypatch.setenv("HF_TOKEN", HF_FAKE)
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", HF_FAKE)
-    spec = JobSpec(model=str(tiny_model), dataset="sample:chat-format", max_steps=2, max_length=64,
-                   per_device_train_batch_size=2, max_train_samples=8, lora_r=4, lora_alpha=8)
+    spec = JobSpec(
+        model=str(tiny_model),
+        dataset="sample:chat-format",
+        max_steps=2,
+        max_length=64,
+        per_device_train_batch_size=2,
+        max_train_samples=8,
+        lora_r=4,
+        lora_alpha=8,
+    )
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.2, sample=False).work(burst=True)
     run = store.get_run(run_id)
@@ -312,9 +382,15 @@ def test_no_pickle_loading_in_the_code() -> None:
     """No unpickling anywhere in tunedeck's own code (weights: safetensors; data: Arrow/JSON/CSV)."""
     import re
 
-    pattern = re.compile(r"\bpickle\.loads?\(|\btorch\.load\(|\bjoblib\.load\(|\bdill\.load|use_safetensors\s*=\s*False")
-    hits = [f"{p.relative_to(ROOT)}:{n}" for folder in ("app", "jobs", "storage") for p in (ROOT / folder).rglob("*.py")
-            for n, line in enumerate(p.read_text().splitlines(), 1)
-            if pattern.search(line) and "weights_only=True" not in line]
+    pattern = re.compile(
+        r"\bpickle\.loads?\(|\btorch\.load\(|\bjoblib\.load\(|\bdill\.load|use_safetensors\s*=\s*False"
+    )
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for folder in ("app", "jobs", "storage")
+        for p in (ROOT / folder).rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line) and "weights_only=True" not in line
+    ]
     assert hits == []
     assert "use_safetensors" in (ROOT / "jobs" / "models" / "registry.py").read_text()

@@ -7,21 +7,21 @@ import random
 import sqlite3
 
 import pytest
+from series_reference import downsample_minmax, same_buckets
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from app.ui import series
 from jobs.spec.job import JobSpec
 from storage import models as m
-from storage.store import METRIC_LEVELS, MEMORY_LEVELS, MemoryBucket, MemoryPoint, MetricPoint, Store
-from series_reference import downsample_minmax, same_buckets
+from storage.store import MEMORY_LEVELS, METRIC_LEVELS, MemoryBucket, MemoryPoint, MetricPoint, Store
 
 
 def _add_in_batches(store: Store, run_id: int, points: list[MetricPoint], rng: random.Random) -> None:
     i = 0
     while i < len(points):
         n = rng.choice([1, 7, 50, 500, 5000])
-        store.add_metrics(run_id, points[i:i + n])
+        store.add_metrics(run_id, points[i : i + n])
         i += n
 
 
@@ -38,12 +38,22 @@ def _memory_reference(samples: list[MemoryPoint], width: float) -> list[MemoryBu
     out = []
     for key in sorted(groups):
         g = groups[key]
-        out.append(MemoryBucket(
-            key[1], min(p.time for p in g), max(p.time for p in g),
-            agg(min, [p.used_bytes for p in g]), agg(max, [p.used_bytes for p in g]),
-            agg(max, [p.total_bytes for p in g]), agg(max, [p.utilization for p in g]),
-            agg(max, [p.torch_allocated for p in g]), agg(max, [p.torch_reserved for p in g]),
-            agg(min, [p.process_rss for p in g]), agg(max, [p.process_rss for p in g]), len(g)))
+        out.append(
+            MemoryBucket(
+                key[1],
+                min(p.time for p in g),
+                max(p.time for p in g),
+                agg(min, [p.used_bytes for p in g]),
+                agg(max, [p.used_bytes for p in g]),
+                agg(max, [p.total_bytes for p in g]),
+                agg(max, [p.utilization for p in g]),
+                agg(max, [p.torch_allocated for p in g]),
+                agg(max, [p.torch_reserved for p in g]),
+                agg(min, [p.process_rss for p in g]),
+                agg(max, [p.process_rss for p in g]),
+                len(g),
+            )
+        )
     return out
 
 
@@ -55,8 +65,16 @@ def _memory_samples(run_id: int, n: int, t0: float = 1_700_000_000.0) -> list[Me
         if i % 3 == 0:
             out.append(MemoryPoint(t, "nvml", run_id, 0, rng.randrange(1 << 30, 1 << 33), 80 << 30, rng.random() * 100))
         elif i % 3 == 1:
-            out.append(MemoryPoint(t, "torch", run_id, 0, torch_allocated=rng.randrange(1 << 30, 1 << 32),
-                                   torch_reserved=rng.randrange(1 << 32, 1 << 33)))
+            out.append(
+                MemoryPoint(
+                    t,
+                    "torch",
+                    run_id,
+                    0,
+                    torch_allocated=rng.randrange(1 << 30, 1 << 32),
+                    torch_reserved=rng.randrange(1 << 32, 1 << 33),
+                )
+            )
         else:
             out.append(MemoryPoint(t, "host", run_id, process_rss=rng.randrange(1 << 29, 1 << 31)))
     return out
@@ -65,8 +83,9 @@ def _memory_samples(run_id: int, n: int, t0: float = 1_700_000_000.0) -> list[Me
 def test_metric_rollup_equals_raw_aggregation_at_every_width(store):
     rng = random.Random(1)
     a, b = store.create_run(JobSpec()), store.create_run(JobSpec())
-    points = [MetricPoint(s, name, rng.uniform(-3, 3), float(s)) for s in range(30_000)
-              for name in ("loss", "learning_rate")]
+    points = [
+        MetricPoint(s, name, rng.uniform(-3, 3), float(s)) for s in range(30_000) for name in ("loss", "learning_rate")
+    ]
     points += [MetricPoint(s, "loss", 5.0, float(s)) for s in range(0, 30_000, 4099)]  # duplicate steps
     _add_in_batches(store, a, points, rng)
     store.add_metrics(b, [MetricPoint(s, "loss", 100.0, 0.0) for s in range(0, 30_000, 3)])  # another run
@@ -76,24 +95,26 @@ def test_metric_rollup_equals_raw_aggregation_at_every_width(store):
             raw = store.metric_buckets(a, name, width)
             assert same_buckets(store.metric_series(a, name, width), raw), (name, width)
             start = (20_000 // width) * width
-            assert same_buckets(store.metric_series(a, name, width, from_step=start),
-                                       [x for x in raw if x.first_step >= start]), (name, width, "from")
+            assert same_buckets(
+                store.metric_series(a, name, width, from_step=start), [x for x in raw if x.first_step >= start]
+            ), (name, width, "from")
 
 
 def test_memory_rollup_equals_raw_aggregation_at_every_width(store):
     run_id = store.create_run(JobSpec())
     samples = _memory_samples(run_id, 8_000)
     for i in range(0, 600, 3):  # sampler-sized batches, then bigger ones
-        store.add_memory_samples(samples[i:i + 3])
+        store.add_memory_samples(samples[i : i + 3])
     for i in range(600, len(samples), 700):
-        store.add_memory_samples(samples[i:i + 700])
+        store.add_memory_samples(samples[i : i + 700])
     store.add_memory_samples([MemoryPoint(1_700_000_000.0 + 5, "host", None, process_rss=1 << 40)])  # no run
     for k in range(0, 18):
-        width = 2 ** k / 16
+        width = 2**k / 16
         assert store.memory_series(run_id, width) == _memory_reference(samples, width), width
         start = math.floor((samples[0].time + 2000) / width) * width
-        assert (store.memory_series(run_id, width, from_time=start)
-                == _memory_reference([p for p in samples if p.time >= start], width)), (width, "from")
+        assert store.memory_series(run_id, width, from_time=start) == _memory_reference(
+            [p for p in samples if p.time >= start], width
+        ), (width, "from")
     assert MEMORY_LEVELS[0] <= 4 and METRIC_LEVELS[0] <= 4  # the loop above crosses raw and rollup reads
 
 
@@ -104,7 +125,7 @@ def test_spikes_survive_a_coarse_rollup_read(store):
     points[73_457] = MetricPoint(73_457, "loss", 99.0, 0.0)
     points[90_001] = MetricPoint(90_001, "loss", -7.0, 0.0)
     for i in range(0, n, 20_000):
-        store.add_metrics(run_id, points[i:i + 20_000])
+        store.add_metrics(run_id, points[i : i + 20_000])
     buckets = series.MetricSeriesCache(store, max_points=400).get(run_id, "loss")  # width 512: level 8
     assert len(buckets) <= 200 and sum(b.count for b in buckets) == n
     frame = series.metric_frame({"train": buckets})
@@ -126,8 +147,9 @@ def test_incremental_metric_refresh_equals_cold_through_widening(store):
     step = 0
     while step < 40_000:
         n = rng.choice([1, 7, 100, 2_000])
-        store.add_metrics(run_id, [MetricPoint(s, "loss", float(rng.randrange(1000)), 0.0)
-                                   for s in range(step, step + n)])
+        store.add_metrics(
+            run_id, [MetricPoint(s, "loss", float(rng.randrange(1000)), 0.0) for s in range(step, step + n)]
+        )
         step += n
         got = warm.get(run_id, "loss")
         cold = series.MetricSeriesCache(store, max_points=64).get(run_id, "loss")
@@ -143,7 +165,7 @@ def test_incremental_memory_refresh_equals_cold_with_late_samples(store):
     i = 0
     while i < len(samples):
         n = rng.choice([3, 3, 30, 600])
-        batch = samples[i:i + n]
+        batch = samples[i : i + n]
         rng.shuffle(batch)  # two writers: a batch is not in time order
         store.add_memory_samples(batch)
         i += n
@@ -172,14 +194,19 @@ def test_a_version_1_database_is_upgraded_and_its_series_backfilled(tmp_path):
             con.execute(str(CreateIndex(index).compile(dialect=sqlite_dialect.dialect())))
     con.execute("ALTER TABLE runs DROP COLUMN note")
     con.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '1')")
-    con.execute("INSERT INTO runs (id, name, spec_json, status, created_at, queue_order, cancel_requested, "
-                "current_step) VALUES (1, 'old', ?, 'succeeded', 1.0, 1.0, 0, 0)", (JobSpec().to_json(),))
+    con.execute(
+        "INSERT INTO runs (id, name, spec_json, status, created_at, queue_order, cancel_requested, "
+        "current_step) VALUES (1, 'old', ?, 'succeeded', 1.0, 1.0, 0, 0)",
+        (JobSpec().to_json(),),
+    )
     rng = random.Random(11)
     values = [(1, s, "loss", float(rng.randrange(100)), float(s)) for s in range(30_000)]
     values[20_000] = (1, 20_000, "loss", 1000.0, 20_000.0)
     con.executemany("INSERT INTO metrics (run_id, step, name, value, time) VALUES (?, ?, ?, ?, ?)", values)
-    con.executemany("INSERT INTO memory_samples (run_id, time, source, process_rss) VALUES (1, ?, 'host', ?)",
-                    [(1e9 + i, (1 << 30) + (i == 5_000) * (8 << 30)) for i in range(20_000)])
+    con.executemany(
+        "INSERT INTO memory_samples (run_id, time, source, process_rss) VALUES (1, ?, 'host', ?)",
+        [(1e9 + i, (1 << 30) + (i == 5_000) * (8 << 30)) for i in range(20_000)],
+    )
     con.commit()
     con.close()
 

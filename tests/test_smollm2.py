@@ -26,12 +26,23 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
     from jobs.queue.submit import submit
     from jobs.worker.loop import Worker
 
-    spec = JobSpec.from_dict({
-        "run_name": "smollm2-smoke", "model": "smollm2-135m-instruct", "dataset": "sample:chat-format",
-        "method": "lora", "lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
-        "per_device_train_batch_size": 2, "max_length": 48, "max_steps": 3, "max_train_samples": 16,
-        "eval_dataset": "sample:chat-format:eval",
-    })
+    spec = JobSpec.from_dict(
+        {
+            "run_name": "smollm2-smoke",
+            "model": "smollm2-135m-instruct",
+            "dataset": "sample:chat-format",
+            "method": "lora",
+            "lora_r": 8,
+            "lora_alpha": 16,
+            "learning_rate": 1e-3,
+            "lr_scheduler_type": "constant",
+            "per_device_train_batch_size": 2,
+            "max_length": 48,
+            "max_steps": 3,
+            "max_train_samples": 16,
+            "eval_dataset": "sample:chat-format:eval",
+        }
+    )
     run_id = submit(store, spec)
     Worker(store, poll_interval=0.2).work(burst=True)
 
@@ -47,14 +58,20 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
     assert len(bundle) == 1
     with zipfile.ZipFile(bundle[0].path) as zf:
         names = set(zf.namelist())
-        assert {"adapter_model.safetensors", "adapter_config.json", "spec.yaml", "README.md"} <= {Path(n).name for n in names}
+        assert {"adapter_model.safetensors", "adapter_config.json", "spec.yaml", "README.md"} <= {
+            Path(n).name for n in names
+        }
         adapter_dir = Path(bundle[0].path).parent / "reloaded"
         zf.extractall(adapter_dir)
     adapter_cfg = next(adapter_dir.rglob("adapter_config.json")).parent
 
     base, tok = load_model_and_tokenizer(resolve_model("smollm2-135m-instruct"))
-    ids = tok.apply_chat_template([{"role": "user", "content": "Tell me about volcanoes."}],
-                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Tell me about volcanoes."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     with torch.no_grad():
         before = base(ids).logits
         tuned = PeftModel.from_pretrained(base, str(adapter_cfg))
@@ -65,11 +82,14 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
     # local copy (a hub cache holding tunedeck's converted folder under the upstream name).
     import json
 
-    from jobs.train.artifacts import LOAD_PROMPT
     from training_helpers import greedy_answer, run_card_snippet
 
-    assert json.loads((adapter_cfg / "adapter_config.json").read_text())["base_model_name_or_path"] == \
-        "HuggingFaceTB/SmolLM2-135M-Instruct"
+    from jobs.train.artifacts import LOAD_PROMPT
+
+    assert (
+        json.loads((adapter_cfg / "adapter_config.json").read_text())["base_model_name_or_path"]
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     assert "dequantized from the Q4_1 GGUF" in (adapter_cfg / "README.md").read_text()
     hub = Path(bundle[0].path).parent / "hub-cache"
     snapshot = hub / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots" / "local"

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.spec.job import (DEFAULT_MODEL, JobSpec, Method, Optim, Precision, Problem, Scheduler, SpecError,
-                       Trainer, field_infos)
+from jobs.spec.job import (
+    DEFAULT_MODEL,
+    JobSpec,
+    Method,
+    Optim,
+    Precision,
+    Problem,
+    Scheduler,
+    SpecError,
+    Trainer,
+    field_infos,
+)
 
 
 def problems_of(data) -> list[Problem]:
@@ -105,8 +115,16 @@ def test_empty_optional_is_none() -> None:
     assert spec.eval_dataset is None and spec.max_train_samples is None and spec.eval_steps is None
 
 
-@pytest.mark.parametrize("field,enum", [("trainer", Trainer), ("method", Method), ("precision", Precision),
-                                        ("optim", Optim), ("lr_scheduler_type", Scheduler)])
+@pytest.mark.parametrize(
+    "field,enum",
+    [
+        ("trainer", Trainer),
+        ("method", Method),
+        ("precision", Precision),
+        ("optim", Optim),
+        ("lr_scheduler_type", Scheduler),
+    ],
+)
 def test_enum_fields_list_their_choices(field: str, enum) -> None:
     p = one({field: "nonsense"})
     assert p.problem == "`nonsense` is not one of the choices"
@@ -175,20 +193,24 @@ def test_every_bounded_field_is_covered() -> None:
 
 
 def test_bounds_edges_are_inclusive_where_declared() -> None:
-    spec = JobSpec.from_dict({"lora_r": 1, "lora_dropout": 0.9, "max_length": 8, "max_steps": -1,
-                              "learning_rate": 1.0, "warmup_steps": 0})
+    spec = JobSpec.from_dict(
+        {"lora_r": 1, "lora_dropout": 0.9, "max_length": 8, "max_steps": -1, "learning_rate": 1.0, "warmup_steps": 0}
+    )
     assert spec.problems() == []
 
 
-@pytest.mark.parametrize("data,field,text", [
-    ({"model": "  "}, "model", "is empty"),
-    ({"dataset": ""}, "dataset", "is empty"),
-    ({"lora_target_modules": " "}, "lora_target_modules", "is empty"),
-    ({"packing": True, "trainer": "dpo"}, "packing", "is only supported by the SFT trainer"),
-    ({"method": "prefix_tuning", "gradient_checkpointing": True}, "gradient_checkpointing", "prefix tuning fails"),
-    ({"max_steps": 0}, "max_steps", "0 would train nothing"),
-    ({"run_name": "x" * 201}, "run_name", "is longer than 200 characters"),
-])
+@pytest.mark.parametrize(
+    "data,field,text",
+    [
+        ({"model": "  "}, "model", "is empty"),
+        ({"dataset": ""}, "dataset", "is empty"),
+        ({"lora_target_modules": " "}, "lora_target_modules", "is empty"),
+        ({"packing": True, "trainer": "dpo"}, "packing", "is only supported by the SFT trainer"),
+        ({"method": "prefix_tuning", "gradient_checkpointing": True}, "gradient_checkpointing", "prefix tuning fails"),
+        ({"max_steps": 0}, "max_steps", "0 would train nothing"),
+        ({"run_name": "x" * 201}, "run_name", "is longer than 200 characters"),
+    ],
+)
 def test_combinations(data: dict, field: str, text: str) -> None:
     p = one(data)
     assert p.field == field and p.problem.startswith(text)
@@ -200,8 +222,17 @@ def test_empty_target_modules_is_fine_outside_lora() -> None:
 
 
 def test_all_problems_are_reported_at_once() -> None:
-    problems = problems_of({"learning_rat": 1, "lora_r": "x", "method": "magic", "seed": -5, "max_steps": 0,
-                            "packing": True, "trainer": "dpo"})
+    problems = problems_of(
+        {
+            "learning_rat": 1,
+            "lora_r": "x",
+            "method": "magic",
+            "seed": -5,
+            "max_steps": 0,
+            "packing": True,
+            "trainer": "dpo",
+        }
+    )
     fields = [p.field for p in problems]
     assert set(fields) == {"learning_rat", "lora_r", "method", "seed", "max_steps", "packing"}
     message = str(SpecError(problems))
@@ -210,9 +241,21 @@ def test_all_problems_are_reported_at_once() -> None:
 
 
 def test_yaml_round_trip_keeps_every_field() -> None:
-    spec = JobSpec(run_name="r", model="org/m", dataset="d.jsonl", eval_dataset="e.jsonl", trainer=Trainer.DPO,
-                   method=Method.QLORA, lora_r=4, precision=Precision.BF16, optim=Optim.ADAMW_8BIT,
-                   lr_scheduler_type=Scheduler.COSINE, learning_rate=1e-5, eval_steps=3, max_train_samples=10)
+    spec = JobSpec(
+        run_name="r",
+        model="org/m",
+        dataset="d.jsonl",
+        eval_dataset="e.jsonl",
+        trainer=Trainer.DPO,
+        method=Method.QLORA,
+        lora_r=4,
+        precision=Precision.BF16,
+        optim=Optim.ADAMW_8BIT,
+        lr_scheduler_type=Scheduler.COSINE,
+        learning_rate=1e-5,
+        eval_steps=3,
+        max_train_samples=10,
+    )
     text = spec.to_yaml()
     assert "trainer: dpo" in text and "method: qlora" in text
     assert JobSpec.from_yaml(text) == spec
@@ -245,7 +288,10 @@ def test_derived_values() -> None:
 
 
 def test_problem_str() -> None:
-    assert str(Problem("lora_r", "0 is out of range", "use a value >= 1")) == "lora_r: 0 is out of range. Fix: use a value >= 1"
+    assert (
+        str(Problem("lora_r", "0 is out of range", "use a value >= 1"))
+        == "lora_r: 0 is out of range. Fix: use a value >= 1"
+    )
 
 
 def test_field_infos_describe_every_field() -> None:
@@ -270,12 +316,15 @@ def test_method_specific_fields_name_their_methods() -> None:
     assert set(METHOD_DESCRIPTIONS) == set(Method) and all(0 < len(d) <= 100 for d in METHOD_DESCRIPTIONS.values())
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"method": "qlora", "lora_init": "pissa"}, "lora_init: pissa rewrites the base weights"),
-    ({"method": "lora", "lora_init": "loftq"}, "lora_init: loftq offsets the 4-bit quantization error"),
-    ({"method": "mora", "lora_init": "eva"}, "lora_init: eva initialises LoRA adapters; method mora has none"),
-    ({"method": "oft", "lora_target_modules": " "}, "lora_target_modules: is empty"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"method": "qlora", "lora_init": "pissa"}, "lora_init: pissa rewrites the base weights"),
+        ({"method": "lora", "lora_init": "loftq"}, "lora_init: loftq offsets the 4-bit quantization error"),
+        ({"method": "mora", "lora_init": "eva"}, "lora_init: eva initialises LoRA adapters; method mora has none"),
+        ({"method": "oft", "lora_target_modules": " "}, "lora_target_modules: is empty"),
+    ],
+)
 def test_lora_init_and_target_problems(changes: dict, message: str) -> None:
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict(changes)

@@ -15,9 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 import training_helpers
 from browser_helpers import REPO, free_port, stop_server
+
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -29,25 +29,34 @@ CLI = [sys.executable, "-c", "import sys; from app.cli.main import main; sys.exi
 def _start(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("TUNEDECK_DEVICE", None)
-    return subprocess.Popen(CLI + args, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        CLI + args, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_dashboard_two_workers_postgresql_four_runs(store: Store, data_home: Path, tiny_model: Path,
-                                                    tmp_path: Path) -> None:
+def test_dashboard_two_workers_postgresql_four_runs(
+    store: Store, data_home: Path, tiny_model: Path, tmp_path: Path
+) -> None:
     spec = training_helpers.tiny_spec(tiny_model, max_steps=2, max_length=48, max_train_samples=8)
     ids = [store.create_run(spec.replace(run_name=f"split {i}")) for i in range(4)]
     port = free_port()
-    procs = {"ui": _start(["serve", "--no-worker", "--host", "127.0.0.1", "--port", str(port)], tmp_path / "ui.log"),
-             "cpu-a": _start(["worker", "--device", "cpu-a"], tmp_path / "a.log"),
-             "cpu-b": _start(["worker", "--device", "cpu-b"], tmp_path / "b.log")}
+    procs = {
+        "ui": _start(["serve", "--no-worker", "--host", "127.0.0.1", "--port", str(port)], tmp_path / "ui.log"),
+        "cpu-a": _start(["worker", "--device", "cpu-a"], tmp_path / "a.log"),
+        "cpu-b": _start(["worker", "--device", "cpu-b"], tmp_path / "b.log"),
+    }
     try:
-        training_helpers.wait_for(lambda: all(store.get_run(i).status.finished for i in ids), timeout=900,
-                                  interval=1.0, what="all four runs finished")
-        page = training_helpers.wait_for(lambda: _get(f"http://127.0.0.1:{port}/"), timeout=120, interval=1.0,
-                                         what="the dashboard answering")
+        training_helpers.wait_for(
+            lambda: all(store.get_run(i).status.finished for i in ids),
+            timeout=900,
+            interval=1.0,
+            what="all four runs finished",
+        )
+        page = training_helpers.wait_for(
+            lambda: _get(f"http://127.0.0.1:{port}/"), timeout=120, interval=1.0, what="the dashboard answering"
+        )
         assert "tunedeck" in page.lower()
         for i in ids:  # the dashboard, a process apart from the workers that wrote them, serves every bundle
             recorded = [a for a in store.artifacts(i) if a.kind == "bundle"][-1]
@@ -77,7 +86,7 @@ def test_dashboard_two_workers_postgresql_four_runs(store: Store, data_home: Pat
         own = [p for p in store.memory_samples() if p.worker_id == worker and p.used_bytes is not None]
         frame = gpu_frames(store, window_s=window, worker_id=worker)[0]
         assert own and not frame.empty, device
-        assert frame["GiB"].max() == pytest.approx(max(p.used_bytes for p in own) / 1024 ** 3), device
+        assert frame["GiB"].max() == pytest.approx(max(p.used_bytes for p in own) / 1024**3), device
 
 
 def _get(url: str) -> str | None:

@@ -123,7 +123,9 @@ def test_list_runs_filters(store: Store) -> None:
 
 def test_metrics_round_trip(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    points = [MetricPoint(s, "loss", 3.0 - s, 100.0 + s) for s in range(1, 4)] + [MetricPoint(1, "grad_norm", 0.5, 101.0)]
+    points = [MetricPoint(s, "loss", 3.0 - s, 100.0 + s) for s in range(1, 4)] + [
+        MetricPoint(1, "grad_norm", 0.5, 101.0)
+    ]
     assert store.add_metrics(run_id, points) == 4
     assert store.add_metrics(run_id, []) == 0
     assert store.metrics(run_id, ["loss"]) == points[:3]
@@ -134,11 +136,24 @@ def test_metrics_round_trip(store: Store) -> None:
 
 def test_memory_and_peak_round_trip(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    samples = [MemoryPoint(time=10.0, source="nvml", run_id=run_id, device_index=0, used_bytes=5, total_bytes=10,
-                           utilization=50.0, temperature=60.0, power_watts=300.0, process_rss=7),
-               MemoryPoint(time=11.0, source="torch", run_id=run_id, torch_allocated=1, torch_reserved=2,
-                           torch_max_allocated=3),
-               MemoryPoint(time=12.0, source="host", run_id=None, used_bytes=9, total_bytes=10)]
+    samples = [
+        MemoryPoint(
+            time=10.0,
+            source="nvml",
+            run_id=run_id,
+            device_index=0,
+            used_bytes=5,
+            total_bytes=10,
+            utilization=50.0,
+            temperature=60.0,
+            power_watts=300.0,
+            process_rss=7,
+        ),
+        MemoryPoint(
+            time=11.0, source="torch", run_id=run_id, torch_allocated=1, torch_reserved=2, torch_max_allocated=3
+        ),
+        MemoryPoint(time=12.0, source="host", run_id=None, used_bytes=9, total_bytes=10),
+    ]
     assert store.add_memory_samples(samples) == 3
     assert store.memory_samples(run_id) == samples[:2]
     assert store.memory_samples() == samples
@@ -203,8 +218,12 @@ def test_rollups_add_up_under_concurrent_writers(store: Store) -> None:
             for batch in range(10):  # steps n, n+4, n+8, ...: every bucket gets rows from every writer
                 steps = range(n + 4 * 25 * batch, n + 4 * 25 * (batch + 1), 4)
                 own.add_metrics(run_id, [MetricPoint(st, "loss", float(st % 97), 1.0) for st in steps])
-                own.add_memory_samples([MemoryPoint(time=1.7e9 + st / 8, source="host", run_id=run_id,
-                                                    process_rss=1000 + st) for st in steps])
+                own.add_memory_samples(
+                    [
+                        MemoryPoint(time=1.7e9 + st / 8, source="host", run_id=run_id, process_rss=1000 + st)
+                        for st in steps
+                    ]
+                )
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
         finally:
@@ -230,10 +249,11 @@ def test_rollups_add_up_under_concurrent_writers(store: Store) -> None:
 def test_memory_buckets_of_epoch_times_match_the_rollups(store: Store) -> None:
     run_id = store.create_run(SPEC)
     t0 = 1_764_000_000.0  # floor(t * 16) is above 2**31: a 32-bit CAST would overflow
-    store.add_memory_samples([MemoryPoint(time=t0 + k * 0.3, source="host", run_id=run_id, process_rss=k)
-                              for k in range(200)])
+    store.add_memory_samples(
+        [MemoryPoint(time=t0 + k * 0.3, source="host", run_id=run_id, process_rss=k) for k in range(200)]
+    )
     rolled = store.memory_series(run_id, 1.0)
-    assert len(rolled) == len({math.floor((t0 + k * 0.3)) for k in range(200)})
+    assert len(rolled) == len({math.floor(t0 + k * 0.3) for k in range(200)})
     assert [b.count for b in rolled] == [b.count for b in store.memory_buckets(run_id, 0.0, 1.0)]
 
 
@@ -286,8 +306,11 @@ def test_migration_upgrades_an_older_database(data_home: Path, monkeypatch: pyte
     # An older database built by hand: today's tables minus a column a newer version adds.
     Store(f"sqlite:///{path}").dispose()
     with sqlite3.connect(path) as con:
-        con.execute("INSERT INTO runs (name, spec_json, status, created_at, queue_order, cancel_requested, current_step)"
-                    " VALUES ('old', ?, 'succeeded', 1.0, 1.0, 0, 0)", (JobSpec().to_json(),))
+        con.execute(
+            "INSERT INTO runs (name, spec_json, status, created_at, queue_order, cancel_requested, current_step)"
+            " VALUES ('old', ?, 'succeeded', 1.0, 1.0, 0, 0)",
+            (JobSpec().to_json(),),
+        )
     con.close()
     new_version = m.SCHEMA_VERSION + 1
     monkeypatch.setattr(m, "SCHEMA_VERSION", new_version)
@@ -368,8 +391,12 @@ print(",".join(map(str, got)))
 def test_claim_is_atomic_across_processes(store: Store) -> None:
     ids = {store.create_run(SPEC) for _ in range(N_RUNS)}
     go = time.time() + 2.0  # both processes start claiming at the same moment
-    procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, store.url, str(go), f"p{i}"],
-                              stdout=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, store.url, str(go), f"p{i}"], stdout=subprocess.PIPE, text=True
+        )
+        for i in range(2)
+    ]
     outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     every = [int(x) for out in outputs for x in out.split(",") if x]
@@ -395,8 +422,14 @@ def test_upgrade_keeps_ids_and_widens_them(store: Store, backend: str) -> None:
     assert [p.step for p in again.metrics(run_id)] == [1, 2]
     if backend == "postgresql":
         with again._read() as s:
-            types = dict(s.execute(text("SELECT table_name, data_type FROM information_schema.columns "
-                                        "WHERE column_name = 'id' AND table_name IN ('metrics', 'memory_samples')")).all())
+            types = dict(
+                s.execute(
+                    text(
+                        "SELECT table_name, data_type FROM information_schema.columns "
+                        "WHERE column_name = 'id' AND table_name IN ('metrics', 'memory_samples')"
+                    )
+                ).all()
+            )
         assert types == {"metrics": "bigint", "memory_samples": "bigint"}
     again.dispose()
 

@@ -6,21 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import training_helpers
 import yaml
 
-from jobs.devices.facts import DeviceFacts
 from jobs.config.mapping import CPU
-from jobs.spec.job import JobSpec
+from jobs.devices.facts import DeviceFacts
 from jobs.queue.sweep import plan_probes, sweep_table
+from jobs.spec.job import JobSpec
+from jobs.spec.stored import spec_of
 from jobs.spec.tricks import Trick
 from storage.models import RunStatus
 from storage.store import Store
-from jobs.spec.stored import spec_of
 
-import training_helpers
-
-H200 = DeviceFacts(kind="cuda", name="NVIDIA H200", total_bytes=150 * 1024 ** 3, compute_capability="9.0",
-                   bf16=True, fp16=True).device()
+H200 = DeviceFacts(
+    kind="cuda", name="NVIDIA H200", total_bytes=150 * 1024**3, compute_capability="9.0", bf16=True, fp16=True
+).device()
 
 
 def test_probes_on_the_cpu_skip_16_bit_precision_and_keep_the_effective_batch() -> None:
@@ -54,8 +54,9 @@ def test_run_page_button_queues_a_sweep_of_the_runs_spec(store: Store, tiny_mode
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_cli_sweep_through_the_worker_prints_the_table(store: Store, tiny_model: Path, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture) -> None:
+def test_cli_sweep_through_the_worker_prints_the_table(
+    store: Store, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from app.cli.main import main
     from app.ui.sweep import table_frame
     from jobs.worker.loop import Worker

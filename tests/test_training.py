@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.train.artifacts import sha256_of, write_bundle
-from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.config.mapping import CPU
 from jobs.spec.job import JobSpec
+from jobs.train.artifacts import sha256_of, write_bundle
+from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from storage.models import RunStatus
 from storage.store import MetricPoint
 
@@ -88,8 +88,18 @@ def test_callback_buffers_metrics_and_measures_throughput() -> None:
     for step in range(1, 51):
         state.global_step = step
         cb.on_step_end(None, state, control)  # type: ignore[arg-type]
-        cb.on_log(None, state, control, logs={"loss": 1.0 / step, "num_tokens": 100.0 * step,  # type: ignore[arg-type]
-                                              "learning_rate": 1e-3, "flag": True, "note": "x"})
+        cb.on_log(
+            None,
+            state,
+            control,
+            logs={
+                "loss": 1.0 / step,
+                "num_tokens": 100.0 * step,  # type: ignore[arg-type]
+                "learning_rate": 1e-3,
+                "flag": True,
+                "note": "x",
+            },
+        )
     assert store.metric_calls == []  # nothing written per scalar or per step
     cb.on_log(None, state, control, logs={"loss": float("nan")})  # type: ignore[arg-type]
     cb.on_train_end(None, state, control)  # type: ignore[arg-type]
@@ -138,8 +148,15 @@ def test_slow_writes_stretch_the_flush_interval_within_its_bounds() -> None:
             return super().add_metrics(run_id, points, progress)
 
     store = SlowStore()
-    cb = StoreCallback(store, 1, flush_interval=1.0, cancel_interval=None, cuda=False,  # type: ignore[arg-type]
-                       write_budget=0.005, max_flush_interval=5.0)
+    cb = StoreCallback(
+        store,
+        1,
+        flush_interval=1.0,
+        cancel_interval=None,
+        cuda=False,  # type: ignore[arg-type]
+        write_budget=0.005,
+        max_flush_interval=5.0,
+    )
     state, control = TrainerState(max_steps=10), TrainerControl()
     cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
     assert cb.flush_every == 1.0  # progress only: no metric write yet
@@ -171,8 +188,14 @@ def test_periodic_flushes_write_in_order_off_the_training_thread() -> None:
 
     store = ThreadStore()
     store.threads = []  # type: ignore[attr-defined]
-    cb = StoreCallback(store, 1, flush_interval=0.0, cancel_interval=None, cuda=False,  # type: ignore[arg-type]
-                       write_budget=1.0)
+    cb = StoreCallback(
+        store,
+        1,
+        flush_interval=0.0,
+        cancel_interval=None,
+        cuda=False,  # type: ignore[arg-type]
+        write_budget=1.0,
+    )
     state, control = TrainerState(max_steps=20), TrainerControl()
     cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
     for step in range(1, 21):
@@ -223,8 +246,7 @@ def test_sft_lora_learns_and_adapter_reloads_with_same_logits(tiny_model: Path, 
         base_logits = logits_of(result.model, result.tokenizer)
     assert not torch.allclose(trained, base_logits, atol=1e-4)  # the adapter changes the output
 
-    bundle = write_bundle(tmp_path / "bundle", tiny_spec(tiny_model), result.model,
-                          result.tokenizer, result.metrics)
+    bundle = write_bundle(tmp_path / "bundle", tiny_spec(tiny_model), result.model, result.tokenizer, result.metrics)
     assert (bundle / "adapter_model.safetensors").exists() and (bundle / "adapter_config.json").exists()
     assert not [p for p in bundle.iterdir() if p.suffix in {".bin", ".pt", ".pkl"}]
     assert "PeftModel.from_pretrained" in (bundle / "README.md").read_text()
@@ -240,8 +262,9 @@ def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, t
     from jobs.train.child import train_spec
 
     result = train_spec(tiny_spec(tiny_model, max_steps=4), tmp_path / "out", device=CPU)
-    bundle = write_bundle(tmp_path / "bundle", tiny_spec(tiny_model, max_steps=4), result.model, result.tokenizer,
-                          result.metrics)
+    bundle = write_bundle(
+        tmp_path / "bundle", tiny_spec(tiny_model, max_steps=4), result.model, result.tokenizer, result.metrics
+    )
     # The adapter names a base that plain peft can load, not a tunedeck-only name.
     assert json.loads((bundle / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tiny_model)
     printed = run_card_snippet(bundle)
@@ -251,14 +274,19 @@ def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, t
 
 @pytest.mark.integration
 def test_dpo_with_lora_trains_against_the_base_as_reference(tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.train.child import train_spec
-
     from jobs.data.sources import SAMPLES_DIR
+    from jobs.train.child import train_spec
 
     rows = (SAMPLES_DIR / "preference-format.train.jsonl").read_text().splitlines()[:8]
     (tmp_path / "pref.jsonl").write_text("\n".join(rows) + "\n")  # a local file: no eval split
-    spec = tiny_spec(tiny_model, trainer="dpo", dataset=str(tmp_path / "pref.jsonl"), max_steps=4,
-                     per_device_train_batch_size=2, max_length=128)
+    spec = tiny_spec(
+        tiny_model,
+        trainer="dpo",
+        dataset=str(tmp_path / "pref.jsonl"),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        max_length=128,
+    )
     result = train_spec(spec, tmp_path / "out", device=CPU)
     assert type(result.trainer).__name__ == "DPOTrainer" and result.trainer.ref_model is None
     logged = {k for e in result.log_history for k in e}
@@ -325,8 +353,9 @@ def test_missing_data_marks_the_run_failed_with_the_field(tiny_model: Path, stor
 
 
 @pytest.mark.integration
-def test_crash_during_training_is_marked_failed_after_metrics(tiny_model: Path, store: Any,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crash_during_training_is_marked_failed_after_metrics(
+    tiny_model: Path, store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trl import SFTTrainer
 
     from jobs.train.child import run
@@ -372,8 +401,13 @@ def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, d
     env = dict(os.environ, TUNEDECK_HOME=str(data_home), TUNEDECK_DATABASE_URL=store.url)
     log = data_home / "child.log"
     with open(log, "wb") as out:
-        child = subprocess.Popen([sys.executable, "-m", "jobs.train.child", "--run-id", str(run_id)], cwd=ROOT,
-                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "jobs.train.child", "--run-id", str(run_id)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         deadline = time.monotonic() + 120
         while store.get_run(run_id).current_step < 2 and time.monotonic() < deadline and child.poll() is None:
@@ -395,8 +429,13 @@ def test_oom_summary_names_the_tricks_still_off() -> None:
     spec = JobSpec.from_dict({"method": "full", "per_device_train_batch_size": 8, "max_length": 2048})
     summary = summarize(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), spec)
     assert summary.startswith("CUDA out of memory")
-    for trick in ("per_device_train_batch_size 8 -> 4", "gradient_checkpointing: true", "max_length (now 2048)",
-                  "method: lora", "optim: adamw_bnb_8bit"):
+    for trick in (
+        "per_device_train_batch_size 8 -> 4",
+        "gradient_checkpointing: true",
+        "max_length (now 2048)",
+        "method: lora",
+        "optim: adamw_bnb_8bit",
+    ):
         assert trick in summary, trick
     done = JobSpec.from_dict({"method": "qlora", "per_device_train_batch_size": 1, "gradient_checkpointing": True})
     assert "gradient_checkpointing" not in summarize(torch.OutOfMemoryError("oom"), done)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from series_reference import downsample_minmax, same_buckets
 
-from app.ui import series, form as ui_form
+from app.ui import form as ui_form
+from app.ui import series
 from jobs.spec.job import JobSpec, SpecError
 from storage.store import MemoryPoint, MetricPoint
-from series_reference import downsample_minmax, same_buckets
 
 
 def _defaults() -> dict:
@@ -59,8 +60,10 @@ def test_incremental_refresh_equals_a_cold_query(store):
     run_id = store.create_run(JobSpec())
     warm = series.MetricSeriesCache(store, max_points=100)
     for start in range(0, 5000, 700):
-        store.add_metrics(run_id, [MetricPoint(i, "loss", float((i * 37) % 101), float(i))
-                                   for i in range(start, min(start + 700, 5000))])
+        store.add_metrics(
+            run_id,
+            [MetricPoint(i, "loss", float((i * 37) % 101), float(i)) for i in range(start, min(start + 700, 5000))],
+        )
         warm.get(run_id, "loss")
     cold = series.MetricSeriesCache(store, max_points=100)
     assert warm.get(run_id, "loss") == cold.get(run_id, "loss")
@@ -69,8 +72,9 @@ def test_incremental_refresh_equals_a_cold_query(store):
 
 def test_memory_series_keeps_the_peak(store):
     run_id = store.create_run(JobSpec())
-    samples = [MemoryPoint(time=1000.0 + i * 0.1, source="host", run_id=run_id, process_rss=1 << 30)
-               for i in range(20_000)]
+    samples = [
+        MemoryPoint(time=1000.0 + i * 0.1, source="host", run_id=run_id, process_rss=1 << 30) for i in range(20_000)
+    ]
     samples[12_345] = MemoryPoint(time=1000.0 + 12_345 * 0.1, source="host", run_id=run_id, process_rss=9 << 30)
     store.add_memory_samples(samples)
     origin, buckets = series.MemorySeriesCache(store, max_points=500).get(run_id)
@@ -117,6 +121,7 @@ def test_eta_of_a_resumed_run_uses_the_whole_runs_step_time(store, tiny_model):
     from dataclasses import replace
 
     import training_helpers
+
     from app.ui.run import eta_text
     from jobs.train import figures
     from storage.models import RunStatus
@@ -124,8 +129,7 @@ def test_eta_of_a_resumed_run_uses_the_whole_runs_step_time(store, tiny_model):
     rid = store.create_run(training_helpers.tiny_spec(tiny_model))
     store.add_metrics(rid, [MetricPoint(step, "step_time", 2.0, float(step)) for step in range(5, 55, 5)])
     now = time.time()
-    run = replace(store.get_run(rid), status=RunStatus.RUNNING, started_at=now - 10.0, current_step=50,
-                  total_steps=100)
+    run = replace(store.get_run(rid), status=RunStatus.RUNNING, started_at=now - 10.0, current_step=50, total_steps=100)
     measured = figures.run_figures(store, run)
     assert measured.step_time == pytest.approx(2.0)
     assert eta_text(run, now=now, step_time=measured.step_time) == " · ETA 1m 40s"
@@ -137,6 +141,7 @@ def test_a_bundle_written_under_another_mount_is_explained_not_hidden(store, tin
     """Many hosts: a worker whose data folder was mounted elsewhere recorded a path this dashboard
     cannot serve. The run page says so and how to fix it, instead of silently showing no download."""
     import training_helpers
+
     from app.ui.run import bundle_path, unreachable_files_note
 
     rid = store.create_run(training_helpers.tiny_spec(tiny_model))

@@ -83,13 +83,16 @@ def test_child_env_carries_home_and_database(store: Store, data_home: Path) -> N
 def test_sigkilled_child_fails_and_worker_takes_next_run(store: Store) -> None:
     first = store.create_run(SPEC)
     second = store.create_run(SPEC)
-    code = """
+    code = (
+        """
     if run_id == %d:
         print('step 1', flush=True)
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGKILL)
     print('fine')
-    """ % first
+    """
+        % first
+    )
     worker = make_worker(store, code)
     assert worker.work(burst=True) == 2
     run = store.get_run(first)
@@ -122,7 +125,9 @@ def test_cancel_running_run_terminates_whole_group(store: Store, tmp_path: Path)
     worker = make_worker(store, code, grace_period=1.0)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True})
     thread.start()
-    run = wait_for(lambda: (r := store.get_run(run_id)).child_pid and "grandchild" in Path(r.log_path).read_text() and r)
+    run = wait_for(
+        lambda: (r := store.get_run(run_id)).child_pid and "grandchild" in Path(r.log_path).read_text() and r
+    )
     pgid = run.child_pid
     assert len(group_members(pgid)) == 2
     assert store.request_cancel(run_id) is RunStatus.RUNNING
@@ -170,6 +175,7 @@ def test_stale_run_at_start_is_interrupted(store: Store) -> None:
         from sqlalchemy import update
 
         from storage import models as m
+
         s.execute(update(m.Run).where(m.Run.id == stale).values(heartbeat_at=time.time() - 3600))
     fresh = store.create_run(SPEC)
     store.claim_next_on_device("otherhost:456", "1", worker_pid=456)  # fresh heartbeat, other host: left alone
@@ -182,8 +188,8 @@ def test_stale_run_at_start_is_interrupted(store: Store) -> None:
 
 
 def test_run_of_dead_local_worker_is_interrupted(store: Store) -> None:
-    import subprocess
     import socket
+    import subprocess
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -265,15 +271,17 @@ def test_worker_samples_child_memory(store: Store) -> None:
 def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: Path) -> None:
     """The real `python -m jobs.train.child` child, killed mid-run; the next run still trains."""
     pytest.importorskip("jobs.train.child")
-    spec = JobSpec(model=str(tiny_model), max_steps=400, max_length=64, per_device_train_batch_size=2,
-                   logging_steps=1)
+    spec = JobSpec(model=str(tiny_model), max_steps=400, max_length=64, per_device_train_batch_size=2, logging_steps=1)
     first = store.create_run(spec)
     second = store.create_run(spec.replace(max_steps=3))
     worker = Worker(store, poll_interval=0.2, heartbeat_interval=0.5, grace_period=5.0)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True})
     thread.start()
-    run = wait_for(lambda: (r := store.get_run(first)).current_step >= 2 and len(store.metrics(first, ["loss"])) >= 2
-                   and r, timeout=180, interval=0.2)
+    run = wait_for(
+        lambda: (r := store.get_run(first)).current_step >= 2 and len(store.metrics(first, ["loss"])) >= 2 and r,
+        timeout=180,
+        interval=0.2,
+    )
     os.killpg(run.child_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     before = store.metrics(first)  # every row written before the kill
@@ -306,8 +314,13 @@ def test_worker_shutdown_is_interrupted_even_if_child_says_cancelled(store: Stor
     worker = make_worker(store, COOPERATIVE)
     thread = threading.Thread(target=worker.work)
     thread.start()
-    wait_for(lambda: "up" in Path(store.get_run(run_id).log_path or "/nonexistent").read_text()
-             if store.get_run(run_id).log_path else False)
+    wait_for(
+        lambda: (
+            "up" in Path(store.get_run(run_id).log_path or "/nonexistent").read_text()
+            if store.get_run(run_id).log_path
+            else False
+        )
+    )
     worker.stop("worker received SIGTERM")
     thread.join(timeout=60)
     run = store.get_run(run_id)
@@ -319,8 +332,13 @@ def test_user_cancel_with_cooperative_child(store: Store) -> None:
     worker = make_worker(store, COOPERATIVE)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True})
     thread.start()
-    wait_for(lambda: "up" in Path(store.get_run(run_id).log_path or "/nonexistent").read_text()
-             if store.get_run(run_id).log_path else False)
+    wait_for(
+        lambda: (
+            "up" in Path(store.get_run(run_id).log_path or "/nonexistent").read_text()
+            if store.get_run(run_id).log_path
+            else False
+        )
+    )
     store.request_cancel(run_id)
     thread.join(timeout=60)
     run = store.get_run(run_id)
@@ -335,13 +353,15 @@ def test_worker_process_sigterm_stops_child(data_home: Path, store: Store, tmp_p
     env = dict(os.environ, TUNEDECK_HOME=str(data_home))
     # Run the worker with a fake child by patching default_child_argv in a tiny launcher.
     launcher = tmp_path / "launch.py"
-    launcher.write_text(textwrap.dedent(f"""
+    launcher.write_text(
+        textwrap.dedent("""
         import sys
         import jobs.worker.loop as w
         w.default_child_argv = lambda run_id: [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
         from app.cli.main import main
         sys.exit(main(["worker"]))
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(launcher)], env=env)
     try:
         run = wait_for(lambda: (r := store.get_run(run_id)).child_pid and r, timeout=60)

@@ -7,23 +7,36 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from jobs.spec.job import JobSpec
 
 
 def tiny_spec(model: Path, *, max_steps: int = 12, max_length: int = 96, **changes: Any) -> JobSpec:
     """A spec that trains the tiny model quickly and visibly (high lr, few short rows)."""
-    base = dict(model=str(model), dataset="sample:chat-format", method="lora", max_steps=max_steps,
-                per_device_train_batch_size=4, max_length=max_length, learning_rate=5e-3,
-                lr_scheduler_type="constant", max_train_samples=16, logging_steps=1, lora_r=8, lora_alpha=16,
-                lora_dropout=0.0)
+    base = dict(
+        model=str(model),
+        dataset="sample:chat-format",
+        method="lora",
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        max_length=max_length,
+        learning_rate=5e-3,
+        lr_scheduler_type="constant",
+        max_train_samples=16,
+        logging_steps=1,
+        lora_r=8,
+        lora_alpha=16,
+        lora_dropout=0.0,
+    )
     return JobSpec.from_dict({**base, **changes})
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "condition"
+) -> Any:
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -38,8 +51,14 @@ def run_card_snippet(bundle: Path, env: dict[str, str] | None = None) -> str:
     """Run the Python snippet of a bundle's README.md as written, from the bundle folder; its stdout."""
     code = re.search(r"```python\n(.*?)```", (bundle / "README.md").read_text(), re.S)
     assert code, "the model card has no python snippet"
-    out = subprocess.run([sys.executable, "-c", code.group(1)], cwd=bundle, capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", code.group(1)],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip()
 
@@ -48,11 +67,12 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> st
     """What the card snippet prints, computed in-process: chat template, greedy decoding."""
     import torch
 
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 def refusal_messages(data: dict[str, Any]) -> list[str]:

@@ -27,8 +27,8 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def cmd_generate(store: Any, args: argparse.Namespace) -> int:
-    from jobs.chat.process import ChatProcess
     from jobs.chat.generate import locate
+    from jobs.chat.process import ChatProcess
 
     sampling = _sampling(args)
     result = locate(store, args.run_id)
@@ -37,8 +37,18 @@ def cmd_generate(store: Any, args: argparse.Namespace) -> int:
     try:
         if args.json:
             answer = chat.answer(args.run_id, which, args.prompt, args.system, sampling)
-            print(json.dumps({"run": args.run_id, "model": "base" if args.base else "run", "name": result.name,
-                              "base_model": result.base, "prompt": args.prompt, "answer": answer}))
+            print(
+                json.dumps(
+                    {
+                        "run": args.run_id,
+                        "model": "base" if args.base else "run",
+                        "name": result.name,
+                        "base_model": result.base,
+                        "prompt": args.prompt,
+                        "answer": answer,
+                    }
+                )
+            )
         else:
             for piece in chat.stream(args.run_id, which, args.prompt, args.system, sampling):
                 sys.stdout.write(piece)
@@ -50,15 +60,18 @@ def cmd_generate(store: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_chat(store: Any, args: argparse.Namespace) -> int:
-    from jobs.chat.process import ChatProcess
     from jobs.chat.generate import locate
+    from jobs.chat.process import ChatProcess
 
     sampling = _sampling(args)
     result = locate(store, args.run_id)
     which = "base" if args.base else "run"
     interactive = sys.stdin.isatty()
-    print(f"chatting with {'the base model of ' if args.base else ''}run {result.run_id} ({result.name}); "
-          f"{EXIT_COMMAND} or Ctrl-D ends", file=sys.stderr)
+    print(
+        f"chatting with {'the base model of ' if args.base else ''}run {result.run_id} ({result.name}); "
+        f"{EXIT_COMMAND} or Ctrl-D ends",
+        file=sys.stderr,
+    )
     chat = ChatProcess(store)
     try:
         while True:
@@ -85,19 +98,23 @@ def _common(s: argparse.ArgumentParser) -> None:
     s.add_argument("run_id", type=int, metavar="RUN_ID")
     s.add_argument("--base", action="store_true", help="answer with the run's base model instead of its result")
     s.add_argument("--system", default="", metavar="TEXT", help="a system prompt (the chat template's system role)")
-    s.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 (default): greedy, reproducible answers")
-    s.add_argument("--top-p", type=float, default=1.0, dest="top_p", metavar="P",
-                   help="nucleus sampling (with --temperature > 0)")
-    s.add_argument("--max-new-tokens", type=int, default=256, dest="max_new_tokens", metavar="N",
-                   help="answer length limit")
+    s.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="0 (default): greedy, reproducible answers"
+    )
+    s.add_argument(
+        "--top-p", type=float, default=1.0, dest="top_p", metavar="P", help="nucleus sampling (with --temperature > 0)"
+    )
+    s.add_argument(
+        "--max-new-tokens", type=int, default=256, dest="max_new_tokens", metavar="N", help="answer length limit"
+    )
     s.add_argument("--seed", type=int, default=0, metavar="N", help="sampling seed (with --temperature > 0)")
 
 
 def add_parser(sub: Any) -> None:
     """Register `chat` and `generate` on the CLI's subparsers."""
-    s = sub.add_parser("chat", help="talk to a finished run (or its base with --base): prompts on stdin, answers "
-                                    "streamed; /exit ends")
+    s = sub.add_parser(
+        "chat", help="talk to a finished run (or its base with --base): prompts on stdin, answers streamed; /exit ends"
+    )
     _common(s)
     s.set_defaults(func=cmd_chat)
     s = sub.add_parser("generate", help="print a finished run's answer to one prompt (--json for scripts)")

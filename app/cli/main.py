@@ -39,12 +39,12 @@ from collections.abc import Sequence
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from jobs.train import figures  # noqa: E402
-from jobs.spec.job import Problem, SpecError  # noqa: E402
-from jobs.train.artifacts import bundle_of  # noqa: E402
-from jobs.spec.stored import spec_of  # noqa: E402
-from jobs.units import human_bytes  # noqa: E402
 from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
+from jobs.spec.job import Problem, SpecError  # noqa: E402
+from jobs.spec.stored import spec_of  # noqa: E402
+from jobs.train import figures  # noqa: E402
+from jobs.train.artifacts import bundle_of  # noqa: E402
+from jobs.units import human_bytes  # noqa: E402
 from storage.models import RunStatus  # noqa: E402
 from storage.store import RunRecord, Store  # noqa: E402
 
@@ -86,16 +86,30 @@ def runs_table(store: Store, runs: list[RunRecord]) -> str:
     for r in runs:
         loss = store.last_metric(r.id, "loss")
         step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
-        rows.append((str(r.id), r.status.value, r.name[:40], step, f"{loss.value:.4f}" if loss else "-",
-                     _when(r.created_at), _duration(r), human_bytes(disk.of(r)), ",".join(r.tags) or "-"))
+        rows.append(
+            (
+                str(r.id),
+                r.status.value,
+                r.name[:40],
+                step,
+                f"{loss.value:.4f}" if loss else "-",
+                _when(r.created_at),
+                _duration(r),
+                human_bytes(disk.of(r)),
+                ",".join(r.tags) or "-",
+            )
+        )
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
 
 
 def show_text(store: Store, run: RunRecord) -> str:
-    lines = [f"run {run.id}: {run.name}", f"status:   {run.status.value}",
-             f"created:  {_when(run.created_at)}   duration: {_duration(run)}",
-             f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else "")]
+    lines = [
+        f"run {run.id}: {run.name}",
+        f"status:   {run.status.value}",
+        f"created:  {_when(run.created_at)}   duration: {_duration(run)}",
+        f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else ""),
+    ]
     if run.exit_code is not None:
         lines.append(f"exit code: {run.exit_code}")
     measured = figures.run_figures(store, run)
@@ -114,9 +128,16 @@ def show_text(store: Store, run: RunRecord) -> str:
     lines += events_lines(store, run)
     data = (run.resolved_config or {}).get("data")
     if data:
-        lines += ["", "data:", *(f"  {name}: {d['ref']}: {d['rows']} rows, {d['format']}"
-                                 + (f" ({d['conversion']})" if d.get("conversion") else "")
-                                 for name, d in data.items() if isinstance(d, dict))]
+        lines += [
+            "",
+            "data:",
+            *(
+                f"  {name}: {d['ref']}: {d['rows']} rows, {d['format']}"
+                + (f" ({d['conversion']})" if d.get("conversion") else "")
+                for name, d in data.items()
+                if isinstance(d, dict)
+            ),
+        ]
         lines.append(f"  rows used: {data.get('train_rows')} train, {data.get('eval_rows')} eval")
     if run.final_metrics:
         lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
@@ -138,8 +159,11 @@ def events_lines(store: Store, run: RunRecord) -> list[str]:
     out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]
     changed = oom.changes(spec_of(run), oom.effective_spec(store, run.id, spec_of(run)))
     if changed:
-        out += ["", "continued with (spec above as submitted):",
-                *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items())]
+        out += [
+            "",
+            "continued with (spec above as submitted):",
+            *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items()),
+        ]
     return out
 
 
@@ -163,15 +187,18 @@ def cmd_run(store: Store, args: argparse.Namespace) -> int:
 
         print("no worker is running: running one in this process", file=sys.stderr)
         worker = Worker(store)
-        thread = threading.Thread(target=worker.work, kwargs={"burst": True, "stop_after": run_id},
-                                  name="tunedeck-worker", daemon=True)
+        thread = threading.Thread(
+            target=worker.work, kwargs={"burst": True, "stop_after": run_id}, name="tunedeck-worker", daemon=True
+        )
         thread.start()
     try:
         run = follow(store, run_id, worker_thread=thread)
     except KeyboardInterrupt:
         if worker is None:
-            print(f"\nstopped following; run {run_id} continues (cancel it with `tunedeck cancel {run_id}`)",
-                  file=sys.stderr)
+            print(
+                f"\nstopped following; run {run_id} continues (cancel it with `tunedeck cancel {run_id}`)",
+                file=sys.stderr,
+            )
             return EXIT_RUN_FAILED
         print("\ninterrupted: stopping the training process", file=sys.stderr)
         worker.stop("interrupted from the keyboard")
@@ -193,8 +220,9 @@ def cmd_run(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def follow(store: Store, run_id: int, worker_thread: threading.Thread | None = None,
-           interval: float = 0.5) -> RunRecord:
+def follow(
+    store: Store, run_id: int, worker_thread: threading.Thread | None = None, interval: float = 0.5
+) -> RunRecord:
     """Show a progress bar until the run finishes; prints each status change."""
     from tqdm import tqdm
 
@@ -204,7 +232,9 @@ def follow(store: Store, run_id: int, worker_thread: threading.Thread | None = N
             run = _run_or_fail(store, run_id)
             if run.status is not status and not run.status.finished:  # the end is reported by the caller
                 status = run.status
-                extra = f" (position {_queue_position(store, run_id)} in the queue)" if status is RunStatus.QUEUED else ""
+                extra = (
+                    f" (position {_queue_position(store, run_id)} in the queue)" if status is RunStatus.QUEUED else ""
+                )
                 bar.write(f"run {run_id}: {status.value}{extra}", file=sys.stderr)
             if run.total_steps and bar.total != run.total_steps:
                 bar.total = run.total_steps
@@ -266,8 +296,11 @@ def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
         print(f"run {run.id} already {run.status.value}; nothing to cancel")
         return EXIT_OK
     new = store.request_cancel(run.id)
-    print(f"run {run.id}: cancelled" if new is RunStatus.CANCELLED
-          else f"run {run.id}: cancel requested; the worker stops it within a few seconds")
+    print(
+        f"run {run.id}: cancelled"
+        if new is RunStatus.CANCELLED
+        else f"run {run.id}: cancel requested; the worker stops it within a few seconds"
+    )
     return EXIT_OK
 
 
@@ -337,15 +370,25 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
     from jobs.export.merged import export_merged
 
     if not args.merged and not args.gguf:
-        raise UsageError([Problem("--merged", "no export format chosen", "add --merged (the adapter merged into "
-                                  "its base model) or --gguf f16|q8_0; the adapter alone is the run's bundle")])
+        raise UsageError(
+            [
+                Problem(
+                    "--merged",
+                    "no export format chosen",
+                    "add --merged (the adapter merged into "
+                    "its base model) or --gguf f16|q8_0; the adapter alone is the run's bundle",
+                )
+            ]
+        )
     logging.getLogger("jobs.export.merged").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
     if args.merged:
         result = export_merged(store, args.run_id, args.dtype)
         check = result.check
         print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
-        print(f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
-              f"largest logit difference {check.max_logit_diff:.3g}")
+        print(
+            f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
+            f"largest logit difference {check.max_logit_diff:.3g}"
+        )
         for note in result.notes:
             print(f"note: {note}")
         print(f"download: {result.archive}  sha256 {result.sha256}")
@@ -355,9 +398,11 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
         for gguf_type in dict.fromkeys(args.gguf):
             gguf = export_gguf(store, args.run_id, gguf_type)
             print(f"run {args.run_id}: {gguf_type} GGUF from {gguf.source}")
-            print(f"check ({gguf.check.rule}): passed; answer token agreement {gguf.check.token_agreement:.1%}, "
-                  f"next-token agreement {gguf.check.forced_agreement:.1%}, "
-                  f"largest logit difference {gguf.check.max_logit_diff:.3g}")
+            print(
+                f"check ({gguf.check.rule}): passed; answer token agreement {gguf.check.token_agreement:.1%}, "
+                f"next-token agreement {gguf.check.forced_agreement:.1%}, "
+                f"largest logit difference {gguf.check.max_logit_diff:.3g}"
+            )
             print(f"download: {gguf.path}  sha256 {gguf.sha256}")
     return EXIT_OK
 
@@ -381,9 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=7860)
     s.add_argument("--no-worker", action="store_true", help="do not start a worker process")
-    s.add_argument("--auth-file", default=None, metavar="FILE",
-                   help="require a login; FILE has `user:HASH` lines from `tunedeck hash-password` "
-                        "(or set TUNEDECK_AUTH=user:password)")
+    s.add_argument(
+        "--auth-file",
+        default=None,
+        metavar="FILE",
+        help="require a login; FILE has `user:HASH` lines from `tunedeck hash-password` "
+        "(or set TUNEDECK_AUTH=user:password)",
+    )
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("hash-password", help="hash a password (read from stdin) for serve --auth-file")
@@ -392,14 +441,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
     s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
-    s.add_argument("--device", default=None,
-                   help="the GPU this worker owns (index or UUID; default TUNEDECK_DEVICE): its training "
-                        "processes see only it (CUDA_VISIBLE_DEVICES), and one run at a time holds it")
+    s.add_argument(
+        "--device",
+        default=None,
+        help="the GPU this worker owns (index or UUID; default TUNEDECK_DEVICE): its training "
+        "processes see only it (CUDA_VISIBLE_DEVICES), and one run at a time holds it",
+    )
     s.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_worker)
 
-    for name, func, text in (("submit", cmd_submit, "check a YAML spec and queue it; prints the run id"),
-                             ("run", cmd_run, "submit a YAML spec and follow the run until it ends")):
+    for name, func, text in (
+        ("submit", cmd_submit, "check a YAML spec and queue it; prints the run id"),
+        ("run", cmd_run, "submit a YAML spec and follow the run until it ends"),
+    ):
         s = sub.add_parser(name, help=text)
         s.add_argument("spec", metavar="SPEC.yaml")
         s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
@@ -413,9 +467,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print a JSON list (id, status, tags, note, disk_bytes, ...)")
     s.set_defaults(func=cmd_runs)
 
-    for name, func, text in (("show", cmd_show, "show one run"), ("cancel", cmd_cancel, "cancel a queued or running run"),
-                             ("resume", cmd_resume, "queue an interrupted/cancelled run again; it continues from "
-                                                    "its last complete checkpoint")):
+    for name, func, text in (
+        ("show", cmd_show, "show one run"),
+        ("cancel", cmd_cancel, "cancel a queued or running run"),
+        (
+            "resume",
+            cmd_resume,
+            "queue an interrupted/cancelled run again; it continues from its last complete checkpoint",
+        ),
+    ):
         s = sub.add_parser(name, help=text)
         s.add_argument("run_id", type=int, metavar="RUN_ID")
         s.set_defaults(func=func)
@@ -427,14 +487,21 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--first", action="store_true", help="to the front of the queue")
     s.set_defaults(func=cmd_move)
 
-    s = sub.add_parser("export", help="export a finished run: --merged merges its adapter into the base model, "
-                                             "--gguf writes GGUF files")
+    s = sub.add_parser(
+        "export",
+        help="export a finished run: --merged merges its adapter into the base model, --gguf writes GGUF files",
+    )
     s.add_argument("run_id", type=int, metavar="RUN_ID")
     s.add_argument("--merged", action="store_true", help="merge the adapter into a 16-bit (or fp32) base and check it")
     s.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the merged weights")
-    s.add_argument("--gguf", nargs="+", choices=("f16", "q8_0"), metavar="TYPE",
-                   help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
-                        "back and checked against the merged model")
+    s.add_argument(
+        "--gguf",
+        nargs="+",
+        choices=("f16", "q8_0"),
+        metavar="TYPE",
+        help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
+        "back and checked against the merged model",
+    )
     s.set_defaults(func=cmd_export)
 
     from app.cli.manage import add_parsers
@@ -471,8 +538,10 @@ def print_problems(problems: Sequence[Problem]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.command in ("worker", "serve") else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.command in ("worker", "serve") else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     store = Store()
     try:
         return args.func(store, args)

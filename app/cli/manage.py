@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.units import human_bytes
 from app.manage import ManageError, change_notes, check_deletable, delete_run
 from jobs.spec.job import Problem
+from jobs.units import human_bytes
 from storage.run_files import run_bytes
 from storage.store import Store
 
@@ -23,8 +23,15 @@ def cmd_rm(store: Store, args: argparse.Namespace) -> int:
     runs = check_deletable(store, list(dict.fromkeys(args.run_ids)))
     if not args.yes:
         if not sys.stdin.isatty():
-            raise ManageError([Problem("--yes", "deleting runs needs a confirmation and there is no terminal to ask",
-                                       "add --yes to delete without asking")])
+            raise ManageError(
+                [
+                    Problem(
+                        "--yes",
+                        "deleting runs needs a confirmation and there is no terminal to ask",
+                        "add --yes to delete without asking",
+                    )
+                ]
+            )
         listing = ", ".join(f"{r.id} ({r.name}, {human_bytes(run_bytes(store, r.id))})" for r in runs)
         answer = input(f"delete run(s) {listing} with their files? This cannot be undone. [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):

@@ -18,7 +18,7 @@ from dataclasses import replace
 from jobs.spec.job import Problem
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1024 ** 3, "b": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
+_UNITS = {"": 1024**3, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 RUNNERS_UP = 4
 
 
@@ -43,7 +43,7 @@ def device_for(memory: int | None, store=None):  # -> DeviceFacts
         return facts
     if facts.kind == "cuda":
         return replace(facts, total_bytes=memory)
-    return DeviceFacts(kind="cuda", name=f"{memory / 1024 ** 3:g} GiB GPU", total_bytes=memory, bf16=True, fp16=True)
+    return DeviceFacts(kind="cuda", name=f"{memory / 1024**3:g} GiB GPU", total_bytes=memory, bf16=True, fp16=True)
 
 
 def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Prediction
@@ -51,9 +51,12 @@ def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Pr
     from jobs.units import human_bytes
 
     total = prediction.total_bytes or 1
-    lines = [f"model architecture from {source}; {prediction.trainable_params:,} of {prediction.total_params:,} "
-             f"parameters train; precision {prediction.precision}; peak in the {prediction.phase}", "",
-             f"{'PART':12s} {'BYTES':>10s} {'SHARE':>6s}  FORMULA"]
+    lines = [
+        f"model architecture from {source}; {prediction.trainable_params:,} of {prediction.total_params:,} "
+        f"parameters train; precision {prediction.precision}; peak in the {prediction.phase}",
+        "",
+        f"{'PART':12s} {'BYTES':>10s} {'SHARE':>6s}  FORMULA",
+    ]
     for p in prediction.parts:
         lines.append(f"{p.name:12s} {human_bytes(p.bytes):>10s} {100 * p.bytes / total:5.1f}%  {p.formula}")
     lines += [f"{'total':12s} {human_bytes(prediction.total_bytes):>10s}", "", explain(prediction)]
@@ -68,28 +71,39 @@ def fit_text(spec, arch, device, target: int, history=()) -> str:
 
     plan = fit(spec, arch, device, target, history=history)
     if not plan:
-        return (f"nothing fits in {human_bytes(MARGIN * target)} ({MARGIN:.0%} of {human_bytes(target)}) by changing "
-                "micro-batch, checkpointing, precision, optimizer or LoRA -> QLoRA: shorten max_length or pick a smaller model")
+        return (
+            f"nothing fits in {human_bytes(MARGIN * target)} ({MARGIN:.0%} of {human_bytes(target)}) by changing "
+            "micro-batch, checkpointing, precision, optimizer or LoRA -> QLoRA: shorten max_length or pick a smaller model"
+        )
     unit = "tokens/s" if plan[0].calibrated else "relative speed"
     lines = [f"{'':4s}{'PEAK':>10s} {unit.upper():>14s}  CHANGES"]
-    for i, c in enumerate(plan[:1 + RUNNERS_UP]):
+    for i, c in enumerate(plan[: 1 + RUNNERS_UP]):
         mark = "pick" if i == 0 else f"{i + 1:>4d}"
         speed = f"{c.speed:,.0f}" if c.calibrated else f"{c.speed / plan[0].speed:.2f}"
-        lines.append(f"{mark:4s}{human_bytes(c.prediction.total_bytes):>10s} {speed:>14s}  "
-                     + ("; ".join(c.changes) or "no change: fits as it is"))
+        lines.append(
+            f"{mark:4s}{human_bytes(c.prediction.total_bytes):>10s} {speed:>14s}  "
+            + ("; ".join(c.changes) or "no change: fits as it is")
+        )
     return "\n".join(lines)
 
 
 def cmd_plan(store, args: argparse.Namespace) -> int:
     from app.cli.usage import EXIT_OK, UsageError, load_spec
-    from jobs.memory.predict import predict
     from jobs.memory.model_config import arch_for, model_config
+    from jobs.memory.predict import predict
 
     spec = load_spec(args.spec, args.set)
     arch = arch_for(spec.model)
     if arch is None:
-        raise UsageError([Problem("model", f"no readable config.json for `{spec.model}` here (folder, built-in or HF cache)",
-                                  "point model at a local folder with config.json, or download the model's config first")])
+        raise UsageError(
+            [
+                Problem(
+                    "model",
+                    f"no readable config.json for `{spec.model}` here (folder, built-in or HF cache)",
+                    "point model at a local folder with config.json, or download the model's config first",
+                )
+            ]
+        )
     memory = parse_size(args.memory, "--memory") if args.memory else None
     target = parse_size(args.fit, "--fit") if args.fit not in (None, "") else None
     device = device_for(memory if memory is not None else target, store)
@@ -100,8 +114,15 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
             from jobs.memory.planner import fit, measured_history
 
             plan = fit(spec, arch, device, target, history=measured_history(store, spec.model, device))
-            out["fit"] = [{"changes": list(c.changes), "total_bytes": c.prediction.total_bytes, "speed": c.speed,
-                           "spec": c.spec.to_dict()} for c in plan[:1 + RUNNERS_UP]]
+            out["fit"] = [
+                {
+                    "changes": list(c.changes),
+                    "total_bytes": c.prediction.total_bytes,
+                    "speed": c.speed,
+                    "spec": c.spec.to_dict(),
+                }
+                for c in plan[: 1 + RUNNERS_UP]
+            ]
         print(json.dumps(out, indent=2))
         return EXIT_OK
     print(table(prediction, model_config(spec.model)[1]))
@@ -109,8 +130,15 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
         print("\nfit to " + (args.fit or "this device") + ":")
         from jobs.memory.planner import measured_history
 
-        print(fit_text(spec, arch, device, target if target is not None else device.total_bytes,
-                       measured_history(store, spec.model, device)))
+        print(
+            fit_text(
+                spec,
+                arch,
+                device,
+                target if target is not None else device.total_bytes,
+                measured_history(store, spec.model, device),
+            )
+        )
     return EXIT_OK
 
 
@@ -120,6 +148,12 @@ def add_parser(sub) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     s.add_argument("--json", action="store_true", help="print JSON for scripts")
     s.add_argument("--memory", default=None, metavar="SIZE", help="predict against a GPU of this size (e.g. 24GiB)")
-    s.add_argument("--fit", nargs="?", const="", default=None, metavar="SIZE",
-                   help="find the fastest variant that fits SIZE (default: this device) and list runners-up")
+    s.add_argument(
+        "--fit",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="SIZE",
+        help="find the fastest variant that fits SIZE (default: this device) and list runners-up",
+    )
     s.set_defaults(func=cmd_plan)

@@ -25,8 +25,15 @@ def read_token() -> str:
     if token:
         return token
     if not sys.stdin.isatty():
-        raise UsageError([Problem("token", "no hub token: HF_TOKEN is not set and there is no terminal to ask on",
-                                  "set HF_TOKEN in the environment of this command")])
+        raise UsageError(
+            [
+                Problem(
+                    "token",
+                    "no hub token: HF_TOKEN is not set and there is no terminal to ask on",
+                    "set HF_TOKEN in the environment of this command",
+                )
+            ]
+        )
     try:
         return getpass.getpass("Hugging Face token (write access; not stored): ").strip()
     except (EOFError, KeyboardInterrupt):
@@ -52,14 +59,21 @@ def bound_hub_timeouts(connect_s: float = 5.0, io_s: float = 120.0) -> None:
 
 def cmd_push(store, args: argparse.Namespace) -> int:
     from app.cli.usage import EXIT_OK
-    from jobs.export.push import check_repo_id, push, push_folder, reachability_problem, endpoint, PushError
+    from jobs.export.push import PushError, check_repo_id, endpoint, push, push_folder, reachability_problem
 
     check_repo_id(args.repo)
     folder = push_folder(store, args.run_id, args.what)  # refuse before asking for a token
     problem = reachability_problem(endpoint())
     if problem:  # say it within seconds, before a token is typed in vain
-        raise PushError([Problem("hub", f"{problem}; nothing was uploaded",
-                                 "connect to the internet (and unset HF_HUB_OFFLINE), then push again")])
+        raise PushError(
+            [
+                Problem(
+                    "hub",
+                    f"{problem}; nothing was uploaded",
+                    "connect to the internet (and unset HF_HUB_OFFLINE), then push again",
+                )
+            ]
+        )
     bound_hub_timeouts()
     print(f"pushing {folder} to {args.repo} ({'private' if args.private else 'public'})")
     address = push(store, args.run_id, args.repo, read_token(), what=args.what, private=args.private)
@@ -71,7 +85,11 @@ def add_parser(sub) -> None:
     s = sub.add_parser("push", help="upload a finished run's bundle (or merged export) to the Hugging Face hub")
     s.add_argument("run_id", type=int, metavar="RUN_ID")
     s.add_argument("--repo", required=True, metavar="OWNER/NAME", help="the hub model repository (created if missing)")
-    s.add_argument("--what", choices=("bundle", "merged"), default="bundle",
-                   help="the adapter/model bundle (default) or the merged export (`tunedeck export --merged` first)")
+    s.add_argument(
+        "--what",
+        choices=("bundle", "merged"),
+        default="bundle",
+        help="the adapter/model bundle (default) or the merged export (`tunedeck export --merged` first)",
+    )
     s.add_argument("--private", action="store_true", help="create the repository as private")
     s.set_defaults(func=cmd_push)

@@ -27,8 +27,15 @@ def _tricks(text: str) -> list[Any]:
             bad.append(name)
     if bad or not out:
         choices = ", ".join(t.value for t in Trick)
-        raise SpecError([Problem("--tricks", f"unknown trick(s): {', '.join(bad) or '(none given)'}",
-                                  f"use a comma-separated list of: {choices}")])
+        raise SpecError(
+            [
+                Problem(
+                    "--tricks",
+                    f"unknown trick(s): {', '.join(bad) or '(none given)'}",
+                    f"use a comma-separated list of: {choices}",
+                )
+            ]
+        )
     return out
 
 
@@ -39,8 +46,10 @@ def sweep_command(store: Any, args: argparse.Namespace, spec: JobSpec | None) ->
     if args.list:
         for sweep_id in store.sweep_ids():
             members = store.sweep_runs(sweep_id)
-            print(f"sweep {sweep_id}: runs {', '.join(str(m['run_id']) for m in members)} "
-                  f"({', '.join(m['trick'] for m in members)})")
+            print(
+                f"sweep {sweep_id}: runs {', '.join(str(m['run_id']) for m in members)} "
+                f"({', '.join(m['trick'] for m in members)})"
+            )
         return 0
     if args.show is not None:
         rows = sweep_table(store, args.show)
@@ -67,8 +76,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="queue short probe runs of memory tricks; --show N prints their table")
     s.add_argument("spec", nargs="?", metavar="SPEC.yaml")
     s.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per probe run")
-    s.add_argument("--tricks", default=None,
-                   help="comma-separated: " + ", ".join(t.value for t in Trick) + " (default: all that apply)")
+    s.add_argument(
+        "--tricks",
+        default=None,
+        help="comma-separated: " + ", ".join(t.value for t in Trick) + " (default: all that apply)",
+    )
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     s.add_argument("--show", type=int, default=None, metavar="SWEEP_ID", help="print a sweep's table")
     s.add_argument("--list", action="store_true", help="list sweeps")

@@ -28,11 +28,21 @@ def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
 
     file = Path(path)
     if not file.is_file():
-        raise UsageError([Problem("spec", f"file {path} not found", "give the path of a YAML spec, e.g. examples/tiny-llama-quick.yaml")])
+        raise UsageError(
+            [
+                Problem(
+                    "spec",
+                    f"file {path} not found",
+                    "give the path of a YAML spec, e.g. examples/tiny-llama-quick.yaml",
+                )
+            ]
+        )
     try:
         data = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UsageError([Problem("spec", f"{path} is not valid YAML ({exc})", "fix the YAML syntax at the line shown")]) from exc
+        raise UsageError(
+            [Problem("spec", f"{path} is not valid YAML ({exc})", "fix the YAML syntax at the line shown")]
+        ) from exc
     if not isinstance(data, dict):
         return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
     bad = []

@@ -25,9 +25,10 @@ fixes the colour) plus its rows in the frame that chart's handler builds.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import cycle
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import gradio as gr
 import pandas as pd
@@ -36,8 +37,7 @@ from app.ui.series import typed_frame
 
 SERIES = "series"
 # Tableau 10: distinct on white and in the dark theme; runs in Compare take them in order.
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-           "#9c755f", "#bab0ac")
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 # Series whose colour means something across charts (the same line is the same colour everywhere).
 SERIES_COLORS = {
     "GPU used (NVML)": "#4e79a7",
@@ -77,11 +77,22 @@ class Chart:
     def build(self, **layout: Any) -> gr.LinePlot | gr.ScatterPlot:
         """The gradio component; `layout` passes scale, visible, ... through."""
         kwargs: dict[str, Any] = dict(
-            x=self.x, y=self.y, color=SERIES, color_title="", x_title=self.x_title, y_title=self.y_title,
-            label=self.label, elem_id=self.elem_id, height=self.height,
-            x_lim=list(self.x_lim) if self.x_lim else None, y_lim=list(self.y_lim) if self.y_lim else None,
-            x_axis_format=self.x_format, y_axis_format=self.y_format, value=self.frame([]),
-            colors_in_legend=None if self.legend else [])
+            x=self.x,
+            y=self.y,
+            color=SERIES,
+            color_title="",
+            x_title=self.x_title,
+            y_title=self.y_title,
+            label=self.label,
+            elem_id=self.elem_id,
+            height=self.height,
+            x_lim=list(self.x_lim) if self.x_lim else None,
+            y_lim=list(self.y_lim) if self.y_lim else None,
+            x_axis_format=self.x_format,
+            y_axis_format=self.y_format,
+            value=self.frame([]),
+            colors_in_legend=None if self.legend else [],
+        )
         if self.tooltip is not None:
             kwargs["tooltip"] = list(self.tooltip)
         return self._cls(**kwargs, **layout)
@@ -113,8 +124,7 @@ class Chart:
         return gr.ScatterPlot if self.kind == "point" else gr.LinePlot
 
 
-def redraw_after(event: Any, plots: list[tuple[Chart, gr.components.Component]], styles: gr.State,
-                 group: str) -> None:
+def redraw_after(event: Any, plots: list[tuple[Chart, gr.components.Component]], styles: gr.State, group: str) -> None:
     """Chain step 2 of a redraw to `event`, whose handler put {elem_id: style} into `styles`.
 
     Two steps because gradio 6.31 applies data and properties in one update out of order: a plot
@@ -123,11 +133,19 @@ def redraw_after(event: Any, plots: list[tuple[Chart, gr.components.Component]],
     `group`: the concurrency id shared by every event that writes these plots (pass it to them too).
     One at a time, so a step 2 never reaches the browser before the data its styles were made for
     (a timer tick's step 2 read styles a concurrent event had stored, and re-embedded an empty plot)."""
+
     def step2(value: dict[str, Any] | None) -> list[Any]:
         return [chart.restyle((value or {}).get(chart.elem_id)) for chart, _ in plots]
 
-    event.then(step2, styles, [plot for _, plot in plots], show_progress="hidden", api_visibility="private",
-               concurrency_id=group, concurrency_limit=1)
+    event.then(
+        step2,
+        styles,
+        [plot for _, plot in plots],
+        show_progress="hidden",
+        api_visibility="private",
+        concurrency_id=group,
+        concurrency_limit=1,
+    )
 
 
 def color_map(names: list[str]) -> dict[str, str]:
@@ -142,29 +160,76 @@ def round_up(x: float) -> float:
     if not x > 0:
         return 1.0
     power = 10.0 ** math.floor(math.log10(x))
-    return next((m * power for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * power >= x * (1 - 1e-12)),
-                10 * power)
+    return next(
+        (m * power for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * power >= x * (1 - 1e-12)), 10 * power
+    )
 
 
 # ---------------------------------------------------------------------- the dashboard's charts
 GIB_FORMAT = ",.2~f"  # 0.53, 12.4, 139.5: two decimals at most, trailing zeros dropped
 
 GPU_WINDOW_S = 300.0
-GPU_MEMORY = Chart("gpu-memory-plot", "Memory, last 5 minutes", "seconds", "GiB", "seconds ago", "memory (GiB)",
-                   x_lim=(-GPU_WINDOW_S, 0.0), y_lim=(0.0, None), y_format=GIB_FORMAT)
-GPU_UTILIZATION = Chart("gpu-utilization-plot", "GPU utilization", "seconds", "percent", "seconds ago",
-                        "utilization (%)", legend=False, x_lim=(-GPU_WINDOW_S, 0.0), y_lim=(0.0, 100.0))
-RUN_MEMORY = Chart("run-memory-plot", "Memory", "seconds", "GiB", "seconds since the first sample",
-                   "memory (GiB)", y_lim=(0.0, None), y_format=GIB_FORMAT)
+GPU_MEMORY = Chart(
+    "gpu-memory-plot",
+    "Memory, last 5 minutes",
+    "seconds",
+    "GiB",
+    "seconds ago",
+    "memory (GiB)",
+    x_lim=(-GPU_WINDOW_S, 0.0),
+    y_lim=(0.0, None),
+    y_format=GIB_FORMAT,
+)
+GPU_UTILIZATION = Chart(
+    "gpu-utilization-plot",
+    "GPU utilization",
+    "seconds",
+    "percent",
+    "seconds ago",
+    "utilization (%)",
+    legend=False,
+    x_lim=(-GPU_WINDOW_S, 0.0),
+    y_lim=(0.0, 100.0),
+)
+RUN_MEMORY = Chart(
+    "run-memory-plot",
+    "Memory",
+    "seconds",
+    "GiB",
+    "seconds since the first sample",
+    "memory (GiB)",
+    y_lim=(0.0, None),
+    y_format=GIB_FORMAT,
+)
 RUN_LOSS = Chart("run-loss-plot", "Loss (train, eval)", "step", "value", "optimizer step", "loss")
-RUN_LR = Chart("run-lr-plot", "Learning rate", "step", "value", "optimizer step", "learning rate", legend=False,
-               y_format=".2~e")
-RUN_TOKENS = Chart("run-tps-plot", "Tokens/s (per logging interval)", "step", "value", "optimizer step",
-                   "tokens/s", legend=False, y_format=",.0f")
-RUN_TRAINER = Chart("run-trainer-plot", "Trainer metrics (eval perplexity, rewards)", "step", "value",
-                    "optimizer step", "value")
-COMPARE_TRADEOFF = Chart("compare-tradeoff", "Time vs memory: peak memory against tokens/s", "tokens/s",
-                         "peak GiB", "tokens/s (mean)", "peak memory (GiB)", kind="point",
-                         x_lim=(0.0, None), y_lim=(0.0, None),
-                         x_format=",.0f", y_format=GIB_FORMAT, tooltip=(SERIES, "tokens/s", "peak GiB"))
+RUN_LR = Chart(
+    "run-lr-plot", "Learning rate", "step", "value", "optimizer step", "learning rate", legend=False, y_format=".2~e"
+)
+RUN_TOKENS = Chart(
+    "run-tps-plot",
+    "Tokens/s (per logging interval)",
+    "step",
+    "value",
+    "optimizer step",
+    "tokens/s",
+    legend=False,
+    y_format=",.0f",
+)
+RUN_TRAINER = Chart(
+    "run-trainer-plot", "Trainer metrics (eval perplexity, rewards)", "step", "value", "optimizer step", "value"
+)
+COMPARE_TRADEOFF = Chart(
+    "compare-tradeoff",
+    "Time vs memory: peak memory against tokens/s",
+    "tokens/s",
+    "peak GiB",
+    "tokens/s (mean)",
+    "peak memory (GiB)",
+    kind="point",
+    x_lim=(0.0, None),
+    y_lim=(0.0, None),
+    x_format=",.0f",
+    y_format=GIB_FORMAT,
+    tooltip=(SERIES, "tokens/s", "peak GiB"),
+)
 COMPARE_LOSS = Chart("compare-loss", "Training loss", "step", "loss", "optimizer step", "training loss")

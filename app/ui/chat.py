@@ -17,9 +17,9 @@ from typing import Any
 
 import gradio as gr
 
-from jobs.checks.access import AccessPolicy, loading_problem
-from jobs.chat.process import ChatProcess
 from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, Sampling
+from jobs.chat.process import ChatProcess
+from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.spec.job import Problem
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
@@ -48,8 +48,10 @@ class ChatView:
 
 
 def build() -> ChatView:
-    gr.Markdown("Ask a finished run and its base model the same thing: same prompt, same sampling, "
-                "the run's chat template. Temperature 0 is greedy decoding (reproducible answers).")
+    gr.Markdown(
+        "Ask a finished run and its base model the same thing: same prompt, same sampling, "
+        "the run's chat template. Temperature 0 is greedy decoding (reproducible answers)."
+    )
     with gr.Row():
         run = gr.Dropdown([], label="Finished run", elem_id="chat-run-choice", scale=3)
         refresh = gr.Button("Refresh runs", scale=0)
@@ -69,8 +71,10 @@ def build() -> ChatView:
 
 def run_choices(store: Store) -> list[tuple[str, int]]:
     """Succeeded runs, newest first, as (label, id)."""
-    return [(f"{r.id} · {r.name} ({spec_of(r).method.value}, {spec_of(r).trainer.value})", r.id)
-            for r in store.list_runs(status=RunStatus.SUCCEEDED)]
+    return [
+        (f"{r.id} · {r.name} ({spec_of(r).method.value}, {spec_of(r).trainer.value})", r.id)
+        for r in store.list_runs(status=RunStatus.SUCCEEDED)
+    ]
 
 
 def policy_problem(store: Store, run_id: int, policy: AccessPolicy | None) -> Problem | None:
@@ -83,8 +87,17 @@ def _problems_text(exc: ChatError) -> str:
     return "\n".join(f"**{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
 
 
-def ask(store: Store, chat: ChatProcess, policy: AccessPolicy | None, run_id: Any, system: str, temperature: float,
-        top_p: float, max_new_tokens: float | None, prompt: str) -> Iterator[tuple[str, str, str]]:
+def ask(
+    store: Store,
+    chat: ChatProcess,
+    policy: AccessPolicy | None,
+    run_id: Any,
+    system: str,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: float | None,
+    prompt: str,
+) -> Iterator[tuple[str, str, str]]:
     """Stream (status, base answer, run answer): the base first, then the run, same prompt and sampling."""
     if run_id in (None, ""):
         none = not store.list_runs(status=RunStatus.SUCCEEDED, limit=1)
@@ -115,8 +128,13 @@ def ask(store: Store, chat: ChatProcess, policy: AccessPolicy | None, run_id: An
     yield f"Done ({way}).{note}", answers["base"], answers["run"]
 
 
-def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: AccessPolicy | None = None,
-         chat: ChatProcess | None = None) -> ChatProcess:
+def wire(
+    view: ChatView,
+    store: Store,
+    tab: gr.Tab | None = None,
+    policy: AccessPolicy | None = None,
+    chat: ChatProcess | None = None,
+) -> ChatProcess:
     """Wire the tab's events; returns the generation process manager (started on the first question)."""
     chat = chat or ChatProcess(store)
 
@@ -130,7 +148,12 @@ def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: Access
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
         event(choices, view.run, [view.run, view.status], show_progress="hidden", api_visibility="private")
-    view.ask.click(lambda *args: (yield from ask(store, chat, policy, *args)), view.inputs,
-                   [view.status, view.base, view.tuned], api_visibility="private", concurrency_limit=1,
-                   concurrency_id="chat")
+    view.ask.click(
+        lambda *args: (yield from ask(store, chat, policy, *args)),
+        view.inputs,
+        [view.status, view.base, view.tuned],
+        api_visibility="private",
+        concurrency_limit=1,
+        concurrency_id="chat",
+    )
     return chat

@@ -15,22 +15,29 @@ The table and frames are pure functions of store reads (`compare_table`, `summar
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import gradio as gr
 import pandas as pd
 
 from app.ui import charts, series
-from jobs.units import human_count
-from jobs.train import figures
 from jobs.spec.stored import spec_of
+from jobs.train import figures
+from jobs.units import human_count
 from storage.store import RunRecord, Store
 
-_GIB = 1024 ** 3
+_GIB = 1024**3
 FIGURE_ROWS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.STEP_TIME, figures.LOSS)
-RESULT_ROWS = ["status", *(f.label for f in FIGURE_ROWS), "predicted peak (error)", "final eval loss",
-               "trainable params", "runtime"]
+RESULT_ROWS = [
+    "status",
+    *(f.label for f in FIGURE_ROWS),
+    "predicted peak (error)",
+    "final eval loss",
+    "trainable params",
+    "runtime",
+]
 FIELD = "field"
 GRAPHS = "compare-graphs"  # the concurrency group of the events that draw the plots (charts.redraw_after)
 
@@ -89,8 +96,9 @@ def _final(run: RunRecord, key: str) -> float | None:
 def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> RunSummary:
     """Measured results of `run`: its figures (jobs.train.figures), then final metrics or what its rows say so far."""
     last_eval = store.last_metric(run.id, "eval_loss")
-    eval_loss = _final(run, "eval_loss") if _final(run, "eval_loss") is not None else (
-        last_eval.value if last_eval else None)
+    eval_loss = (
+        _final(run, "eval_loss") if _final(run, "eval_loss") is not None else (last_eval.value if last_eval else None)
+    )
     trainable = _final(run, "trainable_params") or run.resolved_config.get("trainable_params")
     total = _final(run, "total_params") or run.resolved_config.get("total_params")
     runtime = _final(run, "train_runtime")
@@ -101,9 +109,17 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
     from jobs.queue.submit import load_prediction
 
     predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
-    return RunSummary(run.id, run.name, run.status.value, figures.run_figures(store, run), eval_loss,
-                      int(trainable) if trainable is not None else None, int(total) if total is not None else None,
-                      runtime, predicted)
+    return RunSummary(
+        run.id,
+        run.name,
+        run.status.value,
+        figures.run_figures(store, run),
+        eval_loss,
+        int(trainable) if trainable is not None else None,
+        int(total) if total is not None else None,
+        runtime,
+        predicted,
+    )
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -124,15 +140,22 @@ def result_values(s: RunSummary) -> list[str]:
         params = human_count(s.trainable_params)
         if s.total_params:
             params += f" ({100 * s.trainable_params / s.total_params:.2f}%)"
-    return [s.status, *(s.figures.text(f) for f in FIGURE_ROWS), s.predicted, _num(s.eval_loss, ".4f"), params,
-            _duration(s.runtime_s)]
+    return [
+        s.status,
+        *(s.figures.text(f) for f in FIGURE_ROWS),
+        s.predicted,
+        _num(s.eval_loss, ".4f"),
+        params,
+        _duration(s.runtime_s),
+    ]
 
 
 def compare_table(runs: Sequence[RunRecord], summaries: Sequence[RunSummary]) -> pd.DataFrame:
     """Differing spec fields, then the measured results: one row each, one column per run."""
     columns = [FIELD] + [run_label(r.id, r.name) for r in runs]
-    rows: list[list[Any]] = [[name, *("" if v is None else str(v) for v in values)]
-                             for name, values in spec_differences(runs)]
+    rows: list[list[Any]] = [
+        [name, *("" if v is None else str(v) for v in values)] for name, values in spec_differences(runs)
+    ]
     per_run = [result_values(s) for s in summaries]
     rows += [[name, *(cells[i] for cells in per_run)] for i, name in enumerate(RESULT_ROWS)]
     return pd.DataFrame(rows, columns=_unique(columns))
@@ -150,8 +173,11 @@ def _unique(columns: list[str]) -> list[str]:
 
 def tradeoff_frame(summaries: Sequence[RunSummary]) -> pd.DataFrame:
     """Columns tokens/s (whole), peak GiB (3 decimals), series (the run): one point per measured run."""
-    rows = [(round(s.tokens_per_second), round(s.peak_memory_bytes / _GIB, 3), s.label) for s in summaries
-            if s.tokens_per_second is not None and s.peak_memory_bytes]
+    rows = [
+        (round(s.tokens_per_second), round(s.peak_memory_bytes / _GIB, 3), s.label)
+        for s in summaries
+        if s.tokens_per_second is not None and s.peak_memory_bytes
+    ]
     return charts.COMPARE_TRADEOFF.frame(rows)
 
 
@@ -183,11 +209,18 @@ class CompareView:
 def build() -> CompareView:
     """Lay out the compare tab; call inside a gr.Blocks context."""
     with gr.Row():
-        runs = gr.Dropdown([], value=[], multiselect=True, label="runs to compare (id · name · status)",
-                           elem_id="compare-runs", scale=4)
+        runs = gr.Dropdown(
+            [],
+            value=[],
+            multiselect=True,
+            label="runs to compare (id · name · status)",
+            elem_id="compare-runs",
+            scale=4,
+        )
         refresh = gr.Button("Refresh", scale=0)
-    table = gr.Dataframe(label="Spec differences and measured results", interactive=False,
-                         elem_id="compare-table", wrap=True)
+    table = gr.Dataframe(
+        label="Spec differences and measured results", interactive=False, elem_id="compare-table", wrap=True
+    )
     with gr.Row():
         tradeoff = charts.COMPARE_TRADEOFF.build()
         loss = charts.COMPARE_LOSS.build()
@@ -213,10 +246,16 @@ class CompareData:
         runs = [r for r in (self.store.get_run(i) for i in ids) if r is not None]
         summaries = [summarize_run(self.store, r) for r in runs]
         tradeoff, loss = tradeoff_frame(summaries), loss_frame(self.metrics, runs)
-        styles = {charts.COMPARE_TRADEOFF.elem_id: charts.COMPARE_TRADEOFF.style(tradeoff),
-                  charts.COMPARE_LOSS.elem_id: charts.COMPARE_LOSS.style(loss)}
-        return [compare_table(runs, summaries), charts.COMPARE_TRADEOFF.update(tradeoff),
-                charts.COMPARE_LOSS.update(loss), styles]
+        styles = {
+            charts.COMPARE_TRADEOFF.elem_id: charts.COMPARE_TRADEOFF.style(tradeoff),
+            charts.COMPARE_LOSS.elem_id: charts.COMPARE_LOSS.style(loss),
+        }
+        return [
+            compare_table(runs, summaries),
+            charts.COMPARE_TRADEOFF.update(tradeoff),
+            charts.COMPARE_LOSS.update(loss),
+            styles,
+        ]
 
 
 def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareData:
@@ -225,12 +264,26 @@ def wire(view: CompareView, store: Store, tab: gr.Tab | None = None) -> CompareD
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
         drawn = event(data.choices, None, view.runs, show_progress="hidden", api_visibility="private").then(
-            data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
-            concurrency_id=GRAPHS, concurrency_limit=1)
+            data.compare,
+            view.runs,
+            view.outputs,
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_id=GRAPHS,
+            concurrency_limit=1,
+        )
         charts.redraw_after(drawn, view.plots, view.styles, GRAPHS)
     # input, not change: a refresh re-sets the value and already redraws through .then above.
     # always_last: a pick made while the previous one is drawn is drawn next (the default, once, drops it).
-    picked = view.runs.input(data.compare, view.runs, view.outputs, show_progress="hidden", api_visibility="private",
-                             concurrency_id=GRAPHS, concurrency_limit=1, trigger_mode="always_last")
+    picked = view.runs.input(
+        data.compare,
+        view.runs,
+        view.outputs,
+        show_progress="hidden",
+        api_visibility="private",
+        concurrency_id=GRAPHS,
+        concurrency_limit=1,
+        trigger_mode="always_last",
+    )
     charts.redraw_after(picked, view.plots, view.styles, GRAPHS)
     return data

@@ -85,8 +85,9 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
                 return errors, gr.skip(), gr.skip()
             return "", run_id, gr.Tabs(selected="run")
 
-        form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch",
-                              **ui_form.UNCHECKED)
+        form.launch_btn.click(
+            launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch", **ui_form.UNCHECKED
+        )
 
         def select(evt: gr.SelectData) -> tuple[Any, Any]:
             row = evt.row_value or []
@@ -95,12 +96,25 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
 
         refresh_outputs = page.outputs
-        opened = page.run_id.change(page_data.refresh, [page.run_id, gr.State(None)], refresh_outputs,
-                                    api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        opened = page.run_id.change(
+            page_data.refresh,
+            [page.run_id, gr.State(None)],
+            refresh_outputs,
+            api_visibility="private",
+            concurrency_id=RUN_GRAPHS,
+            concurrency_limit=1,
+        )
         charts.redraw_after(opened, page.plots, page.styles, RUN_GRAPHS)
         page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
-        ticked = timer.tick(page_data.refresh, [page.run_id, page.drawn], refresh_outputs, show_progress="hidden",
-                            api_visibility="private", concurrency_id=RUN_GRAPHS, concurrency_limit=1)
+        ticked = timer.tick(
+            page_data.refresh,
+            [page.run_id, page.drawn],
+            refresh_outputs,
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_id=RUN_GRAPHS,
+            concurrency_limit=1,
+        )
         charts.redraw_after(ticked, page.plots, page.styles, RUN_GRAPHS)
         page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
         page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
@@ -127,8 +141,12 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
 
         optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
         device = ui_memory.worker_device(store)
-        demo.load(on_load, None, [page.run_id, tabs, form.budget, form.memory.bar, form.data_info, form.data_preview,
-                                  *optional_numbers], api_visibility="private")
+        demo.load(
+            on_load,
+            None,
+            [page.run_id, tabs, form.budget, form.memory.bar, form.data_info, form.data_preview, *optional_numbers],
+            api_visibility="private",
+        )
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
 

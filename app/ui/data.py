@@ -36,6 +36,7 @@ def cached_hub_models() -> tuple[str, ...]:
     """Model repos in the local Hugging Face cache (no network); empty when there is no cache."""
     try:
         from huggingface_hub import scan_cache_dir
+
         info = scan_cache_dir()
     except Exception:  # no cache dir, unreadable cache, old hub version: the list is only a convenience
         return ()
@@ -58,6 +59,7 @@ def upload_suffix(name: str) -> str | None:
 def sample_refs() -> list[str]:
     try:
         from jobs.data.sources import list_samples
+
         return list_samples()
     except ImportError:
         return ["sample:chat-format", "sample:kto-format", "sample:preference-format"]
@@ -83,8 +85,10 @@ def save_upload(path: str | None) -> Any:
 
     limit = max_upload_mb()
     if src.stat().st_size > limit * 1024 * 1024:
-        raise gr.Error(f"{src.name} is {src.stat().st_size / 2**20:.0f} MB, over the {limit} MB upload limit "
-                       "(raise it with TUNEDECK_MAX_UPLOAD_MB, or point the dataset field at the file's path)")
+        raise gr.Error(
+            f"{src.name} is {src.stat().st_size / 2**20:.0f} MB, over the {limit} MB upload limit "
+            "(raise it with TUNEDECK_MAX_UPLOAD_MB, or point the dataset field at the file's path)"
+        )
     digest = hashlib.sha256(src.read_bytes()).hexdigest()[:10]
     dest = uploads_dir() / f"{safe_stem(src.name[: -len(suffix)])}-{digest}{suffix}"
     if not dest.exists():
@@ -95,6 +99,7 @@ def save_upload(path: str | None) -> Any:
 def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
     """Row-numbered problems of one data set ([] when it checks out)."""
     from jobs.data.sources import DataError, check_dataset
+
     try:
         check_dataset(ref, trainer, field)
     except DataError as exc:
@@ -102,12 +107,14 @@ def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
     return []
 
 
-def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = None,
-                    policy: AccessPolicy | None = None) -> tuple[str, pd.DataFrame]:
+def preview_dataset(
+    ref: str | None, trainer: str | None, columns: str | None = None, policy: AccessPolicy | None = None
+) -> tuple[str, pd.DataFrame]:
     """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
     a file `policy` keeps users from reading is refused before it is opened."""
     from jobs.data.sources import DataError, check_dataset
     from jobs.spec.columns import parse_columns
+
     empty = pd.DataFrame()
     if not ref or not ref.strip():
         return "", empty
@@ -128,17 +135,24 @@ def preview_dataset(ref: str | None, trainer: str | None, columns: str | None = 
     warn = "".join(f"\n- {w}" for w in info.warnings)
     text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
     if info.conversion:
-        text = (f"Detected format: **{info.source_format}**, converted to **{info.format.value}** · {info.n_rows} rows · "
-                f"columns {', '.join(info.columns)}\n- {info.conversion}; the rows below are the converted ones{warn}")
+        text = (
+            f"Detected format: **{info.source_format}**, converted to **{info.format.value}** · {info.n_rows} rows · "
+            f"columns {', '.join(info.columns)}\n- {info.conversion}; the rows below are the converted ones{warn}"
+        )
     if info.column_map:
         text += "\n- dataset_columns: " + ", ".join(f"`{c}` read as `{t}`" for t, c in info.column_map.items())
     rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
     return text, pd.DataFrame(rows)
 
 
-def preview_with_lengths(ref: str | None, trainer: str | None, model: str | None,
-                         max_length: float | None, columns: str | None = None,
-                         policy: AccessPolicy | None = None) -> tuple[str, pd.DataFrame]:
+def preview_with_lengths(
+    ref: str | None,
+    trainer: str | None,
+    model: str | None,
+    max_length: float | None,
+    columns: str | None = None,
+    policy: AccessPolicy | None = None,
+) -> tuple[str, pd.DataFrame]:
     """The preview plus how many rows max_length would truncate (when the tokenizer is on disk)."""
     text, rows = preview_dataset(ref, trainer, columns, policy)
     if text.startswith("Detected format"):
@@ -146,8 +160,9 @@ def preview_with_lengths(ref: str | None, trainer: str | None, model: str | None
     return text, rows
 
 
-def length_warning_text(ref: str | None, trainer: str | None, model: str | None, max_length: float | None,
-                        columns: str | None = None) -> str:
+def length_warning_text(
+    ref: str | None, trainer: str | None, model: str | None, max_length: float | None, columns: str | None = None
+) -> str:
     """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell.
 
     Uses the model's tokenizer only when it is already on disk (a folder or a built model), so
@@ -164,8 +179,13 @@ def length_warning_text(ref: str | None, trainer: str | None, model: str | None,
         from jobs.data.sources import DataError, length_warnings, load_datasets
         from jobs.spec.job import JobSpec
 
-        spec = JobSpec(model=str(folder), dataset=ref.strip(), trainer=Trainer(trainer or "sft"),
-                       max_length=int(max_length), dataset_columns=(columns or "").strip() or None)
+        spec = JobSpec(
+            model=str(folder),
+            dataset=ref.strip(),
+            trainer=Trainer(trainer or "sft"),
+            max_length=int(max_length),
+            dataset_columns=(columns or "").strip() or None,
+        )
         train, _ = load_datasets(spec)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length), trainer=spec.trainer))
@@ -189,6 +209,7 @@ def device_info() -> Any:
     """jobs.devices.sampler's DeviceInfo, probed once per process; None when the sampler is unavailable."""
     try:
         from jobs.devices.sampler import GpuProbe
+
         return GpuProbe().device_info()
     except Exception:  # NVML missing or broken: the panel shows the host-memory note instead
         return None

@@ -47,18 +47,21 @@ class ExportPanel:
 def build() -> ExportPanel:
     """Lay out the panel; call inside the run tab."""
     with gr.Accordion("Export: merged model and GGUF", open=False, elem_id="export-panel"):
-        gr.Markdown("Merge the run's adapter into its base model (safetensors, for transformers and vLLM) and/or "
-                    "write GGUF files (llama.cpp, Ollama, LM Studio). Each is checked against the run's own answers "
-                    "before it is kept. Prompt, prefix and P-tuning runs cannot merge; a full fine-tune is already "
-                    "a whole model (GGUF still works).")
+        gr.Markdown(
+            "Merge the run's adapter into its base model (safetensors, for transformers and vLLM) and/or "
+            "write GGUF files (llama.cpp, Ollama, LM Studio). Each is checked against the run's own answers "
+            "before it is kept. Prompt, prefix and P-tuning runs cannot merge; a full fine-tune is already "
+            "a whole model (GGUF still works)."
+        )
         with gr.Row():
             merged = gr.Checkbox(label="Merged model (--merged)", value=True, elem_id="export-merged")
             dtype = gr.Radio(list(DTYPES), value="bf16", label="Merged dtype (--dtype)", elem_id="export-dtype")
             gguf = gr.CheckboxGroup(list(GGUF_TYPES), value=[], label="GGUF (--gguf)", elem_id="export-gguf")
             start = gr.Button("Export", variant="primary", scale=0, elem_id="export-start")
         log = gr.Textbox(label="progress", lines=8, max_lines=LOG_LINES, interactive=False, elem_id="export-log")
-        files = gr.File(label="export files", file_count="multiple", interactive=False, visible=False,
-                        elem_id="export-files")
+        files = gr.File(
+            label="export files", file_count="multiple", interactive=False, visible=False, elem_id="export-files"
+        )
     return ExportPanel(merged, dtype, gguf, start, log, files)
 
 
@@ -100,8 +103,9 @@ def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: Ac
     return f"{problem.problem}. Fix: {problem.fix}" if problem else None
 
 
-def export(store: Store, policy: AccessPolicy | None, run_id: Any, merged: bool, dtype: str,
-           gguf: list[str]) -> Iterator[tuple[str, Any]]:
+def export(
+    store: Store, policy: AccessPolicy | None, run_id: Any, merged: bool, dtype: str, gguf: list[str]
+) -> Iterator[tuple[str, Any]]:
     """Run the export child and stream its output; (log text, files) after every line."""
     refused = refusal(store, run_id, merged, gguf or [], policy)
     if refused:
@@ -109,11 +113,19 @@ def export(store: Store, policy: AccessPolicy | None, run_id: Any, merged: bool,
         return
     rid = int(run_id)
     argv = CLI + command(rid, merged, dtype, gguf or [])
-    lines = [f"$ tunedeck {' '.join(argv[len(CLI):])}"]
+    lines = [f"$ tunedeck {' '.join(argv[len(CLI) :])}"]
     yield "\n".join(lines), gr.skip()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -124,15 +136,24 @@ def export(store: Store, policy: AccessPolicy | None, run_id: Any, merged: bool,
         if proc.poll() is None:  # the page went away mid-export: stop the child
             proc.kill()
             proc.wait()
-    lines.append("export finished: the files are listed below" if code == 0 else
-                 f"export failed (exit code {code}): the reason and the fix are in the lines above; nothing failing "
-                 "its check was kept")
+    lines.append(
+        "export finished: the files are listed below"
+        if code == 0
+        else f"export failed (exit code {code}): the reason and the fix are in the lines above; nothing failing "
+        "its check was kept"
+    )
     yield "\n".join(lines[-LOG_LINES:]), files_update(store, rid)
 
 
 def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
-    run_id.change(lambda rid: files_update(store, rid), run_id, panel.files, show_progress="hidden",
-                  api_visibility="private")
-    panel.start.click(lambda rid, merged, dtype, gguf: (yield from export(store, policy, rid, merged, dtype, gguf)),
-                      [run_id, panel.merged, panel.dtype, panel.gguf], [panel.log, panel.files],
-                      api_visibility="private", concurrency_id="export", concurrency_limit=1)
+    run_id.change(
+        lambda rid: files_update(store, rid), run_id, panel.files, show_progress="hidden", api_visibility="private"
+    )
+    panel.start.click(
+        lambda rid, merged, dtype, gguf: (yield from export(store, policy, rid, merged, dtype, gguf)),
+        [run_id, panel.merged, panel.dtype, panel.gguf],
+        [panel.log, panel.files],
+        api_visibility="private",
+        concurrency_id="export",
+        concurrency_limit=1,
+    )

@@ -24,24 +24,50 @@ from typing import Any
 
 import gradio as gr
 
-from app.ui import data as ui_data, memory as ui_memory
+from app.ui import data as ui_data
+from app.ui import memory as ui_memory
 from jobs.checks.access import AccessPolicy
+from jobs.spec.job import (
+    METHOD_DESCRIPTIONS,
+    FieldInfo,
+    Group,
+    JobSpec,
+    Method,
+    Problem,
+    SpecError,
+    Trainer,
+    deciding_fields,
+    field_infos,
+)
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
-from jobs.spec.job import (METHOD_DESCRIPTIONS, FieldInfo, Group, JobSpec, Method, Problem, SpecError, Trainer,
-                       deciding_fields, field_infos)
 from storage.store import Store
 
 INFOS: list[FieldInfo] = field_infos()
 NAMES: list[str] = [f.name for f in INFOS]
 DECIDING: list[str] = deciding_fields()
 CONDITIONAL: list[str] = [f.name for f in INFOS if f.when]
-BUDGET_FIELDS = ("model", "method", "lora_r", "lora_target_modules", "num_virtual_tokens", "precision", "optim",
-                 "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "max_length",
-                 "trainer", "bnb_4bit_use_double_quant")
+BUDGET_FIELDS = (
+    "model",
+    "method",
+    "lora_r",
+    "lora_target_modules",
+    "num_virtual_tokens",
+    "precision",
+    "optim",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "max_length",
+    "trainer",
+    "bnb_4bit_use_double_quant",
+)
 # Sections of the page, in order; a group not listed gets a section of its own at the end.
 SECTIONS: tuple[tuple[str, tuple[Group, ...]], ...] = (
-    ("Model and data", (Group.RUN, Group.MODEL, Group.DATA)), ("Method", (Group.METHOD,)),
-    ("Memory tricks", (Group.MEMORY,)), ("Training", (Group.TRAINING,)))
+    ("Model and data", (Group.RUN, Group.MODEL, Group.DATA)),
+    ("Method", (Group.METHOD,)),
+    ("Memory tricks", (Group.MEMORY,)),
+    ("Training", (Group.TRAINING,)),
+)
 # Events that read the form's fields skip Gradio's preprocessing: it would stop at the first number
 # out of its range, without naming the field, where JobSpec reports every problem at once. The
 # browser's number boxes still carry the ranges. The values arrive as the browser sent them.
@@ -100,8 +126,11 @@ def problems_markdown(problems: list[Problem]) -> str:
 
 
 def bounds_text(f: FieldInfo) -> str:
-    parts = [f">= {f.ge:g}" if f.ge is not None else "", f"> {f.gt:g}" if f.gt is not None else "",
-             f"<= {f.le:g}" if f.le is not None else ""]
+    parts = [
+        f">= {f.ge:g}" if f.ge is not None else "",
+        f"> {f.gt:g}" if f.gt is not None else "",
+        f"<= {f.le:g}" if f.le is not None else "",
+    ]
     rng = ", ".join(p for p in parts if p)
     return f" Range: {rng}." if rng else ""
 
@@ -138,25 +167,36 @@ def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
     default, label = f.default, f.title
     common = {"label": label, "visible": visible, "min_width": FIELD_MIN_WIDTH}
     if f.name == "model":
-        return gr.Dropdown(ui_data.model_choices(), value=default, info=f.help, allow_custom_value=True,
-                           filterable=True, **common)
+        return gr.Dropdown(
+            ui_data.model_choices(), value=default, info=f.help, allow_custom_value=True, filterable=True, **common
+        )
     if f.name in ("dataset", "eval_dataset"):
         choices = ui_data.dataset_choices(optional=f.optional)
         return gr.Dropdown(choices, value=default or "", info=f.help, allow_custom_value=True, **common)
     if f.name == "method":  # each method with its one-line description; the value stays the enum's
-        return gr.Dropdown([(f"{m.value}: {METHOD_DESCRIPTIONS[m]}", m.value) for m in Method], value=default,
-                           info=f.help, **common)
+        return gr.Dropdown(
+            [(f"{m.value}: {METHOD_DESCRIPTIONS[m]}", m.value) for m in Method], value=default, info=f.help, **common
+        )
     if f.kind == "enum":
         return gr.Dropdown(list(f.choices), value=default, info=f.help, **common)
     if f.kind == "bool":
         return gr.Checkbox(value=bool(default), info=f.help, **common)
     low = f.ge if f.ge is not None else f.gt
     if is_slider(f):
-        return gr.Slider(minimum=low, maximum=f.le, step=SLIDER_STEP, value=default, info=f.help + bounds_text(f), **common)
+        return gr.Slider(
+            minimum=low, maximum=f.le, step=SLIDER_STEP, value=default, info=f.help + bounds_text(f), **common
+        )
     if f.kind in ("int", "float"):
-        return gr.Number(value=default, info=f.help + bounds_text(f), precision=0 if f.kind == "int" else None,
-                         minimum=low, maximum=f.le, step=number_step(f),
-                         placeholder="empty: none" if f.optional else None, **common)
+        return gr.Number(
+            value=default,
+            info=f.help + bounds_text(f),
+            precision=0 if f.kind == "int" else None,
+            minimum=low,
+            maximum=f.le,
+            step=number_step(f),
+            placeholder="empty: none" if f.optional else None,
+            **common,
+        )
     if f.name == "sample_prompts":  # one prompt per line
         return gr.Textbox(value=default or "", info=f.help, lines=3, max_lines=10, **common)
     return gr.Textbox(value=default or "", info=f.help, max_lines=1, **common)
@@ -211,8 +251,9 @@ def build_form() -> LaunchForm:
     comps: dict[str, gr.Component] = {}
     shown = visibility({f.name: f.default for f in INFOS})
     with gr.Row(elem_id="presets"):
-        presets = {p.name: gr.Button(p.name, size="sm", elem_id=f"preset-{p.name.lower().replace(' ', '-')}")
-                   for p in PRESETS}
+        presets = {
+            p.name: gr.Button(p.name, size="sm", elem_id=f"preset-{p.name.lower().replace(' ', '-')}") for p in PRESETS
+        }
     preset_note = gr.Markdown(" · ".join(f"**{p.name}**: {p.summary}" for p in PRESETS), elem_id="preset-note")
     with gr.Row(equal_height=False):
         with gr.Column(scale=7, elem_id="form-fields"):
@@ -221,13 +262,17 @@ def build_form() -> LaunchForm:
                     _fields([f for f in members if not f.advanced], comps, shown)
                     if any(f.group is Group.DATA for f in members):
                         with gr.Row(equal_height=False):
-                            upload = gr.UploadButton("Upload data (.jsonl .json .csv .parquet)",
-                                                     file_types=list(ui_data.UPLOAD_SUFFIXES), type="filepath",
-                                                     size="sm", scale=0, min_width=FIELD_MIN_WIDTH)
+                            upload = gr.UploadButton(
+                                "Upload data (.jsonl .json .csv .parquet)",
+                                file_types=list(ui_data.UPLOAD_SUFFIXES),
+                                type="filepath",
+                                size="sm",
+                                scale=0,
+                                min_width=FIELD_MIN_WIDTH,
+                            )
                             data_info = gr.Markdown(elem_id="data-info")
                         with gr.Accordion("First rows of the data", open=False):
-                            data_preview = gr.Dataframe(interactive=False, max_height=240, wrap=True,
-                                                        show_label=False)
+                            data_preview = gr.Dataframe(interactive=False, max_height=240, wrap=True, show_label=False)
                     advanced = [f for f in members if f.advanced]
                     if advanced:
                         with gr.Accordion(f"More: {title.lower()}", open=False):
@@ -237,17 +282,35 @@ def build_form() -> LaunchForm:
                 budget_md = _memory_slot()
                 memory = ui_memory.build_panel()
             with gr.Row():
-                yaml_upload = gr.UploadButton("Load YAML", file_types=[".yaml", ".yml"], type="filepath",
-                                              size="sm", min_width=80)
+                yaml_upload = gr.UploadButton(
+                    "Load YAML", file_types=[".yaml", ".yml"], type="filepath", size="sm", min_width=80
+                )
                 preview_btn = gr.Button("Preview YAML", size="sm", min_width=80)
                 launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn", min_width=80)
             errors = gr.Markdown(elem_id="form-errors")
             with gr.Accordion("Spec YAML", open=False) as yaml_box:
-                yaml_code = gr.Code(label="Spec (YAML)", language="yaml", interactive=False, elem_id="spec-yaml",
-                                    max_lines=24)
+                yaml_code = gr.Code(
+                    label="Spec (YAML)", language="yaml", interactive=False, elem_id="spec-yaml", max_lines=24
+                )
                 yaml_download = gr.DownloadButton("Download spec YAML", visible=False, size="sm")
-    return LaunchForm(comps, presets, preset_note, upload, data_info, data_preview, memory_slot, budget_md, errors,
-                      preview_btn, launch_btn, yaml_box, yaml_code, yaml_download, yaml_upload, memory)
+    return LaunchForm(
+        comps,
+        presets,
+        preset_note,
+        upload,
+        data_info,
+        data_preview,
+        memory_slot,
+        budget_md,
+        errors,
+        preview_btn,
+        launch_btn,
+        yaml_box,
+        yaml_code,
+        yaml_download,
+        yaml_upload,
+        memory,
+    )
 
 
 # ---------------------------------------------------------------------- handlers
@@ -364,8 +427,7 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     device = ui_memory.worker_device(store)  # predictions are for the workers' device, not this machine
     private = {"api_visibility": "private"}
     raw = {**private, **UNCHECKED}
-    form.preview_btn.click(preview_spec, ins, [form.yaml_code, form.yaml_download, form.errors, form.yaml_box],
-                           **raw)
+    form.preview_btn.click(preview_spec, ins, [form.yaml_code, form.yaml_download, form.errors, form.yaml_box], **raw)
     form.yaml_upload.upload(load_yaml, form.yaml_upload, ins + [form.errors], **private)
     preset_outs = [form.fields[n] for n in PRESET_FIELDS] + [form.preset_note]
     for name, button in form.presets.items():
@@ -377,8 +439,17 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     for name in BUDGET_FIELDS:
         form.fields[name].change(partial(budget_text, device=device), ins, form.budget, show_progress="hidden", **raw)
     if form.memory is not None:
-        ui_memory.wire(form.memory, ins, NAMES, [form.fields[n] for n in BUDGET_FIELDS], spec_from_form, form_values,
-                       device, store, **raw)
+        ui_memory.wire(
+            form.memory,
+            ins,
+            NAMES,
+            [form.fields[n] for n in BUDGET_FIELDS],
+            spec_from_form,
+            form_values,
+            device,
+            store,
+            **raw,
+        )
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length", "dataset_columns")]
     data_out = [form.data_info, form.data_preview]
     for name in ("dataset", "trainer", "max_length", "dataset_columns"):

@@ -19,7 +19,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app.ui import charts, series, data as ui_data
+from app.ui import charts, series
+from app.ui import data as ui_data
 from storage.store import Store
 
 WINDOW_S = charts.GPU_WINDOW_S
@@ -39,9 +40,9 @@ def device_markdown(store: Store | None = None) -> str:
         return device_markdown() + " · no worker has published its device yet: this is the dashboard's machine"
     info = ui_data.device_info()
     if info is None or not info.available:
-        host = f" ({info.host_total_bytes / 1024 ** 3:.1f} GiB host RAM)" if info is not None else ""
+        host = f" ({info.host_total_bytes / 1024**3:.1f} GiB host RAM)" if info is not None else ""
         return f"**{NO_GPU_NOTE}**{host}"
-    lines = [f"**GPU {d.index}: {d.name}** · {d.total_bytes / 1024 ** 3:.1f} GiB" for d in info.devices]
+    lines = [f"**GPU {d.index}: {d.name}** · {d.total_bytes / 1024**3:.1f} GiB" for d in info.devices]
     return " · ".join(lines) + f" · NVIDIA driver {info.driver}"
 
 
@@ -50,8 +51,9 @@ def device_choices(store: Store) -> list[tuple[str, str]]:
     from jobs.devices.facts import LIVE_WITHIN_S, DeviceFacts
 
     live = {w.get("worker_id") for w in store.live_workers(within_s=LIVE_WITHIN_S)}
-    rows = [(DeviceFacts.from_dict(p["facts"]), p["worker_id"]) for p in store.published_devices()
-            if p["worker_id"] in live]
+    rows = [
+        (DeviceFacts.from_dict(p["facts"]), p["worker_id"]) for p in store.published_devices() if p["worker_id"] in live
+    ]
     rows.sort(key=lambda r: (not r[0].cuda, -r[0].total_bytes, r[1]))
     return [(f"{facts.summary()} · worker {worker}", worker) for facts, worker in rows]
 
@@ -64,8 +66,9 @@ def worker_device(store: Store, worker_id: str | None) -> int | None:
     return None
 
 
-def gpu_frames(store: Store, window_s: float = WINDOW_S, now: float | None = None,
-               worker_id: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def gpu_frames(
+    store: Store, window_s: float = WINDOW_S, now: float | None = None, worker_id: str | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(memory GiB, utilization %) over the last window, x in seconds relative to now (negative).
 
     `worker_id` draws that worker's device only (several workers share one store); None draws
@@ -74,8 +77,7 @@ def gpu_frames(store: Store, window_s: float = WINDOW_S, now: float | None = Non
     now = time.time() if now is None else now
     origin = now - window_s
     device = worker_device(store, worker_id) if worker_id is not None else None
-    buckets = store.memory_buckets(None, origin, max(window_s / 500, 0.25), worker_id=worker_id,
-                                   device_index=device)
+    buckets = store.memory_buckets(None, origin, max(window_s / 500, 0.25), worker_id=worker_id, device_index=device)
     return series.memory_frame(buckets, now), series.utilization_frame(buckets, now)
 
 
@@ -100,8 +102,14 @@ def build_panel() -> GpuPanel:
     """Lay out the panel; call inside a gr.Blocks context."""
     with gr.Accordion("GPU", open=True, elem_id="gpu-panel"):
         info = gr.Markdown(device_markdown())
-        device = gr.Dropdown(label="Device (one graph per worker's device)", choices=[], value=None,
-                             visible=False, elem_id="gpu-device", allow_custom_value=False)
+        device = gr.Dropdown(
+            label="Device (one graph per worker's device)",
+            choices=[],
+            value=None,
+            visible=False,
+            elem_id="gpu-device",
+            allow_custom_value=False,
+        )
         with gr.Row():
             memory = charts.GPU_MEMORY.build(scale=3)
             utilization = charts.GPU_UTILIZATION.build(scale=2, visible=ui_data.has_cuda())
@@ -118,10 +126,22 @@ def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
 
     outputs = [plot for _, plot in plots] + [panel.styles]
     for trigger in (timer.tick, panel.device.input):
-        ticked = trigger(tick, panel.device, outputs, show_progress="hidden", api_visibility="private",
-                         concurrency_id="gpu-graphs", concurrency_limit=1)
+        ticked = trigger(
+            tick,
+            panel.device,
+            outputs,
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_id="gpu-graphs",
+            concurrency_limit=1,
+        )
         charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
     # The device line and the device choices follow the workers' published facts (a worker may
     # start after the page, or stop).
-    timer.tick(lambda current: (device_markdown(store), device_picker(store, current)), panel.device,
-               [panel.info, panel.device], show_progress="hidden", api_visibility="private")
+    timer.tick(
+        lambda current: (device_markdown(store), device_picker(store, current)),
+        panel.device,
+        [panel.info, panel.device],
+        show_progress="hidden",
+        api_visibility="private",
+    )

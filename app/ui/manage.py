@@ -14,8 +14,8 @@ from typing import Any
 import gradio as gr
 
 from app import manage
-from jobs.units import human_bytes
 from jobs.spec.job import Problem
+from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.run_files import run_bytes
 from storage.store import Store
@@ -40,8 +40,13 @@ def build() -> ManagePanel:
     """Lay out the panel; call inside the run tab."""
     with gr.Accordion("Tags, note and deletion", open=True):
         with gr.Row():
-            tags = gr.Textbox(label="tags", info="separated by commas or spaces, e.g. baseline, lr-sweep", scale=2,
-                              max_lines=1, elem_id="run-tags")
+            tags = gr.Textbox(
+                label="tags",
+                info="separated by commas or spaces, e.g. baseline, lr-sweep",
+                scale=2,
+                max_lines=1,
+                elem_id="run-tags",
+            )
             note = gr.Textbox(label="note", lines=2, scale=3, elem_id="run-note")
             save = gr.Button("Save tags and note", scale=0, elem_id="save-notes")
         with gr.Row():
@@ -53,8 +58,9 @@ def build() -> ManagePanel:
                 confirm = gr.Button("Yes, delete it and its files", variant="stop", elem_id="delete-confirm")
                 keep = gr.Button("No, keep it", elem_id="delete-keep")
         message = gr.Markdown(elem_id="manage-message")
-    return ManagePanel(tags, note, save, info, delete, confirm_box, confirm_text, confirm, keep, message,
-                       gr.State(None))
+    return ManagePanel(
+        tags, note, save, info, delete, confirm_box, confirm_text, confirm, keep, message, gr.State(None)
+    )
 
 
 def _problems(problems: list[Problem]) -> str:
@@ -78,8 +84,9 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
             return [gr.skip(), gr.skip(), "Open a run first."]
         try:
             wanted = manage.parse_tags(tags)
-            changed = manage.change_notes(store, run.id, add=wanted, remove=[t for t in run.tags if t not in wanted],
-                                          note=note or "", field="run")
+            changed = manage.change_notes(
+                store, run.id, add=wanted, remove=[t for t in run.tags if t not in wanted], note=note or "", field="run"
+            )
         except manage.ManageError as exc:
             return [gr.skip(), gr.skip(), "**Not saved**\n" + _problems(exc.problems)]
         return [", ".join(changed.tags), changed.note or "", f"Saved the tags and note of run {changed.id}."]
@@ -89,10 +96,16 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
         if run is None:
             return [gr.Group(visible=False), "", None, "Open a run first."]
         if run.status is RunStatus.RUNNING:
-            return [gr.Group(visible=False), "", None,
-                    f"Run {run.id} is running: cancel it first, wait until it shows *cancelled*, then delete it."]
-        question = (f"**Delete run {run.id} ({run.name})** with its metrics, memory samples, log, checkpoints and "
-                    f"bundle, **{human_bytes(run_bytes(store, run.id))}** of files? This cannot be undone.")
+            return [
+                gr.Group(visible=False),
+                "",
+                None,
+                f"Run {run.id} is running: cancel it first, wait until it shows *cancelled*, then delete it.",
+            ]
+        question = (
+            f"**Delete run {run.id} ({run.name})** with its metrics, memory samples, log, checkpoints and "
+            f"bundle, **{human_bytes(run_bytes(store, run.id))}** of files? This cannot be undone."
+        )
         return [gr.Group(visible=True), question, run.id, ""]
 
     def confirm(asked: int | None) -> list[Any]:
@@ -107,6 +120,5 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
     run_id.change(load, run_id, [panel.tags, panel.note, panel.info, panel.confirm_box, panel.message])
     panel.save.click(save, [run_id, panel.tags, panel.note], [panel.tags, panel.note, panel.message])
     panel.delete.click(ask, run_id, [panel.confirm_box, panel.confirm_text, panel.asked, panel.message])
-    panel.keep.click(lambda: (gr.Group(visible=False), None, ""), None,
-                     [panel.confirm_box, panel.asked, panel.message])
+    panel.keep.click(lambda: (gr.Group(visible=False), None, ""), None, [panel.confirm_box, panel.asked, panel.message])
     panel.confirm.click(confirm, panel.asked, [panel.confirm_box, panel.asked, panel.message])

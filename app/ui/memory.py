@@ -18,8 +18,15 @@ import gradio as gr
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec, SpecError
 
-COLORS = {"weights": "#4e79a7", "adapter": "#59a14f", "gradients": "#f28e2b", "optimizer": "#e15759",
-          "activations": "#76b7b2", "logits": "#edc948", "overhead": "#bab0ac"}
+COLORS = {
+    "weights": "#4e79a7",
+    "adapter": "#59a14f",
+    "gradients": "#f28e2b",
+    "optimizer": "#e15759",
+    "activations": "#76b7b2",
+    "logits": "#edc948",
+    "overhead": "#bab0ac",
+}
 VERDICT_COLORS = {"fits": "#2e7d32", "tight": "#b26a00", "will not fit": "#c62828"}
 
 
@@ -55,23 +62,31 @@ def bar_html(prediction: Any) -> str:
     scale = max(total, cap, 1)
     segments = "".join(
         f'<div title="{p.name}: {human_bytes(p.bytes)}" style="width:{100 * p.bytes / scale:.2f}%;'
-        f'background:{COLORS[p.name]};height:100%"></div>' for p in prediction.parts if p.bytes > 0)
-    legend = " ".join(f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
-                      f'background:{COLORS[p.name]}"></span> {p.name} {human_bytes(p.bytes)}</span>'
-                      for p in prediction.parts if p.bytes > 0)
+        f'background:{COLORS[p.name]};height:100%"></div>'
+        for p in prediction.parts
+        if p.bytes > 0
+    )
+    legend = " ".join(
+        f'<span style="white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
+        f'background:{COLORS[p.name]}"></span> {p.name} {human_bytes(p.bytes)}</span>'
+        for p in prediction.parts
+        if p.bytes > 0
+    )
     verdict = prediction.verdict.value
     device_line = f'<div style="position:absolute;left:{100 * cap / scale:.2f}%;top:-4px;bottom:-4px;border-left:2px dashed #000"></div>'
-    return (f'<div id="memory-bar" data-verdict="{verdict}" data-total="{total}">'
-            f'<div style="font-weight:600;color:{VERDICT_COLORS[verdict]}">Predicted peak {human_bytes(total)} '
-            f'of {html.escape(prediction.device.name)} {human_bytes(cap)}: {verdict}</div>'
-            f'<div style="position:relative;display:flex;height:18px;background:#eee;border-radius:3px;margin:4px 0">'
-            f'{segments}{device_line}</div><div style="font-size:0.85em">{legend}</div></div>')
+    return (
+        f'<div id="memory-bar" data-verdict="{verdict}" data-total="{total}">'
+        f'<div style="font-weight:600;color:{VERDICT_COLORS[verdict]}">Predicted peak {human_bytes(total)} '
+        f"of {html.escape(prediction.device.name)} {human_bytes(cap)}: {verdict}</div>"
+        f'<div style="position:relative;display:flex;height:18px;background:#eee;border-radius:3px;margin:4px 0">'
+        f'{segments}{device_line}</div><div style="font-size:0.85em">{legend}</div></div>'
+    )
 
 
 def predict_for(spec: JobSpec, device: DeviceSource | None = None) -> tuple[Any, str]:
     """(prediction or None, where the architecture came from) on `device()` (default: this machine)."""
-    from jobs.memory.predict import predict
     from jobs.memory.model_config import arch_for, model_config
+    from jobs.memory.predict import predict
 
     arch = arch_for(spec.model)
     if arch is None:
@@ -81,27 +96,39 @@ def predict_for(spec: JobSpec, device: DeviceSource | None = None) -> tuple[Any,
 
 def verdict_markdown(spec: JobSpec, device: DeviceSource | None = None) -> str:
     """Trainable parameters, the verdict and its reason, and the cheapest change when it does not fit."""
-    from jobs.memory.predict import Verdict, explain
     from jobs.memory.model_config import arch_for
     from jobs.memory.planner import cheapest_change
+    from jobs.memory.predict import Verdict, explain
 
     prediction, source = predict_for(spec, device)
     if prediction is None:
-        return (f"**Before launch**: effective batch size **{spec.effective_batch_size}**; no config.json found for "
-                f"`{spec.model}` here, so no memory prediction.")
+        return (
+            f"**Before launch**: effective batch size **{spec.effective_batch_size}**; no config.json found for "
+            f"`{spec.model}` here, so no memory prediction."
+        )
     pct = 100 * prediction.trainable_params / max(prediction.total_params, 1)
-    lines = [f"**Before launch** (architecture from {source}): effective batch size **{spec.effective_batch_size}**, "
-             f"trainable parameters **{prediction.trainable_params:,}** of {prediction.total_params:,} ({pct:.2f}%)",
-             "", explain(prediction)]
+    lines = [
+        f"**Before launch** (architecture from {source}): effective batch size **{spec.effective_batch_size}**, "
+        f"trainable parameters **{prediction.trainable_params:,}** of {prediction.total_params:,} ({pct:.2f}%)",
+        "",
+        explain(prediction),
+    ]
     if prediction.verdict is not Verdict.FITS:
         change = cheapest_change(spec, arch_for(spec.model), prediction.device)
-        lines.append(f"\nCheapest change that fits: **{change}** (or press *Fit to GPU*)." if change else
-                     "\nNo combination of the memory tricks fits: shorten max_length or pick a smaller model.")
+        lines.append(
+            f"\nCheapest change that fits: **{change}** (or press *Fit to GPU*)."
+            if change
+            else "\nNo combination of the memory tricks fits: shorten max_length or pick a smaller model."
+        )
     return "\n".join(lines)
 
 
-def panel_html(spec_from_values: Callable[[dict[str, Any]], JobSpec], names: list[str], *args: Any,
-               device: DeviceSource | None = None) -> str:
+def panel_html(
+    spec_from_values: Callable[[dict[str, Any]], JobSpec],
+    names: list[str],
+    *args: Any,
+    device: DeviceSource | None = None,
+) -> str:
     try:
         spec = spec_from_values(dict(zip(names, args)))
     except SpecError:
@@ -110,8 +137,14 @@ def panel_html(spec_from_values: Callable[[dict[str, Any]], JobSpec], names: lis
     return bar_html(prediction) if prediction is not None else ""
 
 
-def fit_values(spec_from_values: Callable[[dict[str, Any]], JobSpec], to_values: Callable[[JobSpec], list[Any]],
-               names: list[str], *args: Any, device: DeviceSource | None = None, store: Any = None) -> list[Any]:
+def fit_values(
+    spec_from_values: Callable[[dict[str, Any]], JobSpec],
+    to_values: Callable[[JobSpec], list[Any]],
+    names: list[str],
+    *args: Any,
+    device: DeviceSource | None = None,
+    store: Any = None,
+) -> list[Any]:
     """The form values of the planner's pick for this device (a gr.Error when nothing fits)."""
     from jobs.memory.model_config import arch_for
     from jobs.memory.planner import fit, measured_history
@@ -127,27 +160,42 @@ def fit_values(spec_from_values: Callable[[dict[str, Any]], JobSpec], to_values:
     history = measured_history(store, spec.model, facts) if store is not None else ()
     plan = fit(spec, arch, facts, history=history)  # measured runs of this setup rank by what they did
     if not plan:
-        raise gr.Error("nothing fits this device by changing the memory tricks: shorten max_length or pick a smaller model")
+        raise gr.Error(
+            "nothing fits this device by changing the memory tricks: shorten max_length or pick a smaller model"
+        )
     gr.Info("Fit to GPU: " + ("; ".join(plan[0].changes) or "the form already fits"))
     return to_values(plan[0].spec)
 
 
 def build_panel() -> MemoryPanel:
     """Create the panel's components (inside the form's layout)."""
-    return MemoryPanel(bar=gr.HTML(elem_id="memory-panel"), fit_btn=gr.Button("Fit to GPU", elem_id="fit-btn", size="sm"))
+    return MemoryPanel(
+        bar=gr.HTML(elem_id="memory-panel"), fit_btn=gr.Button("Fit to GPU", elem_id="fit-btn", size="sm")
+    )
 
 
-def wire(panel: MemoryPanel, inputs: list[gr.Component], names: list[str], watch: list[gr.Component],
-         spec_from_values: Callable[[dict[str, Any]], JobSpec], to_values: Callable[[JobSpec], list[Any]],
-         device: DeviceSource | None = None, store: Any = None, **event: Any) -> None:
+def wire(
+    panel: MemoryPanel,
+    inputs: list[gr.Component],
+    names: list[str],
+    watch: list[gr.Component],
+    spec_from_values: Callable[[dict[str, Any]], JobSpec],
+    to_values: Callable[[JobSpec], list[Any]],
+    device: DeviceSource | None = None,
+    store: Any = None,
+    **event: Any,
+) -> None:
     """Redraw the bar when a memory-relevant field changes; Fit to GPU fills the form. `event`: options
     for every event (the form passes api_visibility and preprocessing)."""
     draw = functools.partial(panel_html, spec_from_values, names, device=device)
     for comp in watch:
         comp.change(draw, inputs, panel.bar, show_progress="hidden", **event)
-    panel.fit_btn.click(functools.partial(fit_values, spec_from_values, to_values, names, device=device, store=store),
-                        inputs,
-                        inputs, **event)
+    panel.fit_btn.click(
+        functools.partial(fit_values, spec_from_values, to_values, names, device=device, store=store),
+        inputs,
+        inputs,
+        **event,
+    )
 
 
 PREDICTED_SERIES = "predicted peak"
@@ -159,7 +207,7 @@ def with_predicted_line(frame: Any, predicted: dict[str, Any] | None) -> Any:
 
     if not predicted or frame is None or frame.empty:
         return frame
-    gib = int(predicted.get("total_bytes", 0)) / 1024 ** 3
+    gib = int(predicted.get("total_bytes", 0)) / 1024**3
     ends = [float(frame["seconds"].min()), float(frame["seconds"].max())]
     line = pd.DataFrame([(t, gib, PREDICTED_SERIES) for t in ends], columns=["seconds", "GiB", "series"])
     return pd.concat([frame, line], ignore_index=True)

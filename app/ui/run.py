@@ -16,11 +16,11 @@ import gradio as gr
 import pandas as pd
 
 from app.ui import charts, series
-from jobs.train import figures
-from jobs.units import human_bytes
-from jobs.train.checkpoints import resumable, resume
-from jobs.spec.stored import spec_of
 from jobs.memory.flops import FlopsRate
+from jobs.spec.stored import spec_of
+from jobs.train import figures
+from jobs.train.checkpoints import resumable, resume
+from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunRecord, Store
@@ -36,8 +36,12 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
     "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
     "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
     "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
-    "grpo": {"reward": "reward", "reward std": "reward_std", "completion length": "completions/mean_length",
-             "KL": "kl"},
+    "grpo": {
+        "reward": "reward",
+        "reward std": "reward_std",
+        "completion length": "completions/mean_length",
+        "KL": "kl",
+    },
 }
 
 
@@ -74,11 +78,16 @@ def unreachable_files_note(store: Store, run_id: int) -> str:
     recorded = bundle_of(store, run_id)
     if not recorded or inside_data_dir(recorded) is not None:
         return ""
-    where = "is not inside this dashboard's data folder" if not Path(recorded).resolve().is_relative_to(data_dir()) \
+    where = (
+        "is not inside this dashboard's data folder"
+        if not Path(recorded).resolve().is_relative_to(data_dir())
         else "is missing on this host"
-    return (f"### Files not reachable from this host\nRun {run_id}'s bundle was written to `{recorded}`, which "
-            f"{where} (`{data_dir()}`). Fix: mount the shared data folder at the same path on every host and "
-            "set the same `TUNEDECK_HOME` for the dashboard and the workers.")
+    )
+    return (
+        f"### Files not reachable from this host\nRun {run_id}'s bundle was written to `{recorded}`, which "
+        f"{where} (`{data_dir()}`). Fix: mount the shared data folder at the same path on every host and "
+        "set the same `TUNEDECK_HOME` for the dashboard and the workers."
+    )
 
 
 def bundle_files(path: Path) -> pd.DataFrame:
@@ -88,7 +97,7 @@ def bundle_files(path: Path) -> pd.DataFrame:
 
 
 def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
-    """" · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
+    """ " · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
 
     `step_time` is the run's mean measured `step_time` (jobs.train.figures), which spans every attempt of
     a resumed run; without it (before the first training log) the time since this attempt started
@@ -107,25 +116,33 @@ def progress_html(run: RunRecord, step_time: float | None = None) -> str:
     total = run.total_steps or 0
     pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
     label = f"step {run.current_step}/{total or '?'}{eta_text(run, step_time=step_time)}"
-    return (f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
-            f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
-            f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
-            f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>')
+    return (
+        f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
+        f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
+        f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
+        f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>'
+    )
 
 
 def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
     """Title, status, model and method, then the run's figures (jobs.train.figures) measured so far."""
-    measured = measured or figures.RunFigures(peak_memory_bytes=run.peak_memory_bytes,
-                                              peak_memory_source=run.peak_memory_source)
+    measured = measured or figures.RunFigures(
+        peak_memory_bytes=run.peak_memory_bytes, peak_memory_source=run.peak_memory_source
+    )
     # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
-    shown = [text if f.unit == f.label else f"{f.label} {text}"
-             for f, text in ((f, measured.text(f)) for f in figures.FIGURES) if text]
+    shown = [
+        text if f.unit == f.label else f"{f.label} {text}"
+        for f, text in ((f, measured.text(f)) for f in figures.FIGURES)
+        if text
+    ]
     peak = "".join(f" · {text}" for text in shown)
     cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
     spec = spec_of(run)
-    return (f"## Run {run.id}: {run.name}\n"
-            f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
-            f"{spec.method.value} / {spec.trainer.value}{peak}")
+    return (
+        f"## Run {run.id}: {run.name}\n"
+        f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
+        f"{spec.method.value} / {spec.trainer.value}{peak}"
+    )
 
 
 def prediction_markdown(store: Store, run: RunRecord) -> str:
@@ -160,8 +177,11 @@ def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
     lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
     changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
     if changed:
-        lines.append("- continued with: " + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
-                     + " (the Spec below is as submitted)")
+        lines.append(
+            "- continued with: "
+            + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
+            + " (the Spec below is as submitted)"
+        )
     return "\n\n**Events**\n" + "\n".join(lines)
 
 
@@ -171,8 +191,11 @@ def samples_markdown(store: Store, run: RunRecord) -> str:
 
     data = before_after.samples_of(store, run.id)
     line = before_after.status_line(data, run.status.finished)
-    table = before_after.table_markdown(data) if data and before_after.rows(data) and (
-        data.get("before") is not None or data.get("after") is not None) else ""
+    table = (
+        before_after.table_markdown(data)
+        if data and before_after.rows(data) and (data.get("before") is not None or data.get("after") is not None)
+        else ""
+    )
     return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)
 
 
@@ -200,9 +223,25 @@ class RunPage:
 
     @property
     def outputs(self) -> list[gr.Component]:
-        return [self.header, self.progress, self.cancel, self.download, self.files, self.error, self.memory,
-                self.loss, self.lr, self.tps, self.trainer, self.samples, self.log, self.spec, self.drawn,
-                self.resume, self.styles]
+        return [
+            self.header,
+            self.progress,
+            self.cancel,
+            self.download,
+            self.files,
+            self.error,
+            self.memory,
+            self.loss,
+            self.lr,
+            self.tps,
+            self.trainer,
+            self.samples,
+            self.log,
+            self.spec,
+            self.drawn,
+            self.resume,
+            self.styles,
+        ]
 
     @property
     def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
@@ -231,8 +270,27 @@ def build() -> RunPage:
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
-    return RunPage(run_id, header, progress, cancel, clone, download, files, error, memory, loss, lr, tps, log,
-                   spec, gr.State(None), resume=resume, styles=gr.State({}), trainer=trainer, samples=samples)
+    return RunPage(
+        run_id,
+        header,
+        progress,
+        cancel,
+        clone,
+        download,
+        files,
+        error,
+        memory,
+        loss,
+        lr,
+        tps,
+        log,
+        spec,
+        gr.State(None),
+        resume=resume,
+        styles=gr.State({}),
+        trainer=trainer,
+        samples=samples,
+    )
 
 
 class RunPageData:
@@ -246,8 +304,9 @@ class RunPageData:
     def graphs(self, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """(memory, loss, learning rate, tokens/s) frames, each <= ~2000 points per series."""
         origin, mem = self.memory.get(run_id)
-        loss = series.metric_frame({"train": self.metrics.get(run_id, "loss"),
-                                    "eval": self.metrics.get(run_id, "eval_loss")})
+        loss = series.metric_frame(
+            {"train": self.metrics.get(run_id, "loss"), "eval": self.metrics.get(run_id, "eval_loss")}
+        )
         lr = series.metric_frame({"learning rate": self.metrics.get(run_id, "learning_rate")})
         tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         from app.ui.memory import with_predicted_line
@@ -257,8 +316,9 @@ class RunPageData:
 
     def trainer_frame(self, run_id: int, trainer: str) -> pd.DataFrame:
         """The trainer's own metrics (TRAINER_SERIES), e.g. eval perplexity for sft."""
-        return series.metric_frame({label: self.metrics.get(run_id, name)
-                                    for label, name in TRAINER_SERIES.get(trainer, {}).items()})
+        return series.metric_frame(
+            {label: self.metrics.get(run_id, name) for label, name in TRAINER_SERIES.get(trainer, {}).items()}
+        )
 
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """All outputs of the page; skipped entirely for a finished run already drawn."""
@@ -268,9 +328,18 @@ class RunPageData:
         run = self.store.get_run(rid)
         if run is None:
             empty = [c.frame([]) for c in GRAPHS]
-            return [f"No run {rid}.", "", gr.Button(visible=False), gr.DownloadButton(visible=False),
-                    gr.Dataframe(visible=False), ""] + [c.update(f) for c, f in zip(GRAPHS, empty)] + [
-                    "", "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
+            return (
+                [
+                    f"No run {rid}.",
+                    "",
+                    gr.Button(visible=False),
+                    gr.DownloadButton(visible=False),
+                    gr.Dataframe(visible=False),
+                    "",
+                ]
+                + [c.update(f) for c, f in zip(GRAPHS, empty)]
+                + ["", "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
+            )
         if run.status.finished and drawn == (rid, run.status.value):
             return [gr.skip()] * OUTPUTS
         frames = self.graphs(rid) + (self.trainer_frame(rid, spec_of(run).trainer.value),)
@@ -279,7 +348,9 @@ class RunPageData:
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
         label = "Download model" if spec_of(run).method.value == "full" else "Download adapter"
-        download = gr.DownloadButton(label, value=str(bundle), visible=True) if bundle else gr.DownloadButton(visible=False)
+        download = (
+            gr.DownloadButton(label, value=str(bundle), visible=True) if bundle else gr.DownloadButton(visible=False)
+        )
         error = ""
         if run.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
             error = f"### Run {run.status.value}\n{run.error_summary or 'no error summary recorded'}"
@@ -292,11 +363,31 @@ class RunPageData:
         resume = gr.Button(visible=resumable(self.store, run))
         events = events_markdown(run, self.store.run_events(rid))
         measured = figures.run_figures(self.store, run)
-        header = (header_markdown(run, measured) + prediction_markdown(self.store, run)
-                  + throughput_markdown(self.store, run) + events)
-        return [header, progress_html(run, measured.step_time), cancel, download, files, error, memory, loss, lr, tps,
-                trainer, samples_markdown(self.store, run), log_tail(run), spec_of(run).to_yaml(), drawn_now, resume,
-                styles]
+        header = (
+            header_markdown(run, measured)
+            + prediction_markdown(self.store, run)
+            + throughput_markdown(self.store, run)
+            + events
+        )
+        return [
+            header,
+            progress_html(run, measured.step_time),
+            cancel,
+            download,
+            files,
+            error,
+            memory,
+            loss,
+            lr,
+            tps,
+            trainer,
+            samples_markdown(self.store, run),
+            log_tail(run),
+            spec_of(run).to_yaml(),
+            drawn_now,
+            resume,
+            styles,
+        ]
 
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
-from jobs.units import human_bytes
-from jobs.train import figures
 from jobs.spec.stored import spec_of
+from jobs.train import figures
+from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.run_files import DiskUsage, total_bytes
 from storage.store import RunRecord, Store
@@ -24,8 +24,18 @@ from storage.store import RunRecord, Store
 ALL = "all"
 STATUS_FILTER = [ALL] + [s.value for s in RunStatus]
 FIGURE_COLUMNS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.LOSS)
-COLUMNS = ["id", "name", "model", "method", "status", "progress", "tags", "disk", *(f.label for f in FIGURE_COLUMNS),
-           "created"]
+COLUMNS = [
+    "id",
+    "name",
+    "model",
+    "method",
+    "status",
+    "progress",
+    "tags",
+    "disk",
+    *(f.label for f in FIGURE_COLUMNS),
+    "created",
+]
 TOTAL_EVERY_S = 30.0
 
 
@@ -35,16 +45,28 @@ def progress_text(run: RunRecord) -> str:
     return f"{run.current_step}" if run.current_step else ""
 
 
-def runs_frame(store: Store, status: str = ALL, limit: int = 200, search: str = "",
-               disk: DiskUsage | None = None) -> pd.DataFrame:
+def runs_frame(
+    store: Store, status: str = ALL, limit: int = 200, search: str = "", disk: DiskUsage | None = None
+) -> pd.DataFrame:
     """The table's rows, newest first."""
-    runs = store.list_runs(None if status in (ALL, "", None) else RunStatus(status), limit=limit,
-                           search=search or None)
+    runs = store.list_runs(None if status in (ALL, "", None) else RunStatus(status), limit=limit, search=search or None)
     disk = disk or DiskUsage(store)
     measured = figures.figures_of_runs(store, runs)
-    rows = [[r.id, r.name, spec_of(r).model, spec_of(r).method.value, r.status.value, progress_text(r),
-             ", ".join(r.tags), human_bytes(disk.of(r)), *(measured[r.id].text(f) for f in FIGURE_COLUMNS),
-             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at))] for r in runs]
+    rows = [
+        [
+            r.id,
+            r.name,
+            spec_of(r).model,
+            spec_of(r).method.value,
+            r.status.value,
+            progress_text(r),
+            ", ".join(r.tags),
+            human_bytes(disk.of(r)),
+            *(measured[r.id].text(f) for f in FIGURE_COLUMNS),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+        ]
+        for r in runs
+    ]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -75,8 +97,9 @@ def build() -> RunsView:
     """Lay out the runs tab; call inside a gr.Blocks context."""
     with gr.Row():
         status = gr.Dropdown(STATUS_FILTER, value=ALL, label="status filter", scale=1)
-        search = gr.Textbox(label="search (name, tags, note)", placeholder="e.g. baseline", scale=2,
-                            elem_id="runs-search", max_lines=1)
+        search = gr.Textbox(
+            label="search (name, tags, note)", placeholder="e.g. baseline", scale=2, elem_id="runs-search", max_lines=1
+        )
         refresh = gr.Button("Refresh", scale=0)
     table = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="runs-table", max_height=600)
     total = gr.Markdown(elem_id="runs-disk-total")
@@ -90,5 +113,6 @@ def wire(view: RunsView, store: Store, timer: gr.Timer) -> None:
         return runs_frame(store, status, search=search, disk=disk), total.text(store)
 
     for event in (view.status.change, view.search.submit, view.search.change, view.refresh.click, timer.tick):
-        event(load, [view.status, view.search], [view.table, view.total], show_progress="hidden",
-              api_visibility="private")
+        event(
+            load, [view.status, view.search], [view.table, view.total], show_progress="hidden", api_visibility="private"
+        )

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -30,8 +31,14 @@ _LATE_SAMPLES_S = 10.0
 
 def merge_metric(a: MetricBucket, b: MetricBucket) -> MetricBucket:
     """Combine two buckets of the same series (exact for min, max, sum, count)."""
-    return MetricBucket(min(a.first_step, b.first_step), max(a.last_step, b.last_step), min(a.min, b.min),
-                        max(a.max, b.max), a.total + b.total, a.count + b.count)
+    return MetricBucket(
+        min(a.first_step, b.first_step),
+        max(a.last_step, b.last_step),
+        min(a.min, b.min),
+        max(a.max, b.max),
+        a.total + b.total,
+        a.count + b.count,
+    )
 
 
 def _opt(fn: Any, x: Any, y: Any) -> Any:
@@ -40,12 +47,20 @@ def _opt(fn: Any, x: Any, y: Any) -> Any:
 
 def merge_memory(a: MemoryBucket, b: MemoryBucket) -> MemoryBucket:
     """Combine two memory buckets of the same source."""
-    return MemoryBucket(a.source, min(a.first_time, b.first_time), max(a.last_time, b.last_time),
-                        _opt(min, a.used_min, b.used_min), _opt(max, a.used_max, b.used_max),
-                        _opt(max, a.total_max, b.total_max), _opt(max, a.utilization_max, b.utilization_max),
-                        _opt(max, a.torch_allocated_max, b.torch_allocated_max),
-                        _opt(max, a.torch_reserved_max, b.torch_reserved_max),
-                        _opt(min, a.rss_min, b.rss_min), _opt(max, a.rss_max, b.rss_max), a.count + b.count)
+    return MemoryBucket(
+        a.source,
+        min(a.first_time, b.first_time),
+        max(a.last_time, b.last_time),
+        _opt(min, a.used_min, b.used_min),
+        _opt(max, a.used_max, b.used_max),
+        _opt(max, a.total_max, b.total_max),
+        _opt(max, a.utilization_max, b.utilization_max),
+        _opt(max, a.torch_allocated_max, b.torch_allocated_max),
+        _opt(max, a.torch_reserved_max, b.torch_reserved_max),
+        _opt(min, a.rss_min, b.rss_min),
+        _opt(max, a.rss_max, b.rss_max),
+        a.count + b.count,
+    )
 
 
 def pow2_at_least(x: float, base: float = 1.0) -> float:
@@ -188,7 +203,7 @@ def typed_frame(rows: Iterable[tuple[Any, ...]], columns: list[str]) -> pd.DataF
     return frame.astype({c: ("float64" if i < 2 else "string") for i, c in enumerate(columns)})
 
 
-_GIB = 1024 ** 3
+_GIB = 1024**3
 # label -> (sample source, min attributes, max attributes; the first one set is used). The memory graphs follow the
 # device through the sources the machine wrote: NVML and torch's allocator on a GPU, the training
 # process tree's RSS (the sampler's "host" source) without one. A label is drawn only when its
@@ -229,6 +244,9 @@ def memory_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
 
 def utilization_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
     """Columns seconds, percent, series: the GPU utilization peak per bucket (NVML samples only)."""
-    rows = [((b.first_time + b.last_time) / 2 - origin, float(b.utilization_max), "GPU utilization")
-            for b in buckets if b.utilization_max is not None]
+    rows = [
+        ((b.first_time + b.last_time) / 2 - origin, float(b.utilization_max), "GPU utilization")
+        for b in buckets
+        if b.utilization_max is not None
+    ]
     return typed_frame(rows, ["seconds", "percent", "series"])

@@ -14,9 +14,9 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from jobs.queue.sweep import DEFAULT_STEPS, queue_sweep, sweep_table
 from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
-from jobs.queue.sweep import DEFAULT_STEPS, queue_sweep, sweep_table
 from jobs.spec.tricks import TRICK_HELP, Trick
 from storage.store import Store
 
@@ -27,9 +27,22 @@ def table_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     def num(x: float | None, digits: int) -> float | None:
         return round(x, digits) if x is not None else None
 
-    return pd.DataFrame([[r["trick"], r["run_id"], r["status"], num(r["peak_bytes"] / 1024 ** 3, 3) if r["peak_bytes"] else None,
-                          num(r["memory_vs_baseline"], 2), num(r["step_time"], 4), num(r["time_vs_baseline"], 2), r["change"]]
-                         for r in rows], columns=COLUMNS)
+    return pd.DataFrame(
+        [
+            [
+                r["trick"],
+                r["run_id"],
+                r["status"],
+                num(r["peak_bytes"] / 1024**3, 3) if r["peak_bytes"] else None,
+                num(r["memory_vs_baseline"], 2),
+                num(r["step_time"], 4),
+                num(r["time_vs_baseline"], 2),
+                r["change"],
+            ]
+            for r in rows
+        ],
+        columns=COLUMNS,
+    )
 
 
 @dataclass
@@ -52,10 +65,14 @@ class SweepSection:
 
 
 def build_controls() -> SweepControls:
-    with gr.Accordion("Trick sweep: short probe runs of this spec, one memory trick each", open=False,
-                      elem_id="trick-sweep"):
-        tricks = gr.CheckboxGroup([(f"{t.value} ({TRICK_HELP[t]})", t.value) for t in Trick],
-                                  value=[t.value for t in Trick], label="Tricks (those that do not apply are skipped)")
+    with gr.Accordion(
+        "Trick sweep: short probe runs of this spec, one memory trick each", open=False, elem_id="trick-sweep"
+    ):
+        tricks = gr.CheckboxGroup(
+            [(f"{t.value} ({TRICK_HELP[t]})", t.value) for t in Trick],
+            value=[t.value for t in Trick],
+            label="Tricks (those that do not apply are skipped)",
+        )
         with gr.Row():
             steps = gr.Number(DEFAULT_STEPS, precision=0, minimum=1, label="Optimizer steps per probe", scale=1)
             queue = gr.Button("Queue trick sweep", elem_id="queue-sweep", scale=0)
@@ -64,7 +81,9 @@ def build_controls() -> SweepControls:
 
 
 def build_section() -> SweepSection:
-    gr.Markdown("### Trick sweeps\nPeak memory and time per optimizer step of each trick, relative to the baseline probe.")
+    gr.Markdown(
+        "### Trick sweeps\nPeak memory and time per optimizer step of each trick, relative to the baseline probe."
+    )
     with gr.Row():
         sweep = gr.Dropdown([], label="Sweep", elem_id="sweep-choice", scale=3)
         refresh = gr.Button("Refresh sweeps", scale=0)
@@ -81,14 +100,16 @@ def queue_from_run(store: Store, run_id: float | None, chosen: list[str], steps:
         queued = queue_sweep(store, spec_of(run), [Trick(t) for t in chosen or []], int(steps or DEFAULT_STEPS))
     except SpecError as exc:
         raise gr.Error("; ".join(str(p) for p in exc.problems))
-    lines = [f"Sweep {queued.sweep_id}: queued runs {', '.join(map(str, queued.run_ids))}; "
-             "its table is in the Compare tab."]
+    lines = [
+        f"Sweep {queued.sweep_id}: queued runs {', '.join(map(str, queued.run_ids))}; its table is in the Compare tab."
+    ]
     lines += [f"- skipped {trick}: {why}" for trick, why in queued.skipped]
     return "\n".join(lines)
 
 
-def wire(controls: SweepControls, section: SweepSection, store: Store, run_id: gr.Number,
-         compare_tab: gr.Tab | None = None) -> None:
+def wire(
+    controls: SweepControls, section: SweepSection, store: Store, run_id: gr.Number, compare_tab: gr.Tab | None = None
+) -> None:
     def choices() -> Any:
         ids = store.sweep_ids()
         return gr.Dropdown([(f"sweep {i}", i) for i in ids], value=ids[0] if ids else None)
@@ -96,10 +117,15 @@ def wire(controls: SweepControls, section: SweepSection, store: Store, run_id: g
     def table(sweep_id: int | None) -> pd.DataFrame:
         return table_frame(sweep_table(store, int(sweep_id))) if sweep_id is not None else pd.DataFrame(columns=COLUMNS)
 
-    controls.queue.click(lambda rid, chosen, steps: queue_from_run(store, rid, chosen, steps),
-                         [run_id, controls.tricks, controls.steps], controls.result, api_visibility="private")
+    controls.queue.click(
+        lambda rid, chosen, steps: queue_from_run(store, rid, chosen, steps),
+        [run_id, controls.tricks, controls.steps],
+        controls.result,
+        api_visibility="private",
+    )
     opens = [section.refresh.click] + ([compare_tab.select] if compare_tab is not None else [])
     for event in opens:
         event(choices, None, section.sweep, show_progress="hidden", api_visibility="private").then(
-            table, section.sweep, section.table, show_progress="hidden", api_visibility="private")
+            table, section.sweep, section.table, show_progress="hidden", api_visibility="private"
+        )
     section.sweep.input(table, section.sweep, section.table, show_progress="hidden", api_visibility="private")

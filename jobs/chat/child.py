@@ -63,8 +63,13 @@ def _free(pair: Any) -> None:
         pass
 
 
-def serve(idle_seconds: float, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout,
-          taken: Callable[[], str | None] | None = None, check_every: float = CHECK_EVERY_S) -> int:
+def serve(
+    idle_seconds: float,
+    stdin: TextIO = sys.stdin,
+    stdout: TextIO = sys.stdout,
+    taken: Callable[[], str | None] | None = None,
+    check_every: float = CHECK_EVERY_S,
+) -> int:
     """Answer requests until stdin closes, nothing arrives for `idle_seconds`, or `taken()`
     (asked every `check_every` s between requests) says a training run needs the device."""
     from jobs.chat.generate import RunResult, Sampling, load

@@ -22,7 +22,10 @@ def busy_problem(store: Any, gpu: str, host: str | None = None) -> Problem | Non
         return None
     run = store.get_run(int(run_id))
     name = f" ({run.name})" if run is not None else ""
-    return Problem("device", f"GPU {gpu} is training run {run_id}{name}; answering there would take memory the run "
-                   "needs and could make it run out",
-                   f"wait for run {run_id} to finish or cancel it (`tunedeck cancel {run_id}`), or start tunedeck "
-                   f"with {DEVICE_ENV} set to a free GPU (or {DEVICE_ENV}=cpu to answer on the CPU)")
+    return Problem(
+        "device",
+        f"GPU {gpu} is training run {run_id}{name}; answering there would take memory the run "
+        "needs and could make it run out",
+        f"wait for run {run_id} to finish or cancel it (`tunedeck cancel {run_id}`), or start tunedeck "
+        f"with {DEVICE_ENV} set to a free GPU (or {DEVICE_ENV}=cpu to answer on the CPU)",
+    )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from jobs.spec.job import Method, Problem, SpecError, Trainer
@@ -55,16 +54,22 @@ class Sampling:
     def problems(self) -> list[Problem]:
         out = []
         if not 0.0 <= self.temperature <= 5.0:
-            out.append(Problem("temperature", f"{self.temperature} is outside 0..5",
-                               "use 0 for greedy answers, or e.g. 0.7 to sample"))
+            out.append(
+                Problem(
+                    "temperature",
+                    f"{self.temperature} is outside 0..5",
+                    "use 0 for greedy answers, or e.g. 0.7 to sample",
+                )
+            )
         if not 0.0 < self.top_p <= 1.0:
             out.append(Problem("top_p", f"{self.top_p} is outside (0, 1]", "use 1.0 (off) or e.g. 0.9"))
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            out.append(Problem("max_new_tokens", f"{self.max_new_tokens} is outside 1..{MAX_NEW_TOKENS}",
-                               "use e.g. 256"))
+            out.append(
+                Problem("max_new_tokens", f"{self.max_new_tokens} is outside 1..{MAX_NEW_TOKENS}", "use e.g. 256")
+            )
         return out
 
-    def checked(self) -> "Sampling":
+    def checked(self) -> Sampling:
         problems = self.problems()
         if problems:
             raise ChatError(problems)
@@ -73,15 +78,29 @@ class Sampling:
     def generate_kwargs(self) -> dict[str, Any]:
         """transformers `generate` arguments: do_sample only when temperature > 0."""
         if self.temperature <= 0:
-            return {"max_new_tokens": self.max_new_tokens, "do_sample": False, "temperature": None, "top_p": None,
-                    "top_k": None}
-        return {"max_new_tokens": self.max_new_tokens, "do_sample": True, "temperature": self.temperature,
-                "top_p": self.top_p, "top_k": None}
+            return {
+                "max_new_tokens": self.max_new_tokens,
+                "do_sample": False,
+                "temperature": None,
+                "top_p": None,
+                "top_k": None,
+            }
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": True,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": None,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Sampling":
-        return cls(float(data.get("temperature", 0.0)), float(data.get("top_p", 1.0)),
-                   int(data.get("max_new_tokens", 256)), int(data.get("seed", 0)))
+    def from_dict(cls, data: dict[str, Any]) -> Sampling:
+        return cls(
+            float(data.get("temperature", 0.0)),
+            float(data.get("top_p", 1.0)),
+            int(data.get("max_new_tokens", 256)),
+            int(data.get("seed", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -90,8 +109,8 @@ class RunResult:
 
     run_id: int
     name: str
-    base: str                 # the spec's model reference (built-in name, folder or hub id)
-    folder: str               # the bundle folder: an adapter (peft) or a whole model (full)
+    base: str  # the spec's model reference (built-in name, folder or hub id)
+    folder: str  # the bundle folder: an adapter (peft) or a whole model (full)
     method: str
     full: bool
     trust_remote_code: bool = False
@@ -100,7 +119,7 @@ class RunResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
         return cls(**data)
 
 
@@ -114,16 +133,21 @@ def locate(store: Any, run_id: int) -> RunResult:
         raise refuse(*problem)
     spec = spec_of(run)
     if spec.trainer is Trainer.REWARD:
-        raise refuse(f"run {run_id} trained a reward model: it scores answers and does not write them",
-                     "chat with an SFT, DPO, KTO, ORPO or CPO run")
+        raise refuse(
+            f"run {run_id} trained a reward model: it scores answers and does not write them",
+            "chat with an SFT, DPO, KTO, ORPO or CPO run",
+        )
     full = spec.method is Method.FULL
     kind, marker = ("model", "config.json") if full else ("adapter", "adapter_config.json")
     folder = result_folder(store, run_id, kind, marker)
     if folder is None:
-        raise refuse(f"run {run_id} has no saved {kind} folder (its result was not written or was deleted)",
-                     "train the run again (`tunedeck resume` does not apply to a finished run: submit its spec)")
-    return RunResult(run_id, spec.display_name, spec.model, str(folder), spec.method.value, full,
-                     spec.trust_remote_code)
+        raise refuse(
+            f"run {run_id} has no saved {kind} folder (its result was not written or was deleted)",
+            "train the run again (`tunedeck resume` does not apply to a finished run: submit its spec)",
+        )
+    return RunResult(
+        run_id, spec.display_name, spec.model, str(folder), spec.method.value, full, spec.trust_remote_code
+    )
 
 
 def messages_of(prompt: str, system: str = "") -> list[dict[str, str]]:
@@ -150,11 +174,15 @@ class LoadedPair:
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
             try:
-                enc = tok.apply_chat_template(messages_of(prompt, system), add_generation_prompt=True,
-                                              return_tensors="pt", return_dict=True)
+                enc = tok.apply_chat_template(
+                    messages_of(prompt, system), add_generation_prompt=True, return_tensors="pt", return_dict=True
+                )
             except Exception as exc:  # noqa: BLE001 - jinja raises for e.g. a system role it does not know
-                raise refuse(f"the run's chat template rejected the conversation: {exc}",
-                             "leave the system prompt empty (some templates have no system role)", "system") from exc
+                raise refuse(
+                    f"the run's chat template rejected the conversation: {exc}",
+                    "leave the system prompt empty (some templates have no system role)",
+                    "system",
+                ) from exc
         else:
             enc = tok((system.strip() + "\n\n" if system.strip() else "") + prompt, return_tensors="pt")
         return {k: v.to(self.device) for k, v in enc.items()}
@@ -178,7 +206,7 @@ class LoadedPair:
         """The whole answer of `which` ("base" or "run"), decoded without special tokens."""
         inputs = self.inputs(prompt, system)
         out = self._generate(which, inputs, (sampling or Sampling()).checked())
-        return self.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
     def stream(self, which: str, prompt: str, system: str = "", sampling: Sampling | None = None) -> Iterator[str]:
         """The answer of `which` in pieces as they are generated (transformers' TextIteratorStreamer)."""
@@ -227,11 +255,13 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
         tokenizer = AutoTokenizer.from_pretrained(result.folder, trust_remote_code=remote)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        base, _ = load_model_and_tokenizer(resolve_model(result.base, trust_remote_code=remote),
-                                           torch_dtype=_dtype(device), trust_remote_code=remote)
+        base, _ = load_model_and_tokenizer(
+            resolve_model(result.base, trust_remote_code=remote), torch_dtype=_dtype(device), trust_remote_code=remote
+        )
         if result.full:
-            tuned = AutoModelForCausalLM.from_pretrained(result.folder, dtype=_dtype(device), use_safetensors=True,
-                                                         trust_remote_code=remote)
+            tuned = AutoModelForCausalLM.from_pretrained(
+                result.folder, dtype=_dtype(device), use_safetensors=True, trust_remote_code=remote
+            )
         elif result.method == Method.MORA.value:
             from jobs.config.mora import load_mora
 
@@ -244,9 +274,11 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
         raise
     except Exception as exc:  # noqa: BLE001 - any loading failure is reported with the run and the reason
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise refuse(f"run {result.run_id}'s model failed to load: {type(exc).__name__}: {first}",
-                     "check that its base model is still available here (`tunedeck show "
-                     f"{result.run_id}` names it) and that the run's bundle folder is intact") from exc
+        raise refuse(
+            f"run {result.run_id}'s model failed to load: {type(exc).__name__}: {first}",
+            "check that its base model is still available here (`tunedeck show "
+            f"{result.run_id}` names it) and that the run's bundle folder is intact",
+        ) from exc
     tuned = tuned.to(device).eval()
     if base is not None:
         base = base.to(device).eval()

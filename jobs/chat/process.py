@@ -46,15 +46,16 @@ def idle_seconds() -> float:
     try:
         value = float(raw) if raw else DEFAULT_IDLE_S
     except ValueError:
-        raise refuse(f"{IDLE_ENV}={raw!r} is not a number of seconds", f"set {IDLE_ENV} to e.g. 300",
-                     IDLE_ENV) from None
+        raise refuse(
+            f"{IDLE_ENV}={raw!r} is not a number of seconds", f"set {IDLE_ENV} to e.g. 300", IDLE_ENV
+        ) from None
     if value <= 0:
         raise refuse(f"{IDLE_ENV}={raw} must be more than 0 seconds", f"set {IDLE_ENV} to e.g. 300", IDLE_ENV)
     return value
 
 
 def choose_device(store: Any, facts: Any = None, host: str | None = None) -> str:
-    """"cpu" or the GPU (index or UUID) to answer on; raises ChatError when a training run holds it."""
+    """ "cpu" or the GPU (index or UUID) to answer on; raises ChatError when a training run holds it."""
     wanted = (os.environ.get(DEVICE_ENV) or os.environ.get("TUNEDECK_DEVICE") or "").strip()
     inherited = not wanted and "CUDA_VISIBLE_DEVICES" in os.environ
     if inherited:  # named as an unpinned worker names its device: the whole CUDA_VISIBLE_DEVICES value
@@ -105,15 +106,26 @@ class ChatProcess:
         from storage.settings import data_dir
 
         idle = self.idle_s if self.idle_s is not None else idle_seconds()
-        env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), PYTHONUNBUFFERED="1",
-                   CUDA_VISIBLE_DEVICES="" if device == "cpu" else device)
+        env = dict(
+            os.environ,
+            TUNEDECK_HOME=str(data_dir()),
+            PYTHONUNBUFFERED="1",
+            CUDA_VISIBLE_DEVICES="" if device == "cpu" else device,
+        )
         env.pop(GPU_ENV, None)
         if device != "cpu":
             env[GPU_ENV] = device  # the child watches this GPU's lease and leaves when a run takes it
         with open(log_path(), "ab") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "jobs.chat.child", str(idle)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=err, env=env, text=True, bufsize=1,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jobs.chat.child", str(idle)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
         log.info("chat process %s started on %s (exits after %.0f s idle)", proc.pid, device, idle)
         self._proc, self._device = proc, device
         return proc
@@ -141,8 +153,11 @@ class ChatProcess:
         line = out.readline()
         if not line:
             code = proc.wait()
-            raise refuse(f"the chat process exited (code {code}) before answering",
-                         f"see its log {log_path()}; ask again to start a fresh one", "chat")
+            raise refuse(
+                f"the chat process exited (code {code}) before answering",
+                f"see its log {log_path()}; ask again to start a fresh one",
+                "chat",
+            )
         event = json.loads(line)
         if event.get("event") == "error":
             raise ChatError([Problem(*row) for row in event["problems"]])
@@ -168,8 +183,9 @@ class ChatProcess:
                 self.close()
         raise AssertionError("unreachable")
 
-    def stream(self, run_id: int, which: str, prompt: str, system: str = "",
-               sampling: Sampling | None = None) -> Iterator[str]:
+    def stream(
+        self, run_id: int, which: str, prompt: str, system: str = "", sampling: Sampling | None = None
+    ) -> Iterator[str]:
         """Pieces of the answer of `which` ("base" or "run") of run `run_id`, as they are generated."""
         sampling = (sampling or Sampling()).checked()
         with self._lock:
@@ -180,9 +196,19 @@ class ChatProcess:
                 raise
             result = locate(self.store, run_id)
             proc = self._loaded(result, device)
-            self._request(proc, op="generate", which=which, prompt=prompt, system=system,
-                          sampling={"temperature": sampling.temperature, "top_p": sampling.top_p,
-                                    "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed})
+            self._request(
+                proc,
+                op="generate",
+                which=which,
+                prompt=prompt,
+                system=system,
+                sampling={
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
+                    "max_new_tokens": sampling.max_new_tokens,
+                    "seed": sampling.seed,
+                },
+            )
             finished = False
             try:
                 while True:

@@ -54,25 +54,32 @@ class AccessPolicy:
     allow_reward_function: bool = True  # a custom GRPO reward function: the command line only
 
     @classmethod
-    def open(cls) -> "AccessPolicy":
+    def open(cls) -> AccessPolicy:
         """The command line: everything allowed."""
         return cls()
 
     @classmethod
-    def dashboard(cls) -> "AccessPolicy":
+    def dashboard(cls) -> AccessPolicy:
         """One local user at the dashboard: every path and option, but no custom reward function."""
         return cls(allow_reward_function=False)
 
     @classmethod
-    def for_server(cls, login: bool) -> "AccessPolicy":
+    def for_server(cls, login: bool) -> AccessPolicy:
         """The policy of a dashboard with or without a login, from the environment."""
         if not login:
             return cls.dashboard()
         raw = os.environ.get(DATA_DIRS_ENV, "").strip()
-        dirs = tuple(Path(p).expanduser().resolve() for p in raw.split(os.pathsep) if p.strip()) if raw \
+        dirs = (
+            tuple(Path(p).expanduser().resolve() for p in raw.split(os.pathsep) if p.strip())
+            if raw
             else tuple(p.resolve() for p in default_data_dirs())
-        return cls(restricted=True, data_dirs=dirs, allow_remote_code=_truthy(os.environ.get(REMOTE_CODE_ENV)),
-                   allow_reward_function=False)
+        )
+        return cls(
+            restricted=True,
+            data_dirs=dirs,
+            allow_remote_code=_truthy(os.environ.get(REMOTE_CODE_ENV)),
+            allow_reward_function=False,
+        )
 
     def data_problem(self, ref: str | None, field: str) -> Problem | None:
         """A Problem when `ref` is a server path this policy does not let users read."""
@@ -80,33 +87,53 @@ class AccessPolicy:
         if not self.restricted or not ref or ref.startswith("sample:"):
             return None
         path = Path(ref).expanduser()
-        looks_like_path = (path.is_absolute() or ref.startswith((".", "~")) or ref.lower().endswith(_DATA_SUFFIXES)
-                           or not _HUB_NAME.match(ref) or path.exists())
+        looks_like_path = (
+            path.is_absolute()
+            or ref.startswith((".", "~"))
+            or ref.lower().endswith(_DATA_SUFFIXES)
+            or not _HUB_NAME.match(ref)
+            or path.exists()
+        )
         if not looks_like_path:
             return None  # a hub data set name: fetched into the hub cache, no server file named
         resolved = path.resolve()
         if any(resolved.is_relative_to(root) for root in self.data_dirs):
             return None
         where = ", ".join(str(d) for d in self.data_dirs) or "(none)"
-        return Problem(field, "this shared server reads data files only from its data folders "
-                       f"({where}), and `{ref}` is not in one",
-                       "upload the file in the form, pick a bundled sample, or ask the administrator to add "
-                       f"its folder to {DATA_DIRS_ENV}")
+        return Problem(
+            field,
+            f"this shared server reads data files only from its data folders ({where}), and `{ref}` is not in one",
+            "upload the file in the form, pick a bundled sample, or ask the administrator to add "
+            f"its folder to {DATA_DIRS_ENV}",
+        )
 
     def problems(self, spec: JobSpec) -> list[Problem]:
         """Everything in `spec` that users of this server may not ask for."""
-        out = [p for p in (self.data_problem(spec.dataset, "dataset"),
-                           self.data_problem(spec.eval_dataset, "eval_dataset")) if p is not None]
+        out = [
+            p
+            for p in (self.data_problem(spec.dataset, "dataset"), self.data_problem(spec.eval_dataset, "eval_dataset"))
+            if p is not None
+        ]
         if spec.trust_remote_code and not self.allow_remote_code:
-            out.append(Problem("trust_remote_code", "running a model's own Python code is off on this shared "
-                               "server (it would run with the server's rights, for every user)",
-                               f"pick a model that transformers supports without it, or ask the administrator "
-                               f"to start the server with {REMOTE_CODE_ENV}=1"))
+            out.append(
+                Problem(
+                    "trust_remote_code",
+                    "running a model's own Python code is off on this shared "
+                    "server (it would run with the server's rights, for every user)",
+                    f"pick a model that transformers supports without it, or ask the administrator "
+                    f"to start the server with {REMOTE_CODE_ENV}=1",
+                )
+            )
         if spec.reward_function is not None and not self.allow_reward_function:
-            out.append(Problem("reward_function", "a custom reward function runs your Python in the training process, "
-                               "so the dashboard and its API never accept one",
-                               "remove reward_function here (use built-in rewards or reward_model_run), or put it in a "
-                               "spec file and run `tunedeck submit SPEC.yaml` on the server"))
+            out.append(
+                Problem(
+                    "reward_function",
+                    "a custom reward function runs your Python in the training process, "
+                    "so the dashboard and its API never accept one",
+                    "remove reward_function here (use built-in rewards or reward_model_run), or put it in a "
+                    "spec file and run `tunedeck submit SPEC.yaml` on the server",
+                )
+            )
         return out
 
 
@@ -115,7 +142,8 @@ def loading_problem(spec: JobSpec, run_id: int, policy: AccessPolicy | None, doi
     server's permission, as training it did; `doing` names the way out ("chat with it", "export it")."""
     if policy is None or policy.allow_remote_code or not spec.trust_remote_code:
         return None
-    return Problem("run", f"run {run_id}'s model runs its own Python code (trust_remote_code), which is off on this "
-                   "shared server", f"{doing} from the command line, or ask the administrator to start the "
-                   f"server with {REMOTE_CODE_ENV}=1")
-
+    return Problem(
+        "run",
+        f"run {run_id}'s model runs its own Python code (trust_remote_code), which is off on this shared server",
+        f"{doing} from the command line, or ask the administrator to start the server with {REMOTE_CODE_ENV}=1",
+    )

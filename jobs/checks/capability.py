@@ -19,8 +19,10 @@ def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any 
     """Why this chat template cannot mask the assistant turns for assistant_only_loss (None: it can)."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
-    fix = ("add `{% generation %}` ... `{% endgeneration %}` around the assistant content in the model's chat "
-           "template (tokenizer_config.json or chat_template.jinja), or set assistant_only_loss: false")
+    fix = (
+        "add `{% generation %}` ... `{% endgeneration %}` around the assistant content in the model's chat "
+        "template (tokenizer_config.json or chat_template.jinja), or set assistant_only_loss: false"
+    )
     if not chat_template:
         return Problem("assistant_only_loss", "the model's tokenizer has no chat template", fix)
     if has_generation_markers(chat_template):
@@ -31,8 +33,11 @@ def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any 
                 return None
         except Exception:  # noqa: BLE001 - trl raises for templates it does not know
             pass
-    return Problem("assistant_only_loss", "the model's chat template has no `{% generation %}` markers, so trl cannot "
-                   "tell the assistant tokens apart", fix)
+    return Problem(
+        "assistant_only_loss",
+        "the model's chat template has no `{% generation %}` markers, so trl cannot tell the assistant tokens apart",
+        fix,
+    )
 
 
 def _local_tokenizer(spec: JobSpec) -> Any | None:
@@ -47,27 +52,35 @@ def _local_tokenizer(spec: JobSpec) -> Any | None:
     try:
         if folder.is_dir():
             return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=spec.trust_remote_code)
-        return AutoTokenizer.from_pretrained(spec.model, local_files_only=True, trust_remote_code=spec.trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            spec.model, local_files_only=True, trust_remote_code=spec.trust_remote_code
+        )
     except Exception:  # noqa: BLE001 - not available here: trl's own check still runs at train time
         return None
 
 
 def data_format_problem(spec: JobSpec) -> Problem | None:
     """assistant_only_loss needs chat `messages` rows."""
-    from jobs.data.sources import DataError, check_dataset
     from jobs.data.rows import RowFormat
+    from jobs.data.sources import DataError, check_dataset
 
     try:
         info = check_dataset(spec.dataset, spec.trainer, column_map=spec.column_map)
     except DataError:
         return None  # the data check reports it itself
     conversational = info.format is RowFormat.MESSAGES or (
-        info.format is RowFormat.PROMPT_COMPLETION and bool(info.preview) and isinstance(info.preview[0].get("prompt"), list))
+        info.format is RowFormat.PROMPT_COMPLETION
+        and bool(info.preview)
+        and isinstance(info.preview[0].get("prompt"), list)
+    )
     if not conversational:
         # trl: "You set `assistant_only_loss=True`, but the dataset is not conversational."
-        return Problem("assistant_only_loss", f"needs chat `messages` rows; {spec.dataset} has {info.format.value} rows",
-                       "use a messages data set, or completion_only_loss for prompt/completion rows, "
-                       "or set assistant_only_loss: false")
+        return Problem(
+            "assistant_only_loss",
+            f"needs chat `messages` rows; {spec.dataset} has {info.format.value} rows",
+            "use a messages data set, or completion_only_loss for prompt/completion rows, "
+            "or set assistant_only_loss: false",
+        )
     return None
 
 

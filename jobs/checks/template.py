@@ -53,8 +53,9 @@ def tokenizer_folder(model: str) -> Path | None:
     return config.parent if config is not None else None
 
 
-def template_refusal(model: str, field: str, rows: list[tuple[int, list[dict[str, Any]]]],
-                     trust_remote_code: bool = False) -> Problem | None:
+def template_refusal(
+    model: str, field: str, rows: list[tuple[int, list[dict[str, Any]]]], trust_remote_code: bool = False
+) -> Problem | None:
     """A problem naming the rows the model's chat template refuses; None when it accepts them or is unknown."""
     if not rows:
         return None
@@ -64,8 +65,9 @@ def template_refusal(model: str, field: str, rows: list[tuple[int, list[dict[str
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
-                                                  trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(folder), local_files_only=True, trust_remote_code=trust_remote_code
+        )
     except Exception as exc:  # the model check reports unreadable tokenizers; here it only means "unknown"
         log.info("chat template check skipped: the tokenizer in %s did not load (%s)", folder, exc)
         return None
@@ -82,7 +84,9 @@ def template_refusal(model: str, field: str, rows: list[tuple[int, list[dict[str
     if not refused:
         return None
     where = ", ".join(map(str, refused))
-    return Problem(field, f"rows {where} have two turns of one role in a row, which {model}'s chat template refuses "
-                          f"({reason})",
-                   "merge consecutive turns of the same role into one turn (or drop those rows), or pick a model "
-                   "whose chat template accepts them")
+    return Problem(
+        field,
+        f"rows {where} have two turns of one role in a row, which {model}'s chat template refuses ({reason})",
+        "merge consecutive turns of the same role into one turn (or drop those rows), or pick a model "
+        "whose chat template accepts them",
+    )

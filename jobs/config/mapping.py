@@ -16,10 +16,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.config.trainers import (config_class_name, drop_unsupported, loss_type_name, task_type,  # noqa: F401
-                                   trainer_kwargs, trl_module)
-from jobs.config.peft import peft_config, peft_kwargs  # noqa: F401 - part of this module's API
 from jobs.config.methods import targets
+from jobs.config.peft import peft_config, peft_kwargs  # noqa: F401 - part of this module's API
+from jobs.config.trainers import (  # noqa: F401
+    config_class_name,
+    drop_unsupported,
+    loss_type_name,
+    task_type,
+    trainer_kwargs,
+    trl_module,
+)
 from jobs.spec.job import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Problem, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
@@ -48,9 +54,12 @@ def detect_device() -> Device:
 
     if not torch.cuda.is_available():
         return CPU
-    return Device(cuda=True, bf16=bool(torch.cuda.is_bf16_supported()),
-                  compute_capability=tuple(torch.cuda.get_device_capability(0)),  # type: ignore[arg-type]
-                  name=torch.cuda.get_device_name(0))
+    return Device(
+        cuda=True,
+        bf16=bool(torch.cuda.is_bf16_supported()),
+        compute_capability=tuple(torch.cuda.get_device_capability(0)),  # type: ignore[arg-type]
+        name=torch.cuda.get_device_name(0),
+    )
 
 
 # ---------------------------------------------------------------------- precision
@@ -77,16 +86,31 @@ def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: b
     device = device if device is not None else detect_device()
     out: list[Problem] = []
     if spec.precision is Precision.FP16 and not device.cuda:
-        out.append(Problem("precision", "fp16 needs CUDA: on the CPU trl would silently train in fp32 without loss scaling",
-                           "use precision: auto (fp32 on CPU) or bf16"))
+        out.append(
+            Problem(
+                "precision",
+                "fp16 needs CUDA: on the CPU trl would silently train in fp32 without loss scaling",
+                "use precision: auto (fp32 on CPU) or bf16",
+            )
+        )
     if spec.precision is Precision.BF16 and device.cuda and not device.bf16:
-        out.append(Problem("precision", f"this GPU ({device.name}) does not support bf16",
-                           "use precision: auto (fp16 with loss scaling) or fp32"))
+        out.append(
+            Problem(
+                "precision",
+                f"this GPU ({device.name}) does not support bf16",
+                "use precision: auto (fp16 with loss scaling) or fp32",
+            )
+        )
     if spec.lora_init is LoraInit.LOFTQ and not device.cuda:
         # peft's replace_lora_weights_loftq computes on "cuda" unconditionally:
         # AssertionError "Torch not compiled with CUDA enabled" on a CPU-only machine.
-        out.append(Problem("lora_init", "loftq needs CUDA (peft runs its LoftQ quantizer on the GPU)",
-                           "use lora_init: default or eva on this machine, or run on a GPU worker"))
+        out.append(
+            Problem(
+                "lora_init",
+                "loftq needs CUDA (peft runs its LoftQ quantizer on the GPU)",
+                "use lora_init: default or eva on this machine, or run on a GPU worker",
+            )
+        )
     out.extend(combination_problems(spec))
     if probe:
         from jobs.checks.capability import probe_problems
@@ -107,38 +131,69 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
     out: list[Problem] = []
     if spec.padding_free and spec.trainer is Trainer.SFT and not spec.packing:
         # trl: "When `padding_free=True` without packing, `max_length` is not enforced."
-        out.append(Problem("padding_free", "needs packing for sft (trl refuses padding-free rows without packing "
-                           "because max_length would not be enforced)", "set packing: true (it turns padding-free on "
-                           "by itself), or padding_free: false"))
+        out.append(
+            Problem(
+                "padding_free",
+                "needs packing for sft (trl refuses padding-free rows without packing "
+                "because max_length would not be enforced)",
+                "set packing: true (it turns padding-free on by itself), or padding_free: false",
+            )
+        )
     if spec.trainer is Trainer.REWARD and spec.method in QUANTIZED_METHODS:
         # Measured on the CPU (trl 1.16, peft 0.21.2, bitsandbytes 0.50.2): RuntimeError "expected m1 and m2 to
         # have the same dtype, but got: float != c10::BFloat16" in the first forward of the score head.
-        out.append(Problem("method", f"{spec.method.value} fails for a reward model (the quantized base and the new "
-                           "score head disagree on dtype: 'expected m1 and m2 to have the same dtype')",
-                           "use method: lora (or dora, full) for trainer: reward"))
+        out.append(
+            Problem(
+                "method",
+                f"{spec.method.value} fails for a reward model (the quantized base and the new "
+                "score head disagree on dtype: 'expected m1 and m2 to have the same dtype')",
+                "use method: lora (or dora, full) for trainer: reward",
+            )
+        )
     if spec.trainer is Trainer.REWARD and spec.method is Method.PREFIX_TUNING:
         # peft: "Model does not support past key values which are required for prefix tuning."
-        out.append(Problem("method", "prefix_tuning needs past key values, which the sequence-classification model of "
-                           "a reward model does not return", "use prompt_tuning or p_tuning, or lora, for trainer: reward"))
+        out.append(
+            Problem(
+                "method",
+                "prefix_tuning needs past key values, which the sequence-classification model of "
+                "a reward model does not return",
+                "use prompt_tuning or p_tuning, or lora, for trainer: reward",
+            )
+        )
     if spec.trainer in (Trainer.ORPO, Trainer.CPO) and spec.method in (Method.PROMPT_TUNING, Method.P_TUNING):
         # trl.experimental ORPO/CPO build labels without the virtual tokens: ValueError "Expected input
         # batch_size (340) to match target batch_size (324)" (tiny Llama, 4 virtual tokens, batch 4).
-        out.append(Problem("method", f"{spec.method.value} fails with {spec.trainer.value} (its labels leave out the "
-                           "virtual tokens: 'Expected input batch_size ... to match target batch_size')",
-                           f"use lora, ia3 or prefix_tuning for trainer: {spec.trainer.value}"))
+        out.append(
+            Problem(
+                "method",
+                f"{spec.method.value} fails with {spec.trainer.value} (its labels leave out the "
+                "virtual tokens: 'Expected input batch_size ... to match target batch_size')",
+                f"use lora, ia3 or prefix_tuning for trainer: {spec.trainer.value}",
+            )
+        )
     if spec.trainer is Trainer.GRPO and spec.lora_init is LoraInit.EVA:
         # peft's EVA reads tokenized batches from the trainer's dataloader; GRPO's hold raw prompts (tokenized only
         # after generation): TypeError "When using `prepare_model_inputs_fn_language_modeling` inputs must be a
         # dictionary" (tiny Llama, trl 1.16, peft 0.21.2).
-        out.append(Problem("lora_init", "eva fails with grpo (it initialises from tokenized training batches, and "
-                           "grpo's batches are raw prompts: 'inputs must be a dictionary')",
-                           "use lora_init: default, pissa or olora for trainer: grpo"))
+        out.append(
+            Problem(
+                "lora_init",
+                "eva fails with grpo (it initialises from tokenized training batches, and "
+                "grpo's batches are raw prompts: 'inputs must be a dictionary')",
+                "use lora_init: default, pissa or olora for trainer: grpo",
+            )
+        )
     if spec.method in LORA_FAMILY and "lm_head" in targets(spec):
         # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
         # are computed from `lm_head.weight` directly, so the adapter would never be trained."
-        out.append(Problem("lora_target_modules", f"an adapter on lm_head is not trained by {spec.trainer.value} (trl "
-                           "computes log-probabilities from lm_head's weight directly, so trl refuses it)",
-                           "remove lm_head from lora_target_modules (all-linear already leaves it out)"))
+        out.append(
+            Problem(
+                "lora_target_modules",
+                f"an adapter on lm_head is not trained by {spec.trainer.value} (trl "
+                "computes log-probabilities from lm_head's weight directly, so trl refuses it)",
+                "remove lm_head from lora_target_modules (all-linear already leaves it out)",
+            )
+        )
     from jobs.config.methods import method_problems
 
     out.extend(method_problems(spec))
@@ -150,18 +205,27 @@ def capability_warnings(spec: JobSpec, device: Device | None = None) -> list[str
     device = device if device is not None else detect_device()
     out: list[str] = []
     if spec.optim in PAGED_OPTIMS and not device.cuda:
-        out.append(f"optim {spec.optim.value}: paged optimizers need CUDA; bitsandbytes falls back to the "
-                   "non-paged optimizer on the CPU")
+        out.append(
+            f"optim {spec.optim.value}: paged optimizers need CUDA; bitsandbytes falls back to the "
+            "non-paged optimizer on the CPU"
+        )
     if spec.method in QUANTIZED_METHODS and not device.cuda:
-        out.append(f"method {spec.method.value}: bitsandbytes' CPU backend runs quantized layers much slower than a GPU")
+        out.append(
+            f"method {spec.method.value}: bitsandbytes' CPU backend runs quantized layers much slower than a GPU"
+        )
     if resolve_precision(spec, device) is Precision.BF16 and not device.cuda:
         out.append("precision bf16 on the CPU: runs (use_cpu=True) but is usually slower than fp32 there")
-    if spec.method is not Method.QLORA and (spec.bnb_4bit_quant_type.value != "nf4" or not spec.bnb_4bit_use_double_quant
-                                            or spec.bnb_4bit_compute_dtype is not ComputeDtype.AUTO):
+    if spec.method is not Method.QLORA and (
+        spec.bnb_4bit_quant_type.value != "nf4"
+        or not spec.bnb_4bit_use_double_quant
+        or spec.bnb_4bit_compute_dtype is not ComputeDtype.AUTO
+    ):
         out.append(f"bnb_4bit_* settings only apply to method qlora; method {spec.method.value} ignores them")
     if spec.packing and spec.method in {Method.PROMPT_TUNING, Method.P_TUNING}:
-        out.append(f"method {spec.method.value} with packing: the virtual tokens are prepended once per packed row, "
-                   "not once per example")
+        out.append(
+            f"method {spec.method.value} with packing: the virtual tokens are prepended once per packed row, "
+            "not once per example"
+        )
     return out
 
 
@@ -180,10 +244,18 @@ def torch_dtype_name(spec: JobSpec, precision: Precision) -> str:
 def quantization_kwargs(spec: JobSpec, precision: Precision) -> dict[str, Any] | None:
     """BitsAndBytesConfig keyword arguments (compute dtype as a name), or None."""
     if spec.method is Method.QLORA:
-        chosen = precision if spec.bnb_4bit_compute_dtype is ComputeDtype.AUTO else Precision(spec.bnb_4bit_compute_dtype.value)
+        chosen = (
+            precision
+            if spec.bnb_4bit_compute_dtype is ComputeDtype.AUTO
+            else Precision(spec.bnb_4bit_compute_dtype.value)
+        )
         compute = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}.get(chosen, "float32")
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": spec.bnb_4bit_quant_type.value,
-                "bnb_4bit_use_double_quant": spec.bnb_4bit_use_double_quant, "bnb_4bit_compute_dtype": compute}
+        return {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": spec.bnb_4bit_quant_type.value,
+            "bnb_4bit_use_double_quant": spec.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": compute,
+        }
     if spec.method is Method.LORA_8BIT:
         return {"load_in_8bit": True}
     return None
@@ -271,8 +343,9 @@ def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
     return getattr(module, config_class_name(spec))(**training_kwargs(spec, device, output_dir, has_eval=has_eval))
 
 
-def resolved_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False,
-                    model_type: str | None = None) -> dict[str, Any]:
+def resolved_config(
+    spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False, model_type: str | None = None
+) -> dict[str, Any]:
     """A JSON-able record of exactly what the trl config, peft config and BitsAndBytesConfig received."""
     precision = resolve_precision(spec, device)
     peft_found = peft_kwargs(spec, model_type)

@@ -61,8 +61,14 @@ def method_kwargs(spec: JobSpec) -> tuple[str, dict[str, Any]] | None:
     # MoRA: one r^ x r^ matrix per layer, r^ = floor(sqrt((in + out) r)); LoRA's parameters and
     # memory, but the compress/decompress reshapes cost a little more time per layer (jobs/config/mora.py).
     if m is Method.MORA:
-        return "MoraConfig", {**base, "r": spec.lora_r, "lora_dropout": spec.lora_dropout,
-                              "target_modules": targets(spec), "mora_type": spec.mora_type.value, "bias": "none"}
+        return "MoraConfig", {
+            **base,
+            "r": spec.lora_r,
+            "lora_dropout": spec.lora_dropout,
+            "target_modules": targets(spec),
+            "mora_type": spec.mora_type.value,
+            "bias": "none",
+        }
     # LLaMA-Adapter: adapter_len learned prompt tokens in each of the top adapter_layers layers, with
     # a zero-initialised gate; tiny parameter count, a little extra attention per adapted layer.
     if m is Method.ADAPTION_PROMPT:
@@ -81,17 +87,29 @@ def method_kwargs(spec: JobSpec) -> tuple[str, dict[str, Any]] | None:
     # VeRA: one pair of frozen random matrices shared by all layers, only two scaling vectors per
     # layer train: 10x fewer parameters than LoRA; wants a large r (peft's default is 256).
     if m is Method.VERA:
-        return "VeraConfig", {**base, "r": spec.lora_r, "vera_dropout": spec.lora_dropout,
-                              "target_modules": targets(spec)}
+        return "VeraConfig", {
+            **base,
+            "r": spec.lora_r,
+            "vera_dropout": spec.lora_dropout,
+            "target_modules": targets(spec),
+        }
     # MiSS: one small shard matrix shared across the weight's rows; faster and lighter than LoRA.
     if m is Method.MISS:
-        return "MissConfig", {**base, "r": spec.lora_r, "miss_dropout": spec.lora_dropout,
-                              "target_modules": targets(spec)}
+        return "MissConfig", {
+            **base,
+            "r": spec.lora_r,
+            "miss_dropout": spec.lora_dropout,
+            "target_modules": targets(spec),
+        }
     # HiRA: the update is W0 * (B A) elementwise, so its rank follows W0's, at LoRA's parameter count;
     # the Hadamard product with the full weight costs one weight-sized tensor per layer in the step.
     if m is Method.HIRA:
-        return "HiraConfig", {**base, "r": spec.lora_r, "hira_dropout": spec.lora_dropout,
-                              "target_modules": targets(spec)}
+        return "HiraConfig", {
+            **base,
+            "r": spec.lora_r,
+            "hira_dropout": spec.lora_dropout,
+            "target_modules": targets(spec),
+        }
     return None
 
 
@@ -113,10 +131,20 @@ def method_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
         return out
     if m is Method.ADAPTION_PROMPT:
         if shape.model_type not in ADAPTION_PROMPT_MODEL_TYPES:
-            out.append(Problem("method", f"peft's adaption_prompt (LLaMA-Adapter) supports model types "
-                               f"{', '.join(ADAPTION_PROMPT_MODEL_TYPES)}; {spec.model} is {shape.model_type}",
-                               "use a llama, mistral or gpt2 model, or another method such as lora"))
+            out.append(
+                Problem(
+                    "method",
+                    f"peft's adaption_prompt (LLaMA-Adapter) supports model types "
+                    f"{', '.join(ADAPTION_PROMPT_MODEL_TYPES)}; {spec.model} is {shape.model_type}",
+                    "use a llama, mistral or gpt2 model, or another method such as lora",
+                )
+            )
         elif spec.adapter_layers > shape.num_layers:
-            out.append(Problem("adapter_layers", f"{spec.adapter_layers} is more than the model's "
-                               f"{shape.num_layers} layers", f"use at most {shape.num_layers}"))
+            out.append(
+                Problem(
+                    "adapter_layers",
+                    f"{spec.adapter_layers} is more than the model's {shape.num_layers} layers",
+                    f"use at most {shape.num_layers}",
+                )
+            )
     return out

@@ -157,8 +157,9 @@ class MoraVariant(LoraVariant):
         return orig_weight - MoraVariant._delta(module, active_adapter).to(orig_weight.dtype)
 
     @staticmethod
-    def forward(module: LoraLinear, active_adapter: str, x: torch.Tensor, result: torch.Tensor,
-                **kwargs: Any) -> torch.Tensor:
+    def forward(
+        module: LoraLinear, active_adapter: str, x: torch.Tensor, result: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor:
         x = module.lora_dropout[active_adapter](x)
         matrix = module.lora_A[active_adapter].weight
         delta = mora_delta_x(x.to(matrix.dtype), matrix, module.out_features, module.mora_type[active_adapter])
@@ -182,9 +183,12 @@ class MoraLinear(LoraLinear):
 class MoraConfig(LoraConfig):
     """A LoraConfig with MoRA switched on; `r` is the LoRA rank whose parameter budget MoRA uses."""
 
-    use_mora: bool = field(default=True, metadata={"help": "Use MoRA's square matrix instead of A and B.",
-                                                   "is_lora_variant": True})
-    mora_type: str = field(default="rope", metadata={"help": "rope (Eq. 9, small ranks) or sharing (Eq. 6, large ranks)."})
+    use_mora: bool = field(
+        default=True, metadata={"help": "Use MoRA's square matrix instead of A and B.", "is_lora_variant": True}
+    )
+    mora_type: str = field(
+        default="rope", metadata={"help": "rope (Eq. 9, small ranks) or sharing (Eq. 6, large ranks)."}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -195,7 +199,7 @@ class MoraConfig(LoraConfig):
         self._register_custom_module({nn.Linear: MoraLinear, Conv1D: MoraLinear})
 
     @classmethod
-    def from_peft_type(cls, **kwargs: Any) -> "MoraConfig":
+    def from_peft_type(cls, **kwargs: Any) -> MoraConfig:
         """Keep this class when loading (peft would pick LoraConfig from peft_type LORA)."""
         return cls(**kwargs)
 

@@ -32,10 +32,17 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
     if m in LORA_FAMILY:
         from jobs.config.methods import lora_init_kwargs, targets
 
-        return "LoraConfig", {**base, "r": spec.lora_r, "lora_alpha": spec.lora_alpha,
-                              "lora_dropout": spec.lora_dropout, "target_modules": targets(spec),
-                              "use_rslora": spec.use_rslora, "use_dora": m is Method.DORA, "bias": "none",
-                              **lora_init_kwargs(spec)}
+        return "LoraConfig", {
+            **base,
+            "r": spec.lora_r,
+            "lora_alpha": spec.lora_alpha,
+            "lora_dropout": spec.lora_dropout,
+            "target_modules": targets(spec),
+            "use_rslora": spec.use_rslora,
+            "use_dora": m is Method.DORA,
+            "bias": "none",
+            **lora_init_kwargs(spec),
+        }
     from jobs.config.methods import method_kwargs
 
     found = method_kwargs(spec)
@@ -45,8 +52,9 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
     if m is Method.IA3:
         targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
         if model_type is not None:
-            from peft.utils.constants import (TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as FF,
-                                              TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as TM)
+            from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as FF
+            from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as TM
+
             if model_type in TM and model_type in FF:
                 targets, feedforward = list(TM[model_type]), list(FF[model_type])
         return "IA3Config", {**base, "target_modules": list(targets), "feedforward_modules": list(feedforward)}

@@ -14,9 +14,15 @@ from typing import Any
 
 from jobs.spec.job import JobSpec, LossType, Trainer
 
-CONFIG_CLASSES = {Trainer.SFT: "SFTConfig", Trainer.DPO: "DPOConfig", Trainer.KTO: "KTOConfig",
-                  Trainer.REWARD: "RewardConfig", Trainer.ORPO: "ORPOConfig", Trainer.CPO: "CPOConfig",
-                  Trainer.GRPO: "GRPOConfig"}
+CONFIG_CLASSES = {
+    Trainer.SFT: "SFTConfig",
+    Trainer.DPO: "DPOConfig",
+    Trainer.KTO: "KTOConfig",
+    Trainer.REWARD: "RewardConfig",
+    Trainer.ORPO: "ORPOConfig",
+    Trainer.CPO: "CPOConfig",
+    Trainer.GRPO: "GRPOConfig",
+}
 # Where each config (and its trainer) lives; trl.experimental may change in any release, so trl is pinned.
 MODULES = {Trainer.ORPO: "trl.experimental.orpo", Trainer.CPO: "trl.experimental.cpo"}
 DEFAULT_LOSSES = {Trainer.SFT: "nll", Trainer.DPO: "sigmoid", Trainer.KTO: "kto", Trainer.CPO: "sigmoid"}
@@ -51,16 +57,24 @@ def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:
         # Packing concatenates short rows into max_length blocks: no compute or memory is spent
         # on padding, often ~2x tokens/s on short-row data; attention may span row boundaries.
         # Loss masks cost nothing in memory or time; they change what the model learns from.
-        return {"packing": spec.packing, "completion_only_loss": spec.completion_only_loss,
-                "assistant_only_loss": spec.assistant_only_loss, "loss_type": loss_type_name(spec)}
+        return {
+            "packing": spec.packing,
+            "completion_only_loss": spec.completion_only_loss,
+            "assistant_only_loss": spec.assistant_only_loss,
+            "loss_type": loss_type_name(spec),
+        }
     if spec.trainer is Trainer.DPO:
         return {"beta": spec.beta, "loss_type": loss_type_name(spec)}
     if spec.trainer is Trainer.KTO:
         # KTO scores each completion on its own (desirable or not) against a KL baseline taken from
         # the other completions of the micro-batch: the reference pass doubles the forward cost,
         # like DPO, but no pairs are needed.
-        return {"beta": spec.beta, "loss_type": loss_type_name(spec), "desirable_weight": spec.desirable_weight,
-                "undesirable_weight": spec.undesirable_weight}
+        return {
+            "beta": spec.beta,
+            "loss_type": loss_type_name(spec),
+            "desirable_weight": spec.desirable_weight,
+            "undesirable_weight": spec.undesirable_weight,
+        }
     if spec.trainer is Trainer.ORPO:
         # ORPO adds an odds-ratio penalty (weight beta) to the SFT loss on the chosen answer: one model,
         # no reference pass, so it costs about what SFT on chosen+rejected costs.
@@ -72,13 +86,18 @@ def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:
         # GRPO samples num_generations completions per prompt and scores them; each completion's advantage is
         # its reward minus the group's mean. Generation runs before every optimizer step (no KV cache kept for
         # training); beta > 0 adds a reference pass (the base with the adapter off, or a second full model).
-        return {"num_generations": spec.num_generations, "max_completion_length": spec.max_completion_length,
-                "beta": spec.beta, "temperature": spec.temperature, "reward_weights": reward_weights(spec),
-                "log_completions": False,
-                # trl evaluates whole groups too: the eval batch is the micro-batch rounded up to a multiple of
-                # num_generations (inference only: no gradients or optimizer state).
-                "per_device_eval_batch_size": -(-spec.per_device_train_batch_size // spec.num_generations)
-                * spec.num_generations}
+        return {
+            "num_generations": spec.num_generations,
+            "max_completion_length": spec.max_completion_length,
+            "beta": spec.beta,
+            "temperature": spec.temperature,
+            "reward_weights": reward_weights(spec),
+            "log_completions": False,
+            # trl evaluates whole groups too: the eval batch is the micro-batch rounded up to a multiple of
+            # num_generations (inference only: no gradients or optimizer state).
+            "per_device_eval_batch_size": -(-spec.per_device_train_batch_size // spec.num_generations)
+            * spec.num_generations,
+        }
     if spec.trainer is Trainer.REWARD:
         # A reward model is the base with a one-output classification head ("score"), trained so that
         # chosen answers score above rejected ones; one forward per answer, no reference model.

@@ -21,8 +21,8 @@ from typing import Any
 
 import datasets
 
-from jobs.spec.columns import COLUMN_TARGETS
 from jobs.data.rows import FORMS_HINT, Issues
+from jobs.spec.columns import COLUMN_TARGETS
 from jobs.spec.job import Problem
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".jsonl.gz", ".json.gz")
@@ -60,8 +60,12 @@ def jsonl_rows(path: Path, issues: Issues | None) -> Iterator[tuple[int, dict[st
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 if issues is not None:
-                    issues.add(number, "is not valid JSON", "write one complete JSON object per line",
-                               detail=f"row {number}: {exc.msg} at column {exc.colno}")
+                    issues.add(
+                        number,
+                        "is not valid JSON",
+                        "write one complete JSON object per line",
+                        detail=f"row {number}: {exc.msg} at column {exc.colno}",
+                    )
                 continue
             if not isinstance(obj, dict):
                 if issues is not None:
@@ -112,24 +116,52 @@ def json_document(path: Path, ref: str, field_name: str) -> tuple[list[str], lis
     except json.JSONDecodeError as exc:
         if not stripped.startswith("["):
             return None  # JSON lines: checked line by line, with line numbers
-        raise FileProblem([Problem(field_name, f"`{ref}` is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
-                                   "fix the JSON, or write one object per line in a .jsonl file")]) from exc
+        raise FileProblem(
+            [
+                Problem(
+                    field_name,
+                    f"`{ref}` is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                    "fix the JSON, or write one object per line in a .jsonl file",
+                )
+            ]
+        ) from exc
     if isinstance(data, dict):
         lists = _row_lists(data)
         if len(lists) == 1:
             data = next(iter(lists.values()))  # {"data": [...]}, {"train": [...], "version": 2}: unambiguous
         elif len(lists) > 1:
             keys = ", ".join(f"`{k}`" for k in lists)
-            raise FileProblem([Problem(field_name, f"`{ref}` holds several lists of rows ({keys}), so which one to train on "
-                                       "is ambiguous", "keep one list of rows per file, or one JSON object per line in a .jsonl file")])
+            raise FileProblem(
+                [
+                    Problem(
+                        field_name,
+                        f"`{ref}` holds several lists of rows ({keys}), so which one to train on is ambiguous",
+                        "keep one list of rows per file, or one JSON object per line in a .jsonl file",
+                    )
+                ]
+            )
         elif "\n" not in stripped:
             return None  # a single-line object: JSON lines with one row
         else:
-            raise FileProblem([Problem(field_name, f"`{ref}` does not hold a list of rows",
-                                       'write [{"column": value, ...}, ...], or one object per line in a .jsonl file')])
+            raise FileProblem(
+                [
+                    Problem(
+                        field_name,
+                        f"`{ref}` does not hold a list of rows",
+                        'write [{"column": value, ...}, ...], or one object per line in a .jsonl file',
+                    )
+                ]
+            )
     if not isinstance(data, list):
-        raise FileProblem([Problem(field_name, f"`{ref}` does not hold a list of rows",
-                                   'write [{"column": value, ...}, ...], or one object per line in a .jsonl file')])
+        raise FileProblem(
+            [
+                Problem(
+                    field_name,
+                    f"`{ref}` does not hold a list of rows",
+                    'write [{"column": value, ...}, ...], or one object per line in a .jsonl file',
+                )
+            ]
+        )
     issues = Issues(field_name)
     rows = []
     for number, obj in enumerate(data, 1):
@@ -149,9 +181,14 @@ def load_table(path: Path) -> datasets.Dataset:
     # All columns as strings, empty cells as "" - pandas would turn "42" into an int and "" into NaN.
     with path.open(encoding="utf-8-sig", newline="") as fh:
         header = next(csv.reader(fh), [])
-    return datasets.load_dataset("csv", data_files=str(path), split="train", encoding="utf-8-sig",
-                                 features=datasets.Features({c: datasets.Value("string") for c in header}),
-                                 keep_default_na=False)
+    return datasets.load_dataset(
+        "csv",
+        data_files=str(path),
+        split="train",
+        encoding="utf-8-sig",
+        features=datasets.Features({c: datasets.Value("string") for c in header}),
+        keep_default_na=False,
+    )
 
 
 def file_rows(path: Path, ref: str, field_name: str, issues: Issues) -> tuple[list[str], Rows, datasets.Dataset | None]:
@@ -178,14 +215,35 @@ def file_rows(path: Path, ref: str, field_name: str, issues: Issues) -> tuple[li
                     raise FileProblem([empty])
         ds = load_table(path)
     except UnicodeDecodeError as exc:
-        raise FileProblem([Problem(field_name, f"`{ref}` is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                                   "save the file as UTF-8")]) from exc
+        raise FileProblem(
+            [
+                Problem(
+                    field_name,
+                    f"`{ref}` is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                    "save the file as UTF-8",
+                )
+            ]
+        ) from exc
     except (gzip.BadGzipFile, EOFError) as exc:
-        raise FileProblem([Problem(field_name, f"`{ref}` is not a complete gzip file ({exc})",
-                                   "compress it again with gzip, or give the plain .jsonl file")]) from exc
+        raise FileProblem(
+            [
+                Problem(
+                    field_name,
+                    f"`{ref}` is not a complete gzip file ({exc})",
+                    "compress it again with gzip, or give the plain .jsonl file",
+                )
+            ]
+        ) from exc
     except FileProblem:
         raise
     except Exception as exc:
-        raise FileProblem([Problem(field_name, f"`{ref}` could not be read as {kind[1:]} ({type(exc).__name__}: {str(exc)[:200]})",
-                                   f"check that the file is valid {kind[1:]}")]) from exc
+        raise FileProblem(
+            [
+                Problem(
+                    field_name,
+                    f"`{ref}` could not be read as {kind[1:]} ({type(exc).__name__}: {str(exc)[:200]})",
+                    f"check that the file is valid {kind[1:]}",
+                )
+            ]
+        ) from exc
     return list(ds.column_names), lambda: enumerate(ds, 1), ds

@@ -24,9 +24,19 @@ from dataclasses import dataclass
 from typing import Any
 
 ProblemList = list[tuple[str, str]]
-SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
-            "model": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool", "function": "tool",
-            "observation": "tool"}
+SPEAKERS = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+}
 SHAREGPT_COLUMNS = ("conversations", "messages")
 
 
@@ -34,11 +44,11 @@ SHAREGPT_COLUMNS = ("conversations", "messages")
 class Conversion:
     """A detected source format and the pure function that turns one of its rows into trl's."""
 
-    source: str          # "alpaca" | "sharegpt"
-    description: str     # what the preview and the resolved config say was done
+    source: str  # "alpaca" | "sharegpt"
+    description: str  # what the preview and the resolved config say was done
     convert: Callable[[dict[str, Any]], tuple[dict[str, Any] | None, ProblemList]]
     columns: tuple[str, ...]  # the trl columns the converted rows have
-    reads: tuple[str, ...]    # the source columns the conversion uses (the rest are dropped)
+    reads: tuple[str, ...]  # the source columns the conversion uses (the rest are dropped)
 
 
 # ---------------------------------------------------------------------- column mapping
@@ -75,10 +85,15 @@ def _history(value: Any) -> tuple[list[dict[str, str]], ProblemList]:
     if value is None:
         return [], []
     pairs_ok = isinstance(value, list) and all(
-        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(t, str) and t.strip() for t in p) for p in value)
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(t, str) and t.strip() for t in p) for p in value
+    )
     if not pairs_ok:
-        return [], [("`history` is not a list of [question, answer] pairs",
-                     'write history as [["earlier question", "earlier answer"], ...], or leave it out')]
+        return [], [
+            (
+                "`history` is not a list of [question, answer] pairs",
+                'write history as [["earlier question", "earlier answer"], ...], or leave it out',
+            )
+        ]
     turns = []
     for question, answer in value:
         turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
@@ -119,8 +134,12 @@ def sharegpt_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | Non
     speakers = [t["from"].strip().lower() if isinstance(t["from"], str) else t["from"] for t in turns]
     unknown = [s for s in speakers if s not in SPEAKERS]
     if unknown:
-        return None, [(f"`{column}` has unknown speaker `{unknown[0]}`",
-                       "use the speakers human, gpt, system or tool (or user/assistant)")]
+        return None, [
+            (
+                f"`{column}` has unknown speaker `{unknown[0]}`",
+                "use the speakers human, gpt, system or tool (or user/assistant)",
+            )
+        ]
     messages = [{"role": SPEAKERS[s], "content": t["value"]} for s, t in zip(speakers, turns)]
     system, problems = _text(row, "system", required=False)
     if problems:
@@ -154,8 +173,13 @@ def detect_conversion(columns: Iterable[str], rows: list[dict[str, Any]]) -> Con
     sharegpt = _sharegpt_column(cols, rows)
     if sharegpt is not None:
         extra = " plus the `system` column" if "system" in cols else ""
-        return Conversion("sharegpt", f"ShareGPT `{sharegpt}` ({{from, value}} turns){extra} converted to chat `messages`",
-                          lambda row: sharegpt_row(row, sharegpt), ("messages",), (sharegpt, "system"))
+        return Conversion(
+            "sharegpt",
+            f"ShareGPT `{sharegpt}` ({{from, value}} turns){extra} converted to chat `messages`",
+            lambda row: sharegpt_row(row, sharegpt),
+            ("messages",),
+            (sharegpt, "system"),
+        )
     trl_columns = {"text", "messages", "prompt", "completion"}
     if "instruction" in cols and not cols & trl_columns and ({"output", "chosen", "rejected"} & cols):
         parts = "/".join(c for c in ("instruction", "input", "system", "history") if c in cols)
@@ -163,6 +187,11 @@ def detect_conversion(columns: Iterable[str], rows: list[dict[str, Any]]) -> Con
             target, columns_out = "conversational prompt/completion (loss on the output only)", ("prompt", "completion")
         else:
             target, columns_out = "conversational prompt/chosen/rejected", ("prompt", "chosen", "rejected")
-        return Conversion("alpaca", f"Alpaca {parts} converted to {target}", alpaca_row, columns_out,
-                          ("instruction", "input", "system", "history", "output", "chosen", "rejected"))
+        return Conversion(
+            "alpaca",
+            f"Alpaca {parts} converted to {target}",
+            alpaca_row,
+            columns_out,
+            ("instruction", "input", "system", "history", "output", "chosen", "rejected"),
+        )
     return None

@@ -43,24 +43,43 @@ TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
     Trainer.CPO: (RowFormat.PREFERENCE,),
     Trainer.GRPO: (RowFormat.PROMPT_ONLY,),
 }
-NEEDS = {Trainer.SFT: "text, messages or prompt/completion rows", Trainer.DPO: "prompt/chosen/rejected rows",
-         Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
-         Trainer.REWARD: "prompt/chosen/rejected rows", Trainer.ORPO: "prompt/chosen/rejected rows",
-         Trainer.CPO: "prompt/chosen/rejected rows",
-         Trainer.GRPO: "prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)"}
-SAMPLE_FOR = {Trainer.SFT: "sample:chat-format", Trainer.DPO: "sample:preference-format",
-              Trainer.KTO: "sample:kto-format", Trainer.REWARD: "sample:preference-format",
-              Trainer.ORPO: "sample:preference-format", Trainer.CPO: "sample:preference-format",
-              Trainer.GRPO: "sample:prompt-format"}
-LABELS = {True: True, False: False, 1: True, 0: False, "true": True, "false": False, "1": True, "0": False}
+NEEDS = {
+    Trainer.SFT: "text, messages or prompt/completion rows",
+    Trainer.DPO: "prompt/chosen/rejected rows",
+    Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
+    Trainer.REWARD: "prompt/chosen/rejected rows",
+    Trainer.ORPO: "prompt/chosen/rejected rows",
+    Trainer.CPO: "prompt/chosen/rejected rows",
+    Trainer.GRPO: "prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)",
+}
+SAMPLE_FOR = {
+    Trainer.SFT: "sample:chat-format",
+    Trainer.DPO: "sample:preference-format",
+    Trainer.KTO: "sample:kto-format",
+    Trainer.REWARD: "sample:preference-format",
+    Trainer.ORPO: "sample:preference-format",
+    Trainer.CPO: "sample:preference-format",
+    Trainer.GRPO: "sample:prompt-format",
+}
+LABELS = {True: True, False: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
 REPEATED_EXAMPLES = 5  # rows with a role twice in a row kept for the chat-template check at submit
-FORMS_HINT = ("give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
-              "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)")
+FORMS_HINT = (
+    "give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
+    "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)"
+)
 # Column names seen in popular data sets, and what trl calls them.
-RENAMES = {"question": "prompt", "instruction": "prompt", "input": "prompt", "answer": "completion",
-           "output": "completion", "response": "completion", "conversations": "messages",
-           "conversation": "messages", "content": "text"}
+RENAMES = {
+    "question": "prompt",
+    "instruction": "prompt",
+    "input": "prompt",
+    "answer": "completion",
+    "output": "completion",
+    "response": "completion",
+    "conversations": "messages",
+    "conversation": "messages",
+    "content": "text",
+}
 MSG_FIX = 'write it as [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]'
 
 
@@ -87,12 +106,19 @@ def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | 
     if fmt in TRAINER_FORMATS[trainer]:
         return None
     if trainer is Trainer.SFT:
-        return Problem(field_name, f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
-                       "set trainer: " + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
-                       + ", or use text/messages/prompt+completion data such as `sample:chat-format`")
+        return Problem(
+            field_name,
+            f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
+            "set trainer: "
+            + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
+            + ", or use text/messages/prompt+completion data such as `sample:chat-format`",
+        )
     fits = [t.value for t, f in TRAINER_FORMATS.items() if fmt in f]
-    return Problem(field_name, f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
-                   f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}")
+    return Problem(
+        field_name,
+        f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
+        f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}",
+    )
 
 
 # ---------------------------------------------------------------------- collecting issues
@@ -151,11 +177,15 @@ def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
     if any("content" not in m or m["content"] is None for m in value):
         return f"`{name}` has a turn without `content`", "give every turn its text as `content`"
     if any(not isinstance(m["content"], str) for m in value):
-        return (f"`{name}` has a turn whose `content` is not text",
-                "write each turn's content as one string (lists of content parts are not supported)")
+        return (
+            f"`{name}` has a turn whose `content` is not text",
+            "write each turn's content as one string (lists of content parts are not supported)",
+        )
     if any(not m["content"].strip() for m in value):
-        return (f"`{name}` has an empty or whitespace-only turn",
-                "write the turn's text, or remove the turn (a chat of empty turns trains on nothing)")
+        return (
+            f"`{name}` has an empty or whitespace-only turn",
+            "write the turn's text, or remove the turn (a chat of empty turns trains on nothing)",
+        )
     return None
 
 
@@ -167,15 +197,21 @@ def _order_problem(roles: list[str], name: str, *, full_chat: bool) -> tuple[str
     if not body:
         return f"`{name}` holds only a system turn", "add the user's turn (and the assistant's answer)"
     if body[0] != "user":
-        return (f"`{name}` starts with {'an' if body[0] == 'assistant' else 'a'} {body[0]} turn",
-                "start with a user turn (after an optional system turn)")
+        return (
+            f"`{name}` starts with {'an' if body[0] == 'assistant' else 'a'} {body[0]} turn",
+            "start with a user turn (after an optional system turn)",
+        )
     for before, after in zip(body, body[1:]):
         if after == "tool" and before not in ("assistant", "tool"):
-            return f"`{name}` has a tool turn that does not follow an assistant turn", \
-                "put each tool result right after the assistant turn that called the tool"
+            return (
+                f"`{name}` has a tool turn that does not follow an assistant turn",
+                "put each tool result right after the assistant turn that called the tool",
+            )
     if full_chat and body[-1] != "assistant":
-        return (f"`{name}` ends with a {body[-1]} turn, which nothing learns from",
-                "end each chat with the assistant's answer, or remove the trailing turn")
+        return (
+            f"`{name}` ends with a {body[-1]} turn, which nothing learns from",
+            "end each chat with the assistant's answer, or remove the trailing turn",
+        )
     return None
 
 
@@ -184,7 +220,9 @@ def repeated_role(roles: list[str]) -> str | None:
     return next((a for a, b in zip(roles, roles[1:]) if a == b and a in ("user", "assistant")), None)
 
 
-def _messages_problem(value: Any, name: str, *, need_assistant: bool, only_assistant: bool = False) -> tuple[str, str] | None:
+def _messages_problem(
+    value: Any, name: str, *, need_assistant: bool, only_assistant: bool = False
+) -> tuple[str, str] | None:
     """(problem, fix) when `value` is not a usable list of chat messages."""
     found = _turns_problem(value, name)
     if found:
@@ -192,10 +230,16 @@ def _messages_problem(value: Any, name: str, *, need_assistant: bool, only_assis
     roles = [m["role"] for m in value]
     if only_assistant:
         if any(r != "assistant" for r in roles):
-            return f"`{name}` holds non-assistant turns", f"put only the assistant's answer in `{name}`; earlier turns belong in `prompt`"
+            return (
+                f"`{name}` holds non-assistant turns",
+                f"put only the assistant's answer in `{name}`; earlier turns belong in `prompt`",
+            )
         return None
     if need_assistant and "assistant" not in roles:
-        return f"`{name}` has no assistant turn", "add the answer the model should learn as a message with role assistant"
+        return (
+            f"`{name}` has no assistant turn",
+            "add the answer the model should learn as a message with role assistant",
+        )
     return _order_problem(roles, name, full_chat=need_assistant)
 
 
@@ -220,10 +264,13 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     if fmt is RowFormat.PROMPT_ONLY:
         return _prompt_only_problems(row)
     if own is not None and own is not fmt and set(COLUMNS[own]) <= present:
-        cols = ", ".join(f"`{c}`" for c in sorted(present & {"text", "messages", "prompt", "completion", "chosen", "rejected"}))
+        cols = ", ".join(
+            f"`{c}`" for c in sorted(present & {"text", "messages", "prompt", "completion", "chosen", "rejected"})
+        )
         want = " + ".join(f"`{c}`" for c in COLUMNS[fmt])
-        return [(f"has {cols} instead of {want} (mixed formats in one data set)",
-                 f"use one format for every row: {want}")], None
+        return [
+            (f"has {cols} instead of {want} (mixed formats in one data set)", f"use one format for every row: {want}")
+        ], None
     missing = [c for c in COLUMNS[fmt] if c not in present]
     if missing:
         return [(f"`{c}` is missing", f"give every row a `{c}` value") for c in missing], None
@@ -234,14 +281,22 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
         found = _messages_problem(row["messages"], "messages", need_assistant=True)
         return ([found] if found else []), "conversational"
     if fmt is RowFormat.UNPAIRED and _label(row["label"]) is None:
-        return [(f"`label` is `{row['label']}`, not true or false",
-                 "write label: true for a desirable completion, false for an undesirable one")], None
+        return [
+            (
+                f"`label` is `{row['label']}`, not true or false",
+                "write label: true for a desirable completion, false for an undesirable one",
+            )
+        ], None
     answers = ("completion",) if fmt in (RowFormat.PROMPT_COMPLETION, RowFormat.UNPAIRED) else ("chosen", "rejected")
     names = ("prompt", *answers)
     styles = {_style(row[n]) for n in names}
     if len(styles) > 1:
-        return [(f"mixes plain text and message lists across {', '.join(f'`{n}`' for n in names)}",
-                 "write all of them as strings, or all as lists of {role, content}")], None
+        return [
+            (
+                f"mixes plain text and message lists across {', '.join(f'`{n}`' for n in names)}",
+                "write all of them as strings, or all as lists of {role, content}",
+            )
+        ], None
     style = styles.pop()
     out: list[tuple[str, str]] = []
     if style == "plain":
@@ -326,11 +381,14 @@ class Checked:
     warnings: list[str]
     problems: list[Problem]
     style: str | None  # "plain" | "conversational" | None (text rows)
-    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)  # first few (row, conversation)
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
+        default_factory=list
+    )  # first few (row, conversation)
 
 
-def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues,
-               preview_rows: int = 5) -> Checked:
+def check_rows(
+    rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues, preview_rows: int = 5
+) -> Checked:
     """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
     n_rows, preview, first_style, same_answer = 0, [], None, 0
     repeated: list[int] = []
@@ -349,9 +407,12 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
             first_style = (number, style)
         elif style and style != first_style[1]:
             # trl decides plain vs conversational from the first row only; Arrow needs one type per column.
-            issues.add(number, f"is {style} where {issues.label} {first_style[0]} is {first_style[1]}"
-                               " (plain strings and message lists mixed in one data set)",
-                       "use one style for the whole file: all strings, or all lists of {role, content}")
+            issues.add(
+                number,
+                f"is {style} where {issues.label} {first_style[0]} is {first_style[1]}"
+                " (plain strings and message lists mixed in one data set)",
+                "use one style for the whole file: all strings, or all lists of {role, content}",
+            )
         if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
             same_answer += 1
         if fmt is RowFormat.UNPAIRED:
@@ -363,14 +424,17 @@ def check_rows(rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issue
     warnings = []
     if repeated:
         where = ", ".join(map(str, repeated[:5])) + (f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else "")
-        warnings.append(f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
-                        "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns")
+        warnings.append(
+            f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
+            "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns"
+        )
     if same_answer:
-        warnings.append(f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing")
+        warnings.append(
+            f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing"
+        )
     if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
         missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
         warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
     if 0 < n_rows < 8:
         warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
-    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None,
-                   examples)
+    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None, examples)

@@ -33,15 +33,15 @@ LIVE_WITHIN_S = 10.0  # a worker that beat within this many seconds is running
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    kind: str                        # "cuda" | "cpu"
-    name: str                        # "NVIDIA H200" | "cpu"
-    total_bytes: int                 # GPU memory; host RAM on CPU
-    compute_capability: str | None = None   # "9.0"
+    kind: str  # "cuda" | "cpu"
+    name: str  # "NVIDIA H200" | "cpu"
+    total_bytes: int  # GPU memory; host RAM on CPU
+    compute_capability: str | None = None  # "9.0"
     bf16: bool = False
     fp16: bool = False
     driver: str | None = None
     host: str = ""
-    index: int | None = None          # CUDA device index on its host
+    index: int | None = None  # CUDA device index on its host
 
     @property
     def cuda(self) -> bool:
@@ -54,13 +54,13 @@ class DeviceFacts:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DeviceFacts":
+    def from_dict(cls, data: dict[str, Any]) -> DeviceFacts:
         """Facts from plain data; keys a newer tunedeck added are ignored."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def from_json(cls, text: str) -> "DeviceFacts":
+    def from_json(cls, text: str) -> DeviceFacts:
         return cls.from_dict(json.loads(text))
 
     def device(self) -> Device:
@@ -70,7 +70,7 @@ class DeviceFacts:
 
     def summary(self) -> str:
         """'NVIDIA H200 (cuda:0 on gpu-box), 139.8 GiB, compute 9.0, bf16' or 'cpu on laptop, 31.2 GiB RAM'."""
-        gib = self.total_bytes / 1024 ** 3
+        gib = self.total_bytes / 1024**3
         if not self.cuda:
             return f"cpu on {self.host or 'this machine'}, {gib:.1f} GiB RAM"
         where = f"cuda:{self.index if self.index is not None else 0}" + (f" on {self.host}" if self.host else "")
@@ -83,7 +83,9 @@ class DeviceFacts:
 def cpu_facts() -> DeviceFacts:
     import psutil
 
-    return DeviceFacts(kind="cpu", name="cpu", total_bytes=int(psutil.virtual_memory().total), host=socket.gethostname())
+    return DeviceFacts(
+        kind="cpu", name="cpu", total_bytes=int(psutil.virtual_memory().total), host=socket.gethostname()
+    )
 
 
 def _text(value: Any) -> str:
@@ -103,10 +105,17 @@ def _nvml_facts(index: int) -> DeviceFacts | None:
             return None
         handle = pynvml.nvmlDeviceGetHandleByIndex(visible[index])
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-        return DeviceFacts(kind="cuda", name=_text(pynvml.nvmlDeviceGetName(handle)),
-                           total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                           compute_capability=f"{major}.{minor}", bf16=major >= 8, fp16=True,
-                           driver=_text(pynvml.nvmlSystemGetDriverVersion()), host=socket.gethostname(), index=index)
+        return DeviceFacts(
+            kind="cuda",
+            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+            compute_capability=f"{major}.{minor}",
+            bf16=major >= 8,
+            fp16=True,
+            driver=_text(pynvml.nvmlSystemGetDriverVersion()),
+            host=socket.gethostname(),
+            index=index,
+        )
     except Exception:  # noqa: BLE001 - pynvml missing, NVMLError_LibraryNotFound, ...: no NVML facts
         return None
 
@@ -122,9 +131,17 @@ def _torch_facts(index: int) -> DeviceFacts | None:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             return None
         props = torch.cuda.get_device_properties(index)
-        return DeviceFacts(kind="cuda", name=props.name, total_bytes=int(props.total_memory),
-                           compute_capability=f"{props.major}.{props.minor}", bf16=props.major >= 8, fp16=True,
-                           driver=None, host=socket.gethostname(), index=index)
+        return DeviceFacts(
+            kind="cuda",
+            name=props.name,
+            total_bytes=int(props.total_memory),
+            compute_capability=f"{props.major}.{props.minor}",
+            bf16=props.major >= 8,
+            fp16=True,
+            driver=None,
+            host=socket.gethostname(),
+            index=index,
+        )
     except Exception:  # noqa: BLE001
         return None
 
@@ -169,7 +186,8 @@ def target(store: Any, local: DeviceFacts | None = None) -> Target:
     if published:
         last = published[0]
         facts = DeviceFacts.from_dict(last["facts"])
-        return Target(facts, f"worker {last['worker_id']} (not running now; last published): {facts.summary()}",
-                      last["worker_id"])
+        return Target(
+            facts, f"worker {last['worker_id']} (not running now; last published): {facts.summary()}", last["worker_id"]
+        )
     facts = local or local_facts()
     return Target(facts, f"no worker has published its device yet; using this machine's: {facts.summary()}")

@@ -51,7 +51,7 @@ class DeviceInfo:
 
     def summary(self) -> str:
         """One line per device, or the reason there is none."""
-        gib = 1024 ** 3
+        gib = 1024**3
         if not self.available:
             return f"{self.reason}; sampling host RAM ({self.host_total_bytes / gib:.1f} GiB)"
         lines = [f"GPU {d.index}: {d.name}, {d.total_bytes / gib:.1f} GiB" for d in self.devices]
@@ -152,10 +152,12 @@ class GpuProbe:
         nv = self._nvml
         devices = []
         for index, handle in self._handles:
-            devices.append(GpuDevice(index, _text(nv.nvmlDeviceGetName(handle)),
-                                     int(nv.nvmlDeviceGetMemoryInfo(handle).total)))
-        return DeviceInfo(True, driver=_text(nv.nvmlSystemGetDriverVersion()), devices=tuple(devices),
-                          host_total_bytes=host_total)
+            devices.append(
+                GpuDevice(index, _text(nv.nvmlDeviceGetName(handle)), int(nv.nvmlDeviceGetMemoryInfo(handle).total))
+            )
+        return DeviceInfo(
+            True, driver=_text(nv.nvmlSystemGetDriverVersion()), devices=tuple(devices), host_total_bytes=host_total
+        )
 
     def sample(self, run_id: int | None, child_pid: int | None) -> list[MemoryPoint]:
         """One point per GPU (source nvml), or one host point; cheap (~tens of us per device)."""
@@ -168,19 +170,34 @@ class GpuProbe:
             # RAM of the training process tree; idle: 0 (no training process), so the graph keeps
             # one meaning instead of jumping to whatever else the machine runs.
             used = rss or 0
-            return [MemoryPoint(time=now, source=MemorySource.HOST.value, run_id=run_id, used_bytes=used,
-                                total_bytes=vm.total, process_rss=rss)]
+            return [
+                MemoryPoint(
+                    time=now,
+                    source=MemorySource.HOST.value,
+                    run_id=run_id,
+                    used_bytes=used,
+                    total_bytes=vm.total,
+                    process_rss=rss,
+                )
+            ]
         nv = self._nvml
         points = []
         for index, handle in self._handles:
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            points.append(MemoryPoint(
-                time=now, source=MemorySource.NVML.value, run_id=run_id, device_index=index,
-                used_bytes=int(mem.used), total_bytes=int(mem.total),
-                utilization=_optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
-                temperature=_optional(lambda: float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))),
-                power_watts=_optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
-                process_rss=rss))
+            points.append(
+                MemoryPoint(
+                    time=now,
+                    source=MemorySource.NVML.value,
+                    run_id=run_id,
+                    device_index=index,
+                    used_bytes=int(mem.used),
+                    total_bytes=int(mem.total),
+                    utilization=_optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
+                    temperature=_optional(lambda: float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))),
+                    power_watts=_optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+                    process_rss=rss,
+                )
+            )
         return points
 
     def _tree_of(self, pid: int) -> ProcessTree:
@@ -207,9 +224,17 @@ class _RunPeak:
 class Sampler(threading.Thread):
     """Background thread writing memory samples for the current run (or None when idle)."""
 
-    def __init__(self, store: Store, probe: GpuProbe | None = None, interval: float = 1.0,
-                 idle_interval: float = 5.0, batch_size: int = 3, retention_s: float | None = None,
-                 thin_every_s: float = 600.0, worker_id: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        probe: GpuProbe | None = None,
+        interval: float = 1.0,
+        idle_interval: float = 5.0,
+        batch_size: int = 3,
+        retention_s: float | None = None,
+        thin_every_s: float = 600.0,
+        worker_id: str | None = None,
+    ) -> None:
         super().__init__(name="tunedeck-sampler", daemon=True)
         self.store = store
         self.worker_id = worker_id  # stamped on every sample: whose device it is

@@ -30,20 +30,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.export.gguf_writer import GGUF_TYPES, GgufUnsupported, folder_plan, gguf_plan, tokenizer_json, write_gguf
+from jobs.export.merged import (
+    CHECK_NEW_TOKENS,
+    CHECK_PROMPTS,
+    ExportError,
+    _refuse,
+    adapter_folder,
+    finished_spec,
+    token_agreement,
+)
+from jobs.spec.job import JobSpec, Method, Problem
 from jobs.train.artifacts import safe_name, sha256_of
 from jobs.train.before_after import encode, greedy
-from jobs.export.merged import (CHECK_NEW_TOKENS, CHECK_PROMPTS, ExportError, _refuse, adapter_folder, finished_spec,
-                         token_agreement)
-from jobs.export.gguf_writer import GGUF_TYPES, GgufUnsupported, folder_plan, gguf_plan, tokenizer_json, write_gguf
-from jobs.spec.job import JobSpec, Method, Problem
 
 log = logging.getLogger("jobs.export.merged")
 
 Q8_0_FORCED_AGREEMENT = 0.9  # measured on SmolLM2-135M: 98.7% as shipped, 96.8% after a 2-step LoRA run (their
 # free-running answers: 73% and 70% of positions); a misplaced tensor or a wrong rotary layout gives far less
-TOKENIZER_TEXTS = ("Tell me about volcanoes.", "Prices: 12345 or 3.14, maybe 1,000,000?",
-                   "  two  spaces,\ttabs\nand\n\nnew lines  ", "café, naïve, Straße, 東京, emoji 🙂",
-                   "<|im_start|>user\nHi<|im_end|>\n")
+TOKENIZER_TEXTS = (
+    "Tell me about volcanoes.",
+    "Prices: 12345 or 3.14, maybe 1,000,000?",
+    "  two  spaces,\ttabs\nand\n\nnew lines  ",
+    "café, naïve, Straße, 東京, emoji 🙂",
+    "<|im_start|>user\nHi<|im_end|>\n",
+)
 
 
 @dataclass
@@ -56,7 +67,9 @@ class GgufCheck:
     source_answers: list[str]
     gguf_answers: list[str]
     token_agreement: float  # free-running: share of answer positions holding the same token
-    forced_agreement: float  # fed the source's answers: share of positions where the GGUF model picks the same next token
+    forced_agreement: (
+        float  # fed the source's answers: share of positions where the GGUF model picks the same next token
+    )
     max_logit_diff: float
     tokenizer_texts: list[str]
     tokenizer_mismatches: list[str]  # texts (and the chat prompts) whose ids differ
@@ -78,7 +91,9 @@ def source_folder(store: Any, run_id: int, spec: JobSpec) -> Path:
     from jobs.export.merged import export_merged
 
     kind = "model" if spec.method is Method.FULL else "merged"
-    folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind == kind and Path(a.path, "config.json").is_file()]
+    folders = [
+        Path(a.path) for a in store.artifacts(run_id) if a.kind == kind and Path(a.path, "config.json").is_file()
+    ]
     if folders:
         return folders[-1]
     if spec.method is Method.FULL:
@@ -99,8 +114,9 @@ def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck
     if tokenizer.chat_template:
         for prompt in CHECK_PROMPTS:
             chat = [{"role": "user", "content": prompt}]
-            if tokenizer.apply_chat_template(chat, add_generation_prompt=True) != \
-                    gguf_tokenizer.apply_chat_template(chat, add_generation_prompt=True):
+            if tokenizer.apply_chat_template(chat, add_generation_prompt=True) != gguf_tokenizer.apply_chat_template(
+                chat, add_generation_prompt=True
+            ):
                 mismatches.append(f"chat prompt: {prompt}")
     for tok in (tokenizer, gguf_tokenizer):
         if tok.pad_token is None:
@@ -108,8 +124,9 @@ def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck
     model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
     ids_a, logits_a = greedy(model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
     del model
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                  dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
     ids_b, logits_b = greedy(loaded, gguf_tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
     forced = forced_agreement(loaded, tokenizer, ids_a)
     del loaded
@@ -123,8 +140,20 @@ def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck
         rule = f"next-token agreement on the source's answers >= {Q8_0_FORCED_AGREEMENT:.0%}"
         answers_ok = forced >= Q8_0_FORCED_AGREEMENT
     rule += "; tokenizer ids and chat template identical"
-    return GgufCheck(gguf_type, rule, list(CHECK_PROMPTS), texts_a, texts_b, agreement, forced, diff,
-                     list(TOKENIZER_TEXTS), mismatches, chat_same, answers_ok and not mismatches and chat_same)
+    return GgufCheck(
+        gguf_type,
+        rule,
+        list(CHECK_PROMPTS),
+        texts_a,
+        texts_b,
+        agreement,
+        forced,
+        diff,
+        list(TOKENIZER_TEXTS),
+        mismatches,
+        chat_same,
+        answers_ok and not mismatches and chat_same,
+    )
 
 
 def forced_agreement(model: Any, tokenizer: Any, answers: list[list[int]]) -> float:
@@ -139,7 +168,7 @@ def forced_agreement(model: Any, tokenizer: Any, answers: list[list[int]]) -> fl
         with torch.no_grad():
             logits = model(torch.cat([ids, torch.tensor([answer])], dim=1)).logits[0]
         start = ids.shape[1] - 1
-        predicted = logits[start:start + len(answer)].argmax(-1).tolist()
+        predicted = logits[start : start + len(answer)].argmax(-1).tolist()
         agree += sum(1 for x, y in zip(predicted, answer) if x == y)
         total += len(answer)
     return agree / total if total else 1.0
@@ -148,8 +177,9 @@ def forced_agreement(model: Any, tokenizer: Any, answers: list[list[int]]) -> fl
 def export_gguf(store: Any, run_id: int, gguf_type: str = "f16") -> GgufExport:
     """Write run `run_id` as a `gguf_type` GGUF file, check its round trip, record it."""
     if gguf_type not in GGUF_TYPES:
-        raise _refuse(f"GGUF type {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}", "use --gguf f16 or q8_0",
-                      "gguf")
+        raise _refuse(
+            f"GGUF type {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}", "use --gguf f16 or q8_0", "gguf"
+        )
     spec = finished_spec(store, run_id)
     try:
         if spec.method is not Method.FULL:  # known before merging: the base's config, the run's tokenizer
@@ -173,24 +203,41 @@ def export_gguf(store: Any, run_id: int, gguf_type: str = "f16") -> GgufExport:
     log.info("export run %s: writing %s GGUF from %s", run_id, gguf_type, source)
     try:
         write_gguf(source, partial, gguf_type, spec.display_name)
-        log.info("export run %s: loading the GGUF back with transformers and answering %d check prompts", run_id,
-                 len(CHECK_PROMPTS))
+        log.info(
+            "export run %s: loading the GGUF back with transformers and answering %d check prompts",
+            run_id,
+            len(CHECK_PROMPTS),
+        )
         check = check_round_trip(source, partial, gguf_type)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    log.info("export run %s: GGUF check %s (%s; next-token agreement %.3f, answer token agreement %.3f, max logit "
-             "diff %.3g)", run_id, "passed" if check.passed else "FAILED", check.rule, check.forced_agreement,
-             check.token_agreement, check.max_logit_diff)
+    log.info(
+        "export run %s: GGUF check %s (%s; next-token agreement %.3f, answer token agreement %.3f, max logit "
+        "diff %.3g)",
+        run_id,
+        "passed" if check.passed else "FAILED",
+        check.rule,
+        check.forced_agreement,
+        check.token_agreement,
+        check.max_logit_diff,
+    )
     if not check.passed:
         partial.unlink(missing_ok=True)
-        what = (f"tokenizer differs on {check.tokenizer_mismatches}" if check.tokenizer_mismatches else
-                "chat template differs" if not check.chat_template_equal else
-                f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
-                f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}")
-        raise _refuse(f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
-                      f"({check.rule} not met: {what}); the file was deleted",
-                      "use the merged safetensors export, or try --gguf f16 (no quantization)", "gguf")
+        what = (
+            f"tokenizer differs on {check.tokenizer_mismatches}"
+            if check.tokenizer_mismatches
+            else "chat template differs"
+            if not check.chat_template_equal
+            else f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
+            f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}"
+        )
+        raise _refuse(
+            f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
+            f"({check.rule} not met: {what}); the file was deleted",
+            "use the merged safetensors export, or try --gguf f16 (no quantization)",
+            "gguf",
+        )
     os.replace(partial, final)
     (folder / f"{stem}.check.json").write_text(json.dumps(asdict(check), indent=2, ensure_ascii=False))
     digest = sha256_of(final)
@@ -204,25 +251,33 @@ def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
     """README.md of the run's GGUF folder: each file, its round-trip check, how to use it."""
     from jobs.train.artifacts import provenance_note
 
-    parts = [f"# {spec.display_name} (GGUF)\n\nRun {run_id} of tunedeck ({spec.method.value} on `{spec.model}`) "
-             "as GGUF files for llama.cpp, Ollama and other GGUF readers.\n"]
+    parts = [
+        f"# {spec.display_name} (GGUF)\n\nRun {run_id} of tunedeck ({spec.method.value} on `{spec.model}`) "
+        "as GGUF files for llama.cpp, Ollama and other GGUF readers.\n"
+    ]
     for check_file in sorted(folder.glob("*.check.json")):
         check = json.loads(check_file.read_text())
         gguf_file = check_file.name.replace(".check.json", ".gguf")
         if not (folder / gguf_file).is_file():
             continue
-        rows = "\n".join(f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
-                         for p, a, b in zip(check["prompts"], check["source_answers"], check["gguf_answers"]))
-        parts.append(f"## {gguf_file}\nChecked by loading it back with transformers' GGUF loader: {check['rule']}: "
-                     f"passed. Answer token agreement {check['token_agreement']:.1%}; next-token agreement on the "
-                     f"source's answers {check['forced_agreement']:.1%}; largest logit difference "
-                     f"{check['max_logit_diff']:.3g}; tokenizer ids equal on {len(check['tokenizer_texts'])} texts "
-                     f"and the chat prompts.\n\n| prompt | source model | GGUF |\n|---|---|---|\n{rows}\n")
-    parts.append("## How to use\n```bash\nllama-cli -m FILE.gguf -cnv            # llama.cpp, chat with the file's template\n"
-                 "printf 'FROM ./FILE.gguf\\n' > Modelfile && ollama create my-model -f Modelfile   # Ollama\n```\n"
-                 "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                 "model = AutoModelForCausalLM.from_pretrained(\".\", gguf_file=\"FILE.gguf\")\n"
-                 "tokenizer = AutoTokenizer.from_pretrained(\".\", gguf_file=\"FILE.gguf\")\n```\n"
-                 "The transformers round trip above is what tunedeck checked; llama.cpp and Ollama themselves were not "
-                 "run on these files.\n")
+        rows = "\n".join(
+            f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
+            for p, a, b in zip(check["prompts"], check["source_answers"], check["gguf_answers"])
+        )
+        parts.append(
+            f"## {gguf_file}\nChecked by loading it back with transformers' GGUF loader: {check['rule']}: "
+            f"passed. Answer token agreement {check['token_agreement']:.1%}; next-token agreement on the "
+            f"source's answers {check['forced_agreement']:.1%}; largest logit difference "
+            f"{check['max_logit_diff']:.3g}; tokenizer ids equal on {len(check['tokenizer_texts'])} texts "
+            f"and the chat prompts.\n\n| prompt | source model | GGUF |\n|---|---|---|\n{rows}\n"
+        )
+    parts.append(
+        "## How to use\n```bash\nllama-cli -m FILE.gguf -cnv            # llama.cpp, chat with the file's template\n"
+        "printf 'FROM ./FILE.gguf\\n' > Modelfile && ollama create my-model -f Modelfile   # Ollama\n```\n"
+        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        'model = AutoModelForCausalLM.from_pretrained(".", gguf_file="FILE.gguf")\n'
+        'tokenizer = AutoTokenizer.from_pretrained(".", gguf_file="FILE.gguf")\n```\n'
+        "The transformers round trip above is what tunedeck checked; llama.cpp and Ollama themselves were not "
+        "run on these files.\n"
+    )
     return "\n".join(parts) + provenance_note(spec)

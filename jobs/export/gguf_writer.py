@@ -62,8 +62,10 @@ class GgufUnsupported(ValueError):
     """The folder holds something this writer does not describe; the message says what and the way out."""
 
 
-WAY_OUT = ("export the merged safetensors (`tunedeck export ID --merged`) and convert that folder with "
-           "llama.cpp's own convert_hf_to_gguf.py")
+WAY_OUT = (
+    "export the merged safetensors (`tunedeck export ID --merged`) and convert that folder with "
+    "llama.cpp's own convert_hf_to_gguf.py"
+)
 
 
 def _pre_tokenizer_name(tok: dict[str, Any]) -> str:
@@ -72,38 +74,54 @@ def _pre_tokenizer_name(tok: dict[str, Any]) -> str:
 
     model, pre = tok.get("model") or {}, tok.get("pre_tokenizer") or {}
     if model.get("type") != "BPE" or (tok.get("decoder") or {}).get("type") != "ByteLevel" or tok.get("normalizer"):
-        raise GgufUnsupported(f"the tokenizer is not a plain byte-level BPE (model {model.get('type')!r}, "
-                              f"decoder {(tok.get('decoder') or {}).get('type')!r}); only those are written, "
-                              f"so {WAY_OUT}")
+        raise GgufUnsupported(
+            f"the tokenizer is not a plain byte-level BPE (model {model.get('type')!r}, "
+            f"decoder {(tok.get('decoder') or {}).get('type')!r}); only those are written, "
+            f"so {WAY_OUT}"
+        )
     if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
         return "gpt-2"  # GPT-2's split rule, built into ByteLevel
     parts = pre.get("pretokenizers") or []
-    if (pre.get("type") == "Sequence" and len(parts) == 2 and parts[0].get("type") == "Split"
-            and parts[1].get("type") == "ByteLevel" and not parts[1].get("use_regex", True)):
+    if (
+        pre.get("type") == "Sequence"
+        and len(parts) == 2
+        and parts[0].get("type") == "Split"
+        and parts[1].get("type") == "ByteLevel"
+        and not parts[1].get("use_regex", True)
+    ):
         pattern = (parts[0].get("pattern") or {}).get("Regex")
         for name in PRE_TOKENIZER_NAMES:
             if GGUF_PRE_TOKENIZER_SPLITS.get(name) == pattern:
                 return name
-    raise GgufUnsupported(f"the tokenizer's pre-tokenizer ({json.dumps(pre)[:120]}) is not one with a GGUF name "
-                          f"tunedeck knows (gpt-2, {', '.join(PRE_TOKENIZER_NAMES)}); {WAY_OUT}")
+    raise GgufUnsupported(
+        f"the tokenizer's pre-tokenizer ({json.dumps(pre)[:120]}) is not one with a GGUF name "
+        f"tunedeck knows (gpt-2, {', '.join(PRE_TOKENIZER_NAMES)}); {WAY_OUT}"
+    )
 
 
 def gguf_plan(config: dict[str, Any], tokenizer_json: dict[str, Any]) -> GgufPlan:
     """Check that a model (config.json) and tokenizer (tokenizer.json) can be written as GGUF, or GgufUnsupported."""
     model_type = config.get("model_type", "?")
     if model_type not in ARCHS:
-        raise GgufUnsupported(f"architecture {model_type!r} ({', '.join(config.get('architectures') or [])}) is not "
-                              f"one tunedeck writes as GGUF (it writes {', '.join(sorted(ARCHS))}); {WAY_OUT}")
+        raise GgufUnsupported(
+            f"architecture {model_type!r} ({', '.join(config.get('architectures') or [])}) is not "
+            f"one tunedeck writes as GGUF (it writes {', '.join(sorted(ARCHS))}); {WAY_OUT}"
+        )
     scaling = config.get("rope_scaling") or {}
     if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        raise GgufUnsupported(f"this {model_type} model uses {scaling.get('rope_type', scaling.get('type'))} rope "
-                              f"scaling, which tunedeck's GGUF writer does not describe; {WAY_OUT}")
+        raise GgufUnsupported(
+            f"this {model_type} model uses {scaling.get('rope_type', scaling.get('type'))} rope "
+            f"scaling, which tunedeck's GGUF writer does not describe; {WAY_OUT}"
+        )
     if model_type == "llama" and (config.get("attention_bias") or config.get("mlp_bias")):
-        raise GgufUnsupported(f"this llama model has attention or MLP biases, which transformers' GGUF loader "
-                              f"would drop (so the round trip cannot be checked); {WAY_OUT}")
+        raise GgufUnsupported(
+            f"this llama model has attention or MLP biases, which transformers' GGUF loader "
+            f"would drop (so the round trip cannot be checked); {WAY_OUT}"
+        )
     if model_type == "qwen2" and config.get("use_sliding_window"):
-        raise GgufUnsupported(f"this qwen2 model uses sliding-window attention, which tunedeck's GGUF writer does "
-                              f"not describe; {WAY_OUT}")
+        raise GgufUnsupported(
+            f"this qwen2 model uses sliding-window attention, which tunedeck's GGUF writer does not describe; {WAY_OUT}"
+        )
     return GgufPlan(model_type, ARCHS[model_type], config, _pre_tokenizer_name(tokenizer_json), tokenizer_json)
 
 
@@ -124,7 +142,9 @@ def _vocabulary(plan: GgufPlan, n_vocab: int) -> tuple[list[str], list[int]]:
     """Tokens by id with llama.cpp's token types; ids the tokenizer lacks become unused [PADn]."""
     from gguf import TokenType
 
-    by_id: dict[int, tuple[str, int]] = {i: (t, TokenType.NORMAL) for t, i in plan.tokenizer_json["model"]["vocab"].items()}
+    by_id: dict[int, tuple[str, int]] = {
+        i: (t, TokenType.NORMAL) for t, i in plan.tokenizer_json["model"]["vocab"].items()
+    }
     for added in plan.tokenizer_json.get("added_tokens") or []:
         by_id[added["id"]] = (added["content"], TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED)
     size = max(n_vocab, max(by_id) + 1)
@@ -168,8 +188,11 @@ def write_gguf(folder: Path, dest: Path, gguf_type: str, name: str) -> Path:
         raise GgufUnsupported(f"GGUF type {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}")
     plan = folder_plan(folder)
     cfg = plan.config
-    heads, kv_heads, hidden = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"], \
-        cfg["hidden_size"]
+    heads, kv_heads, hidden = (
+        cfg["num_attention_heads"],
+        cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+        cfg["hidden_size"],
+    )
     head_dim = cfg.get("head_dim") or hidden // heads
     layers = cfg["num_hidden_layers"]
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == plan.rule.gguf_arch)
@@ -183,7 +206,9 @@ def write_gguf(folder: Path, dest: Path, gguf_type: str, name: str) -> Path:
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(
+        float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    )
     writer.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)

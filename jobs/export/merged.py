@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.spec.job import JobSpec, Method, Problem, SpecError
 from jobs.train.artifacts import safe_name, sha256_of, zip_bundle
 from jobs.train.before_after import BUILT_IN_PROMPTS, greedy
-from jobs.spec.job import JobSpec, Method, Problem, SpecError
 
 log = logging.getLogger("jobs.export.merged")
 
@@ -93,8 +93,10 @@ def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
 
     spec = finished_spec(store, run_id)
     if spec.method is Method.FULL:
-        raise _refuse(f"run {run_id} is a full fine-tune: its bundle is already a whole model, nothing to merge",
-                      "download the run's bundle; it loads with AutoModelForCausalLM.from_pretrained")
+        raise _refuse(
+            f"run {run_id} is a full fine-tune: its bundle is already a whole model, nothing to merge",
+            "download the run's bundle; it loads with AutoModelForCausalLM.from_pretrained",
+        )
     folder = result_folder(store, run_id, "adapter", "adapter_config.json")
     if folder is None:
         raise _refuse(f"run {run_id} has no saved adapter folder", "train it again; its bundle was not written")
@@ -110,8 +112,12 @@ def token_agreement(ids_a: list[list[int]], ids_b: list[list[int]]) -> float:
     return agree / total if total else 1.0
 
 
-def compare(unmerged: tuple[list[list[int]], list[Any]], merged: tuple[list[list[int]], list[Any]],
-            tokenizer: Any, quantized: bool) -> MergeCheck:
+def compare(
+    unmerged: tuple[list[list[int]], list[Any]],
+    merged: tuple[list[list[int]], list[Any]],
+    tokenizer: Any,
+    quantized: bool,
+) -> MergeCheck:
     """The check's verdict: equal answers, or (quantized bases) enough agreeing tokens."""
     (ids_a, logits_a), (ids_b, logits_b) = unmerged, merged
     agreement = token_agreement(ids_a, ids_b)
@@ -140,13 +146,18 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
     spec, adapter = adapter_folder(store, run_id)
     notes = []
     if spec.method in QUANTIZED_METHODS:
-        notes.append(f"The adapter was trained on a {'4' if spec.method is Method.QLORA else '8'}-bit base and is "
-                     f"merged here into the unquantized base ({dtype}); its answers can differ a little from the "
-                     "quantized training setup (see the check below).")
+        notes.append(
+            f"The adapter was trained on a {'4' if spec.method is Method.QLORA else '8'}-bit base and is "
+            f"merged here into the unquantized base ({dtype}); its answers can differ a little from the "
+            "quantized training setup (see the check below)."
+        )
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     log.info("export run %s: loading base %s in %s", run_id, spec.model, dtype)
-    base, _ = load_model_and_tokenizer(resolve_model(spec.model, trust_remote_code=spec.trust_remote_code),
-                                       torch_dtype=torch_dtype, trust_remote_code=spec.trust_remote_code)
+    base, _ = load_model_and_tokenizer(
+        resolve_model(spec.model, trust_remote_code=spec.trust_remote_code),
+        torch_dtype=torch_dtype,
+        trust_remote_code=spec.trust_remote_code,
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(adapter))  # the chat template the run trained with
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -154,25 +165,37 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
     model = PeftModel.from_pretrained(base, str(adapter)).eval()
     config = model.peft_config["default"]
     if getattr(config, "is_prompt_learning", False) or getattr(config, "is_adaption_prompt", False):
-        raise _refuse(f"run {run_id} used {spec.method.value}: it adds learned virtual tokens instead of changing "
-                      "weights, so there is nothing to merge into the base",
-                      "use the adapter bundle with peft (PeftModel.from_pretrained), or train with LoRA to merge")
+        raise _refuse(
+            f"run {run_id} used {spec.method.value}: it adds learned virtual tokens instead of changing "
+            "weights, so there is nothing to merge into the base",
+            "use the adapter bundle with peft (PeftModel.from_pretrained), or train with LoRA to merge",
+        )
     log.info("export run %s: answering %d check prompts with the adapter", run_id, len(CHECK_PROMPTS))
     unmerged = greedy(model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
     log.info("export run %s: merging", run_id)
     try:
         merged_model = model.merge_and_unload()
     except (NotImplementedError, AttributeError, ValueError) as exc:
-        raise _refuse(f"peft cannot merge this run's {spec.method.value} adapter: {exc}",
-                      "use the adapter bundle with peft (PeftModel.from_pretrained)") from exc
+        raise _refuse(
+            f"peft cannot merge this run's {spec.method.value} adapter: {exc}",
+            "use the adapter bundle with peft (PeftModel.from_pretrained)",
+        ) from exc
     merged = greedy(merged_model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
     check = compare(unmerged, merged, tokenizer, spec.method in QUANTIZED_METHODS)
-    log.info("export run %s: check %s (%s; token agreement %.3f, max logit diff %.3g)", run_id,
-             "passed" if check.passed else "FAILED", check.rule, check.token_agreement, check.max_logit_diff)
+    log.info(
+        "export run %s: check %s (%s; token agreement %.3f, max logit diff %.3g)",
+        run_id,
+        "passed" if check.passed else "FAILED",
+        check.rule,
+        check.token_agreement,
+        check.max_logit_diff,
+    )
     if not check.passed:
-        raise _refuse(f"the merged model's answers differ from the adapter's ({check.rule} not met: token "
-                      f"agreement {check.token_agreement:.0%})",
-                      "export with --dtype fp32 (less rounding in the merge), or use the adapter bundle")
+        raise _refuse(
+            f"the merged model's answers differ from the adapter's ({check.rule} not met: token "
+            f"agreement {check.token_agreement:.0%})",
+            "export with --dtype fp32 (less rounding in the merge), or use the adapter bundle",
+        )
     root = store.run_dir(run_id) / "export"
     folder = root / f"merged-{dtype}"
     if folder.exists():
@@ -195,17 +218,21 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
 
 def merged_card(spec: JobSpec, run_id: int, dtype: str, check: MergeCheck, notes: list[str]) -> str:
     """README.md of a merged export: what it is, how it was checked, how to load it."""
-    from jobs.train.artifacts import provenance_note
     from jobs.models.registry import base_reference
+    from jobs.train.artifacts import provenance_note
 
-    rows = "\n".join(f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
-                     for p, a, b in zip(check.prompts, check.unmerged, check.merged))
+    rows = "\n".join(
+        f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
+        for p, a, b in zip(check.prompts, check.unmerged, check.merged)
+    )
     note_text = "".join(f"\n{n}\n" for n in notes)
-    return (f"# {spec.display_name} (merged, {dtype})\n\nRun {run_id}'s {spec.method.value} adapter merged into "
-            f"`{base_reference(spec.model)}` by tunedeck. A plain transformers model: no peft needed.\n{note_text}\n"
-            f"## Check: merged vs adapter, greedy decoding\nRule: {check.rule}. Token agreement "
-            f"{check.token_agreement:.1%}; largest logit difference {check.max_logit_diff:.3g}.\n\n"
-            f"| prompt | adapter | merged |\n|---|---|---|\n{rows}\n\n## How to load\nRun this from the folder "
-            "this file is in:\n\n```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            "model = AutoModelForCausalLM.from_pretrained(\".\")\ntokenizer = AutoTokenizer.from_pretrained(\".\")\n"
-            "```\n" + provenance_note(spec))
+    return (
+        f"# {spec.display_name} (merged, {dtype})\n\nRun {run_id}'s {spec.method.value} adapter merged into "
+        f"`{base_reference(spec.model)}` by tunedeck. A plain transformers model: no peft needed.\n{note_text}\n"
+        f"## Check: merged vs adapter, greedy decoding\nRule: {check.rule}. Token agreement "
+        f"{check.token_agreement:.1%}; largest logit difference {check.max_logit_diff:.3g}.\n\n"
+        f"| prompt | adapter | merged |\n|---|---|---|\n{rows}\n\n## How to load\nRun this from the folder "
+        "this file is in:\n\n```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        'model = AutoModelForCausalLM.from_pretrained(".")\ntokenizer = AutoTokenizer.from_pretrained(".")\n'
+        "```\n" + provenance_note(spec)
+    )

@@ -37,10 +37,17 @@ def check_repo_id(repo: str) -> str:
     """`owner/name` as the hub spells repository ids; PushError otherwise."""
     repo = (repo or "").strip()
     owner, _, name = repo.partition("/")
-    ok = all(part and len(part) <= 96 and all(c.isalnum() or c in "-_." for c in part) and part[0] not in ".-"
-             for part in (owner, name)) and "/" not in name
+    ok = (
+        all(
+            part and len(part) <= 96 and all(c.isalnum() or c in "-_." for c in part) and part[0] not in ".-"
+            for part in (owner, name)
+        )
+        and "/" not in name
+    )
     if not ok:
-        raise _refuse("repo", f"`{repo}` is not a hub repository id", "write OWNER/NAME, e.g. alice/smollm2-tag-adapter")
+        raise _refuse(
+            "repo", f"`{repo}` is not a hub repository id", "write OWNER/NAME, e.g. alice/smollm2-tag-adapter"
+        )
     return repo
 
 
@@ -57,7 +64,9 @@ def push_folder(store: Any, run_id: int, what: str = "bundle") -> Path:
     folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind in kinds and Path(a.path).is_dir()]
     if not folders:
         if what == "merged":
-            raise _refuse("what", f"run {run_id} has no merged export", f"run `tunedeck export {run_id} --merged` first")
+            raise _refuse(
+                "what", f"run {run_id} has no merged export", f"run `tunedeck export {run_id} --merged` first"
+            )
         raise _refuse("run", f"run {run_id} has no saved bundle folder", "train it again; its bundle was not written")
     return folders[-1]
 
@@ -68,8 +77,12 @@ def endpoint() -> str:
 
 
 def offline() -> bool:
-    return (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "").strip().upper() \
-        in {"1", "ON", "YES", "TRUE"}
+    return (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or "").strip().upper() in {
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    }
 
 
 def reachability_problem(url: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
@@ -88,19 +101,32 @@ def reachability_problem(url: str, timeout: float = CONNECT_TIMEOUT_S) -> str | 
         return f"cannot reach {url} within {timeout:g} s ({type(exc).__name__}: {exc})"
 
 
-def push(store: Any, run_id: int, repo: str, token: str, what: str = "bundle", private: bool = False,
-         timeout: float = CONNECT_TIMEOUT_S) -> str:
+def push(
+    store: Any,
+    run_id: int,
+    repo: str,
+    token: str,
+    what: str = "bundle",
+    private: bool = False,
+    timeout: float = CONNECT_TIMEOUT_S,
+) -> str:
     """Create (or reuse) model repo `repo` and upload the run's folder to it; returns the repo's address."""
     repo = check_repo_id(repo)
     folder = push_folder(store, run_id, what)
     if not token or not token.strip():
-        raise _refuse("token", "no hub token was given", "paste a write token from huggingface.co/settings/tokens, "
-                      "or set HF_TOKEN")
+        raise _refuse(
+            "token",
+            "no hub token was given",
+            "paste a write token from huggingface.co/settings/tokens, or set HF_TOKEN",
+        )
     url = endpoint()
     problem = reachability_problem(url, timeout)
     if problem:
-        raise _refuse("hub", f"{problem}; nothing was uploaded",
-                      "connect to the internet (and unset HF_HUB_OFFLINE), then push again; the run keeps its files")
+        raise _refuse(
+            "hub",
+            f"{problem}; nothing was uploaded",
+            "connect to the internet (and unset HF_HUB_OFFLINE), then push again; the run keeps its files",
+        )
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -113,22 +139,36 @@ def push(store: Any, run_id: int, repo: str, token: str, what: str = "bundle", p
     api = HfApi(endpoint=url, token=token.strip())
     try:
         api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
-        commit = api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model",
-                                   commit_message=f"tunedeck run {run_id} ({what})")
+        commit = api.upload_folder(
+            repo_id=repo, folder_path=str(folder), repo_type="model", commit_message=f"tunedeck run {run_id} ({what})"
+        )
     except OfflineModeIsEnabled as exc:
-        raise _refuse("hub", "the hub is switched off here (HF_HUB_OFFLINE=1); nothing was uploaded",
-                      "unset HF_HUB_OFFLINE and push again") from exc
+        raise _refuse(
+            "hub",
+            "the hub is switched off here (HF_HUB_OFFLINE=1); nothing was uploaded",
+            "unset HF_HUB_OFFLINE and push again",
+        ) from exc
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
-        fix = ("check the token: it needs write access to the repository's owner" if status in (401, 403) else
-               "check the repository id and the token's rights, then push again")
-        raise _refuse("hub", f"the hub refused the push ({status or type(exc).__name__}: {str(exc).splitlines()[0]})",
-                      fix) from exc
+        fix = (
+            "check the token: it needs write access to the repository's owner"
+            if status in (401, 403)
+            else "check the repository id and the token's rights, then push again"
+        )
+        raise _refuse(
+            "hub", f"the hub refused the push ({status or type(exc).__name__}: {str(exc).splitlines()[0]})", fix
+        ) from exc
     except transport_errors as exc:  # connection dropped mid-upload
-        raise _refuse("hub", f"the connection to {url} failed during the push ({type(exc).__name__}: {exc})",
-                      "push again when the network is back") from exc
+        raise _refuse(
+            "hub",
+            f"the connection to {url} failed during the push ({type(exc).__name__}: {exc})",
+            "push again when the network is back",
+        ) from exc
     address = f"{url}/{repo}"
-    store.add_run_event(run_id, "push", f"pushed the {what} to {address}",
-                        data={"repo": repo, "what": what, "private": private,
-                              "commit": getattr(commit, "oid", None)})
+    store.add_run_event(
+        run_id,
+        "push",
+        f"pushed the {what} to {address}",
+        data={"repo": repo, "what": what, "private": private, "commit": getattr(commit, "oid", None)},
+    )
     return address

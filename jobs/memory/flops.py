@@ -76,12 +76,12 @@ class FlopsRate:
     """Per-token FLOPs of one run and its device's peak: turns tokens/s into TFLOP/s and MFU."""
 
     hardware_per_token: float  # what the device computes, recompute included
-    model_per_token: float     # the useful work (no recompute): MFU's numerator
-    peak_flops: float | None   # FLOP/s, None when the device is not in the table
-    peak_label: str = ""       # "H200 bf16 989 TFLOP/s"
+    model_per_token: float  # the useful work (no recompute): MFU's numerator
+    peak_flops: float | None  # FLOP/s, None when the device is not in the table
+    peak_label: str = ""  # "H200 bf16 989 TFLOP/s"
 
     @classmethod
-    def for_run(cls, resolved: dict[str, Any]) -> "FlopsRate | None":
+    def for_run(cls, resolved: dict[str, Any]) -> FlopsRate | None:
         """From a run's resolved config (`jobs.config.mapping.resolved_config` plus trainable/total_params)."""
         total, trainable = resolved.get("total_params"), resolved.get("trainable_params")
         if not total or trainable is None:
@@ -90,9 +90,12 @@ class FlopsRate:
         device = resolved.get("device") or {}
         precision = resolved.get("precision", "fp32")
         peak = peak_tflops(str(device.get("name", "")), precision) if device.get("cuda") else None
-        return cls(train_flops_per_token(total, trainable, recompute=recompute),
-                   train_flops_per_token(total, trainable), peak[0] * 1e12 if peak else None,
-                   f"{peak[1]} {precision} {peak[0]:g} TFLOP/s" if peak else "")
+        return cls(
+            train_flops_per_token(total, trainable, recompute=recompute),
+            train_flops_per_token(total, trainable),
+            peak[0] * 1e12 if peak else None,
+            f"{peak[1]} {precision} {peak[0]:g} TFLOP/s" if peak else "",
+        )
 
     def tflops(self, tokens_per_second: float) -> float:
         return tokens_per_second * self.hardware_per_token / 1e12

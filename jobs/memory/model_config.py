@@ -17,12 +17,28 @@ from typing import Any
 # The built-in models' architectures (SmolLM2-135M's published config.json; jobs.models.tiny's model),
 # so a prediction needs neither the GGUF download nor the conversion.
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
-    "smollm2-135m-instruct": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                  num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                                  tie_word_embeddings=True, max_position_embeddings=8192),
-    "tiny-llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
-                       max_position_embeddings=1024),
+    "smollm2-135m-instruct": dict(
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "tiny-llama": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=True,
+        max_position_embeddings=1024,
+    ),
 }
 
 

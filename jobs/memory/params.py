@@ -66,17 +66,27 @@ def model_shape(config: Any) -> ModelShape:
         config = AutoConfig.for_model(**config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    linears = tuple(Linear(name, m.in_features, m.out_features) for name, m in model.named_modules()
-                    if isinstance(m, torch.nn.Linear))
+    linears = tuple(
+        Linear(name, m.in_features, m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    )
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = int(getattr(text, "hidden_size"))
-    heads = int(getattr(text, "num_attention_heads"))
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
     kv = getattr(text, "num_key_value_heads", None)
     head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return ModelShape(model_type=str(config.model_type), total=sum(p.numel() for p in model.parameters()),
-                      hidden_size=hidden, num_layers=int(getattr(text, "num_hidden_layers")),
-                      num_attention_heads=heads, num_key_value_heads=int(kv) if kv is not None else None,
-                      head_dim=int(head_dim), linears=linears, config=config)
+    return ModelShape(
+        model_type=str(config.model_type),
+        total=sum(p.numel() for p in model.parameters()),
+        hidden_size=hidden,
+        num_layers=int(text.num_hidden_layers),
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv) if kv is not None else None,
+        head_dim=int(head_dim),
+        linears=linears,
+        config=config,
+    )
 
 
 # ---------------------------------------------------------------------- peft's rules as arithmetic
@@ -129,8 +139,10 @@ def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
     elif m is Method.IA3:
         # One scaling vector per targeted layer: over the input for feed-forward layers, else over the output.
         feedforward = kwargs["feedforward_modules"]
-        trainable = sum(lin.in_features if _matches(lin.name, feedforward) else lin.out_features
-                        for lin in _targeted(spec, shape, kwargs["target_modules"]))
+        trainable = sum(
+            lin.in_features if _matches(lin.name, feedforward) else lin.out_features
+            for lin in _targeted(spec, shape, kwargs["target_modules"])
+        )
     elif m is Method.PROMPT_TUNING:
         trainable = n * h  # one embedding per virtual token
     elif m is Method.PREFIX_TUNING:

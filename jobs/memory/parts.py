@@ -27,8 +27,15 @@ DOUBLE_QUANT_BLOCK = 256
 BNB_MIN_8BIT_SIZE = 4096
 BNB_OPT_BLOCK = 256
 # Module names whose input is shared: with no dropout their LoRA/IA3 adapters save that input once.
-INPUT_SITES = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in", "o_proj": "o_in",
-               "gate_proj": "mlp_in", "up_proj": "mlp_in", "down_proj": "down_in"}
+INPUT_SITES = {
+    "q_proj": "attn_in",
+    "k_proj": "attn_in",
+    "v_proj": "attn_in",
+    "o_proj": "o_in",
+    "gate_proj": "mlp_in",
+    "up_proj": "mlp_in",
+    "down_proj": "down_in",
+}
 
 
 @dataclass(frozen=True)
@@ -55,15 +62,15 @@ class Arch:
     vocab: int
     tied: bool
     gated_mlp: bool
-    total_params: int          # tied weights once
-    embedding_params: int      # input embeddings
-    head_params: int           # untied output layer (0 when tied to the embeddings)
-    linear_params: int         # weights of every linear inside the blocks: what bitsandbytes quantizes
-    linear_bias_params: int    # their biases (stay in 16/32 bits)
-    largest_param: int         # elements of the biggest single weight tensor
+    total_params: int  # tied weights once
+    embedding_params: int  # input embeddings
+    head_params: int  # untied output layer (0 when tied to the embeddings)
+    linear_params: int  # weights of every linear inside the blocks: what bitsandbytes quantizes
+    linear_bias_params: int  # their biases (stay in 16/32 bits)
+    largest_param: int  # elements of the biggest single weight tensor
     param_shapes: tuple[tuple[int, ...], ...]  # every parameter's shape (tied weights once)
     block_linears: tuple[LayerLinear, ...]  # one block's linears
-    shape: ModelShape          # for the trainable-parameter count (jobs.memory.params)
+    shape: ModelShape  # for the trainable-parameter count (jobs.memory.params)
 
     @property
     def kv_dim(self) -> int:
@@ -76,8 +83,9 @@ class Arch:
     @property
     def other_params(self) -> int:
         """Norm weights and anything else outside embeddings, head and block linears."""
-        return (self.total_params - self.embedding_params - self.head_params - self.linear_params
-                - self.linear_bias_params)
+        return (
+            self.total_params - self.embedding_params - self.head_params - self.linear_params - self.linear_bias_params
+        )
 
 
 def arch_from_config(config: Any) -> Arch:
@@ -103,7 +111,7 @@ def arch_from_config(config: Any) -> Arch:
             linear_w += module.weight.numel()
             linear_b += module.bias.numel() if module.bias is not None else 0
             parts = name.split(".")
-            prefix = next((".".join(parts[:i + 1]) for i, p in enumerate(parts) if p.isdigit()), None)
+            prefix = next((".".join(parts[: i + 1]) for i, p in enumerate(parts) if p.isdigit()), None)
             block_prefix = block_prefix or prefix
             if prefix is not None and prefix == block_prefix:
                 linears.append(LayerLinear(parts[-1], module.in_features, module.out_features, module.bias is not None))
@@ -114,15 +122,29 @@ def arch_from_config(config: Any) -> Arch:
     names = {lin.name for lin in linears}
     inter = int(getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden)
     params = list(model.parameters())
-    return Arch(model_type=str(config.model_type), hidden=hidden, layers=int(text.num_hidden_layers), heads=heads,
-                kv_heads=int(kv), head_dim=head_dim, intermediate=inter, vocab=int(emb.weight.shape[0]), tied=tied,
-                gated_mlp="gate_proj" in names or "w3" in names,
-                total_params=sum(p.numel() for p in params), embedding_params=emb.weight.numel(),
-                head_params=0 if tied or head is None else head.weight.numel() + (head.bias.numel() if head.bias is not None else 0),
-                linear_params=linear_w, linear_bias_params=linear_b,
-                largest_param=max(p.numel() for p in params),
-                param_shapes=tuple(tuple(p.shape) for p in params), block_linears=tuple(linears),
-                shape=model_shape(config))
+    return Arch(
+        model_type=str(config.model_type),
+        hidden=hidden,
+        layers=int(text.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(kv),
+        head_dim=head_dim,
+        intermediate=inter,
+        vocab=int(emb.weight.shape[0]),
+        tied=tied,
+        gated_mlp="gate_proj" in names or "w3" in names,
+        total_params=sum(p.numel() for p in params),
+        embedding_params=emb.weight.numel(),
+        head_params=0
+        if tied or head is None
+        else head.weight.numel() + (head.bias.numel() if head.bias is not None else 0),
+        linear_params=linear_w,
+        linear_bias_params=linear_b,
+        largest_param=max(p.numel() for p in params),
+        param_shapes=tuple(tuple(p.shape) for p in params),
+        block_linears=tuple(linears),
+        shape=model_shape(config),
+    )
 
 
 # ---------------------------------------------------------------------- weights (docs/memory.md "Weights")
@@ -166,10 +188,10 @@ def adafactor_state_bytes(shapes: list[tuple[int, ...]]) -> float:
 class ActivationPlan:
     """Which tensors a block keeps for the backward pass, decided by the method."""
 
-    weights_train: bool        # full fine-tuning: linears and norms keep their inputs for weight gradients
+    weights_train: bool  # full fine-tuning: linears and norms keep their inputs for weight gradients
     adapters: tuple[LayerLinear, ...] = ()  # LoRA-family targets in one block
     lora_r: int = 0
-    dropout: bool = False      # LoRA dropout > 0: each adapter keeps its own dropped input and mask
+    dropout: bool = False  # LoRA dropout > 0: each adapter keeps its own dropped input and mask
     dora: bool = False
     ia3: tuple[LayerLinear, ...] = ()
     ia3_feedforward: frozenset[str] = frozenset()
@@ -213,8 +235,9 @@ def block_elements(arch: Arch, plan: ActivationPlan, mask_bytes: float, elem: fl
 
 
 # ---------------------------------------------------------------------- logits (docs/memory.md "Logits and loss")
-def head_bytes(arch: Arch, rows_tokens: int, compute_elem: float, mask_bytes: float, head_trains: bool,
-               fused_kernel: bool) -> tuple[float, str]:
+def head_bytes(
+    arch: Arch, rows_tokens: int, compute_elem: float, mask_bytes: float, head_trains: bool, fused_kernel: bool
+) -> tuple[float, str]:
     """Peak of trl's fused LM head in its backward: (bytes, formula).
 
     trl 1.16 never materialises batch x length x vocab logits: it scores tiles of at most
@@ -228,6 +251,10 @@ def head_bytes(arch: Arch, rows_tokens: int, compute_elem: float, mask_bytes: fl
     temps = 0.0 if fused_kernel else n * v * (7 * 4 + 1)
     grad_hidden = rows_tokens * arch.hidden * 4
     grad_weight = arch.vocab * arch.hidden * 4 if head_trains else 0
-    formula = (f"tile {n}x{HEAD_VOCAB_TILE}x{compute_elem:g} B" + ("" if fused_kernel else f" + 7 fp32 + 1 bool temporaries {n}x{v}")
-               + f" + fp32 hidden grad {rows_tokens}x{arch.hidden}" + (f" + fp32 head grad {arch.vocab}x{arch.hidden}" if head_trains else ""))
+    formula = (
+        f"tile {n}x{HEAD_VOCAB_TILE}x{compute_elem:g} B"
+        + ("" if fused_kernel else f" + 7 fp32 + 1 bool temporaries {n}x{v}")
+        + f" + fp32 hidden grad {rows_tokens}x{arch.hidden}"
+        + (f" + fp32 head grad {arch.vocab}x{arch.hidden}" if head_trains else "")
+    )
     return buffer + temps + grad_hidden + grad_weight, formula

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from jobs.devices.facts import DeviceFacts
-from jobs.memory.predict import Prediction, predict
 from jobs.memory.parts import Arch
+from jobs.memory.predict import Prediction, predict
 from jobs.spec.job import JobSpec, Method, Optim, Precision
 
 MARGIN = 0.90  # a pick must leave 10% of the target free (the "tight" verdict starts there)
@@ -34,7 +34,7 @@ class Candidate:
 
     spec: JobSpec
     prediction: Prediction
-    speed: float          # predicted tokens/s (relative unless calibrated by measured runs)
+    speed: float  # predicted tokens/s (relative unless calibrated by measured runs)
     calibrated: bool
     changes: tuple[str, ...]
 
@@ -60,16 +60,26 @@ def relative_speed(spec: JobSpec, arch: Arch, prediction: Prediction) -> float:
 
 # The settings that decide a run's speed on a given model and device: runs that agree on all of
 # them are the same setup, whose measured tokens/s stands in for the model's estimate.
-SPEED_FIELDS = ("method", "per_device_train_batch_size", "gradient_checkpointing", "precision", "optim",
-                "max_length", "packing", "lora_r", "trainer")
+SPEED_FIELDS = (
+    "method",
+    "per_device_train_batch_size",
+    "gradient_checkpointing",
+    "precision",
+    "optim",
+    "max_length",
+    "packing",
+    "lora_r",
+    "trainer",
+)
 
 
 def same_setup(a: JobSpec, b: JobSpec) -> bool:
     return all(getattr(a, f) == getattr(b, f) for f in SPEED_FIELDS)
 
 
-def calibration(history: Sequence[tuple[JobSpec, float]], arch: Arch, device: DeviceFacts,
-                like: JobSpec | None = None) -> float | None:
+def calibration(
+    history: Sequence[tuple[JobSpec, float]], arch: Arch, device: DeviceFacts, like: JobSpec | None = None
+) -> float | None:
     """Median measured / modelled tokens/s over earlier runs of this model on this device, if any;
     with `like`, over those of the same setup only (so a measured variant ranks by what it did)."""
     ratios = []
@@ -103,7 +113,11 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
     """Every combination of the memory tricks the planner may change."""
     effective = spec.effective_batch_size
     batches = _divisors_down(spec.per_device_train_batch_size, effective)
-    ckpts = [spec.gradient_checkpointing] if spec.method is Method.PREFIX_TUNING else sorted({spec.gradient_checkpointing, True})
+    ckpts = (
+        [spec.gradient_checkpointing]
+        if spec.method is Method.PREFIX_TUNING
+        else sorted({spec.gradient_checkpointing, True})
+    )
     precisions = [spec.precision]
     if device.kind == "cuda":
         half = Precision.BF16 if device.bf16 else Precision.FP16
@@ -118,9 +132,16 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
             for optim in optims:
                 for ckpt in ckpts:
                     for b in batches:
-                        out.append(spec.replace(method=method, precision=precision, optim=optim,
-                                                gradient_checkpointing=ckpt, per_device_train_batch_size=b,
-                                                gradient_accumulation_steps=effective // b))
+                        out.append(
+                            spec.replace(
+                                method=method,
+                                precision=precision,
+                                optim=optim,
+                                gradient_checkpointing=ckpt,
+                                per_device_train_batch_size=b,
+                                gradient_accumulation_steps=effective // b,
+                            )
+                        )
     return out
 
 
@@ -128,8 +149,10 @@ def describe_changes(old: JobSpec, new: JobSpec) -> tuple[str, ...]:
     """What a variant changes, in the spec's own field names."""
     out = []
     if new.per_device_train_batch_size != old.per_device_train_batch_size:
-        out.append(f"per_device_train_batch_size {old.per_device_train_batch_size} -> {new.per_device_train_batch_size} "
-                   f"with gradient_accumulation_steps {new.gradient_accumulation_steps} (same effective batch)")
+        out.append(
+            f"per_device_train_batch_size {old.per_device_train_batch_size} -> {new.per_device_train_batch_size} "
+            f"with gradient_accumulation_steps {new.gradient_accumulation_steps} (same effective batch)"
+        )
     for name in ("gradient_checkpointing", "precision", "optim", "method"):
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
@@ -137,8 +160,16 @@ def describe_changes(old: JobSpec, new: JobSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
-def fit(spec: JobSpec, arch: Arch, device: DeviceFacts, target_bytes: int | None = None, *,
-        allow_qlora: bool = True, history: Sequence[tuple[JobSpec, float]] = (), margin: float = MARGIN) -> list[Candidate]:
+def fit(
+    spec: JobSpec,
+    arch: Arch,
+    device: DeviceFacts,
+    target_bytes: int | None = None,
+    *,
+    allow_qlora: bool = True,
+    history: Sequence[tuple[JobSpec, float]] = (),
+    margin: float = MARGIN,
+) -> list[Candidate]:
     """Variants that fit `margin` x target (default: the device's memory), fastest first; [] if none."""
     target = target_bytes if target_bytes is not None else device.total_bytes
     facts = replace(device, total_bytes=target)

@@ -18,26 +18,34 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from jobs.devices.facts import DeviceFacts
 from jobs.config.mapping import QUANTIZED_METHODS, Device, resolve_precision
-from jobs.memory.parts import (ActivationPlan, Arch, adafactor_state_bytes, adam8bit_state_bytes, block_elements,
-                               head_bytes, int8_bytes, nf4_bytes_per_param)
+from jobs.devices.facts import DeviceFacts
 from jobs.memory.params import _targeted, trainable_params
-from jobs.units import human_bytes, human_count  # noqa: F401 - re-exported for callers
+from jobs.memory.parts import (
+    ActivationPlan,
+    Arch,
+    adafactor_state_bytes,
+    adam8bit_state_bytes,
+    block_elements,
+    head_bytes,
+    int8_bytes,
+    nf4_bytes_per_param,
+)
 from jobs.spec.job import LORA_FAMILY, PROMPT_FAMILY, JobSpec, Method, Optim, Precision, Trainer
+from jobs.units import human_bytes, human_count  # noqa: F401 - re-exported for callers
 
 PART_NAMES = ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead")
 TIGHT_ABOVE = 0.90  # share of the device's memory above which the verdict is "tight"
-GIB = 1024 ** 3
+GIB = 1024**3
 # CUDA context + cuBLAS/cuDNN workspaces, outside torch's allocator (NVML sees them, torch does not).
 # Per device name; to be measured with `bench/memory_truth.py --device cuda` (NVML used minus
 # max reserved) and replaced by measured figures as they come in. docs/memory.md "Overhead".
 CUDA_CONTEXT_BYTES: dict[str, int] = {
-    "default": 600 * 1024 ** 2,
-    "H100": 600 * 1024 ** 2,
-    "H200": 600 * 1024 ** 2,
-    "A100": 550 * 1024 ** 2,
-    "V100": 1343 * 1024 ** 2,  # HF docs' bert-large table, older CUDA
+    "default": 600 * 1024**2,
+    "H100": 600 * 1024**2,
+    "H200": 600 * 1024**2,
+    "A100": 550 * 1024**2,
+    "V100": 1343 * 1024**2,  # HF docs' bert-large table, older CUDA
 }
 # torch's caching allocator rounds blocks and keeps freed ones: reserved runs a few % above allocated.
 ALLOCATOR_SLACK = 0.05
@@ -93,16 +101,24 @@ class Prediction:
         """The JSON form (`tunedeck plan --json`, stored with the run)."""
         from dataclasses import asdict
 
-        return {"total_bytes": self.total_bytes, "parts": self.parts_dict(), "verdict": self.verdict.value,
-                "phase": self.phase, "device": asdict(self.device), "trainable_params": self.trainable_params,
-                "total_params": self.total_params, "precision": self.precision,
-                "formulas": {p.name: p.formula for p in self.parts}, "notes": list(self.notes),
-                "cuda_context_bytes": context_bytes(self.device)}
+        return {
+            "total_bytes": self.total_bytes,
+            "parts": self.parts_dict(),
+            "verdict": self.verdict.value,
+            "phase": self.phase,
+            "device": asdict(self.device),
+            "trainable_params": self.trainable_params,
+            "total_params": self.total_params,
+            "precision": self.precision,
+            "formulas": {p.name: p.formula for p in self.parts},
+            "notes": list(self.notes),
+            "cuda_context_bytes": context_bytes(self.device),
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
-    def with_device(self, device: DeviceFacts) -> "Prediction":
+    def with_device(self, device: DeviceFacts) -> Prediction:
         from dataclasses import replace
 
         return replace(self, device=device)
@@ -152,14 +168,22 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
     if m in LORA_FAMILY:
         kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
         targets = {lin.name.split(".")[-1] for lin in _targeted(spec, arch.shape, kwargs["target_modules"])}
-        return ActivationPlan(weights_train=False, adapters=tuple(x for x in arch.block_linears if x.name in targets),
-                              lora_r=spec.lora_r, dropout=spec.lora_dropout > 0, dora=m is Method.DORA,
-                              adapter_elem=2 if m in QUANTIZED_METHODS else None)
+        return ActivationPlan(
+            weights_train=False,
+            adapters=tuple(x for x in arch.block_linears if x.name in targets),
+            lora_r=spec.lora_r,
+            dropout=spec.lora_dropout > 0,
+            dora=m is Method.DORA,
+            adapter_elem=2 if m in QUANTIZED_METHODS else None,
+        )
     if m is Method.IA3:
         kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
         targets = set(kwargs["target_modules"])
-        return ActivationPlan(weights_train=False, ia3=tuple(x for x in arch.block_linears if x.name in targets),
-                              ia3_feedforward=frozenset(kwargs["feedforward_modules"]))
+        return ActivationPlan(
+            weights_train=False,
+            ia3=tuple(x for x in arch.block_linears if x.name in targets),
+            ia3_feedforward=frozenset(kwargs["feedforward_modules"]),
+        )
     return ActivationPlan(weights_train=False)
 
 
@@ -168,8 +192,8 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     cuda = device.kind == "cuda"
     precision = resolve_precision(spec, _device(device))
     half = precision in (Precision.BF16, Precision.FP16)
-    elem = 2 if half else 4                    # activations and matmul outputs under autocast
-    mask_bytes = 1 if cuda else elem           # dropout masks: bool on CUDA, the input's dtype on the CPU
+    elem = 2 if half else 4  # activations and matmul outputs under autocast
+    mask_bytes = 1 if cuda else elem  # dropout masks: bool on CUDA, the input's dtype on the CPU
     m = spec.method
     count = trainable_params(spec, arch.shape)
     p = count.trainable
@@ -179,7 +203,9 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     # ---- weights (docs/memory.md "Weights")
     if m is Method.FULL:
         weights = 4.0 * n
-        wf = f"{n:,} params x 4 B (fp32 masters; autocast computes in 16 bits)" if half else f"{n:,} params x 4 B (fp32)"
+        wf = (
+            f"{n:,} params x 4 B (fp32 masters; autocast computes in 16 bits)" if half else f"{n:,} params x 4 B (fp32)"
+        )
         if half:  # autocast keeps one 16-bit copy of each trained linear weight for the step
             weights += 2.0 * arch.linear_params
             wf += f" + 16-bit autocast copies of {arch.linear_params:,} linear weights x 2 B"
@@ -187,9 +213,11 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         per = nf4_bytes_per_param(spec.bnb_4bit_use_double_quant)
         rest = n - arch.linear_params
         weights = arch.linear_params * per + rest * 4.0
-        wf = (f"{arch.linear_params:,} block linear weights x {per:.4f} B ({spec.bnb_4bit_quant_type.value}"
-              f"{' + double quant' if spec.bnb_4bit_use_double_quant else ''}) + {rest:,} embeddings/head/norms/biases "
-              "x 4 B (prepare_model_for_kbit_training upcasts them to fp32)")
+        wf = (
+            f"{arch.linear_params:,} block linear weights x {per:.4f} B ({spec.bnb_4bit_quant_type.value}"
+            f"{' + double quant' if spec.bnb_4bit_use_double_quant else ''}) + {rest:,} embeddings/head/norms/biases "
+            "x 4 B (prepare_model_for_kbit_training upcasts them to fp32)"
+        )
     elif m is Method.LORA_8BIT:
         rest = n - arch.linear_params
         weights = int8_bytes(arch) + rest * 4.0
@@ -206,8 +234,11 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     # all but DoRA's magnitudes, and the gradients and AdamW's moments follow the weights' dtype.
     a_elem = 2 if m in QUANTIZED_METHODS else 4
     adapter = 0.0 if m is Method.FULL else float(a_elem * p)
-    af = ("none (full fine-tune)" if m is Method.FULL else
-          f"{p:,} trainable params x {a_elem} B ({'bf16: trl casts adapters on a quantized base' if a_elem == 2 else 'peft keeps adapters in fp32'})")
+    af = (
+        "none (full fine-tune)"
+        if m is Method.FULL
+        else f"{p:,} trainable params x {a_elem} B ({'bf16: trl casts adapters on a quantized base' if a_elem == 2 else 'peft keeps adapters in fp32'})"
+    )
     grads = float(a_elem * p) if m is not Method.FULL else 4.0 * p
     shapes = _trainable_shapes(spec, arch)
     largest = max((_numel(s) for s in shapes), default=0)
@@ -220,10 +251,12 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         # plus one completion of max_completion_length tokens. Generation's KV cache is freed before the
         # training pass, and a reward run's model (reward_model_run) is not counted.
         length += spec.max_completion_length
-        kv = (2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length)
-        notes.append(f"grpo: rows taken as max_length prompt + max_completion_length tokens; generation's KV cache "
-                     f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
-                     "are not counted")
+        kv = 2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length
+        notes.append(
+            f"grpo: rows taken as max_length prompt + max_completion_length tokens; generation's KV cache "
+            f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
+            "are not counted"
+        )
     tokens = rows * length
     plan = _plan(spec, arch)
     per_block = block_elements(arch, plan, mask_bytes, elem)
@@ -235,8 +268,10 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
         acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block - logits)
-        actf = (f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
-                f"+ one recomputed block ({per_block:,.0f} B/token) beyond the head's transient")
+        actf = (
+            f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
+            f"+ one recomputed block ({per_block:,.0f} B/token) beyond the head's transient"
+        )
     else:
         acts = tokens * arch.layers * per_block
         actf = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
@@ -266,10 +301,18 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         ovf = f"CUDA context {ctx / 2**20:.0f} MiB ({device.name}) + {ALLOCATOR_SLACK:.0%} allocator slack"
     if spec.optim in (Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT) and cuda:
         notes.append("paged optimizer: its state can move to CPU RAM under pressure, so the peak may be lower")
-    parts = (Part("weights", int(weights), wf), Part("adapter", int(adapter), af), Part("gradients", int(g), gf),
-             Part("optimizer", int(o), of), Part("activations", int(a), actf), Part("logits", int(lg), lf),
-             Part("overhead", int(overhead), ovf))
-    return Prediction(parts, phase, device, p, count.total if m is not Method.FULL else n, precision.value, tuple(notes))
+    parts = (
+        Part("weights", int(weights), wf),
+        Part("adapter", int(adapter), af),
+        Part("gradients", int(g), gf),
+        Part("optimizer", int(o), of),
+        Part("activations", int(a), actf),
+        Part("logits", int(lg), lf),
+        Part("overhead", int(overhead), ovf),
+    )
+    return Prediction(
+        parts, phase, device, p, count.total if m is not Method.FULL else n, precision.value, tuple(notes)
+    )
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -279,8 +322,9 @@ def _numel(shape: tuple[int, ...]) -> int:
     return out
 
 
-def _optimizer(optim: Optim, p: int, shapes: list[tuple[int, ...]], largest: int,
-               cuda: bool, elem: int = 4) -> tuple[float, float, str]:
+def _optimizer(
+    optim: Optim, p: int, shapes: list[tuple[int, ...]], largest: int, cuda: bool, elem: int = 4
+) -> tuple[float, float, str]:
     """(state bytes kept between steps, extra bytes during the step, formula); `elem`: the trained weights' bytes."""
     if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT):
         # torch AdamW keeps two moments in the parameters' dtype. On CUDA it updates all tensors at
@@ -298,9 +342,15 @@ def _optimizer(optim: Optim, p: int, shapes: list[tuple[int, ...]], largest: int
     raise ValueError(f"no memory rule for optimizer {optim}")  # pragma: no cover - the enum is closed
 
 
-PLAIN_NAMES = {"weights": "the model's weights", "adapter": "the adapter weights", "gradients": "the gradients",
-               "optimizer": "the optimizer state", "activations": "the activations kept for the backward pass",
-               "logits": "the output layer's scoring of the vocabulary", "overhead": "the CUDA context and allocator"}
+PLAIN_NAMES = {
+    "weights": "the model's weights",
+    "adapter": "the adapter weights",
+    "gradients": "the gradients",
+    "optimizer": "the optimizer state",
+    "activations": "the activations kept for the backward pass",
+    "logits": "the output layer's scoring of the vocabulary",
+    "overhead": "the CUDA context and allocator",
+}
 
 
 def explain(prediction: Prediction) -> str:
@@ -308,11 +358,15 @@ def explain(prediction: Prediction) -> str:
     total, cap = prediction.total_bytes, prediction.device.total_bytes
     biggest = max(prediction.parts, key=lambda p: p.bytes)
     share = f"{100 * biggest.bytes / total:.0f}%" if total else "0%"
-    where = prediction.device.name if "GiB" in prediction.device.name else f"{prediction.device.name} ({human_bytes(cap)})"
-    head = {Verdict.FITS: f"Fits: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}%.",
-            Verdict.TIGHT: f"Tight: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}% "
-                           f"(above {TIGHT_ABOVE:.0%}: fragmentation or a longer row may tip it over).",
-            Verdict.WILL_NOT_FIT: f"Will not fit: {human_bytes(total)} needed, {100 * prediction.share:.0f}% of {where}."}[prediction.verdict]
+    where = (
+        prediction.device.name if "GiB" in prediction.device.name else f"{prediction.device.name} ({human_bytes(cap)})"
+    )
+    head = {
+        Verdict.FITS: f"Fits: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}%.",
+        Verdict.TIGHT: f"Tight: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}% "
+        f"(above {TIGHT_ABOVE:.0%}: fragmentation or a longer row may tip it over).",
+        Verdict.WILL_NOT_FIT: f"Will not fit: {human_bytes(total)} needed, {100 * prediction.share:.0f}% of {where}.",
+    }[prediction.verdict]
     return f"{head} The largest part is {PLAIN_NAMES[biggest.name]} ({share}); the peak is in the {prediction.phase}."
 
 

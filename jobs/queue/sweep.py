@@ -17,8 +17,9 @@ RSS on the CPU, where the interpreter and libraries (~0.5 GiB) narrow the ratios
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from jobs.spec import tricks
 from jobs.spec.job import JobSpec, Problem, SpecError
@@ -37,11 +38,14 @@ class SweepQueued:
 
 def probe_spec(spec: JobSpec, trick: Trick, steps: int) -> JobSpec:
     """The short probe of one trick: `steps` optimizer steps, no checkpoints, no OOM recovery."""
-    return spec.replace(max_steps=steps, save_steps=None, on_oom="fail",
-                        run_name=f"sweep {trick.value}: {spec.display_name}"[:200])
+    return spec.replace(
+        max_steps=steps, save_steps=None, on_oom="fail", run_name=f"sweep {trick.value}: {spec.display_name}"[:200]
+    )
 
 
-def plan_probes(spec: JobSpec, chosen: Sequence[Trick], steps: int, device: Any) -> tuple[list[tuple[str, str, JobSpec]], list[tuple[str, str]]]:
+def plan_probes(
+    spec: JobSpec, chosen: Sequence[Trick], steps: int, device: Any
+) -> tuple[list[tuple[str, str, JobSpec]], list[tuple[str, str]]]:
     """(probes to queue as (trick, note, spec), skipped as (trick, reason)); the baseline always comes first."""
     from jobs.config.mapping import capability_problems
 
@@ -61,8 +65,9 @@ def plan_probes(spec: JobSpec, chosen: Sequence[Trick], steps: int, device: Any)
     return probes, skipped
 
 
-def queue_sweep(store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRICKS,
-                steps: int = DEFAULT_STEPS) -> SweepQueued:
+def queue_sweep(
+    store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRICKS, steps: int = DEFAULT_STEPS
+) -> SweepQueued:
     """Check the spec (model, data, the workers' device) and queue one probe per applicable trick."""
     from jobs.devices.facts import target
     from jobs.queue.submit import check
@@ -74,8 +79,9 @@ def queue_sweep(store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRI
     if problems:
         raise SpecError(problems)
     probes, skipped = plan_probes(spec, chosen, steps, device)
-    sweep_id, run_ids = store.create_sweep([(trick, note, probe.validate().display_name, probe.to_json())
-                                            for trick, note, probe in probes])
+    sweep_id, run_ids = store.create_sweep(
+        [(trick, note, probe.validate().display_name, probe.to_json()) for trick, note, probe in probes]
+    )
     return SweepQueued(sweep_id, run_ids, skipped)
 
 
@@ -94,9 +100,17 @@ def sweep_table(store: Any, sweep_id: int) -> list[dict[str, Any]]:
         run = store.get_run(member["run_id"])
         if run is None:
             continue  # deleted
-        rows.append({"trick": member["trick"], "change": member["note"], "run_id": run.id, "status": run.status.value,
-                     "peak_bytes": run.peak_memory_bytes, "peak_source": run.peak_memory_source,
-                     "step_time": step_time(store, run)})
+        rows.append(
+            {
+                "trick": member["trick"],
+                "change": member["note"],
+                "run_id": run.id,
+                "status": run.status.value,
+                "peak_bytes": run.peak_memory_bytes,
+                "peak_source": run.peak_memory_source,
+                "step_time": step_time(store, run),
+            }
+        )
     base = next((r for r in rows if r["trick"] == Trick.BASELINE.value), None)
     for row in rows:
         for key, ratio in (("peak_bytes", "memory_vs_baseline"), ("step_time", "time_vs_baseline")):
@@ -107,15 +121,26 @@ def sweep_table(store: Any, sweep_id: int) -> list[dict[str, Any]]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a fixed-width text table (CLI)."""
+
     def gib(n: int | None) -> str:
-        return f"{n / 1024 ** 3:.2f} GiB" if n else "-"
+        return f"{n / 1024**3:.2f} GiB" if n else "-"
 
     def ratio(x: float | None) -> str:
         return f"{x:.2f}x" if x is not None else "-"
 
     head = ("trick", "run", "status", "peak memory", "vs base", "s/step", "vs base", "change")
-    body = [(r["trick"], str(r["run_id"]), r["status"], gib(r["peak_bytes"]), ratio(r["memory_vs_baseline"]),
-             f"{r['step_time']:.3f}" if r["step_time"] else "-", ratio(r["time_vs_baseline"]), r["change"])
-            for r in rows]
+    body = [
+        (
+            r["trick"],
+            str(r["run_id"]),
+            r["status"],
+            gib(r["peak_bytes"]),
+            ratio(r["memory_vs_baseline"]),
+            f"{r['step_time']:.3f}" if r["step_time"] else "-",
+            ratio(r["time_vs_baseline"]),
+            r["change"],
+        )
+        for r in rows
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in (head, *body))

@@ -10,8 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-COLUMN_TARGETS = ("text", "messages", "prompt", "completion", "chosen", "rejected", "label",
-                  "instruction", "input", "output", "system", "history", "conversations")
+COLUMN_TARGETS = (
+    "text",
+    "messages",
+    "prompt",
+    "completion",
+    "chosen",
+    "rejected",
+    "label",
+    "instruction",
+    "input",
+    "output",
+    "system",
+    "history",
+    "conversations",
+)
 
 
 def columns_text(mapping: dict[Any, Any]) -> str:
@@ -32,7 +45,9 @@ def parse_columns(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
         if not _ or not target or not source:
             problems.append((f"`{part}` is not a target=column pair", example))
         elif target not in COLUMN_TARGETS:
-            problems.append((f"`{target}` is not a column tunedeck reads", f"map to one of {', '.join(COLUMN_TARGETS)}"))
+            problems.append(
+                (f"`{target}` is not a column tunedeck reads", f"map to one of {', '.join(COLUMN_TARGETS)}")
+            )
         elif target in mapping:
             problems.append((f"`{target}` is mapped twice", "map each target column once"))
         elif source in mapping.values():

@@ -23,11 +23,11 @@ from typing import Any
 # name -> what it rewards (the form's help says the same in short).
 BUILTIN_REWARDS: dict[str, str] = {
     "think_format": "1.0 when the completion is <think>...</think> followed by the answer, else 0.0 "
-                    "(trl.rewards.think_format_reward)",
+    "(trl.rewards.think_format_reward)",
     "repetition": "0 for no repeated token 3-grams, down to -1.0 for a fully repetitive completion "
-                  "(trl.rewards.get_repetition_penalty_reward)",
+    "(trl.rewards.get_repetition_penalty_reward)",
     "overlong": "0 up to max_completion_length minus a quarter of it, then falling linearly to -1.0 at "
-                "max_completion_length (trl.rewards.get_soft_overlong_punishment, DAPO)",
+    "max_completion_length (trl.rewards.get_soft_overlong_punishment, DAPO)",
 }
 _EXAMPLE = "e.g. think_format, repetition=0.5"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -43,8 +43,10 @@ def finished_problem(run: Any, run_id: int, doing: str) -> tuple[str, str] | Non
     if run is None:
         return f"run {run_id} does not exist", "list finished runs with `tunedeck runs --status succeeded`"
     if run.status is not RunStatus.SUCCEEDED:
-        return (f"run {run_id} is {run.status.value}; only a finished run has a result to {doing}",
-                "wait for it to succeed, or pick a succeeded run (`tunedeck runs --status succeeded`)")
+        return (
+            f"run {run_id} is {run.status.value}; only a finished run has a result to {doing}",
+            "wait for it to succeed, or pick a succeeded run (`tunedeck runs --status succeeded`)",
+        )
     return None
 
 

@@ -65,11 +65,14 @@ def save_adapter(spec: JobSpec, model: Any, bundle: Path, output_dir: Path | str
     initial = initial_adapter_dir(output_dir) if output_dir is not None else None
     if spec.lora_init in CONVERTED_INITS and spec.method in {Method.LORA, Method.DORA}:
         if initial is None or not initial.is_dir():
-            raise RuntimeError(f"{spec.lora_init.value}: the initial adapter is missing, so the trained one cannot be "
-                               "converted for the original base")
+            raise RuntimeError(
+                f"{spec.lora_init.value}: the initial adapter is missing, so the trained one cannot be "
+                "converted for the original base"
+            )
         # peft: the saved adapter has rank 2r and applies to the unmodified base weights.
-        model.save_pretrained(str(bundle), safe_serialization=True,
-                              path_initial_model_for_weight_conversion=str(initial))
+        model.save_pretrained(
+            str(bundle), safe_serialization=True, path_initial_model_for_weight_conversion=str(initial)
+        )
         return
     model.save_pretrained(str(bundle), safe_serialization=True)
 

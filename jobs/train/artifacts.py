@@ -18,8 +18,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from jobs.train.figures import FIGURES, format_figure
 from jobs.spec.job import JobSpec, Method
+from jobs.train.figures import FIGURES, format_figure
 
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle"}
 
@@ -47,9 +47,16 @@ def name_base_model(bundle: Path, base: str) -> None:
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def write_bundle(bundle: Path, spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, float],
-                 output_dir: Path | None = None, extra_files: dict[str, str] | None = None,
-                 card_extra: str = "") -> Path:
+def write_bundle(
+    bundle: Path,
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    metrics: dict[str, float],
+    output_dir: Path | None = None,
+    extra_files: dict[str, str] | None = None,
+    card_extra: str = "",
+) -> Path:
     """Save weights (safetensors), tokenizer, spec, metrics and a model card into `bundle`.
 
     `output_dir`: the training output folder (PiSSA/OLoRA keep their initial adapter there).
@@ -90,13 +97,28 @@ def zip_bundle(bundle: Path, dest: Path) -> Path:
     return dest
 
 
-def write_artifacts(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: Any,
-                    metrics: dict[str, float], extra_files: dict[str, str] | None = None,
-                    card_extra: str = "") -> Path:
+def write_artifacts(
+    store: Any,
+    run_id: int,
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    metrics: dict[str, float],
+    extra_files: dict[str, str] | None = None,
+    card_extra: str = "",
+) -> Path:
     """Write the bundle and zip under the run's folder and record both in the store; returns the zip."""
     root = store.run_dir(run_id)
-    bundle = write_bundle(root / "bundle", spec, model, tokenizer, metrics, output_dir=root / "output",
-                          extra_files=extra_files, card_extra=card_extra)
+    bundle = write_bundle(
+        root / "bundle",
+        spec,
+        model,
+        tokenizer,
+        metrics,
+        output_dir=root / "output",
+        extra_files=extra_files,
+        card_extra=card_extra,
+    )
     full = spec.method is Method.FULL
     archive = zip_bundle(bundle, root / f"{safe_name(spec.display_name)}-{'model' if full else 'adapter'}.zip")
     store.add_artifact(run_id, "bundle", str(archive), archive.stat().st_size, sha256_of(archive))
@@ -116,9 +138,13 @@ def bundle_of(store: Any, run_id: int) -> str | None:
 # ---------------------------------------------------------------------- model card
 def _tricks(spec: JobSpec) -> list[str]:
     """Human names of the memory tricks the spec turned on."""
-    out = [f"micro-batch {spec.per_device_train_batch_size} x {spec.gradient_accumulation_steps} accumulation "
-           f"(effective batch {spec.effective_batch_size})", f"precision {spec.precision.value}",
-           f"optimizer {spec.optim.value}", f"max_length {spec.max_length}"]
+    out = [
+        f"micro-batch {spec.per_device_train_batch_size} x {spec.gradient_accumulation_steps} accumulation "
+        f"(effective batch {spec.effective_batch_size})",
+        f"precision {spec.precision.value}",
+        f"optimizer {spec.optim.value}",
+        f"max_length {spec.max_length}",
+    ]
     if spec.gradient_checkpointing:
         out.append("gradient checkpointing")
     if spec.packing:
@@ -138,33 +164,51 @@ def load_snippet(spec: JobSpec, chat: bool = True) -> str:
     transformers (+ peft) and answers one prompt greedily; tests run it as written."""
     from jobs.models.registry import base_reference
 
-    chat = (f"messages = [{{\"role\": \"user\", \"content\": \"{LOAD_PROMPT}\"}}]\n"
-            "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\",\n"
-            "                                       return_dict=True)\n" if chat else
-            f"inputs = tokenizer(\"{LOAD_PROMPT}\", return_tensors=\"pt\")\n") + (
-            "output = model.generate(**inputs, max_new_tokens=40, do_sample=False)\n"
-            "print(tokenizer.decode(output[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))\n")
+    chat = (
+        f'messages = [{{"role": "user", "content": "{LOAD_PROMPT}"}}]\n'
+        'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",\n'
+        "                                       return_dict=True)\n"
+        if chat
+        else f'inputs = tokenizer("{LOAD_PROMPT}", return_tensors="pt")\n'
+    ) + (
+        "output = model.generate(**inputs, max_new_tokens=40, do_sample=False)\n"
+        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))\n'
+    )
     if spec.method is Method.FULL:
-        return ("Run this from the folder this file is in:\n\n```python\n"
-                "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                "model = AutoModelForCausalLM.from_pretrained(\".\")\n"
-                "tokenizer = AutoTokenizer.from_pretrained(\".\")\n" + chat + "```\n")
-    mora = spec.method is Method.MORA
-    text = ("MoRA is not a peft method: run this with tunedeck's `jobs/config/mora.py` importable (it registers MoRA "
-            "as a LoRA variant on peft's LoRA layers), " if mora else "Run this ") + (
-            "from the folder this file is in (`adapter_config.json` names the same base model):"
-            "\n\n```python\n" + ("from jobs.config.mora import load_mora\n" if mora else "from peft import PeftModel\n") +
+        return (
+            "Run this from the folder this file is in:\n\n```python\n"
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            f"base = AutoModelForCausalLM.from_pretrained(\"{base_reference(spec.model)}\")\n" +
-            ("model = load_mora(base, \".\")  # a PeftModel; merge_and_unload() works\n" if mora else
-             "model = PeftModel.from_pretrained(base, \".\")\n") +
-            "tokenizer = AutoTokenizer.from_pretrained(\".\")  # with the chat template the run trained on\n"
-            + chat + "```\n")
+            'model = AutoModelForCausalLM.from_pretrained(".")\n'
+            'tokenizer = AutoTokenizer.from_pretrained(".")\n' + chat + "```\n"
+        )
+    mora = spec.method is Method.MORA
+    text = (
+        "MoRA is not a peft method: run this with tunedeck's `jobs/config/mora.py` importable (it registers MoRA "
+        "as a LoRA variant on peft's LoRA layers), "
+        if mora
+        else "Run this "
+    ) + (
+        "from the folder this file is in (`adapter_config.json` names the same base model):"
+        "\n\n```python\n"
+        + ("from jobs.config.mora import load_mora\n" if mora else "from peft import PeftModel\n")
+        + "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        f'base = AutoModelForCausalLM.from_pretrained("{base_reference(spec.model)}")\n'
+        + (
+            'model = load_mora(base, ".")  # a PeftModel; merge_and_unload() works\n'
+            if mora
+            else 'model = PeftModel.from_pretrained(base, ".")\n'
+        )
+        + 'tokenizer = AutoTokenizer.from_pretrained(".")  # with the chat template the run trained on\n'
+        + chat
+        + "```\n"
+    )
     if spec.method is Method.QLORA:
         text += "\nThe adapter was trained on a 4-bit base; it loads on a 16-bit base as well.\n"
     if spec.lora_init.value in {"pissa", "olora"}:
-        text += (f"\nTrained with {spec.lora_init.value} initialisation (which changes the base weights); the adapter "
-                 "here was converted (rank 2r) so that it applies to the original base model.\n")
+        text += (
+            f"\nTrained with {spec.lora_init.value} initialisation (which changes the base weights); the adapter "
+            "here was converted (rank 2r) so that it applies to the original base model.\n"
+        )
     return text
 
 
@@ -173,20 +217,23 @@ def provenance_note(spec: JobSpec) -> str:
     from jobs.models.registry import BUILTIN_MODELS
 
     builtin = BUILTIN_MODELS.get(spec.model)
-    return f"\n## About the base model\nNote: {builtin.provenance}\n" \
-        if builtin is not None and builtin.provenance else ""
+    return (
+        f"\n## About the base model\nNote: {builtin.provenance}\n" if builtin is not None and builtin.provenance else ""
+    )
 
 
 def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> str:
     """README.md for the bundle: base model, method, tricks, data, results, how to load it."""
+
     def fmt(v: float) -> str:
         return f"{int(v):,}" if float(v).is_integer() and abs(v) >= 100 else f"{v:.4g}"
 
     # The figures first, named and formatted as the dashboard shows them (jobs.train.figures), then the rest.
     keys = {f.key for f in FIGURES}
-    results = "\n".join([f"| {f.label} ({f.key}) | {format_figure(f, metrics[f.key])} |" for f in FIGURES
-                          if f.key in metrics] + [f"| {k} | {fmt(v)} |" for k, v in sorted(metrics.items())
-                                                   if k not in keys])
+    results = "\n".join(
+        [f"| {f.label} ({f.key}) | {format_figure(f, metrics[f.key])} |" for f in FIGURES if f.key in metrics]
+        + [f"| {k} | {fmt(v)} |" for k, v in sorted(metrics.items()) if k not in keys]
+    )
     tricks = "\n".join(f"- {t}" for t in _tricks(spec))
     method = spec.method.value
     if spec.method in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT}:
@@ -196,16 +243,29 @@ def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> s
     from jobs.spec.job import METHOD_DESCRIPTIONS, applies_to
 
     if spec.method not in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT, Method.FULL}:
-        knobs = [f"{name}={getattr(spec, name).value if hasattr(getattr(spec, name), 'value') else getattr(spec, name)}"
-                 for name in ("lora_r", "lora_alpha", "lora_target_modules", "mora_type", "adapter_len",
-                              "adapter_layers", "oft_block_size", "num_virtual_tokens") if applies_to(name, spec.method)]
+        knobs = [
+            f"{name}={getattr(spec, name).value if hasattr(getattr(spec, name), 'value') else getattr(spec, name)}"
+            for name in (
+                "lora_r",
+                "lora_alpha",
+                "lora_target_modules",
+                "mora_type",
+                "adapter_len",
+                "adapter_layers",
+                "oft_block_size",
+                "num_virtual_tokens",
+            )
+            if applies_to(name, spec.method)
+        ]
         method += f" ({METHOD_DESCRIPTIONS[spec.method]}{'; ' if knobs else ''}{', '.join(knobs)})"
     load = load_snippet(spec, chat)
     data = spec.dataset + (f" (eval: {spec.eval_dataset})" if spec.eval_dataset else "")
-    return (f"# {spec.display_name}\n\nFine-tuned with tunedeck ({spec.trainer.value.upper()}).\n\n"
-            f"- Base model: `{spec.model}`\n- Method: {method}\n- Data: `{data}`\n"
-            f"- Learning rate {spec.learning_rate:g}, {spec.lr_scheduler_type.value} schedule, "
-            f"{'max_steps ' + str(spec.max_steps) if spec.max_steps > 0 else f'{spec.num_train_epochs:g} epoch(s)'}, "
-            f"seed {spec.seed}\n\n## Memory tricks\n{tricks}\n\n## Results\n| metric | value |\n|---|---|\n"
-            f"{results}\n\n## How to load\n{load}\nThe full job spec is in `spec.yaml`; re-run it with tunedeck.\n"
-            f"{provenance_note(spec)}")
+    return (
+        f"# {spec.display_name}\n\nFine-tuned with tunedeck ({spec.trainer.value.upper()}).\n\n"
+        f"- Base model: `{spec.model}`\n- Method: {method}\n- Data: `{data}`\n"
+        f"- Learning rate {spec.learning_rate:g}, {spec.lr_scheduler_type.value} schedule, "
+        f"{'max_steps ' + str(spec.max_steps) if spec.max_steps > 0 else f'{spec.num_train_epochs:g} epoch(s)'}, "
+        f"seed {spec.seed}\n\n## Memory tricks\n{tricks}\n\n## Results\n| metric | value |\n|---|---|\n"
+        f"{results}\n\n## How to load\n{load}\nThe full job spec is in `spec.yaml`; re-run it with tunedeck.\n"
+        f"{provenance_note(spec)}"
+    )

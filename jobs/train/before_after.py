@@ -22,19 +22,25 @@ import html
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from jobs.train.artifacts import LOAD_PROMPT, sha256_of
 from jobs.spec.job import JobSpec, Trainer
+from jobs.train.artifacts import LOAD_PROMPT, sha256_of
 
 log = logging.getLogger("jobs.train.before_after")
 
 SAMPLES_FILE = "samples.json"
 # The export's check prompts too; the first is the one the bundle's load snippet asks.
-BUILT_IN_PROMPTS = (LOAD_PROMPT, "What do you know about the moon?", "Give me one tip for learning to cook.",
-                    "Why is the sky blue?", "Write one sentence about rivers.")
+BUILT_IN_PROMPTS = (
+    LOAD_PROMPT,
+    "What do you know about the moon?",
+    "Give me one tip for learning to cook.",
+    "Why is the sky blue?",
+    "Write one sentence about rivers.",
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] | None = None  # (role, content) turns ending before the answer
 
     @classmethod
-    def typed(cls, text: str) -> "Prompt":
+    def typed(cls, text: str) -> Prompt:
         return cls(text, (("user", text),))
 
     def chat(self) -> list[dict[str, str]] | None:
@@ -109,8 +115,9 @@ def encode(tokenizer: Any, prompt: Prompt | str) -> dict[str, Any]:
     return tokenizer(text, return_tensors="pt")
 
 
-def greedy(model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_tokens: int,
-           with_logits: bool = False) -> tuple[list[list[int]], list[Any]]:
+def greedy(
+    model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_tokens: int, with_logits: bool = False
+) -> tuple[list[list[int]], list[Any]]:
     """Greedy answer token ids per prompt, and (with_logits) the logits of each prompt's positions."""
     import torch
 
@@ -125,9 +132,8 @@ def greedy(model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_
             with torch.no_grad():
                 if with_logits:
                     logits.append(model(**inputs).logits.float().cpu())
-                out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=pad)
-            ids.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+                out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            ids.append(out[0, inputs["input_ids"].shape[1] :].tolist())
     finally:
         model.train(training)
     return ids, logits
@@ -177,8 +183,16 @@ def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval
     if (read_samples(path) or {}).get("before") is not None:
         log.info("before/after samples: keeping the base model's answers from the first attempt")
         return
-    data: dict[str, Any] = {"version": 1, "decoding": "greedy", "max_new_tokens": spec.sample_new_tokens,
-                            "prompts": [], "before": None, "after": None, "skipped": skip_reason(spec), "errors": []}
+    data: dict[str, Any] = {
+        "version": 1,
+        "decoding": "greedy",
+        "max_new_tokens": spec.sample_new_tokens,
+        "prompts": [],
+        "before": None,
+        "after": None,
+        "skipped": skip_reason(spec),
+        "errors": [],
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if data["skipped"] is None:
@@ -186,8 +200,12 @@ def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval
             data["prompts"] = [asdict(p) for p in prompts]
             started = time.monotonic()
             data["before"] = greedy_texts(model, tokenizer, prompts, spec.sample_new_tokens)
-            log.info("before/after samples: the base model answered %d prompts (%s) in %.1f s", len(prompts),
-                     data["source"], time.monotonic() - started)
+            log.info(
+                "before/after samples: the base model answered %d prompts (%s) in %.1f s",
+                len(prompts),
+                data["source"],
+                time.monotonic() - started,
+            )
         else:
             log.info("before/after samples: none (%s)", data["skipped"])
     except Exception as exc:  # noqa: BLE001 - a sample must never fail the run
@@ -200,8 +218,10 @@ def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval
 
 
 def _prompts_of(data: dict[str, Any]) -> list[Prompt]:
-    return [Prompt(p["text"], tuple(tuple(t) for t in p["messages"]) if p.get("messages") is not None else None)
-            for p in data.get("prompts") or []]
+    return [
+        Prompt(p["text"], tuple(tuple(t) for t in p["messages"]) if p.get("messages") is not None else None)
+        for p in data.get("prompts") or []
+    ]
 
 
 def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: Any) -> dict[str, Any] | None:
@@ -212,20 +232,34 @@ def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: 
     try:
         data = read_samples(path)
         if data is None:  # no "before" step ran (a caller without one): the prompts are chosen now
-            data = {"version": 1, "decoding": "greedy", "max_new_tokens": spec.sample_new_tokens, "prompts": [],
-                    "before": None, "after": None, "skipped": skip_reason(spec), "errors": []}
+            data = {
+                "version": 1,
+                "decoding": "greedy",
+                "max_new_tokens": spec.sample_new_tokens,
+                "prompts": [],
+                "before": None,
+                "after": None,
+                "skipped": skip_reason(spec),
+                "errors": [],
+            }
             if data["skipped"] is None:
                 prompts, data["source"] = pick_prompts(spec, None)
                 data["prompts"] = [asdict(p) for p in prompts]
         if data.get("skipped") is None and data.get("prompts"):
             started = time.monotonic()
             data["after"] = greedy_texts(model, tokenizer, _prompts_of(data), int(data["max_new_tokens"]))
-            log.info("before/after samples: the result answered %d prompts in %.1f s", len(data["after"]),
-                     time.monotonic() - started)
+            log.info(
+                "before/after samples: the result answered %d prompts in %.1f s",
+                len(data["after"]),
+                time.monotonic() - started,
+            )
     except Exception as exc:  # noqa: BLE001 - a sample must never fail the run
         log.exception("before/after samples: the result's answers failed; the run goes on")
-        data = data if isinstance(data, dict) else {"version": 1, "prompts": [], "before": None, "after": None,
-                                                    "skipped": None, "errors": []}
+        data = (
+            data
+            if isinstance(data, dict)
+            else {"version": 1, "prompts": [], "before": None, "after": None, "skipped": None, "errors": []}
+        )
         data.setdefault("errors", []).append(f"after: {type(exc).__name__}: {exc}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -246,8 +280,10 @@ def samples_of(store: Any, run_id: int) -> dict[str, Any] | None:
 def rows(data: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
     """(prompt, base answer, result answer) per prompt; None where that answer is missing."""
     before, after = data.get("before") or [], data.get("after") or []
-    return [(p.get("text", ""), before[i] if i < len(before) else None, after[i] if i < len(after) else None)
-            for i, p in enumerate(data.get("prompts") or [])]
+    return [
+        (p.get("text", ""), before[i] if i < len(before) else None, after[i] if i < len(after) else None)
+        for i, p in enumerate(data.get("prompts") or [])
+    ]
 
 
 def _cell(text: str | None) -> str:
@@ -265,16 +301,19 @@ def table_markdown(data: dict[str, Any], result_label: str = "this run") -> str:
     """A markdown table prompt | base | result, with a line on how the answers were made."""
     lines = [f"| prompt | base | {result_label} |", "|---|---|---|"]
     lines += [f"| {_cell(p)} | {_cell(b)} | {_cell(a)} |" for p, b, a in rows(data)]
-    how = (f"Greedy decoding, at most {data.get('max_new_tokens')} new tokens; prompts: "
-           f"{data.get('source', 'unknown')}.")
+    how = f"Greedy decoding, at most {data.get('max_new_tokens')} new tokens; prompts: {data.get('source', 'unknown')}."
     return how + "\n\n" + "\n".join(lines)
 
 
 def status_line(data: dict[str, Any] | None, finished: bool) -> str | None:
     """Why a run shows no (or only half a) before/after table; None when it has both columns."""
     if data is None:
-        return ("This run has no before/after samples (runs before this feature, and runs that failed before "
-                "training started, have none)." if finished else "The base model's answers appear once training starts.")
+        return (
+            "This run has no before/after samples (runs before this feature, and runs that failed before "
+            "training started, have none)."
+            if finished
+            else "The base model's answers appear once training starts."
+        )
     if data.get("skipped"):
         return f"No before/after samples: {data['skipped']}."
     errors = "; ".join(data.get("errors") or [])
@@ -297,5 +336,7 @@ def bundle_parts(data: dict[str, Any] | None) -> dict[str, Any]:
     """`write_artifacts` keywords that put the samples into the bundle: samples.json and the card's table."""
     if data is None:
         return {}
-    return {"extra_files": {SAMPLES_FILE: json.dumps(data, indent=2, ensure_ascii=False)},
-            "card_extra": card_section(data)}
+    return {
+        "extra_files": {SAMPLES_FILE: json.dumps(data, indent=2, ensure_ascii=False)},
+        "card_extra": card_section(data),
+    }

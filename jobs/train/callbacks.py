@@ -54,10 +54,20 @@ STOP_REQUESTED = threading.Event()  # set by the SIGTERM handler of jobs.train.c
 class StoreCallback(TrainerCallback):
     """Writes logged metrics, throughput, progress and torch memory of one run to the store."""
 
-    def __init__(self, store: Store, run_id: int, *, stop_event: threading.Event | None = None,
-                 flush_interval: float = 1.0, cancel_interval: float | None = 2.0, cuda: bool | None = None,
-                 save_interval_s: float | None = None, write_budget: float = 0.005,
-                 max_flush_interval: float = 5.0, worker_id: str | None = None):
+    def __init__(
+        self,
+        store: Store,
+        run_id: int,
+        *,
+        stop_event: threading.Event | None = None,
+        flush_interval: float = 1.0,
+        cancel_interval: float | None = 2.0,
+        cuda: bool | None = None,
+        save_interval_s: float | None = None,
+        write_budget: float = 0.005,
+        max_flush_interval: float = 5.0,
+        worker_id: str | None = None,
+    ):
         self.store = store
         self.run_id = run_id
         self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
@@ -97,8 +107,9 @@ class StoreCallback(TrainerCallback):
         return self._step
 
     # ------------------------------------------------------------------ trainer events
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         """Start the clocks and publish the step count."""
         now = time.perf_counter()
         self._last_flush = self._last_cancel_check = self._last_step_end = self._prev_log_time = now
@@ -109,8 +120,7 @@ class StoreCallback(TrainerCallback):
         self._step = state.global_step
         self.flush(force_progress=True)
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         """Time the step; flush, check for cancel on their cadences."""
         now = time.perf_counter()
         self._last_step_end = now
@@ -118,8 +128,11 @@ class StoreCallback(TrainerCallback):
         if self.stop_event.is_set() and self.stop_reason is None:
             self.stop_reason = "signal"
             log.info("stop requested by signal: stopping after step %s", state.global_step)
-        if (self.cancel_interval is not None and now - self._last_cancel_check >= self.cancel_interval
-                and self.stop_reason is None):
+        if (
+            self.cancel_interval is not None
+            and now - self._last_cancel_check >= self.cancel_interval
+            and self.stop_reason is None
+        ):
             self._last_cancel_check = now
             run = self.store.run_control(self.run_id)
             if run is None or run.cancel_requested:
@@ -137,8 +150,14 @@ class StoreCallback(TrainerCallback):
         if now - self._last_flush >= self._flush_every:
             self._flush_soon()
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         """Buffer every numeric logged value, plus tokens/s, step time and torch memory."""
         if not logs:
             return
@@ -161,8 +180,7 @@ class StoreCallback(TrainerCallback):
         if time.perf_counter() - self._last_flush >= self._flush_every:
             self._flush_soon()
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         """The trainer finished writing checkpoint-N: mark it complete (resumable)."""
         from pathlib import Path
 
@@ -173,8 +191,9 @@ class StoreCallback(TrainerCallback):
         if folder.is_dir():
             mark_complete(folder, state.global_step)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                     **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         """Write whatever is buffered."""
         self._step = state.global_step
         self.flush(force_progress=True)
@@ -254,8 +273,9 @@ class StoreCallback(TrainerCallback):
             # A slow write counts at once; fast ones bring the estimate down gradually.
             cost = self._flush_cost
             self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
-            self._flush_every = min(self.max_flush_interval,
-                                    max(self.flush_interval, self._flush_cost / self.write_budget))
+            self._flush_every = min(
+                self.max_flush_interval, max(self.flush_interval, self._flush_cost / self.write_budget)
+            )
 
 
 @dataclass(frozen=True)
@@ -309,8 +329,13 @@ def _torch_memory(run_id: int, wall: float, worker_id: str | None) -> MemoryPoin
     import torch
 
     index = torch.cuda.current_device()
-    return MemoryPoint(time=wall, source=MemorySource.TORCH.value, run_id=run_id, device_index=physical_index(index),
-                       worker_id=worker_id,
-                       torch_allocated=torch.cuda.memory_allocated(index),
-                       torch_reserved=torch.cuda.memory_reserved(index),
-                       torch_max_allocated=torch.cuda.max_memory_allocated(index))
+    return MemoryPoint(
+        time=wall,
+        source=MemorySource.TORCH.value,
+        run_id=run_id,
+        device_index=physical_index(index),
+        worker_id=worker_id,
+        torch_allocated=torch.cuda.memory_allocated(index),
+        torch_reserved=torch.cuda.memory_reserved(index),
+        torch_max_allocated=torch.cuda.max_memory_allocated(index),
+    )

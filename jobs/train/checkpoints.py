@@ -67,7 +67,7 @@ def remove_incomplete(output_dir: Path | str) -> list[Path]:
     return removed
 
 
-def resumable(store: "Store", run: "RunRecord") -> bool:
+def resumable(store: Store, run: RunRecord) -> bool:
     """Interrupted and cancelled runs resume (from a checkpoint, or afresh); failed ones only from a checkpoint."""
     from storage.models import RunStatus
 
@@ -76,11 +76,13 @@ def resumable(store: "Store", run: "RunRecord") -> bool:
     return run.status is RunStatus.FAILED and last_complete(store.run_dir(run.id) / "output") is not None
 
 
-def resume(store: "Store", run: "RunRecord") -> str:
+def resume(store: Store, run: RunRecord) -> str:
     """Queue `run` again under the same id; its child continues from the last complete checkpoint."""
     if not resumable(store, run):
-        raise ValueError(f"run {run.id} is {run.status.value}: only interrupted or cancelled runs, "
-                         "or failed runs with a complete checkpoint, can be resumed")
+        raise ValueError(
+            f"run {run.id} is {run.status.value}: only interrupted or cancelled runs, "
+            "or failed runs with a complete checkpoint, can be resumed"
+        )
     last = last_complete(store.run_dir(run.id) / "output")
     if not store.requeue(run.id):
         raise ValueError(f"run {run.id} changed status meanwhile; nothing done")

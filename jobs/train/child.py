@@ -37,14 +37,24 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from jobs.config.mapping import (
+    QUANTIZED_METHODS,
+    Device,
+    capability_problems,
+    capability_warnings,
+    detect_device,
+    peft_config,
+    quantization_config,
+    resolve_precision,
+    resolved_config,
+    torch_dtype_name,
+    training_config,
+)
+from jobs.memory.flops import FlopsRate
+from jobs.spec.job import JobSpec, Method, Precision, Problem, SpecError, Trainer
 from jobs.train import before_after, figures, oom
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
-from jobs.memory.flops import FlopsRate
-from jobs.config.mapping import (QUANTIZED_METHODS, Device, capability_problems, capability_warnings, detect_device,
-                          peft_config, quantization_config, resolve_precision, resolved_config, torch_dtype_name,
-                          training_config)
 from jobs.train.readback import final_micro_batch, trainer_readback
-from jobs.spec.job import JobSpec, Method, Precision, Problem, SpecError, Trainer
 from jobs.train.trainers import build_trainer, perplexity
 
 log = logging.getLogger("jobs.train.child")
@@ -98,9 +108,12 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     precision = resolve_precision(spec, device)
     resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
     model, tokenizer = load_model_and_tokenizer(
-        resolved, torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
-        quantization_config=quantization_config(spec, precision), trust_remote_code=spec.trust_remote_code,
-        reward_head=spec.trainer is Trainer.REWARD)
+        resolved,
+        torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
+        quantization_config=quantization_config(spec, precision),
+        trust_remote_code=spec.trust_remote_code,
+        reward_head=spec.trainer is Trainer.REWARD,
+    )
     return model, tokenizer
 
 
@@ -118,10 +131,18 @@ def _checkpoint_step(resume_from: str | None) -> int:
     return int(name.split("-")[-1]) if name.startswith("checkpoint-") and name.split("-")[-1].isdigit() else 0
 
 
-def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] = (), *,
-               device: Device | None = None, on_ready: Callable[[dict[str, Any]], None] | None = None,
-               model_and_tokenizer: tuple[Any, Any] | None = None, resume_from: str | None = None,
-               before_training: Callable[[Any, Any, Any], None] | None = None, store: Any = None) -> TrainResult:
+def train_spec(
+    spec: JobSpec,
+    output_dir: Path | str,
+    callbacks: Sequence[Any] = (),
+    *,
+    device: Device | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    model_and_tokenizer: tuple[Any, Any] | None = None,
+    resume_from: str | None = None,
+    before_training: Callable[[Any, Any, Any], None] | None = None,
+    store: Any = None,
+) -> TrainResult:
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
     `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
@@ -155,8 +176,11 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=spec.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     reward_model = None
     if spec.trainer is Trainer.GRPO and spec.reward_model_run is not None:
         import torch
@@ -165,15 +189,24 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         from storage.store import Store
 
         # The reward model only scores (frozen): it takes the run's compute precision.
-        dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(resolve_precision(spec, device),
-                                                                                    torch.float32)
+        dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
+            resolve_precision(spec, device), torch.float32
+        )
         reward_model = load_reward_model(store or Store(), spec.reward_model_run, dtype)
         log.info("reward model: run %s", spec.reward_model_run)
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
     if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
         # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
-        raise SpecError([Problem("max_length", f"every training row is longer than {spec.max_length} tokens, and the "
-                                 "reward trainer drops such rows", "raise max_length (the data preview counts long rows)")])
+        raise SpecError(
+            [
+                Problem(
+                    "max_length",
+                    f"every training row is longer than {spec.max_length} tokens, and the "
+                    "reward trainer drops such rows",
+                    "raise max_length (the data preview counts long rows)",
+                )
+            ]
+        )
     # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
     resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
     if peft_cfg is not None:
@@ -191,18 +224,28 @@ def train_spec(spec: JobSpec, output_dir: Path | str, callbacks: Sequence[Any] =
         # the loop halved the micro-batch after an out-of-memory error: the record says what ran
         resolved["trainer_config"]["per_device_train_batch_size"] = final_batch
         resolved["library_changes"]["per_device_train_batch_size"] = {
-            "requested": spec.per_device_train_batch_size, "effective": final_batch}
+            "requested": spec.per_device_train_batch_size,
+            "effective": final_batch,
+        }
     nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
     if nonfinite:
         raise NonFiniteLoss(nonfinite[0])
     stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
-    metrics: dict[str, float] = {"train_loss": float(output.training_loss),
-                                 "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
-                                 "global_step": float(output.global_step),
-                                 "trainable_params": float(trainable), "total_params": float(total)}
+    metrics: dict[str, float] = {
+        "train_loss": float(output.training_loss),
+        "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
+        "global_step": float(output.global_step),
+        "trainable_params": float(trainable),
+        "total_params": float(total),
+    }
     if eval_ds is not None and not stopped:
-        metrics.update({k: float(v) for k, v in trainer.evaluate().items()
-                        if k.startswith("eval_") and isinstance(v, (int, float))})
+        metrics.update(
+            {
+                k: float(v)
+                for k, v in trainer.evaluate().items()
+                if k.startswith("eval_") and isinstance(v, (int, float))
+            }
+        )
         if "eval_loss" in metrics and spec.trainer.value == "sft":
             metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     tokens = trained_tokens(trainer.state.log_history)
@@ -236,8 +279,10 @@ def oom_advice(spec: JobSpec) -> str:
     """Which memory tricks the spec could still turn on."""
     tips = []
     if spec.per_device_train_batch_size > 1:
-        tips.append(f"per_device_train_batch_size {spec.per_device_train_batch_size} -> "
-                    f"{max(1, spec.per_device_train_batch_size // 2)} with gradient_accumulation_steps x2")
+        tips.append(
+            f"per_device_train_batch_size {spec.per_device_train_batch_size} -> "
+            f"{max(1, spec.per_device_train_batch_size // 2)} with gradient_accumulation_steps x2"
+        )
     if not spec.gradient_checkpointing and spec.method is not Method.PREFIX_TUNING:
         tips.append("gradient_checkpointing: true")
     tips.append(f"a shorter max_length (now {spec.max_length})")
@@ -271,8 +316,10 @@ def disk_full(exc: BaseException) -> bool:
 def summarize(exc: BaseException, spec: JobSpec | None) -> str:
     """A one-line summary of why a run failed."""
     if isinstance(exc, NonFiniteLoss):
-        return (f"{exc}: the last good checkpoint is kept; lower learning_rate, set max_grad_norm, "
-                "or use bf16 rather than fp16")
+        return (
+            f"{exc}: the last good checkpoint is kept; lower learning_rate, set max_grad_norm, "
+            "or use bf16 rather than fp16"
+        )
     if isinstance(exc, torch_oom()):
         advice = oom_advice(spec) if spec is not None else "smaller batch, gradient checkpointing, shorter max_length"
         return f"CUDA out of memory. To use less memory try: {advice}"
@@ -299,8 +346,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def setup_logging() -> None:
     """Log lines to stdout (the worker redirects it to the run's train.log)."""
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stdout, level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*", category=FutureWarning)
     import datasets
     import transformers
@@ -336,9 +384,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     """Train run `run_id` from the store; returns the process exit code.
 
     `callbacks`: extra trainer callbacks (tests inject faults through them)."""
+    from jobs.spec.stored import stored_spec
     from jobs.train.artifacts import write_artifacts
     from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
-    from jobs.spec.stored import stored_spec
     from storage.store import Store
 
     store = store or Store()
@@ -351,8 +399,13 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     # Under a worker (it passes TUNEDECK_WORKER_ID) a cancel arrives as SIGTERM within the
     # worker's poll interval; asking the database as well would only cost the training time.
     worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None
-    callback = StoreCallback(store, run_id, save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None,
-                             cancel_interval=None if worker_id else 2.0, worker_id=worker_id)
+    callback = StoreCallback(
+        store,
+        run_id,
+        save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None,
+        cancel_interval=None if worker_id else 2.0,
+        worker_id=worker_id,
+    )
     output_dir = store.run_dir(run_id) / "output"
     training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
 
@@ -366,10 +419,16 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         log.info("device: %s", device)
         resume_from = resume_point(store, run_id, output_dir)
         restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
-        result = train_spec(spec, output_dir, [callback, *restore, *callbacks], device=device,
-                            resume_from=resume_from, on_ready=ready, store=store,
-                            before_training=lambda m, t, ev: before_after.record_before(store.run_dir(run_id), spec,
-                                                                                        m, t, ev))
+        result = train_spec(
+            spec,
+            output_dir,
+            [callback, *restore, *callbacks],
+            device=device,
+            resume_from=resume_from,
+            on_ready=ready,
+            store=store,
+            before_training=lambda m, t, ev: before_after.record_before(store.run_dir(run_id), spec, m, t, ev),
+        )
         callback.flush()  # eval metrics and the last steps land before the status changes
         if spec.auto_find_batch_size:  # the record gains the micro-batch training ended with
             store.set_resolved_config(run_id, result.resolved)
@@ -398,8 +457,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             if whole is not None:
                 result.metrics["train_loss"] = whole
         samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
-        write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics,
-                        **before_after.bundle_parts(samples))
+        write_artifacts(
+            store, run_id, spec, result.model, result.tokenizer, result.metrics, **before_after.bundle_parts(samples)
+        )
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)
         return 0
@@ -422,8 +482,10 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         if disk_full(exc):
             partial = [f for _step, f in checkpoint_dirs(output_dir) if not is_complete(f)]
             what, where = ("checkpoint", partial[-1]) if partial else ("output", output_dir)
-            summary = (f"disk full while saving {what} to {where}: free space or lower save frequency "
-                       f"(save_steps); earlier complete checkpoints are kept")
+            summary = (
+                f"disk full while saving {what} to {where}: free space or lower save frequency "
+                f"(save_steps); earlier complete checkpoints are kept"
+            )
             remove_incomplete(output_dir)  # give the space back; it could not be resumed from anyway
         log.error("run %s failed: %s\n%s", run_id, summary, traceback.format_exc())
         store.mark_failed(run_id, summary, traceback.format_exc(), exit_code=1)

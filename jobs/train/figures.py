@@ -16,10 +16,11 @@ coarsest rollups, so a figure costs one small query however long the run is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-_GIB = 1024 ** 3
+_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -33,25 +34,37 @@ class Figure:
 
 
 TOKENS_PER_SECOND = Figure(
-    "tokens_per_second", "tokens/s", "tokens/s",
+    "tokens_per_second",
+    "tokens/s",
+    "tokens/s",
     "Mean training throughput over the run so far: the mean of the rates logged at each training log, "
     "each rate being the tokens trl counted in that logging interval (padding excluded) divided by the "
     "wall-clock seconds between the interval's optimizer-step ends. With logging_steps 1 it is the mean "
-    "over optimizer steps.")
+    "over optimizer steps.",
+)
 STEP_TIME = Figure(
-    "step_time", "step time", "s",
+    "step_time",
+    "step time",
+    "s",
     "Mean wall-clock seconds per optimizer step over the run so far (gradient accumulation included): "
-    "the mean of the per-interval step times logged with each training log.")
+    "the mean of the per-interval step times logged with each training log.",
+)
 PEAK_MEMORY = Figure(
-    "peak_memory_bytes", "peak memory", "GiB",
+    "peak_memory_bytes",
+    "peak memory",
+    "GiB",
     "The most memory the run held: on a GPU the larger of NVML's device memory used (sampled every "
     "second) and torch's peak reserved memory; without a GPU the peak resident memory (RSS) of the "
     "training process tree. Shown in GiB (1024^3 bytes; MiB below 0.1 GiB), stored in bytes, with its "
-    "source (nvml, torch or host).")
+    "source (nvml, torch or host).",
+)
 LOSS = Figure(
-    "loss", "loss", "",
+    "loss",
+    "loss",
+    "",
     "The last training loss trl logged (the mean over the last logging interval's steps), not trl's "
-    "run-average train_loss.")
+    "run-average train_loss.",
+)
 FIGURES = (TOKENS_PER_SECOND, STEP_TIME, PEAK_MEMORY, LOSS)
 
 
@@ -67,8 +80,12 @@ class RunFigures:
 
     def metrics(self) -> dict[str, float]:
         """{key: value} of the measured figures, for metrics.json and the final metrics."""
-        values = {TOKENS_PER_SECOND.key: self.tokens_per_second, STEP_TIME.key: self.step_time,
-                  PEAK_MEMORY.key: self.peak_memory_bytes, LOSS.key: self.loss}
+        values = {
+            TOKENS_PER_SECOND.key: self.tokens_per_second,
+            STEP_TIME.key: self.step_time,
+            PEAK_MEMORY.key: self.peak_memory_bytes,
+            LOSS.key: self.loss,
+        }
         return {k: float(v) for k, v in values.items() if v is not None}
 
     def text(self, figure: Figure) -> str:
@@ -89,15 +106,14 @@ def format_figure(figure: Figure, value: float | None) -> str:
     if figure is STEP_TIME:
         return f"{value:.3f} s"
     if figure is PEAK_MEMORY:
-        return f"{value / _GIB:.2f} GiB" if value >= 0.1 * _GIB else f"{value / 2 ** 20:.1f} MiB"
+        return f"{value / _GIB:.2f} GiB" if value >= 0.1 * _GIB else f"{value / 2**20:.1f} MiB"
     return f"{value:.4f}"
 
 
 def sampled_peak(store: Any, run_id: int) -> tuple[int, str] | None:
     """(bytes, source) of the highest NVML-used or host-RSS sample stored for a run, from the rollups."""
     buckets = store.memory_series(run_id, float(1 << 16) / 16)  # one bucket per ~68 minutes
-    best = max(((b.used_max, b.source) for b in buckets if b.source in ("nvml", "host") and b.used_max),
-               default=None)
+    best = max(((b.used_max, b.source) for b in buckets if b.source in ("nvml", "host") and b.used_max), default=None)
     return (int(best[0]), best[1]) if best else None
 
 
@@ -112,8 +128,10 @@ def figures_of_runs(store: Any, runs: Sequence[Any]) -> dict[int, RunFigures]:
     tps = store.metric_means(ids, "tokens_per_second")
     step = store.metric_means(ids, "step_time")
     loss = store.last_metric_values(ids, "loss")
-    return {r.id: RunFigures(tps.get(r.id), step.get(r.id), r.peak_memory_bytes, r.peak_memory_source,
-                             loss.get(r.id)) for r in runs}
+    return {
+        r.id: RunFigures(tps.get(r.id), step.get(r.id), r.peak_memory_bytes, r.peak_memory_source, loss.get(r.id))
+        for r in runs
+    }
 
 
 def markdown_table() -> str:

@@ -41,8 +41,8 @@ LADDER = (tricks.smaller_micro_batch, tricks.checkpointing, tricks.optimizer_8bi
 @dataclass(frozen=True)
 class Recovery:
     spec: JobSpec
-    note: str        # "micro-batch 16 x 1 -> 8 x 2"
-    rung: int        # index into LADDER
+    note: str  # "micro-batch 16 x 1 -> 8 x 2"
+    rung: int  # index into LADDER
     fresh_optimizer: bool  # the optimizer changed: its checkpointed state cannot be loaded
 
 
@@ -61,11 +61,16 @@ def event_message(step: int, before: JobSpec, recovery: Recovery, resume_step: i
     """'OOM at step 12 with micro-batch 16; continued with 8 x 2 from the checkpoint at step 10'."""
     after = recovery.spec
     shape = f"{after.per_device_train_batch_size} x {after.gradient_accumulation_steps}"
-    change = {0: f"continued with {shape}", 1: f"turned on gradient checkpointing ({shape})",
-              2: f"switched to {after.optim.value} ({shape})"}[recovery.rung]
-    where = f"from the checkpoint at step {resume_step}" if resume_step is not None else "from step 0 (no checkpoint yet)"
+    change = {
+        0: f"continued with {shape}",
+        1: f"turned on gradient checkpointing ({shape})",
+        2: f"switched to {after.optim.value} ({shape})",
+    }[recovery.rung]
+    where = (
+        f"from the checkpoint at step {resume_step}" if resume_step is not None else "from step 0 (no checkpoint yet)"
+    )
     fresh = "; optimizer state starts afresh" if recovery.fresh_optimizer and resume_step is not None else ""
-    return (f"OOM at step {step} with micro-batch {before.per_device_train_batch_size}; {change} {where}{fresh}")
+    return f"OOM at step {step} with micro-batch {before.per_device_train_batch_size}; {change} {where}{fresh}"
 
 
 def recoveries(store: Any, run_id: int) -> list[dict[str, Any]]:
@@ -103,14 +108,19 @@ def scheduler_restorer(resume_from: str | None) -> Any | None:
     Without optimizer.pt the HF Trainer skips scheduler.pt too, and the learning-rate schedule
     would start over (warm-up again) in the middle of the run. None when there is nothing to do."""
     folder = Path(resume_from) if resume_from else None
-    if folder is None or not (folder / SET_ASIDE).is_file() or (folder / "optimizer.pt").is_file() \
-            or not (folder / "scheduler.pt").is_file():
+    if (
+        folder is None
+        or not (folder / SET_ASIDE).is_file()
+        or (folder / "optimizer.pt").is_file()
+        or not (folder / "scheduler.pt").is_file()
+    ):
         return None
     from transformers import TrainerCallback
 
     class RestoreScheduler(TrainerCallback):
-        def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
-                           lr_scheduler: Any = None, **kwargs: Any) -> None:
+        def on_train_begin(
+            self, args: Any, state: Any, control: Any, optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any
+        ) -> None:
             import torch
 
             lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
@@ -134,10 +144,15 @@ def handle(store: Any, run_id: int, spec: JobSpec, step: int, output_dir: Path) 
     if recovery.fresh_optimizer and last is not None:
         set_aside_optimizer_state(last[1])
     message = event_message(step, spec, recovery, last[0] if last else None)
-    data = {"step": step, "rung": recovery.rung, "change": recovery.note,
-            "per_device_train_batch_size": recovery.spec.per_device_train_batch_size,
-            "gradient_accumulation_steps": recovery.spec.gradient_accumulation_steps,
-            "resume_step": last[0] if last else None, "spec": recovery.spec.to_dict()}
+    data = {
+        "step": step,
+        "rung": recovery.rung,
+        "change": recovery.note,
+        "per_device_train_batch_size": recovery.spec.per_device_train_batch_size,
+        "gradient_accumulation_steps": recovery.spec.gradient_accumulation_steps,
+        "resume_step": last[0] if last else None,
+        "spec": recovery.spec.to_dict(),
+    }
     store.add_run_event(run_id, EVENT_KIND, message, step=step, data=json.loads(json.dumps(data)))
     log.warning("run %s: %s", run_id, message)
     return True

@@ -45,8 +45,11 @@ def trainer_readback(trainer: Any, requested: dict[str, Any]) -> tuple[dict[str,
     # trl decides padding-free in the trainer (packing with "bfd" implies it), not in its config.
     if hasattr(trainer, "padding_free") and "padding_free" in requested:
         effective["padding_free"] = bool(trainer.padding_free)
-    changed = {key: {"requested": plain(requested[key]), "effective": effective[key]}
-               for key in requested if not _same(requested[key], effective[key])}
+    changed = {
+        key: {"requested": plain(requested[key]), "effective": effective[key]}
+        for key in requested
+        if not _same(requested[key], effective[key])
+    }
     return effective, changed
 
 

@@ -44,8 +44,10 @@ def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -
     built-ins as listed, the reward run's model (with its own tokenizer), the custom function."""
     from jobs.spec.rewards import builtin_reward, load_function, parse_rewards
 
-    funcs: list[Any] = [builtin_reward(name, spec.max_completion_length)
-                        for name in (parse_rewards(spec.rewards)[0] if spec.rewards else {})]
+    funcs: list[Any] = [
+        builtin_reward(name, spec.max_completion_length)
+        for name in (parse_rewards(spec.rewards)[0] if spec.rewards else {})
+    ]
     classes: list[Any] = [None] * len(funcs)
     if spec.reward_model_run is not None:
         if reward_model is None:
@@ -58,15 +60,31 @@ def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -
     return funcs, classes
 
 
-def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds: Any, eval_ds: Any,
-                  peft_cfg: Any, callbacks: Sequence[Any], reward_model: tuple[Any, Any] | None = None) -> Any:
+def build_trainer(
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    args: Any,
+    train_ds: Any,
+    eval_ds: Any,
+    peft_cfg: Any,
+    callbacks: Sequence[Any],
+    reward_model: tuple[Any, Any] | None = None,
+) -> Any:
     """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
     RewardTrainer on a sequence-classification model (`jobs.models.registry.load_model_and_tokenizer(reward_head=True)`);
     GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.models.reward_model`)."""
     from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
 
-    common = dict(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                  processing_class=tokenizer, peft_config=peft_cfg, callbacks=list(callbacks))
+    common = dict(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        peft_config=peft_cfg,
+        callbacks=list(callbacks),
+    )
     if spec.trainer is Trainer.DPO:
         return DPOTrainer(ref_model=None, **common)
     if spec.trainer is Trainer.KTO:
@@ -78,8 +96,11 @@ def build_trainer(spec: JobSpec, model: Any, tokenizer: Any, args: Any, train_ds
         from trl import GRPOTrainer
 
         funcs, classes = reward_sources(spec, reward_model)
-        return GRPOTrainer(reward_funcs=funcs, reward_processing_classes=classes,
-                           **{**common, "callbacks": [GRPOLogCallback(), *callbacks]})
+        return GRPOTrainer(
+            reward_funcs=funcs,
+            reward_processing_classes=classes,
+            **{**common, "callbacks": [GRPOLogCallback(), *callbacks]},
+        )
     if spec.trainer is Trainer.ORPO:
         from trl.experimental.orpo import ORPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
 

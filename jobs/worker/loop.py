@@ -39,9 +39,9 @@ from types import FrameType
 import psutil
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.spec.stored import spec_problem
+from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunFolderError, RunRecord, Store
@@ -115,8 +115,9 @@ def wait_group_gone(pgid: int, timeout: float) -> bool:
     return True
 
 
-def wait_exit(child: subprocess.Popen, timeout: float, wake_fd: int | None = None,
-              pidfd: int | None = None) -> int | None:
+def wait_exit(
+    child: subprocess.Popen, timeout: float, wake_fd: int | None = None, pidfd: int | None = None
+) -> int | None:
     """The child's exit code once it has exited, else None after at most `timeout` seconds.
 
     With a pidfd (`os.pidfd_open`, Linux 5.3+) the caller sleeps in select() until the child
@@ -168,11 +169,21 @@ def _killpg(pgid: int, sig: int) -> None:
 class Worker:
     """Runs queued runs one at a time in child processes; see the module docstring."""
 
-    def __init__(self, store: Store, worker_id: str | None = None, poll_interval: float = 1.0,
-                 heartbeat_interval: float = 2.0, stale_after: float = 30.0, grace_period: float = 20.0,
-                 *, child_argv: Callable[[int], list[str]] | None = None, sample: bool = True,
-                 exit_with_parent: int | None = None, device: str | None = None,
-                 save_grace: float | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str | None = None,
+        poll_interval: float = 1.0,
+        heartbeat_interval: float = 2.0,
+        stale_after: float = 30.0,
+        grace_period: float = 20.0,
+        *,
+        child_argv: Callable[[int], list[str]] | None = None,
+        sample: bool = True,
+        exit_with_parent: int | None = None,
+        device: str | None = None,
+        save_grace: float | None = None,
+    ) -> None:
         self.store = store
         self.host = socket.gethostname()
         self.worker_id = worker_id or f"{self.host}:{os.getpid()}"
@@ -181,8 +192,9 @@ class Worker:
         self.stale_after = stale_after
         self.grace_period = float(os.environ.get("TUNEDECK_CANCEL_GRACE_S") or grace_period)
         # How long a stopping child may go on writing the checkpoint it has begun, past grace_period.
-        self.save_grace = float(save_grace if save_grace is not None
-                                else os.environ.get("TUNEDECK_SAVE_GRACE_S") or 300.0)
+        self.save_grace = float(
+            save_grace if save_grace is not None else os.environ.get("TUNEDECK_SAVE_GRACE_S") or 300.0
+        )
         self.child_argv = child_argv or default_child_argv  # tests swap in a fake child
         self.sample = sample
         self.exit_with_parent = exit_with_parent
@@ -215,8 +227,9 @@ class Worker:
         """Serve the queue (burst: until it is empty; stop_after: until that run is done). Returns runs done."""
         handlers = self._install_signal_handlers()
         if self.sample:
-            self.sampler = Sampler(self.store, GpuProbe(visible=self.device if self.pinned else None),
-                                   worker_id=self.worker_id)
+            self.sampler = Sampler(
+                self.store, GpuProbe(visible=self.device if self.pinned else None), worker_id=self.worker_id
+            )
             self.sampler.start()
         done = 0
         delay = 0.0  # backoff while the database fails
@@ -248,8 +261,9 @@ class Worker:
                     delay = 0.0
                 except SQLAlchemyError as exc:  # the database is down or locked: wait, log, go on
                     delay = min(max(2 * delay, self.poll_interval), self.db_retry_max_s)
-                    log.error("worker %s: database error (%s); retrying in %.1f s", self.worker_id,
-                              _first_line(exc), delay)
+                    log.error(
+                        "worker %s: database error (%s); retrying in %.1f s", self.worker_id, _first_line(exc), delay
+                    )
                     self._stop.wait(delay)
                     continue
                 self.execute(run)
@@ -307,8 +321,10 @@ class Worker:
             if current is None or current.status is not RunStatus.RUNNING:
                 break
             if self._stop.is_set():
-                self.store.mark_interrupted(run.id, f"{self._stop_reason} while the run was recovering from "
-                                                    "out of memory; queue it again to retry")
+                self.store.mark_interrupted(
+                    run.id,
+                    f"{self._stop_reason} while the run was recovering from out of memory; queue it again to retry",
+                )
                 break
             log.warning("run %s: out-of-memory recovery recorded; starting a fresh training process", run.id)
         return self._status(run.id)
@@ -320,15 +336,27 @@ class Worker:
             self.store.mark_failed(run.id, str(exc))
             self._release()
             return self._status(run.id)
-        env = dict(os.environ, TUNEDECK_HOME=str(data_dir()), TUNEDECK_DATABASE_URL=self.store.url,
-                   PYTHONUNBUFFERED="1", TUNEDECK_DEVICE=self.device, TUNEDECK_WORKER_ID=self.worker_id)
+        env = dict(
+            os.environ,
+            TUNEDECK_HOME=str(data_dir()),
+            TUNEDECK_DATABASE_URL=self.store.url,
+            PYTHONUNBUFFERED="1",
+            TUNEDECK_DEVICE=self.device,
+            TUNEDECK_WORKER_ID=self.worker_id,
+        )
         if self.pinned:
             # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
             env["CUDA_VISIBLE_DEVICES"] = self.device if _is_gpu_id(self.device) else ""
         try:
             with open(log_path, "ab") as out:
-                child = subprocess.Popen(self.child_argv(run.id), stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                child = subprocess.Popen(
+                    self.child_argv(run.id),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
         except OSError as exc:
             self.store.mark_failed(run.id, f"could not start the training process: {exc}")
             self._release()
@@ -371,8 +399,9 @@ class Worker:
             if self._stop.is_set():
                 # Marked first: the child answers SIGTERM by marking its run cancelled, but a
                 # worker shutdown is not the user's cancel.
-                self.store.mark_interrupted(run_id, f"{self._stop_reason} while the run was running; "
-                                                    "queue it again to retry")
+                self.store.mark_interrupted(
+                    run_id, f"{self._stop_reason} while the run was running; queue it again to retry"
+                )
                 return self._terminate(child, run_id), "stop"
             if now >= next_check:
                 next_check = now + self.poll_interval
@@ -380,8 +409,7 @@ class Worker:
                     self._beat(run_id)
                     current = self.store.run_control(run_id)
                 except SQLAlchemyError as exc:  # bookkeeping failed: the training goes on
-                    log.error("run %s: database error while watching (%s); training goes on", run_id,
-                              _first_line(exc))
+                    log.error("run %s: database error while watching (%s); training goes on", run_id, _first_line(exc))
                     time.sleep(_WATCH_TICK)
                     continue
                 if current is not None and current.cancel_requested and current.status is RunStatus.RUNNING:
@@ -405,8 +433,7 @@ class Worker:
             if now >= deadline:
                 if not extended and run_id is not None and self._saving(run_id):
                     extended, deadline = True, start + self.grace_period + self.save_grace
-                    log.info("run %s: a checkpoint is being written; waiting up to %g s more", run_id,
-                             self.save_grace)
+                    log.info("run %s: a checkpoint is being written; waiting up to %g s more", run_id, self.save_grace)
                     continue
                 break
             time.sleep(_WATCH_TICK)
@@ -447,8 +474,13 @@ class Worker:
                 self.store.release_device(self.device, self.worker_id, host=self.host)
                 return
             except SQLAlchemyError as exc:
-                log.error("worker %s: could not release device %s (%s); retrying in %.1f s", self.worker_id,
-                          self.device, _first_line(exc), delay)
+                log.error(
+                    "worker %s: could not release device %s (%s); retrying in %.1f s",
+                    self.worker_id,
+                    self.device,
+                    _first_line(exc),
+                    delay,
+                )
                 if self._stop.wait(delay):
                     return  # a restarted worker on this host takes the lease over
                 delay = min(2 * delay, self.db_retry_max_s)
@@ -462,7 +494,8 @@ class Worker:
         run = self.store.get_run(lease["run_id"]) if lease.get("run_id") is not None else None
         if run is not None:
             if run.status is RunStatus.RUNNING and self.store.mark_interrupted(
-                    run.id, f"worker {holder} (pid {pid}) is no longer running"):
+                run.id, f"worker {holder} (pid {pid}) is no longer running"
+            ):
                 log.warning("run %s interrupted: its worker %s is gone", run.id, holder)
             self._kill_orphan(run)
             if run.child_pid and group_members(run.child_pid):

@@ -28,19 +28,88 @@ HERE = Path(__file__).resolve().parent
 SEED = 1234
 
 TRAIN_TOPICS = [
-    "honey bees", "the moon", "glaciers", "coffee", "chess", "rainbows", "octopuses", "bicycles",
-    "the printing press", "tides", "deserts", "jazz", "penguins", "comets", "bread baking",
-    "lighthouses", "coral reefs", "origami", "thunderstorms", "the violin", "bamboo", "sundials",
-    "whales", "tea", "mushrooms", "the compass", "windmills", "fireflies", "sourdough", "kites",
-    "rivers", "the piano", "owls", "eclipses", "sailing", "crystals", "hedgehogs", "the telescope",
-    "maple syrup", "caves", "dolphins", "pottery", "auroras", "the alphabet", "tortoises",
-    "hot air balloons", "cheese", "waterfalls", "knitting", "fossils", "the abacus", "sea turtles",
-    "rain forests", "clocks", "gardening", "sharks", "paper", "snowflakes", "the wheel", "ants",
+    "honey bees",
+    "the moon",
+    "glaciers",
+    "coffee",
+    "chess",
+    "rainbows",
+    "octopuses",
+    "bicycles",
+    "the printing press",
+    "tides",
+    "deserts",
+    "jazz",
+    "penguins",
+    "comets",
+    "bread baking",
+    "lighthouses",
+    "coral reefs",
+    "origami",
+    "thunderstorms",
+    "the violin",
+    "bamboo",
+    "sundials",
+    "whales",
+    "tea",
+    "mushrooms",
+    "the compass",
+    "windmills",
+    "fireflies",
+    "sourdough",
+    "kites",
+    "rivers",
+    "the piano",
+    "owls",
+    "eclipses",
+    "sailing",
+    "crystals",
+    "hedgehogs",
+    "the telescope",
+    "maple syrup",
+    "caves",
+    "dolphins",
+    "pottery",
+    "auroras",
+    "the alphabet",
+    "tortoises",
+    "hot air balloons",
+    "cheese",
+    "waterfalls",
+    "knitting",
+    "fossils",
+    "the abacus",
+    "sea turtles",
+    "rain forests",
+    "clocks",
+    "gardening",
+    "sharks",
+    "paper",
+    "snowflakes",
+    "the wheel",
+    "ants",
 ]
 EVAL_TOPICS = [
-    "volcanoes", "butterflies", "the ocean", "trains", "chocolate", "earthquakes", "robots",
-    "libraries", "elephants", "mountains", "bridges", "photography", "wolves", "islands",
-    "the radio", "spiders", "clouds", "castles", "frogs", "pyramids",
+    "volcanoes",
+    "butterflies",
+    "the ocean",
+    "trains",
+    "chocolate",
+    "earthquakes",
+    "robots",
+    "libraries",
+    "elephants",
+    "mountains",
+    "bridges",
+    "photography",
+    "wolves",
+    "islands",
+    "the radio",
+    "spiders",
+    "clouds",
+    "castles",
+    "frogs",
+    "pyramids",
 ]
 QUESTIONS = [
     "Tell me about {t}.",
@@ -89,8 +158,9 @@ def _questions(topics: list[str], per_topic: int, rng: random.Random) -> list[tu
 
 
 def chat_rows(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": answer(t)}]}
-            for t, q in pairs]
+    return [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": answer(t)}]} for t, q in pairs
+    ]
 
 
 def preference_rows(pairs: list[tuple[str, str]], rng: random.Random) -> list[dict[str, Any]]:
@@ -114,16 +184,16 @@ def prompt_rows(pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
 def build() -> dict[str, list[dict[str, Any]]]:
     """Every sample file's rows, keyed by file name."""
     rng = random.Random(SEED)
-    chat_train = _questions(TRAIN_TOPICS, 4, rng)        # 60 x 4 = 240
-    chat_eval = _questions(EVAL_TOPICS, 2, rng)          # 20 x 2 = 40, unseen topics
+    chat_train = _questions(TRAIN_TOPICS, 4, rng)  # 60 x 4 = 240
+    chat_eval = _questions(EVAL_TOPICS, 2, rng)  # 20 x 2 = 40, unseen topics
     pref_train = _questions(TRAIN_TOPICS, 4, rng)[:200]  # 200
-    pref_eval = _questions(EVAL_TOPICS, 2, rng)          # 40
+    pref_eval = _questions(EVAL_TOPICS, 2, rng)  # 40
     kto_rng = random.Random(SEED + 1)  # its own stream: the files above stay byte-identical
     kto_train = _questions(TRAIN_TOPICS, 4, kto_rng)[:210]  # 210 (140 desirable, 70 undesirable)
-    kto_eval = _questions(EVAL_TOPICS, 2, kto_rng)[:30]     # 30
+    kto_eval = _questions(EVAL_TOPICS, 2, kto_rng)[:30]  # 30
     grpo_rng = random.Random(SEED + 2)
-    grpo_train = _questions(TRAIN_TOPICS, 2, grpo_rng)     # 120
-    grpo_eval = _questions(EVAL_TOPICS, 1, grpo_rng)       # 20
+    grpo_train = _questions(TRAIN_TOPICS, 2, grpo_rng)  # 120
+    grpo_eval = _questions(EVAL_TOPICS, 1, grpo_rng)  # 20
     return {
         "chat-format.train.jsonl": chat_rows(chat_train),
         "chat-format.eval.jsonl": chat_rows(chat_eval),
