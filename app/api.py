@@ -28,7 +28,8 @@ from gradio.utils import get_function_description
 from app import manage
 from app.manage import ManageError, RunSummary
 from jobs.checks.access import AccessPolicy
-from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.records import RunRecord

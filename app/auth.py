@@ -19,18 +19,14 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from jobs.spec.job import Problem
+from jobs.errors import Problem, ProblemError
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, KEY_LEN = 2**14, 8, 1, 32
 AUTH_ENV = "TUNEDECK_AUTH"
 
 
-class AuthError(ValueError):
+class AuthError(ProblemError):
     """Unusable credentials configuration (reported like any bad input: field, problem, fix)."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 def _b64(data: bytes) -> str:

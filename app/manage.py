@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from jobs.spec.job import Problem
+from jobs.errors import Problem, ProblemError
 from jobs.spec.stored import spec_of
 from jobs.units import human_bytes
 from storage.models import RunStatus
@@ -32,12 +32,8 @@ MAX_NOTE_CHARS = 10_000
 TAG_RULE = "1-64 letters, digits or . _ : + / -, starting with a letter or digit"
 
 
-class ManageError(ValueError):
+class ManageError(ProblemError):
     """Bad input to a management command: every problem, each with its field and fix."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 def split_tags(value: str | Iterable[str] | None) -> list[str]:

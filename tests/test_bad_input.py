@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from property_settings import examples
 
-from jobs.spec.job import JobSpec, Problem, SpecError, Trainer, field_infos
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, SpecError, Trainer, field_infos
 from storage.models import RunStatus
 
 KNOWN = [f.name for f in field_infos()]

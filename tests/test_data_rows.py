@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.data.sources import DataError, DatasetInfo, check_dataset
-from jobs.spec.job import Problem, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import Trainer
 
 EXAMPLES = int(os.environ.get("TUNEDECK_HYPOTHESIS_EXAMPLES", "60"))
 SEARCH = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

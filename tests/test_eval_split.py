@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from jobs.data.sources import DataError, eval_rows, load_data
-from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
 from tests.training_helpers import tiny_spec
 

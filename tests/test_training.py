@@ -442,7 +442,8 @@ def test_oom_summary_names_the_tricks_still_off() -> None:
 
 
 def test_problem_errors_summarize_as_their_problems() -> None:
-    from jobs.spec.job import Problem, SpecError
+    from jobs.errors import Problem
+    from jobs.spec.job import SpecError
     from jobs.train.child import summarize
 
     exc = SpecError([Problem("precision", "fp16 needs CUDA", "use auto")])

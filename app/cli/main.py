@@ -40,7 +40,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
-from jobs.spec.job import Problem, SpecError  # noqa: E402
+from jobs.errors import Problem
+from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of  # noqa: E402
 from jobs.train import figures  # noqa: E402
 from jobs.train.artifacts import bundle_of  # noqa: E402

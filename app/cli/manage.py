@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from app.manage import ManageError, change_notes, check_deletable, delete_run
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 from jobs.units import human_bytes
 from storage.run_files import run_bytes
 from storage.store import Store

@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import replace
 
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1024**3, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}

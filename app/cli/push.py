@@ -14,7 +14,7 @@ import getpass
 import os
 import sys
 
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 
 
 def read_token() -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, SpecError
 
 
 def _tricks(text: str) -> list[Any]:

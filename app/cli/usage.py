@@ -9,17 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from jobs.spec.job import JobSpec, Problem
+from jobs.errors import Problem, ProblemError
+from jobs.spec.job import JobSpec
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-class UsageError(Exception):
+class UsageError(ProblemError):
     """Bad input from the command line: reported as problems, exit code 2."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
 
 
 def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:

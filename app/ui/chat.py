@@ -20,7 +20,7 @@ import gradio as gr
 from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, Sampling
 from jobs.chat.process import ChatProcess
 from jobs.checks.access import AccessPolicy, loading_problem
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.store import Store

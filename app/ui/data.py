@@ -19,7 +19,8 @@ import gradio as gr
 import pandas as pd
 
 from jobs.checks.access import AccessPolicy
-from jobs.spec.job import Problem, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import Trainer
 from storage.settings import models_dir, uploads_dir
 
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first

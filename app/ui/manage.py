@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from app import manage
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.run_files import run_bytes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 
 DEVICE_ENV = "TUNEDECK_CHAT_DEVICE"  # where the dashboard's chat answers: a GPU index or UUID, or cpu
 GPU_ENV = "TUNEDECK_CHAT_GPU"  # set by the manager for its process: the GPU (as the lease names it) it is on

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobs.spec.job import Method, Problem, SpecError, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import Method, SpecError, Trainer
 
 WHICH = ("base", "run")
 MAX_NEW_TOKENS = 4096

@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from jobs.chat.device import DEVICE_ENV, GPU_ENV, busy_problem
 from jobs.chat.generate import ChatError, RunResult, Sampling, locate, refuse
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 
 log = logging.getLogger("jobs.chat.process")
 

@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.spec.job import JobSpec, Problem
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec
 
 DATA_DIRS_ENV = "TUNEDECK_DATA_DIRS"
 REMOTE_CODE_ENV = "TUNEDECK_ALLOW_REMOTE_CODE"

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import JobSpec, Problem, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, Trainer
 
 
 def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any = None) -> Problem | None:

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import Problem
+from jobs.errors import Problem
 
 log = logging.getLogger(__name__)
 

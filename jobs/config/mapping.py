@@ -26,7 +26,8 @@ from jobs.config.trainers import (  # noqa: F401
     trainer_kwargs,
     trl_module,
 )
-from jobs.spec.job import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Problem, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Trainer
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}

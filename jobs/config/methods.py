@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.spec.job import JobSpec, LoraInit, Method, Problem
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, LoraInit, Method
 
 # peft's LLaMA-Adapter patches the attention of these model types only (peft.tuners.adaption_prompt.config).
 ADAPTION_PROMPT_MODEL_TYPES = ("llama", "mistral", "gpt2")

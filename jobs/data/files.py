@@ -22,19 +22,15 @@ from typing import Any
 import datasets
 
 from jobs.data.rows import FORMS_HINT, Issues
+from jobs.errors import Problem, ProblemError
 from jobs.spec.columns import COLUMN_TARGETS
-from jobs.spec.job import Problem
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".jsonl.gz", ".json.gz")
 Rows = Callable[[], Iterator[tuple[int, dict[str, Any]]]]
 
 
-class FileProblem(ValueError):
+class FileProblem(ProblemError):
     """A file-level problem (the caller wraps it into its DataError)."""
-
-    def __init__(self, problems: list[Problem]):
-        super().__init__("; ".join(map(str, problems)))
-        self.problems = problems
 
 
 def file_kind(path: Path) -> str | None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from jobs.spec.job import Problem, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import Trainer
 
 
 class RowFormat(str, Enum):

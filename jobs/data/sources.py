@@ -45,7 +45,8 @@ from jobs.data.rows import (
     reward_columns,
     trainer_fit,
 )
-from jobs.spec.job import JobSpec, Problem, Trainer
+from jobs.errors import Problem, ProblemError
+from jobs.spec.job import JobSpec, Trainer
 
 __all__ = [
     "RowFormat",
@@ -95,13 +96,10 @@ class DatasetInfo:
         }
 
 
-class DataError(ValueError):
+class DataError(ProblemError):
     """Raised with every problem found in a data set (field `dataset` or `eval_dataset`)."""
 
-    def __init__(self, problems: list[Problem]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) with the data:\n{lines}")
+    subject = "with the data"
 
 
 def list_samples() -> list[str]:

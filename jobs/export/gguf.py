@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.errors import Problem
 from jobs.export.gguf_writer import GGUF_TYPES, GgufUnsupported, folder_plan, gguf_plan, tokenizer_json, write_gguf
 from jobs.export.merged import (
     CHECK_NEW_TOKENS,
@@ -40,7 +41,7 @@ from jobs.export.merged import (
     finished_spec,
     token_agreement,
 )
-from jobs.spec.job import JobSpec, Method, Problem
+from jobs.spec.job import JobSpec, Method
 from jobs.train.artifacts import safe_name, sha256_of
 from jobs.train.before_after import encode, greedy
 

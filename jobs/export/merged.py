@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import JobSpec, Method, Problem, SpecError
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, Method, SpecError
 from jobs.train.artifacts import safe_name, sha256_of, zip_bundle
 from jobs.train.before_after import BUILT_IN_PROMPTS, greedy
 

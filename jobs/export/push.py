@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from jobs.spec.job import Problem, SpecError
+from jobs.errors import Problem
+from jobs.spec.job import SpecError
 
 WHAT = ("bundle", "merged")
 CONNECT_TIMEOUT_S = 5.0

@@ -34,8 +34,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from jobs.errors import Problem, ProblemError
 from jobs.models.tiny import build_folder_atomically, build_tiny_model
-from jobs.spec.job import Problem
 from storage import settings
 
 log = logging.getLogger(__name__)
@@ -104,16 +104,13 @@ class ResolvedModel:
     source: ModelSource
 
 
-class ModelError(ValueError):
+class ModelError(ProblemError):
     """A model reference that cannot be used, with every problem (field, problem, fix)."""
 
-    def __init__(self, problems: list[Problem]):
-        self.problems = list(problems)
+    def message(self) -> str:
         if len(self.problems) == 1:
-            message = str(self.problems[0])
-        else:
-            message = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(message)
+            return str(self.problems[0])
+        return "\n".join(f"  - {p}" for p in self.problems)
 
 
 def _error(problem: str, fix: str, field: str = "model") -> ModelError:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import JobSpec, Method, Problem, Trainer
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, Method, Trainer
 from storage.models import RunStatus
 
 FIX = "give the id of a succeeded run with trainer: reward (`tunedeck runs` lists them), or train one first"

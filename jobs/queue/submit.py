@@ -21,7 +21,8 @@ import functools
 from typing import TYPE_CHECKING
 
 from jobs.checks.access import AccessPolicy
-from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, SpecError
 from storage.store import Store
 
 if TYPE_CHECKING:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.errors import Problem
 from jobs.spec import tricks
-from jobs.spec.job import JobSpec, Problem, SpecError
+from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.tricks import Trick
 
 DEFAULT_TRICKS = tuple(Trick)

@@ -19,6 +19,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from jobs.errors import Problem, ProblemError  # noqa: F401 - Problem is re-exported until every caller imports jobs.errors
 from jobs.spec.columns import columns_text, parse_columns
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -232,25 +233,10 @@ def _f(
     return field(default=default, metadata=meta)
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a spec: which field, what is wrong, how to fix it."""
-
-    field: str
-    problem: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.problem}. Fix: {self.fix}"
-
-
-class SpecError(ValueError):
+class SpecError(ProblemError):
     """Raised with every problem of a spec at once."""
 
-    def __init__(self, problems: list[Problem]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the job spec:\n{lines}")
+    subject = "in the job spec"
 
 
 @dataclass(frozen=True)

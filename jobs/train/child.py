@@ -50,8 +50,9 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
+from jobs.errors import Problem
 from jobs.memory.flops import FlopsRate
-from jobs.spec.job import JobSpec, Method, Precision, Problem, SpecError, Trainer
+from jobs.spec.job import JobSpec, Method, Precision, SpecError, Trainer
 from jobs.train import before_after, figures, oom
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.readback import final_micro_batch, trainer_readback
