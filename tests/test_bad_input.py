@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from property_settings import examples
 
-from jobs.errors import Problem
+from jobs.errors import Problem, ProblemError
 from jobs.spec.job import JobSpec, SpecError, Trainer, field_infos
 from storage.models import RunStatus
 
@@ -259,14 +259,24 @@ def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
 
 
 # ---------------------------------------------------------------------- named cases, end to end
-def _refused(store, spec_or_dict: dict | JobSpec, field: str, words: str) -> None:
-    """submit() refuses with a problem on `field` mentioning `words`; nothing is stored."""
+def _refused(store, raw: dict, field: str, words: str, *, at: str = "submit") -> None:
+    """`raw` is refused with a problem on `field` whose text mentions `words`; nothing is stored.
+
+    `at` names where the refusal must come from: "parse" (`JobSpec.from_dict` cannot build the
+    spec) or "submit" (the spec parses and `submit()` itself refuses it), so each case exercises
+    the stage it is about.
+    """
     from jobs.queue.submit import submit
 
+    assert words, "name the words the problem must contain"
     before = store.count_runs()
-    with pytest.raises(SpecError) as exc:
-        spec = spec_or_dict if isinstance(spec_or_dict, JobSpec) else JobSpec.from_dict(spec_or_dict)
-        submit(store, spec)
+    if at == "parse":
+        with pytest.raises(SpecError) as exc:
+            JobSpec.from_dict(raw)
+    else:
+        spec = JobSpec.from_dict(raw)  # must parse: the refusal under test is submit's
+        with pytest.raises(ProblemError) as exc:
+            submit(store, spec)
     _problems_ok(exc.value.problems)
     hits = [p for p in exc.value.problems if p.field == field and words.lower() in f"{p.problem} {p.fix}".lower()]
     assert hits, exc.value.problems
@@ -283,9 +293,9 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "c
 
 
 def test_spec_values(store) -> None:
-    _refused(store, {"model": "tiny-llama", "learning_rate": -1}, "learning_rate", "")
-    _refused(store, {"model": "tiny-llama", "lora_r": "eight"}, "lora_r", "")
-    _refused(store, {"model": "tiny-llama", "lr": 1e-4}, "lr", "unknown field")
+    _refused(store, {"model": "tiny-llama", "learning_rate": -1}, "learning_rate", "out of range", at="parse")
+    _refused(store, {"model": "tiny-llama", "lora_r": "eight"}, "lora_r", "whole number", at="parse")
+    _refused(store, {"model": "tiny-llama", "lr": 1e-4}, "lr", "unknown field", at="parse")
     _refused(
         store,
         {
@@ -297,7 +307,7 @@ def test_spec_values(store) -> None:
             "dataset": "sample:chat-format",
         },
         "dataset",
-        "",
+        "needs prompt/chosen/rejected",
     )
 
 
@@ -315,9 +325,19 @@ def test_datasets(store, tmp_path: Path, tiny_model: Path) -> None:
         "dataset",
         "column",
     )
-    _refused(store, {**base, "dataset": _jsonl(tmp_path / "mixed.jsonl", [CHAT, {"text": "plain"}])}, "dataset", "")
-    _refused(store, {**base, "trainer": "dpo", "dataset": _jsonl(tmp_path / "sft.jsonl", [CHAT])}, "dataset", "")
-    _refused(store, {**base, "eval_dataset": str(tmp_path / "missing.jsonl")}, "eval_dataset", "")
+    _refused(
+        store,
+        {**base, "dataset": _jsonl(tmp_path / "mixed.jsonl", [CHAT, {"text": "plain"}])},
+        "dataset",
+        "mixed formats",
+    )
+    _refused(
+        store,
+        {**base, "trainer": "dpo", "dataset": _jsonl(tmp_path / "sft.jsonl", [CHAT])},
+        "dataset",
+        "needs prompt/chosen/rejected",
+    )
+    _refused(store, {**base, "eval_dataset": str(tmp_path / "missing.jsonl")}, "eval_dataset", "does not exist")
 
 
 def test_chat_data_needs_a_chat_template(store, tmp_path: Path, tiny_model: Path) -> None:
@@ -341,7 +361,7 @@ def test_models(store, tmp_path: Path, tiny_model: Path) -> None:
     import time
 
     start = time.monotonic()
-    _refused(store, {"model": "nobody/does-not-exist-tunedeck"}, "model", "")
+    _refused(store, {"model": "nobody/does-not-exist-tunedeck"}, "model", "not in the local hugging face cache")
     assert time.monotonic() - start < 10  # offline: no long hang
     not_model = tmp_path / "not-a-model"
     not_model.mkdir()
@@ -352,7 +372,7 @@ def test_models(store, tmp_path: Path, tiny_model: Path) -> None:
     cfg = json.loads((custom / "config.json").read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomModel"}
     (custom / "config.json").write_text(json.dumps(cfg))
-    _refused(store, {"model": str(custom)}, "trust_remote_code", "")
+    _refused(store, {"model": str(custom)}, "trust_remote_code", "ships its own python code")
     from jobs.queue.submit import check
 
     assert not [p for p in check(JobSpec(model=str(custom), trust_remote_code=True)) if p.field == "trust_remote_code"]

@@ -56,7 +56,18 @@ def test_parts_add_up_and_name_their_formula(smollm2):
     assert [part.name for part in p.parts] == list(PART_NAMES)
     assert p.total_bytes == sum(p.parts_dict().values())
     assert all(part.formula for part in p.parts)
-    assert p.trainable_params == 30 * 16 * (4 * 576 + 2 * 192 + 2 * 576 + 3 * (576 + 1536))
+
+
+def test_trainable_parameters_are_what_peft_counts(tiny_model):
+    """The predictor's trainable count for the default LoRA equals peft's own count on the real model."""
+    import peft
+    import transformers
+
+    spec = S(model=str(tiny_model))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    lora = peft.LoraConfig(r=spec.lora_r, lora_alpha=spec.lora_alpha, target_modules="all-linear")
+    trainable, _ = peft.get_peft_model(model, lora).get_nb_trainable_parameters()
+    assert predict(spec, arch_for(str(tiny_model)), H200).trainable_params == trainable
 
 
 def test_quantized_bases_are_smaller_and_keep_embeddings_and_head_in_fp32(qwen7b):
@@ -80,19 +91,45 @@ def test_checkpointing_micro_batch_and_length_move_activations_only(qwen7b):
     assert ckpt.part("weights") == a.part("weights") and half.part("optimizer") == a.part("optimizer")
 
 
-def test_optimizers_state_sizes(smollm2):
-    small = predict(S(method="full", learning_rate=1e-5, per_device_train_batch_size=1, max_length=64), smollm2, H200)
-    p = small.trainable_params
+def test_gradients_and_optimizer_state_match_a_real_step(tiny_model):
+    """Gradient and optimizer-state parts against the bytes a real backward and optimizer step allocate."""
+    import bitsandbytes as bnb
+    import torch
+    import transformers
+    from transformers.optimization import Adafactor
+
+    arch = arch_for(str(tiny_model))
+    full = S(model=str(tiny_model), method="full", learning_rate=1e-5, per_device_train_batch_size=1)
+    small = predict(full.replace(max_length=8), arch, H200)
     assert small.phase == "optimizer step"  # few tokens: the peak comes with all gradients alive
-    assert small.part("gradients") == 4 * p and small.part("activations") == 0
-    full = S(method="full", learning_rate=1e-5)  # 8 x 512 tokens: the peak is in the backward, state only
+    assert small.part("activations") == 0
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    ids = torch.randint(0, 500, (1, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert small.part("gradients") == sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
+
+    optimizers = {
+        "adamw_torch": lambda ps: torch.optim.AdamW(ps, lr=1e-5),
+        "adamw_bnb_8bit": lambda ps: bnb.optim.AdamW8bit(ps, lr=1e-5),
+        "adafactor": lambda ps: Adafactor(ps, lr=1e-5, relative_step=False, scale_parameter=False),
+    }
+    for name, make in optimizers.items():
+        optimizer = make(model.parameters())
+        optimizer.step()
+        measured = sum(v.nbytes for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+        predicted = predict(full.replace(optim=name), arch, H200).part("optimizer")
+        # bitsandbytes keeps 32-bit state for small tensors, which a tiny model is full of: 8% here
+        assert predicted == pytest.approx(measured, rel=0.1), name
+
+
+def test_optimizer_states_order_on_a_real_size_model(smollm2):
+    full = S(method="full", learning_rate=1e-5)
     states = {
         o: predict(full.replace(optim=o), smollm2, H200).part("optimizer")
         for o in ("adamw_torch", "adamw_bnb_8bit", "adafactor")
     }
-    assert states["adamw_torch"] >= 8 * p
-    assert 2 * p < states["adamw_bnb_8bit"] < 3 * p + 4 * smollm2.largest_param
-    assert states["adafactor"] < states["adamw_bnb_8bit"]
+    assert states["adafactor"] < states["adamw_bnb_8bit"] < states["adamw_torch"]
 
 
 def test_dpo_doubles_the_rows_and_full_dpo_loads_a_reference_copy(smollm2):
