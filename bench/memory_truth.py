@@ -500,7 +500,7 @@ def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[s
         peak = [0]
         done = threading.Event()
 
-        def poll() -> None:
+        def poll(done: threading.Event = done, peak: list[int] = peak) -> None:
             while not done.is_set():
                 peak[0] = max(peak[0], pynvml.nvmlDeviceGetMemoryInfo(handle).used)
                 time.sleep(0.02)

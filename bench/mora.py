@@ -89,7 +89,7 @@ def train(method: str, args: argparse.Namespace, ids: torch.Tensor, labels: torc
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     curve, start = [], time.perf_counter()
     model.train()
-    for step in range(args.steps):
+    for _step in range(args.steps):
         order = torch.randperm(len(ids))
         total = 0.0
         for batch in order.split(args.batch):

@@ -215,13 +215,13 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
         base = []
         for _ in range(max(1, repeats // 2)):
             s = open_store(home)
-            base.append(timed(lambda: baseline_graphs(s, run_id)))
+            base.append(timed(lambda s=s: baseline_graphs(s, run_id)))
             s.dispose()
         cold, frames = [], None
         for _ in range(repeats):
             s = open_store(home)
             page = RunPageData(s)
-            cold.append(timed(lambda: page.graphs(run_id)))
+            cold.append(timed(lambda page=page: page.graphs(run_id)))
             frames = page.graphs(run_id)
             s.dispose()
         # Warm: the 1 s refresh after one callback flush (7 metric rows) and one sampler batch.

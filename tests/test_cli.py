@@ -222,7 +222,7 @@ def test_serve_starts_worker_and_stops_it(data_home: Path) -> None:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(
                         f"server did not come up:\n{proc.stdout.read() if proc.poll() is not None else ''}"
-                    )
+                    ) from None
                 time.sleep(0.5)
         workers = [c for c in psutil.Process(proc.pid).children() if "worker" in c.cmdline()]
         assert len(workers) == 1

@@ -31,7 +31,7 @@ def small_llama(hidden: int = 64, intermediate: int = 176, layers: int = 2) -> A
 def randomize(model: Any) -> None:
     """Give MoRA's zero-initialised matrices values, so the update is not trivially zero."""
     torch.manual_seed(1)
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
             torch.nn.init.normal_(p, std=0.05)
 

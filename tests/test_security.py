@@ -210,7 +210,7 @@ def _spellings(target: Path, site: dict) -> list[str]:
     rel_home = os.path.relpath(target, site["home"] / "uploads" / "incoming")
     rel_cwd = os.path.relpath(target, site["root"])
     deep = "../" * 12 + absolute.lstrip("/")
-    forms = [absolute, rel_home, deep, absolute.replace("/", "//")]
+    forms = [absolute, rel_home, rel_cwd, deep, absolute.replace("/", "//")]
     out = []
     for form in forms:
         out += [

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from training_helpers import greedy_answer, run_card_snippet, tiny_spec
 
 from jobs.config.mapping import CPU
 from jobs.spec.job import JobSpec
@@ -35,9 +36,6 @@ def _clear_stop_flag():
     STOP_REQUESTED.clear()
     yield
     STOP_REQUESTED.clear()
-
-
-from training_helpers import greedy_answer, run_card_snippet, tiny_spec
 
 
 def losses(log_history: list[dict[str, Any]]) -> list[float]:

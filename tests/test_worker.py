@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from training_helpers import wait_for
 
 from jobs.devices.sampler import GpuProbe, Sampler, process_tree_rss
 from jobs.spec.job import JobSpec
@@ -35,9 +36,6 @@ def make_worker(store: Store, code: str, **kw) -> Worker:
     kw.setdefault("heartbeat_interval", 0.2)
     kw.setdefault("grace_period", 2.0)
     return Worker(store, child_argv=fake_child(code), sample=kw.pop("sample", False), **kw)
-
-
-from training_helpers import wait_for
 
 
 def test_describe_exit() -> None:
@@ -83,16 +81,13 @@ def test_child_env_carries_home_and_database(store: Store, data_home: Path) -> N
 def test_sigkilled_child_fails_and_worker_takes_next_run(store: Store) -> None:
     first = store.create_run(SPEC)
     second = store.create_run(SPEC)
-    code = (
-        """
-    if run_id == %d:
+    code = f"""
+    if run_id == {first}:
         print('step 1', flush=True)
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGKILL)
     print('fine')
     """
-        % first
-    )
     worker = make_worker(store, code)
     assert worker.work(burst=True) == 2
     run = store.get_run(first)
