@@ -3,8 +3,12 @@
 #
 #   ./dev.sh serve [args]   venv + install + default model, then `tunedeck serve [args]`
 #                           (http://127.0.0.1:7860, with its worker)
-#   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose when root), then pytest [args]
+#   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose / PostgreSQL when root), then
+#                           the checks below and every test tier: pytest -m "" [args]
+#   ./dev.sh check          ruff (lint and format) and mypy only
 #   ./dev.sh venv           only create/update the virtual environment
+#
+# Plain `.venv/bin/python -m pytest` runs the fast tier only (see pyproject.toml).
 #
 # Environment:
 #   TUNEDECK_VENV         venv folder (default ./.venv)
@@ -29,7 +33,7 @@ STAMP="$VENV/.tunedeck-stamp"
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 
 usage() {
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -92,6 +96,14 @@ ensure_system_packages() {
     fi
 }
 
+run_checks() {
+    # Lint, format and types first: they take seconds and fail before a long test run starts.
+    log "ruff check, ruff format --check, mypy"
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/ruff" format --check .
+    "$VENV/bin/mypy"
+}
+
 cmd="${1:-}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
@@ -104,9 +116,14 @@ case "$cmd" in
         ;;
     test)
         ensure_venv
+        run_checks
         ensure_system_packages
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
-        exec "$VENV/bin/python" -m pytest "$@"
+        exec "$VENV/bin/python" -m pytest -m "" "$@"
+        ;;
+    check)
+        ensure_venv
+        run_checks
         ;;
     venv)
         ensure_venv
