@@ -11,7 +11,8 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
 tags, notes and deletion in `store_manage.py`, records in `records.py`, rollup SQL in `rollups.py`,
-migrations in `migrations.py`, lock retries in `retry.py`. Every name is importable from here.
+migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
+declared in `store_core.py`. Every name is importable from here.
 """
 
 from __future__ import annotations
