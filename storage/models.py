@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 SCHEMA_VERSION = 8
@@ -32,7 +32,10 @@ class MemorySource(str, Enum):
 
 
 class Base(DeclarativeBase):
-    pass
+    if TYPE_CHECKING:
+        # Every model here is declared with __tablename__, so declarative maps it to a Table (the
+        # stubs allow any FromClause, for classes mapped to a select); Table has insert() and delete().
+        __table__: ClassVar[Table]
 
 
 # Row ids of the tables that grow without bound: 64-bit on PostgreSQL. SQLite keeps INTEGER,

@@ -121,9 +121,11 @@ class MetricBucket:
 
     first_step: int
     last_step: int
-    min: float
-    max: float
-    total: float
+    # None when every value in the bucket is non-finite (stored as NULL): only buckets read from raw
+    # rows (`Store.metric_buckets`, narrow widths) can be; rollups skip NULL values.
+    min: float | None
+    max: float | None
+    total: float | None
     count: int
 
 

@@ -6,9 +6,11 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from sqlalchemy.exc import OperationalError
+
+T = TypeVar("T")
 
 
 def is_locked_error(exc: BaseException) -> bool:
@@ -20,8 +22,8 @@ def is_locked_error(exc: BaseException) -> bool:
 
 
 def call_retrying(
-    fn: Callable[[], Any], what: str, window_s: float, log: logging.Logger, on_retry: Callable[[], None]
-) -> Any:
+    fn: Callable[[], T], what: str, window_s: float, log: logging.Logger, on_retry: Callable[[], None]
+) -> T:
     """Call `fn()` (one whole write transaction) again on 'database is locked', backing off.
 
     Gives up (re-raises) once the next wait would end past `window_s` from now; `on_retry` is

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Integer, func, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from storage import models as m
@@ -50,7 +50,7 @@ def floor_int(sqlite_: bool, expr: ColumnElement[Any]) -> ColumnElement[Any]:
     return func.cast(func.floor(expr), BigInteger)
 
 
-def shift_right(expr: ColumnElement[Any], bits: int) -> ColumnElement[Any]:
+def shift_right(expr: ColumnElement[int] | InstrumentedAttribute[int], bits: int) -> ColumnElement[Any]:
     """expr >> bits, with `bits` bound as a plain integer (PostgreSQL has no bigint >> bigint)."""
     return expr.op(">>")(literal(int(bits), Integer))
 

@@ -11,7 +11,8 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
 tags, notes and deletion in `store_manage.py`, records in `records.py`, rollup SQL in `rollups.py`,
-migrations in `migrations.py`, lock retries in `retry.py`. Every name is importable from here.
+migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
+declared in `store_core.py`. Every name is importable from here.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Float, create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
 
 from storage import models as m
 from storage.identity import RunFolderError, claim_folder, ensure_identity
@@ -65,6 +67,7 @@ BUSY_TIMEOUT_MS = 30_000
 WRITE_RETRY_S = 120.0
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
@@ -111,13 +114,13 @@ class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
         with self._write() as session, session.begin():
             yield session
 
-    def _db_now(self) -> Any:
+    def _db_now(self) -> ColumnElement[float]:
         """The database server's clock as epoch seconds (an SQL expression): one clock for every host."""
         if self._sqlite:
             return (func.julianday("now") - 2440587.5) * 86400.0
         return func.cast(func.extract("epoch", func.clock_timestamp()), Float)
 
-    def _retrying(self, fn: Any, what: str, deadline_s: float | None = None) -> Any:
+    def _retrying(self, fn: Callable[[], T], what: str, deadline_s: float | None = None) -> T:
         """Call `fn()` (one whole write transaction) again on 'database is locked', backing off."""
         return call_retrying(
             fn, what, self._retry_window_s() if deadline_s is None else deadline_s, log, self._count_lock_retry

@@ -14,9 +14,10 @@ from sqlalchemy import delete, func, select
 
 from storage import models as m
 from storage.models import RunStatus
+from storage.store_core import StoreCore
 
 
-class EventsMixin:
+class EventsMixin(StoreCore):
     """Store methods over `run_events`, `worker_devices` and `sweep_runs`."""
 
     # ------------------------------------------------------------------ run events

@@ -15,6 +15,7 @@ from sqlalchemy import delete, func, or_, select
 
 from storage import models as m
 from storage.models import RunStatus
+from storage.store_core import StoreCore
 
 # The highest run id ever deleted: SQLite gives a new row max(id) + 1, so without this the next
 # run would take the id of a deleted newest run (and its bookmarks, cached graphs and scripts).
@@ -62,7 +63,7 @@ def rows_of_existing_runs(s: Any, rows: list[dict[str, Any]]) -> list[dict[str, 
     return rows if live == ids else [r for r in rows if r["run_id"] is None or r["run_id"] in live]
 
 
-class ManageMixin:
+class ManageMixin(StoreCore):
     """Store methods for tags, notes and deleting runs."""
 
     def _unused_run_id(self, s: Any) -> int | None:

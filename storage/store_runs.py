@@ -21,6 +21,7 @@ from storage import models as m
 from storage.models import RunStatus
 from storage.records import RunControl, RunRecord
 from storage.rollups import rebuild_metric_rollups
+from storage.store_core import StoreCore, rowcount
 from storage.store_manage import search_filter
 
 
@@ -81,7 +82,7 @@ class QueueableSpec(Protocol):
     def to_json(self) -> str: ...
 
 
-class RunsMixin:
+class RunsMixin(StoreCore):
     """Store methods over the `runs` table and the `meta` rows of device leases and workers."""
 
     # ------------------------------------------------------------------ runs
@@ -189,7 +190,7 @@ class RunsMixin:
                 .where(m.Run.id == run_id, m.Run.status.in_([st.value for st in only_if]))
                 .values(status=status.value, finished_at=time.time(), **values)
             )
-            return result.rowcount == 1
+            return rowcount(result) == 1
 
     def mark_succeeded(self, run_id: int, final_metrics: dict[str, float]) -> bool:
         return self._finish(
@@ -283,10 +284,12 @@ class RunsMixin:
                     finished_at=None,
                 )
             )
-            if result.rowcount != 1:  # taken or cancelled since it was read: nothing claimed
+            if rowcount(result) != 1:  # taken or cancelled since it was read: nothing claimed
                 return None
             lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "pid": worker_pid, "time": now})
-            return RunRecord.from_row(s.get(m.Run, candidate))
+            claimed = s.get(m.Run, candidate)
+            assert claimed is not None  # its row was updated just above, in this transaction
+            return RunRecord.from_row(claimed)
 
     def device_lease(self, device: str, host: str | None = None) -> dict[str, Any]:
         """Who holds (host, device): {"run_id", "worker_id", "pid", "time"}, or {} when it is free."""
@@ -345,12 +348,12 @@ class RunsMixin:
                     error_detail=None,
                 )
             )
-            return result.rowcount == 1
+            return rowcount(result) == 1
 
     def truncate_metrics(self, run_id: int, after_step: int) -> int:
         """Delete a run's metric rows with step > after_step (a resume redoes those steps); rebuilds its rollups."""
         with self._tx() as s:
-            n = s.execute(delete(m.Metric).where(m.Metric.run_id == run_id, m.Metric.step > after_step)).rowcount
+            n = rowcount(s.execute(delete(m.Metric).where(m.Metric.run_id == run_id, m.Metric.step > after_step)))
             if n:
                 rebuild_metric_rollups(s, run_id)
             return n
@@ -366,7 +369,7 @@ class RunsMixin:
         key = f"worker:{worker_id}"[:64]
         value = json.dumps({"worker_id": worker_id, "pid": pid, "host": host, "time": time.time()})
         with self._tx() as s:
-            if not s.execute(update(m.Meta).where(m.Meta.key == key).values(value=value)).rowcount:
+            if not rowcount(s.execute(update(m.Meta).where(m.Meta.key == key).values(value=value))):
                 s.add(m.Meta(key=key, value=value))
             if run_id is not None:
                 s.execute(update(m.Run).where(m.Run.id == run_id).values(heartbeat_at=self._db_now()))

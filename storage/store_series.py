@@ -28,12 +28,13 @@ from storage.rollups import (
     upsert_memory_rollups,
     upsert_metric_rollups,
 )
+from storage.store_core import StoreCore, rowcount
 from storage.store_manage import rows_of_existing_runs
 
 log = logging.getLogger("storage.store")  # the store's logger, as before the split
 
 
-class SeriesMixin:
+class SeriesMixin(StoreCore):
     """Store methods over `metrics`, `memory_samples` and their rollup tables."""
 
     # ------------------------------------------------------------------ metrics
@@ -59,7 +60,7 @@ class SeriesMixin:
             batch = [r for _, rs in self._unwritten for r in rs]
             if not batch:
                 if progress is not None:
-                    self.set_progress(run_id, *progress)  # type: ignore[attr-defined]
+                    self.set_progress(run_id, *progress)
                 return 0
             try:
                 self._retrying(lambda: self._insert_metrics(batch, run_id, progress), "add_metrics")
@@ -251,7 +252,7 @@ class SeriesMixin:
             .scalar_subquery()
         )
         with self._tx() as s:
-            return s.execute(t.__table__.delete().where(*old_idle, t.id.not_in(keep))).rowcount or 0
+            return rowcount(s.execute(t.__table__.delete().where(*old_idle, t.id.not_in(keep))))
 
     def memory_samples(
         self, run_id: int | None = None, since: float | None = None, source: str | None = None, limit: int | None = None

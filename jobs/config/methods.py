@@ -127,7 +127,8 @@ def config_class(name: str) -> Any:
 
 def method_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
     """What peft refuses for the spec's method; `shape` (jobs.memory.params.ModelShape) enables the model checks."""
-    m, out = spec.method, []
+    m = spec.method
+    out: list[Problem] = []
     if shape is None:
         return out
     if m is Method.ADAPTION_PROMPT:

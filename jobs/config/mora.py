@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from peft import LoraConfig
 from peft.tuners.lora.layer import Linear as LoraLinear
-from peft.tuners.lora.layer import LoraVariant
+from peft.tuners.lora.layer import LoraLayer, LoraVariant
 from torch import nn
 
 MORA_TYPES = ("rope", "sharing")
@@ -118,6 +118,26 @@ def mora_delta_weight(matrix: torch.Tensor, in_features: int, out_features: int,
 
 
 # ---------------------------------------------------------------------- peft integration
+def _mora_layer(module: LoraLayer) -> MoraLinear:
+    """The layer a MoraVariant method is called on: always a MoraLinear, the only layer listing the variant."""
+    assert isinstance(module, MoraLinear), f"MoRA runs on MoraLinear layers, not {type(module).__name__}"
+    return module
+
+
+def _features(layer: MoraLinear) -> tuple[int, int]:
+    """(k, d) of the layer; peft reads both from the nn.Linear or Conv1D base before any variant runs."""
+    k, d = layer.in_features, layer.out_features
+    assert k is not None and d is not None, "peft found no in/out features on a MoRA layer's base"
+    return k, d
+
+
+def _a_weight(layer: MoraLinear, adapter: str) -> torch.Tensor:
+    """The weight in `lora_A`: peft's nn.Linear A before `MoraVariant.init`, MoRA's square M (r^ x r^) after."""
+    linear = layer.lora_A[adapter]
+    assert isinstance(linear, nn.Linear), f"lora_A[{adapter!r}] is a {type(linear).__name__}, not nn.Linear"
+    return linear.weight
+
+
 class MoraVariant(LoraVariant):
     """The LoRA variant that swaps A/B for MoRA's square matrix (kept in `lora_A`, B unused)."""
 
@@ -125,49 +145,53 @@ class MoraVariant(LoraVariant):
         return False  # a high-rank update has no exact rank-r LoRA form
 
     @staticmethod
-    def init(module: LoraLinear, adapter_name: str, config: Any = None, **kwargs: Any) -> None:
+    def init(module: LoraLayer, adapter_name: str, config: LoraConfig | None = None, **kwargs: Any) -> None:
+        layer = _mora_layer(module)
         mora_type = getattr(config, "mora_type", "rope")
         if mora_type not in MORA_TYPES:
             raise ValueError(f"mora_type must be one of {MORA_TYPES}, got {mora_type!r}")
-        rank = mora_rank(module.in_features, module.out_features, module.r[adapter_name], mora_type)
-        old = module.lora_A[adapter_name].weight
+        rank = mora_rank(*_features(layer), layer.r[adapter_name], mora_type)
+        old = _a_weight(layer, adapter_name)
         square = nn.Linear(rank, rank, bias=False, device=old.device, dtype=old.dtype)
         nn.init.zeros_(square.weight)  # dW = 0 at the start, as in the paper
-        module.lora_A[adapter_name] = square
-        module.lora_B[adapter_name] = nn.Identity()  # no parameters; peft's loops still find a key
-        module.mora_type = {**getattr(module, "mora_type", {}), adapter_name: mora_type}
+        layer.lora_A[adapter_name] = square
+        layer.lora_B[adapter_name] = nn.Identity()  # no parameters; peft's loops still find a key
+        layer.mora_type = {**getattr(layer, "mora_type", {}), adapter_name: mora_type}
 
     @staticmethod
-    def _delta(module: LoraLinear, adapter: str) -> torch.Tensor:
-        weight = module.lora_A[adapter].weight
+    def _delta(layer: MoraLinear, adapter: str) -> torch.Tensor:
+        weight = _a_weight(layer, adapter)
         compute = weight.float() if weight.device.type == "cpu" and weight.dtype != torch.float32 else weight
-        delta = mora_delta_weight(compute, module.in_features, module.out_features, module.mora_type[adapter])
-        return delta.T if module.fan_in_fan_out else delta
+        delta = mora_delta_weight(compute, *_features(layer), layer.mora_type[adapter])
+        return delta.T if layer.fan_in_fan_out else delta
 
     @staticmethod
-    def merge_safe(module: LoraLinear, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
-        return orig_weight + MoraVariant._delta(module, active_adapter).to(orig_weight.dtype)
+    def merge_safe(module: LoraLayer, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
+        return orig_weight + MoraVariant._delta(_mora_layer(module), active_adapter).to(orig_weight.dtype)
 
     @staticmethod
-    def merge_unsafe(module: LoraLinear, active_adapter: str, orig_weight: torch.Tensor) -> None:
-        orig_weight.data += MoraVariant._delta(module, active_adapter).to(orig_weight.dtype)
+    def merge_unsafe(module: LoraLayer, active_adapter: str, orig_weight: torch.Tensor) -> None:
+        orig_weight.data += MoraVariant._delta(_mora_layer(module), active_adapter).to(orig_weight.dtype)
 
     @staticmethod
-    def unmerge(module: LoraLinear, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
-        return orig_weight - MoraVariant._delta(module, active_adapter).to(orig_weight.dtype)
+    def unmerge(module: LoraLayer, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
+        return orig_weight - MoraVariant._delta(_mora_layer(module), active_adapter).to(orig_weight.dtype)
 
     @staticmethod
     def forward(
-        module: LoraLinear, active_adapter: str, x: torch.Tensor, result: torch.Tensor, **kwargs: Any
+        module: LoraLayer, active_adapter: str, x: torch.Tensor, result: torch.Tensor, **kwargs: Any
     ) -> torch.Tensor:
-        x = module.lora_dropout[active_adapter](x)
-        matrix = module.lora_A[active_adapter].weight
-        delta = mora_delta_x(x.to(matrix.dtype), matrix, module.out_features, module.mora_type[active_adapter])
+        layer = _mora_layer(module)
+        x = layer.lora_dropout[active_adapter](x)
+        matrix = _a_weight(layer, active_adapter)
+        delta = mora_delta_x(x.to(matrix.dtype), matrix, _features(layer)[1], layer.mora_type[active_adapter])
         return result + delta.to(result.dtype)
 
 
 class MoraLinear(LoraLinear):
     """peft's LoRA Linear layer that also knows the MoRA variant (torch Linear, or GPT-2's Conv1D)."""
+
+    mora_type: dict[str, str]  # adapter name -> one of MORA_TYPES; set by MoraVariant.init
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: Any, **kwargs: Any) -> None:
         super().__init__(base_layer, adapter_name, config=config, **kwargs)
@@ -175,7 +199,7 @@ class MoraLinear(LoraLinear):
         self.fan_in_fan_out = not isinstance(self.get_base_layer(), nn.Linear)
 
     @property
-    def lora_variants(self) -> dict[tuple[str, ...], Any]:
+    def lora_variants(self) -> dict[tuple[str, ...], type[LoraVariant]]:
         return {**super().lora_variants, ("use_mora",): MoraVariant}
 
 

@@ -50,14 +50,15 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
         return found
     # IA3 learns one scaling vector per targeted layer: far fewer parameters than LoRA.
     if m is Method.IA3:
-        targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
+        # Not named `targets`: the LoRA branch imports a function of that name into this scope.
+        ia3_targets, feedforward = IA3_LLAMA_TARGETS, IA3_LLAMA_FEEDFORWARD
         if model_type is not None:
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING as FF
             from peft.utils.constants import TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING as TM
 
             if model_type in TM and model_type in FF:
-                targets, feedforward = list(TM[model_type]), list(FF[model_type])
-        return "IA3Config", {**base, "target_modules": list(targets), "feedforward_modules": list(feedforward)}
+                ia3_targets, feedforward = list(TM[model_type]), list(FF[model_type])
+        return "IA3Config", {**base, "target_modules": list(ia3_targets), "feedforward_modules": list(feedforward)}
     # Prompt-learning methods train only virtual-token embeddings (prefix: per-layer keys and
     # values); each virtual token lengthens every sequence, costing a little activation memory.
     virtual = {"num_virtual_tokens": spec.num_virtual_tokens}

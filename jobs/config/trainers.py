@@ -27,7 +27,9 @@ CONFIG_CLASSES = {
 MODULES = {Trainer.ORPO: "trl.experimental.orpo", Trainer.CPO: "trl.experimental.cpo"}
 DEFAULT_LOSSES = {Trainer.SFT: "nll", Trainer.DPO: "sigmoid", Trainer.KTO: "kto", Trainer.CPO: "sigmoid"}
 # Common TrainingArguments-level keys a trainer's config does not have (it would raise TypeError).
-UNSUPPORTED = {t: ("padding_free",) for t in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO)}
+UNSUPPORTED: dict[Trainer, tuple[str, ...]] = {
+    t: ("padding_free",) for t in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO)
+}
 # GRPOConfig has no max_length either: prompts are kept whole, completions end at max_completion_length.
 UNSUPPORTED[Trainer.GRPO] = ("padding_free", "max_length")
 # The peft task type, which decides the model head peft wraps (and trains: a reward model's score head).
