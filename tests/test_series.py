@@ -230,3 +230,15 @@ def test_a_version_1_database_is_upgraded_and_its_series_backfilled(tmp_path):
 def test_unknown_memory_width_is_refused(store):
     with pytest.raises(ValueError):
         store.memory_series(1, 0.3)
+
+
+def test_a_bucket_of_non_finite_values_merges_with_its_neighbours() -> None:
+    """Raw-row buckets whose every value was NaN come back with min/max/total None (stored NULL)."""
+    from app.ui.series import merge_metric
+    from storage.records import MetricBucket
+
+    nan_only = MetricBucket(1, 2, None, None, None, 2)
+    valued = MetricBucket(3, 4, 0.5, 1.5, 2.0, 2)
+    for merged in (merge_metric(nan_only, valued), merge_metric(valued, nan_only)):
+        assert (merged.first_step, merged.last_step, merged.min, merged.max, merged.total) == (1, 4, 0.5, 1.5, 2.0)
+    assert merge_metric(nan_only, nan_only).min is None

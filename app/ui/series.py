@@ -34,9 +34,9 @@ def merge_metric(a: MetricBucket, b: MetricBucket) -> MetricBucket:
     return MetricBucket(
         min(a.first_step, b.first_step),
         max(a.last_step, b.last_step),
-        min(a.min, b.min),
-        max(a.max, b.max),
-        a.total + b.total,
+        _opt(min, a.min, b.min),  # None: a bucket of non-finite values only
+        _opt(max, a.max, b.max),
+        _opt(lambda x, y: x + y, a.total, b.total),
         a.count + b.count,
     )
 
