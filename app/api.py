@@ -157,7 +157,7 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         """Check a job spec and queue it. Nothing is queued unless every check passes (fields, model, data, device).
 
         Parameters:
-            spec_yaml: the job spec as YAML text (the fields of the launch form and README's table), e.g. "model: tiny-llama\\nmax_steps: 20".
+            spec_yaml: the job spec as YAML text (the fields of the launch form and docs/spec.md's table), e.g. "model: tiny-llama\\nmax_steps: 20".
         Returns:
             run_id: the new run's id, or null when nothing was queued; problems: every problem as {field, problem, fix}, the same ones the launch form shows.
         """

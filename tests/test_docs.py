@@ -1,10 +1,13 @@
-"""The README stays honest: its job-spec field table is generated from `jobs.spec.job.field_infos()`.
+"""The README and docs/ stay honest: what they state is checked against the code.
 
     .venv/bin/python -m pytest tests/test_docs.py -q     # check
-    .venv/bin/python tests/test_docs.py --write          # regenerate the table in README.md
+    .venv/bin/python tests/test_docs.py --write          # regenerate the field table in docs/spec.md
 
-The table sits between `<!-- fields:start -->` and `<!-- fields:end -->`; every JobSpec field
-appears there with its group, type, default and help text, written once next to the field.
+The job-spec field table in docs/spec.md is generated from `jobs.spec.job.field_infos()`; it sits
+between `<!-- fields:start -->` and `<!-- fields:end -->`, and every JobSpec field appears there with
+its group, type, default and help text, written once next to the field. The README is the front
+door: at most 150 lines, leading with the two commands. Every CLI command, example and setting is
+documented in the page that owns it, and every relative link in README.md and docs/*.md resolves.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+SPEC_DOC = DOCS / "spec.md"  # the field table
+CLI_DOC = DOCS / "cli.md"  # every command
+EXAMPLES_DOC = DOCS / "examples.md"  # every example spec
+DEPLOYMENT_DOC = DOCS / "deployment.md"  # the settings
+README_MAX_LINES = 150
 START, END = "<!-- fields:start -->", "<!-- fields:end -->"
 
 if str(ROOT) not in sys.path:  # when run as a script
@@ -56,7 +65,7 @@ def _default(value) -> str:
 
 
 def fields_table() -> str:
-    """The README's field table, generated from the spec's own metadata."""
+    """docs/spec.md's field table, generated from the spec's own metadata."""
     from jobs.spec.job import field_infos
 
     lines = ["| name | group | type | default | help |", "|---|---|---|---|---|"]
@@ -70,34 +79,34 @@ def fields_table() -> str:
 
 def _split(text: str) -> tuple[str, str, str]:
     head, sep, rest = text.partition(START)
-    assert sep, f"README.md lacks the {START} marker"
+    assert sep, f"{SPEC_DOC.name} lacks the {START} marker"
     body, sep, tail = rest.partition(END)
-    assert sep, f"README.md lacks the {END} marker"
+    assert sep, f"{SPEC_DOC.name} lacks the {END} marker"
     return head, body, tail
 
 
-def write_readme() -> bool:
-    """Rewrite the table between the markers; True when README.md changed."""
-    text = README.read_text()
+def write_table() -> bool:
+    """Rewrite the table between the markers; True when docs/spec.md changed."""
+    text = SPEC_DOC.read_text()
     head, _, tail = _split(text)
     new = f"{head}{START}\n{fields_table()}\n{END}{tail}"
     if new != text:
-        README.write_text(new)
+        SPEC_DOC.write_text(new)
     return new != text
 
 
 # ---------------------------------------------------------------------- tests
-def test_readme_field_table_is_generated_from_the_spec():
-    _, body, _ = _split(README.read_text())
-    assert body.strip() == fields_table(), "README field table is stale: run `python tests/test_docs.py --write`"
+def test_field_table_is_generated_from_the_spec():
+    _, body, _ = _split(SPEC_DOC.read_text())
+    assert body.strip() == fields_table(), "docs/spec.md field table is stale: run `python tests/test_docs.py --write`"
 
 
-def test_every_spec_field_is_in_the_readme():
+def test_every_spec_field_is_in_the_spec_doc():
     from jobs.spec.job import field_infos
 
-    _, body, _ = _split(README.read_text())
+    _, body, _ = _split(SPEC_DOC.read_text())
     missing = [i.name for i in field_infos() if f"| `{i.name}` |" not in body]
-    assert not missing, f"fields missing from README.md: {missing}"
+    assert not missing, f"fields missing from docs/spec.md: {missing}"
 
 
 def test_readme_leads_with_the_two_commands():
@@ -106,18 +115,33 @@ def test_readme_leads_with_the_two_commands():
     assert "http://127.0.0.1:7860" in head
 
 
-def test_readme_names_every_cli_command_and_example():
+def test_readme_is_a_front_door():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it <= {README_MAX_LINES}, move detail to docs/"
+    )
+
+
+def test_readme_links_every_doc_page():
     text = README.read_text()
+    for page in sorted(DOCS.glob("*.md")):
+        assert f"](docs/{page.name})" in text, f"README.md does not link docs/{page.name}"
+
+
+def test_docs_name_every_cli_command_and_example():
     from app.cli.main import build_parser
 
+    cli = CLI_DOC.read_text()
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     assert {"serve", "worker", "submit", "run", "runs", "show", "cancel", "setup"} <= set(sub.choices)
     for command in sub.choices:  # every command the CLI has, so a new one cannot go undocumented
-        assert re.search(rf"tunedeck {command}\b", text), f"README does not show `tunedeck {command}`"
+        assert re.search(rf"^tunedeck {command}\b", cli, re.M), f"docs/cli.md does not show `tunedeck {command}`"
+    examples = EXAMPLES_DOC.read_text()
     for example in sorted((ROOT / "examples").glob("*.yaml")):
-        assert f"examples/{example.name}" in text, f"README does not mention examples/{example.name}"
+        assert f"examples/{example.name}" in examples, f"docs/examples.md does not mention examples/{example.name}"
+    deployment = DEPLOYMENT_DOC.read_text()
     for var in ("TUNEDECK_HOME", "TUNEDECK_DATABASE_URL", "TUNEDECK_TORCH", "TUNEDECK_TORCH_INDEX", "TUNEDECK_VENV"):
-        assert var in text, f"README does not document {var}"
+        assert var in deployment, f"docs/deployment.md does not document {var}"
 
 
 def test_ci_runs_the_readme_test_command():
@@ -193,19 +217,90 @@ def test_outside_reference_check_catches_what_it_should():
         assert not _OUTSIDE.search(line), line
 
 
-def test_markdown_links_point_at_files_that_exist():
-    missing = []
-    for md in [f for f in _tracked_text_files() if f.suffix == ".md"]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", md.read_text()):
+# Links: every relative link in README.md, docs/*.md and the other tracked Markdown files names a file
+# that exists and, when it names a heading (`page.md#heading`), a heading that exists there, so a
+# section that moves cannot leave a dead link behind.
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_CODE_SPAN = re.compile(r"`[^`]*`")
+
+
+def _prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks (a `# comment` in a bash block is not a heading)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in _prose_lines(page.read_text()):
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if match:
+            slug = _slug(match.group(1))
+            anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)  # GitHub numbers repeats
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def broken_links(page: Path) -> list[str]:
+    """`page -> target` for every relative link of `page` whose file or heading does not exist."""
+    broken = []
+    for line in _prose_lines(page.read_text()):
+        for target in _LINK.findall(_CODE_SPAN.sub("", line)):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            if not (md.parent / target).exists():
-                missing.append(f"{md.relative_to(ROOT)} -> {target}")
-    assert not missing, "links to files that do not exist: " + ", ".join(missing)
+            name, _, fragment = target.partition("#")
+            dest = page.parent / name if name else page
+            if not dest.exists():
+                broken.append(f"{page.name} -> {target} (no such file)")
+            elif fragment and dest.suffix == ".md" and fragment not in heading_anchors(dest):
+                broken.append(f"{page.name} -> {target} (no such heading)")
+    return broken
+
+
+def _markdown_pages() -> list[Path]:
+    tracked = {f for f in _tracked_text_files() if f.suffix == ".md"}
+    return sorted(tracked | {README, *DOCS.glob("*.md")})  # docs/ pages count before they are committed
+
+
+def test_markdown_links_point_at_files_that_exist():
+    pages = _markdown_pages()
+    assert README in pages and SPEC_DOC in pages
+    missing = [b for page in pages for b in broken_links(page)]
+    assert not missing, "links to files or headings that do not exist:\n" + "\n".join(missing)
+
+
+def test_link_check_catches_what_it_should(tmp_path: Path):
+    (tmp_path / "other.md").write_text("# Other page\n\n## Set-up: what `./dev.sh` does\n\n## Notes\n\n## Notes\n")
+    (tmp_path / "img.png").write_bytes(b"")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n"
+        "[ok](other.md) [ok](other.md#set-up-what-devsh-does) [ok](other.md#notes-1) [ok](#page)\n"
+        "![ok](img.png) [web](https://example.org/x) `[code](nowhere.md)`\n"
+        "[gone](nowhere.md) [bad heading](other.md#setup) [bad here](#nothing)\n"
+        "```\n[in a code block](nowhere.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "page.md -> nowhere.md (no such file)",
+        "page.md -> other.md#setup (no such heading)",
+        "page.md -> #nothing (no such heading)",
+    ]
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        print("README.md updated" if write_readme() else "README.md already up to date")
+        print("docs/spec.md updated" if write_table() else "docs/spec.md already up to date")
     else:
         print(fields_table())

@@ -47,7 +47,7 @@ def test_unknown_key_suggests_the_closest_field() -> None:
 def test_unknown_key_without_close_match() -> None:
     p = one({"zzzzzz": 1})
     assert p.problem == "unknown field"
-    assert p.fix == "remove it; see the README's field table"
+    assert p.fix == "remove it; see the field table in docs/spec.md"
 
 
 def test_not_a_mapping() -> None:

@@ -71,7 +71,7 @@ def unreachable_files_note(store: Store, run_id: int) -> str:
     """Why a finished run's recorded bundle cannot be downloaded from this dashboard ("" when it can).
 
     Artifact paths are stored as absolute paths: on many hosts the data folder must be one shared
-    volume mounted at the same path everywhere (README, "Several GPUs, several hosts").
+    volume mounted at the same path everywhere (docs/deployment.md, "Several GPUs, several hosts").
     """
     from jobs.train.artifacts import bundle_of
 

@@ -2,7 +2,7 @@
 
 A `JobSpec` is parsed once at the edge (YAML, JSON, form values) and then passed around
 as-is. Every field carries its help text, its form group and its bounds next to it, so the
-form, the README table and the validation messages all come from one place.
+form, the field table in docs/spec.md and the validation messages all come from one place.
 
     spec = JobSpec.from_yaml(Path("examples/smollm2-tag-format.yaml").read_text())
     problems = spec.problems()      # [] when the spec is valid on its own
@@ -784,7 +784,7 @@ class JobSpec:
                 raw = "\n".join(str(p).strip() for p in raw)  # a YAML/JSON list -> the stored form, one per line
             if key not in known:
                 close = _closest(str(key), known)
-                fix = f"did you mean `{close}`?" if close else "remove it; see the README's field table"
+                fix = f"did you mean `{close}`?" if close else "remove it; see the field table in docs/spec.md"
                 name = str(key).strip() or "spec"
                 problems.append(
                     Problem(name, "has a field with an empty name" if name == "spec" else "unknown field", fix)
@@ -1081,7 +1081,7 @@ class JobSpec:
 # ---------------------------------------------------------------------- field metadata
 @dataclass(frozen=True)
 class FieldInfo:
-    """What the form and the README need to know about one spec field."""
+    """What the form and the field table of docs/spec.md need to know about one spec field."""
 
     name: str
     group: Group

@@ -2,8 +2,9 @@
 
 Tokens/s, step time, peak memory and loss mean the same thing wherever they appear: the Runs
 table, the run page, Compare, `tunedeck show`, the bundle's metrics.json and its model card all
-call `run_figures` (or format what it returned) and print with `format_figure`. README's
-"Figures" section holds each `definition` word for word (tests/test_figures.py checks).
+call `run_figures` (or format what it returned) and print with `format_figure`. The
+"Figures and charts" section of docs/results-export-chat.md holds each `definition` word for word
+(tests/test_figures.py checks).
 
     figures = run_figures(store, store.get_run(run_id))
     format_figure(TOKENS_PER_SECOND, figures.tokens_per_second)   # '1,074 tokens/s'
@@ -135,6 +136,6 @@ def figures_of_runs(store: Any, runs: Sequence[Any]) -> dict[int, RunFigures]:
 
 
 def markdown_table() -> str:
-    """README's table of the figures (tests/test_figures.py keeps README equal to it)."""
+    """The figures table of docs/results-export-chat.md (tests/test_figures.py keeps the page equal to it)."""
     rows = [f"| {f.label} | `{f.key}` | {f.unit or '-'} | {f.definition} |" for f in FIGURES]
     return "\n".join(["| figure | key | unit | what it measures |", "|---|---|---|---|", *rows])

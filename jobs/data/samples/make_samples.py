@@ -2,7 +2,7 @@
 
 Both samples teach one visible habit: every answer follows a fixed format,
 "[tag] <Topic> is worth a closer look. Over." A short LoRA run on SmolLM2-135M picks it up
-(30 steps at lr 1e-3, r=16: the measured run in README.md's Quick start), so a user sees training work.
+(30 steps at lr 1e-3, r=16: the measured run in docs/examples.md), so a user sees training work.
 Eval rows use topics that never appear in train, so the eval split measures generalisation.
 
     python jobs/data/samples/make_samples.py            # rewrites the .jsonl files next to this script
