@@ -1,4 +1,4 @@
-"""The README stays honest: its job-spec field table is generated from `jobs.spec.job.field_infos()`.
+"""The README stays honest: its job-spec field table is generated from `jobs.spec.field_info.field_infos()`.
 
     .venv/bin/python -m pytest tests/test_docs.py -q     # check
     .venv/bin/python tests/test_docs.py --write          # regenerate the table in README.md
@@ -57,7 +57,7 @@ def _default(value) -> str:
 
 def fields_table() -> str:
     """The README's field table, generated from the spec's own metadata."""
-    from jobs.spec.job import field_infos
+    from jobs.spec.field_info import field_infos
 
     lines = ["| name | group | type | default | help |", "|---|---|---|---|---|"]
     for info in field_infos():
@@ -93,7 +93,7 @@ def test_readme_field_table_is_generated_from_the_spec():
 
 
 def test_every_spec_field_is_in_the_readme():
-    from jobs.spec.job import field_infos
+    from jobs.spec.field_info import field_infos
 
     _, body, _ = _split(README.read_text())
     missing = [i.name for i in field_infos() if f"| `{i.name}` |" not in body]

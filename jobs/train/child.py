@@ -52,7 +52,8 @@ from jobs.config.mapping import (
 )
 from jobs.errors import Problem
 from jobs.memory.flops import FlopsRate
-from jobs.spec.job import JobSpec, Method, Precision, SpecError, Trainer
+from jobs.spec.enums import Method, Precision, Trainer
+from jobs.spec.job import JobSpec, SpecError
 from jobs.train import before_after, figures, oom
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.readback import final_micro_batch, trainer_readback
