@@ -181,6 +181,21 @@ def test_each_bound(field: str, value, fix: str) -> None:
     assert p.fix == fix
 
 
+@pytest.mark.parametrize("extra", [{}, {"learning_rat": 1e-4}])
+def test_no_generations_is_a_bound_problem_under_grpo(extra: dict) -> None:
+    """num_generations: 0 is reported, not a ZeroDivisionError (also when another key failed to parse)."""
+    problems = problems_of({"trainer": "grpo", "rewards": "repetition", "num_generations": 0, **extra})
+    assert [(p.field, p.fix) for p in problems] == [(k, "did you mean `learning_rate`?") for k in extra] + [
+        ("num_generations", "use a value >= 2 and <= 64")
+    ]
+
+
+def test_a_partly_wrong_spec_still_reports_its_combinations() -> None:
+    """Fields that parsed make a spec of their own: its combination problems join the parse problems."""
+    problems = problems_of({"lora_r": "eight", "trainer": "dpo", "packing": True})
+    assert [p.field for p in problems] == ["lora_r", "packing"]
+
+
 def test_every_bounded_field_is_covered() -> None:
     bounded = {f.name for f in field_infos() if f.ge is not None or f.gt is not None or f.le is not None}
     assert bounded == {b[0] for b in BOUNDS}

@@ -50,19 +50,14 @@ class JobSpec(SpecFields):
                 ]
             )
         values, problems = parse_values(cls, data)
-        spec = None
-        if not problems:
-            spec = cls(**values)
-            problems.extend(spec.problems())
-        else:
-            # Still report range/combination problems of the fields that did parse.
-            try:
-                problems.extend(p for p in cls(**values).problems() if p.field not in {q.field for q in problems})
-            except Exception:  # pragma: no cover - defensive: partial specs may not build
-                pass
+        # `values` holds only known fields, each already of its type, so the spec builds even when
+        # other keys failed (those keep their defaults): its range and combination problems are
+        # reported too, except for a field already reported for its value.
+        spec = cls(**values)
+        reported = {p.field for p in problems}
+        problems.extend(p for p in spec.problems() if p.field not in reported)
         if problems:
             raise SpecError(problems)
-        assert spec is not None
         return spec
 
     @classmethod

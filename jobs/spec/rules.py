@@ -207,7 +207,8 @@ def _grpo_problems(spec: SpecFields) -> list[Problem]:
                 "(reward_model_run: ID), or a reward_function in a spec file",
             )
         )
-    if spec.effective_batch_size % spec.num_generations:
+    # 0 or less is a bound problem of its own (and 0 would divide by zero).
+    if spec.num_generations > 0 and spec.effective_batch_size % spec.num_generations:
         # trl: "generation_batch_size (6) must be divisible by num_generations (4)."
         out.append(
             Problem(
