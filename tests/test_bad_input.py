@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from property_settings import examples
 
 from jobs.errors import Problem, ProblemError
-from jobs.spec.job import JobSpec, SpecError, Trainer, field_infos
+from jobs.spec.enums import Trainer
+from jobs.spec.field_info import field_infos
+from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
 
 KNOWN = [f.name for f in field_infos()]

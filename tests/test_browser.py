@@ -46,7 +46,7 @@ def _store(home: Path):
 
 
 def _set(page, name: str, value: str) -> None:
-    from jobs.spec.job import field_infos
+    from jobs.spec.field_info import field_infos
 
     label = next(f.title for f in field_infos() if f.name == name)  # "Model (model)"
     box = page.get_by_label(label, exact=True)

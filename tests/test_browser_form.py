@@ -16,7 +16,7 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
 pytest.importorskip("playwright.sync_api")
 
-from jobs.spec.job import field_infos  # noqa: E402 - after the skips, like the other browser tests
+from jobs.spec.field_info import field_infos  # noqa: E402 - after the skips, like the other browser tests
 
 ARTIFACTS = REPO / "test-artifacts"
 VIEWPORT = {"width": 1400, "height": 1000}
@@ -54,7 +54,7 @@ def field(page, name: str):
 
 def option_text(name: str, value: str) -> str:
     """What a dropdown shows for a value: the method choice carries each method's description."""
-    from jobs.spec.job import METHOD_DESCRIPTIONS, Method
+    from jobs.spec.enums import METHOD_DESCRIPTIONS, Method
 
     return f"{value}: {METHOD_DESCRIPTIONS[Method(value)]}" if name == "method" else value
 

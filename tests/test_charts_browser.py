@@ -48,7 +48,8 @@ class Seeded:
 
 def _seed(store, name: str, k: int, *, gpu: bool, mem_start: float):
     """A finished run with loss/eval/lr/tokens-per-second rows and 30 s of memory samples."""
-    from jobs.spec.job import JobSpec, Method
+    from jobs.spec.enums import Method
+    from jobs.spec.job import JobSpec
     from storage.store import MemoryPoint, MetricPoint
 
     methods = [Method.LORA, Method.QLORA, Method.FULL, Method.DORA, Method.LORA]

@@ -8,7 +8,8 @@ import pytest
 
 from app.ui import compare as ui_compare
 from app.ui import series
-from jobs.spec.job import JobSpec, Method, Optim
+from jobs.spec.enums import Method, Optim
+from jobs.spec.job import JobSpec
 from jobs.train import figures
 from storage.store import MetricPoint, Store
 

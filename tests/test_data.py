@@ -19,7 +19,8 @@ from jobs.data.sources import (
     list_samples,
     load_datasets,
 )
-from jobs.spec.job import JobSpec, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 
 SFT, DPO = Trainer.SFT, Trainer.DPO
 CHAT = {

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
-from jobs.spec.job import JobSpec, SpecError, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec, SpecError
 
 SFT, DPO = Trainer.SFT, Trainer.DPO
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from jobs.data.sources import DataError, DatasetInfo, check_dataset
 from jobs.errors import Problem
-from jobs.spec.job import Trainer
+from jobs.spec.enums import Trainer
 
 EXAMPLES = int(os.environ.get("TUNEDECK_HYPOTHESIS_EXAMPLES", "60"))
 SEARCH = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

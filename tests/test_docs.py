@@ -3,7 +3,7 @@
     .venv/bin/python -m pytest tests/test_docs.py -q     # check
     .venv/bin/python tests/test_docs.py --write          # regenerate the field table in docs/spec.md
 
-The job-spec field table in docs/spec.md is generated from `jobs.spec.job.field_infos()`; it sits
+The job-spec field table in docs/spec.md is generated from `jobs.spec.field_info.field_infos()`; it sits
 between `<!-- fields:start -->` and `<!-- fields:end -->`, and every JobSpec field appears there with
 its group, type, default and help text, written once next to the field. The README is the front
 door: at most 150 lines, leading with the two commands. Every CLI command, example and setting is
@@ -66,7 +66,7 @@ def _default(value) -> str:
 
 def fields_table() -> str:
     """docs/spec.md's field table, generated from the spec's own metadata."""
-    from jobs.spec.job import field_infos
+    from jobs.spec.field_info import field_infos
 
     lines = ["| name | group | type | default | help |", "|---|---|---|---|---|"]
     for info in field_infos():
@@ -102,7 +102,7 @@ def test_field_table_is_generated_from_the_spec():
 
 
 def test_every_spec_field_is_in_the_spec_doc():
-    from jobs.spec.job import field_infos
+    from jobs.spec.field_info import field_infos
 
     _, body, _ = _split(SPEC_DOC.read_text())
     missing = [i.name for i in field_infos() if f"| `{i.name}` |" not in body]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.spec.job import JobSpec, Method, Precision, Scheduler, Trainer
+from jobs.spec.enums import Method, Precision, Scheduler, Trainer
+from jobs.spec.job import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -10,7 +10,9 @@ import pytest
 
 from app.ui import form as ui_form
 from jobs.spec import presets
-from jobs.spec.job import RANKED_METHODS, JobSpec, Method, Trainer, deciding_fields, field_infos
+from jobs.spec.enums import RANKED_METHODS, Method, Trainer
+from jobs.spec.field_info import deciding_fields, field_infos
+from jobs.spec.job import JobSpec
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe
 
 INFOS = {f.name: f for f in field_infos()}
@@ -26,7 +28,7 @@ def test_every_field_declares_a_label_shown_with_its_spec_name():
     from dataclasses import fields
 
     missing = [f.name for f in fields(JobSpec) if not f.metadata.get("label")]
-    assert not missing, f"declare label=... in _f(...) for: {missing}"
+    assert not missing, f"declare label=... in spec_field(...) for: {missing}"
     assert INFOS["lora_r"].title == "LoRA rank (lora_r)"
     assert len({f.label for f in INFOS.values()}) == len(INFOS), "two fields share a label"
 

@@ -25,7 +25,8 @@ from jobs.checks.access import AccessPolicy
 from jobs.config.mapping import CPU, resolved_config, training_kwargs
 from jobs.config.trainers import reward_weights
 from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
-from jobs.spec.job import JobSpec, SpecError, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.rewards import builtin_reward, function_ref_problem, parse_rewards
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
@@ -393,7 +394,7 @@ def test_the_libraries_really_fail_on_what_is_refused(
     import re
 
     import jobs.train.child
-    from jobs.spec.job import LoraInit
+    from jobs.spec.enums import LoraInit
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = dataclasses.replace(

@@ -20,7 +20,8 @@ import pytest
 
 from jobs.config.mapping import CPU, capability_problems, resolved_config
 from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
-from jobs.spec.job import JobSpec, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 

@@ -20,7 +20,8 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
-from jobs.spec.job import JobSpec, Method, Optim, Precision, SpecError, Trainer
+from jobs.spec.enums import Method, Optim, Precision, Trainer
+from jobs.spec.job import JobSpec, SpecError
 
 H100 = Device(cuda=True, bf16=True, compute_capability=(9, 0), name="NVIDIA H100")
 V100 = Device(cuda=True, bf16=False, compute_capability=(7, 0), name="Tesla V100")

@@ -398,7 +398,7 @@ def test_the_libraries_really_reject_what_is_refused(
 ) -> None:
     """Without our check, trl/peft fail on these: the refusals are grounded, not guessed."""
     import jobs.train.child
-    from jobs.spec.job import Method
+    from jobs.spec.enums import Method
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     fields = dict(changes)

@@ -27,7 +27,7 @@ import torch
 from training_helpers import tiny_spec
 
 from jobs.config.mapping import CPU, capability_problems
-from jobs.spec.job import LoraInit, Method
+from jobs.spec.enums import LoraInit, Method
 
 pytestmark = pytest.mark.integration
 

@@ -147,7 +147,7 @@ def test_build_refuses_to_replace_a_foreign_folder(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- resolving
 def test_builtin_names() -> None:
     assert list(BUILTIN_MODELS) == ["smollm2-135m-instruct", "tiny-llama"]
-    from jobs.spec.job import DEFAULT_MODEL
+    from jobs.spec.enums import DEFAULT_MODEL
 
     assert DEFAULT_MODEL in BUILTIN_MODELS
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import training_helpers
 
-from jobs.spec.job import JobSpec, Optim
+from jobs.spec.enums import Optim
+from jobs.spec.job import JobSpec
 from jobs.spec.stored import spec_of
 from jobs.train import oom
 from jobs.worker.loop import Worker

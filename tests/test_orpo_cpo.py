@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from jobs.config.mapping import CPU, capability_problems, resolved_config
-from jobs.spec.job import JobSpec, SpecError, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
 from tests.training_helpers import tiny_spec
 
@@ -138,7 +139,7 @@ def test_prompt_learning_really_fails(
     import dataclasses
 
     import jobs.train.child
-    from jobs.spec.job import Method
+    from jobs.spec.enums import Method
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(

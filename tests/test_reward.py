@@ -15,7 +15,8 @@ import pytest
 
 from jobs.config.mapping import CPU, peft_kwargs, resolved_config
 from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
-from jobs.spec.job import JobSpec, SpecError, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 
@@ -124,7 +125,7 @@ def test_the_libraries_really_reject_them(
     import re
 
     import jobs.train.child
-    from jobs.spec.job import Method
+    from jobs.spec.enums import Method
 
     monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(

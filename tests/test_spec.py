@@ -1,21 +1,15 @@
-"""Every validation message of jobs.spec.job: unknown keys, types, bounds, enums, combinations."""
+"""Every validation message of the job spec (parse, rules): unknown keys, types, bounds, enums, combinations."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from jobs.spec.job import (
-    DEFAULT_MODEL,
-    JobSpec,
-    Method,
-    Optim,
-    Precision,
-    Problem,
-    Scheduler,
-    SpecError,
-    Trainer,
-    field_infos,
-)
+from jobs.errors import Problem
+from jobs.spec.enums import DEFAULT_MODEL, Method, Optim, Precision, Scheduler, Trainer
+from jobs.spec.field_info import field_infos
+from jobs.spec.job import JobSpec, SpecError
 
 
 def problems_of(data) -> list[Problem]:
@@ -187,6 +181,21 @@ def test_each_bound(field: str, value, fix: str) -> None:
     assert p.fix == fix
 
 
+@pytest.mark.parametrize("extra", [{}, {"learning_rat": 1e-4}])
+def test_no_generations_is_a_bound_problem_under_grpo(extra: dict) -> None:
+    """num_generations: 0 is reported, not a ZeroDivisionError (also when another key failed to parse)."""
+    problems = problems_of({"trainer": "grpo", "rewards": "repetition", "num_generations": 0, **extra})
+    assert [(p.field, p.fix) for p in problems] == [(k, "did you mean `learning_rate`?") for k in extra] + [
+        ("num_generations", "use a value >= 2 and <= 64")
+    ]
+
+
+def test_a_partly_wrong_spec_still_reports_its_combinations() -> None:
+    """Fields that parsed make a spec of their own: its combination problems join the parse problems."""
+    problems = problems_of({"lora_r": "eight", "trainer": "dpo", "packing": True})
+    assert [p.field for p in problems] == ["lora_r", "packing"]
+
+
 def test_every_bounded_field_is_covered() -> None:
     bounded = {f.name for f in field_infos() if f.ge is not None or f.gt is not None or f.le is not None}
     assert bounded == {b[0] for b in BOUNDS}
@@ -304,7 +313,8 @@ def test_field_infos_describe_every_field() -> None:
 
 def test_method_specific_fields_name_their_methods() -> None:
     """The form hides knobs by this metadata: each method-specific field lists exactly its methods."""
-    from jobs.spec.job import METHOD_DESCRIPTIONS, Method, applies_to, field_infos
+    from jobs.spec.enums import METHOD_DESCRIPTIONS, Method
+    from jobs.spec.field_info import applies_to, field_infos
 
     infos = {f.name: f for f in field_infos()}
     assert infos["mora_type"].methods == ("mora",) and infos["oft_block_size"].methods == ("oft",)
@@ -329,3 +339,81 @@ def test_lora_init_and_target_problems(changes: dict, message: str) -> None:
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict(changes)
     assert any(message in str(p) for p in err.value.problems), err.value.problems
+
+
+# The field names in their order: the YAML's, the form's and the README table's (the contract).
+SPEC_FIELDS = [
+    "run_name",
+    "model",
+    "trust_remote_code",
+    "dataset",
+    "eval_dataset",
+    "max_train_samples",
+    "dataset_columns",
+    "eval_split",
+    "trainer",
+    "method",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "use_rslora",
+    "lora_init",
+    "num_virtual_tokens",
+    "mora_type",
+    "adapter_len",
+    "adapter_layers",
+    "oft_block_size",
+    "beta",
+    "desirable_weight",
+    "undesirable_weight",
+    "rewards",
+    "reward_model_run",
+    "reward_model_weight",
+    "reward_function",
+    "reward_function_weight",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "loss_type",
+    "completion_only_loss",
+    "assistant_only_loss",
+    "bnb_4bit_quant_type",
+    "bnb_4bit_use_double_quant",
+    "bnb_4bit_compute_dtype",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "precision",
+    "optim",
+    "max_length",
+    "packing",
+    "padding_free",
+    "auto_find_batch_size",
+    "on_oom",
+    "ignore_memory_prediction",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "num_train_epochs",
+    "max_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+    "save_minutes",
+    "save_total_limit",
+    "seed",
+    "pin_host",
+    "pin_device",
+    "sample_prompts",
+    "sample_count",
+    "sample_new_tokens",
+]
+
+
+def test_spec_fields_keep_their_names_and_order() -> None:
+    """The sections add up to exactly these fields, in this order (form, README and stored specs follow it)."""
+    assert [f.name for f in dataclasses.fields(JobSpec)] == SPEC_FIELDS
+    assert [f.name for f in field_infos()] == SPEC_FIELDS

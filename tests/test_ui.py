@@ -7,6 +7,7 @@ from series_reference import downsample_minmax, same_buckets
 
 from app.ui import form as ui_form
 from app.ui import series
+from jobs.spec.field_info import field_infos
 from jobs.spec.job import JobSpec, SpecError
 from storage.store import MemoryPoint, MetricPoint
 
@@ -36,7 +37,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_form_is_generated_from_every_spec_field():
-    assert ui_form.NAMES == [f.name for f in __import__("jobs.spec.job", fromlist=["x"]).field_infos()]
+    assert ui_form.NAMES == [f.name for f in field_infos()]
 
 
 def test_downsampling_in_sql_keeps_a_spike_and_bounds_points(store):
@@ -102,7 +103,7 @@ def test_method_choice_shows_each_methods_description_and_budget_survives_new_me
     import gradio as gr
 
     from app.ui import form as ui_form
-    from jobs.spec.job import METHOD_DESCRIPTIONS, Method
+    from jobs.spec.enums import METHOD_DESCRIPTIONS, Method
 
     with gr.Blocks():
         dropdown = ui_form.make_component(ui_form._info("method"))

@@ -40,8 +40,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
-from jobs.errors import Problem
-from jobs.spec.job import SpecError
+from jobs.errors import Problem, ProblemError
 from jobs.spec.stored import spec_of  # noqa: E402
 from jobs.train import figures  # noqa: E402
 from jobs.train.artifacts import bundle_of  # noqa: E402
@@ -549,15 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `tunedeck show 1 | head`
         sys.stderr.close()
         return EXIT_OK
-    except (SpecError, UsageError) as exc:
+    except ProblemError as exc:  # a spec, a flag, a model, data, a file, a run: the input is at fault
         print_problems(exc.problems)
         return EXIT_BAD_INPUT
-    except Exception as exc:
-        problems = getattr(exc, "problems", None)  # ModelError / DataError
-        if isinstance(problems, list) and problems and all(isinstance(p, Problem) for p in problems):
-            print_problems(problems)
-            return EXIT_BAD_INPUT
-        raise
     finally:
         store.dispose()
 

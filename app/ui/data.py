@@ -20,7 +20,7 @@ import pandas as pd
 
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem
-from jobs.spec.job import Trainer
+from jobs.spec.enums import Trainer
 from storage.settings import models_dir, uploads_dir
 
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first

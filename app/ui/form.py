@@ -1,4 +1,4 @@
-"""The launch form, generated from `jobs.spec.job.field_infos()`: one typed component per spec field.
+"""The launch form, generated from `jobs.spec.field_info.field_infos()`: one typed component per spec field.
 
 Layout: presets across the top (`jobs.spec.presets`); the fields in sections by group, each field
 labelled with its words and its spec name ("LoRA rank (lora_r)"), the rarely changed ones in a
@@ -27,18 +27,11 @@ import gradio as gr
 from app.ui import data as ui_data
 from app.ui import memory as ui_memory
 from jobs.checks.access import AccessPolicy
-from jobs.spec.job import (
-    METHOD_DESCRIPTIONS,
-    FieldInfo,
-    Group,
-    JobSpec,
-    Method,
-    Problem,
-    SpecError,
-    Trainer,
-    deciding_fields,
-    field_infos,
-)
+from jobs.errors import Problem
+from jobs.spec.enums import METHOD_DESCRIPTIONS, Method, Trainer
+from jobs.spec.field import Group
+from jobs.spec.field_info import FieldInfo, deciding_fields, field_infos
+from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
 from storage.store import Store
 

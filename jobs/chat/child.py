@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from jobs.chat.device import GPU_ENV, busy_problem
+from jobs.errors import ProblemError
 
 log = logging.getLogger("jobs.chat.child")
 
@@ -42,9 +43,8 @@ def _send(out: TextIO, **event: Any) -> None:
 
 
 def _error(out: TextIO, exc: BaseException) -> None:
-    problems = getattr(exc, "problems", None)
-    if isinstance(problems, list) and problems:
-        rows = [[p.field, p.problem, p.fix] for p in problems]
+    if isinstance(exc, ProblemError) and exc.problems:
+        rows = [[p.field, p.problem, p.fix] for p in exc.problems]
     else:
         log.error("request failed:\n%s", traceback.format_exc())
         rows = [["chat", f"generation failed: {type(exc).__name__}: {exc}", "see the chat process log; try again"]]

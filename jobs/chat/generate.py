@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.job import Method, SpecError, Trainer
+from jobs.spec.enums import Method, Trainer
+from jobs.spec.job import SpecError
 
 WHICH = ("base", "run")
 MAX_NEW_TOKENS = 4096

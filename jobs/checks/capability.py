@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.job import JobSpec, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 
 
 def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any = None) -> Problem | None:

@@ -27,7 +27,8 @@ from jobs.config.trainers import (  # noqa: F401
     trl_module,
 )
 from jobs.errors import Problem
-from jobs.spec.job import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Trainer
+from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision, Trainer
+from jobs.spec.job import JobSpec
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.job import JobSpec, LoraInit, Method
+from jobs.spec.enums import LoraInit, Method
+from jobs.spec.job import JobSpec
 
 # peft's LLaMA-Adapter patches the attention of these model types only (peft.tuners.adaption_prompt.config).
 ADAPTION_PROMPT_MODEL_TYPES = ("llama", "mistral", "gpt2")

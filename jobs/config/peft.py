@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.config.trainers import task_type
-from jobs.spec.job import LORA_FAMILY, JobSpec, Method
+from jobs.spec.enums import LORA_FAMILY, Method
+from jobs.spec.job import JobSpec
 
 IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
 IA3_LLAMA_FEEDFORWARD = ["down_proj"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.spec.job import JobSpec, LossType, Trainer
+from jobs.spec.enums import LossType, Trainer
+from jobs.spec.job import JobSpec
 
 CONFIG_CLASSES = {
     Trainer.SFT: "SFTConfig",

@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.job import Trainer
+from jobs.spec.enums import Trainer
 
 
 class RowFormat(str, Enum):

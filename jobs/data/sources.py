@@ -46,7 +46,8 @@ from jobs.data.rows import (
     trainer_fit,
 )
 from jobs.errors import Problem, ProblemError
-from jobs.spec.job import JobSpec, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 
 __all__ = [
     "RowFormat",

@@ -41,7 +41,8 @@ from jobs.export.merged import (
     finished_spec,
     token_agreement,
 )
-from jobs.spec.job import JobSpec, Method
+from jobs.spec.enums import Method
+from jobs.spec.job import JobSpec
 from jobs.train.artifacts import safe_name, sha256_of
 from jobs.train.before_after import encode, greedy
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.job import JobSpec, Method, SpecError
+from jobs.spec.enums import Method
+from jobs.spec.job import JobSpec, SpecError
 from jobs.train.artifacts import safe_name, sha256_of, zip_bundle
 from jobs.train.before_after import BUILT_IN_PROMPTS, greedy
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.spec.job import LORA_FAMILY, JobSpec, Method
+from jobs.spec.enums import LORA_FAMILY, Method
+from jobs.spec.job import JobSpec
 
 # peft's `all-linear` skips the output layer; these are the names it has in decoder models.
 OUTPUT_LAYER_NAMES = {"lm_head", "embed_out", "output"}

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.parts import Arch
 from jobs.memory.predict import Prediction, predict
-from jobs.spec.job import JobSpec, Method, Optim, Precision
+from jobs.spec.enums import Method, Optim, Precision
+from jobs.spec.job import JobSpec
 
 MARGIN = 0.90  # a pick must leave 10% of the target free (the "tight" verdict starts there)
 # Relative matmul throughput by precision on a GPU (fp32 without TF32 runs on CUDA cores).

@@ -31,7 +31,8 @@ from jobs.memory.parts import (
     int8_bytes,
     nf4_bytes_per_param,
 )
-from jobs.spec.job import LORA_FAMILY, PROMPT_FAMILY, JobSpec, Method, Optim, Precision, Trainer
+from jobs.spec.enums import LORA_FAMILY, PROMPT_FAMILY, Method, Optim, Precision, Trainer
+from jobs.spec.job import JobSpec
 from jobs.units import human_bytes, human_count  # noqa: F401 - re-exported for callers
 
 PART_NAMES = ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead")

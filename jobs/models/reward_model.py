@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.job import JobSpec, Method, Trainer
+from jobs.spec.enums import Method, Trainer
+from jobs.spec.job import JobSpec
 from storage.models import RunStatus
 
 FIX = "give the id of a succeeded run with trainer: reward (`tunedeck runs` lists them), or train one first"

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from jobs.spec.job import JobSpec, Method, Optim, field_infos
+from jobs.spec.enums import Method, Optim
+from jobs.spec.field_info import field_infos
+from jobs.spec.job import JobSpec
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from jobs.spec.job import JobSpec, Method, Optim, Precision
+from jobs.spec.enums import Method, Optim, Precision
+from jobs.spec.job import JobSpec
 
 
 class Trick(str, Enum):

@@ -18,7 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import JobSpec, LoraInit, Method
+from jobs.spec.enums import LoraInit, Method
+from jobs.spec.job import JobSpec
 
 log = logging.getLogger("jobs.train.adapter_setup")
 INITIAL_ADAPTER = "initial-adapter"

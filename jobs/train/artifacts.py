@@ -18,7 +18,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import JobSpec, Method
+from jobs.spec.enums import Method
+from jobs.spec.job import JobSpec
 from jobs.train.figures import FIGURES, format_figure
 
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle"}
@@ -240,7 +241,8 @@ def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> s
         method += f" (r={spec.lora_r}, alpha={spec.lora_alpha}, targets {spec.lora_target_modules})"
         if spec.lora_init.value != "default":
             method += f", {spec.lora_init.value} initialisation"
-    from jobs.spec.job import METHOD_DESCRIPTIONS, applies_to
+    from jobs.spec.enums import METHOD_DESCRIPTIONS
+    from jobs.spec.field_info import applies_to
 
     if spec.method not in {Method.LORA, Method.DORA, Method.QLORA, Method.LORA_8BIT, Method.FULL}:
         knobs = [

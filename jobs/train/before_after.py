@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.job import JobSpec, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 from jobs.train.artifacts import LOAD_PROMPT, sha256_of
 
 log = logging.getLogger("jobs.train.before_after")

@@ -50,9 +50,10 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
-from jobs.errors import Problem
+from jobs.errors import Problem, ProblemError
 from jobs.memory.flops import FlopsRate
-from jobs.spec.job import JobSpec, Method, Precision, SpecError, Trainer
+from jobs.spec.enums import Method, Precision, Trainer
+from jobs.spec.job import JobSpec, SpecError
 from jobs.train import before_after, figures, oom
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.readback import final_micro_batch, trainer_readback
@@ -324,9 +325,8 @@ def summarize(exc: BaseException, spec: JobSpec | None) -> str:
     if isinstance(exc, torch_oom()):
         advice = oom_advice(spec) if spec is not None else "smaller batch, gradient checkpointing, shorter max_length"
         return f"CUDA out of memory. To use less memory try: {advice}"
-    problems = getattr(exc, "problems", None)
-    if problems:
-        return "; ".join(str(p) for p in problems)
+    if isinstance(exc, ProblemError) and exc.problems:
+        return "; ".join(str(p) for p in exc.problems)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 

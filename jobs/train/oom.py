@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.spec import tricks
-from jobs.spec.job import JobSpec, OnOom
+from jobs.spec.enums import OnOom
+from jobs.spec.job import JobSpec
 
 log = logging.getLogger(__name__)
 

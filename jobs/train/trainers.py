@@ -14,7 +14,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from jobs.spec.job import JobSpec, Trainer
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 
 
 def perplexity(loss: float) -> float:

@@ -1,0 +1,57 @@
+"""The spec's last section: where the run may go (host, device) and the before/after samples it ends with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobs.spec.field import Group, spec_field
+
+
+@dataclass(frozen=True)
+class RunFields:
+    """Placement pins and the prompts the base model and the result answer at the end."""
+
+    pin_host: str | None = spec_field(
+        None,
+        Group.RUN,
+        "Only a worker on this host (its hostname) takes the run; empty: any host.",
+        label="Host",
+        advanced=True,
+    )
+    pin_device: str | None = spec_field(
+        None,
+        Group.RUN,
+        "Only the worker of this device (`tunedeck worker --device N`) takes the run; empty: any free worker.",
+        label="Device",
+        advanced=True,
+    )
+    sample_prompts: str | None = spec_field(
+        None,
+        Group.RUN,
+        "Prompts the base model and the result answer greedily at the end of the run (the run page's before/after table), one per line (in YAML also a list). Empty: the first prompts of the held-out eval rows, else a built-in set.",
+        label="Before/after prompts",
+        advanced=True,
+    )
+    sample_count: int = spec_field(
+        3,
+        Group.RUN,
+        "How many prompts the before/after samples answer (0: take none).",
+        ge=0,
+        le=20,
+        label="Before/after samples",
+        advanced=True,
+    )
+    sample_new_tokens: int = spec_field(
+        48,
+        Group.RUN,
+        "Most tokens each before/after answer may have.",
+        ge=1,
+        le=1024,
+        label="Before/after answer length",
+        advanced=True,
+    )
+
+    @property
+    def sample_prompt_list(self) -> list[str]:
+        """sample_prompts as a list: one prompt per non-empty line."""
+        return [line.strip() for line in (self.sample_prompts or "").splitlines() if line.strip()]
