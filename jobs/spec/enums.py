@@ -2,7 +2,7 @@
 
 Each enum is a `(str, Enum)` whose values are the spec's YAML/JSON words. The families
 (`LORA_FAMILY`, `TRAINER_LOSSES`, ...) and the applicability sets (`SFT_ONLY`, `GRPO_ONLY`, ...)
-say which fields and losses go with which trainer or method; `jobs.spec.rules` checks them and
+say which fields and losses go with which trainer or method; `jobs.spec.job.spec_problems` checks them and
 the form (through `FieldInfo.when`) shows fields by them. Imports nothing of the project.
 """
 

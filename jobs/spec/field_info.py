@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 
 from jobs.spec.enums import Method
 from jobs.spec.field import Group, plain, unwrap_optional
-from jobs.spec.sections import SpecFields
+from jobs.spec.job import JobSpec
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,9 @@ class FieldInfo:
 
 def field_infos() -> list[FieldInfo]:
     """Every JobSpec field with its group, help, type, bounds, label and applicability, in declaration order."""
-    hints = get_type_hints(SpecFields)
+    hints = get_type_hints(JobSpec)
     out = []
-    for f in fields(SpecFields):
+    for f in fields(JobSpec):
         base, optional = unwrap_optional(hints[f.name])
         if isinstance(base, type) and issubclass(base, Enum):
             kind, choices = "enum", tuple(m.value for m in base)
@@ -97,9 +97,9 @@ def deciding_fields() -> list[str]:
 
 
 def _enum_choices() -> dict[str, tuple[str, ...]]:
-    hints = get_type_hints(SpecFields)
+    hints = get_type_hints(JobSpec)
     out = {}
-    for f in fields(SpecFields):
+    for f in fields(JobSpec):
         base, _ = unwrap_optional(hints[f.name])
         if isinstance(base, type) and issubclass(base, Enum):
             out[f.name] = tuple(m.value for m in base)
@@ -108,7 +108,7 @@ def _enum_choices() -> dict[str, tuple[str, ...]]:
 
 def applies_to(field_name: str, method: Method | str) -> bool:
     """Whether a spec field matters for a method (the form hides the ones that do not)."""
-    methods = next(f.metadata.get("methods") for f in fields(SpecFields) if f.name == field_name)
+    methods = next(f.metadata.get("methods") for f in fields(JobSpec) if f.name == field_name)
     return methods is None or Method(method) in methods
 
 

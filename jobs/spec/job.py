@@ -3,8 +3,11 @@
 A `JobSpec` is parsed once at the edge (YAML, JSON, form values) and then passed around
 as-is. Its fields are declared, section by section, in `jobs.spec.sections`, each with its help
 text, form group and bounds next to it; `jobs.spec.parse` reads raw values into them and
-`jobs.spec.rules` checks the combinations. This module holds the class that joins them:
-building, serialising, replacing and validating a spec.
+this module holds the class that joins them (building, serialising, replacing and validating a
+spec) and the checks across fields below it: what a spec cannot ask for although each of its
+values is fine on its own (bounds first, then the combinations: losses and options of another
+trainer, LoRA initialisations a base cannot take, GRPO's rewards and group sizes, ...), each
+naming the field and the fix. Pure: no file system, no device.
 
     spec = JobSpec.from_yaml(Path("examples/smollm2-tag-format.yaml").read_text())
     problems = spec.problems()      # [] when the spec is valid on its own
@@ -19,10 +22,27 @@ from typing import Any
 import yaml
 
 from jobs.errors import Problem, ProblemError
-from jobs.spec import rules
+from jobs.spec.columns import parse_columns
+from jobs.spec.enums import (
+    DEFAULT_MODEL,
+    DEFAULT_SFT_DATASET,
+    LORA_FAMILY,
+    PREFERENCE_ONLY,
+    TARGETED_METHODS,
+    TRAINER_LOSSES,
+    LoraInit,
+    Method,
+    Trainer,
+)
 from jobs.spec.field import plain
-from jobs.spec.parse import parse_values
-from jobs.spec.sections import SpecFields
+from jobs.spec.parse import bounds_problems, parse_values
+from jobs.spec.rewards import function_ref_problem, parse_rewards
+from jobs.spec.sections.memory import MemoryFields
+from jobs.spec.sections.method import MethodFields, QuantFields
+from jobs.spec.sections.model_data import ModelDataFields
+from jobs.spec.sections.run import RunFields
+from jobs.spec.sections.trainers import TrainerFields
+from jobs.spec.sections.training import TrainingFields
 
 
 class SpecError(ProblemError):
@@ -31,8 +51,11 @@ class SpecError(ProblemError):
     subject = "in the job spec"
 
 
+# A dataclass collects its bases' fields from the last base to the first, so the sections are
+# listed last to first: the fields run model/data, method, trainer options, 4-bit base, memory,
+# training, run (the order of the form and of the field table in docs/spec.md).
 @dataclass(frozen=True)
-class JobSpec(SpecFields):
+class JobSpec(RunFields, TrainingFields, MemoryFields, QuantFields, TrainerFields, MethodFields, ModelDataFields):
     """A fine-tuning job: model, data, method, memory tricks and hyper-parameters."""
 
     # ------------------------------------------------------------------ parsing
@@ -97,11 +120,217 @@ class JobSpec(SpecFields):
 
     # ------------------------------------------------------------------ checks
     def problems(self) -> list[Problem]:
-        """Everything wrong with this spec on its own (no file system, no device); see jobs.spec.rules."""
-        return rules.problems(self)
+        """Everything wrong with this spec on its own (no file system, no device): `spec_problems`."""
+        return spec_problems(self)
 
     def validate(self) -> JobSpec:
         problems = self.problems()
         if problems:
             raise SpecError(problems)
         return self
+
+
+# ---------------------------------------------------------------------- checks across fields
+def spec_problems(spec: JobSpec) -> list[Problem]:
+    """Everything wrong with this spec on its own (no file system, no device)."""
+    out: list[Problem] = []
+    for f in fields(spec):
+        out.extend(bounds_problems(f, getattr(spec, f.name)))
+    if not spec.model.strip():
+        out.append(Problem("model", "is empty", f"use `{DEFAULT_MODEL}`, a hub id such as org/name, or a local folder"))
+    if not spec.dataset.strip():
+        out.append(
+            Problem(
+                "dataset", "is empty", f"use `{DEFAULT_SFT_DATASET}` or a path to a .jsonl/.json/.csv/.parquet file"
+            )
+        )
+    if spec.lora_target_modules.strip() == "" and spec.method in TARGETED_METHODS:
+        out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
+    if spec.packing and spec.trainer is not Trainer.SFT:
+        out.append(
+            Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {spec.trainer.value}")
+        )
+    owner = next((t for t, losses in TRAINER_LOSSES.items() if spec.loss_type in losses), None)
+    if owner is not None and spec.loss_type not in TRAINER_LOSSES[spec.trainer.value]:
+        out.append(
+            Problem(
+                "loss_type",
+                f"{spec.loss_type.value} is {'an' if owner == 'sft' else 'a'} {owner.upper()} loss",
+                f"for {spec.trainer.value} use "
+                + ", ".join(["auto"] + sorted(t.value for t in TRAINER_LOSSES[spec.trainer.value])),
+            )
+        )
+    if spec.assistant_only_loss and spec.trainer is not Trainer.SFT:
+        out.append(
+            Problem(
+                "assistant_only_loss",
+                f"is an SFT option ({spec.trainer.value.upper()} already scores only the answers)",
+                f"set assistant_only_loss: false for {spec.trainer.value}",
+            )
+        )
+    if spec.padding_free and spec.trainer in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO, Trainer.GRPO):
+        # KTOConfig, RewardConfig, ORPOConfig, CPOConfig, GRPOConfig have no padding_free (TypeError: unexpected keyword).
+        out.append(
+            Problem(
+                "padding_free",
+                f"is not supported by the {spec.trainer.value.upper()} trainer",
+                f"set padding_free: false for {spec.trainer.value}",
+            )
+        )
+    if spec.trainer is Trainer.KTO and spec.per_device_train_batch_size < 2:
+        # trl: "Actual (not effective) batch size must be > 1. KTO will not work properly because the KL term
+        # will be equivalent to the implied reward."
+        out.append(
+            Problem(
+                "per_device_train_batch_size",
+                "must be at least 2 for kto (its KL estimate pairs each "
+                "row with another completion of the same micro-batch)",
+                "set per_device_train_batch_size: 2 or more (lower gradient_accumulation_steps to keep memory)",
+            )
+        )
+    if spec.method is Method.PREFIX_TUNING and spec.gradient_checkpointing:
+        out.append(
+            Problem(
+                "gradient_checkpointing",
+                "prefix tuning fails with gradient checkpointing (the cached prefix keys do not match the recomputed attention shape)",
+                "set gradient_checkpointing: false, or use prompt_tuning / p_tuning",
+            )
+        )
+    out.extend(_lora_init_problems(spec))
+    out.extend(p for p in _grpo_problems(spec) if p.field not in {q.field for q in out})  # a bound problem is enough
+    if spec.max_steps == 0:
+        out.append(
+            Problem(
+                "max_steps",
+                "0 would train nothing",
+                "use -1 to train for num_train_epochs, or a positive step count",
+            )
+        )
+    if spec.eval_split is not None:
+        if spec.eval_split >= 1 and not float(spec.eval_split).is_integer():
+            out.append(
+                Problem(
+                    "eval_split",
+                    f"{spec.eval_split:g} is neither a fraction below 1 nor a whole row count",
+                    "write a fraction such as 0.1, or a row count such as 50",
+                )
+            )
+        if spec.eval_dataset and spec.eval_dataset.strip():
+            out.append(
+                Problem(
+                    "eval_split",
+                    "is set together with eval_dataset, so which rows to evaluate on is ambiguous",
+                    "leave eval_split empty to use eval_dataset, or leave eval_dataset empty to hold out rows",
+                )
+            )
+    if spec.dataset_columns is not None:
+        out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
+    if spec.run_name is not None and len(spec.run_name) > 200:
+        out.append(Problem("run_name", "is longer than 200 characters", "use a shorter name"))
+    for name, limit in (("pin_host", 128), ("pin_device", 32)):
+        value = getattr(spec, name)
+        if value is not None and (len(value) > limit or not value.strip() or value != value.strip()):
+            out.append(
+                Problem(
+                    name,
+                    f"{value!r} is not a host/device name (at most {limit} characters, no surrounding spaces)",
+                    f"give the name `hostname` or --device shows, or leave {name} empty",
+                )
+            )
+    return out
+
+
+def _lora_init_problems(spec: JobSpec) -> list[Problem]:
+    """LoRA initialisations that peft offers only for some bases."""
+    init, m = spec.lora_init, spec.method
+    if init is LoraInit.DEFAULT:
+        return []
+    if m not in LORA_FAMILY:
+        return [
+            Problem(
+                "lora_init",
+                f"{init.value} initialises LoRA adapters; method {m.value} has none",
+                "set lora_init: default, or method: lora",
+            )
+        ]
+    if init is LoraInit.LOFTQ and m is not Method.QLORA:
+        return [
+            Problem(
+                "lora_init",
+                "loftq offsets the 4-bit quantization error, so it needs a 4-bit base",
+                "use method: qlora with loftq, or pissa/olora/eva with lora",
+            )
+        ]
+    if init in {LoraInit.PISSA, LoraInit.OLORA} and m in {Method.QLORA, Method.LORA_8BIT}:
+        return [
+            Problem(
+                "lora_init",
+                f"{init.value} rewrites the base weights, which a quantized base cannot hold "
+                "(peft: quantize the residual yourself afterwards)",
+                f"use method: lora or dora with {init.value}, or lora_init: loftq with qlora",
+            )
+        ]
+    return []
+
+
+def _grpo_problems(spec: JobSpec) -> list[Problem]:
+    """GRPO's rewards and group sizes; reward fields under another trainer (see jobs.spec.rewards)."""
+    grpo = spec.trainer is Trainer.GRPO
+    out: list[Problem] = []
+    if spec.beta == 0 and spec.trainer in PREFERENCE_ONLY["trainer"]:
+        out.append(
+            Problem(
+                "beta",
+                f"0 leaves {spec.trainer.value} without its preference term",
+                "use a value > 0 (0 is only for grpo: no KL penalty)",
+            )
+        )
+    given = [n for n in ("rewards", "reward_model_run", "reward_function") if getattr(spec, n) is not None]
+    if not grpo:
+        return out + [
+            Problem(
+                n,
+                f"is a grpo option; the {spec.trainer.value} trainer has no rewards",
+                f"remove {n}, or set trainer: grpo",
+            )
+            for n in given
+        ]
+    if spec.rewards is not None:
+        out.extend(Problem("rewards", problem, fix) for problem, fix in parse_rewards(spec.rewards)[1])
+    if spec.reward_function is not None:
+        found = function_ref_problem(spec.reward_function)
+        if found:
+            out.append(Problem("reward_function", *found))
+    if not given:
+        out.append(
+            Problem(
+                "rewards",
+                "grpo needs at least one reward to score the completions",
+                "name built-in rewards (e.g. rewards: repetition, overlong), a finished reward run "
+                "(reward_model_run: ID), or a reward_function in a spec file",
+            )
+        )
+    # 0 or less is a bound problem of its own (and 0 would divide by zero).
+    if spec.num_generations > 0 and spec.effective_batch_size % spec.num_generations:
+        # trl: "generation_batch_size (6) must be divisible by num_generations (4)."
+        out.append(
+            Problem(
+                "num_generations",
+                f"{spec.num_generations} does not divide the effective batch "
+                f"({spec.per_device_train_batch_size} x {spec.gradient_accumulation_steps} = "
+                f"{spec.effective_batch_size}); trl generates whole groups of completions per prompt",
+                "make per_device_train_batch_size x gradient_accumulation_steps a multiple of num_generations",
+            )
+        )
+    if spec.auto_find_batch_size:
+        # trl: "auto_find_batch_size is not supported by GRPO, because the generation batch must contain full
+        # prompt groups of num_generations completions"
+        out.append(
+            Problem(
+                "auto_find_batch_size",
+                "is not supported by grpo (a halved batch would split the groups of completions per prompt)",
+                "set auto_find_batch_size: false and lower "
+                "per_device_train_batch_size instead (keep it a multiple of num_generations)",
+            )
+        )
+    return out

@@ -1,7 +1,7 @@
 """GRPO's rewards: the built-in ones from trl.rewards by the names people use, and custom functions.
 
 A spec names its rewards as text (`rewards: "think_format, repetition=0.5"`); this module parses
-that text (pure, no trl import, so `jobs.spec.rules` can check it) and builds the callables trl's
+that text (pure, no trl import, so `jobs.spec.job` can check it) and builds the callables trl's
 GRPOTrainer calls. A custom function (`reward_function: my_rewards:score` or `path/to/file.py:score`)
 is imported here, in the training process only; `jobs.checks.access` keeps it off the dashboard and its API.
 

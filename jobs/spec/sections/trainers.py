@@ -1,6 +1,6 @@
 """The spec's trainer options: preference strength (DPO/KTO/ORPO/CPO), GRPO's rewards and sampling, the loss.
 
-Each field says under which trainers it applies (`when=`); `jobs.spec.rules` reports the ones set
+Each field says under which trainers it applies (`when=`); `jobs.spec.job.spec_problems` reports the ones set
 under another trainer, and `jobs.spec.rewards` parses the reward texts.
 """
 
