@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import training_helpers
 
-from jobs.devices.facts import DeviceFacts, detect, target
+from jobs.devices.facts import DeviceFacts
+from jobs.devices.probe import detect
+from jobs.devices.target import target
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
 from storage.store import Store

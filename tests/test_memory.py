@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.devices.facts import DeviceFacts, cpu_facts
+from jobs.devices.facts import DeviceFacts
+from jobs.devices.probe import cpu_facts
 from jobs.memory.model_config import arch_for
 from jobs.memory.planner import cheapest_change, fit
 from jobs.memory.predict import PART_NAMES, Verdict, explain, predict

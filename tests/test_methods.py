@@ -181,7 +181,7 @@ def test_the_libraries_really_reject_what_is_refused(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_loftq_initialises_qlora_on_a_gpu(tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.config.mapping import detect_device
+    from jobs.devices.probe import detect_device
     from jobs.train.child import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=2, method="qlora", lora_init="loftq")

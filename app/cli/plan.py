@@ -34,9 +34,11 @@ def parse_size(text: str, flag: str) -> int:
 
 
 def device_for(memory: int | None, store=None):  # -> DeviceFacts
-    """The workers' device (`jobs.devices.facts.target`; this machine's when none has published one), or a
+    """The workers' device (`jobs.devices.target`; this machine's when none has published one), or a
     GPU of the given size (bf16-capable) when --memory/--fit says so."""
-    from jobs.devices.facts import DeviceFacts, local_facts, target
+    from jobs.devices.facts import DeviceFacts
+    from jobs.devices.probe import local_facts
+    from jobs.devices.target import target
 
     facts = target(store).facts if store is not None else local_facts()
     if memory is None:

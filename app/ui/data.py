@@ -197,20 +197,3 @@ def length_warning_text(
 def _cell(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
     return text if len(text) <= 300 else text[:300] + "…"
-
-
-@functools.lru_cache(maxsize=1)
-def has_cuda() -> bool:
-    """Whether this machine has an NVIDIA GPU (NVML), without importing torch into the web server."""
-    return device_info() is not None and bool(getattr(device_info(), "available", False))
-
-
-@functools.lru_cache(maxsize=1)
-def device_info() -> Any:
-    """jobs.devices.sampler's DeviceInfo, probed once per process; None when the sampler is unavailable."""
-    try:
-        from jobs.devices.sampler import GpuProbe
-
-        return GpuProbe().device_info()
-    except Exception:  # NVML missing or broken: the panel shows the host-memory note instead
-        return None

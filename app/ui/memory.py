@@ -41,15 +41,15 @@ DeviceSource = Callable[[], DeviceFacts]
 
 def ui_device() -> DeviceFacts:
     """This machine's device: what the panel predicts against when it has no store to ask."""
-    from jobs.devices.facts import local_facts
+    from jobs.devices.probe import local_facts
 
     return local_facts()
 
 
 def worker_device(store: Any) -> DeviceSource:
-    """The device a run from this form will meet: the workers' published facts (`jobs.devices.facts.target`),
+    """The device a run from this form will meet: the workers' published facts (`jobs.devices.target`),
     not the dashboard's own machine (in a deployment the dashboard may have no GPU)."""
-    from jobs.devices.facts import target
+    from jobs.devices.target import target
 
     return lambda: target(store).facts
 

@@ -1,11 +1,10 @@
 """Pure mapping from a `JobSpec` (our intent) to library configs (trl, peft, bitsandbytes).
 
 Spec in, library config out, in the manner of trl's `get_peft_config` / `get_quantization_config`.
-Nothing here touches a GPU, a file or the database except `detect_device()`, which only asks
-torch what the machine can do. Each memory trick's memory/speed trade-off is written next to
+Nothing here touches a GPU, a file or the database; the device comes in as an argument
+(`jobs.devices.probe` asks the machine). Each memory trick's memory/speed trade-off is written next to
 the code that maps it.
 
-    device = detect_device()
     problems = capability_problems(spec, device)          # [] or reasons to refuse
     args = training_config(spec, device, "out/", has_eval=True)
     record = resolved_config(spec, device, "out/", has_eval=True)   # JSON for the run row
@@ -13,7 +12,7 @@ the code that maps it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from jobs.config.methods import targets
@@ -26,6 +25,7 @@ from jobs.config.trainers import (  # noqa: F401
     trainer_kwargs,
     trl_module,
 )
+from jobs.devices.facts import CPU, Device  # noqa: F401 - CPU: part of this module's API until the checks move
 from jobs.errors import Problem
 from jobs.spec.job import LORA_FAMILY, ComputeDtype, JobSpec, LoraInit, Method, Optim, Precision, Trainer
 
@@ -36,31 +36,10 @@ MODEL_CHECKED_METHODS = {Method.ADAPTION_PROMPT}
 # peft's own IA3 defaults for Llama-style decoders; used when the model type is unknown.
 
 
-@dataclass(frozen=True)
-class Device:
-    """What the training device can do; a plain value so the mapping stays testable."""
+def _this_machine() -> Device:
+    from jobs.devices.probe import local_facts
 
-    cuda: bool
-    bf16: bool
-    compute_capability: tuple[int, int] | None = None
-    name: str = "cpu"
-
-
-CPU = Device(cuda=False, bf16=False, compute_capability=None, name="cpu")
-
-
-def detect_device() -> Device:
-    """Ask torch what the first visible device supports (the only impure function here)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return CPU
-    return Device(
-        cuda=True,
-        bf16=bool(torch.cuda.is_bf16_supported()),
-        compute_capability=tuple(torch.cuda.get_device_capability(0)),  # type: ignore[arg-type]
-        name=torch.cuda.get_device_name(0),
-    )
+    return local_facts().device()
 
 
 # ---------------------------------------------------------------------- precision
@@ -84,7 +63,7 @@ def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: b
     With `probe`, also reads the model's chat template and the data's row format when an option
     depends on them (assistant_only_loss); never loads weights.
     """
-    device = device if device is not None else detect_device()
+    device = device if device is not None else _this_machine()
     out: list[Problem] = []
     if spec.precision is Precision.FP16 and not device.cuda:
         out.append(
@@ -203,7 +182,7 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
 
 def capability_warnings(spec: JobSpec, device: Device | None = None) -> list[str]:
     """Things that will run on this device, but not the way the spec suggests."""
-    device = device if device is not None else detect_device()
+    device = device if device is not None else _this_machine()
     out: list[str] = []
     if spec.optim in PAGED_OPTIMS and not device.cuda:
         out.append(

@@ -9,7 +9,7 @@ first, so a refused path is never read), the spec on its own (`JobSpec.problems`
 (`jobs.models.registry.check_model`, no weights loaded), the train and eval data
 (`jobs.data.sources.check_dataset`), what the workers' device can do with the spec (`jobs.config.mapping`'s
 capability check, e.g. fp16 without CUDA, against the facts the workers published:
-`jobs.devices.facts.target`; this machine's when none has), and whether the predicted peak memory fits
+`jobs.devices.target.target`; this machine's when none has), and whether the predicted peak memory fits
 that device (`jobs.memory.predict`; `ignore_memory_prediction: true` overrides it), and that a grpo
 `reward_model_run` is a finished reward run (`jobs.models.reward_model`). The prediction is
 saved with the run as `prediction.json` in its run folder.
@@ -26,8 +26,7 @@ from jobs.spec.job import JobSpec, SpecError
 from storage.store import Store
 
 if TYPE_CHECKING:
-    from jobs.config.mapping import Device
-    from jobs.devices.facts import DeviceFacts
+    from jobs.devices.facts import Device, DeviceFacts
 
 
 def model_problems(spec: JobSpec) -> list[Problem]:
@@ -153,7 +152,7 @@ def predict_memory(spec: JobSpec, device: DeviceFacts | None = None):  # -> jobs
     if arch is None:
         return None
     if device is None:
-        from jobs.devices.facts import local_facts
+        from jobs.devices.probe import local_facts
 
         device = local_facts()
     return predict(spec, arch, device)  # type: ignore[arg-type]
@@ -185,7 +184,7 @@ def check(
 
 def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> int:
     """Check the spec (access, model, data, the workers' device) and queue it; raises SpecError with every problem."""
-    from jobs.devices.facts import target
+    from jobs.devices.target import target
     from jobs.models.reward_model import reward_run_problems
 
     chosen = target(store)
@@ -202,8 +201,9 @@ def submit(store: Store, spec: JobSpec, policy: AccessPolicy | None = None) -> i
 def _say_which_device(problems: list[Problem], spec: JobSpec, device: Device, note: str) -> list[Problem]:
     """Device problems found against this machine because no worker has published its device: say so."""
     from jobs.config import mapping
+    from jobs.devices.facts import Device
 
-    capable = mapping.Device(cuda=True, bf16=True, compute_capability=(9, 0), name="any GPU")
+    capable = Device(cuda=True, bf16=True, compute_capability=(9, 0), name="any GPU")
     anywhere = {(p.field, p.problem) for p in mapping.capability_problems(spec, capable, probe=False)}
     device_only = {(p.field, p.problem) for p in mapping.capability_problems(spec, device, probe=False)}
     return [

@@ -70,7 +70,7 @@ def queue_sweep(
     store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRICKS, steps: int = DEFAULT_STEPS
 ) -> SweepQueued:
     """Check the spec (model, data, the workers' device) and queue one probe per applicable trick."""
-    from jobs.devices.facts import target
+    from jobs.devices.target import target
     from jobs.queue.submit import check
 
     if steps < 1:
