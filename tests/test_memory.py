@@ -251,3 +251,23 @@ def test_run_page_memory_graph_gets_the_predicted_line():
     line = out[out["series"] == PREDICTED_SERIES]
     assert list(line["GiB"]) == [2.0, 2.0] and list(line["seconds"]) == [-30.0, -1.0]
     assert with_predicted_line(frame, None) is frame
+
+
+def test_only_the_expected_failures_mean_no_prediction(tmp_path: Path, tiny_model: Path) -> None:
+    from jobs.memory.model_config import arch_with_source, model_config
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "config.json").write_text("[1, 2]")
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    config = json.loads((tiny_model / "config.json").read_text())
+    (custom / "config.json").write_text(json.dumps({**config, "model_type": "tunedeck-custom"}))
+    for ref in (str(broken), str(listed), str(custom), str(tmp_path / "missing"), "a/b/c", "../up", "nobody/none"):
+        assert arch_with_source(ref) == (None, ""), ref
+    assert model_config(str(broken)) == (None, str(broken / "config.json"))
+    arch, source = arch_with_source(str(tiny_model))
+    assert arch is not None and source == str(tiny_model / "config.json")
