@@ -199,7 +199,11 @@ def test_plan_command_for_the_default_smollm2(capsys, data_home):
 
 
 def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
-    from jobs.queue.submit import memory_problems
+    from jobs.checks.memory import predict_memory
+    from jobs.checks.pipeline import memory_problem
+
+    def memory_problems(spec: JobSpec, facts: DeviceFacts) -> list:
+        return [p for p in (memory_problem(spec, predict_memory(spec, facts)),) if p is not None]
 
     spec = S(model=str(QWEN7B), max_length=4096)
     problems = memory_problems(spec, GPU24)
@@ -212,7 +216,8 @@ def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
 
 def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
     from jobs.memory.predict import prediction_error_text
-    from jobs.queue.submit import load_prediction, submit
+    from jobs.queue.prediction import load_prediction
+    from jobs.queue.submit import submit
 
     run_id = submit(store, S(model=str(tiny_model), max_steps=1))
     saved = load_prediction(store, run_id)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.config.mapping import CPU
+from jobs.devices.facts import CPU
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import sha256_of, write_bundle
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback

@@ -3,7 +3,7 @@
 In a deployment where the dashboard runs without a GPU (the compose `ui` container) and the
 worker runs with one, checks and displays must use the worker's device, not the UI process's.
 Each worker detects its `DeviceFacts` when it starts (`jobs.devices.probe.detect`) and publishes
-them (`Store.publish_device`, plain JSON); the checks at submit (`jobs.queue.submit`) and the GPU panel
+them (`Store.publish_device`, plain JSON); the checks (`jobs.checks.pipeline`) and the GPU panel
 read them back with `target(store)`. With no worker registered, `target` falls back to this
 machine's facts and says so in its `note`.
 

@@ -118,19 +118,3 @@ def arch_with_source(ref: str) -> tuple[Any, str]:
 def arch_for(ref: str) -> Any:
     """The `Arch` of a model ref (its `.shape` holds the layer shapes the method checks read), or None."""
     return arch_with_source(ref)[0]
-
-
-def model_shape_for(ref: str) -> Any:
-    """The `jobs.memory.params.ModelShape` of a model ref (layer shapes on the meta device), or None."""
-    config, _ = model_config(ref)
-    if config is None or not isinstance(config.get("model_type"), str):
-        return None
-    return _shape_from_text(json.dumps(config, sort_keys=True))
-
-
-@functools.lru_cache(maxsize=16)
-def _shape_from_text(text: str) -> Any:
-    from jobs.memory.params import model_shape
-
-    config = transformers_config(json.loads(text))
-    return model_shape(config) if config is not None else None
