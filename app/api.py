@@ -95,34 +95,28 @@ def _number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def check_yaml(spec_yaml: str, policy: AccessPolicy | None = None) -> tuple[JobSpec | None, list[Problem]]:
-    """The spec, or the problems the launch form reports for the same values (fields, then data sets)."""
-    from app.ui.form import all_problems
-
-    try:
-        return JobSpec.from_yaml(spec_yaml or ""), []
-    except SpecError as exc:
-        problems = list(exc.problems)
-    if any(p.field == "spec" for p in problems):  # not YAML, or not a mapping: nothing more to check
-        return None, problems
+def spec_values(spec_yaml: str) -> Any:
+    """The YAML text as plain values for the checks (which parse them, reporting every problem at once);
+    SpecError when it is not YAML at all."""
     import yaml
 
-    # The form always holds every field (defaults where untouched), so its data checks run too.
-    return all_problems({**JobSpec().to_dict(), **yaml.safe_load(spec_yaml)}, policy)
+    try:
+        data = yaml.safe_load(spec_yaml or "")
+    except yaml.YAMLError:
+        JobSpec.from_yaml(spec_yaml)  # raises the spec's own SpecError naming the line
+        raise
+    return {} if data is None else data
 
 
 def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None) -> Submitted:
-    """Check a YAML spec like the form does and queue it."""
+    """Check a YAML spec as the form does (one `jobs.checks.pipeline.check`, through submit) and queue it."""
     from jobs.queue.submit import submit
 
     policy = policy or AccessPolicy.dashboard()  # the API is the dashboard's: no custom reward function
-    spec, problems = check_yaml(spec_yaml, policy)
-    if spec is not None:
-        try:
-            return Submitted(run_id=submit(store, spec, policy), problems=[])
-        except SpecError as exc:
-            problems = list(exc.problems)
-    return Submitted(run_id=None, problems=problem_data(problems))
+    try:
+        return Submitted(run_id=submit(store, spec_values(spec_yaml), policy), problems=[])
+    except SpecError as exc:
+        return Submitted(run_id=None, problems=problem_data(exc.problems))
 
 
 def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:

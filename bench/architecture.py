@@ -124,7 +124,7 @@ try:
     from jobs.spec.field import field_infos
 except ImportError:
     try:
-        from jobs.spec.job import field_infos
+        from jobs.spec.field_info import field_infos
     except ImportError:
         from jobs.spec import field_infos
 order = [f.name for f in field_infos()]

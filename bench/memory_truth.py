@@ -290,8 +290,9 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
     """Count the live tensor bytes of two real optimizer steps of `spec` on the CPU: {"peak", "weights"}."""
     import torch
 
-    from jobs.config.mapping import CPU, QUANTIZED_METHODS, peft_config, training_config
+    from jobs.config.mapping import QUANTIZED_METHODS, peft_config, training_config
     from jobs.data.sources import load_datasets
+    from jobs.devices.facts import CPU
     from jobs.memory.count import LiveBytes
     from jobs.train.child import build_trainer, load_model
 
@@ -344,7 +345,7 @@ class Row:
 
 def run_cpu_grid(cases: list[Case], work: Path, log: Any = None) -> list[Row]:
     """Train and count each case on the CPU; one Row each."""
-    from jobs.devices.facts import cpu_facts
+    from jobs.devices.probe import cpu_facts
 
     facts = cpu_facts()
     rows = []
@@ -417,8 +418,9 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     import torch
     from transformers import TrainerCallback
 
-    from jobs.config.mapping import QUANTIZED_METHODS, detect_device, peft_config, training_config
+    from jobs.config.mapping import QUANTIZED_METHODS, peft_config, training_config
     from jobs.data.sources import load_datasets
+    from jobs.devices.probe import detect_device
     from jobs.train.child import build_trainer, load_model
 
     quiet()
@@ -485,7 +487,7 @@ def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[s
 
     import pynvml
 
-    from jobs.devices.facts import local_facts
+    from jobs.devices.probe import local_facts
 
     facts = local_facts()
     pynvml.nvmlInit()

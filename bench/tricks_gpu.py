@@ -124,7 +124,8 @@ def base_spec(model_dir: Path, data_file: Path, steps: int, seq_len: int) -> Job
 
 def skip_reason(spec: JobSpec, cuda: bool) -> str | None:
     """Why this device cannot honestly run `spec` (tunedeck's own capability checks), or None."""
-    from jobs.config.mapping import CPU, PAGED_OPTIMS, capability_problems
+    from jobs.config.mapping import PAGED_OPTIMS, capability_problems
+    from jobs.devices.facts import CPU
 
     if cuda:
         return None
@@ -188,7 +189,8 @@ def child(spec_json: str, out_dir: str, result_path: str, cuda: bool, warmup: in
     import torch
     from transformers import TrainerCallback
 
-    from jobs.config.mapping import CPU, detect_device
+    from jobs.devices.facts import CPU
+    from jobs.devices.probe import detect_device
     from jobs.train.child import train_spec
 
     class Timer(TrainerCallback):

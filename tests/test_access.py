@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from jobs.checks.access import AccessPolicy
-from jobs.queue.submit import check, submit
+from jobs.checks.pipeline import check
+from jobs.queue.submit import submit
 from jobs.spec.job import JobSpec, SpecError
 from storage.settings import uploads_dir
 
@@ -45,7 +46,7 @@ def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(
         str(outside.parent / "missing.jsonl"),
         "~/notes.csv",
     ):
-        problems = check(JobSpec(dataset=ref), policy=policy)
+        problems = check(JobSpec(dataset=ref), policy=policy).problems
         mine = [p for p in problems if p.field == "dataset"]
         assert len(mine) == 1 and "data folders" in mine[0].problem and "TUNEDECK_DATA_DIRS" in mine[0].fix, ref
     # The same message whether or not the file exists, and no file was opened.
@@ -58,7 +59,7 @@ def test_with_a_login_uploads_samples_and_hub_names_are_allowed(data_home: Path)
     shared = write_rows(data_home / "datasets" / "team.jsonl")
     for ref in (str(uploaded), str(shared), "sample:chat-format", "org/some-dataset"):
         assert policy.data_problem(ref, "dataset") is None, ref
-    assert check(JobSpec(dataset=str(uploaded), eval_dataset=str(shared)), policy=policy) == []
+    assert check(JobSpec(dataset=str(uploaded), eval_dataset=str(shared)), policy=policy).problems == []
 
 
 def test_a_symlink_out_of_a_data_folder_is_refused(data_home: Path, outside: Path) -> None:

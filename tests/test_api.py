@@ -115,9 +115,8 @@ def test_a_wrong_password_or_no_login_is_refused(server: dict) -> None:
 def test_a_wrong_spec_comes_back_as_the_form_s_problems(server: dict, client: Client) -> None:
     import yaml
 
-    from app.ui.form import all_problems
     from jobs.checks.access import AccessPolicy
-    from jobs.spec.job import JobSpec
+    from jobs.checks.pipeline import check
 
     text = "learning_rat: 1.0e-4\nlora_r: 0\nmodel: tiny-llama\ndataset: /no/such/file.jsonl\n"
     before = client.predict(limit=1000, api_name="/runs")
@@ -129,7 +128,7 @@ def test_a_wrong_spec_comes_back_as_the_form_s_problems(server: dict, client: Cl
     policy = AccessPolicy(
         restricted=True, data_dirs=(server["home"] / "datasets", server["home"] / "uploads"), allow_remote_code=False
     )
-    _, form = all_problems({**JobSpec().to_dict(), **yaml.safe_load(text)}, policy)
+    form = check(yaml.safe_load(text), policy=policy).problems  # the form's values go through the same check
     assert got == {(p.field, p.problem, p.fix) for p in form}
     assert any("data folders" in problem for field, problem, _ in got if field == "dataset")
     assert {"learning_rat", "lora_r", "dataset"} <= {field for field, _, _ in got}

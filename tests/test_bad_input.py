@@ -1,7 +1,7 @@
 """Bad input end to end: a clear problem (field, problem, fix), nothing queued, nothing stored
 changed, never a traceback, never a crashed worker.
 
-Property-based (hypothesis): random spec dicts through JobSpec.from_dict, jobs.queue.submit.check and
+Property-based (hypothesis): random spec dicts through JobSpec.from_dict, jobs.checks.pipeline.check and
 `tunedeck submit`; random bytes / JSON lines / CSV through jobs.data.sources.check_dataset. Then the
 named cases from the issue, each through `jobs.queue.submit.submit` with the runs counted before and
 after. Unit-level data/model checks live in test_data.py and test_models.py.
@@ -108,14 +108,14 @@ valid_ish = st.fixed_dictionaries(
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(valid_ish)
 def test_submit_check_never_raises(data: dict) -> None:
-    from jobs.queue.submit import check
+    from jobs.checks.pipeline import check
 
     try:
         spec = JobSpec.from_dict(data)
     except SpecError as exc:
         _problems_ok(exc.problems)
         return
-    problems = check(spec)  # model, data and device checks: problems, never an exception
+    problems = check(spec).problems  # model, data and device checks: problems, never an exception
     for p in problems:
         assert isinstance(p, Problem) and isinstance(p.field, str) and p.problem and p.fix  # field: the key as given
 
@@ -352,11 +352,11 @@ def test_chat_data_needs_a_chat_template(store, tmp_path: Path, tiny_model: Path
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     _refused(store, {"model": str(folder), "dataset": "sample:chat-format"}, "model", "chat template")
     # The same model with text data is fine, and the original model with chat data too.
-    from jobs.queue.submit import check
+    from jobs.checks.pipeline import check
 
     text = _jsonl(tmp_path / "text.jsonl", [{"text": "hello world"}] * 3)
-    assert [p for p in check(JobSpec(model=str(folder), dataset=text)) if "chat template" in p.problem] == []
-    assert [p for p in check(JobSpec(model=str(tiny_model))) if "chat template" in p.problem] == []
+    assert [p for p in check(JobSpec(model=str(folder), dataset=text)).problems if "chat template" in p.problem] == []
+    assert [p for p in check(JobSpec(model=str(tiny_model))).problems if "chat template" in p.problem] == []
 
 
 def test_models(store, tmp_path: Path, tiny_model: Path) -> None:
@@ -375,9 +375,10 @@ def test_models(store, tmp_path: Path, tiny_model: Path) -> None:
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomModel"}
     (custom / "config.json").write_text(json.dumps(cfg))
     _refused(store, {"model": str(custom)}, "trust_remote_code", "ships its own python code")
-    from jobs.queue.submit import check
+    from jobs.checks.pipeline import check
 
-    assert not [p for p in check(JobSpec(model=str(custom), trust_remote_code=True)) if p.field == "trust_remote_code"]
+    spec = JobSpec(model=str(custom), trust_remote_code=True)
+    assert not [p for p in check(spec).problems if p.field == "trust_remote_code"]
 
 
 def test_long_rows_warn_with_counts(tiny_model: Path, tmp_path: Path) -> None:

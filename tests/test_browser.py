@@ -108,14 +108,14 @@ def test_launch_watch_reload_download(server, browser):
     # What the graphs drew for a real run (tests/chart_scene.py): lines with their data, honest legends.
     from chart_scene import wait_scene
 
-    from app.ui import data as ui_data
+    from jobs.devices import probe
 
     losses = [p.value for p in store.metrics(run_id, ["loss"])]
     loss = wait_scene(page, "run-loss-plot", lambda s: s.drawn_lines().get("train", 0) >= min(len(losses), 2))
     assert loss.axis("Y").covers(min(losses), max(losses)), loss.describe()
     assert set(loss.legend) <= {"train", "eval"} and "train" in loss.legend, loss.describe()
     assert set(loss.drawn_lines()) == set(loss.legend), loss.describe()  # a final eval loss alone draws too
-    device = {"GPU used (NVML)", "torch allocated", "torch reserved"} if ui_data.has_cuda() else {"host RSS"}
+    device = {"GPU used (NVML)", "torch allocated", "torch reserved"} if probe.has_cuda() else {"host RSS"}
     device |= {"predicted peak"}  # the prediction saved at submit, drawn flat across the run (jobs.memory.predict)
     memory = wait_scene(page, "run-memory-plot", lambda s: set(s.drawn_lines()) == device)
     assert sorted(memory.legend) == sorted(device) and not memory.legend_clipped, memory.describe()

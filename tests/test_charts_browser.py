@@ -196,12 +196,12 @@ def _memory_since_start(run: Seeded) -> dict[str, list[tuple[float, float]]]:
 
 # ---------------------------------------------------------------------- the always-visible panel
 def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
-    from app.ui import data as ui_data
+    from jobs.devices import probe
 
     url, runs = dashboard
     page = _page(browser, url)
     # The worker's sampler adds idle samples (0 bytes, source host, or nvml on a GPU machine).
-    expected = {"host RSS"} | ({"GPU used (NVML)"} if ui_data.has_cuda() else set())
+    expected = {"host RSS"} | ({"GPU used (NVML)"} if probe.has_cuda() else set())
     scene = wait_scene(
         page, "gpu-memory-plot", lambda s: set(s.drawn_lines()) == expected and sorted(s.legend) == sorted(expected)
     )
@@ -214,7 +214,7 @@ def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
     assert scene.legend_clipped == [], scene.describe()
     assert MIN_HEIGHT <= scene.height <= MAX_HEIGHT, scene.describe()
     # GPU utilization has no meaning without a GPU: the plot is shown only with one.
-    assert page.locator("#gpu-utilization-plot").is_visible() == ui_data.has_cuda()
+    assert page.locator("#gpu-utilization-plot").is_visible() == probe.has_cuda()
     page.close()
 
 

@@ -173,7 +173,7 @@ def test_run_failing_spec_exits_1(data_home: Path, tmp_path: Path, tiny_model: P
 
 
 def test_submit_reports_model_data_and_device_problems_together(data_home: Path, tmp_path: Path, capsys) -> None:
-    from jobs.config.mapping import detect_device
+    from jobs.devices.probe import detect_device
 
     fp16_problem = not detect_device().cuda
     spec = write(tmp_path, f"model: ./no-such-model\ndataset: {tmp_path / 'missing.jsonl'}\nprecision: fp16\n")

@@ -298,7 +298,7 @@ def test_preview_names_the_conversion(tmp_path: Path) -> None:
 @pytest.mark.parametrize("shape", ["alpaca", "sharegpt"])
 def test_converted_data_trains_and_is_recorded(tiny_model: Path, tmp_path: Path, shape: str) -> None:
     """Converted rows train through trl, and the resolved config says what was converted."""
-    from jobs.config.mapping import CPU
+    from jobs.devices.facts import CPU
     from jobs.train.child import train_spec
     from tests.training_helpers import tiny_spec
 
@@ -361,7 +361,10 @@ def _with_template(tiny_model: Path, folder: Path, template: str) -> Path:
 
 
 def test_two_users_in_a_row_are_refused_where_the_models_template_forbids_it(tmp_path: Path, tiny_model: Path) -> None:
-    from jobs.queue.submit import dataset_problems
+    from jobs.checks.pipeline import check
+
+    def dataset_problems(spec: JobSpec) -> list:
+        return [p for p in check(spec).problems if p.field == "dataset"]
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
     rows.insert(

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import training_helpers
 
-from jobs.devices.facts import DeviceFacts, detect, target
+from jobs.devices.facts import DeviceFacts
+from jobs.devices.probe import detect
+from jobs.devices.target import target
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
 from storage.store import Store
@@ -70,10 +72,11 @@ def test_detect_on_a_gpu_matches_torch() -> None:
 
 
 def test_submit_checks_fp16_against_the_published_cuda_worker_not_this_machine(store: Store, tiny_model: Path) -> None:
-    from jobs.queue.submit import check, submit
+    from jobs.checks.pipeline import check
+    from jobs.queue.submit import submit
 
     spec = training_helpers.tiny_spec(tiny_model, precision="fp16")
-    local = check(spec)
+    local = check(spec).problems
     if not detect().cuda:  # this machine alone refuses fp16 ...
         assert [p.field for p in local] == ["precision"]
         with pytest.raises(SpecError, match="fp16 needs CUDA") as refused:

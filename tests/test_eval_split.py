@@ -68,10 +68,10 @@ def test_split_leaving_nothing_to_train_is_refused(tmp_path: Path, n: int, split
     assert (
         isinstance(problem, Problem) and problem.field == "eval_split" and "leaving none to train on" in problem.problem
     )
-    from jobs.queue.submit import check
+    from jobs.checks.pipeline import check
 
     spec = JobSpec(model="tiny-llama", dataset=chat_file(tmp_path / "d.jsonl", n), eval_split=split)
-    assert [p for p in check(spec) if p.field == "eval_split"]
+    assert [p for p in check(spec).problems if p.field == "eval_split"]
     with pytest.raises(DataError, match="eval_split"):
         load_data(spec)
 

@@ -9,6 +9,7 @@ import gradio as gr
 import pytest
 
 from app.ui import form as ui_form
+from app.ui import form_yaml
 from jobs.spec import presets
 from jobs.spec.enums import RANKED_METHODS, Method, Trainer
 from jobs.spec.field_info import deciding_fields, field_infos
@@ -197,15 +198,15 @@ def test_form_events_stay_off_the_api_page(store):
 # ---------------------------------------------------------------------- YAML preview (issue 14)
 def test_preview_spec_leaves_no_folder_per_click(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    for i in range(ui_form.PREVIEWS_KEPT + 5):
+    for i in range(form_yaml.PREVIEWS_KEPT + 5):
         out = ui_form.preview_spec(*ui_form.form_values(JobSpec(run_name=f"run-{i}")))
         assert f"run_name: run-{i}" in out[0]
     ours = [p.name for p in tmp_path.iterdir() if p.name != "gradio"]  # gradio: Gradio's own file cache
-    assert ours == [ui_form.PREVIEW_DIR_NAME]
-    assert len(list((tmp_path / ui_form.PREVIEW_DIR_NAME).iterdir())) == ui_form.PREVIEWS_KEPT
+    assert ours == [form_yaml.PREVIEW_DIR_NAME]
+    assert len(list((tmp_path / form_yaml.PREVIEW_DIR_NAME).iterdir())) == form_yaml.PREVIEWS_KEPT
     ui_form.preview_spec(*ui_form.form_values(JobSpec(run_name="run-0")))
     ui_form.preview_spec(*ui_form.form_values(JobSpec(run_name="run-0")))
-    assert len(list((tmp_path / ui_form.PREVIEW_DIR_NAME).iterdir())) == ui_form.PREVIEWS_KEPT
+    assert len(list((tmp_path / form_yaml.PREVIEW_DIR_NAME).iterdir())) == form_yaml.PREVIEWS_KEPT
 
 
 def test_preview_of_a_bad_form_shows_the_problems_and_no_file(tmp_path, monkeypatch):

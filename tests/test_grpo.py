@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from jobs.checks.access import AccessPolicy
-from jobs.config.mapping import CPU, resolved_config, training_kwargs
+from jobs.config.mapping import resolved_config, training_kwargs
 from jobs.config.trainers import reward_weights
 from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
+from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.rewards import builtin_reward, function_ref_problem, parse_rewards

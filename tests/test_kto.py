@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from jobs.config.mapping import CPU, capability_problems, resolved_config
+from jobs.config.mapping import capability_problems, resolved_config
 from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
+from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from storage.models import RunStatus
@@ -184,7 +185,7 @@ def test_kto_trains_through_the_worker(store, tiny_model: Path) -> None:
 def test_kto_example() -> None:
     spec = JobSpec.from_yaml(Path("examples/smollm2-kto.yaml").read_text())
     assert (spec.trainer, spec.dataset, spec.method.value) == (KTO, "sample:kto-format", "lora")
-    assert spec.per_device_train_batch_size >= 2 and capability_problems(spec, CPU, probe=False) == []
+    assert spec.per_device_train_batch_size >= 2 and capability_problems(spec, CPU) == []
 
 
 def test_kto_config_has_no_padding_free_or_packing() -> None:

@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from jobs.config.mapping import (
-    CPU,
-    Device,
     capability_problems,
     capability_warnings,
     peft_config,
@@ -20,6 +18,7 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
+from jobs.devices.facts import CPU, Device
 from jobs.spec.enums import Method, Optim, Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
 
@@ -352,7 +351,7 @@ def test_qlora_quantization_fields(tmp_path: Any, changes: dict[str, Any], expec
 
 def test_bnb_fields_on_other_methods_only_warn() -> None:
     spec = JobSpec().replace(bnb_4bit_quant_type="fp4")
-    assert capability_problems(spec, CPU, probe=False) == []
+    assert capability_problems(spec, CPU) == []
     assert any("only apply to method qlora" in w for w in capability_warnings(spec, CPU))
 
 
@@ -368,7 +367,7 @@ def test_bnb_fields_on_other_methods_only_warn() -> None:
 def test_combinations_the_libraries_reject_are_refused(changes: dict[str, Any], field: str, needle: str) -> None:
     try:
         spec = JobSpec.from_dict(changes)
-        problems = capability_problems(spec, CPU, probe=False)
+        problems = capability_problems(spec, CPU)
     except SpecError as exc:
         problems = exc.problems
     assert [p.field for p in problems] == [field] and needle in problems[0].problem and problems[0].fix
@@ -394,7 +393,7 @@ def test_prompt_tuning_with_packing_warns() -> None:
 
 
 def test_template_problem() -> None:
-    from jobs.checks.capability import template_problem
+    from jobs.checks.template import template_problem
     from jobs.models.tiny import CHAT_TEMPLATE
 
     assert template_problem(CHAT_TEMPLATE) is None

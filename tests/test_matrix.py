@@ -45,8 +45,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from jobs.config.mapping import CPU, capability_problems, training_kwargs
+from jobs.config.mapping import training_kwargs
 from jobs.data.sources import SAMPLES_DIR
+from jobs.devices.facts import CPU
 from jobs.memory.model_config import arch_for
 from jobs.memory.params import trainable_params
 from jobs.spec.job import JobSpec, SpecError
@@ -328,7 +329,10 @@ def refused(spec_or_dict: Any, tiny_model: Path) -> list[str]:
         spec = spec_or_dict if isinstance(spec_or_dict, JobSpec) else JobSpec.from_dict(spec_or_dict)
     except SpecError as exc:
         return [str(p) for p in exc.problems]
-    return [str(p) for p in capability_problems(spec, CPU)]
+    from jobs.checks.pipeline import check
+    from jobs.devices.probe import cpu_facts
+
+    return [str(p) for p in check(spec, device=cpu_facts()).problems]
 
 
 @pytest.mark.parametrize(

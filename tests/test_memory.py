@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.devices.facts import DeviceFacts, cpu_facts
+from jobs.devices.facts import DeviceFacts
+from jobs.devices.probe import cpu_facts
 from jobs.memory.model_config import arch_for
 from jobs.memory.planner import cheapest_change, fit
 from jobs.memory.predict import PART_NAMES, Verdict, explain, predict
@@ -235,7 +236,11 @@ def test_plan_command_for_the_default_smollm2(capsys, data_home):
 
 
 def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
-    from jobs.queue.submit import memory_problems
+    from jobs.checks.memory import predict_memory
+    from jobs.checks.pipeline import memory_problem
+
+    def memory_problems(spec: JobSpec, facts: DeviceFacts) -> list:
+        return [p for p in (memory_problem(spec, predict_memory(spec, facts)),) if p is not None]
 
     spec = S(model=str(QWEN7B), max_length=4096)
     problems = memory_problems(spec, GPU24)
@@ -248,7 +253,8 @@ def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
 
 def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
     from jobs.memory.predict import prediction_error_text
-    from jobs.queue.submit import load_prediction, submit
+    from jobs.queue.prediction import load_prediction
+    from jobs.queue.submit import submit
 
     run_id = submit(store, S(model=str(tiny_model), max_steps=1))
     saved = load_prediction(store, run_id)
@@ -287,3 +293,23 @@ def test_run_page_memory_graph_gets_the_predicted_line():
     line = out[out["series"] == PREDICTED_SERIES]
     assert list(line["GiB"]) == [2.0, 2.0] and list(line["seconds"]) == [-30.0, -1.0]
     assert with_predicted_line(frame, None) is frame
+
+
+def test_only_the_expected_failures_mean_no_prediction(tmp_path: Path, tiny_model: Path) -> None:
+    from jobs.memory.model_config import arch_with_source, model_config
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "config.json").write_text("[1, 2]")
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    config = json.loads((tiny_model / "config.json").read_text())
+    (custom / "config.json").write_text(json.dumps({**config, "model_type": "tunedeck-custom"}))
+    for ref in (str(broken), str(listed), str(custom), str(tmp_path / "missing"), "a/b/c", "../up", "nobody/none"):
+        assert arch_with_source(ref) == (None, ""), ref
+    assert model_config(str(broken)) == (None, str(broken / "config.json"))
+    arch, source = arch_with_source(str(tiny_model))
+    assert arch is not None and source == str(tiny_model / "config.json")

@@ -26,7 +26,8 @@ import pytest
 import torch
 from training_helpers import tiny_spec
 
-from jobs.config.mapping import CPU, capability_problems
+from jobs.config.mapping import capability_problems
+from jobs.devices.facts import CPU
 from jobs.spec.enums import LoraInit, Method
 
 pytestmark = pytest.mark.integration
@@ -135,15 +136,17 @@ def test_run_through_the_store_leaves_a_bundle_that_reloads(method: str, tiny_mo
 
 # ---------------------------------------------------------------------- refusals, and what they stand for
 def test_adaption_prompt_is_refused_for_other_architectures(tiny_model: Path, tmp_path: Path) -> None:
+    from jobs.memory.model_config import arch_for
+
+    def problems(spec: Any) -> list[str]:  # the model's layer shapes, as the checks pass them
+        return [str(p) for p in capability_problems(spec, CPU, arch_for(spec.model).shape)]
+
     folder = qwen2_folder(tmp_path, tiny_model)
-    spec = tiny_spec(folder, method="adaption_prompt", adapter_layers=2)
-    messages = [str(p) for p in capability_problems(spec, CPU)]
+    messages = problems(tiny_spec(folder, method="adaption_prompt", adapter_layers=2))
     assert any("supports model types llama, mistral, gpt2" in m and "is qwen2" in m for m in messages), messages
     too_many = tiny_spec(tiny_model, method="adaption_prompt", adapter_layers=3)
-    assert any(
-        "adapter_layers: 3 is more than the model's 2 layers" in str(p) for p in capability_problems(too_many, CPU)
-    )
-    assert capability_problems(tiny_spec(tiny_model, method="adaption_prompt", adapter_layers=2), CPU) == []
+    assert any("adapter_layers: 3 is more than the model's 2 layers" in m for m in problems(too_many))
+    assert problems(tiny_spec(tiny_model, method="adaption_prompt", adapter_layers=2)) == []
 
 
 def test_loftq_is_refused_without_cuda(tiny_model: Path) -> None:
@@ -181,7 +184,7 @@ def test_the_libraries_really_reject_what_is_refused(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_loftq_initialises_qlora_on_a_gpu(tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.config.mapping import detect_device
+    from jobs.devices.probe import detect_device
     from jobs.train.child import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=2, method="qlora", lora_init="loftq")

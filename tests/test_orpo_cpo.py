@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config.mapping import CPU, capability_problems, resolved_config
+from jobs.config.mapping import capability_problems, resolved_config
+from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
@@ -79,7 +80,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("changes,message", REFUSED)
 def test_refused_before_queueing(changes: dict, message: str) -> None:
-    from jobs.queue.submit import check
+    from jobs.checks.pipeline import check
 
     data = {"dataset": "sample:preference-format", **changes}
     try:
@@ -87,7 +88,7 @@ def test_refused_before_queueing(changes: dict, message: str) -> None:
     except SpecError as exc:
         messages = [str(p) for p in exc.problems]
     else:
-        messages = [str(p) for p in capability_problems(spec, CPU) + check(spec)]
+        messages = [str(p) for p in capability_problems(spec, CPU) + check(spec).problems]
     assert any(message in m for m in messages), messages
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config.mapping import CPU, peft_kwargs, resolved_config
+from jobs.config.mapping import peft_kwargs, resolved_config
 from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
+from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus

@@ -9,8 +9,7 @@ import pytest
 import training_helpers
 import yaml
 
-from jobs.config.mapping import CPU
-from jobs.devices.facts import DeviceFacts
+from jobs.devices.facts import CPU, DeviceFacts
 from jobs.queue.sweep import plan_probes, sweep_table
 from jobs.spec.job import JobSpec
 from jobs.spec.stored import spec_of

@@ -21,7 +21,7 @@ import pytest
 import torch
 from training_helpers import greedy_answer, run_card_snippet, tiny_spec
 
-from jobs.config.mapping import CPU
+from jobs.devices.facts import CPU
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import sha256_of, write_bundle
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback

@@ -106,7 +106,7 @@ def test_method_choice_shows_each_methods_description_and_budget_survives_new_me
     from jobs.spec.enums import METHOD_DESCRIPTIONS, Method
 
     with gr.Blocks():
-        dropdown = ui_form.make_component(ui_form._info("method"))
+        dropdown = ui_form.make_component(ui_form.info("method"))
     labels = {value: label for label, value in dropdown.choices}
     assert set(labels) == {m.value for m in Method}
     assert labels["mora"] == f"mora: {METHOD_DESCRIPTIONS[Method.MORA]}"

@@ -77,7 +77,8 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> st
 
 def refusal_messages(data: dict[str, Any]) -> list[str]:
     """Every refusal of a spec dict: from parsing, or from the capability check on the CPU."""
-    from jobs.config.mapping import CPU, capability_problems
+    from jobs.config.mapping import capability_problems
+    from jobs.devices.facts import CPU
     from jobs.spec.job import SpecError
 
     try:

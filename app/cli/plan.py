@@ -5,7 +5,9 @@
     tunedeck plan SPEC.yaml --json            # {"total_bytes", "parts", "verdict", "device", ...}
     tunedeck plan SPEC.yaml --fit 24GiB       # the fastest variant that fits, and the runners-up
 
-The arithmetic is `jobs.memory.predict` / `jobs.memory.planner`; this module only parses and prints.
+The prediction is the one `tunedeck submit` makes (`jobs.checks.pipeline.check`, whose other problems
+are listed after it); the arithmetic is `jobs.memory.predict` / `jobs.memory.planner`. This module
+only parses and prints.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ def parse_size(text: str, flag: str) -> int:
 
 
 def device_for(memory: int | None, store=None):  # -> DeviceFacts
-    """The workers' device (`jobs.devices.facts.target`; this machine's when none has published one), or a
+    """The workers' device (`jobs.devices.target`; this machine's when none has published one), or a
     GPU of the given size (bf16-capable) when --memory/--fit says so."""
-    from jobs.devices.facts import DeviceFacts, local_facts, target
+    from jobs.devices.facts import DeviceFacts
+    from jobs.devices.probe import local_facts
+    from jobs.devices.target import target
 
     facts = target(store).facts if store is not None else local_facts()
     if memory is None:
@@ -89,12 +93,15 @@ def fit_text(spec, arch, device, target: int, history=()) -> str:
 
 def cmd_plan(store, args: argparse.Namespace) -> int:
     from app.cli.usage import EXIT_OK, UsageError, load_spec
-    from jobs.memory.model_config import arch_for, model_config
-    from jobs.memory.predict import predict
+    from jobs.checks.pipeline import check
 
     spec = load_spec(args.spec, args.set)
-    arch = arch_for(spec.model)
-    if arch is None:
+    memory = parse_size(args.memory, "--memory") if args.memory else None
+    target = parse_size(args.fit, "--fit") if args.fit not in (None, "") else None
+    device = device_for(memory if memory is not None else target, store)
+    checked = check(spec, store=store, device=device)  # the one check submit runs: its prediction, its problems
+    prediction = checked.prediction
+    if prediction is None:
         raise UsageError(
             [
                 Problem(
@@ -104,12 +111,11 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
                 )
             ]
         )
-    memory = parse_size(args.memory, "--memory") if args.memory else None
-    target = parse_size(args.fit, "--fit") if args.fit not in (None, "") else None
-    device = device_for(memory if memory is not None else target, store)
-    prediction = predict(spec, arch, device)
+    arch = checked.memory.arch
+    others = [p for p in checked.problems if p.field != "memory"]  # the verdict is in the table already
     if args.json:
         out = prediction.to_dict()
+        out["problems"] = [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in others]
         if args.fit is not None:
             from jobs.memory.planner import fit, measured_history
 
@@ -125,7 +131,7 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
             ]
         print(json.dumps(out, indent=2))
         return EXIT_OK
-    print(table(prediction, model_config(spec.model)[1]))
+    print(table(prediction, checked.memory.source))
     if args.fit is not None:
         print("\nfit to " + (args.fit or "this device") + ":")
         from jobs.memory.planner import measured_history
@@ -139,6 +145,9 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
                 measured_history(store, spec.model, device),
             )
         )
+    if others:
+        print("\nsubmit would refuse it as it is:")
+        print("\n".join(f"  {p}" for p in others))
     return EXIT_OK
 
 

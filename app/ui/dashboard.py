@@ -130,8 +130,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         def on_load(request: gr.Request) -> list[Any]:
             raw = dict(request.query_params).get("run", "") if request else ""
             values = [c.value for c in form.inputs]
-            budget = ui_form.budget_text(*values, device=device)
-            bar = ui_memory.panel_html(ui_form.spec_from_form, ui_form.NAMES, *values, device=device)
+            budget, bar = ui_form.memory_views(*values, device=device)  # one prediction for both
             preview = ui_data_preview(form, policy)
             # gr.Number renders a missing initial value as 0; an explicit None empties the box.
             empties = [None] * len(optional_numbers)

@@ -2,7 +2,8 @@
 
 Everything here is read-only towards the training side: it lists built-in and cached models,
 saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.sources.check_dataset` for
-the preview and its row-numbered errors. Nothing here reaches the network.
+the preview and its row-numbered errors (`jobs.checks.datasets.length_warnings_for` for the rows
+max_length would cut). Nothing here reaches the network; the launch checks are `jobs.checks.pipeline`'s.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import gradio as gr
 import pandas as pd
 
 from jobs.checks.access import AccessPolicy
-from jobs.errors import Problem
 from jobs.spec.enums import Trainer
-from storage.settings import models_dir, uploads_dir
+from storage.settings import uploads_dir
 
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first
 
@@ -97,17 +97,6 @@ def save_upload(path: str | None) -> Any:
     return gr.Dropdown(choices=dataset_choices(), value=str(dest))
 
 
-def dataset_problems(ref: str, trainer: Trainer, field: str) -> list[Problem]:
-    """Row-numbered problems of one data set ([] when it checks out)."""
-    from jobs.data.sources import DataError, check_dataset
-
-    try:
-        check_dataset(ref, trainer, field)
-    except DataError as exc:
-        return list(exc.problems)
-    return []
-
-
 def preview_dataset(
     ref: str | None, trainer: str | None, columns: str | None = None, policy: AccessPolicy | None = None
 ) -> tuple[str, pd.DataFrame]:
@@ -164,53 +153,20 @@ def preview_with_lengths(
 def length_warning_text(
     ref: str | None, trainer: str | None, model: str | None, max_length: float | None, columns: str | None = None
 ) -> str:
-    """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell.
+    """'N of M rows are longer than max_length ...' for the preview; '' when none are or it cannot tell
+    (`jobs.checks.datasets.length_warnings_for`: the model's tokenizer only when it is on disk)."""
+    from jobs.checks.datasets import length_warnings_for
 
-    Uses the model's tokenizer only when it is already on disk (a folder or a built model), so
-    the preview never downloads anything.
-    """
     if not ref or not model or not max_length:
         return ""
-    folder = next((f for f in (Path(model).expanduser(), models_dir() / model) if (f / "config.json").is_file()), None)
-    if folder is None:
-        return ""
     try:
-        from transformers import AutoTokenizer
-
-        from jobs.data.sources import DataError, length_warnings, load_datasets
-        from jobs.spec.job import JobSpec
-
-        spec = JobSpec(
-            model=str(folder),
-            dataset=ref.strip(),
-            trainer=Trainer(trainer or "sft"),
-            max_length=int(max_length),
-            dataset_columns=(columns or "").strip() or None,
-        )
-        train, _ = load_datasets(spec)
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        return "".join(f"\n- {w}" for w in length_warnings(train, tokenizer, int(max_length), trainer=spec.trainer))
-    except (DataError, ValueError, OSError):
+        chosen = Trainer(trainer or "sft")
+    except ValueError:
         return ""
+    warnings = length_warnings_for(ref, chosen, model, int(max_length), (columns or "").strip() or None)
+    return "".join(f"\n- {w}" for w in warnings)
 
 
 def _cell(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
     return text if len(text) <= 300 else text[:300] + "…"
-
-
-@functools.lru_cache(maxsize=1)
-def has_cuda() -> bool:
-    """Whether this machine has an NVIDIA GPU (NVML), without importing torch into the web server."""
-    return device_info() is not None and bool(getattr(device_info(), "available", False))
-
-
-@functools.lru_cache(maxsize=1)
-def device_info() -> Any:
-    """jobs.devices.sampler's DeviceInfo, probed once per process; None when the sampler is unavailable."""
-    try:
-        from jobs.devices.sampler import GpuProbe
-
-        return GpuProbe().device_info()
-    except Exception:  # NVML missing or broken: the panel shows the host-memory note instead
-        return None

@@ -8,37 +8,45 @@ and method (`FieldInfo.when`, declared next to the field), and a field that does
 its default in the spec, so the YAML says only what the run uses.
 
 Components are kept in a dict name -> component (never looked up by string id at run time);
-their values become a `JobSpec` only at the edge, in `spec_from_form`. Model and data helpers
-(choices, uploads, preview) live in `app.ui.data`; the memory prediction panel in `app.ui.memory`.
+their values become a `JobSpec` only at the edge, `app.ui.form_spec`. Launch hands them to
+`jobs.queue.submit.submit`, which runs the one check (`jobs.checks.pipeline.check`). Model and data
+helpers (choices, uploads, preview) live in `app.ui.data`; the spec YAML buttons in
+`app.ui.form_yaml`; the memory prediction panel in `app.ui.memory`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import tempfile
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from app.ui import data as ui_data
 from app.ui import memory as ui_memory
+from app.ui.form_spec import (  # noqa: F401 - the form's edge, used here and by the dashboard
+    CONDITIONAL,
+    DECIDING,
+    INFOS,
+    NAMES,
+    form_data,
+    form_values,
+    info,
+    problems_markdown,
+    spec_from_form,
+    values_of,
+    visibility,
+)
+from app.ui.form_yaml import load_yaml, preview_spec
 from jobs.checks.access import AccessPolicy
-from jobs.errors import Problem
-from jobs.spec.enums import METHOD_DESCRIPTIONS, Method, Trainer
+from jobs.spec.enums import METHOD_DESCRIPTIONS, Method
 from jobs.spec.field import Group
-from jobs.spec.field_info import FieldInfo, deciding_fields, field_infos
-from jobs.spec.job import JobSpec, SpecError
+from jobs.spec.field_info import FieldInfo
+from jobs.spec.job import SpecError
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
 from storage.store import Store
 
-INFOS: list[FieldInfo] = field_infos()
-NAMES: list[str] = [f.name for f in INFOS]
-DECIDING: list[str] = deciding_fields()
-CONDITIONAL: list[str] = [f.name for f in INFOS if f.when]
 BUDGET_FIELDS = (
     "model",
     "method",
@@ -65,8 +73,6 @@ SECTIONS: tuple[tuple[str, tuple[Group, ...]], ...] = (
 # out of its range, without naming the field, where JobSpec reports every problem at once. The
 # browser's number boxes still carry the ranges. The values arrive as the browser sent them.
 UNCHECKED = {"preprocess": False}
-PREVIEW_DIR_NAME = "tunedeck-spec-previews"
-PREVIEWS_KEPT = 20
 FIELD_MIN_WIDTH = 160  # five fields to a row beside the side column at 1400 px
 SLIDER_STEP = 0.01
 # The side column sticks to the top of the window, so the memory verdict and Launch stay in view;
@@ -86,38 +92,7 @@ FORM_CSS = """
 """
 
 
-# ---------------------------------------------------------------------- pure edge
-def spec_from_form(values: dict[str, Any]) -> JobSpec:
-    """Form values -> JobSpec; empty optional inputs mean None, fields that do not apply take their
-    defaults. Raises SpecError with every problem."""
-    optional = {f.name for f in INFOS if f.optional}
-    data: dict[str, Any] = {}
-    for name, value in values.items():
-        if isinstance(value, str):
-            value = value.strip()
-        if name in optional and (value is None or value == ""):
-            value = None
-        data[name] = value
-    for f in INFOS:
-        if f.name in data and not f.applies(data):
-            data[f.name] = f.default
-    return JobSpec.from_dict(data)
-
-
-def form_values(spec: JobSpec) -> list[Any]:
-    """A spec as the list of component values, in NAMES order (for Clone and Load YAML)."""
-    d = spec.to_dict()
-    return [("" if d[n] is None and _info(n).kind == "str" else d[n]) for n in NAMES]
-
-
-def problems_markdown(problems: list[Problem]) -> str:
-    """Every problem as one bullet: field: problem. Fix: ..."""
-    if not problems:
-        return ""
-    lines = "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in problems)
-    return f"### ⚠ {len(problems)} problem(s): nothing was queued\n{lines}"
-
-
+# ---------------------------------------------------------------------- pure helpers
 def bounds_text(f: FieldInfo) -> str:
     parts = [
         f">= {f.ge:g}" if f.ge is not None else "",
@@ -126,11 +101,6 @@ def bounds_text(f: FieldInfo) -> str:
     ]
     rng = ", ".join(p for p in parts if p)
     return f" Range: {rng}." if rng else ""
-
-
-def visibility(values: dict[str, Any]) -> dict[str, bool]:
-    """Which conditional fields show under these trainer/method (deciding) values."""
-    return {name: _info(name).applies(values) for name in CONDITIONAL}
 
 
 def number_step(f: FieldInfo) -> float:
@@ -148,10 +118,6 @@ def is_slider(f: FieldInfo) -> bool:
     if f.kind != "float" or f.optional or low is None or f.le is None or f.le - low > 10:
         return False
     return abs(f.default / SLIDER_STEP - round(f.default / SLIDER_STEP)) < 1e-9
-
-
-def _info(name: str) -> FieldInfo:
-    return next(f for f in INFOS if f.name == name)
 
 
 # ---------------------------------------------------------------------- components
@@ -307,92 +273,25 @@ def build_form() -> LaunchForm:
 
 
 # ---------------------------------------------------------------------- handlers
-def _values(args: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(NAMES, args))
-
-
-def preview_dir() -> Path:
-    """One folder for every preview file (in the system temp dir, where Gradio serves from)."""
-    path = Path(tempfile.gettempdir()) / PREVIEW_DIR_NAME
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def write_preview(spec: JobSpec) -> Path:
-    """The spec's YAML as a file named after the run and its content; only the newest few are kept."""
-    text = spec.to_yaml()
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    folder = preview_dir()
-    out = folder / f"{ui_data.safe_stem(spec.display_name)}-{digest}.yaml"
-    out.write_text(text)
-    old = sorted(folder.glob("*.yaml"), key=lambda p: p.stat().st_mtime, reverse=True)[PREVIEWS_KEPT:]
-    for path in old:
-        path.unlink(missing_ok=True)
-    return out
-
-
-def preview_spec(*args: Any) -> tuple[str, Any, str, Any]:
-    """(YAML, download button update, error box, YAML section) for the current form values."""
-    try:
-        spec = spec_from_form(_values(args))
-    except SpecError as exc:
-        return "", gr.DownloadButton(visible=False), problems_markdown(exc.problems), gr.skip()
-    out = write_preview(spec)
-    return spec.to_yaml(), gr.DownloadButton(value=str(out), visible=True), "", gr.Accordion(open=True)
-
-
-def all_problems(values: dict[str, Any], policy: AccessPolicy | None = None) -> tuple[JobSpec | None, list[Problem]]:
-    """The spec, or every problem: field problems plus the data check of a parseable dataset (never of
-    a file `policy` keeps users from reading)."""
-    try:
-        return spec_from_form(values), []
-    except SpecError as exc:
-        problems = list(exc.problems)
-    fields_bad = {p.field for p in problems}
-    trainer = values.get("trainer") if "trainer" not in fields_bad else None
-    for name in ("dataset", "eval_dataset"):
-        ref = (values.get(name) or "").strip()
-        if ref and name not in fields_bad and trainer:
-            refused = (policy or AccessPolicy.open()).data_problem(ref, name)
-            problems.extend([refused] if refused else ui_data.dataset_problems(ref, Trainer(trainer), name))
-    return None, problems
-
-
 def launch(store: Store, *args: Any, policy: AccessPolicy | None = None) -> tuple[str, int | None]:
-    """Validate everything and queue; (error markdown, new run id or None)."""
+    """Check everything once (`jobs.checks.pipeline`, through submit) and queue; (error markdown, new run id or None)."""
     from jobs.queue.submit import submit
 
     policy = policy or AccessPolicy.dashboard()  # the form never queues a custom reward function
-    spec, problems = all_problems(_values(args), policy)
-    if spec is None:
-        return problems_markdown(problems), None
     try:
-        run_id = submit(store, spec, policy)
+        run_id = submit(store, form_data(values_of(args)), policy)
     except SpecError as exc:
         return problems_markdown(exc.problems), None
     return "", run_id
 
 
-def load_yaml(path: str | None) -> list[Any]:
-    """Fill the form from an uploaded YAML file (and clear or fill the error box)."""
-    if not path:
-        return [gr.skip()] * len(NAMES) + [gr.skip()]
-    try:
-        spec = JobSpec.from_yaml(Path(path).read_text())
-    except SpecError as exc:
-        return [gr.skip()] * len(NAMES) + [problems_markdown(exc.problems)]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise gr.Error(f"could not read {Path(path).name}: {exc}")
-    return form_values(spec) + [""]
-
-
 def choose_preset(name: str, *args: Any) -> list[Any]:
     """The preset's fields as component values, plus the line saying what changed."""
     try:
-        spec = spec_from_form(_values(args))
+        spec = spec_from_form(values_of(args))
     except SpecError as exc:  # set the preset's fields anyway; the rest keeps its problems
         values = preset(name).plain_values()
-        note = f"{name} set {', '.join(_info(n).title for n in PRESET_FIELDS)}; {len(exc.problems)} problem(s) remain."
+        note = f"{name} set {', '.join(info(n).title for n in PRESET_FIELDS)}; {len(exc.problems)} problem(s) remain."
         return [values[n] for n in PRESET_FIELDS] + [note]
     new, changes = apply_preset(spec, name)
     d = new.to_dict()
@@ -405,13 +304,15 @@ def show_applicable(*deciding: Any) -> list[Any]:
     return [gr.update(visible=shown[n]) for n in CONDITIONAL]
 
 
+def memory_views(*args: Any, device: ui_memory.DeviceSource | None = None) -> tuple[str, str]:
+    """(trainable parameters, the verdict and its reason and the cheapest change that fits; the memory
+    bar) of the form's values, from one prediction."""
+    return ui_memory.memory_views(spec_from_form, NAMES, *args, device=device)
+
+
 def budget_text(*args: Any, device: ui_memory.DeviceSource | None = None) -> str:
-    """Trainable parameters, the predicted peak's verdict and reason, and the cheapest change that fits."""
-    try:
-        spec = spec_from_form(_values(args))
-    except SpecError:
-        return "*Memory: fix the problems in the form to see the prediction.*"
-    return ui_memory.verdict_markdown(spec, device)
+    """The verdict text alone (`memory_views`)."""
+    return memory_views(*args, device=device)[0]
 
 
 def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> None:
@@ -429,11 +330,10 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     conditional = [form.fields[n] for n in CONDITIONAL]
     for comp in deciding:
         comp.change(show_applicable, deciding, conditional, show_progress="hidden", **raw)
-    for name in BUDGET_FIELDS:
-        form.fields[name].change(partial(budget_text, device=device), ins, form.budget, show_progress="hidden", **raw)
-    if form.memory is not None:
+    if form.memory is not None:  # the verdict text and the bar redraw together, from one prediction
         ui_memory.wire(
             form.memory,
+            form.budget,
             ins,
             NAMES,
             [form.fields[n] for n in BUDGET_FIELDS],
@@ -443,6 +343,11 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
             store,
             **raw,
         )
+    else:
+        for name in BUDGET_FIELDS:
+            form.fields[name].change(
+                partial(budget_text, device=device), ins, form.budget, show_progress="hidden", **raw
+            )
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length", "dataset_columns")]
     data_out = [form.data_info, form.data_preview]
     for name in ("dataset", "trainer", "max_length", "dataset_columns"):

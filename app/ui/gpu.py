@@ -1,6 +1,6 @@
 """The always-visible GPU panel: device facts and a live graph of the last minutes of memory.
 
-The device line shows what the workers published (`jobs.devices.facts`), not the dashboard's own
+The device line shows what the workers published (`jobs.devices.target`), not the dashboard's own
 device: in a deployment the dashboard may have no GPU while the worker has one. Reads stored
 memory samples (whatever the worker's sampler wrote, also when no run is active), bucketed in
 SQL by `Store.memory_buckets`. The graph follows the device: on a GPU it draws NVML's used memory
@@ -20,7 +20,7 @@ import gradio as gr
 import pandas as pd
 
 from app.ui import charts, series
-from app.ui import data as ui_data
+from jobs.devices import probe
 from storage.store import Store
 
 WINDOW_S = charts.GPU_WINDOW_S
@@ -28,9 +28,9 @@ NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"
 
 
 def device_markdown(store: Store | None = None) -> str:
-    """The workers' device as they published it (`jobs.devices.facts`); without a store, this machine's."""
+    """The workers' device as they published it (`jobs.devices.target`); without a store, this machine's."""
     if store is not None:
-        from jobs.devices.facts import target
+        from jobs.devices.target import target
 
         chosen = target(store)
         if chosen.worker_id is not None:
@@ -38,7 +38,7 @@ def device_markdown(store: Store | None = None) -> str:
                 return f"**{NO_GPU_NOTE}** · the worker trains on the CPU ({chosen.note})"
             return f"**Worker GPU: {chosen.facts.name}** · {chosen.note}"
         return device_markdown() + " · no worker has published its device yet: this is the dashboard's machine"
-    info = ui_data.device_info()
+    info = probe.gpu_info()
     if info is None or not info.available:
         host = f" ({info.host_total_bytes / 1024**3:.1f} GiB host RAM)" if info is not None else ""
         return f"**{NO_GPU_NOTE}**{host}"
@@ -48,7 +48,8 @@ def device_markdown(store: Store | None = None) -> str:
 
 def device_choices(store: Store) -> list[tuple[str, str]]:
     """(label, worker id) of every running worker's device, the largest GPU first (`jobs.devices.facts`)."""
-    from jobs.devices.facts import LIVE_WITHIN_S, DeviceFacts
+    from jobs.devices.facts import DeviceFacts
+    from jobs.devices.target import LIVE_WITHIN_S
 
     live = {w.get("worker_id") for w in store.live_workers(within_s=LIVE_WITHIN_S)}
     rows = [
@@ -112,7 +113,7 @@ def build_panel() -> GpuPanel:
         )
         with gr.Row():
             memory = charts.GPU_MEMORY.build(scale=3)
-            utilization = charts.GPU_UTILIZATION.build(scale=2, visible=ui_data.has_cuda())
+            utilization = charts.GPU_UTILIZATION.build(scale=2, visible=probe.has_cuda())
     return GpuPanel(info, device, memory, utilization, gr.State({}))
 
 

@@ -1,7 +1,8 @@
 """The launch form's memory panel: predicted peak as a stacked bar against the device, the verdict
 in plain words, the cheapest change that makes it fit, and a "Fit to GPU" button.
 
-Display only: the prediction is `jobs.memory.predict.predict`, the pick is `jobs.memory.planner.fit`.
+Display only: the prediction is the checks' memory step (`jobs.checks.memory.predict_memory`, the
+one submit makes), the pick is `jobs.memory.planner.fit`.
 `app.ui.form` creates the panel with `build_panel()` and connects it with `wire(...)`.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import gradio as gr
 
+from jobs.checks.memory import Memory
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec, SpecError
 
@@ -37,19 +39,20 @@ class MemoryPanel:
 
 
 DeviceSource = Callable[[], DeviceFacts]
+NO_SPEC = "*Memory: fix the problems in the form to see the prediction.*"
 
 
 def ui_device() -> DeviceFacts:
     """This machine's device: what the panel predicts against when it has no store to ask."""
-    from jobs.devices.facts import local_facts
+    from jobs.devices.probe import local_facts
 
     return local_facts()
 
 
 def worker_device(store: Any) -> DeviceSource:
-    """The device a run from this form will meet: the workers' published facts (`jobs.devices.facts.target`),
+    """The device a run from this form will meet: the workers' published facts (`jobs.devices.target`),
     not the dashboard's own machine (in a deployment the dashboard may have no GPU)."""
-    from jobs.devices.facts import target
+    from jobs.devices.target import target
 
     return lambda: target(store).facts
 
@@ -83,24 +86,19 @@ def bar_html(prediction: Any) -> str:
     )
 
 
-def predict_for(spec: JobSpec, device: DeviceSource | None = None) -> tuple[Any, str]:
-    """(prediction or None, where the architecture came from) on `device()` (default: this machine)."""
-    from jobs.memory.model_config import arch_for, model_config
-    from jobs.memory.predict import predict
+def predict_for(spec: JobSpec, device: DeviceSource | None = None) -> Memory:
+    """The memory step of the checks (`jobs.checks.memory.predict_memory`) on `device()` (default: this machine)."""
+    from jobs.checks.memory import predict_memory
 
-    arch = arch_for(spec.model)
-    if arch is None:
-        return None, ""
-    return predict(spec, arch, (device or ui_device)()), model_config(spec.model)[1]
+    return predict_memory(spec, (device or ui_device)())
 
 
-def verdict_markdown(spec: JobSpec, device: DeviceSource | None = None) -> str:
+def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
     """Trainable parameters, the verdict and its reason, and the cheapest change when it does not fit."""
-    from jobs.memory.model_config import arch_for
     from jobs.memory.planner import cheapest_change
     from jobs.memory.predict import Verdict, explain
 
-    prediction, source = predict_for(spec, device)
+    prediction = memory.prediction
     if prediction is None:
         return (
             f"**Before launch**: effective batch size **{spec.effective_batch_size}**; no config.json found for "
@@ -108,13 +106,14 @@ def verdict_markdown(spec: JobSpec, device: DeviceSource | None = None) -> str:
         )
     pct = 100 * prediction.trainable_params / max(prediction.total_params, 1)
     lines = [
-        f"**Before launch** (architecture from {source}): effective batch size **{spec.effective_batch_size}**, "
-        f"trainable parameters **{prediction.trainable_params:,}** of {prediction.total_params:,} ({pct:.2f}%)",
+        f"**Before launch** (architecture from {memory.source}): effective batch size "
+        f"**{spec.effective_batch_size}**, trainable parameters **{prediction.trainable_params:,}** of "
+        f"{prediction.total_params:,} ({pct:.2f}%)",
         "",
         explain(prediction),
     ]
     if prediction.verdict is not Verdict.FITS:
-        change = cheapest_change(spec, arch_for(spec.model), prediction.device)
+        change = cheapest_change(spec, memory.arch, prediction.device)
         lines.append(
             f"\nCheapest change that fits: **{change}** (or press *Fit to GPU*)."
             if change
@@ -123,18 +122,30 @@ def verdict_markdown(spec: JobSpec, device: DeviceSource | None = None) -> str:
     return "\n".join(lines)
 
 
+def memory_views(
+    spec_from_values: Callable[[dict[str, Any]], JobSpec],
+    names: list[str],
+    *args: Any,
+    device: DeviceSource | None = None,
+) -> tuple[str, str]:
+    """(the verdict text, the bar) of the form's values, from one prediction."""
+    try:
+        spec = spec_from_values(dict(zip(names, args)))
+    except SpecError:
+        return NO_SPEC, ""
+    memory = predict_for(spec, device)
+    bar = bar_html(memory.prediction) if memory.prediction is not None else ""
+    return verdict_markdown(spec, memory), bar
+
+
 def panel_html(
     spec_from_values: Callable[[dict[str, Any]], JobSpec],
     names: list[str],
     *args: Any,
     device: DeviceSource | None = None,
 ) -> str:
-    try:
-        spec = spec_from_values(dict(zip(names, args)))
-    except SpecError:
-        return ""
-    prediction, _ = predict_for(spec, device)
-    return bar_html(prediction) if prediction is not None else ""
+    """The bar alone (`memory_views`)."""
+    return memory_views(spec_from_values, names, *args, device=device)[1]
 
 
 def fit_values(
@@ -146,14 +157,14 @@ def fit_values(
     store: Any = None,
 ) -> list[Any]:
     """The form values of the planner's pick for this device (a gr.Error when nothing fits)."""
-    from jobs.memory.model_config import arch_for
+    from jobs.checks.memory import model_arch
     from jobs.memory.planner import fit, measured_history
 
     try:
         spec = spec_from_values(dict(zip(names, args)))
     except SpecError as exc:
         raise gr.Error("fix the form's problems first: " + "; ".join(str(p) for p in exc.problems))
-    arch = arch_for(spec.model)
+    arch, _ = model_arch(spec.model)
     if arch is None:
         raise gr.Error(f"no config.json for {spec.model} here: cannot predict its memory")
     facts = (device or ui_device)()
@@ -176,6 +187,7 @@ def build_panel() -> MemoryPanel:
 
 def wire(
     panel: MemoryPanel,
+    budget: gr.Markdown,
     inputs: list[gr.Component],
     names: list[str],
     watch: list[gr.Component],
@@ -185,11 +197,11 @@ def wire(
     store: Any = None,
     **event: Any,
 ) -> None:
-    """Redraw the bar when a memory-relevant field changes; Fit to GPU fills the form. `event`: options
-    for every event (the form passes api_visibility and preprocessing)."""
-    draw = functools.partial(panel_html, spec_from_values, names, device=device)
+    """Redraw the verdict text and the bar (one prediction) when a memory-relevant field changes; Fit to GPU
+    fills the form. `event`: options for every event (the form passes api_visibility and preprocessing)."""
+    draw = functools.partial(memory_views, spec_from_values, names, device=device)
     for comp in watch:
-        comp.change(draw, inputs, panel.bar, show_progress="hidden", **event)
+        comp.change(draw, inputs, [budget, panel.bar], show_progress="hidden", **event)
     panel.fit_btn.click(
         functools.partial(fit_values, spec_from_values, to_values, names, device=device, store=store),
         inputs,

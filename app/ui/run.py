@@ -148,7 +148,7 @@ def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) 
 def prediction_markdown(store: Store, run: RunRecord) -> str:
     """' · memory: predicted 1.2 GiB, measured 1.1 GiB (-8%)' from the prediction saved at submit (jobs.memory.predict)."""
     from jobs.memory.predict import prediction_error_text
-    from jobs.queue.submit import load_prediction
+    from jobs.queue.prediction import load_prediction
 
     text = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
     return f" · memory {text}" if text else ""
@@ -310,7 +310,7 @@ class RunPageData:
         lr = series.metric_frame({"learning rate": self.metrics.get(run_id, "learning_rate")})
         tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         from app.ui.memory import with_predicted_line
-        from jobs.queue.submit import load_prediction
+        from jobs.queue.prediction import load_prediction
 
         return with_predicted_line(series.memory_frame(mem, origin), load_prediction(self.store, run_id)), loss, lr, tps
 

@@ -63,7 +63,7 @@ def choose_device(store: Any, facts: Any = None, host: str | None = None) -> str
     if wanted.lower() == "cpu":
         return "cpu"
     if facts is None:
-        from jobs.devices.facts import detect
+        from jobs.devices.probe import detect
 
         facts = detect(int(wanted) if wanted.isdigit() and not inherited else 0)
     if not facts.cuda:

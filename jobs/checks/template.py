@@ -1,84 +1,46 @@
-"""Does the model's own chat template accept the conversations? Checked before queueing.
+"""Checks of a spec against its model's chat template, before queueing.
 
-The data check (jobs.data.rows) only sees the rows: two user (or two assistant) turns in a row are
-fine for most chat templates (ChatML, SmolLM2, Qwen) and refused by strict ones (Llama 2, Mistral:
-"Conversation roles must alternate user/assistant/user/assistant/..."), which would only fail when
-training starts. When the model's tokenizer files are on disk (a local folder, the Hugging Face
-cache, or a built-in model already converted), the rows the data check kept aside are rendered
-with the model's template here, and the rows it refuses become a problem naming them.
+- `template_refusal`: the data check (jobs.data.rows) only sees the rows: two user (or two
+  assistant) turns in a row are fine for most chat templates (ChatML, SmolLM2, Qwen) and refused by
+  strict ones (Llama 2, Mistral: "Conversation roles must alternate user/assistant/..."), which
+  would only fail when training starts. The rows the data check kept aside are rendered with the
+  model's template here, and the rows it refuses become a problem naming them.
+- `assistant_only_problems`: assistant_only_loss needs conversational rows and a template whose
+  assistant turns trl can tell apart (`{% generation %}` markers).
 
-    problem = template_refusal("mistralai/Mistral-7B-Instruct-v0.3", "dataset", info.repeated_turns)
+Both take the tokenizer the pipeline loaded once from this machine's files
+(`jobs.models.tokenizer.local_tokenizer`; None when the files are not here: trl's own checks still
+run at train time), and the data facts its data check found. Nothing here reads a file itself.
+
+    problem = template_refusal("mistralai/Mistral-7B-Instruct-v0.3", "dataset", info.repeated_turns, tokenizer)
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from jobs.data.rows import RowFormat
 from jobs.errors import Problem
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
 
-log = logging.getLogger(__name__)
-
-
-TOKENIZER_FILES = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json")
-
-
-def tokenizer_files(model: str) -> dict[str, Path | None] | None:
-    """The model's tokenizer/chat-template files found on this machine (a built-in model's folder, a
-    local folder or the Hugging Face cache; never downloads), None per missing file; None when the
-    reference cannot be looked up at all."""
-    from jobs.models.registry import BUILTIN_MODELS
-
-    ref = (model or "").strip()
-    folder = Path(ref).expanduser()
-    if ref in BUILTIN_MODELS:
-        from storage.settings import models_dir
-
-        folder = models_dir() / ref
-    if ref in BUILTIN_MODELS or folder.is_dir():
-        return {name: folder / name if (folder / name).is_file() else None for name in TOKENIZER_FILES}
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        hits = {name: try_to_load_from_cache(ref, name) for name in TOKENIZER_FILES}
-    except Exception:  # not a repo id, no cache: unknown
-        return None
-    return {name: Path(hit) if isinstance(hit, str) else None for name, hit in hits.items()}
-
-
-def tokenizer_folder(model: str) -> Path | None:
-    """The folder holding the model's tokenizer_config.json, when it is on this machine."""
-    config = (tokenizer_files(model) or {}).get("tokenizer_config.json")
-    return config.parent if config is not None else None
+if TYPE_CHECKING:
+    from jobs.data.sources import DatasetInfo  # imports `datasets` (seconds): for the types only
 
 
 def template_refusal(
-    model: str, field: str, rows: list[tuple[int, list[dict[str, Any]]]], trust_remote_code: bool = False
+    model: str, field: str, rows: list[tuple[int, list[dict[str, Any]]]], tokenizer: Any
 ) -> Problem | None:
     """A problem naming the rows the model's chat template refuses; None when it accepts them or is unknown."""
-    if not rows:
-        return None
-    folder = tokenizer_folder(model)
-    if folder is None:
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(folder), local_files_only=True, trust_remote_code=trust_remote_code
-        )
-    except Exception as exc:  # the model check reports unreadable tokenizers; here it only means "unknown"
-        log.info("chat template check skipped: the tokenizer in %s did not load (%s)", folder, exc)
-        return None
-    if not getattr(tokenizer, "chat_template", None):
+    if not rows or tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
     refused: list[int] = []
     reason = ""
     for number, conversation in rows:
         try:
             tokenizer.apply_chat_template(conversation, tokenize=False)
-        except Exception as exc:  # jinja2's TemplateError from the template's raise_exception, or similar
+        except Exception as exc:  # noqa: BLE001 - jinja2's TemplateError from the template's raise_exception, or similar
             refused.append(number)
             reason = reason or str(exc).strip().splitlines()[0][:200]
     if not refused:
@@ -90,3 +52,63 @@ def template_refusal(
         "merge consecutive turns of the same role into one turn (or drop those rows), or pick a model "
         "whose chat template accepts them",
     )
+
+
+def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any = None) -> Problem | None:
+    """Why this chat template cannot mask the assistant turns for assistant_only_loss (None: it can)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    fix = (
+        "add `{% generation %}` ... `{% endgeneration %}` around the assistant content in the model's chat "
+        "template (tokenizer_config.json or chat_template.jinja), or set assistant_only_loss: false"
+    )
+    if not chat_template:
+        return Problem("assistant_only_loss", "the model's tokenizer has no chat template", fix)
+    if has_generation_markers(chat_template):
+        return None
+    if tokenizer is not None:
+        try:  # trl ships training versions of some well-known templates and swaps them in itself
+            if get_training_chat_template(tokenizer):
+                return None
+        except Exception:  # noqa: BLE001 - trl raises for templates it does not know
+            pass
+    return Problem(
+        "assistant_only_loss",
+        "the model's chat template has no `{% generation %}` markers, so trl cannot tell the assistant tokens apart",
+        fix,
+    )
+
+
+def data_format_problem(spec: JobSpec, info: DatasetInfo) -> Problem | None:
+    """assistant_only_loss needs chat `messages` rows."""
+    conversational = info.format is RowFormat.MESSAGES or (
+        info.format is RowFormat.PROMPT_COMPLETION
+        and bool(info.preview)
+        and isinstance(info.preview[0].get("prompt"), list)
+    )
+    if conversational:
+        return None
+    # trl: "You set `assistant_only_loss=True`, but the dataset is not conversational."
+    return Problem(
+        "assistant_only_loss",
+        f"needs chat `messages` rows; {spec.dataset} has {info.format.value} rows",
+        "use a messages data set, or completion_only_loss for prompt/completion rows, "
+        "or set assistant_only_loss: false",
+    )
+
+
+def assistant_only_problems(spec: JobSpec, info: DatasetInfo | None, tokenizer: Callable[[], Any]) -> list[Problem]:
+    """What the data rows (`info`: the checked training set; None when it did not check out) and the
+    model's template (`tokenizer()`, asked only for this option) show against assistant_only_loss."""
+    from jobs.models.registry import BUILTIN_MODELS
+
+    if not spec.assistant_only_loss or spec.trainer is not Trainer.SFT:
+        return []
+    out = [p for p in (data_format_problem(spec, info) if info is not None else None,) if p]
+    # tunedeck's built-in models ship templates with generation markers: no tokenizer to load for them
+    loaded = tokenizer() if spec.model not in BUILTIN_MODELS else None
+    if loaded is not None:
+        problem = template_problem(loaded.chat_template, loaded)
+        if problem:
+            out.append(problem)
+    return out

@@ -1,11 +1,11 @@
 """Pure mapping from a `JobSpec` (our intent) to library configs (trl, peft, bitsandbytes).
 
 Spec in, library config out, in the manner of trl's `get_peft_config` / `get_quantization_config`.
-Nothing here touches a GPU, a file or the database except `detect_device()`, which only asks
-torch what the machine can do. Each memory trick's memory/speed trade-off is written next to
-the code that maps it.
+Nothing here touches a GPU, a file, a setting or the database: the facts a mapping depends on
+(the device, the model's layer shapes) come in as arguments, found by the callers
+(`jobs.devices.probe`, `jobs.checks.pipeline`). Each memory trick's memory/speed trade-off is
+written next to the code that maps it.
 
-    device = detect_device()
     problems = capability_problems(spec, device)          # [] or reasons to refuse
     args = training_config(spec, device, "out/", has_eval=True)
     record = resolved_config(spec, device, "out/", has_eval=True)   # JSON for the run row
@@ -13,10 +13,10 @@ the code that maps it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from jobs.config.methods import targets
+from jobs.config.methods import method_problems, targets
 from jobs.config.peft import peft_config, peft_kwargs  # noqa: F401 - part of this module's API
 from jobs.config.trainers import (  # noqa: F401
     config_class_name,
@@ -26,42 +26,16 @@ from jobs.config.trainers import (  # noqa: F401
     trainer_kwargs,
     trl_module,
 )
+from jobs.devices.facts import Device
 from jobs.errors import Problem
 from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision, Trainer
 from jobs.spec.job import JobSpec
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
-# Methods whose refusals depend on the model's architecture (read from its config, no weights).
+# Methods whose refusals depend on the model's architecture: the checks pass its layer shapes
+# (`jobs.memory.params.ModelShape`, read from its config, no weights) as `shape`.
 MODEL_CHECKED_METHODS = {Method.ADAPTION_PROMPT}
-# peft's own IA3 defaults for Llama-style decoders; used when the model type is unknown.
-
-
-@dataclass(frozen=True)
-class Device:
-    """What the training device can do; a plain value so the mapping stays testable."""
-
-    cuda: bool
-    bf16: bool
-    compute_capability: tuple[int, int] | None = None
-    name: str = "cpu"
-
-
-CPU = Device(cuda=False, bf16=False, compute_capability=None, name="cpu")
-
-
-def detect_device() -> Device:
-    """Ask torch what the first visible device supports (the only impure function here)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return CPU
-    return Device(
-        cuda=True,
-        bf16=bool(torch.cuda.is_bf16_supported()),
-        compute_capability=tuple(torch.cuda.get_device_capability(0)),  # type: ignore[arg-type]
-        name=torch.cuda.get_device_name(0),
-    )
 
 
 # ---------------------------------------------------------------------- precision
@@ -79,13 +53,14 @@ def resolve_precision(spec: JobSpec, device: Device) -> Precision:
     return Precision.FP32
 
 
-def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: bool = True) -> list[Problem]:
-    """Reasons this spec cannot honestly run on this device (default: this machine's).
+def capability_problems(spec: JobSpec, device: Device, shape: Any = None) -> list[Problem]:
+    """Reasons this spec cannot honestly run on `device`; `shape` (the model's layer shapes, for the
+    methods in MODEL_CHECKED_METHODS) enables the checks that depend on the architecture."""
+    return device_problems(spec, device) + combination_problems(spec, shape)
 
-    With `probe`, also reads the model's chat template and the data's row format when an option
-    depends on them (assistant_only_loss); never loads weights.
-    """
-    device = device if device is not None else detect_device()
+
+def device_problems(spec: JobSpec, device: Device) -> list[Problem]:
+    """What this device cannot do with the spec (fp16 without CUDA, bf16 on an old GPU, LoftQ on the CPU)."""
     out: list[Problem] = []
     if spec.precision is Precision.FP16 and not device.cuda:
         out.append(
@@ -113,23 +88,12 @@ def capability_problems(spec: JobSpec, device: Device | None = None, *, probe: b
                 "use lora_init: default or eva on this machine, or run on a GPU worker",
             )
         )
-    out.extend(combination_problems(spec))
-    if probe:
-        from jobs.checks.capability import probe_problems
-
-        out.extend(probe_problems(spec))
-        if spec.method in MODEL_CHECKED_METHODS:
-            from jobs.config.methods import method_problems
-            from jobs.memory.model_config import model_shape_for
-
-            shape = model_shape_for(spec.model)
-            known = {(p.field, p.problem) for p in out}
-            out.extend(p for p in method_problems(spec, shape) if (p.field, p.problem) not in known)
     return out
 
 
-def combination_problems(spec: JobSpec) -> list[Problem]:
-    """Combinations trl/peft/bitsandbytes reject, found by trying each (see tests/test_matrix.py)."""
+def combination_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
+    """Combinations trl/peft/bitsandbytes reject, found by trying each (see tests/test_matrix.py); with the
+    model's `shape`, also what the method refuses for that architecture."""
     out: list[Problem] = []
     if spec.padding_free and spec.trainer is Trainer.SFT and not spec.packing:
         # trl: "When `padding_free=True` without packing, `max_length` is not enforced."
@@ -196,15 +160,12 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
                 "remove lm_head from lora_target_modules (all-linear already leaves it out)",
             )
         )
-    from jobs.config.methods import method_problems
-
-    out.extend(method_problems(spec))
+    out.extend(method_problems(spec, shape))
     return out
 
 
-def capability_warnings(spec: JobSpec, device: Device | None = None) -> list[str]:
+def capability_warnings(spec: JobSpec, device: Device) -> list[str]:
     """Things that will run on this device, but not the way the spec suggests."""
-    device = device if device is not None else detect_device()
     out: list[str] = []
     if spec.optim in PAGED_OPTIMS and not device.cuda:
         out.append(

@@ -3,8 +3,12 @@
 A local folder, a built-in model (converted or not: their published configs are written here),
 or a hub id already in the local Hugging Face cache. Nothing is downloaded.
 
+Only the expected failures mean "no prediction": no config.json here, a reference that is not a
+hub repo id, a file that is not a JSON object, an architecture transformers does not know. Anything
+else is a bug and propagates, so submit fails loudly instead of skipping the memory check.
+
     config, source = model_config("smollm2-135m-instruct")
-    arch = arch_for("smollm2-135m-instruct")          # jobs.memory.parts.Arch, or None
+    arch, source = arch_with_source("smollm2-135m-instruct")   # jobs.memory.parts.Arch, or (None, "")
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def model_config(ref: str) -> tuple[dict[str, Any] | None, str]:
-    """(config.json as a dict, where it came from), or (None, "") when it is not readable here."""
+    """(config.json as a dict, where it came from), or (None, "") when it is not readable here: no such
+    file, a reference that is neither a folder nor a hub repo id, or a file that is not a JSON object."""
     from storage.settings import models_dir
 
     ref = (ref or "").strip()
@@ -52,55 +57,64 @@ def model_config(ref: str) -> tuple[dict[str, Any] | None, str]:
     for folder in (Path(ref).expanduser(), models_dir() / ref):
         cfg = folder / "config.json"
         if cfg.is_file():
-            try:
-                return json.loads(cfg.read_text()), str(cfg)
-            except (OSError, ValueError):
-                return None, ""
+            return _read_json(cfg), str(cfg)
     if ref in BUILTIN_CONFIGS:
         return dict(BUILTIN_CONFIGS[ref]), f"{ref}'s published config"
     if "/" in ref:
-        try:
-            from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
 
+        try:
             hit = try_to_load_from_cache(ref, "config.json")
-            if isinstance(hit, str):
-                return json.loads(Path(hit).read_text()), f"{ref} (HF cache)"
-        except Exception:  # invalid repo id, unreadable cache: no prediction rather than an error
-            pass
+        except HFValidationError:  # "a/b/c", "../x": not a repo id, so nothing cached under it
+            return None, ""
+        if isinstance(hit, str):
+            return _read_json(Path(hit)), f"{ref} (HF cache)"
     return None, ""
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when the file cannot be read or holds no JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def transformers_config(config: dict[str, Any]) -> Any:
+    """The transformers config of a causal LM described by config.json, or None when transformers has no
+    causal-LM class for it (an unknown or custom `model_type`: such a model simply has no prediction)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    data = dict(config)
+    try:
+        built = AutoConfig.for_model(data.pop("model_type"), **data)
+    except ValueError:  # transformers: "Unrecognized model identifier: ..." (custom code, or newer than this install)
+        return None
+    return built if type(built) in MODEL_FOR_CAUSAL_LM_MAPPING else None
 
 
 @functools.lru_cache(maxsize=16)
 def _arch_from_text(text: str) -> Any:
     from jobs.memory.parts import arch_from_config
 
-    return arch_from_config(json.loads(text))
+    config = transformers_config(json.loads(text))
+    return arch_from_config(config) if config is not None else None
 
 
-def _built_from_config(ref: str, build: Any) -> Any:
-    """`build(config JSON)` for a model ref, or None when its config is missing or transformers cannot
-    build it (an unknown or custom architecture simply has no prediction)."""
-    config, _ = model_config(ref)
-    if config is None or "model_type" not in config:
-        return None
-    try:
-        return build(json.dumps(config, sort_keys=True))
-    except Exception:  # noqa: BLE001 - see the docstring
-        return None
+def arch_with_source(ref: str) -> tuple[Any, str]:
+    """(the `jobs.memory.parts.Arch` of a model ref, where its config came from), or (None, "") when its
+    config is not readable here or transformers does not know its architecture. Anything else raised
+    while building it is a bug and propagates: a prediction is never skipped silently."""
+    config, source = model_config(ref)
+    if config is None or not isinstance(config.get("model_type"), str):
+        return None, ""
+    arch = _arch_from_text(json.dumps(config, sort_keys=True))
+    return (arch, source) if arch is not None else (None, "")
 
 
 def arch_for(ref: str) -> Any:
-    """The `Arch` of a model ref, or None."""
-    return _built_from_config(ref, _arch_from_text)
-
-
-def model_shape_for(ref: str) -> Any:
-    """The `jobs.memory.params.ModelShape` of a model ref (layer shapes on the meta device), or None."""
-    return _built_from_config(ref, _shape_from_text)
-
-
-@functools.lru_cache(maxsize=16)
-def _shape_from_text(text: str) -> Any:
-    from jobs.memory.params import model_shape
-
-    return model_shape(json.loads(text))
+    """The `Arch` of a model ref (its `.shape` holds the layer shapes the method checks read), or None."""
+    return arch_with_source(ref)[0]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from jobs.config.mapping import QUANTIZED_METHODS, Device, resolve_precision
+from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.params import _targeted, trainable_params
 from jobs.memory.parts import (
@@ -135,10 +135,6 @@ def context_bytes(device: DeviceFacts) -> int:
     return CUDA_CONTEXT_BYTES["default"]
 
 
-def _device(facts: DeviceFacts) -> Device:
-    return Device(cuda=facts.kind == "cuda", bf16=facts.bf16, name=facts.name)
-
-
 def _trainable_shapes(spec: JobSpec, arch: Arch) -> list[tuple[int, ...]]:
     """Shapes of the tensors the optimizer updates (for per-tensor optimizer rules)."""
     from jobs.config.mapping import peft_kwargs
@@ -191,7 +187,7 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
 def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     """The predicted peak of one training step of `spec` on `device` (see docs/memory.md)."""
     cuda = device.kind == "cuda"
-    precision = resolve_precision(spec, _device(device))
+    precision = resolve_precision(spec, device.device())
     half = precision in (Precision.BF16, Precision.FP16)
     elem = 2 if half else 4  # activations and matmul outputs under autocast
     mask_bytes = 1 if cuda else elem  # dropout masks: bool on CUDA, the input's dtype on the CPU

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem
 from jobs.spec import tricks
 from jobs.spec.job import JobSpec, SpecError
@@ -47,7 +48,9 @@ def probe_spec(spec: JobSpec, trick: Trick, steps: int) -> JobSpec:
 def plan_probes(
     spec: JobSpec, chosen: Sequence[Trick], steps: int, device: Any
 ) -> tuple[list[tuple[str, str, JobSpec]], list[tuple[str, str]]]:
-    """(probes to queue as (trick, note, spec), skipped as (trick, reason)); the baseline always comes first."""
+    """(probes to queue as (trick, note, spec), skipped as (trick, reason)); the baseline always comes first.
+
+    `device`: the capability view (`jobs.devices.facts.Device`) of the device the probes will run on."""
     from jobs.config.mapping import capability_problems
 
     order = [Trick.BASELINE] + [t for t in dict.fromkeys(chosen) if t is not Trick.BASELINE]
@@ -58,7 +61,7 @@ def plan_probes(
             skipped.append((trick.value, found.reason))
             continue
         probe = probe_spec(found.spec, trick, steps)
-        problems = capability_problems(probe, device, probe=False)
+        problems = capability_problems(probe, device)  # what the trick changed: precision, optimizer, ...
         if problems:
             skipped.append((trick.value, "; ".join(str(p) for p in problems)))
             continue
@@ -67,19 +70,21 @@ def plan_probes(
 
 
 def queue_sweep(
-    store: Any, spec: JobSpec, chosen: Sequence[Trick] = DEFAULT_TRICKS, steps: int = DEFAULT_STEPS
+    store: Any,
+    spec: JobSpec,
+    chosen: Sequence[Trick] = DEFAULT_TRICKS,
+    steps: int = DEFAULT_STEPS,
+    policy: AccessPolicy | None = None,
 ) -> SweepQueued:
-    """Check the spec (model, data, the workers' device) and queue one probe per applicable trick."""
-    from jobs.devices.facts import target
-    from jobs.queue.submit import check
+    """Check the spec once (`jobs.checks.pipeline.check`: model, data, the workers' device) and queue one
+    probe per applicable trick."""
+    from jobs.checks.pipeline import check
 
     if steps < 1:
         raise SpecError([Problem("steps", f"{steps} is out of range", "use a value >= 1 (10 is usually enough)")])
-    device = target(store).facts.device()
-    problems = check(spec, device)
-    if problems:
-        raise SpecError(problems)
-    probes, skipped = plan_probes(spec, chosen, steps, device)
+    checked = check(spec, policy=policy, store=store)
+    checked.accepted()
+    probes, skipped = plan_probes(spec, chosen, steps, checked.device.device())
     sweep_id, run_ids = store.create_sweep(
         [(trick, note, probe.validate().display_name, probe.to_json()) for trick, note, probe in probes]
     )

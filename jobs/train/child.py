@@ -39,10 +39,8 @@ from typing import Any
 
 from jobs.config.mapping import (
     QUANTIZED_METHODS,
-    Device,
     capability_problems,
     capability_warnings,
-    detect_device,
     peft_config,
     quantization_config,
     resolve_precision,
@@ -50,6 +48,8 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
+from jobs.devices.facts import Device
+from jobs.devices.probe import detect_device
 from jobs.errors import Problem, ProblemError
 from jobs.memory.flops import FlopsRate
 from jobs.spec.enums import Method, Precision, Trainer

@@ -279,7 +279,7 @@ class Worker:
 
     def publish_device(self) -> None:
         """Tell the store what this worker trains on (checks and the GPU panel read it, not their own device)."""
-        from jobs.devices.facts import detect
+        from jobs.devices.probe import detect
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
         try:

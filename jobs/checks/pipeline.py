@@ -1,0 +1,189 @@
+"""The one check of a job before it is queued: every problem at once, and what the later steps need.
+
+Every entry point calls `check` once: the launch form and the API (values that may not parse),
+`tunedeck submit` / `tunedeck plan`, `jobs.queue.submit.submit` and the trick sweep. Each step runs
+once per call, in this order, and the facts one step found are handed to the next instead of
+being found again:
+
+1. access: what this server lets its users reach (`jobs.checks.access.AccessPolicy`);
+2. fields: the spec's own problems (parsing, ranges, combinations of fields);
+3. model: the model reference resolves (`jobs.models.registry.check_model`);
+4. data: each data set read once (`jobs.checks.datasets`), rendered with the model's chat template
+   where it matters; the tokenizer is loaded at most once, from this machine's files;
+5. device: what the device cannot do (`jobs.config.mapping.device_problems`); when no worker has
+   published its device, the fix says that the check used this machine's;
+6. combinations: what trl/peft refuse, with the model's layer shapes where the method needs them,
+   and the assistant_only_loss needs of rows and template;
+7. memory: the predicted peak on the device (`jobs.checks.memory`); a "will not fit" is a problem
+   only when nothing else is wrong (`memory_problem`, with the cheapest change that fits);
+8. a grpo `reward_model_run`: a finished reward run in the store.
+
+No step swallows an unexpected error: a bug in a check fails the call instead of hiding a refusal.
+
+    checked = check(spec, policy=AccessPolicy.dashboard(), store=store)
+    checked.problems        # [] or every Problem, each naming the field and the fix
+    checked.prediction      # jobs.memory.predict.Prediction, or None
+    checked.accepted()      # the spec, or SpecError with every problem
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobs.checks.access import AccessPolicy
+from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
+from jobs.checks.memory import NO_MEMORY, Memory, model_arch, predict_memory
+from jobs.checks.template import assistant_only_problems
+from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
+from jobs.devices.facts import DeviceFacts
+from jobs.errors import Problem
+from jobs.spec.job import JobSpec, SpecError
+
+if TYPE_CHECKING:
+    from jobs.data.sources import DatasetInfo
+    from jobs.memory.predict import Prediction
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of one check: the spec (None when the values did not parse) and every problem, plus the
+    facts found on the way: what each data set's check read, the memory prediction, the warnings."""
+
+    spec: JobSpec | None
+    problems: list[Problem]
+    device: DeviceFacts
+    data: dict[str, DatasetInfo] = field(default_factory=dict)  # by field: "dataset", "eval_dataset"
+    memory: Memory = NO_MEMORY
+    warnings: list[str] = field(default_factory=list)  # runs, but not the way the spec suggests
+
+    @property
+    def prediction(self) -> Prediction | None:
+        return self.memory.prediction
+
+    def accepted(self) -> JobSpec:
+        """The spec when nothing is wrong; else SpecError with every problem."""
+        if self.problems or self.spec is None:
+            raise SpecError(self.problems)
+        return self.spec
+
+
+def check(
+    spec: JobSpec | Mapping[str, Any] | Any,
+    *,
+    policy: AccessPolicy | None = None,
+    store: Any = None,
+    device: DeviceFacts | None = None,
+) -> Checked:
+    """Every problem with `spec` (a JobSpec, or plain values still to parse), its model, its data and the device.
+
+    `policy`: what the caller may reach (default: everything, the command line's). `device`: the facts to
+    check against; default: the workers' published device when `store` is given, else this machine's.
+    `store` also enables the checks that read it (a grpo reward_model_run)."""
+    policy = policy or AccessPolicy.open()
+    facts, note = _device(store, device)
+    if not isinstance(spec, JobSpec):
+        try:
+            spec = JobSpec.from_dict(dict(spec) if isinstance(spec, Mapping) else spec)
+        except SpecError as exc:  # still check the data sets whose fields parsed, so one answer shows all
+            problems = list(exc.problems)
+            if isinstance(spec, Mapping):
+                problems += values_problems(spec, {p.field for p in problems}, policy)
+            return Checked(None, _unique(problems), facts)
+        field_problems: list[Problem] = []  # from_dict checked the fields
+    else:
+        field_problems = spec.problems()
+    return _check_spec(spec, policy, store, facts, note, field_problems)
+
+
+def _check_spec(
+    spec: JobSpec, policy: AccessPolicy, store: Any, facts: DeviceFacts, note: str | None, field_problems: list[Problem]
+) -> Checked:
+    from jobs.models.registry import ModelError, check_model
+    from jobs.models.tokenizer import local_tokenizer
+
+    problems = policy.problems(spec) + field_problems
+    valid = not problems  # the spec itself is sound: its prediction means something
+    # Loaded at most once per check, and only from files on this machine; code shipped with the model
+    # runs only where this server allows it.
+    tokenizer = functools.cache(
+        lambda: local_tokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)
+    )
+    if not any(p.field == "model" for p in problems):
+        try:
+            problems += list(check_model(spec.model, trust_remote_code=spec.trust_remote_code))
+        except ModelError as exc:
+            problems += exc.problems
+    infos: dict[str, DatasetInfo] = {}
+    if not any(p.field in DATA_FIELDS for p in problems):
+        found, infos = dataset_problems(spec, tokenizer)
+        problems += found
+    arch = model_arch(spec.model) if valid or spec.method in MODEL_CHECKED_METHODS else (None, "")
+    capability = facts.device()
+    problems += [_where(p, note) for p in device_problems(spec, capability)]
+    problems += combination_problems(spec, arch[0].shape if arch[0] is not None else None)
+    problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
+    memory = predict_memory(spec, facts, arch) if valid else NO_MEMORY
+    if not problems:
+        problems += [p for p in (memory_problem(spec, memory),) if p is not None]
+    if store is not None:
+        from jobs.models.reward_model import reward_run_problems
+
+        problems += reward_run_problems(store, spec)
+    warnings = capability_warnings(spec, capability) + [w for info in infos.values() for w in info.warnings]
+    return Checked(spec, _unique(problems), facts, infos, memory, warnings)
+
+
+def memory_problem(spec: JobSpec, memory: Memory) -> Problem | None:
+    """A problem when the predicted peak will not fit the device (None when it fits, is overridden or unknown)."""
+    from jobs.memory.planner import cheapest_change
+    from jobs.memory.predict import Verdict, explain
+
+    if spec.ignore_memory_prediction or memory.prediction is None:
+        return None
+    if memory.prediction.verdict is not Verdict.WILL_NOT_FIT:
+        return None
+    change = cheapest_change(spec, memory.arch, memory.prediction.device) if memory.arch is not None else None
+    fix = (
+        f"{change} (`tunedeck plan SPEC.yaml --fit` lists more)"
+        if change
+        else "shorten max_length or pick a smaller model"
+    )
+    return Problem(
+        "memory",
+        explain(memory.prediction).rstrip("."),
+        fix + "; or set ignore_memory_prediction: true to queue it anyway",
+    )
+
+
+def _device(store: Any, device: DeviceFacts | None) -> tuple[DeviceFacts, str | None]:
+    """The facts to check against, and the note to add to device problems when they are this machine's
+    only because no worker has published its own."""
+    if device is not None:
+        return device, None
+    if store is None:
+        from jobs.devices.probe import local_facts
+
+        return local_facts(), None
+    from jobs.devices.target import target
+
+    chosen = target(store)
+    return chosen.facts, chosen.note if chosen.worker_id is None else None
+
+
+def _where(problem: Problem, note: str | None) -> Problem:
+    if note is None:
+        return problem
+    return Problem(problem.field, problem.problem, f"{problem.fix} ({note}; start the worker first if it has a GPU)")
+
+
+def _unique(problems: list[Problem]) -> list[Problem]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for p in problems:
+        if (p.field, p.problem) not in seen:
+            seen.add((p.field, p.problem))
+            out.append(p)
+    return out

@@ -1,0 +1,140 @@
+"""Asking this machine what device it has: the one module that probes CUDA, NVML and the host.
+
+- `detect(index)`: the `DeviceFacts` of CUDA device `index`, else the CPU. NVML is asked first: it
+  needs no CUDA context, so the worker process does not claim GPU memory for itself. torch is
+  asked only where NVML is missing and the process has already imported torch (the training child,
+  not the worker). `local_facts()` is the same, detected once per process.
+- `detect_device()`: the capability view (`Device`) of the device the training process uses, from
+  torch itself (bf16 support as torch reports it); only the training child calls it.
+- `gpu_info()` / `has_cuda()`: every visible NVIDIA GPU (NVML, through `jobs.devices.sampler`), or
+  why there is none, for the dashboard's GPU panel; never imports torch into the web server.
+
+Checks and displays use the device a run will meet (`jobs.devices.target`), which is this
+machine's only while no worker has published its own.
+
+    facts = detect()                      # DeviceFacts(kind="cuda", name="NVIDIA H200", ...)
+    device = detect_device()              # Device(cuda=True, bf16=True, ...) in the training child
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+from typing import Any
+
+from jobs.devices.facts import CPU, Device, DeviceFacts
+
+
+def cpu_facts() -> DeviceFacts:
+    import psutil
+
+    return DeviceFacts(
+        kind="cpu", name="cpu", total_bytes=int(psutil.virtual_memory().total), host=socket.gethostname()
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_facts(index: int) -> DeviceFacts | None:
+    """Facts of visible CUDA device `index` from NVML; None without NVML or such a device."""
+    try:
+        import pynvml
+
+        from jobs.devices.sampler import _visible_indices  # CUDA_VISIBLE_DEVICES -> NVML's physical indices
+
+        pynvml.nvmlInit()
+        visible = _visible_indices(pynvml.nvmlDeviceGetCount())
+        if index >= len(visible):
+            return None
+        handle = pynvml.nvmlDeviceGetHandleByIndex(visible[index])
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return DeviceFacts(
+            kind="cuda",
+            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+            compute_capability=f"{major}.{minor}",
+            bf16=major >= 8,
+            fp16=True,
+            driver=_text(pynvml.nvmlSystemGetDriverVersion()),
+            host=socket.gethostname(),
+            index=index,
+        )
+    except Exception:  # noqa: BLE001 - pynvml missing, NVMLError_LibraryNotFound, ...: no NVML facts
+        return None
+
+
+def torch_facts(index: int) -> DeviceFacts | None:
+    """Facts from torch, only when this process already imported torch (the worker does not:
+    importing it costs seconds, and CUDA must not be initialised there)."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            return None
+        props = torch.cuda.get_device_properties(index)
+        return DeviceFacts(
+            kind="cuda",
+            name=props.name,
+            total_bytes=int(props.total_memory),
+            compute_capability=f"{props.major}.{props.minor}",
+            bf16=props.major >= 8,
+            fp16=True,
+            driver=None,
+            host=socket.gethostname(),
+            index=index,
+        )
+    except Exception:  # noqa: BLE001 - a broken CUDA install: no torch facts, the CPU's instead
+        return None
+
+
+def detect(index: int | None = None) -> DeviceFacts:
+    """This machine's device: CUDA device `index` (default: TUNEDECK_DEVICE when a number, else 0), else the CPU."""
+    if index is None:
+        raw = os.environ.get("TUNEDECK_DEVICE", "0")
+        index = int(raw) if raw.isdigit() else 0
+    return nvml_facts(index) or torch_facts(index) or cpu_facts()
+
+
+@functools.lru_cache(maxsize=1)
+def local_facts() -> DeviceFacts:
+    """This process's device, detected once (the dashboard asks every second)."""
+    return detect()
+
+
+def detect_device() -> Device:
+    """What the first visible CUDA device supports, as torch reports it (the training child, which trains
+    with torch, asks here; bf16 is torch's `is_bf16_supported`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return CPU
+    return Device(
+        cuda=True,
+        bf16=bool(torch.cuda.is_bf16_supported()),
+        compute_capability=tuple(torch.cuda.get_device_capability(0)),  # type: ignore[arg-type]
+        name=torch.cuda.get_device_name(0),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_info() -> Any:
+    """`jobs.devices.sampler.DeviceInfo` of this machine's GPUs (or why there are none), probed once per
+    process; None when NVML could not even be asked."""
+    try:
+        from jobs.devices.sampler import GpuProbe
+
+        return GpuProbe().device_info()
+    except Exception:  # noqa: BLE001 - NVML missing or broken: the panel shows the host-memory note instead
+        return None
+
+
+def has_cuda() -> bool:
+    """Whether this machine has an NVIDIA GPU (NVML), without importing torch into the web server."""
+    info = gpu_info()
+    return info is not None and bool(getattr(info, "available", False))
