@@ -9,7 +9,8 @@ import pytest
 
 from jobs.config.mapping import peft_config
 from jobs.memory.model_config import arch_for
-from jobs.memory.params import ModelShape, model_shape, trainable_params
+from jobs.memory.params import trainable_params
+from jobs.memory.shape import ModelShape, model_shape
 from jobs.spec.job import JobSpec
 
 PEFT_METHODS = [

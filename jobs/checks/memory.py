@@ -35,7 +35,7 @@ class Memory:
 
     @property
     def shape(self) -> Any:
-        """The model's layer shapes (`jobs.memory.params.ModelShape`), or None."""
+        """The model's layer shapes (`jobs.memory.shape.ModelShape`), or None."""
         return self.arch.shape if self.arch is not None else None
 
 

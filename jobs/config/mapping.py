@@ -34,7 +34,7 @@ from jobs.spec.job import JobSpec
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
 # Methods whose refusals depend on the model's architecture: the checks pass its layer shapes
-# (`jobs.memory.params.ModelShape`, read from its config, no weights) as `shape`.
+# (`jobs.memory.shape.ModelShape`, read from its config, no weights) as `shape`.
 MODEL_CHECKED_METHODS = {Method.ADAPTION_PROMPT}
 
 

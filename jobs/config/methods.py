@@ -127,7 +127,7 @@ def config_class(name: str) -> Any:
 
 
 def method_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
-    """What peft refuses for the spec's method; `shape` (jobs.memory.params.ModelShape) enables the model checks."""
+    """What peft refuses for the spec's method; `shape` (jobs.memory.shape.ModelShape) enables the model checks."""
     m = spec.method
     out: list[Problem] = []
     if shape is None:

@@ -5,44 +5,20 @@ device (shapes, no storage, no weights read: milliseconds even for 7B), then pef
 each method are applied as arithmetic. Tests check the result equals peft's own
 `get_nb_trainable_parameters()` on real models, exactly.
 
-    shape = model_shape(config)                    # a transformers config or a config.json dict
+    shape = model_shape(config)                    # jobs.memory.shape: a transformers config or config.json dict
     count = trainable_params(spec, shape)          # ParamCount(trainable, total); count.percent
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from jobs.memory.shape import Linear, ModelShape
 from jobs.spec.enums import LORA_FAMILY, Method
 from jobs.spec.job import JobSpec
 
 # peft's `all-linear` skips the output layer; these are the names it has in decoder models.
 OUTPUT_LAYER_NAMES = {"lm_head", "embed_out", "output"}
-
-
-@dataclass(frozen=True)
-class Linear:
-    """One linear layer of the base model: full module name, in/out features."""
-
-    name: str
-    in_features: int
-    out_features: int
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the parameter arithmetic needs to know about a base model."""
-
-    model_type: str
-    total: int  # parameters of the base model (tied weights counted once)
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int | None  # None when the config has no such key (peft then uses all heads)
-    head_dim: int
-    linears: tuple[Linear, ...] = field(default=())
-    config: Any = field(default=None, compare=False, repr=False)  # the transformers config it was read from
 
 
 @dataclass(frozen=True)
@@ -57,40 +33,6 @@ class ParamCount:
         return 100.0 * self.trainable / self.total if self.total else 0.0
 
 
-# ---------------------------------------------------------------------- shapes (no weights)
-def model_shape(config: Any) -> ModelShape:
-    """Build the model on the meta device from a transformers config (or config dict) and read its shapes."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if isinstance(config, dict):
-        config = AutoConfig.for_model(**config)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    linears = tuple(
-        Linear(name, m.in_features, m.out_features)
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear)
-    )
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = int(text.hidden_size)
-    heads = int(text.num_attention_heads)
-    kv = getattr(text, "num_key_value_heads", None)
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return ModelShape(
-        model_type=str(config.model_type),
-        total=sum(p.numel() for p in model.parameters()),
-        hidden_size=hidden,
-        num_layers=int(text.num_hidden_layers),
-        num_attention_heads=heads,
-        num_key_value_heads=int(kv) if kv is not None else None,
-        head_dim=int(head_dim),
-        linears=linears,
-        config=config,
-    )
-
-
-# ---------------------------------------------------------------------- peft's rules as arithmetic
 def _matches(name: str, targets: str | list[str]) -> bool:
     """peft's module matching for a list of names: the full name, or a `.`-separated suffix."""
     if isinstance(targets, str):  # a regular expression, matched against the full name

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.memory.params import ModelShape, model_shape
+from jobs.memory.shape import ModelShape, model_shape
 
 # trl's fused LM head (trl/kernels/chunked_logprob.py) scores at most this many tokens x vocabulary
 # columns per tile, and allocates the tile buffer at the full column width whatever the vocabulary.
