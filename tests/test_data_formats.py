@@ -299,7 +299,7 @@ def test_preview_names_the_conversion(tmp_path: Path) -> None:
 def test_converted_data_trains_and_is_recorded(tiny_model: Path, tmp_path: Path, shape: str) -> None:
     """Converted rows train through trl, and the resolved config says what was converted."""
     from jobs.config.mapping import CPU
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
     from tests.training_helpers import tiny_spec
 
     ref = write(tmp_path / f"{shape}.jsonl", lines(ALPACA if shape == "alpaca" else SHAREGPT))

@@ -312,7 +312,8 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     """A run cancelled at step 3 and resumed gives the same losses as one that was never stopped;
     a half-written newer checkpoint is skipped."""
     from jobs.train.checkpoints import resume
-    from jobs.train.child import run, train_spec
+    from jobs.train.child import run
+    from jobs.train.training import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=8, lr_scheduler_type="linear", warmup_steps=2)
     run_id = store.create_run(spec)
