@@ -2,11 +2,13 @@
 
     python -m jobs.train.child --run-id 7        # reads the spec from the store, trains, records
 
-It loads the run's `JobSpec` from the store (TUNEDECK_DATABASE_URL / TUNEDECK_HOME), maps it to
-trl/peft/bitsandbytes configs with the pure `jobs.config.mapping`, trains with trl's SFTTrainer or
-DPOTrainer plus `StoreCallback`, evaluates, answers a few held-out prompts with the base (before
-training) and the result (after: `jobs.train.before_after`), writes the bundle (`jobs.train.artifacts`) and marks the
-run succeeded; any exception marks it failed with a one-line summary and the traceback (exit 1).
+It loads the run's `JobSpec` from the store (TUNEDECK_DATABASE_URL / TUNEDECK_HOME), parsed
+strictly: a stored spec this version cannot read fails the run with the fields named, and nothing
+is trained. It maps it to trl/peft/bitsandbytes configs with the pure `jobs.config.mapping`, trains
+with trl's SFTTrainer or DPOTrainer plus `StoreCallback`, evaluates, answers a few held-out prompts
+with the base (before training) and the result (after: `jobs.train.before_after`), writes the bundle
+(`jobs.train.artifacts`) and marks the run succeeded; any exception marks it failed with a one-line
+summary and the traceback (exit 1).
 SIGTERM stops training at the next step boundary, saves a checkpoint there and marks the run
 cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues from its last
 complete checkpoint (`jobs.train.checkpoints`) with optimizer, scheduler and RNG state; its metric
@@ -38,7 +40,8 @@ from typing import Any
 
 from jobs.config.mapping import detect_device
 from jobs.memory.flops import FlopsRate
-from jobs.spec.stored import stored_spec
+from jobs.spec.job import SpecError
+from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
@@ -102,7 +105,14 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     if record is None:
         log.error("run %s does not exist", run_id)
         return 1
-    spec = oom.effective_spec(store, run_id, stored_spec(record.spec_json))  # after an OOM recovery: the changed spec
+    try:
+        submitted = read_spec(record.spec_json)
+    except SpecError as exc:  # never train something else: the run fails, naming the fields
+        summary = unreadable_summary(exc)
+        log.error("run %s failed: %s", run_id, summary)
+        store.mark_failed(run_id, summary, str(exc), exit_code=1)
+        return 1
+    spec = oom.effective_spec(store, run_id, submitted)  # after an OOM recovery: the changed spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
     # Under a worker (it passes TUNEDECK_WORKER_ID) a cancel arrives as SIGTERM within the
     # worker's poll interval; asking the database as well would only cost the training time.
