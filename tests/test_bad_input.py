@@ -255,7 +255,7 @@ def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
         assert "stored job spec" in (run.error_summary or "")
     # The dashboard and CLI still list and show them.
     assert {r.id for r in store.list_runs()} >= set(odd)
-    from app.cli.main import show_text
+    from app.cli.show import show_text
 
     assert "odd 2" in show_text(store, store.get_run(odd[2]))
 
@@ -269,7 +269,7 @@ def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
 )
 def test_training_child_fails_a_stored_spec_it_cannot_read_naming_the_field(store, stored: dict, field: str) -> None:
     """The child parses strictly: the lenient display reader would drop `field` and train defaults instead."""
-    from app.cli.main import show_text
+    from app.cli.show import show_text
     from jobs.spec.stored import spec_of
     from jobs.train.child import run
 

@@ -321,7 +321,7 @@ def test_one_line_chat_file_is_a_row_not_a_wrapper(tmp_path: Path) -> None:
 
 def test_cli_show_says_what_was_converted(store) -> None:
     """`tunedeck show` prints the data part of the resolved config: formats, conversions, rows used."""
-    from app.cli.main import show_text
+    from app.cli.show import show_text
 
     run_id = store.create_run(JobSpec(model="tiny-llama"))
     info = {
