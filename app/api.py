@@ -120,7 +120,7 @@ def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None
 
 
 def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
-    from app.ui.run import bundle_path
+    from app.ui.served_files import bundle_path
     from jobs.train.checkpoints import resumable
 
     (summary,) = manage.summaries(store, [run], disk)
@@ -272,7 +272,7 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Returns:
             the zip file (gradio_client saves it and returns its local path).
         """
-        from app.ui.run import bundle_path
+        from app.ui.served_files import bundle_path
 
         found = _run(store, run_id)
         path = bundle_path(store, found.id)

@@ -5,7 +5,7 @@
     python bench/memory_truth.py --device cuda   # a CUDA host: max allocated / reserved and NVML, + 0.5B/1.5B shapes
 
 Every configuration is a `JobSpec` trained for two optimizer steps by tunedeck's own path
-(`jobs.config.mapping` configs, `prepare_model_for_kbit_training`, `jobs.train.child.build_trainer`), on a
+(`jobs.config.mapping` configs, `prepare_model_for_kbit_training`, `jobs.train.trainers.build_trainer`), on a
 random-weight model built from a config (memory does not depend on weight values) and `text` /
 preference rows longer than `max_length`, so every row trains exactly `max_length` tokens.
 
@@ -294,7 +294,8 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
     from jobs.data.sources import load_datasets
     from jobs.devices.facts import CPU
     from jobs.memory.count import LiveBytes
-    from jobs.train.child import build_trainer, load_model
+    from jobs.train.trainers import build_trainer
+    from jobs.train.training import load_model
 
     torch.manual_seed(0)
     model, tokenizer = load_model(spec, CPU)  # read from safetensors: invisible to the counter, handed over below
@@ -421,7 +422,8 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     from jobs.config.mapping import QUANTIZED_METHODS, peft_config, training_config
     from jobs.data.sources import load_datasets
     from jobs.devices.probe import detect_device
-    from jobs.train.child import build_trainer, load_model
+    from jobs.train.trainers import build_trainer
+    from jobs.train.training import load_model
 
     quiet()
     spec = JobSpec.from_json(spec_json)

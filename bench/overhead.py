@@ -6,7 +6,7 @@
 
 Both sides run the same code in the same kind of process; only the instrumentation differs:
 (a) bare: a child process started as the worker starts its children (same interpreter,
-    environment, new session, output to a file) that calls `jobs.train.child.train_spec(spec, out)`
+    environment, new session, output to a file) that calls `jobs.train.training.train_spec(spec, out)`
     with a clock callback only: no StoreCallback, no store writes, and a parent that only waits;
 (b) tunedeck: the run is queued with `Store.create_run`, then `tunedeck worker --burst` (a
     process of its own, as a user starts it) trains it in its child `python -m jobs.train.child`:
@@ -60,7 +60,8 @@ def bare_child(spec_path: str) -> None:
     from transformers import TrainerCallback
 
     from jobs.spec.job import JobSpec
-    from jobs.train.child import setup_logging, train_spec
+    from jobs.train.child import setup_logging
+    from jobs.train.training import train_spec
 
     class StepClock(TrainerCallback):
         """Only the time of each step's end: the bare side's step times."""
@@ -222,7 +223,7 @@ SIDES = {"bare": Bare, "tunedeck": Tunedeck}
 def callback_cost(spec: Any, work: Path) -> dict[str, float]:
     """In-process: seconds spent inside StoreCallback's handlers, as a share of train_runtime."""
     from jobs.train.callbacks import StoreCallback
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
     from storage.store import Store
 
     spent = {"s": 0.0, "calls": 0}

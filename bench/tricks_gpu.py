@@ -10,7 +10,7 @@ weight values; no hub needed): Qwen2.5-0.5B's shape (hidden 896, intermediate 48
 (jobs.models.tiny.train_tokenizer) to a temporary folder. The data is a .jsonl of `text` rows that each
 tokenize to more than --seq-len tokens, so every row is truncated to exactly --seq-len tokens.
 
-Each configuration is a `JobSpec` trained by tunedeck's own `jobs.train.child.train_spec` (so the
+Each configuration is a `JobSpec` trained by tunedeck's own `jobs.train.training.train_spec` (so the
 mapping to SFTConfig / LoraConfig / BitsAndBytesConfig is the one tunedeck runs) in its OWN
 subprocess: the memory peak starts clean and an OOM in one configuration does not stop the table.
 While a child runs, this process polls NVML (device 0, every 20 ms) for the "used" peak, which
@@ -191,7 +191,7 @@ def child(spec_json: str, out_dir: str, result_path: str, cuda: bool, warmup: in
 
     from jobs.devices.facts import CPU
     from jobs.devices.probe import detect_device
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     class Timer(TrainerCallback):
         """perf_counter at each optimizer-step end, and trl's running num_tokens at each log."""

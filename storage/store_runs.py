@@ -248,7 +248,7 @@ class RunsMixin(StoreCore):
     # {"run_id", "worker_id", "pid", "time"}, taken in the claim's transaction and released by its
     # worker after the run's process group is gone. A worker that died holding it is replaced by
     # one on the same host (the only place its processes can be seen), which ends the orphaned
-    # group and then releases the lease (`jobs.worker.loop.Worker`).
+    # group and then releases the lease (`jobs.worker.loop.Worker`, `jobs.worker.leases`).
     def claim_next_on_device(
         self, worker_id: str, device: str, worker_pid: int | None = None, host: str | None = None
     ) -> RunRecord | None:

@@ -255,9 +255,33 @@ def test_worker_fails_odd_stored_specs_and_goes_on(store) -> None:
         assert "stored job spec" in (run.error_summary or "")
     # The dashboard and CLI still list and show them.
     assert {r.id for r in store.list_runs()} >= set(odd)
-    from app.cli.main import show_text
+    from app.cli.show import show_text
 
     assert "odd 2" in show_text(store, store.get_run(odd[2]))
+
+
+@pytest.mark.parametrize(
+    ("stored", "field"),
+    [
+        ({"model": "tiny-llama", "max_steps": 1, "lora_rank": 8}, "lora_rank"),  # unknown here: lora_r
+        ({"model": "tiny-llama", "max_steps": 1, "learning_rate": "fast"}, "learning_rate"),  # a bad value
+    ],
+)
+def test_training_child_fails_a_stored_spec_it_cannot_read_naming_the_field(store, stored: dict, field: str) -> None:
+    """The child parses strictly: the lenient display reader would drop `field` and train defaults instead."""
+    from app.cli.show import show_text
+    from jobs.spec.stored import spec_of
+    from jobs.train.child import run
+
+    run_id = store.create_run_unchecked(json.dumps(stored), name="edited by hand")
+    assert spec_of(store.get_run(run_id)).model == "tiny-llama"  # the display reader copes with it
+    assert run(run_id, store) == 1
+    failed = store.get_run(run_id)
+    assert failed.status is RunStatus.FAILED and failed.exit_code == 1
+    assert failed.error_summary.startswith("the stored job spec is not valid")
+    assert f"{field}:" in failed.error_summary
+    assert not failed.resolved_config and not (store.run_dir(run_id) / "output").exists()  # nothing was trained
+    assert f"{field}:" in show_text(store, failed)  # what `tunedeck show` prints
 
 
 # ---------------------------------------------------------------------- named cases, end to end

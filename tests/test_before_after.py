@@ -132,7 +132,7 @@ def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Pa
 def test_a_failure_while_sampling_never_fails_the_run(
     store: Any, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from app.ui.run import samples_markdown
+    from app.ui.run_text import samples_markdown
     from jobs.train.child import run
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -230,7 +230,7 @@ def test_prompts_come_from_the_spec_then_held_out_rows_then_built_in() -> None:
 
 
 def test_the_run_page_says_when_a_run_has_no_samples(store: Any) -> None:
-    from app.ui.run import samples_markdown
+    from app.ui.run_text import samples_markdown
 
     run_id = store.create_run(JobSpec())
     store.claim_next_on_device("test", "0")

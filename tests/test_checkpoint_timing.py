@@ -70,7 +70,7 @@ def test_cancel_waits_for_the_checkpoint_being_written(store: Store) -> None:
 
 @pytest.mark.integration
 def test_auto_find_batch_size_records_the_micro_batch_it_ended_with(tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=2, max_length=48, per_device_train_batch_size=4, auto_find_batch_size=True)
     result = train_spec(spec, tmp_path / "out")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.main import load_spec, main
+from app.cli.main import main
+from app.cli.usage import load_spec
 from app.server import exposure_warning, is_loopback
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
@@ -66,6 +67,29 @@ def test_cli_process_exit_code_without_traceback(data_home: Path, tmp_path: Path
     )
     assert proc.returncode == 2
     assert "lora_r: -3 is out of range" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_store_free_commands_leave_no_database(
+    data_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`--help`, `hash-password` and `plan` in a fresh TUNEDECK_HOME create no database; `runs` does."""
+    import io
+
+    def databases() -> list[str]:
+        return sorted(p.name for p in data_home.rglob("*.db*"))
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0 and "hash-password" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.StringIO("pw-carol-333\n"))
+    assert main(["hash-password", "--user", "carol"]) == 0
+    assert capsys.readouterr().out.startswith("carol:")
+    spec = write(tmp_path, "model: smollm2-135m-instruct\n")
+    assert main(["plan", str(spec), "--memory", "24GiB"]) == 0
+    assert "Fits" in capsys.readouterr().out
+    assert databases() == []
+    assert main(["runs"]) == 0  # a command that reads runs opens (and creates) the database
+    assert "tunedeck.db" in databases()
 
 
 def test_load_spec_overrides(tmp_path: Path) -> None:

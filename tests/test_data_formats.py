@@ -299,7 +299,7 @@ def test_preview_names_the_conversion(tmp_path: Path) -> None:
 def test_converted_data_trains_and_is_recorded(tiny_model: Path, tmp_path: Path, shape: str) -> None:
     """Converted rows train through trl, and the resolved config says what was converted."""
     from jobs.devices.facts import CPU
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
     from tests.training_helpers import tiny_spec
 
     ref = write(tmp_path / f"{shape}.jsonl", lines(ALPACA if shape == "alpaca" else SHAREGPT))
@@ -321,7 +321,7 @@ def test_one_line_chat_file_is_a_row_not_a_wrapper(tmp_path: Path) -> None:
 
 def test_cli_show_says_what_was_converted(store) -> None:
     """`tunedeck show` prints the data part of the resolved config: formats, conversions, rows used."""
-    from app.cli.main import show_text
+    from app.cli.show import show_text
 
     run_id = store.create_run(JobSpec(model="tiny-llama"))
     info = {

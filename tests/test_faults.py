@@ -30,7 +30,8 @@ from transformers import TrainerCallback
 from jobs.spec.job import JobSpec
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last_complete
-from jobs.worker.loop import Worker, group_members, pid_alive
+from jobs.worker.loop import Worker
+from jobs.worker.processes import group_members, pid_alive
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
 
@@ -102,7 +103,7 @@ class AtStep(TrainerCallback):
 # ---------------------------------------------------------------------- 1. one device, one run
 FAKE_WORKER = """
 import sys
-import jobs.worker.loop as w
+import jobs.worker.processes as w
 w.default_child_argv = lambda run_id: [sys.executable, "-c", '''
 import sys, time
 from storage.store import Store
@@ -311,7 +312,8 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     """A run cancelled at step 3 and resumed gives the same losses as one that was never stopped;
     a half-written newer checkpoint is skipped."""
     from jobs.train.checkpoints import resume
-    from jobs.train.child import run, train_spec
+    from jobs.train.child import run
+    from jobs.train.training import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=8, lr_scheduler_type="linear", warmup_steps=2)
     run_id = store.create_run(spec)

@@ -51,7 +51,7 @@ def test_figures_are_means_of_the_rows_and_the_last_loss(store, measured_run):
 
 def test_every_surface_shows_the_same_text(store, measured_run):
     """Runs table, run page header, Compare, `tunedeck show` and the model card print one text per figure."""
-    from app.cli import main as cli
+    from app.cli import show as cli
     from app.ui import compare as ui_compare
     from app.ui import run as ui_run
     from app.ui import runs as ui_runs

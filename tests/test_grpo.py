@@ -394,16 +394,16 @@ def test_the_libraries_really_fail_on_what_is_refused(
     """With the capability check off, training fails with the library's own error."""
     import re
 
-    import jobs.train.child
+    import jobs.train.training
     from jobs.spec.enums import LoraInit
 
-    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.training, "capability_problems", lambda spec, device=None: [])
     spec = dataclasses.replace(
         _grpo_spec(tiny_model, max_steps=1, rewards="repetition", eval_split=None),
         lora_init=LoraInit(changes["lora_init"]),
     )
     with pytest.raises(Exception, match=re.escape(error)):
-        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.training.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.integration
@@ -414,7 +414,7 @@ def test_the_libraries_really_fail_on_what_is_refused(
 def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path, tmp_path: Path) -> None:
     """A full fine-tune with a KL term gets a second model as its reference; prefix tuning generates through
     its cached prefix. Both train with GRPO."""
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     result = train_spec(
         _grpo_spec(tiny_model, max_steps=1, rewards="overlong", eval_split=None, **changes),

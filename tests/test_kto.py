@@ -143,13 +143,13 @@ def test_the_library_really_rejects_them(
     """With our check off, trl fails on each: the refusals above are grounded, not guessed."""
     import re
 
-    import jobs.train.child
+    import jobs.train.training
 
-    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.training, "capability_problems", lambda spec, device=None: [])
     ref = write(tmp_path / "d.jsonl", [GOOD, BAD] * 4)
     spec = dataclasses.replace(tiny_spec(tiny_model, trainer="kto", dataset=ref, max_steps=1), **changes)
     with pytest.raises(Exception, match=re.escape(error)):
-        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.training.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 # ---------------------------------------------------------------------- training

@@ -1,7 +1,7 @@
 """The method x trainer x trick matrix, trained for real on the tiny offline Llama (CPU).
 
 Every method and a representative set of memory tricks train for 2 steps in-process through
-`jobs.train.child.train_spec`; each run asserts that the libraries received exactly the resolved config
+`jobs.train.training.train_spec`; each run asserts that the libraries received exactly the resolved config
 (trainer args, peft config, BitsAndBytesConfig), that the trainable parameter count equals the
 pre-launch estimate (`jobs.memory.params`), that the loss is finite, that trainable parameters moved and
 (per method) that the saved bundle reloads with the same logits.
@@ -152,7 +152,7 @@ def _plain(value: Any) -> Any:
 
 def train_and_check(spec: JobSpec, out: Path) -> Any:
     """Train `spec`; assert config received, parameter count, finite loss, parameters moved."""
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     snap = Snapshot()
     result = train_spec(spec, out, [snap], device=CPU)
@@ -401,10 +401,10 @@ def test_the_libraries_really_reject_what_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without our check, trl/peft fail on these: the refusals are grounded, not guessed."""
-    import jobs.train.child
+    import jobs.train.training
     from jobs.spec.enums import Method
 
-    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.training, "capability_problems", lambda spec, device=None: [])
     fields = dict(changes)
     if fields.get("dataset") in files:
         fields["dataset"] = str(files[fields["dataset"]])
@@ -414,7 +414,7 @@ def test_the_libraries_really_reject_what_is_refused(
         fields["method"] = Method(fields["method"])
     spec = dataclasses.replace(spec_for(tiny_model, files), **fields)  # skips JobSpec's own validation
     with pytest.raises(Exception, match=error.replace("`", ".").replace("(", ".").replace(")", ".")):
-        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.training.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 def test_dpo_config_has_no_packing() -> None:

@@ -67,7 +67,7 @@ def test_converted_adapter_loads_on_the_original_base(init: str, tiny_model: Pat
     from transformers import AutoModelForCausalLM
 
     from jobs.train.artifacts import write_bundle
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=3, lora_init=init, lora_r=4)
     out = tmp_path / "out"
@@ -89,7 +89,7 @@ def test_eva_runs_its_data_pass_before_training(tiny_model: Path, tmp_path: Path
     """EVA's A is the inputs' top right-singular vectors: orthonormal rows at step 0 (random A is not)."""
     from transformers import TrainerCallback
 
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     class FirstA(TrainerCallback):
         a: torch.Tensor | None = None
@@ -165,11 +165,11 @@ def test_loftq_is_refused_without_cuda(tiny_model: Path) -> None:
 def test_the_libraries_really_reject_what_is_refused(
     case: str, error: str, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import jobs.train.child
+    import jobs.train.training
 
     if case == "loftq" and torch.cuda.is_available():
         pytest.skip("LoftQ runs where CUDA exists")
-    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.training, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(tiny_model, max_steps=1, method="adaption_prompt", adapter_layers=2)
     if case == "qwen2":
         spec = dataclasses.replace(spec, model=str(qwen2_folder(tmp_path, tiny_model)))
@@ -178,14 +178,14 @@ def test_the_libraries_really_reject_what_is_refused(
     else:
         spec = dataclasses.replace(spec, method=Method.QLORA, lora_init=LoraInit.LOFTQ)
     with pytest.raises(Exception, match=error):
-        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.training.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_loftq_initialises_qlora_on_a_gpu(tiny_model: Path, tmp_path: Path) -> None:
     from jobs.devices.probe import detect_device
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     spec = tiny_spec(tiny_model, max_steps=2, method="qlora", lora_init="loftq")
     result = train_spec(spec, tmp_path / "out", device=detect_device())

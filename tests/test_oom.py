@@ -150,7 +150,7 @@ def test_oom_recovers_through_the_worker_batch_then_checkpointing_then_8bit(
     lrs = [p.value for p in store.metrics(run_id, ["learning_rate"])]
     assert len(lrs) == 8 and all(a > b for a, b in zip(lrs, lrs[1:])), lrs
     # Shown where a user looks: `tunedeck show` and the run page's header.
-    from app.cli.main import show_text
+    from app.cli.show import show_text
     from app.ui.run import RunPageData
 
     shown = show_text(store, run)

@@ -139,10 +139,10 @@ def test_prompt_learning_really_fails(
     """With our check off, trl fails on these: the refusal is grounded, not guessed."""
     import dataclasses
 
-    import jobs.train.child
+    import jobs.train.training
     from jobs.spec.enums import Method
 
-    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.training, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(
         tiny_model,
         trainer=trainer,
@@ -155,4 +155,4 @@ def test_prompt_learning_really_fails(
     )
     spec = dataclasses.replace(spec, method=Method(method))
     with pytest.raises(ValueError, match="to match target batch_size"):
-        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.training.train_spec(spec, tmp_path / "out", device=CPU)

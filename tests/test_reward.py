@@ -125,10 +125,10 @@ def test_the_libraries_really_reject_them(
     """With our check off, the libraries fail on each: the refusals above are grounded, not guessed."""
     import re
 
-    import jobs.train.child
+    import jobs.train.training
     from jobs.spec.enums import Method
 
-    monkeypatch.setattr(jobs.train.child, "capability_problems", lambda spec, device=None: [])
+    monkeypatch.setattr(jobs.train.training, "capability_problems", lambda spec, device=None: [])
     spec = tiny_spec(
         tiny_model,
         trainer="reward",
@@ -140,13 +140,13 @@ def test_the_libraries_really_reject_them(
     )
     spec = dataclasses.replace(spec, method=Method(changes["method"]))
     with pytest.raises(Exception, match=re.escape(error)):
-        jobs.train.child.train_spec(spec, tmp_path / "out", device=CPU)
+        jobs.train.training.train_spec(spec, tmp_path / "out", device=CPU)
 
 
 @pytest.mark.integration
 def test_all_rows_too_long_names_max_length(tiny_model: Path, tmp_path: Path) -> None:
     """trl drops every row and then fails with 'num_samples=0'; tunedeck names max_length instead."""
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     spec = tiny_spec(
         tiny_model,

@@ -228,7 +228,7 @@ def test_sft_lora_learns_and_adapter_reloads_with_same_logits(tiny_model: Path, 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     result = train_spec(tiny_spec(tiny_model), tmp_path / "out", device=CPU)
     seen = losses(result.log_history)
@@ -257,7 +257,7 @@ def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, t
     import json
 
     from jobs.train.artifacts import LOAD_PROMPT
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     result = train_spec(tiny_spec(tiny_model, max_steps=4), tmp_path / "out", device=CPU)
     bundle = write_bundle(
@@ -273,7 +273,7 @@ def test_bundle_card_snippet_runs_as_written_with_plain_peft(tiny_model: Path, t
 @pytest.mark.integration
 def test_dpo_with_lora_trains_against_the_base_as_reference(tiny_model: Path, tmp_path: Path) -> None:
     from jobs.data.sources import SAMPLES_DIR
-    from jobs.train.child import train_spec
+    from jobs.train.training import train_spec
 
     rows = (SAMPLES_DIR / "preference-format.train.jsonl").read_text().splitlines()[:8]
     (tmp_path / "pref.jsonl").write_text("\n".join(rows) + "\n")  # a local file: no eval split
@@ -422,7 +422,7 @@ def test_child_entry_point_stops_warm_on_sigterm(tiny_model: Path, store: Any, d
 
 
 def test_oom_summary_names_the_tricks_still_off() -> None:
-    from jobs.train.child import summarize
+    from jobs.train.failure import summarize
 
     spec = JobSpec.from_dict({"method": "full", "per_device_train_batch_size": 8, "max_length": 2048})
     summary = summarize(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), spec)
@@ -442,7 +442,7 @@ def test_oom_summary_names_the_tricks_still_off() -> None:
 def test_problem_errors_summarize_as_their_problems() -> None:
     from jobs.errors import Problem
     from jobs.spec.job import SpecError
-    from jobs.train.child import summarize
+    from jobs.train.failure import summarize
 
     exc = SpecError([Problem("precision", "fp16 needs CUDA", "use auto")])
     assert summarize(exc, None) == "precision: fp16 needs CUDA. Fix: use auto"

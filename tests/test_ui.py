@@ -123,7 +123,7 @@ def test_eta_of_a_resumed_run_uses_the_whole_runs_step_time(store, tiny_model):
 
     import training_helpers
 
-    from app.ui.run import eta_text
+    from app.ui.run_text import eta_text
     from jobs.train import figures
     from storage.models import RunStatus
 
@@ -143,7 +143,7 @@ def test_a_bundle_written_under_another_mount_is_explained_not_hidden(store, tin
     cannot serve. The run page says so and how to fix it, instead of silently showing no download."""
     import training_helpers
 
-    from app.ui.run import bundle_path, unreachable_files_note
+    from app.ui.served_files import bundle_path, unreachable_files_note
 
     rid = store.create_run(training_helpers.tiny_spec(tiny_model))
     elsewhere = tmp_path / "other-mount" / "run.zip"

@@ -15,7 +15,9 @@ from training_helpers import wait_for
 
 from jobs.devices.sampler import GpuProbe, Sampler, process_tree_rss
 from jobs.spec.job import JobSpec
-from jobs.worker.loop import Worker, describe_exit, group_members
+from jobs.worker.loop import Worker
+from jobs.worker.outcome import describe_exit
+from jobs.worker.processes import group_members
 from storage.models import RunStatus
 from storage.store import Store
 
@@ -351,7 +353,7 @@ def test_worker_process_sigterm_stops_child(data_home: Path, store: Store, tmp_p
     launcher.write_text(
         textwrap.dedent("""
         import sys
-        import jobs.worker.loop as w
+        import jobs.worker.processes as w
         w.default_child_argv = lambda run_id: [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
         from app.cli.main import main
         sys.exit(main(["worker"]))

@@ -24,6 +24,13 @@
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
 earlier are taken first, in queue order. Exit code 0 when the run succeeded, 1 when it failed,
 was cancelled or interrupted, 2 for bad input (one line per problem: field, problem, fix).
+
+This module is the argument parser, the entry point and the serve/worker commands; the others
+live by kind: `app.cli.runs` (submit ... move, sweep; shown by `app.cli.show`), `app.cli.export`
+(export, setup), `app.cli.manage`, `app.cli.plan`, `app.cli.chat`, `app.cli.push`. Each command
+gets only the store it needs (`app.cli.usage.StoreUse`): `hash-password`, `setup` and `serve` (the
+server opens its own) none, `plan` one only when its database exists, so none of them creates a
+database; `--help` opens nothing.
 """
 
 from __future__ import annotations
@@ -32,305 +39,20 @@ import argparse
 import logging
 import os
 import sys
-import threading
-import time
 from collections.abc import Sequence
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED, UsageError, load_spec  # noqa: E402
-from jobs.errors import Problem, ProblemError
-from jobs.spec.stored import spec_of  # noqa: E402
-from jobs.train import figures  # noqa: E402
-from jobs.train.artifacts import bundle_of  # noqa: E402
-from jobs.units import human_bytes  # noqa: E402
-from storage.models import RunStatus  # noqa: E402
-from storage.store import RunRecord, Store  # noqa: E402
-
-WORKER_SEEN_WITHIN_S = 10.0
+from app.cli import export, runs  # noqa: E402
+from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, StoreUse, UsageError  # noqa: E402
+from jobs.errors import Problem, ProblemError  # noqa: E402
+from storage.settings import database_url  # noqa: E402
+from storage.store import Store  # noqa: E402
 
 
-# ---------------------------------------------------------------------- input
-def _run_or_fail(store: Store, run_id: int) -> RunRecord:
-    run = store.get_run(run_id)
-    if run is None:
-        raise UsageError([Problem("RUN_ID", f"run {run_id} does not exist", "list runs with `tunedeck runs`")])
-    return run
-
-
-# ---------------------------------------------------------------------- formatting
-def _duration(run: RunRecord) -> str:
-    if run.started_at is None:
-        return "-"
-    seconds = (run.finished_at or time.time()) - run.started_at
-    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
-
-
-def _number(v: object) -> str:
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v))
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-
-def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
-
-
-def runs_table(store: Store, runs: list[RunRecord]) -> str:
-    from storage.run_files import DiskUsage
-
-    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME", "DISK", "TAGS")
-    rows = []
-    disk = DiskUsage(store)
-    for r in runs:
-        loss = store.last_metric(r.id, "loss")
-        step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
-        rows.append(
-            (
-                str(r.id),
-                r.status.value,
-                r.name[:40],
-                step,
-                f"{loss.value:.4f}" if loss else "-",
-                _when(r.created_at),
-                _duration(r),
-                human_bytes(disk.of(r)),
-                ",".join(r.tags) or "-",
-            )
-        )
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
-
-
-def show_text(store: Store, run: RunRecord) -> str:
-    lines = [
-        f"run {run.id}: {run.name}",
-        f"status:   {run.status.value}",
-        f"created:  {_when(run.created_at)}   duration: {_duration(run)}",
-        f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else ""),
-    ]
-    if run.exit_code is not None:
-        lines.append(f"exit code: {run.exit_code}")
-    measured = figures.run_figures(store, run)
-    lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
-    from jobs.memory.predict import prediction_error_text
-    from jobs.queue.prediction import load_prediction
-
-    predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
-    if predicted:
-        lines.append(f"{'memory:':<13}{predicted}")
-    if run.error_summary:
-        lines.append(f"error:    {run.error_summary}")
-    if run.log_path:
-        lines.append(f"log:      {run.log_path}")
-    lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
-    lines += events_lines(store, run)
-    data = (run.resolved_config or {}).get("data")
-    if data:
-        lines += [
-            "",
-            "data:",
-            *(
-                f"  {name}: {d['ref']}: {d['rows']} rows, {d['format']}"
-                + (f" ({d['conversion']})" if d.get("conversion") else "")
-                for name, d in data.items()
-                if isinstance(d, dict)
-            ),
-        ]
-        lines.append(f"  rows used: {data.get('train_rows')} train, {data.get('eval_rows')} eval")
-    if run.final_metrics:
-        lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
-    arts = store.artifacts(run.id)
-    if arts:
-        lines += ["", "artifacts:", *(f"  {a.kind}: {a.path} ({human_bytes(a.size)})" for a in arts)]
-    if run.error_detail:
-        lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
-    return "\n".join(lines)
-
-
-def events_lines(store: Store, run: RunRecord) -> list[str]:
-    """The run's events (OOM recoveries) and the spec fields it continued with."""
-    from jobs.train import oom
-
-    events = store.run_events(run.id)
-    if not events:
-        return []
-    out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]
-    changed = oom.changes(spec_of(run), oom.effective_spec(store, run.id, spec_of(run)))
-    if changed:
-        out += [
-            "",
-            "continued with (spec above as submitted):",
-            *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items()),
-        ]
-    return out
-
-
-# ---------------------------------------------------------------------- commands
-def cmd_submit(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.submit import submit
-
-    run_id = submit(store, load_spec(args.spec, args.set))
-    print(run_id)
-    return EXIT_OK
-
-
-def cmd_run(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.submit import submit
-
-    run_id = submit(store, load_spec(args.spec, args.set))
-    print(f"queued run {run_id}", file=sys.stderr)
-    worker = thread = None
-    if not store.live_workers(WORKER_SEEN_WITHIN_S):
-        from jobs.worker.loop import Worker
-
-        print("no worker is running: running one in this process", file=sys.stderr)
-        worker = Worker(store)
-        thread = threading.Thread(
-            target=worker.work, kwargs={"burst": True, "stop_after": run_id}, name="tunedeck-worker", daemon=True
-        )
-        thread.start()
-    try:
-        run = follow(store, run_id, worker_thread=thread)
-    except KeyboardInterrupt:
-        if worker is None:
-            print(
-                f"\nstopped following; run {run_id} continues (cancel it with `tunedeck cancel {run_id}`)",
-                file=sys.stderr,
-            )
-            return EXIT_RUN_FAILED
-        print("\ninterrupted: stopping the training process", file=sys.stderr)
-        worker.stop("interrupted from the keyboard")
-        assert thread is not None
-        thread.join()
-        run = _run_or_fail(store, run_id)
-    finally:
-        if thread is not None:
-            thread.join(timeout=60)
-    print(f"run {run.id}: {run.status.value} after {_duration(run)}", file=sys.stderr)
-    if run.status is not RunStatus.SUCCEEDED:
-        if run.error_summary:
-            print(f"error: {run.error_summary}", file=sys.stderr)
-        if run.log_path:
-            print(f"log: {run.log_path}", file=sys.stderr)
-        return EXIT_RUN_FAILED
-    bundle = bundle_of(store, run.id)
-    print(f"bundle: {bundle}" if bundle else "no artifacts were recorded", file=sys.stderr)
-    return EXIT_OK
-
-
-def follow(
-    store: Store, run_id: int, worker_thread: threading.Thread | None = None, interval: float = 0.5
-) -> RunRecord:
-    """Show a progress bar until the run finishes; prints each status change."""
-    from tqdm import tqdm
-
-    status: RunStatus | None = None
-    with tqdm(total=None, unit="step", dynamic_ncols=True, file=sys.stderr) as bar:
-        while True:
-            run = _run_or_fail(store, run_id)
-            if run.status is not status and not run.status.finished:  # the end is reported by the caller
-                status = run.status
-                extra = (
-                    f" (position {_queue_position(store, run_id)} in the queue)" if status is RunStatus.QUEUED else ""
-                )
-                bar.write(f"run {run_id}: {status.value}{extra}", file=sys.stderr)
-            if run.total_steps and bar.total != run.total_steps:
-                bar.total = run.total_steps
-            if run.current_step != bar.n:
-                bar.n = run.current_step
-                loss = store.last_metric(run_id, "loss")
-                if loss is not None:
-                    bar.set_postfix(loss=f"{loss.value:.4f}", refresh=False)
-                bar.refresh()
-            if run.status.finished:
-                return run
-            if worker_thread is not None and not worker_thread.is_alive():
-                run = _run_or_fail(store, run_id)
-                if run.status.finished:
-                    return run
-                raise RuntimeError(f"the in-process worker stopped while run {run_id} was {run.status.value}")
-            time.sleep(interval)
-
-
-def _queue_position(store: Store, run_id: int) -> int:
-    ids = [r.id for r in store.queued()]
-    return ids.index(run_id) + 1 if run_id in ids else 0
-
-
-def cmd_runs(store: Store, args: argparse.Namespace) -> int:
-    status = None
-    if args.status:
-        try:
-            status = RunStatus(args.status.lower())
-        except ValueError:
-            choices = ", ".join(s.value for s in RunStatus)
-            raise UsageError([Problem("--status", f"`{args.status}` is not a run status", f"use one of: {choices}")])
-    runs = store.list_runs(status=status, limit=args.limit, search=args.search, tag=args.tag)
-    if args.json:
-        import json
-
-        from app.manage import summaries
-
-        print(json.dumps(summaries(store, runs), indent=2))
-        return EXIT_OK
-    from storage.run_files import total_bytes
-
-    if not runs:
-        print("no runs")
-        return EXIT_OK
-    print(runs_table(store, runs))
-    print(f"\nall {store.count_runs()} run(s) use {human_bytes(total_bytes(store))} on disk")
-    return EXIT_OK
-
-
-def cmd_show(store: Store, args: argparse.Namespace) -> int:
-    print(show_text(store, _run_or_fail(store, args.run_id)))
-    return EXIT_OK
-
-
-def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
-    run = _run_or_fail(store, args.run_id)
-    if run.status.finished:
-        print(f"run {run.id} already {run.status.value}; nothing to cancel")
-        return EXIT_OK
-    new = store.request_cancel(run.id)
-    print(
-        f"run {run.id}: cancelled"
-        if new is RunStatus.CANCELLED
-        else f"run {run.id}: cancel requested; the worker stops it within a few seconds"
-    )
-    return EXIT_OK
-
-
-def cmd_resume(store: Store, args: argparse.Namespace) -> int:
-    from jobs.train.checkpoints import resume
-
-    try:
-        print(resume(store, _run_or_fail(store, args.run_id)))
-    except ValueError as exc:
-        raise UsageError([Problem("RUN_ID", str(exc), "resume an interrupted or cancelled run, or submit again")])
-    return EXIT_OK
-
-
-def cmd_move(store: Store, args: argparse.Namespace) -> int:
-    run = _run_or_fail(store, args.run_id)
-    position = 0 if args.first else (args.to or 1) - 1
-    if not store.move_queued(run.id, position):
-        raise UsageError([Problem("RUN_ID", f"run {run.id} is {run.status.value}, not queued", "move a queued run")])
-    order = [r.id for r in store.queued()]
-    print(f"run {run.id}: position {order.index(run.id) + 1} of {len(order)} in the queue")
-    return EXIT_OK
-
-
-def cmd_sweep(store: Store, args: argparse.Namespace) -> int:
-    from app.cli.sweep import sweep_command
-
-    queueing = args.spec and args.show is None and not args.list
-    return sweep_command(store, args, load_spec(args.spec, args.set) if queueing else None)
-
-
+# ---------------------------------------------------------------------- serve and worker
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker.loop import Worker
 
@@ -340,14 +62,13 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_serve(store: Store, args: argparse.Namespace) -> int:
+def cmd_serve(_store: None, args: argparse.Namespace) -> int:
     from app.server import serve
 
-    store.dispose()  # the server opens its own store
     return serve(host=args.host, port=args.port, with_worker=not args.no_worker, auth_file=args.auth_file)
 
 
-def cmd_hash_password(store: Store, args: argparse.Namespace) -> int:
+def cmd_hash_password(_store: None, args: argparse.Namespace) -> int:
     """Print a `user:HASH` line (or the hash alone) for an --auth-file; the password is read from stdin."""
     import getpass
 
@@ -366,58 +87,6 @@ def cmd_hash_password(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_export(store: Store, args: argparse.Namespace) -> int:
-    from jobs.export.merged import export_merged
-
-    if not args.merged and not args.gguf:
-        raise UsageError(
-            [
-                Problem(
-                    "--merged",
-                    "no export format chosen",
-                    "add --merged (the adapter merged into "
-                    "its base model) or --gguf f16|q8_0; the adapter alone is the run's bundle",
-                )
-            ]
-        )
-    logging.getLogger("jobs.export.merged").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
-    if args.merged:
-        result = export_merged(store, args.run_id, args.dtype)
-        check = result.check
-        print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
-        print(
-            f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
-            f"largest logit difference {check.max_logit_diff:.3g}"
-        )
-        for note in result.notes:
-            print(f"note: {note}")
-        print(f"download: {result.archive}  sha256 {result.sha256}")
-    if args.gguf:
-        from jobs.export.gguf import export_gguf
-
-        for gguf_type in dict.fromkeys(args.gguf):
-            gguf = export_gguf(store, args.run_id, gguf_type)
-            print(f"run {args.run_id}: {gguf_type} GGUF from {gguf.source}")
-            print(
-                f"check ({gguf.check.rule}): passed; answer token agreement {gguf.check.token_agreement:.1%}, "
-                f"next-token agreement {gguf.check.forced_agreement:.1%}, "
-                f"largest logit difference {gguf.check.max_logit_diff:.3g}"
-            )
-            print(f"download: {gguf.path}  sha256 {gguf.sha256}")
-    return EXIT_OK
-
-
-def cmd_setup(store: Store, args: argparse.Namespace) -> int:
-    from jobs.models import registry as models
-
-    print(f"preparing built-in model {args.model} (first time: download and convert, may take a minute)...")
-    ensure = getattr(models, "ensure_builtin", None)
-    path = ensure(args.model) if ensure else models.resolve_model(args.model).path
-    print(f"model {args.model} ready at {path}")
-    return EXIT_OK
-
-
-# ---------------------------------------------------------------------- entry point
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tunedeck", description="Fine-tune a language model on one GPU.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -433,11 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="require a login; FILE has `user:HASH` lines from `tunedeck hash-password` "
         "(or set TUNEDECK_AUTH=user:password)",
     )
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, store_use=StoreUse.NONE)  # the server opens its own store
 
     s = sub.add_parser("hash-password", help="hash a password (read from stdin) for serve --auth-file")
     s.add_argument("--user", default=None, help="print a complete `user:HASH` line")
-    s.set_defaults(func=cmd_hash_password)
+    s.set_defaults(func=cmd_hash_password, store_use=StoreUse.NONE)
 
     s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
     s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
@@ -451,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_worker)
 
     for name, func, text in (
-        ("submit", cmd_submit, "check a YAML spec and queue it; prints the run id"),
-        ("run", cmd_run, "submit a YAML spec and follow the run until it ends"),
+        ("submit", runs.cmd_submit, "check a YAML spec and queue it; prints the run id"),
+        ("run", runs.cmd_run, "submit a YAML spec and follow the run until it ends"),
     ):
         s = sub.add_parser(name, help=text)
         s.add_argument("spec", metavar="SPEC.yaml")
@@ -465,14 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--search", default=None, metavar="TEXT", help="only runs whose name, tags or note contain TEXT")
     s.add_argument("--tag", default=None, metavar="TAG", help="only runs tagged TAG")
     s.add_argument("--json", action="store_true", help="print a JSON list (id, status, tags, note, disk_bytes, ...)")
-    s.set_defaults(func=cmd_runs)
+    s.set_defaults(func=runs.cmd_runs)
 
     for name, func, text in (
-        ("show", cmd_show, "show one run"),
-        ("cancel", cmd_cancel, "cancel a queued or running run"),
+        ("show", runs.cmd_show, "show one run"),
+        ("cancel", runs.cmd_cancel, "cancel a queued or running run"),
         (
             "resume",
-            cmd_resume,
+            runs.cmd_resume,
             "queue an interrupted/cancelled run again; it continues from its last complete checkpoint",
         ),
     ):
@@ -485,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = s.add_mutually_exclusive_group(required=True)
     where.add_argument("--to", type=int, metavar="N", help="to position N (1 = next to run)")
     where.add_argument("--first", action="store_true", help="to the front of the queue")
-    s.set_defaults(func=cmd_move)
+    s.set_defaults(func=runs.cmd_move)
 
     s = sub.add_parser(
         "export",
@@ -502,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
         "back and checked against the merged model",
     )
-    s.set_defaults(func=cmd_export)
+    s.set_defaults(func=export.cmd_export)
 
     from app.cli.manage import add_parsers
 
@@ -510,11 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")
-    s.set_defaults(func=cmd_setup)
+    s.set_defaults(func=export.cmd_setup, store_use=StoreUse.NONE)
 
     from app.cli.sweep import add_parser as add_sweep_parser
 
-    add_sweep_parser(sub).set_defaults(func=cmd_sweep)
+    add_sweep_parser(sub).set_defaults(func=runs.cmd_sweep)
 
     from app.cli.plan import add_parser as add_plan_parser
 
@@ -536,13 +205,27 @@ def print_problems(problems: Sequence[Problem]) -> None:
         print(f"  {p.field}: {p.problem}. Fix: {p.fix}", file=sys.stderr)
 
 
+def open_store(use: StoreUse) -> Store | None:
+    """The store a command needs (`StoreUse`): opened, opened if its database exists, or none at all."""
+    if use is StoreUse.NONE:
+        return None
+    if use is StoreUse.EXISTING:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(database_url())
+        if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+            return None  # a fresh home: nothing to read, and nothing is created
+    return Store()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, open the store the command needs, run it; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.command in ("worker", "serve") else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    store = Store()
+    store = open_store(getattr(args, "store_use", StoreUse.OPEN))
     try:
         return args.func(store, args)
     except BrokenPipeError:  # `tunedeck show 1 | head`
@@ -552,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_problems(exc.problems)
         return EXIT_BAD_INPUT
     finally:
-        store.dispose()
+        if store is not None:
+            store.dispose()
 
 
 if __name__ == "__main__":

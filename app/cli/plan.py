@@ -92,6 +92,7 @@ def fit_text(spec, arch, device, target: int, history=()) -> str:
 
 
 def cmd_plan(store, args: argparse.Namespace) -> int:
+    """`store`: None in a fresh home (no database yet): this machine's device, no measured history."""
     from app.cli.usage import EXIT_OK, UsageError, load_spec
     from jobs.checks.pipeline import check
 
@@ -119,7 +120,13 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
         if args.fit is not None:
             from jobs.memory.planner import fit, measured_history
 
-            plan = fit(spec, arch, device, target, history=measured_history(store, spec.model, device))
+            plan = fit(
+                spec,
+                arch,
+                device,
+                target,
+                history=measured_history(store, spec.model, device) if store is not None else [],
+            )
             out["fit"] = [
                 {
                     "changes": list(c.changes),
@@ -142,7 +149,7 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
                 arch,
                 device,
                 target if target is not None else device.total_bytes,
-                measured_history(store, spec.model, device),
+                measured_history(store, spec.model, device) if store is not None else [],
             )
         )
     if others:
@@ -165,4 +172,6 @@ def add_parser(sub) -> None:
         metavar="SIZE",
         help="find the fastest variant that fits SIZE (default: this device) and list runners-up",
     )
-    s.set_defaults(func=cmd_plan)
+    from app.cli.usage import StoreUse
+
+    s.set_defaults(func=cmd_plan, store_use=StoreUse.EXISTING)  # reads published devices and history; creates nothing

@@ -1,18 +1,27 @@
 """What the command line reads and how it reports bad input: exit codes, `UsageError`, spec files.
 
 Shared by `app.cli.main` and the command modules it registers (`app.cli.sweep`, ...), so none of
-them imports another.
+them imports another. `StoreUse` is how a command says whether `app.cli.main` opens the store for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
 
 from jobs.errors import Problem, ProblemError
 from jobs.spec.job import JobSpec
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class StoreUse(Enum):
+    """What a command needs of the store; a subparser sets it as `store_use` (default OPEN)."""
+
+    OPEN = "open"  # opened (created and migrated when new) before the command runs
+    EXISTING = "existing"  # opened only if its database exists; else the command gets None
+    NONE = "none"  # the command gets None and no database is touched
 
 
 class UsageError(ProblemError):

@@ -1,11 +1,12 @@
 """The tunedeck dashboard: `build_ui(store)` returns the Gradio Blocks app (launched by app.server).
 
 Views live in their own modules: the launch form (app.ui.form, app.ui.data), the GPU panel
-(app.ui.gpu), the runs table (app.ui.runs), the run page (app.ui.run) with its tags/note/delete panel
-(app.ui.manage), the compare view (app.ui.compare), trick sweeps (app.ui.sweep), the Chat tab
-(app.ui.chat) and the scripting API (app.api). This module lays
-them out and wires the events that cross views: launch or select -> run page, clone -> form,
-`?run=N` in the URL -> that run's page after a reload. The UI only reads and writes the store.
+(app.ui.gpu), the runs table (app.ui.runs), the run page (app.ui.run; its text app.ui.run_text,
+its files app.ui.served_files) with its tags/note/delete panel (app.ui.manage), the compare view
+(app.ui.compare), trick sweeps (app.ui.sweep), the Chat tab (app.ui.chat) and the scripting API
+(app.api). This module lays them out and wires the events that cross views: launch or select ->
+run page, clone -> form, `?run=N` in the URL -> that run's page after a reload. The UI only reads
+and writes the store.
 
     app.server.serve(host="127.0.0.1", port=7860)   # build_ui(store) + safe file-serving options
 

@@ -67,7 +67,7 @@ def build() -> ExportPanel:
 
 def export_files(store: Store, run_id: int) -> list[str]:
     """The run's recorded export files that exist inside the data folder (the ones the server serves)."""
-    from app.ui.run import inside_data_dir
+    from app.ui.served_files import inside_data_dir
 
     found = [inside_data_dir(a.path) for a in store.artifacts(run_id) if a.kind in EXPORT_KINDS]
     return list(dict.fromkeys(str(p) for p in found if p is not None))

@@ -1,31 +1,34 @@
 """One run's page: status, progress and ETA, live graphs, log tail, spec, cancel, resume, download, clone.
 
 Refreshed by a 1 s timer that reads the store; once a finished run has been drawn the timer
-skips it (nothing changes any more). Files are only ever served from inside the data directory.
+skips it (nothing changes any more). This module lays the page out and fills it (`RunPageData`);
+its text is `app.ui.run_text`, its files `app.ui.served_files` (only ever from inside the data
+directory).
 """
 
 from __future__ import annotations
 
-import time
-import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
 from app.ui import charts, series
-from jobs.memory.flops import FlopsRate
+from app.ui.run_text import (
+    events_markdown,
+    header_markdown,
+    progress_html,
+    samples_markdown,
+    throughput_markdown,
+)
+from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, unreachable_files_note
 from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.train.checkpoints import resumable, resume
-from jobs.units import human_bytes
 from storage.models import RunStatus
-from storage.settings import data_dir
 from storage.store import RunRecord, Store
 
-LOG_LINES = 50
 OUTPUTS = 17  # len(RunPage.outputs): what `refresh` returns
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
@@ -45,106 +48,6 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
 }
 
 
-def inside_data_dir(path: str | Path | None) -> Path | None:
-    """The resolved path when it lies inside the data directory, else None (never serve others)."""
-    if not path:
-        return None
-    p = Path(path).resolve()
-    return p if p.is_relative_to(data_dir()) and p.is_file() else None
-
-
-def log_tail(run: RunRecord, lines: int = LOG_LINES) -> str:
-    """The last lines of the run's train.log (only a log inside the data directory is read)."""
-    from jobs.worker.loop import log_tail as tail_of
-
-    return tail_of(inside_data_dir(run.log_path), lines) or ""
-
-
-def bundle_path(store: Store, run_id: int) -> Path | None:
-    """The run's zip bundle (adapter or model), if recorded and inside the data directory."""
-    from jobs.train.artifacts import bundle_of
-
-    return inside_data_dir(bundle_of(store, run_id))
-
-
-def unreachable_files_note(store: Store, run_id: int) -> str:
-    """Why a finished run's recorded bundle cannot be downloaded from this dashboard ("" when it can).
-
-    Artifact paths are stored as absolute paths: on many hosts the data folder must be one shared
-    volume mounted at the same path everywhere (docs/deployment.md, "Several GPUs, several hosts").
-    """
-    from jobs.train.artifacts import bundle_of
-
-    recorded = bundle_of(store, run_id)
-    if not recorded or inside_data_dir(recorded) is not None:
-        return ""
-    where = (
-        "is not inside this dashboard's data folder"
-        if not Path(recorded).resolve().is_relative_to(data_dir())
-        else "is missing on this host"
-    )
-    return (
-        f"### Files not reachable from this host\nRun {run_id}'s bundle was written to `{recorded}`, which "
-        f"{where} (`{data_dir()}`). Fix: mount the shared data folder at the same path on every host and "
-        "set the same `TUNEDECK_HOME` for the dashboard and the workers."
-    )
-
-
-def bundle_files(path: Path) -> pd.DataFrame:
-    with zipfile.ZipFile(path) as zf:
-        rows = [[i.filename, human_bytes(i.file_size)] for i in zf.infolist() if not i.is_dir()]
-    return pd.DataFrame(rows, columns=["file", "size"])
-
-
-def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
-    """ " · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
-
-    `step_time` is the run's mean measured `step_time` (jobs.train.figures), which spans every attempt of
-    a resumed run; without it (before the first training log) the time since this attempt started
-    over the steps taken in it stands in (a resumed run starts counting at its checkpoint's step, so
-    its rate is only known once a step of this attempt is logged).
-    """
-    now = time.time() if now is None else now
-    if run.status is not RunStatus.RUNNING or not run.total_steps or not run.started_at or run.current_step <= 0:
-        return ""
-    per_step = step_time if step_time and step_time > 0 else (now - run.started_at) / run.current_step
-    left = max(0.0, (run.total_steps - run.current_step) * per_step)
-    return f" · ETA {int(left // 60)}m {int(left % 60):02d}s"
-
-
-def progress_html(run: RunRecord, step_time: float | None = None) -> str:
-    total = run.total_steps or 0
-    pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
-    label = f"step {run.current_step}/{total or '?'}{eta_text(run, step_time=step_time)}"
-    return (
-        f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
-        f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
-        f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
-        f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>'
-    )
-
-
-def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
-    """Title, status, model and method, then the run's figures (jobs.train.figures) measured so far."""
-    measured = measured or figures.RunFigures(
-        peak_memory_bytes=run.peak_memory_bytes, peak_memory_source=run.peak_memory_source
-    )
-    # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
-    shown = [
-        text if f.unit == f.label else f"{f.label} {text}"
-        for f, text in ((f, measured.text(f)) for f in figures.FIGURES)
-        if text
-    ]
-    peak = "".join(f" · {text}" for text in shown)
-    cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
-    spec = spec_of(run)
-    return (
-        f"## Run {run.id}: {run.name}\n"
-        f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
-        f"{spec.method.value} / {spec.trainer.value}{peak}"
-    )
-
-
 def prediction_markdown(store: Store, run: RunRecord) -> str:
     """' · memory: predicted 1.2 GiB, measured 1.1 GiB (-8%)' from the prediction saved at submit (jobs.memory.predict)."""
     from jobs.memory.predict import prediction_error_text
@@ -152,51 +55,6 @@ def prediction_markdown(store: Store, run: RunRecord) -> str:
 
     text = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
     return f" · memory {text}" if text else ""
-
-
-def throughput_markdown(store: Store, run: RunRecord) -> str:
-    """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.memory.flops)."""
-    achieved = store.last_metric(run.id, "tflops")
-    if achieved is None:
-        return ""
-    text = f" · <span id='run-tflops'>{achieved.value:.3g}</span> TFLOP/s achieved"
-    mfu = store.last_metric(run.id, "mfu")
-    rate = FlopsRate.for_run(run.resolved_config)
-    if mfu is not None and rate is not None and rate.peak_label:
-        return text + f" · MFU {100 * mfu.value:.1f}% of {rate.peak_label}"
-    device = (run.resolved_config.get("device") or {}).get("name", "this device")
-    return text + f" · MFU: no peak figure known for {device}"
-
-
-def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
-    """The run's events (e.g. out-of-memory recoveries), one line each, and the spec fields it continued with."""
-    if not events:
-        return ""
-    from jobs.train import oom
-
-    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
-    changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
-    if changed:
-        lines.append(
-            "- continued with: "
-            + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
-            + " (the Spec below is as submitted)"
-        )
-    return "\n\n**Events**\n" + "\n".join(lines)
-
-
-def samples_markdown(store: Store, run: RunRecord) -> str:
-    """The "Before / after" section: prompt | base | this run, or a line saying why there is none."""
-    from jobs.train import before_after
-
-    data = before_after.samples_of(store, run.id)
-    line = before_after.status_line(data, run.status.finished)
-    table = (
-        before_after.table_markdown(data)
-        if data and before_after.rows(data) and (data.get("before") is not None or data.get("after") is not None)
-        else ""
-    )
-    return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)
 
 
 @dataclass
@@ -405,4 +263,4 @@ class RunPageData:
         try:
             gr.Info(resume(self.store, run))
         except ValueError as exc:
-            raise gr.Error(str(exc))
+            raise gr.Error(str(exc)) from exc

@@ -1,13 +1,16 @@
 """Specs read back from the store: it keeps each run's spec as JSON text, and jobs parse it here.
 
-    spec = spec_of(run)                    # a JobSpec for display, even from another version
-    problem = spec_problem(run.spec_json)  # why the worker cannot train it (None: it can)
+    spec = read_spec(run.spec_json)        # strict, for training: SpecError naming each field it cannot read
+    problem = spec_problem(run.spec_json)  # the same check as one line: why it cannot be trained (None: it can)
+    spec = spec_of(run)                    # lenient, for display only: a JobSpec even from another version
     finished_problem(run, 7, "export")     # (problem, fix) when run 7 has no finished result
     result_folder(store, 7, "adapter", "adapter_config.json")  # its newest saved adapter folder
 
 A spec written by an older or newer tunedeck, or edited by hand, must neither crash the worker
-nor hide the run from the dashboard: the worker fails such a run with `spec_problem`'s reason,
-and the dashboard shows what `spec_of` can read (unknown fields dropped, defaults shown).
+nor hide the run from the dashboard, nor be trained as something else: the worker and the
+training child read it strictly (`read_spec`) and fail such a run with `spec_problem`'s reason,
+naming the fields; only the dashboard and the CLI's listings show what `spec_of` can read
+(unknown fields dropped, defaults shown).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
 
@@ -25,15 +29,29 @@ class StoredRun(Protocol):
     spec_json: str
 
 
-def spec_problem(spec_json: str) -> str | None:
-    """Why a stored spec cannot be trained (None when it parses and validates)."""
+def read_spec(spec_json: str) -> JobSpec:
+    """The stored spec parsed strictly, as training needs it; raises SpecError naming each field it cannot read."""
     try:
-        JobSpec.from_json(spec_json)
+        return JobSpec.from_json(spec_json)
+    except SpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever is stored, the caller gets the one error type
+        problem = Problem("spec", f"cannot be read ({type(exc).__name__}: {exc})", "submit the job again")
+        raise SpecError([problem]) from exc
+
+
+def unreadable_summary(exc: SpecError) -> str:
+    """The one line a run fails with when its stored spec cannot be read: every field, problem and fix."""
+    problems = "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in exc.problems)
+    return f"the stored job spec is not valid for this tunedeck version: {problems}"
+
+
+def spec_problem(spec_json: str) -> str | None:
+    """Why a stored spec cannot be trained (None when it parses and validates): `read_spec`'s problems in one line."""
+    try:
+        read_spec(spec_json)
     except SpecError as exc:
-        problems = "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in exc.problems)
-        return f"the stored job spec is not valid for this tunedeck version: {problems}"
-    except Exception as exc:  # noqa: BLE001 - whatever is stored, the queue must go on
-        return f"the stored job spec cannot be read ({type(exc).__name__}: {exc})"
+        return unreadable_summary(exc)
     return None
 
 
@@ -57,13 +75,15 @@ def result_folder(store: Any, run_id: int, kind: str, marker: str) -> Path | Non
 
 
 def spec_of(run: StoredRun) -> JobSpec:
-    """The run's spec; for a spec this version cannot read, the readable part (see module docstring)."""
+    """The run's spec for display only; for a spec this version cannot read, the readable part (never train it)."""
     return stored_spec(run.spec_json)
 
 
 @lru_cache(maxsize=1024)
 def stored_spec(spec_json: str) -> JobSpec:
-    """Parse stored spec JSON (JobSpec is frozen, so one parsed copy per text is shared)."""
+    """Stored spec JSON for display only: lenient, never raises (training reads `read_spec`).
+
+    JobSpec is frozen, so one parsed copy per text is shared."""
     try:
         return JobSpec.from_json(spec_json)
     except Exception:  # noqa: BLE001 - an unreadable stored spec must not break listing runs
@@ -71,7 +91,7 @@ def stored_spec(spec_json: str) -> JobSpec:
 
 
 def _lenient_spec(spec_json: str) -> JobSpec:
-    """The stored spec for display: fields this version cannot read are dropped (defaults shown)."""
+    """The stored spec for display only: fields this version cannot read are dropped (defaults shown)."""
     try:
         data = json.loads(spec_json)
     except (TypeError, ValueError):

@@ -1,0 +1,68 @@
+"""The commands about results and models: export a finished run, set up a built-in model.
+
+    tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
+    tunedeck export RUN_ID --gguf f16 [q8_0]                   # GGUF files for llama.cpp/Ollama, checked
+    tunedeck setup [--model NAME]                              # fetch/convert a built-in model once
+
+`jobs.export` does the work; this module prints. `cmd_setup` needs no store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from app.cli.usage import EXIT_OK, UsageError
+from jobs.errors import Problem
+from storage.store import Store
+
+
+def cmd_export(store: Store, args: argparse.Namespace) -> int:
+    from jobs.export.merged import export_merged
+
+    if not args.merged and not args.gguf:
+        raise UsageError(
+            [
+                Problem(
+                    "--merged",
+                    "no export format chosen",
+                    "add --merged (the adapter merged into "
+                    "its base model) or --gguf f16|q8_0; the adapter alone is the run's bundle",
+                )
+            ]
+        )
+    logging.getLogger("jobs.export.merged").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
+    if args.merged:
+        result = export_merged(store, args.run_id, args.dtype)
+        check = result.check
+        print(f"run {args.run_id}: merged model ({result.dtype}) in {result.folder}")
+        print(
+            f"check: {check.rule}: passed; token agreement {check.token_agreement:.1%}, "
+            f"largest logit difference {check.max_logit_diff:.3g}"
+        )
+        for note in result.notes:
+            print(f"note: {note}")
+        print(f"download: {result.archive}  sha256 {result.sha256}")
+    if args.gguf:
+        from jobs.export.gguf import export_gguf
+
+        for gguf_type in dict.fromkeys(args.gguf):
+            gguf = export_gguf(store, args.run_id, gguf_type)
+            print(f"run {args.run_id}: {gguf_type} GGUF from {gguf.source}")
+            print(
+                f"check ({gguf.check.rule}): passed; answer token agreement {gguf.check.token_agreement:.1%}, "
+                f"next-token agreement {gguf.check.forced_agreement:.1%}, "
+                f"largest logit difference {gguf.check.max_logit_diff:.3g}"
+            )
+            print(f"download: {gguf.path}  sha256 {gguf.sha256}")
+    return EXIT_OK
+
+
+def cmd_setup(_store: Store | None, args: argparse.Namespace) -> int:
+    from jobs.models import registry as models
+
+    print(f"preparing built-in model {args.model} (first time: download and convert, may take a minute)...")
+    ensure = getattr(models, "ensure_builtin", None)
+    path = ensure(args.model) if ensure else models.resolve_model(args.model).path
+    print(f"model {args.model} ready at {path}")
+    return EXIT_OK

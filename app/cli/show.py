@@ -1,0 +1,133 @@
+"""How the command line shows runs: the `tunedeck runs` table and the `tunedeck show` page.
+
+    print(runs_table(store, store.list_runs()))   # ID STATUS NAME STEP LOSS CREATED TIME DISK TAGS
+    print(show_text(store, run))                  # status, figures, memory, error, spec, events, data, metrics, files
+
+Pure reads of the store; `app.cli.runs` prints them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from app.cli.usage import UsageError
+from jobs.errors import Problem
+from jobs.spec.stored import spec_of
+from jobs.train import figures
+from jobs.units import human_bytes
+from storage.store import RunRecord, Store
+
+
+def run_or_fail(store: Store, run_id: int) -> RunRecord:
+    """The run, or a UsageError naming RUN_ID when there is none."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise UsageError([Problem("RUN_ID", f"run {run_id} does not exist", "list runs with `tunedeck runs`")])
+    return run
+
+
+def duration(run: RunRecord) -> str:
+    if run.started_at is None:
+        return "-"
+    seconds = (run.finished_at or time.time()) - run.started_at
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _number(v: object) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+
+
+def runs_table(store: Store, runs: list[RunRecord]) -> str:
+    from storage.run_files import DiskUsage
+
+    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME", "DISK", "TAGS")
+    rows = []
+    disk = DiskUsage(store)
+    for r in runs:
+        loss = store.last_metric(r.id, "loss")
+        step = f"{r.current_step}/{r.total_steps}" if r.total_steps else str(r.current_step)
+        rows.append(
+            (
+                str(r.id),
+                r.status.value,
+                r.name[:40],
+                step,
+                f"{loss.value:.4f}" if loss else "-",
+                _when(r.created_at),
+                duration(r),
+                human_bytes(disk.of(r)),
+                ",".join(r.tags) or "-",
+            )
+        )
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
+
+
+def show_text(store: Store, run: RunRecord) -> str:
+    lines = [
+        f"run {run.id}: {run.name}",
+        f"status:   {run.status.value}",
+        f"created:  {_when(run.created_at)}   duration: {duration(run)}",
+        f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else ""),
+    ]
+    if run.exit_code is not None:
+        lines.append(f"exit code: {run.exit_code}")
+    measured = figures.run_figures(store, run)
+    lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
+    from jobs.memory.predict import prediction_error_text
+    from jobs.queue.prediction import load_prediction
+
+    predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    if predicted:
+        lines.append(f"{'memory:':<13}{predicted}")
+    if run.error_summary:
+        lines.append(f"error:    {run.error_summary}")
+    if run.log_path:
+        lines.append(f"log:      {run.log_path}")
+    lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
+    lines += events_lines(store, run)
+    data = (run.resolved_config or {}).get("data")
+    if data:
+        lines += [
+            "",
+            "data:",
+            *(
+                f"  {name}: {d['ref']}: {d['rows']} rows, {d['format']}"
+                + (f" ({d['conversion']})" if d.get("conversion") else "")
+                for name, d in data.items()
+                if isinstance(d, dict)
+            ),
+        ]
+        lines.append(f"  rows used: {data.get('train_rows')} train, {data.get('eval_rows')} eval")
+    if run.final_metrics:
+        lines += ["", "final metrics:", *(f"  {k}: {_number(v)}" for k, v in run.final_metrics.items())]
+    arts = store.artifacts(run.id)
+    if arts:
+        lines += ["", "artifacts:", *(f"  {a.kind}: {a.path} ({human_bytes(a.size)})" for a in arts)]
+    if run.error_detail:
+        lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
+    return "\n".join(lines)
+
+
+def events_lines(store: Store, run: RunRecord) -> list[str]:
+    """The run's events (OOM recoveries) and the spec fields it continued with."""
+    from jobs.train import oom
+
+    events = store.run_events(run.id)
+    if not events:
+        return []
+    out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]
+    changed = oom.changes(spec_of(run), oom.effective_spec(store, run.id, spec_of(run)))
+    if changed:
+        out += [
+            "",
+            "continued with (spec above as submitted):",
+            *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items()),
+        ]
+    return out

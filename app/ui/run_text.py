@@ -1,0 +1,112 @@
+"""The run page's text: progress bar and ETA, header with the run's figures, throughput, events
+and the before/after samples. Pure functions of a run record and store reads (the memory
+prediction line is `app.ui.run.prediction_markdown`).
+
+    progress_html(run, step_time)     # the orange bar and "step 5/20 · ETA 0m 12s"
+    header_markdown(run, measured)    # "## Run 7: ...", status, model, method, measured figures
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jobs.memory.flops import FlopsRate
+from jobs.spec.stored import spec_of
+from jobs.train import figures
+from storage.models import RunStatus
+from storage.store import RunRecord, Store
+
+
+def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
+    """ " · ETA 3m 05s" for a running run: steps left times the mean step time over the whole run.
+
+    `step_time` is the run's mean measured `step_time` (jobs.train.figures), which spans every attempt of
+    a resumed run; without it (before the first training log) the time since this attempt started
+    over the steps taken in it stands in (a resumed run starts counting at its checkpoint's step, so
+    its rate is only known once a step of this attempt is logged).
+    """
+    now = time.time() if now is None else now
+    if run.status is not RunStatus.RUNNING or not run.total_steps or not run.started_at or run.current_step <= 0:
+        return ""
+    per_step = step_time if step_time and step_time > 0 else (now - run.started_at) / run.current_step
+    left = max(0.0, (run.total_steps - run.current_step) * per_step)
+    return f" · ETA {int(left // 60)}m {int(left % 60):02d}s"
+
+
+def progress_html(run: RunRecord, step_time: float | None = None) -> str:
+    total = run.total_steps or 0
+    pct = 100.0 if run.status is RunStatus.SUCCEEDED else (100.0 * run.current_step / total if total else 0.0)
+    label = f"step {run.current_step}/{total or '?'}{eta_text(run, step_time=step_time)}"
+    return (
+        f'<div id="run-progress" data-step="{run.current_step}" data-total="{total}">'
+        f'<div style="background:#e5e7eb;border-radius:6px;height:14px;overflow:hidden">'
+        f'<div style="background:#f97316;height:14px;width:{pct:.1f}%"></div></div>'
+        f'<div style="font-size:0.9em;margin-top:4px">{label}</div></div>'
+    )
+
+
+def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) -> str:
+    """Title, status, model and method, then the run's figures (jobs.train.figures) measured so far."""
+    measured = measured or figures.RunFigures(
+        peak_memory_bytes=run.peak_memory_bytes, peak_memory_source=run.peak_memory_source
+    )
+    # '1,074 tokens/s' names itself; the others get their label: 'step time 0.250 s'.
+    shown = [
+        text if f.unit == f.label else f"{f.label} {text}"
+        for f, text in ((f, measured.text(f)) for f in figures.FIGURES)
+        if text
+    ]
+    peak = "".join(f" · {text}" for text in shown)
+    cancel = " · cancel requested" if run.cancel_requested and not run.status.finished else ""
+    spec = spec_of(run)
+    return (
+        f"## Run {run.id}: {run.name}\n"
+        f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
+        f"{spec.method.value} / {spec.trainer.value}{peak}"
+    )
+
+
+def throughput_markdown(store: Store, run: RunRecord) -> str:
+    """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.memory.flops)."""
+    achieved = store.last_metric(run.id, "tflops")
+    if achieved is None:
+        return ""
+    text = f" · <span id='run-tflops'>{achieved.value:.3g}</span> TFLOP/s achieved"
+    mfu = store.last_metric(run.id, "mfu")
+    rate = FlopsRate.for_run(run.resolved_config)
+    if mfu is not None and rate is not None and rate.peak_label:
+        return text + f" · MFU {100 * mfu.value:.1f}% of {rate.peak_label}"
+    device = (run.resolved_config.get("device") or {}).get("name", "this device")
+    return text + f" · MFU: no peak figure known for {device}"
+
+
+def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
+    """The run's events (e.g. out-of-memory recoveries), one line each, and the spec fields it continued with."""
+    if not events:
+        return ""
+    from jobs.train import oom
+
+    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
+    if changed:
+        lines.append(
+            "- continued with: "
+            + ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in changed.items())
+            + " (the Spec below is as submitted)"
+        )
+    return "\n\n**Events**\n" + "\n".join(lines)
+
+
+def samples_markdown(store: Store, run: RunRecord) -> str:
+    """The "Before / after" section: prompt | base | this run, or a line saying why there is none."""
+    from jobs.train import before_after
+
+    data = before_after.samples_of(store, run.id)
+    line = before_after.status_line(data, run.status.finished)
+    table = (
+        before_after.table_markdown(data)
+        if data and before_after.rows(data) and (data.get("before") is not None or data.get("after") is not None)
+        else ""
+    )
+    return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)

@@ -1,0 +1,249 @@
+"""The training itself, without any store: spec in, trained model and its figures out.
+
+    result = train_spec(spec, "out/")      # loads model and data, builds the trl trainer, trains, evaluates
+    result.metrics["train_loss"], result.resolved["trainer_config"]
+
+It checks the spec against the device (`jobs.config.mapping.capability_problems`), loads the model
+(quantized when the method asks) and the data, maps the spec to trl/peft/bitsandbytes configs with
+the pure `jobs.config.mapping`, builds the trainer (`jobs.train.trainers`), trains, evaluates and
+measures peak memory, tokens and step time. `jobs.train.child` calls it for a stored run; tests
+and benches call it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.config.mapping import (
+    QUANTIZED_METHODS,
+    capability_problems,
+    capability_warnings,
+    peft_config,
+    quantization_config,
+    resolve_precision,
+    resolved_config,
+    torch_dtype_name,
+    training_config,
+)
+from jobs.devices.facts import Device
+from jobs.devices.probe import detect_device
+from jobs.errors import Problem
+from jobs.spec.enums import Precision, Trainer
+from jobs.spec.job import JobSpec, SpecError
+from jobs.train.callbacks import STOP_REQUESTED
+from jobs.train.failure import NonFiniteLoss
+from jobs.train.readback import final_micro_batch, trainer_readback
+from jobs.train.trainers import build_trainer, perplexity
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) training produced."""
+
+    model: Any
+    tokenizer: Any
+    trainer: Any
+    metrics: dict[str, float]
+    resolved: dict[str, Any]
+    stopped: bool = False
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def peak_memory(device: Device) -> tuple[int, str]:
+    """Peak torch reserved memory on CUDA, else the process's peak RSS: (bytes, source)."""
+    if device.cuda:
+        import torch
+
+        return int(torch.cuda.max_memory_reserved()), "torch"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host"  # Linux: KiB
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameters; peft counts 4-bit weights at their real element count."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return int(trainable), int(total)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def trained_tokens(log_history: Sequence[dict[str, Any]]) -> float | None:
+    """Non-pad tokens trained, as counted by trl (`num_tokens` of the last training log)."""
+    for entry in reversed(log_history):
+        if "num_tokens" in entry and "eval_loss" not in entry:
+            return float(entry["num_tokens"])
+    return None
+
+
+def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
+    """Resolve and load the spec's model (quantized when the method asks) and its tokenizer."""
+    import torch
+
+    from jobs.models.registry import load_model_and_tokenizer, resolve_model
+
+    precision = resolve_precision(spec, device)
+    resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(
+        resolved,
+        torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
+        quantization_config=quantization_config(spec, precision),
+        trust_remote_code=spec.trust_remote_code,
+        reward_head=spec.trainer is Trainer.REWARD,
+    )
+    return model, tokenizer
+
+
+def _checkpoint_step(resume_from: str | None) -> int:
+    """The step of a `checkpoint-N` folder (0 without one)."""
+    name = Path(resume_from).name if resume_from else ""
+    return int(name.split("-")[-1]) if name.startswith("checkpoint-") and name.split("-")[-1].isdigit() else 0
+
+
+def train_spec(
+    spec: JobSpec,
+    output_dir: Path | str,
+    callbacks: Sequence[Any] = (),
+    *,
+    device: Device | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    model_and_tokenizer: tuple[Any, Any] | None = None,
+    resume_from: str | None = None,
+    before_training: Callable[[Any, Any, Any], None] | None = None,
+    store: Any = None,
+) -> TrainResult:
+    """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
+
+    `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
+    `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
+    before any adapter or trainer touches it (the "before" samples).
+    `store`: where a grpo spec's `reward_model_run` is looked up (default: `Store()` from the environment)."""
+    from jobs.data.sources import load_data
+
+    device = device or detect_device()
+    problems = capability_problems(spec, device)
+    if problems:
+        raise SpecError(problems)
+    for warning in capability_warnings(spec, device):
+        log.warning("%s", warning)
+    model, tokenizer = model_and_tokenizer or load_model(spec, device)
+    loaded = load_data(spec)
+    train_ds, eval_ds = loaded.train, loaded.eval
+    for info in filter(None, (loaded.train_info, loaded.eval_info)):
+        if info.conversion:
+            log.info("data %s: %s", info.ref, info.conversion)
+    log.info("data: %d training rows, %s eval rows", len(train_ds), len(eval_ds) if eval_ds is not None else "no")
+    if before_training is not None:
+        before_training(model, tokenizer, eval_ds)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    has_eval = eval_ds is not None
+    args = training_config(spec, device, str(output_dir), has_eval=has_eval)
+    resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type)
+    resolved["data"] = loaded.record()  # which formats were detected and how they were converted
+    peft_cfg = peft_config(spec, model_type)
+    if spec.method in QUANTIZED_METHODS:
+        # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=spec.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    reward_model = None
+    if spec.trainer is Trainer.GRPO and spec.reward_model_run is not None:
+        import torch
+
+        from jobs.models.reward_model import load_reward_model
+        from storage.store import Store
+
+        # The reward model only scores (frozen): it takes the run's compute precision.
+        dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
+            resolve_precision(spec, device), torch.float32
+        )
+        reward_model = load_reward_model(store or Store(), spec.reward_model_run, dtype)
+        log.info("reward model: run %s", spec.reward_model_run)
+    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
+    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
+        # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
+        raise SpecError(
+            [
+                Problem(
+                    "max_length",
+                    f"every training row is longer than {spec.max_length} tokens, and the "
+                    "reward trainer drops such rows",
+                    "raise max_length (the data preview counts long rows)",
+                )
+            ]
+        )
+    # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
+    resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
+    if peft_cfg is not None:
+        from jobs.train.adapter_setup import prepare_adapter
+
+        prepare_adapter(spec, trainer, output_dir)
+    trainable, total = count_params(trainer.model)
+    resolved["trainable_params"], resolved["total_params"] = trainable, total
+    log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
+    if on_ready is not None:
+        on_ready(resolved)
+    output = trainer.train(resume_from_checkpoint=resume_from)
+    final_batch = final_micro_batch(trainer) if spec.auto_find_batch_size else None
+    if final_batch is not None and final_batch != spec.per_device_train_batch_size:
+        # the loop halved the micro-batch after an out-of-memory error: the record says what ran
+        resolved["trainer_config"]["per_device_train_batch_size"] = final_batch
+        resolved["library_changes"]["per_device_train_batch_size"] = {
+            "requested": spec.per_device_train_batch_size,
+            "effective": final_batch,
+        }
+    nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
+    if nonfinite:
+        raise NonFiniteLoss(nonfinite[0])
+    stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
+    metrics: dict[str, float] = {
+        "train_loss": float(output.training_loss),
+        "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
+        "global_step": float(output.global_step),
+        "trainable_params": float(trainable),
+        "total_params": float(total),
+    }
+    if eval_ds is not None and not stopped:
+        metrics.update(
+            {
+                k: float(v)
+                for k, v in trainer.evaluate().items()
+                if k.startswith("eval_") and isinstance(v, (int, float))
+            }
+        )
+        if "eval_loss" in metrics and spec.trainer.value == "sft":
+            metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
+    tokens = trained_tokens(trainer.state.log_history)
+    if tokens is not None and metrics["train_runtime"] > 0:
+        metrics["num_tokens"] = tokens
+        metrics["tokens_per_second"] = tokens / metrics["train_runtime"]
+    peak, source = peak_memory(device)
+    metrics["peak_memory_bytes"] = float(peak)
+    resolved["peak_memory_source"] = source
+    if device.cuda:
+        import torch
+
+        metrics["peak_torch_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
+        metrics["peak_torch_reserved_bytes"] = float(torch.cuda.max_memory_reserved())
+    else:
+        metrics["peak_rss_bytes"] = float(peak)
+    # A resumed trainer only timed the steps after its checkpoint: the mean is over those.
+    timed_steps = metrics["global_step"] - _checkpoint_step(resume_from)
+    if timed_steps > 0 and metrics["train_runtime"] > 0:
+        # seconds per optimizer step from trl's clock; `run` replaces this and tokens_per_second with the
+        # figures of jobs.train.figures (the store-less callers, benches and tests, keep these).
+        metrics["step_time_mean"] = metrics["train_runtime"] / timed_steps
+    if final_batch is not None:  # the micro-batch accelerate ended with after halving on OOM
+        metrics["per_device_train_batch_size_final"] = float(final_batch)
+        resolved["per_device_train_batch_size_final"] = final_batch
+    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))

@@ -1,0 +1,75 @@
+"""How a run ended, as the worker records it: what the child could not record itself.
+
+    record_end(store, 7, returncode=-9, why=None, log_path=...)  # still 'running': failed, "killed by signal SIGKILL (9)"
+    describe_exit(-9)      # 'training process killed by signal SIGKILL (9)'
+    log_tail(path)         # the last 40 lines of a log file (the run page shows them too)
+
+The child marks its run succeeded, failed or cancelled; when it dies while its run is still
+`running`, the run is marked failed with the signal or exit code and the end of its log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from storage.models import RunStatus
+from storage.store import Store
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 40
+
+
+def describe_exit(returncode: int) -> str:
+    """'training process killed by signal SIGKILL (9)' or 'training process exited with code N'."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"training process killed by signal {name} ({-returncode})"
+    return f"training process exited with code {returncode}"
+
+
+def log_tail(path: Path | str | None, lines: int = LOG_TAIL_LINES) -> str | None:
+    """The last lines of a log file (reads at most the last 64 KiB)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(text.splitlines()[-lines:]) or None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (at most 300 characters), for a log line."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def run_status(store: Store, run_id: int) -> RunStatus:
+    """The run's status now (a deleted run counts as failed)."""
+    current = store.get_run(run_id)
+    return current.status if current else RunStatus.FAILED
+
+
+def record_end(store: Store, run_id: int, returncode: int, why: str | None, log_path: Path) -> RunStatus:
+    """Record the child's exit: its code; `why` "cancel" marks the run cancelled; a run still running failed."""
+    store.set_exit_code(run_id, returncode)
+    if why == "cancel":
+        store.mark_cancelled(run_id, exit_code=returncode)
+    current = store.get_run(run_id)
+    if current is not None and current.status is RunStatus.RUNNING:
+        summary = describe_exit(returncode)
+        if returncode == 0:
+            summary += " without reporting a result"
+        store.mark_failed(run_id, summary, log_tail(log_path), exit_code=returncode)
+    status = run_status(store, run_id)
+    log.info("run %s: %s (%s)", run_id, status.value if status else "deleted", describe_exit(returncode))
+    return status
