@@ -18,7 +18,7 @@ from jobs.spec.job import JobSpec
 COUNTED = {
     "access": ("jobs.checks.access", "AccessPolicy.problems"),
     "model": ("jobs.models.registry", "check_model"),
-    "data": ("jobs.data.sources", "check_dataset"),
+    "data": ("jobs.data.inspection", "check_dataset"),
     "tokenizer": ("jobs.models.tokenizer", "local_tokenizer"),
     "architecture": ("jobs.memory.model_config", "arch_with_source"),
     "prediction": ("jobs.memory.predict", "predict"),

@@ -43,7 +43,7 @@ from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
 
 if TYPE_CHECKING:
-    from jobs.data.sources import DatasetInfo
+    from jobs.data.inspection import DatasetInfo
     from jobs.memory.predict import Prediction
 
 

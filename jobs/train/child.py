@@ -151,7 +151,7 @@ def train_spec(
     `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
     before any adapter or trainer touches it (the "before" samples).
     `store`: where a grpo spec's `reward_model_run` is looked up (default: `Store()` from the environment)."""
-    from jobs.data.sources import load_data
+    from jobs.data.loading import load_data
 
     device = device or detect_device()
     problems = capability_problems(spec, device)

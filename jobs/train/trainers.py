@@ -1,7 +1,7 @@
 """Building the trl trainer a spec asks for, and the trainer-specific metrics it logs.
 
 `jobs.train.child` calls `build_trainer(...)` with the model, the configs from `jobs.config.mapping` and the
-data from `jobs.data.sources`; everything trainer-specific that is not a pure mapping lives here.
+data from `jobs.data.loading`; everything trainer-specific that is not a pure mapping lives here.
 
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
 """
