@@ -329,7 +329,9 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
     """A folder with only pytorch_model.bin is refused at the check, and loading never unpickles it."""
     import shutil
 
-    from jobs.models.registry import ModelError, ModelSource, ResolvedModel, check_model, load_model_and_tokenizer
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import check_model
+    from jobs.models.registry import ModelError, ModelSource, ResolvedModel
 
     folder = tmp_path / "pickled"
     shutil.copytree(tiny_model, folder)

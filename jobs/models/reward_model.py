@@ -60,7 +60,7 @@ def load_reward_model(store: Any, run_id: int, dtype: Any = None) -> tuple[Any, 
     """(sequence-classification model in eval mode, its tokenizer) of a finished reward run."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from jobs.models.registry import resolve_model
+    from jobs.models.references import resolve_model
     from jobs.spec.job import SpecError
     from jobs.spec.stored import spec_of
 

@@ -105,7 +105,8 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     """Resolve and load the spec's model (quantized when the method asks) and its tokenizer."""
     import torch
 
-    from jobs.models.registry import load_model_and_tokenizer, resolve_model
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import resolve_model
 
     precision = resolve_precision(spec, device)
     resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
