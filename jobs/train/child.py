@@ -188,7 +188,7 @@ def train_spec(
     if spec.trainer is Trainer.GRPO and spec.reward_model_run is not None:
         import torch
 
-        from jobs.models.reward_model import load_reward_model
+        from jobs.train.reward_model import load_reward_model
         from storage.store import Store
 
         # The reward model only scores (frozen): it takes the run's compute precision.

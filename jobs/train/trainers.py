@@ -74,7 +74,7 @@ def build_trainer(
 ) -> Any:
     """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
     RewardTrainer on a sequence-classification model (`jobs.models.loading.load_model_and_tokenizer(reward_head=True)`);
-    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.models.reward_model`)."""
+    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.train.reward_model`)."""
     from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
 
     common = dict(
