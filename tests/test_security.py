@@ -395,4 +395,4 @@ def test_no_pickle_loading_in_the_code() -> None:
         if pattern.search(line) and "weights_only=True" not in line
     ]
     assert hits == []
-    assert "use_safetensors" in (ROOT / "jobs" / "models" / "registry.py").read_text()
+    assert "use_safetensors" in (ROOT / "jobs" / "models" / "loading.py").read_text()
