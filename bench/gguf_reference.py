@@ -69,7 +69,7 @@ def compare(ref: Path, ours: Path) -> int:
 
 def main() -> int:
     from jobs.export.gguf_writer import write_gguf
-    from jobs.models.registry import resolve_model
+    from jobs.models.references import resolve_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="a model folder or a built-in model name")

@@ -291,7 +291,7 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
     import torch
 
     from jobs.config.mapping import QUANTIZED_METHODS, peft_config, training_config
-    from jobs.data.sources import load_datasets
+    from jobs.data.loading import load_datasets
     from jobs.devices.facts import CPU
     from jobs.memory.count import LiveBytes
     from jobs.train.trainers import build_trainer
@@ -420,7 +420,7 @@ def cuda_child(spec_json: str, out: str, result: str) -> int:
     from transformers import TrainerCallback
 
     from jobs.config.mapping import QUANTIZED_METHODS, peft_config, training_config
-    from jobs.data.sources import load_datasets
+    from jobs.data.loading import load_datasets
     from jobs.devices.probe import detect_device
     from jobs.train.trainers import build_trainer
     from jobs.train.training import load_model

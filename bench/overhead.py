@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(OFFLINE_ENV, TUNEDECK_HOME=str(work / "home"))
     os.environ.pop("TUNEDECK_DATABASE_URL", None)
     from jobs.data.sources import SAMPLES_DIR
-    from jobs.models.registry import resolve_model
+    from jobs.models.references import resolve_model
 
     data_file = work / "train.jsonl"  # a local file: no default eval split, so no eval on either side
     shutil.copy(SAMPLES_DIR / "chat-format.train.jsonl", data_file)

@@ -38,7 +38,7 @@ def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(
 ) -> None:
     policy = AccessPolicy.for_server(login=True)
     read = []
-    monkeypatch.setattr("jobs.data.sources.check_dataset", lambda *a, **k: read.append(a))
+    monkeypatch.setattr("jobs.data.inspection.check_dataset", lambda *a, **k: read.append(a))
     for ref in (
         str(outside),
         f"{uploads_dir()}/../../elsewhere/secret.jsonl",

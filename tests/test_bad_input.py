@@ -2,7 +2,7 @@
 changed, never a traceback, never a crashed worker.
 
 Property-based (hypothesis): random spec dicts through JobSpec.from_dict, jobs.checks.pipeline.check and
-`tunedeck submit`; random bytes / JSON lines / CSV through jobs.data.sources.check_dataset. Then the
+`tunedeck submit`; random bytes / JSON lines / CSV through jobs.data.inspection.check_dataset. Then the
 named cases from the issue, each through `jobs.queue.submit.submit` with the runs counted before and
 after. Unit-level data/model checks live in test_data.py and test_models.py.
 """
@@ -162,7 +162,8 @@ def test_cli_submit_random_yaml(cli_home: Path, tmp_path: Path, capsys: pytest.C
 
 # ---------------------------------------------------------------------- random dataset files
 def _check_file(tmp_path: Path, name: str, content: bytes, trainer: Trainer) -> None:
-    from jobs.data.sources import DataError, DatasetInfo, check_dataset
+    from jobs.data.inspection import DatasetInfo, check_dataset
+    from jobs.data.sources import DataError
 
     path = tmp_path / name
     path.write_bytes(content)

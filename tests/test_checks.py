@@ -17,8 +17,8 @@ from jobs.spec.job import JobSpec
 # The functions behind each check, by module and name (where the pipeline looks them up).
 COUNTED = {
     "access": ("jobs.checks.access", "AccessPolicy.problems"),
-    "model": ("jobs.models.registry", "check_model"),
-    "data": ("jobs.data.sources", "check_dataset"),
+    "model": ("jobs.models.references", "check_model"),
+    "data": ("jobs.data.inspection", "check_dataset"),
     "tokenizer": ("jobs.models.tokenizer", "local_tokenizer"),
     "architecture": ("jobs.memory.model_config", "arch_with_source"),
     "prediction": ("jobs.memory.predict", "predict"),

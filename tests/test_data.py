@@ -1,4 +1,4 @@
-"""Tests for jobs.data.sources: samples, format detection, every error message, loading for trl."""
+"""Tests for jobs.data: samples, format detection, every error message, loading for trl."""
 
 from __future__ import annotations
 
@@ -10,15 +10,11 @@ from typing import Any
 import datasets
 import pytest
 
-from jobs.data.sources import (
-    SAMPLES_DIR,
-    DataError,
-    RowFormat,
-    check_dataset,
-    length_warnings,
-    list_samples,
-    load_datasets,
-)
+from jobs.data.inspection import check_dataset
+from jobs.data.lengths import length_warnings
+from jobs.data.loading import load_datasets
+from jobs.data.row_formats import RowFormat
+from jobs.data.sources import SAMPLES_DIR, DataError, list_samples
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 

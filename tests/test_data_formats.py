@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
+from jobs.data.inspection import check_dataset
+from jobs.data.loading import load_data
+from jobs.data.row_formats import RowFormat
+from jobs.data.sources import DataError
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError
 

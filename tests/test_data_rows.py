@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.data.sources import DataError, DatasetInfo, check_dataset
+from jobs.data.inspection import DatasetInfo, check_dataset
+from jobs.data.sources import DataError
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.data.sources import DataError, eval_rows, load_data
+from jobs.data.loading import eval_rows, load_data
+from jobs.data.sources import DataError
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus

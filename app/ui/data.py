@@ -1,7 +1,7 @@
 """Model and data helpers behind the launch form: choices, uploads, preview.
 
 Everything here is read-only towards the training side: it lists built-in and cached models,
-saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.sources.check_dataset` for
+saves uploads under `storage.settings.uploads_dir()`, and calls `jobs.data.inspection.check_dataset` for
 the preview and its row-numbered errors (`jobs.checks.datasets.length_warnings_for` for the rows
 max_length would cut). Nothing here reaches the network; the launch checks are `jobs.checks.pipeline`'s.
 """
@@ -102,7 +102,8 @@ def preview_dataset(
 ) -> tuple[str, pd.DataFrame]:
     """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
     a file `policy` keeps users from reading is refused before it is opened."""
-    from jobs.data.sources import DataError, check_dataset
+    from jobs.data.inspection import check_dataset
+    from jobs.data.sources import DataError
     from jobs.spec.columns import parse_columns
 
     empty = pd.DataFrame()

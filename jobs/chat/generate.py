@@ -249,7 +249,9 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from jobs.models.registry import ModelError, load_model_and_tokenizer, resolve_model
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import resolve_model
+    from jobs.models.registry import ModelError
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     remote = result.trust_remote_code

@@ -1,7 +1,7 @@
 """The data step of the checks: every data set a spec names, read once, with what its rows show.
 
 For each of `dataset` and `eval_dataset`: the rows are checked for the trainer
-(`jobs.data.sources.check_dataset`, row-numbered problems), an `eval_split` is checked against the
+(`jobs.data.inspection.check_dataset`, row-numbered problems), an `eval_split` is checked against the
 row count, conversations are rendered with the model's chat template where rows have one role
 twice in a row (`jobs.checks.template`), and chat rows need a model that has a template at all.
 What the check read (`DatasetInfo`) comes back for the later steps, so no one reads the data again.
@@ -25,7 +25,7 @@ from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
-    from jobs.data.sources import DatasetInfo
+    from jobs.data.inspection import DatasetInfo
 
 DATA_FIELDS = ("dataset", "eval_dataset")
 
@@ -34,7 +34,9 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
     """(problems, {field: what its check read}) of the spec's data sets; `tokenizer()`: the model's local
     tokenizer or None, asked only when a row needs rendering."""
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
-    from jobs.data.sources import DataError, check_dataset, eval_rows
+    from jobs.data.inspection import check_dataset
+    from jobs.data.loading import eval_rows
+    from jobs.data.sources import DataError
     from jobs.models.tokenizer import has_chat_template
 
     out: list[Problem] = []
@@ -79,7 +81,8 @@ def is_chat(info: DatasetInfo) -> bool:
 def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPolicy) -> list[Problem]:
     """The data check of values that did not parse: each data set whose own field (and the trainer) parsed,
     unless `policy` keeps users from reading it; `bad`: the fields with problems already."""
-    from jobs.data.sources import DataError, check_dataset
+    from jobs.data.inspection import check_dataset
+    from jobs.data.sources import DataError
 
     trainer = values.get("trainer", Trainer.SFT.value) if "trainer" not in bad else None
     out: list[Problem] = []
@@ -103,7 +106,9 @@ def length_warnings_for(
 ) -> list[str]:
     """'N of M rows are longer than max_length ...' for the form's preview; [] when none are or it cannot
     tell. Uses the model's tokenizer only when it is already on this machine, so nothing is downloaded."""
-    from jobs.data.sources import DataError, length_warnings, load_datasets
+    from jobs.data.lengths import length_warnings
+    from jobs.data.loading import load_datasets
+    from jobs.data.sources import DataError
     from jobs.models.tokenizer import local_tokenizer
 
     tokenizer = local_tokenizer(model)

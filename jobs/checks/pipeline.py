@@ -7,7 +7,7 @@ being found again:
 
 1. access: what this server lets its users reach (`jobs.checks.access.AccessPolicy`);
 2. fields: the spec's own problems (parsing, ranges, combinations of fields);
-3. model: the model reference resolves (`jobs.models.registry.check_model`);
+3. model: the model reference resolves (`jobs.models.references.check_model`);
 4. data: each data set read once (`jobs.checks.datasets`), rendered with the model's chat template
    where it matters; the tokenizer is loaded at most once, from this machine's files;
 5. device: what the device cannot do (`jobs.config.mapping.device_problems`); when no worker has
@@ -43,7 +43,7 @@ from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
 
 if TYPE_CHECKING:
-    from jobs.data.sources import DatasetInfo
+    from jobs.data.inspection import DatasetInfo
     from jobs.memory.predict import Prediction
 
 
@@ -101,7 +101,8 @@ def check(
 def _check_spec(
     spec: JobSpec, policy: AccessPolicy, store: Any, facts: DeviceFacts, note: str | None, field_problems: list[Problem]
 ) -> Checked:
-    from jobs.models.registry import ModelError, check_model
+    from jobs.models.references import check_model
+    from jobs.models.registry import ModelError
     from jobs.models.tokenizer import local_tokenizer
 
     problems = policy.problems(spec) + field_problems

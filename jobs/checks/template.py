@@ -1,6 +1,6 @@
 """Checks of a spec against its model's chat template, before queueing.
 
-- `template_refusal`: the data check (jobs.data.rows) only sees the rows: two user (or two
+- `template_refusal`: the data check (jobs.data.validation) only sees the rows: two user (or two
   assistant) turns in a row are fine for most chat templates (ChatML, SmolLM2, Qwen) and refused by
   strict ones (Llama 2, Mistral: "Conversation roles must alternate user/assistant/..."), which
   would only fail when training starts. The rows the data check kept aside are rendered with the
@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from jobs.data.rows import RowFormat
+from jobs.data.row_formats import RowFormat
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
-    from jobs.data.sources import DatasetInfo  # imports `datasets` (seconds): for the types only
+    from jobs.data.inspection import DatasetInfo  # imports `datasets` (seconds): for the types only
 
 
 def template_refusal(

@@ -1,4 +1,4 @@
-"""Reading rows out of local data files, with row numbers, for `jobs.data.sources`.
+"""Reading rows out of local data files, with row numbers, for `jobs.data.inspection`.
 
 JSON lines (`.jsonl`, `.json`), JSON documents (`.json` or `.jsonl` holding one array of rows, or
 an object whose one list of row objects is the data, like `{"data": [...]}`), each also gzipped
@@ -21,7 +21,8 @@ from typing import Any
 
 import datasets
 
-from jobs.data.rows import FORMS_HINT, Issues
+from jobs.data.row_formats import FORMS_HINT
+from jobs.data.validation import Issues
 from jobs.errors import Problem, ProblemError
 from jobs.spec.columns import COLUMN_TARGETS
 
@@ -232,7 +233,8 @@ def file_rows(path: Path, ref: str, field_name: str, issues: Issues) -> tuple[li
         ) from exc
     except FileProblem:
         raise
-    except Exception as exc:
+    except Exception as exc:  # re-raised below as the file's problem, naming the cause
+        # csv/parquet go through datasets and pyarrow, whose errors for a malformed table have many types.
         raise FileProblem(
             [
                 Problem(

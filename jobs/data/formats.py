@@ -1,6 +1,6 @@
 """Row shapes people bring, converted to what trl reads: Alpaca, ShareGPT and user column names.
 
-Pure functions on plain rows (dicts); `jobs.data.sources` runs them before the row checks, so the
+Pure functions on plain rows (dicts); `jobs.data.inspection` runs them before the row checks, so the
 checks, the preview and the training all see the converted rows.
 
 - Column mapping (`dataset_columns`, e.g. `prompt=question, completion=answer`): each named

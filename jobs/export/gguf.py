@@ -187,7 +187,7 @@ def export_gguf(store: Any, run_id: int, gguf_type: str = "f16") -> GgufExport:
         if spec.method is not Method.FULL:  # known before merging: the base's config, the run's tokenizer
             from transformers import AutoConfig
 
-            from jobs.models.registry import resolve_model
+            from jobs.models.references import resolve_model
 
             _, adapter = adapter_folder(store, run_id)
             base = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code).path

@@ -141,7 +141,9 @@ def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from jobs.models.registry import base_reference, load_model_and_tokenizer, resolve_model
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import resolve_model
+    from jobs.models.registry import base_reference
 
     if dtype not in DTYPES:
         raise _refuse(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "use --dtype bf16, fp16 or fp32", "dtype")

@@ -10,7 +10,7 @@ print(build_tiny_model(Path('data/models/tiny-llama')))"
 The weights are random (seeded) and the byte-level BPE tokenizer is trained on a small built-in
 English corpus, so the model is useless for text but exercises every code path of training.
 `build_folder_atomically` (build in a temp folder under a file lock, then rename) is shared
-with `jobs.models.registry` for the SmolLM2 conversion.
+with `jobs.models.embedded` for the SmolLM2 conversion.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def build_folder_atomically(dest: Path, build: Callable[[Path], None], version: 
             (tmp / COMPLETE_MARKER).write_text(f"{version}\n")
             _make_readable(tmp)
             os.rename(tmp, dest)
-        except BaseException:
+        except BaseException:  # any failure, Ctrl-C included: drop the half-built folder, then re-raise it
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return dest

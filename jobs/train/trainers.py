@@ -1,7 +1,7 @@
 """Building the trl trainer a spec asks for, and the trainer-specific metrics it logs.
 
 `jobs.train.child` calls `build_trainer(...)` with the model, the configs from `jobs.config.mapping` and the
-data from `jobs.data.sources`; everything trainer-specific that is not a pure mapping lives here.
+data from `jobs.data.loading`; everything trainer-specific that is not a pure mapping lives here.
 
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
 """
@@ -73,8 +73,8 @@ def build_trainer(
     reward_model: tuple[Any, Any] | None = None,
 ) -> Any:
     """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
-    RewardTrainer on a sequence-classification model (`jobs.models.registry.load_model_and_tokenizer(reward_head=True)`);
-    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.models.reward_model`)."""
+    RewardTrainer on a sequence-classification model (`jobs.models.loading.load_model_and_tokenizer(reward_head=True)`);
+    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.train.reward_model`)."""
     from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
 
     common = dict(

@@ -86,7 +86,8 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     """Resolve and load the spec's model (quantized when the method asks) and its tokenizer."""
     import torch
 
-    from jobs.models.registry import load_model_and_tokenizer, resolve_model
+    from jobs.models.loading import load_model_and_tokenizer
+    from jobs.models.references import resolve_model
 
     precision = resolve_precision(spec, device)
     resolved = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code)
@@ -124,7 +125,7 @@ def train_spec(
     `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
     before any adapter or trainer touches it (the "before" samples).
     `store`: where a grpo spec's `reward_model_run` is looked up (default: `Store()` from the environment)."""
-    from jobs.data.sources import load_data
+    from jobs.data.loading import load_data
 
     device = device or detect_device()
     problems = capability_problems(spec, device)
@@ -160,7 +161,7 @@ def train_spec(
     if spec.trainer is Trainer.GRPO and spec.reward_model_run is not None:
         import torch
 
-        from jobs.models.reward_model import load_reward_model
+        from jobs.train.reward_model import load_reward_model
         from storage.store import Store
 
         # The reward model only scores (frozen): it takes the run's compute precision.

@@ -1,125 +1,27 @@
-"""Row formats and row-by-row validation for training data (used by `jobs.data.sources`).
+"""Row-by-row validation of training data: every problem of every row, with its row number.
 
-Knows what trl 1.16 accepts: SFTTrainer takes `text`, `messages` or `prompt`/`completion`
-rows (prompt/completion as plain strings or as message lists); DPOTrainer takes
-`prompt`/`chosen`/`rejected` (plain strings or message lists). Everything here works on plain
-Python rows (dicts), so one code path checks .jsonl, .json, .csv, .parquet and hub data, and
-reports the 1-based numbers of the first bad rows instead of an Arrow stack trace.
+Everything here works on plain Python rows (dicts), so one code path checks .jsonl, .json, .csv,
+.parquet and hub data, and reports the 1-based numbers of the first bad rows instead of an Arrow
+stack trace. The caller reads the rows and hands each one in (`RowCheck.add`), so validation
+never calls back into the code that reads the data:
+
+    check = RowCheck(RowFormat.MESSAGES, Issues("dataset"))
+    for number, row in rows:
+        check.add(number, row)
+    checked = check.result()                               # Checked: rows, preview, warnings, problems
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
 from jobs.errors import Problem
-from jobs.spec.enums import Trainer
 
-
-class RowFormat(str, Enum):
-    TEXT = "text"
-    MESSAGES = "messages"
-    PROMPT_COMPLETION = "prompt_completion"
-    PREFERENCE = "preference"
-    UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
-    PROMPT_ONLY = "prompt_only"  # GRPO: prompt only; the completions are generated
-
-
-COLUMNS: dict[RowFormat, tuple[str, ...]] = {
-    RowFormat.TEXT: ("text",),
-    RowFormat.MESSAGES: ("messages",),
-    RowFormat.PROMPT_COMPLETION: ("prompt", "completion"),
-    RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
-    RowFormat.UNPAIRED: ("prompt", "completion", "label"),
-    RowFormat.PROMPT_ONLY: ("prompt",),
-}
-TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
-    Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
-    Trainer.DPO: (RowFormat.PREFERENCE,),
-    Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
-    Trainer.REWARD: (RowFormat.PREFERENCE,),
-    Trainer.ORPO: (RowFormat.PREFERENCE,),
-    Trainer.CPO: (RowFormat.PREFERENCE,),
-    Trainer.GRPO: (RowFormat.PROMPT_ONLY,),
-}
-NEEDS = {
-    Trainer.SFT: "text, messages or prompt/completion rows",
-    Trainer.DPO: "prompt/chosen/rejected rows",
-    Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
-    Trainer.REWARD: "prompt/chosen/rejected rows",
-    Trainer.ORPO: "prompt/chosen/rejected rows",
-    Trainer.CPO: "prompt/chosen/rejected rows",
-    Trainer.GRPO: "prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)",
-}
-SAMPLE_FOR = {
-    Trainer.SFT: "sample:chat-format",
-    Trainer.DPO: "sample:preference-format",
-    Trainer.KTO: "sample:kto-format",
-    Trainer.REWARD: "sample:preference-format",
-    Trainer.ORPO: "sample:preference-format",
-    Trainer.CPO: "sample:preference-format",
-    Trainer.GRPO: "sample:prompt-format",
-}
-LABELS = {True: True, False: False, "true": True, "false": False, "1": True, "0": False}
 ROLES = ("system", "user", "assistant", "tool")
 REPEATED_EXAMPLES = 5  # rows with a role twice in a row kept for the chat-template check at submit
-FORMS_HINT = (
-    "give each row `text`, or `messages` (a list of {role, content}), or `prompt` + `completion` (sft); "
-    "or `prompt` + `chosen` + `rejected` (dpo); or `prompt` + `completion` + `label` (kto)"
-)
-# Column names seen in popular data sets, and what trl calls them.
-RENAMES = {
-    "question": "prompt",
-    "instruction": "prompt",
-    "input": "prompt",
-    "answer": "completion",
-    "output": "completion",
-    "response": "completion",
-    "conversations": "messages",
-    "conversation": "messages",
-    "content": "text",
-}
 MSG_FIX = 'write it as [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]'
-
-
-def detect_format(columns: Iterable[str]) -> RowFormat | None:
-    """The format a set of columns asks for (first match wins: preference, messages, prompt/completion, text)."""
-    cols = set(columns)
-    if {"chosen", "rejected"} & cols:
-        return RowFormat.PREFERENCE
-    if "label" in cols and "completion" in cols:
-        return RowFormat.UNPAIRED
-    if "messages" in cols:
-        return RowFormat.MESSAGES
-    if "completion" in cols:
-        return RowFormat.PROMPT_COMPLETION
-    if "text" in cols:
-        return RowFormat.TEXT
-    if "prompt" in cols:
-        return RowFormat.PROMPT_COMPLETION
-    return None
-
-
-def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | None:
-    """A Problem when `trainer` cannot train on rows of `fmt`."""
-    if fmt in TRAINER_FORMATS[trainer]:
-        return None
-    if trainer is Trainer.SFT:
-        return Problem(
-            field_name,
-            f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
-            "set trainer: "
-            + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
-            + ", or use text/messages/prompt+completion data such as `sample:chat-format`",
-        )
-    fits = [t.value for t, f in TRAINER_FORMATS.items() if fmt in f]
-    return Problem(
-        field_name,
-        f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
-        f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}",
-    )
 
 
 # ---------------------------------------------------------------------- collecting issues
@@ -281,7 +183,7 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     if fmt is RowFormat.MESSAGES:
         found = _messages_problem(row["messages"], "messages", need_assistant=True)
         return ([found] if found else []), "conversational"
-    if fmt is RowFormat.UNPAIRED and _label(row["label"]) is None:
+    if fmt is RowFormat.UNPAIRED and parse_label(row["label"]) is None:
         return [
             (
                 f"`label` is `{row['label']}`, not true or false",
@@ -316,14 +218,6 @@ def row_problems(row: dict[str, Any], fmt: RowFormat) -> tuple[list[tuple[str, s
     return out, style
 
 
-ANSWER_COLUMNS = ("text", "messages", "completion", "chosen", "rejected", "label")
-
-
-def reward_columns(columns: Iterable[str]) -> list[str]:
-    """A grpo data set's columns besides `prompt` that trl hands to the reward functions (answers are dropped)."""
-    return [c for c in columns if c != "prompt" and c not in ANSWER_COLUMNS]
-
-
 def _prompt_only_problems(row: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     """A GRPO row: a non-empty `prompt` string, or chat messages that end with the user's turn."""
     prompt = row.get("prompt")
@@ -336,29 +230,6 @@ def _prompt_only_problems(row: dict[str, Any]) -> tuple[list[tuple[str, str]], s
     if found is None and prompt[-1]["role"] == "assistant":
         found = ("`prompt` ends with an assistant turn", "end the prompt with the user's turn: the model answers it")
     return ([found] if found else []), "conversational"
-
-
-def _label(value: Any) -> bool | None:
-    """A KTO label as a bool (true/false, 1/0, also as text from CSV); None when it is neither."""
-    key = value.strip().lower() if isinstance(value, str) else value
-    try:
-        return LABELS.get(key)
-    except TypeError:  # unhashable (a list or dict)
-        return None
-
-
-def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
-    """The row reduced to what trl reads; chat messages reduced to {role, content}; labels to bools."""
-    out = {}
-    for c in COLUMNS[fmt]:
-        v = row.get(c)
-        if c == "label":
-            out[c] = _label(v)
-            continue
-        if isinstance(v, list):
-            v = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in v]
-        out[c] = v
-    return out
 
 
 def _chat_of(row: dict[str, Any], fmt: RowFormat) -> list[dict[str, Any]]:
@@ -387,55 +258,72 @@ class Checked:
     )  # first few (row, conversation)
 
 
-def check_rows(
-    rows: Iterable[tuple[int, dict[str, Any]]], fmt: RowFormat, issues: Issues, preview_rows: int = 5
-) -> Checked:
-    """Validate every (row number, row) against `fmt`; bad rows go to `issues`."""
-    n_rows, preview, first_style, same_answer = 0, [], None, 0
-    repeated: list[int] = []
-    examples: list[tuple[int, list[dict[str, Any]]]] = []
-    labels = {True: 0, False: 0}
-    for number, row in rows:
-        n_rows += 1
-        if len(preview) < preview_rows:
-            preview.append(only_columns(row, fmt))
+class RowCheck:
+    """Validates a data set one row at a time: `add` each (row number, row), then `result()`; bad rows go to
+    `issues`."""
+
+    def __init__(self, fmt: RowFormat, issues: Issues, preview_rows: int = 5) -> None:
+        self.fmt, self.issues, self.preview_rows = fmt, issues, preview_rows
+        self._n_rows, self._same_answer = 0, 0
+        self._preview: list[dict[str, Any]] = []
+        self._first_style: tuple[int, str] | None = None
+        self._repeated: list[int] = []
+        self._examples: list[tuple[int, list[dict[str, Any]]]] = []
+        self._labels = {True: 0, False: 0}
+
+    def add(self, number: int, row: dict[str, Any]) -> None:
+        """Validate one row against the format."""
+        fmt, issues = self.fmt, self.issues
+        self._n_rows += 1
+        if len(self._preview) < self.preview_rows:
+            self._preview.append(only_columns(row, fmt))
         found, style = row_problems(row, fmt)
         for message, fix in found:
             issues.add(number, message, fix)
         if found:
-            continue
-        if style and first_style is None:
-            first_style = (number, style)
-        elif style and style != first_style[1]:
+            return
+        first = self._first_style
+        if style and first is None:
+            self._first_style = (number, style)
+        elif style and first is not None and style != first[1]:
             # trl decides plain vs conversational from the first row only; Arrow needs one type per column.
             issues.add(
                 number,
-                f"is {style} where {issues.label} {first_style[0]} is {first_style[1]}"
+                f"is {style} where {issues.label} {first[0]} is {first[1]}"
                 " (plain strings and message lists mixed in one data set)",
                 "use one style for the whole file: all strings, or all lists of {role, content}",
             )
         if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
-            same_answer += 1
+            self._same_answer += 1
         if fmt is RowFormat.UNPAIRED:
-            labels[bool(_label(row["label"]))] += 1
+            self._labels[bool(parse_label(row["label"]))] += 1
         if style == "conversational" and repeated_role([m["role"] for m in _chat_of(row, fmt)]):
-            repeated.append(number)
-            if len(repeated) <= REPEATED_EXAMPLES:
-                examples.append((number, _chat_of(row, fmt)))
-    warnings = []
-    if repeated:
-        where = ", ".join(map(str, repeated[:5])) + (f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else "")
-        warnings.append(
-            f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
-            "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns"
-        )
-    if same_answer:
-        warnings.append(
-            f"{same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing"
-        )
-    if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
-        missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
-        warnings.append(f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only")
-    if 0 < n_rows < 8:
-        warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
-    return Checked(fmt, n_rows, preview, warnings, issues.problems(), first_style[1] if first_style else None, examples)
+            self._repeated.append(number)
+            if len(self._repeated) <= REPEATED_EXAMPLES:
+                self._examples.append((number, _chat_of(row, fmt)))
+
+    def result(self) -> Checked:
+        """What validating the rows added so far found."""
+        fmt, issues, n_rows, repeated, labels = self.fmt, self.issues, self._n_rows, self._repeated, self._labels
+        warnings = []
+        if repeated:
+            where = ", ".join(map(str, repeated[:5])) + (
+                f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else ""
+            )
+            warnings.append(
+                f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
+                "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns"
+            )
+        if self._same_answer:
+            warnings.append(
+                f"{self._same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing"
+            )
+        if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
+            missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
+            warnings.append(
+                f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only"
+            )
+        if 0 < n_rows < 8:
+            warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
+        style = self._first_style[1] if self._first_style else None
+        return Checked(fmt, n_rows, self._preview, warnings, issues.problems(), style, self._examples)

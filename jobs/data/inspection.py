@@ -1,0 +1,205 @@
+"""Checking a data set: every row validated after `dataset_columns` and the Alpaca/ShareGPT conversion.
+
+Alpaca and ShareGPT rows are detected and converted (`jobs.data.formats`), after the spec's
+`dataset_columns` renamed the user's columns; each converted row is handed to
+`jobs.data.validation.RowCheck`.
+
+    info = check_dataset("sample:chat-format", Trainer.SFT)     # DatasetInfo, or DataError
+
+Every row is validated before training starts, and problems name the first bad rows
+("rows 3, 7: `messages` is not a list of {role, content}").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import datasets
+
+from jobs.data.files import FileProblem, Rows, file_rows
+from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
+from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
+from jobs.data.sources import DataError, load_hub, resolve
+from jobs.data.validation import Issues, RowCheck
+from jobs.errors import Problem
+from jobs.spec.enums import Trainer
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a check of a data set found."""
+
+    ref: str
+    format: RowFormat
+    n_rows: int
+    columns: list[str]
+    preview: list[dict[str, Any]] = field(default_factory=list)  # first 5 rows, converted, trl's columns only
+    warnings: list[str] = field(default_factory=list)
+    source_format: str = "trl"  # "trl" (already trl's columns), "alpaca" or "sharegpt"
+    conversion: str | None = None  # what was converted, in words; None when nothing was
+    column_map: dict[str, str] = field(default_factory=dict)  # dataset_columns applied: {trl column: file column}
+    reward_columns: list[str] = field(default_factory=list)  # grpo: columns passed on to the reward functions
+    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
+        default_factory=list
+    )  # rows with a role twice in a row
+
+    def record(self) -> dict[str, Any]:
+        """What the run's resolved config keeps about this data set."""
+        return {
+            "ref": self.ref,
+            "format": self.format.value,
+            "source_format": self.source_format,
+            "conversion": self.conversion,
+            "dataset_columns": self.column_map or None,
+            "rows": self.n_rows,
+        }
+
+
+@dataclass
+class Inspected:
+    """A checked data set: its info, its converted rows and, for tables and hub data, the Dataset."""
+
+    info: DatasetInfo
+    rows: Rows
+    ds: datasets.Dataset | None
+    style: str | None
+
+
+def _converted(
+    raw: Rows, column_map: dict[str, str], conversion: Conversion | None, issues: Issues | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows with dataset_columns applied and converted to trl's columns; conversion problems go to `issues`."""
+    for number, row in raw():
+        row = rename_columns(row, column_map)
+        if conversion is not None:
+            converted, problems = conversion.convert(row)
+            for message, fix in problems:
+                if issues is not None:
+                    issues.add(number, message, fix)
+            if converted is None:
+                continue
+            row = converted
+        yield number, row
+
+
+def _mapping_problems(columns: list[str], column_map: dict[str, str], field_name: str) -> list[Problem]:
+    found = ", ".join(f"`{c}`" for c in columns) or "none"
+    return [
+        Problem(
+            "dataset_columns",
+            f"maps `{target}` to `{source}`, but {field_name} has no `{source}` column (found {found})",
+            f"name one of the columns found, or remove `{target}={source}`",
+        )
+        for target, source in column_map.items()
+        if source not in columns
+    ]
+
+
+def inspect_dataset(
+    ref: str, trainer: Trainer, field_name: str, max_bad_rows: int, column_map: dict[str, str] | None = None
+) -> Inspected:
+    """Validate every row of `ref` (after dataset_columns and format conversion); DataError lists all problems."""
+    trainer = Trainer(trainer)
+    column_map = dict(column_map or {})
+    source = resolve(ref, field_name)
+    issues = Issues(field_name, max_bad_rows)
+    ds: datasets.Dataset | None = None
+    if source.hub:
+        ds = load_hub(source.hub, field_name)
+        hub = ds
+        columns, raw = list(ds.column_names), lambda: enumerate(hub, 1)
+    else:
+        assert source.path is not None
+        try:
+            columns, raw, ds = file_rows(source.path, ref, field_name, issues)
+        except FileProblem as exc:
+            raise DataError(exc.problems) from exc
+    mapping_problems = _mapping_problems(columns, column_map, field_name)
+    if mapping_problems:
+        raise DataError(issues.problems() + mapping_problems)
+    mapped = renamed(columns, column_map)
+    first = [rename_columns(row, column_map) for _, row in islice(raw(), 20)]
+    conversion = detect_conversion(mapped, first)
+    fmt_columns = list(conversion.columns) if conversion else mapped
+    fmt = detect_format(fmt_columns)
+    if trainer is Trainer.GRPO and "prompt" in fmt_columns:
+        fmt = RowFormat.PROMPT_ONLY  # grpo generates the answers: only the prompts are read
+    if fmt is None:
+        targets: dict[str, str] = {}
+        for c in mapped:
+            if c in RENAMES:
+                targets.setdefault(RENAMES[c], c)
+        hints = [f"{target}={c}" for target, c in targets.items()]
+        fix = (
+            f"map your columns with dataset_columns, e.g. `{', '.join(hints)}`; "
+            if hints
+            else "map your columns with dataset_columns (target=yours, e.g. prompt=question, completion=answer), or "
+        ) + FORMS_HINT
+        found = ", ".join(f"`{c}`" for c in columns) or "none"
+        raise DataError(
+            issues.problems() + [Problem(field_name, f"has no column trl can train on (found {found})", fix)]
+        )
+    rows: Rows = lambda: _converted(raw, column_map, conversion, None)  # noqa: E731
+    check = RowCheck(fmt, issues)
+    for number, row in _converted(raw, column_map, conversion, issues):  # read here, validated below
+        check.add(number, row)
+    checked = check.result()
+    problems = list(checked.problems)
+    missing = [c for c in COLUMNS[fmt] if c not in fmt_columns]
+    if missing:
+        problems = [p for p in problems if not any(f"`{c}` is missing" in p.problem for c in missing)]
+        problems.insert(
+            0,
+            Problem(
+                field_name,
+                f"has {' and '.join(f'`{c}`' for c in COLUMNS[fmt] if c in fmt_columns)} "
+                f"but no {' or '.join(f'`{c}`' for c in missing)} column",
+                f"{fmt.value} rows need {' + '.join(f'`{c}`' for c in COLUMNS[fmt])}",
+            ),
+        )
+    if checked.n_rows == 0 and not problems:
+        problems.append(Problem(field_name, f"`{ref}` has no rows", "add rows to the file: " + FORMS_HINT))
+    misfit = trainer_fit(fmt, trainer, field_name)
+    if misfit:
+        problems.insert(0, misfit)
+    if problems:
+        raise DataError(problems)
+    warnings = list(checked.warnings)
+    used = set(COLUMNS[fmt]) | set(conversion.reads if conversion else ())
+    passed = reward_columns(mapped) if fmt is RowFormat.PROMPT_ONLY and conversion is None else []
+    unused = [c for c in mapped if c not in used and c not in passed]
+    if passed:
+        warnings.insert(
+            0,
+            f"column(s) {', '.join(f'`{c}`' for c in passed)} are passed to the reward functions "
+            "as keyword arguments (a custom reward_function can read them)",
+        )
+    if unused:
+        warnings.insert(
+            0, f"column(s) {', '.join(f'`{c}`' for c in unused)} are not used by {trainer.value} and will be dropped"
+        )
+    info = DatasetInfo(
+        ref,
+        fmt,
+        checked.n_rows,
+        columns,
+        checked.preview,
+        warnings,
+        conversion.source if conversion else "trl",
+        conversion.description if conversion else None,
+        column_map,
+        passed,
+        checked.repeated_turns,
+    )
+    return Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
+
+
+# ---------------------------------------------------------------------- public API
+def check_dataset(
+    ref: str, trainer: Trainer, field: str = "dataset", max_bad_rows: int = 5, column_map: dict[str, str] | None = None
+) -> DatasetInfo:
+    """Check every row of `ref` for `trainer`; raises DataError naming the first bad rows."""
+    return inspect_dataset(ref, trainer, field, max_bad_rows, column_map).info

@@ -1,0 +1,152 @@
+"""Training data loaded for trl: the checked, converted rows as `datasets.Dataset`s with trl's columns only.
+
+The train data set, and the eval data set (named, a sample's own `:eval` split, or rows held out
+with `eval_split`), each checked row by row first (`jobs.data.inspection`).
+
+    loaded = load_data(spec)                                    # train/eval for trl + what was converted
+    train_ds, eval_ds = load_datasets(spec)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+
+from jobs.data.inspection import DatasetInfo, inspect_dataset
+from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
+from jobs.data.sources import DataError
+from jobs.errors import Problem
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
+
+
+def _features(fmt: RowFormat, style: str | None) -> datasets.Features:
+    message = [{"role": datasets.Value("string"), "content": datasets.Value("string")}]
+    cell = message if style == "conversational" else datasets.Value("string")
+    return datasets.Features(
+        {c: (message if c == "messages" else datasets.Value("bool") if c == "label" else cell) for c in COLUMNS[fmt]}
+    )
+
+
+def _load(
+    ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]
+) -> tuple[datasets.Dataset, DatasetInfo]:
+    """The checked, converted data set with trl's columns only, and its info."""
+    checked = inspect_dataset(ref, trainer, field_name, 5, column_map)
+    info, ds = checked.info, checked.ds
+    keep, features = COLUMNS[info.format], _features(info.format, checked.style)
+    extra = info.reward_columns
+    if ds is None:  # JSON files, and anything converted: built from the checked rows
+        rows = [{**only_columns(row, info.format), **{c: row.get(c) for c in extra}} for _, row in checked.rows()]
+        if not extra:
+            return datasets.Dataset.from_list(rows, features=features), info
+        try:  # the extra columns' types are inferred; the prompt keeps its checked type
+            return datasets.Dataset.from_list(
+                rows,
+                features=datasets.Features(
+                    {**features, **datasets.Dataset.from_list([{c: r[c] for c in extra} for r in rows]).features}
+                ),
+            ), info
+        except (ValueError, TypeError) as exc:  # pyarrow's errors are ValueError/TypeError subclasses
+            raise DataError(
+                [
+                    Problem(
+                        field_name,
+                        f"columns {', '.join(extra)} do not hold one type each ({exc})",
+                        "give each extra column one type in every row, or remove it",
+                    )
+                ]
+            ) from exc
+    features = datasets.Features({**features, **{c: ds.features[c] for c in extra}})
+    keep = (*keep, *extra)
+    drop = [c for c in ds.column_names if c not in keep]
+    if all(ds.features.get(c) == features[c] for c in keep):
+        return (ds.remove_columns(drop) if drop else ds), info
+    return ds.map(
+        lambda row: {**only_columns(row, info.format), **{c: row[c] for c in extra}},
+        remove_columns=drop,
+        features=features,
+        desc=f"Shaping {field_name}",
+    ), info
+
+
+def _default_eval(ref: str) -> str | None:
+    ref = ref.strip()
+    if ref.startswith("sample:") and ref.count(":") == 1:
+        return f"{ref}:eval"
+    return None
+
+
+@dataclass
+class LoadedData:
+    """Train and eval data shaped for trl, with what was detected and converted in each."""
+
+    train: datasets.Dataset
+    eval: datasets.Dataset | None
+    train_info: DatasetInfo
+    eval_info: DatasetInfo | None
+
+    def record(self) -> dict[str, Any]:
+        """The data part of a run's resolved config."""
+        return {
+            "dataset": self.train_info.record(),
+            "eval_dataset": self.eval_info.record() if self.eval_info else None,
+            "train_rows": len(self.train),
+            "eval_rows": len(self.eval) if self.eval is not None else 0,
+        }
+
+
+def load_data(spec: JobSpec) -> LoadedData:
+    """Train and eval data for `spec`, checked and converted; DataError lists every problem of both."""
+    problems: list[Problem] = []
+    train = eval_ = None
+    try:
+        train = _load(spec.dataset, spec.trainer, "dataset", spec.column_map)
+    except DataError as exc:
+        problems.extend(exc.problems)
+    eval_ref = (
+        spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec.dataset)
+    )
+    if eval_ref and spec.eval_split is None:  # eval_split holds out rows instead of a sample's eval split
+        try:
+            eval_ = _load(eval_ref, spec.trainer, "eval_dataset", spec.column_map)
+        except DataError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise DataError(problems)
+    assert train is not None
+    train_ds, train_info = train
+    eval_ds, eval_info = eval_ if eval_ else (None, None)
+    if spec.eval_split is not None:
+        n_eval = eval_rows(len(train_ds), spec.eval_split)
+        if isinstance(n_eval, Problem):
+            raise DataError([n_eval])
+        parts = train_ds.train_test_split(test_size=n_eval, seed=spec.seed, shuffle=True)
+        train_ds, eval_ds = parts["train"], parts["test"]
+        eval_info = dataclasses.replace(
+            train_info, ref=f"{spec.dataset} (eval_split {spec.eval_split:g})", n_rows=n_eval, preview=[], warnings=[]
+        )
+    if spec.max_train_samples is not None and spec.max_train_samples < len(train_ds):
+        train_ds = train_ds.select(range(spec.max_train_samples))
+    return LoadedData(train_ds, eval_ds, train_info, eval_info)
+
+
+def eval_rows(n_rows: int, eval_split: float) -> int | Problem:
+    """How many of `n_rows` rows eval_split holds out (a fraction, at least one row, or a count)."""
+    n = max(1, round(n_rows * eval_split)) if eval_split < 1 else int(eval_split)
+    if n >= n_rows:
+        return Problem(
+            "eval_split",
+            f"would hold out {n} of the {n_rows} training rows, leaving none to train on",
+            "use a smaller fraction or row count, or give an eval_dataset",
+        )
+    return n
+
+
+def load_datasets(spec: JobSpec) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """Train and eval data for `spec`, shaped for trl's trainers; DataError lists all problems."""
+    loaded = load_data(spec)
+    return loaded.train, loaded.eval
