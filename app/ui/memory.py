@@ -163,7 +163,7 @@ def fit_values(
     try:
         spec = spec_from_values(dict(zip(names, args)))
     except SpecError as exc:
-        raise gr.Error("fix the form's problems first: " + "; ".join(str(p) for p in exc.problems))
+        raise gr.Error("fix the form's problems first: " + "; ".join(str(p) for p in exc.problems)) from None
     arch, _ = model_arch(spec.model)
     if arch is None:
         raise gr.Error(f"no config.json for {spec.model} here: cannot predict its memory")
