@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from training_helpers import wait_for
 
-from jobs.devices.sampler import GpuProbe, Sampler, process_tree_rss
+from jobs.devices.sampler import GpuProbe, ProcessTree, Sampler
 from jobs.spec.job import JobSpec
 from jobs.worker.loop import Worker, describe_exit, group_members
 from storage.models import RunStatus
@@ -237,7 +237,7 @@ def test_sampler_writes_host_samples_with_rss(store: Store) -> None:
     assert probe.reason and probe.reason.startswith("no NVIDIA GPU")
     assert "NVIDIA" in probe.device_info().summary()
     run_id = store.create_run(SPEC)
-    assert process_tree_rss(os.getpid()) > 0
+    assert ProcessTree(os.getpid()).rss() > 0
     sampler = Sampler(store, probe, interval=0.05, batch_size=2)
     sampler.set_run(run_id, os.getpid())
     sampler.start()

@@ -138,16 +138,6 @@ def memory_views(
     return verdict_markdown(spec, memory), bar
 
 
-def panel_html(
-    spec_from_values: Callable[[dict[str, Any]], JobSpec],
-    names: list[str],
-    *args: Any,
-    device: DeviceSource | None = None,
-) -> str:
-    """The bar alone (`memory_views`)."""
-    return memory_views(spec_from_values, names, *args, device=device)[1]
-
-
 def fit_values(
     spec_from_values: Callable[[dict[str, Any]], JobSpec],
     to_values: Callable[[JobSpec], list[Any]],

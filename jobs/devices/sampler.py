@@ -96,11 +96,6 @@ class ProcessTree:
         return total
 
 
-def process_tree_rss(pid: int | None) -> int:
-    """Resident memory of a process and all its descendants (0 when it is gone)."""
-    return ProcessTree(pid).rss() if pid is not None else 0
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
