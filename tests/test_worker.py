@@ -278,10 +278,10 @@ def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: P
         interval=0.2,
     )
     os.killpg(run.child_pid, signal.SIGKILL)
-    killed_at = time.monotonic()
     before = store.metrics(first)  # every row written before the kill
+    # The timeout only guards a hang: that the parent itself marked the run (not the stale-heartbeat
+    # sweep) shows in the signal and exit code it recorded, asserted below.
     wait_for(lambda: store.get_run(first).status is RunStatus.FAILED, timeout=30, interval=0.05)
-    assert time.monotonic() - killed_at < 10  # marked within seconds (poll 0.1 s; slack for a loaded machine)
     thread.join(timeout=300)
     assert not thread.is_alive()
     run = store.get_run(first)
