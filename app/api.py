@@ -261,7 +261,10 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         try:
             message = requeue(store, found)
         except ValueError as exc:
-            raise _fail([Problem("run_id", str(exc), "resume an interrupted or cancelled run, or submit again")])
+            # the message is the whole answer; the traceback inside resume is noise for an API caller
+            raise _fail(
+                [Problem("run_id", str(exc), "resume an interrupted or cancelled run, or submit again")]
+            ) from None
         return Outcome(run_id=found.id, status=RunStatus.QUEUED.value, message=message)
 
     def bundle(run_id: int) -> gr.FileData:

@@ -247,12 +247,15 @@ class NvmlPeak:
 
     def __init__(self, interval: float = 0.02):
         self.interval, self.peak, self._stop = interval, None, threading.Event()
+        self._nvml = self._handle = None  # no NVML (CPU host): the column stays empty
         try:
             import pynvml
-
+        except ImportError:
+            return
+        try:
             pynvml.nvmlInit()
             self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 - no NVML (CPU host): the column stays empty
+        except pynvml.NVMLError:
             self._nvml = self._handle = None
 
     def __enter__(self) -> NvmlPeak:
@@ -364,13 +367,17 @@ def cuda_present() -> bool:
     """A CUDA device is visible (NVML first, so this process never creates a CUDA context)."""
     try:
         import pynvml
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            return pynvml.nvmlDeviceGetCount() > 0
+        except pynvml.NVMLError:  # no driver or library: ask torch instead
+            pass
+    import torch
 
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetCount() > 0
-    except Exception:  # noqa: BLE001
-        import torch
-
-        return torch.cuda.is_available()
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,12 +454,14 @@ def main(argv: list[str] | None = None) -> int:
 def _gpu_name() -> str:
     try:
         import pynvml
-
+    except ImportError:
+        return "CUDA"
+    try:
         pynvml.nvmlInit()
         name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # noqa: BLE001
+    except pynvml.NVMLError:  # a name only for the report's heading
         return "CUDA"
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 if __name__ == "__main__":

@@ -74,8 +74,11 @@ def claim_folder(path: Path, database_id: str, database_url: str) -> Path:
 def safe_url(url: str) -> str:
     """A database URL without its password, for messages."""
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - only for a message
+    # make_url's refusals: ArgumentError for a string that is no URL, ValueError for a port that is no
+    # number. Such a URL may hold a password in a shape we cannot find, so none of it is shown.
+    except (ArgumentError, ValueError):
         return "the configured database"

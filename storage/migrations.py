@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Union
 
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
@@ -13,7 +12,7 @@ from storage import models as m
 # One statement for every database, or one per dialect ({"sqlite": ..., "postgresql": ...}; a
 # dialect left out skips the step). PostgreSQL tables are altered in place, never rebuilt, so
 # their id sequences and identity columns are kept.
-Statement = Union[str, dict[str, str]]
+Statement = str | dict[str, str]
 
 _TIME_BUCKET = {"sqlite": "CAST(x.time * 16 AS INTEGER)", "postgresql": "CAST(floor(x.time * 16) AS BIGINT)"}
 _MEMORY_BACKFILL = (

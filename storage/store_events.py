@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 
 from storage import models as m
 from storage.models import RunStatus
@@ -76,10 +76,6 @@ class EventsMixin(StoreCore):
                 }
                 for d in s.scalars(q)
             ]
-
-    def forget_device(self, worker_id: str) -> None:
-        with self._tx() as s:
-            s.execute(delete(m.WorkerDevice).where(m.WorkerDevice.worker_id == worker_id[:128]))
 
     # ------------------------------------------------------------------ trick sweeps
     def create_sweep(self, probes: list[tuple[str, str, str, str]]) -> tuple[int, list[int]]:

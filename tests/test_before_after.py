@@ -170,9 +170,9 @@ def test_a_dpo_run_answers_like_sft(store: Any, tiny_model: Path) -> None:
     assert run(run_id, store) == 0
     data = _samples_artifact(store, run_id)
     assert len(data["before"]) == len(data["after"]) == 2 and data["skipped"] is None
-    first_eval = json.loads(
-        (Path(before_after.__file__).parent / "samples" / "preference-format.eval.jsonl").read_text().splitlines()[0]
-    )
+    from jobs.data.sources import SAMPLES_DIR
+
+    first_eval = json.loads((SAMPLES_DIR / "preference-format.eval.jsonl").read_text().splitlines()[0])
     assert data["prompts"][0]["text"] == first_eval["prompt"]
 
 

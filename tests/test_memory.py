@@ -270,7 +270,7 @@ def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
     monkeypatch.setattr(ui_memory, "ui_device", lambda: GPU24)
     values = dict(zip(ui_form.NAMES, ui_form.form_values(S(model=str(QWEN7B), max_length=2048))))
     args = [values[n] for n in ui_form.NAMES]
-    html = ui_memory.panel_html(ui_form.spec_from_form, ui_form.NAMES, *args)
+    _, html = ui_memory.memory_views(ui_form.spec_from_form, ui_form.NAMES, *args)
     assert 'data-verdict="will not fit"' in html and "activations" in html
     text = ui_form.budget_text(*args)
     assert "Will not fit" in text and "Cheapest change that fits" in text

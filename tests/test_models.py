@@ -64,10 +64,17 @@ def test_tiny_chat_template_marks_assistant_tokens(tiny_model: Path) -> None:
     assert tok.decode(masked) == "The capital of France is Paris.<|im_end|>"
 
 
-def test_tiny_build_is_idempotent_and_deterministic(tiny_model: Path, tmp_path: Path) -> None:
-    started = time.monotonic()
-    assert build_tiny_model(tiny_model) == tiny_model.resolve()
-    assert time.monotonic() - started < 0.5
+def test_tiny_build_is_idempotent_and_deterministic(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.models import tiny
+
+    def no_rebuild(out: Path) -> None:
+        raise AssertionError("the tiny model was built again over a complete folder")
+
+    with monkeypatch.context() as patch:  # a folder already there is returned as it is, not rebuilt
+        patch.setattr(tiny, "_write_tiny_model", no_rebuild)
+        assert build_tiny_model(tiny_model) == tiny_model.resolve()
     other = build_tiny_model(tmp_path / "again")
     assert _digest(other) == _digest(tiny_model)
 

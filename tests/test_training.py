@@ -133,27 +133,43 @@ def test_callback_stops_on_cancel_request_and_on_signal() -> None:
     assert control2.should_training_stop and cb2.stop_reason == "signal"
 
 
+class FakeClock:
+    """The callback's seconds, which pass only when a test says so: durations without real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_slow_writes_stretch_the_flush_interval_within_its_bounds() -> None:
     """A flush that takes 30 ms (a slow store) would be 3% of each second: the next flushes wait
     longer (up to max_flush_interval); once writes are fast again the interval comes back down."""
     from transformers import TrainerControl, TrainerState
 
+    clock = FakeClock()
+
     class SlowStore(CountingStore):
         delay = 0.03
 
         def add_metrics(self, run_id: int, points: Any, progress: Any = None) -> int:
-            time.sleep(self.delay)
+            clock.advance(self.delay)  # the write takes `delay` seconds on the callback's clock
             return super().add_metrics(run_id, points, progress)
 
     store = SlowStore()
     cb = StoreCallback(
-        store,
+        store,  # type: ignore[arg-type]
         1,
         flush_interval=1.0,
         cancel_interval=None,
-        cuda=False,  # type: ignore[arg-type]
+        cuda=False,
         write_budget=0.005,
         max_flush_interval=5.0,
+        clock=clock,
     )
     state, control = TrainerState(max_steps=10), TrainerControl()
     cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
@@ -162,13 +178,16 @@ def test_slow_writes_stretch_the_flush_interval_within_its_bounds() -> None:
     cb.flush()
     assert cb.flush_every == 5.0  # 30 ms / 0.5% = 6 s, capped at 5 s
     store.delay = 0.0
-    for _ in range(30):
+    cb.on_log(None, state, control, logs={"loss": 1.0})  # type: ignore[arg-type]
+    cb.flush()
+    assert cb.flush_every == pytest.approx(4.2)  # a fast write brings the estimate down gradually: 0.7 * 30 ms
+    for _ in range(29):
         cb.on_log(None, state, control, logs={"loss": 1.0})  # type: ignore[arg-type]
         cb.flush()
     assert cb.flush_every == 1.0  # fast writes again: back to flush_interval
 
 
-def test_periodic_flushes_write_in_order_off_the_training_thread() -> None:
+def test_periodic_flushes_write_in_order_off_the_training_thread(caplog: pytest.LogCaptureFixture) -> None:
     """Periodic flushes go to the writer thread in order; flush() waits for them; a failed
     periodic write is logged and training goes on."""
     from transformers import TrainerControl, TrainerState
@@ -181,19 +200,14 @@ def test_periodic_flushes_write_in_order_off_the_training_thread() -> None:
             if self.fail_first:
                 self.fail_first = False
                 raise RuntimeError("database went away")
-            time.sleep(0.01)
+            time.sleep(0.01)  # the writer lags behind the training thread, so train end must wait for it
             return super().add_metrics(run_id, points, progress)
 
     store = ThreadStore()
     store.threads = []  # type: ignore[attr-defined]
-    cb = StoreCallback(
-        store,
-        1,
-        flush_interval=0.0,
-        cancel_interval=None,
-        cuda=False,  # type: ignore[arg-type]
-        write_budget=1.0,
-    )
+    # The fake clock stands still: every write costs 0 s, so with flush_interval 0 every log is a
+    # periodic flush, however long the real writes take.
+    cb = StoreCallback(store, 1, flush_interval=0.0, cancel_interval=None, cuda=False, clock=FakeClock())  # type: ignore[arg-type]
     state, control = TrainerState(max_steps=20), TrainerControl()
     cb.on_train_begin(None, state, control)  # type: ignore[arg-type]
     for step in range(1, 21):
@@ -201,10 +215,10 @@ def test_periodic_flushes_write_in_order_off_the_training_thread() -> None:
         cb.on_log(None, state, control, logs={"loss": float(step)})  # type: ignore[arg-type]  # the first write fails
     cb.on_train_end(None, state, control)  # type: ignore[arg-type]
     written = [p.step for call in store.metric_calls for p in call if p.name == "loss"]
-    assert written == sorted(written) and written[-1] == 20 and len(written) == len(set(written))
-    assert 1 not in written  # the failed batch is gone, and nothing else
+    assert written == list(range(2, 21))  # in order; the failed batch (step 1) is gone, and nothing else
     assert set(store.threads) == {"tunedeck-metrics-writer"}  # type: ignore[attr-defined]
     assert store.progress[-1] == (20, 20)  # train end waited for the writer, then reported the last step
+    assert "writing 1 metric rows failed; training goes on" in caplog.text and "database went away" in caplog.text
 
 
 def test_a_watched_child_leaves_cancel_to_its_worker() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from training_helpers import wait_for
 
-from jobs.devices.sampler import GpuProbe, Sampler, process_tree_rss
+from jobs.devices.sampler import GpuProbe, ProcessTree, Sampler
 from jobs.spec.job import JobSpec
 from jobs.worker.loop import Worker
 from jobs.worker.outcome import describe_exit
@@ -239,7 +239,7 @@ def test_sampler_writes_host_samples_with_rss(store: Store) -> None:
     assert probe.reason and probe.reason.startswith("no NVIDIA GPU")
     assert "NVIDIA" in probe.device_info().summary()
     run_id = store.create_run(SPEC)
-    assert process_tree_rss(os.getpid()) > 0
+    assert ProcessTree(os.getpid()).rss() > 0
     sampler = Sampler(store, probe, interval=0.05, batch_size=2)
     sampler.set_run(run_id, os.getpid())
     sampler.start()
@@ -280,10 +280,10 @@ def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: P
         interval=0.2,
     )
     os.killpg(run.child_pid, signal.SIGKILL)
-    killed_at = time.monotonic()
     before = store.metrics(first)  # every row written before the kill
+    # The timeout only guards a hang: that the parent itself marked the run (not the stale-heartbeat
+    # sweep) shows in the signal and exit code it recorded, asserted below.
     wait_for(lambda: store.get_run(first).status is RunStatus.FAILED, timeout=30, interval=0.05)
-    assert time.monotonic() - killed_at < 10  # marked within seconds (poll 0.1 s; slack for a loaded machine)
     thread.join(timeout=300)
     assert not thread.is_alive()
     run = store.get_run(first)

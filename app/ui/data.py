@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -22,6 +23,8 @@ import pandas as pd
 from jobs.checks.access import AccessPolicy
 from jobs.spec.enums import Trainer
 from storage.settings import uploads_dir
+
+log = logging.getLogger(__name__)
 
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet")  # longest first
 
@@ -35,11 +38,14 @@ def builtin_models() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def cached_hub_models() -> tuple[str, ...]:
     """Model repos in the local Hugging Face cache (no network); empty when there is no cache."""
-    try:
-        from huggingface_hub import scan_cache_dir
+    from huggingface_hub import CacheNotFound, scan_cache_dir
 
+    try:
         info = scan_cache_dir()
-    except Exception:  # no cache dir, unreadable cache, old hub version: the list is only a convenience
+    # scan_cache_dir's own refusals: no cache folder (CacheNotFound), a file where the folder should be
+    # (ValueError), one it cannot read (OSError). The list is a convenience: the model field takes any id.
+    except (CacheNotFound, ValueError, OSError) as exc:
+        log.info("no cached hub models listed: %s", exc)
         return ()
     return tuple(sorted(r.repo_id for r in info.repos if r.repo_type == "model"))
 

@@ -138,16 +138,6 @@ def memory_views(
     return verdict_markdown(spec, memory), bar
 
 
-def panel_html(
-    spec_from_values: Callable[[dict[str, Any]], JobSpec],
-    names: list[str],
-    *args: Any,
-    device: DeviceSource | None = None,
-) -> str:
-    """The bar alone (`memory_views`)."""
-    return memory_views(spec_from_values, names, *args, device=device)[1]
-
-
 def fit_values(
     spec_from_values: Callable[[dict[str, Any]], JobSpec],
     to_values: Callable[[JobSpec], list[Any]],
@@ -163,7 +153,7 @@ def fit_values(
     try:
         spec = spec_from_values(dict(zip(names, args)))
     except SpecError as exc:
-        raise gr.Error("fix the form's problems first: " + "; ".join(str(p) for p in exc.problems))
+        raise gr.Error("fix the form's problems first: " + "; ".join(str(p) for p in exc.problems)) from None
     arch, _ = model_arch(spec.model)
     if arch is None:
         raise gr.Error(f"no config.json for {spec.model} here: cannot predict its memory")

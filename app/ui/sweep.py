@@ -99,7 +99,7 @@ def queue_from_run(store: Store, run_id: float | None, chosen: list[str], steps:
     try:
         queued = queue_sweep(store, spec_of(run), [Trick(t) for t in chosen or []], int(steps or DEFAULT_STEPS))
     except SpecError as exc:
-        raise gr.Error("; ".join(str(p) for p in exc.problems))
+        raise gr.Error("; ".join(str(p) for p in exc.problems)) from None  # the problems are the answer
     lines = [
         f"Sweep {queued.sweep_id}: queued runs {', '.join(map(str, queued.run_ids))}; its table is in the Compare tab."
     ]

@@ -52,15 +52,15 @@ def _error(out: TextIO, exc: BaseException) -> None:
 
 
 def _free(pair: Any) -> None:
+    import torch
+
     del pair
     gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
+    if torch.cuda.is_available():
+        try:
             torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001 - freeing is best effort
-        pass
+        except RuntimeError:  # a CUDA error (torch.AcceleratorError is one): the next load will meet it too
+            log.warning("could not free the GPU's cached memory", exc_info=True)
 
 
 def serve(
@@ -114,7 +114,10 @@ def serve(
                 _send(stdout, event="done", answer="".join(pieces))
             else:
                 raise RuntimeError(f"unknown request {request.get('op')!r}")
-        except Exception as exc:  # noqa: BLE001 - reported to the parent; the process keeps serving
+        # A failed request is that request's answer: the parent shows it, and _error logs the traceback
+        # of anything that is not a ProblemError. Broad, so one bad request does not end the process
+        # (and with it the model the next request needs).
+        except Exception as exc:  # noqa: BLE001 - answered to the parent and logged by _error
             _error(stdout, exc)
         last_request = time.monotonic()  # idle counts from the end of a request: a slow load is not idleness
 
@@ -129,6 +132,8 @@ def lease_watch(gpu: str) -> Callable[[], str | None] | None:
     """For a process on GPU `gpu`: a check that names the training run holding that GPU's lease, if any."""
     if not gpu:
         return None
+    from sqlalchemy.exc import OperationalError
+
     from storage.store import Store
 
     store = Store()
@@ -136,8 +141,8 @@ def lease_watch(gpu: str) -> Callable[[], str | None] | None:
     def taken() -> str | None:
         try:
             problem = busy_problem(store, gpu)
-        except Exception:  # noqa: BLE001 - the database is away: keep answering, look again later
-            log.warning("could not read GPU %s's lease; looking again in %.0f s", gpu, CHECK_EVERY_S)
+        except OperationalError as exc:  # the database is away or locked: keep answering, look again later
+            log.warning("could not read GPU %s's lease (%s); looking again in %.0f s", gpu, exc, CHECK_EVERY_S)
             return None
         return problem.problem if problem is not None else None
 

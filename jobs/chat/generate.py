@@ -20,6 +20,7 @@ Reward models score answers instead of writing them and are refused.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -28,6 +29,8 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.spec.enums import Method, Trainer
 from jobs.spec.job import SpecError
+
+log = logging.getLogger(__name__)
 
 WHICH = ("base", "run")
 MAX_NEW_TOKENS = 4096
@@ -175,11 +178,15 @@ class LoadedPair:
         """Token ids of the prompt with the run's chat template (plain text when it has none)."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
+            from jinja2 import TemplateError
+
             try:
                 enc = tok.apply_chat_template(
                     messages_of(prompt, system), add_generation_prompt=True, return_tensors="pt", return_dict=True
                 )
-            except Exception as exc:  # noqa: BLE001 - jinja raises for e.g. a system role it does not know
+            # the template's raise_exception (jinja2's TemplateError), e.g. for a system role it does not know;
+            # anything else is a bug of ours and propagates with its traceback
+            except TemplateError as exc:
                 raise refuse(
                     f"the run's chat template rejected the conversation: {exc}",
                     "leave the system prompt empty (some templates have no system role)",
@@ -222,6 +229,8 @@ class LoadedPair:
         def work() -> None:
             try:
                 self._generate(which, inputs, sampling, streamer=streamer)
+            # a thread boundary: whatever generate raises (KeyboardInterrupt included) is re-raised in the
+            # caller's thread below, so it is neither lost nor printed by the thread machinery instead
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
                 failure.append(exc)
                 streamer.end()
@@ -276,7 +285,11 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
             tuned, base = PeftModel.from_pretrained(base, result.folder), None
     except ModelError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any loading failure is reported with the run and the reason
+    # Broad: from_pretrained on a user's folder fails in many ways (OSError, ValueError, RuntimeError on a
+    # size mismatch, ImportError of remote code, ...). The user gets the first line with the run's name;
+    # the traceback goes to the log, since the ProblemError carrying the message does not print its cause.
+    except Exception as exc:
+        log.exception("run %s's model failed to load from %s", result.run_id, result.folder)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise refuse(
             f"run {result.run_id}'s model failed to load: {type(exc).__name__}: {first}",

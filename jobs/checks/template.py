@@ -35,12 +35,16 @@ def template_refusal(
     """A problem naming the rows the model's chat template refuses; None when it accepts them or is unknown."""
     if not rows or tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
+    from jinja2 import TemplateError
+
     refused: list[int] = []
     reason = ""
     for number, conversation in rows:
         try:
             tokenizer.apply_chat_template(conversation, tokenize=False)
-        except Exception as exc:  # noqa: BLE001 - jinja2's TemplateError from the template's raise_exception, or similar
+        # A refusal is the template's raise_exception (transformers raises jinja2's TemplateError
+        # for it; UndefinedError is a subclass). Anything else is a bug and must not become a refusal.
+        except TemplateError as exc:
             refused.append(number)
             reason = reason or str(exc).strip().splitlines()[0][:200]
     if not refused:
@@ -56,6 +60,7 @@ def template_refusal(
 
 def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any = None) -> Problem | None:
     """Why this chat template cannot mask the assistant turns for assistant_only_loss (None: it can)."""
+    from jinja2 import TemplateError
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
     fix = (
@@ -70,7 +75,9 @@ def template_problem(chat_template: str | dict[str, str] | None, tokenizer: Any 
         try:  # trl ships training versions of some well-known templates and swaps them in itself
             if get_training_chat_template(tokenizer):
                 return None
-        except Exception:  # noqa: BLE001 - trl raises for templates it does not know
+        # trl raises ValueError for a template it has no training version of, and its tool-call probes
+        # let jinja2's TemplateError through for templates that refuse a tool turn: no swap, so no markers
+        except (ValueError, TemplateError):
             pass
     return Problem(
         "assistant_only_loss",

@@ -19,12 +19,15 @@ machine's only while no worker has published its own.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import sys
 from typing import Any
 
 from jobs.devices.facts import CPU, Device, DeviceFacts
+
+log = logging.getLogger(__name__)
 
 
 def cpu_facts() -> DeviceFacts:
@@ -41,11 +44,13 @@ def _text(value: Any) -> str:
 
 def nvml_facts(index: int) -> DeviceFacts | None:
     """Facts of visible CUDA device `index` from NVML; None without NVML or such a device."""
+    from jobs.devices.sampler import _visible_indices  # CUDA_VISIBLE_DEVICES -> NVML's physical indices
+
     try:
         import pynvml
-
-        from jobs.devices.sampler import _visible_indices  # CUDA_VISIBLE_DEVICES -> NVML's physical indices
-
+    except ImportError:  # nvidia-ml-py not installed: no NVML facts
+        return None
+    try:
         pynvml.nvmlInit()
         visible = _visible_indices(pynvml.nvmlDeviceGetCount())
         if index >= len(visible):
@@ -63,7 +68,9 @@ def nvml_facts(index: int) -> DeviceFacts | None:
             host=socket.gethostname(),
             index=index,
         )
-    except Exception:  # noqa: BLE001 - pynvml missing, NVMLError_LibraryNotFound, ...: no NVML facts
+    # NVML's own errors only (the base of NVMLError_LibraryNotFound, _DriverNotLoaded, ...): no NVML
+    # facts, torch's or the CPU's instead. A bug here must not quietly turn a GPU into a CPU.
+    except pynvml.NVMLError:
         return None
 
 
@@ -89,7 +96,9 @@ def torch_facts(index: int) -> DeviceFacts | None:
             host=socket.gethostname(),
             index=index,
         )
-    except Exception:  # noqa: BLE001 - a broken CUDA install: no torch facts, the CPU's instead
+    # torch raises RuntimeError for a broken CUDA install or device (torch.AcceleratorError is one):
+    # no torch facts, the CPU's instead
+    except RuntimeError:
         return None
 
 
@@ -125,12 +134,18 @@ def detect_device() -> Device:
 @functools.lru_cache(maxsize=1)
 def gpu_info() -> Any:
     """`jobs.devices.sampler.DeviceInfo` of this machine's GPUs (or why there are none), probed once per
-    process; None when NVML could not even be asked."""
-    try:
-        from jobs.devices.sampler import GpuProbe
+    process; None when NVML started and then failed to list them."""
+    from jobs.devices.sampler import GpuProbe
 
-        return GpuProbe().device_info()
-    except Exception:  # noqa: BLE001 - NVML missing or broken: the panel shows the host-memory note instead
+    probe = GpuProbe()  # NVML missing or failing to start is no error: the probe says why (`reason`)
+    if not probe.has_gpu:
+        return probe.device_info()  # the reason and the host's memory: NVML is not asked
+    import pynvml
+
+    try:
+        return probe.device_info()
+    except pynvml.NVMLError:  # NVML started, then failed (a GPU fell off the bus): the panel shows the host note
+        log.warning("NVML failed while listing the GPUs", exc_info=True)
         return None
 
 

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,11 +96,6 @@ class ProcessTree:
         return total
 
 
-def process_tree_rss(pid: int | None) -> int:
-    """Resident memory of a process and all its descendants (0 when it is gone)."""
-    return ProcessTree(pid).rss() if pid is not None else 0
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -126,18 +122,19 @@ class GpuProbe:
         self._tree: ProcessTree | None = None  # the sampled child's process tree, kept between samples
         try:
             import pynvml
-
-            pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible_indices(count, visible)]
-            self._nvml = pynvml
-            if not self._handles:
-                self.reason = "no NVIDIA GPU: NVML sees no visible device"
-                self._nvml = None
         except ImportError as exc:
             self.reason = f"no NVIDIA GPU: pynvml is not installed ({exc})"
-        except Exception as exc:  # pynvml.NVMLError_* (LibraryNotFound, DriverNotLoaded, ...)
-            self.reason = f"no NVIDIA GPU: {_text(exc) or type(exc).__name__}"
+        else:
+            try:
+                pynvml.nvmlInit()
+                count = pynvml.nvmlDeviceGetCount()
+                self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible_indices(count, visible)]
+                self._nvml = pynvml
+                if not self._handles:
+                    self.reason = "no NVIDIA GPU: NVML sees no visible device"
+                    self._nvml = None
+            except pynvml.NVMLError as exc:  # the base of NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+                self.reason = f"no NVIDIA GPU: {_text(exc) or type(exc).__name__}"
         if self.reason:
             log.info("%s; memory graphs show host RAM of the training process tree", self.reason)
 
@@ -192,9 +189,11 @@ class GpuProbe:
                     device_index=index,
                     used_bytes=int(mem.used),
                     total_bytes=int(mem.total),
-                    utilization=_optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
-                    temperature=_optional(lambda: float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))),
-                    power_watts=_optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+                    utilization=_optional(nv, lambda h: float(nv.nvmlDeviceGetUtilizationRates(h).gpu), handle),
+                    temperature=_optional(
+                        nv, lambda h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), handle
+                    ),
+                    power_watts=_optional(nv, lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0, handle),
                     process_rss=rss,
                 )
             )
@@ -206,11 +205,11 @@ class GpuProbe:
         return self._tree
 
 
-def _optional(read: Any) -> float | None:
-    """Some readings are unsupported on some boards (MIG, passive cooling): None, not an error."""
+def _optional(nv: Any, read: Callable[[Any], float], handle: Any) -> float | None:
+    """`read(handle)`; some readings are unsupported on some boards (MIG, passive cooling): None, not an error."""
     try:
-        return read()
-    except Exception:
+        return read(handle)
+    except nv.NVMLError:  # NVMLError_NotSupported and its kin: NVML's own answer that there is no such reading
         return None
 
 
@@ -279,7 +278,9 @@ class Sampler(threading.Thread):
         while not self._stop_event.is_set():
             try:
                 self.sample_once()
-            except Exception:  # a sampling hiccup must never take the worker down
+            # a thread boundary: a sampling hiccup (NVML, psutil, the store) is logged with its traceback
+            # and must never take the worker down; the next tick tries again
+            except Exception:
                 log.exception("memory sampling failed")
             with self._lock:
                 active = self._run is not None
@@ -315,7 +316,7 @@ class Sampler(threading.Thread):
         self._last_thin = now
         try:
             return self.store.thin_idle_memory(now - self.retention_s)
-        except Exception:  # bookkeeping: never take the worker down
+        except Exception:  # bookkeeping on the sampler's thread: logged with its traceback, never takes the worker down
             log.exception("thinning idle memory samples failed")
             return 0
 

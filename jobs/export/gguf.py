@@ -211,7 +211,7 @@ def export_gguf(store: Any, run_id: int, gguf_type: str = "f16") -> GgufExport:
             len(CHECK_PROMPTS),
         )
         check = check_round_trip(source, partial, gguf_type)
-    except BaseException:
+    except BaseException:  # cleanup only, and re-raised: no half-written file is left, whatever stopped it (Ctrl-C too)
         partial.unlink(missing_ok=True)
         raise
     log.info(

@@ -80,13 +80,6 @@ class Arch:
     def q_dim(self) -> int:
         return self.heads * self.head_dim
 
-    @property
-    def other_params(self) -> int:
-        """Norm weights and anything else outside embeddings, head and block linears."""
-        return (
-            self.total_params - self.embedding_params - self.head_params - self.linear_params - self.linear_bias_params
-        )
-
 
 def arch_from_config(config: Any) -> Arch:
     """Build the model on the meta device from its config and read the shapes (milliseconds to seconds)."""

@@ -119,11 +119,6 @@ class Prediction:
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
-    def with_device(self, device: DeviceFacts) -> Prediction:
-        from dataclasses import replace
-
-        return replace(self, device=device)
-
 
 def context_bytes(device: DeviceFacts) -> int:
     """The CUDA context of this kind of GPU (0 on the CPU)."""

@@ -12,7 +12,6 @@ from enum import Enum
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_SFT_DATASET = "sample:chat-format"
-DEFAULT_DPO_DATASET = "sample:preference-format"
 
 
 class Trainer(str, Enum):
@@ -148,7 +147,6 @@ TRAINER_LOSSES = {
     "cpo": DPO_LOSSES,
     "grpo": set(),
 }
-EXPERIMENTAL_TRAINERS = {Trainer.ORPO, Trainer.CPO}  # in trl.experimental: may change in any trl release
 
 
 class Scheduler(str, Enum):

@@ -209,7 +209,9 @@ def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval
             )
         else:
             log.info("before/after samples: none (%s)", data["skipped"])
-    except Exception as exc:  # noqa: BLE001 - a sample must never fail the run
+    # Broad, logged with its traceback and written into the file: the samples are a display, and an
+    # error in generating them (any of the model's or tokenizer's) must never fail the training run.
+    except Exception as exc:
         log.exception("before/after samples: the base model's answers failed; training goes on")
         data["errors"].append(f"before: {type(exc).__name__}: {exc}")
     try:
@@ -254,7 +256,8 @@ def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: 
                 len(data["after"]),
                 time.monotonic() - started,
             )
-    except Exception as exc:  # noqa: BLE001 - a sample must never fail the run
+    # Broad, logged and recorded in the file, as for the "before" answers: a display must not fail the run.
+    except Exception as exc:
         log.exception("before/after samples: the result's answers failed; the run goes on")
         data = (
             data
@@ -266,7 +269,7 @@ def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: 
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, data)
         store.add_artifact(run_id, "samples", str(path), path.stat().st_size, sha256_of(path))
-    except Exception:  # noqa: BLE001 - nor may recording it
+    except Exception:  # nor may recording it (a file error, the store's): logged with its traceback
         log.exception("before/after samples: could not save %s", path)
     return data
 

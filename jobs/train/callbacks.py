@@ -37,6 +37,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +68,12 @@ class StoreCallback(TrainerCallback):
         write_budget: float = 0.005,
         max_flush_interval: float = 5.0,
         worker_id: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.store = store
+        # Seconds for every interval and duration here (flush cadence, write cost, step time, cancel
+        # and save intervals); wall-clock time.time() only stamps the rows. Tests pass a fake one.
+        self._clock = clock
         self.run_id = run_id
         self.stop_event = stop_event if stop_event is not None else STOP_REQUESTED
         self.flush_interval = flush_interval
@@ -111,7 +116,7 @@ class StoreCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Start the clocks and publish the step count."""
-        now = time.perf_counter()
+        now = self._clock()
         self._last_flush = self._last_cancel_check = self._last_step_end = self._prev_log_time = now
         self._last_save = now
         self._prev_log_step = state.global_step
@@ -122,7 +127,7 @@ class StoreCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         """Time the step; flush, check for cancel on their cadences."""
-        now = time.perf_counter()
+        now = self._clock()
         self._last_step_end = now
         self._step = state.global_step
         if self.stop_event.is_set() and self.stop_reason is None:
@@ -177,7 +182,7 @@ class StoreCallback(TrainerCallback):
             self._throughput(logs, state, step, wall)
         if self.cuda:
             self._memory.append(_torch_memory(self.run_id, wall, self.worker_id))
-        if time.perf_counter() - self._last_flush >= self._flush_every:
+        if self._clock() - self._last_flush >= self._flush_every:
             self._flush_soon()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -186,7 +191,7 @@ class StoreCallback(TrainerCallback):
 
         from jobs.train.checkpoints import mark_complete
 
-        self._last_save = time.perf_counter()
+        self._last_save = self._clock()
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             mark_complete(folder, state.global_step)
@@ -249,7 +254,7 @@ class StoreCallback(TrainerCallback):
 
     def _take(self, force_progress: bool) -> _Batch:
         """Empty the buffers into one batch (and the progress, when it moved)."""
-        self._last_flush = time.perf_counter()
+        self._last_flush = self._clock()
         metrics, self._metrics = self._metrics, []
         memory, self._memory = self._memory, []
         progress = None
@@ -260,7 +265,7 @@ class StoreCallback(TrainerCallback):
 
     def _write(self, batch: _Batch) -> None:
         """One batch to the store (metrics and progress in one transaction); times it against the budget."""
-        start = time.perf_counter()
+        start = self._clock()
         try:
             if batch.metrics:
                 self.store.add_metrics(self.run_id, batch.metrics, progress=batch.progress)  # one commit for both
@@ -269,7 +274,7 @@ class StoreCallback(TrainerCallback):
             if batch.memory:
                 self.store.add_memory_samples(batch.memory)
         finally:
-            took = time.perf_counter() - start
+            took = self._clock() - start
             # A slow write counts at once; fast ones bring the estimate down gradually.
             cost = self._flush_cost
             self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
@@ -312,7 +317,9 @@ class _Writer(threading.Thread):
             batch = self._queue.get()
             try:
                 self._write(batch)
-            except Exception:  # noqa: BLE001 - bookkeeping: the training goes on
+            # a thread boundary: a failed periodic write (any of the store's errors) is logged with its
+            # traceback and training goes on; the final flush runs on the training thread and raises
+            except Exception:
                 log.exception("writing %d metric rows failed; training goes on", len(batch.metrics))
             finally:
                 self._queue.task_done()
