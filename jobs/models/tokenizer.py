@@ -61,7 +61,7 @@ def local_tokenizer(model: str, trust_remote_code: bool = False) -> Any | None:
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - any tokenizer class's own load error; the check is skipped, and says so
-        log.info("tokenizer checks skipped: the tokenizer in %s did not load (%s)", folder, exc)
+        log.info("tokenizer checks skipped: the tokenizer in %s did not load (%s)", folder, exc, exc_info=True)
         return None
 
 

@@ -86,7 +86,7 @@ def stored_spec(spec_json: str) -> JobSpec:
     JobSpec is frozen, so one parsed copy per text is shared."""
     try:
         return JobSpec.from_json(spec_json)
-    except Exception:  # noqa: BLE001 - an unreadable stored spec must not break listing runs
+    except SpecError:  # JobSpec.from_json refuses bad text only this way; listing runs must go on
         return _lenient_spec(spec_json)
 
 
