@@ -22,6 +22,7 @@ COUNTED = {
     "tokenizer": ("jobs.models.tokenizer", "local_tokenizer"),
     "architecture": ("jobs.memory.model_config", "arch_with_source"),
     "prediction": ("jobs.memory.predict", "predict"),
+    "lengths": ("jobs.data.row_tokens", "row_lengths"),
     "device": ("jobs.checks.pipeline", "device_problems"),
     "combinations": ("jobs.checks.pipeline", "combination_problems"),
 }
@@ -62,7 +63,8 @@ ONCE = {
     "data eval_dataset": 1,
     "tokenizer": 1,
     "architecture": 1,
-    "prediction": 1,
+    "prediction": 2,  # this data's worst micro-batch, and the bound of rows at max_length
+    "lengths": 1,
     "device": 1,
     "combinations": 1,
 }

@@ -17,7 +17,8 @@ from jobs.devices.facts import DeviceFacts
 from jobs.devices.probe import cpu_facts
 from jobs.memory.model_config import arch_for
 from jobs.memory.planner import cheapest_change, fit
-from jobs.memory.predict import PART_NAMES, Verdict, explain, predict
+from jobs.memory.predict import predict
+from jobs.memory.prediction import PART_NAMES, Verdict, explain
 from jobs.spec.job import JobSpec
 
 QWEN7B = Path(__file__).parent / "fixtures" / "qwen2.5-7b"
@@ -252,7 +253,7 @@ def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
 
 
 def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
-    from jobs.memory.predict import prediction_error_text
+    from jobs.memory.prediction import prediction_error_text
     from jobs.queue.prediction import load_prediction
     from jobs.queue.submit import submit
 

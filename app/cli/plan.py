@@ -2,7 +2,8 @@
 
     tunedeck plan SPEC.yaml                   # breakdown table + verdict against this machine's device
     tunedeck plan SPEC.yaml --memory 24GiB    # ... against a 24 GiB GPU instead
-    tunedeck plan SPEC.yaml --json            # {"total_bytes", "parts", "verdict", "device", ...}
+    tunedeck plan SPEC.yaml --json            # {"total_bytes", "data_bytes", "worst_case_bytes", "lengths",
+                                              #  "parts", "phases", "verdict", "device", ...}
     tunedeck plan SPEC.yaml --fit 24GiB       # the fastest variant that fits, and the runners-up
 
 The prediction is the one `tunedeck submit` makes (`jobs.checks.pipeline.check`, whose other problems
@@ -51,7 +52,7 @@ def device_for(memory: int | None, store=None):  # -> DeviceFacts
 
 
 def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Prediction
-    from jobs.memory.predict import explain
+    from jobs.memory.prediction import explain
     from jobs.units import human_bytes
 
     total = prediction.total_bytes or 1
@@ -64,16 +65,26 @@ def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Pr
     for p in prediction.parts:
         lines.append(f"{p.name:12s} {human_bytes(p.bytes):>10s} {100 * p.bytes / total:5.1f}%  {p.formula}")
     lines += [f"{'total':12s} {human_bytes(prediction.total_bytes):>10s}", "", explain(prediction)]
+    if prediction.from_data:
+        lines.append(
+            f"this data: {human_bytes(prediction.total_bytes)} ({prediction.lengths.summary()}; "
+            f"{prediction.batch.basis})"
+        )
+        lines.append(
+            f"any data up to max_length {prediction.lengths.max_length}: {human_bytes(prediction.worst_case_bytes)}"
+        )
+    else:
+        lines.append("every row taken at max_length (the data's token lengths were not measured here)")
     lines += [f"note: {n}" for n in prediction.notes]
     return "\n".join(lines)
 
 
-def fit_text(spec, arch, device, target: int, history=()) -> str:
+def fit_text(spec, arch, device, target: int, history=(), lengths=None) -> str:
     """The pick and runners-up; `history`: earlier runs' measured tokens/s (`jobs.memory.planner.measured_history`)."""
     from jobs.memory.planner import MARGIN, fit
     from jobs.units import human_bytes
 
-    plan = fit(spec, arch, device, target, history=history)
+    plan = fit(spec, arch, device, target, history=history, lengths=lengths)
     if not plan:
         return (
             f"nothing fits in {human_bytes(MARGIN * target)} ({MARGIN:.0%} of {human_bytes(target)}) by changing "
@@ -126,6 +137,7 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
                 device,
                 target,
                 history=measured_history(store, spec.model, device) if store is not None else [],
+                lengths=checked.memory.lengths,
             )
             out["fit"] = [
                 {
@@ -150,6 +162,7 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
                 device,
                 target if target is not None else device.total_bytes,
                 measured_history(store, spec.model, device) if store is not None else [],
+                checked.memory.lengths,
             )
         )
     if others:

@@ -80,7 +80,7 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"exit code: {run.exit_code}")
     measured = figures.run_figures(store, run)
     lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
-    from jobs.memory.predict import prediction_error_text
+    from jobs.memory.prediction import prediction_error_text
     from jobs.queue.prediction import load_prediction
 
     predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)

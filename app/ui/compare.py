@@ -105,7 +105,7 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
     if runtime is None and run.started_at is not None:
         end = run.finished_at or (time.time() if now is None else now)
         runtime = max(0.0, end - run.started_at)
-    from jobs.memory.predict import prediction_error_text
+    from jobs.memory.prediction import prediction_error_text
     from jobs.queue.prediction import load_prediction
 
     predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)

@@ -28,6 +28,7 @@ COLORS = {
     "activations": "#76b7b2",
     "logits": "#edc948",
     "overhead": "#bab0ac",
+    "runtime": "#d4a6c8",
 }
 VERDICT_COLORS = {"fits": "#2e7d32", "tight": "#b26a00", "will not fit": "#c62828"}
 
@@ -76,27 +77,35 @@ def bar_html(prediction: Any) -> str:
         if p.bytes > 0
     )
     verdict = prediction.verdict.value
+    bound = ""
+    if prediction.from_data and prediction.worst_case_bytes is not None:
+        bound = (
+            f'<div id="memory-bound" style="font-size:0.85em">this data: {human_bytes(total)} '
+            f"({html.escape(prediction.lengths.summary())}); any data up to max_length "
+            f"{prediction.lengths.max_length}: {human_bytes(prediction.worst_case_bytes)}</div>"
+        )
     device_line = f'<div style="position:absolute;left:{100 * cap / scale:.2f}%;top:-4px;bottom:-4px;border-left:2px dashed #000"></div>'
     return (
         f'<div id="memory-bar" data-verdict="{verdict}" data-total="{total}">'
         f'<div style="font-weight:600;color:{VERDICT_COLORS[verdict]}">Predicted peak {human_bytes(total)} '
-        f"of {html.escape(prediction.device.name)} {human_bytes(cap)}: {verdict}</div>"
+        f"of {html.escape(prediction.device.name)} {human_bytes(cap)}: {verdict}</div>{bound}"
         f'<div style="position:relative;display:flex;height:18px;background:#eee;border-radius:3px;margin:4px 0">'
         f'{segments}{device_line}</div><div style="font-size:0.85em">{legend}</div></div>'
     )
 
 
 def predict_for(spec: JobSpec, device: DeviceSource | None = None) -> Memory:
-    """The memory step of the checks (`jobs.checks.memory.predict_memory`) on `device()` (default: this machine)."""
-    from jobs.checks.memory import predict_memory
+    """The memory step of the checks (`jobs.checks.memory.predict_memory`) on `device()` (default: this machine),
+    for the data's measured token lengths (cached after the first time) when its tokenizer is here."""
+    from jobs.checks.memory import measured_lengths, predict_memory
 
-    return predict_memory(spec, (device or ui_device)())
+    return predict_memory(spec, (device or ui_device)(), lengths=measured_lengths(spec))
 
 
 def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
     """Trainable parameters, the verdict and its reason, and the cheapest change when it does not fit."""
     from jobs.memory.planner import cheapest_change
-    from jobs.memory.predict import Verdict, explain
+    from jobs.memory.prediction import Verdict, explain
 
     prediction = memory.prediction
     if prediction is None:
@@ -111,15 +120,34 @@ def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
         f"{prediction.total_params:,} ({pct:.2f}%)",
         "",
         explain(prediction),
+        "",
+        _figures(prediction, spec),
     ]
     if prediction.verdict is not Verdict.FITS:
-        change = cheapest_change(spec, memory.arch, prediction.device)
+        change = cheapest_change(spec, memory.arch, prediction.device, memory.lengths)
         lines.append(
             f"\nCheapest change that fits: **{change}** (or press *Fit to GPU*)."
             if change
             else "\nNo combination of the memory tricks fits: shorten max_length or pick a smaller model."
         )
     return "\n".join(lines)
+
+
+def _figures(prediction: Any, spec: JobSpec) -> str:
+    """'This data: 3.1 GiB (longest row 57 tokens; ...); any data up to max_length 512: 12.7 GiB.'"""
+    from jobs.units import human_bytes
+
+    if not prediction.from_data:
+        return (
+            f"The figure takes every row at max_length {spec.max_length} (the data's lengths could not be measured "
+            "here: its tokenizer is not on this machine or the data does not load): the real peak is lower for "
+            "shorter rows."
+        )
+    return (
+        f"This data: **{human_bytes(prediction.total_bytes)}** ({prediction.lengths.summary()}; "
+        f"{prediction.batch.basis}). Any data up to max_length {spec.max_length}: "
+        f"{human_bytes(prediction.worst_case_bytes)} (the bound)."
+    )
 
 
 def memory_views(
@@ -147,7 +175,7 @@ def fit_values(
     store: Any = None,
 ) -> list[Any]:
     """The form values of the planner's pick for this device (a gr.Error when nothing fits)."""
-    from jobs.checks.memory import model_arch
+    from jobs.checks.memory import measured_lengths, model_arch
     from jobs.memory.planner import fit, measured_history
 
     try:
@@ -159,7 +187,9 @@ def fit_values(
         raise gr.Error(f"no config.json for {spec.model} here: cannot predict its memory")
     facts = (device or ui_device)()
     history = measured_history(store, spec.model, facts) if store is not None else ()
-    plan = fit(spec, arch, facts, history=history)  # measured runs of this setup rank by what they did
+    plan = fit(
+        spec, arch, facts, history=history, lengths=measured_lengths(spec)
+    )  # measured runs of this setup rank by what they did
     if not plan:
         raise gr.Error(
             "nothing fits this device by changing the memory tricks: shorten max_length or pick a smaller model"

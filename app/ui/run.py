@@ -50,7 +50,7 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
 
 def prediction_markdown(store: Store, run: RunRecord) -> str:
     """' · memory: predicted 1.2 GiB, measured 1.1 GiB (-8%)' from the prediction saved at submit (jobs.memory.predict)."""
-    from jobs.memory.predict import prediction_error_text
+    from jobs.memory.prediction import prediction_error_text
     from jobs.queue.prediction import load_prediction
 
     text = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)

@@ -6,7 +6,12 @@ both for the later steps (the method checks read the layer shapes, submit saves 
 the form's panel and `tunedeck plan` show the same object. No error is swallowed here: a predictor
 bug fails the check instead of becoming "no prediction".
 
-    memory = predict_memory(spec, facts)     # Memory(prediction or None, arch or None, source)
+    memory = predict_memory(spec, facts, lengths=row_lengths)   # Memory(prediction or None, arch or None, source)
+    memory.prediction.total_bytes          # the data's own figure (its worst micro-batch), when lengths are known
+    memory.prediction.worst_case_bytes     # the bound: every row max_length tokens long
+
+The data figure decides the verdict; the worst case stays next to it as the bound any data up to
+max_length could reach.
 
 The verdict as a problem, and the cheapest change that fits, are the pipeline's
 (`jobs.checks.pipeline.memory_problem`).
@@ -14,15 +19,17 @@ The verdict as a problem, and the cheapest change that fits, are the pipeline's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
+    from jobs.data.token_lengths import RowLengths
     from jobs.memory.parts import Arch
-    from jobs.memory.predict import Prediction
+    from jobs.memory.prediction import Prediction
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Memory:
     prediction: Prediction | None  # None: no readable config.json for the model here
     arch: Arch | None
     source: str  # where the architecture came from ("" when unknown)
+    lengths: RowLengths | None = None  # the training rows' token lengths, when measured
 
     @property
     def shape(self) -> Any:
@@ -49,11 +57,37 @@ def model_arch(model: str) -> tuple[Any, str]:
     return arch_with_source(model)
 
 
-def predict_memory(spec: JobSpec, facts: DeviceFacts, arch: tuple[Any, str] | None = None) -> Memory:
-    """The spec's predicted peak on `facts`; `arch`: the model's (Arch, source) when already read."""
+def measured_lengths(spec: JobSpec, tokenizer: Callable[[], Any] | None = None) -> RowLengths | None:
+    """The training rows' token lengths (`jobs.data.row_tokens`, cached per data, tokenizer and trainer); None
+    when the model's tokenizer is not on this machine or the data does not load (the data check names why)."""
+    from jobs.data.loading import load_data
+    from jobs.data.row_tokens import row_lengths
+    from jobs.data.sources import DataError
+    from jobs.models.tokenizer import local_tokenizer, tokenizer_folder
+
+    try:
+        return row_lengths(
+            spec,
+            rows=lambda: load_data(spec).train,
+            tokenizer=tokenizer or (lambda: local_tokenizer(spec.model)),
+            tokenizer_dir=tokenizer_folder(spec.model),
+        )
+    except DataError:
+        return None
+
+
+def predict_memory(
+    spec: JobSpec, facts: DeviceFacts, arch: tuple[Any, str] | None = None, lengths: RowLengths | None = None
+) -> Memory:
+    """The spec's predicted peak on `facts`, for the rows in `lengths` when measured (with the worst case
+    kept next to it); `arch`: the model's (Arch, source) when already read."""
     from jobs.memory.predict import predict
 
     found, source = arch if arch is not None else model_arch(spec.model)
     if found is None:
         return NO_MEMORY
-    return Memory(predict(spec, found, facts), found, source)
+    worst = predict(spec, found, facts)
+    if lengths is None or not lengths.rows:
+        return Memory(worst, found, source)
+    data = replace(predict(spec, found, facts, lengths), worst_case_bytes=worst.total_bytes)
+    return Memory(data, found, source, lengths)

@@ -14,8 +14,10 @@ being found again:
    published its device, the fix says that the check used this machine's;
 6. combinations: what trl/peft refuse, with the model's layer shapes where the method needs them,
    and the assistant_only_loss needs of rows and template;
-7. memory: the predicted peak on the device (`jobs.checks.memory`); a "will not fit" is a problem
-   only when nothing else is wrong (`memory_problem`, with the cheapest change that fits);
+7. memory: the predicted peak on the device (`jobs.checks.memory`) for the worst micro-batch of the
+   training rows' measured token lengths (`jobs.data.row_tokens`, cached), with the max_length
+   worst case kept as the bound; a "will not fit" is a problem only when nothing else is wrong
+   (`memory_problem`, with the cheapest change that fits);
 8. a grpo `reward_model_run`: a finished reward run in the store.
 
 No step swallows an unexpected error: a bug in a check fails the call instead of hiding a refusal.
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.checks.access import AccessPolicy
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
-from jobs.checks.memory import NO_MEMORY, Memory, model_arch, predict_memory
+from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory
 from jobs.checks.template import assistant_only_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.devices.facts import DeviceFacts
@@ -44,7 +46,7 @@ from jobs.spec.job import JobSpec, SpecError
 
 if TYPE_CHECKING:
     from jobs.data.inspection import DatasetInfo
-    from jobs.memory.predict import Prediction
+    from jobs.memory.prediction import Prediction
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def _check_spec(
     problems += [_where(p, note) for p in device_problems(spec, capability)]
     problems += combination_problems(spec, arch[0].shape if arch[0] is not None else None)
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
-    memory = predict_memory(spec, facts, arch) if valid else NO_MEMORY
+    lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
+    memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
     if not problems:
         problems += [p for p in (memory_problem(spec, memory),) if p is not None]
     if store is not None:
@@ -140,13 +143,14 @@ def _check_spec(
 def memory_problem(spec: JobSpec, memory: Memory) -> Problem | None:
     """A problem when the predicted peak will not fit the device (None when it fits, is overridden or unknown)."""
     from jobs.memory.planner import cheapest_change
-    from jobs.memory.predict import Verdict, explain
+    from jobs.memory.prediction import Verdict, explain
 
     if spec.ignore_memory_prediction or memory.prediction is None:
         return None
     if memory.prediction.verdict is not Verdict.WILL_NOT_FIT:
         return None
-    change = cheapest_change(spec, memory.arch, memory.prediction.device) if memory.arch is not None else None
+    device = memory.prediction.device
+    change = cheapest_change(spec, memory.arch, device, memory.lengths) if memory.arch is not None else None
     fix = (
         f"{change} (`tunedeck plan SPEC.yaml --fit` lists more)"
         if change

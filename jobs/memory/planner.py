@@ -16,9 +16,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from jobs.data.token_lengths import RowLengths
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.parts import Arch
-from jobs.memory.predict import Prediction, predict
+from jobs.memory.predict import predict
+from jobs.memory.prediction import Prediction
 from jobs.spec.enums import Method, Optim, Precision
 from jobs.spec.job import JobSpec
 
@@ -170,15 +172,18 @@ def fit(
     allow_qlora: bool = True,
     history: Sequence[tuple[JobSpec, float]] = (),
     margin: float = MARGIN,
+    lengths: RowLengths | None = None,
 ) -> list[Candidate]:
-    """Variants that fit `margin` x target (default: the device's memory), fastest first; [] if none."""
+    """Variants that fit `margin` x target (default: the device's memory), fastest first; [] if none.
+    `lengths`: the data's measured rows (each variant is predicted for its own worst micro-batch), else
+    every row is taken at max_length."""
     target = target_bytes if target_bytes is not None else device.total_bytes
     facts = replace(device, total_bytes=target)
     scale = calibration(history, arch, facts)
     found = []
     seen: set[tuple] = set()
     for variant in variants(spec, facts, allow_qlora):
-        prediction = predict(variant, arch, facts)
+        prediction = predict(variant, arch, facts, lengths)
         key = (prediction.precision, variant.replace(precision=Precision.AUTO).to_json())
         if prediction.total_bytes > margin * target or key in seen:
             continue  # too big, or the same run as one already found (auto resolves to the same precision)
@@ -190,12 +195,12 @@ def fit(
     return found
 
 
-def cheapest_change(spec: JobSpec, arch: Arch, device: DeviceFacts) -> str | None:
+def cheapest_change(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None) -> str | None:
     """The pick's changes in words when the spec does not fit as it is; None when it fits or nothing does."""
-    current = predict(spec, arch, device)
+    current = predict(spec, arch, device, lengths)
     if current.total_bytes <= MARGIN * device.total_bytes:
         return None
-    plan = fit(spec, arch, device)
+    plan = fit(spec, arch, device, lengths=lengths)
     if not plan:
         return None
     return "; ".join(plan[0].changes) or "no change"

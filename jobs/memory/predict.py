@@ -1,24 +1,22 @@
 """Predict a job's peak training memory before launch, as a breakdown the form and CLI show.
 
-Input: a `JobSpec`, the model's config (never its weights) and the `DeviceFacts` of the worker
-that will run it. Output: a `Prediction` with seven parts (weights, adapter, gradients,
-optimizer, activations, logits, overhead) whose sum is the predicted peak, each with the formula
-that produced it. docs/memory.md explains every part; `bench/memory_truth.py` checks the
+Input: a `JobSpec`, the model's config (never its weights), the `DeviceFacts` of the worker
+that will run it and, when measured, the training rows' token lengths (`RowLengths`: the
+activations and logits are sized by the worst micro-batch those rows can form; without them, by
+every row at max_length, the worst case). Output: a `Prediction` with eight parts (weights,
+adapter, gradients, optimizer, activations, logits, overhead, runtime) whose sum is the predicted
+peak, each with the formula that produced it, and the predicted figure at each phase of a step. docs/memory.md explains every part; `bench/memory_truth.py` checks the
 prediction against counted (CPU) or measured (CUDA) peaks.
 
     arch = arch_for(spec.model)                      # None when no config.json is readable here
-    p = predict(spec, arch, facts)
-    p.total_bytes, p.verdict, p.parts_dict()
+    p = predict(spec, arch, facts, lengths)          # lengths: RowLengths, or None for the worst case
+    p.total_bytes, p.verdict, p.parts_dict(), p.phases
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
-
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
+from jobs.data.token_lengths import RowLengths, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.params import _targeted, trainable_params
 from jobs.memory.parts import (
@@ -31,103 +29,10 @@ from jobs.memory.parts import (
     int8_bytes,
     nf4_bytes_per_param,
 )
+from jobs.memory.prediction import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
 from jobs.spec.enums import LORA_FAMILY, PROMPT_FAMILY, Method, Optim, Precision, Trainer
 from jobs.spec.job import JobSpec
-from jobs.units import human_bytes, human_count  # noqa: F401 - re-exported for callers
-
-PART_NAMES = ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead")
-TIGHT_ABOVE = 0.90  # share of the device's memory above which the verdict is "tight"
-GIB = 1024**3
-# CUDA context + cuBLAS/cuDNN workspaces, outside torch's allocator (NVML sees them, torch does not).
-# Per device name; to be measured with `bench/memory_truth.py --device cuda` (NVML used minus
-# max reserved) and replaced by measured figures as they come in. docs/memory.md "Overhead".
-CUDA_CONTEXT_BYTES: dict[str, int] = {
-    "default": 600 * 1024**2,
-    "H100": 600 * 1024**2,
-    "H200": 600 * 1024**2,
-    "A100": 550 * 1024**2,
-    "V100": 1343 * 1024**2,  # HF docs' bert-large table, older CUDA
-}
-# torch's caching allocator rounds blocks and keeps freed ones: reserved runs a few % above allocated.
-ALLOCATOR_SLACK = 0.05
-
-
-class Verdict(str, Enum):
-    FITS = "fits"
-    TIGHT = "tight"
-    WILL_NOT_FIT = "will not fit"
-
-
-@dataclass(frozen=True)
-class Part:
-    name: str
-    bytes: int
-    formula: str
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A predicted peak: parts that add up to it, the phase it happens in, the device it is for."""
-
-    parts: tuple[Part, ...]
-    phase: str  # "backward" (activations alive) or "optimizer step" (all gradients alive)
-    device: DeviceFacts
-    trainable_params: int
-    total_params: int
-    precision: str
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(p.bytes for p in self.parts)
-
-    def part(self, name: str) -> int:
-        return next(p.bytes for p in self.parts if p.name == name)
-
-    def parts_dict(self) -> dict[str, int]:
-        return {p.name: p.bytes for p in self.parts}
-
-    @property
-    def share(self) -> float:
-        """Predicted peak over the device's memory."""
-        return self.total_bytes / self.device.total_bytes if self.device.total_bytes else float("inf")
-
-    @property
-    def verdict(self) -> Verdict:
-        if self.share > 1.0:
-            return Verdict.WILL_NOT_FIT
-        return Verdict.TIGHT if self.share > TIGHT_ABOVE else Verdict.FITS
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (`tunedeck plan --json`, stored with the run)."""
-        from dataclasses import asdict
-
-        return {
-            "total_bytes": self.total_bytes,
-            "parts": self.parts_dict(),
-            "verdict": self.verdict.value,
-            "phase": self.phase,
-            "device": asdict(self.device),
-            "trainable_params": self.trainable_params,
-            "total_params": self.total_params,
-            "precision": self.precision,
-            "formulas": {p.name: p.formula for p in self.parts},
-            "notes": list(self.notes),
-            "cuda_context_bytes": context_bytes(self.device),
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-
-def context_bytes(device: DeviceFacts) -> int:
-    """The CUDA context of this kind of GPU (0 on the CPU)."""
-    if device.kind != "cuda":
-        return 0
-    for key, value in CUDA_CONTEXT_BYTES.items():
-        if key != "default" and key.lower() in device.name.lower():
-            return value
-    return CUDA_CONTEXT_BYTES["default"]
+from jobs.units import human_bytes
 
 
 def _trainable_shapes(spec: JobSpec, arch: Arch) -> list[tuple[int, ...]]:
@@ -179,8 +84,9 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
     return ActivationPlan(weights_train=False)
 
 
-def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
-    """The predicted peak of one training step of `spec` on `device` (see docs/memory.md)."""
+def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None) -> Prediction:
+    """The predicted peak of one training step of `spec` on `device` (see docs/memory.md): for the worst
+    micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None."""
     cuda = device.kind == "cuda"
     precision = resolve_precision(spec, device.device())
     half = precision in (Precision.BF16, Precision.FP16)
@@ -236,16 +142,17 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     largest = max((_numel(s) for s in shapes), default=0)
     opt_state, opt_temp, of = _optimizer(spec.optim, p, shapes, largest, cuda, a_elem if m is not Method.FULL else 4)
     # ---- activations (docs/memory.md "Activations")
-    rows = spec.per_device_train_batch_size * (2 if spec.trainer is Trainer.DPO else 1)
-    length = spec.max_length + (spec.num_virtual_tokens if m in PROMPT_FAMILY else 0)
+    batch = lengths.worst_batch(spec) if lengths is not None else worst_case_batch(spec)
+    rows = batch.sequences
+    length = batch.length + (spec.num_virtual_tokens if m in PROMPT_FAMILY else 0)
     if spec.trainer is Trainer.GRPO:
-        # An approximation: each row is one prompt (taken as max_length tokens; grpo does not truncate prompts)
-        # plus one completion of max_completion_length tokens. Generation's KV cache is freed before the
-        # training pass, and a reward run's model (reward_model_run) is not counted.
+        # An approximation: each row is one prompt (its measured length, else max_length; grpo does not
+        # truncate prompts) plus one completion of max_completion_length tokens. Generation's KV cache is
+        # freed before the training pass, and a reward run's model (reward_model_run) is not counted.
         length += spec.max_completion_length
         kv = 2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length
         notes.append(
-            f"grpo: rows taken as max_length prompt + max_completion_length tokens; generation's KV cache "
+            f"grpo: rows taken as the longest prompt + max_completion_length tokens; generation's KV cache "
             f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
             "are not counted"
         )
@@ -288,9 +195,28 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
     ovf = "none on the CPU (tensors only)"
     if cuda:
         ctx = context_bytes(device)
-        subtotal = weights + adapter + g + o + a + lg
-        overhead = ctx + ALLOCATOR_SLACK * subtotal
+        overhead = overhead_at(weights + adapter + g + o + a + lg, device)
         ovf = f"CUDA context {ctx / 2**20:.0f} MiB ({device.name}) + {ALLOCATOR_SLACK:.0%} allocator slack"
+    runtime = 0 if cuda else int(getattr(device, "runtime_bytes", 0) or 0)
+    rtf = (
+        "host memory, not in torch's reserved figure (on CUDA)"
+        if cuda
+        else (
+            f"the training process before the model: Python, torch, transformers, trl ({human_bytes(runtime)}, "
+            "measured by the worker)"
+            if runtime
+            else "not measured yet (no worker has published its runtime baseline): tensors only"
+        )
+    )
+    # The first optimizer step, as the training child measures it (docs/memory.md "Phases"): no optimizer
+    # state exists before it, so the backward's figure is the peak of later steps less that state.
+    first = {
+        "load": weights + adapter,
+        "forward": weights + adapter + acts + logits,
+        "backward": backward - opt_state - accumulated,
+        "optimizer": step,
+    }
+    phases = {name: int(value + overhead_at(value, device) + runtime) for name, value in first.items()}
     if spec.optim in (Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT) and cuda:
         notes.append("paged optimizer: its state can move to CPU RAM under pressure, so the peak may be lower")
     parts = (
@@ -301,9 +227,19 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts) -> Prediction:
         Part("activations", int(a), actf),
         Part("logits", int(lg), lf),
         Part("overhead", int(overhead), ovf),
+        Part("runtime", runtime, rtf),
     )
     return Prediction(
-        parts, phase, device, p, count.total if m is not Method.FULL else n, precision.value, tuple(notes)
+        parts,
+        phase,
+        device,
+        p,
+        count.total if m is not Method.FULL else n,
+        precision.value,
+        tuple(notes),
+        batch=batch,
+        phases=phases,
+        lengths=lengths.stats(spec.max_length) if lengths is not None else None,
     )
 
 
@@ -332,46 +268,3 @@ def _optimizer(
         state = adafactor_state_bytes(shapes)
         return state, 12.0 * largest, "fp32 row + column second moments per matrix, full per vector (factored)"
     raise ValueError(f"no memory rule for optimizer {optim}")  # pragma: no cover - the enum is closed
-
-
-PLAIN_NAMES = {
-    "weights": "the model's weights",
-    "adapter": "the adapter weights",
-    "gradients": "the gradients",
-    "optimizer": "the optimizer state",
-    "activations": "the activations kept for the backward pass",
-    "logits": "the output layer's scoring of the vocabulary",
-    "overhead": "the CUDA context and allocator",
-}
-
-
-def explain(prediction: Prediction) -> str:
-    """The verdict and its reason in plain words."""
-    total, cap = prediction.total_bytes, prediction.device.total_bytes
-    biggest = max(prediction.parts, key=lambda p: p.bytes)
-    share = f"{100 * biggest.bytes / total:.0f}%" if total else "0%"
-    where = (
-        prediction.device.name if "GiB" in prediction.device.name else f"{prediction.device.name} ({human_bytes(cap)})"
-    )
-    head = {
-        Verdict.FITS: f"Fits: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}%.",
-        Verdict.TIGHT: f"Tight: {human_bytes(total)} of {where}, {100 * prediction.share:.0f}% "
-        f"(above {TIGHT_ABOVE:.0%}: fragmentation or a longer row may tip it over).",
-        Verdict.WILL_NOT_FIT: f"Will not fit: {human_bytes(total)} needed, {100 * prediction.share:.0f}% of {where}.",
-    }[prediction.verdict]
-    return f"{head} The largest part is {PLAIN_NAMES[biggest.name]} ({share}); the peak is in the {prediction.phase}."
-
-
-def prediction_error_text(predicted: dict[str, Any] | None, measured: int | None, source: str | None) -> str:
-    """'predicted 1.2 GiB vs measured 1.1 GiB (torch): +9%' for a run, '' without a saved prediction.
-
-    On CUDA the measured peak is torch's max reserved (the prediction's CUDA context is left out);
-    on the CPU it is the process's peak RSS, which also holds the Python runtime and libraries."""
-    if not predicted:
-        return ""
-    total = int(predicted.get("total_bytes", 0))
-    text = f"predicted {human_bytes(total)}"
-    if not measured:
-        return text
-    comparable = total - (int(predicted.get("cuda_context_bytes", 0)) if source == "torch" else 0)
-    return f"{text} vs measured {human_bytes(measured)} ({source}): {100 * (comparable - measured) / measured:+.0f}%"

@@ -1,0 +1,163 @@
+"""Measuring the training rows' token lengths with the model's tokenizer, once per data, tokenizer and trainer.
+
+The rows are the ones training will see (`jobs.data.loading.load_data`: columns mapped, Alpaca and
+ShareGPT converted, eval_split held out, max_train_samples applied), each turned into the sequence(s)
+its trainer tokenizes (`sequences`) and tokenized in batches, untruncated. The result is cached in
+`$TUNEDECK_HOME/cache/lengths/` under a key made of the data files' contents, the spec fields that
+choose the rows, and the tokenizer's files, so a second check (another max_length, batch size or
+method) reads about a megabyte instead of tokenizing again.
+
+    lengths = row_lengths(spec, rows=lambda: load_data(spec).train, tokenizer=lambda: local_tokenizer(spec.model),
+                          tokenizer_dir=tokenizer_folder(spec.model))        # RowLengths, or None
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jobs.data.token_lengths import RowLengths
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = "1"  # bump when what a cached length means changes
+BATCH_ROWS = 2048
+# The spec fields that decide which rows training sees and how they are turned into sequences.
+ROW_FIELDS = ("dataset", "dataset_columns", "eval_split", "seed", "max_train_samples", "trainer")
+
+
+def row_lengths(
+    spec: JobSpec,
+    *,
+    rows: Callable[[], Any],
+    tokenizer: Callable[[], Any],
+    tokenizer_dir: Path | None,
+    cache: Path | None = None,
+) -> RowLengths | None:
+    """The training rows' lengths for `spec`; None when the model's tokenizer is not on this machine.
+
+    `rows()` (the training rows) and `tokenizer()` are called only on a cache miss; `tokenizer_dir`: the folder
+    of the tokenizer's files (part of the cache key; None: nothing is cached). `cache`: the cache folder
+    (default `$TUNEDECK_HOME/cache/lengths`). A DataError from `rows()` propagates."""
+    folder = cache if cache is not None else _cache_dir()
+    key = cache_key(spec, tokenizer_dir) if tokenizer_dir is not None else None
+    path = folder / f"{key}.npy" if key else None
+    if path is not None and path.is_file():
+        try:
+            return RowLengths(np.load(path, allow_pickle=False))
+        except (OSError, ValueError):
+            log.warning("unreadable length cache %s: measuring again", path, exc_info=True)
+    tok = tokenizer()
+    if tok is None:
+        return None
+    lengths = measure(rows(), tok, spec.trainer)
+    if path is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp.npy")
+        np.save(partial, lengths.lengths, allow_pickle=False)
+        partial.replace(path)  # whole or not at all: another check may read it at the same time
+    return lengths
+
+
+def measure(ds: Any, tokenizer: Any, trainer: Trainer) -> RowLengths:
+    """Token lengths of every row of `ds` (a datasets.Dataset or a list of row dicts), per sequence."""
+    rows = ds.to_list() if hasattr(ds, "to_list") else list(ds)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    out: list[list[int]] = []
+    for start in range(0, len(rows), BATCH_ROWS):
+        chunk = [sequences(row, Trainer(trainer)) for row in rows[start : start + BATCH_ROWS]]
+        flat = [seq for row in chunk for seq in row]
+        counts = _count(flat, tokenizer, eos)
+        i = 0
+        for row in chunk:
+            out.append(counts[i : i + len(row)])
+            i += len(row)
+    return RowLengths.of(out)
+
+
+def sequences(row: dict[str, Any], trainer: Trainer) -> list[str | list[dict[str, Any]]]:
+    """The sequence(s) the trainer builds from one row: a string, or a conversation to render."""
+    if "messages" in row:
+        return [row["messages"]]
+    if "text" in row:
+        return [row["text"]]
+    prompt = row.get("prompt")
+    if trainer is Trainer.GRPO:
+        return [prompt]
+    answers = [row[c] for c in ("completion", "chosen", "rejected") if c in row]
+    if prompt is None:
+        return answers  # a reward pair with the prompt inside each answer
+    return [prompt + a for a in answers]  # strings joined, or conversations continued
+
+
+def _count(seqs: list[Any], tokenizer: Any, eos: str) -> list[int]:
+    """Token counts of strings (trl appends EOS to plain text) and conversations (chat template)."""
+    texts: list[str] = []
+    special: list[bool] = []
+    for seq in seqs:
+        if isinstance(seq, list):
+            texts.append(_render(seq, tokenizer))
+            special.append(not getattr(tokenizer, "chat_template", None))
+        else:
+            texts.append(seq if not eos or seq.endswith(eos) else seq + eos)
+            special.append(True)
+    counts = [0] * len(texts)
+    for flag in (True, False):
+        idx = [i for i, s in enumerate(special) if s is flag]
+        if not idx:
+            continue
+        ids = tokenizer([texts[i] for i in idx], add_special_tokens=flag, return_attention_mask=False)["input_ids"]
+        for i, one in zip(idx, ids):
+            counts[i] = len(one)
+    return counts
+
+
+def _render(messages: list[dict[str, Any]], tokenizer: Any) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "\n".join(str(m.get("content", "")) for m in messages)
+
+
+def cache_key(spec: JobSpec, folder: Path) -> str | None:
+    """A digest of what the lengths depend on (`folder`: the tokenizer's files); None when the data cannot be
+    found (then nothing is cached)."""
+    from jobs.data.sources import DataError, resolve
+
+    digest = hashlib.sha256(f"v{CACHE_VERSION}".encode())
+    for name in ROW_FIELDS:
+        digest.update(f"{name}={getattr(spec, name)!r};".encode())
+    try:
+        source = resolve(spec.dataset, "dataset")
+    except DataError:
+        return None
+    if source.path is not None:
+        digest.update(_file_digest(source.path))
+    else:
+        digest.update(f"hub:{source.hub}".encode())
+    digest.update(spec.model.encode())
+    for file in sorted(folder.iterdir()):
+        if file.is_file() and ("token" in file.name or "chat_template" in file.name or file.name == "vocab.json"):
+            digest.update(file.name.encode())
+            digest.update(_file_digest(file))
+    return digest.hexdigest()[:32]
+
+
+def _file_digest(path: Path) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.digest()
+
+
+def _cache_dir() -> Path:
+    from storage.settings import data_dir
+
+    return data_dir() / "cache" / "lengths"

@@ -1,0 +1,149 @@
+"""The training rows' token lengths as the trainer will see them, and the worst micro-batch they can form.
+
+The memory predictor (`jobs.memory.predict`) sizes activations and logits by the tokens of one
+micro-batch. trl pads each batch only to its longest row, so the peak of a real job is set by its
+longest rows, not by `max_length`: 300-token rows under `max_length: 4096` need a tenth of the
+worst-case figure. This module measures each row once, untruncated, per sequence the trainer builds
+from it (sft: the text, prompt+completion or the rendered conversation, plus EOS; dpo, orpo, cpo,
+reward: prompt+chosen and prompt+rejected; kto: prompt+completion; grpo: the prompt), so truncation
+at any `max_length` and any batch size is applied afterwards without tokenizing again.
+
+    lengths = row_lengths(spec, tokenizer)        # RowLengths, cached on disk (see `cached_lengths`)
+    lengths.stats(spec.max_length)                # LengthStats: longest, p50, p95, truncated rows
+    lengths.worst_batch(spec)                     # TokenBatch(sequences=8, length=57, ...)
+
+Nothing here imports `datasets` or a tokenizer at module level: the memory package reads
+`RowLengths`/`TokenBatch` as plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
+
+# Trainers that put each row's chosen and rejected sequences in one padded batch.
+PAIRED = frozenset({Trainer.DPO, Trainer.ORPO, Trainer.CPO, Trainer.REWARD})
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """One micro-batch as the model sees it: `sequences` rows padded to `length` tokens (padding-free:
+    one row of every token)."""
+
+    sequences: int
+    length: int
+    basis: str  # how it was found, in words
+
+    @property
+    def tokens(self) -> int:
+        return self.sequences * self.length
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """The rows' lengths after truncation at `max_length` (per row: its longest sequence)."""
+
+    rows: int
+    longest: int
+    p50: int
+    p95: int
+    mean: float
+    truncated: int  # rows with a sequence longer than max_length
+    max_length: int | None
+    longest_untruncated: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "longest": self.longest,
+            "p50": self.p50,
+            "p95": self.p95,
+            "mean": round(self.mean, 1),
+            "truncated": self.truncated,
+            "max_length": self.max_length,
+            "longest_untruncated": self.longest_untruncated,
+        }
+
+    def summary(self) -> str:
+        """'longest row 57 tokens; p50 41, p95 55 over 200 rows'."""
+        cut = f"; {self.truncated} cut at max_length {self.max_length}" if self.truncated else ""
+        return f"longest row {self.longest} tokens; p50 {self.p50}, p95 {self.p95} over {self.rows} rows{cut}"
+
+
+@dataclass(frozen=True)
+class RowLengths:
+    """Untruncated token lengths of each training row's sequences: an (rows, k) int array, k = 1 or 2
+    (a pair's chosen and rejected)."""
+
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, rows: Iterable[Sequence[int]]) -> RowLengths:
+        data = [tuple(int(x) for x in row) for row in rows]
+        width = max((len(r) for r in data), default=1)
+        array = np.zeros((len(data), width), dtype=np.int64)
+        for i, row in enumerate(data):
+            array[i, : len(row)] = row
+        return cls(array)
+
+    @property
+    def rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def _cut(self, max_length: int | None) -> np.ndarray:
+        return np.minimum(self.lengths, max_length) if max_length else self.lengths
+
+    def stats(self, max_length: int | None) -> LengthStats:
+        longest_per_row = self._cut(max_length).max(axis=1) if self.rows else np.zeros(1, dtype=np.int64)
+        raw = self.lengths.max(axis=1) if self.rows else np.zeros(1, dtype=np.int64)
+        return LengthStats(
+            rows=self.rows,
+            longest=int(longest_per_row.max()),
+            p50=int(np.percentile(longest_per_row, 50, method="higher")),
+            p95=int(np.percentile(longest_per_row, 95, method="higher")),
+            mean=float(longest_per_row.mean()),
+            truncated=int((raw > max_length).sum()) if max_length else 0,
+            max_length=max_length,
+            longest_untruncated=int(raw.max()),
+        )
+
+    def worst_batch(self, spec: JobSpec) -> TokenBatch:
+        """The largest micro-batch `spec`'s trainer can form from these rows (the most tokens at once)."""
+        b = spec.per_device_train_batch_size
+        trainer = spec.trainer
+        if trainer is Trainer.GRPO:  # prompts kept whole; each completion up to max_completion_length
+            longest = int(self.lengths.max()) if self.rows else 0
+            return TokenBatch(b, longest, f"longest prompt {longest} tokens (grpo keeps prompts whole)")
+        cut = self._cut(spec.max_length)
+        if trainer is Trainer.SFT and spec.packing:
+            # Packing fills blocks of max_length from the rows (flattened, padding-free): at most
+            # b blocks, at most every token there is.
+            total = int(cut.sum())
+            tokens = min(b * spec.max_length, total)
+            return TokenBatch(1, tokens, f"packing: {b} blocks of up to max_length {spec.max_length}")
+        per_row = cut.max(axis=1)
+        k = 2 if trainer in PAIRED else 1
+        if spec.padding_free:  # one flat row of the batch's tokens: the b rows with the most tokens
+            tokens = int(np.sort(cut.sum(axis=1))[-b:].sum())
+            return TokenBatch(1, tokens, f"padding-free: the {b} longest rows' {tokens} tokens")
+        longest = int(per_row.max()) if self.rows else 0
+        rows = min(b, self.rows) if self.rows else b
+        what = "chosen and rejected of the longest pairs" if k == 2 else "the longest rows"
+        return TokenBatch(rows * k, longest, f"{what}, padded to the longest ({longest} tokens)")
+
+
+def worst_case_batch(spec: JobSpec) -> TokenBatch:
+    """The bound any data up to max_length can reach: every row max_length tokens long."""
+    k = 2 if spec.trainer in PAIRED else 1
+    b = spec.per_device_train_batch_size
+    if spec.trainer is Trainer.GRPO:
+        return TokenBatch(b, spec.max_length, f"prompts taken as max_length {spec.max_length} tokens")
+    if spec.padding_free or (spec.trainer is Trainer.SFT and spec.packing):
+        return TokenBatch(1, b * spec.max_length, f"{b} rows of max_length {spec.max_length}, flattened")
+    return TokenBatch(b * k, spec.max_length, f"every row max_length {spec.max_length} tokens")
