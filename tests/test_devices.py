@@ -1,7 +1,12 @@
-"""The worker's device, not the UI's (issue 8 item 8): facts detected, published, and used by the checks."""
+"""The worker's device, not the UI's (issue 8 item 8): facts detected, published, and used by the checks.
+The training child's runtime baseline (issue 21): measured once per host, cached, published with the facts."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,6 +51,15 @@ def test_facts_round_trip_through_json_and_ignore_unknown_keys() -> None:
     assert DeviceFacts.from_json(H200.to_json()) == H200
     assert DeviceFacts.from_dict({**H200.to_dict(), "added_later": 1}) == H200
     assert H200.device().cuda and H200.device().compute_capability == (9, 0)
+
+
+def test_facts_round_trip_with_and_without_the_runtime_baseline() -> None:
+    cpu = DeviceFacts(kind="cpu", name="cpu", total_bytes=25 * 1024**3, host="box", runtime_bytes=1181116006)
+    assert DeviceFacts.from_json(cpu.to_json()) == cpu and cpu.to_dict()["runtime_bytes"] == 1181116006
+    stored_before = {k: v for k, v in cpu.to_dict().items() if k != "runtime_bytes"}  # published by an older worker
+    assert DeviceFacts.from_dict(stored_before) == replace(cpu, runtime_bytes=0)
+    assert cpu.summary() == "cpu on box, 25.0 GiB RAM, runtime 1.1 GiB"
+    assert replace(cpu, runtime_bytes=0).summary() == "cpu on box, 25.0 GiB RAM"  # unknown: not shown
 
 
 def test_detect_on_this_machine_without_gpu_gives_cpu_facts() -> None:
@@ -114,6 +128,19 @@ def test_worker_publishes_its_device_when_it_starts(store: Store) -> None:
     (published,) = store.published_devices()
     assert published["worker_id"] == "w-devices"
     assert DeviceFacts.from_dict(published["facts"]) == detect()
+
+
+@pytest.mark.slow
+def test_the_baseline_module_imports_what_the_child_does_and_reports_its_rss(data_home: Path) -> None:
+    import psutil
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.train.baseline"], capture_output=True, text=True, timeout=300, check=True
+    )
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"torch", "transformers", "peft", "trl", "datasets"} <= set(measured["libraries"])
+    # torch alone is over 100 MiB resident; the whole runtime is well under this machine's memory.
+    assert 100 * 1024**2 < measured["runtime_bytes"] < psutil.virtual_memory().total / 2
 
 
 def test_gpu_panel_names_the_workers_gpu(store: Store) -> None:
