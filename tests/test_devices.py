@@ -1,12 +1,19 @@
-"""The worker's device, not the UI's (issue 8 item 8): facts detected, published, and used by the checks."""
+"""The worker's device, not the UI's (issue 8 item 8): facts detected, published, and used by the checks.
+The training child's runtime baseline (issue 21): measured once per host, cached, published with the facts."""
 
 from __future__ import annotations
 
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import training_helpers
 
+from jobs.devices import probe
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.probe import detect
 from jobs.devices.target import target
@@ -46,6 +53,15 @@ def test_facts_round_trip_through_json_and_ignore_unknown_keys() -> None:
     assert DeviceFacts.from_json(H200.to_json()) == H200
     assert DeviceFacts.from_dict({**H200.to_dict(), "added_later": 1}) == H200
     assert H200.device().cuda and H200.device().compute_capability == (9, 0)
+
+
+def test_facts_round_trip_with_and_without_the_runtime_baseline() -> None:
+    cpu = DeviceFacts(kind="cpu", name="cpu", total_bytes=25 * 1024**3, host="box", runtime_bytes=1181116006)
+    assert DeviceFacts.from_json(cpu.to_json()) == cpu and cpu.to_dict()["runtime_bytes"] == 1181116006
+    stored_before = {k: v for k, v in cpu.to_dict().items() if k != "runtime_bytes"}  # published by an older worker
+    assert DeviceFacts.from_dict(stored_before) == replace(cpu, runtime_bytes=0)
+    assert cpu.summary() == "cpu on box, 25.0 GiB RAM, runtime 1.1 GiB"
+    assert replace(cpu, runtime_bytes=0).summary() == "cpu on box, 25.0 GiB RAM"  # unknown: not shown
 
 
 def test_detect_on_this_machine_without_gpu_gives_cpu_facts() -> None:
@@ -107,13 +123,121 @@ def test_target_prefers_live_workers_then_the_last_published_then_this_machine(s
     assert target(store).facts == H200  # the largest live GPU
 
 
-def test_worker_publishes_its_device_when_it_starts(store: Store) -> None:
+def fake_baseline(runs: Path, runtime_bytes: int = 512 * 1024**2) -> list[str]:
+    """A stand-in for `python -m jobs.train.baseline`: logs a line, prints its figure last, and
+    appends the environment it got to `runs` (one line a run), so a test can count the spawns."""
+    code = (
+        "import json, os, sys\n"
+        f"open({str(runs)!r}, 'a').write(json.dumps(dict(os.environ)) + '\\n')\n"
+        "print('INFO jobs.train.child: a log line before the figure')\n"
+        f"print(json.dumps({{'runtime_bytes': {runtime_bytes}}}))\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def spawns(runs: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in runs.read_text().splitlines()] if runs.exists() else []
+
+
+def published_facts(store: Store, worker_id: str) -> DeviceFacts:
+    (facts,) = [DeviceFacts.from_dict(p["facts"]) for p in store.published_devices() if p["worker_id"] == worker_id]
+    return facts
+
+
+def test_worker_publishes_its_device_and_runtime_when_it_starts(store: Store, tmp_path: Path) -> None:
     from jobs.worker.loop import Worker
 
-    Worker(store, worker_id="w-devices", sample=False).work(burst=True)
+    runs = tmp_path / "runs.jsonl"
+    Worker(store, worker_id="w-devices", sample=False, baseline_argv=fake_baseline(runs)).work(burst=True)
     (published,) = store.published_devices()
     assert published["worker_id"] == "w-devices"
-    assert DeviceFacts.from_dict(published["facts"]) == detect()
+    assert DeviceFacts.from_dict(published["facts"]) == replace(detect(), runtime_bytes=512 * 1024**2)
+    (env,) = spawns(runs)  # measured with the environment a training child of this worker gets
+    assert env["TUNEDECK_WORKER_ID"] == "w-devices" and env["TUNEDECK_DATABASE_URL"] == store.url
+
+
+def test_the_runtime_is_measured_once_per_host_and_again_after_an_upgrade(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.worker.loop import Worker
+
+    runs = tmp_path / "runs.jsonl"
+    Worker(store, worker_id="first:1", sample=False, baseline_argv=fake_baseline(runs)).publish_device()
+    Worker(store, worker_id="restarted:2", sample=False, baseline_argv=fake_baseline(runs, 1)).publish_device()
+    assert len(spawns(runs)) == 1  # the restarted worker read the cache: no second measurement
+    assert published_facts(store, "restarted:2").runtime_bytes == 512 * 1024**2
+    cache = json.loads(probe.runtime_cache_path().read_text())
+    assert [e["key"] for e in cache["entries"]] == [probe.runtime_key()]
+
+    measured_with = probe.runtime_key
+    monkeypatch.setattr(probe, "runtime_key", lambda: {**measured_with(), "torch": "99.0"})  # torch upgraded
+    Worker(
+        store, worker_id="upgraded:3", sample=False, baseline_argv=fake_baseline(runs, 640 * 1024**2)
+    ).publish_device()
+    assert len(spawns(runs)) == 2
+    assert published_facts(store, "upgraded:3").runtime_bytes == 640 * 1024**2
+    (entry,) = json.loads(probe.runtime_cache_path().read_text())["entries"]  # the old versions' entry replaced
+    assert entry["key"]["torch"] == "99.0" and entry["runtime_bytes"] == 640 * 1024**2
+
+
+def test_a_failed_runtime_measurement_is_logged_and_the_worker_still_trains(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jobs.worker.loop import Worker
+    from storage.models import RunStatus
+
+    run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=2))
+    child = "import sys; from storage.store import Store; Store().mark_succeeded(int(sys.argv[1]), {'train_loss': 1.0})"
+    broken = [sys.executable, "-c", "import sys; print('ImportError: no torch here', file=sys.stderr); sys.exit(3)"]
+    worker = Worker(
+        store,
+        worker_id="w-broken",
+        sample=False,
+        poll_interval=0.1,
+        child_argv=lambda rid: [sys.executable, "-c", child, str(rid)],
+        baseline_argv=broken,
+    )
+    with caplog.at_level(logging.ERROR, logger="jobs.worker.runtime"):
+        assert worker.work(burst=True) == 1
+    (record,) = [r for r in caplog.records if r.name == "jobs.worker.runtime"]
+    assert "could not measure" in record.getMessage() and record.exc_info is not None
+    assert "exited with code 3" in caplog.text and "no torch here" in caplog.text  # the traceback says why
+    assert published_facts(store, "w-broken") == detect()  # published all the same, runtime_bytes 0 (unknown)
+    assert store.get_run(run_id).status is RunStatus.SUCCEEDED
+    assert not probe.runtime_cache_path().exists()  # nothing cached: the next start tries again
+
+
+def test_checks_without_a_worker_read_the_cached_runtime_without_measuring(
+    data_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the check path must not start a process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    probe.local_facts.cache_clear()
+    try:
+        assert probe.local_facts().runtime_bytes == 0  # nothing measured on this host yet
+        probe.remember_runtime_bytes(700 * 1024**2)
+        probe.local_facts.cache_clear()
+        assert probe.local_facts().runtime_bytes == 700 * 1024**2
+        assert probe.local_facts() == replace(detect(), runtime_bytes=700 * 1024**2)
+        probe.runtime_cache_path().write_text("{not json")  # a damaged file counts as nothing cached
+        assert probe.cached_runtime_bytes() == 0
+    finally:
+        probe.local_facts.cache_clear()  # later tests detect afresh
+
+
+@pytest.mark.slow
+def test_the_baseline_module_imports_what_the_child_does_and_reports_its_rss(data_home: Path) -> None:
+    import psutil
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.train.baseline"], capture_output=True, text=True, timeout=300, check=True
+    )
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"torch", "transformers", "peft", "trl", "datasets"} <= set(measured["libraries"])
+    # torch alone is over 100 MiB resident; the whole runtime is well under this machine's memory.
+    assert 100 * 1024**2 < measured["runtime_bytes"] < psutil.virtual_memory().total / 2
 
 
 def test_gpu_panel_names_the_workers_gpu(store: Store) -> None:

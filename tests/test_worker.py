@@ -348,13 +348,14 @@ def test_worker_process_sigterm_stops_child(data_home: Path, store: Store, tmp_p
 
     run_id = store.create_run(SPEC)
     env = dict(os.environ, TUNEDECK_HOME=str(data_home))
-    # Run the worker with a fake child by patching default_child_argv in a tiny launcher.
+    # Run the worker with a fake child (and runtime baseline) by patching processes in a tiny launcher.
     launcher = tmp_path / "launch.py"
     launcher.write_text(
         textwrap.dedent("""
         import sys
         import jobs.worker.processes as w
         w.default_child_argv = lambda run_id: [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+        w.baseline_argv = lambda: [sys.executable, "-c", "import json; print(json.dumps(dict(runtime_bytes=1)))"]
         from app.cli.main import main
         sys.exit(main(["worker"]))
     """)

@@ -2,7 +2,7 @@
 worker publishes to the store for everyone else to read (`DeviceFacts`).
 
 Nothing here asks the machine: `jobs.devices.probe` detects the facts, `jobs.devices.target` reads
-the ones workers published. Both are plain data so the mapping and the checks stay testable.
+the ones workers published, and the worker measures `runtime_bytes` (`jobs.worker.runtime`). Both are plain data so the mapping and the checks stay testable.
 
     facts = DeviceFacts.from_json(text)       # DeviceFacts(kind="cuda", name="NVIDIA H200", ...)
     facts.device()                            # Device(cuda=True, bf16=True, (9, 0), "NVIDIA H200")
@@ -39,6 +39,10 @@ class DeviceFacts:
     driver: str | None = None
     host: str = ""
     index: int | None = None  # CUDA device index on its host
+    # The training child's resident size before it loads a model (interpreter, libraries, thread
+    # pools: `jobs.train.baseline`), measured once per host by the worker; 0 = unknown. On the CPU
+    # the measured memory curve is the child's RSS, which includes it; on CUDA it is not part of it.
+    runtime_bytes: int = 0
 
     @property
     def cuda(self) -> bool:
@@ -66,10 +70,11 @@ class DeviceFacts:
         return Device(cuda=self.cuda, bf16=self.bf16, compute_capability=cc, name=self.name)  # type: ignore[arg-type]
 
     def summary(self) -> str:
-        """'NVIDIA H200 (cuda:0 on gpu-box), 139.8 GiB, compute 9.0, bf16' or 'cpu on laptop, 31.2 GiB RAM'."""
+        """'NVIDIA H200 (cuda:0 on gpu-box), 139.8 GiB, compute 9.0, bf16' or 'cpu on laptop, 31.2 GiB RAM, runtime 1.1 GiB'."""
         gib = self.total_bytes / 1024**3
         if not self.cuda:
-            return f"cpu on {self.host or 'this machine'}, {gib:.1f} GiB RAM"
+            runtime = f", runtime {self.runtime_bytes / 1024**3:.1f} GiB" if self.runtime_bytes else ""
+            return f"cpu on {self.host or 'this machine'}, {gib:.1f} GiB RAM{runtime}"
         where = f"cuda:{self.index if self.index is not None else 0}" + (f" on {self.host}" if self.host else "")
         extras = [f"compute {self.compute_capability}"] if self.compute_capability else []
         extras += ["bf16"] if self.bf16 else ["no bf16"]

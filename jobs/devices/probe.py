@@ -3,7 +3,13 @@
 - `detect(index)`: the `DeviceFacts` of CUDA device `index`, else the CPU. NVML is asked first: it
   needs no CUDA context, so the worker process does not claim GPU memory for itself. torch is
   asked only where NVML is missing and the process has already imported torch (the training child,
-  not the worker). `local_facts()` is the same, detected once per process.
+  not the worker). `local_facts()` is the same, detected once per process, with the runtime baseline
+  this host's worker measured, when it is cached (`cached_runtime_bytes`; the check path never
+  spawns the measurement).
+- `runtime_key()` / `cached_runtime_bytes()` / `remember_runtime_bytes(n)`: the cache of the training
+  child's runtime baseline (`jobs.train.baseline`, measured by `jobs.worker.runtime`), one JSON file
+  `$TUNEDECK_HOME/cache/runtime.json` with an entry per host and interpreter, valid while the versions
+  of python, torch, transformers, trl, peft, datasets and tunedeck stay the same.
 - `detect_device()`: the capability view (`Device`) of the device the training process uses, from
   torch itself (bf16 support as torch reports it); only the training child calls it.
 - `gpu_info()` / `has_cuda()`: every visible NVIDIA GPU (NVML, through `jobs.devices.sampler`), or
@@ -19,13 +25,19 @@ machine's only while no worker has published its own.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
+import platform
 import socket
 import sys
+from dataclasses import replace
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from jobs.devices.facts import CPU, Device, DeviceFacts
+from storage.settings import data_dir
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +124,65 @@ def detect(index: int | None = None) -> DeviceFacts:
 
 @functools.lru_cache(maxsize=1)
 def local_facts() -> DeviceFacts:
-    """This process's device, detected once (the dashboard asks every second)."""
-    return detect()
+    """This process's device, detected once (the dashboard asks every second), with the cached runtime baseline."""
+    return replace(detect(), runtime_bytes=cached_runtime_bytes())
+
+
+# What the baseline depends on: an upgrade of any of these measures it again. Edits to tunedeck
+# that keep its version do not; delete the cache file to measure again.
+RUNTIME_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "tunedeck")
+
+
+def runtime_cache_path() -> Path:
+    return data_dir() / "cache" / "runtime.json"
+
+
+def runtime_key() -> dict[str, str]:
+    """What a cached baseline was measured with: host, interpreter and the versions of the packages it imports."""
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    key = {"host": socket.gethostname(), "executable": sys.executable, "python": platform.python_version()}
+    return key | {name: version(name) for name in RUNTIME_PACKAGES}
+
+
+def _runtime_entries(path: Path) -> list[dict[str, Any]]:
+    """The cache file's entries; none when it is missing or unreadable (it is measured and written again)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError):  # unreadable or not JSON (edited by hand): measured again, then replaced
+        log.warning("ignoring the unreadable runtime cache %s", path, exc_info=True)
+        return []
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def cached_runtime_bytes(key: dict[str, str] | None = None) -> int:
+    """The cached baseline measured with `key` (default: this host and interpreter now); 0 when there is none."""
+    key = key or runtime_key()
+    for entry in _runtime_entries(runtime_cache_path()):
+        value = entry.get("runtime_bytes")
+        if entry.get("key") == key and isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def remember_runtime_bytes(runtime_bytes: int, key: dict[str, str] | None = None) -> None:
+    """Cache a measured baseline; it replaces the entry of the same host and interpreter (older versions)."""
+    key = key or runtime_key()
+    path = runtime_cache_path()
+    same = {"host": key["host"], "executable": key["executable"]}
+    kept = [e for e in _runtime_entries(path) if {k: (e.get("key") or {}).get(k) for k in same} != same]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # written whole, then renamed: readers never see half
+    partial.write_text(json.dumps({"entries": [*kept, {"key": key, "runtime_bytes": int(runtime_bytes)}]}, indent=1))
+    os.replace(partial, path)
 
 
 def detect_device() -> Device:

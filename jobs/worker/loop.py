@@ -16,7 +16,8 @@ the worker marks runs interrupted whose heartbeat is stale or whose worker proce
 is dead (rq's StartedJobRegistry.cleanup), and again every `stale_after / 2` s while it waits
 for the device, so a run of a SIGKILLed worker is taken over by another. SIGTERM/SIGINT to the worker stop it warm: no new
 runs, SIGTERM forwarded to the child, wait, then exit. At start the worker publishes its device
-facts (`jobs.devices.facts`) to the store. A child that exits with `jobs.train.oom.EXIT_OOM_RECOVER` has
+facts (`jobs.devices.facts`) to the store, with the training child's runtime baseline, measured
+once per host and cached (`jobs.worker.runtime`; seconds the first time). A child that exits with `jobs.train.oom.EXIT_OOM_RECOVER` has
 recorded an out-of-memory recovery: the worker starts a fresh child for the same run.
 
 The loop is here; the child as a process (spawn, pidfd waits, signals) is `jobs.worker.processes`,
@@ -34,6 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from types import FrameType
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -41,7 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
-from jobs.worker import leases, processes
+from jobs.worker import leases, processes, runtime
 from jobs.worker.outcome import first_line, record_end, run_status
 from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wait_exit, wait_group_gone
 from storage.models import RunStatus
@@ -66,6 +68,7 @@ class Worker:
         grace_period: float = 20.0,
         *,
         child_argv: Callable[[int], list[str]] | None = None,
+        baseline_argv: list[str] | None = None,
         sample: bool = True,
         exit_with_parent: int | None = None,
         device: str | None = None,
@@ -83,6 +86,9 @@ class Worker:
             save_grace if save_grace is not None else os.environ.get("TUNEDECK_SAVE_GRACE_S") or 300.0
         )
         self.child_argv = child_argv or processes.default_child_argv  # tests swap in a fake child
+        # The runtime baseline is the real training child's: a stand-in child (tests) has none
+        # unless the caller gives the command that measures one (it prints {"runtime_bytes": N}).
+        self.baseline_argv = baseline_argv or (None if child_argv else processes.baseline_argv())
         self.sample = sample
         self.exit_with_parent = exit_with_parent
         # An explicit device (argument or TUNEDECK_DEVICE) pins the children to it; otherwise the
@@ -169,6 +175,8 @@ class Worker:
         from jobs.devices.probe import detect
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
+        if self.baseline_argv is not None:  # cached, else measured in a child like the training one (seconds)
+            facts = replace(facts, runtime_bytes=runtime.runtime_bytes(self.baseline_argv, self.child_env()))
         try:
             self.store.publish_device(self.worker_id, self.host, facts.to_dict())
         except Exception:  # bookkeeping: the worker trains without it (checks fall back to this machine)
@@ -208,19 +216,8 @@ class Worker:
             self.store.mark_failed(run.id, str(exc))
             self._release()
             return run_status(self.store, run.id)
-        env = dict(
-            os.environ,
-            TUNEDECK_HOME=str(data_dir()),
-            TUNEDECK_DATABASE_URL=self.store.url,
-            PYTHONUNBUFFERED="1",
-            TUNEDECK_DEVICE=self.device,
-            TUNEDECK_WORKER_ID=self.worker_id,
-        )
-        if self.pinned:
-            # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
-            env["CUDA_VISIBLE_DEVICES"] = self.device if processes.is_gpu_id(self.device) else ""
         try:
-            child = processes.spawn(self.child_argv(run.id), log_path, env)
+            child = processes.spawn(self.child_argv(run.id), log_path, self.child_env())
         except OSError as exc:
             self.store.mark_failed(run.id, f"could not start the training process: {exc}")
             self._release()
@@ -302,6 +299,21 @@ class Worker:
             return False
 
     # ------------------------------------------------------------------ helpers
+    def child_env(self) -> dict[str, str]:
+        """The environment of a training child (and of the runtime baseline, measured like one)."""
+        env = dict(
+            os.environ,
+            TUNEDECK_HOME=str(data_dir()),
+            TUNEDECK_DATABASE_URL=self.store.url,
+            PYTHONUNBUFFERED="1",
+            TUNEDECK_DEVICE=self.device,
+            TUNEDECK_WORKER_ID=self.worker_id,
+        )
+        if self.pinned:
+            # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
+            env["CUDA_VISIBLE_DEVICES"] = self.device if processes.is_gpu_id(self.device) else ""
+        return env
+
     def _release(self) -> None:
         """Free this worker's device lease, retrying while the database is unreachable (or stopping)."""
         leases.release_device(

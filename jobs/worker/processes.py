@@ -25,11 +25,17 @@ log = logging.getLogger(__name__)
 
 WATCH_TICK = 0.1  # how often a child is polled where it cannot be waited for (no pidfd); waits for a group
 CHILD_MODULE = "jobs.train.child"  # the training entry point; also how an orphan is told from a reused pid
+BASELINE_MODULE = "jobs.train.baseline"  # the child's runtime baseline (`jobs.worker.runtime`)
 
 
 def default_child_argv(run_id: int) -> list[str]:
     """The training child's command line."""
     return [sys.executable, "-m", CHILD_MODULE, "--run-id", str(run_id)]
+
+
+def baseline_argv() -> list[str]:
+    """The command line that measures the training child's runtime baseline: the same interpreter."""
+    return [sys.executable, "-m", BASELINE_MODULE]
 
 
 def is_training_child(pid: int, run_id: int) -> bool:

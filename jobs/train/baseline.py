@@ -1,0 +1,78 @@
+"""The training child's runtime baseline: how much memory it holds before it loads a model.
+
+    python -m jobs.train.baseline      # one JSON line: {"runtime_bytes": 1187000320, "libraries": [...]}
+
+On the CPU a run's measured memory curve is the RSS of its training process tree, and that holds
+more than the tensors the prediction counts (`jobs/memory/predict.py`): the interpreter, the
+libraries as imported, the tunedeck modules, torch's thread pools. This process does what
+`python -m jobs.train.child` does before it loads a model, by importing the child's own modules and
+calling its own set-up, and prints its RSS (psutil, the figure the sampler adds up for the curve).
+The worker runs it once per host and interpreter with the child's environment, caches the figure
+(`jobs.worker.runtime`) and publishes it as `DeviceFacts.runtime_bytes`; see docs/memory.md,
+"Overhead".
+
+Included: the interpreter; `jobs.train.child` and what it imports (`jobs.train.training`, the
+callbacks, the pure mapping: torch, transformers, peft, accelerate, bitsandbytes); the child's
+`setup_logging` (datasets, transformers' logging); the modules it imports lazily before the model
+and for the whole run (the store and SQLAlchemy, the data and model loaders, trl's trainers, which
+`jobs.train.trainers.build_trainer` imports once the model is loaded but which stay for the run);
+`detect_device()` as the child calls it; one small forward and backward, which starts torch's
+intra-op thread pool and the autograd engine.
+
+Not included, because it depends on the run: the model's own modeling module (transformers imports
+`modeling_llama` and the like when it loads one), the weights, the tokenizer and its vocabulary,
+the data, the database connection, and the allocator's slack around the run's tensors. On CUDA the
+run's curve is torch's reserved memory, which has none of this.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+# What the baseline must have imported; the test reads them back from the output.
+LIBRARIES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "bitsandbytes", "sqlalchemy")
+
+
+def prepare() -> None:
+    """Do what the training child does before it loads a model (imports and one-off set-up)."""
+    from jobs.train import child  # the child's module and everything it imports at its start
+
+    child.setup_logging()  # as `child.main` does first: datasets, transformers' logging (to stdout)
+    # What `run` and `train_spec` import lazily before (or, for trl, right after) the model loads.
+    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer  # noqa: F401 - as build_trainer does
+
+    import jobs.data.loading  # noqa: F401
+    import jobs.models.loading  # noqa: F401
+    import jobs.models.references  # noqa: F401
+    import storage.store  # noqa: F401
+
+    child.detect_device()  # as the child asks torch for its device (on a GPU host, torch initialises CUDA here)
+    import torch
+
+    # Thread pools and the autograd engine start on first use, whatever the model: a 64 x 64 step
+    # starts them and leaves nothing else behind (a few KiB of tensors, freed).
+    x = torch.ones(64, 64, requires_grad=True)
+    (x @ x).sum().backward()
+
+
+def measure() -> dict[str, Any]:
+    """This process's RSS once prepared, and which of the libraries it has imported."""
+    import psutil
+
+    prepare()
+    return {
+        "runtime_bytes": int(psutil.Process().memory_info().rss),
+        "libraries": [name for name in LIBRARIES if name in sys.modules],
+    }
+
+
+def main() -> int:
+    """Print the measurement as the last line of stdout (the set-up above may log before it)."""
+    print(json.dumps(measure()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
