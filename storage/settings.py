@@ -3,7 +3,8 @@
 `TUNEDECK_HOME` (default `./data`) holds the database, run folders, uploads and the model
 cache. `TUNEDECK_DATABASE_URL` overrides the database (default SQLite at
 `$TUNEDECK_HOME/tunedeck.db`). `TUNEDECK_MODELS_DIR` overrides the model cache (so tests and
-several data directories can share one converted SmolLM2). `TUNEDECK_IDLE_MEMORY_RETENTION_H`
+several data directories can share one converted SmolLM2). `TUNEDECK_CACHE_DIR` overrides
+`$TUNEDECK_HOME/cache` (measured facts that can be recomputed: row token lengths, the runtime baseline). `TUNEDECK_IDLE_MEMORY_RETENTION_H`
 (default 24) is how long memory samples taken while no run trains are kept at full rate; older
 ones are thinned to one a minute (samples of runs are kept with their run).
 """
@@ -37,6 +38,14 @@ def models_dir() -> Path:
     """Model cache (built-in models, downloads); `TUNEDECK_MODELS_DIR` overrides `$TUNEDECK_HOME/models`."""
     override = os.environ.get("TUNEDECK_MODELS_DIR")
     path = Path(override).expanduser().resolve() if override else data_dir() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Recomputable measurements (`TUNEDECK_CACHE_DIR`, default `$TUNEDECK_HOME/cache`), created on first use."""
+    override = os.environ.get("TUNEDECK_CACHE_DIR")
+    path = Path(override).expanduser().resolve() if override else data_dir() / "cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

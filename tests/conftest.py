@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Recomputable measurements (the workers' runtime baseline, row token lengths) are shared by the tests of
+# one session, as one host's are: each test's fresh TUNEDECK_HOME would otherwise measure them again.
+# Tests of the caches themselves point TUNEDECK_CACHE_DIR at a folder of their own.
+os.environ.setdefault("TUNEDECK_CACHE_DIR", tempfile.mkdtemp(prefix="tunedeck-test-cache-"))
 
 from pathlib import Path
 

@@ -21,6 +21,14 @@ from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
 from storage.store import Store
 
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This module tests the runtime cache itself: a folder of its own, not the session's shared one."""
+    monkeypatch.setenv("TUNEDECK_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 H200 = DeviceFacts(
     kind="cuda",
     name="NVIDIA H200",

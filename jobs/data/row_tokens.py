@@ -3,7 +3,7 @@
 The rows are the ones training will see (`jobs.data.loading.load_data`: columns mapped, Alpaca and
 ShareGPT converted, eval_split held out, max_train_samples applied), each turned into the sequence(s)
 its trainer tokenizes (`sequences`) and tokenized in batches, untruncated. The result is cached in
-`$TUNEDECK_HOME/cache/lengths/` under a key made of the data files' contents, the spec fields that
+`$TUNEDECK_HOME/cache/lengths/` (`TUNEDECK_CACHE_DIR` moves it) under a key made of the data files' contents, the spec fields that
 choose the rows, and the tokenizer's files, so a second check (another max_length, batch size or
 method) reads about a megabyte instead of tokenizing again.
 
@@ -158,6 +158,6 @@ def _file_digest(path: Path) -> bytes:
 
 
 def _cache_dir() -> Path:
-    from storage.settings import data_dir
+    from storage.settings import cache_dir
 
-    return data_dir() / "cache" / "lengths"
+    return cache_dir() / "lengths"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.devices.facts import CPU, Device, DeviceFacts
-from storage.settings import data_dir
+from storage.settings import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ RUNTIME_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "tunedec
 
 
 def runtime_cache_path() -> Path:
-    return data_dir() / "cache" / "runtime.json"
+    return cache_dir() / "runtime.json"
 
 
 def runtime_key() -> dict[str, str]:

@@ -197,7 +197,7 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths 
         ctx = context_bytes(device)
         overhead = overhead_at(weights + adapter + g + o + a + lg, device)
         ovf = f"CUDA context {ctx / 2**20:.0f} MiB ({device.name}) + {ALLOCATOR_SLACK:.0%} allocator slack"
-    runtime = 0 if cuda else int(getattr(device, "runtime_bytes", 0) or 0)
+    runtime = 0 if cuda else device.runtime_bytes
     rtf = (
         "host memory, not in torch's reserved figure (on CUDA)"
         if cuda
