@@ -316,8 +316,10 @@ def test_offline_hub_fails_fast() -> None:
 class _WordTokenizer:
     chat_template = None
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": list(range(len(text.split()) + int(add_special_tokens)))}
+    eos_token = None
+
+    def __call__(self, texts: list[str], add_special_tokens: bool = True, **_: object) -> dict[str, list[list[int]]]:
+        return {"input_ids": [list(range(len(t.split()) + int(add_special_tokens))) for t in texts]}
 
 
 def test_length_warnings(tmp_path: Path) -> None:

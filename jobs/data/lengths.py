@@ -1,5 +1,8 @@
 """How many rows of a data set are longer than `max_length` tokens: a cheap warning before training.
 
+The rows are measured as the memory prediction measures them (`jobs.data.row_tokens.measure`), on a
+sample of at most `sample_size` rows.
+
 warnings = length_warnings(train_ds, tokenizer, spec.max_length, trainer=spec.trainer)
 """
 
@@ -9,6 +12,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+from jobs.data.row_tokens import measure
 from jobs.spec.enums import Trainer
 
 if TYPE_CHECKING:
@@ -36,38 +40,17 @@ def length_warnings(
     sampled = n > sample_size
     rows = ds.select(sorted(random.Random(0).sample(range(n), sample_size))) if sampled else ds
     try:
-        lengths = [
-            max(len(tokenizer(t, add_special_tokens=special)["input_ids"]) for t, special in _texts(row, tokenizer))
-            for row in rows
-        ]
+        measured = measure(rows, tokenizer, Trainer(trainer))
     except Exception as exc:  # noqa: BLE001 - a warning helper must never stop training; any tokenizer's or
         # chat template's own error (their code, not ours) is logged with its traceback and becomes the warning
         log.warning("could not measure row lengths", exc_info=True)
         return [f"could not measure row lengths ({type(exc).__name__}: {exc})"]
-    over = sum(1 for length in lengths if length > max_length)
+    over = measured.stats(max_length).truncated
     if not over:
         return []
     if sampled:
         return [
-            f"about {round(over / len(lengths) * n)} of {n} rows (estimated from {len(lengths)}) are longer "
+            f"about {round(over / measured.rows * n)} of {n} rows (estimated from {measured.rows}) are longer "
             f"than max_length {max_length} tokens and will be {fate}"
         ]
     return [f"{over} of {n} rows are longer than max_length {max_length} tokens and will be {fate}"]
-
-
-def _texts(row: dict[str, Any], tokenizer: Any) -> list[tuple[str, bool]]:
-    """The full sequence(s) trl will tokenize for one row, and whether to add special tokens."""
-    if "messages" in row:
-        return [_render(row["messages"], tokenizer)]
-    if "text" in row:
-        return [(row["text"], True)]
-    answers = [row[c] for c in ("completion", "chosen", "rejected") if c in row]
-    if isinstance(row["prompt"], list):
-        return [_render(row["prompt"] + a, tokenizer) for a in answers]
-    return [(row["prompt"] + a, True) for a in answers]
-
-
-def _render(messages: list[dict[str, str]], tokenizer: Any) -> tuple[str, bool]:
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False), False
-    return "\n".join(m["content"] for m in messages), True

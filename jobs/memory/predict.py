@@ -152,7 +152,8 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths 
         length += spec.max_completion_length
         kv = 2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length
         notes.append(
-            f"grpo: rows taken as the longest prompt + max_completion_length tokens; generation's KV cache "
+            f"grpo: rows taken as {'the longest prompt' if lengths is not None else 'max_length prompt'} + "
+            "max_completion_length tokens; generation's KV cache "
             f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
             "are not counted"
         )
