@@ -20,8 +20,6 @@ The baseline is checked out into a temporary git worktree and measured with the 
 from __future__ import annotations
 
 import argparse
-import ast
-import functools
 import json
 import os
 import subprocess
@@ -30,59 +28,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "jobs", "storage")
-
-
-def module_files(root: Path) -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join(parts)] = path
-    return found
-
-
-def module_imports(root: Path) -> dict[str, set[str]]:
-    files = module_files(root)
-
-    def known(name: str) -> str:
-        while name not in files:
-            name = name.rpartition(".")[0]
-        return name
-
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module.split(".")[0] in PACKAGES:
-                    for alias in node.names:
-                        full = f"{node.module}.{alias.name}"
-                        found.add(full if full in files else known(node.module))
-            elif isinstance(node, ast.Import):
-                found |= {known(a.name) for a in node.names if a.name.split(".")[0] in PACKAGES}
-        graph[name] = {m for m in found if m != name}
-    return graph
-
-
-def depths(graph: dict[str, set[str]]) -> dict[str, int]:
-    @functools.cache
-    def depth(name: str) -> int:
-        return 1 + max((depth(d) for d in graph[name]), default=0)
-
-    return {name: depth(name) for name in graph}
+sys.path.insert(0, str(ROOT / "tests"))
+from import_graph import layers, longest_chain, module_files, module_imports  # noqa: E402 - the one reader (tests/)
 
 
 def static_figures(root: Path) -> dict:
     graph = module_imports(root)
-    depth = depths(graph)
-    name = max(depth, key=lambda n: (depth[n], n))
-    chain = [name]
-    while graph[name]:
-        name = max(graph[name], key=lambda n: (depth[n], n))
-        chain.append(name)
+    depth = layers(graph)
+    chain = longest_chain(graph)
     jobs = {n: d for n, d in depth.items() if n.startswith("jobs")}
     sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in module_files(root).values()}
     flat_jobs = [p for p in (root / "jobs").glob("*.py") if p.stem != "__init__"]
@@ -154,7 +107,7 @@ out.write_text(json.dumps({"calls": calls, "result": str(result)[:300], "queued"
 
 
 def traced_launch(root: Path, graph: dict[str, set[str]]) -> dict:
-    depth = depths(graph)
+    depth = layers(graph)
     by_file = {str(p.relative_to(root)): n for n, p in module_files(root).items()}
     with tempfile.TemporaryDirectory() as home:
         out = Path(home) / "trace.json"

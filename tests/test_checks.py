@@ -22,7 +22,7 @@ COUNTED = {
     "tokenizer": ("jobs.models.tokenizer", "local_tokenizer"),
     "architecture": ("jobs.memory.model_config", "arch_with_source"),
     "prediction": ("jobs.memory.predict", "predict"),
-    "lengths": ("jobs.data.row_tokens", "row_lengths"),
+    "lengths": ("jobs.checks.pipeline", "measured_lengths"),
     "device": ("jobs.checks.pipeline", "device_problems"),
     "combinations": ("jobs.checks.pipeline", "combination_problems"),
 }

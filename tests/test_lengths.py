@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import training_helpers
 
-from jobs.data.row_tokens import measure, row_lengths, sequences
+from jobs.data.row_tokens import measure, sequences
 from jobs.data.token_lengths import RowLengths, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.enums import Trainer
@@ -68,8 +68,8 @@ def test_the_worst_micro_batch_pads_the_longest_rows_and_truncates_at_max_length
 
 
 def test_lengths_are_cached_per_data_and_tokenizer(data_home: Path, tiny_model: Path, tmp_path: Path) -> None:
-    from jobs.data.loading import load_data
-    from jobs.models.tokenizer import local_tokenizer, tokenizer_folder
+    from jobs.checks.memory import measured_lengths
+    from jobs.models.tokenizer import local_tokenizer
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"text": words(n)}) + "\n" for n in (5, 40, 12)))
@@ -81,9 +81,7 @@ def test_lengths_are_cached_per_data_and_tokenizer(data_home: Path, tiny_model: 
         return local_tokenizer(spec.model)
 
     def lengths(spec: JobSpec) -> Any:
-        return row_lengths(
-            spec, rows=lambda: load_data(spec).train, tokenizer=tokenizer, tokenizer_dir=tokenizer_folder(spec.model)
-        )
+        return measured_lengths(spec, tokenizer)
 
     first = lengths(spec)
     again = lengths(spec.replace(max_length=16, per_device_train_batch_size=1, lora_r=4))

@@ -61,19 +61,24 @@ def measured_lengths(spec: JobSpec, tokenizer: Callable[[], Any] | None = None) 
     """The training rows' token lengths (`jobs.data.row_tokens`, cached per data, tokenizer and trainer); None
     when the model's tokenizer is not on this machine or the data does not load (the data check names why)."""
     from jobs.data.loading import load_data
-    from jobs.data.row_tokens import row_lengths
+    from jobs.data.row_tokens import cached_lengths, measure, save_lengths
     from jobs.data.sources import DataError
     from jobs.models.tokenizer import local_tokenizer, tokenizer_folder
 
+    folder = tokenizer_folder(spec.model)
+    found = cached_lengths(spec, folder)
+    if found is not None:
+        return found
+    tok = tokenizer() if tokenizer is not None else local_tokenizer(spec.model)
+    if tok is None:
+        return None
     try:
-        return row_lengths(
-            spec,
-            rows=lambda: load_data(spec).train,
-            tokenizer=tokenizer or (lambda: local_tokenizer(spec.model)),
-            tokenizer_dir=tokenizer_folder(spec.model),
-        )
+        rows = load_data(spec).train
     except DataError:
         return None
+    lengths = measure(rows, tok, spec.trainer)
+    save_lengths(spec, folder, lengths)
+    return lengths
 
 
 def predict_memory(

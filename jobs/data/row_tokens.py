@@ -7,15 +7,17 @@ its trainer tokenizes (`sequences`) and tokenized in batches, untruncated. The r
 choose the rows, and the tokenizer's files, so a second check (another max_length, batch size or
 method) reads about a megabyte instead of tokenizing again.
 
-    lengths = row_lengths(spec, rows=lambda: load_data(spec).train, tokenizer=lambda: local_tokenizer(spec.model),
-                          tokenizer_dir=tokenizer_folder(spec.model))        # RowLengths, or None
+    folder = tokenizer_folder(spec.model)
+    lengths = cached_lengths(spec, folder)                 # RowLengths, or None: not measured yet
+    if lengths is None:
+        lengths = measure(load_data(spec).train, local_tokenizer(spec.model), spec.trainer)
+        save_lengths(spec, folder, lengths)
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,37 +35,32 @@ BATCH_ROWS = 2048
 ROW_FIELDS = ("dataset", "dataset_columns", "eval_split", "seed", "max_train_samples", "trainer")
 
 
-def row_lengths(
-    spec: JobSpec,
-    *,
-    rows: Callable[[], Any],
-    tokenizer: Callable[[], Any],
-    tokenizer_dir: Path | None,
-    cache: Path | None = None,
-) -> RowLengths | None:
-    """The training rows' lengths for `spec`; None when the model's tokenizer is not on this machine.
-
-    `rows()` (the training rows) and `tokenizer()` are called only on a cache miss; `tokenizer_dir`: the folder
-    of the tokenizer's files (part of the cache key; None: nothing is cached). `cache`: the cache folder
-    (default `$TUNEDECK_HOME/cache/lengths`). A DataError from `rows()` propagates."""
-    folder = cache if cache is not None else _cache_dir()
-    key = cache_key(spec, tokenizer_dir) if tokenizer_dir is not None else None
-    path = folder / f"{key}.npy" if key else None
-    if path is not None and path.is_file():
-        try:
-            return RowLengths(np.load(path, allow_pickle=False))
-        except (OSError, ValueError):
-            log.warning("unreadable length cache %s: measuring again", path, exc_info=True)
-    tok = tokenizer()
-    if tok is None:
+def cached_lengths(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None = None) -> RowLengths | None:
+    """The lengths measured earlier for these rows and this tokenizer (`tokenizer_dir`: its files), or None."""
+    path = _cache_path(spec, tokenizer_dir, cache)
+    if path is None or not path.is_file():
         return None
-    lengths = measure(rows(), tok, spec.trainer)
-    if path is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".tmp.npy")
-        np.save(partial, lengths.lengths, allow_pickle=False)
-        partial.replace(path)  # whole or not at all: another check may read it at the same time
-    return lengths
+    try:
+        return RowLengths(np.load(path, allow_pickle=False))
+    except (OSError, ValueError):
+        log.warning("unreadable length cache %s: measuring again", path, exc_info=True)
+        return None
+
+
+def save_lengths(spec: JobSpec, tokenizer_dir: Path | None, lengths: RowLengths, cache: Path | None = None) -> None:
+    """Keep `lengths` for the next check of these rows with this tokenizer (nothing without a tokenizer folder)."""
+    path = _cache_path(spec, tokenizer_dir, cache)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp.npy")
+    np.save(partial, lengths.lengths, allow_pickle=False)
+    partial.replace(path)  # whole or not at all: another check may read it at the same time
+
+
+def _cache_path(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None) -> Path | None:
+    key = cache_key(spec, tokenizer_dir) if tokenizer_dir is not None else None
+    return (cache if cache is not None else _cache_dir()) / f"{key}.npy" if key else None
 
 
 def measure(ds: Any, tokenizer: Any, trainer: Trainer) -> RowLengths:
