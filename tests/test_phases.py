@@ -182,3 +182,55 @@ def test_a_tiny_run_records_all_four_phases(tiny_model: Path, store: Any) -> Non
     assert "memory by phase:" in text
     table = [line.split() for line in text.splitlines() if line.split()[:1] and line.split()[0] in PHASES]
     assert [row[0] for row in table] == list(PHASES)
+
+
+def _finished_run_with_phases(store: Any, *, predicted: bool) -> int:
+    """A succeeded run with a phases.json and (when `predicted`) a saved prediction with phase figures."""
+    import json
+
+    from jobs.queue.prediction import PREDICTION_FILE
+    from jobs.spec.job import JobSpec
+
+    run_id = store.create_run(JobSpec(run_name="phased"))
+    store.claim_next_on_device("w", "0")
+    store.mark_succeeded(run_id, {})
+    if predicted:
+        saved = prediction(load=110 * MIB, forward=200 * MIB, backward=300 * MIB, optimizer=250 * MIB)
+        (store.run_dir(run_id) / PREDICTION_FILE).write_text(json.dumps(saved))
+    record(store, run_id, measured(load=100 * MIB, forward=250 * MIB, backward=300 * MIB, optimizer=200 * MIB))
+    return run_id
+
+
+def test_run_page_shows_the_phase_table(store: Any) -> None:
+    from app.ui.run import OUTPUTS, RunPageData
+    from jobs.spec.job import JobSpec
+
+    run_id = _finished_run_with_phases(store, predicted=True)
+    page = RunPageData(store).refresh(run_id, None)
+    assert len(page) == OUTPUTS
+    section = next(v for v in page if isinstance(v, str) and v.startswith("### Memory by phase"))
+    assert "| phase | predicted | measured (peak) | error |" in section
+    assert (
+        "| load | 110.0 MiB | 100.0 MiB | +10% |" in section and "| forward | 200.0 MiB | 250.0 MiB | -20% |" in section
+    )
+    assert "peak RSS" in section  # says what was measured
+    unrecorded = store.create_run(JobSpec(run_name="failed early"))
+    store.claim_next_on_device("w", "0")
+    store.mark_failed(unrecorded, "boom", "", exit_code=1)
+    page = RunPageData(store).refresh(unrecorded, None)
+    assert any(isinstance(v, str) and "Memory by phase" in v and "not recorded" in v for v in page)
+
+
+def test_compare_lists_each_runs_memory_error_per_phase(store: Any) -> None:
+    from app.ui import compare as ui_compare
+
+    with_prediction = _finished_run_with_phases(store, predicted=True)
+    measured_only = _finished_run_with_phases(store, predicted=False)
+    runs = [store.get_run(i) for i in (with_prediction, measured_only)]
+    table = ui_compare.compare_table(runs, [ui_compare.summarize_run(store, r) for r in runs])
+    rows = {row[0]: list(row[1:]) for row in table.itertuples(index=False)}
+    assert rows["load memory (error)"] == [
+        "+10% (110.0 MiB predicted, 100.0 MiB measured)",
+        "100.0 MiB measured (no phase prediction)",
+    ]
+    assert rows["optimizer memory (error)"][0] == "+25% (250.0 MiB predicted, 200.0 MiB measured)"
