@@ -234,3 +234,23 @@ def test_compare_lists_each_runs_memory_error_per_phase(store: Any) -> None:
         "100.0 MiB measured (no phase prediction)",
     ]
     assert rows["optimizer memory (error)"][0] == "+25% (250.0 MiB predicted, 200.0 MiB measured)"
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_run_records_torchs_figures_per_phase(tiny_model: Path, store: Any) -> None:
+    from jobs.train.child import run
+
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=2, sample_count=0))
+    store.claim_next_on_device("test", "0")
+    assert run(run_id, store) == 0
+    finished = store.get_run(run_id)
+    data = load_phases(store, run_id)
+    assert data is not None and (data["source"], data["device"]) == ("torch", "cuda")
+    assert list(data["phases"]) == list(PHASES)
+    for name, r in data["phases"].items():
+        # allocated never exceeds reserved, nor a level its window's peak
+        assert 0 < r["allocated_bytes"] <= r["bytes"] <= r["peak_bytes"], (name, r)
+        assert r["allocated_bytes"] <= r["peak_allocated_bytes"] <= r["peak_bytes"], (name, r)
+        assert r["peak_bytes"] <= finished.final_metrics["peak_torch_reserved_bytes"], (name, r)
