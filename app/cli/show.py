@@ -1,7 +1,7 @@
 """How the command line shows runs: the `tunedeck runs` table and the `tunedeck show` page.
 
     print(runs_table(store, store.list_runs()))   # ID STATUS NAME STEP LOSS CREATED TIME DISK TAGS
-    print(show_text(store, run))                  # status, figures, memory, error, spec, events, data, metrics, files
+    print(show_text(store, run))                  # status, figures, memory (by phase), error, spec, events, data, metrics, files
 
 Pure reads of the store; `app.cli.runs` prints them.
 """
@@ -90,6 +90,7 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:
         lines.append(f"log:      {run.log_path}")
+    lines += phase_lines(store, run)
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
     lines += events_lines(store, run)
     data = (run.resolved_config or {}).get("data")
@@ -113,6 +114,19 @@ def show_text(store: Store, run: RunRecord) -> str:
     if run.error_detail:
         lines += ["", "error detail:", *("  " + ln for ln in run.error_detail.splitlines())]
     return "\n".join(lines)
+
+
+def phase_lines(store: Store, run: RunRecord) -> list[str]:
+    """The "memory by phase" section: predicted against measured per phase (jobs.train.phases), or why not."""
+    from jobs.queue.prediction import load_prediction
+    from jobs.train.phases import load_phases, phase_notes, phase_rows, table_lines
+
+    predicted, measured = load_prediction(store, run.id), load_phases(store, run.id)
+    rows = phase_rows(predicted, measured)
+    notes = phase_notes(predicted, measured, run.status.finished)
+    if not rows:
+        return ["", "memory by phase: " + "; ".join(notes)] if notes else []
+    return ["", "memory by phase:", *("  " + ln for ln in table_lines(rows)), *("  " + n for n in notes)]
 
 
 def events_lines(store: Store, run: RunRecord) -> list[str]:

@@ -3,7 +3,9 @@
 Pick several runs; the view shows
 - one table: a row per spec field whose value differs between the picked runs, then the
   measured results (status, the figures of jobs.train.figures: peak memory and its source, tokens/s,
-  step time, loss; then final eval loss, trainable parameters, runtime), one column per run;
+  step time, loss; the memory prediction's error, for the whole run and per phase where the run
+  recorded its phases (jobs.train.phases); then final eval loss, trainable parameters, runtime),
+  one column per run;
 - a scatter of peak memory (GiB) against tokens/s, one point per run: the time vs memory
   trade-off of each choice, measured on this machine;
 - the runs' training loss curves overlaid, downsampled by the store's bucket methods.
@@ -25,6 +27,7 @@ import pandas as pd
 from app.ui import charts, series
 from jobs.spec.stored import spec_of
 from jobs.train import figures
+from jobs.train.phases import PHASES, PhaseRow, load_phases, phase_rows
 from jobs.units import human_count
 from storage.store import RunRecord, Store
 
@@ -34,6 +37,7 @@ RESULT_ROWS = [
     "status",
     *(f.label for f in FIGURE_ROWS),
     "predicted peak (error)",
+    *(f"{name} memory (error)" for name in PHASES),
     "final eval loss",
     "trainable params",
     "runtime",
@@ -55,6 +59,7 @@ class RunSummary:
     total_params: int | None
     runtime_s: float | None
     predicted: str = ""  # the memory prediction saved at submit against the measured peak (jobs.memory.predict)
+    phases: tuple[PhaseRow, ...] = ()  # per phase, predicted against measured (jobs.train.phases); () unrecorded
 
     @property
     def label(self) -> str:
@@ -108,7 +113,8 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
     from jobs.memory.prediction import prediction_error_text
     from jobs.queue.prediction import load_prediction
 
-    predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    saved = load_prediction(store, run.id)
+    predicted = prediction_error_text(saved, run.peak_memory_bytes, run.peak_memory_source)
     return RunSummary(
         run.id,
         run.name,
@@ -119,6 +125,7 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
         int(total) if total is not None else None,
         runtime,
         predicted,
+        tuple(phase_rows(saved, load_phases(store, run.id))),
     )
 
 
@@ -144,6 +151,7 @@ def result_values(s: RunSummary) -> list[str]:
         s.status,
         *(s.figures.text(f) for f in FIGURE_ROWS),
         s.predicted,
+        *(r.summary() for r in s.phases or [PhaseRow(name, None, None) for name in PHASES]),
         _num(s.eval_loss, ".4f"),
         params,
         _duration(s.runtime_s),

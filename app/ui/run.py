@@ -1,4 +1,4 @@
-"""One run's page: status, progress and ETA, live graphs, log tail, spec, cancel, resume, download, clone.
+"""One run's page: status, progress and ETA, live graphs, memory by phase, log tail, spec, cancel, resume, download, clone.
 
 Refreshed by a 1 s timer that reads the store; once a finished run has been drawn the timer
 skips it (nothing changes any more). This module lays the page out and fills it (`RunPageData`);
@@ -18,6 +18,7 @@ from app.ui import charts, series
 from app.ui.run_text import (
     events_markdown,
     header_markdown,
+    phases_markdown,
     progress_html,
     samples_markdown,
     throughput_markdown,
@@ -29,7 +30,7 @@ from jobs.train.checkpoints import resumable, resume
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
 
-OUTPUTS = 17  # len(RunPage.outputs): what `refresh` returns
+OUTPUTS = 18  # len(RunPage.outputs): what `refresh` returns
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
 TRAINER_SERIES: dict[str, dict[str, str]] = {
@@ -78,6 +79,7 @@ class RunPage:
     styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
     trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
     samples: gr.Markdown | None = None  # the before/after table (jobs.train.before_after)
+    phases: gr.Markdown | None = None  # memory by phase, predicted against measured (jobs.train.phases)
 
     @property
     def outputs(self) -> list[gr.Component]:
@@ -94,6 +96,7 @@ class RunPage:
             self.tps,
             self.trainer,
             self.samples,
+            self.phases,
             self.log,
             self.spec,
             self.drawn,
@@ -124,6 +127,7 @@ def build() -> RunPage:
         lr = charts.RUN_LR.build()
         tps = charts.RUN_TOKENS.build()
     trainer = charts.RUN_TRAINER.build()
+    phases = gr.Markdown(elem_id="run-phases")
     samples = gr.Markdown(elem_id="run-samples")
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
@@ -148,6 +152,7 @@ def build() -> RunPage:
         styles=gr.State({}),
         trainer=trainer,
         samples=samples,
+        phases=phases,
     )
 
 
@@ -196,7 +201,8 @@ class RunPageData:
                     "",
                 ]
                 + [c.update(f) for c, f in zip(GRAPHS, empty)]
-                + ["", "", "", None, gr.Button(visible=False), {c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
+                + ["", "", "", "", None, gr.Button(visible=False)]
+                + [{c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
             )
         if run.status.finished and drawn == (rid, run.status.value):
             return [gr.skip()] * OUTPUTS
@@ -240,6 +246,7 @@ class RunPageData:
             tps,
             trainer,
             samples_markdown(self.store, run),
+            phases_markdown(self.store, run),
             log_tail(run),
             spec_of(run).to_yaml(),
             drawn_now,

@@ -4,6 +4,7 @@ prediction line is `app.ui.run.prediction_markdown`).
 
     progress_html(run, step_time)     # the orange bar and "step 5/20 · ETA 0m 12s"
     header_markdown(run, measured)    # "## Run 7: ...", status, model, method, measured figures
+    phases_markdown(store, run)       # "### Memory by phase": predicted against measured (jobs.train.phases)
 """
 
 from __future__ import annotations
@@ -110,3 +111,16 @@ def samples_markdown(store: Store, run: RunRecord) -> str:
         else ""
     )
     return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)
+
+
+def phases_markdown(store: Store, run: RunRecord) -> str:
+    """The "Memory by phase" section: predicted against measured per phase (jobs.train.phases), or why not."""
+    from jobs.queue.prediction import load_prediction
+    from jobs.train.phases import load_phases, phase_notes, phase_rows, table_markdown
+
+    predicted, measured = load_prediction(store, run.id), load_phases(store, run.id)
+    rows = phase_rows(predicted, measured)
+    notes = phase_notes(predicted, measured, run.status.finished)
+    if not rows and not notes:
+        return ""
+    return "\n\n".join(["### Memory by phase", *([table_markdown(rows)] if rows else []), *notes])

@@ -5,10 +5,11 @@
 It loads the run's `JobSpec` from the store (TUNEDECK_DATABASE_URL / TUNEDECK_HOME), parsed
 strictly: a stored spec this version cannot read fails the run with the fields named, and nothing
 is trained. It maps it to trl/peft/bitsandbytes configs with the pure `jobs.config.mapping`, trains
-with trl's SFTTrainer or DPOTrainer plus `StoreCallback`, evaluates, answers a few held-out prompts
-with the base (before training) and the result (after: `jobs.train.before_after`), writes the bundle
-(`jobs.train.artifacts`) and marks the run succeeded; any exception marks it failed with a one-line
-summary and the traceback (exit 1).
+with trl's SFTTrainer or DPOTrainer plus `StoreCallback` and `PhaseProbe` (memory at the points of
+the first optimizer step, kept as the run's `phases.json`: `jobs.train.phases`), evaluates, answers
+a few held-out prompts with the base (before training) and the result (after:
+`jobs.train.before_after`), writes the bundle (`jobs.train.artifacts`) and marks the run
+succeeded; any exception marks it failed with a one-line summary and the traceback (exit 1).
 SIGTERM stops training at the next step boundary, saves a checkpoint there and marks the run
 cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues from its last
 complete checkpoint (`jobs.train.checkpoints`) with optimizer, scheduler and RNG state; its metric
@@ -42,9 +43,10 @@ from jobs.devices.probe import detect_device
 from jobs.memory.flops import FlopsRate
 from jobs.spec.job import SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
-from jobs.train import before_after, figures, oom
+from jobs.train import before_after, figures, oom, phases
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
+from jobs.train.phase_probe import PhaseProbe
 from jobs.train.training import train_spec
 
 log = logging.getLogger("jobs.train.child")  # named: run as `-m`, this module is __main__
@@ -137,10 +139,12 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         log.info("device: %s", device)
         resume_from = resume_point(store, run_id, output_dir)
         restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
+        # memory at the points of the first optimizer step, kept as phases.json (jobs.train.phases)
+        probe = PhaseProbe(device.cuda, on_record=lambda measured: phases.record(store, run_id, measured))
         result = train_spec(
             spec,
             output_dir,
-            [callback, *restore, *callbacks],
+            [probe, callback, *restore, *callbacks],
             device=device,
             resume_from=resume_from,
             on_ready=ready,

@@ -13,7 +13,6 @@ and benches call it directly.
 from __future__ import annotations
 
 import logging
-import resource
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from jobs.spec.enums import Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
+from jobs.train.phase_probe import MemoryMeter, PhaseProbe
 from jobs.train.readback import final_micro_batch, trainer_readback
 from jobs.train.trainers import build_trainer, perplexity
 
@@ -56,13 +56,12 @@ class TrainResult:
     log_history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def peak_memory(device: Device) -> tuple[int, str]:
-    """Peak torch reserved memory on CUDA, else the process's peak RSS: (bytes, source)."""
-    if device.cuda:
-        import torch
+def peak_memory(device: Device, meter: MemoryMeter | None = None) -> tuple[int, str]:
+    """Peak torch reserved memory on CUDA, else the process's peak RSS: (bytes, source).
 
-        return int(torch.cuda.max_memory_reserved()), "torch"
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "host"  # Linux: KiB
+    `meter`: the phase probe's, whose resets of the peak counters it undoes (jobs.train.phase_probe)."""
+    peaks = (meter or MemoryMeter(device.cuda)).run_peaks()
+    return (peaks["reserved"], "torch") if device.cuda else (peaks["rss"], "host")
 
 
 def count_params(model: Any) -> tuple[int, int]:
@@ -228,14 +227,15 @@ def train_spec(
     if tokens is not None and metrics["train_runtime"] > 0:
         metrics["num_tokens"] = tokens
         metrics["tokens_per_second"] = tokens / metrics["train_runtime"]
-    peak, source = peak_memory(device)
+    probe = next((cb for cb in callbacks if isinstance(cb, PhaseProbe)), None)
+    meter = probe.meter if probe is not None else MemoryMeter(device.cuda)
+    peak, source = peak_memory(device, meter)
     metrics["peak_memory_bytes"] = float(peak)
     resolved["peak_memory_source"] = source
     if device.cuda:
-        import torch
-
-        metrics["peak_torch_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
-        metrics["peak_torch_reserved_bytes"] = float(torch.cuda.max_memory_reserved())
+        peaks = meter.run_peaks()
+        metrics["peak_torch_allocated_bytes"] = float(peaks["allocated"])
+        metrics["peak_torch_reserved_bytes"] = float(peaks["reserved"])
     else:
         metrics["peak_rss_bytes"] = float(peak)
     # A resumed trainer only timed the steps after its checkpoint: the mean is over those.
