@@ -164,6 +164,34 @@ def test_worker_publishes_its_device_and_runtime_when_it_starts(store: Store, tm
     assert env["TUNEDECK_WORKER_ID"] == "w-devices" and env["TUNEDECK_DATABASE_URL"] == store.url
 
 
+def test_a_prediction_made_before_the_runtime_was_measured_counts_it_once_a_worker_claims_the_run(
+    store: Store, tiny_model: Path, tmp_path: Path
+) -> None:
+    from jobs.queue.prediction import load_prediction
+    from jobs.queue.submit import submit
+    from jobs.worker.loop import Worker
+
+    run_id = submit(store, training_helpers.tiny_spec(tiny_model, max_steps=1))  # no worker yet: runtime unknown
+    before = load_prediction(store, run_id)
+    assert before is not None and before["parts"]["runtime"] == 0
+    child = "import sys; sys.exit(0)"
+    worker = Worker(
+        store,
+        worker_id="w-claims",
+        sample=False,
+        child_argv=lambda rid: [sys.executable, "-c", child],
+        baseline_argv=fake_baseline(tmp_path / "runs.jsonl"),
+        poll_interval=0.1,
+    )
+    worker.work(burst=True)
+    after = load_prediction(store, run_id)
+    assert after is not None and after["parts"]["runtime"] == 512 * 1024**2
+    assert after["total_bytes"] == before["total_bytes"] + 512 * 1024**2
+    assert after["worst_case_bytes"] == before["worst_case_bytes"] + 512 * 1024**2
+    assert all(after["phases"][k] == v + 512 * 1024**2 for k, v in before["phases"].items())
+    assert any("w-claims" in note for note in after["notes"])
+
+
 def test_the_runtime_is_measured_once_per_host_and_again_after_an_upgrade(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,3 +26,33 @@ def load_prediction(store: Any, run_id: int) -> dict | None:
         return json.loads((store.run_path(run_id) / PREDICTION_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def with_runtime(saved: dict[str, Any], runtime_bytes: int, worker: str) -> dict[str, Any]:
+    """`saved` (a CPU prediction made while no worker had measured its runtime baseline) with the runtime part
+    filled in: every figure (total, data, worst case, phases) grows by `runtime_bytes`."""
+    out = json.loads(json.dumps(saved))
+    out["parts"] = {**out.get("parts", {}), "runtime": runtime_bytes}
+    for key in ("total_bytes", "data_bytes", "worst_case_bytes"):
+        if out.get(key) is not None:
+            out[key] = int(out[key]) + runtime_bytes
+    out["phases"] = {name: int(value) + runtime_bytes for name, value in (out.get("phases") or {}).items()}
+    out.setdefault("formulas", {})["runtime"] = f"the training process before the model, measured by worker {worker}"
+    out.setdefault("device", {})["runtime_bytes"] = runtime_bytes
+    out["notes"] = [
+        *out.get("notes", []),
+        f"runtime part added when worker {worker} claimed the run (no worker had measured it at submit)",
+    ]
+    return out
+
+
+def add_runtime(store: Any, run_id: int, runtime_bytes: int, worker: str) -> bool:
+    """Complete a run's saved CPU prediction with the claiming worker's runtime baseline when it lacks one
+    (submitted before any worker on this host had measured it); True when the prediction changed."""
+    saved = load_prediction(store, run_id)
+    if not saved or runtime_bytes <= 0 or (saved.get("device") or {}).get("kind") != "cpu":
+        return False
+    if int((saved.get("parts") or {}).get("runtime", 0)):
+        return False
+    (store.run_dir(run_id) / PREDICTION_FILE).write_text(json.dumps(with_runtime(saved, runtime_bytes, worker)))
+    return True

@@ -41,6 +41,7 @@ from types import FrameType
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.devices.sampler import GpuProbe, Sampler
+from jobs.queue.prediction import add_runtime
 from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.worker import leases, processes, runtime
@@ -88,6 +89,7 @@ class Worker:
         self.child_argv = child_argv or processes.default_child_argv  # tests swap in a fake child
         # The runtime baseline is the real training child's: a stand-in child (tests) has none
         # unless the caller gives the command that measures one (it prints {"runtime_bytes": N}).
+        self.runtime_bytes = 0  # this host's runtime baseline once publish_device has measured it
         self.baseline_argv = baseline_argv or (None if child_argv else processes.baseline_argv())
         self.sample = sample
         self.exit_with_parent = exit_with_parent
@@ -177,6 +179,7 @@ class Worker:
         facts = detect(int(self.device) if self.device.isdigit() else 0)
         if self.baseline_argv is not None:  # cached, else measured in a child like the training one (seconds)
             facts = replace(facts, runtime_bytes=runtime.runtime_bytes(self.baseline_argv, self.child_env()))
+        self.runtime_bytes = facts.runtime_bytes
         try:
             self.store.publish_device(self.worker_id, self.host, facts.to_dict())
         except Exception:  # bookkeeping: the worker trains without it (checks fall back to this machine)
@@ -193,6 +196,8 @@ class Worker:
 
         A child that ran out of memory and recorded a recovery (`jobs.train.oom`) exits with
         EXIT_OOM_RECOVER: the run is still ours and running, so a fresh child continues it."""
+        if self.runtime_bytes and add_runtime(self.store, run.id, self.runtime_bytes, self.worker_id):
+            log.info("run %s: its prediction now counts this host's runtime baseline", run.id)
         for attempt in range(MAX_RECOVERIES + 1):
             status = self._execute_once(run, may_restart=attempt < MAX_RECOVERIES)
             if status is not _RESTART:
