@@ -124,7 +124,7 @@ step_install() {
 step_facts() {
   say '```'
   x nvidia-smi
-  x nvidia-smi --query-gpu=name,memory.total,memory.used,memory.reserved,driver_version,compute_cap --format=csv
+  x nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,compute_cap --format=csv
   say '```'
   x "$PY" bench/gpu_env.py --facts --manifest "$WHEELS/manifest.tsv" --site "$SITE"
   say
