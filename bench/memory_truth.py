@@ -3,6 +3,7 @@
     python bench/memory_truth.py                 # CPU: counted live tensor bytes, the full grid (~5-10 min)
     python bench/memory_truth.py --quick         # CPU: the CI-sized subset (tests/test_memory_truth.py)
     python bench/memory_truth.py --device cuda   # a CUDA host: max allocated / reserved and NVML, + 0.5B/1.5B shapes
+    python bench/memory_truth.py --device cuda --only "qwen2.5-0.5b lora sft b4,qwen2.5-0.5b full"   # a subset (--list)
 
 Every configuration is a `JobSpec` trained for two optimizer steps by tunedeck's own path
 (`jobs.config.mapping` configs, `prepare_model_for_kbit_training`, `jobs.train.trainers.build_trainer`), on a
@@ -569,16 +570,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the CI-sized subset only")
     parser.add_argument("--workdir", default=None, help="keep models and data here (reused by a second run)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per CUDA configuration")
+    parser.add_argument(
+        "--only",
+        help="comma-separated parts of configuration labels (see --list): only the configurations whose label "
+        "contains one of them, from the whole grid and (with --device cuda) the CUDA shapes",
+    )
+    parser.add_argument("--list", action="store_true", help="print the configuration labels and exit")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.child:
         return cuda_child(*ns.child)
+    cases = grid(full=not ns.quick) + (CUDA_EXTRA if ns.device == "cuda" and not ns.quick else [])
+    if ns.only:
+        wanted = [w.strip() for w in ns.only.split(",") if w.strip()]
+        unmatched = [w for w in wanted if not any(w in c.label for c in cases)]
+        if unmatched:
+            parser.error(f"--only: no configuration label contains {unmatched} (see --list)")
+        cases = [c for c in cases if any(w in c.label for w in wanted)]
+    if ns.list:
+        print("\n".join(c.label for c in cases))
+        return 0
     quiet()
     work = Path(ns.workdir or tempfile.mkdtemp(prefix="tunedeck-memtruth-"))
     work.mkdir(parents=True, exist_ok=True)
-    cases = grid(full=not ns.quick)
     if ns.device == "cuda":
-        print(cuda_table(run_cuda_grid(cases + ([] if ns.quick else CUDA_EXTRA), work, ns.timeout)))
+        print(cuda_table(run_cuda_grid(cases, work, ns.timeout)))
         return 0
     print(f"{'config':58s} {'predicted':>10s} {'measured':>10s} {'error':>8s}   (MiB; CPU: counted live tensor bytes)")
     rows = run_cpu_grid(cases, work, log=sys.stdout)
