@@ -162,6 +162,7 @@ def test_worker_publishes_its_device_and_runtime_when_it_starts(store: Store, tm
     assert DeviceFacts.from_dict(published["facts"]) == replace(detect(), runtime_bytes=512 * 1024**2)
     (env,) = spawns(runs)  # measured with the environment a training child of this worker gets
     assert env["TUNEDECK_WORKER_ID"] == "w-devices" and env["TUNEDECK_DATABASE_URL"] == store.url
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "131072"  # a CPU worker: freed tensors leave the RSS (processes.py)
 
 
 def test_a_prediction_made_before_the_runtime_was_measured_counts_it_once_a_worker_claims_the_run(

@@ -90,6 +90,7 @@ class Worker:
         # The runtime baseline is the real training child's: a stand-in child (tests) has none
         # unless the caller gives the command that measures one (it prints {"runtime_bytes": N}).
         self.runtime_bytes = 0  # this host's runtime baseline once publish_device has measured it
+        self.trains_on_cpu = False  # known once publish_device has probed the device
         self.baseline_argv = baseline_argv or (None if child_argv else processes.baseline_argv())
         self.sample = sample
         self.exit_with_parent = exit_with_parent
@@ -177,6 +178,7 @@ class Worker:
         from jobs.devices.probe import detect
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
+        self.trains_on_cpu = facts.kind != "cuda"  # the children's allocator setting follows (child_env)
         if self.baseline_argv is not None:  # cached, else measured in a child like the training one (seconds)
             facts = replace(facts, runtime_bytes=runtime.runtime_bytes(self.baseline_argv, self.child_env()))
         self.runtime_bytes = facts.runtime_bytes
@@ -314,6 +316,9 @@ class Worker:
             TUNEDECK_DEVICE=self.device,
             TUNEDECK_WORKER_ID=self.worker_id,
         )
+        if self.trains_on_cpu:
+            for name, value in processes.CPU_ALLOCATOR_ENV.items():
+                env.setdefault(name, value)
         if self.pinned:
             # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
             env["CUDA_VISIBLE_DEVICES"] = self.device if processes.is_gpu_id(self.device) else ""
