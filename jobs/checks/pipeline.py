@@ -30,7 +30,6 @@ No step swallows an unexpected error: a bug in a check fails the call instead of
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -105,15 +104,13 @@ def _check_spec(
 ) -> Checked:
     from jobs.models.references import check_model
     from jobs.models.registry import ModelError
-    from jobs.models.tokenizer import local_tokenizer
+    from jobs.models.tokenizer import LocalTokenizer
 
     problems = policy.problems(spec) + field_problems
     valid = not problems  # the spec itself is sound: its prediction means something
     # Loaded at most once per check, and only from files on this machine; code shipped with the model
     # runs only where this server allows it.
-    tokenizer = functools.cache(
-        lambda: local_tokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)
-    )
+    tokenizer = LocalTokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)
     if not any(p.field == "model" for p in problems):
         try:
             problems += list(check_model(spec.model, trust_remote_code=spec.trust_remote_code))

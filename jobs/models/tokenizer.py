@@ -65,6 +65,21 @@ def local_tokenizer(model: str, trust_remote_code: bool = False) -> Any | None:
         return None
 
 
+class LocalTokenizer:
+    """`local_tokenizer(model)` loaded on the first call and kept: one check's steps share one load."""
+
+    def __init__(self, model: str, trust_remote_code: bool = False) -> None:
+        self.model, self.trust_remote_code = model, trust_remote_code
+        self._loaded = False
+        self._tokenizer: Any | None = None
+
+    def __call__(self) -> Any | None:
+        if not self._loaded:
+            self._tokenizer = local_tokenizer(self.model, self.trust_remote_code)
+            self._loaded = True
+        return self._tokenizer
+
+
 def has_chat_template(model: str) -> bool | None:
     """True/False when the model's tokenizer files are on disk (folder or HF cache); None when unknown."""
     from jobs.models.registry import BUILTIN_MODELS

@@ -9,18 +9,22 @@ The run page, the compare tab and `tunedeck show` read it back to set it against
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jobs.memory.prediction import Prediction
+    from storage.store import Store
 
 PREDICTION_FILE = "prediction.json"
 
 
-def save_prediction(store: Any, run_id: int, prediction: Any) -> None:
-    """Keep `prediction` (a `jobs.memory.predict.Prediction`, or None: nothing to keep) with the run."""
+def save_prediction(store: Store, run_id: int, prediction: Prediction | None) -> None:
+    """Keep `prediction` (None: nothing to keep) with the run."""
     if prediction is not None:
         (store.run_dir(run_id) / PREDICTION_FILE).write_text(prediction.to_json())
 
 
-def load_prediction(store: Any, run_id: int) -> dict | None:
+def load_prediction(store: Store, run_id: int) -> dict | None:
     """The prediction saved at submit, or None."""
     try:
         return json.loads((store.run_path(run_id) / PREDICTION_FILE).read_text())
@@ -46,7 +50,7 @@ def with_runtime(saved: dict[str, Any], runtime_bytes: int, worker: str) -> dict
     return out
 
 
-def add_runtime(store: Any, run_id: int, runtime_bytes: int, worker: str) -> bool:
+def add_runtime(store: Store, run_id: int, runtime_bytes: int, worker: str) -> bool:
     """Complete a run's saved CPU prediction with the claiming worker's runtime baseline when it lacks one
     (submitted before any worker on this host had measured it); True when the prediction changed."""
     saved = load_prediction(store, run_id)
