@@ -31,6 +31,11 @@ row max_length long), the measured peak and the error of the data figure against
 measured `phases.json`. The last lines: "N% of M runs within 15%" and how many are more than 25%
 under.
 
+Measured on the busy 2-core CPU machine on 2026-12-01 (at b1d0e2f, 2 steps a job): the 20 runs
+took 25.5 min (10-175 s each; the machine was shared, load ~4); 75% of 20 runs within 15%, 1 more
+than 25% under (QLoRA, -33%); the SmolLM2 runs 8-20% under, the tiny full fine-tune and the reward
+model ~14% over. `--only` runs a few jobs (the small-model ones take ~30 s each).
+
 `--device cuda` (NOT RUN YET: written for a GPU host, never executed on one) leaves the GPU visible
 to the worker and replaces the built-in SmolLM2, which a host without internet cannot fetch, with a
 random-weight model of SmolLM2's shape and the offline tokenizer of `jobs.models.tiny` (memory does
@@ -119,7 +124,13 @@ def examples() -> list[Job]:
 
 def grid() -> list[Job]:
     """The jobs, in the order they run."""
-    lora = {"method": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_modules": "all-linear", "learning_rate": 2e-4}
+    lora = {
+        "method": "lora",
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_target_modules": "all-linear",
+        "learning_rate": 2e-4,
+    }
     return [
         Job("default", "the form's default job: JobSpec() but for max_steps, the row limit and FAST", {}),
         *examples(),
@@ -378,7 +389,9 @@ def read_result(store: Any, job: Job, run_id: int) -> Result:
     if run.started_at and run.finished_at:
         r.seconds = run.finished_at - run.started_at
     if run.status is not RunStatus.SUCCEEDED:
-        r.problem = f"{run.status.value}: {(run.error_summary or '').splitlines()[0][:100] if run.error_summary else ''}"
+        r.problem = (
+            f"{run.status.value}: {(run.error_summary or '').splitlines()[0][:100] if run.error_summary else ''}"
+        )
     if p:
         r.data_bytes = p.get("data_bytes")
         r.worst_bytes = p.get("worst_case_bytes")

@@ -44,6 +44,7 @@ def test_the_grid_separates_the_data_length_from_max_length() -> None:
     assert longest[short.data] * 10 < short.fields["max_length"]  # rows far shorter than the bound
     assert longest[cut.data] > cut.fields["max_length"]  # every row cut at the bound
     assert jobs["packing-on"].fields["packing"] and not jobs["packing-off"].fields.get("packing", False)
-    assert longest[jobs["packing-on"].data] * jobs["packing-on"].rows_per_sequence > jobs["packing-on"].fields[
-        "max_length"
-    ]
+    assert (
+        longest[jobs["packing-on"].data] * jobs["packing-on"].rows_per_sequence
+        > jobs["packing-on"].fields["max_length"]
+    )
