@@ -1,0 +1,50 @@
+"""bench/memory_runs.py's grid is what it says: enough jobs, each a valid spec, the lengths they claim.
+
+No training here: the bench itself trains (minutes); these check its grid in well under a second.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def test_list_prints_at_least_16_distinct_jobs(capsys) -> None:
+    from bench.memory_runs import main
+
+    assert main(["--list"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(names) >= 16
+    assert len(set(names)) == len(names)
+    assert "default" in names
+    assert {f"ex:{p.stem}" for p in (ROOT / "examples").glob("*.yaml")} <= set(names)
+
+
+def test_every_job_parses_as_a_spec_with_the_bench_settings() -> None:
+    from bench.memory_runs import FAST, grid
+    from jobs.spec.job import JobSpec
+
+    for job in grid():
+        spec = JobSpec.from_dict({**job.fields, **FAST, "max_steps": 2, "max_train_samples": job.rows(2)})
+        assert spec.max_train_samples == 2 * spec.per_device_train_batch_size * spec.gradient_accumulation_steps * (
+            job.rows_per_sequence
+        ), job.name
+
+
+def test_the_grid_separates_the_data_length_from_max_length() -> None:
+    from bench.memory_runs import DATA, grid
+
+    jobs = {j.name: j for j in grid()}
+    longest = {key: max(lengths.values()) for key, lengths in DATA.items()}
+    short, cut = jobs["short-2048"], jobs["truncated-256"]
+    assert longest[short.data] * 10 < short.fields["max_length"]  # rows far shorter than the bound
+    assert longest[cut.data] > cut.fields["max_length"]  # every row cut at the bound
+    assert jobs["packing-on"].fields["packing"] and not jobs["packing-off"].fields.get("packing", False)
+    assert (
+        longest[jobs["packing-on"].data] * jobs["packing-on"].rows_per_sequence
+        > jobs["packing-on"].fields["max_length"]
+    )
