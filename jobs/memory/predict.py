@@ -163,7 +163,13 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths 
     # ---- logits (docs/memory.md "Logits and loss")
     fused_kernel = cuda  # trl folds tiles in a Triton kernel on CUDA; torch ops elsewhere
     head_rows = rows * (length - 1)
-    logits, lf = head_bytes(arch, head_rows, elem, mask_bytes, m is Method.FULL, fused_kernel)
+    if spec.trainer is Trainer.REWARD:
+        # A sequence-classification model: one score per row from the last token, no vocabulary logits;
+        # the backward's fp32 gradient of the final hidden states is what the head adds.
+        logits = float(rows * length * arch.hidden * 4)
+        lf = f"reward head: one score per row (no vocabulary logits) + fp32 hidden grad {rows * length}x{arch.hidden}"
+    else:
+        logits, lf = head_bytes(arch, head_rows, elem, mask_bytes, m is Method.FULL, fused_kernel)
     if spec.gradient_checkpointing:
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
