@@ -3,6 +3,7 @@
     .venv/bin/python bench/overhead.py                      # tiny-llama, 600 steps, 10 pairs (~5 min)
     .venv/bin/python bench/overhead.py --sides bare,bare    # the method's own bias: expect 1.00
     .venv/bin/python bench/overhead.py --model smollm2-135m-instruct --steps 20 --pairs 3
+    .venv/bin/python bench/overhead.py --sides bare,bare-malloc --steps 200 --pairs 4   # the CPU allocator's cost
 
 Both sides run the same code in the same kind of process; only the instrumentation differs:
 (a) bare: a child process started as the worker starts its children (same interpreter,
@@ -11,7 +12,11 @@ Both sides run the same code in the same kind of process; only the instrumentati
 (b) tunedeck: the run is queued with `Store.create_run`, then `tunedeck worker --burst` (a
     process of its own, as a user starts it) trains it in its child `python -m jobs.train.child`:
     StoreCallback (metric rows, progress), the worker's memory sampler, heartbeats and cancel
-    polling, artifacts.
+    polling, artifacts. On a CPU the worker starts its child with `CPU_ALLOCATOR_ENV`
+    (`jobs/worker/processes.py`), so this side also pays for the fixed malloc mmap threshold;
+(c) bare-malloc: the bare side with `CPU_ALLOCATOR_ENV` added to its environment, nothing else
+    changed. `--sides bare,bare-malloc` is the threshold's own cost in speed, and its saving in
+    peak RSS; `--sides bare-malloc,tunedeck` is the instrumentation's cost alone on a CPU.
 Model loading, data preparation and the trl/peft configs are the same code on both sides, so a
 difference is the instrumentation's. Two figures per side:
 - tokens/s over the whole training: non-pad tokens trained (trl's `num_tokens`) / `train_runtime`
@@ -20,6 +25,9 @@ difference is the instrumentation's. Two figures per side:
 - the median step time, from one optimizer step's end to the next (bare: the clock callback;
   tunedeck: StoreCallback's own `step_time` rows, logged every step). The steady cost of a step;
   a few steps slowed by a flush or another process do not move it.
+The bare sides also report their training process's peak RSS (`ru_maxrss`: the exact high-water
+mark of that one process, model loading included); the tunedeck side's memory is a sampled curve
+of a process tree, not the same measure, so no peak RSS is printed for it.
 
 Two ways to pair the sides (`--mode`):
 - concurrent (the default on a CPU-only machine with 2+ cores): both sides train at the same
@@ -32,7 +40,7 @@ Two ways to pair the sides (`--mode`):
 - sequential (a GPU, or one core): one side after the other, alternating the order, all cores.
 Prints every pair, each side's spread across repeats (max/min - 1), the spread of the pair
 ratios, and min / median / max of each ratio tunedeck/bare (tokens/s; bare/tunedeck for step
-times), 1.00 meaning no overhead. `--sides bare,bare` runs the method against itself: its
+times), 1.00 meaning no overhead; with two bare sides also the peak RSS ratio (below 1.00: less). `--sides bare,bare` runs the method against itself: its
 median shows the bias of the pairing, its spread the noise left in a ratio.
 """
 
@@ -41,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -86,6 +95,8 @@ def bare_child(spec_path: str) -> None:
                 "train_runtime": m["train_runtime"],
                 "steps": m["global_step"],
                 "step_time": statistics.median(steps),
+                # KiB on Linux: the process's own high-water mark, exact where a sampler could miss it
+                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             }
         ),
         flush=True,
@@ -121,13 +132,17 @@ def pinned(cores: set[int] | None) -> Any:
     return lambda: os.sched_setaffinity(0, cores)
 
 
-def side_env(threads: int | None) -> dict[str, str]:
-    """The environment of either side's processes: identical apart from nothing."""
+def side_env(threads: int | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a side's processes: the same for every side apart from `extra`."""
+    from jobs.worker.processes import CPU_ALLOCATOR_ENV
     from storage.settings import data_dir
 
     env = dict(os.environ, **OFFLINE_ENV, TUNEDECK_HOME=str(data_dir()), PYTHONUNBUFFERED="1")
+    for name in CPU_ALLOCATOR_ENV:  # glibc's defaults unless a side asks: a user's setting would blur bare-malloc
+        env.pop(name, None)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    env.update(extra or {})
     return env
 
 
@@ -135,6 +150,7 @@ class Bare:
     """Side (a): a child started as `Worker.execute` starts one, running `train_spec` bare."""
 
     name = "bare"
+    extra_env: dict[str, str] = {}
 
     def __init__(self, spec: Any, work: Path, tag: str, cores: set[int] | None, threads: int | None) -> None:
         self.folder = work / f"bare-{tag}"
@@ -149,7 +165,7 @@ class Bare:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=side_env(threads),
+                env=side_env(threads, self.extra_env),
                 start_new_session=True,
                 preexec_fn=pinned(cores),
             )
@@ -163,6 +179,18 @@ class Bare:
         r = json.loads(line.split(" ", 1)[1])
         shutil.rmtree(self.folder / "bare-out", ignore_errors=True)
         return {"tokens_per_second": r["num_tokens"] / r["train_runtime"], **r}
+
+
+class BareMalloc(Bare):
+    """Side (c): the bare side with the CPU worker's allocator setting in its environment."""
+
+    name = "bare-malloc"
+
+    def __init__(self, spec: Any, work: Path, tag: str, cores: set[int] | None, threads: int | None) -> None:
+        from jobs.worker.processes import CPU_ALLOCATOR_ENV
+
+        self.extra_env = dict(CPU_ALLOCATOR_ENV)
+        super().__init__(spec, work, f"malloc-{tag}", cores, threads)
 
 
 class Tunedeck:
@@ -217,7 +245,7 @@ class Tunedeck:
         }
 
 
-SIDES = {"bare": Bare, "tunedeck": Tunedeck}
+SIDES = {"bare": Bare, "bare-malloc": BareMalloc, "tunedeck": Tunedeck}
 
 
 def callback_cost(spec: Any, work: Path) -> dict[str, float]:
@@ -308,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sides",
         default="bare,tunedeck",
-        help="the two sides of each pair: bare,tunedeck (default); bare,bare checks the method",
+        help="the two sides of each pair: bare,tunedeck (default); bare,bare checks the method; "
+        "bare,bare-malloc measures the CPU allocator setting",
     )
     parser.add_argument("--no-callback-cost", action="store_true", help="skip the in-process callback timing")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -349,12 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         a, b = run_pair(i, sides, spec, work, mode)
         ratio = b["tokens_per_second"] / a["tokens_per_second"]
         step_ratio = a["step_time"] / b["step_time"]
+        rss_ratio = b["peak_rss"] / a["peak_rss"] if "peak_rss" in a and "peak_rss" in b else None
         rows.append(
             {
                 "pair": i + 1,
                 **{f"{k}_{lab}": v for lab, r in zip(labels, (a, b)) for k, v in r.items()},
                 "ratio": ratio,
                 "step_ratio": step_ratio,
+                **({"rss_ratio": rss_ratio} if rss_ratio is not None else {}),
             }
         )
         where = [f" (cores {r['cores']})" if "cores" in r else "" for r in (a, b)]
@@ -362,10 +393,13 @@ def main(argv: list[str] | None = None) -> int:
             f"pair {i + 1}: "
             + ", ".join(
                 f"{lab}{w} {r['tokens_per_second']:.1f} tok/s ({r['train_runtime']:.1f} s, median step "
-                f"{r['step_time'] * 1000:.1f} ms)"
+                f"{r['step_time'] * 1000:.1f} ms"
+                + (f", peak RSS {r['peak_rss'] / 2**20:.0f} MiB" if "peak_rss" in r else "")
+                + ")"
                 for lab, w, r in zip(labels, where, (a, b))
             )
-            + f"; ratio {ratio:.3f}, step ratio {step_ratio:.3f}",
+            + f"; ratio {ratio:.3f}, step ratio {step_ratio:.3f}"
+            + (f", peak RSS ratio {rss_ratio:.3f}" if rss_ratio is not None else ""),
             flush=True,
         )
     ratios = [r["ratio"] for r in rows]
@@ -376,10 +410,16 @@ def main(argv: list[str] | None = None) -> int:
         tps = [r[f"tokens_per_second_{lab}"] for r in rows]
         steps = [r[f"step_time_{lab}"] * 1000 for r in rows]
         spreads += [spread(tps), spread(steps)]
+        rss = [r[f"peak_rss_{lab}"] / 2**20 for r in rows if f"peak_rss_{lab}" in r]
         print(
             f"{lab}: tokens/s min {min(tps):.1f} / median {statistics.median(tps):.1f} / max {max(tps):.1f}, "
             f"spread {spread(tps) * 100:.1f}%; median step ms min {min(steps):.2f} / median "
-            f"{statistics.median(steps):.2f} / max {max(steps):.2f}, spread {spread(steps) * 100:.1f}%",
+            f"{statistics.median(steps):.2f} / max {max(steps):.2f}, spread {spread(steps) * 100:.1f}%"
+            + (
+                f"; peak RSS MiB min {min(rss):.0f} / median {statistics.median(rss):.0f} / max {max(rss):.0f}"
+                if rss
+                else ""
+            ),
             flush=True,
         )
     what = f"{labels[1]}/{labels[0]}"
@@ -391,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio {what}, median step time: min {min(step_ratios):.3f} / median "
         f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}, spread {spread(step_ratios) * 100:.1f}%"
     )
+    rss_ratios = [r["rss_ratio"] for r in rows if "rss_ratio" in r]
+    if rss_ratios:
+        print(
+            f"ratio {what}, peak RSS: min {min(rss_ratios):.3f} / median {statistics.median(rss_ratios):.3f} / "
+            f"max {max(rss_ratios):.3f}, spread {spread(rss_ratios) * 100:.1f}%"
+        )
     if max(spreads) > 0.05:
         print(
             "note: a side's spread is above 5%: the machine's speed changed between repeats"
@@ -409,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_ratio": median,
         "ratio_max": max(ratios),
         "median_step_ratio": statistics.median(step_ratios),
+        **({"median_rss_ratio": statistics.median(rss_ratios)} if rss_ratios else {}),
     }
     if not args.no_callback_cost:
         cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
