@@ -165,6 +165,14 @@ def test_worker_publishes_its_device_and_runtime_when_it_starts(store: Store, tm
     assert env["MALLOC_MMAP_THRESHOLD_"] == "131072"  # a CPU worker: freed tensors leave the RSS (processes.py)
 
 
+def test_cpu_children_get_the_exact_allocator_unless_told_otherwise() -> None:
+    from jobs.worker.processes import CPU_ALLOCATOR_ENV, cpu_allocator_env
+
+    assert cpu_allocator_env({}) == CPU_ALLOCATOR_ENV
+    assert cpu_allocator_env({"TUNEDECK_CPU_ALLOCATOR": "glibc"}) == {}
+    assert cpu_allocator_env({"MALLOC_MMAP_THRESHOLD_": "65536"}) == {}  # the user's own value stays
+
+
 def test_a_prediction_made_before_the_runtime_was_measured_counts_it_once_a_worker_claims_the_run(
     store: Store, tiny_model: Path, tmp_path: Path
 ) -> None:

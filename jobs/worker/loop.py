@@ -317,8 +317,7 @@ class Worker:
             TUNEDECK_WORKER_ID=self.worker_id,
         )
         if self.trains_on_cpu:
-            for name, value in processes.CPU_ALLOCATOR_ENV.items():
-                env.setdefault(name, value)
+            env.update(processes.cpu_allocator_env(env))
         if self.pinned:
             # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
             env["CUDA_VISIBLE_DEVICES"] = self.device if processes.is_gpu_id(self.device) else ""

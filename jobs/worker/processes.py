@@ -32,8 +32,21 @@ BASELINE_MODULE = "jobs.train.baseline"  # the child's runtime baseline (`jobs.w
 # the heap and stay resident after they are freed: the RSS climbs each step by fragmentation, not by
 # live tensors (the form's default job: 2.9 GiB peak against 2.4 GiB live, 2.5 GiB with the fixed
 # threshold). A fixed threshold gives every tensor over 128 KiB its own mapping, returned when freed,
-# so the curve shows what is alive. A value the user set in the environment wins.
+# so the curve shows what is alive, and the real peak is lower (SmolLM2 LoRA: 0.84x); it costs speed
+# (0.84x tokens/s there, `bench/overhead.py --sides bare,bare-malloc`). TUNEDECK_CPU_ALLOCATOR=glibc keeps
+# glibc's own behaviour (faster; the RSS then runs above the prediction); a MALLOC_MMAP_THRESHOLD_ the
+# user set wins.
 CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def cpu_allocator_env(env: dict[str, str]) -> dict[str, str]:
+    """The allocator settings a CPU training child gets on top of `env` (its environment so far)."""
+    choice = env.get("TUNEDECK_CPU_ALLOCATOR", "exact").strip().lower()
+    if choice == "glibc" or "MALLOC_MMAP_THRESHOLD_" in env:
+        return {}
+    if choice != "exact":
+        log.warning("TUNEDECK_CPU_ALLOCATOR=%r is neither 'exact' nor 'glibc': using 'exact'", choice)
+    return dict(CPU_ALLOCATOR_ENV)
 
 
 def default_child_argv(run_id: int) -> list[str]:
