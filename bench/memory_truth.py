@@ -327,7 +327,8 @@ def predicted(spec: JobSpec, model_dir: Path, facts: Any) -> Any:
     from jobs.memory.parts import arch_from_config
     from jobs.memory.predict import predict
 
-    return predict(spec, arch_from_config(json.loads((model_dir / "config.json").read_text())), facts)
+    # Allocated bytes (what LiveBytes and torch count), not a host process's resident pages.
+    return predict(spec, arch_from_config(json.loads((model_dir / "config.json").read_text())), facts, resident=False)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class Arch:
     param_shapes: tuple[tuple[int, ...], ...]  # every parameter's shape (tied weights once)
     block_linears: tuple[LayerLinear, ...]  # one block's linears
     shape: ModelShape  # for the trainable-parameter count (jobs.memory.params)
+    checkpoint_bytes: int = 2  # bytes per parameter in the model's files (its config's dtype)
 
     @property
     def kv_dim(self) -> int:
@@ -137,7 +138,14 @@ def arch_from_config(config: Any) -> Arch:
         param_shapes=tuple(tuple(p.shape) for p in params),
         block_linears=tuple(linears),
         shape=model_shape(config),
+        checkpoint_bytes=_dtype_bytes(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)),
     )
+
+
+def _dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a config's dtype ('float32', torch.bfloat16, ...); 2 when unstated."""
+    name = str(dtype or "").removeprefix("torch.")
+    return {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}.get(name, 2)
 
 
 # ---------------------------------------------------------------------- weights (docs/memory.md "Weights")
@@ -229,7 +237,13 @@ def block_elements(arch: Arch, plan: ActivationPlan, mask_bytes: float, elem: fl
 
 # ---------------------------------------------------------------------- logits (docs/memory.md "Logits and loss")
 def head_bytes(
-    arch: Arch, rows_tokens: int, compute_elem: float, mask_bytes: float, head_trains: bool, fused_kernel: bool
+    arch: Arch,
+    rows_tokens: int,
+    compute_elem: float,
+    mask_bytes: float,
+    head_trains: bool,
+    fused_kernel: bool,
+    resident: bool = False,
 ) -> tuple[float, str]:
     """Peak of trl's fused LM head in its backward: (bytes, formula).
 
@@ -237,15 +251,17 @@ def head_bytes(
     4096 tokens x 32768 vocabulary columns, in a buffer allocated at the full tile width. Without
     Triton (CPU) the tile's fold runs as torch ops holding 7 fp32 tile-sized temporaries and a
     boolean one (counted); the backward also accumulates the hidden-state gradient (and the head's weight
-    gradient when the head trains) in fp32."""
+    gradient when the head trains) in fp32. `resident`: count only the pages written (a host process's RSS:
+    a vocabulary narrower than the tile leaves the rest of each buffer row untouched), not the allocation."""
     n = min(rows_tokens, HEAD_TOKEN_TILE)
     v = min(arch.vocab, HEAD_VOCAB_TILE)
-    buffer = n * HEAD_VOCAB_TILE * compute_elem
+    width = v if resident else HEAD_VOCAB_TILE
+    buffer = n * width * compute_elem
     temps = 0.0 if fused_kernel else n * v * (7 * 4 + 1)
     grad_hidden = rows_tokens * arch.hidden * 4
     grad_weight = arch.vocab * arch.hidden * 4 if head_trains else 0
     formula = (
-        f"tile {n}x{HEAD_VOCAB_TILE}x{compute_elem:g} B"
+        f"tile {n}x{width}x{compute_elem:g} B{' (written part)' if resident and width < HEAD_VOCAB_TILE else ''}"
         + ("" if fused_kernel else f" + 7 fp32 + 1 bool temporaries {n}x{v}")
         + f" + fp32 hidden grad {rows_tokens}x{arch.hidden}"
         + (f" + fp32 head grad {arch.vocab}x{arch.hidden}" if head_trains else "")

@@ -84,10 +84,16 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
     return ActivationPlan(weights_train=False)
 
 
-def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None) -> Prediction:
+def predict(
+    spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None, *, resident: bool | None = None
+) -> Prediction:
     """The predicted peak of one training step of `spec` on `device` (see docs/memory.md): for the worst
-    micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None."""
+    micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None.
+
+    `resident`: count what a host process keeps resident (its RSS: what a CPU worker measures) instead of
+    what is allocated (torch's figure); default: resident on the CPU, allocated on CUDA."""
     cuda = device.kind == "cuda"
+    rss = (not cuda) if resident is None else resident
     precision = resolve_precision(spec, device.device())
     half = precision in (Precision.BF16, Precision.FP16)
     elem = 2 if half else 4  # activations and matmul outputs under autocast
@@ -124,6 +130,11 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths 
         base = 2 if half else 4
         weights = float(n * base)
         wf = f"{n:,} frozen params x {base} B"
+    if rss and m in QUANTIZED_METHODS:
+        # Quantizing reads every linear weight from the model's file; the tensors loaded as they are (the
+        # embeddings) still point into that file's mapping, so the pages read stay in the process's RSS.
+        weights += float(arch.linear_params * arch.checkpoint_bytes)
+        wf += f" + the file pages read to quantize them ({arch.linear_params:,} x {arch.checkpoint_bytes} B, still mapped)"
     if m is Method.FULL and (spec.trainer is Trainer.DPO or (spec.trainer is Trainer.GRPO and spec.beta > 0)):
         weights += 4.0 * n  # trl loads a second copy as the frozen reference, in the model's dtype
         wf += f" + reference model {n:,} x 4 B"
@@ -169,7 +180,7 @@ def predict(spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths 
         logits = float(rows * length * arch.hidden * 4)
         lf = f"reward head: one score per row (no vocabulary logits) + fp32 hidden grad {rows * length}x{arch.hidden}"
     else:
-        logits, lf = head_bytes(arch, head_rows, elem, mask_bytes, m is Method.FULL, fused_kernel)
+        logits, lf = head_bytes(arch, head_rows, elem, mask_bytes, m is Method.FULL, fused_kernel, rss)
     if spec.gradient_checkpointing:
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
