@@ -31,10 +31,11 @@ row max_length long), the measured peak and the error of the data figure against
 measured `phases.json`. The last lines: "N% of M runs within 15%" and how many are more than 25%
 under.
 
-Measured on the busy 2-core CPU machine on 2026-12-01 (at b1d0e2f, 2 steps a job): the 20 runs
-took 25.5 min (10-175 s each; the machine was shared, load ~4); 75% of 20 runs within 15%, 1 more
-than 25% under (QLoRA, -33%); the SmolLM2 runs 8-20% under, the tiny full fine-tune and the reward
-model ~14% over. `--only` runs a few jobs (the small-model ones take ~30 s each).
+Measured on the busy 2-core CPU machine on 2026-12-01 at 73c5a99 (2 steps a job; 16 min for the grid,
+9-151 s a run): **90% of 20 runs within 15%, none more than 25% under** (worst -6.6%, QLoRA); the two
+outside are over-predictions, the reward model +16% and DPO with long chosen answers +17%. Before
+the CPU child's fixed malloc threshold and the resident-page rules (b1d0e2f): 75% within 15%, QLoRA
+-33%. `--only` runs a few jobs (the small-model ones take ~10-30 s each).
 
 `--device cuda` (NOT RUN YET: written for a GPU host, never executed on one) leaves the GPU visible
 to the worker and replaces the built-in SmolLM2, which a host without internet cannot fetch, with a
