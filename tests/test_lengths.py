@@ -150,3 +150,12 @@ def test_preference_rows_are_measured_for_their_trainer(data_home: Path, tiny_mo
     lengths = measured_lengths(spec)
     assert lengths is not None and lengths.rows > 0
     assert lengths.lengths.shape[1] == (1 if trainer is Trainer.KTO else 2)
+
+
+def test_the_form_shows_this_datas_figure_and_the_bound(data_home: Path, tiny_model: Path) -> None:
+    from app.ui import form as ui_form
+
+    spec = training_helpers.tiny_spec(tiny_model, max_length=2048)
+    text, bar = ui_form.memory_views(*ui_form.form_values(spec))
+    assert "This data: **" in text and "Any data up to max_length 2048:" in text and "longest row" in text
+    assert 'id="memory-bound"' in bar and "any data up to max_length 2048" in bar
