@@ -35,7 +35,7 @@ def _load(
     ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]
 ) -> tuple[datasets.Dataset, DatasetInfo]:
     """The checked, converted data set with trl's columns only, and its info."""
-    checked = inspect_dataset(ref, trainer, field_name, 5, column_map)
+    checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
     info, ds = checked.info, checked.ds
     keep, features = COLUMNS[info.format], _features(info.format, checked.style)
     extra = info.reward_columns
