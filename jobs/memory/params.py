@@ -43,9 +43,14 @@ def _matches(name: str, targets: str | list[str]) -> bool:
 
 
 def _targeted(spec: JobSpec, shape: ModelShape, targets: str | list[str]) -> list[Linear]:
-    if targets == "all-linear":
-        return [lin for lin in shape.linears if lin.name.split(".")[-1] not in OUTPUT_LAYER_NAMES]
-    return [lin for lin in shape.linears if _matches(lin.name, targets)]
+    key = targets if isinstance(targets, str) else tuple(targets)
+    if key not in shape.picked:  # once per shape and targets: a prediction asks three times, for ~50 variants
+        if targets == "all-linear":
+            found = [lin for lin in shape.linears if lin.name.split(".")[-1] not in OUTPUT_LAYER_NAMES]
+        else:
+            found = [lin for lin in shape.linears if _matches(lin.name, targets)]
+        shape.picked[key] = tuple(found)
+    return list(shape.picked[key])
 
 
 def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:

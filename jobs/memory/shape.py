@@ -34,6 +34,8 @@ class ModelShape:
     head_dim: int
     linears: tuple[Linear, ...] = field(default=())
     config: Any = field(default=None, compare=False, repr=False)  # the transformers config it was read from
+    # The linears each `target_modules` value picks (`jobs.memory.params`), worked out once per shape.
+    picked: dict[Any, tuple[Linear, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 # ---------------------------------------------------------------------- shapes (no weights)
