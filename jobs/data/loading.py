@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from jobs.data.inspection import DatasetInfo, inspect_dataset
 from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
@@ -22,8 +20,13 @@ from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
+if TYPE_CHECKING:
+    import datasets
+
 
 def _features(fmt: RowFormat, style: str | None) -> datasets.Features:
+    import datasets  # here: the checks read eval_rows without it
+
     message = [{"role": datasets.Value("string"), "content": datasets.Value("string")}]
     cell = message if style == "conversational" else datasets.Value("string")
     return datasets.Features(
@@ -35,6 +38,8 @@ def _load(
     ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]
 ) -> tuple[datasets.Dataset, DatasetInfo]:
     """The checked, converted data set with trl's columns only, and its info."""
+    import datasets
+
     checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
     info, ds = checked.info, checked.ds
     keep, features = COLUMNS[info.format], _features(info.format, checked.style)

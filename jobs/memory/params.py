@@ -60,9 +60,11 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     from transformers import AutoModelForCausalLM
 
     from jobs.config.peft import peft_config
+    from jobs.memory.model_config import transformers_config
 
+    config = transformers_config(shape.config) if isinstance(shape.config, dict) else shape.config  # read back
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(shape.config)
+        model = AutoModelForCausalLM.from_config(config)
     trainable, _ = get_peft_model(model, peft_config(spec, shape.model_type)).get_nb_trainable_parameters()
     return int(trainable)
 
