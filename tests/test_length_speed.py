@@ -267,3 +267,39 @@ def test_a_file_changed_moments_ago_is_hashed_at_every_look(tmp_path: Path, monk
     for _ in range(2):
         digests.file_digest(data, tmp_path / "notes")
     assert len(hashed) == 3  # settled: hashed once more, then remembered
+
+
+def test_piece_counts_ignore_the_tokenizers_padding_and_leave_it_set(tiny_tokenizer: Any) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    backend = type(tiny_tokenizer.backend_tokenizer).from_str(tiny_tokenizer.backend_tokenizer.to_str())
+    backend.enable_padding(length=64)
+    backend.enable_truncation(max_length=3)
+    padded = PreTrainedTokenizerFast(tokenizer_object=backend)
+    counter = PieceCounter.of(padded)
+    assert counter is not None
+    texts = TRICKY + fuzz(500, seed=6)
+    assert counter.counts(texts, False) == library_counts(tiny_tokenizer, texts, False)
+    assert backend.padding is not None and backend.truncation is not None  # the caller's settings stay
+
+
+def test_the_cycle_collector_comes_back_as_it_was() -> None:
+    import gc
+
+    from jobs.data.bulk import collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(KeyError), collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # nested: still off after the inner block
+            pass
+        assert not gc.isenabled()
+        raise KeyError("a loading error")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: it stays off
+    finally:
+        gc.enable()

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jobs.data.bulk import collector_paused
 from jobs.data.inspection import DatasetInfo, inspect_dataset
 from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
 from jobs.data.sources import DataError
@@ -106,6 +107,11 @@ class LoadedData:
 
 def load_data(spec: JobSpec) -> LoadedData:
     """Train and eval data for `spec`, checked and converted; DataError lists every problem of both."""
+    with collector_paused():
+        return _load_data(spec)
+
+
+def _load_data(spec: JobSpec) -> LoadedData:
     problems: list[Problem] = []
     train = eval_ = None
     try:

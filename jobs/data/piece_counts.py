@@ -110,16 +110,16 @@ class PieceCounter:
             or any(t.get("lstrip") or t.get("rstrip") or re.search(r"\s", t.get("content", "")) for t in added)
         ):
             return None
-        from tokenizers import Tokenizer
+        if data.get("padding") is not None or data.get("truncation") is not None or backend.encode_special_tokens:
+            from tokenizers import Tokenizer
 
-        own = Tokenizer.from_str(
-            text
-        )  # a copy: its padding and truncation are switched off, the caller's are not touched
-        own.no_padding()
-        own.no_truncation()
-        own.encode_special_tokens = False
-        post = own.post_processor
-        return cls(own, post.num_special_tokens_to_add(False) if post is not None else 0)
+            # A copy without them (~0.3 s): the caller's tokenizer is not touched.
+            backend = Tokenizer.from_str(text)
+            backend.no_padding()
+            backend.no_truncation()
+            backend.encode_special_tokens = False
+        post = backend.post_processor
+        return cls(backend, post.num_special_tokens_to_add(False) if post is not None else 0)
 
     def counts(self, texts: list[str], add_special_tokens: bool) -> list[int]:
         """The token count of each text, as the library's `tokenizer(texts, add_special_tokens=...)` gives it."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.data.bulk import collector_paused
 from jobs.data.digests import file_digest
 from jobs.data.piece_counts import PieceCounter
 from jobs.data.token_lengths import RowLengths
@@ -74,7 +75,11 @@ def row_lengths(
 
 def measure(ds: Any, tokenizer: Any, trainer: Trainer) -> RowLengths:
     """Token lengths of every row of `ds` (a datasets.Dataset or a list of row dicts), per sequence."""
-    rows = ds.to_list() if hasattr(ds, "to_list") else list(ds)
+    with collector_paused():  # every row is kept while the texts are made (jobs.data.bulk)
+        return _measure_rows(ds.to_list() if hasattr(ds, "to_list") else list(ds), tokenizer, trainer)
+
+
+def _measure_rows(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer) -> RowLengths:
     trainer = Trainer(trainer)
     fast = Shortcuts.of(tokenizer)
     if fast is not None:
