@@ -24,7 +24,15 @@ def data_dir() -> Path:
 
 def database_url() -> str:
     url = os.environ.get("TUNEDECK_DATABASE_URL")
-    return url or f"sqlite:///{data_dir() / 'tunedeck.db'}"
+    return url or f"sqlite:///{data_dir() / DATABASE_FILE}"
+
+
+DATABASE_FILE = "tunedeck.db"
+
+
+def sqlite_database_file() -> Path | None:
+    """The default database's file (`$TUNEDECK_HOME/tunedeck.db`); None when TUNEDECK_DATABASE_URL names another."""
+    return None if os.environ.get("TUNEDECK_DATABASE_URL") else data_dir() / DATABASE_FILE
 
 
 def runs_dir() -> Path:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import training_helpers
@@ -201,14 +202,20 @@ def test_a_prediction_made_before_the_runtime_was_measured_counts_it_once_a_work
     assert any("w-claims" in note for note in after["notes"])
 
 
+def start(worker: Any) -> None:
+    """What a worker does as it starts: publish its device, then its runtime baseline once measured."""
+    worker.publish_device()
+    worker.baseline_known()
+
+
 def test_the_runtime_is_measured_once_per_host_and_again_after_an_upgrade(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from jobs.worker.loop import Worker
 
     runs = tmp_path / "runs.jsonl"
-    Worker(store, worker_id="first:1", sample=False, baseline_argv=fake_baseline(runs)).publish_device()
-    Worker(store, worker_id="restarted:2", sample=False, baseline_argv=fake_baseline(runs, 1)).publish_device()
+    start(Worker(store, worker_id="first:1", sample=False, baseline_argv=fake_baseline(runs)))
+    start(Worker(store, worker_id="restarted:2", sample=False, baseline_argv=fake_baseline(runs, 1)))
     assert len(spawns(runs)) == 1  # the restarted worker read the cache: no second measurement
     assert published_facts(store, "restarted:2").runtime_bytes == 512 * 1024**2
     cache = json.loads(probe.runtime_cache_path().read_text())
@@ -216,9 +223,7 @@ def test_the_runtime_is_measured_once_per_host_and_again_after_an_upgrade(
 
     measured_with = probe.runtime_key
     monkeypatch.setattr(probe, "runtime_key", lambda: {**measured_with(), "torch": "99.0"})  # torch upgraded
-    Worker(
-        store, worker_id="upgraded:3", sample=False, baseline_argv=fake_baseline(runs, 640 * 1024**2)
-    ).publish_device()
+    start(Worker(store, worker_id="upgraded:3", sample=False, baseline_argv=fake_baseline(runs, 640 * 1024**2)))
     assert len(spawns(runs)) == 2
     assert published_facts(store, "upgraded:3").runtime_bytes == 640 * 1024**2
     (entry,) = json.loads(probe.runtime_cache_path().read_text())["entries"]  # the old versions' entry replaced

@@ -36,20 +36,34 @@ database; `--help` opens nothing.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from app.cli import export, runs  # noqa: E402
 from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, StoreUse, UsageError  # noqa: E402
 from jobs.errors import Problem, ProblemError  # noqa: E402
-from storage.settings import database_url  # noqa: E402
-from storage.store import Store  # noqa: E402
+from storage.settings import database_url, sqlite_database_file  # noqa: E402
+
+if TYPE_CHECKING:
+    from storage.store import Store
+
+
+def _command(module: str, name: str) -> Callable[[Any, argparse.Namespace], int]:
+    """Command `name` of `module`, imported when it runs: each command pays only for its own imports (`plan`
+    reads a config.json; `runs`, `export` and the store bring SQLAlchemy, torch, ...)."""
+
+    def run(store: Any, args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), name)(store, args)  # type: ignore[no-any-return]
+
+    run.__name__ = name
+    return run
 
 
 # ---------------------------------------------------------------------- serve and worker
@@ -120,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_worker)
 
     for name, func, text in (
-        ("submit", runs.cmd_submit, "check a YAML spec and queue it; prints the run id"),
-        ("run", runs.cmd_run, "submit a YAML spec and follow the run until it ends"),
+        ("submit", _command("app.cli.runs", "cmd_submit"), "check a YAML spec and queue it; prints the run id"),
+        ("run", _command("app.cli.runs", "cmd_run"), "submit a YAML spec and follow the run until it ends"),
     ):
         s = sub.add_parser(name, help=text)
         s.add_argument("spec", metavar="SPEC.yaml")
@@ -134,14 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--search", default=None, metavar="TEXT", help="only runs whose name, tags or note contain TEXT")
     s.add_argument("--tag", default=None, metavar="TAG", help="only runs tagged TAG")
     s.add_argument("--json", action="store_true", help="print a JSON list (id, status, tags, note, disk_bytes, ...)")
-    s.set_defaults(func=runs.cmd_runs)
+    s.set_defaults(func=_command("app.cli.runs", "cmd_runs"))
 
     for name, func, text in (
-        ("show", runs.cmd_show, "show one run"),
-        ("cancel", runs.cmd_cancel, "cancel a queued or running run"),
+        ("show", _command("app.cli.runs", "cmd_show"), "show one run"),
+        ("cancel", _command("app.cli.runs", "cmd_cancel"), "cancel a queued or running run"),
         (
             "resume",
-            runs.cmd_resume,
+            _command("app.cli.runs", "cmd_resume"),
             "queue an interrupted/cancelled run again; it continues from its last complete checkpoint",
         ),
     ):
@@ -154,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = s.add_mutually_exclusive_group(required=True)
     where.add_argument("--to", type=int, metavar="N", help="to position N (1 = next to run)")
     where.add_argument("--first", action="store_true", help="to the front of the queue")
-    s.set_defaults(func=runs.cmd_move)
+    s.set_defaults(func=_command("app.cli.runs", "cmd_move"))
 
     s = sub.add_parser(
         "export",
@@ -171,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
         "back and checked against the merged model",
     )
-    s.set_defaults(func=export.cmd_export)
+    s.set_defaults(func=_command("app.cli.export", "cmd_export"))
 
     from app.cli.manage import add_parsers
 
@@ -179,11 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")
-    s.set_defaults(func=export.cmd_setup, store_use=StoreUse.NONE)
+    s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)
 
     from app.cli.sweep import add_parser as add_sweep_parser
 
-    add_sweep_parser(sub).set_defaults(func=runs.cmd_sweep)
+    add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
 
     from app.cli.plan import add_parser as add_plan_parser
 
@@ -210,11 +224,17 @@ def open_store(use: StoreUse) -> Store | None:
     if use is StoreUse.NONE:
         return None
     if use is StoreUse.EXISTING:
-        from sqlalchemy.engine import make_url
-
-        url = make_url(database_url())
-        if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+        default = sqlite_database_file()  # without TUNEDECK_DATABASE_URL: no need to parse a URL (SQLAlchemy)
+        if default is not None and not default.is_file():
             return None  # a fresh home: nothing to read, and nothing is created
+        if default is None:
+            from sqlalchemy.engine import make_url
+
+            url = make_url(database_url())
+            if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+                return None
+    from storage.store import Store
+
     return Store()
 
 

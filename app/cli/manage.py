@@ -4,22 +4,27 @@
     tunedeck tag RUN_ID [TAG ...] [--remove TAG ...] [--note TEXT]   # no changes: print tags and note
 
 `rm` checks every id before deleting any: a missing or running run (cancel it first) stops the
-whole command with exit code 2, and nothing is deleted. Wired into the parser by `app.cli.main`.
+whole command with exit code 2, and nothing is deleted. Wired into the parser by `app.cli.main`; the
+commands import the store when they run, so building the parser does not.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from app.manage import ManageError, change_notes, check_deletable, delete_run
 from jobs.errors import Problem
 from jobs.units import human_bytes
-from storage.run_files import run_bytes
-from storage.store import Store
+
+if TYPE_CHECKING:
+    from storage.store import Store
 
 
 def cmd_rm(store: Store, args: argparse.Namespace) -> int:
+    from app.manage import ManageError, check_deletable, delete_run
+    from storage.run_files import run_bytes
+
     runs = check_deletable(store, list(dict.fromkeys(args.run_ids)))
     if not args.yes:
         if not sys.stdin.isatty():
@@ -47,6 +52,8 @@ def describe(tags: tuple[str, ...], note: str | None) -> str:
 
 
 def cmd_tag(store: Store, args: argparse.Namespace) -> int:
+    from app.manage import change_notes
+
     run = change_notes(store, args.run_id, add=args.tags, remove=args.remove, note=args.note)
     print(f"run {run.id}: {run.name}\n{describe(run.tags, run.note)}")
     return 0

@@ -17,14 +17,15 @@ import io
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from jobs.data.row_formats import FORMS_HINT
 from jobs.data.validation import Issues
 from jobs.errors import Problem, ProblemError
 from jobs.spec.columns import COLUMN_TARGETS
+
+if TYPE_CHECKING:
+    import datasets
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".jsonl.gz", ".json.gz")
 Rows = Callable[[], Iterator[tuple[int, dict[str, Any]]]]
@@ -173,6 +174,8 @@ def json_document(path: Path, ref: str, field_name: str) -> tuple[list[str], lis
 
 def load_table(path: Path) -> datasets.Dataset:
     """A .csv or .parquet file through `datasets` (CSV: every column as text, BOM dropped)."""
+    import datasets
+
     if file_kind(path) == ".parquet":
         return datasets.load_dataset("parquet", data_files=str(path), split="train")
     # All columns as strings, empty cells as "" - pandas would turn "42" into an int and "" into NaN.
@@ -188,8 +191,13 @@ def load_table(path: Path) -> datasets.Dataset:
     )
 
 
-def file_rows(path: Path, ref: str, field_name: str, issues: Issues) -> tuple[list[str], Rows, datasets.Dataset | None]:
-    """Columns, a fresh iterator over (row number, row), and the Dataset when reading needed it."""
+def file_rows(
+    path: Path, ref: str, field_name: str, issues: Issues, keep: bool = False
+) -> tuple[list[str], Rows, datasets.Dataset | None]:
+    """Columns, a fresh iterator over (row number, row), and the Dataset when reading needed it.
+
+    JSON lines are parsed again by each iteration (a check holds one row at a time); `keep`: parsed once and
+    held, for a caller that keeps every row anyway (`jobs.data.loading`)."""
     kind = file_kind(path) or ""
     empty = Problem(field_name, f"`{ref}` is empty", "add rows to the file: " + FORMS_HINT)
     if path.stat().st_size == 0:
@@ -202,10 +210,14 @@ def file_rows(path: Path, ref: str, field_name: str, issues: Issues) -> tuple[li
                     raise FileProblem([empty])
                 return listed[0], lambda: iter(listed[1]), None
             # Our own pass over the lines: `datasets` reports a broken line without its number.
-            columns, n = columns_of(jsonl_rows(path, issues))
+            if keep:
+                parsed = list(jsonl_rows(path, issues))
+                columns, n = columns_of(iter(parsed))
+            else:
+                columns, n = columns_of(jsonl_rows(path, issues))
             if n == 0 and not issues:
                 raise FileProblem([empty])
-            return columns, lambda: jsonl_rows(path, None), None
+            return columns, (lambda: iter(parsed)) if keep else (lambda: jsonl_rows(path, None)), None
         if kind == ".csv":
             with path.open(encoding="utf-8-sig", newline="") as fh:
                 if not fh.read(1 << 16).strip():

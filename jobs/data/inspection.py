@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
@@ -26,6 +24,9 @@ from jobs.data.sources import DataError, load_hub, resolve
 from jobs.data.validation import Issues, RowCheck
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
+
+if TYPE_CHECKING:
+    import datasets
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,17 @@ def _mapping_problems(columns: list[str], column_map: dict[str, str], field_name
 
 
 def inspect_dataset(
-    ref: str, trainer: Trainer, field_name: str, max_bad_rows: int, column_map: dict[str, str] | None = None
+    ref: str,
+    trainer: Trainer,
+    field_name: str,
+    max_bad_rows: int,
+    column_map: dict[str, str] | None = None,
+    keep_rows: bool = False,
 ) -> Inspected:
-    """Validate every row of `ref` (after dataset_columns and format conversion); DataError lists all problems."""
+    """Validate every row of `ref` (after dataset_columns and format conversion); DataError lists all problems.
+
+    `keep_rows`: the file is read once and the converted rows are held (`Inspected.rows` iterates over
+    them), for a caller that keeps every row anyway; else each iteration reads the file again."""
     trainer = Trainer(trainer)
     column_map = dict(column_map or {})
     source = resolve(ref, field_name)
@@ -114,7 +123,7 @@ def inspect_dataset(
     else:
         assert source.path is not None
         try:
-            columns, raw, ds = file_rows(source.path, ref, field_name, issues)
+            columns, raw, ds = file_rows(source.path, ref, field_name, issues, keep=keep_rows)
         except FileProblem as exc:
             raise DataError(exc.problems) from exc
     mapping_problems = _mapping_problems(columns, column_map, field_name)
@@ -144,8 +153,13 @@ def inspect_dataset(
         )
     rows: Rows = lambda: _converted(raw, column_map, conversion, None)  # noqa: E731
     check = RowCheck(fmt, issues)
+    kept: list[tuple[int, dict[str, Any]]] = []
     for number, row in _converted(raw, column_map, conversion, issues):  # read here, validated below
         check.add(number, row)
+        if keep_rows:
+            kept.append((number, row))
+    if keep_rows:
+        rows = lambda: iter(kept)  # noqa: E731
     checked = check.result()
     problems = list(checked.problems)
     missing = [c for c in COLUMNS[fmt] if c not in fmt_columns]

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
-
+from jobs.data.bulk import collector_paused
 from jobs.data.inspection import DatasetInfo, inspect_dataset
 from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
 from jobs.data.sources import DataError
@@ -22,8 +21,13 @@ from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
+if TYPE_CHECKING:
+    import datasets
+
 
 def _features(fmt: RowFormat, style: str | None) -> datasets.Features:
+    import datasets  # here: the checks read eval_rows without it
+
     message = [{"role": datasets.Value("string"), "content": datasets.Value("string")}]
     cell = message if style == "conversational" else datasets.Value("string")
     return datasets.Features(
@@ -35,7 +39,9 @@ def _load(
     ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]
 ) -> tuple[datasets.Dataset, DatasetInfo]:
     """The checked, converted data set with trl's columns only, and its info."""
-    checked = inspect_dataset(ref, trainer, field_name, 5, column_map)
+    import datasets
+
+    checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
     info, ds = checked.info, checked.ds
     keep, features = COLUMNS[info.format], _features(info.format, checked.style)
     extra = info.reward_columns
@@ -101,6 +107,11 @@ class LoadedData:
 
 def load_data(spec: JobSpec) -> LoadedData:
     """Train and eval data for `spec`, checked and converted; DataError lists every problem of both."""
+    with collector_paused():
+        return _load_data(spec)
+
+
+def _load_data(spec: JobSpec) -> LoadedData:
     problems: list[Problem] = []
     train = eval_ = None
     try:

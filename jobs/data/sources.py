@@ -19,11 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from jobs.data.files import file_kind
 from jobs.errors import Problem, ProblemError
+
+if TYPE_CHECKING:
+    import datasets
 
 SAMPLES_DIR = Path(__file__).resolve().parent / "samples"
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -123,6 +125,8 @@ def resolve(ref: str, field_name: str) -> Source:
 # ---------------------------------------------------------------------- reading rows
 def load_hub(name: str, field_name: str) -> datasets.Dataset:
     """The train split of hub data set `name`; DataError when it cannot be had."""
+    import datasets
+
     try:
         return datasets.load_dataset(name, split="train")
     except Exception as exc:  # re-raised below as the DataError that names the cause

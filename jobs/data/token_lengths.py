@@ -18,8 +18,8 @@ Nothing here imports `datasets` or a tokenizer at module level: the memory packa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,9 @@ import numpy as np
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
+# The spec fields `RowLengths.worst_batch` reads; how many figures one RowLengths remembers.
+BATCH_FIELDS = ("per_device_train_batch_size", "trainer", "max_length", "packing", "padding_free")
+MEMO_SIZE = 64
 # Trainers that put each row's chosen and rejected sequences in one padded batch.
 PAIRED = frozenset({Trainer.DPO, Trainer.ORPO, Trainer.CPO, Trainer.REWARD})
 
@@ -82,6 +85,19 @@ class RowLengths:
     (a pair's chosen and rejected)."""
 
     lengths: np.ndarray
+    # Figures already worked out, by their arguments: the planner predicts ~50 variants of one spec, and on
+    # 100k rows each figure is a pass over the array. Sound because the array is made read-only here.
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.lengths.flags.writeable = False
+
+    def _remembered(self, key: tuple[Any, ...], work: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            if len(self._memo) > MEMO_SIZE:  # each new max_length adds entries: keep the latest only
+                self._memo.clear()
+            self._memo[key] = work()
+        return self._memo[key]
 
     @classmethod
     def of(cls, rows: Iterable[Sequence[int]]) -> RowLengths:
@@ -97,9 +113,14 @@ class RowLengths:
         return int(self.lengths.shape[0])
 
     def _cut(self, max_length: int | None) -> np.ndarray:
-        return np.minimum(self.lengths, max_length) if max_length else self.lengths
+        if not max_length:
+            return self.lengths
+        return self._remembered(("cut", max_length), lambda: np.minimum(self.lengths, max_length))
 
     def stats(self, max_length: int | None) -> LengthStats:
+        return self._remembered(("stats", max_length), lambda: self._stats(max_length))  # type: ignore[no-any-return]
+
+    def _stats(self, max_length: int | None) -> LengthStats:
         longest_per_row = self._cut(max_length).max(axis=1) if self.rows else np.zeros(1, dtype=np.int64)
         raw = self.lengths.max(axis=1) if self.rows else np.zeros(1, dtype=np.int64)
         return LengthStats(
@@ -115,6 +136,10 @@ class RowLengths:
 
     def worst_batch(self, spec: JobSpec) -> TokenBatch:
         """The largest micro-batch `spec`'s trainer can form from these rows (the most tokens at once)."""
+        key = ("batch", *(getattr(spec, f) for f in BATCH_FIELDS))
+        return self._remembered(key, lambda: self._worst_batch(spec))  # type: ignore[no-any-return]
+
+    def _worst_batch(self, spec: JobSpec) -> TokenBatch:
         b = spec.per_device_train_batch_size
         trainer = spec.trainer
         if trainer is Trainer.GRPO:  # prompts kept whole; each completion up to max_completion_length

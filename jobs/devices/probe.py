@@ -56,7 +56,7 @@ def _text(value: Any) -> str:
 
 def nvml_facts(index: int) -> DeviceFacts | None:
     """Facts of visible CUDA device `index` from NVML; None without NVML or such a device."""
-    from jobs.devices.sampler import _visible_indices  # CUDA_VISIBLE_DEVICES -> NVML's physical indices
+    from jobs.devices.visible import visible_indices  # CUDA_VISIBLE_DEVICES -> NVML's physical indices
 
     try:
         import pynvml
@@ -64,7 +64,7 @@ def nvml_facts(index: int) -> DeviceFacts | None:
         return None
     try:
         pynvml.nvmlInit()
-        visible = _visible_indices(pynvml.nvmlDeviceGetCount())
+        visible = visible_indices(pynvml.nvmlDeviceGetCount())
         if index >= len(visible):
             return None
         handle = pynvml.nvmlDeviceGetHandleByIndex(visible[index])

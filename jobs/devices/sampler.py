@@ -17,7 +17,6 @@ at the end of each run records the run's peak with `store.set_peak_memory`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from jobs.devices.visible import visible_indices
 from storage.models import MemorySource
 from storage.settings import idle_memory_retention_s
 from storage.store import MemoryPoint, Store
@@ -100,18 +100,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _visible_indices(count: int, visible: str | None = None) -> list[int]:
-    """Devices named by `visible` (a worker's device), else CUDA_VISIBLE_DEVICES, when plain indices; all otherwise."""
-    raw = visible if visible is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None or raw.strip() == "":
-        return list(range(count))
-    try:
-        wanted = [int(x) for x in raw.split(",") if x.strip()]
-    except ValueError:  # UUIDs or MIG ids: do not guess the mapping, show everything
-        return list(range(count))
-    return [i for i in wanted if 0 <= i < count]
-
-
 class GpuProbe:
     """Reads device memory; NVML is initialised once, its absence is remembered once."""
 
@@ -128,7 +116,7 @@ class GpuProbe:
             try:
                 pynvml.nvmlInit()
                 count = pynvml.nvmlDeviceGetCount()
-                self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in _visible_indices(count, visible)]
+                self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in visible_indices(count, visible)]
                 self._nvml = pynvml
                 if not self._handles:
                     self.reason = "no NVIDIA GPU: NVML sees no visible device"

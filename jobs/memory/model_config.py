@@ -9,6 +9,9 @@ else is a bug and propagates, so submit fails loudly instead of skipping the mem
 
     config, source = model_config("smollm2-135m-instruct")
     arch, source = arch_with_source("smollm2-135m-instruct")   # jobs.memory.parts.Arch, or (None, "")
+
+The Arch is built from the config on torch's meta device once per config, transformers and torch install
+(`jobs.memory.arch_cache`); later processes read it back without importing either.
 """
 
 from __future__ import annotations
@@ -98,10 +101,16 @@ def transformers_config(config: dict[str, Any]) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _arch_from_text(text: str) -> Any:
+    """The Arch of a config (canonical JSON): kept in this process by its text, and on disk
+    (`jobs.memory.arch_cache`) by its text and the libraries and code that build it."""
+    from jobs.memory.arch_cache import cached_arch
     from jobs.memory.parts import arch_from_config
 
-    config = transformers_config(json.loads(text))
-    return arch_from_config(config) if config is not None else None
+    def build() -> Any:
+        config = transformers_config(json.loads(text))
+        return arch_from_config(config) if config is not None else None
+
+    return cached_arch(text, build)
 
 
 def arch_with_source(ref: str) -> tuple[Any, str]:

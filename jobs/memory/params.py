@@ -43,9 +43,14 @@ def _matches(name: str, targets: str | list[str]) -> bool:
 
 
 def _targeted(spec: JobSpec, shape: ModelShape, targets: str | list[str]) -> list[Linear]:
-    if targets == "all-linear":
-        return [lin for lin in shape.linears if lin.name.split(".")[-1] not in OUTPUT_LAYER_NAMES]
-    return [lin for lin in shape.linears if _matches(lin.name, targets)]
+    key = targets if isinstance(targets, str) else tuple(targets)
+    if key not in shape.picked:  # once per shape and targets: a prediction asks three times, for ~50 variants
+        if targets == "all-linear":
+            found = [lin for lin in shape.linears if lin.name.split(".")[-1] not in OUTPUT_LAYER_NAMES]
+        else:
+            found = [lin for lin in shape.linears if _matches(lin.name, targets)]
+        shape.picked[key] = tuple(found)
+    return list(shape.picked[key])
 
 
 def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
@@ -55,9 +60,11 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     from transformers import AutoModelForCausalLM
 
     from jobs.config.peft import peft_config
+    from jobs.memory.model_config import transformers_config
 
+    config = transformers_config(shape.config) if isinstance(shape.config, dict) else shape.config  # read back
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(shape.config)
+        model = AutoModelForCausalLM.from_config(config)
     trainable, _ = get_peft_model(model, peft_config(spec, shape.model_type)).get_nb_trainable_parameters()
     return int(trainable)
 

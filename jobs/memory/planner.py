@@ -184,7 +184,7 @@ def fit(
     seen: set[tuple] = set()
     for variant in variants(spec, facts, allow_qlora):
         prediction = predict(variant, arch, facts, lengths)
-        key = (prediction.precision, variant.replace(precision=Precision.AUTO).to_json())
+        key = (prediction.precision, replace(variant, precision=Precision.AUTO).to_json())  # a key, not a spec
         if prediction.total_bytes > margin * target or key in seen:
             continue  # too big, or the same run as one already found (auto resolves to the same precision)
         seen.add(key)

@@ -15,6 +15,8 @@ prediction against counted (CPU) or measured (CUDA) peaks.
 
 from __future__ import annotations
 
+import math
+
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.token_lengths import RowLengths, worst_case_batch
 from jobs.devices.facts import DeviceFacts
@@ -262,10 +264,7 @@ def predict(
 
 
 def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
+    return math.prod(shape)
 
 
 def _optimizer(

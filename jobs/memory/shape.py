@@ -33,7 +33,10 @@ class ModelShape:
     num_key_value_heads: int | None  # None when the config has no such key (peft then uses all heads)
     head_dim: int
     linears: tuple[Linear, ...] = field(default=())
-    config: Any = field(default=None, compare=False, repr=False)  # the transformers config it was read from
+    # The transformers config it was read from; its config.json dict when read back from jobs.memory.arch_cache.
+    config: Any = field(default=None, compare=False, repr=False)
+    # The linears each `target_modules` value picks (`jobs.memory.params`), worked out once per shape.
+    picked: dict[Any, tuple[Linear, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 # ---------------------------------------------------------------------- shapes (no weights)

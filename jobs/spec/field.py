@@ -11,6 +11,7 @@ metadata; `jobs.spec.field_info` reads that metadata for the form and the field 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from enum import Enum
@@ -66,6 +67,7 @@ def spec_field(
     return dataclasses.field(default=default, metadata=meta)
 
 
+@functools.cache
 def unwrap_optional(tp: Any) -> tuple[Any, bool]:
     """`X | None` -> (X, True); any other type -> (it, False)."""
     args = get_args(tp)

@@ -40,6 +40,7 @@ from types import FrameType
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from jobs.devices.facts import DeviceFacts
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.queue.prediction import add_runtime
 from jobs.spec.stored import spec_problem
@@ -91,6 +92,7 @@ class Worker:
         # unless the caller gives the command that measures one (it prints {"runtime_bytes": N}).
         self.runtime_bytes = 0  # this host's runtime baseline once publish_device has measured it
         self.trains_on_cpu = False  # known once publish_device has probed the device
+        self._baseline: threading.Thread | None = None  # the runtime baseline's measurement, while it runs
         self.baseline_argv = baseline_argv or (None if child_argv else processes.baseline_argv())
         self.sample = sample
         self.exit_with_parent = exit_with_parent
@@ -167,6 +169,8 @@ class Worker:
                 if stop_after is not None and run.id == stop_after:
                     break
         finally:
+            if not self._stop.is_set():
+                self.baseline_known()  # a burst worker on an empty queue still publishes its runtime
             if self.sampler is not None:
                 self.sampler.stop()
             self._quietly(self.store.worker_gone, self.worker_id)
@@ -174,19 +178,39 @@ class Worker:
         return done
 
     def publish_device(self) -> None:
-        """Tell the store what this worker trains on (checks and the GPU panel read it, not their own device)."""
+        """Tell the store what this worker trains on (checks and the GPU panel read it, not their own device).
+
+        The facts go out at once; the runtime baseline (cached, else measured in a child like the training
+        one: seconds) is measured meanwhile and published with them when known, so the worker is live and
+        claiming from its first second. A run waits for the figure before it starts (`execute`)."""
         from jobs.devices.probe import detect
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
         self.trains_on_cpu = facts.kind != "cuda"  # the children's allocator setting follows (child_env)
-        if self.baseline_argv is not None:  # cached, else measured in a child like the training one (seconds)
-            facts = replace(facts, runtime_bytes=runtime.runtime_bytes(self.baseline_argv, self.child_env()))
-        self.runtime_bytes = facts.runtime_bytes
+        self._publish(facts)
+        if self.baseline_argv is None:
+            return
+        argv, env = self.baseline_argv, self.child_env()
+
+        def measure() -> None:
+            self.runtime_bytes = runtime.runtime_bytes(argv, env)
+            if self.runtime_bytes:
+                self._publish(replace(facts, runtime_bytes=self.runtime_bytes))
+
+        self._baseline = threading.Thread(target=measure, name="runtime-baseline", daemon=True)
+        self._baseline.start()
+
+    def _publish(self, facts: DeviceFacts) -> None:
         try:
             self.store.publish_device(self.worker_id, self.host, facts.to_dict())
         except Exception:  # bookkeeping: the worker trains without it (checks fall back to this machine)
             log.exception("could not publish this worker's device facts")
         log.info("worker %s device: %s", self.worker_id, facts.summary())
+
+    def baseline_known(self) -> None:
+        """Wait for the runtime baseline's measurement (started by publish_device), if one is under way."""
+        if self._baseline is not None:
+            self._baseline.join()
 
     def cleanup_stale(self) -> list[int]:
         """Mark running runs interrupted whose worker is gone; kill their orphaned children."""
@@ -198,6 +222,7 @@ class Worker:
 
         A child that ran out of memory and recorded a recovery (`jobs.train.oom`) exits with
         EXIT_OOM_RECOVER: the run is still ours and running, so a fresh child continues it."""
+        self.baseline_known()
         if self.runtime_bytes and add_runtime(self.store, run.id, self.runtime_bytes, self.worker_id):
             log.info("run %s: its prediction now counts this host's runtime baseline", run.id)
         for attempt in range(MAX_RECOVERIES + 1):
