@@ -4,8 +4,8 @@
 #   ./dev.sh serve [args]   venv + install + default model, then `tunedeck serve [args]`
 #                           (http://127.0.0.1:7860, with its worker)
 #   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose / PostgreSQL when root), then
-#                           the checks below and every test tier: pytest -m "" -n 2 [args]
-#                           (two xdist workers, a test file per worker; TUNEDECK_TEST_WORKERS=0: serial)
+#                           the checks below and every test tier: pytest -m "" [args]
+#                           (TUNEDECK_TEST_WORKERS=2: two xdist workers, a test file per worker)
 #   ./dev.sh check          ruff (lint and format) and mypy only
 #   ./dev.sh venv           only create/update the virtual environment
 #
@@ -122,7 +122,8 @@ case "$cmd" in
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
         # Two workers, each taking whole test files (module fixtures: a served dashboard, a trained run):
         # many tests wait on subprocesses, servers and a browser, so a second worker fills that time.
-        workers="${TUNEDECK_TEST_WORKERS:-2}"
+        # Serial by default until a full run on two workers has passed on a quiet machine.
+        workers="${TUNEDECK_TEST_WORKERS:-0}"
         xdist=()
         if [[ "$workers" != "0" ]]; then xdist=(-n "$workers" --dist loadfile); fi
         exec "$VENV/bin/python" -m pytest -m "" "${xdist[@]}" --durations=25 "$@"
