@@ -11,13 +11,13 @@ recorded with `store.add_artifact(kind="bundle")`, the folder as kind="adapter" 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from jobs.data.digests import hash_file
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
 from jobs.train.figures import FIGURES, format_figure
@@ -26,12 +26,8 @@ PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle"}
 
 
 def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Hex sha256 of a file (`jobs.data.digests.hash_file`)."""
+    return hash_file(path).hex()
 
 
 def safe_name(text: str) -> str:
