@@ -208,6 +208,7 @@ def test_a_cache_hit_reads_neither_rows_nor_tokenizer_nor_the_data_file(
     data_home: Path, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(digests, "RACY_NS", 0)  # the files written here count as settled at once
+    monkeypatch.setattr(digests, "_MEMO", {})  # earlier tests hashed the shared tiny model: noted elsewhere
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(50)))
     spec = training_helpers.tiny_spec(tiny_model, dataset=str(data), max_train_samples=None)

@@ -6,6 +6,7 @@ training child and reads back what it recorded.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +100,10 @@ def test_probe_measures_the_first_step_only_and_removes_its_hook() -> None:
     probe = PhaseProbe(cuda=False, on_record=saved.append)
     model = torch.nn.Linear(8, 8)
     state, control = TrainerState(), TrainerControl()
-    loading = b"\x01" * (64 * MIB)  # a peak while "loading", given back before training starts
-    del loading
+    probe.meter.reset()  # the load window starts here (in a child: at its start), not at earlier tests' peaks
+    loading = mmap.mmap(-1, 64 * MIB)  # a peak while "loading" in fresh pages, given back before training starts
+    loading.write(b"\x01" * (64 * MIB))
+    loading.close()
     probe.on_train_begin(None, state, control, model=model)  # type: ignore[arg-type]
     probe.on_step_begin(None, state, control, model=model)  # type: ignore[arg-type]
     assert len(model._forward_hooks) == 1

@@ -3,7 +3,7 @@
 The length cache (`jobs.data.row_tokens`) is keyed by the contents of the data file, and hashing a
 100k-row JSONL file (~100 MB) takes ~0.2-0.4 s, longer than everything else a cache hit does. So each
 digest is remembered next to the file's stat: device, inode, size, mtime_ns and ctime_ns, in
-`$TUNEDECK_HOME/cache/digests/` (one small JSON file per path) and in this process. While all five
+the cache folder's `digests/` (`storage.settings.cache_dir`; one small JSON file per path) and in this process. While all five
 are unchanged the file is taken to hold the same bytes and is not read again.
 
 The trade-off: a change the stat does not show is missed. Every write moves mtime and ctime, and no
@@ -38,7 +38,7 @@ def _stat_key(st: os.stat_result) -> tuple[int, ...]:
 
 def file_digest(path: Path, memo_dir: Path | None = None) -> bytes:
     """sha256 of the file's bytes; read only when the file's stat changed since the last digest.
-    `memo_dir`: where digests are remembered across processes (default `$TUNEDECK_HOME/cache/digests`)."""
+    `memo_dir`: where digests are remembered across processes (default: `digests/` in `storage.settings.cache_dir()`)."""
     path = Path(path).resolve()
     stat = _stat_key(path.stat())
     key = (str(path), stat)
@@ -91,6 +91,6 @@ def _remember(note: Path, path: str, stat: tuple[int, ...], digest: bytes) -> No
 
 
 def _memo_dir() -> Path:
-    from storage.settings import data_dir
+    from storage.settings import cache_dir
 
-    return data_dir() / "cache" / "digests"
+    return cache_dir() / "digests"
