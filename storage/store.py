@@ -10,7 +10,7 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
-tags, notes and deletion in `store_manage.py`, records in `records.py`, rollup SQL in `rollups.py`,
+tags, notes and deletion in `store_manage.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
 declared in `store_core.py`. Every name is importable from here.
 """
@@ -41,6 +41,7 @@ from storage.store_events import EventsMixin
 from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
+from storage.store_watch import WatchMixin
 
 __all__ = [
     "ArtifactRecord",
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin):
+class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):

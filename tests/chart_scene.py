@@ -1,6 +1,9 @@
-"""What a dashboard chart drew, read from its SVG in the browser (for the Chromium tests).
+"""What a dashboard chart drew, read from its SVG or its canvas chart's scene in the browser (Chromium tests).
 
-Gradio 6.31 draws `gr.LinePlot` / `gr.ScatterPlot` with Vega-Lite through vega-embed and the
+The run page's and GPU panel's charts are canvas charts fed by the live stream (app/ui/static/live.js):
+each publishes what it drew as JSON in its `data-scene` attribute, in the shape read here (axes in
+the words Vega uses, one line per series with its vertex count). The Compare charts are Gradio's:
+gradio 6.31 draws `gr.LinePlot` / `gr.ScatterPlot` with Vega-Lite through vega-embed and the
 `svg` renderer, so the scene is plain DOM: Vega writes each mark as an element with a class
 `role-mark` and an aria-label naming its fields ("step: 3; loss: 1.2; series: #4 lora"), each axis
 as a group whose aria-label states its scale and domain ("Y-axis titled 'loss' for a linear scale
@@ -38,6 +41,8 @@ CHECKED_CHARTS = frozenset(
 
 _JS = """(id) => {
   const root = document.getElementById(id);
+  const live = root && root.querySelector('.td-chart[data-scene]');
+  if (live) return JSON.parse(live.dataset.scene);  // a canvas chart (app/ui/static/live.js) says what it drew
   const svg = root && root.querySelector('svg.marks');
   if (!svg) return null;
   const label = (e) => e.getAttribute('aria-label') || '';
@@ -134,7 +139,8 @@ class Scene:
         """Series -> vertex count of each line path drawn for it (paths of one vertex draw nothing)."""
         out: dict[str, list[int]] = {}
         for line in self.lines:
-            out.setdefault(fields(line["label"]).get(key, ""), []).append(vertices(line["d"]))
+            count = line["vertices"] if "vertices" in line else vertices(line["d"])
+            out.setdefault(fields(line["label"]).get(key, ""), []).append(count)
         return out
 
     def drawn_lines(self) -> dict[str, int]:

@@ -97,6 +97,18 @@ class Chart:
             kwargs["tooltip"] = list(self.tooltip)
         return self._cls(**kwargs, **layout)
 
+    def live(self, **layout: Any) -> gr.HTML:
+        """A container the page draws this chart into from the live stream (`app.ui.live`; the canvas
+        chart of app/ui/static/live.js): nothing is re-sent or re-drawn unless a point changed."""
+        return gr.HTML(
+            f'<div class="td-chart" data-chart="{self.elem_id}"><div class="td-chart-title">{self.label}</div>'
+            '<div class="td-chart-empty">no data yet</div></div>',
+            elem_id=self.elem_id,
+            elem_classes=["td-chart-block"],
+            js_on_load=None,
+            **layout,
+        )
+
     def frame(self, rows: Iterable[tuple[Any, ...]]) -> pd.DataFrame:
         """A typed frame from (x, y, series) rows: float x and y, string series."""
         return typed_frame(rows, self.columns)

@@ -6,7 +6,8 @@ its files app.ui.served_files) with its tags/note/delete panel (app.ui.manage), 
 (app.ui.compare), trick sweeps (app.ui.sweep), the Chat tab (app.ui.chat) and the scripting API
 (app.api). This module lays them out and wires the events that cross views: launch or select ->
 run page, clone -> form, `?run=N` in the URL -> that run's page after a reload. The UI only reads
-and writes the store.
+and writes the store. No view runs on a timer: what changes is pushed by the live stream
+(`app.ui.live`, `app.ui.live_route`), which the page opens only for the views on screen.
 
     app.server.serve(host="127.0.0.1", port=7860)   # build_ui(store) + safe file-serving options
 
@@ -21,7 +22,6 @@ from typing import Any
 import gradio as gr
 
 from app import api
-from app.ui import charts
 from app.ui import chat as ui_chat
 from app.ui import compare as ui_compare
 from app.ui import export as ui_export
@@ -36,7 +36,7 @@ from jobs.checks.access import AccessPolicy
 from jobs.spec.stored import spec_of
 from storage.store import Store
 
-RUN_GRAPHS = "run-graphs"  # the concurrency group of every event that draws the run page's graphs
+RUN_PAGE = "run-page"  # the concurrency group of every event that draws the run page's text
 
 # Runs the URL update in the browser: ?run=N, so a reload reopens the same run.
 _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
@@ -68,12 +68,9 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
                 sweep_section = ui_sweep.build_section()
             with gr.Tab("Chat", id="chat") as chat_tab:
                 chat = ui_chat.build()
-        timer = gr.Timer(1.0)
-        runs_timer = gr.Timer(2.0)
-
         ui_form.wire(form, store, policy)
-        ui_gpu.wire(gpu, store, timer)
-        ui_runs.wire(runs, store, runs_timer)
+        ui_gpu.wire(gpu, store)
+        ui_runs.wire(runs, store)
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
@@ -96,27 +93,20 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
 
         runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
 
-        refresh_outputs = page.outputs
-        opened = page.run_id.change(
-            page_data.refresh,
-            [page.run_id, gr.State(None)],
-            refresh_outputs,
-            api_visibility="private",
-            concurrency_id=RUN_GRAPHS,
-            concurrency_limit=1,
-        )
-        charts.redraw_after(opened, page.plots, page.styles, RUN_GRAPHS)
+        # The run page's text: drawn when a run is opened, and again when the page's live stream says
+        # the run moved (app.ui.live); its graphs come from that stream, never from here.
+        for trigger in (page.run_id.change, page.poll.click):
+            trigger(
+                page_data.refresh,
+                [page.run_id, page.drawn],
+                page.outputs,
+                show_progress="hidden",
+                api_visibility="private",
+                concurrency_id=RUN_PAGE,
+                concurrency_limit=1,
+                trigger_mode="always_last",
+            )
         page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
-        ticked = timer.tick(
-            page_data.refresh,
-            [page.run_id, page.drawn],
-            refresh_outputs,
-            show_progress="hidden",
-            api_visibility="private",
-            concurrency_id=RUN_GRAPHS,
-            concurrency_limit=1,
-        )
-        charts.redraw_after(ticked, page.plots, page.styles, RUN_GRAPHS)
         page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
         page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
 

@@ -12,7 +12,6 @@ the chosen worker's device only: every sample carries the worker that took it.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,21 +66,6 @@ def worker_device(store: Store, worker_id: str | None) -> int | None:
     return None
 
 
-def gpu_frames(
-    store: Store, window_s: float = WINDOW_S, now: float | None = None, worker_id: str | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(memory GiB, utilization %) over the last window, x in seconds relative to now (negative).
-
-    `worker_id` draws that worker's device only (several workers share one store); None draws
-    every sample (one worker, or samples written before workers stamped them).
-    """
-    now = time.time() if now is None else now
-    origin = now - window_s
-    device = worker_device(store, worker_id) if worker_id is not None else None
-    buckets = store.memory_buckets(None, origin, max(window_s / 500, 0.25), worker_id=worker_id, device_index=device)
-    return series.memory_frame(buckets, now), series.utilization_frame(buckets, now)
-
-
 def device_picker(store: Store, current: str | None) -> Any:
     """The device dropdown: running workers' devices; shown only when there is more than one."""
     choices = device_choices(store)
@@ -90,19 +74,31 @@ def device_picker(store: Store, current: str | None) -> Any:
     return gr.Dropdown(choices=choices, value=value, visible=len(choices) > 1)
 
 
+def live_frames(
+    store: Store, worker_id: str | None, now: float, window_s: float = WINDOW_S, width: float = 1.0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(memory GiB, utilization %) over the last window for the page's live charts (`app.ui.live`):
+    x is the clock time, buckets aligned on multiples of `width`, so a tick changes only the newest."""
+    origin = (now - window_s) // width * width
+    device = worker_device(store, worker_id) if worker_id is not None else None
+    buckets = store.memory_buckets(None, origin, width, worker_id=worker_id, device_index=device)
+    return series.memory_frame(buckets, 0.0), series.utilization_frame(buckets, 0.0)
+
+
 @dataclass
 class GpuPanel:
     info: gr.Markdown
     device: gr.Dropdown
-    memory: gr.LinePlot
-    utilization: gr.LinePlot
-    styles: gr.State
+    memory: gr.HTML
+    utilization: gr.HTML
+    poll: gr.Button  # pressed by the page (app/ui/static/live.js) when the workers' devices changed
 
 
 def build_panel() -> GpuPanel:
-    """Lay out the panel; call inside a gr.Blocks context."""
+    """Lay out the panel; call inside a gr.Blocks context. Its charts are drawn by the page from the
+    live stream (`app.ui.live`), only while the panel is open and on screen."""
     with gr.Accordion("GPU", open=True, elem_id="gpu-panel"):
-        info = gr.Markdown(device_markdown())
+        info = gr.Markdown(device_markdown(), elem_id="gpu-info")
         device = gr.Dropdown(
             label="Device (one graph per worker's device)",
             choices=[],
@@ -112,34 +108,16 @@ def build_panel() -> GpuPanel:
             allow_custom_value=False,
         )
         with gr.Row():
-            memory = charts.GPU_MEMORY.build(scale=3)
-            utilization = charts.GPU_UTILIZATION.build(scale=2, visible=probe.has_cuda())
-    return GpuPanel(info, device, memory, utilization, gr.State({}))
+            memory = charts.GPU_MEMORY.live(scale=3)
+            utilization = charts.GPU_UTILIZATION.live(scale=2, visible=probe.has_cuda())
+        poll = gr.Button("devices changed", visible="hidden", elem_id="gpu-poll")
+    return GpuPanel(info, device, memory, utilization, poll)
 
 
-def wire(panel: GpuPanel, store: Store, timer: gr.Timer) -> None:
-    plots = [(charts.GPU_MEMORY, panel.memory), (charts.GPU_UTILIZATION, panel.utilization)]
-
-    def tick(worker_id: str | None) -> list[Any]:
-        frames = gpu_frames(store, worker_id=worker_id or None)
-        styles = {chart.elem_id: chart.style(frame) for (chart, _), frame in zip(plots, frames)}
-        return [chart.update(frame) for (chart, _), frame in zip(plots, frames)] + [styles]
-
-    outputs = [plot for _, plot in plots] + [panel.styles]
-    for trigger in (timer.tick, panel.device.input):
-        ticked = trigger(
-            tick,
-            panel.device,
-            outputs,
-            show_progress="hidden",
-            api_visibility="private",
-            concurrency_id="gpu-graphs",
-            concurrency_limit=1,
-        )
-        charts.redraw_after(ticked, plots, panel.styles, "gpu-graphs")
-    # The device line and the device choices follow the workers' published facts (a worker may
-    # start after the page, or stop).
-    timer.tick(
+def wire(panel: GpuPanel, store: Store) -> None:
+    """The device line and the device choices follow the workers' published facts (a worker may
+    start after the page, or stop): read when the page's stream says they changed."""
+    panel.poll.click(
         lambda current: (device_markdown(store), device_picker(store, current)),
         panel.device,
         [panel.info, panel.device],

@@ -1,9 +1,11 @@
 """One run's page: status, progress and ETA, live graphs, memory by phase, log tail, spec, cancel, resume, download, clone.
 
-Refreshed by a 1 s timer that reads the store; once a finished run has been drawn the timer
-skips it (nothing changes any more). This module lays the page out and fills it (`RunPageData`);
-its text is `app.ui.run_text`, its files `app.ui.served_files` (only ever from inside the data
-directory).
+Nothing here runs on a timer. The graphs are canvas charts the page draws from its live stream
+(`app.ui.live`: only new points are sent, nothing for a finished run); the text is redrawn by
+`RunPageData.refresh` when the run is opened and when the stream says the run's row moved (the page
+presses the hidden `poll` button), and each refresh sends only the outputs whose value changed.
+This module lays the page out and fills it (`RunPageData`); its text is `app.ui.run_text`, its files
+`app.ui.served_files` (only ever from inside the data directory).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from jobs.train.checkpoints import resumable, resume
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
 
-OUTPUTS = 18  # len(RunPage.outputs): what `refresh` returns
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
 TRAINER_SERIES: dict[str, dict[str, str]] = {
@@ -68,21 +69,18 @@ class RunPage:
     download: gr.DownloadButton
     files: gr.Dataframe
     error: gr.Markdown
-    memory: gr.LinePlot
-    loss: gr.LinePlot
-    lr: gr.LinePlot
-    tps: gr.LinePlot
     log: gr.Code
     spec: gr.Code
-    drawn: gr.State
-    resume: gr.Button | None = None  # shown for interrupted/cancelled runs and failed ones with a checkpoint
-    styles: gr.State | None = None  # the graphs' colour maps, applied after their data (charts.redraw_after)
-    trainer: gr.LinePlot | None = None  # trainer-specific metrics (TRAINER_SERIES)
-    samples: gr.Markdown | None = None  # the before/after table (jobs.train.before_after)
-    phases: gr.Markdown | None = None  # memory by phase, predicted against measured (jobs.train.phases)
+    drawn: gr.State  # what the page shows: {"run", "status", "sent": one signature per output}
+    resume: gr.Button
+    samples: gr.Markdown  # the before/after table (jobs.train.before_after)
+    phases: gr.Markdown  # memory by phase, predicted against measured (jobs.train.phases)
+    poll: gr.Button  # hidden; pressed by the page when its live stream says the run moved
+    graphs: dict[str, gr.HTML]  # chart elem_id -> the block the page draws it in (GRAPHS)
 
     @property
     def outputs(self) -> list[gr.Component]:
+        """What `RunPageData.refresh` returns, in order (OUTPUTS of them)."""
         return [
             self.header,
             self.progress,
@@ -90,23 +88,16 @@ class RunPage:
             self.download,
             self.files,
             self.error,
-            self.memory,
-            self.loss,
-            self.lr,
-            self.tps,
-            self.trainer,
             self.samples,
             self.phases,
             self.log,
             self.spec,
-            self.drawn,
             self.resume,
-            self.styles,
+            self.drawn,
         ]
 
-    @property
-    def plots(self) -> list[tuple[charts.Chart, gr.components.Component]]:
-        return list(zip(GRAPHS, (self.memory, self.loss, self.lr, self.tps, self.trainer)))
+
+OUTPUTS = 12  # len(RunPage.outputs)
 
 
 def build() -> RunPage:
@@ -120,18 +111,17 @@ def build() -> RunPage:
     header = gr.Markdown("Select a run in the Runs tab, or launch one.", elem_id="run-header")
     progress = gr.HTML()
     error = gr.Markdown(elem_id="run-error")
-    with gr.Row():
-        memory = charts.RUN_MEMORY.build()
-        loss = charts.RUN_LOSS.build()
-    with gr.Row():
-        lr = charts.RUN_LR.build()
-        tps = charts.RUN_TOKENS.build()
-    trainer = charts.RUN_TRAINER.build()
+    graphs: dict[str, gr.HTML] = {}
+    for row in ((charts.RUN_MEMORY, charts.RUN_LOSS), (charts.RUN_LR, charts.RUN_TOKENS), (charts.RUN_TRAINER,)):
+        with gr.Row():
+            for chart in row:
+                graphs[chart.elem_id] = chart.live()
     phases = gr.Markdown(elem_id="run-phases")
     samples = gr.Markdown(elem_id="run-samples")
     files = gr.Dataframe(label="Files in the bundle", interactive=False, visible=False)
     log = gr.Code(label=f"Log (last {LOG_LINES} lines)", language=None, interactive=False, max_lines=30)
     spec = gr.Code(label="Spec", language="yaml", interactive=False)
+    poll = gr.Button("run changed", visible="hidden", elem_id="run-poll")
     return RunPage(
         run_id,
         header,
@@ -141,19 +131,29 @@ def build() -> RunPage:
         download,
         files,
         error,
-        memory,
-        loss,
-        lr,
-        tps,
         log,
         spec,
         gr.State(None),
-        resume=resume,
-        styles=gr.State({}),
-        trainer=trainer,
-        samples=samples,
-        phases=phases,
+        resume,
+        samples,
+        phases,
+        poll,
+        graphs,
     )
+
+
+def signature(value: Any) -> str:
+    """A value's identity for "did this output change?": text as is, a component update by its arguments."""
+    if isinstance(value, str) or value is None:
+        return repr(value)
+    args = getattr(value, "_constructor_args", None)
+    if isinstance(args, list):  # gradio keeps the arguments of each constructor call in order
+        args = {k: v for part in args for k, v in part.items()} if all(isinstance(a, dict) for a in args) else args
+    if isinstance(args, dict):
+        return type(value).__name__ + repr(
+            sorted((k, v.to_csv() if isinstance(v, pd.DataFrame) else repr(v)) for k, v in args.items())
+        )
+    return repr(value)
 
 
 class RunPageData:
@@ -184,31 +184,34 @@ class RunPageData:
         )
 
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
-        """All outputs of the page; skipped entirely for a finished run already drawn."""
+        """The page's text outputs (OUTPUTS of them), each gr.skip() where the page already shows it;
+        all skipped for a finished run already drawn."""
         if run_id is None:
             return [gr.skip()] * OUTPUTS
         rid = int(run_id)
         run = self.store.get_run(rid)
+        if run is not None and run.status.finished and isinstance(drawn, dict):
+            if (drawn.get("run"), drawn.get("status")) == (rid, run.status.value):
+                return [gr.skip()] * OUTPUTS
+        values = self._values(rid, run)
+        sent = [signature(v) for v in values]
+        before = drawn.get("sent") if isinstance(drawn, dict) and drawn.get("run") == rid else None
+        shown = [
+            gr.skip() if before and i < len(before) and before[i] == sig else v
+            for i, (v, sig) in enumerate(zip(values, sent))
+        ]
+        status = run.status.value if run is not None and run.status.finished else None
+        return shown + [{"run": rid, "status": status, "sent": sent}]
+
+    def _values(self, rid: int, run: RunRecord | None) -> list[Any]:
+        """Every text output but `drawn`, in `RunPage.outputs` order."""
         if run is None:
-            empty = [c.frame([]) for c in GRAPHS]
+            hidden = gr.Button(visible=False)
             return (
-                [
-                    f"No run {rid}.",
-                    "",
-                    gr.Button(visible=False),
-                    gr.DownloadButton(visible=False),
-                    gr.Dataframe(visible=False),
-                    "",
-                ]
-                + [c.update(f) for c, f in zip(GRAPHS, empty)]
-                + ["", "", "", "", None, gr.Button(visible=False)]
-                + [{c.elem_id: c.style(f) for c, f in zip(GRAPHS, empty)}]
+                [f"No run {rid}.", "", hidden, gr.DownloadButton(visible=False), gr.Dataframe(visible=False)]
+                + [""] * 5
+                + [gr.Button(visible=False)]
             )
-        if run.status.finished and drawn == (rid, run.status.value):
-            return [gr.skip()] * OUTPUTS
-        frames = self.graphs(rid) + (self.trainer_frame(rid, spec_of(run).trainer.value),)
-        memory, loss, lr, tps, trainer = (chart.update(frame) for chart, frame in zip(GRAPHS, frames))
-        styles = {chart.elem_id: chart.style(frame) for chart, frame in zip(GRAPHS, frames)}
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
         files = gr.Dataframe(bundle_files(bundle), visible=True) if bundle else gr.Dataframe(visible=False)
         label = "Download model" if spec_of(run).method.value == "full" else "Download adapter"
@@ -223,7 +226,6 @@ class RunPageData:
         elif run.status is RunStatus.SUCCEEDED and bundle is None:
             error = unreachable_files_note(self.store, rid)
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
-        drawn_now = (rid, run.status.value) if run.status.finished else None
         resume = gr.Button(visible=resumable(self.store, run))
         events = events_markdown(run, self.store.run_events(rid))
         measured = figures.run_figures(self.store, run)
@@ -240,18 +242,11 @@ class RunPageData:
             download,
             files,
             error,
-            memory,
-            loss,
-            lr,
-            tps,
-            trainer,
             samples_markdown(self.store, run),
             phases_markdown(self.store, run),
             log_tail(run),
             spec_of(run).to_yaml(),
-            drawn_now,
             resume,
-            styles,
         ]
 
     def cancel(self, run_id: float | None) -> None:

@@ -100,19 +100,21 @@ def build() -> RunsView:
         search = gr.Textbox(
             label="search (name, tags, note)", placeholder="e.g. baseline", scale=2, elem_id="runs-search", max_lines=1
         )
-        refresh = gr.Button("Refresh", scale=0)
+        refresh = gr.Button("Refresh", scale=0, elem_id="runs-refresh")  # also pressed by the live stream
     table = gr.Dataframe(headers=COLUMNS, interactive=False, elem_id="runs-table", max_height=600)
     total = gr.Markdown(elem_id="runs-disk-total")
     return RunsView(status, search, refresh, table, total)
 
 
-def wire(view: RunsView, store: Store, timer: gr.Timer) -> None:
+def wire(view: RunsView, store: Store) -> None:
+    """The table is read on a filter change, on Refresh, and when the page's live stream says a run
+    was added or moved (it presses Refresh; only while the Runs tab is shown: `app.ui.live`)."""
     disk, total = DiskUsage(store), TotalDisk()
 
     def load(status: str, search: str) -> tuple[pd.DataFrame, str]:
         return runs_frame(store, status, search=search, disk=disk), total.text(store)
 
-    for event in (view.status.change, view.search.submit, view.search.change, view.refresh.click, timer.tick):
+    for event in (view.status.change, view.search.submit, view.search.change, view.refresh.click):
         event(
             load, [view.status, view.search], [view.table, view.total], show_progress="hidden", api_visibility="private"
         )

@@ -1,0 +1,109 @@
+"""The live stream's HTTP side: `GET /tunedeck/live?run=N&gpu=1&runs=1` as Server-Sent Events.
+
+    app = demo.launch(prevent_thread_lock=True, head=head_html(), ...)[0]
+    add_live_route(app, store)           # then demo.block_thread()
+
+One stream per page (app/ui/static/live.js opens it for the views on screen). Each stream is an
+async loop that asks its `app.ui.live.Feed` every tick, in a worker thread (the store is
+synchronous), and writes only what the feed returns: a tick where nothing changed writes nothing but
+a keep-alive comment every 15 s. A feed that is done ends the stream with an `end` event. The stream
+is behind the dashboard's login like every Gradio route: without the login cookie it answers 401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from app.ui.live import Feed, Topics
+from app.ui.run import RunPageData
+from storage.store import Store
+
+log = logging.getLogger(__name__)
+
+PATH = "/tunedeck/live"
+KEEPALIVE_S = 15.0
+SCRIPT = Path(__file__).with_name("static") / "live.js"
+CHART_CSS = """
+.td-chart { position: relative; min-height: 250px; }
+.td-chart-title { font-size: var(--block-label-text-size, 13px); opacity: 0.8; margin: 2px 0 4px; }
+.td-chart-empty { opacity: 0.6; padding: 90px 0; text-align: center; }
+.td-chart-legend { display: flex; flex-wrap: wrap; gap: 2px 12px; font-size: 12px; margin-top: 2px; }
+.td-chart-key i { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; }
+.td-chart-tip { display: none; position: absolute; pointer-events: none; white-space: pre; font-size: 12px;
+  background: var(--background-fill-primary, #fff); border: 1px solid var(--border-color-primary, #ccc);
+  padding: 3px 6px; border-radius: 4px; z-index: 10; }
+"""
+
+
+def head_html() -> str:
+    """The `<head>` additions of the dashboard page: the live page's script and its charts' style."""
+    return f"<style>{CHART_CSS}</style>\n<script>\n{SCRIPT.read_text()}\n</script>"
+
+
+def logged_in(app: Any, request: Request) -> bool:
+    """Whether the request may read the dashboard: no login configured, or Gradio's login cookie is valid."""
+    if getattr(app, "auth", None) is None and getattr(app, "auth_dependency", None) is None:
+        return True
+    if app.auth_dependency is not None:
+        return app.auth_dependency(request) is not None
+    cookie_id = app.cookie_id
+    token = request.cookies.get(f"access-token-{cookie_id}") or request.cookies.get(
+        f"access-token-unsecure-{cookie_id}"
+    )
+    return app.tokens.get(token) is not None
+
+
+def add_live_route(app: Any, store: Store) -> None:
+    """Serve the stream from `app` (the FastAPI app Gradio's launch returned), for pages of `store`."""
+    page_data = RunPageData(store)  # one set of series caches for every page of this server
+
+    async def live(request: Request) -> Response:
+        if not logged_in(app, request):
+            return JSONResponse({"error": "log in to the dashboard first"}, status_code=401)
+        try:
+            topics = Topics.from_query(dict(request.query_params))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        feed = Feed(store, topics, page_data)
+        return StreamingResponse(
+            _stream(feed, request),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    app.add_api_route(PATH, live, methods=["GET"], include_in_schema=False)
+
+
+async def _stream(feed: Feed, request: Request) -> AsyncIterator[str]:
+    quiet_since = time.monotonic()
+    yield "retry: 2000\n\n"  # the browser's reconnect delay after a dropped connection
+    while not feed.done:
+        try:
+            messages = await run_in_threadpool(feed.poll)
+        except Exception:  # the store is down or a run's rows are unreadable: say so, let the page retry
+            log.exception("live stream: a poll failed (topics %s)", feed.topics)
+            yield f"event: error\ndata: {json.dumps({'error': 'the dashboard could not read the store'})}\n\n"
+            return
+        for message in messages:
+            yield f"data: {json.dumps(message, separators=(',', ':'))}\n\n"
+        if messages:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"
+        if feed.done:
+            break
+        await asyncio.sleep(feed.interval)
+        if await request.is_disconnected():
+            return
+    yield "event: end\ndata: {}\n\n"
