@@ -61,7 +61,10 @@ def test_random_histories_always_replay_to_the_new_points() -> None:
         for pts in new.values():
             cut = rng.randint(0, len(pts))
             tail = sorted(rng.choice([2.0, 3.0, 4.0, 5.0]) for _ in range(rng.randint(0, 3)))
-            pts[cut:] = [*pts[cut:cut], *[[x, float(rng.randint(0, 3))] for x in tail if not pts[:cut] or x >= pts[cut - 1][0]]]
+            pts[cut:] = [
+                *pts[cut:cut],
+                *[[x, float(rng.randint(0, 3))] for x in tail if not pts[:cut] or x >= pts[cut - 1][0]],
+            ]
         assert apply(old, series_delta(old, new)) == new, (old, new)
 
 
