@@ -1,0 +1,154 @@
+"""Data shapes other tools write: LLaMA-Factory's DPO and KTO demos (conversation context + answers),
+checked for every preference trainer against slices of the real files (tests/fixtures/llamafactory/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.data.inspection import check_dataset
+from jobs.data.loading import load_data
+from jobs.data.row_formats import RowFormat
+from jobs.data.sources import DataError
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
+
+LF = Path(__file__).parent / "fixtures" / "llamafactory"
+DPO_DEMO, KTO_DEMO = str(LF / "dpo_en_demo.json"), str(LF / "kto_en_demo.json")
+PREFERENCE_TRAINERS = (Trainer.DPO, Trainer.ORPO, Trainer.CPO, Trainer.REWARD, Trainer.KTO)
+
+
+def write(path: Path, rows: list[Any]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def problems_text(ref: str, trainer: Trainer) -> str:
+    with pytest.raises(DataError) as err:
+        check_dataset(ref, trainer)
+    return "\n".join(str(p) for p in err.value.problems)
+
+
+def turn(speaker: str, text: str) -> dict[str, str]:
+    return {"from": speaker, "value": text}
+
+
+def msg(role: str, text: str) -> dict[str, str]:
+    return {"role": role, "content": text}
+
+
+# ---------------------------------------------------------------------- LLaMA-Factory's demos
+def test_dataset_info_declares_the_keys_the_fixtures_have() -> None:
+    info = json.loads((LF / "dataset_info.json").read_text())
+    dpo = json.loads((LF / "dpo_en_demo.json").read_text())
+    kto = json.loads((LF / "kto_en_demo.json").read_text())
+    assert info["dpo_en_demo"]["formatting"] == "sharegpt" and info["dpo_en_demo"]["ranking"] is True
+    assert set(info["dpo_en_demo"]["columns"].values()) == set(dpo[0])  # conversations, chosen, rejected
+    assert all(set(r["chosen"]) == {"from", "value"} for r in dpo)  # one turn object each
+    assert set(info["kto_en_demo"]["columns"].values()) == set(kto[0])  # messages, label
+    assert info["kto_en_demo"]["tags"]["role_tag"] == "role" and set(kto[0]["messages"][0]) == {"role", "content"}
+    # The slices hold the shapes that were refused: system prompts and multi-turn context.
+    assert sum(r["conversations"][0]["from"] == "system" for r in dpo) >= 5
+    assert sum(len(r["conversations"]) >= 5 for r in dpo) >= 5
+    assert sum(len(r["messages"]) > 2 for r in kto) >= 5
+
+
+@pytest.mark.parametrize("trainer", PREFERENCE_TRAINERS)
+def test_dpo_demo_accepted_whole_for_every_preference_trainer(trainer: Trainer) -> None:
+    info = check_dataset(DPO_DEMO, trainer)  # was: every row refused ("has messages rows", "ends with a user turn")
+    assert (info.format, info.n_rows, info.source_format) == (RowFormat.PREFERENCE, 40, "sharegpt")
+    assert "conversational prompt of `chosen`/`rejected`" in (info.conversion or "")
+    assert not any("dropped" in w for w in info.warnings)
+
+
+def test_dpo_demo_system_prompt_and_turns_become_the_prompt() -> None:
+    rows = json.loads((LF / "dpo_en_demo.json").read_text())
+    loaded = load_data(JobSpec(dataset=DPO_DEMO, trainer=Trainer.DPO))
+    assert loaded.train.column_names == ["prompt", "chosen", "rejected"] and len(loaded.train) == 40
+    system_row = next(i for i, r in enumerate(rows) if r["conversations"][0]["from"] == "system")
+    got = loaded.train[system_row]
+    assert got["prompt"][0] == msg("system", rows[system_row]["conversations"][0]["value"])
+    assert got["prompt"][-1]["role"] == "user"
+    assert got["chosen"] == [msg("assistant", rows[system_row]["chosen"]["value"])]
+    assert got["rejected"] == [msg("assistant", rows[system_row]["rejected"]["value"])]
+    multi = next(i for i, r in enumerate(rows) if len(r["conversations"]) >= 5)
+    assert [m["role"] for m in loaded.train[multi]["prompt"]] == ["user", "assistant"] * 2 + ["user"] + [
+        "assistant",
+        "user",
+    ] * ((len(rows[multi]["conversations"]) - 5) // 2)
+
+
+def test_kto_demo_accepted_for_kto_last_answer_is_the_completion() -> None:
+    info = check_dataset(KTO_DEMO, Trainer.KTO)  # was: "needs prompt/completion/label rows"
+    assert (info.format, info.n_rows, info.source_format) == (RowFormat.UNPAIRED, 40, "chat")
+    rows = json.loads((LF / "kto_en_demo.json").read_text())
+    loaded = load_data(JobSpec(dataset=KTO_DEMO, trainer=Trainer.KTO))
+    assert loaded.train.column_names == ["prompt", "completion", "label"]
+    long = next(i for i, r in enumerate(rows) if len(r["messages"]) > 2)
+    assert loaded.train[long]["prompt"] == rows[long]["messages"][:-1]
+    assert loaded.train[long]["completion"] == rows[long]["messages"][-1:]
+    assert loaded.train["label"] == [r["label"] for r in rows]
+
+
+def test_kto_demo_stays_chat_for_sft() -> None:
+    info = check_dataset(KTO_DEMO, Trainer.SFT)
+    assert info.format is RowFormat.MESSAGES and any("`label`" in w for w in info.warnings)
+
+
+# ---------------------------------------------------------------------- the same shapes, written other ways
+def test_chat_messages_with_plain_answers_and_system_column(tmp_path: Path) -> None:
+    rows = [
+        {"system": "Be brief.", "messages": [msg("user", f"Q{i}?")], "chosen": "Yes.", "rejected": "No."}
+        for i in range(8)
+    ]
+    info = check_dataset(write(tmp_path / "p.jsonl", rows), Trainer.DPO)
+    assert info.source_format == "chat" and "plus the `system` column" in (info.conversion or "")
+    assert info.preview[0] == {
+        "prompt": [msg("system", "Be brief."), msg("user", "Q0?")],
+        "chosen": [msg("assistant", "Yes.")],
+        "rejected": [msg("assistant", "No.")],
+    }
+
+
+def test_sharegpt_kto_rows(tmp_path: Path) -> None:
+    rows = [
+        {"conversations": [turn("human", f"Q{i}?"), turn("gpt", "A.")], "label": "true" if i % 2 else "false"}
+        for i in range(8)
+    ]
+    info = check_dataset(write(tmp_path / "k.jsonl", rows), Trainer.KTO)
+    assert (info.format, info.source_format) == (RowFormat.UNPAIRED, "sharegpt")
+    assert info.preview[1] == {"prompt": [msg("user", "Q1?")], "completion": [msg("assistant", "A.")], "label": True}
+
+
+GOOD = {"conversations": [turn("human", "Q?")], "chosen": turn("gpt", "A."), "rejected": turn("gpt", "B.")}
+
+
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ({**GOOD, "conversations": [turn("human", "Q?"), turn("gpt", "A.")]}, "row 2: `conversations` ends with an"),
+        ({**GOOD, "chosen": None}, "row 2: `chosen` is missing"),
+        ({**GOOD, "rejected": 3}, "row 2: `rejected` is not an answer turn"),
+        ({**GOOD, "chosen": turn("human", "A.")}, "row 2: `chosen` holds non-assistant turns"),
+        ({**GOOD, "conversations": [turn("alien", "Q?")]}, "row 2: `conversations` has unknown speaker `alien`"),
+        ({**GOOD, "conversations": [turn("gpt", "Q?")]}, "row 2: `conversations` ends with an assistant turn"),
+    ],
+)
+def test_bad_context_preference_rows_named(tmp_path: Path, bad: dict[str, Any], words: str) -> None:
+    assert words in problems_text(write(tmp_path / "p.jsonl", [GOOD, bad, GOOD]), Trainer.DPO)
+
+
+@pytest.mark.parametrize(
+    "bad,words",
+    [
+        ({"messages": [msg("user", "Q?")], "label": True}, "row 2: `messages` ends with a user turn, not the answer"),
+        ({"messages": [msg("assistant", "A.")], "label": True}, "row 2: `messages` holds only the answer"),
+        ({"messages": [msg("user", "Q?"), msg("assistant", "A.")], "label": "maybe"}, "`label` is `maybe`"),
+    ],
+)
+def test_bad_kto_chat_rows_named(tmp_path: Path, bad: dict[str, Any], words: str) -> None:
+    good = {"messages": [msg("user", "Q?"), msg("assistant", "A.")], "label": True}
+    assert words in problems_text(write(tmp_path / "k.jsonl", [good, bad, good]), Trainer.KTO)
