@@ -4,15 +4,20 @@ checked for every preference trainer against slices of the real files (tests/fix
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from training_helpers import tiny_spec
 
+from jobs.checks.pipeline import check
 from jobs.data.inspection import check_dataset
 from jobs.data.loading import load_data
 from jobs.data.row_formats import RowFormat
 from jobs.data.sources import DataError
+from jobs.data.token_lengths import RowLengths
+from jobs.devices.facts import DeviceFacts
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
@@ -152,3 +157,63 @@ def test_bad_context_preference_rows_named(tmp_path: Path, bad: dict[str, Any], 
 def test_bad_kto_chat_rows_named(tmp_path: Path, bad: dict[str, Any], words: str) -> None:
     good = {"messages": [msg("user", "Q?"), msg("assistant", "A.")], "label": True}
     assert words in problems_text(write(tmp_path / "k.jsonl", [good, bad, good]), Trainer.KTO)
+
+
+# ---------------------------------------------------------------------- data that cannot teach under max_length
+BIG_MEMORY = DeviceFacts(kind="cpu", name="cpu", total_bytes=1024**4)
+
+
+def long_prompt_rows(path: Path, n_rows: int, n_long: int, n_words: int = 200) -> str:
+    """Plain prompt/completion rows: the first `n_long` with a prompt of `n_words` words, the rest short."""
+    rows = [
+        {"prompt": " ".join(["word"] * (n_words if i < n_long else 3)) + f" {i}?", "completion": " A short answer."}
+        for i in range(n_rows)
+    ]
+    return write(path, rows)
+
+
+def test_answers_cut_counts_rows_whose_prompt_fills_max_length() -> None:
+    lengths = RowLengths.of([[120], [40], [300], [90]], prompts=[100, 10, 250, 89])
+    cut = lengths.answers_cut(100)
+    assert (cut.rows, cut.lost) == (4, (0, 2)) and cut.keeps == 300  # p95 of the lost rows' whole lengths
+    assert lengths.answers_cut(None).lost == () and lengths.answers_cut(400).lost == ()
+    # The reward trainer drops every pair with a sequence over max_length, whatever its prompt.
+    pairs = RowLengths.of([[120, 80], [40, 101], [30, 20]], prompts=[5, 5, 5])
+    assert pairs.answers_cut(100, dropped_when_long=True).lost == (0, 1)
+    assert RowLengths.of([[120]]).answers_cut(100).lost == ()  # prompts not measured: nothing claimed
+
+
+def test_data_whose_every_answer_is_cut_away_is_refused_naming_the_max_length_that_keeps_it(
+    data_home: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    spec = tiny_spec(tiny_model, dataset=long_prompt_rows(tmp_path / "long.jsonl", 16, 16))
+    refused = check(spec, device=BIG_MEMORY)
+    cut = [p for p in refused.problems if p.field == "max_length"]
+    assert len(cut) == 1, refused.problems
+    assert cut[0].problem.startswith("16 of 16 training rows have a prompt of max_length 96 tokens or more")
+    assert "cuts away their whole answer" in cut[0].problem
+    keeps = int(re.search(r"set max_length: (\d+)", cut[0].fix).group(1))  # type: ignore[union-attr]
+    assert keeps > 96 and "shorten the prompts" in cut[0].fix
+    fixed = check(spec.replace(max_length=keeps), device=BIG_MEMORY)
+    assert not [p for p in fixed.problems if p.field == "max_length"], fixed.problems
+    assert not any("training rows have a prompt" in w for w in fixed.warnings)
+
+
+def test_a_few_rows_without_an_answer_are_a_warning(data_home: Path, tiny_model: Path, tmp_path: Path) -> None:
+    spec = tiny_spec(tiny_model, dataset=long_prompt_rows(tmp_path / "some.jsonl", 16, 3))
+    checked = check(spec, device=BIG_MEMORY)
+    assert not [p for p in checked.problems if p.field == "max_length"], checked.problems
+    warned = [w for w in checked.warnings if "training rows have a prompt" in w]
+    assert len(warned) == 1 and warned[0].startswith("3 of 16 training rows") and "keeps 95%" in warned[0]
+
+
+def test_dpo_demo_under_a_short_max_length_is_refused_and_under_its_own_is_not(
+    data_home: Path, tiny_model: Path
+) -> None:
+    spec = tiny_spec(tiny_model, trainer="dpo", dataset=DPO_DEMO, max_train_samples=None, max_length=64)
+    refused = check(spec, device=BIG_MEMORY)
+    cut = [p for p in refused.problems if p.field == "max_length"]
+    assert cut and " of 40 training rows" in cut[0].problem, refused.problems
+    keeps = int(re.search(r"set max_length: (\d+)", cut[0].fix).group(1))  # type: ignore[union-attr]
+    fixed = check(spec.replace(max_length=keeps), device=BIG_MEMORY)
+    assert not [p for p in fixed.problems if p.field == "max_length"], fixed.problems
