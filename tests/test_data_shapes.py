@@ -14,6 +14,7 @@ from training_helpers import tiny_spec
 from jobs.checks.pipeline import check
 from jobs.data.inspection import check_dataset
 from jobs.data.loading import load_data
+from jobs.data.placeholders import placeholders_in
 from jobs.data.row_formats import RowFormat
 from jobs.data.sources import DataError
 from jobs.data.token_lengths import RowLengths
@@ -217,3 +218,35 @@ def test_dpo_demo_under_a_short_max_length_is_refused_and_under_its_own_is_not(
     keeps = int(re.search(r"set max_length: (\d+)", cut[0].fix).group(1))  # type: ignore[union-attr]
     fixed = check(spec.replace(max_length=keeps), device=BIG_MEMORY)
     assert not [p for p in fixed.problems if p.field == "max_length"], fixed.problems
+
+
+# ---------------------------------------------------------------------- unfilled template placeholders
+def test_placeholders_found_in_strings_lists_and_dicts_not_in_other_braces() -> None:
+    row = {"prompt": [msg("user", "Who are you, {{ user }}?")], "completion": "I am {{name}} by {{author}}, {{name}}."}
+    assert placeholders_in(row) == ["user", "name", "author"]
+    assert placeholders_in("tag the word in curly braces {{ . }} or {{...}}; {x} {{}} { {name} }") == []
+
+
+def test_identity_placeholders_are_a_warning_naming_rows_and_names() -> None:
+    rows = json.loads((LF / "identity.json").read_text())
+    holding = [i + 1 for i, r in enumerate(rows) if "{{" in r["output"]]
+    info = check_dataset(str(LF / "identity.json"), Trainer.SFT)  # still accepted: a warning, not a refusal
+    warned = [w for w in info.warnings if "placeholder" in w]
+    assert len(warned) == 1
+    first = ", ".join(map(str, holding[:5]))
+    assert warned[0].startswith(f"rows {first} (and {len(holding) - 5} more) hold the unfilled template placeholders")
+    assert "{{name}}, {{author}}" in warned[0] and "fill them in" in warned[0]
+
+
+def test_one_placeholder_row_named_and_none_without(tmp_path: Path) -> None:
+    rows = [{"prompt": f"Q{i}?", "completion": "A."} for i in range(8)]
+    assert not [w for w in check_dataset(write(tmp_path / "a.jsonl", rows), Trainer.SFT).warnings if "{{" in w]
+    rows[3]["completion"] = "Ask {{company}}."
+    warned = [w for w in check_dataset(write(tmp_path / "b.jsonl", rows), Trainer.SFT).warnings if "{{" in w]
+    assert warned and warned[0].startswith("row 4 holds the unfilled template placeholder {{company}}")
+
+
+def test_placeholder_warning_reaches_the_check(data_home: Path, tiny_model: Path) -> None:
+    checked = check(tiny_spec(tiny_model, dataset=str(LF / "identity.json")), device=BIG_MEMORY)
+    assert not checked.problems, checked.problems
+    assert any("unfilled template placeholders {{name}}, {{author}}" in w for w in checked.warnings)
