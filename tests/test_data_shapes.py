@@ -250,3 +250,29 @@ def test_placeholder_warning_reaches_the_check(data_home: Path, tiny_model: Path
     checked = check(tiny_spec(tiny_model, dataset=str(LF / "identity.json")), device=BIG_MEMORY)
     assert not checked.problems, checked.problems
     assert any("unfilled template placeholders {{name}}, {{author}}" in w for w in checked.warnings)
+
+
+# ---------------------------------------------------------------------- the new rows train
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "trainer,fixture,picked",
+    [("dpo", "dpo_en_demo.json", (21, 23, 32, 10)), ("kto", "kto_en_demo.json", (12, 26, 33, 6))],
+)
+def test_llamafactory_rows_train(
+    trainer: str, fixture: str, picked: tuple[int, ...], data_home: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Two steps on the demo's shortest rows (a system-prompt row among the dpo ones): the adapters move."""
+    from jobs.devices.facts import CPU
+    from jobs.train.training import train_spec
+
+    rows = json.loads((LF / fixture).read_text())
+    data = tmp_path / fixture
+    data.write_text(json.dumps([rows[i] for i in picked]))
+    spec = tiny_spec(
+        tiny_model, trainer=trainer, dataset=str(data), max_steps=2, max_length=384, per_device_train_batch_size=2
+    )
+    result = train_spec(spec, tmp_path / "out", device=CPU)
+    losses = [h["loss"] for h in result.log_history if "loss" in h]
+    assert len(losses) == 2 and all(loss == loss for loss in losses)  # logged and not NaN
+    moved = [p for n, p in result.model.named_parameters() if "lora_B" in n and p.abs().sum() > 0]
+    assert moved  # lora_B starts at zero: a gradient reached the adapters
