@@ -276,3 +276,19 @@ def test_llamafactory_rows_train(
     assert len(losses) == 2 and all(loss == loss for loss in losses)  # logged and not NaN
     moved = [p for n, p in result.model.named_parameters() if "lora_B" in n and p.abs().sum() > 0]
     assert moved  # lora_B starts at zero: a gradient reached the adapters
+
+
+# ---------------------------------------------------------------------- raw text for continued pre-training
+def test_raw_text_rows_for_continued_pretraining(data_home: Path, tiny_model: Path) -> None:
+    """LLaMA-Factory's c4_demo (`text` rows): sft trains on every token; nothing is an "answer", so a short
+    max_length is never refused as cutting answers away (long documents are truncated, or packed)."""
+    c4 = str(LF / "c4_demo.jsonl")
+    info = check_dataset(c4, Trainer.SFT)
+    assert (info.format, info.n_rows, info.source_format, info.conversion) == (RowFormat.TEXT, 30, "trl", None)
+    assert load_data(JobSpec(dataset=c4)).train.column_names == ["text"]
+    for packing in (False, True):
+        spec = tiny_spec(tiny_model, dataset=c4, max_length=64, packing=packing, max_train_samples=None)
+        checked = check(spec, device=BIG_MEMORY)
+        assert not checked.problems, checked.problems
+        assert not any("training rows have a prompt" in w for w in checked.warnings)
+    assert "preference" in problems_text(c4, Trainer.DPO)  # text rows are sft's only
