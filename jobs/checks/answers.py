@@ -42,7 +42,7 @@ def answer_problems(spec: JobSpec, lengths: RowLengths | None) -> tuple[list[Pro
     else:
         what = (
             f"have a prompt of max_length {spec.max_length} tokens or more, so truncation cuts away their whole "
-            "answer and nothing is learned from them"
+            "answer: the model learns none of their answers"
         )
     head = f"{lost} of {cut.rows} training rows {what}"
     keeps = f"max_length: {cut.keeps}" if cut.keeps else "a longer max_length"
