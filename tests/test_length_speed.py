@@ -127,6 +127,9 @@ def test_the_direct_template_call_renders_what_apply_chat_template_renders(tiny_
         roles = rng.sample(["system", "user", "assistant"], k=rng.randint(1, 3))
         messages = [{"role": r, "content": text} for r in roles]
         assert render(messages) == tiny_tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt = render(messages, True)  # a prompt: the assistant's header follows
+        assert prompt == tiny_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert prompt != render(messages)
     odd = [{"role": "user", "content": "hi", "name": "x"}]  # not plain {role, content}: the library's way
     assert render(odd) == tiny_tokenizer.apply_chat_template(odd, tokenize=False)
 

@@ -28,8 +28,10 @@ class WordTokenizer:
         count = [len(t.replace(self.eos_token, " " + self.eos_token).split()) for t in texts]
         return {"input_ids": [[0] * (n + (1 if add_special_tokens else 0)) for n in count]}
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False) -> str:
-        return " ".join(m["content"] for m in messages)
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = False
+    ) -> str:
+        return " ".join(m["content"] for m in messages) + (" A:" if add_generation_prompt else "")
 
 
 def words(n: int) -> str:
@@ -45,6 +47,12 @@ def test_each_trainer_measures_the_sequences_it_builds() -> None:
     assert dpo.lengths.tolist() == [[12, 7]]  # prompt+chosen, prompt+rejected, each + EOS + special
     chat = [{"messages": [{"role": "user", "content": words(2)}, {"role": "assistant", "content": words(5)}]}]
     assert measure(chat, tok, Trainer.SFT).lengths.tolist() == [[7]]  # rendered; the template holds the specials
+    # Each row's prompt too, as trl tokenizes it alone: no EOS; a chat's turns before its first answer, with
+    # the generation prompt (" A:" here).
+    assert dpo.prompt_lengths().tolist() == [5] and sft.prompt_lengths().tolist() == [0, 0]
+    assert measure(chat, tok, Trainer.SFT).prompt_lengths().tolist() == [3]
+    convo = [{"prompt": [{"role": "user", "content": words(3)}], "completion": [{"role": "assistant", "content": "a"}]}]
+    assert measure(convo, tok, Trainer.SFT).prompt_lengths().tolist() == [4]
     assert sequences({"prompt": "p", "completion": "c", "label": True}, Trainer.KTO) == ["pc"]
     assert sequences({"prompt": "p"}, Trainer.GRPO) == ["p"]
 

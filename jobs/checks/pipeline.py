@@ -18,6 +18,8 @@ being found again:
    training rows' measured token lengths (`jobs.data.row_tokens`, cached), with the max_length
    worst case kept as the bound; a "will not fit" is a problem only when nothing else is wrong
    (`memory_problem`, with the cheapest change that fits);
+   from the same lengths, the rows whose whole answer `max_length` cuts away
+   (`jobs.checks.answers`): refused when most rows are, a warning when some are;
 8. a grpo `reward_model_run`: a finished reward run in the store.
 
 No step swallows an unexpected error: a bug in a check fails the call instead of hiding a refusal.
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobs.checks.access import AccessPolicy
+from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory
 from jobs.checks.template import assistant_only_problems
@@ -127,6 +130,8 @@ def _check_spec(
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
+    cut_answers, answer_warnings = answer_problems(spec, lengths)
+    problems += cut_answers
     if not problems:
         problems += [p for p in (memory_problem(spec, memory),) if p is not None]
     if store is not None:
@@ -134,6 +139,7 @@ def _check_spec(
 
         problems += reward_run_problems(store, spec)
     warnings = capability_warnings(spec, capability) + [w for info in infos.values() for w in info.warnings]
+    warnings += answer_warnings
     return Checked(spec, _unique(problems), facts, infos, memory, warnings)
 
 

@@ -10,45 +10,26 @@ checks, the preview and the training all see the converted rows.
   with `chosen`/`rejected` -> conversational preference rows.
 - ShareGPT: `conversations` (or `messages`) of {from, value} turns, speakers human/user,
   gpt/assistant, system, tool/function/observation, optional `system` column -> `messages`.
+- A conversation (ShareGPT or OpenAI-style, e.g. LLaMA-Factory's DPO and KTO demos) with
+  `chosen`/`rejected`, or with a `label` for kto -> conversational preference or KTO rows whose
+  prompt is the context (`jobs.data.context_rows`).
 - Everything else (trl's own columns; OpenAI-style chat with extra keys, which are dropped)
   passes through unchanged.
 
-    conversion = detect_conversion(columns, first_rows)   # None: rows are already trl's
+    conversion = detect_conversion(columns, first_rows, trainer)   # None: rows are already trl's
     row, problems = conversion.convert(row)                # problems: [(problem, fix)]
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-ProblemList = list[tuple[str, str]]
-SPEAKERS = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "bot": "assistant",
-    "model": "assistant",
-    "chatgpt": "assistant",
-    "system": "system",
-    "tool": "tool",
-    "function": "tool",
-    "observation": "tool",
-}
+from jobs.data.context_rows import context_conversion
+from jobs.data.turns import Conversion, ProblemList, chat_turns, is_sharegpt_turn, with_system
+from jobs.spec.enums import Trainer
+
 SHAREGPT_COLUMNS = ("conversations", "messages")
-
-
-@dataclass(frozen=True)
-class Conversion:
-    """A detected source format and the pure function that turns one of its rows into trl's."""
-
-    source: str  # "alpaca" | "sharegpt"
-    description: str  # what the preview and the resolved config say was done
-    convert: Callable[[dict[str, Any]], tuple[dict[str, Any] | None, ProblemList]]
-    columns: tuple[str, ...]  # the trl columns the converted rows have
-    reads: tuple[str, ...]  # the source columns the conversion uses (the rest are dropped)
 
 
 # ---------------------------------------------------------------------- column mapping
@@ -126,27 +107,14 @@ def alpaca_row(row: dict[str, Any]) -> tuple[dict[str, Any] | None, ProblemList]
 def sharegpt_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | None, ProblemList]:
     """One ShareGPT row ({from, value} turns, optional `system` column) as a `messages` row."""
     turns = row.get(column)
-    fix = f'write `{column}` as [{{"from": "human", "value": "..."}}, {{"from": "gpt", "value": "..."}}]'
-    if not isinstance(turns, list) or not turns:
-        return None, [(f"`{column}` is not a list of {{from, value}} turns", fix)]
-    if not all(isinstance(t, dict) and "from" in t and "value" in t for t in turns):
+    if isinstance(turns, list) and not all(isinstance(t, dict) and "from" in t and "value" in t for t in turns):
+        fix = f'write `{column}` as [{{"from": "human", "value": "..."}}, {{"from": "gpt", "value": "..."}}]'
         return None, [(f"`{column}` has a turn without `from` or `value`", fix)]
-    speakers = [t["from"].strip().lower() if isinstance(t["from"], str) else t["from"] for t in turns]
-    unknown = [s for s in speakers if s not in SPEAKERS]
-    if unknown:
-        return None, [
-            (
-                f"`{column}` has unknown speaker `{unknown[0]}`",
-                "use the speakers human, gpt, system or tool (or user/assistant)",
-            )
-        ]
-    messages = [{"role": SPEAKERS[s], "content": t["value"]} for s, t in zip(speakers, turns)]
-    system, problems = _text(row, "system", required=False)
-    if problems:
+    messages, problems = chat_turns(turns, column)
+    if messages is None:
         return None, problems
-    if system.strip() and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system})
-    return {"messages": messages}, []
+    messages, problems = with_system(messages, row)
+    return ({"messages": messages} if messages is not None else None), problems
 
 
 # ---------------------------------------------------------------------- detection
@@ -158,7 +126,7 @@ def _sharegpt_column(columns: set[str], rows: list[dict[str, Any]]) -> str | Non
         for row in rows:
             turns = row.get(column)
             first = turns[0] if isinstance(turns, list) and turns else None
-            if isinstance(first, dict) and ("from" in first or "value" in first) and "role" not in first:
+            if is_sharegpt_turn(first):
                 return column
             if isinstance(first, dict) and "role" in first:
                 break
@@ -167,9 +135,17 @@ def _sharegpt_column(columns: set[str], rows: list[dict[str, Any]]) -> str | Non
     return None
 
 
-def detect_conversion(columns: Iterable[str], rows: list[dict[str, Any]]) -> Conversion | None:
-    """The conversion the columns (and, for ShareGPT vs chat, the first rows) call for; None for trl rows."""
+def detect_conversion(
+    columns: Iterable[str], rows: list[dict[str, Any]], trainer: Trainer = Trainer.SFT
+) -> Conversion | None:
+    """The conversion the columns (and, for ShareGPT vs chat, the first rows) call for; None for trl rows.
+
+    A conversation with `chosen`/`rejected` (any trainer), or with a `label` (kto), is a preference or
+    KTO row whose context is the prompt (`jobs.data.context_rows`)."""
     cols = set(columns)
+    context = context_conversion(cols, rows, Trainer(trainer))
+    if context is not None:
+        return context
     sharegpt = _sharegpt_column(cols, rows)
     if sharegpt is not None:
         extra = " plus the `system` column" if "system" in cols else ""

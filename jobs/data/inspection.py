@@ -39,7 +39,7 @@ class DatasetInfo:
     columns: list[str]
     preview: list[dict[str, Any]] = field(default_factory=list)  # first 5 rows, converted, trl's columns only
     warnings: list[str] = field(default_factory=list)
-    source_format: str = "trl"  # "trl" (already trl's columns), "alpaca" or "sharegpt"
+    source_format: str = "trl"  # "trl" (already trl's columns), "alpaca", "sharegpt" or "chat" (chat + answers)
     conversion: str | None = None  # what was converted, in words; None when nothing was
     column_map: dict[str, str] = field(default_factory=dict)  # dataset_columns applied: {trl column: file column}
     reward_columns: list[str] = field(default_factory=list)  # grpo: columns passed on to the reward functions
@@ -131,7 +131,7 @@ def inspect_dataset(
         raise DataError(issues.problems() + mapping_problems)
     mapped = renamed(columns, column_map)
     first = [rename_columns(row, column_map) for _, row in islice(raw(), 20)]
-    conversion = detect_conversion(mapped, first)
+    conversion = detect_conversion(mapped, first, trainer)
     fmt_columns = list(conversion.columns) if conversion else mapped
     fmt = detect_format(fmt_columns)
     if trainer is Trainer.GRPO and "prompt" in fmt_columns:

@@ -35,7 +35,7 @@ from jobs.spec.job import JobSpec
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = "1"  # bump when what a cached length means changes
+CACHE_VERSION = "2"  # bump when what a cached length means changes (2: each row's prompt length kept too)
 BATCH_ROWS = 2048
 # With the shortcuts (`Shortcuts`), every this-many-th sequence is also measured the library's way, as a check.
 VERIFY_EVERY = 256
@@ -49,8 +49,9 @@ def cached_lengths(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None
     if path is None or not path.is_file():
         return None
     try:
-        return RowLengths(np.load(path, allow_pickle=False))
-    except (OSError, ValueError):
+        with np.load(path, allow_pickle=False) as saved:
+            return RowLengths(saved["lengths"], saved["prompts"])
+    except (OSError, ValueError, KeyError):
         log.warning("unreadable length cache %s: measuring again", path, exc_info=True)
         return None
 
@@ -61,14 +62,15 @@ def save_lengths(spec: JobSpec, tokenizer_dir: Path | None, lengths: RowLengths,
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp.npy")
-    np.save(partial, lengths.lengths, allow_pickle=False)
+    partial = path.with_suffix(".tmp")
+    with partial.open("wb") as out:
+        np.savez(out, lengths=lengths.lengths, prompts=lengths.prompt_lengths())
     partial.replace(path)  # whole or not at all: another check may read it at the same time
 
 
 def _cache_path(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None) -> Path | None:
     key = cache_key(spec, tokenizer_dir) if tokenizer_dir is not None else None
-    return (cache if cache is not None else _cache_dir()) / f"{key}.npy" if key else None
+    return (cache if cache is not None else _cache_dir()) / f"{key}.npz" if key else None
 
 
 def measure(ds: Any, tokenizer: Any, trainer: Trainer) -> RowLengths:
@@ -91,15 +93,21 @@ def _measure_rows(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer) 
 def _measure(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer, fast: Shortcuts | None) -> RowLengths:
     eos = getattr(tokenizer, "eos_token", None) or ""
     out: list[list[int]] = []
+    prompts: list[int] = []
     for start in range(0, len(rows), BATCH_ROWS):
-        chunk = [sequences(row, trainer) for row in rows[start : start + BATCH_ROWS]]
+        batch = rows[start : start + BATCH_ROWS]
+        chunk = [sequences(row, trainer) for row in batch]
         flat = [seq for row in chunk for seq in row]
         counts = _count(flat, tokenizer, eos, fast)
         i = 0
         for row in chunk:
             out.append(counts[i : i + len(row)])
             i += len(row)
-    return RowLengths.of(out)
+        heads = [prompt_sequence(row, trainer) for row in batch]
+        found = [h for h in heads if h is not None]
+        head_counts = iter(_count(found, tokenizer, eos, fast, prompts=True) if found else [])
+        prompts += [next(head_counts) if h is not None else 0 for h in heads]
+    return RowLengths.of(out, prompts)
 
 
 def sequences(row: dict[str, Any], trainer: Trainer) -> list[str | list[dict[str, Any]]]:
@@ -117,6 +125,19 @@ def sequences(row: dict[str, Any], trainer: Trainer) -> list[str | list[dict[str
     return [prompt + a for a in answers]  # strings joined, or conversations continued
 
 
+def prompt_sequence(row: dict[str, Any], trainer: Trainer) -> str | list[dict[str, Any]] | None:
+    """What comes before the answer in the trainer's sequences: the prompt, or a chat's turns before its first
+    assistant turn; None where nothing does (text rows, reward pairs without a prompt, grpo)."""
+    if trainer is Trainer.GRPO or "text" in row:
+        return None
+    if "messages" in row:
+        messages = row["messages"]
+        first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), 0)
+        return messages[:first] or None
+    prompt = row.get("prompt")
+    return prompt if prompt else None
+
+
 class CountMismatch(Exception):
     """A shortcut's count of a sequence differs from the one the tokenizer itself gives."""
 
@@ -128,7 +149,7 @@ class Shortcuts:
     `render` calls the compiled chat template directly (`template_renderer`: ~1.5x faster)."""
 
     counter: PieceCounter | None
-    render: Callable[[list[dict[str, Any]]], str] | None
+    render: Callable[..., str] | None
 
     @classmethod
     def of(cls, tokenizer: Any) -> Shortcuts | None:
@@ -136,19 +157,22 @@ class Shortcuts:
         return found if found.counter is not None or found.render is not None else None
 
 
-def _count(seqs: list[Any], tokenizer: Any, eos: str, fast: Shortcuts | None) -> list[int]:
+def _count(seqs: list[Any], tokenizer: Any, eos: str, fast: Shortcuts | None, prompts: bool = False) -> list[int]:
     """Token counts of strings (trl appends EOS to plain text) and conversations (chat template). With shortcuts,
-    every VERIFY_EVERY-th sequence is also rendered and counted the library's way, and must agree."""
+    every VERIFY_EVERY-th sequence is also rendered and counted the library's way, and must agree.
+
+    `prompts`: the sequences are prompts, as trl tokenizes them on their own: strings without EOS,
+    conversations with the generation prompt (the assistant's header) that the answer follows."""
     render = fast.render if fast is not None and fast.render is not None else None
     counter = fast.counter if fast is not None else None
     texts: list[str] = []
     special: list[bool] = []
     for seq in seqs:
         if isinstance(seq, list):
-            texts.append(render(seq) if render is not None else _render(seq, tokenizer))
+            texts.append(render(seq, prompts) if render is not None else _render(seq, tokenizer, prompts))
             special.append(not getattr(tokenizer, "chat_template", None))
         else:
-            texts.append(seq if not eos or seq.endswith(eos) else seq + eos)
+            texts.append(seq if prompts or not eos or seq.endswith(eos) else seq + eos)
             special.append(True)
     counts = [0] * len(texts)
     for flag in (True, False):
@@ -161,7 +185,7 @@ def _count(seqs: list[Any], tokenizer: Any, eos: str, fast: Shortcuts | None) ->
     if fast is not None:
         for i in range(0, len(seqs), VERIFY_EVERY):
             seq = seqs[i]
-            text = _render(seq, tokenizer) if isinstance(seq, list) else texts[i]
+            text = _render(seq, tokenizer, prompts) if isinstance(seq, list) else texts[i]
             theirs = _library([text], tokenizer, special[i])[0]
             if theirs != counts[i]:
                 raise CountMismatch(f"{counts[i]} tokens where the tokenizer counts {theirs} in {text[:80]!r}")
@@ -173,19 +197,21 @@ def _library(texts: list[str], tokenizer: Any, flag: bool) -> list[int]:
     return [len(one) for one in ids]
 
 
-def _render(messages: list[dict[str, Any]], tokenizer: Any) -> str:
+def _render(messages: list[dict[str, Any]], tokenizer: Any, generation: bool = False) -> str:
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+        more = {"add_generation_prompt": True} if generation else {}  # a tokenizer may not take the keyword
+        return tokenizer.apply_chat_template(messages, tokenize=False, **more)
     return "\n".join(str(m.get("content", "")) for m in messages)
 
 
-def template_renderer(tokenizer: Any) -> Callable[[list[dict[str, Any]]], str] | None:
-    """The tokenizer's chat template as `apply_chat_template(messages, tokenize=False)` renders it, called directly.
+def template_renderer(tokenizer: Any) -> Callable[..., str] | None:
+    """The tokenizer's chat template as `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)`
+    renders it, called directly (`render(messages)`, or `render(messages, True)` with the generation prompt).
 
     For messages that are plain {role, content} strings (every row `jobs.data.loading` builds),
     apply_chat_template's per-call work (copying the messages into plain data, dropping None values, aliasing
     reasoning fields) changes nothing and is a third of the rendering time; the compiled template gets the same
-    variables (the special tokens, no tools or documents, no generation prompt). Any other message, a template
+    variables (the special tokens, no tools or documents). Any other message, a template
     chosen by name (a dict) or a tokenizer class with its own apply_chat_template takes the library's way.
     None without transformers' template compiler."""
     template = getattr(tokenizer, "chat_template", None)
@@ -200,14 +226,14 @@ def template_renderer(tokenizer: Any) -> Callable[[list[dict[str, Any]]], str] |
     if type(tokenizer).apply_chat_template is not PreTrainedTokenizerBase.apply_chat_template:
         return None
     compiled = _compile_jinja_template(template)
-    variables = {**tokenizer.special_tokens_map, "tools": None, "documents": None, "add_generation_prompt": False}
+    variables = {**tokenizer.special_tokens_map, "tools": None, "documents": None}
 
-    def render(messages: list[dict[str, Any]]) -> str:
+    def render(messages: list[dict[str, Any]], generation: bool = False) -> str:
         if all(
             type(m) is dict and m.keys() == _PLAIN and type(m["role"]) is type(m["content"]) is str for m in messages
         ):
-            return compiled.render(messages=messages, **variables)
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+            return compiled.render(messages=messages, add_generation_prompt=generation, **variables)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
     return render
 

@@ -11,6 +11,10 @@ at any `max_length` and any batch size is applied afterwards without tokenizing 
     lengths = row_lengths(spec, tokenizer)        # RowLengths, cached on disk (see `cached_lengths`)
     lengths.stats(spec.max_length)                # LengthStats: longest, p50, p95, truncated rows
     lengths.worst_batch(spec)                     # TokenBatch(sequences=8, length=57, ...)
+    lengths.answers_cut(spec.max_length)          # AnswersCut: rows whose prompt fills max_length
+
+Each row's prompt is measured too (what comes before the answer, as the trainer tokenizes it), so
+the rows whose whole answer `max_length` would cut away are counted without tokenizing again.
 
 Nothing here imports `datasets` or a tokenizer at module level: the memory package reads
 `RowLengths`/`TokenBatch` as plain values.
@@ -80,17 +84,30 @@ class LengthStats:
 
 
 @dataclass(frozen=True)
+class AnswersCut:
+    """The rows (0-based, in training order) that keep no answer token under one max_length, and the
+    max_length that keeps 95% of them whole (the p95 of their untruncated lengths)."""
+
+    rows: int
+    lost: tuple[int, ...]
+    keeps: int | None
+
+
+@dataclass(frozen=True)
 class RowLengths:
     """Untruncated token lengths of each training row's sequences: an (rows, k) int array, k = 1 or 2
-    (a pair's chosen and rejected)."""
+    (a pair's chosen and rejected); `prompts`: each row's prompt length (0: no prompt, or not measured)."""
 
     lengths: np.ndarray
+    prompts: np.ndarray | None = None
     # Figures already worked out, by their arguments: the planner predicts ~50 variants of one spec, and on
     # 100k rows each figure is a pass over the array. Sound because the array is made read-only here.
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.lengths.flags.writeable = False
+        if self.prompts is not None:
+            self.prompts.flags.writeable = False
 
     def _remembered(self, key: tuple[Any, ...], work: Callable[[], Any]) -> Any:
         if key not in self._memo:
@@ -100,13 +117,33 @@ class RowLengths:
         return self._memo[key]
 
     @classmethod
-    def of(cls, rows: Iterable[Sequence[int]]) -> RowLengths:
+    def of(cls, rows: Iterable[Sequence[int]], prompts: Sequence[int] | None = None) -> RowLengths:
         data = [tuple(int(x) for x in row) for row in rows]
         width = max((len(r) for r in data), default=1)
         array = np.zeros((len(data), width), dtype=np.int64)
         for i, row in enumerate(data):
             array[i, : len(row)] = row
-        return cls(array)
+        return cls(array, np.asarray(prompts, dtype=np.int64) if prompts is not None else None)
+
+    def prompt_lengths(self) -> np.ndarray:
+        """Each row's prompt length (zeros when the prompts were not measured)."""
+        return self.prompts if self.prompts is not None else np.zeros(self.rows, dtype=np.int64)
+
+    def answers_cut(self, max_length: int | None, *, dropped_when_long: bool = False) -> AnswersCut:
+        """The rows whose whole answer `max_length` cuts away: the prompt alone fills it (trl truncates the end).
+        `dropped_when_long`: the trainer drops every row with a sequence over max_length instead (reward)."""
+        return self._remembered(  # type: ignore[no-any-return]
+            ("answers", max_length, dropped_when_long), lambda: self._answers_cut(max_length, dropped_when_long)
+        )
+
+    def _answers_cut(self, max_length: int | None, dropped_when_long: bool) -> AnswersCut:
+        if not max_length or not self.rows:
+            return AnswersCut(self.rows, (), None)
+        full = self.lengths.max(axis=1)
+        lost = full > max_length if dropped_when_long else self.prompt_lengths() >= max_length
+        where = np.flatnonzero(lost)
+        keeps = int(np.percentile(full[where], 95, method="higher")) if where.size else None
+        return AnswersCut(self.rows, tuple(int(i) for i in where), keeps)
 
     @property
     def rows(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.data.placeholders import Placeholders
 from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
 from jobs.errors import Problem
 
@@ -270,6 +271,7 @@ class RowCheck:
         self._repeated: list[int] = []
         self._examples: list[tuple[int, list[dict[str, Any]]]] = []
         self._labels = {True: 0, False: 0}
+        self._placeholders = Placeholders()
 
     def add(self, number: int, row: dict[str, Any]) -> None:
         """Validate one row against the format."""
@@ -277,6 +279,7 @@ class RowCheck:
         self._n_rows += 1
         if len(self._preview) < self.preview_rows:
             self._preview.append(only_columns(row, fmt))
+        self._placeholders.add(number, {c: row.get(c) for c in COLUMNS[fmt]})  # only what trains
         found, style = row_problems(row, fmt)
         for message, fix in found:
             issues.add(number, message, fix)
@@ -323,6 +326,9 @@ class RowCheck:
             warnings.append(
                 f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only"
             )
+        unfilled = self._placeholders.warning(issues.label)
+        if unfilled:
+            warnings.append(unfilled)
         if 0 < n_rows < 8:
             warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
         style = self._first_style[1] if self._first_style else None
