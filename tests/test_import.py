@@ -24,7 +24,12 @@ from jobs.spec.imports.base import Imported
 from jobs.spec.job import JobSpec, SpecError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "imports"
-CONFIGS = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".yaml", ".yml"))
+# Configs with no tunedeck equivalent: (the key named, what the problem says).
+REFUSED = {
+    "axolotl_qlora-1b-gdpo": ("rl", "`gdpo` has no tunedeck trainer"),
+    "llamafactory_qwen3vl_lora_dpo": ("dataset", "names only multimodal data sets (rlhf_v)"),
+}
+CONFIGS = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".yaml", ".yml") and p.stem not in REFUSED)
 GPU = DeviceFacts(
     kind="cuda", name="24 GiB GPU", total_bytes=24 * 1024**3, compute_capability="8.9", bf16=True, fp16=True
 )
@@ -102,12 +107,21 @@ def test_every_fixture_imports_into_a_spec_that_passes_the_checks(
 ) -> None:
     imported = _import(config, data_dir)
     data = _load(config)
-    assert imported.tool == ("llamafactory" if config.name.startswith("llamafactory") else "axolotl")
+    assert imported.tool == config.name.split("_")[0]  # told by the keys
     unaccounted = [k for k in data if not _accounted(imported, k)]
     assert not unaccounted, f"keys neither mapped nor listed: {unaccounted}"
     spec = build_spec(imported, {"model": str(tiny_model), **_local_data(imported, tmp_path)})
     checked = check(spec, device=GPU)
     assert checked.problems == [], [str(p) for p in checked.problems]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_fixtures_without_equivalent_are_refused_naming_the_key(name: str) -> None:
+    config = next(p for p in FIXTURES.iterdir() if p.stem == name)
+    with pytest.raises(ImportConfigError) as err:
+        _import(config, FIXTURES)
+    field, says = REFUSED[name]
+    assert [(p.field, p.problem) for p in err.value.problems] == [(field, says)]
 
 
 def test_llamafactory_names_resolve_through_its_dataset_info() -> None:
@@ -188,7 +202,9 @@ def test_axolotl_keys_and_dataset_entries_carry_over() -> None:
         }
     )
     assert custom.fields["dataset_columns"] == "instruction=question"
-    assert any(n.key == "datasets[0].shuffle_me" and "nothing maps it" in n.why for n in custom.not_carried)
+    assert any(
+        n.key == "datasets[0].shuffle_me" and "unknown to the axolotl importer" in n.why for n in custom.not_carried
+    )
 
 
 def test_trl_configs_import_and_pass_the_checks(tiny_model: Path, data_home: Path) -> None:
@@ -234,7 +250,7 @@ def test_an_unknown_key_is_listed_as_not_carried_over() -> None:
     data = _load(FIXTURES / "llamafactory_qwen3_lora_sft.yaml") | {"fancy_new_option": 3}
     imported = import_config(data, dataset_info=json.loads((FIXTURES / "dataset_info.json").read_text()))
     why = {n.key: n.why for n in imported.not_carried}
-    assert why["fancy_new_option"] == "not a llamafactory key this importer knows; nothing maps it"
+    assert why["fancy_new_option"] == "unknown to the llamafactory importer; nothing maps it"
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ def spec_values(imported: Imported, overrides: Mapping[str, Any] | None = None) 
 
 def header(imported: Imported, source: str = "") -> str:
     """YAML comment lines: where the spec came from and every key not carried over."""
-    lines = [f"# imported by `tunedeck import` from {source + ' ' if source else 'a '}({imported.tool} config)"]
+    lines = [f"# imported by `tunedeck import` from {source or 'a config'} ({imported.tool})"]
     if imported.not_carried:
         lines.append(f"# {len(imported.not_carried)} key(s) not carried over:")
         lines += [f"#   {n}" for n in imported.not_carried]

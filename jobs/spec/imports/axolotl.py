@@ -92,6 +92,11 @@ DROPPED = {
     "unsloth_lora_mlp": KERNELS,
     "unsloth_lora_qkv": KERNELS,
     "unsloth_lora_o": KERNELS,
+    "lora_mlp_kernel": KERNELS,
+    "lora_qkv_kernel": KERNELS,
+    "lora_o_kernel": KERNELS,
+    "use_ray": DISTRIBUTED,
+    "trl": "GRPO-style trainer options of axolotl's rl trainers",
     "gradient_checkpointing_kwargs": "tunedeck sets the checkpointing options itself",
     "deepspeed": DISTRIBUTED,
     "fsdp": DISTRIBUTED,
@@ -125,6 +130,8 @@ TRACKING_PREFIXES = (
     "use_mlflow",
     "use_comet",
     "use_tensorboard",
+    "otel_",
+    "use_otel",
 )
 
 
@@ -141,6 +148,8 @@ def import_axolotl(data: Mapping[str, Any]) -> Imported:
     for key in list(r.data):
         if key.startswith(TRACKING_PREFIXES):
             r.drop(key, TRACKING)
+        elif key.startswith("ray_"):
+            r.drop(key, DISTRIBUTED)
     r.drop_all(DROPPED)
     kto_batch(r)
     return r.result()

@@ -162,7 +162,7 @@ class Reader:
                     self.carried.append(self.name(str(key)))
             else:
                 self.not_carried.append(
-                    NotCarried(self.name(str(key)), f"not a {self.tool} key this importer knows; nothing maps it")
+                    NotCarried(self.name(str(key)), f"unknown to the {self.tool} importer; nothing maps it")
                 )
         if blank:
             self.not_carried.append(NotCarried(", ".join(blank), "empty in the file (the tool's default)"))

@@ -49,6 +49,8 @@ DROPPED = {
     "ddp_timeout": DISTRIBUTED,
     "ddp_find_unused_parameters": DISTRIBUTED,
     "ddp_backend": DISTRIBUTED,
+    "use_reentrant_gc": "tunedeck sets the checkpointing options itself",
+    "gradient_checkpointing_kwargs": "tunedeck sets the checkpointing options itself",
     "report_to": TRACKING,
     "plot_loss": TRACKING,
     "logging_dir": TRACKING,
@@ -128,6 +130,8 @@ def import_llamafactory(
     for key in list(r.data):
         if key in MULTIMODAL_KEYS or key.startswith(MULTIMODAL_PREFIXES):
             r.drop(key, MULTIMODAL)
+        elif key.startswith("ray_"):
+            r.drop(key, DISTRIBUTED)
     r.drop_all(DROPPED)
     kto_batch(r)
     return r.result()

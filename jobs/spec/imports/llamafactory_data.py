@@ -59,7 +59,11 @@ def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: 
             if _resolve(r, key, spec_field, name, stage, info, folder):
                 taken = name
         if taken is None and not any(p.field == key for p in r.problems):
-            r.fail(key, f"has no text data set ({', '.join(listed)})", "name a text data set of dataset_info.json")
+            r.fail(
+                key,
+                f"names only multimodal data sets ({', '.join(listed)})",
+                "tunedeck trains text-only models: name a text data set of dataset_info.json",
+            )
 
 
 def _resolve(r: Reader, key: str, spec_field: str, name: str, stage: str, info: Mapping[str, Any], folder: str) -> bool:

@@ -43,6 +43,7 @@ DEFAULTS = {"sft": {"learning_rate": 2e-5}, "dpo": {"learning_rate": 1e-6}}
 DPO_LOSSES = {"sigmoid", "hinge", "ipo"}
 
 DROPPED = {
+    "env": "tunedeck's worker runs with its own environment: set variables where it runs",
     "output_dir": OUTPUT,
     "overwrite_output_dir": OUTPUT,
     "save_strategy": "tunedeck saves every save_steps (and every save_minutes)",
