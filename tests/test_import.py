@@ -326,3 +326,32 @@ def test_cli_reports_problems_with_field_and_fix(data_dir: Path, tmp_path: Path,
     assert spec.is_file() and "submit would refuse it as it is" in err and "\n  model: " in err
     assert main(["import", str(config), "--dataset-dir", str(data_dir), "--set", "nonsense"]) == 2
     assert "--set: `nonsense` is not key=value" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the form's Import config button
+def test_form_import_fills_the_form_from_the_config_and_its_uploaded_data(data_dir: Path, data_home: Path) -> None:
+    from app.ui.form_spec import NAMES
+    from app.ui.form_yaml import import_files
+    from storage.settings import uploads_dir
+
+    config = FIXTURES / "llamafactory_qwen3_lora_sft.yaml"
+    uploads = [str(config), str(data_dir / "dataset_info.json"), str(data_dir / "identity.jsonl")]
+    out = import_files(uploads)
+    values, note = dict(zip(NAMES, out[:-1])), out[-1]
+    assert Path(values["dataset"]).parent == uploads_dir()  # the uploaded copy, as the form's data uploads
+    assert (values["trainer"], values["method"], values["lora_r"], values["max_length"]) == ("sft", "lora", 8, 2048)
+    assert (
+        note.startswith("### Imported llamafactory config")
+        and "- **dataset: alpaca_en_demo**: tunedeck trains on one" in note
+    )
+    assert "- **report_to**: tunedeck records the metrics itself" in note
+
+
+def test_form_import_reports_what_cannot_be_imported(data_home: Path) -> None:
+    from app.ui.form_yaml import import_files
+
+    out = import_files([str(FIXTURES / "llamafactory_qwen3_lora_sft.yaml")])  # no dataset_info.json with it
+    assert all(v is not None for v in out)
+    assert "problem(s)" in out[-1] and "**dataset**: names data sets of LLaMA-Factory's dataset_info.json" in out[-1]
+    out = import_files([str(FIXTURES / "axolotl_qlora-1b-gdpo.yml")])
+    assert "**rl**: `gdpo` has no tunedeck trainer" in out[-1]

@@ -48,7 +48,8 @@ def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: 
             r.fail(
                 key,
                 f"names data sets of LLaMA-Factory's dataset_info.json ({', '.join(listed)}), and no dataset_info.json was found",
-                "pass --dataset-dir with the folder that holds dataset_info.json (LLaMA-Factory's data/)",
+                "pass --dataset-dir with the folder that holds dataset_info.json (LLaMA-Factory's data/); "
+                "in the dashboard, upload dataset_info.json and the data files together with the config",
             )
             continue
         taken: str | None = None
