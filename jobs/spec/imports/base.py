@@ -2,8 +2,9 @@
 
 A `Reader` walks one mapping of another tool's config. Each key ends in exactly one of three places:
 mapped onto a spec field (`put`, `copy`), listed as not carried over with the reason (`drop`), or
-reported as a problem (`fail`). `finish` lists whatever no handler looked at as an unknown key, so
-nothing in the file is silently lost. Pure: no file system.
+reported as a problem (`fail`). `result` lists whatever no handler looked at as an unknown key (and
+the keys left empty, in one line), so nothing in the file is silently lost; it raises
+`ImportConfigError` with every problem at once. Pure: no file system.
 """
 
 from __future__ import annotations

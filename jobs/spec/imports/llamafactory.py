@@ -229,6 +229,8 @@ def _method(r: Reader) -> None:
                 "a quantized base cannot be fully fine-tuned",
                 "remove quantization_bit, or use finetuning_type: lora",
             )
+        else:
+            r.drop("quantization_method", "no quantization_bit is given, so nothing is quantized")
         r.put("method", "full", "finetuning_type")
         _lora_keys(r, used=False)
         return
