@@ -311,6 +311,9 @@ def test_cli_writes_the_spec_with_the_list_on_top_and_on_stderr(
         2,
     )
     assert spec_values(_import(config, data_dir), {"model": str(tiny_model)}) == yaml.safe_load(text)
+    capsys.readouterr()
+    assert main(["submit", str(out)]) == 0  # the written spec is queued as it is
+    assert capsys.readouterr().out.strip().isdigit()
 
 
 def test_cli_reports_problems_with_field_and_fix(data_dir: Path, tmp_path: Path, data_home: Path, capsys) -> None:
