@@ -171,7 +171,13 @@ def test_keyboard_order_follows_the_page(page):
         a, b = stops[i]["before"], stops[i]["here"]
         same_line = a["top"] < b["bottom"] and b["top"] < a["bottom"]
         assert b["left"] > a["left"] if same_line else b["top"] >= a["bottom"] - 2, (stops[i - 1], stops[i])
-    assert [s["text"] for s in stops[first_side:]] == ["Fit to GPU", "Load YAML", "Preview YAML", "Launch"]
+    assert [s["text"] for s in stops[first_side:]] == [
+        "Fit to GPU",
+        "Load YAML",
+        "Import config",
+        "Preview YAML",
+        "Launch",
+    ]
 
 
 def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_path):
@@ -180,7 +186,7 @@ def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_p
         "run_name: from-yaml\ntrainer: dpo\ndataset: sample:preference-format\nmethod: qlora\n"
         "lora_r: 8\nbeta: 0.25\nmax_steps: 5\n"
     )
-    page.locator("#launch-side input[type=file]").set_input_files(str(spec))
+    page.locator("#launch-side input[type=file]").first.set_input_files(str(spec))  # Load YAML
     page.wait_for_function(
         """(v) => Array.from(document.querySelectorAll('input')).some(i => i.value === v)""",
         arg="from-yaml",
@@ -197,6 +203,16 @@ def test_a_loaded_yaml_fills_the_form_and_the_preview_writes_it_back(page, tmp_p
     code.get_by_text("run_name: from-yaml").wait_for(timeout=15_000)
     text = code.inner_text()
     assert "beta: 0.25" in text and "lora_r: 8" in text and "method: qlora" in text
+
+
+def test_an_imported_config_fills_the_form_and_lists_what_was_not_carried_over(page):
+    config = Path(__file__).parent / "fixtures" / "imports" / "axolotl_qlora-1b.yml"
+    page.locator("#launch-side input[type=file]").nth(1).set_input_files(str(config))  # Import config
+    errors = page.locator("#form-errors")
+    errors.get_by_text("Imported axolotl config", exact=False).wait_for(timeout=15_000)
+    assert "loss_watchdog_threshold" in errors.inner_text()
+    assert field(page, "method").input_value() == option_text("method", "qlora")
+    assert field(page, "lora_r").input_value() == "32"
 
 
 def test_numbers_out_of_range_are_all_reported_by_name(page):

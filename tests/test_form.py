@@ -189,6 +189,7 @@ def test_form_events_stay_off_the_api_page(store):
         "/choose_preset",
         "/show_applicable",
         "/load_yaml",
+        "/import_files",
         "/save_upload",
         "/preview_with_lengths",
     }

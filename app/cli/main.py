@@ -17,6 +17,7 @@
     tunedeck export RUN_ID --gguf f16 [q8_0]                   # GGUF files for llama.cpp/Ollama, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
     tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
+    tunedeck import FILE [--from TOOL] [--dataset-dir DIR] [--set k=v ...] [-o SPEC.yaml]  # LLaMA-Factory/axolotl/trl config -> spec
     tunedeck chat RUN_ID [--base] [--system TEXT] [--temperature T]  # talk to a finished run (stdin; /exit ends)
     tunedeck generate RUN_ID "prompt" [--base] [--max-new-tokens N] [--json]  # one answer, for scripts
 
@@ -27,7 +28,7 @@ was cancelled or interrupted, 2 for bad input (one line per problem: field, prob
 
 This module is the argument parser, the entry point and the serve/worker commands; the others
 live by kind: `app.cli.runs` (submit ... move, sweep; shown by `app.cli.show`), `app.cli.export`
-(export, setup), `app.cli.manage`, `app.cli.plan`, `app.cli.chat`, `app.cli.push`. Each command
+(export, setup), `app.cli.manage`, `app.cli.plan`, `app.cli.chat`, `app.cli.push`, `app.cli.importer`. Each command
 gets only the store it needs (`app.cli.usage.StoreUse`): `hash-password`, `setup` and `serve` (the
 server opens its own) none, `plan` one only when its database exists, so none of them creates a
 database; `--help` opens nothing.
@@ -202,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+
+    from app.cli.importer import add_parser as add_import_parser
+
+    add_import_parser(sub)
 
     from app.cli.chat import add_parser as add_chat_parsers
 

@@ -51,16 +51,22 @@ def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
         ) from exc
     if not isinstance(data, dict):
         return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
+    return JobSpec.from_dict({**data, **parse_overrides(overrides)})
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
+    """`--set key=value` items as {key: value}, each value read like YAML; UsageError for one without `=`."""
+    values: dict[str, object] = {}
     bad = []
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             bad.append(Problem("--set", f"`{item}` is not key=value", "write e.g. --set learning_rate=1e-4"))
             continue
-        data[key.strip()] = _yaml_scalar(value)
+        values[key.strip()] = _yaml_scalar(value)
     if bad:
         raise UsageError(bad)
-    return JobSpec.from_dict(data)
+    return values
 
 
 def _yaml_scalar(text: str) -> object:

@@ -84,6 +84,11 @@ def save_upload(path: str | None) -> Any:
     """Copy an uploaded file under uploads_dir() (content-addressed name) and select it as dataset."""
     if not path:
         return gr.skip()
+    return gr.Dropdown(choices=dataset_choices(), value=str(store_upload(path)))
+
+
+def store_upload(path: str) -> Path:
+    """An uploaded data file copied under uploads_dir() (content-addressed name); gr.Error for a bad one."""
     src = Path(path)
     suffix = upload_suffix(src.name)
     if suffix is None:
@@ -100,7 +105,7 @@ def save_upload(path: str | None) -> Any:
     dest = uploads_dir() / f"{safe_stem(src.name[: -len(suffix)])}-{digest}{suffix}"
     if not dest.exists():
         shutil.copyfile(src, dest)
-    return gr.Dropdown(choices=dataset_choices(), value=str(dest))
+    return dest
 
 
 def preview_dataset(

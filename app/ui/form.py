@@ -38,7 +38,7 @@ from app.ui.form_spec import (  # noqa: F401 - the form's edge, used here and by
     values_of,
     visibility,
 )
-from app.ui.form_yaml import load_yaml, preview_spec
+from app.ui.form_yaml import import_files, load_yaml, preview_spec
 from jobs.checks.access import AccessPolicy
 from jobs.spec.enums import METHOD_DESCRIPTIONS, Method
 from jobs.spec.field import Group
@@ -181,6 +181,7 @@ class LaunchForm:
     yaml_download: gr.DownloadButton
     yaml_upload: gr.UploadButton
     memory: ui_memory.MemoryPanel | None = None
+    config_upload: gr.UploadButton | None = None  # Import config: a LLaMA-Factory/axolotl/trl config (+ its data)
 
     @property
     def inputs(self) -> list[gr.Component]:
@@ -244,6 +245,15 @@ def build_form() -> LaunchForm:
                 yaml_upload = gr.UploadButton(
                     "Load YAML", file_types=[".yaml", ".yml"], type="filepath", size="sm", min_width=80
                 )
+                config_upload = gr.UploadButton(
+                    "Import config",
+                    file_types=[".yaml", ".yml", *ui_data.UPLOAD_SUFFIXES],
+                    file_count="multiple",
+                    type="filepath",
+                    size="sm",
+                    min_width=80,
+                    elem_id="import-config",
+                )
                 preview_btn = gr.Button("Preview YAML", size="sm", min_width=80)
                 launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn", min_width=80)
             errors = gr.Markdown(elem_id="form-errors")
@@ -269,6 +279,7 @@ def build_form() -> LaunchForm:
         yaml_download,
         yaml_upload,
         memory,
+        config_upload,
     )
 
 
@@ -323,6 +334,8 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     raw = {**private, **UNCHECKED}
     form.preview_btn.click(preview_spec, ins, [form.yaml_code, form.yaml_download, form.errors, form.yaml_box], **raw)
     form.yaml_upload.upload(load_yaml, form.yaml_upload, ins + [form.errors], **private)
+    if form.config_upload is not None:
+        form.config_upload.upload(import_files, form.config_upload, ins + [form.errors], **private)
     preset_outs = [form.fields[n] for n in PRESET_FIELDS] + [form.preset_note]
     for name, button in form.presets.items():
         button.click(partial(choose_preset, name), ins, preset_outs, **raw)

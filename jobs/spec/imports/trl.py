@@ -1,0 +1,198 @@
+"""trl CLI configs (`trl sft --config FILE`, `trl dpo --config FILE`) as spec fields.
+
+A trl config does not name its trainer (the command does): a DPO-only key (`beta`, `max_prompt_length`,
+`rpo_alpha`, ...) makes it dpo, else sft; `trainer` in --set changes it. Keys trl's TrainingArguments
+share with LLaMA-Factory's map the same way; absent keys keep trl's defaults where they change the
+training (learning rate 2e-5 for sft and 1e-6 for dpo, 3 epochs, 1024 tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jobs.spec.imports.base import (
+    DISTRIBUTED,
+    EVALUATION,
+    HUB,
+    KERNELS,
+    LOADING,
+    OUTPUT,
+    RESUME,
+    TRACKING,
+    Imported,
+    Reader,
+    lora_targets,
+    map_optimizer,
+    map_precision,
+    map_scheduler,
+    map_warmup,
+)
+
+TOOL = "trl"
+MARKERS = ("model_name_or_path", "dataset_name", "use_peft")
+DPO_KEYS = (
+    "beta",
+    "max_prompt_length",
+    "rpo_alpha",
+    "ref_model_init_kwargs",
+    "reference_free",
+    "precompute_ref_log_probs",
+)
+DEFAULTS = {"sft": {"learning_rate": 2e-5}, "dpo": {"learning_rate": 1e-6}}
+DPO_LOSSES = {"sigmoid", "hinge", "ipo"}
+
+DROPPED = {
+    "env": "tunedeck's worker runs with its own environment: set variables where it runs",
+    "output_dir": OUTPUT,
+    "overwrite_output_dir": OUTPUT,
+    "save_strategy": "tunedeck saves every save_steps (and every save_minutes)",
+    "save_only_model": OUTPUT,
+    "report_to": TRACKING,
+    "logging_dir": TRACKING,
+    "logging_strategy": TRACKING,
+    "logging_first_step": TRACKING,
+    "push_to_hub": HUB,
+    "hub_model_id": HUB,
+    "hub_strategy": HUB,
+    "eval_strategy": EVALUATION,
+    "evaluation_strategy": EVALUATION,
+    "per_device_eval_batch_size": "tunedeck has no separate evaluation batch size",
+    "dataset_test_split": "tunedeck holds out rows with eval_split or reads eval_dataset",
+    "dataset_config": "tunedeck reads the hub data set's default configuration",
+    "dataset_streaming": LOADING,
+    "dataset_num_proc": LOADING,
+    "dataloader_num_workers": LOADING,
+    "torch_dtype": "tunedeck loads the weights in the run's precision",
+    "dtype": "tunedeck loads the weights in the run's precision",
+    "attn_implementation": KERNELS,
+    "use_liger_kernel": KERNELS,
+    "tf32": KERNELS,
+    "model_revision": "tunedeck loads the model's main revision",
+    "resume_from_checkpoint": RESUME,
+    "deepspeed": DISTRIBUTED,
+    "fsdp": DISTRIBUTED,
+    "fsdp_config": DISTRIBUTED,
+    "ddp_timeout": DISTRIBUTED,
+    "gradient_checkpointing_kwargs": "tunedeck sets the checkpointing options itself",
+    "lora_task_type": "tunedeck sets the adapter's task type by the trainer",
+    "lora_modules_to_save": "tunedeck trains only the adapters (lora_target_modules)",
+    "max_prompt_length": "tunedeck bounds the whole row by max_length",
+    "neftune_noise_alpha": "NEFTune noise has no tunedeck equivalent",
+    "bnb_4bit_quant_storage": "tunedeck stores the 4-bit weights in bitsandbytes' default type",
+}
+
+
+def import_trl(data: Mapping[str, Any]) -> Imported:
+    """A trl CLI config as spec fields; raises ImportConfigError for values with no equivalent."""
+    r = Reader(data, TOOL)
+    trainer = "dpo" if any(r.has(k) for k in DPO_KEYS) else "sft"
+    r.put("trainer", trainer, "beta" if trainer == "dpo" else "model_name_or_path")
+    r.copy("model_name_or_path", "model")
+    r.copy("trust_remote_code", "trust_remote_code")
+    r.copy("run_name", "run_name")
+    _data(r)
+    _method(r)
+    _trainer_options(r, trainer)
+    for key, field_name in (
+        ("learning_rate", "learning_rate"),
+        ("num_train_epochs", "num_train_epochs"),
+        ("max_steps", "max_steps"),
+        ("per_device_train_batch_size", "per_device_train_batch_size"),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+        ("weight_decay", "weight_decay"),
+        ("max_grad_norm", "max_grad_norm"),
+        ("logging_steps", "logging_steps"),
+        ("eval_steps", "eval_steps"),
+        ("save_steps", "save_steps"),
+        ("save_total_limit", "save_total_limit"),
+        ("seed", "seed"),
+        ("auto_find_batch_size", "auto_find_batch_size"),
+    ):
+        r.copy(key, field_name)
+    length = "max_seq_length" if r.has("max_seq_length") and not r.has("max_length") else "max_length"
+    r.copy(length, "max_length")
+    if length == "max_length":
+        r.drop("max_seq_length", "max_length is given too, and it wins")
+    for field_name, value in {"num_train_epochs": 3.0, "max_length": 1024, **DEFAULTS[trainer]}.items():
+        r.fields.setdefault(field_name, value)
+    if "gradient_checkpointing" in r.data:
+        r.put("gradient_checkpointing", r.true("gradient_checkpointing"), "gradient_checkpointing")
+    map_scheduler(r, "lr_scheduler_type")
+    map_warmup(r)
+    map_optimizer(r, "optim")
+    map_precision(r)
+    r.drop_all(DROPPED)
+    return r.result()
+
+
+def _data(r: Reader) -> None:
+    r.copy("dataset_name", "dataset")
+    split = r.take("dataset_train_split")
+    if split is not None and str(split) != "train":
+        r.note("dataset_train_split", f"tunedeck reads the train split, not `{split}`")
+    field = r.take("dataset_text_field")
+    if field is not None and str(field) != "text":
+        r.put("dataset_columns", f"text={field}", "dataset_text_field")
+
+
+def _method(r: Reader) -> None:
+    peft = r.true("use_peft")
+    four, eight = r.true("load_in_4bit"), r.true("load_in_8bit")
+    dora = r.true("use_dora")
+    keys = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora")
+    if not peft:
+        if four or eight:
+            r.fail(
+                "load_in_4bit" if four else "load_in_8bit",
+                "a quantized base cannot be fully fine-tuned",
+                "add use_peft: true",
+            )
+        r.put("method", "full", "use_peft")
+        for key in keys:
+            r.drop(key, "use_peft is off: every weight trains")
+        return
+    if four and eight:
+        r.fail("load_in_8bit", "is true together with load_in_4bit", "keep one of load_in_4bit and load_in_8bit")
+    method = "qlora" if four else "lora_8bit" if eight else "lora"
+    if dora and method != "lora":
+        r.fail(
+            "use_dora", "DoRA on a quantized base has no tunedeck equivalent", "remove load_in_4bit/8bit, or use_dora"
+        )
+    r.put("method", "dora" if dora else method, "use_peft")
+    r.copy("lora_r", "lora_r")
+    r.copy("lora_alpha", "lora_alpha")
+    r.copy("lora_dropout", "lora_dropout")
+    r.copy("use_rslora", "use_rslora")
+    targets = r.take("lora_target_modules")
+    if targets is not None:
+        r.put("lora_target_modules", lora_targets(targets), "lora_target_modules")
+    r.fields.setdefault("lora_target_modules", "all-linear")
+    if method == "qlora":
+        r.copy("bnb_4bit_quant_type", "bnb_4bit_quant_type")
+        r.copy("use_bnb_nested_quant", "bnb_4bit_use_double_quant")
+
+
+def _trainer_options(r: Reader, trainer: str) -> None:
+    loss = r.take("loss_type")
+    if trainer == "dpo":
+        r.copy("beta", "beta")
+        if loss is not None:
+            name = str(loss).strip().lower()
+            if name in DPO_LOSSES:
+                r.put("loss_type", name, "loss_type")
+            else:
+                r.fail("loss_type", f"`{loss}` has no tunedeck equivalent", "use loss_type: sigmoid, hinge or ipo")
+        for key in ("rpo_alpha", "reference_free", "precompute_ref_log_probs", "ref_model_init_kwargs"):
+            r.drop(key, "DPO variants beyond the loss type have no tunedeck equivalent")
+        return
+    if loss is not None:
+        name = str(loss).strip().lower()
+        if name in ("nll", "dft"):
+            r.put("loss_type", name, "loss_type")
+        else:
+            r.fail("loss_type", f"`{loss}` has no tunedeck equivalent", "use loss_type: nll or dft")
+    r.copy("packing", "packing")
+    r.copy("padding_free", "padding_free")
+    r.copy("completion_only_loss", "completion_only_loss")
+    r.copy("assistant_only_loss", "assistant_only_loss")
