@@ -205,3 +205,19 @@ def test_a_refresh_sends_only_the_outputs_that_changed(store: Store) -> None:
 
 def _is_skip(value: Any) -> bool:
     return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+def test_the_idle_queue_is_slowed_on_the_gradio_we_run() -> None:
+    import gradio as gr
+
+    from app.server import QUEUE_IDLE_POLL_S, quiet_queue
+
+    with gr.Blocks() as demo:
+        gr.Markdown("x")
+    demo.queue()
+    assert demo._queue.sleep_when_free < QUEUE_IDLE_POLL_S  # what gradio does by default: the cost
+    quiet_queue(demo)
+    assert demo._queue.sleep_when_free == QUEUE_IDLE_POLL_S
+    demo._queue = object()
+    with pytest.raises(RuntimeError, match="sleep_when_free"):
+        quiet_queue(demo)

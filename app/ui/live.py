@@ -36,6 +36,7 @@ from storage.store import Store
 
 RUN_TICK_S = 0.2  # a live run's page: a new point is on screen within ~0.2 s of its write, plus the draw
 SLOW_TICK_S = 1.0  # the GPU panel, the runs table and a page with nothing live
+DEVICES_TICK_S = 5.0  # the GPU panel's device line: a worker that starts or stops shows within this
 GPU_BUCKET_S = 1.0  # the GPU panel's buckets, aligned on whole seconds so each tick changes only the newest
 Points = list[list[float]]
 _DEVICE_LABEL = re.compile(r"^[\w .:/()@#+-]{1,200}$")
@@ -184,6 +185,7 @@ class Feed:
         self._slow_at = -math.inf
         self._gpu_series: Any = object()
         self._devices: Any = object()
+        self._devices_at = -math.inf
         self._runs: Any = object()
 
     @property
@@ -240,10 +242,12 @@ class Feed:
 
     def _poll_gpu(self, series: Any, now: float) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        devices = (self.store.devices_stamp(), tuple(sorted(w["worker_id"] for w in self.store.live_workers())))
-        if devices != self._devices:
-            self._devices = devices
-            out.append({"kind": "devices"})
+        if time.monotonic() - self._devices_at >= DEVICES_TICK_S:  # workers come and go seldom
+            self._devices_at = time.monotonic()
+            devices = (self.store.devices_stamp(), tuple(sorted(w["worker_id"] for w in self.store.live_workers())))
+            if devices != self._devices:
+                self._devices = devices
+                out.append({"kind": "devices"})
         if series == self._gpu_series and not out:
             return out
         self._gpu_series = series

@@ -9,6 +9,22 @@
 // A stream that ends (a finished run, drawn) is not reopened until the views change.
 (() => {
   if (window.tunedeckLive) return;
+
+  // Gradio 6.31's status trackers count elapsed time in a requestAnimationFrame loop that keeps going
+  // after the event is over (even an idle page with one Markdown renders 60 frames a second: ~5% of a
+  // core for the renderer, ~2% for the GPU process). This script runs before Gradio's modules load,
+  // so their captured requestAnimationFrame is this one: a short callback that only reads
+  // performance.now() (that timer) runs twice a second instead; every other callback is untouched.
+  const frame = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = (callback) => {
+    const source = Function.prototype.toString.call(callback);
+    if (source.length < 200 && source.includes("performance.now()")) {
+      return -setTimeout(() => frame(callback), 500); // negative: never a real frame id
+    }
+    return frame(callback);
+  };
+  const cancelFrame = window.cancelAnimationFrame.bind(window);
+  window.cancelAnimationFrame = (id) => (id < 0 ? clearTimeout(-id) : cancelFrame(id));
   const CHECK_MS = 300;
   const RETRY_MS = 3000;
   const PRESS_GAP_MS = 400; // at most ~2 Gradio refreshes a second per view, the last one always sent
@@ -135,6 +151,7 @@
     }
 
     draw() {
+      live.draws++;
       const width = this.host.clientWidth;
       if (!width) return; // hidden (another tab): drawn when it is shown (ResizeObserver)
       const height = 220, dpr = window.devicePixelRatio || 1;
@@ -333,7 +350,7 @@
     } else if (BUTTONS[msg.kind]) press(BUTTONS[msg.kind]);
   }
 
-  const live = { key: null, source: null, ended: null, messages: 0 };
+  const live = { key: null, source: null, ended: null, messages: 0, draws: 0 };
   function check() {
     const key = wanted();
     if (key === live.key) return;
