@@ -27,7 +27,8 @@ the side not being measured has its server frozen (SIGSTOP; an idle `serve` cost
       live      `/?run=L`, a running run: each second of the window the feeder writes the next
                 step's three metric rows (`Store.add_metrics`), one nvml + torch memory sample,
                 the heartbeat and the progress, as the training callback and sampler would.
-(latency) On a running run's page, each sample writes one `loss` row twice the previous maximum
+(latency) On a running run's page (100 steps of `loss` only, as the first version of this bench
+    measured: one plot redrawn, not four), each sample writes one `loss` row twice the previous maximum
     at the next step and waits until the loss plot shows it: the new chart's contract
     (`#run-loss-plot div.td-chart[data-ymax]`, the largest y drawn) where the page has it, else
     the Vega plot's y axis top (its SVG aria-label "... values from A to B"): either can only get
@@ -375,6 +376,11 @@ def print_table(header: Row, rows: list[Row]) -> None:
         print(" | ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
 
 
+def print_latencies(lat: dict[str, tuple[list[float], str]]) -> None:
+    for name, (values, chart) in lat.items():
+        print(f"  latency  {name:<24} {chart}, ms in order: {' '.join(f'{1000 * v:.0f}' for v in values)}")
+
+
 def print_requests(cpu: dict[str, dict[str, PageResult]]) -> None:
     for page, by_side in cpu.items():
         for name, r in by_side.items():
@@ -406,10 +412,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def browser_parts(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], dict[str, dict[str, PageResult]]]:
-    """The cpu and latency parts on both trees; their rows, and the cpu results (for the request lists)."""
+Results = tuple[list[Row], dict[str, dict[str, PageResult]], dict[str, tuple[list[float], str]]]
+
+
+def browser_parts(args: argparse.Namespace, tmp: Path) -> Results:
+    """The cpu and latency parts on both trees: their rows, the cpu results and the latencies (for the details)."""
     rows: list[Row] = []
     cpu: dict[str, dict[str, PageResult]] = {}
+    lat: dict[str, tuple[list[float], str]] = {}
     with baseline_tree(ROOT, args.baseline) as base:
         sides = [
             Side(f"baseline {describe(base)}", base, tmp / "home-baseline"),
@@ -423,11 +433,12 @@ def browser_parts(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], dict[
                 cpu = bench_cpu(sides, args.pages, args.window, args.settle)
                 rows += cpu_rows(cpu, names)
             if args.part in ("all", "latency"):
-                rows += latency_rows(bench_latency(sides, args.samples, len(args.pages)), names)
+                lat = bench_latency(sides, args.samples, len(args.pages))
+                rows += latency_rows(lat, names)
         finally:
             for side in sides:
                 side.stop()
-    return rows, cpu
+    return rows, cpu, lat
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,10 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     rows: list[Row] = []
     cpu: dict[str, dict[str, PageResult]] = {}
+    lat: dict[str, tuple[list[float], str]] = {}
     if args.part != "build":
         tmp = Path(tempfile.mkdtemp(prefix="tunedeck-bench-ui-"))
         try:
-            rows, cpu = browser_parts(args, tmp)
+            rows, cpu, lat = browser_parts(args, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     build: list[Row] = []
@@ -453,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         print_table(("page", "metric", "baseline", "current", "ratio (cur/base)", "goal", "current"), rows)
     if cpu:
         print_requests(cpu)
+    if lat:
+        print_latencies(lat)
     if build:
         print("\nrun page build, current tree (baseline column: the old raw-row GROUP BY path)")
         print_table(("size", "metric", "raw rows", "current", "ratio (cur/raw)", "goal", "current"), build)
