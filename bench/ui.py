@@ -1,6 +1,6 @@
 """How cheap and how fast is the dashboard? CPU at rest and live, write-to-screen latency, graph build.
 
-    .venv/bin/python bench/ui.py                                 # everything, baseline HEAD~1 (~6-8 min)
+    .venv/bin/python bench/ui.py                                 # everything, baseline HEAD~1 (~12-15 min, busy 2 cores)
     .venv/bin/python bench/ui.py --part cpu --window 10 --baseline HEAD
     .venv/bin/python bench/ui.py --part latency --samples 30 --baseline c0ffee1
     .venv/bin/python bench/ui.py --part build --metric-points 200000 --memory-samples 20000
