@@ -1,25 +1,47 @@
-"""How fast is the run page? (a) write-to-screen latency in Chromium, (b) server-side graph build.
+"""How cheap and how fast is the dashboard? CPU at rest and live, write-to-screen latency, graph build.
 
-    .venv/bin/python bench/ui.py                       # both parts, full size (~1-2 min)
+    .venv/bin/python bench/ui.py                                 # everything, baseline HEAD~1 (~12-15 min, busy 2 cores)
+    .venv/bin/python bench/ui.py --part cpu --window 10 --baseline HEAD
+    .venv/bin/python bench/ui.py --part latency --samples 30 --baseline c0ffee1
     .venv/bin/python bench/ui.py --part build --metric-points 200000 --memory-samples 20000
-    .venv/bin/python bench/ui.py --part latency --samples 30
 
-(a) Starts `python -m app.cli.main serve --no-worker` on a free port with a temporary TUNEDECK_HOME,
-    creates a running run in the store directly and opens `?run=N` in Debian's Chromium (the
-    playwright package, the offline flags of tests/browser_helpers.py). Each sample writes one `loss` row with
-    `Store.add_metrics` (as the training callback does) at the next step, with a value twice the
-    previous maximum, and waits until the loss plot's y axis (its SVG aria-label, "... values from
-    A to B") reaches that value: the axis can only get there once the new point is drawn. The time
-    is taken from just before the write; samples start at random phases of the page's 1 s timer.
-    Goal: p95 <= 2 s.
-(b) Fills a temporary database with one run of N metric rows (4 series: loss, eval_loss,
-    learning_rate, tokens_per_second, N/4 steps each, with spikes) and M memory samples (nvml and
-    torch, one second apart, a spike), then times `RunPageData.graphs` (what each page refresh
-    calls): cold (fresh store and caches) and warm (the 1 s refresh after one more callback flush).
-    The baseline is the old raw-row path: `metric_buckets`/`memory_buckets` GROUP BY over every raw
-    row, done the way the previous cache built a page from scratch. Also reports ingest: bulk
-    rows/s, and the cost of a callback-sized write (7 metric rows) and a sampler-sized one
-    (3 memory samples) now that each write also updates the rollup tables. Goal: <= 200 ms.
+Two trees side by side in one invocation: the baseline (`--baseline REV`, default HEAD~1, checked
+out into a temporary `git worktree add --detach` removed at the end; or the path of an existing
+checkout) and the current one (`--current PATH`, default this script's repository). Each tree
+gets its own `python -m app.cli.main serve --no-worker` (cwd and PYTHONPATH = that tree, this
+interpreter) on a free port with a temporary TUNEDECK_HOME, whose store is written by a feeder
+process running that tree's own code (bench/ui_browser.py). Pages run in Debian's Chromium
+(playwright, the offline flags of tests/browser_helpers.py), a fresh browser per measurement;
+per page the two trees alternate which goes first, so the machine's load hits both alike, and
+the side not being measured has its server frozen (SIGSTOP; an idle `serve` costs a few % of a core).
+
+(cpu) For each page: open it, wait until loaded (`#run-header` shows the run; the Launch tab:
+    the Gradio container), let it settle `--settle` s, then measure `--window` s: CPU seconds
+    (user+system) of the browser's process tree (every Chromium process descending from this
+    one, sampled each second, last seen times kept per process, so renderers that come and go
+    count) and of the server's process tree, each as % of one core; and the browser's HTTP
+    requests in the window (all of them, `page.on("request")`). Pages:
+      launch    `/`, nothing running;
+      finished  `/?run=F`, a succeeded run of `--finished-steps` steps (loss, learning_rate,
+                tokens_per_second; nvml + torch memory samples one a second);
+      live      `/?run=L`, a running run: each second of the window the feeder writes the next
+                step's three metric rows (`Store.add_metrics`), one nvml + torch memory sample,
+                the heartbeat and the progress, as the training callback and sampler would.
+(latency) On a running run's page (100 steps of `loss` only, as the first version of this bench
+    measured: one plot redrawn, not four), each sample writes one `loss` row twice the previous maximum
+    at the next step and waits until the loss plot shows it: the new chart's contract
+    (`#run-loss-plot div.td-chart[data-ymax]`, the largest y drawn) where the page has it, else
+    the Vega plot's y axis top (its SVG aria-label "... values from A to B"): either can only get
+    there once the new point is drawn. Time from just before the write; samples start at random
+    phases (0-1 s) of the page's refresh. Both trees, p50/p95.
+(build) Current tree only: fills a temporary database with one run of N metric rows (loss,
+    eval_loss, learning_rate, tokens_per_second, N/4 steps each, with spikes) and M memory
+    samples, then times `RunPageData.graphs` cold (fresh store and caches) and warm (after one
+    more callback flush), against the old raw-row GROUP BY path; plus ingest rates.
+
+Goals (issue 23), judged on the current tree: Launch tab and finished run page <= 2% of a core in
+the browser and <= 1% on the server; live run page <= 15% / <= 5%; write -> visible p95 <= 500 ms,
+p50 <= 250 ms; the 1M-point run page builds in <= 200 ms. Exit status 1 when a goal is not met.
 """
 
 from __future__ import annotations
@@ -28,41 +50,25 @@ import argparse
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ui_browser import OFFLINE_ENV, PageResult, Side, baseline_tree, describe, measure_latency, measure_window
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-]
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "GRADIO_ANALYTICS_ENABLED": "False",
-    "PYTHONUNBUFFERED": "1",
-}
-LATENCY_GOAL_S = 2.0
+PAGES = ("launch", "finished", "live")
+CPU_GOALS = {"launch": (2.0, 1.0), "finished": (2.0, 1.0), "live": (15.0, 5.0)}  # browser %, server % of a core
+LATENCY_GOALS_S = {"p50": 0.250, "p95": 0.500}
 BUILD_GOAL_S = 0.200
 INGEST_GOAL_ROWS_S = 10_000
+LIVE_HISTORY_STEPS = 100
+Row = tuple[str, str, str, str, str, str, str]  # page, metric, baseline, current, ratio, goal, verdict
 
 
 def pct(values: list[float], q: float) -> float:
@@ -73,9 +79,9 @@ def pct(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (i - lo)
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[..., Any], *args: Any) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - t0
 
 
@@ -157,14 +163,12 @@ def small_writes(store: Any, calls: int = 400) -> dict[str, float]:
     names = ["loss", "grad_norm", "learning_rate", "epoch", "entropy", "mean_token_accuracy", "tokens_per_second"]
     now = time.time()
     metric = [
-        timed(lambda s=s: store.add_metrics(run_id, [MetricPoint(s, n, 1.0 / (s + 1), now) for n in names]))
-        for s in range(calls)
+        timed(store.add_metrics, run_id, [MetricPoint(s, n, 1.0 / (s + 1), now) for n in names]) for s in range(calls)
     ]
     memory = [
         timed(
-            lambda i=i: store.add_memory_samples(
-                [MemoryPoint(now + i + j / 3, "host", run_id, process_rss=(1 << 30) + j) for j in range(3)]
-            )
+            store.add_memory_samples,
+            [MemoryPoint(now + i + j / 3, "host", run_id, process_rss=(1 << 30) + j) for j in range(3)],
         )
         for i in range(calls)
     ]
@@ -215,13 +219,14 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
         base = []
         for _ in range(max(1, repeats // 2)):
             s = open_store(home)
-            base.append(timed(lambda s=s: baseline_graphs(s, run_id)))
+            base.append(timed(baseline_graphs, s, run_id))
             s.dispose()
-        cold, frames = [], None
+        cold: list[float] = []
+        frames: Any = None
         for _ in range(repeats):
             s = open_store(home)
             page = RunPageData(s)
-            cold.append(timed(lambda page=page: page.graphs(run_id)))
+            cold.append(timed(page.graphs, run_id))
             frames = page.graphs(run_id)
             s.dispose()
         # Warm: the 1 s refresh after one callback flush (7 metric rows) and one sampler batch.
@@ -260,165 +265,212 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
         shutil.rmtree(home, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------- (a) latency in Chromium
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(home: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, **OFFLINE_ENV, "TUNEDECK_HOME": str(home)}
-    env.pop("TUNEDECK_DATABASE_URL", None)
-    log = (home / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
-            return proc
-        except OSError:
-            time.sleep(0.3)
-    stop_server(proc)
-    raise RuntimeError(f"server did not come up:\n{(home / 'server.log').read_text()[-4000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-_Y_TOP_JS = """() => {
-  const el = document.querySelector("#run-loss-plot g.role-axis[aria-label^='Y-axis']");
-  const m = el && el.getAttribute('aria-label').match(/to (-?[0-9.,e+]+)\\s*$/);
-  return m ? parseFloat(m[1].replace(/,/g, '')) : null;
-}"""
-
-
-def bench_latency(samples: int) -> list[float]:
-    from playwright.sync_api import sync_playwright
-
-    from storage.store import MetricPoint
-
-    home = Path(tempfile.mkdtemp(prefix="tunedeck-bench-"))
-    os.environ["TUNEDECK_HOME"] = str(home)
-    store = open_store(home)
-    run_id = new_running_run(store)
-    store.add_metrics(run_id, [MetricPoint(s, "loss", 2.0 - s / 200, time.time()) for s in range(100)])
-    port = free_port()
-    proc = start_server(home, port)
-    rng = random.Random(1)
-    latencies: list[float] = []
+# ---------------------------------------------------------------------- (cpu) both trees, page by page
+def measure_page(side: Side, page: str, window_s: float, settle_s: float) -> PageResult:
+    if page == "launch":
+        return measure_window(side, side.url(), None, window_s, settle_s)
+    if page == "finished":
+        run = side.finished_run
+        return measure_window(side, side.url(f"?run={run}"), run, window_s, settle_s)
+    run = side.new_live_run(LIVE_HISTORY_STEPS)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            page.goto(f"http://127.0.0.1:{port}/?run={run_id}")
-            page.wait_for_function(f"({_Y_TOP_JS})() !== null", timeout=60_000)
-            value, step = 10.0, 100
-            for _ in range(samples):
-                time.sleep(rng.random())  # a random phase of the page's 1 s timer
-                value *= 2
-                step += 1
-                t0 = time.perf_counter()
-                store.add_metrics(run_id, [MetricPoint(step, "loss", value, time.time())])
-                store.set_progress(run_id, step)
-                page.wait_for_function(f"({_Y_TOP_JS})() >= {value}", timeout=30_000, polling=10)
-                latencies.append(time.perf_counter() - t0)
-            browser.close()
+        return measure_window(
+            side,
+            side.url(f"?run={run}"),
+            run,
+            window_s,
+            settle_s,
+            tick=lambda i: side.feed("tick", run_id=run, step=LIVE_HISTORY_STEPS + i),
+        )
     finally:
-        stop_server(proc)
-        store.dispose()
-        shutil.rmtree(home, ignore_errors=True)
-    return latencies
+        side.feed("finish", run_id=run)
+
+
+@contextmanager
+def only(sides: list[Side], active: Side) -> Iterator[None]:
+    """`active`'s server runs, the others' are frozen (SIGSTOP) meanwhile."""
+    for side in sides:
+        side.pause(side is not active)
+    try:
+        yield
+    finally:
+        for side in sides:
+            side.pause(False)
+
+
+def bench_cpu(
+    sides: list[Side], pages: list[str], window_s: float, settle_s: float
+) -> dict[str, dict[str, PageResult]]:
+    out: dict[str, dict[str, PageResult]] = {}
+    for k, page in enumerate(pages):
+        out[page] = {}
+        for side in sides if k % 2 == 0 else sides[::-1]:
+            print(f"cpu: {page} page, {side.name} ({window_s:g} s window) ...", file=sys.stderr, flush=True)
+            with only(sides, side):
+                out[page][side.name] = measure_page(side, page, window_s, settle_s)
+    return out
+
+
+def bench_latency(sides: list[Side], samples: int, first: int) -> dict[str, tuple[list[float], str]]:
+    out = {}
+    for side in sides if first % 2 == 0 else sides[::-1]:
+        print(f"latency: {side.name}, {samples} samples ...", file=sys.stderr, flush=True)
+        with only(sides, side):
+            out[side.name] = measure_latency(side, samples)
+    return out
 
 
 # ---------------------------------------------------------------------- report
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "build", "latency"], default="all")
+def ratio(current: float, baseline: float) -> str:
+    return f"{current / baseline:.2f}" if baseline else ("1.00" if current == baseline else "-")
+
+
+def verdict(value: float, goal: float | None) -> str:
+    return "" if goal is None else ("met" if value <= goal else "NOT met")
+
+
+def figure_row(page: str, metric: str, b: float, c: float, fmt: str, goal: float | None, unit: str = "") -> Row:
+    goal_text = "" if goal is None else f"<= {goal:{fmt}}{unit}"
+    return (page, metric, f"{b:{fmt}}{unit}", f"{c:{fmt}}{unit}", ratio(c, b), goal_text, verdict(c, goal))
+
+
+def cpu_rows(cpu: dict[str, dict[str, PageResult]], names: tuple[str, str]) -> list[Row]:
+    rows = []
+    for page, by_side in cpu.items():
+        b, c = by_side[names[0]], by_side[names[1]]
+        browser_goal, server_goal = CPU_GOALS[page]
+        rows += [
+            figure_row(page, "browser % core", b.browser_pct, c.browser_pct, ".1f", browser_goal, "%"),
+            figure_row(page, "server % core", b.server_pct, c.server_pct, ".1f", server_goal, "%"),
+            figure_row(page, "requests in window", b.requests, c.requests, ".0f", None),
+        ]
+    return rows
+
+
+def latency_rows(lat: dict[str, tuple[list[float], str]], names: tuple[str, str]) -> list[Row]:
+    (b, b_chart), (c, c_chart) = lat[names[0]], lat[names[1]]
+    page = f"latency ({b_chart} | {c_chart})"
+    return [
+        figure_row(page, f"write->visible {q} ms", 1000 * pct(b, x), 1000 * pct(c, x), ".0f", 1000 * LATENCY_GOALS_S[q])
+        for q, x in (("p50", 0.5), ("p95", 0.95))
+    ]
+
+
+def build_rows(b: dict[str, float], metric_points: int, memory_samples: int) -> list[Row]:
+    size = f"{metric_points / 1e6:g}M pts + {memory_samples / 1e3:g}k mem"
+    goal = BUILD_GOAL_S * 1000 if metric_points >= 1_000_000 else None  # the goal is about the 1M-point page
+    cold = figure_row(size, "graphs cold build ms", 1000 * b["baseline_cold_s"], 1000 * b["cold_s"], ".1f", goal)
+    warm = figure_row(size, "graphs warm refresh ms", float("nan"), 1000 * b["warm_s"], ".1f", goal)
+    return [
+        cold,
+        (*warm[:2], "", *warm[3:4], "", *warm[5:]),
+        (size, "ingest metric rows/s", "", f"{b['metric_rows_per_s']:,.0f}", "", f">= {INGEST_GOAL_ROWS_S:,}", ""),
+        ("", "callback flush (7 rows) ms", "", f"{b['metric_call_s'] * 1000:.2f}", "", "", ""),
+        ("", "sampler batch (3 samples) ms", "", f"{b['memory_call_s'] * 1000:.2f}", "", "", ""),
+    ]
+
+
+def print_table(header: Row, rows: list[Row]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+
+
+def print_latencies(lat: dict[str, tuple[list[float], str]]) -> None:
+    for name, (values, chart) in lat.items():
+        print(f"  latency  {name:<24} {chart}, ms in order: {' '.join(f'{1000 * v:.0f}' for v in values)}")
+
+
+def print_requests(cpu: dict[str, dict[str, PageResult]]) -> None:
+    for page, by_side in cpu.items():
+        for name, r in by_side.items():
+            top = ", ".join(f"{path} x{n}" for path, n in r.paths.most_common(4))
+            print(
+                f"  {page:<8} {name:<24} requests in window: {r.requests} ({r.window_s:.1f} s){': ' + top if top else ''}"
+            )
+
+
+# ---------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--part", choices=["all", "cpu", "latency", "build"], default="all")
+    parser.add_argument("--baseline", default="HEAD~1", help="a revision of this repository, or a checkout's path")
+    parser.add_argument("--current", type=Path, default=ROOT, help="the tree under test (default: this repository)")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds measured per page and tree")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds after a page has loaded, not measured")
+    parser.add_argument("--pages", default=",".join(PAGES), help="comma-separated subset of " + ",".join(PAGES))
+    parser.add_argument("--finished-steps", type=int, default=400)
+    parser.add_argument("--samples", type=int, default=25, help="latency samples per tree (>= 20)")
     parser.add_argument("--metric-points", type=int, default=1_000_000)
     parser.add_argument("--memory-samples", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=5, help="cold builds (baseline: half as many)")
-    parser.add_argument("--samples", type=int, default=25, help="latency samples (>= 20)")
+    parser.add_argument("--repeats", type=int, default=5, help="cold builds (raw-row path: half as many)")
     args = parser.parse_args(argv)
+    args.current = args.current.resolve()
+    args.pages = [p for p in args.pages.split(",") if p]
+    if unknown := set(args.pages) - set(PAGES):
+        parser.error(f"unknown pages {sorted(unknown)}")
+    return args
+
+
+Results = tuple[list[Row], dict[str, dict[str, PageResult]], dict[str, tuple[list[float], str]]]
+
+
+def browser_parts(args: argparse.Namespace, tmp: Path) -> Results:
+    """The cpu and latency parts on both trees: their rows, the cpu results and the latencies (for the details)."""
+    rows: list[Row] = []
+    cpu: dict[str, dict[str, PageResult]] = {}
+    lat: dict[str, tuple[list[float], str]] = {}
+    with baseline_tree(ROOT, args.baseline) as base:
+        sides = [
+            Side(f"baseline {describe(base)}", base, tmp / "home-baseline"),
+            Side(f"current {describe(args.current)}", args.current, tmp / "home-current"),
+        ]
+        names = (sides[0].name, sides[1].name)
+        try:
+            for side in sides:
+                side.start(args.finished_steps)
+            if args.part in ("all", "cpu"):
+                cpu = bench_cpu(sides, args.pages, args.window, args.settle)
+                rows += cpu_rows(cpu, names)
+            if args.part in ("all", "latency"):
+                lat = bench_latency(sides, args.samples, len(args.pages))
+                rows += latency_rows(lat, names)
+        finally:
+            for side in sides:
+                side.stop()
+    return rows, cpu, lat
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     for k, v in OFFLINE_ENV.items():
         os.environ.setdefault(k, v)
-
-    rows: list[tuple[str, str, str, str, str]] = []  # what, measured, goal, baseline, ratio
-    ok = True
-    if args.part in ("all", "latency"):
-        lat = bench_latency(args.samples)
-        p50, p95 = statistics.median(lat), pct(lat, 0.95)
-        ok &= p95 <= LATENCY_GOAL_S
-        rows.append((f"write -> visible p50 (n={len(lat)})", f"{p50 * 1000:.0f} ms", "", "", ""))
-        rows.append(
-            (
-                f"write -> visible p95 (max {max(lat) * 1000:.0f} ms)",
-                f"{p95 * 1000:.0f} ms",
-                f"<= {LATENCY_GOAL_S * 1000:.0f} ms",
-                "",
-                "pass" if p95 <= LATENCY_GOAL_S else "FAIL",
-            )
-        )
+    sys.path.insert(0, str(args.current))  # the build part runs in this process, on the current tree
+    load = os.getloadavg()
+    rows: list[Row] = []
+    cpu: dict[str, dict[str, PageResult]] = {}
+    lat: dict[str, tuple[list[float], str]] = {}
+    if args.part != "build":
+        tmp = Path(tempfile.mkdtemp(prefix="tunedeck-bench-ui-"))
+        try:
+            rows, cpu, lat = browser_parts(args, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    build: list[Row] = []
     if args.part in ("all", "build"):
         b = bench_build(args.metric_points, args.memory_samples, args.repeats)
-        ok &= b["cold_s"] <= BUILD_GOAL_S and b["warm_s"] <= BUILD_GOAL_S
-        ok &= b["metric_rows_per_s"] >= INGEST_GOAL_ROWS_S
-        size = f"{args.metric_points / 1e6:g}M pts + {args.memory_samples / 1e3:g}k mem"
-        ratio = b["baseline_cold_s"] / b["cold_s"]
-        rows += [
-            (
-                f"graphs, cold first build ({size})",
-                f"{b['cold_s'] * 1000:.1f} ms (max {b['cold_max_s'] * 1000:.1f})",
-                f"<= {BUILD_GOAL_S * 1000:.0f} ms",
-                f"{b['baseline_cold_s'] * 1000:.0f} ms",
-                f"{ratio:.0f}x faster",
-            ),
-            (
-                "graphs, warm 1 s refresh (median)",
-                f"{b['warm_s'] * 1000:.1f} ms (p95 {b['warm_p95_s'] * 1000:.1f})",
-                f"<= {BUILD_GOAL_S * 1000:.0f} ms",
-                "",
-                "",
-            ),
-            (
-                "ingest, bulk metric rows (8k/call)",
-                f"{b['metric_rows_per_s']:,.0f} rows/s",
-                f">= {INGEST_GOAL_ROWS_S:,} rows/s",
-                "",
-                "",
-            ),
-            ("ingest, bulk memory samples (3k/call)", f"{b['memory_rows_per_s']:,.0f} rows/s", "", "", ""),
-            (
-                "callback flush, 7 metric rows",
-                f"{b['metric_call_s'] * 1000:.2f} ms (p95 {b['metric_call_p95_s'] * 1000:.2f})",
-                "",
-                "",
-                f"{7 / b['metric_call_s']:,.0f} rows/s",
-            ),
-            ("sampler batch, 3 memory samples", f"{b['memory_call_s'] * 1000:.2f} ms", "", "", ""),
-        ]
-    widths = [
-        max(len(r[i]) for r in rows + [("what", "measured", "goal", "baseline (raw rows)", "new vs baseline")])
-        for i in range(5)
-    ]
-    header = ("what", "measured", "goal", "baseline (raw rows)", "new vs baseline")
-    for r in [header] + rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    return 0 if ok else 1
+        build = build_rows(b, args.metric_points, args.memory_samples)
+    print(f"\nload average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f}; window {args.window:g} s per page")
+    if rows:
+        print_table(("page", "metric", "baseline", "current", "ratio (cur/base)", "goal", "current"), rows)
+    if cpu:
+        print_requests(cpu)
+    if lat:
+        print_latencies(lat)
+    if build:
+        print("\nrun page build, current tree (baseline column: the old raw-row GROUP BY path)")
+        print_table(("size", "metric", "raw rows", "current", "ratio (cur/raw)", "goal", "current"), build)
+    return 1 if any(r[6] == "NOT met" for r in rows + build) else 0
 
 
 if __name__ == "__main__":
