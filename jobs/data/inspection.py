@@ -46,6 +46,8 @@ class DatasetInfo:
     repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
         default_factory=list
     )  # rows with a role twice in a row
+    tool_rows: int = 0  # rows with tool schemas, tool calls or tool results
+    tool_examples: list[int] = field(default_factory=list)  # the first few of them
 
     def record(self) -> dict[str, Any]:
         """What the run's resolved config keeps about this data set."""
@@ -207,6 +209,8 @@ def inspect_dataset(
         column_map,
         passed,
         checked.repeated_turns,
+        checked.tool_rows,
+        checked.tool_examples,
     )
     return Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
 

@@ -1,0 +1,297 @@
+"""Tool-calling rows: LLaMA-Factory's ShareGPT tool demo and OpenAI-format chats train through a chat template that
+renders tools, and are refused, naming the template, for one that does not.
+
+The data: the first 25 rows of LLaMA-Factory's `glaive_toolcall_en_demo.json` (tests/fixtures/llamafactory/) and
+six OpenAI-format chats (tests/fixtures/tool_calls/). The model: the tiny offline Llama, once with its own template
+(which renders role and content only) and once with a Qwen-like template that renders `tools`, `tool_calls` and
+`tool` turns (`TOOLS_TEMPLATE`, written here).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jobs.checks.pipeline import check
+from jobs.checks.template import ignored_tool_parts, tools_refusal
+from jobs.data.formats import detect_conversion
+from jobs.data.inspection import DatasetInfo, check_dataset
+from jobs.data.loading import load_data
+from jobs.data.row_formats import RowFormat
+from jobs.data.row_tokens import measure
+from jobs.data.tool_turns import call_message, chat_message, parse_tools
+from jobs.devices.facts import CPU
+from jobs.devices.probe import cpu_facts
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GLAIVE = FIXTURES / "llamafactory" / "glaive_toolcall_en_demo.json"
+OPENAI = FIXTURES / "tool_calls" / "openai_tool_calls.jsonl"
+
+# A Qwen-like ChatML template: the tool schemas in the system turn, calls as <tool_call> JSON, results as
+# <tool_response>; every literal is a Jinja string so the whitespace control cannot eat a newline.
+TOOLS_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>\\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson }}{{- '\\n' }}{%- endfor %}"
+    "{{- '</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] or '' }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{{- '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{- call['function']['arguments'] | tojson }}{{- '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>' }}{% endgeneration %}{{- '\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>tool\\n<tool_response>' + message['content'] + '</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tools_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with `TOOLS_TEMPLATE` as its chat template."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-tools") / "tiny-llama-tools"
+    shutil.copytree(tiny_model, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+# ---------------------------------------------------------------------- conversion
+def test_the_glaive_demo_converts_whole() -> None:
+    """On main all 25 rows were refused ("unknown speaker function_call" in 11, the whole set with them)."""
+    info = check_dataset(str(GLAIVE), Trainer.SFT)
+    assert (info.n_rows, info.format, info.source_format) == (25, RowFormat.MESSAGES, "sharegpt")
+    assert "`tools` column" in (info.conversion or "")
+    raw = json.loads(GLAIVE.read_text())
+    with_calls = [i for i, r in enumerate(raw, 1) if any(t["from"] == "function_call" for t in r["conversations"])]
+    with_tools = [i for i, r in enumerate(raw, 1) if json.loads(r["tools"])]
+    assert len(with_calls) == 11 and set(with_calls) <= set(with_tools)
+    assert info.tool_rows == len(with_tools) and info.tool_examples == with_tools[:5]
+
+
+def test_a_glaive_row_becomes_template_messages() -> None:
+    raw = json.loads(GLAIVE.read_text())
+    conversion = detect_conversion(raw[0].keys(), raw[:20], Trainer.SFT)
+    assert conversion is not None and "tools" in conversion.reads
+    row, problems = conversion.convert(raw[3])  # human, function_call, observation, gpt (three times)
+    assert problems == [] and row is not None
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[:4] == ["user", "assistant", "tool", "assistant"]
+    call = row["messages"][1]
+    assert call["content"] == ""
+    assert call["tool_calls"] == [
+        {
+            "type": "function",
+            "function": {"name": "calculate_area", "arguments": {"shape": "rectangle", "dimensions": [5, 3]}},
+        }
+    ]
+    assert row["messages"][2] == {"role": "tool", "content": '{"area": 15}'}
+    tools = json.loads(row["tools"])
+    assert [t["type"] for t in tools] == ["function", "function"]
+    assert tools[0]["function"]["name"] == "calculate_area" and "parameters" in tools[0]["function"]
+    plain, _ = conversion.convert(raw[1])  # "tools": "[]": no tools column on the row
+    assert plain is not None and "tools" not in plain
+
+
+def test_openai_rows_convert() -> None:
+    """On main: "`messages` has a turn without `content`" (the calls' null content)."""
+    info = check_dataset(str(OPENAI), Trainer.SFT)
+    assert (info.n_rows, info.format, info.source_format, info.tool_rows) == (6, RowFormat.MESSAGES, "chat", 6)
+    messages = info.preview[0]["messages"]
+    assert messages[2]["content"] == ""  # null next to the calls
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "unit": "celsius"}  # was JSON
+    assert "id" not in messages[2]["tool_calls"][0] and messages[3] == {
+        "role": "tool",
+        "content": '{"temperature": 21, "sky": "sunny"}',
+        "name": "get_weather",
+    }
+    assert len(info.preview[2]["messages"][1]["tool_calls"]) == 2  # parallel calls
+    assert json.loads(info.preview[0]["tools"])[1]["function"]["name"] == "convert_currency"
+
+
+@pytest.mark.parametrize(
+    "value,problem",
+    [
+        ("not json", "`conversations` has a `function_call` turn whose value is not JSON"),
+        ('{"arguments": {}}', "`conversations` has a tool call without a `name`"),
+        (
+            '{"name": "f", "arguments": "[1"}',
+            "`conversations` has a call of `f` whose `arguments` are not a JSON object",
+        ),
+        ("[]", "`conversations` has an empty list of tool calls"),
+    ],
+)
+def test_bad_calls_name_the_problem(value: str, problem: str) -> None:
+    message, problems = call_message(value, "conversations")
+    assert message is None and problems[0][0] == problem and problems[0][1]
+
+
+def test_calls_and_tools_in_their_shapes() -> None:
+    message, _ = call_message('[{"name": "a", "arguments": {"x": 1}}, {"name": "b"}]', "c")
+    assert message is not None and [c["function"]["arguments"] for c in message["tool_calls"]] == [{"x": 1}, {}]
+    flat, _ = chat_message({"role": "assistant", "tool_calls": [{"name": "a", "arguments": "{}"}]}, "messages")
+    assert flat == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "a", "arguments": {}}}],
+    }
+    assert parse_tools("") == (None, []) and parse_tools("[]") == (None, []) and parse_tools(None) == (None, [])
+    wrapped = [{"type": "function", "function": {"name": "a"}}]
+    assert parse_tools('[{"name": "a"}]') == (wrapped, []) and parse_tools(wrapped) == (wrapped, [])
+    assert parse_tools("{oops")[1][0][0] == "`tools` is not a list of tool schemas (or its JSON text)"
+    assert parse_tools([{"description": "x"}])[1][0][0] == "`tools` has a tool schema without a `name`"
+
+
+def test_a_bad_row_is_refused_by_number(tmp_path: Path) -> None:
+    from jobs.data.sources import DataError
+
+    rows = json.loads(GLAIVE.read_text())[:3]
+    rows[1]["conversations"][1] = {"from": "function_call", "value": "{broken"}
+    rows[2]["tools"] = "{broken"
+    (tmp_path / "bad.json").write_text(json.dumps(rows))
+    with pytest.raises(DataError) as raised:
+        check_dataset(str(tmp_path / "bad.json"), Trainer.SFT)
+    text = "\n".join(str(p) for p in raised.value.problems)
+    assert "row 2: `conversations` has a `function_call` turn whose value is not JSON" in text
+    assert "row 3: `tools` is not a list of tool schemas" in text
+
+
+def test_preference_and_kto_rows_keep_their_tools() -> None:
+    conversation = [
+        {"from": "human", "value": "Area of a 2 by 3 rectangle?"},
+        {"from": "function_call", "value": '{"name": "area", "arguments": {"w": 2, "h": 3}}'},
+        {"from": "observation", "value": "6"},
+    ]
+    row = {
+        "conversations": conversation,
+        "chosen": {"from": "gpt", "value": "It is 6."},
+        "rejected": "It is 5.",
+        "tools": '[{"name": "area"}]',
+    }
+    conversion = detect_conversion(row.keys(), [row], Trainer.DPO)
+    assert conversion is not None
+    converted, problems = conversion.convert(row)
+    assert problems == [] and converted is not None
+    assert converted["prompt"][1]["tool_calls"][0]["function"]["name"] == "area"
+    assert json.loads(converted["tools"]) == [{"type": "function", "function": {"name": "area"}}]
+    kto = {
+        "messages": [*conversation, {"from": "gpt", "value": "It is 6."}],
+        "label": True,
+        "tools": [{"name": "area"}],
+    }
+    converted, problems = detect_conversion(kto.keys(), [kto], Trainer.KTO).convert(kto)  # type: ignore[union-attr]
+    assert (
+        problems == []
+        and converted is not None
+        and converted["completion"] == [{"role": "assistant", "content": "It is 6."}]
+    )
+    assert "tools" in converted
+
+
+# ---------------------------------------------------------------------- rendering
+def test_training_rows_render_schema_call_and_result(tools_model: Path) -> None:
+    """The rows load_data hands trl render, through trl's own call, with the schema, the call and the result."""
+    from trl.data_utils import apply_chat_template
+
+    loaded = load_data(JobSpec(model=str(tools_model), dataset=str(GLAIVE)))
+    row = loaded.train[3]
+    assert isinstance(row["tools"], str)  # JSON text: trl json-loads it itself
+    text = apply_chat_template({"messages": row["messages"]}, _tokenizer(tools_model), tools=json.loads(row["tools"]))[
+        "text"
+    ]
+    assert '"name": "calculate_area"' in text and "Calculate the area of a given shape" in text  # the schema
+    assert '<tool_call>{"name": "calculate_area", "arguments": {"shape": "rectangle", "dimensions": [5, 3]}}' in text
+    assert '<tool_response>{"area": 15}</tool_response>' in text
+    assert "None" not in text  # Arrow's empty tool_calls/name keys are dropped before rendering
+
+
+def test_measured_lengths_include_the_tools(tools_model: Path) -> None:
+    loaded = load_data(JobSpec(model=str(tools_model), dataset=str(OPENAI)))
+    tokenizer = _tokenizer(tools_model)
+    with_tools = measure(loaded.train, tokenizer, Trainer.SFT).lengths[:, 0]
+    without = measure(loaded.train.remove_columns("tools"), tokenizer, Trainer.SFT).lengths[:, 0]
+    assert all(a > b for a, b in zip(with_tools, without)), (with_tools, without)
+    first = loaded.train[0]
+    rendered = tokenizer.apply_chat_template(first["messages"], tools=json.loads(first["tools"]), tokenize=False)
+    assert int(with_tools[0]) == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+# ---------------------------------------------------------------------- the template check
+def test_the_plain_template_is_found_to_ignore_tools(tiny_model: Path, tools_model: Path) -> None:
+    assert ignored_tool_parts(_tokenizer(tiny_model)) == ["`tools`", "`tool_calls`"]
+    assert ignored_tool_parts(_tokenizer(tools_model)) == []
+
+
+@pytest.mark.parametrize("data", [GLAIVE, OPENAI])
+def test_tool_rows_are_refused_for_a_template_without_tools(data: Path, tiny_model: Path) -> None:
+    checked = check(JobSpec(model=str(tiny_model), dataset=str(data), max_length=1024), device=cpu_facts())
+    refused = [p for p in checked.problems if "ignores" in p.problem]
+    assert len(refused) == 1, checked.problems
+    n = 12 if data == GLAIVE else 6
+    assert refused[0].field == "dataset"
+    assert f"the chat template of {tiny_model} ignores `tools` and `tool_calls`: {n} rows (" in refused[0].problem
+    assert "would train without their tool calls" in refused[0].problem
+    assert "supports tools" in refused[0].fix and "drop the tool turns" in refused[0].fix
+
+
+@pytest.mark.parametrize("data", [GLAIVE, OPENAI])
+def test_tool_rows_pass_the_check_on_a_tools_template(data: Path, tools_model: Path) -> None:
+    checked = check(JobSpec(model=str(tools_model), dataset=str(data), max_length=2048), device=cpu_facts())
+    assert not [p for p in checked.problems if p.field == "dataset"], checked.problems
+
+
+def test_orpo_is_refused_for_tool_rows() -> None:
+    info = DatasetInfo("x.json", RowFormat.PREFERENCE, 3, [], tool_rows=2, tool_examples=[1, 3])
+    problem = tools_refusal(JobSpec.from_dict({"trainer": "orpo"}), "dataset", info, lambda: None)
+    assert problem is not None and "renders rows without `tools`: 2 rows (1, 3)" in problem.problem
+    assert (
+        tools_refusal(JobSpec.from_dict({"trainer": "dpo"}), "dataset", info, lambda: None) is None
+    )  # no tokenizer: unknown
+
+
+# ---------------------------------------------------------------------- training
+@pytest.mark.integration
+def test_tool_rows_train_on_a_tools_template(tools_model: Path, tmp_path: Path) -> None:
+    from training_helpers import tiny_spec
+
+    from jobs.train.training import train_spec
+
+    spec = tiny_spec(tools_model, dataset=str(OPENAI), max_steps=2, max_length=1024, per_device_train_batch_size=2)
+    assert not check(spec, device=cpu_facts()).problems
+    result = train_spec(spec, tmp_path / "out", device=CPU)
+    seen = [e["loss"] for e in result.log_history if "loss" in e]
+    assert len(seen) == 2 and all(math.isfinite(x) for x in seen), seen
+    # trl rendered the rows with their tools: the 4 rows it trained on hold more tokens than any 4 without them
+    train = load_data(spec).train
+    tokenizer = _tokenizer(tools_model)
+    with_tools = sorted(measure(train, tokenizer, Trainer.SFT).lengths[:, 0])
+    without = sorted(measure(train.remove_columns("tools"), tokenizer, Trainer.SFT).lengths[:, 0])
+    tokens = [e["num_tokens"] for e in result.log_history if "num_tokens" in e][-1]
+    assert sum(with_tools[:4]) <= tokens and tokens > sum(without[-4:]), (tokens, with_tools, without)
