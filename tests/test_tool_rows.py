@@ -295,3 +295,39 @@ def test_tool_rows_train_on_a_tools_template(tools_model: Path, tmp_path: Path) 
     without = sorted(measure(train.remove_columns("tools"), tokenizer, Trainer.SFT).lengths[:, 0])
     tokens = [e["num_tokens"] for e in result.log_history if "num_tokens" in e][-1]
     assert sum(with_tools[:4]) <= tokens and tokens > sum(without[-4:]), (tokens, with_tools, without)
+
+
+@pytest.mark.integration
+def test_preference_rows_with_tools_train_with_dpo(tools_model: Path, tmp_path: Path) -> None:
+    """The DPO demo's shape with a tool call and its result in the context, and a `tools` column."""
+    from training_helpers import tiny_spec
+
+    from jobs.train.training import train_spec
+
+    tools = json.dumps([{"name": "area", "description": "Area of a rectangle", "parameters": {"type": "object"}}])
+    rows = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"Area of a {w} by {h} rectangle?"},
+                {"from": "function_call", "value": json.dumps({"name": "area", "arguments": {"w": w, "h": h}})},
+                {"from": "observation", "value": str(w * h)},
+            ],
+            "chosen": {"from": "gpt", "value": f"It is {w * h}."},
+            "rejected": {"from": "gpt", "value": f"It is {w * h + 1}."},
+            "tools": tools,
+        }
+        for w, h in ((2, 3), (4, 5), (6, 7), (8, 9))
+    ]
+    (tmp_path / "pref.json").write_text(json.dumps(rows))
+    spec = tiny_spec(
+        tools_model,
+        trainer="dpo",
+        dataset=str(tmp_path / "pref.json"),
+        max_steps=2,
+        max_length=512,
+        per_device_train_batch_size=2,
+    )
+    assert not check(spec, device=cpu_facts()).problems
+    result = train_spec(spec, tmp_path / "out", device=CPU)
+    seen = [e["loss"] for e in result.log_history if "loss" in e]
+    assert len(seen) == 2 and all(math.isfinite(x) for x in seen), seen

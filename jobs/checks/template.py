@@ -108,8 +108,8 @@ def ignored_tool_parts(tokenizer: Any) -> list[str]:
 def tools_refusal(spec: JobSpec, field: str, info: DatasetInfo, tokenizer: Callable[[], Any]) -> Problem | None:
     """A problem when `info`'s tool-calling rows would train without their tools: the trainer does not pass
     them, or the model's template (`tokenizer()`: None when its files are not here) ignores them."""
-    if not info.tool_rows:
-        return None
+    if not info.tool_rows or Trainer(spec.trainer) is Trainer.GRPO:
+        return None  # grpo takes its tools from the trainer; a row's `tools` goes to the reward functions
     where = ", ".join(map(str, info.tool_examples)) + (
         f" and {info.tool_rows - len(info.tool_examples)} more" if info.tool_rows > len(info.tool_examples) else ""
     )
