@@ -331,3 +331,35 @@ def test_preference_rows_with_tools_train_with_dpo(tools_model: Path, tmp_path: 
     result = train_spec(spec, tmp_path / "out", device=CPU)
     seen = [e["loss"] for e in result.log_history if "loss" in e]
     assert len(seen) == 2 and all(math.isfinite(x) for x in seen), seen
+
+
+TRL_TEMPLATES = Path(__import__("trl").__file__).parent / "chat_templates"
+
+
+@pytest.mark.parametrize(
+    "name,ignored",
+    [
+        ("qwen2_5.jinja", []),
+        ("qwen3.jinja", []),
+        ("llama3_1.jinja", []),
+        ("llama3.jinja", ["`tools`", "`tool_calls`"]),
+        ("gemma3.jinja", ["`tools`", "`tool_calls`", "`tool` turns"]),
+    ],
+)
+def test_the_probe_reads_real_templates(name: str, ignored: list[str], tiny_model: Path) -> None:
+    """The chat templates of well-known models, as trl ships them: the probe tells which render tools."""
+    if not (TRL_TEMPLATES / name).is_file():
+        pytest.skip(f"this trl ships no {name}")
+    tokenizer = _tokenizer(tiny_model)
+    tokenizer.chat_template = (TRL_TEMPLATES / name).read_text()
+    assert ignored_tool_parts(tokenizer) == ignored
+
+
+def test_a_template_that_fails_on_object_arguments_is_named(tiny_model: Path) -> None:
+    tokenizer = _tokenizer(tiny_model)
+    tokenizer.chat_template = (
+        "{%- for m in messages %}{%- for c in m['tool_calls'] or [] %}{{- c['function']['arguments'] + '' }}"
+        "{%- endfor %}{{- m['content'] }}{%- endfor %}"
+    )
+    (found,) = ignored_tool_parts(tokenizer)
+    assert found.startswith("`tool_calls` whose `arguments` are objects (rendering fails:")

@@ -100,6 +100,8 @@ def ignored_tool_parts(tokenizer: Any) -> list[str]:
         listed = tokenizer.apply_chat_template([PROBE_CALL[0], PROBE_CALL[-1]], tools=PROBE_TOOLS, tokenize=False)
     except TemplateError:  # the template refuses a tool turn or a call (its raise_exception)
         return ["`tools`", "`tool_calls`", "`tool` turns"]
+    except TypeError as exc:  # e.g. DeepSeek-V3's adds `arguments` to text: it takes them as JSON text only
+        return [f"`tool_calls` whose `arguments` are objects (rendering fails: {str(exc)[:80]})"]
     missing = [("`tools`", PROBE_TOOL in listed), ("`tool_calls`", PROBE_ARGUMENT in called)]
     missing.append(("`tool` turns", PROBE_RESULT in called))
     return [part for part, shown in missing if not shown]
