@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from jobs.checks.pipeline import check
-from jobs.checks.template import ignored_tool_parts, tools_refusal
+from jobs.checks.tool_template import ignored_tool_parts, tools_refusal
 from jobs.data.formats import detect_conversion
 from jobs.data.inspection import DatasetInfo, check_dataset
 from jobs.data.loading import load_data
 from jobs.data.row_formats import RowFormat
 from jobs.data.row_tokens import measure
-from jobs.data.tool_turns import call_message, chat_message, parse_tools
+from jobs.data.tool_turns import ToolRows, call_message, chat_message, parse_tools
 from jobs.devices.facts import CPU
 from jobs.devices.probe import cpu_facts
 from jobs.spec.enums import Trainer
@@ -93,7 +93,7 @@ def test_the_glaive_demo_converts_whole() -> None:
     with_calls = [i for i, r in enumerate(raw, 1) if any(t["from"] == "function_call" for t in r["conversations"])]
     with_tools = [i for i, r in enumerate(raw, 1) if json.loads(r["tools"])]
     assert len(with_calls) == 11 and set(with_calls) <= set(with_tools)
-    assert info.tool_rows == len(with_tools) and info.tool_examples == with_tools[:5]
+    assert info.tools.count == len(with_tools) and info.tools.numbers == with_tools[:5]
 
 
 def test_a_glaive_row_becomes_template_messages() -> None:
@@ -123,7 +123,7 @@ def test_a_glaive_row_becomes_template_messages() -> None:
 def test_openai_rows_convert() -> None:
     """On main: "`messages` has a turn without `content`" (the calls' null content)."""
     info = check_dataset(str(OPENAI), Trainer.SFT)
-    assert (info.n_rows, info.format, info.source_format, info.tool_rows) == (6, RowFormat.MESSAGES, "chat", 6)
+    assert (info.n_rows, info.format, info.source_format, info.tools.count) == (6, RowFormat.MESSAGES, "chat", 6)
     messages = info.preview[0]["messages"]
     assert messages[2]["content"] == ""  # null next to the calls
     assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "unit": "celsius"}  # was JSON
@@ -268,7 +268,7 @@ def test_tool_rows_pass_the_check_on_a_tools_template(data: Path, tools_model: P
 
 
 def test_orpo_is_refused_for_tool_rows() -> None:
-    info = DatasetInfo("x.json", RowFormat.PREFERENCE, 3, [], tool_rows=2, tool_examples=[1, 3])
+    info = DatasetInfo("x.json", RowFormat.PREFERENCE, 3, [], tools=ToolRows(2, [1, 3]))
     problem = tools_refusal(JobSpec.from_dict({"trainer": "orpo"}), "dataset", info, lambda: None)
     assert problem is not None and "renders rows without `tools`: 2 rows (1, 3)" in problem.problem
     assert (
@@ -363,3 +363,18 @@ def test_a_template_that_fails_on_object_arguments_is_named(tiny_model: Path) ->
     )
     (found,) = ignored_tool_parts(tokenizer)
     assert found.startswith("`tool_calls` whose `arguments` are objects (rendering fails:")
+
+
+def test_rows_a_tools_template_refuses_are_named(tiny_model: Path) -> None:
+    """Llama 3.1's template renders tools but refuses parallel calls: row 3 calls two tools in one turn."""
+    if not (TRL_TEMPLATES / "llama3_1.jinja").is_file():
+        pytest.skip("this trl ships no llama3_1.jinja")
+    tokenizer = _tokenizer(tiny_model)
+    tokenizer.chat_template = (TRL_TEMPLATES / "llama3_1.jinja").read_text()
+    info = check_dataset(str(OPENAI), Trainer.SFT)
+    assert [n for n, _, _ in info.tools.samples] == [1, 2, 3, 5, 6]
+    problem = tools_refusal(JobSpec(model="llama-3.1"), "dataset", info, lambda: tokenizer)
+    assert problem is not None and problem.problem == (
+        "row 3 has tool calls that llama-3.1's chat template refuses (This model only supports single tool-calls at once!)"
+    )
+    assert "one call per assistant turn" in problem.fix

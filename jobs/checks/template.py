@@ -5,11 +5,7 @@
   strict ones (Llama 2, Mistral: "Conversation roles must alternate user/assistant/..."), which
   would only fail when training starts. The rows the data check kept aside are rendered with the
   model's template here, and the rows it refuses become a problem naming them.
-- `tools_refusal`: tool-calling rows (`jobs.data.tool_turns`) train only through a template that renders
-  the `tools` schemas, the assistant's `tool_calls` and the tool turns' results. A probe conversation is
-  rendered with the model's template; what of it does not show in the text is what the template ignores,
-  and the rows would train without it: they are refused, naming how many. trl's orpo and cpo trainers do
-  not hand `tools` to the template at all.
+- tool-calling rows need a template that renders tools: `jobs.checks.tool_template`.
 - `assistant_only_problems`: assistant_only_loss needs conversational rows and a template whose
   assistant turns trl can tell apart (`{% generation %}` markers).
 
@@ -60,82 +56,6 @@ def template_refusal(
         f"rows {where} have two turns of one role in a row, which {model}'s chat template refuses ({reason})",
         "merge consecutive turns of the same role into one turn (or drop those rows), or pick a model "
         "whose chat template accepts them",
-    )
-
-
-PROBE_TOOL = "tunedeck_probe_lookup"
-PROBE_ARGUMENT, PROBE_RESULT = "probe-argument-4711", "probe-result-0815"
-PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": PROBE_TOOL,
-            "description": "Looks a key up.",
-            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
-        },
-    }
-]
-PROBE_CALL = [
-    {"role": "user", "content": "Look it up."},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": PROBE_TOOL, "arguments": {"key": PROBE_ARGUMENT}}}],
-    },
-    {"role": "tool", "name": PROBE_TOOL, "content": PROBE_RESULT},
-    {"role": "assistant", "content": "Found it."},
-]
-NO_TOOLS_TRAINERS = (Trainer.ORPO, Trainer.CPO)  # their dataset preparation renders rows without `tools`
-
-
-def ignored_tool_parts(tokenizer: Any) -> list[str]:
-    """What of a tool-calling conversation the tokenizer's chat template leaves out of the text: `tools` (the
-    schemas), `tool_calls` (the calls and their arguments), `tool` turns (the results); [] when it renders all."""
-    from jinja2 import TemplateError
-
-    if not getattr(tokenizer, "chat_template", None):
-        return ["`tools`", "`tool_calls`", "`tool` turns"]
-    try:
-        called = tokenizer.apply_chat_template(PROBE_CALL, tools=PROBE_TOOLS, tokenize=False)
-        listed = tokenizer.apply_chat_template([PROBE_CALL[0], PROBE_CALL[-1]], tools=PROBE_TOOLS, tokenize=False)
-    except TemplateError:  # the template refuses a tool turn or a call (its raise_exception)
-        return ["`tools`", "`tool_calls`", "`tool` turns"]
-    except TypeError as exc:  # e.g. DeepSeek-V3's adds `arguments` to text: it takes them as JSON text only
-        return [f"`tool_calls` whose `arguments` are objects (rendering fails: {str(exc)[:80]})"]
-    missing = [("`tools`", PROBE_TOOL in listed), ("`tool_calls`", PROBE_ARGUMENT in called)]
-    missing.append(("`tool` turns", PROBE_RESULT in called))
-    return [part for part, shown in missing if not shown]
-
-
-def tools_refusal(spec: JobSpec, field: str, info: DatasetInfo, tokenizer: Callable[[], Any]) -> Problem | None:
-    """A problem when `info`'s tool-calling rows would train without their tools: the trainer does not pass
-    them, or the model's template (`tokenizer()`: None when its files are not here) ignores them."""
-    if not info.tool_rows or Trainer(spec.trainer) is Trainer.GRPO:
-        return None  # grpo takes its tools from the trainer; a row's `tools` goes to the reward functions
-    where = ", ".join(map(str, info.tool_examples)) + (
-        f" and {info.tool_rows - len(info.tool_examples)} more" if info.tool_rows > len(info.tool_examples) else ""
-    )
-    rows = f"{info.tool_rows} row{'s' if info.tool_rows != 1 else ''} ({where})"
-    if Trainer(spec.trainer) in NO_TOOLS_TRAINERS:
-        return Problem(
-            field,
-            f"has tool-calling rows, but trl's {Trainer(spec.trainer).value} trainer renders rows without `tools`: "
-            f"{rows} would train without their tool schemas",
-            "use trainer: dpo (or kto, reward), which pass `tools` to the chat template, or drop the `tools` column",
-        )
-    loaded = tokenizer()
-    if loaded is None or not getattr(loaded, "chat_template", None):
-        return None  # files not on this machine: nothing to render with; no template: the chat check says so
-    ignored = ignored_tool_parts(loaded)
-    if not ignored:
-        return None
-    return Problem(
-        field,
-        f"the chat template of {spec.model} ignores {' and '.join(ignored)}: {rows} would train without "
-        "their tool calls",
-        "use a model whose chat template supports tools (Qwen2.5/Qwen3, Llama 3.1+, Mistral instruct), or give the "
-        "model a chat_template that renders `tools` and `tool_calls` (tokenizer_config.json or chat_template.jinja), "
-        "or drop the tool turns and the `tools` column",
     )
 
 

@@ -48,7 +48,7 @@ def _load(
 
     checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
     info, ds = checked.info, checked.ds
-    tools = info.tool_rows > 0
+    tools = info.tools.count > 0
     keep, features = COLUMNS[info.format], _features(info.format, checked.style, tools)
     extra = info.reward_columns
     if ds is None:  # JSON files, and anything converted: built from the checked rows

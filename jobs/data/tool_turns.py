@@ -26,8 +26,10 @@ parameters}}] (Arrow cannot hold schemas of different shapes in one column; trl 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
+SAMPLES = 5  # conversations of each kind kept for the template check
 ProblemList = list[tuple[str, str]]
 Message = dict[str, Any]
 TOOL_KEYS = ("tool_calls", "name")  # kept on messages besides role and content
@@ -157,3 +159,30 @@ def uses_tools(messages: Any) -> bool:
 def calls_tools(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> bool:
     """Whether any of the first rows' OpenAI-style conversations in `columns` call tools."""
     return any(uses_tools(row.get(c)) for row in rows for c in columns)
+
+
+@dataclass
+class ToolRows:
+    """The rows of a data set that use tools: how many, the first few numbers, and conversations for the template
+    check to render: the first few with tool calls and the first few with parallel calls (one assistant turn
+    calling several tools, which templates such as Llama 3.1's refuse)."""
+
+    count: int = 0
+    numbers: list[int] = field(default_factory=list)
+    samples: list[tuple[int, list[Message], str | None]] = field(default_factory=list)  # (row, turns, tools)
+    _parallel: int = 0
+
+    def add(self, number: int, conversation: Any, tools: Any) -> None:
+        """Count one row when it has tool schemas (`tools`) or its `conversation` calls tools."""
+        calls = [len(m.get("tool_calls") or []) for m in conversation or [] if isinstance(m, dict)]
+        if not tools and not uses_tools(conversation):
+            return
+        self.count += 1
+        if len(self.numbers) < SAMPLES:
+            self.numbers.append(number)
+        parallel = max(calls, default=0) > 1
+        if parallel and self._parallel < SAMPLES:
+            self._parallel += 1
+            self.samples.append((number, conversation, tools))
+        elif any(calls) and len(self.samples) - self._parallel < SAMPLES:
+            self.samples.append((number, conversation, tools))

@@ -18,7 +18,7 @@ from typing import Any
 
 from jobs.data.placeholders import Placeholders
 from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
-from jobs.data.tool_turns import CALL_FIX, uses_tools
+from jobs.data.tool_turns import CALL_FIX, ToolRows
 from jobs.errors import Problem
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -284,8 +284,7 @@ class Checked:
     repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
         default_factory=list
     )  # first few (row, conversation)
-    tool_rows: int = 0  # rows with tool schemas, tool calls or tool results
-    tool_examples: list[int] = field(default_factory=list)  # the first few of them
+    tools: ToolRows = field(default_factory=ToolRows)  # rows with tool schemas, tool calls or tool results
 
 
 class RowCheck:
@@ -301,8 +300,7 @@ class RowCheck:
         self._examples: list[tuple[int, list[dict[str, Any]]]] = []
         self._labels = {True: 0, False: 0}
         self._placeholders = Placeholders()
-        self._tool_rows = 0  # rows with tool schemas, calls or results
-        self._tool_examples: list[int] = []  # the first few of them
+        self._tools = ToolRows()
 
     def add(self, number: int, row: dict[str, Any]) -> None:
         """Validate one row against the format."""
@@ -327,10 +325,7 @@ class RowCheck:
                 " (plain strings and message lists mixed in one data set)",
                 "use one style for the whole file: all strings, or all lists of {role, content}",
             )
-        if row.get("tools") or (style == "conversational" and uses_tools(_chat_of(row, fmt))):
-            self._tool_rows += 1
-            if len(self._tool_examples) < REPEATED_EXAMPLES:
-                self._tool_examples.append(number)
+        self._tools.add(number, _chat_of(row, fmt) if style == "conversational" else None, row.get("tools"))
         if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
             self._same_answer += 1
         if fmt is RowFormat.UNPAIRED:
@@ -375,6 +370,5 @@ class RowCheck:
             issues.problems(),
             style,
             self._examples,
-            self._tool_rows,
-            self._tool_examples,
+            self._tools,
         )
