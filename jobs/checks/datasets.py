@@ -3,7 +3,8 @@
 For each of `dataset` and `eval_dataset`: the rows are checked for the trainer
 (`jobs.data.inspection.check_dataset`, row-numbered problems), an `eval_split` is checked against the
 row count, conversations are rendered with the model's chat template where rows have one role
-twice in a row (`jobs.checks.template`), and chat rows need a model that has a template at all.
+twice in a row, tool-calling rows need a template that renders tools (`jobs.checks.template`,
+`jobs.checks.tool_template`), and chat rows need a model that has a template at all.
 What the check read (`DatasetInfo`) comes back for the later steps, so no one reads the data again.
 
 `values_problems` is the same data check for form or API values that did not parse into a spec,
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.checks.access import AccessPolicy
 from jobs.checks.template import template_refusal
+from jobs.checks.tool_template import tools_refusal
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
@@ -58,6 +60,9 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
             refused = template_refusal(spec.model, field, info.repeated_turns, tokenizer())
             if refused is not None:
                 out.append(refused)
+        tools = tools_refusal(spec, field, info, tokenizer)
+        if tools is not None:
+            out.append(tools)
         if is_chat(info) and has_chat_template(spec.model) is False:
             out.append(
                 Problem(

@@ -5,6 +5,7 @@
   strict ones (Llama 2, Mistral: "Conversation roles must alternate user/assistant/..."), which
   would only fail when training starts. The rows the data check kept aside are rendered with the
   model's template here, and the rows it refuses become a problem naming them.
+- tool-calling rows need a template that renders tools: `jobs.checks.tool_template`.
 - `assistant_only_problems`: assistant_only_loss needs conversational rows and a template whose
   assistant turns trl can tell apart (`{% generation %}` markers).
 

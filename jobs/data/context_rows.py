@@ -12,7 +12,9 @@ and its KTO demo as a whole chat plus a verdict on the last answer:
 Both become trl's conversational rows, rendered with the model's chat template at training:
 the conversation (with a `system` column put first) is the `prompt`; `chosen`/`rejected` (one turn
 object, a list of turns or plain text) are the answers; for kto the last assistant turn is the
-`completion` and everything before it the prompt. Turns may be {from, value} or {role, content}.
+`completion` and everything before it the prompt. Turns may be {from, value} or {role, content}, tool calls
+included (`jobs.data.tool_turns`); a `tools` column is kept as JSON text (trl's dpo, kto and reward trainers
+pass it to the template).
 
     conversion = context_conversion({"conversations", "chosen", "rejected"}, first_rows, Trainer.DPO)
     row, problems = conversion.convert(row)        # {"prompt": [...], "chosen": [...], "rejected": [...]}
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.data.tool_turns import tools_text
 from jobs.data.turns import Conversion, Message, ProblemList, answer_turns, chat_turns, is_sharegpt_turn, with_system
 from jobs.spec.enums import Trainer
 
@@ -57,7 +60,9 @@ def preference_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | N
         answer, found = answer_turns(row[name], name)
         problems += found
         out[name] = answer
-    return (None, problems) if problems else (out, [])
+    tools, found = tools_text(row)
+    problems += found
+    return (None, problems) if problems else ({**out, **tools}, [])
 
 
 def kto_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | None, ProblemList]:
@@ -78,7 +83,10 @@ def kto_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | None, Pr
         return None, [
             (f"`{column}` holds only the answer", "put the user's turn the answer replies to before it in the row")
         ]
-    return {"prompt": messages[:-1], "completion": [messages[-1]], "label": row.get("label")}, []
+    tools, problems = tools_text(row)
+    if problems:
+        return None, problems
+    return {"prompt": messages[:-1], "completion": [messages[-1]], "label": row.get("label"), **tools}, []
 
 
 def _style(column: str, rows: list[dict[str, Any]]) -> str:
@@ -105,7 +113,7 @@ def context_conversion(cols: set[str], rows: list[dict[str, Any]], trainer: Trai
             f"`{column}` ({turns} turns){extra} as the conversational prompt of `chosen`/`rejected`",
             lambda row: preference_row(row, column),
             ("prompt", "chosen", "rejected"),
-            (column, "system", *ANSWERS),
+            (column, "system", "tools", *ANSWERS),
         )
     if trainer is Trainer.KTO and "label" in cols and not cols & set(ANSWERS):
         return Conversion(
@@ -114,6 +122,6 @@ def context_conversion(cols: set[str], rows: list[dict[str, Any]], trainer: Trai
             "turn as the completion `label` judges",
             lambda row: kto_row(row, column),
             ("prompt", "completion", "label"),
-            (column, "system", "label"),
+            (column, "system", "tools", "label"),
         )
     return None

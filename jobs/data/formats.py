@@ -10,6 +10,9 @@ checks, the preview and the training all see the converted rows.
   with `chosen`/`rejected` -> conversational preference rows.
 - ShareGPT: `conversations` (or `messages`) of {from, value} turns, speakers human/user,
   gpt/assistant, system, tool/function/observation, optional `system` column -> `messages`.
+- Tool calling (`jobs.data.tool_turns`): ShareGPT `function_call`/`observation` turns, or OpenAI-style
+  `messages` whose assistant turns carry `tool_calls` (detected by a `tools` column or the first rows'
+  calls) -> `messages` with `tool_calls` and `tool` turns, plus the `tools` column as JSON text.
 - A conversation (ShareGPT or OpenAI-style, e.g. LLaMA-Factory's DPO and KTO demos) with
   `chosen`/`rejected`, or with a `label` for kto -> conversational preference or KTO rows whose
   prompt is the context (`jobs.data.context_rows`).
@@ -26,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jobs.data.context_rows import context_conversion
+from jobs.data.tool_turns import calls_tools, tools_text
 from jobs.data.turns import Conversion, ProblemList, chat_turns, is_sharegpt_turn, with_system
 from jobs.spec.enums import Trainer
 
@@ -110,11 +114,20 @@ def sharegpt_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | Non
     if isinstance(turns, list) and not all(isinstance(t, dict) and "from" in t and "value" in t for t in turns):
         fix = f'write `{column}` as [{{"from": "human", "value": "..."}}, {{"from": "gpt", "value": "..."}}]'
         return None, [(f"`{column}` has a turn without `from` or `value`", fix)]
-    messages, problems = chat_turns(turns, column)
+    return chat_row(row, column)
+
+
+def chat_row(row: dict[str, Any], column: str) -> tuple[dict[str, Any] | None, ProblemList]:
+    """A conversation ({from, value} or {role, content} turns, tool calls included) with its `system` and
+    `tools` columns as a `messages` row (plus `tools`, JSON text, when the row has tool schemas)."""
+    messages, problems = chat_turns(row.get(column), column)
     if messages is None:
         return None, problems
     messages, problems = with_system(messages, row)
-    return ({"messages": messages} if messages is not None else None), problems
+    tools, more = tools_text(row)
+    if messages is None or more:
+        return None, problems + more
+    return {"messages": messages, **tools}, []
 
 
 # ---------------------------------------------------------------------- detection
@@ -148,13 +161,26 @@ def detect_conversion(
         return context
     sharegpt = _sharegpt_column(cols, rows)
     if sharegpt is not None:
-        extra = " plus the `system` column" if "system" in cols else ""
+        extra = "".join(f" plus the `{c}` column" for c in ("system", "tools") if c in cols)
         return Conversion(
             "sharegpt",
             f"ShareGPT `{sharegpt}` ({{from, value}} turns){extra} converted to chat `messages`",
             lambda row: sharegpt_row(row, sharegpt),
             ("messages",),
-            (sharegpt, "system"),
+            (sharegpt, "system", "tools"),
+        )
+    if (
+        "messages" in cols
+        and not cols & {"prompt", "completion"}
+        and ("tools" in cols or calls_tools(rows, ("messages",)))
+    ):
+        extra = " and the `tools` column" if "tools" in cols else ""
+        return Conversion(
+            "chat",
+            f"chat `messages` with tool calls{extra} converted to the chat template's tool-calling messages",
+            lambda row: chat_row(row, "messages"),
+            ("messages",),
+            ("messages", "system", "tools"),
         )
     trl_columns = {"text", "messages", "prompt", "completion"}
     if "instruction" in cols and not cols & trl_columns and ({"output", "chosen", "rejected"} & cols):

@@ -21,6 +21,7 @@ from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
 from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
 from jobs.data.sources import DataError, load_hub, resolve
+from jobs.data.tool_turns import ToolRows
 from jobs.data.validation import Issues, RowCheck
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
@@ -46,6 +47,7 @@ class DatasetInfo:
     repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
         default_factory=list
     )  # rows with a role twice in a row
+    tools: ToolRows = field(default_factory=ToolRows)  # rows with tool schemas, tool calls or tool results
 
     def record(self) -> dict[str, Any]:
         """What the run's resolved config keeps about this data set."""
@@ -207,6 +209,7 @@ def inspect_dataset(
         column_map,
         passed,
         checked.repeated_turns,
+        checked.tools,
     )
     return Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
 

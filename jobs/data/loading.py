@@ -25,14 +25,19 @@ if TYPE_CHECKING:
     import datasets
 
 
-def _features(fmt: RowFormat, style: str | None) -> datasets.Features:
+def _features(fmt: RowFormat, style: str | None, tools: bool = False) -> datasets.Features:
+    """trl's columns; `tools`: messages may carry `tool_calls` (any JSON: each call's arguments have their
+    own keys) and a tool turn's `name`, and the rows a `tools` column (JSON text, `jobs.data.tool_turns`)."""
     import datasets  # here: the checks read eval_rows without it
 
-    message = [{"role": datasets.Value("string"), "content": datasets.Value("string")}]
-    cell = message if style == "conversational" else datasets.Value("string")
-    return datasets.Features(
-        {c: (message if c == "messages" else datasets.Value("bool") if c == "label" else cell) for c in COLUMNS[fmt]}
-    )
+    message: dict[str, Any] = {"role": datasets.Value("string"), "content": datasets.Value("string")}
+    if tools:
+        message |= {"tool_calls": datasets.List(datasets.Json()), "name": datasets.Value("string")}
+    cell = [message] if style == "conversational" else datasets.Value("string")
+    columns = {
+        c: ([message] if c == "messages" else datasets.Value("bool") if c == "label" else cell) for c in COLUMNS[fmt]
+    }
+    return datasets.Features({**columns, **({"tools": datasets.Value("string")} if tools else {})})
 
 
 def _load(
@@ -43,10 +48,13 @@ def _load(
 
     checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
     info, ds = checked.info, checked.ds
-    keep, features = COLUMNS[info.format], _features(info.format, checked.style)
+    tools = info.tools.count > 0
+    keep, features = COLUMNS[info.format], _features(info.format, checked.style, tools)
     extra = info.reward_columns
     if ds is None:  # JSON files, and anything converted: built from the checked rows
-        rows = [{**only_columns(row, info.format), **{c: row.get(c) for c in extra}} for _, row in checked.rows()]
+        rows = [
+            {**only_columns(row, info.format, tools), **{c: row.get(c) for c in extra}} for _, row in checked.rows()
+        ]
         if not extra:
             return datasets.Dataset.from_list(rows, features=features), info
         try:  # the extra columns' types are inferred; the prompt keeps its checked type
@@ -72,7 +80,7 @@ def _load(
     if all(ds.features.get(c) == features[c] for c in keep):
         return (ds.remove_columns(drop) if drop else ds), info
     return ds.map(
-        lambda row: {**only_columns(row, info.format), **{c: row[c] for c in extra}},
+        lambda row: {**only_columns(row, info.format, tools), **{c: row[c] for c in extra}},
         remove_columns=drop,
         features=features,
         desc=f"Shaping {field_name}",

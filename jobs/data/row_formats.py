@@ -137,8 +137,9 @@ def parse_label(value: Any) -> bool | None:
         return None
 
 
-def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
-    """The row reduced to what trl reads; chat messages reduced to {role, content}; labels to bools."""
+def only_columns(row: dict[str, Any], fmt: RowFormat, tools: bool = False) -> dict[str, Any]:
+    """The row reduced to what trl reads; chat messages reduced to {role, content} (plus a tool call's
+    `tool_calls` and a tool turn's `name`); labels to bools. `tools`: keep the `tools` column too."""
     out = {}
     for c in COLUMNS[fmt]:
         v = row.get(c)
@@ -146,6 +147,16 @@ def only_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
             out[c] = parse_label(v)
             continue
         if isinstance(v, list):
-            v = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in v]
+            v = [_message(m) if isinstance(m, dict) else m for m in v]
         out[c] = v
+    if tools:
+        out["tools"] = row.get("tools")
+    return out
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    out = {"role": m.get("role"), "content": m.get("content")}
+    for key in ("tool_calls", "name"):
+        if m.get(key) is not None:
+            out[key] = m[key]
     return out

@@ -30,12 +30,14 @@ from jobs.data.bulk import collector_paused
 from jobs.data.digests import file_digest
 from jobs.data.piece_counts import PieceCounter
 from jobs.data.token_lengths import RowLengths
+from jobs.data.tool_turns import row_tools
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = "2"  # bump when what a cached length means changes (2: each row's prompt length kept too)
+# bump when what a cached length means changes (2: each row's prompt length kept too; 3: tools rendered)
+CACHE_VERSION = "3"
 BATCH_ROWS = 2048
 # With the shortcuts (`Shortcuts`), every this-many-th sequence is also measured the library's way, as a check.
 VERIFY_EVERY = 256
@@ -97,15 +99,17 @@ def _measure(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer, fast:
     for start in range(0, len(rows), BATCH_ROWS):
         batch = rows[start : start + BATCH_ROWS]
         chunk = [sequences(row, trainer) for row in batch]
+        tools = [row_tools(row) for row in batch]  # each row's tool schemas go to the template with its turns
         flat = [seq for row in chunk for seq in row]
-        counts = _count(flat, tokenizer, eos, fast)
+        counts = _count(flat, tokenizer, eos, fast, tools=[t for row, t in zip(chunk, tools) for _ in row])
         i = 0
         for row in chunk:
             out.append(counts[i : i + len(row)])
             i += len(row)
         heads = [prompt_sequence(row, trainer) for row in batch]
         found = [h for h in heads if h is not None]
-        head_counts = iter(_count(found, tokenizer, eos, fast, prompts=True) if found else [])
+        head_tools = [t for h, t in zip(heads, tools) if h is not None]
+        head_counts = iter(_count(found, tokenizer, eos, fast, prompts=True, tools=head_tools) if found else [])
         prompts += [next(head_counts) if h is not None else 0 for h in heads]
     return RowLengths.of(out, prompts)
 
@@ -157,19 +161,30 @@ class Shortcuts:
         return found if found.counter is not None or found.render is not None else None
 
 
-def _count(seqs: list[Any], tokenizer: Any, eos: str, fast: Shortcuts | None, prompts: bool = False) -> list[int]:
+def _count(
+    seqs: list[Any],
+    tokenizer: Any,
+    eos: str,
+    fast: Shortcuts | None,
+    prompts: bool = False,
+    tools: list[list[dict[str, Any]] | None] | None = None,
+) -> list[int]:
     """Token counts of strings (trl appends EOS to plain text) and conversations (chat template). With shortcuts,
     every VERIFY_EVERY-th sequence is also rendered and counted the library's way, and must agree.
 
     `prompts`: the sequences are prompts, as trl tokenizes them on their own: strings without EOS,
-    conversations with the generation prompt (the assistant's header) that the answer follows."""
+    conversations with the generation prompt (the assistant's header) that the answer follows.
+    `tools`: each sequence's tool schemas (None: none), rendered by the template as trl renders them."""
     render = fast.render if fast is not None and fast.render is not None else None
     counter = fast.counter if fast is not None else None
+    tools = tools if tools is not None else [None] * len(seqs)
     texts: list[str] = []
     special: list[bool] = []
-    for seq in seqs:
+    for seq, schemas in zip(seqs, tools):
         if isinstance(seq, list):
-            texts.append(render(seq, prompts) if render is not None else _render(seq, tokenizer, prompts))
+            texts.append(
+                render(seq, prompts, schemas) if render is not None else _render(seq, tokenizer, prompts, schemas)
+            )
             special.append(not getattr(tokenizer, "chat_template", None))
         else:
             texts.append(seq if prompts or not eos or seq.endswith(eos) else seq + eos)
@@ -185,7 +200,7 @@ def _count(seqs: list[Any], tokenizer: Any, eos: str, fast: Shortcuts | None, pr
     if fast is not None:
         for i in range(0, len(seqs), VERIFY_EVERY):
             seq = seqs[i]
-            text = _render(seq, tokenizer, prompts) if isinstance(seq, list) else texts[i]
+            text = _render(seq, tokenizer, prompts, tools[i]) if isinstance(seq, list) else texts[i]
             theirs = _library([text], tokenizer, special[i])[0]
             if theirs != counts[i]:
                 raise CountMismatch(f"{counts[i]} tokens where the tokenizer counts {theirs} in {text[:80]!r}")
@@ -197,9 +212,13 @@ def _library(texts: list[str], tokenizer: Any, flag: bool) -> list[int]:
     return [len(one) for one in ids]
 
 
-def _render(messages: list[dict[str, Any]], tokenizer: Any, generation: bool = False) -> str:
+def _render(
+    messages: list[dict[str, Any]], tokenizer: Any, generation: bool = False, tools: list[Any] | None = None
+) -> str:
     if getattr(tokenizer, "chat_template", None):
-        more = {"add_generation_prompt": True} if generation else {}  # a tokenizer may not take the keyword
+        more: dict[str, Any] = {"add_generation_prompt": True} if generation else {}  # not every tokenizer takes it
+        if tools:
+            more["tools"] = tools
         return tokenizer.apply_chat_template(messages, tokenize=False, **more)
     return "\n".join(str(m.get("content", "")) for m in messages)
 
@@ -228,12 +247,14 @@ def template_renderer(tokenizer: Any) -> Callable[..., str] | None:
     compiled = _compile_jinja_template(template)
     variables = {**tokenizer.special_tokens_map, "tools": None, "documents": None}
 
-    def render(messages: list[dict[str, Any]], generation: bool = False) -> str:
-        if all(
+    def render(messages: list[dict[str, Any]], generation: bool = False, tools: list[Any] | None = None) -> str:
+        if not tools and all(
             type(m) is dict and m.keys() == _PLAIN and type(m["role"]) is type(m["content"]) is str for m in messages
         ):
             return compiled.render(messages=messages, add_generation_prompt=generation, **variables)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation, tools=tools or None
+        )
 
     return render
 

@@ -4,7 +4,8 @@ Pure functions on plain values, shared by the ShareGPT conversion (`jobs.data.fo
 preference/KTO rows with chat context (`jobs.data.context_rows`):
 
 - ShareGPT turns are {from, value} with speakers human/user, gpt/assistant, system,
-  tool/function/observation; OpenAI-style turns are {role, content} (extra keys dropped).
+  tool/function/observation, and function_call (a tool call, `jobs.data.tool_turns`); OpenAI-style
+  turns are {role, content} plus `tool_calls` / a tool turn's `name` (other keys dropped).
 - An answer column (`chosen`, `rejected`) may hold one turn object, a list of turns, or a plain
   string (the assistant's text), as LLaMA-Factory's and trl's data sets write them.
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from jobs.data.tool_turns import call_message, chat_message
 
 ProblemList = list[tuple[str, str]]
 Message = dict[str, Any]
@@ -73,15 +76,17 @@ def _turn(turn: Any, column: str) -> tuple[Message | None, ProblemList]:
     if not isinstance(turn, dict):
         return None, [(f"`{column}` has a turn that is not a {{from, value}} object", _fix(column))]
     if not is_sharegpt_turn(turn):
-        return {"role": turn.get("role"), "content": turn.get("content")}, []
+        return chat_message(turn, column)
     if "from" not in turn or "value" not in turn:
         return None, [(f"`{column}` has a turn without `from` or `value`", _fix(column))]
     speaker = turn["from"].strip().lower() if isinstance(turn["from"], str) else turn["from"]
+    if speaker == "function_call":
+        return call_message(turn["value"], column)
     if speaker not in SPEAKERS:
         return None, [
             (
                 f"`{column}` has unknown speaker `{speaker}`",
-                "use the speakers human, gpt, system or tool (or user/assistant)",
+                "use the speakers human, gpt, system, function_call or observation (or user/assistant/tool)",
             )
         ]
     return {"role": SPEAKERS[speaker], "content": turn["value"]}, []

@@ -18,6 +18,7 @@ from typing import Any
 
 from jobs.data.placeholders import Placeholders
 from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
+from jobs.data.tool_turns import CALL_FIX, ToolRows
 from jobs.errors import Problem
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -78,18 +79,44 @@ def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
     bad = sorted({m["role"] for m in value if m["role"] not in ROLES})
     if bad:
         return f"`{name}` has unknown role `{bad[0]}`", "use the roles " + ", ".join(ROLES)
-    if any("content" not in m or m["content"] is None for m in value):
+    calls = _calls_problem(value, name)
+    if calls:
+        return calls
+    if any(("content" not in m or m["content"] is None) and not m.get("tool_calls") for m in value):
         return f"`{name}` has a turn without `content`", "give every turn its text as `content`"
-    if any(not isinstance(m["content"], str) for m in value):
+    if any(not isinstance(m.get("content", ""), str) for m in value):
         return (
             f"`{name}` has a turn whose `content` is not text",
             "write each turn's content as one string (lists of content parts are not supported)",
         )
-    if any(not m["content"].strip() for m in value):
+    if any(not (m.get("content") or "").strip() and not m.get("tool_calls") for m in value):
         return (
             f"`{name}` has an empty or whitespace-only turn",
             "write the turn's text, or remove the turn (a chat of empty turns trains on nothing)",
         )
+    return None
+
+
+def _calls_problem(value: list[dict[str, Any]], name: str) -> tuple[str, str] | None:
+    """(problem, fix) when a turn's `tool_calls` are not the chat template's form (`jobs.data.tool_turns`)."""
+    for m in value:
+        calls = m.get("tool_calls")
+        if calls is None:
+            continue
+        if m.get("role") != "assistant":
+            return f"`{name}` has tool calls in a {m.get('role')} turn", "put tool calls in assistant turns only"
+        ok = isinstance(calls, list) and all(
+            isinstance(c, dict)
+            and isinstance(c.get("function"), dict)
+            and isinstance(c["function"].get("name"), str)
+            and isinstance(c["function"].get("arguments"), dict)
+            for c in calls
+        )
+        if not ok:
+            return (
+                f"`{name}` has tool calls that are not {{type, function: {{name, arguments}}}} objects",
+                CALL_FIX + "; a `tools` column makes the rows read as tool-calling data",
+            )
     return None
 
 
@@ -257,6 +284,7 @@ class Checked:
     repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
         default_factory=list
     )  # first few (row, conversation)
+    tools: ToolRows = field(default_factory=ToolRows)  # rows with tool schemas, tool calls or tool results
 
 
 class RowCheck:
@@ -272,13 +300,14 @@ class RowCheck:
         self._examples: list[tuple[int, list[dict[str, Any]]]] = []
         self._labels = {True: 0, False: 0}
         self._placeholders = Placeholders()
+        self._tools = ToolRows()
 
     def add(self, number: int, row: dict[str, Any]) -> None:
         """Validate one row against the format."""
         fmt, issues = self.fmt, self.issues
         self._n_rows += 1
         if len(self._preview) < self.preview_rows:
-            self._preview.append(only_columns(row, fmt))
+            self._preview.append(only_columns(row, fmt, tools="tools" in row))
         self._placeholders.add(number, {c: row.get(c) for c in COLUMNS[fmt]})  # only what trains
         found, style = row_problems(row, fmt)
         for message, fix in found:
@@ -296,6 +325,7 @@ class RowCheck:
                 " (plain strings and message lists mixed in one data set)",
                 "use one style for the whole file: all strings, or all lists of {role, content}",
             )
+        self._tools.add(number, _chat_of(row, fmt) if style == "conversational" else None, row.get("tools"))
         if fmt is RowFormat.PREFERENCE and row["chosen"] == row["rejected"]:
             self._same_answer += 1
         if fmt is RowFormat.UNPAIRED:
@@ -332,4 +362,13 @@ class RowCheck:
         if 0 < n_rows < 8:
             warnings.append(f"only {n_rows} rows: enough for a smoke test, too few to learn much")
         style = self._first_style[1] if self._first_style else None
-        return Checked(fmt, n_rows, self._preview, warnings, issues.problems(), style, self._examples)
+        return Checked(
+            fmt,
+            n_rows,
+            self._preview,
+            warnings,
+            issues.problems(),
+            style,
+            self._examples,
+            self._tools,
+        )
