@@ -35,7 +35,8 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
     tokenizer or None, asked only when a row needs rendering."""
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
     from jobs.data.inspection import check_dataset
-    from jobs.data.loading import eval_rows
+    from jobs.data.loading import check_sources, eval_rows
+    from jobs.data.mixing import combined, labelled, source_label
     from jobs.data.sources import DataError
     from jobs.models.tokenizer import has_chat_template
 
@@ -45,7 +46,13 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
+            if field == "dataset":  # each source on its own, then the mixture
+                pairs = check_sources(ref, spec.trainer, spec.column_map)
+                parts = [(source_label(s, i, len(pairs)), info) for i, (s, info) in enumerate(pairs, 1)]
+                info = combined(pairs, ref)
+            else:
+                info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
+                parts = [("", info)]
         except DataError as exc:
             out.extend(exc.problems)
             continue
@@ -54,10 +61,11 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
             held_out = eval_rows(info.n_rows, spec.eval_split)
             if isinstance(held_out, Problem):
                 out.append(held_out)
-        if info.repeated_turns:
-            refused = template_refusal(spec.model, field, info.repeated_turns, tokenizer())
-            if refused is not None:
-                out.append(refused)
+        for label, part in parts:
+            if part.repeated_turns:
+                refused = template_refusal(spec.model, field, part.repeated_turns, tokenizer())
+                if refused is not None:
+                    out.extend(labelled([refused], label))
         if is_chat(info) and has_chat_template(spec.model) is False:
             out.append(
                 Problem(
@@ -82,6 +90,7 @@ def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPoli
     """The data check of values that did not parse: each data set whose own field (and the trainer) parsed,
     unless `policy` keeps users from reading it; `bad`: the fields with problems already."""
     from jobs.data.inspection import check_dataset
+    from jobs.data.loading import check_sources
     from jobs.data.sources import DataError
 
     trainer = values.get("trainer", Trainer.SFT.value) if "trainer" not in bad else None
@@ -95,7 +104,10 @@ def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPoli
             out.append(refused)
             continue
         try:
-            check_dataset(ref.strip(), Trainer(trainer), field)
+            if field == "dataset":
+                check_sources(ref.strip(), Trainer(trainer))
+            else:
+                check_dataset(ref.strip(), Trainer(trainer), field)
         except DataError as exc:
             out.extend(exc.problems)
     return out
