@@ -234,3 +234,38 @@ def test_a_two_source_job_trains_on_the_mixed_rows(tiny_model: Path, tmp_path: P
     assert len(losses) == 4 and sum(losses[-2:]) < sum(losses[:2]), losses  # it learned from the mixed rows
     data = result.resolved["data"]
     assert data["train_rows"] == 16 and [s["rows"] for s in data["dataset"]["sources"]] == [8, 8]
+
+
+# ---------------------------------------------------------------------- the form, the CLI and the API
+def test_the_form_queues_a_typed_list_of_sources(store, tiny_model: Path, tmp_path: Path) -> None:
+    from training_helpers import tiny_spec
+
+    from app.ui import form as ui_form
+    from app.ui.form_spec import NAMES
+    from jobs.checks.access import AccessPolicy
+
+    b = write_jsonl(tmp_path / "b.jsonl", sharegpt(6, "B"))
+    spec = tiny_spec(tiny_model, max_steps=1)
+    values = dict(zip(NAMES, ui_form.form_values(spec), strict=True))
+    values["dataset"] = f"sample:chat-format [max_rows=20], {b}"  # typed into the dataset box
+    errors, run_id = ui_form.launch(store, *values.values(), policy=AccessPolicy.dashboard())
+    assert errors == "" and run_id is not None
+    assert read_spec(store.get_run(run_id).spec_json).dataset_sources == [
+        DataSource("sample:chat-format", 20),
+        DataSource(str(b)),
+    ]
+
+
+def test_the_cli_takes_a_comma_separated_list_with_set(
+    tiny_model: Path, tmp_path: Path, data_home: Path, capsys
+) -> None:
+    from app.cli.main import main
+
+    b = write_jsonl(tmp_path / "b.jsonl", chat(6, "B"))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model: {tiny_model}\ndataset: sample:chat-format\nmax_steps: 1\nmax_length: 96\n")
+    assert main(["submit", str(spec), "--set", f"dataset=sample:chat-format [max_rows=5], {b}"]) == 0
+    assert capsys.readouterr().out.strip().isdigit()
+    broken = main(["submit", str(spec), "--set", f"dataset=sample:chat-format, {tmp_path / 'nope.jsonl'}"])
+    err = capsys.readouterr().err
+    assert broken != 0 and "dataset: source 2 of 2 (`" in err and "does not exist" in err
