@@ -177,7 +177,7 @@ def test_the_checks_count_the_capped_mixture_and_name_sources_in_warnings(tmp_pa
     info = infos["dataset"]
     assert info.n_rows == 11 and [p.n_rows for p in info.parts] == [6, 5]
     assert any(w.startswith(f"source 1 of 2 (`{a}`): column(s) `extra`") for w in info.warnings), info.warnings
-    assert any("first 5 of its 240 rows used" in w for w in info.warnings)
+    assert not any("sample:chat-format" in w for w in info.warnings)  # a cap asked for is no warning
 
 
 def test_the_preview_shows_each_source(tmp_path: Path) -> None:
@@ -186,7 +186,10 @@ def test_the_preview_shows_each_source(tmp_path: Path) -> None:
     b = write_jsonl(tmp_path / "b.jsonl", sharegpt(4, "B"))
     text, rows = preview_dataset(f"sample:chat-format [max_rows=3], {b}", "sft")
     assert text.startswith("Detected format: **messages** · 2 data sets mixed") and "7 rows in all" in text
-    assert "`sample:chat-format`: **messages** · 3 rows" in text and f"`{b}`: **messages** · 4 rows" in text
+    assert (
+        "`sample:chat-format`: **messages** · 3 of its 240 rows (max_rows)" in text
+        and f"`{b}`: **messages** · 4 rows" in text
+    )
     assert "sharegpt converted" in text
     shown = " ".join(rows["messages"])
     assert len(rows) == 5 and "B q0" in shown and "[tag]" in shown  # rows of both sources, B's converted

@@ -141,7 +141,7 @@ def preview_dataset(
     info = combined(pairs, ref.strip())
     if len(pairs) > 1:  # the mixture in one line, then one line per source: what each holds and became
         text = f"Detected format: **{info.format.value}** · {len(pairs)} data sets mixed and shuffled with the seed · "
-        text += f"{info.n_rows} rows in all" + "".join(f"\n- {_describe(part)}" for part in info.parts)
+        text += f"{info.n_rows} rows in all" + "".join(f"\n- {_describe(part, s.max_rows)}" for s, part in pairs)
         text += "".join(f"\n- {w}" for w in info.warnings)
         rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
         return text, pd.DataFrame(rows)
@@ -190,9 +190,14 @@ def length_warning_text(
     return "".join(f"\n- {w}" for w in warnings)
 
 
-def _describe(info: DatasetInfo) -> str:
-    """One source of a mixture in one line: its format (and what was converted), rows, columns and column mapping."""
-    text = f"`{info.ref}`: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}"
+def _describe(info: DatasetInfo, max_rows: int | None) -> str:
+    """One source of a mixture in one line: its format (and what was converted), rows used, columns and mapping."""
+    rows = (
+        f"{max_rows} of its {info.n_rows} rows (max_rows)"
+        if max_rows and max_rows < info.n_rows
+        else f"{info.n_rows} rows"
+    )
+    text = f"`{info.ref}`: **{info.format.value}** · {rows} · columns {', '.join(info.columns)}"
     if info.conversion:
         text += f" · {info.source_format} converted ({info.conversion}; the rows below are the converted ones)"
     if info.column_map:

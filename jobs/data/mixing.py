@@ -79,7 +79,8 @@ def capped(n_rows: int, source: DataSource) -> int:
 
 
 def combined(pairs: list[tuple[DataSource, DatasetInfo]], ref: str) -> DatasetInfo:
-    """The mixture as one DatasetInfo: rows counted after each cap, warnings and conversions named per source."""
+    """The mixture as one DatasetInfo: rows counted after each cap (`parts`: each source's info, its rows the ones
+    used), warnings and conversions named per source."""
     if len(pairs) == 1 and pairs[0][0].max_rows is None:
         return pairs[0][1]
     n = len(pairs)
@@ -90,11 +91,6 @@ def combined(pairs: list[tuple[DataSource, DatasetInfo]], ref: str) -> DatasetIn
     preview = [row for rows in zip(*(info.preview for info in infos), strict=False) for row in rows][:5] or list(
         first.preview
     )
-    capped_notes = [
-        f"{label}: first {s.max_rows} of its {info.n_rows} rows used (max_rows)"
-        for label, (s, info) in zip(labels, pairs, strict=True)
-        if s.max_rows is not None and s.max_rows < info.n_rows
-    ]
     conversions = [f"{label}: {info.conversion}" for label, info in zip(labels, infos, strict=True) if info.conversion]
     return dataclasses.replace(
         first,
@@ -102,8 +98,7 @@ def combined(pairs: list[tuple[DataSource, DatasetInfo]], ref: str) -> DatasetIn
         n_rows=sum(capped(info.n_rows, s) for s, info in pairs),
         columns=columns,
         preview=preview,
-        warnings=capped_notes
-        + [f"{label}: {w}" for label, info in zip(labels, infos, strict=True) for w in info.warnings],
+        warnings=[f"{label}: {w}" for label, info in zip(labels, infos, strict=True) for w in info.warnings],
         source_format=" + ".join(dict.fromkeys(info.source_format for info in infos)),
         conversion="; ".join(conversions) or None,
         column_map={},
