@@ -5,11 +5,11 @@ conversion (`jobs.data.inspection`), with its own column mapping or else `datase
 problems and warnings are named after it ("source 2 of 3 (`b.json`): rows 4, 9: ..."). Its first
 `max_rows` rows are kept, and the rows of all sources are concatenated and shuffled with the spec's
 `seed`. All sources must come out in one row format (trl trains one per job). A single source is
-read exactly as before: no label, no shuffle.
+read exactly as before: no label, no shuffle. `jobs.data.loading` reads the sources (`check_sources`
+for the checks, `load_data` for training) and calls these:
 
-    pairs = check_sources(spec, Trainer.SFT)       # [(source, DatasetInfo)], or DataError naming the sources
-    info = combined(pairs, spec.dataset)           # the mixture as one DatasetInfo (rows counted after the caps)
-    train = mix([(source, ds), ...], seed=spec.seed)
+    info = combined(pairs, spec.dataset)           # [(source, DatasetInfo)] as one (rows counted after the caps)
+    train = mix([(source, ds), ...], seed=spec.seed)   # capped, concatenated, shuffled
 """
 
 from __future__ import annotations
