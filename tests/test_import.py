@@ -418,3 +418,11 @@ def test_llamafactory_several_data_sets_become_sources_and_pass_the_checks(
     checked = check(spec, device=GPU)
     assert [str(p) for p in checked.problems] == []
     assert [p.n_rows for p in checked.data["dataset"].parts] == [10, 5]
+
+
+def test_axolotl_shuffle_of_merged_datasets_is_what_tunedeck_does() -> None:
+    entries = [{"path": "a.jsonl"}, {"path": "b.jsonl"}]
+    shuffled = import_config({"base_model": "m", "datasets": entries, "shuffle_merged_datasets": True})
+    assert shuffled.fields["dataset"] == "a.jsonl, b.jsonl" and "shuffle_merged_datasets" in shuffled.carried
+    kept = import_config({"base_model": "m", "datasets": entries, "shuffle_merged_datasets": False})
+    assert "always shuffles" in {n.key: n.why for n in kept.not_carried}["shuffle_merged_datasets"]
