@@ -410,14 +410,13 @@ def test_llamafactory_several_data_sets_become_sources_and_pass_the_checks(
     info = {"identity": info["identity"], "identity_two": {"file_name": "two.jsonl"}}
     imported = import_config(config, dataset_info=info, dataset_dir=str(tmp_path))
     assert imported.fields["dataset"] == f"{tmp_path}/identity.json [max_rows=10], {tmp_path}/two.jsonl [max_rows=10]"
-    assert imported.fields["eval_dataset"] == f"{tmp_path}/identity.json"  # evaluation reads one data set
+    assert imported.fields["eval_dataset"] == imported.fields["dataset"]  # the same lists and caps
     why = {n.key: n.why for n in imported.not_carried}
-    assert "took `identity`" in why["eval_dataset: identity_two"]
     assert "concatenates" in why["mix_strategy"] and "concatenates" in why["interleave_probs"]
-    spec = build_spec(imported, {"model": str(tiny_model), "eval_dataset": None})
-    checked = check(spec, device=GPU)
+    checked = check(build_spec(imported, {"model": str(tiny_model)}), device=GPU)
     assert [str(p) for p in checked.problems] == []
     assert [p.n_rows for p in checked.data["dataset"].parts] == [10, 5]
+    assert checked.data["eval_dataset"].n_rows == 15
 
 
 def test_axolotl_shuffle_of_merged_datasets_is_what_tunedeck_does() -> None:

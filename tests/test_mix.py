@@ -75,6 +75,24 @@ def test_a_list_that_cannot_be_read_names_dataset_the_problem_and_a_fix(text: st
     assert found.field == "dataset" and problem in found.problem and found.fix
 
 
+def test_eval_dataset_takes_the_same_list_and_its_problems_name_eval_dataset(tmp_path: Path) -> None:
+    from jobs.data.loading import load_data
+
+    a = write_jsonl(tmp_path / "a.jsonl", chat(4, "A"))
+    spec = JobSpec.from_dict(
+        {"dataset": str(a), "eval_dataset": ["sample:chat-format:eval", {"path": str(a), "max_rows": 2}]}
+    )
+    assert spec.eval_dataset == f"sample:chat-format:eval, {a} [max_rows=2]"
+    assert len(load_data(spec).eval) == 40 + 2
+    with pytest.raises(DataError) as caught:
+        load_data(spec.replace(eval_dataset=f"{a}, {tmp_path / 'gone.jsonl'}"))
+    (problem,) = caught.value.problems
+    assert problem.field == "eval_dataset" and problem.problem.startswith("source 2 of 2 (")
+    with pytest.raises(SpecError) as bad:
+        JobSpec.from_dict({"eval_dataset": f"{a}, {a}"})
+    assert [p.field for p in bad.value.problems] == ["eval_dataset"]
+
+
 def test_a_list_item_that_is_no_data_set_is_refused() -> None:
     with pytest.raises(SpecError) as caught:
         JobSpec.from_dict({"dataset": ["a.jsonl", {"file": "b.jsonl"}]})

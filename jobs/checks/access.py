@@ -84,9 +84,8 @@ class AccessPolicy:
         )
 
     def data_problem(self, ref: str | None, field: str) -> Problem | None:
-        """A Problem when `ref` (for `dataset`: any of its sources) is a server path this policy does not let
-        users read."""
-        sources = parse_sources(ref or "")[0] if field == "dataset" else []
+        """A Problem when `ref` (any of the sources it lists) is a server path this policy does not let users read."""
+        sources = parse_sources(ref or "")[0]
         for source in sources if len(sources) > 1 else []:
             found = self._path_problem(source.ref, field)
             if found is not None:

@@ -1,7 +1,7 @@
 """The data step of the checks: every data set a spec names, read once, with what its rows show.
 
-For each of `dataset` and `eval_dataset`: the rows are checked for the trainer
-(`jobs.data.inspection.check_dataset`, row-numbered problems), an `eval_split` is checked against the
+For each of `dataset` and `eval_dataset`: the rows of each source it lists are checked for the trainer
+(`jobs.data.loading.check_sources`, row-numbered problems naming the source), an `eval_split` is checked against the
 row count, conversations are rendered with the model's chat template where rows have one role
 twice in a row (`jobs.checks.template`), and chat rows need a model that has a template at all.
 What the check read (`DatasetInfo`) comes back for the later steps, so no one reads the data again.
@@ -34,7 +34,6 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
     """(problems, {field: what its check read}) of the spec's data sets; `tokenizer()`: the model's local
     tokenizer or None, asked only when a row needs rendering."""
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
-    from jobs.data.inspection import check_dataset
     from jobs.data.loading import check_sources, eval_rows
     from jobs.data.mixing import combined, labelled, source_label
     from jobs.data.sources import DataError
@@ -46,17 +45,12 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            if field == "dataset":  # each source on its own, then the mixture
-                pairs = check_sources(ref, spec.trainer, spec.column_map)
-                parts = [(source_label(s, i, len(pairs)), info) for i, (s, info) in enumerate(pairs, 1)]
-                info = combined(pairs, ref)
-            else:
-                info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
-                parts = [("", info)]
+            pairs = check_sources(ref, spec.trainer, spec.column_map, field=field)  # each source, then the mixture
         except DataError as exc:
             out.extend(exc.problems)
             continue
-        infos[field] = info
+        parts = [(source_label(s, i, len(pairs)), part) for i, (s, part) in enumerate(pairs, 1)]
+        infos[field] = info = combined(pairs, ref)
         if field == "dataset" and spec.eval_split is not None:
             held_out = eval_rows(info.n_rows, spec.eval_split)
             if isinstance(held_out, Problem):
@@ -89,7 +83,6 @@ def is_chat(info: DatasetInfo) -> bool:
 def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPolicy) -> list[Problem]:
     """The data check of values that did not parse: each data set whose own field (and the trainer) parsed,
     unless `policy` keeps users from reading it; `bad`: the fields with problems already."""
-    from jobs.data.inspection import check_dataset
     from jobs.data.loading import check_sources
     from jobs.data.sources import DataError
 
@@ -104,10 +97,7 @@ def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPoli
             out.append(refused)
             continue
         try:
-            if field == "dataset":
-                check_sources(ref.strip(), Trainer(trainer))
-            else:
-                check_dataset(ref.strip(), Trainer(trainer), field)
+            check_sources(ref.strip(), Trainer(trainer), field=field)
         except DataError as exc:
             out.extend(exc.problems)
     return out

@@ -94,23 +94,23 @@ def _default_eval(spec: JobSpec) -> str | None:
     return None
 
 
-def _load_train(spec: JobSpec) -> tuple[datasets.Dataset, DatasetInfo]:
-    """The training rows: every source of `dataset` loaded on its own, capped, then mixed with the seed."""
-    sources = sources_of(spec.dataset)
+def _load_sources(spec: JobSpec, text: str, field: str) -> tuple[datasets.Dataset, DatasetInfo]:
+    """The rows of `dataset` (or `eval_dataset`): every source loaded on its own, capped, then mixed with the seed."""
+    sources = sources_of(text, field)
     problems: list[Problem] = []
     loaded: list[tuple[datasets.Dataset, DatasetInfo]] = []
     for i, source in enumerate(sources, 1):
         try:
-            loaded.append(_load(source.ref, spec.trainer, "dataset", columns_for(source, spec.column_map)))
+            loaded.append(_load(source.ref, spec.trainer, field, columns_for(source, spec.column_map)))
         except DataError as exc:
             problems.extend(labelled(exc.problems, source_label(source, i, len(sources))))
     if problems:
         raise DataError(problems)
     pairs = [(source, info) for source, (_, info) in zip(sources, loaded, strict=True)]
-    if format_problems(pairs):
-        raise DataError(format_problems(pairs))
-    train = mix([(source, ds) for source, (ds, _) in zip(sources, loaded, strict=True)], spec.seed)
-    return train, combined(pairs, spec.dataset)
+    if format_problems(pairs, field):
+        raise DataError(format_problems(pairs, field))
+    rows = mix([(source, ds) for source, (ds, _) in zip(sources, loaded, strict=True)], spec.seed, field)
+    return rows, combined(pairs, text)
 
 
 @dataclass
@@ -142,13 +142,13 @@ def _load_data(spec: JobSpec) -> LoadedData:
     problems: list[Problem] = []
     train = eval_ = None
     try:
-        train = _load_train(spec)
+        train = _load_sources(spec, spec.dataset, "dataset")
     except DataError as exc:
         problems.extend(exc.problems)
     eval_ref = spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec)
     if eval_ref and spec.eval_split is None:  # eval_split holds out rows instead of a sample's eval split
         try:
-            eval_ = _load(eval_ref, spec.trainer, "eval_dataset", spec.column_map)
+            eval_ = _load_sources(spec, eval_ref, "eval_dataset")
         except DataError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -171,23 +171,28 @@ def _load_data(spec: JobSpec) -> LoadedData:
 
 
 def check_sources(
-    text: str, trainer: Trainer, column_map: dict[str, str] | None = None, max_bad_rows: int = 5
+    text: str,
+    trainer: Trainer,
+    column_map: dict[str, str] | None = None,
+    max_bad_rows: int = 5,
+    field: str = "dataset",
 ) -> list[tuple[DataSource, DatasetInfo]]:
-    """Every source of `dataset` checked for `trainer`; DataError listing the problems of all of them."""
-    sources = sources_of(text)
+    """Every source of `dataset` (or `eval_dataset`: `field`) checked for `trainer`; DataError listing the problems
+    of all of them."""
+    sources = sources_of(text, field)
     problems: list[Problem] = []
     pairs: list[tuple[DataSource, DatasetInfo]] = []
     for i, source in enumerate(sources, 1):
         label = source_label(source, i, len(sources))
         try:
             mapping = columns_for(source, column_map or {})
-            info = inspection.check_dataset(source.ref, trainer, "dataset", max_bad_rows, mapping)
+            info = inspection.check_dataset(source.ref, trainer, field, max_bad_rows, mapping)
         except DataError as exc:
             problems.extend(labelled(exc.problems, label))
             continue
         pairs.append((source, info))
     if not problems:
-        problems.extend(format_problems(pairs))
+        problems.extend(format_problems(pairs, field))
     if problems:
         raise DataError(problems)
     return pairs

@@ -25,14 +25,13 @@ from jobs.spec.mixture import DataSource, parse_sources
 if TYPE_CHECKING:
     import datasets
 
-FIELD = "dataset"
 
-
-def sources_of(text: str) -> list[DataSource]:
-    """The sources `dataset` lists; DataError with the spec's own problems when the text cannot be read."""
+def sources_of(text: str, field: str = "dataset") -> list[DataSource]:
+    """The sources `dataset` (or `eval_dataset`) lists; DataError with the spec's own problems when the text cannot
+    be read."""
     sources, problems = parse_sources(text)
     if problems:
-        raise DataError([Problem(FIELD, problem, fix) for problem, fix in problems])
+        raise DataError([Problem(field, problem, fix) for problem, fix in problems])
     return sources
 
 
@@ -59,7 +58,7 @@ def _shape(info: DatasetInfo) -> str:
     return f"{info.format.value} ({'conversational' if conversational else 'plain text'})"
 
 
-def format_problems(pairs: list[tuple[DataSource, DatasetInfo]]) -> list[Problem]:
+def format_problems(pairs: list[tuple[DataSource, DatasetInfo]], field: str = "dataset") -> list[Problem]:
     """A problem when the sources come out in different row formats (trl trains one per job)."""
     shapes = {source.ref: _shape(info) for source, info in pairs}
     if len(set(shapes.values())) <= 1:
@@ -67,7 +66,7 @@ def format_problems(pairs: list[tuple[DataSource, DatasetInfo]]) -> list[Problem
     found = ", ".join(f"`{ref}` {shape}" for ref, shape in shapes.items())
     return [
         Problem(
-            FIELD,
+            field,
             f"the sources come out in different row formats ({found}), and a job trains on one",
             "convert the sources to one format (e.g. all chat messages), or train them in separate jobs",
         )
@@ -108,7 +107,7 @@ def combined(pairs: list[tuple[DataSource, DatasetInfo]], ref: str) -> DatasetIn
     )
 
 
-def mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int) -> datasets.Dataset:
+def mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int, field: str = "dataset") -> datasets.Dataset:
     """The sources' rows, each source cut to its `max_rows`, concatenated and shuffled with `seed` (a single
     source: cut only, in its own order); DataError when their columns cannot be joined."""
     import datasets
@@ -125,7 +124,7 @@ def mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int) -> datasets
         raise DataError(
             [
                 Problem(
-                    FIELD,
+                    field,
                     f"the rows of {names} cannot be mixed: their columns differ ({type(exc).__name__}: {exc})"[:400],
                     "give every source the same columns (same extra columns for grpo), or train them in separate jobs",
                 )

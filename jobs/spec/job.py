@@ -74,13 +74,12 @@ class JobSpec(RunFields, TrainingFields, MemoryFields, QuantFields, TrainerField
                 ]
             )
         listed: list[Problem] = []
-        if isinstance(data.get("dataset"), list):  # a YAML/JSON list of sources -> the stored text (jobs.spec.mixture)
-            text = sources_text(data["dataset"])
-            data = {k: v for k, v in data.items() if k != "dataset" or text is not None}
-            if text is None:
-                listed.append(Problem("dataset", "has a list item that is not a data set", LIST_FIX))
-            else:
-                data["dataset"] = text
+        for key in ("dataset", "eval_dataset"):  # a YAML/JSON list of sources -> the stored text (jobs.spec.mixture)
+            if isinstance(data.get(key), list):
+                text = sources_text(data[key])
+                data = {k: v for k, v in data.items() if k != key} | ({key: text} if text is not None else {})
+                if text is None:
+                    listed.append(Problem(key, "has a list item that is not a data set", LIST_FIX))
         values, problems = parse_values(cls, data)
         problems = listed + problems
         # `values` holds only known fields, each already of its type, so the spec builds even when
@@ -162,6 +161,8 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         )
     else:
         out.extend(Problem("dataset", problem, fix) for problem, fix in parse_sources(spec.dataset)[1])
+    if spec.eval_dataset and spec.eval_dataset.strip():
+        out.extend(Problem("eval_dataset", problem, fix) for problem, fix in parse_sources(spec.eval_dataset)[1])
     if spec.lora_target_modules.strip() == "" and spec.method in TARGETED_METHODS:
         out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
     if spec.packing and spec.trainer is not Trainer.SFT:

@@ -1,10 +1,10 @@
 """axolotl's `datasets:` / `test_datasets:` entries as the spec's `dataset` / `eval_dataset` and `dataset_columns`.
 
 Several `datasets:` entries become several sources of `dataset` (`jobs.spec.mixture`), each with its
-own column names; `test_datasets:` holds one (the first is taken, the others listed as not carried
-over). An entry's `path` (a hub id or a local file; `data_files` wins) becomes the data set;
-its `type` and `field_*` keys become column names where tunedeck reads the same rows
-(alpaca, completion, chat_template, sharegpt); other prompt strategies are named as not carried over.
+own column names (`test_datasets:` alike, for `eval_dataset`). An entry's `path` (a hub id or a
+local file; `data_files` wins) becomes the data set; its `type` and `field_*` keys become column
+names where tunedeck reads the same rows (alpaca, completion, chat_template, sharegpt); other prompt
+strategies are named as not carried over.
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ def map_dataset_list(r: Reader, key: str, spec_field: str, trainer: str) -> None
         return
     taken: list[tuple[str, dict[str, str], str]] = []  # (file or hub id, dataset_columns, the key it came from)
     for i, entry in enumerate(entries):
-        if i and spec_field == "eval_dataset":
-            r.note(
-                f"{key}[{i}]", f"tunedeck evaluates on one data set per job; took {key}[0] (`{entries[0].get('path')}`)"
-            )
-            continue
         sub = Reader(entry, r.tool, prefix=f"{key}[{i}].")
         found = _entry(sub, spec_field, trainer)
         sub.finish_keys()
@@ -51,7 +46,7 @@ def map_dataset_list(r: Reader, key: str, spec_field: str, trainer: str) -> None
             r.fields["dataset_columns"], r.origins["dataset_columns"] = columns_text(mapping), f"{key}[0].type"
         elif mapping:
             r.note(f"{key}[0].type", f"its column names ({columns_text(mapping)}) apply to the training data only")
-    elif taken:  # several training sets: one source each, with its own columns
+    elif taken:  # several data sets: one source each, with its own columns
         r.fields[spec_field] = ", ".join(DataSource(s, None, columns_text(m) or None).text() for s, m, _ in taken)
         r.origins[spec_field] = key
 

@@ -4,9 +4,8 @@ Each name's entry gives a file (`file_name`, in the data set folder) or a hub da
 its formatting (alpaca or sharegpt), its column names and, for ShareGPT, its turn tags. They become
 the spec's `dataset` (or `eval_dataset`) and `dataset_columns`. Several text data sets become several
 sources of `dataset` (`jobs.spec.mixture`), each with its own column names and, from `max_samples`
-(which LLaMA-Factory applies to each data set), its own row cap. `eval_dataset` holds one data set:
-the first is taken and the others are listed as not carried over, and so are multimodal data sets
-(images, videos, audio).
+(which LLaMA-Factory applies to each data set), its own row cap; `eval_dataset` alike. Multimodal
+data sets (images, videos, audio) are listed as not carried over.
 """
 
 from __future__ import annotations
@@ -59,11 +58,6 @@ def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: 
             continue
         taken: list[tuple[str, str, dict[str, str]]] = []  # (name, file or hub id, dataset_columns)
         for name in listed:
-            if taken and spec_field == "eval_dataset":
-                r.note(
-                    f"{key}: {name}", f"tunedeck evaluates on one data set per job; took `{taken[0][0]}` (the first)"
-                )
-                continue
             found = _resolve(r, key, name, stage, info, folder)
             if found is not None and any(found[0] == t[1] for t in taken):
                 r.note(f"{key}: {name}", f"`{found[0]}` is listed before: tunedeck reads each data set once per job")
@@ -78,7 +72,8 @@ def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: 
         elif len(taken) == 1:
             _put_one(r, key, spec_field, *taken[0])
         elif taken:
-            capped = _put_several(r, key, [(source, mapping) for _, source, mapping in taken])
+            several = _put_several(r, key, spec_field, [(source, mapping) for _, source, mapping in taken])
+            capped = capped or (several and spec_field == "dataset")
     return capped
 
 
@@ -90,14 +85,15 @@ def _put_one(r: Reader, key: str, spec_field: str, name: str, source: str, mappi
         r.note(f"{key}: {name}", f"its column names ({columns_text(mapping)}) apply to the training data only")
 
 
-def _put_several(r: Reader, key: str, taken: list[tuple[str, dict[str, str]]]) -> bool:
-    """Several training data sets as the sources of `dataset`, each with its own columns and max_samples cap."""
+def _put_several(r: Reader, key: str, spec_field: str, taken: list[tuple[str, dict[str, str]]]) -> bool:
+    """Several data sets as the sources of `spec_field`, each with its own columns and max_samples cap; True when
+    max_samples capped them."""
     cap = r.data.get("max_samples")
     per_source = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
     if per_source is not None:
         r.take("max_samples")  # LLaMA-Factory caps each data set: a per-source max_rows, not max_train_samples
     sources = [DataSource(source, per_source, columns_text(mapping) or None) for source, mapping in taken]
-    r.put("dataset", ", ".join(s.text() for s in sources), key)
+    r.put(spec_field, ", ".join(s.text() for s in sources), key)
     return per_source is not None
 
 
