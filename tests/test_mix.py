@@ -174,6 +174,17 @@ def test_sources_in_different_row_formats_are_refused_naming_each(tmp_path: Path
     assert "separate jobs" in problem.fix
 
 
+def test_chat_and_alpaca_sources_are_refused_with_the_rewrite_that_joins_them(tmp_path: Path) -> None:
+    from jobs.data.loading import check_sources
+
+    alpaca = write_jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Say hi", "output": "Hi"}])
+    with pytest.raises(DataError) as caught:
+        check_sources(f"sample:chat-format, {alpaca}", Trainer.SFT)
+    (problem,) = caught.value.problems
+    assert f"`{alpaca}` prompt_completion (conversational)" in problem.problem
+    assert "as chat `messages`" in problem.fix and "Alpaca" in problem.fix
+
+
 def test_a_single_source_loads_as_before_in_its_own_order() -> None:
     from jobs.data.loading import load_data
 

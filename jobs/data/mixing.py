@@ -64,13 +64,14 @@ def format_problems(pairs: list[tuple[DataSource, DatasetInfo]], field: str = "d
     if len(set(shapes.values())) <= 1:
         return []
     found = ", ".join(f"`{ref}` {shape}" for ref, shape in shapes.items())
-    return [
-        Problem(
-            field,
-            f"the sources come out in different row formats ({found}), and a job trains on one",
-            "convert the sources to one format (e.g. all chat messages), or train them in separate jobs",
+    fix = "convert the sources to one format (e.g. all chat messages), or train them in separate jobs"
+    if set(shapes.values()) == {"messages (conversational)", "prompt_completion (conversational)"}:
+        # Not converted here: prompt/completion rows train on the answer only, messages rows on the whole chat.
+        fix = (
+            "write the prompt/completion source's rows as chat `messages` (its prompt turns, then the answer as an "
+            "assistant turn; Alpaca files too), or train the two kinds in separate jobs"
         )
-    ]
+    return [Problem(field, f"the sources come out in different row formats ({found}), and a job trains on one", fix)]
 
 
 def capped(n_rows: int, source: DataSource) -> int:
