@@ -125,11 +125,16 @@ def test_fixtures_without_equivalent_are_refused_naming_the_key(name: str) -> No
 
 
 def test_llamafactory_names_resolve_through_its_dataset_info() -> None:
-    """LLaMA-Factory's own dataset_info.json: files in the data folder, one data set taken, multimodal ones named."""
+    """LLaMA-Factory's own dataset_info.json: files in the data folder, each text data set a source, multimodal
+    ones named."""
     sft = _import(FIXTURES / "llamafactory_qwen3_lora_sft.yaml", FIXTURES)
-    assert sft.fields["dataset"] == f"{FIXTURES}/identity.json"
-    assert "dataset_columns" not in sft.fields  # Alpaca columns under their own names
-    assert any(n.key == "dataset: alpaca_en_demo" and "one data set per job" in n.why for n in sft.not_carried)
+    # `dataset: identity,alpaca_en_demo` with max_samples: 1000, which LLaMA-Factory applies to each data set
+    assert sft.fields["dataset"] == (
+        f"{FIXTURES}/identity.json [max_rows=1000], {FIXTURES}/alpaca_en_demo.json [max_rows=1000]"
+    )
+    assert "dataset_columns" not in sft.fields and "max_train_samples" not in sft.fields
+    assert "max_samples" in sft.carried
+    assert not any("dataset" in n.key for n in sft.not_carried)
     dpo = _import(FIXTURES / "llamafactory_qwen3_lora_dpo.yaml", FIXTURES)
     assert (dpo.fields["trainer"], dpo.fields["loss_type"], dpo.fields["beta"]) == ("dpo", "sigmoid", 0.1)
     assert dpo.fields["dataset"].endswith("/dpo_en_demo.json")
@@ -139,7 +144,7 @@ def test_llamafactory_names_resolve_through_its_dataset_info() -> None:
     assert pretrain.fields["dataset"].endswith("/c4_demo.jsonl")
     assert (pretrain.fields["trainer"], pretrain.fields["packing"]) == ("sft", True)  # pt packs by default
     vl = _import(FIXTURES / "llamafactory_qwen3vl_lora_sft.yaml", FIXTURES)
-    assert vl.fields["dataset"].endswith("/identity.json")  # the first text data set
+    assert vl.fields["dataset"] == sft.fields["dataset"]  # the text data sets
     why = {n.key: n.why for n in vl.not_carried}
     assert "multimodal" in why["dataset: mllm_demo"]
     assert "multimodal" in why["image_max_pixels"] and "multimodal" in why["video_max_pixels"]
@@ -151,12 +156,9 @@ def test_llamafactory_keys_and_defaults_carry_over() -> None:
     assert (f["model"], f["method"], f["lora_target_modules"]) == ("Qwen/Qwen3-4B-Instruct-2507", "lora", "all-linear")
     # LLaMA-Factory's defaults where the file says nothing: alpha = 2 x rank, no dropout, checkpointing on
     assert (f["lora_r"], f["lora_alpha"], f["lora_dropout"], f["gradient_checkpointing"]) == (8, 16, 0.0, True)
-    assert (f["max_length"], f["max_train_samples"], f["precision"], f["lr_scheduler_type"]) == (
-        2048,
-        1000,
-        "bf16",
-        "cosine",
-    )
+    assert (f["max_length"], f["precision"], f["lr_scheduler_type"]) == (2048, "bf16", "cosine")
+    dpo = _import(FIXTURES / "llamafactory_qwen3_lora_dpo.yaml", FIXTURES)
+    assert dpo.fields["max_train_samples"] == 1000  # one data set: max_samples caps the training rows
     why = {n.key: n.why for n in sft.not_carried}
     assert "warmup_steps" in why["warmup_ratio"] and "template" in why and "report_to" in why
     full = _import(FIXTURES / "llamafactory_qwen3_full_sft.yaml", FIXTURES)
@@ -183,7 +185,19 @@ def test_axolotl_keys_and_dataset_entries_carry_over() -> None:
         "auto",
     )
     two = import_config(_load(FIXTURES / "axolotl_lora-1b-deduplicate-dpo.yml"))
-    assert any(n.key == "datasets[1]" for n in two.not_carried)
+    # the file lists one data set twice (to show deduplication): read once, and said so
+    assert any(n.key == "datasets[1]" and "reads each data set once" in n.why for n in two.not_carried)
+    several = import_config(
+        {
+            "base_model": "m",
+            "datasets": [
+                {"path": "a.jsonl", "type": "alpaca", "field_instruction": "q", "field_output": "a"},
+                {"path": "b.jsonl", "type": "sharegpt"},
+            ],
+        }
+    )
+    assert several.fields["dataset"] == "a.jsonl [instruction=q, output=a], b.jsonl"  # each entry a source
+    assert "dataset_columns" not in several.fields
     kto = import_config(_load(FIXTURES / "axolotl_qlora-1b-kto.yml"))
     assert (kto.fields["trainer"], kto.fields["method"], kto.fields["beta"], kto.fields["desirable_weight"]) == (
         "kto",
@@ -307,7 +321,7 @@ def test_cli_writes_the_spec_with_the_list_on_top_and_on_stderr(
     spec = JobSpec.from_yaml(text)
     assert (spec.model, spec.dataset, spec.gradient_accumulation_steps) == (
         str(tiny_model),
-        f"{data_dir}/identity.jsonl",
+        f"{data_dir}/identity.jsonl [max_rows=1000], {data_dir}/alpaca.jsonl [max_rows=1000]",
         2,
     )
     assert spec_values(_import(config, data_dir), {"model": str(tiny_model)}) == yaml.safe_load(text)
@@ -338,15 +352,13 @@ def test_form_import_fills_the_form_from_the_config_and_its_uploaded_data(data_d
     from storage.settings import uploads_dir
 
     config = FIXTURES / "llamafactory_qwen3_lora_sft.yaml"
-    uploads = [str(config), str(data_dir / "dataset_info.json"), str(data_dir / "identity.jsonl")]
-    out = import_files(uploads)
+    data = [str(data_dir / "identity.jsonl"), str(data_dir / "alpaca.jsonl")]
+    out = import_files([str(config), str(data_dir / "dataset_info.json"), *data])
     values, note = dict(zip(NAMES, out[:-1])), out[-1]
-    assert Path(values["dataset"]).parent == uploads_dir()  # the uploaded copy, as the form's data uploads
+    sources = JobSpec(dataset=values["dataset"]).dataset_sources  # both data sets, each capped by max_samples
+    assert [(Path(s.ref).parent, s.max_rows) for s in sources] == [(uploads_dir(), 1000)] * 2  # the uploaded copies
     assert (values["trainer"], values["method"], values["lora_r"], values["max_length"]) == ("sft", "lora", 8, 2048)
-    assert (
-        note.startswith("### Imported llamafactory config")
-        and "- **dataset: alpaca_en_demo**: tunedeck trains on one" in note
-    )
+    assert note.startswith("### Imported llamafactory config") and "dataset: alpaca_en_demo" not in note
     assert "- **report_to**: tunedeck records the metrics itself" in note
 
 
@@ -358,3 +370,58 @@ def test_form_import_reports_what_cannot_be_imported(data_home: Path) -> None:
     assert "problem(s)" in out[-1] and "**dataset**: names data sets of LLaMA-Factory's dataset_info.json" in out[-1]
     out = import_files([str(FIXTURES / "axolotl_qlora-1b-gdpo.yml")])
     assert "**rl**: `gdpo` has no tunedeck trainer" in out[-1]
+
+
+LF_DEMO = Path(__file__).parent / "fixtures" / "llamafactory"  # slices of LLaMA-Factory's own data/ folder
+
+
+@pytest.mark.parametrize(
+    ("config", "trainer", "rows"),
+    [("llamafactory_qwen3_lora_dpo.yaml", "dpo", 40), ("llamafactory_qwen3_lora_kto.yaml", "kto", 40)],
+)
+def test_llamafactory_demo_data_submit_whole_for_their_trainers(
+    config: str, trainer: str, rows: int, tiny_model: Path, tmp_path: Path, data_home: Path, capsys
+) -> None:
+    """`tunedeck import` with --dataset-dir at LLaMA-Factory's data (its dataset_info.json names the demo files):
+    the spec passes the checks, and every row of the demo slice is accepted."""
+    out = tmp_path / "spec.yaml"
+    argv = ["import", str(FIXTURES / config), "--dataset-dir", str(LF_DEMO), "--set", f"model={tiny_model}"]
+    assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
+    spec = JobSpec.from_yaml(out.read_text())
+    assert spec.trainer.value == trainer and spec.dataset == f"{LF_DEMO}/{trainer}_en_demo.json"
+    checked = check(spec, device=GPU)
+    assert checked.problems == [], [str(p) for p in checked.problems]
+    info = checked.data["dataset"]
+    assert info.n_rows == rows == len(json.loads((LF_DEMO / f"{trainer}_en_demo.json").read_text()))
+
+
+def test_llamafactory_several_data_sets_become_sources_and_pass_the_checks(
+    tiny_model: Path, tmp_path: Path, data_home: Path
+) -> None:
+    """`dataset: identity,dpo_en_demo`-style lists: each a source, converted on its own, capped by max_samples."""
+    info = json.loads((LF_DEMO / "dataset_info.json").read_text())
+    config = {"stage": "sft", "model_name_or_path": "m", "finetuning_type": "lora", "max_samples": 10}
+    config |= {"dataset": "identity, identity_two", "eval_dataset": "identity,identity_two"}
+    config |= {"mix_strategy": "interleave_under", "interleave_probs": "0.5,0.5"}
+    lines = (LF_DEMO / "identity.json").read_text()
+    (tmp_path / "identity.json").write_text(lines)
+    two = [{"instruction": r["instruction"], "output": r["output"]} for r in json.loads(lines)[:5]]
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps(r) + "\n" for r in two))
+    info = {"identity": info["identity"], "identity_two": {"file_name": "two.jsonl"}}
+    imported = import_config(config, dataset_info=info, dataset_dir=str(tmp_path))
+    assert imported.fields["dataset"] == f"{tmp_path}/identity.json [max_rows=10], {tmp_path}/two.jsonl [max_rows=10]"
+    assert imported.fields["eval_dataset"] == imported.fields["dataset"]  # the same lists and caps
+    why = {n.key: n.why for n in imported.not_carried}
+    assert "concatenates" in why["mix_strategy"] and "concatenates" in why["interleave_probs"]
+    checked = check(build_spec(imported, {"model": str(tiny_model)}), device=GPU)
+    assert [str(p) for p in checked.problems] == []
+    assert [p.n_rows for p in checked.data["dataset"].parts] == [10, 5]
+    assert checked.data["eval_dataset"].n_rows == 15
+
+
+def test_axolotl_shuffle_of_merged_datasets_is_what_tunedeck_does() -> None:
+    entries = [{"path": "a.jsonl"}, {"path": "b.jsonl"}]
+    shuffled = import_config({"base_model": "m", "datasets": entries, "shuffle_merged_datasets": True})
+    assert shuffled.fields["dataset"] == "a.jsonl, b.jsonl" and "shuffle_merged_datasets" in shuffled.carried
+    kept = import_config({"base_model": "m", "datasets": entries, "shuffle_merged_datasets": False})
+    assert "always shuffles" in {n.key: n.why for n in kept.not_carried}["shuffle_merged_datasets"]

@@ -15,7 +15,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import pandas as pd
@@ -23,6 +23,9 @@ import pandas as pd
 from jobs.checks.access import AccessPolicy
 from jobs.spec.enums import Trainer
 from storage.settings import uploads_dir
+
+if TYPE_CHECKING:
+    from jobs.data.inspection import DatasetInfo  # imports `datasets` (seconds): for the type only
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +116,8 @@ def preview_dataset(
 ) -> tuple[str, pd.DataFrame]:
     """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
     a file `policy` keeps users from reading is refused before it is opened."""
-    from jobs.data.inspection import check_dataset
+    from jobs.data.loading import check_sources
+    from jobs.data.mixing import combined
     from jobs.data.sources import DataError
     from jobs.spec.columns import parse_columns
 
@@ -128,12 +132,19 @@ def preview_dataset(
         lines = "\n".join(f"- **dataset_columns**: {problem}. Fix: {fix}" for problem, fix in bad)
         return f"**Data problems**\n{lines}", empty
     try:
-        info = check_dataset(ref.strip(), Trainer(trainer or "sft"), "dataset", column_map=column_map)
+        pairs = check_sources(ref.strip(), Trainer(trainer or "sft"), column_map)
     except DataError as exc:
         lines = "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
         return f"**Data problems**\n{lines}", empty
     except ValueError as exc:
         return f"**Data problem**: {exc}", empty
+    info = combined(pairs, ref.strip())
+    if len(pairs) > 1:  # the mixture in one line, then one line per source: what each holds and became
+        text = f"Detected format: **{info.format.value}** · {len(pairs)} data sets mixed and shuffled with the seed · "
+        text += f"{info.n_rows} rows in all" + "".join(f"\n- {_describe(part, s.max_rows)}" for s, part in pairs)
+        text += "".join(f"\n- {w}" for w in info.warnings)
+        rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
+        return text, pd.DataFrame(rows)
     warn = "".join(f"\n- {w}" for w in info.warnings)
     text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
     if info.conversion:
@@ -177,6 +188,21 @@ def length_warning_text(
         return ""
     warnings = length_warnings_for(ref, chosen, model, int(max_length), (columns or "").strip() or None)
     return "".join(f"\n- {w}" for w in warnings)
+
+
+def _describe(info: DatasetInfo, max_rows: int | None) -> str:
+    """One source of a mixture in one line: its format (and what was converted), rows used, columns and mapping."""
+    rows = (
+        f"{max_rows} of its {info.n_rows} rows (max_rows)"
+        if max_rows and max_rows < info.n_rows
+        else f"{info.n_rows} rows"
+    )
+    text = f"`{info.ref}`: **{info.format.value}** · {rows} · columns {', '.join(info.columns)}"
+    if info.conversion:
+        text += f" · {info.source_format} converted ({info.conversion}; the rows below are the converted ones)"
+    if info.column_map:
+        text += " · dataset_columns: " + ", ".join(f"`{c}` read as `{t}`" for t, c in info.column_map.items())
+    return text
 
 
 def _cell(v: Any) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec
+from jobs.spec.mixture import parse_sources
 
 DATA_DIRS_ENV = "TUNEDECK_DATA_DIRS"
 REMOTE_CODE_ENV = "TUNEDECK_ALLOW_REMOTE_CODE"
@@ -83,7 +84,15 @@ class AccessPolicy:
         )
 
     def data_problem(self, ref: str | None, field: str) -> Problem | None:
-        """A Problem when `ref` is a server path this policy does not let users read."""
+        """A Problem when `ref` (any of the sources it lists) is a server path this policy does not let users read."""
+        sources = parse_sources(ref or "")[0]
+        for source in sources if len(sources) > 1 else []:
+            found = self._path_problem(source.ref, field)
+            if found is not None:
+                return found
+        return None if len(sources) > 1 else self._path_problem(sources[0].ref if sources else ref, field)
+
+    def _path_problem(self, ref: str | None, field: str) -> Problem | None:
         ref = (ref or "").strip()
         if not self.restricted or not ref or ref.startswith("sample:"):
             return None

@@ -1,7 +1,7 @@
 """The data step of the checks: every data set a spec names, read once, with what its rows show.
 
-For each of `dataset` and `eval_dataset`: the rows are checked for the trainer
-(`jobs.data.inspection.check_dataset`, row-numbered problems), an `eval_split` is checked against the
+For each of `dataset` and `eval_dataset`: the rows of each source it lists are checked for the trainer
+(`jobs.data.loading.check_sources`, row-numbered problems naming the source), an `eval_split` is checked against the
 row count, conversations are rendered with the model's chat template where rows have one role
 twice in a row, tool-calling rows need a template that renders tools (`jobs.checks.template`,
 `jobs.checks.tool_template`), and chat rows need a model that has a template at all.
@@ -36,8 +36,8 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
     """(problems, {field: what its check read}) of the spec's data sets; `tokenizer()`: the model's local
     tokenizer or None, asked only when a row needs rendering."""
     # Imported here: datasets costs seconds to import and the CLI's other commands never need it.
-    from jobs.data.inspection import check_dataset
-    from jobs.data.loading import eval_rows
+    from jobs.data.loading import check_sources, eval_rows
+    from jobs.data.mixing import combined, labelled, source_label
     from jobs.data.sources import DataError
     from jobs.models.tokenizer import has_chat_template
 
@@ -47,22 +47,24 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
         if not ref or not ref.strip():
             continue  # no eval_dataset: the sample's own eval split, or none
         try:
-            info = check_dataset(ref, spec.trainer, field=field, column_map=spec.column_map)
+            pairs = check_sources(ref, spec.trainer, spec.column_map, field=field)  # each source, then the mixture
         except DataError as exc:
             out.extend(exc.problems)
             continue
-        infos[field] = info
+        parts = [(source_label(s, i, len(pairs)), part) for i, (s, part) in enumerate(pairs, 1)]
+        infos[field] = info = combined(pairs, ref)
         if field == "dataset" and spec.eval_split is not None:
             held_out = eval_rows(info.n_rows, spec.eval_split)
             if isinstance(held_out, Problem):
                 out.append(held_out)
-        if info.repeated_turns:
-            refused = template_refusal(spec.model, field, info.repeated_turns, tokenizer())
-            if refused is not None:
-                out.append(refused)
-        tools = tools_refusal(spec, field, info, tokenizer)
-        if tools is not None:
-            out.append(tools)
+        for label, part in parts:
+            if part.repeated_turns:
+                refused = template_refusal(spec.model, field, part.repeated_turns, tokenizer())
+                if refused is not None:
+                    out.extend(labelled([refused], label))
+            tools = tools_refusal(spec, field, part, tokenizer)
+            if tools is not None:
+                out.extend(labelled([tools], label))
         if is_chat(info) and has_chat_template(spec.model) is False:
             out.append(
                 Problem(
@@ -86,7 +88,7 @@ def is_chat(info: DatasetInfo) -> bool:
 def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPolicy) -> list[Problem]:
     """The data check of values that did not parse: each data set whose own field (and the trainer) parsed,
     unless `policy` keeps users from reading it; `bad`: the fields with problems already."""
-    from jobs.data.inspection import check_dataset
+    from jobs.data.loading import check_sources
     from jobs.data.sources import DataError
 
     trainer = values.get("trainer", Trainer.SFT.value) if "trainer" not in bad else None
@@ -100,7 +102,7 @@ def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPoli
             out.append(refused)
             continue
         try:
-            check_dataset(ref.strip(), Trainer(trainer), field)
+            check_sources(ref.strip(), Trainer(trainer), field=field)
         except DataError as exc:
             out.extend(exc.problems)
     return out

@@ -13,52 +13,21 @@ Every row is validated before training starts, and problems name the first bad r
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from jobs.data.dataset_info import DatasetInfo
 from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
 from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
 from jobs.data.sources import DataError, load_hub, resolve
-from jobs.data.tool_turns import ToolRows
 from jobs.data.validation import Issues, RowCheck
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 
 if TYPE_CHECKING:
     import datasets
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What a check of a data set found."""
-
-    ref: str
-    format: RowFormat
-    n_rows: int
-    columns: list[str]
-    preview: list[dict[str, Any]] = field(default_factory=list)  # first 5 rows, converted, trl's columns only
-    warnings: list[str] = field(default_factory=list)
-    source_format: str = "trl"  # "trl" (already trl's columns), "alpaca", "sharegpt" or "chat" (chat + answers)
-    conversion: str | None = None  # what was converted, in words; None when nothing was
-    column_map: dict[str, str] = field(default_factory=dict)  # dataset_columns applied: {trl column: file column}
-    reward_columns: list[str] = field(default_factory=list)  # grpo: columns passed on to the reward functions
-    repeated_turns: list[tuple[int, list[dict[str, Any]]]] = field(
-        default_factory=list
-    )  # rows with a role twice in a row
-    tools: ToolRows = field(default_factory=ToolRows)  # rows with tool schemas, tool calls or tool results
-
-    def record(self) -> dict[str, Any]:
-        """What the run's resolved config keeps about this data set."""
-        return {
-            "ref": self.ref,
-            "format": self.format.value,
-            "source_format": self.source_format,
-            "conversion": self.conversion,
-            "dataset_columns": self.column_map or None,
-            "rows": self.n_rows,
-        }
 
 
 @dataclass

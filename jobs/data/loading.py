@@ -1,9 +1,11 @@
 """Training data loaded for trl: the checked, converted rows as `datasets.Dataset`s with trl's columns only.
 
-The train data set, and the eval data set (named, a sample's own `:eval` split, or rows held out
+The train data set (its sources checked, converted and capped one by one, then mixed: `jobs.data.mixing`),
+and the eval data set (named, a sample's own `:eval` split, or rows held out
 with `eval_split`), each checked row by row first (`jobs.data.inspection`).
 
     loaded = load_data(spec)                                    # train/eval for trl + what was converted
+    pairs = check_sources(spec.dataset, spec.trainer)           # each source's DatasetInfo, without keeping rows
     train_ds, eval_ds = load_datasets(spec)
 """
 
@@ -13,13 +15,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jobs.data import inspection
 from jobs.data.bulk import collector_paused
-from jobs.data.inspection import DatasetInfo, inspect_dataset
+from jobs.data.dataset_info import DatasetInfo
+from jobs.data.inspection import inspect_dataset
+from jobs.data.mixing import columns_for, combined, format_problems, labelled, mix, source_label, sources_of
 from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
 from jobs.data.sources import DataError
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.mixture import DataSource
 
 if TYPE_CHECKING:
     import datasets
@@ -87,11 +93,32 @@ def _load(
     ), info
 
 
-def _default_eval(ref: str) -> str | None:
-    ref = ref.strip()
+def _default_eval(spec: JobSpec) -> str | None:
+    """A single sample's own eval split (several sources have no default eval data)."""
+    sources = spec.dataset_sources
+    ref = sources[0].ref if len(sources) == 1 else ""
     if ref.startswith("sample:") and ref.count(":") == 1:
         return f"{ref}:eval"
     return None
+
+
+def _load_sources(spec: JobSpec, text: str, field: str) -> tuple[datasets.Dataset, DatasetInfo]:
+    """The rows of `dataset` (or `eval_dataset`): every source loaded on its own, capped, then mixed with the seed."""
+    sources = sources_of(text, field)
+    problems: list[Problem] = []
+    loaded: list[tuple[datasets.Dataset, DatasetInfo]] = []
+    for i, source in enumerate(sources, 1):
+        try:
+            loaded.append(_load(source.ref, spec.trainer, field, columns_for(source, spec.column_map)))
+        except DataError as exc:
+            problems.extend(labelled(exc.problems, source_label(source, i, len(sources))))
+    if problems:
+        raise DataError(problems)
+    pairs = [(source, info) for source, (_, info) in zip(sources, loaded, strict=True)]
+    if format_problems(pairs, field):
+        raise DataError(format_problems(pairs, field))
+    rows = mix([(source, ds) for source, (ds, _) in zip(sources, loaded, strict=True)], spec.seed, field)
+    return rows, combined(pairs, text)
 
 
 @dataclass
@@ -123,15 +150,13 @@ def _load_data(spec: JobSpec) -> LoadedData:
     problems: list[Problem] = []
     train = eval_ = None
     try:
-        train = _load(spec.dataset, spec.trainer, "dataset", spec.column_map)
+        train = _load_sources(spec, spec.dataset, "dataset")
     except DataError as exc:
         problems.extend(exc.problems)
-    eval_ref = (
-        spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec.dataset)
-    )
+    eval_ref = spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec)
     if eval_ref and spec.eval_split is None:  # eval_split holds out rows instead of a sample's eval split
         try:
-            eval_ = _load(eval_ref, spec.trainer, "eval_dataset", spec.column_map)
+            eval_ = _load_sources(spec, eval_ref, "eval_dataset")
         except DataError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -151,6 +176,34 @@ def _load_data(spec: JobSpec) -> LoadedData:
     if spec.max_train_samples is not None and spec.max_train_samples < len(train_ds):
         train_ds = train_ds.select(range(spec.max_train_samples))
     return LoadedData(train_ds, eval_ds, train_info, eval_info)
+
+
+def check_sources(
+    text: str,
+    trainer: Trainer,
+    column_map: dict[str, str] | None = None,
+    max_bad_rows: int = 5,
+    field: str = "dataset",
+) -> list[tuple[DataSource, DatasetInfo]]:
+    """Every source of `dataset` (or `eval_dataset`: `field`) checked for `trainer`; DataError listing the problems
+    of all of them."""
+    sources = sources_of(text, field)
+    problems: list[Problem] = []
+    pairs: list[tuple[DataSource, DatasetInfo]] = []
+    for i, source in enumerate(sources, 1):
+        label = source_label(source, i, len(sources))
+        try:
+            mapping = columns_for(source, column_map or {})
+            info = inspection.check_dataset(source.ref, trainer, field, max_bad_rows, mapping)
+        except DataError as exc:
+            problems.extend(labelled(exc.problems, label))
+            continue
+        pairs.append((source, info))
+    if not problems:
+        problems.extend(format_problems(pairs, field))
+    if problems:
+        raise DataError(problems)
+    return pairs
 
 
 def eval_rows(n_rows: int, eval_split: float) -> int | Problem:

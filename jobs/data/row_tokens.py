@@ -270,14 +270,17 @@ def cache_key(spec: JobSpec, folder: Path) -> str | None:
     digest = hashlib.sha256(f"v{CACHE_VERSION}".encode())
     for name in ROW_FIELDS:
         digest.update(f"{name}={getattr(spec, name)!r};".encode())
-    try:
-        source = resolve(spec.dataset, "dataset")
-    except DataError:
-        return None
-    if source.path is not None:
-        digest.update(file_digest(source.path))
-    else:
-        digest.update(f"hub:{source.hub}".encode())
+    for listed in spec.dataset_sources or [None]:  # every source's contents (the text above holds the caps)
+        if listed is None:
+            return None  # a `dataset` that cannot be read is no data to measure
+        try:
+            source = resolve(listed.ref, "dataset")
+        except DataError:
+            return None
+        if source.path is not None:
+            digest.update(file_digest(source.path))
+        else:
+            digest.update(f"hub:{source.hub}".encode())
     digest.update(spec.model.encode())
     for file in sorted(folder.iterdir()):
         if file.is_file() and ("token" in file.name or "chat_template" in file.name or file.name == "vocab.json"):

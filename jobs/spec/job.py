@@ -35,6 +35,7 @@ from jobs.spec.enums import (
     Trainer,
 )
 from jobs.spec.field import plain
+from jobs.spec.mixture import LIST_FIX, DataSource, parse_sources, sources_text
 from jobs.spec.parse import bounds_problems, parse_values
 from jobs.spec.rewards import function_ref_problem, parse_rewards
 from jobs.spec.sections.memory import MemoryFields
@@ -72,7 +73,15 @@ class JobSpec(RunFields, TrainingFields, MemoryFields, QuantFields, TrainerField
                     )
                 ]
             )
+        listed: list[Problem] = []
+        for key in ("dataset", "eval_dataset"):  # a YAML/JSON list of sources -> the stored text (jobs.spec.mixture)
+            if isinstance(data.get(key), list):
+                text = sources_text(data[key])
+                data = {k: v for k, v in data.items() if k != key} | ({key: text} if text is not None else {})
+                if text is None:
+                    listed.append(Problem(key, "has a list item that is not a data set", LIST_FIX))
         values, problems = parse_values(cls, data)
+        problems = listed + problems
         # `values` holds only known fields, each already of its type, so the spec builds even when
         # other keys failed (those keep their defaults): its range and combination problems are
         # reported too, except for a field already reported for its value.
@@ -115,6 +124,12 @@ class JobSpec(RunFields, TrainingFields, MemoryFields, QuantFields, TrainerField
 
     # ------------------------------------------------------------------ derived
     @property
+    def dataset_sources(self) -> list[DataSource]:
+        """`dataset` as its sources (one for a plain reference); [] when it cannot be read (a spec problem)."""
+        sources, problems = parse_sources(self.dataset)
+        return [] if problems else sources
+
+    @property
     def display_name(self) -> str:
         return self.run_name or f"{self.model.rstrip('/').split('/')[-1]}-{self.method.value}-{self.trainer.value}"
 
@@ -144,6 +159,10 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
                 "dataset", "is empty", f"use `{DEFAULT_SFT_DATASET}` or a path to a .jsonl/.json/.csv/.parquet file"
             )
         )
+    else:
+        out.extend(Problem("dataset", problem, fix) for problem, fix in parse_sources(spec.dataset)[1])
+    if spec.eval_dataset and spec.eval_dataset.strip():
+        out.extend(Problem("eval_dataset", problem, fix) for problem, fix in parse_sources(spec.eval_dataset)[1])
     if spec.lora_target_modules.strip() == "" and spec.method in TARGETED_METHODS:
         out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
     if spec.packing and spec.trainer is not Trainer.SFT:

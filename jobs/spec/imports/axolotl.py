@@ -53,7 +53,6 @@ DROPPED = {
     "dataloader_pin_memory": LOADING,
     "dataloader_prefetch_factor": LOADING,
     "dataset_exact_deduplication": "tunedeck trains on the rows as given (no deduplication)",
-    "shuffle_merged_datasets": "tunedeck trains on one data set per job",
     "remove_unused_columns": LOADING,
     "pad_to_sequence_len": "tunedeck pads each micro-batch to its longest row",
     "eval_sample_packing": EVALUATION,
@@ -144,6 +143,8 @@ def import_axolotl(data: Mapping[str, Any]) -> Imported:
     _method(r)
     map_dataset_list(r, "datasets", "dataset", trainer)
     map_dataset_list(r, "test_datasets", "eval_dataset", trainer)
+    if r.has("shuffle_merged_datasets") and not r.true("shuffle_merged_datasets"):  # true: what tunedeck does
+        r.note("shuffle_merged_datasets", "tunedeck always shuffles the rows of several data sets with the seed")
     _training(r, trainer)
     for key in list(r.data):
         if key.startswith(TRACKING_PREFIXES):

@@ -1,9 +1,10 @@
 """axolotl's `datasets:` / `test_datasets:` entries as the spec's `dataset` / `eval_dataset` and `dataset_columns`.
 
-tunedeck trains on one data set per job: the first entry is taken and each other one listed as not
-carried over. An entry's `path` (a hub id or a local file; `data_files` wins) becomes the data set;
-its `type` and `field_*` keys become column names where tunedeck reads the same rows
-(alpaca, completion, chat_template, sharegpt); other prompt strategies are named as not carried over.
+Several `datasets:` entries become several sources of `dataset` (`jobs.spec.mixture`), each with its
+own column names (`test_datasets:` alike, for `eval_dataset`). An entry's `path` (a hub id or a
+local file; `data_files` wins) becomes the data set; its `type` and `field_*` keys become column
+names where tunedeck reads the same rows (alpaca, completion, chat_template, sharegpt); other prompt
+strategies are named as not carried over.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from jobs.spec.columns import columns_text
 from jobs.spec.imports.base import LOADING, Reader
+from jobs.spec.mixture import DataSource
 
 KNOWN_SPEAKERS = {"human", "user", "gpt", "assistant", "bot", "model", "system", "tool", "function", "observation"}
 READ_AS_IS = "tunedeck reads the rows as they are (Alpaca, ShareGPT, chat messages, prompt/completion or prompt/chosen/rejected columns)"
@@ -27,19 +29,30 @@ def map_dataset_list(r: Reader, key: str, spec_field: str, trainer: str) -> None
     if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
         r.fail(key, "is not a list of data set entries", f"write {key}: as a list of `- path: ...` entries")
         return
+    taken: list[tuple[str, dict[str, str], str]] = []  # (file or hub id, dataset_columns, the key it came from)
     for i, entry in enumerate(entries):
-        if i:
-            r.note(
-                f"{key}[{i}]", f"tunedeck trains on one data set per job; took {key}[0] (`{entries[0].get('path')}`)"
-            )
-            continue
-        sub = Reader(entry, r.tool, prefix=f"{key}[0].")
-        _entry(sub, spec_field, trainer)
+        sub = Reader(entry, r.tool, prefix=f"{key}[{i}].")
+        found = _entry(sub, spec_field, trainer)
         sub.finish_keys()
         r.merge(sub)
+        if found is not None and any(found[0] == t[0] for t in taken):
+            r.note(f"{key}[{i}]", f"`{found[0]}` is listed before: tunedeck reads each data set once per job")
+        elif found is not None:
+            taken.append((found[0], found[1], f"{key}[{i}].{found[2]}"))
+    if len(taken) == 1:
+        source, mapping, origin = taken[0]
+        r.fields[spec_field], r.origins[spec_field] = source, origin
+        if mapping and spec_field == "dataset":
+            r.fields["dataset_columns"], r.origins["dataset_columns"] = columns_text(mapping), f"{key}[0].type"
+        elif mapping:
+            r.note(f"{key}[0].type", f"its column names ({columns_text(mapping)}) apply to the training data only")
+    elif taken:  # several data sets: one source each, with its own columns
+        r.fields[spec_field] = ", ".join(DataSource(s, None, columns_text(m) or None).text() for s, m, _ in taken)
+        r.origins[spec_field] = key
 
 
-def _entry(r: Reader, spec_field: str, trainer: str) -> None:
+def _entry(r: Reader, spec_field: str, trainer: str) -> tuple[str, dict[str, str], str] | None:
+    """(file or hub id, dataset_columns, the key naming it) of one entry; None when it names no data."""
     path = r.take("path")
     files = r.take("data_files")
     if isinstance(files, list):
@@ -49,8 +62,7 @@ def _entry(r: Reader, spec_field: str, trainer: str) -> None:
     source = files or path
     if source is None:
         r.fail("path", "is missing", "give the data set's hub id or local file as path:")
-        return
-    r.put(spec_field, str(source), "data_files" if files else "path")
+        return None
     if files and path:
         r.note("path", f"data_files (`{files}`) is the file read")
     split = r.take("split")
@@ -63,11 +75,7 @@ def _entry(r: Reader, spec_field: str, trainer: str) -> None:
     r.drop("roles_to_train", "tunedeck trains on the assistant turns (or whole rows, by the loss options)")
     r.drop("train_on_eos", "tunedeck trains on the end-of-turn tokens of the answers")
     r.drop("drop_system_message", "tunedeck keeps the rows' system turns")
-    mapping = _columns(r, trainer)
-    if mapping and spec_field == "dataset":
-        r.put("dataset_columns", columns_text(mapping), "type")
-    elif mapping:
-        r.note("type", f"its column names ({columns_text(mapping)}) apply to the training data only")
+    return str(source), _columns(r, trainer), "data_files" if files else "path"
 
 
 def _columns(r: Reader, trainer: str) -> dict[str, str]:

@@ -63,7 +63,7 @@ DROPPED = {
     "template": TEMPLATE,
     "enable_thinking": TEMPLATE,
     "default_system": "tunedeck takes the system prompt from the rows (a system turn or column)",
-    "tool_format": "tool calling is not supported yet",
+    "tool_format": "tool calls are rendered by the model's own chat template (its tool format)",
     "flash_attn": KERNELS,
     "enable_liger_kernel": KERNELS,
     "use_unsloth": KERNELS,
@@ -80,8 +80,7 @@ DROPPED = {
     "tokenized_path": LOADING,
     "streaming": LOADING,
     "buffer_size": LOADING,
-    "mix_strategy": "tunedeck trains on one data set per job",
-    "interleave_probs": "tunedeck trains on one data set per job",
+    "interleave_probs": "tunedeck concatenates the data sets and shuffles them with the seed (no sampling probabilities)",
     "neat_packing": "tunedeck's packing does not keep the packed rows from attending to each other",
     "mask_history": "tunedeck trains on every assistant turn of a conversation",
     "eval_strategy": EVALUATION,
@@ -125,7 +124,12 @@ def import_llamafactory(
     stage = _stage(r)
     _task(r)
     _method(r)
-    map_datasets(r, stage, dataset_info, dataset_dir)
+    capped = map_datasets(r, stage, dataset_info, dataset_dir)  # several data sets: max_samples caps each
+    mix = r.take("mix_strategy")
+    if mix is not None and str(mix).strip().lower() != "concat":
+        r.note("mix_strategy", f"`{mix}`: tunedeck concatenates the data sets and shuffles them with the seed")
+    if not capped:
+        r.copy("max_samples", "max_train_samples")
     _training(r, stage)
     for key in list(r.data):
         if key in MULTIMODAL_KEYS or key.startswith(MULTIMODAL_PREFIXES):
@@ -285,7 +289,6 @@ def _lora_keys(r: Reader, used: bool) -> None:
 def _training(r: Reader, stage: str) -> None:
     for key, field_name in (
         ("cutoff_len", "max_length"),
-        ("max_samples", "max_train_samples"),
         ("learning_rate", "learning_rate"),
         ("num_train_epochs", "num_train_epochs"),
         ("max_steps", "max_steps"),

@@ -2,9 +2,10 @@
 
 Each name's entry gives a file (`file_name`, in the data set folder) or a hub data set (`hf_hub_url`),
 its formatting (alpaca or sharegpt), its column names and, for ShareGPT, its turn tags. They become
-the spec's `dataset` (or `eval_dataset`) and `dataset_columns`. tunedeck trains on one data set per
-job: the first text data set is taken, each other one is listed as not carried over, and so are
-multimodal data sets (images, videos, audio).
+the spec's `dataset` (or `eval_dataset`) and `dataset_columns`. Several text data sets become several
+sources of `dataset` (`jobs.spec.mixture`), each with its own column names and, from `max_samples`
+(which LLaMA-Factory applies to each data set), its own row cap; `eval_dataset` alike. Multimodal
+data sets (images, videos, audio) are listed as not carried over.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from jobs.spec.columns import columns_text
 from jobs.spec.imports.base import Reader
+from jobs.spec.mixture import DataSource
 from jobs.spec.parse import closest
 
 MEDIA_COLUMNS = ("images", "videos", "audios")
@@ -35,8 +37,10 @@ OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
 KNOWN_SPEAKERS = {"human", "user", "gpt", "assistant", "bot", "model", "system", "observation", "function_call", "tool"}
 
 
-def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: str) -> None:
-    """`dataset` / `eval_dataset` (and `dataset_dir`, which --dataset-dir overrides) as spec fields."""
+def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: str) -> bool:
+    """`dataset` / `eval_dataset` (and `dataset_dir`, which --dataset-dir overrides) as spec fields; True when
+    `max_samples` became each training source's row cap (several data sets)."""
+    capped = False
     r.take("dataset_dir")  # the folder was chosen by the caller (--dataset-dir, else this key, else data/)
     for key, spec_field in (("dataset", "dataset"), ("eval_dataset", "eval_dataset")):
         names = r.take(key)
@@ -52,23 +56,51 @@ def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: 
                 "in the dashboard, upload dataset_info.json and the data files together with the config",
             )
             continue
-        taken: str | None = None
+        taken: list[tuple[str, str, dict[str, str]]] = []  # (name, file or hub id, dataset_columns)
         for name in listed:
-            if taken is not None:
-                r.note(f"{key}: {name}", f"tunedeck trains on one data set per job; took `{taken}` (the first)")
-                continue
-            if _resolve(r, key, spec_field, name, stage, info, folder):
-                taken = name
-        if taken is None and not any(p.field == key for p in r.problems):
+            found = _resolve(r, key, name, stage, info, folder)
+            if found is not None and any(found[0] == t[1] for t in taken):
+                r.note(f"{key}: {name}", f"`{found[0]}` is listed before: tunedeck reads each data set once per job")
+            elif found is not None:
+                taken.append((name, *found))
+        if not taken and not any(p.field == key for p in r.problems):
             r.fail(
                 key,
                 f"names only multimodal data sets ({', '.join(listed)})",
                 "tunedeck trains text-only models: name a text data set of dataset_info.json",
             )
+        elif len(taken) == 1:
+            _put_one(r, key, spec_field, *taken[0])
+        elif taken:
+            several = _put_several(r, key, spec_field, [(source, mapping) for _, source, mapping in taken])
+            capped = capped or (several and spec_field == "dataset")
+    return capped
 
 
-def _resolve(r: Reader, key: str, spec_field: str, name: str, stage: str, info: Mapping[str, Any], folder: str) -> bool:
-    """Put data set `name` into `spec_field`; False when it cannot be taken (multimodal, or a problem)."""
+def _put_one(r: Reader, key: str, spec_field: str, name: str, source: str, mapping: dict[str, str]) -> None:
+    r.put(spec_field, source, key)
+    if spec_field == "dataset" and mapping:
+        r.put("dataset_columns", columns_text(mapping), key)
+    elif mapping:
+        r.note(f"{key}: {name}", f"its column names ({columns_text(mapping)}) apply to the training data only")
+
+
+def _put_several(r: Reader, key: str, spec_field: str, taken: list[tuple[str, dict[str, str]]]) -> bool:
+    """Several data sets as the sources of `spec_field`, each with its own columns and max_samples cap; True when
+    max_samples capped them."""
+    cap = r.data.get("max_samples")
+    per_source = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    if per_source is not None:
+        r.take("max_samples")  # LLaMA-Factory caps each data set: a per-source max_rows, not max_train_samples
+    sources = [DataSource(source, per_source, columns_text(mapping) or None) for source, mapping in taken]
+    r.put(spec_field, ", ".join(s.text() for s in sources), key)
+    return per_source is not None
+
+
+def _resolve(
+    r: Reader, key: str, name: str, stage: str, info: Mapping[str, Any], folder: str
+) -> tuple[str, dict[str, str]] | None:
+    """(file or hub id, dataset_columns) of data set `name`; None when it cannot be taken (multimodal, a problem)."""
     entry = info.get(name)
     if not isinstance(entry, Mapping):
         close = closest(name, [str(k) for k in info])
@@ -77,24 +109,17 @@ def _resolve(r: Reader, key: str, spec_field: str, name: str, stage: str, info: 
             f"`{name}` is not in dataset_info.json",
             f"did you mean `{close}`?" if close else "add it to dataset_info.json, or fix the name",
         )
-        return False
+        return None
     columns = entry.get("columns") or {}
     media = [c for c in MEDIA_COLUMNS if c in columns]
     if media:
         r.note(f"{key}: {name}", f"multimodal data ({', '.join(media)}): tunedeck trains text-only models")
-        return False
+        return None
     source = _source(r, key, name, entry, folder)
     if source is None:
-        return False
+        return None
     mapping = _columns(r, key, name, entry, stage)
-    if mapping is None:
-        return False
-    r.put(spec_field, source, key)
-    if spec_field == "dataset" and mapping:
-        r.put("dataset_columns", columns_text(mapping), key)
-    elif mapping:
-        r.note(f"{key}: {name}", f"its column names ({columns_text(mapping)}) apply to the training data only")
-    return True
+    return None if mapping is None else (source, mapping)
 
 
 def _source(r: Reader, key: str, name: str, entry: Mapping[str, Any], folder: str) -> str | None:
@@ -125,8 +150,8 @@ def _columns(r: Reader, key: str, name: str, entry: Mapping[str, Any], stage: st
     columns: dict[str, Any] = {str(k): v for k, v in (entry.get("columns") or {}).items()}
     targets: dict[str, Any]
     tools = columns.pop("tools", None)
-    if tools:
-        r.note(f"{key}: {name}.columns.tools", "tool calling is not supported yet; the tools column is not read")
+    if tools and tools != "tools":  # tunedeck reads tool schemas from a column named `tools` (jobs.data.tool_turns)
+        r.note(f"{key}: {name}.columns.tools", f"tool schemas are read from a `tools` column: rename `{tools}` to it")
     if formatting == "alpaca":
         names = dict(ALPACA_COLUMNS, prompt="text") if stage == "pt" else ALPACA_COLUMNS
         targets = {names.get(k, k): v for k, v in columns.items()}

@@ -39,7 +39,7 @@ class ModelDataFields:
     dataset: str = spec_field(
         DEFAULT_SFT_DATASET,
         Group.DATA,
-        "A bundled sample (sample:chat-format, sample:preference-format, sample:kto-format, sample:prompt-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name.",
+        "A bundled sample (sample:chat-format, sample:preference-format, sample:kto-format, sample:prompt-format), a local .jsonl/.json/.csv/.parquet file (.jsonl.gz too; Alpaca and ShareGPT rows are converted), or a hub dataset name. Several data sets are mixed: `a.jsonl, b.json [max_rows=500]` (in YAML also a list), shuffled with the seed.",
         label="Training data",
     )
     eval_dataset: str | None = spec_field(
