@@ -150,14 +150,12 @@ def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]
     """Gradio launch() keyword arguments for safe serving (login, file access, upload cap) and page CSS."""
     from app.auth import gradio_auth, load_credentials
     from app.ui.form import FORM_CSS
-    from app.ui.live_route import head_html
 
     users = load_credentials(auth_file)
     return {
         "allowed_paths": bundle_allow_list(store),
         "blocked_paths": LiveList(blocked_paths),
         "css": FORM_CSS,
-        "head": head_html(),  # the live page's script: charts and the event stream (app.ui.live_route)
         "max_file_size": f"{max_upload_mb()}mb",
         "auth": gradio_auth(users) if users else None,
         "auth_message": "tunedeck: log in" if users else None,
@@ -192,7 +190,7 @@ def serve(
     # Before gradio is imported: its upload folder and cache go under the data directory.
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
     from app.ui.dashboard import build_ui
-    from app.ui.live_route import add_live_route
+    from app.ui.live_route import add_live_route, page_head_kwargs
 
     store = Store()
     options = launch_options(store, auth_file)
@@ -208,7 +206,12 @@ def serve(
     try:
         demo = build_ui(store, AccessPolicy.for_server(login=options.get("auth") is not None))
         app, _, _ = demo.launch(
-            server_name=host, server_port=port, show_error=True, prevent_thread_lock=True, **options
+            server_name=host,
+            server_port=port,
+            show_error=True,
+            prevent_thread_lock=True,
+            app_kwargs=page_head_kwargs(),  # the live page's script and style, first in the page's <head>
+            **options,
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
         quiet_queue(demo)

@@ -336,8 +336,8 @@ def test_live_run_page_draws_a_new_metric_row_without_a_reload(dashboard, dashbo
             arg=value,
             timeout=3000,
         )
-    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('loss 11')", timeout=3000)
+    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('loss 11')", timeout=10000)
     store.mark_succeeded(run_id, {})
-    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('succeeded')", timeout=5000)
+    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('succeeded')", timeout=10000)
     page.close()
     store.dispose()

@@ -1,6 +1,6 @@
 """The live stream's HTTP side: `GET /tunedeck/live?run=N&gpu=1&runs=1` as Server-Sent Events.
 
-    app = demo.launch(prevent_thread_lock=True, head=head_html(), ...)[0]
+    app = demo.launch(prevent_thread_lock=True, app_kwargs=page_head_kwargs(), ...)[0]
     add_live_route(app, store)           # then demo.block_thread()
 
 One stream per page (app/ui/static/live.js opens it for the views on screen). Each stream is an
@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers, MutableHeaders
 
 from app.ui.live import Feed, Topics
 from app.ui.run import RunPageData
@@ -48,6 +49,59 @@ CHART_CSS = """
 def head_html() -> str:
     """The `<head>` additions of the dashboard page: the live page's script and its charts' style."""
     return f"<style>{CHART_CSS}</style>\n<script>\n{SCRIPT.read_text()}\n</script>"
+
+
+def page_head_kwargs() -> dict[str, Any]:
+    """Gradio launch()'s `app_kwargs` that put `head_html()` first in the dashboard page (`PageHead`)."""
+    from starlette.middleware import Middleware
+
+    return {"middleware": [Middleware(PageHead, head=head_html())]}
+
+
+class PageHead:
+    """ASGI middleware: the dashboard page's HTML gets `head` as the first thing in its `<head>`.
+
+    Not Gradio's `head=` option: Gradio inserts that from its own script once its modules have
+    loaded, too late for live.js to wrap `requestAnimationFrame` before Gradio's status trackers take
+    it (see live.js). Only GET responses of type text/html that hold Gradio's page config are touched,
+    and only uncompressed ones (Gradio's compression runs outside this middleware)."""
+
+    def __init__(self, app: Any, head: str):
+        self.app, self.head = app, head.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "GET":
+            await self.app(scope, receive, send)
+            return
+        held: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def send_with_head(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = Headers(raw=message["headers"])
+                if headers.get("content-type", "").startswith("text/html") and "content-encoding" not in headers:
+                    held["start"] = message  # sent once the body is in, with its new length
+                    return
+            elif "start" in held and message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                body = self._with_head(b"".join(chunks))
+                start = held.pop("start")
+                MutableHeaders(raw=start["headers"])["content-length"] = str(len(body))
+                await send(start)
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, send_with_head)
+
+    def _with_head(self, body: bytes) -> bytes:
+        at = body.find(b"<head")
+        end = body.find(b">", at) + 1 if at >= 0 else 0
+        if at < 0 or end <= 0 or b"gradio_config" not in body:
+            return body
+        return body[:end] + self.head + body[end:]
 
 
 def logged_in(app: Any, request: Request) -> bool:

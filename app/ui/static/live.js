@@ -1,7 +1,8 @@
 // tunedeck's live page: one event stream for the views on screen, and canvas charts fed by deltas.
 // Served inline in the page's <head> (app.ui.live_route.head_html). The server side is app/ui/live.py.
 //
-// Every 300 ms (a local check: no request) the page works out which live views it shows: the Run tab
+// On each click, key, scroll or resize, and once a second (a local check: no request), the page
+// works out which live views it shows: the Run tab
 // with a run id, the GPU panel open and on screen, the Runs tab. When that set changes it closes its
 // stream and opens /tunedeck/live?run=N&gpu=1&runs=1 for the new set; a hidden browser tab shows none
 // and holds no stream. The stream sends chart points (only those that changed) and "look again"
@@ -19,15 +20,16 @@
   window.requestAnimationFrame = (callback) => {
     const source = Function.prototype.toString.call(callback);
     if (source.length < 200 && source.includes("performance.now()")) {
-      return -setTimeout(() => frame(callback), 500); // negative: never a real frame id
+      return -setTimeout(() => frame(callback), 1000); // negative: never a real frame id
     }
     return frame(callback);
   };
   const cancelFrame = window.cancelAnimationFrame.bind(window);
   window.cancelAnimationFrame = (id) => (id < 0 ? clearTimeout(-id) : cancelFrame(id));
-  const CHECK_MS = 300;
+  const CHECK_MS = 1000;
   const RETRY_MS = 3000;
   const PRESS_GAP_MS = 400; // at most ~2 Gradio refreshes a second per view, the last one always sent
+  const RUN_TEXT_GAP_MS = 2000; // a live run's text (step, ETA, log) every 2 s at most; its charts at once
 
   // ------------------------------------------------------------------ numbers and ticks
   function niceStep(span, count) {
@@ -326,7 +328,7 @@
   }
 
   const pressed = new Map(); // button id -> {at, timer}
-  function press(id) {
+  function press(id, gap) {
     const entry = pressed.get(id) || { at: 0, timer: null };
     pressed.set(id, entry);
     const go = () => {
@@ -335,7 +337,7 @@
       const button = document.getElementById(id);
       if (button) button.click();
     };
-    const wait = entry.at + PRESS_GAP_MS - Date.now();
+    const wait = entry.at + gap - Date.now();
     if (wait <= 0 && !entry.timer) go();
     else if (!entry.timer) entry.timer = setTimeout(go, Math.max(wait, 0));
   }
@@ -347,7 +349,7 @@
         const chart = chartFor(id);
         if (chart) chart.apply(update, msg.now);
       }
-    } else if (BUTTONS[msg.kind]) press(BUTTONS[msg.kind]);
+    } else if (BUTTONS[msg.kind]) press(BUTTONS[msg.kind], msg.kind === "run" ? RUN_TEXT_GAP_MS : PRESS_GAP_MS);
   }
 
   const live = { key: null, source: null, ended: null, messages: 0, draws: 0 };
@@ -380,7 +382,15 @@
     });
     live.source = source;
   }
-  setInterval(check, CHECK_MS);
+  // What the page shows changes on a click or a key (a tab, the run id, the GPU panel), a scroll or a
+  // resize, or a hidden browser tab: look then; and once a second in case something else moved it.
+  let soon = null;
+  const checkSoon = () => {
+    if (soon === null) soon = setTimeout(() => { soon = null; check(); }, 80);
+  };
+  for (const name of ["click", "keyup", "change"]) document.addEventListener(name, checkSoon, true);
+  for (const name of ["scroll", "resize"]) window.addEventListener(name, checkSoon, { passive: true });
   document.addEventListener("visibilitychange", check);
+  setInterval(check, CHECK_MS);
   window.tunedeckLive = live;
 })();
