@@ -36,7 +36,7 @@ the side not being measured has its server frozen (SIGSTOP; an idle `serve` cost
     phases (0-1 s) of the page's refresh. Both trees, p50/p95.
 (build) Current tree only: fills a temporary database with one run of N metric rows (loss,
     eval_loss, learning_rate, tokens_per_second, N/4 steps each, with spikes) and M memory
-    samples, then times `RunPageData.graphs` cold (fresh store and caches) and warm (after one
+    samples, then times `RunPageData.rows` (every chart's points, what the live stream sends) cold (fresh store and caches) and warm (after one
     more callback flush), against the old raw-row GROUP BY path; plus ingest rates.
 
 Goals (issue 23), judged on the current tree: Launch tab and finished run page <= 2% of a core in
@@ -213,7 +213,7 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
         store.dispose()
         # One-time process warm-up (pandas loads its arrow string arrays lazily, ~150 ms), not timed.
         s = open_store(home)
-        RunPageData(s).graphs(run_id + 1)
+        RunPageData(s).rows(run_id + 1, "sft")
         s.dispose()
 
         base = []
@@ -226,13 +226,13 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
         for _ in range(repeats):
             s = open_store(home)
             page = RunPageData(s)
-            cold.append(timed(page.graphs, run_id))
-            frames = page.graphs(run_id)
+            cold.append(timed(page.rows, run_id, "sft"))
+            frames = page.frames(run_id, "sft")[:4]
             s.dispose()
         # Warm: the 1 s refresh after one callback flush (7 metric rows) and one sampler batch.
         s = open_store(home)
         page = RunPageData(s)
-        page.graphs(run_id)
+        page.rows(run_id, "sft")
         steps = metric_points // 4
         warm = []
         for i in range(repeats * 4):
@@ -243,7 +243,7 @@ def bench_build(metric_points: int, memory_samples: int, repeats: int) -> dict[s
                 [MetricPoint(step, n, 1.0, t) for n in ("loss", "eval_loss", "learning_rate", "tokens_per_second")],
             )
             s.add_memory_samples([MemoryPoint(1.7e9 + memory_samples // 2 + i, "nvml", run_id, 0, 1 << 34, 141 << 30)])
-            warm.append(timed(lambda: page.graphs(run_id)))
+            warm.append(timed(lambda: page.rows(run_id, "sft")))
         memory, loss, lr, tps = frames
         points = {"memory": len(memory), "loss": len(loss), "lr": len(lr), "tokens/s": len(tps)}
         ref = baseline_graphs(s, run_id)

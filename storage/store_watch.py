@@ -24,7 +24,8 @@ from storage.store_core import StoreCore
 
 class WatchMixin(StoreCore):
     def run_stamp(self, run_id: int) -> tuple[Any, ...] | None:
-        """What the run page's text shows of one run: its row's moving columns and its events' newest id."""
+        """What the run page's text shows of one run: its row's moving columns and its events' newest id
+        (the status first)."""
         r = m.Run
         events = select(func.max(m.RunEvent.id)).where(m.RunEvent.run_id == run_id).scalar_subquery()
         q = select(

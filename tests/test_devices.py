@@ -328,7 +328,7 @@ def test_gpu_panel_draws_each_workers_device_apart(store: Store) -> None:
     """Two workers on two hosts, both on their GPU 0: each one's graph has only its own samples."""
     import time
 
-    from app.ui.gpu import device_choices, live_frames
+    from app.ui.gpu import device_choices, live_rows
     from storage.store import MemoryPoint
 
     publish_live(store, "gpu-box:1", H200)
@@ -362,7 +362,6 @@ def test_gpu_panel_draws_each_workers_device_apart(store: Store) -> None:
     choices = device_choices(store)
     assert [worker for _, worker in choices] == ["gpu-box:1", "old-box:2"]  # the largest GPU first
     assert "NVIDIA H200" in choices[0][0] and "Tesla T4" in choices[1][0]
-    big, small, both = (live_frames(store, w, now)[0] for w in ("gpu-box:1", "old-box:2", None))
-    assert not big.empty and not small.empty
-    assert set(big["GiB"]) == {80.0} and set(small["GiB"]) == {5.0}  # no T4 sample in the H200's graph, nor back
-    assert set(both["GiB"]) == {5.0, 80.0}  # without a choice: every sample (a single worker, or older rows)
+    big, small, both = ({gib for _, gib, _ in live_rows(store, w, now)[0]} for w in ("gpu-box:1", "old-box:2", None))
+    assert big == {80.0} and small == {5.0}  # no T4 sample in the H200's graph, nor back
+    assert both == {5.0, 80.0}  # without a choice: every sample (a single worker, or older rows)

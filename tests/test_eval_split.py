@@ -119,5 +119,6 @@ def test_eval_loss_and_perplexity_through_the_worker(store, tiny_model: Path, tm
     perplexities = store.metrics(run_id, ["eval_perplexity"])
     assert len(losses) >= 2 and len(perplexities) == len(losses)  # steps 2 and 4, and the final evaluation
     page = RunPageData(store)
-    assert set(page.trainer_frame(run_id, "sft")["series"]) == {"eval perplexity"}
-    assert set(page.graphs(run_id)[1]["series"]) == {"train", "eval"}
+    frames = page.frames(run_id, "sft")
+    assert set(frames[4]["series"]) == {"eval perplexity"}
+    assert set(frames[1]["series"]) == {"train", "eval"}

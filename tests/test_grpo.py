@@ -300,7 +300,7 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
         "grpo_step_time",
     } <= names
     assert len(store.metrics(run_id, ["step_time"])) == 3  # trl's own step_time is kept apart
-    assert set(RunPageData(store).trainer_frame(run_id, "grpo")["series"]) == {
+    assert set(RunPageData(store).frames(run_id, "grpo")[4]["series"]) == {
         "reward",
         "reward std",
         "completion length",

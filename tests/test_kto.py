@@ -182,7 +182,7 @@ def test_kto_trains_through_the_worker(store, tiny_model: Path) -> None:
     assert {"loss", "kl", "rewards/margins", "rewards/chosen", "rewards/rejected", "eval_loss"} <= names
     assert len(store.metrics(run_id, ["loss"])) == 3
     assert store.metrics(run_id, ["rewards/margins"])  # logged for micro-batches holding both labels
-    assert set(RunPageData(store).trainer_frame(run_id, "kto")["series"]) == {"reward margin", "KL estimate"}
+    assert set(RunPageData(store).frames(run_id, "kto")[4]["series"]) == {"reward margin", "KL estimate"}
 
 
 def test_kto_example() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from app.ui import charts
-from app.ui.live import ChartState, Feed, Topics, frame_points, series_delta
+from app.ui.live import ChartState, Feed, Topics, row_points, series_delta
 from app.ui.run import RunPageData
 from jobs.spec.job import JobSpec
 from storage.store import MemoryPoint, MetricPoint, Store
@@ -70,13 +70,13 @@ def test_random_histories_always_replay_to_the_new_points() -> None:
 
 def test_a_chart_sends_its_meta_once_then_only_changes() -> None:
     state = ChartState(charts.RUN_LOSS, {"label": "Loss"})
-    frame = charts.RUN_LOSS.frame([(1.0, 2.0, "train"), (2.0, 1.0, "train"), (2.0, 3.0, "eval")])
-    first = state.update(frame)
+    rows = [(1.0, 2.0, "train"), (2.0, 1.0, "train"), (2.0, 3.0, "eval")]
+    first = state.update(rows)
     assert first is not None and first["meta"] == {"label": "Loss"}
     assert first["colors"] == {"train": charts.SERIES_COLORS["train"], "eval": charts.SERIES_COLORS["eval"]}
-    assert state.update(frame) is None
-    assert frame_points(charts.RUN_LOSS, charts.RUN_LOSS.frame([(1.0, float("nan"), "train")])) == {"train": []}
-    empty = ChartState(charts.RUN_LR, {}).update(charts.RUN_LR.frame([]))
+    assert state.update(rows) is None
+    assert row_points([(2.0, 1.0, "a"), (1.0, float("nan"), "a"), (0.5, 3.0, "a")]) == {"a": [[0.5, 3.0], [2.0, 1.0]]}
+    empty = ChartState(charts.RUN_LR, {}).update([])
     assert empty is not None and empty["set"] == {}  # a chart with no data yet still gets its titles
 
 

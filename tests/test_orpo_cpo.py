@@ -128,7 +128,7 @@ def test_trains_through_the_worker(trainer: str, series: set[str], store, tiny_m
     names = set(store.metric_names(run_id))
     assert {"loss", "rewards/margins", "eval_loss"} <= names
     assert len(store.metrics(run_id, ["loss"])) == 3
-    assert set(RunPageData(store).trainer_frame(run_id, trainer)["series"]) == series
+    assert set(RunPageData(store).frames(run_id, trainer)[4]["series"]) == series
 
 
 @pytest.mark.integration

@@ -108,7 +108,7 @@ def test_reward_model_trains_through_the_worker(store, tiny_model: Path) -> None
     assert run.resolved_config["trainer_config_class"] == "RewardConfig"
     assert {"loss", "accuracy", "margin", "mean_reward", "eval_loss"} <= set(store.metric_names(run_id))
     assert len(store.metrics(run_id, ["accuracy"])) == 3
-    assert set(RunPageData(store).trainer_frame(run_id, "reward")["series"]) == {"accuracy", "margin", "mean reward"}
+    assert set(RunPageData(store).frames(run_id, "reward")[4]["series"]) == {"accuracy", "margin", "mean reward"}
     bundle = Path(next(a.path for a in store.artifacts(run_id) if a.kind == "adapter"))
     config = json.loads((bundle / "adapter_config.json").read_text())
     assert config["task_type"] == "SEQ_CLS" and "score" in (config.get("modules_to_save") or [])

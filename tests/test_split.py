@@ -79,14 +79,14 @@ def test_dashboard_two_workers_postgresql_four_runs(
         samples = store.memory_samples(r.id)
         assert samples and all(p.run_id == r.id for p in samples)
         assert {p.worker_id for p in samples} == {r.worker_id}
-    from app.ui.gpu import live_frames
+    from app.ui.gpu import live_rows
 
     window = time.time() - min(r.created_at for r in runs) + 60
     for worker, device in device_of.items():  # each device's graph in the GPU panel draws its own samples only
         own = [p for p in store.memory_samples() if p.worker_id == worker and p.used_bytes is not None]
-        frame = live_frames(store, worker, time.time(), window_s=window)[0]
-        assert own and not frame.empty, device
-        assert frame["GiB"].max() == pytest.approx(max(p.used_bytes for p in own) / 1024**3), device
+        gibs = [gib for _, gib, _ in live_rows(store, worker, time.time(), window_s=window)[0]]
+        assert own and gibs, device
+        assert max(gibs) == pytest.approx(max(p.used_bytes for p in own) / 1024**3), device
 
 
 def _get(url: str) -> str | None:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 
 from app.ui import charts, series
 from jobs.devices import probe
@@ -74,15 +73,15 @@ def device_picker(store: Store, current: str | None) -> Any:
     return gr.Dropdown(choices=choices, value=value, visible=len(choices) > 1)
 
 
-def live_frames(
+def live_rows(
     store: Store, worker_id: str | None, now: float, window_s: float = WINDOW_S, width: float = 1.0
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(memory GiB, utilization %) over the last window for the page's live charts (`app.ui.live`):
+) -> tuple[list[series.Row], list[series.Row]]:
+    """(memory GiB, utilization %) rows over the last window for the page's live charts (`app.ui.live`):
     x is the clock time, buckets aligned on multiples of `width`, so a tick changes only the newest."""
     origin = (now - window_s) // width * width
     device = worker_device(store, worker_id) if worker_id is not None else None
     buckets = store.memory_buckets(None, origin, width, worker_id=worker_id, device_index=device)
-    return series.memory_frame(buckets, 0.0), series.utilization_frame(buckets, 0.0)
+    return series.memory_rows(buckets, 0.0), series.utilization_rows(buckets, 0.0)
 
 
 @dataclass

@@ -26,15 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 from app.ui import charts, gpu
 from app.ui.run import GRAPHS, RunPageData
+from app.ui.series import Row
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.store import Store
 
-RUN_TICK_S = 0.2  # a live run's page: a new point is on screen within ~0.2 s of its write, plus the draw
+RUN_TICK_S = 0.25  # a live run's page: a new point is on screen ~0.13 s (0.25 s at most) after its write, plus the draw
 SLOW_TICK_S = 1.0  # the GPU panel, the runs table and a page with nothing live
 DEVICES_TICK_S = 5.0  # the GPU panel's device line: a worker that starts or stops shows within this
 GPU_BUCKET_S = 1.0  # the GPU panel's buckets, aligned on whole seconds so each tick changes only the newest
@@ -96,16 +95,15 @@ def chart_meta(chart: charts.Chart, relative_window_s: float | None = None) -> d
     return meta
 
 
-def frame_points(chart: charts.Chart, frame: pd.DataFrame) -> dict[str, Points]:
+def row_points(rows: list[Row]) -> dict[str, Points]:
     """{series label: [[x, y], ...] sorted by x}, non-finite values left out (a gap, as the plots drew them)."""
     out: dict[str, Points] = {}
-    if not len(frame):
-        return out
-    for label, rows in frame.groupby(charts.SERIES, sort=False):
-        xs, ys = rows[chart.x].to_numpy(float), rows[chart.y].to_numpy(float)
-        pts = [[float(x), float(y)] for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
-        pts.sort(key=lambda p: p[0])  # stable: a bucket's min stays before its max
-        out[str(label)] = pts
+    for x, y, label in rows:
+        points = out.setdefault(str(label), [])
+        if math.isfinite(x) and math.isfinite(y):
+            points.append([float(x), float(y)])
+    for points in out.values():
+        points.sort(key=lambda p: p[0])  # stable: a bucket's min stays before its max
     return out
 
 
@@ -154,8 +152,8 @@ class ChartState:
         self.sent: dict[str, Points] = {}
         self.meta_sent = False
 
-    def update(self, frame: pd.DataFrame) -> dict[str, Any] | None:
-        points = frame_points(self.chart, frame)
+    def update(self, rows: list[Row]) -> dict[str, Any] | None:
+        points = row_points(rows)
         delta = series_delta(self.sent, points)
         if not delta and self.meta_sent:
             return None
@@ -177,6 +175,7 @@ class Feed:
         self._run_stamp: Any = object()
         self._run_series: Any = object()
         self._run_finished = False
+        self._trainer: str | None = None
         self._run_charts = {chart.elem_id: ChartState(chart, chart_meta(chart)) for chart in GRAPHS}
         self._gpu_charts = {
             chart.elem_id: ChartState(chart, chart_meta(chart, charts.GPU_WINDOW_S))
@@ -225,19 +224,21 @@ class Feed:
             return out
         if series != self._run_series or out:
             self._run_series = series
-            run = self.store.get_run(run_id)
-            if run is None:
-                return out
-            frames = self.page_data.graphs(run_id) + (self.page_data.trainer_frame(run_id, spec_of(run).trainer.value),)
+            if self._trainer is None:  # a run's spec never changes: read once
+                run = self.store.get_run(run_id)
+                if run is None:
+                    return out
+                self._trainer = spec_of(run).trainer.value
+            rows = self.page_data.rows(run_id, self._trainer)
             payload = {
                 chart.elem_id: update
-                for chart, frame in zip(GRAPHS, frames)
-                if (update := self._run_charts[chart.elem_id].update(frame)) is not None
+                for chart, chart_rows in zip(GRAPHS, rows)
+                if (update := self._run_charts[chart.elem_id].update(chart_rows)) is not None
             }
             if payload:
                 out.append({"kind": "charts", "charts": payload})
             # Read after the status: a finished run's last rows were written before it was marked.
-            self._run_finished = RunStatus(run.status).finished
+            self._run_finished = RunStatus(stamp[0]).finished
         return out
 
     def _poll_gpu(self, series: Any, now: float) -> list[dict[str, Any]]:
@@ -252,11 +253,11 @@ class Feed:
             return out
         self._gpu_series = series
         worker = self._worker()
-        frames = gpu.live_frames(self.store, worker, now, charts.GPU_WINDOW_S, GPU_BUCKET_S)
+        rows = gpu.live_rows(self.store, worker, now, charts.GPU_WINDOW_S, GPU_BUCKET_S)
         payload = {
             chart_id: update
-            for (chart_id, state), frame in zip(self._gpu_charts.items(), frames)
-            if (update := state.update(frame)) is not None
+            for (chart_id, state), chart_rows in zip(self._gpu_charts.items(), rows)
+            if (update := state.update(chart_rows)) is not None
         }
         if payload:
             out.append({"kind": "charts", "charts": payload, "now": now})

@@ -233,13 +233,10 @@ def wire(
 PREDICTED_SERIES = "predicted peak"
 
 
-def with_predicted_line(frame: Any, predicted: dict[str, Any] | None) -> Any:
-    """The run page's memory frame (seconds, GiB, series) plus a flat 'predicted peak' series across it."""
-    import pandas as pd
-
-    if not predicted or frame is None or frame.empty:
-        return frame
+def with_predicted_line(rows: list[Any], predicted: dict[str, Any] | None) -> list[Any]:
+    """The run page's memory rows (seconds, GiB, series) plus a flat 'predicted peak' series across them."""
+    if not predicted or not rows:
+        return rows
     gib = int(predicted.get("total_bytes", 0)) / 1024**3
-    ends = [float(frame["seconds"].min()), float(frame["seconds"].max())]
-    line = pd.DataFrame([(t, gib, PREDICTED_SERIES) for t in ends], columns=["seconds", "GiB", "series"])
-    return pd.concat([frame, line], ignore_index=True)
+    xs = [r[0] for r in rows]
+    return rows + [(t, gib, PREDICTED_SERIES) for t in (min(xs), max(xs))]

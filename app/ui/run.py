@@ -164,24 +164,26 @@ class RunPageData:
         self.metrics = series.MetricSeriesCache(store)
         self.memory = series.MemorySeriesCache(store)
 
-    def graphs(self, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        """(memory, loss, learning rate, tokens/s) frames, each <= ~2000 points per series."""
-        origin, mem = self.memory.get(run_id)
-        loss = series.metric_frame(
-            {"train": self.metrics.get(run_id, "loss"), "eval": self.metrics.get(run_id, "eval_loss")}
-        )
-        lr = series.metric_frame({"learning rate": self.metrics.get(run_id, "learning_rate")})
-        tps = series.metric_frame({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
+    def rows(self, run_id: int, trainer: str) -> list[list[series.Row]]:
+        """Each chart's points, in GRAPHS order (memory, loss, learning rate, tokens/s, trainer metrics),
+        each <= ~2000 points per series; what the page's live stream sends (`app.ui.live`)."""
         from app.ui.memory import with_predicted_line
         from jobs.queue.prediction import load_prediction
 
-        return with_predicted_line(series.memory_frame(mem, origin), load_prediction(self.store, run_id)), loss, lr, tps
-
-    def trainer_frame(self, run_id: int, trainer: str) -> pd.DataFrame:
-        """The trainer's own metrics (TRAINER_SERIES), e.g. eval perplexity for sft."""
-        return series.metric_frame(
-            {label: self.metrics.get(run_id, name) for label, name in TRAINER_SERIES.get(trainer, {}).items()}
+        origin, mem = self.memory.get(run_id)
+        memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
+        loss = series.metric_rows(
+            {"train": self.metrics.get(run_id, "loss"), "eval": self.metrics.get(run_id, "eval_loss")}
         )
+        lr = series.metric_rows({"learning rate": self.metrics.get(run_id, "learning_rate")})
+        tps = series.metric_rows({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
+        names = TRAINER_SERIES.get(trainer, {})
+        own = series.metric_rows({label: self.metrics.get(run_id, name) for label, name in names.items()})
+        return [memory, loss, lr, tps, own]
+
+    def frames(self, run_id: int, trainer: str) -> list[pd.DataFrame]:
+        """`rows` as typed frames (columns: each chart's x, y and series), for reading in tests and benches."""
+        return [chart.frame(rows) for chart, rows in zip(GRAPHS, self.rows(run_id, trainer))]
 
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """The page's text outputs (OUTPUTS of them), each gr.skip() where the page already shows it;

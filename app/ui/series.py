@@ -173,10 +173,18 @@ class MemorySeriesCache:
 
 
 # ---------------------------------------------------------------------- frames for gr.LinePlot
+Row = tuple[float, float, str]  # (x, y, series): what a chart draws, one point
+
+
 def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
-    """Columns step, value, series: one point per single-row bucket, else its min and max (a series of
-    one row: two points, half a step either side)."""
-    rows: list[tuple[float, float, str]] = []
+    """Columns step, value, series (`metric_rows` as a typed frame, for Gradio's plots)."""
+    return typed_frame(metric_rows(series), ["step", "value", "series"])
+
+
+def metric_rows(series: dict[str, list[MetricBucket]]) -> list[Row]:
+    """(step, value, series): one point per single-row bucket, else its min and max (a series of one
+    row: two points, half a step either side)."""
+    rows: list[Row] = []
     for label, buckets in series.items():
         if len(buckets) == 1 and buckets[0].count == 1:
             # A line needs two vertices: one logged value (a final eval loss) is drawn as a flat
@@ -191,7 +199,7 @@ def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
                 mid = (b.first_step + b.last_step) / 2
                 rows.append((mid, b.min, label))
                 rows.append((mid, b.max, label))
-    return typed_frame(rows, ["step", "value", "series"])
+    return rows
 
 
 def typed_frame(rows: Iterable[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:
@@ -221,9 +229,9 @@ def _first(bucket: MemoryBucket, attrs: tuple[str, ...]) -> int | None:
     return next((v for v in (getattr(bucket, a) for a in attrs) if v is not None), None)
 
 
-def memory_rows(buckets: list[MemoryBucket], origin: float) -> list[tuple[float, float, str]]:
+def memory_rows(buckets: list[MemoryBucket], origin: float) -> list[Row]:
     """(seconds since origin (negative = ago), GiB, series): the max (and min) of each bucket."""
-    rows: list[tuple[float, float, str]] = []
+    rows: list[Row] = []
     for b in buckets:
         t = (b.first_time + b.last_time) / 2 - origin
         for label, (source, lo_attrs, hi_attrs) in MEMORY_SERIES.items():
@@ -242,11 +250,10 @@ def memory_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
     return typed_frame(memory_rows(buckets, origin), ["seconds", "GiB", "series"])
 
 
-def utilization_frame(buckets: list[MemoryBucket], origin: float) -> pd.DataFrame:
-    """Columns seconds, percent, series: the GPU utilization peak per bucket (NVML samples only)."""
-    rows = [
+def utilization_rows(buckets: list[MemoryBucket], origin: float) -> list[Row]:
+    """(seconds, percent, series): the GPU utilization peak per bucket (NVML samples only)."""
+    return [
         ((b.first_time + b.last_time) / 2 - origin, float(b.utilization_max), "GPU utilization")
         for b in buckets
         if b.utilization_max is not None
     ]
-    return typed_frame(rows, ["seconds", "percent", "series"])
