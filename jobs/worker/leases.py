@@ -33,12 +33,13 @@ def release_device(
     stop: threading.Event,
     first_delay: float = 1.0,
     max_delay: float = 30.0,
+    run_id: int | None = None,
 ) -> None:
-    """Free this worker's device lease, retrying while the database is unreachable (until `stop` is set)."""
+    """Free this worker's device lease (of `run_id` only, if given), retrying while the database is unreachable (until `stop` is set)."""
     delay = first_delay
     while True:
         try:
-            store.release_device(device, worker_id, host=host)
+            store.release_device(device, worker_id, host=host, run_id=run_id)
             return
         except SQLAlchemyError as exc:
             log.error(
