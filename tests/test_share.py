@@ -248,3 +248,77 @@ def test_three_fitting_runs_train_together_and_a_fourth_waits(store: Store, tiny
     assert max(r.started_at for r in first_three) < min(r.finished_at for r in first_three)
     # The fourth did not fit next to them: it started only once one of them had ended.
     assert fourth.started_at >= min(r.finished_at for r in first_three)
+
+
+SLEEP_UNTIL_TERM = """
+import signal
+from storage.store import Store
+store = Store()
+signal.signal(signal.SIGTERM, lambda *_: (store.mark_cancelled(run_id, exit_code=0), sys.exit(0)))
+(store.run_dir(run_id) / "started").write_text("yes")
+while not (store.run_dir(run_id) / "finish").exists():
+    import time
+    time.sleep(0.05)
+store.mark_succeeded(run_id, {})
+"""
+
+
+def test_cancelling_one_shared_run_leaves_its_neighbour_training(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from training_helpers import wait_for
+
+    from app.cli.show import runs_table, show_text
+
+    first, second = store.create_run(SHARED), store.create_run(SHARED)
+    for run_id in (first, second):
+        predict(store, run_id, 10 * GIB)
+    worker = fake_cuda_worker(store, monkeypatch, SLEEP_UNTIL_TERM, share=SharePolicy.parse(2, "10%"))
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True})
+    thread.start()
+    try:
+        wait_for(lambda: all((store.run_dir(i) / "started").exists() for i in (first, second)), what="both started")
+        assert [r["run_id"] for r in store.device_lease("0")["runs"]] == [first, second]
+        table = runs_table(store, store.list_runs())
+        assert "SHARES" in table and f"with {second}" in table
+        assert f"shared with run(s) {second}" in show_text(store, store.get_run(first))
+        store.request_cancel(first)
+        wait_for(lambda: store.get_run(first).status is RunStatus.CANCELLED, what="first cancelled")
+        assert store.get_run(second).status is RunStatus.RUNNING
+        wait_for(lambda: [r["run_id"] for r in store.device_lease("0").get("runs", [])] == [second], what="release")
+        (store.run_dir(second) / "finish").write_text("go")
+        thread.join(timeout=60)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert store.get_run(second).status is RunStatus.SUCCEEDED
+    assert "SHARES" not in runs_table(store, store.list_runs())  # nothing shares now: today's columns
+    assert store.device_lease("0") == {}
+
+
+@pytest.mark.integration
+def test_the_child_out_of_memory_within_its_cap_asks_to_run_alone(
+    store: Store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real training child, in-process, capped (as a shared CUDA child is) and out of memory with no
+    recovery left: it exits EXIT_OUTGREW_SHARE and leaves the run running for the worker to re-queue."""
+    import torch
+    from transformers import TrainerCallback
+
+    from jobs.train import child
+
+    class OomAtOnce(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=3, on_oom="fail", sample_count=0, share_device=True))
+    store.claim_next_on_device("w", "0")
+    monkeypatch.setenv(share_cap.MEMORY_FRACTION_ENV, "0.25")
+    assert child.run(run_id, store, callbacks=[OomAtOnce()]) == share_cap.EXIT_OUTGREW_SHARE
+    assert store.get_run(run_id).status is RunStatus.RUNNING  # not failed: the worker queues it to run alone
+    monkeypatch.delenv(share_cap.MEMORY_FRACTION_ENV)
+    alone = store.create_run(tiny_spec(tiny_model, max_steps=3, on_oom="fail", sample_count=0))
+    store.release_device("0", "w")
+    store.claim_next_on_device("w", "0")
+    assert child.run(alone, store, callbacks=[OomAtOnce()]) == 1  # uncapped: an OOM fails the run as before
+    assert store.get_run(alone).status is RunStatus.FAILED
