@@ -322,3 +322,37 @@ def test_the_child_out_of_memory_within_its_cap_asks_to_run_alone(
     store.claim_next_on_device("w", "0")
     assert child.run(alone, store, callbacks=[OomAtOnce()]) == 1  # uncapped: an OOM fails the run as before
     assert store.get_run(alone).status is RunStatus.FAILED
+
+
+# ---------------------------------------------------------------------- bench/share_gpu.py (no GPU here)
+def test_share_bench_imports_plans_and_summarizes(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import share_gpu
+
+    with pytest.raises(SystemExit) as done:
+        share_gpu.main(["--help"])
+    assert done.value.code == 0 and "--counts" in capsys.readouterr().out
+    assert share_gpu.main(["--plan", "--counts", "1,2,4"]) == 0
+    assert "fit on" in capsys.readouterr().out
+
+    def run(i: int, start: float, end: float) -> dict:
+        return {
+            "run_id": i,
+            "status": "succeeded",
+            "started_at": start,
+            "finished_at": end,
+            "tokens_per_second": 100.0,
+            "predicted_bytes": GIB,
+            "measured_peak_bytes": GIB,
+            "peak_source": "torch",
+            "cap_fraction": 0.1,
+            "tokens": 1000,
+        }
+
+    sequential = {"runs": [run(1, 0, 10), run(2, 10, 20)], "wall_s": 20.0}
+    shared = [{"count": 2, "wall_s": 12.0, "runs": [run(3, 0, 12), run(4, 1, 11)]}]
+    (row,) = share_gpu.summarize(sequential, shared)
+    assert row["sequential_wall_s"] == 20 and row["speedup"] == pytest.approx(1.67) and row["overlapped"]
+    assert row["summed_tokens_per_second"] == 200
+    assert not share_gpu.overlapped([run(1, 0, 10), run(2, 10, 20)])
+    assert "speed-up" in share_gpu.table([row])
