@@ -356,3 +356,59 @@ def test_share_bench_imports_plans_and_summarizes(capsys: pytest.CaptureFixture[
     assert row["summed_tokens_per_second"] == 200
     assert not share_gpu.overlapped([run(1, 0, 10), run(2, 10, 20)])
     assert "speed-up" in share_gpu.table([row])
+
+
+# ---------------------------------------------------------------------- stopping, flags, the schema
+def test_stopping_a_sharing_worker_interrupts_every_run_and_frees_the_device(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from training_helpers import wait_for
+
+    ids = [store.create_run(SHARED) for _ in range(3)]
+    for run_id in ids:
+        predict(store, run_id, 10 * GIB)
+    worker = fake_cuda_worker(store, monkeypatch, SLEEP_UNTIL_TERM, share=SharePolicy.parse(3, "10%"))
+    thread = threading.Thread(target=worker.work)
+    thread.start()
+    try:
+        wait_for(lambda: all((store.run_dir(i) / "started").exists() for i in ids), what="all three started")
+        assert len(store.device_lease("0")["runs"]) == 3
+    finally:
+        worker.stop("test stop")
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    runs = [store.get_run(i) for i in ids]
+    assert all(r.status is RunStatus.INTERRUPTED and "test stop" in r.error_summary for r in runs)
+    assert store.device_lease("0") == {}
+
+
+def test_worker_refuses_bad_share_flags(data_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli.main import main
+
+    assert main(["worker", "--burst", "--share", "0"]) == 2
+    assert "--share" in capsys.readouterr().err
+    assert main(["worker", "--burst", "--share", "2", "--share-margin", "lots"]) == 2
+    assert "--share-margin" in capsys.readouterr().err
+
+
+def test_a_database_of_schema_8_gains_run_alone(data_home: Path) -> None:
+    import sqlite3
+
+    path = data_home / "old.db"
+    Store(f"sqlite:///{path}").dispose()
+    with sqlite3.connect(path) as con:
+        con.execute("ALTER TABLE runs DROP COLUMN run_alone")
+        con.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+        con.execute(
+            "INSERT INTO runs (name, spec_json, status, created_at, queue_order, cancel_requested, current_step)"
+            " VALUES ('old', ?, 'queued', 1.0, 1.0, 0, 0)",
+            (ALONE.to_json(),),
+        )
+    con.close()
+    store = Store(f"sqlite:///{path}")
+    (run,) = store.queued()
+    assert run.run_alone is False and store.schema_version >= 9
+    assert store.claim_next_on_device("w", "0").id == run.id
+    store.dispose()

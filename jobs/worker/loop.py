@@ -178,7 +178,7 @@ class Worker:
                     continue
                 done += 1
                 if self.pool is not None:
-                    self.pool.start(run, self.execute)
+                    self.pool.start(run, self.execute, self.stop)
                     continue
                 self.execute(run)
                 if stop_after is not None and run.id == stop_after:

@@ -2,7 +2,7 @@
 
     pool = RunPool(policy, capacity_bytes=facts.total_bytes)
     run = pool.claim(store, worker_id, device, pid, host)      # the next run, if it fits next to the others
-    pool.start(run, worker.execute)                          # its child, heartbeat, cancel and outcome
+    pool.start(run, worker.execute, worker.stop)             # its child, heartbeat, cancel and outcome
     pool.wait_slot(timeout)                                  # until a run ends (or the timeout)
     pool.join()                                              # every run's thread has ended
 
@@ -60,14 +60,18 @@ class RunPool:
             reserved = self.reserved.get(run_id)
         return memory_fraction(reserved, self.capacity_bytes) if reserved is not None else None
 
-    def start(self, run: RunRecord, execute: Callable[[RunRecord], object]) -> None:
-        """Train `run` in a thread of its own (`execute` is `Worker.execute`)."""
+    def start(self, run: RunRecord, execute: Callable[[RunRecord], object], on_error: Callable[[str], None]) -> None:
+        """Train `run` in a thread of its own (`execute` is `Worker.execute`).
+
+        An error `execute` does not handle would end a lone worker; here it calls `on_error` (the
+        worker's `stop`), so the worker stops warm with all its runs, as it would with one."""
 
         def body() -> None:
             try:
                 execute(run)
-            except Exception:  # the worker goes on with the other runs; the stale sweep ends this one
+            except Exception as exc:
                 log.exception("run %s: the worker's thread for it failed", run.id)
+                on_error(f"the worker's thread for run {run.id} failed ({type(exc).__name__}: {exc})")
             finally:
                 with self._lock:
                     self._threads.pop(run.id, None)
