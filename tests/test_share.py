@@ -413,3 +413,21 @@ def test_a_database_of_schema_8_gains_run_alone(data_home: Path) -> None:
     assert run.run_alone is False and store.schema_version >= 9
     assert store.claim_next_on_device("w", "0").id == run.id
     store.dispose()
+
+
+def test_a_dead_workers_shared_lease_is_taken_over_with_every_run(store: Store) -> None:
+    import socket
+    import subprocess
+
+    from jobs.worker.leases import take_over_device
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    holder = f"{socket.gethostname()}:{dead.pid}"
+    ids = [store.create_run(SHARED) for _ in range(2)]
+    share = DeviceShare(limit=2, capacity_bytes=100, reserve={i: 10 for i in ids})
+    for _ in ids:
+        assert store.claim_next_on_device(holder, "0", worker_pid=dead.pid, share=share) is not None
+    take_over_device(store, "0", "me:1", socket.gethostname(), grace_period=1.0)
+    assert all(store.get_run(i).status is RunStatus.INTERRUPTED for i in ids)
+    assert store.device_lease("0") == {}

@@ -207,7 +207,7 @@ class Worker:
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
         self.trains_on_cpu = facts.kind != "cuda"  # the children's allocator setting follows (child_env)
-        if self.share.enabled:
+        if self.share.enabled and self.pool is None:  # published once more (a bench): the same pool
             self.pool = RunPool(self.share, facts.total_bytes)
         self._publish(facts)
         if self.baseline_argv is None:
