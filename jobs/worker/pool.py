@@ -22,6 +22,8 @@ from storage.store import DeviceShare, RunRecord, Store
 
 log = logging.getLogger(__name__)
 
+HEAD = 4  # queued runs whose reservation a claim reads (the head may be taken meanwhile: the next is read)
+
 
 class RunPool:
     """Runs sharing one device, each in its own thread; see the module docstring."""
@@ -45,7 +47,9 @@ class RunPool:
 
     def claim(self, store: Store, worker_id: str, device: str, pid: int, host: str) -> RunRecord | None:
         """The next queued run, when it fits on the device next to the runs already there (one transaction)."""
-        reserve = reserves(store, store.queued(), self.policy)
+        # The claim takes the queue's head for this device: only the first few can be it (a file read each).
+        mine = [r for r in store.queued() if r.pin_host in (None, host) and r.pin_device in (None, device)]
+        reserve = reserves(store, mine[:HEAD], self.policy)
         share = DeviceShare(limit=self.policy.limit, capacity_bytes=self.capacity_bytes, reserve=reserve)
         run = store.claim_next_on_device(worker_id, device, pid, host=host, share=share)
         if run is not None and run.id in reserve:
