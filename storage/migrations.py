@@ -83,6 +83,8 @@ MIGRATIONS: dict[int, list[Statement]] = {
     # 8: the worker (host:pid) whose device a memory sample is of: one graph per device when
     # several workers share a store.
     8: ["ALTER TABLE memory_samples ADD COLUMN worker_id VARCHAR(128)"],
+    # 9: a run that outgrew its share of a device runs alone from then on.
+    9: ["ALTER TABLE runs ADD COLUMN run_alone INTEGER DEFAULT 0"],
 }
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 class RunStatus(str, Enum):
@@ -78,6 +78,8 @@ class Run(Base):
     pin_host: Mapped[str | None] = mapped_column(String(128))  # only a worker on this host may claim it
     pin_device: Mapped[str | None] = mapped_column(String(32))  # only a worker on this device may claim it
     note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 6)
+    # 1: never share a device again (it outgrew its share after OOM recovery; schema 9)
+    run_alone: Mapped[int | None] = mapped_column(Integer, default=0, server_default="0")
     # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
     tag_rows: Mapped[list[RunTag]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
 

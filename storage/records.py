@@ -45,6 +45,7 @@ class RunRecord:
     progress_at: float | None = None
     pin_host: str | None = None
     pin_device: str | None = None
+    run_alone: bool = False  # outgrew its share of a device: never shared again
 
     @classmethod
     def from_row(cls, row: m.Run) -> RunRecord:
@@ -76,6 +77,7 @@ class RunRecord:
             progress_at=row.progress_at,
             pin_host=row.pin_host,
             pin_device=row.pin_device,
+            run_alone=bool(row.run_alone),
         )
 
 

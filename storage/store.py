@@ -8,7 +8,8 @@ Each call opens a short session and closes it. On SQLite every connection gets W
 timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a claim is one
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
-`Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, metric
+`Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, claims and
+device leases (one run per device, or several sharing it) in `store_leases.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
 tags, notes and deletion in `store_manage.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
@@ -38,6 +39,7 @@ from storage.retry import call_retrying, is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.settings import data_dir, database_url
 from storage.store_events import EventsMixin
+from storage.store_leases import DeviceShare, LeasesMixin
 from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
@@ -46,6 +48,7 @@ from storage.store_watch import WatchMixin
 __all__ = [
     "ArtifactRecord",
     "BUSY_TIMEOUT_MS",
+    "DeviceShare",
     "MEMORY_LEVELS",
     "METRIC_LEVELS",
     "MIGRATIONS",
@@ -71,7 +74,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Store(RunsMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
+class Store(RunsMixin, LeasesMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):

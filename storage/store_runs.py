@@ -1,4 +1,5 @@
-"""Run rows for `storage.store.Store`: queue, claim, status changes, device lease, worker presence.
+"""Run rows for `storage.store.Store`: queue, status changes, queue order, worker presence (claims and
+device leases: `storage.store_leases`).
 
 A mixin: it uses the store's `_tx`, `_read` and `_retrying`, and keeps all of its SQL here.
 """
@@ -7,15 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import delete, func, or_, select, update
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, func, select, update
 
 from storage import models as m
 from storage.models import RunStatus
@@ -23,46 +20,6 @@ from storage.records import RunControl, RunRecord
 from storage.rollups import rebuild_metric_rollups
 from storage.store_core import StoreCore, rowcount
 from storage.store_manage import search_filter
-
-
-def _next_queued(s: Session, host: str, device: str) -> int | None:
-    """The first queued run, row-locked until the claim's transaction ends.
-
-    On PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run another claim holds is passed
-    over, and one that stopped being queued since this statement began is re-checked and skipped.
-    Whether its spec can be trained is the claimer's question (`jobs.spec.stored.spec_problem`).
-    """
-    return s.scalars(
-        select(m.Run.id)
-        .where(
-            m.Run.status == RunStatus.QUEUED.value,
-            or_(m.Run.pin_host.is_(None), m.Run.pin_host == host),
-            or_(m.Run.pin_device.is_(None), m.Run.pin_device == device),
-        )
-        .order_by(m.Run.queue_order, m.Run.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    ).first()
-
-
-def _lease_key(host: str, device: str) -> str:
-    return f"device:{host}:{device}"[:64]
-
-
-def _lock_lease(s: Session, key: str) -> m.Meta:
-    """The lease row of a device, created if missing and locked until the transaction ends.
-
-    SQLite's BEGIN IMMEDIATE already serialises every claim; on PostgreSQL the row lock makes
-    two claims for one device take turns, so both cannot see it free under READ COMMITTED.
-    """
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(postgresql.insert(m.Meta).values(key=key, value="{}").on_conflict_do_nothing())
-        return s.scalars(select(m.Meta).where(m.Meta.key == key).with_for_update()).one()
-    row = s.get(m.Meta, key)
-    if row is None:
-        row = m.Meta(key=key, value="{}")
-        s.add(row)
-    return row
 
 
 class QueueableSpec(Protocol):
@@ -108,6 +65,7 @@ class RunsMixin(StoreCore):
                 queue_order=now,
                 cancel_requested=0,
                 current_step=0,
+                run_alone=0,
             )
             s.add(row)
             s.flush()
@@ -243,69 +201,7 @@ class RunsMixin(StoreCore):
         with self._read() as s:
             return [RunRecord.from_row(r) for r in s.scalars(q)]
 
-    # ------------------------------------------------------------------ device lease, queue order, resume
-    # One running run per device: the lease is a `meta` row `device:<host>:<device>` =
-    # {"run_id", "worker_id", "pid", "time"}, taken in the claim's transaction and released by its
-    # worker after the run's process group is gone. A worker that died holding it is replaced by
-    # one on the same host (the only place its processes can be seen), which ends the orphaned
-    # group and then releases the lease (`jobs.worker.loop.Worker`, `jobs.worker.leases`).
-    def claim_next_on_device(
-        self, worker_id: str, device: str, worker_pid: int | None = None, host: str | None = None
-    ) -> RunRecord | None:
-        """Atomically move the first queued run to running for this worker, while no other run holds `device`.
-
-        One transaction: the device's lease row is locked, the run is taken with a status guard
-        and a rowcount check, and the lease records it; two workers never get the same run, and
-        one device never runs two. The lease is (host, device): it stays taken until its worker
-        releases it (`release_device`, once the run's process group is gone), so a run that is
-        still writing its last checkpoint never shares the GPU with the next one. A run pinned to
-        a host or device (`pin_host`, `pin_device`) is only taken by a worker there.
-        """
-        now = time.time()
-        host = host or socket.gethostname()
-        with self._tx() as s:
-            lease = _lock_lease(s, _lease_key(host, device))
-            holder = json.loads(lease.value or "{}")
-            if holder.get("run_id") is not None and holder.get("worker_id") != worker_id:
-                return None
-            candidate = _next_queued(s, host, device)
-            if candidate is None:
-                return None
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
-                .values(
-                    status=RunStatus.RUNNING.value,
-                    worker_id=worker_id,
-                    worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                    started_at=now,
-                    heartbeat_at=self._db_now(),
-                    progress_at=None,
-                    finished_at=None,
-                )
-            )
-            if rowcount(result) != 1:  # taken or cancelled since it was read: nothing claimed
-                return None
-            lease.value = json.dumps({"run_id": candidate, "worker_id": worker_id, "pid": worker_pid, "time": now})
-            claimed = s.get(m.Run, candidate)
-            assert claimed is not None  # its row was updated just above, in this transaction
-            return RunRecord.from_row(claimed)
-
-    def device_lease(self, device: str, host: str | None = None) -> dict[str, Any]:
-        """Who holds (host, device): {"run_id", "worker_id", "pid", "time"}, or {} when it is free."""
-        with self._read() as s:
-            row = s.get(m.Meta, _lease_key(host or socket.gethostname(), device))
-            return json.loads(row.value) if row is not None and row.value else {}
-
-    def release_device(self, device: str, worker_id: str, host: str | None = None) -> bool:
-        """Free (host, device) if `worker_id` holds it; True when it did. Call once the run's processes are gone."""
-        with self._tx() as s:
-            lease = _lock_lease(s, _lease_key(host or socket.gethostname(), device))
-            if json.loads(lease.value or "{}").get("worker_id") != worker_id:
-                return False
-            lease.value = "{}"
-            return True
-
+    # ------------------------------------------------------------------ queue order, resume
     def move_queued(self, run_id: int, position: int) -> bool:
         """Move a queued run to `position` (0 = next to run) of the queue; False if it is not queued."""
         with self._tx() as s:
@@ -361,8 +257,8 @@ class RunsMixin(StoreCore):
     # ------------------------------------------------------------------ workers
     # A worker's presence is a `meta` row `worker:<id>` = {"pid", "host", "time"}, refreshed
     # while it lives (idle or busy), so `tunedeck run` can tell whether anyone will take its run.
-    def worker_beat(self, worker_id: str, pid: int, host: str, run_id: int | None = None) -> None:
-        """The worker's presence row, and the heartbeat of the run it trains (if any), in one transaction.
+    def worker_beat(self, worker_id: str, pid: int, host: str, run_id: int | Iterable[int] | None = None) -> None:
+        """The worker's presence row, and the heartbeat of the run(s) it trains (if any), in one transaction.
 
         Plain UPDATE statements (an INSERT the first time): this runs every couple of seconds for
         the life of a worker, next to a training process that should have the machine."""
@@ -371,8 +267,9 @@ class RunsMixin(StoreCore):
         with self._tx() as s:
             if not rowcount(s.execute(update(m.Meta).where(m.Meta.key == key).values(value=value))):
                 s.add(m.Meta(key=key, value=value))
-            if run_id is not None:
-                s.execute(update(m.Run).where(m.Run.id == run_id).values(heartbeat_at=self._db_now()))
+            ids = [run_id] if isinstance(run_id, int) else list(run_id or ())
+            if ids:
+                s.execute(update(m.Run).where(m.Run.id.in_(ids)).values(heartbeat_at=self._db_now()))
 
     def worker_gone(self, worker_id: str) -> None:
         with self._tx() as s:

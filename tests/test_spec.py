@@ -407,6 +407,7 @@ SPEC_FIELDS = [
     "seed",
     "pin_host",
     "pin_device",
+    "share_device",
     "sample_prompts",
     "sample_count",
     "sample_new_tokens",

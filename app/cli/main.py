@@ -2,7 +2,8 @@
 
     tunedeck serve [--host 127.0.0.1] [--port 7860] [--no-worker] [--auth-file FILE]  # dashboard (+ worker)
     tunedeck hash-password [--user NAME]      # a `user:HASH` line for --auth-file (password on stdin)
-    tunedeck worker [--burst] [--device N]    # take queued runs (burst: drain the queue, exit); N: its GPU
+    tunedeck worker [--burst] [--device N] [--share N] [--share-margin 10%]  # take queued runs (burst: drain
+                                              # the queue, exit); N: its GPU; --share: runs side by side
     tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
     tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
     tunedeck runs [--status S] [--search TEXT] [--tag TAG] [--json]   # table of runs (--json: for scripts)
@@ -70,8 +71,14 @@ def _command(module: str, name: str) -> Callable[[Any, argparse.Namespace], int]
 # ---------------------------------------------------------------------- serve and worker
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker.loop import Worker
+    from jobs.worker.share import ShareError, SharePolicy
 
-    done = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device).work(burst=args.burst)
+    try:
+        share = SharePolicy.parse(args.share, args.share_margin)
+    except ShareError as exc:
+        raise UsageError([Problem(exc.flag, exc.problem, exc.fix)]) from exc
+    worker = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device, share=share)
+    done = worker.work(burst=args.burst)
     if args.burst:
         print(f"worker: {done} run(s) done", file=sys.stderr)
     return EXIT_OK
@@ -130,6 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the GPU this worker owns (index or UUID; default TUNEDECK_DEVICE): its training "
         "processes see only it (CUDA_VISIBLE_DEVICES), and one run at a time holds it",
+    )
+    s.add_argument(
+        "--share",
+        type=int,
+        default=1,
+        metavar="N",
+        help="at most N runs on the device at once: runs with share_device: true train side by side while "
+        "their predicted peaks plus the margin fit its memory (default 1: one run at a time)",
+    )
+    s.add_argument(
+        "--share-margin",
+        default="10%",
+        metavar="SIZE",
+        help="what each shared run reserves above its predicted peak: a percentage of it (10%%) or a size (2GiB)",
     )
     s.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_worker)

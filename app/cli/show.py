@@ -1,6 +1,6 @@
 """How the command line shows runs: the `tunedeck runs` table and the `tunedeck show` page.
 
-    print(runs_table(store, store.list_runs()))   # ID STATUS NAME STEP LOSS CREATED TIME DISK TAGS
+    print(runs_table(store, store.list_runs()))   # ID STATUS NAME STEP LOSS CREATED TIME DISK TAGS [SHARES]
     print(show_text(store, run))                  # status, figures, memory (by phase), error, spec, events, data, metrics, files
 
 Pure reads of the store; `app.cli.runs` prints them.
@@ -15,6 +15,7 @@ from jobs.errors import Problem
 from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.units import human_bytes
+from storage.models import RunStatus
 from storage.store import RunRecord, Store
 
 
@@ -43,10 +44,21 @@ def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
 
 
+def sharing(store: Store) -> dict[int, list[int]]:
+    """Running runs that share a device: {run_id: the other runs training with it}. A worker owns one device,
+    so the runs one worker trains at once share it (`tunedeck worker --share N`)."""
+    by_worker: dict[str, list[int]] = {}
+    for r in store.list_runs(status=RunStatus.RUNNING, limit=10_000):
+        by_worker.setdefault(r.worker_id or "", []).append(r.id)
+    return {i: sorted(set(ids) - {i}) for ids in by_worker.values() if len(ids) > 1 for i in ids}
+
+
 def runs_table(store: Store, runs: list[RunRecord]) -> str:
     from storage.run_files import DiskUsage
 
-    header = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME", "DISK", "TAGS")
+    shares = sharing(store)
+    header: tuple[str, ...] = ("ID", "STATUS", "NAME", "STEP", "LOSS", "CREATED", "TIME", "DISK", "TAGS")
+    header += ("SHARES",) if shares else ()  # the column appears while runs share a device
     rows = []
     disk = DiskUsage(store)
     for r in runs:
@@ -64,6 +76,7 @@ def runs_table(store: Store, runs: list[RunRecord]) -> str:
                 human_bytes(disk.of(r)),
                 ",".join(r.tags) or "-",
             )
+            + ((("with " + ",".join(map(str, shares[r.id]))) if r.id in shares else "-",) if shares else ())
         )
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
@@ -86,6 +99,9 @@ def show_text(store: Store, run: RunRecord) -> str:
     predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
     if predicted:
         lines.append(f"{'memory:':<13}{predicted}")
+    others = sharing(store).get(run.id) if run.status is RunStatus.RUNNING else None
+    if others:
+        lines.append(f"{'device:':<13}shared with run(s) {', '.join(map(str, others))} (worker {run.worker_id})")
     if run.error_summary:
         lines.append(f"error:    {run.error_summary}")
     if run.log_path:

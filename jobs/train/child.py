@@ -18,6 +18,8 @@ rows after that step are deleted first, so none is duplicated. A non-finite loss
 fails it with the folder named and the half-written checkpoint removed. A CUDA out-of-memory
 error in training, with `on_oom: recover`, records the next memory trick as a run event and exits
 with `jobs.train.oom.EXIT_OOM_RECOVER`; the worker starts the run again with that change (`jobs.train.oom`).
+On a shared device the child caps its CUDA memory at its share; an OOM it cannot recover from there
+exits with `EXIT_OUTGREW_SHARE`, and the worker queues the run to run alone (`jobs.train.share_cap`).
 Output goes to stdout, which the worker sends to the run's train.log.
 
 `run(run_id)` is the run with the store around it (spec, resume point, results, how it ended);
@@ -43,7 +45,7 @@ from jobs.devices.probe import detect_device
 from jobs.memory.flops import FlopsRate
 from jobs.spec.job import SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
-from jobs.train import before_after, figures, oom, phases
+from jobs.train import before_after, figures, oom, phases, share_cap
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
 from jobs.train.phase_probe import PhaseProbe
@@ -137,6 +139,7 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
     try:
         device = detect_device()
         log.info("device: %s", device)
+        share_cap.apply_cap()  # a shared device: this run's share of it (`jobs.train.share_cap`)
         resume_from = resume_point(store, run_id, output_dir)
         restore = [cb for cb in (oom.scheduler_restorer(resume_from),) if cb is not None]
         # memory at the points of the first optimizer step, kept as phases.json (jobs.train.phases)
@@ -197,6 +200,11 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         if isinstance(exc, torch_oom()) and training and oom.handle(store, run_id, spec, callback.step + 1, output_dir):
             log.warning("run %s: out of memory; the worker continues it with the change above", run_id)
             return oom.EXIT_OOM_RECOVER
+        if isinstance(exc, torch_oom()) and share_cap.capped():
+            log.warning(
+                "run %s: out of memory within its share of the device; the worker queues it to run alone", run_id
+            )
+            return share_cap.EXIT_OUTGREW_SHARE
         summary = summarize(exc, spec)
         past = len(oom.recoveries(store, run_id)) if isinstance(exc, torch_oom()) else 0
         if past:

@@ -21,6 +21,7 @@ from jobs.worker.outcome import first_line
 from jobs.worker.processes import end_group, group_members, is_training_child, pid_alive
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
+from storage.store_leases import lease_runs
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,13 @@ def release_device(
     stop: threading.Event,
     first_delay: float = 1.0,
     max_delay: float = 30.0,
+    run_id: int | None = None,
 ) -> None:
-    """Free this worker's device lease, retrying while the database is unreachable (until `stop` is set)."""
+    """Free this worker's device lease (of `run_id` only, if given), retrying while the database is unreachable (until `stop` is set)."""
     delay = first_delay
     while True:
         try:
-            store.release_device(device, worker_id, host=host)
+            store.release_device(device, worker_id, host=host, run_id=run_id)
             return
         except SQLAlchemyError as exc:
             log.error(
@@ -79,15 +81,19 @@ def take_over_device(store: Store, device: str, worker_id: str, host: str, grace
     holder, pid = lease.get("worker_id"), lease.get("pid")
     if not holder or holder == worker_id or pid_alive(pid):
         return
-    run = store.get_run(lease["run_id"]) if lease.get("run_id") is not None else None
-    if run is not None:
+    ending = False
+    for entry in lease_runs(lease):  # one run, or several that shared the device
+        run = store.get_run(entry["run_id"])
+        if run is None:
+            continue
         if run.status is RunStatus.RUNNING and store.mark_interrupted(
             run.id, f"worker {holder} (pid {pid}) is no longer running"
         ):
             log.warning("run %s interrupted: its worker %s is gone", run.id, holder)
         kill_orphan(run, host, grace_period)
-        if run.child_pid and group_members(run.child_pid):
-            return  # still ending; the lease waits for it
+        ending = ending or bool(run.child_pid and group_members(run.child_pid))
+    if ending:
+        return  # still ending; the lease waits for them
     if store.release_device(device, holder, host=host):
         log.info("device %s: lease of dead worker %s released", device, holder)
 

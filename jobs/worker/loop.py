@@ -1,12 +1,12 @@
-"""The worker: takes queued runs one at a time and runs each in its own training process.
+"""The worker: takes queued runs (one at a time, or several sharing its device) and runs each in its own training process.
 
     tunedeck worker            # serve the queue until SIGTERM / Ctrl-C
     tunedeck worker --burst    # drain the queue, then exit (tests, benchmarks)
 
-One device, one running run: a worker claims (`Store.claim_next_on_device`, one transaction)
-only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"), so two
-workers and two launches at the same moment give one running run and one queued; the queue is
-FIFO unless reordered (`Store.move_queued`). For each run it claims it spawns
+One device, one running run (unless runs share it, below): a worker claims (`Store.claim_next_on_device`,
+one transaction) only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"),
+so two workers and two launches at once give one running run and one queued; the queue is FIFO
+unless reordered (`Store.move_queued`). For each run it claims it spawns
 `python -m jobs.train.child --run-id N` in a new session (its own process group), with stdout and
 stderr going to `runs/<id>/train.log` (never a pipe nobody reads). The child marks its run
 succeeded or failed itself; the worker records what the child cannot: when the child dies while
@@ -21,7 +21,9 @@ once per host and cached (`jobs.worker.runtime`; seconds the first time). A chil
 recorded an out-of-memory recovery: the worker starts a fresh child for the same run.
 
 The loop is here; the child as a process (spawn, pidfd waits, signals) is `jobs.worker.processes`,
-leases and stale runs `jobs.worker.leases`, how a run ended `jobs.worker.outcome`.
+leases and stale runs `jobs.worker.leases`, how a run ended `jobs.worker.outcome`. With `share`
+(`tunedeck worker --share N`) runs that opted in train side by side while their predicted peaks fit
+(`jobs.worker.share`, `jobs.worker.pool`: one thread per run, each through `execute`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
-from types import FrameType
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -45,9 +46,12 @@ from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.queue.prediction import add_runtime
 from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
+from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV
 from jobs.worker import leases, processes, runtime
-from jobs.worker.outcome import first_line, record_end, run_status
+from jobs.worker.outcome import first_line, record_end, run_status, saving_checkpoint
+from jobs.worker.pool import RunPool
 from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wait_exit, wait_group_gone
+from jobs.worker.share import SharePolicy, requeue_alone
 from storage.models import RunStatus
 from storage.settings import data_dir
 from storage.store import RunFolderError, RunRecord, Store
@@ -75,6 +79,7 @@ class Worker:
         exit_with_parent: int | None = None,
         device: str | None = None,
         save_grace: float | None = None,
+        share: SharePolicy | None = None,
     ) -> None:
         self.store = store
         self.host = socket.gethostname()
@@ -106,6 +111,10 @@ class Worker:
         self._stop = threading.Event()
         self._stop_reason = "worker stopped"
         self._last_beat = 0.0
+        self._beat_lock = threading.Lock()
+        self._children: dict[int, int] = {}  # run id -> child pid of every run training now (heartbeats)
+        self.share = share or SharePolicy()
+        self.pool: RunPool | None = None  # set by publish_device when `share` lets runs share the device
         # stop() writes a byte here so a watch asleep in select() wakes at once (see wait_exit).
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -123,7 +132,7 @@ class Worker:
 
     def work(self, burst: bool = False, stop_after: int | None = None) -> int:
         """Serve the queue (burst: until it is empty; stop_after: until that run is done). Returns runs done."""
-        handlers = self._install_signal_handlers()
+        handlers = processes.install_stop_handlers(self.stop)
         if self.sample:
             self.sampler = Sampler(
                 self.store, GpuProbe(visible=self.device if self.pinned else None), worker_id=self.worker_id
@@ -134,27 +143,30 @@ class Worker:
         try:
             self.publish_device()
             next_cleanup = 0.0
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not (self.pool and stop_after in self.pool.finished):
                 try:
                     if time.monotonic() >= next_cleanup:  # the device may be held by a dead worker's run
                         next_cleanup = time.monotonic() + self.stale_after / 2
                         self.cleanup_stale()
-                        self._take_over_device()
+                        # a dead worker's lease of our device, once its run's processes are gone
+                        leases.take_over_device(self.store, self.device, self.worker_id, self.host, self.grace_period)
                     self._beat()
                     if self.exit_with_parent and not pid_alive(self.exit_with_parent):
                         log.info("parent process %s is gone; stopping", self.exit_with_parent)
+                        self.stop("the parent process is gone")  # shared runs still training stop too
                         break
-                    run = self.store.claim_next_on_device(self.worker_id, self.device, os.getpid(), host=self.host)
+                    run = None if self.pool is not None and self.pool.full() else self._claim()
                     if run is None:
-                        if burst and not self.store.queued():
+                        idle = self.pool is None or not self.pool.active
+                        if burst and idle and not self.store.queued():
                             break
                         delay = 0.0
-                        self._stop.wait(self.poll_interval)
+                        self._stop.wait(self.poll_interval) if idle else self.pool.wait_slot(self.poll_interval)  # type: ignore[union-attr]
                         continue
                     problem = spec_problem(run.spec_json)
                     if problem is not None:  # another version's spec, or edited by hand: fail it, go on
                         self.store.mark_failed(run.id, problem[:2000], problem)
-                        self.store.release_device(self.device, self.worker_id, host=self.host)
+                        self.store.release_device(self.device, self.worker_id, host=self.host, run_id=run.id)
                         continue
                     delay = 0.0
                 except SQLAlchemyError as exc:  # the database is down or locked: wait, log, go on
@@ -164,17 +176,25 @@ class Worker:
                     )
                     self._stop.wait(delay)
                     continue
-                self.execute(run)
                 done += 1
+                if self.pool is not None:
+                    self.pool.start(run, self.execute, self.stop)
+                    continue
+                self.execute(run)
                 if stop_after is not None and run.id == stop_after:
                     break
+        except BaseException:
+            self.stop("the worker failed")  # the shared runs' children are stopped, not left behind
+            raise
         finally:
+            if self.pool is not None:
+                self.pool.join()
             if not self._stop.is_set():
                 self.baseline_known()  # a burst worker on an empty queue still publishes its runtime
             if self.sampler is not None:
                 self.sampler.stop()
             self._quietly(self.store.worker_gone, self.worker_id)
-            self._restore_signal_handlers(handlers)
+            processes.restore_handlers(handlers)
         return done
 
     def publish_device(self) -> None:
@@ -187,6 +207,8 @@ class Worker:
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
         self.trains_on_cpu = facts.kind != "cuda"  # the children's allocator setting follows (child_env)
+        if self.share.enabled and self.pool is None:  # published once more (a bench): the same pool
+            self.pool = RunPool(self.share, facts.total_bytes)
         self._publish(facts)
         if self.baseline_argv is None:
             return
@@ -246,31 +268,35 @@ class Worker:
             log_path = self.store.run_dir(run.id) / "train.log"
         except RunFolderError as exc:
             self.store.mark_failed(run.id, str(exc))
-            self._release()
+            self._release(run.id)
             return run_status(self.store, run.id)
         try:
-            child = processes.spawn(self.child_argv(run.id), log_path, self.child_env())
+            child = processes.spawn(self.child_argv(run.id), log_path, self.child_env(run.id))
         except OSError as exc:
             self.store.mark_failed(run.id, f"could not start the training process: {exc}")
-            self._release()
+            self._release(run.id)
             return run_status(self.store, run.id)
         log.info("run %s: started child pid %s, log %s", run.id, child.pid, log_path)
         try:
+            self._children[run.id] = child.pid
             self._quietly(self.store.set_child, run.id, child.pid, str(log_path))
             if self.sampler is not None:
-                self.sampler.set_run(run.id, child.pid)
+                self.sampler.set_run(run.id, child.pid)  # sharing: the newest run (per-run telemetry is to come)
             returncode, why = self._watch(run.id, child)
         finally:
             killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its run
             wait_group_gone(child.pid, self.grace_period)
+            self._children.pop(run.id, None)
             if self.sampler is not None:
-                self.sampler.set_run(None)
+                self.sampler.set_run(*next(iter(self._children.items()), (None, None)))
         if returncode == EXIT_OOM_RECOVER and why is None and may_restart:
             return _RESTART  # the same run goes on in a fresh child: the device stays leased
         try:
+            if returncode == EXIT_OUTGREW_SHARE and why is None and requeue_alone(self.store, run.id):
+                return run_status(self.store, run.id)
             return record_end(self.store, run.id, returncode, why, log_path)
         finally:
-            self._release()  # the group is gone: the device is free for the next run
+            self._release(run.id)  # the group is gone: the device (or this run's share of it) is free
 
     def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:
         """Wait for the child, heartbeating; returns (returncode, 'cancel'|'stop'|None)."""
@@ -318,21 +344,20 @@ class Worker:
         A child still writing a checkpoint when the grace period ends (a `checkpoint-N` folder
         without its completeness marker) gets up to `save_grace` more seconds to finish it.
         """
-        saving = (lambda: self._saving(run_id)) if run_id is not None else None
+        saving = (lambda: saving_checkpoint(self.store, run_id)) if run_id is not None else None
         return processes.terminate(child, self.grace_period, self.save_grace, saving, what=f"run {run_id}")
 
-    def _saving(self, run_id: int) -> bool:
-        """Whether the run has a checkpoint folder that is not complete yet (being written)."""
-        from jobs.train.checkpoints import checkpoint_dirs, is_complete
-
-        try:
-            return any(not is_complete(path) for _, path in checkpoint_dirs(self.store.run_dir(run_id) / "output"))
-        except (OSError, RunFolderError):
-            return False
-
     # ------------------------------------------------------------------ helpers
-    def child_env(self) -> dict[str, str]:
-        """The environment of a training child (and of the runtime baseline, measured like one)."""
+    def _claim(self) -> RunRecord | None:
+        """The next run this device has room for: alone, or next to the runs sharing it (`jobs.worker.pool`)."""
+        if self.pool is not None:
+            return self.pool.claim(self.store, self.worker_id, self.device, os.getpid(), self.host)
+        return self.store.claim_next_on_device(self.worker_id, self.device, os.getpid(), host=self.host)
+
+    def child_env(self, run_id: int | None = None) -> dict[str, str]:
+        """The environment of a training child (and of the runtime baseline, measured like one).
+
+        A shared run on a CUDA device gets its memory cap (`jobs.train.share_cap`)."""
         env = dict(
             os.environ,
             TUNEDECK_HOME=str(data_dir()),
@@ -346,17 +371,15 @@ class Worker:
         if self.pinned:
             # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
             env["CUDA_VISIBLE_DEVICES"] = self.device if processes.is_gpu_id(self.device) else ""
+        fraction = self.pool.fraction(run_id) if self.pool is not None and run_id is not None else None
+        if fraction is not None and not self.trains_on_cpu:
+            env[MEMORY_FRACTION_ENV] = f"{fraction:.6f}"
         return env
 
-    def _release(self) -> None:
-        """Free this worker's device lease, retrying while the database is unreachable (or stopping)."""
-        leases.release_device(
-            self.store, self.device, self.worker_id, self.host, self._stop, self.poll_interval, self.db_retry_max_s
-        )
-
-    def _take_over_device(self) -> None:
-        """Free this host's lease of our device when the worker holding it is dead and its run's processes are gone."""
-        leases.take_over_device(self.store, self.device, self.worker_id, self.host, self.grace_period)
+    def _release(self, run_id: int) -> None:
+        """Free this run's hold on the device, retrying while the database is unreachable (or stopping)."""
+        waits = (self.poll_interval, self.db_retry_max_s)
+        leases.release_device(self.store, self.device, self.worker_id, self.host, self._stop, *waits, run_id)
 
     def _quietly(self, fn: Callable[..., object], *args: object) -> None:
         """A bookkeeping write that must not stop the worker: logged when the database fails."""
@@ -366,25 +389,12 @@ class Worker:
             log.error("%s failed: %s", getattr(fn, "__name__", fn), first_line(exc))
 
     def _beat(self, run_id: int | None = None) -> None:
-        now = time.monotonic()
-        if now - self._last_beat < self.heartbeat_interval:
-            return
-        self._last_beat = now
-        self.store.worker_beat(self.worker_id, os.getpid(), self.host, run_id)
-
-    def _install_signal_handlers(self) -> dict[int, object]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}  # signals are only delivered to the main thread; the caller uses stop()
-
-        def handle(signum: int, _frame: FrameType | None) -> None:
-            self.stop(f"worker received {signal.Signals(signum).name}")
-
-        old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, handle)
-        return old
-
-    @staticmethod
-    def _restore_signal_handlers(old: dict[int, object]) -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        """The worker's presence and the heartbeat of every run it trains (sharing: all of them at once)."""
+        with self._beat_lock:
+            now = time.monotonic()
+            if now - self._last_beat < self.heartbeat_interval:
+                return
+            self._last_beat = now
+        shared = self.pool.active if self.pool is not None else []  # claimed, maybe not started yet
+        runs = {*self._children, *shared, *([run_id] if run_id is not None else [])}
+        self.store.worker_beat(self.worker_id, os.getpid(), self.host, sorted(runs))

@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from storage.models import RunStatus
-from storage.store import Store
+from storage.store import RunFolderError, Store
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +73,13 @@ def record_end(store: Store, run_id: int, returncode: int, why: str | None, log_
     status = run_status(store, run_id)
     log.info("run %s: %s (%s)", run_id, status.value if status else "deleted", describe_exit(returncode))
     return status
+
+
+def saving_checkpoint(store: Store, run_id: int) -> bool:
+    """Whether the run has a checkpoint folder that is not complete yet (being written)."""
+    from jobs.train.checkpoints import checkpoint_dirs, is_complete
+
+    try:
+        return any(not is_complete(path) for _, path in checkpoint_dirs(store.run_dir(run_id) / "output"))
+    except (OSError, RunFolderError):
+        return False

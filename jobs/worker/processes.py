@@ -15,9 +15,11 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import psutil
 
@@ -193,3 +195,22 @@ def close_fds(*fds: int) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def install_stop_handlers(stop: Callable[[str], None]) -> dict[int, object]:
+    """SIGTERM and SIGINT call `stop(reason)` (main thread only); returns the handlers they replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # signals are only delivered to the main thread; the caller uses stop()
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        stop(f"worker received {signal.Signals(signum).name}")
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        old[sig] = signal.signal(sig, handle)
+    return old
+
+
+def restore_handlers(old: dict[int, object]) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)  # type: ignore[arg-type]

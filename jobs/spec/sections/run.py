@@ -25,6 +25,13 @@ class RunFields:
         label="Device",
         advanced=True,
     )
+    share_device: bool = spec_field(
+        False,
+        Group.RUN,
+        "May train at the same time as other sharing runs on one device, when a worker allows it (`tunedeck worker --share N`) and their predicted peaks plus a margin fit its memory; on a GPU the run is capped at its share and, if it outgrows it, queued again to run alone.",
+        label="Share the device",
+        advanced=True,
+    )
     sample_prompts: str | None = spec_field(
         None,
         Group.RUN,
