@@ -283,17 +283,15 @@ def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):
 
 
 def test_run_page_memory_graph_gets_the_predicted_line():
-    import pandas as pd
-
     from app.ui.memory import PREDICTED_SERIES, with_predicted_line
 
-    frame = pd.DataFrame(
-        [(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")], columns=["seconds", "GiB", "series"]
-    )
-    out = with_predicted_line(frame, {"total_bytes": 2 * GIB})
-    line = out[out["series"] == PREDICTED_SERIES]
-    assert list(line["GiB"]) == [2.0, 2.0] and list(line["seconds"]) == [-30.0, -1.0]
-    assert with_predicted_line(frame, None) is frame
+    rows = [(-30.0, 1.0, "torch reserved"), (-1.0, 1.5, "torch reserved")]
+    out = with_predicted_line(rows, {"total_bytes": 2 * GIB})
+    assert [r for r in out if r[2] == PREDICTED_SERIES] == [
+        (-30.0, 2.0, PREDICTED_SERIES),
+        (-1.0, 2.0, PREDICTED_SERIES),
+    ]
+    assert with_predicted_line(rows, None) is rows and with_predicted_line([], {"total_bytes": GIB}) == []
 
 
 def test_only_the_expected_failures_mean_no_prediction(tmp_path: Path, tiny_model: Path) -> None:
