@@ -120,9 +120,10 @@ case "$cmd" in
         run_checks
         ensure_system_packages
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
-        # Two workers, each taking whole test files (module fixtures: a served dashboard, a trained run):
-        # many tests wait on subprocesses, servers and a browser, so a second worker fills that time.
-        # Serial by default until a full run on two workers has passed on a quiet machine.
+        # TUNEDECK_TEST_WORKERS=2: two workers, each taking whole test files (module fixtures: a served
+        # dashboard, a trained run). Serial by default: on the 2-core CI machine a full run on two workers
+        # passed but took 2,560 s against ~1,900 s serial, because two training children at once
+        # oversubscribe the cores (the SmolLM2 GGUF export test alone went from minutes to 1,239 s).
         workers="${TUNEDECK_TEST_WORKERS:-0}"
         xdist=()
         if [[ "$workers" != "0" ]]; then xdist=(-n "$workers" --dist loadfile); fi

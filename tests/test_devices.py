@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,15 @@ from storage.store import Store
 
 
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This module tests the runtime cache itself: a folder of its own, not the session's shared one."""
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This module tests the runtime cache itself: a folder of its own, not the session's shared one,
+    and no facts an earlier test of this process remembered (`local_facts` reads the cache once)."""
+    from jobs.devices import probe
+
     monkeypatch.setenv("TUNEDECK_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+    probe.local_facts.cache_clear()
+    yield tmp_path / "cache"
+    probe.local_facts.cache_clear()
 
 
 H200 = DeviceFacts(

@@ -226,6 +226,7 @@ def test_a_worker_that_does_not_share_ignores_the_opt_in(store: Store, monkeypat
 
 # ---------------------------------------------------------------------- real runs side by side
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # ~60 s of real runs; the claim's SQL is tested on both databases above
 def test_three_fitting_runs_train_together_and_a_fourth_waits(store: Store, tiny_model: Path) -> None:
     """Four real tiny runs sharing a CPU worker, each predicted at 30% of its memory: three fit at once."""
     from jobs.devices.probe import detect
@@ -298,6 +299,7 @@ def test_cancelling_one_shared_run_leaves_its_neighbour_training(store: Store, m
 
 
 @pytest.mark.integration
+@pytest.mark.sqlite_only
 def test_the_child_out_of_memory_within_its_cap_asks_to_run_alone(
     store: Store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
