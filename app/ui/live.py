@@ -218,7 +218,7 @@ class Feed:
         stamp = self.store.run_stamp(run_id)
         if stamp != self._run_stamp:
             self._run_stamp = stamp
-            out.append({"kind": "run", "run_id": run_id})
+            out.append({"kind": "run", "run_id": run_id, "status": stamp[0] if stamp else None})
         if stamp is None:  # no such run: the page's text says so
             self._run_finished = True
             return out

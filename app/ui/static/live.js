@@ -29,7 +29,7 @@
   const CHECK_MS = 1000;
   const RETRY_MS = 3000;
   const PRESS_GAP_MS = 400; // at most ~2 Gradio refreshes a second per view, the last one always sent
-  const RUN_TEXT_GAP_MS = 2000; // a live run's text (step, ETA, log) every 2 s at most; its charts at once
+  const RUN_TEXT_GAP_MS = 5000; // a live run's text (step, ETA, log) every 5 s at most, a new status at once; charts at once
 
   // ------------------------------------------------------------------ numbers and ticks
   function niceStep(span, count) {
@@ -337,19 +337,28 @@
       const button = document.getElementById(id);
       if (button) button.click();
     };
+    if (gap === 0 && entry.timer) { // at once: the waiting press goes now
+      clearTimeout(entry.timer);
+      entry.timer = null;
+    }
     const wait = entry.at + gap - Date.now();
     if (wait <= 0 && !entry.timer) go();
     else if (!entry.timer) entry.timer = setTimeout(go, Math.max(wait, 0));
   }
 
   const BUTTONS = { run: "run-poll", runs: "runs-refresh", devices: "gpu-poll" };
+  let lastStatus = null;
   function handle(msg) {
     if (msg.kind === "charts") {
       for (const [id, update] of Object.entries(msg.charts)) {
         const chart = chartFor(id);
         if (chart) chart.apply(update, msg.now);
       }
-    } else if (BUTTONS[msg.kind]) press(BUTTONS[msg.kind], msg.kind === "run" ? RUN_TEXT_GAP_MS : PRESS_GAP_MS);
+    } else if (msg.kind === "run") {
+      const moved = msg.status !== lastStatus; // queued -> running -> finished: shown at once
+      lastStatus = msg.status;
+      press(BUTTONS.run, moved ? 0 : RUN_TEXT_GAP_MS);
+    } else if (BUTTONS[msg.kind]) press(BUTTONS[msg.kind], PRESS_GAP_MS);
   }
 
   const live = { key: null, source: null, ended: null, messages: 0, draws: 0 };
