@@ -16,6 +16,7 @@ from jobs.spec.imports.base import (
     MULTIMODAL,
     OUTPUT,
     RESUME,
+    SAME_NAMED_KEYS,
     TEMPLATE,
     TRACKING,
     Imported,
@@ -239,21 +240,11 @@ def _method(r: Reader) -> None:
 
 
 def _training(r: Reader, trainer: str) -> None:
+    r.copy_same(SAME_NAMED_KEYS)
     for key, field_name in (
         ("sequence_len", "max_length"),
         ("micro_batch_size", "per_device_train_batch_size"),
-        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
         ("num_epochs", "num_train_epochs"),
-        ("max_steps", "max_steps"),
-        ("learning_rate", "learning_rate"),
-        ("weight_decay", "weight_decay"),
-        ("max_grad_norm", "max_grad_norm"),
-        ("logging_steps", "logging_steps"),
-        ("eval_steps", "eval_steps"),
-        ("save_steps", "save_steps"),
-        ("save_total_limit", "save_total_limit"),
-        ("seed", "seed"),
-        ("auto_find_batch_size", "auto_find_batch_size"),
     ):
         r.copy(key, field_name)
     val = r.take("val_set_size")

@@ -77,6 +77,24 @@ def empty(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
+# Hugging Face TrainingArguments keys that the spec reads under the same name, in every importer
+# (axolotl names epochs and the micro-batch its own way: HF_TRAINING_KEYS adds them for the others).
+SAME_NAMED_KEYS = (
+    "learning_rate",
+    "max_steps",
+    "gradient_accumulation_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+    "save_total_limit",
+    "seed",
+    "auto_find_batch_size",
+)
+HF_TRAINING_KEYS = (*SAME_NAMED_KEYS, "num_train_epochs", "per_device_train_batch_size")
+
+
 class Reader:
     """Accounts for every key of one source mapping; `prefix` names keys of a nested one (`datasets[0].`)."""
 
@@ -112,6 +130,11 @@ class Reader:
         value = self.take(key)
         if value is not None:
             self.put(spec_field, value, key)
+
+    def copy_same(self, keys: tuple[str, ...]) -> None:
+        """`copy` each key to the spec field of the same name."""
+        for key in keys:
+            self.copy(key, key)
 
     def drop(self, key: str, why: str) -> None:
         """List the key as not carried over (when the file gives it a value)."""

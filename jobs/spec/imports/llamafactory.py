@@ -15,6 +15,7 @@ from typing import Any
 from jobs.spec.imports.base import (
     DISTRIBUTED,
     EVALUATION,
+    HF_TRAINING_KEYS,
     HUB,
     KERNELS,
     LOADING,
@@ -287,22 +288,8 @@ def _lora_keys(r: Reader, used: bool) -> None:
 
 
 def _training(r: Reader, stage: str) -> None:
-    for key, field_name in (
-        ("cutoff_len", "max_length"),
-        ("learning_rate", "learning_rate"),
-        ("num_train_epochs", "num_train_epochs"),
-        ("max_steps", "max_steps"),
-        ("per_device_train_batch_size", "per_device_train_batch_size"),
-        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-        ("weight_decay", "weight_decay"),
-        ("max_grad_norm", "max_grad_norm"),
-        ("logging_steps", "logging_steps"),
-        ("save_steps", "save_steps"),
-        ("save_total_limit", "save_total_limit"),
-        ("eval_steps", "eval_steps"),
-        ("seed", "seed"),
-        ("auto_find_batch_size", "auto_find_batch_size"),
-    ):
+    r.copy_same(HF_TRAINING_KEYS)
+    for key, field_name in (("cutoff_len", "max_length"),):
         r.copy(key, field_name)
     for field_name, value in DEFAULTS.items():
         r.fields.setdefault(field_name, value)

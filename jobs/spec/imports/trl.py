@@ -14,6 +14,7 @@ from typing import Any
 from jobs.spec.imports.base import (
     DISTRIBUTED,
     EVALUATION,
+    HF_TRAINING_KEYS,
     HUB,
     KERNELS,
     LOADING,
@@ -94,22 +95,7 @@ def import_trl(data: Mapping[str, Any]) -> Imported:
     _data(r)
     _method(r)
     _trainer_options(r, trainer)
-    for key, field_name in (
-        ("learning_rate", "learning_rate"),
-        ("num_train_epochs", "num_train_epochs"),
-        ("max_steps", "max_steps"),
-        ("per_device_train_batch_size", "per_device_train_batch_size"),
-        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-        ("weight_decay", "weight_decay"),
-        ("max_grad_norm", "max_grad_norm"),
-        ("logging_steps", "logging_steps"),
-        ("eval_steps", "eval_steps"),
-        ("save_steps", "save_steps"),
-        ("save_total_limit", "save_total_limit"),
-        ("seed", "seed"),
-        ("auto_find_batch_size", "auto_find_batch_size"),
-    ):
-        r.copy(key, field_name)
+    r.copy_same(HF_TRAINING_KEYS)
     length = "max_seq_length" if r.has("max_seq_length") and not r.has("max_length") else "max_length"
     r.copy(length, "max_length")
     if length == "max_length":
