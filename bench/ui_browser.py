@@ -15,7 +15,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,18 +29,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve()
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-]
+# Chromium's path and offline flags, a free port and stopping a server: the Chromium tests' helpers.
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, free_port, stop_server  # noqa: E402
+
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -94,12 +85,6 @@ def tree_env(tree: Path, home: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------- servers
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(tree: Path, home: Path, port: int) -> subprocess.Popen:
     log = (home / "server.log").open("wb")
     cmd = [sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", "127.0.0.1", "--port", str(port)]
@@ -115,16 +100,6 @@ def start_server(tree: Path, home: Path, port: int) -> subprocess.Popen:
             time.sleep(0.3)
     stop_server(proc)
     raise RuntimeError(f"server of {tree} did not come up:\n{(home / 'server.log').read_text()[-4000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 # ---------------------------------------------------------------------- the feeder (child side)
