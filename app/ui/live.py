@@ -185,6 +185,7 @@ class Feed:
         self._gpu_series: Any = object()
         self._devices: Any = object()
         self._devices_at = -math.inf
+        self._gpu_worker: str | None = None  # whose samples the GPU panel draws (`_worker`, when devices move)
         self._runs: Any = object()
 
     @property
@@ -248,12 +249,12 @@ class Feed:
             devices = (self.store.devices_stamp(), tuple(sorted(w["worker_id"] for w in self.store.live_workers())))
             if devices != self._devices:
                 self._devices = devices
+                self._gpu_worker = self._worker()  # the devices moved: pick the graph's worker again
                 out.append({"kind": "devices"})
         if series == self._gpu_series and not out:
             return out
         self._gpu_series = series
-        worker = self._worker()
-        rows = gpu.live_rows(self.store, worker, now, charts.GPU_WINDOW_S, GPU_BUCKET_S)
+        rows = gpu.live_rows(self.store, self._gpu_worker, now, charts.GPU_WINDOW_S, GPU_BUCKET_S)
         payload = {
             chart_id: update
             for (chart_id, state), chart_rows in zip(self._gpu_charts.items(), rows)
