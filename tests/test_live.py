@@ -119,7 +119,8 @@ def test_a_live_run_sends_new_points_and_nothing_when_nothing_changed(store: Sto
         "run-loss-plot": {"set": {"train": {"from_x": 4.0, "points": [[4.0, 1.5]]}}, "colors": {"train": "#4e79a7"}}
     }
     store.set_progress(run_id, 4)
-    assert _kinds(feed.poll()) == ["run"]  # the text moved, the charts did not
+    (moved,) = feed.poll()  # the text moved, the charts did not; the message carries the bar's step
+    assert moved["kind"] == "run" and moved["step"] == 4 and moved["status"] == "running"
     other = _running(store)  # another run's rows move the store's stamp, not this page's charts
     store.add_metrics(other, [MetricPoint(9, "loss", 1.0, time.time())])
     assert feed.poll() == []

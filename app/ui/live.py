@@ -219,7 +219,10 @@ class Feed:
         stamp = self.store.run_stamp(run_id)
         if stamp != self._run_stamp:
             self._run_stamp = stamp
-            out.append({"kind": "run", "run_id": run_id, "status": stamp[0] if stamp else None})
+            message: dict[str, Any] = {"kind": "run", "run_id": run_id, "status": stamp[0] if stamp else None}
+            if stamp:  # the progress bar's step moves with every message; the rest of the text every few seconds
+                message["step"], message["total"] = stamp[1], stamp[2]
+            out.append(message)
         if stamp is None:  # no such run: the page's text says so
             self._run_finished = True
             return out

@@ -346,6 +346,22 @@
     else if (!entry.timer) entry.timer = setTimeout(go, Math.max(wait, 0));
   }
 
+  // The progress bar follows the stream at once (run_text.progress_html draws it: bar, then
+  // "step N/T · ETA ..."); the ETA and the rest of the run's text come with the next redraw.
+  function showStep(runId, step, total) {
+    const el = document.getElementById("run-progress");
+    const shownId = document.querySelector("#run-id input");
+    if (!el || typeof step !== "number" || !shownId || shownId.value.trim() !== String(runId)) return;
+    el.dataset.step = String(step);
+    if (typeof total === "number" && total > 0) {
+      el.dataset.total = String(total);
+      const bar = el.firstElementChild && el.firstElementChild.firstElementChild;
+      if (bar) bar.style.width = Math.min(100, (100 * step) / total).toFixed(1) + "%";
+    }
+    const label = el.children[1];
+    if (label) label.textContent = label.textContent.replace(/^step \d+\/\S+/, "step " + step + "/" + (total || "?"));
+  }
+
   const BUTTONS = { run: "run-poll", runs: "runs-refresh", devices: "gpu-poll" };
   let lastStatus = null;
   function handle(msg) {
@@ -355,6 +371,7 @@
         if (chart) chart.apply(update, msg.now);
       }
     } else if (msg.kind === "run") {
+      showStep(msg.run_id, msg.step, msg.total);
       const moved = msg.status !== lastStatus; // queued -> running -> finished: shown at once
       lastStatus = msg.status;
       press(BUTTONS.run, moved ? 0 : RUN_TEXT_GAP_MS);
