@@ -15,20 +15,38 @@ from storage.models import RunStatus
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def runs(store, tiny_model: Path) -> dict[str, int]:
-    """A finished LoRA run, a finished prompt-tuning run and a full fine-tune, through the worker."""
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
+    """One data folder for the module (the runs train once): a finished LoRA run, a finished
+    prompt-tuning run and a full fine-tune, through the worker."""
     from jobs.worker.loop import Worker
+    from storage.store import Store
 
-    ids = {
-        "lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
-        "prompt": store.create_run(tiny_spec(tiny_model, method="prompt_tuning", max_steps=2)),
-        "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
-    }
-    Worker(store, poll_interval=0.1).work(burst=True)
-    for name, run_id in ids.items():
-        assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
-    return ids
+    folder = tmp_path_factory.mktemp("export-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEDECK_HOME", str(folder))
+        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        store = Store()
+        ids = {
+            "lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
+            "prompt": store.create_run(tiny_spec(tiny_model, method="prompt_tuning", max_steps=2)),
+            "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
+        }
+        Worker(store, poll_interval=0.1).work(burst=True)
+        for name, run_id in ids.items():
+            assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
+        yield store, ids
+        store.dispose()
+
+
+@pytest.fixture
+def store(home):
+    return home[0]
+
+
+@pytest.fixture
+def runs(home) -> dict[str, int]:
+    return home[1]
 
 
 def test_merged_export_answers_like_the_adapter_and_is_recorded(store, runs: dict[str, int]) -> None:
