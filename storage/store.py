@@ -13,31 +13,25 @@ device leases (one run per device, or several sharing it) in `store_leases.py`, 
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
 tags, notes and deletion in `store_manage.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
-declared in `store_core.py`. Every name is importable from here.
+and its engines and sessions are in `store_core.py`. Every name is importable from here.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
 
-from sqlalchemy import Float, create_engine, event, func, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import select
 
 from storage import models as m
 from storage.identity import RunFolderError, claim_folder, ensure_identity
 from storage.migrations import MIGRATIONS, migrate
 from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
-from storage.retry import call_retrying, is_locked_error
+from storage.retry import is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.settings import data_dir, database_url
+from storage.store_core import BUSY_TIMEOUT_MS, WRITE_RETRY_S
 from storage.store_events import EventsMixin
 from storage.store_leases import DeviceShare, LeasesMixin
 from storage.store_manage import ManageMixin, RunningRunError
@@ -65,77 +59,15 @@ __all__ = [
     "is_locked_error",
 ]
 
-BUSY_TIMEOUT_MS = 30_000
-# Metric/memory writes retry "database is locked" (a lock held past the busy timeout) with
-# exponential backoff for this long before their rows are kept in memory for the next write.
-WRITE_RETRY_S = 120.0
-
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class Store(RunsMixin, LeasesMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):
-        self.url = url or database_url()
-        self._sqlite = self.url.startswith("sqlite")
-        self._write_engine = self._make_engine(immediate=True)
-        self._read_engine = self._make_engine(immediate=False) if self._sqlite else self._write_engine
-        self._write = sessionmaker(self._write_engine, expire_on_commit=False)
-        self.lock_retries = 0  # how often a write met 'database is locked' and was retried
-        self._unwritten: list[tuple[int, list[dict[str, Any]]]] = []  # metric rows kept after retries ran out
-        self._buffer_lock = threading.Lock()
-        self._read = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._connect(url or database_url())
         self._migrate()
-
-    # ------------------------------------------------------------------ engine
-    def _make_engine(self, immediate: bool) -> Engine:
-        kwargs: dict[str, Any] = {}
-        if self._sqlite:
-            kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
-        engine = create_engine(self.url, **kwargs)
-        if self._sqlite:
-
-            @event.listens_for(engine, "connect")
-            def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-                dbapi_conn.isolation_level = None  # SQLAlchemy's begin event emits BEGIN itself
-                cur = dbapi_conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-                cur.execute("PRAGMA foreign_keys=ON")
-                cur.execute("PRAGMA synchronous=NORMAL")
-                cur.close()
-
-            @event.listens_for(engine, "begin")
-            def _on_begin(conn: Any) -> None:
-                conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-        return engine
-
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self._write() as session, session.begin():
-            yield session
-
-    def _db_now(self) -> ColumnElement[float]:
-        """The database server's clock as epoch seconds (an SQL expression): one clock for every host."""
-        if self._sqlite:
-            return (func.julianday("now") - 2440587.5) * 86400.0
-        return func.cast(func.extract("epoch", func.clock_timestamp()), Float)
-
-    def _retrying(self, fn: Callable[[], T], what: str, deadline_s: float | None = None) -> T:
-        """Call `fn()` (one whole write transaction) again on 'database is locked', backing off."""
-        return call_retrying(
-            fn, what, self._retry_window_s() if deadline_s is None else deadline_s, log, self._count_lock_retry
-        )
-
-    def _count_lock_retry(self) -> None:
-        self.lock_retries += 1
-
-    def _retry_window_s(self) -> float:
-        """WRITE_RETRY_S, read at call time (tests shorten it on this module)."""
-        return WRITE_RETRY_S
 
     def _migrate(self) -> None:
         """Create tables, bring an older database up to SCHEMA_VERSION, and read (or write) its identity."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from jobs.spec.job import JobSpec
-from storage import store as store_module
+from storage import store_core
 from storage.store import MetricPoint, Store, is_locked_error
 
 pytestmark = pytest.mark.slow  # real processes holding database locks: the slow tier
@@ -119,7 +119,7 @@ def test_writer_waits_out_a_held_lock(store: Store, run: int, data_home: Path) -
 
 def test_locked_error_is_retried_not_raised(data_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Busy timeout 0.5 s < lock 3 s: SQLite raises 'database is locked'; the store retries."""
-    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 500)
+    monkeypatch.setattr(store_core, "BUSY_TIMEOUT_MS", 500)
     store = Store()
     try:
         run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=1))
@@ -135,8 +135,8 @@ def test_locked_error_is_retried_not_raised(data_home: Path, monkeypatch: pytest
 
 def test_rows_kept_when_retries_run_out(data_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Still locked after the retry budget: rows stay buffered and go with the next write."""
-    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 100)
-    monkeypatch.setattr(store_module, "WRITE_RETRY_S", 0.5)
+    monkeypatch.setattr(store_core, "BUSY_TIMEOUT_MS", 100)
+    monkeypatch.setattr(store_core, "WRITE_RETRY_S", 0.5)
     store = Store()
     try:
         run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=1))

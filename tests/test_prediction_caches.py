@@ -90,21 +90,16 @@ def test_an_arch_read_back_from_disk_is_the_one_built(data_home: Path, monkeypat
     from jobs.models import library
 
     text = json.dumps(LLAMA, sort_keys=True)
-    builds: list[int] = []
-
-    def build() -> Any:
-        builds.append(1)
-        return arch_from_config(transformers_config(LLAMA))
-
-    built = arch_cache.cached_arch(text, build)
-    read = arch_cache.cached_arch(text, build)
-    assert builds == [1] and read == built  # every field, the layer shapes included
+    assert arch_cache.read_arch(text) is None  # nothing kept yet
+    built = arch_from_config(transformers_config(LLAMA))
+    arch_cache.keep_arch(text, built)
+    read = arch_cache.read_arch(text)
+    assert read is not None and read == built  # every field, the layer shapes included
     lokr = JobSpec.from_dict({"method": "lokr"})  # peft counts it on a model built from the config read back
     assert trainable_params(lokr, read.shape) == trainable_params(lokr, built.shape)
     real = library.stamp
     monkeypatch.setattr(library, "stamp", lambda package: real(package) + (" upgraded" if package == "torch" else ""))
-    arch_cache.cached_arch(text, build)
-    assert builds == [1, 1]  # another torch: built again
+    assert arch_cache.read_arch(text) is None  # another torch: not the kept one, built again
 
 
 def test_plan_of_a_known_config_imports_neither_torch_nor_datasets_nor_the_store(

@@ -15,6 +15,7 @@ import pytest
 from jobs.spec.job import JobSpec, SpecError
 from storage import models as m
 from storage import store as store_module
+from storage import store_core
 from storage.models import RunStatus
 from storage.store import MemoryPoint, MetricPoint, RunControl, Store
 
@@ -276,7 +277,7 @@ def test_pragmas_on_every_connection(store: Store, backend: str) -> None:
             try:
                 cur = conn.cursor()
                 assert cur.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-                assert cur.execute("PRAGMA busy_timeout").fetchone()[0] == store_module.BUSY_TIMEOUT_MS
+                assert cur.execute("PRAGMA busy_timeout").fetchone()[0] == store_core.BUSY_TIMEOUT_MS
                 assert cur.execute("PRAGMA foreign_keys").fetchone()[0] == 1
             finally:
                 conn.invalidate()

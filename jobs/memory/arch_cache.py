@@ -10,7 +10,8 @@ again; nothing is ever taken from a stale entry. Files live in `$TUNEDECK_HOME/c
 An Arch read back holds the config.json dict as its shape's `config` (the methods peft counts itself build
 the transformers config from it, `jobs.memory.params.counted_by_peft`).
 
-    arch = cached_arch(config_text, build=lambda: arch_from_config(...))   # Arch, or None (unknown architecture)
+    arch = read_arch(config_text)       # the kept Arch, or None: not kept yet
+    keep_arch(config_text, arch)        # after building it (jobs.memory.model_config)
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,23 +33,27 @@ log = logging.getLogger(__name__)
 _HERE = Path(__file__).resolve().parent
 
 
-def cached_arch(config_text: str, build: Callable[[], Arch | None], cache: Path | None = None) -> Arch | None:
-    """The Arch of the config in `config_text` (canonical JSON): from the cache, else `build()` and kept.
-    None (transformers does not know the architecture) is not kept: asked again next time."""
+def read_arch(config_text: str, cache: Path | None = None) -> Arch | None:
+    """The kept Arch of the config in `config_text` (canonical JSON), or None: not kept yet (or unreadable,
+    logged), so the caller builds it and `keep_arch`s it."""
+    path = (cache if cache is not None else _cache_dir()) / f"{cache_key(config_text)}.json"
+    if not path.is_file():
+        return None
+    try:
+        return arch_from_json(json.loads(path.read_text()), json.loads(config_text))
+    except (OSError, ValueError, KeyError, TypeError):
+        log.warning("unreadable architecture cache %s: building it again", path, exc_info=True)
+        return None
+
+
+def keep_arch(config_text: str, arch: Arch, cache: Path | None = None) -> None:
+    """Keep `arch` for the config in `config_text`; whole or not at all (another process may read it now)."""
     folder = cache if cache is not None else _cache_dir()
     path = folder / f"{cache_key(config_text)}.json"
-    if path.is_file():
-        try:
-            return arch_from_json(json.loads(path.read_text()), json.loads(config_text))
-        except (OSError, ValueError, KeyError, TypeError):
-            log.warning("unreadable architecture cache %s: building it again", path, exc_info=True)
-    arch = build()
-    if arch is not None:
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(arch_to_json(arch)))
-        partial.replace(path)  # whole or not at all: another process may read it at the same time
-    return arch
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(arch_to_json(arch)))
+    partial.replace(path)
 
 
 def cache_key(config_text: str) -> str:

@@ -103,14 +103,17 @@ def transformers_config(config: dict[str, Any]) -> Any:
 def _arch_from_text(text: str) -> Any:
     """The Arch of a config (canonical JSON): kept in this process by its text, and on disk
     (`jobs.memory.arch_cache`) by its text and the libraries and code that build it."""
-    from jobs.memory.arch_cache import cached_arch
+    from jobs.memory.arch_cache import keep_arch, read_arch
     from jobs.memory.parts import arch_from_config
 
-    def build() -> Any:
+    arch = read_arch(text)
+    if arch is None:
         config = transformers_config(json.loads(text))
-        return arch_from_config(config) if config is not None else None
-
-    return cached_arch(text, build)
+        if config is None:  # transformers does not know it: not kept, asked again next time
+            return None
+        arch = arch_from_config(config)
+        keep_arch(text, arch)
+    return arch
 
 
 def arch_with_source(ref: str) -> tuple[Any, str]:
