@@ -93,6 +93,27 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tag_home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[Path, dict[str, int]]:
+    """(a data folder, {method: run id}) trained once per session (`chat_helpers.train_tag_runs`): a LoRA run
+    taught the "[tag]" answer format, a prompt-tuning run and a full fine-tune, all finished. The chat and
+    export tests read it; each points TUNEDECK_HOME at the folder itself."""
+    from chat_helpers import train_tag_runs
+
+    from storage.store import Store
+
+    folder = tmp_path_factory.mktemp("tag-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEDECK_HOME", str(folder))
+        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        store = Store()
+        try:
+            ids = train_tag_runs(store, tiny_model, ("lora", "prompt_tuning", "full"))
+        finally:
+            store.dispose()
+    return folder, ids
+
+
+@pytest.fixture(scope="session")
 def smollm2_cache() -> Path:
     """A model cache shared across test sessions, so SmolLM2 is fetched and converted once."""
     override = os.environ.get("TUNEDECK_MODELS_DIR")

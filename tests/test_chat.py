@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_helpers import PROMPT, TAUGHT, train_tag_runs
+from chat_helpers import PROMPT, TAUGHT
 from training_helpers import greedy_answer, tiny_spec, wait_for
 
 from jobs.chat.generate import ChatError, Sampling, load, locate
@@ -24,18 +24,17 @@ GPU = DeviceFacts(kind="cuda", name="Fake GPU", total_bytes=80 * 1024**3, comput
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
-    """One data folder for the module: a LoRA run taught the "[tag]" format, a prompt-tuning run, a full one."""
+def home(tag_home: tuple[Path, dict[str, int]]):
+    """The session's data folder of tag-format runs (conftest `tag_home`): LoRA, prompt tuning, full."""
     from storage.store import Store
 
-    folder = tmp_path_factory.mktemp("chat-home")
+    folder, ids = tag_home
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TUNEDECK_HOME", str(folder))
         mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
         mp.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
         store = Store()
-        ids = train_tag_runs(store, tiny_model, ("lora", "prompt_tuning", "full"))
-        yield folder, store, ids
+        yield folder, store, {"lora": ids["lora"], "prompt_tuning": ids["prompt_tuning"], "full": ids["full"]}
         store.dispose()
 
 

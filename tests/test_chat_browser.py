@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import CHROMIUM, REPO, chromium, served
-from chat_helpers import PROMPT, TAUGHT, train_tag_runs
+from chat_helpers import PROMPT, TAUGHT
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 if not Path(CHROMIUM).exists():
@@ -40,17 +40,16 @@ def _ask_in_browser(url: str, option: str, prompt: str, new_tokens: int, shot: s
 
 @pytest.mark.slow
 def test_chat_tab_shows_the_run_and_its_base_side_by_side(
-    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+    tag_home: tuple[Path, dict[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from jobs.chat.generate import Sampling, load, locate
     from storage.store import Store
 
-    home = tmp_path / "home"
-    home.mkdir()
+    home, ids = tag_home  # the session's tag-format runs (conftest)
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
     store = Store()
-    run_id = train_tag_runs(store, tiny_model)["lora"]
+    run_id = ids["lora"]
     run = store.get_run(run_id)
     pair = load(locate(store, run_id), "cpu")
     expected = {w: pair.answer(w, PROMPT, sampling=Sampling(max_new_tokens=NEW_TOKENS)) for w in ("base", "run")}

@@ -6,36 +6,25 @@ import json
 from pathlib import Path
 
 import pytest
-from training_helpers import greedy_answer, tiny_spec
+from training_helpers import greedy_answer
 
 from jobs.export.merged import CHECK_PROMPTS, ExportError, export_merged
 from jobs.train.artifacts import sha256_of
-from storage.models import RunStatus
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
-    """One data folder for the module (the runs train once): a finished LoRA run, a finished
-    prompt-tuning run and a full fine-tune, through the worker."""
-    from jobs.worker.loop import Worker
+def home(tag_home: tuple[Path, dict[str, int]]):
+    """The session's finished runs (conftest `tag_home`): a LoRA run, a prompt-tuning run, a full fine-tune."""
     from storage.store import Store
 
-    folder = tmp_path_factory.mktemp("export-home")
+    folder, ids = tag_home
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TUNEDECK_HOME", str(folder))
         mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
         store = Store()
-        ids = {
-            "lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
-            "prompt": store.create_run(tiny_spec(tiny_model, method="prompt_tuning", max_steps=2)),
-            "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
-        }
-        Worker(store, poll_interval=0.1).work(burst=True)
-        for name, run_id in ids.items():
-            assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
-        yield store, ids
+        yield store, {"lora": ids["lora"], "prompt": ids["prompt_tuning"], "full": ids["full"]}
         store.dispose()
 
 
@@ -79,7 +68,7 @@ def test_merged_export_answers_like_the_adapter_and_is_recorded(store, runs: dic
 def test_export_zip_is_served_and_its_folder_is_not(store, runs: dict[str, int]) -> None:
     from app.server import blocked_paths, bundle_files
 
-    result = export_merged(store, runs["lora"], "bf16")
+    result = export_merged(store, runs["lora"], "fp32")
     assert str(result.archive.resolve()) in bundle_files(store)
     assert any(Path(p) == result.folder.parent for p in blocked_paths())
 
