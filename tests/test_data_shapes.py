@@ -191,21 +191,25 @@ def test_data_whose_every_answer_is_cut_away_is_refused_naming_the_max_length_th
     refused = check(spec, device=BIG_MEMORY)
     cut = [p for p in refused.problems if p.field == "max_length"]
     assert len(cut) == 1, refused.problems
-    assert cut[0].problem.startswith("16 of 16 training rows have a prompt of max_length 96 tokens or more")
+    assert cut[0].problem.startswith(
+        f"rows 1, 2, 3, 4, 5 (and 11 more) of `{spec.dataset}`, 16 of the 16 training rows, have a prompt of "
+        "max_length 96 tokens or more"
+    )
     assert "cuts away their whole answer" in cut[0].problem
     keeps = int(re.search(r"set max_length: (\d+)", cut[0].fix).group(1))  # type: ignore[union-attr]
     assert keeps > 96 and "shorten the prompts" in cut[0].fix
     fixed = check(spec.replace(max_length=keeps), device=BIG_MEMORY)
     assert not [p for p in fixed.problems if p.field == "max_length"], fixed.problems
-    assert not any("training rows have a prompt" in w for w in fixed.warnings)
+    assert not any("training rows, have a prompt" in w for w in fixed.warnings)
 
 
 def test_a_few_rows_without_an_answer_are_a_warning(data_home: Path, tiny_model: Path, tmp_path: Path) -> None:
     spec = tiny_spec(tiny_model, dataset=long_prompt_rows(tmp_path / "some.jsonl", 16, 3))
     checked = check(spec, device=BIG_MEMORY)
     assert not [p for p in checked.problems if p.field == "max_length"], checked.problems
-    warned = [w for w in checked.warnings if "training rows have a prompt" in w]
-    assert len(warned) == 1 and warned[0].startswith("3 of 16 training rows") and "keeps 95%" in warned[0]
+    warned = [w for w in checked.warnings if "training rows, have a prompt" in w]
+    assert len(warned) == 1 and "keeps 95%" in warned[0]
+    assert warned[0].startswith(f"rows 1, 2, 3 of `{spec.dataset}`, 3 of the 16 training rows, have a prompt")
 
 
 def test_dpo_demo_under_a_short_max_length_is_refused_and_under_its_own_is_not(
@@ -214,10 +218,83 @@ def test_dpo_demo_under_a_short_max_length_is_refused_and_under_its_own_is_not(
     spec = tiny_spec(tiny_model, trainer="dpo", dataset=DPO_DEMO, max_train_samples=None, max_length=64)
     refused = check(spec, device=BIG_MEMORY)
     cut = [p for p in refused.problems if p.field == "max_length"]
-    assert cut and " of 40 training rows" in cut[0].problem, refused.problems
+    assert cut and " of the 40 training rows, have a prompt" in cut[0].problem, refused.problems
+    assert cut[0].problem.startswith("rows ") and f"of `{DPO_DEMO}`" in cut[0].problem
     keeps = int(re.search(r"set max_length: (\d+)", cut[0].fix).group(1))  # type: ignore[union-attr]
     fixed = check(spec.replace(max_length=keeps), device=BIG_MEMORY)
     assert not [p for p in fixed.problems if p.field == "max_length"], fixed.problems
+
+
+def named_rows(message: str) -> dict[str, set[int]]:
+    """{data file: the row numbers `message` names in it} ('rows 2, 5 of `a.jsonl` and row 4 of `b.jsonl`, ...')."""
+    found: dict[str, set[int]] = {}
+    for numbers, more, ref in re.findall(r"rows? ([\d, ]+?)(?: \(and (\d+) more\))? of `([^`]+)`", message):
+        assert not more, message  # every row named: none left over
+        found[ref] = {int(n) for n in numbers.split(", ")}
+    return found
+
+
+def tagged_prompt_rows(path: Path, n_rows: int, long: set[int], tag: str, blank_first: bool = False) -> str:
+    """Prompt/completion rows whose prompt ends with `tag` and the row's number in the file (its line); the rows
+    numbered in `long` have a prompt of 200 words. `blank_first`: the file starts with a blank line (so row i
+    is on line i + 1)."""
+    shift = 1 if blank_first else 0
+    rows = [
+        {"prompt": " ".join(["word"] * (200 if i in long else 3)) + f" {tag}{i}?", "completion": " A short answer."}
+        for i in range(1 + shift, n_rows + 1 + shift)
+    ]
+    path.write_text("\n" * shift + "".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_rows_whose_answers_are_cut_are_named_as_the_file_numbers_them(
+    data_home: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    a = tagged_prompt_rows(tmp_path / "a.jsonl", 12, {2, 5}, "a")
+    spec = tiny_spec(tiny_model, dataset=a, max_train_samples=None)
+    warned = [w for w in check(spec, device=BIG_MEMORY).warnings if "training rows, have a prompt" in w]
+    assert len(warned) == 1 and warned[0].startswith(f"rows 2, 5 of `{a}`, 2 of the 12 training rows, have"), warned
+    # A second source (its rows on lines 4 and 10: a blank first line) mixed in and shuffled, and an eval_split
+    # holding rows out: the training rows are named by their source and line, the held-out ones not at all.
+    b = tagged_prompt_rows(tmp_path / "b.jsonl", 12, {4, 10}, "b", blank_first=True)
+    mixed = spec.replace(dataset=f"{a}, {b}", eval_split=6)
+    loaded = load_data(mixed)
+    assert loaded.eval is not None and loaded.train.column_names == loaded.eval.column_names == ["prompt", "completion"]
+    held = {re.search(r" ([ab]\d+)\?$", row["prompt"]).group(1) for row in loaded.eval}  # type: ignore[union-attr]
+    expected = {
+        path: {n for n in long if f"{tag}{n}" not in held} for path, tag, long in ((a, "a", {2, 5}), (b, "b", {4, 10}))
+    }
+    assert all(expected.values()) and held & {"a2", "a5", "b4", "b10"}  # the seed holds some out, not all
+    lost = sum(len(v) for v in expected.values())
+    for _ in range(2):  # measured, then read from the lengths cache: the same rows named
+        warned = [w for w in check(mixed, device=BIG_MEMORY).warnings if "training rows, have a prompt" in w]
+        assert len(warned) == 1 and named_rows(warned[0]) == expected, warned
+        assert f", {lost} of the 18 training rows, have a prompt" in warned[0]
+
+
+def test_most_rows_cut_under_an_eval_split_and_a_mixture_are_refused_naming_them(
+    data_home: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    a = tagged_prompt_rows(tmp_path / "a.jsonl", 6, {1, 2, 3, 4, 6}, "a")
+    b = tagged_prompt_rows(tmp_path / "b.jsonl", 4, {2, 4, 5}, "b", blank_first=True)  # on lines 2 to 5
+    spec = tiny_spec(tiny_model, dataset=f"{a}, {b}", eval_split=2, max_train_samples=None)
+    held = {re.search(r" ([ab]\d+)\?$", row["prompt"]).group(1) for row in load_data(spec).eval}  # type: ignore[union-attr]
+    long = {a: {1, 2, 3, 4, 6}, b: {2, 4, 5}}
+    tags = {a: "a", b: "b"}
+    expected = {path: {n for n in rows if f"{tags[path]}{n}" not in held} for path, rows in long.items()}
+    refused = [p for p in check(spec, device=BIG_MEMORY).problems if p.field == "max_length"]
+    assert len(refused) == 1, refused
+    assert named_rows(refused[0].problem) == {k: v for k, v in expected.items() if v}
+    lost = sum(len(v) for v in expected.values())
+    assert f", {lost} of the 8 training rows, have a prompt of max_length 96 tokens" in refused[0].problem
+
+
+def test_the_reward_trainer_names_the_pairs_it_drops(data_home: Path, tiny_model: Path, tmp_path: Path) -> None:
+    rows = [{"prompt": f"Q{i}?", "chosen": f" Yes {i}.", "rejected": f" No {i}."} for i in range(1, 9)]
+    rows[2]["chosen"] = rows[6]["rejected"] = " ".join(["word"] * 200)
+    spec = tiny_spec(tiny_model, trainer="reward", dataset=write(tmp_path / "pairs.jsonl", rows))
+    warned = [w for w in check(spec, device=BIG_MEMORY).warnings if "reward trainer drops" in w]
+    assert len(warned) == 1 and warned[0].startswith(f"rows 3, 7 of `{spec.dataset}`, 2 of the 8 training rows"), warned
 
 
 # ---------------------------------------------------------------------- unfilled template placeholders
@@ -290,5 +367,5 @@ def test_raw_text_rows_for_continued_pretraining(data_home: Path, tiny_model: Pa
         spec = tiny_spec(tiny_model, dataset=c4, max_length=64, packing=packing, max_train_samples=None)
         checked = check(spec, device=BIG_MEMORY)
         assert not checked.problems, checked.problems
-        assert not any("training rows have a prompt" in w for w in checked.warnings)
+        assert not any("training rows, have a prompt" in w for w in checked.warnings)
     assert "preference" in problems_text(c4, Trainer.DPO)  # text rows are sft's only

@@ -95,6 +95,9 @@ def test_lengths_are_cached_per_data_and_tokenizer(data_home: Path, tiny_model: 
     again = lengths(spec.replace(max_length=16, per_device_train_batch_size=1, lora_r=4))
     assert first is not None and again is not None and loads["tokenizer"] == 1  # the second read the cache
     assert first.lengths.tolist() == again.lengths.tolist() and first.rows == 3
+    # Each row's origin (source, line number) is kept with its lengths and comes back from the cache.
+    assert first.origins is not None and again.origins is not None
+    assert first.origins.tolist() == again.origins.tolist() == [[0, 1], [0, 2], [0, 3]]
     assert first.stats(16).truncated >= 1
     data.write_text("".join(json.dumps({"text": words(n)}) + "\n" for n in (5, 6)))
     changed = lengths(spec)

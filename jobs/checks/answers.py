@@ -6,9 +6,13 @@ such rows, sft trains on their prompt only. The reward trainer drops every pair 
 longer than `max_length`. Counted from the training rows' measured lengths (`jobs.data.row_tokens`,
 the same measurement the memory step reads; prompts measured with them), never tokenized again:
 
-- most rows (over `REFUSE_SHARE`) lose their answer: a `max_length` problem naming the count and
-  the max_length that keeps 95% of those rows whole;
+- most rows (over `REFUSE_SHARE`) lose their answer: a `max_length` problem naming the rows, their
+  count and the max_length that keeps 95% of those rows whole;
 - some do: a warning with the same figures.
+
+The rows are named as the user's files number them ("rows 2, 5 of `a.jsonl` and row 1 of `b.jsonl`",
+`jobs.data.row_numbers`), though training sees them mixed and shuffled: the lengths keep each row's
+origin (`RowLengths.origins`).
 
     problems, warnings = answer_problems(spec, lengths)
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jobs.data.row_numbers import origins_text
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
@@ -37,14 +42,23 @@ def answer_problems(spec: JobSpec, lengths: RowLengths | None) -> tuple[list[Pro
     lost = len(cut.lost)
     if not lost:
         return [], []
+    one = lost == 1
     if reward:
-        what = f"have a sequence longer than max_length {spec.max_length} tokens, and the reward trainer drops them"
+        what = (
+            f"{'has' if one else 'have'} a sequence longer than max_length {spec.max_length} tokens, and the reward "
+            f"trainer drops {'it' if one else 'them'}"
+        )
     else:
         what = (
-            f"have a prompt of max_length {spec.max_length} tokens or more, so truncation cuts away their whole "
-            "answer: the model learns none of their answers"
+            f"{'has' if one else 'have'} a prompt of max_length {spec.max_length} tokens or more, so truncation cuts "
+            f"away {'its' if one else 'their'} whole answer: the model learns none of "
+            f"{'it' if one else 'their answers'}"
         )
-    head = f"{lost} of {cut.rows} training rows {what}"
+    if cut.origins:  # 'rows 2, 5 of `a.jsonl`, 2 of the 40 training rows, have ...'
+        head = f"{origins_text(cut.origins, [s.ref for s in spec.dataset_sources])}, {lost} of the {cut.rows} "
+        head += f"training rows, {what}"
+    else:
+        head = f"{lost} of {cut.rows} training rows {what}"
     keeps = f"max_length: {cut.keeps}" if cut.keeps else "a longer max_length"
     if lost > REFUSE_SHARE * cut.rows:
         return [

@@ -73,10 +73,10 @@ def measured_lengths(spec: JobSpec, tokenizer: Callable[[], Any] | None = None) 
     if tok is None:
         return None
     try:
-        rows = load_data(spec).train
+        loaded = load_data(spec)
     except DataError:
         return None
-    lengths = measure(rows, tok, spec.trainer)
+    lengths = measure(loaded.train, tok, spec.trainer, loaded.origins)  # origins: the answers step names rows
     save_lengths(spec, folder, lengths)
     return lengths
 

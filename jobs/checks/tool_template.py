@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from jobs.data.row_numbers import rows_text
 from jobs.data.tool_turns import ToolRows, parse_tools
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
@@ -75,10 +76,7 @@ def tools_refusal(spec: JobSpec, field: str, info: DatasetInfo, tokenizer: Calla
     found = info.tools
     if not found.count or Trainer(spec.trainer) is Trainer.GRPO:
         return None  # grpo takes its tools from the trainer; a row's `tools` goes to the reward functions
-    where = ", ".join(map(str, found.numbers)) + (
-        f" and {found.count - len(found.numbers)} more" if found.count > len(found.numbers) else ""
-    )
-    rows = f"{found.count} row{'s' if found.count != 1 else ''} ({where})"
+    rows = rows_text(found.numbers, found.count)
     if Trainer(spec.trainer) in NO_TOOLS_TRAINERS:
         return Problem(
             field,
@@ -118,8 +116,7 @@ def refused_rows(model: str, field: str, found: ToolRows, tokenizer: Any) -> Pro
         return None
     return Problem(
         field,
-        f"row{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))} "
-        f"{'have' if len(refused) > 1 else 'has'} tool calls that {model}'s chat template refuses ({reason})",
+        f"{rows_text(refused)} {'have' if len(refused) > 1 else 'has'} tool calls that {model}'s chat template refuses ({reason})",
         "split parallel calls into one call per assistant turn (each followed by its tool turn), drop those rows, "
         "or pick a model whose chat template accepts them",
     )

@@ -15,11 +15,24 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from jobs.data import inspection
 from jobs.data.bulk import collector_paused
 from jobs.data.dataset_info import DatasetInfo
 from jobs.data.inspection import inspect_dataset
-from jobs.data.mixing import columns_for, combined, format_problems, labelled, mix, source_label, sources_of
+from jobs.data.mixing import (
+    columns_for,
+    combined,
+    format_problems,
+    labelled,
+    mix,
+    origins_of,
+    source_label,
+    sources_of,
+    with_origins,
+    without_origins,
+)
 from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
 from jobs.data.sources import DataError
 from jobs.errors import Problem
@@ -48,11 +61,18 @@ def _features(fmt: RowFormat, style: str | None, tools: bool = False) -> dataset
 
 def _load(
     ref: str, trainer: Trainer, field_name: str, column_map: dict[str, str]
-) -> tuple[datasets.Dataset, DatasetInfo]:
-    """The checked, converted data set with trl's columns only, and its info."""
+) -> tuple[datasets.Dataset, DatasetInfo, list[int] | None]:
+    """The checked, converted data set with trl's columns only, its info, and each row's number as the checks
+    name it (None: 1, 2, 3, ... as for tables and hub data)."""
+    checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
+    ds, info = _shaped(checked, field_name)
+    # Rows built from the checked ones keep their numbers (JSON lines: line numbers, blank lines skipped).
+    return ds, info, [number for number, _ in checked.rows()] if checked.ds is None else None
+
+
+def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Dataset, DatasetInfo]:
     import datasets
 
-    checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
     info, ds = checked.info, checked.ds
     tools = info.tools.count > 0
     keep, features = COLUMNS[info.format], _features(info.format, checked.style, tools)
@@ -109,9 +129,11 @@ def _load_sources(spec: JobSpec, text: str, field: str) -> tuple[datasets.Datase
     loaded: list[tuple[datasets.Dataset, DatasetInfo]] = []
     for i, source in enumerate(sources, 1):
         try:
-            loaded.append(_load(source.ref, spec.trainer, field, columns_for(source, spec.column_map)))
+            ds, info, numbers = _load(source.ref, spec.trainer, field, columns_for(source, spec.column_map))
         except DataError as exc:
             problems.extend(labelled(exc.problems, source_label(source, i, len(sources))))
+            continue
+        loaded.append((with_origins(ds, i - 1, numbers) if field == "dataset" else ds, info))
     if problems:
         raise DataError(problems)
     pairs = [(source, info) for source, (_, info) in zip(sources, loaded, strict=True)]
@@ -129,6 +151,7 @@ class LoadedData:
     eval: datasets.Dataset | None
     train_info: DatasetInfo
     eval_info: DatasetInfo | None
+    origins: np.ndarray | None = None  # each training row's (source index in `dataset`, row number there)
 
     def record(self) -> dict[str, Any]:
         """The data part of a run's resolved config."""
@@ -175,7 +198,10 @@ def _load_data(spec: JobSpec) -> LoadedData:
         )
     if spec.max_train_samples is not None and spec.max_train_samples < len(train_ds):
         train_ds = train_ds.select(range(spec.max_train_samples))
-    return LoadedData(train_ds, eval_ds, train_info, eval_info)
+    origins = origins_of(train_ds)
+    if eval_ds is not None and spec.eval_split is not None:
+        eval_ds = without_origins(eval_ds)
+    return LoadedData(without_origins(train_ds), eval_ds, train_info, eval_info, origins)
 
 
 def check_sources(

@@ -10,12 +10,23 @@ for the checks, `load_data` for training) and calls these:
 
     info = combined(pairs, spec.dataset)           # [(source, DatasetInfo)] as one (rows counted after the caps)
     train = mix([(source, ds), ...], seed=spec.seed)   # capped, concatenated, shuffled
+
+Each training row carries its origin through the mixing and the `eval_split` shuffle: two columns
+(`ORIGIN_COLUMNS`: its source's index in `dataset`, its row number there as the checks name it) added
+to each source before the mix and taken off before trl sees the rows, so a figure counted on the
+training rows names them as the user's files number them (`jobs.checks.answers`):
+
+    ds = with_origins(ds, 0, numbers)              # numbers: None for 1, 2, 3, ...
+    origins = origins_of(train)                    # (rows, 2) int64 array, in training order
+    train = without_origins(train)
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from jobs.data.dataset_info import DatasetInfo
 from jobs.data.sources import DataError
@@ -24,6 +35,8 @@ from jobs.spec.mixture import DataSource, parse_sources
 
 if TYPE_CHECKING:
     import datasets
+
+ORIGIN_COLUMNS = ("tunedeck_source", "tunedeck_row")  # each row's source index and row number, while mixing
 
 
 def sources_of(text: str, field: str = "dataset") -> list[DataSource]:
@@ -134,3 +147,24 @@ def mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int, field: str 
                 )
             ]
         ) from exc
+
+
+def with_origins(ds: datasets.Dataset, source: int, numbers: list[int] | None) -> datasets.Dataset:
+    """`ds` with each row's origin: `source` (its index in `dataset`) and its row number (`numbers`, or 1, 2, ...)."""
+    rows = np.arange(1, len(ds) + 1) if numbers is None else np.asarray(numbers, dtype=np.int64)
+    ds = ds.add_column(ORIGIN_COLUMNS[0], np.full(len(ds), source, dtype=np.int64))
+    return ds.add_column(ORIGIN_COLUMNS[1], rows)
+
+
+def origins_of(ds: datasets.Dataset) -> np.ndarray | None:
+    """Each row's (source index, row number), in the rows' order; None when the rows carry no origins."""
+    if not set(ORIGIN_COLUMNS) <= set(ds.column_names):
+        return None
+    table = ds.select_columns(list(ORIGIN_COLUMNS)).with_format("numpy")  # cheap: two int columns
+    return np.stack([np.asarray(table[c], dtype=np.int64) for c in ORIGIN_COLUMNS], axis=1)
+
+
+def without_origins(ds: datasets.Dataset) -> datasets.Dataset:
+    """`ds` without the origin columns (trl sees only its own)."""
+    found = [c for c in ORIGIN_COLUMNS if c in ds.column_names]
+    return ds.remove_columns(found) if found else ds

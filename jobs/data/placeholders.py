@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from jobs.data.row_numbers import SHOWN_ROWS, rows_text
+
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*\}\}")
-SHOWN_ROWS = 5
 SHOWN_NAMES = 8
 
 
@@ -57,9 +58,7 @@ class Placeholders:
         """One warning naming the rows and the placeholders; None when no row has any."""
         if not self.count:
             return None
-        where = f"{label}s {', '.join(map(str, self.rows))}" if self.count > 1 else f"{label} {self.rows[0]}"
-        if self.count > len(self.rows):
-            where += f" (and {self.count - len(self.rows)} more)"
+        where = rows_text(self.rows, self.count, label)
         names = list(self.names)
         shown = ", ".join("{{" + n + "}}" for n in names[:SHOWN_NAMES])
         if len(names) > SHOWN_NAMES:

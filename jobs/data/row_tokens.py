@@ -10,7 +10,8 @@ method) reads about a megabyte instead of tokenizing again.
     folder = tokenizer_folder(spec.model)
     lengths = cached_lengths(spec, folder)                 # RowLengths, or None: not measured yet
     if lengths is None:
-        lengths = measure(load_data(spec).train, local_tokenizer(spec.model), spec.trainer)
+        loaded = load_data(spec)
+        lengths = measure(loaded.train, local_tokenizer(spec.model), spec.trainer, loaded.origins)
         save_lengths(spec, folder, lengths)
 """
 
@@ -36,8 +37,9 @@ from jobs.spec.job import JobSpec
 
 log = logging.getLogger(__name__)
 
-# bump when what a cached length means changes (2: each row's prompt length kept too; 3: tools rendered)
-CACHE_VERSION = "3"
+# bump when what a cached length means changes (2: each row's prompt length kept too; 3: tools rendered;
+# 4: each row's origin kept too)
+CACHE_VERSION = "4"
 BATCH_ROWS = 2048
 # With the shortcuts (`Shortcuts`), every this-many-th sequence is also measured the library's way, as a check.
 VERIFY_EVERY = 256
@@ -52,7 +54,8 @@ def cached_lengths(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None
         return None
     try:
         with np.load(path, allow_pickle=False) as saved:
-            return RowLengths(saved["lengths"], saved["prompts"])
+            origins = saved["origins"]
+            return RowLengths(saved["lengths"], saved["prompts"], origins if origins.size else None)
     except (OSError, ValueError, KeyError):
         log.warning("unreadable length cache %s: measuring again", path, exc_info=True)
         return None
@@ -66,7 +69,8 @@ def save_lengths(spec: JobSpec, tokenizer_dir: Path | None, lengths: RowLengths,
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
     with partial.open("wb") as out:
-        np.savez(out, lengths=lengths.lengths, prompts=lengths.prompt_lengths())
+        origins = lengths.origins if lengths.origins is not None else np.zeros((0, 2), dtype=np.int64)
+        np.savez(out, lengths=lengths.lengths, prompts=lengths.prompt_lengths(), origins=origins)
     partial.replace(path)  # whole or not at all: another check may read it at the same time
 
 
@@ -75,10 +79,12 @@ def _cache_path(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None) -
     return (cache if cache is not None else _cache_dir()) / f"{key}.npz" if key else None
 
 
-def measure(ds: Any, tokenizer: Any, trainer: Trainer) -> RowLengths:
-    """Token lengths of every row of `ds` (a datasets.Dataset or a list of row dicts), per sequence."""
+def measure(ds: Any, tokenizer: Any, trainer: Trainer, origins: np.ndarray | None = None) -> RowLengths:
+    """Token lengths of every row of `ds` (a datasets.Dataset or a list of row dicts), per sequence; `origins`:
+    each row's (source index, row number), kept with them (`jobs.data.loading.LoadedData.origins`)."""
     with collector_paused():  # every row is kept while the texts are made (jobs.data.bulk)
-        return _measure_rows(ds.to_list() if hasattr(ds, "to_list") else list(ds), tokenizer, trainer)
+        found = _measure_rows(ds.to_list() if hasattr(ds, "to_list") else list(ds), tokenizer, trainer)
+    return found if origins is None else RowLengths(found.lengths, found.prompts, origins)
 
 
 def _measure_rows(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer) -> RowLengths:

@@ -86,28 +86,35 @@ class LengthStats:
 @dataclass(frozen=True)
 class AnswersCut:
     """The rows (0-based, in training order) that keep no answer token under one max_length, and the
-    max_length that keeps 95% of them whole (the p95 of their untruncated lengths)."""
+    max_length that keeps 95% of them whole (the p95 of their untruncated lengths); `origins`: where each of
+    those rows comes from, (source index in `dataset`, row number there), None when not known."""
 
     rows: int
     lost: tuple[int, ...]
     keeps: int | None
+    origins: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
 class RowLengths:
     """Untruncated token lengths of each training row's sequences: an (rows, k) int array, k = 1 or 2
-    (a pair's chosen and rejected); `prompts`: each row's prompt length (0: no prompt, or not measured)."""
+    (a pair's chosen and rejected); `prompts`: each row's prompt length (0: no prompt, or not measured);
+    `origins`: each row's (source index in `dataset`, row number in that source), an (rows, 2) int array
+    (`jobs.data.mixing.origins_of`), None when not known."""
 
     lengths: np.ndarray
     prompts: np.ndarray | None = None
+    origins: np.ndarray | None = None
     # Figures already worked out, by their arguments: the planner predicts ~50 variants of one spec, and on
     # 100k rows each figure is a pass over the array. Sound because the array is made read-only here.
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.lengths.flags.writeable = False
-        if self.prompts is not None:
-            self.prompts.flags.writeable = False
+        for array in (self.lengths, self.prompts, self.origins):
+            if array is not None:
+                array.flags.writeable = False
+        if self.origins is not None and self.origins.shape != (self.rows, 2):
+            raise ValueError(f"origins of shape {self.origins.shape} for {self.rows} rows")
 
     def _remembered(self, key: tuple[Any, ...], work: Callable[[], Any]) -> Any:
         if key not in self._memo:
@@ -117,13 +124,19 @@ class RowLengths:
         return self._memo[key]
 
     @classmethod
-    def of(cls, rows: Iterable[Sequence[int]], prompts: Sequence[int] | None = None) -> RowLengths:
+    def of(
+        cls,
+        rows: Iterable[Sequence[int]],
+        prompts: Sequence[int] | None = None,
+        origins: Sequence[tuple[int, int]] | np.ndarray | None = None,
+    ) -> RowLengths:
         data = [tuple(int(x) for x in row) for row in rows]
         width = max((len(r) for r in data), default=1)
         array = np.zeros((len(data), width), dtype=np.int64)
         for i, row in enumerate(data):
             array[i, : len(row)] = row
-        return cls(array, np.asarray(prompts, dtype=np.int64) if prompts is not None else None)
+        found = np.asarray(origins, dtype=np.int64).reshape(-1, 2) if origins is not None else None
+        return cls(array, np.asarray(prompts, dtype=np.int64) if prompts is not None else None, found)
 
     def prompt_lengths(self) -> np.ndarray:
         """Each row's prompt length (zeros when the prompts were not measured)."""
@@ -143,7 +156,8 @@ class RowLengths:
         lost = full > max_length if dropped_when_long else self.prompt_lengths() >= max_length
         where = np.flatnonzero(lost)
         keeps = int(np.percentile(full[where], 95, method="higher")) if where.size else None
-        return AnswersCut(self.rows, tuple(int(i) for i in where), keeps)
+        origins = None if self.origins is None else tuple((s, n) for s, n in self.origins[where].tolist())
+        return AnswersCut(self.rows, tuple(int(i) for i in where), keeps, origins)
 
     @property
     def rows(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from jobs.data.placeholders import Placeholders
 from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
+from jobs.data.row_numbers import rows_text
 from jobs.data.tool_turns import CALL_FIX, ToolRows
 from jobs.errors import Problem
 
@@ -54,10 +55,7 @@ class Issues:
     def problems(self) -> list[Problem]:
         out = []
         for message, issue in sorted(self._by_message.items(), key=lambda kv: kv[1].rows[0]):
-            label = self.label if issue.count == 1 else f"{self.label}s"
-            where = f"{label} {', '.join(map(str, issue.rows))}"
-            if issue.count > len(issue.rows):
-                where += f" (and {issue.count - len(issue.rows)} more)"
+            where = rows_text(issue.rows, issue.count, self.label)
             text = f"{where}: {message}" + (f" ({issue.detail})" if issue.detail else "")
             out.append(Problem(self.field_name, text, issue.fix))
         return out
@@ -340,11 +338,9 @@ class RowCheck:
         fmt, issues, n_rows, repeated, labels = self.fmt, self.issues, self._n_rows, self._repeated, self._labels
         warnings = []
         if repeated:
-            where = ", ".join(map(str, repeated[:5])) + (
-                f" (and {len(repeated) - 5} more)" if len(repeated) > 5 else ""
-            )
+            where = rows_text(repeated[:5], len(repeated), issues.label)
             warnings.append(
-                f"{issues.label}s {where} have two user or two assistant turns in a row: fine for most chat "
+                f"{where} {'have' if len(repeated) > 1 else 'has'} two user or two assistant turns in a row: fine for most chat "
                 "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns"
             )
         if self._same_answer:
