@@ -50,6 +50,7 @@ def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: p
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
 def test_export_from_the_panel_streams_progress_and_lists_the_checked_files(store, tiny_model: Path) -> None:
     from jobs.worker.loop import Worker
 

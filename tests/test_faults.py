@@ -308,6 +308,7 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(
 
 # ---------------------------------------------------------------------- 5. resume in detail
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
 def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, tiny_model: Path) -> None:
     """A run cancelled at step 3 and resumed gives the same losses as one that was never stopped;
     a half-written newer checkpoint is skipped."""
@@ -414,6 +415,7 @@ def poison(model: Any, state: Any, control: Any) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
 def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store: Store, tiny_model: Path) -> None:
     from jobs.train.child import run
 
@@ -431,6 +433,7 @@ def test_non_finite_loss_fails_the_run_and_keeps_the_last_good_checkpoint(store:
 
 
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
 def test_non_finite_loss_between_logging_steps_is_never_checkpointed(store: Store, tiny_model: Path) -> None:
     """Saves every 2 steps, logs every 5: the NaN of step 4 must stop the run before checkpoint-4."""
     from jobs.train.child import run
@@ -553,6 +556,7 @@ def test_disk_full_while_saving_fails_clearly_and_keeps_checkpoint_and_database(
 
 # ---------------------------------------------------------------------- 9. CUDA out of memory
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
 def test_out_of_memory_inside_a_training_step_names_the_tricks(store: Store, tiny_model: Path) -> None:
     from jobs.train.child import run
 

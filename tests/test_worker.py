@@ -265,6 +265,7 @@ def test_worker_samples_child_memory(store: Store) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
 def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: Path) -> None:
     """The real `python -m jobs.train.child` child, killed mid-run; the next run still trains."""
     pytest.importorskip("jobs.train.child")
