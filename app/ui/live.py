@@ -152,8 +152,13 @@ class ChartState:
         self.sent: dict[str, Points] = {}
         self.meta_sent = False
 
-    def update(self, rows: list[Row]) -> dict[str, Any] | None:
+    def update(self, rows: list[Row], cut: float | None = None) -> dict[str, Any] | None:
+        """`cut`: a sliding window's start, where the page drops older points itself (live.js, charts with
+        `relative_window_s`): both sides forget them, so a moved window sends its new points, not all."""
         points = row_points(rows)
+        if cut is not None:
+            points = {label: [p for p in pts if p[0] >= cut] for label, pts in points.items()}
+            self.sent = {label: [p for p in pts if p[0] >= cut] for label, pts in self.sent.items()}
         delta = series_delta(self.sent, points)
         if not delta and self.meta_sent:
             return None
@@ -185,7 +190,9 @@ class Feed:
         self._gpu_series: Any = object()
         self._devices: Any = object()
         self._devices_at = -math.inf
-        self._gpu_worker: str | None = None  # whose samples the GPU panel draws (`_worker`, when devices move)
+        self._gpu_window: gpu.LiveWindow | None = (
+            None  # whose samples the GPU panel draws (`_worker`, when devices move)
+        )
         self._runs: Any = object()
 
     @property
@@ -252,16 +259,19 @@ class Feed:
             devices = (self.store.devices_stamp(), tuple(sorted(w["worker_id"] for w in self.store.live_workers())))
             if devices != self._devices:
                 self._devices = devices
-                self._gpu_worker = self._worker()  # the devices moved: pick the graph's worker again
+                # The devices moved: pick the graph's worker again (and read its window afresh).
+                self._gpu_window = gpu.LiveWindow(self.store, self._worker(), charts.GPU_WINDOW_S, GPU_BUCKET_S)
                 out.append({"kind": "devices"})
-        if series == self._gpu_series and not out:
+        memory = series[1]  # the panel draws memory samples only: a metric row moves nothing here
+        if self._gpu_window is None or (memory == self._gpu_series and not out):
             return out
-        self._gpu_series = series
-        rows = gpu.live_rows(self.store, self._gpu_worker, now, charts.GPU_WINDOW_S, GPU_BUCKET_S)
+        self._gpu_series = memory
+        rows = self._gpu_window.rows(now)
+        cut = now - charts.GPU_WINDOW_S  # what the page keeps (live.js: relative_window_s before `now`)
         payload = {
             chart_id: update
             for (chart_id, state), chart_rows in zip(self._gpu_charts.items(), rows)
-            if (update := state.update(chart_rows)) is not None
+            if (update := state.update(chart_rows, cut)) is not None
         }
         if payload:
             out.append({"kind": "charts", "charts": payload, "now": now})

@@ -26,7 +26,7 @@ from storage.store import MemoryBucket, MetricBucket, Store
 MAX_POINTS = 2000
 _CACHE_KEYS = 128
 _MEMORY_BASE_WIDTH_S = 1.0 / 16
-_LATE_SAMPLES_S = 10.0
+LATE_SAMPLES_S = 10.0  # samples come in batches from two writers (sampler, training callback): re-read this far back
 
 
 def merge_metric(a: MetricBucket, b: MetricBucket) -> MetricBucket:
@@ -154,7 +154,7 @@ class MemorySeriesCache:
             elif hi > state.last_time:
                 # Re-read whole buckets from a little before the last sample seen: samples arrive in
                 # batches from two writers (sampler, training callback), not strictly in time order.
-                first = (max(lo, state.last_time - _LATE_SAMPLES_S)) // state.width
+                first = (max(lo, state.last_time - LATE_SAMPLES_S)) // state.width
                 for r in self.store.memory_series(run_id, state.width, from_time=first * state.width):
                     state.buckets[_memory_key(r, state.width)] = r
                 state.last_time = hi
