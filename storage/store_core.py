@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from sqlalchemy.engine import CursorResult, Result
+from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -35,6 +35,7 @@ class StoreCore:
 
     _sqlite: bool  # SQLite (one process-wide writer, BEGIN IMMEDIATE) rather than PostgreSQL
     _read: sessionmaker[Session]  # read sessions: plain deferred BEGIN, never wait for writers
+    _read_engine: Engine  # what `_read` sessions bind to (a plain connection for the cheapest reads)
     _unwritten: list[tuple[int, list[dict[str, Any]]]]  # metric rows kept after lock retries ran out
     _buffer_lock: threading.Lock  # guards `_unwritten`
 

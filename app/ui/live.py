@@ -3,8 +3,8 @@
 A page opens one event stream (`app.ui.live_route`) naming the views it shows now, its *topics*:
 `run=N` (the Run tab shows run N), `gpu=1` (the GPU panel is open and on screen; `device=` its
 picked device's label), `runs=1` (the Runs tab is shown). Each tick the feed asks the store's change
-stamps (`storage.store_watch`: one indexed SELECT each) whether anything those views show may have
-moved, and sends:
+stamps (`storage.store_watch`: one SELECT of indexed lookups) whether anything those views show may
+have moved, and sends:
 - `{"kind": "charts", "charts": {elem_id: {"meta", "set", "drop"}}}`: chart points for the page's
   canvas charts (`app/ui/static/live.js`), only the series that changed, from the first x that
   changed (`series_delta`): a live run ships its new points, a finished run nothing;
@@ -206,9 +206,10 @@ class Feed:
             return []
         now = time.time() if now is None else now
         out: list[dict[str, Any]] = []
-        series = self.store.series_stamp()
-        if self.topics.run_id is not None and not self._run_finished:
-            out += self._poll_run(self.topics.run_id, series)
+        run_id = self.topics.run_id if not self._run_finished else None
+        stamp, series = self.store.live_stamps(run_id)  # one SELECT a tick
+        if run_id is not None:
+            out += self._poll_run(run_id, stamp, series)
         if (self.topics.gpu or self.topics.runs) and time.monotonic() - self._slow_at >= SLOW_TICK_S * 0.9:
             self._slow_at = time.monotonic()
             if self.topics.gpu:
@@ -221,9 +222,8 @@ class Feed:
         self.done = not self.topics.gpu and not self.topics.runs and self._run_finished
         return out
 
-    def _poll_run(self, run_id: int, series: Any) -> list[dict[str, Any]]:
+    def _poll_run(self, run_id: int, stamp: tuple[Any, ...] | None, series: Any) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        stamp = self.store.run_stamp(run_id)
         if stamp != self._run_stamp:
             self._run_stamp = stamp
             message: dict[str, Any] = {"kind": "run", "run_id": run_id, "status": stamp[0] if stamp else None}
