@@ -19,7 +19,7 @@ import gradio as gr
 
 from app.ui import charts, series
 from jobs.devices import probe
-from storage.store import MemoryBucket, Store
+from storage.store import Store
 
 WINDOW_S = charts.GPU_WINDOW_S
 NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"
@@ -85,29 +85,25 @@ def live_rows(
 
 
 class LiveWindow:
-    """`live_rows` kept between ticks for one page: each read asks the store only for the buckets from
-    `series.LATE_SAMPLES_S` before the newest sample seen, not for the whole window (300 buckets a
-    second, per open panel, was most of a live page's server cost). Make a new one when the worker changes."""
+    """The GPU panel's reads for one page: the first reads the whole window (`live_rows`), each later one
+    only the buckets from `series.LATE_SAMPLES_S` before the newest sample seen; the page keeps the
+    older points (`app.ui.live.ChartState`). Reading all 300 buckets a second, per open panel, was most
+    of a live page's server cost. Make a new one when the worker changes."""
 
     def __init__(self, store: Store, worker_id: str | None, window_s: float = WINDOW_S, width: float = 1.0):
         self.store, self.worker_id, self.window_s, self.width = store, worker_id, window_s, width
         self.device = worker_device(store, worker_id) if worker_id is not None else None  # read once, not per tick
-        self._buckets: dict[tuple[int, str], MemoryBucket] = {}  # (floor(first_time / width), source) -> bucket
         self._newest: float | None = None  # the newest sample time read
 
-    def rows(self, now: float) -> tuple[list[series.Row], list[series.Row]]:
-        """What `live_rows(store, worker_id, now, window_s, width)` returns, from the buckets kept and the newest ones."""
+    def read(self, now: float) -> tuple[float, list[series.Row], list[series.Row]]:
+        """(start, memory rows, utilization rows): `live_rows(store, worker_id, now, window_s, width)`'s
+        rows with x >= start, a multiple of width (a bucket's x is its middle: older buckets lie before start)."""
         w = self.width
         origin = (now - self.window_s) // w * w
         start = origin if self._newest is None else max(origin, (self._newest - series.LATE_SAMPLES_S) // w * w)
-        fresh = self.store.memory_buckets(None, start, w, worker_id=self.worker_id, device_index=self.device)
-        first_kept, first_read = round(origin / w), round(start / w)
-        kept = {k: b for k, b in self._buckets.items() if first_kept <= k[0] < first_read}
-        kept.update(((int(b.first_time // w), b.source), b) for b in fresh)
-        self._buckets = dict(sorted(kept.items()))
-        self._newest = max((b.last_time for b in fresh), default=self._newest)
-        buckets = list(self._buckets.values())
-        return series.memory_rows(buckets, 0.0), series.utilization_rows(buckets, 0.0)
+        buckets = self.store.memory_buckets(None, start, w, worker_id=self.worker_id, device_index=self.device)
+        self._newest = max((b.last_time for b in buckets), default=self._newest)
+        return start, series.memory_rows(buckets, 0.0), series.utilization_rows(buckets, 0.0)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,10 @@ def series_delta(old: Mapping[str, Points], new: Mapping[str, Points]) -> dict[s
     return out
 
 
+def _x(point: list[float]) -> float:
+    return point[0]
+
+
 def _common_prefix(a: Points, b: Points) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -152,13 +157,21 @@ class ChartState:
         self.sent: dict[str, Points] = {}
         self.meta_sent = False
 
-    def update(self, rows: list[Row], cut: float | None = None) -> dict[str, Any] | None:
-        """`cut`: a sliding window's start, where the page drops older points itself (live.js, charts with
-        `relative_window_s`): both sides forget them, so a moved window sends its new points, not all."""
+    def update(self, rows: list[Row], cut: float | None = None, start: float | None = None) -> dict[str, Any] | None:
+        """The payload that turns what the page has into `rows`, or None.
+
+        A sliding window (the GPU panel) passes `cut`, where the page drops older points itself (live.js,
+        charts with `relative_window_s`): both sides forget them. With `start`, `rows` are only the points
+        with x >= start, and those before it are as last sent: a tick reads and compares its newest
+        buckets, not the whole window."""
         points = row_points(rows)
+        if start is not None:
+            older = {label: pts[: bisect_left(pts, start, key=_x)] for label, pts in self.sent.items()}
+            labels = [*older, *(label for label in points if label not in older)]
+            points = {label: older.get(label, []) + points.get(label, []) for label in labels}
         if cut is not None:
-            points = {label: [p for p in pts if p[0] >= cut] for label, pts in points.items()}
-            self.sent = {label: [p for p in pts if p[0] >= cut] for label, pts in self.sent.items()}
+            self.sent = {label: pts[bisect_left(pts, cut, key=_x) :] for label, pts in self.sent.items()}
+            points = {label: kept for label, pts in points.items() if (kept := pts[bisect_left(pts, cut, key=_x) :])}
         delta = series_delta(self.sent, points)
         if not delta and self.meta_sent:
             return None
@@ -266,12 +279,12 @@ class Feed:
         if self._gpu_window is None or (memory == self._gpu_series and not out):
             return out
         self._gpu_series = memory
-        rows = self._gpu_window.rows(now)
+        start, *rows = self._gpu_window.read(now)
         cut = now - charts.GPU_WINDOW_S  # what the page keeps (live.js: relative_window_s before `now`)
         payload = {
             chart_id: update
             for (chart_id, state), chart_rows in zip(self._gpu_charts.items(), rows)
-            if (update := state.update(chart_rows, cut)) is not None
+            if (update := state.update(chart_rows, cut, start)) is not None
         }
         if payload:
             out.append({"kind": "charts", "charts": payload, "now": now})
