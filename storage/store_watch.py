@@ -7,6 +7,7 @@ primary keys and indexed columns, so it costs the same for a run of ten rows as 
     stamp = store.run_stamp(run_id)     # None: no such run
     store.series_stamp()                # the newest metric and memory-sample ids of the whole store
     run, series = store.live_stamps(run_id)   # both in one SELECT: a live page's tick
+    store.run_extents(run_id, ("loss", "eval_loss"))  # each series' first and last step (time), one SELECT
     store.runs_stamp()                  # the runs table: any run added, started, stepped, ended, tagged
 
 A moved stamp means "look again", not "this changed": the series stamp moves with any run's rows,
@@ -15,9 +16,10 @@ and the reader then asks its own run's (incremental) series caches, which read o
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, case, func, select
+from sqlalchemy import Integer, Select, bindparam, case, func, literal, select
 from sqlalchemy.sql.elements import BindParameter
 
 from storage import models as m
@@ -48,6 +50,21 @@ _SERIES_STAMP = (
 _RUN_STAMP_Q = select(*_RUN_STAMP).where(m.Run.id == _RUN)
 _SERIES_STAMP_Q = select(*_SERIES_STAMP)
 _LIVE_STAMPS_Q = select(*_RUN_STAMP, *_SERIES_STAMP).where(m.Run.id == _RUN)
+
+
+@lru_cache(maxsize=64)
+def _extents_q(names: tuple[str, ...]) -> Select[Any]:
+    """First and last step of each named metric of run `run_id`, then its first and last memory sample time.
+
+    Each MIN() and MAX() in a scalar subquery of its own: SQLite answers a lone one from the index in
+    O(log n), but scans every row when both share one SELECT (`SeriesMixin.metric_extent`)."""
+    metric, sample = m.Metric, m.MemorySample
+    columns = []
+    for name in names:
+        cond = (metric.run_id == _RUN, metric.name == literal(name))
+        columns += [select(fn(metric.step)).where(*cond).scalar_subquery() for fn in (func.min, func.max)]
+    columns += [select(fn(sample.time)).where(sample.run_id == _RUN).scalar_subquery() for fn in (func.min, func.max)]
+    return select(*columns)
 
 
 class WatchMixin(StoreCore):
@@ -105,3 +122,16 @@ class WatchMixin(StoreCore):
         d = m.WorkerDevice
         with self._read() as s:
             return tuple(s.execute(select(func.count(d.worker_id), func.max(d.published_at))).one())
+
+    def run_extents(
+        self, run_id: int, names: tuple[str, ...]
+    ) -> tuple[dict[str, tuple[int, int] | None], tuple[float, float] | None]:
+        """`metric_extent(run_id, name)` of each name and `memory_extent(run_id)` in one SELECT: what the
+        run page's charts ask before reading their new buckets (`app.ui.run.RunPageData.rows`)."""
+        with self._read_engine.connect() as conn:
+            row = conn.execute(_extents_q(names), {"run_id": run_id}).one()
+        metrics = {
+            name: None if row[2 * i] is None else (int(row[2 * i]), int(row[2 * i + 1])) for i, name in enumerate(names)
+        }
+        lo, hi = row[-2], row[-1]
+        return metrics, None if lo is None else (float(lo), float(hi))

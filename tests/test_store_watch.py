@@ -36,3 +36,18 @@ def test_live_stamps_are_the_run_and_series_stamps_in_one_read(store: Store) -> 
     run, series = seen[-1]
     assert run is not None and run[0] == "succeeded" and run[1] == 3 and None not in series
     assert store.live_stamps(None) == (None, series) and store.live_stamps(run_id + 1) == (None, series)
+
+
+def test_run_extents_are_each_series_extent_in_one_read(store: Store) -> None:
+    run_id = store.create_run(JobSpec(run_name="extents"))
+    names = ("loss", "eval_loss", "rewards/margins")
+    assert store.run_extents(run_id, names) == ({name: None for name in names}, None)
+    store.add_metrics(run_id, [MetricPoint(s, "loss", 1.0, 1.0 + s) for s in (3, 1, 7)])
+    store.add_metrics(run_id, [MetricPoint(5, "rewards/margins", 0.5, 6.0)])
+    other = store.create_run(JobSpec(run_name="other"))
+    store.add_metrics(other, [MetricPoint(99, "loss", 1.0, 2.0)])  # another run's rows are not this run's
+    store.add_memory_samples([MemoryPoint(time=t, source="host", run_id=run_id, used_bytes=1) for t in (12.5, 10.0)])
+    metrics, memory = store.run_extents(run_id, names)
+    assert metrics == {"loss": (1, 7), "eval_loss": None, "rewards/margins": (5, 5)}
+    assert metrics == {name: store.metric_extent(run_id, name) for name in names}
+    assert memory == (10.0, 12.5) == store.memory_extent(run_id)

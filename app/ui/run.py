@@ -30,9 +30,10 @@ from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.train.checkpoints import resumable, resume
 from storage.models import RunStatus
-from storage.store import RunRecord, Store
+from storage.store import MetricBucket, RunRecord, Store
 
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
+RUN_METRICS = ("loss", "eval_loss", "learning_rate", "tokens_per_second")  # what the loss, lr and tokens/s plots draw
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
 TRAINER_SERIES: dict[str, dict[str, str]] = {
     "sft": {"eval perplexity": "eval_perplexity"},
@@ -170,15 +171,18 @@ class RunPageData:
         from app.ui.memory import with_predicted_line
         from jobs.queue.prediction import load_prediction
 
-        origin, mem = self.memory.get(run_id)
-        memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
-        loss = series.metric_rows(
-            {"train": self.metrics.get(run_id, "loss"), "eval": self.metrics.get(run_id, "eval_loss")}
-        )
-        lr = series.metric_rows({"learning rate": self.metrics.get(run_id, "learning_rate")})
-        tps = series.metric_rows({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         names = TRAINER_SERIES.get(trainer, {})
-        own = series.metric_rows({label: self.metrics.get(run_id, name) for label, name in names.items()})
+        extents, memory_extent = self.store.run_extents(run_id, (*RUN_METRICS, *names.values()))  # one read
+
+        def get(name: str) -> list[MetricBucket]:
+            return self.metrics.at(run_id, name, extents[name])
+
+        origin, mem = self.memory.at(run_id, memory_extent)
+        memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
+        loss = series.metric_rows({"train": get("loss"), "eval": get("eval_loss")})
+        lr = series.metric_rows({"learning rate": get("learning_rate")})
+        tps = series.metric_rows({"tokens/s": get("tokens_per_second")})
+        own = series.metric_rows({label: get(name) for label, name in names.items()})
         return [memory, loss, lr, tps, own]
 
     def frames(self, run_id: int, trainer: str) -> list[pd.DataFrame]:
