@@ -87,8 +87,8 @@ def live_rows(
 class LiveWindow:
     """The GPU panel's reads for one page: the first reads the whole window (`live_rows`), each later one
     only the buckets from `series.LATE_SAMPLES_S` before the newest sample seen; the page keeps the
-    older points (`app.ui.live.ChartState`). Reading all 300 buckets a second, per open panel, was most
-    of a live page's server cost. Make a new one when the worker changes."""
+    older points (`app.ui.live.ChartState`). Reading, comparing and sending all 300 buckets a second,
+    per open panel, was about a quarter of a live page's server cost. Make a new one when the worker changes."""
 
     def __init__(self, store: Store, worker_id: str | None, window_s: float = WINDOW_S, width: float = 1.0):
         self.store, self.worker_id, self.window_s, self.width = store, worker_id, window_s, width

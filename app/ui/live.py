@@ -203,9 +203,8 @@ class Feed:
         self._gpu_series: Any = object()
         self._devices: Any = object()
         self._devices_at = -math.inf
-        self._gpu_window: gpu.LiveWindow | None = (
-            None  # whose samples the GPU panel draws (`_worker`, when devices move)
-        )
+        # Whose samples the GPU panel draws (`_worker`), made again when the devices move.
+        self._gpu_window: gpu.LiveWindow | None = None
         self._runs: Any = object()
 
     @property
