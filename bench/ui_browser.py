@@ -263,6 +263,17 @@ class Side:
         self.finished_run = self.feed("finished", steps=finished_steps)["run_id"]
         self.port = free_port()
         self.server = start_server(self.tree, self.home, self.port)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Open the dashboard once and wait for its load event's output (the form's memory verdict).
+
+        A fresh server's first page builds the memory predictor (it imports transformers: seconds of
+        CPU, once per process); without this that one-time cost fell into the first page's window."""
+        with chromium() as browser:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(self.url())
+            page.wait_for_function("(document.querySelector('#budget') || {}).innerText?.trim()", timeout=180_000)
 
     def feed(self, op: str, **kw: Any) -> dict[str, Any]:
         assert self.feeder is not None
