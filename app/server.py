@@ -227,11 +227,13 @@ def serve(
 
 
 # Gradio 6.31's event queue looks for work every 1 ms while it has none (and for progress updates
-# every 10 ms): ~7% of a core for a dashboard nobody uses. 50 ms and 100 ms (Gradio's own values on
-# Windows) delay an event's start by 25 ms on average and keep the idle server under 1% of a core
-# (measured here: 7.5% -> 0.7% with no page open; bench/ui.py measures it with pages).
+# every 10 ms): ~7% of a core for a dashboard nobody uses. 50 ms (Gradio's own value on Windows)
+# delays an event's start by 25 ms on average; the progress loop only forwards gr.Progress reports,
+# which no handler here makes, so once a second is enough. Measured here with no page open: 7.5% ->
+# 0.7% (50 ms, 100 ms) -> ~0.6% (50 ms, 1 s); of that floor the 50 ms polls are ~0.3% (bench/ui.py
+# measures it with pages).
 QUEUE_IDLE_POLL_S = 0.05
-QUEUE_PROGRESS_POLL_S = 0.1
+QUEUE_PROGRESS_POLL_S = 1.0
 
 
 def quiet_queue(demo: Any) -> None:

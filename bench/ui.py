@@ -14,6 +14,8 @@ process running that tree's own code (bench/ui_browser.py). Pages run in Debian'
 (playwright, the offline flags of tests/browser_helpers.py), a fresh browser per measurement;
 per page the two trees alternate which goes first, so the machine's load hits both alike, and
 the side not being measured has its server frozen (SIGSTOP; an idle `serve` costs a few % of a core).
+Each server is warmed first: one page opened until its load event has drawn the form's memory verdict
+(a fresh server's first page imports transformers once, which is no page's steady cost).
 
 (cpu) For each page: open it, wait until loaded (`#run-header` shows the run; the Launch tab:
     the Gradio container), let it settle `--settle` s, then measure `--window` s: CPU seconds

@@ -48,6 +48,7 @@ class StoreCore:
     url: str
     _sqlite: bool  # SQLite (one process-wide writer, BEGIN IMMEDIATE) rather than PostgreSQL
     _read: sessionmaker[Session]  # read sessions: plain deferred BEGIN, never wait for writers
+    _read_engine: Engine  # what `_read` sessions bind to (a plain connection for the cheapest reads)
     _unwritten: list[tuple[int, list[dict[str, Any]]]]  # metric rows kept after lock retries ran out
     _buffer_lock: threading.Lock  # guards `_unwritten`
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -211,7 +212,7 @@ def _is_skip(value: Any) -> bool:
 def test_the_idle_queue_is_slowed_on_the_gradio_we_run() -> None:
     import gradio as gr
 
-    from app.server import QUEUE_IDLE_POLL_S, quiet_queue
+    from app.server import QUEUE_IDLE_POLL_S, QUEUE_PROGRESS_POLL_S, quiet_queue
 
     with gr.Blocks() as demo:
         gr.Markdown("x")
@@ -219,6 +220,11 @@ def test_the_idle_queue_is_slowed_on_the_gradio_we_run() -> None:
     assert demo._queue.sleep_when_free < QUEUE_IDLE_POLL_S  # what gradio does by default: the cost
     quiet_queue(demo)
     assert demo._queue.sleep_when_free == QUEUE_IDLE_POLL_S
+    assert demo._queue.progress_update_sleep_when_free == QUEUE_PROGRESS_POLL_S
+    # The progress loop polls once a second because no handler reports gr.Progress; one that did would
+    # see its bar move once a second (then lower QUEUE_PROGRESS_POLL_S).
+    app = Path(__file__).resolve().parents[1] / "app"
+    assert not [p for p in app.rglob("*.py") if "gr.Progress(" in p.read_text()]
     demo._queue = object()
     with pytest.raises(RuntimeError, match="sleep_when_free"):
         quiet_queue(demo)

@@ -84,6 +84,28 @@ def live_rows(
     return series.memory_rows(buckets, 0.0), series.utilization_rows(buckets, 0.0)
 
 
+class LiveWindow:
+    """The GPU panel's reads for one page: the first reads the whole window (`live_rows`), each later one
+    only the buckets from `series.LATE_SAMPLES_S` before the newest sample seen; the page keeps the
+    older points (`app.ui.live.ChartState`). Reading, comparing and sending all 300 buckets a second,
+    per open panel, was about a quarter of a live page's server cost. Make a new one when the worker changes."""
+
+    def __init__(self, store: Store, worker_id: str | None, window_s: float = WINDOW_S, width: float = 1.0):
+        self.store, self.worker_id, self.window_s, self.width = store, worker_id, window_s, width
+        self.device = worker_device(store, worker_id) if worker_id is not None else None  # read once, not per tick
+        self._newest: float | None = None  # the newest sample time read
+
+    def read(self, now: float) -> tuple[float, list[series.Row], list[series.Row]]:
+        """(start, memory rows, utilization rows): `live_rows(store, worker_id, now, window_s, width)`'s
+        rows with x >= start, a multiple of width (a bucket's x is its middle: older buckets lie before start)."""
+        w = self.width
+        origin = (now - self.window_s) // w * w
+        start = origin if self._newest is None else max(origin, (self._newest - series.LATE_SAMPLES_S) // w * w)
+        buckets = self.store.memory_buckets(None, start, w, worker_id=self.worker_id, device_index=self.device)
+        self._newest = max((b.last_time for b in buckets), default=self._newest)
+        return start, series.memory_rows(buckets, 0.0), series.utilization_rows(buckets, 0.0)
+
+
 @dataclass
 class GpuPanel:
     info: gr.Markdown

@@ -3,8 +3,8 @@
 A page opens one event stream (`app.ui.live_route`) naming the views it shows now, its *topics*:
 `run=N` (the Run tab shows run N), `gpu=1` (the GPU panel is open and on screen; `device=` its
 picked device's label), `runs=1` (the Runs tab is shown). Each tick the feed asks the store's change
-stamps (`storage.store_watch`: one indexed SELECT each) whether anything those views show may have
-moved, and sends:
+stamps (`storage.store_watch`: one SELECT of indexed lookups) whether anything those views show may
+have moved, and sends:
 - `{"kind": "charts", "charts": {elem_id: {"meta", "set", "drop"}}}`: chart points for the page's
   canvas charts (`app/ui/static/live.js`), only the series that changed, from the first x that
   changed (`series_delta`): a live run ships its new points, a finished run nothing;
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,10 @@ def series_delta(old: Mapping[str, Points], new: Mapping[str, Points]) -> dict[s
     return out
 
 
+def _x(point: list[float]) -> float:
+    return point[0]
+
+
 def _common_prefix(a: Points, b: Points) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -152,8 +157,21 @@ class ChartState:
         self.sent: dict[str, Points] = {}
         self.meta_sent = False
 
-    def update(self, rows: list[Row]) -> dict[str, Any] | None:
+    def update(self, rows: list[Row], cut: float | None = None, start: float | None = None) -> dict[str, Any] | None:
+        """The payload that turns what the page has into `rows`, or None.
+
+        A sliding window (the GPU panel) passes `cut`, where the page drops older points itself (live.js,
+        charts with `relative_window_s`): both sides forget them. With `start`, `rows` are only the points
+        with x >= start, and those before it are as last sent: a tick reads and compares its newest
+        buckets, not the whole window."""
         points = row_points(rows)
+        if start is not None:
+            older = {label: pts[: bisect_left(pts, start, key=_x)] for label, pts in self.sent.items()}
+            labels = [*older, *(label for label in points if label not in older)]
+            points = {label: older.get(label, []) + points.get(label, []) for label in labels}
+        if cut is not None:
+            self.sent = {label: pts[bisect_left(pts, cut, key=_x) :] for label, pts in self.sent.items()}
+            points = {label: kept for label, pts in points.items() if (kept := pts[bisect_left(pts, cut, key=_x) :])}
         delta = series_delta(self.sent, points)
         if not delta and self.meta_sent:
             return None
@@ -185,7 +203,8 @@ class Feed:
         self._gpu_series: Any = object()
         self._devices: Any = object()
         self._devices_at = -math.inf
-        self._gpu_worker: str | None = None  # whose samples the GPU panel draws (`_worker`, when devices move)
+        # Whose samples the GPU panel draws (`_worker`), made again when the devices move.
+        self._gpu_window: gpu.LiveWindow | None = None
         self._runs: Any = object()
 
     @property
@@ -199,9 +218,10 @@ class Feed:
             return []
         now = time.time() if now is None else now
         out: list[dict[str, Any]] = []
-        series = self.store.series_stamp()
-        if self.topics.run_id is not None and not self._run_finished:
-            out += self._poll_run(self.topics.run_id, series)
+        run_id = self.topics.run_id if not self._run_finished else None
+        stamp, series = self.store.live_stamps(run_id)  # one SELECT a tick
+        if run_id is not None:
+            out += self._poll_run(run_id, stamp, series)
         if (self.topics.gpu or self.topics.runs) and time.monotonic() - self._slow_at >= SLOW_TICK_S * 0.9:
             self._slow_at = time.monotonic()
             if self.topics.gpu:
@@ -214,9 +234,8 @@ class Feed:
         self.done = not self.topics.gpu and not self.topics.runs and self._run_finished
         return out
 
-    def _poll_run(self, run_id: int, series: Any) -> list[dict[str, Any]]:
+    def _poll_run(self, run_id: int, stamp: tuple[Any, ...] | None, series: Any) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        stamp = self.store.run_stamp(run_id)
         if stamp != self._run_stamp:
             self._run_stamp = stamp
             message: dict[str, Any] = {"kind": "run", "run_id": run_id, "status": stamp[0] if stamp else None}
@@ -252,16 +271,19 @@ class Feed:
             devices = (self.store.devices_stamp(), tuple(sorted(w["worker_id"] for w in self.store.live_workers())))
             if devices != self._devices:
                 self._devices = devices
-                self._gpu_worker = self._worker()  # the devices moved: pick the graph's worker again
+                # The devices moved: pick the graph's worker again (and read its window afresh).
+                self._gpu_window = gpu.LiveWindow(self.store, self._worker(), charts.GPU_WINDOW_S, GPU_BUCKET_S)
                 out.append({"kind": "devices"})
-        if series == self._gpu_series and not out:
+        memory = series[1]  # the panel draws memory samples only: a metric row moves nothing here
+        if self._gpu_window is None or (memory == self._gpu_series and not out):
             return out
-        self._gpu_series = series
-        rows = gpu.live_rows(self.store, self._gpu_worker, now, charts.GPU_WINDOW_S, GPU_BUCKET_S)
+        self._gpu_series = memory
+        start, *rows = self._gpu_window.read(now)
+        cut = now - charts.GPU_WINDOW_S  # what the page keeps (live.js: relative_window_s before `now`)
         payload = {
             chart_id: update
             for (chart_id, state), chart_rows in zip(self._gpu_charts.items(), rows)
-            if (update := state.update(chart_rows)) is not None
+            if (update := state.update(chart_rows, cut, start)) is not None
         }
         if payload:
             out.append({"kind": "charts", "charts": payload, "now": now})

@@ -11,6 +11,7 @@ This module lays the page out and fills it (`RunPageData`); its text is `app.ui.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import gradio as gr
@@ -26,13 +27,14 @@ from app.ui.run_text import (
     throughput_markdown,
 )
 from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, unreachable_files_note
-from jobs.spec.stored import spec_of
+from jobs.spec.stored import spec_of, stored_spec
 from jobs.train import figures
 from jobs.train.checkpoints import resumable, resume
 from storage.models import RunStatus
-from storage.store import RunRecord, Store
+from storage.store import MetricBucket, RunRecord, Store
 
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
+RUN_METRICS = ("loss", "eval_loss", "learning_rate", "tokens_per_second")  # what the loss, lr and tokens/s plots draw
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
 TRAINER_SERIES: dict[str, dict[str, str]] = {
     "sft": {"eval perplexity": "eval_perplexity"},
@@ -57,6 +59,12 @@ def prediction_markdown(store: Store, run: RunRecord) -> str:
 
     text = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
     return f" · memory {text}" if text else ""
+
+
+@lru_cache(maxsize=256)
+def spec_yaml(spec_json: str) -> str:
+    """The Spec pane's text. A run's spec never changes, and dumping it was a third of a refresh's time."""
+    return stored_spec(spec_json).to_yaml()
 
 
 @dataclass
@@ -170,15 +178,18 @@ class RunPageData:
         from app.ui.memory import with_predicted_line
         from jobs.queue.prediction import load_prediction
 
-        origin, mem = self.memory.get(run_id)
-        memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
-        loss = series.metric_rows(
-            {"train": self.metrics.get(run_id, "loss"), "eval": self.metrics.get(run_id, "eval_loss")}
-        )
-        lr = series.metric_rows({"learning rate": self.metrics.get(run_id, "learning_rate")})
-        tps = series.metric_rows({"tokens/s": self.metrics.get(run_id, "tokens_per_second")})
         names = TRAINER_SERIES.get(trainer, {})
-        own = series.metric_rows({label: self.metrics.get(run_id, name) for label, name in names.items()})
+        extents, memory_extent = self.store.run_extents(run_id, (*RUN_METRICS, *names.values()))  # one read
+
+        def get(name: str) -> list[MetricBucket]:
+            return self.metrics.at(run_id, name, extents[name])
+
+        origin, mem = self.memory.at(run_id, memory_extent)
+        memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
+        loss = series.metric_rows({"train": get("loss"), "eval": get("eval_loss")})
+        lr = series.metric_rows({"learning rate": get("learning_rate")})
+        tps = series.metric_rows({"tokens/s": get("tokens_per_second")})
+        own = series.metric_rows({label: get(name) for label, name in names.items()})
         return [memory, loss, lr, tps, own]
 
     def frames(self, run_id: int, trainer: str) -> list[pd.DataFrame]:
@@ -247,7 +258,7 @@ class RunPageData:
             samples_markdown(self.store, run),
             phases_markdown(self.store, run),
             log_tail(run),
-            spec_of(run).to_yaml(),
+            spec_yaml(run.spec_json),
             resume,
         ]
 

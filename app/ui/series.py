@@ -26,7 +26,7 @@ from storage.store import MemoryBucket, MetricBucket, Store
 MAX_POINTS = 2000
 _CACHE_KEYS = 128
 _MEMORY_BASE_WIDTH_S = 1.0 / 16
-_LATE_SAMPLES_S = 10.0
+LATE_SAMPLES_S = 10.0  # samples come in batches from two writers (sampler, training callback): re-read this far back
 
 
 def merge_metric(a: MetricBucket, b: MetricBucket) -> MetricBucket:
@@ -100,7 +100,10 @@ class MetricSeriesCache:
         self._states: OrderedDict[tuple[int, str], _MetricState] = OrderedDict()
 
     def get(self, run_id: int, name: str) -> list[MetricBucket]:
-        extent = self.store.metric_extent(run_id, name)
+        return self.at(run_id, name, self.store.metric_extent(run_id, name))
+
+    def at(self, run_id: int, name: str, extent: tuple[int, int] | None) -> list[MetricBucket]:
+        """`get` with the series' extent read already (`Store.run_extents`: every series of a run in one read)."""
         if extent is None:
             return []
         hi = extent[1]
@@ -141,7 +144,10 @@ class MemorySeriesCache:
 
     def get(self, run_id: int) -> tuple[float, list[MemoryBucket]]:
         """(origin time, buckets in time order) for one run's samples."""
-        extent = self.store.memory_extent(run_id)
+        return self.at(run_id, self.store.memory_extent(run_id))
+
+    def at(self, run_id: int, extent: tuple[float, float] | None) -> tuple[float, list[MemoryBucket]]:
+        """`get` with the samples' extent read already (`Store.run_extents`)."""
         if extent is None:
             return 0.0, []
         lo, hi = extent
@@ -154,7 +160,7 @@ class MemorySeriesCache:
             elif hi > state.last_time:
                 # Re-read whole buckets from a little before the last sample seen: samples arrive in
                 # batches from two writers (sampler, training callback), not strictly in time order.
-                first = (max(lo, state.last_time - _LATE_SAMPLES_S)) // state.width
+                first = (max(lo, state.last_time - LATE_SAMPLES_S)) // state.width
                 for r in self.store.memory_series(run_id, state.width, from_time=first * state.width):
                     state.buckets[_memory_key(r, state.width)] = r
                 state.last_time = hi
@@ -229,13 +235,19 @@ def _first(bucket: MemoryBucket, attrs: tuple[str, ...]) -> int | None:
     return next((v for v in (getattr(bucket, a) for a in attrs) if v is not None), None)
 
 
+# source -> its labels: a bucket is looked at only for the series its source draws (a live page's every tick).
+_SERIES_OF_SOURCE: dict[str, list[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {}
+for _label, (_source, _lo, _hi) in MEMORY_SERIES.items():
+    _SERIES_OF_SOURCE.setdefault(_source, []).append((_label, _lo, _hi))
+
+
 def memory_rows(buckets: list[MemoryBucket], origin: float) -> list[Row]:
     """(seconds since origin (negative = ago), GiB, series): the max (and min) of each bucket."""
     rows: list[Row] = []
     for b in buckets:
         t = (b.first_time + b.last_time) / 2 - origin
-        for label, (source, lo_attrs, hi_attrs) in MEMORY_SERIES.items():
-            hi = _first(b, hi_attrs) if b.source == source else None
+        for label, lo_attrs, hi_attrs in _SERIES_OF_SOURCE.get(b.source, ()):
+            hi = _first(b, hi_attrs)
             if hi is None:
                 continue
             lo = _first(b, lo_attrs)
