@@ -118,3 +118,44 @@ def smollm2_cache() -> Path:
     """A model cache shared across test sessions, so SmolLM2 is fetched and converted once."""
     override = os.environ.get("TUNEDECK_MODELS_DIR")
     return Path(override or Path.home() / ".cache" / "tunedeck" / "test-models").expanduser()
+
+
+SMOLLM2_SMOKE = {
+    "run_name": "smollm2-smoke",
+    "model": "smollm2-135m-instruct",
+    "dataset": "sample:chat-format",
+    "method": "lora",
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "learning_rate": 1e-3,
+    "lr_scheduler_type": "constant",
+    "per_device_train_batch_size": 2,
+    "max_length": 48,
+    "max_steps": 3,
+    "max_train_samples": 16,
+    "eval_dataset": "sample:chat-format:eval",
+}
+
+
+@pytest.fixture(scope="session")
+def smollm2_run(tmp_path_factory: pytest.TempPathFactory, smollm2_cache: Path) -> tuple[Path, int]:
+    """(a data folder, run id): a short LoRA run of the embedded SmolLM2 (`SMOLLM2_SMOKE`), submitted and
+    trained through the worker once per session. test_smollm2 checks the run; the GGUF test exports it.
+    Users point TUNEDECK_HOME at the folder and TUNEDECK_MODELS_DIR at `smollm2_cache` themselves."""
+    from jobs.queue.submit import submit
+    from jobs.spec.job import JobSpec
+    from jobs.worker.loop import Worker
+    from storage.store import Store
+
+    folder = tmp_path_factory.mktemp("smollm2-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEDECK_HOME", str(folder))
+        mp.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
+        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        store = Store()
+        try:
+            run_id = submit(store, JobSpec.from_dict(SMOLLM2_SMOKE))
+            Worker(store, poll_interval=0.2).work(burst=True)
+        finally:
+            store.dispose()
+    return folder, run_id

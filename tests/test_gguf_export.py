@@ -201,30 +201,17 @@ def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_pa
 
 @pytest.mark.smollm2
 @pytest.mark.slow
-def test_smollm2_run_exports_f16_and_q8_0(store, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
-    from jobs.queue.submit import submit
-    from jobs.spec.job import JobSpec
-    from jobs.worker.loop import Worker
+def test_smollm2_run_exports_f16_and_q8_0(
+    smollm2_run: tuple[Path, int], smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's short SmolLM2 LoRA run (conftest `smollm2_run`), exported to GGUF f16 and q8_0."""
+    from storage.store import Store
 
-    spec = JobSpec.from_dict(
-        {
-            "run_name": "smollm2-gguf",
-            "model": "smollm2-135m-instruct",
-            "dataset": "sample:chat-format",
-            "method": "lora",
-            "lora_r": 8,
-            "lora_alpha": 16,
-            "learning_rate": 1e-3,
-            "lr_scheduler_type": "constant",
-            "per_device_train_batch_size": 2,
-            "max_length": 48,
-            "max_steps": 2,
-            "max_train_samples": 8,
-        }
-    )
-    run_id = submit(store, spec)
-    Worker(store, poll_interval=0.2).work(burst=True)
+    folder, run_id = smollm2_run
+    monkeypatch.setenv("TUNEDECK_HOME", str(folder))
+    monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
+    monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+    store = Store()
     assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_detail
     for gguf_type in ("f16", "q8_0"):
         result = export_gguf(store, run_id, gguf_type)
@@ -232,3 +219,4 @@ def test_smollm2_run_exports_f16_and_q8_0(store, smollm2_cache: Path, monkeypatc
         if gguf_type == "f16":
             assert result.check.source_answers == result.check.gguf_answers
         assert result.path.stat().st_size > 100 * 2**20
+    store.dispose()

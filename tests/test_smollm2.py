@@ -11,42 +11,32 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec.job import JobSpec
 from storage.models import RunStatus
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.integration, pytest.mark.slow]
 
 
-def test_default_model_trains_through_the_worker(store, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def store(smollm2_run: tuple[Path, int], smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    from storage.store import Store
+
+    monkeypatch.setenv("TUNEDECK_HOME", str(smollm2_run[0]))
     monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
+    monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+    store = Store()
+    yield store
+    store.dispose()
+
+
+def test_default_model_trains_through_the_worker(store, smollm2_run: tuple[Path, int]) -> None:
+    """The session's SmolLM2 run (conftest SMOLLM2_SMOKE: 3 steps, an eval set), submitted and trained through the worker."""
     import torch
     from peft import PeftModel
 
     from jobs.models.loading import load_model_and_tokenizer
     from jobs.models.references import resolve_model
-    from jobs.queue.submit import submit
-    from jobs.worker.loop import Worker
 
-    spec = JobSpec.from_dict(
-        {
-            "run_name": "smollm2-smoke",
-            "model": "smollm2-135m-instruct",
-            "dataset": "sample:chat-format",
-            "method": "lora",
-            "lora_r": 8,
-            "lora_alpha": 16,
-            "learning_rate": 1e-3,
-            "lr_scheduler_type": "constant",
-            "per_device_train_batch_size": 2,
-            "max_length": 48,
-            "max_steps": 3,
-            "max_train_samples": 16,
-            "eval_dataset": "sample:chat-format:eval",
-        }
-    )
-    run_id = submit(store, spec)
-    Worker(store, poll_interval=0.2).work(burst=True)
-
+    run_id = smollm2_run[1]
     run = store.get_run(run_id)
     assert run.status is RunStatus.SUCCEEDED, (run.error_summary, run.error_detail)
     assert run.current_step == 3 and run.total_steps == 3
