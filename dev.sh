@@ -116,9 +116,12 @@ case "$cmd" in
         exec "$VENV/bin/tunedeck" serve "$@"
         ;;
     test)
+        # apt-get (Chromium, PostgreSQL, docker-compose) and pip both wait on downloads: side by side.
+        ensure_system_packages &
+        apt_pid=$!
         ensure_venv
         run_checks
-        ensure_system_packages
+        wait "$apt_pid" || { log "installing the system packages failed (see above)"; exit 1; }
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
         # TUNEDECK_TEST_WORKERS=2: two workers, each taking whole test files (module fixtures: a served
         # dashboard, a trained run). Serial by default: on the 2-core CI machine a full run on two workers
