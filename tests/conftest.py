@@ -113,6 +113,21 @@ def tag_home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tupl
     return folder, ids
 
 
+@pytest.fixture(scope="module")
+def tag_store(tag_home: tuple[Path, dict[str, int]]):
+    """(folder, Store, ids) on the session's tag-format runs, TUNEDECK_HOME pointed at their folder for the module."""
+    from storage.store import Store
+
+    folder, ids = tag_home
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEDECK_HOME", str(folder))
+        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        mp.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
+        store = Store()
+        yield folder, store, ids
+        store.dispose()
+
+
 @pytest.fixture(scope="session")
 def smollm2_cache() -> Path:
     """A model cache shared across test sessions, so SmolLM2 is fetched and converted once."""

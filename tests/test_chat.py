@@ -24,18 +24,9 @@ GPU = DeviceFacts(kind="cuda", name="Fake GPU", total_bytes=80 * 1024**3, comput
 
 
 @pytest.fixture(scope="module")
-def home(tag_home: tuple[Path, dict[str, int]]):
-    """The session's data folder of tag-format runs (conftest `tag_home`): LoRA, prompt tuning, full."""
-    from storage.store import Store
-
-    folder, ids = tag_home
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TUNEDECK_HOME", str(folder))
-        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
-        mp.delenv("TUNEDECK_CHAT_DEVICE", raising=False)
-        store = Store()
-        yield folder, store, {"lora": ids["lora"], "prompt_tuning": ids["prompt_tuning"], "full": ids["full"]}
-        store.dispose()
+def home(tag_store):
+    """(folder, store, ids): the session's tag-format runs (conftest): LoRA, prompt tuning, full."""
+    return tag_store
 
 
 @pytest.fixture(scope="module")

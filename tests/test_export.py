@@ -14,28 +14,17 @@ from jobs.train.artifacts import sha256_of
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def home(tag_home: tuple[Path, dict[str, int]]):
-    """The session's finished runs (conftest `tag_home`): a LoRA run, a prompt-tuning run, a full fine-tune."""
-    from storage.store import Store
-
-    folder, ids = tag_home
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TUNEDECK_HOME", str(folder))
-        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
-        store = Store()
-        yield store, {"lora": ids["lora"], "prompt": ids["prompt_tuning"], "full": ids["full"]}
-        store.dispose()
+@pytest.fixture
+def store(tag_store):
+    """A store on the session's finished runs (conftest `tag_store`)."""
+    return tag_store[1]
 
 
 @pytest.fixture
-def store(home):
-    return home[0]
-
-
-@pytest.fixture
-def runs(home) -> dict[str, int]:
-    return home[1]
+def runs(tag_store) -> dict[str, int]:
+    """A finished LoRA run, a finished prompt-tuning run and a full fine-tune."""
+    ids = tag_store[2]
+    return {"lora": ids["lora"], "prompt": ids["prompt_tuning"], "full": ids["full"]}
 
 
 def test_merged_export_answers_like_the_adapter_and_is_recorded(store, runs: dict[str, int]) -> None:
