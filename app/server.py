@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -215,7 +216,7 @@ def serve(
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
         quiet_queue(demo)
-        demo.block_thread()
+        wait_until_stopped(demo)
     except KeyboardInterrupt:
         pass
     finally:
@@ -227,13 +228,28 @@ def serve(
 
 
 # Gradio 6.31's event queue looks for work every 1 ms while it has none (and for progress updates
-# every 10 ms): ~7% of a core for a dashboard nobody uses. 50 ms (Gradio's own value on Windows)
-# delays an event's start by 25 ms on average; the progress loop only forwards gr.Progress reports,
-# which no handler here makes, so once a second is enough. Measured here with no page open: 7.5% ->
-# 0.7% (50 ms, 100 ms) -> ~0.6% (50 ms, 1 s); of that floor the 50 ms polls are ~0.3% (bench/ui.py
-# measures it with pages).
-QUEUE_IDLE_POLL_S = 0.05
+# every 10 ms): ~7% of a core for a dashboard nobody uses. Every wake-up of the server's event loop
+# costs ~0.3 ms here, and an idle server wakes ~30 times a second (this poll, uvicorn's 10 Hz tick), so
+# the poll is every 100 ms: an event starts 50 ms later on average, which nobody sees (the live charts
+# come through their own stream). The progress loop only forwards gr.Progress reports, which no
+# handler here makes, so once a second is enough. Measured with no page open: 7.5% -> 1.0% (50 ms,
+# 1 s) -> 0.7% (100 ms, 1 s) of a core; bench/ui.py measures it with pages.
+QUEUE_IDLE_POLL_S = 0.1
 QUEUE_PROGRESS_POLL_S = 1.0
+
+
+def wait_until_stopped(demo: Any, poll_s: float = 5.0) -> None:
+    """Hold the main thread while the server runs, as Gradio's `block_thread` does, without its 10
+    wake-ups a second (a few tenths of a % of a core on an idle dashboard): Ctrl-C and SIGTERM
+    (`_raise_keyboard_interrupt`) interrupt the sleep at once; `poll_s` only notices a server closed
+    from another thread."""
+    try:
+        while demo.is_running:
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        if demo.server:
+            demo.server.close()
+        raise
 
 
 def quiet_queue(demo: Any) -> None:

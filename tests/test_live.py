@@ -228,3 +228,35 @@ def test_the_idle_queue_is_slowed_on_the_gradio_we_run() -> None:
     demo._queue = object()
     with pytest.raises(RuntimeError, match="sleep_when_free"):
         quiet_queue(demo)
+
+
+def test_the_main_thread_waits_without_waking_and_stops_the_server_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.server as server
+
+    class Demo:
+        def __init__(self) -> None:
+            self.is_running, self.closed = True, 0
+            self.server = self
+
+        def close(self) -> None:
+            self.closed += 1
+
+    sleeps: list[float] = []
+    demo = Demo()
+
+    def sleep(s: float) -> None:  # the server closes from another thread after two polls
+        sleeps.append(s)
+        demo.is_running = len(sleeps) < 2
+
+    monkeypatch.setattr(server.time, "sleep", sleep)
+    server.wait_until_stopped(demo)
+    assert sleeps == [5.0, 5.0] and demo.closed == 0  # two wake-ups in 10 s, not 100
+
+    def interrupted(s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server.time, "sleep", interrupted)
+    demo.is_running = True
+    with pytest.raises(KeyboardInterrupt):
+        server.wait_until_stopped(demo)
+    assert demo.closed == 1
