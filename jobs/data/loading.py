@@ -64,53 +64,62 @@ def _load(
 ) -> tuple[datasets.Dataset, DatasetInfo, list[int] | None]:
     """The checked, converted data set with trl's columns only, its info, and each row's number as the checks
     name it (None: 1, 2, 3, ... as for tables and hub data)."""
-    checked = inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True)
-    ds, info = _shaped(checked, field_name)
-    # Rows built from the checked ones keep their numbers (JSON lines: line numbers, blank lines skipped).
-    return ds, info, [number for number, _ in checked.rows()] if checked.ds is None else None
+    return _shaped(inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True), field_name)
 
 
-def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Dataset, DatasetInfo]:
+def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Dataset, DatasetInfo, list[int] | None]:
     import datasets
 
     info, ds = checked.info, checked.ds
     tools = info.tools.count > 0
     keep, features = COLUMNS[info.format], _features(info.format, checked.style, tools)
     extra = info.reward_columns
-    if ds is None:  # JSON files, and anything converted: built from the checked rows
-        rows = [
-            {**only_columns(row, info.format, tools), **{c: row.get(c) for c in extra}} for _, row in checked.rows()
-        ]
-        if not extra:
-            return datasets.Dataset.from_list(rows, features=features), info
-        try:  # the extra columns' types are inferred; the prompt keeps its checked type
-            return datasets.Dataset.from_list(
-                rows,
-                features=datasets.Features(
-                    {**features, **datasets.Dataset.from_list([{c: r[c] for c in extra} for r in rows]).features}
-                ),
-            ), info
-        except (ValueError, TypeError) as exc:  # pyarrow's errors are ValueError/TypeError subclasses
-            raise DataError(
-                [
-                    Problem(
-                        field_name,
-                        f"columns {', '.join(extra)} do not hold one type each ({exc})",
-                        "give each extra column one type in every row, or remove it",
-                    )
-                ]
-            ) from exc
+    if ds is None:  # JSON files, and anything converted: built from the checked rows, which keep their numbers
+        numbers: list[int] = []  # JSON lines: line numbers, blank lines skipped
+        rows = []
+        for number, row in checked.rows():  # one conversion pass
+            numbers.append(number)
+            rows.append({**only_columns(row, info.format, tools), **{c: row.get(c) for c in extra}})
+        return _from_rows(rows, features, extra, field_name), info, numbers
     features = datasets.Features({**features, **{c: ds.features[c] for c in extra}})
     keep = (*keep, *extra)
     drop = [c for c in ds.column_names if c not in keep]
     if all(ds.features.get(c) == features[c] for c in keep):
-        return (ds.remove_columns(drop) if drop else ds), info
-    return ds.map(
-        lambda row: {**only_columns(row, info.format, tools), **{c: row[c] for c in extra}},
-        remove_columns=drop,
-        features=features,
-        desc=f"Shaping {field_name}",
-    ), info
+        return (ds.remove_columns(drop) if drop else ds), info, None
+    return (
+        ds.map(
+            lambda row: {**only_columns(row, info.format, tools), **{c: row[c] for c in extra}},
+            remove_columns=drop,
+            features=features,
+            desc=f"Shaping {field_name}",
+        ),
+        info,
+        None,
+    )
+
+
+def _from_rows(rows: list[dict[str, Any]], features: Any, extra: list[str], field_name: str) -> datasets.Dataset:
+    import datasets
+
+    if not extra:
+        return datasets.Dataset.from_list(rows, features=features)
+    try:  # the extra columns' types are inferred; the prompt keeps its checked type
+        return datasets.Dataset.from_list(
+            rows,
+            features=datasets.Features(
+                {**features, **datasets.Dataset.from_list([{c: r[c] for c in extra} for r in rows]).features}
+            ),
+        )
+    except (ValueError, TypeError) as exc:  # pyarrow's errors are ValueError/TypeError subclasses
+        raise DataError(
+            [
+                Problem(
+                    field_name,
+                    f"columns {', '.join(extra)} do not hold one type each ({exc})",
+                    "give each extra column one type in every row, or remove it",
+                )
+            ]
+        ) from exc
 
 
 def _default_eval(spec: JobSpec) -> str | None:
