@@ -78,14 +78,12 @@ def live_rows(
 ) -> tuple[list[series.Row], list[series.Row]]:
     """(memory GiB, utilization %) rows over the last window for the page's live charts (`app.ui.live`):
     x is the clock time, buckets aligned on multiples of `width`, so a tick changes only the newest."""
-    origin = (now - window_s) // width * width
-    device = worker_device(store, worker_id) if worker_id is not None else None
-    buckets = store.memory_buckets(None, origin, width, worker_id=worker_id, device_index=device)
-    return series.memory_rows(buckets, 0.0), series.utilization_rows(buckets, 0.0)
+    _, memory, utilization = LiveWindow(store, worker_id, window_s, width).read(now)  # a first read: the whole window
+    return memory, utilization
 
 
 class LiveWindow:
-    """The GPU panel's reads for one page: the first reads the whole window (`live_rows`), each later one
+    """The GPU panel's reads for one page: the first reads the whole window, each later one
     only the buckets from `series.LATE_SAMPLES_S` before the newest sample seen; the page keeps the
     older points (`app.ui.live.ChartState`). Reading, comparing and sending all 300 buckets a second,
     per open panel, was about a quarter of a live page's server cost. Make a new one when the worker changes."""
@@ -96,8 +94,8 @@ class LiveWindow:
         self._newest: float | None = None  # the newest sample time read
 
     def read(self, now: float) -> tuple[float, list[series.Row], list[series.Row]]:
-        """(start, memory rows, utilization rows): `live_rows(store, worker_id, now, window_s, width)`'s
-        rows with x >= start, a multiple of width (a bucket's x is its middle: older buckets lie before start)."""
+        """(start, memory GiB rows, utilization % rows) of the window's buckets from `start` on, a multiple of
+        width (x is the clock time at a bucket's middle: older buckets lie before start)."""
         w = self.width
         origin = (now - self.window_s) // w * w
         start = origin if self._newest is None else max(origin, (self._newest - series.LATE_SAMPLES_S) // w * w)

@@ -18,7 +18,7 @@ from typing import Any
 
 from jobs.data.placeholders import Placeholders
 from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
-from jobs.data.row_numbers import rows_text
+from jobs.data.row_numbers import SHOWN_ROWS, rows_text
 from jobs.data.tool_turns import CALL_FIX, ToolRows
 from jobs.errors import Problem
 
@@ -338,7 +338,7 @@ class RowCheck:
         fmt, issues, n_rows, repeated, labels = self.fmt, self.issues, self._n_rows, self._repeated, self._labels
         warnings = []
         if repeated:
-            where = rows_text(repeated[:5], len(repeated), issues.label)
+            where = rows_text(repeated[:SHOWN_ROWS], len(repeated), issues.label)
             warnings.append(
                 f"{where} {'have' if len(repeated) > 1 else 'has'} two user or two assistant turns in a row: fine for most chat "
                 "templates, refused by strict ones (Llama 2, Mistral) when training starts; merge such turns"

@@ -36,7 +36,7 @@ _HERE = Path(__file__).resolve().parent
 def read_arch(config_text: str, cache: Path | None = None) -> Arch | None:
     """The kept Arch of the config in `config_text` (canonical JSON), or None: not kept yet (or unreadable,
     logged), so the caller builds it and `keep_arch`s it."""
-    path = (cache if cache is not None else _cache_dir()) / f"{cache_key(config_text)}.json"
+    path = _path(config_text, cache)
     if not path.is_file():
         return None
     try:
@@ -48,12 +48,15 @@ def read_arch(config_text: str, cache: Path | None = None) -> Arch | None:
 
 def keep_arch(config_text: str, arch: Arch, cache: Path | None = None) -> None:
     """Keep `arch` for the config in `config_text`; whole or not at all (another process may read it now)."""
-    folder = cache if cache is not None else _cache_dir()
-    path = folder / f"{cache_key(config_text)}.json"
-    folder.mkdir(parents=True, exist_ok=True)
+    path = _path(config_text, cache)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     partial.write_text(json.dumps(arch_to_json(arch)))
     partial.replace(path)
+
+
+def _path(config_text: str, cache: Path | None) -> Path:
+    return (cache if cache is not None else _cache_dir()) / f"{cache_key(config_text)}.json"
 
 
 def cache_key(config_text: str) -> str:
