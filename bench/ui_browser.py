@@ -271,12 +271,14 @@ class Side:
         A fresh server's first page builds the memory predictor (it imports transformers' modelling
         code: seconds of CPU, once per process); without this that one-time cost fell into the first
         page's window. A tree whose form draws no bar is measured unwarmed, with a warning."""
+        from playwright.sync_api import TimeoutError as PageTimeout
+
         with chromium() as browser:
             page = browser.new_page(viewport=VIEWPORT)
             page.goto(self.url())
             try:
                 page.wait_for_selector("#memory-bar", state="attached", timeout=180_000)
-            except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError; the bench goes on, said so
+            except PageTimeout as exc:  # the bench goes on, and says so
                 print(
                     f"warm-up of {self.name}: no memory bar ({type(exc).__name__}); measured unwarmed", file=sys.stderr
                 )
