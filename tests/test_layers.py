@@ -33,6 +33,7 @@ JOBS_ORDER = (
     "memory",
     "checks",
     "queue",
+    "cluster",
     "train",
     "export",
     "chat",
