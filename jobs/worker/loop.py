@@ -3,27 +3,25 @@
     tunedeck worker            # serve the queue until SIGTERM / Ctrl-C
     tunedeck worker --burst    # drain the queue, then exit (tests, benchmarks)
 
-One device, one running run (unless runs share it, below): a worker claims (`Store.claim_next_on_device`,
-one transaction) only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"),
-so two workers and two launches at once give one running run and one queued; the queue is FIFO
-unless reordered (`Store.move_queued`). For each run it claims it spawns
-`python -m jobs.train.child --run-id N` in a new session (its own process group), with stdout and
-stderr going to `runs/<id>/train.log` (never a pipe nobody reads). The child marks its run
-succeeded or failed itself; the worker records what the child cannot: when the child dies while
-its run is still `running`, the run is marked failed with the signal or exit code and the end of
-the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`, then `cancelled`. At start
-the worker marks runs interrupted whose heartbeat is stale or whose worker process on this host
-is dead (rq's StartedJobRegistry.cleanup), and again every `stale_after / 2` s while it waits
-for the device, so a run of a SIGKILLed worker is taken over by another. SIGTERM/SIGINT to the worker stop it warm: no new
-runs, SIGTERM forwarded to the child, wait, then exit. At start the worker publishes its device
-facts (`jobs.devices.facts`) to the store, with the training child's runtime baseline, measured
-once per host and cached (`jobs.worker.runtime`; seconds the first time). A child that exits with `jobs.train.oom.EXIT_OOM_RECOVER` has
-recorded an out-of-memory recovery: the worker starts a fresh child for the same run.
+One device, one running run (unless runs share it): a worker claims (`Store.claim_next_on_device`, one
+transaction) only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"), so two
+workers and two launches at once give one running run and one queued; the queue is FIFO unless reordered
+(`Store.move_queued`). Each run gets `python -m jobs.train.child --run-id N` in its own session (process
+group), its output in `runs/<id>/train.log`. The child marks its run succeeded or failed itself; the worker
+records what the child cannot: a child that dies while its run is still `running` fails the run with the
+signal or exit code and the end of the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`,
+then `cancelled`. At start, and every `stale_after / 2` s while it waits, the worker marks runs
+interrupted whose heartbeat is stale or whose worker process on this host is dead, so a run of a SIGKILLed
+worker is taken over by another. SIGTERM/SIGINT stop it warm: no new runs, SIGTERM forwarded to the
+child, wait, exit. At start it publishes its device facts (`jobs.devices.facts`) with the training child's
+runtime baseline, measured once per host and cached (`jobs.worker.runtime`). A child that exits with
+`jobs.train.oom.EXIT_OOM_RECOVER` has recorded an out-of-memory recovery: a fresh child continues the run.
 
-The loop is here; the child as a process (spawn, pidfd waits, signals) is `jobs.worker.processes`,
-leases and stale runs `jobs.worker.leases`, how a run ended `jobs.worker.outcome`. With `share`
-(`tunedeck worker --share N`) runs that opted in train side by side while their predicted peaks fit
-(`jobs.worker.share`, `jobs.worker.pool`: one thread per run, each through `execute`).
+The child as a process (spawn, pidfd waits, signals) is `jobs.worker.processes`, leases and stale runs
+`jobs.worker.leases`, how a run ended `jobs.worker.outcome`. With `share` (`tunedeck worker --share N`)
+runs that opted in train side by side while their predicted peaks fit (`jobs.worker.share`,
+`jobs.worker.pool`: one thread per run, each through `execute`). Beside training the worker carries out
+what the dashboard asks for through the store (exports, pushes, chat turns: `jobs.worker.services`).
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -48,9 +46,10 @@ from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV
 from jobs.worker import leases, processes, runtime
-from jobs.worker.outcome import first_line, record_end, run_status, saving_checkpoint
+from jobs.worker.outcome import first_line, quietly, record_end, run_status, saving_checkpoint
 from jobs.worker.pool import RunPool
 from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wait_exit, wait_group_gone
+from jobs.worker.services import Factory, Place, shared_data, start_all, stop_all
 from jobs.worker.share import SharePolicy, requeue_alone
 from storage.models import RunStatus
 from storage.settings import data_dir
@@ -80,6 +79,7 @@ class Worker:
         device: str | None = None,
         save_grace: float | None = None,
         share: SharePolicy | None = None,
+        services: Sequence[Factory] = (),
     ) -> None:
         self.store = store
         self.host = socket.gethostname()
@@ -114,6 +114,7 @@ class Worker:
         self._beat_lock = threading.Lock()
         self._children: dict[int, int] = {}  # run id -> child pid of every run training now (heartbeats)
         self.share = share or SharePolicy()
+        self.services = list(services)  # what the worker carries out beside training (`jobs.worker.services`)
         self.pool: RunPool | None = None  # set by publish_device when `share` lets runs share the device
         # stop() writes a byte here so a watch asleep in select() wakes at once (see wait_exit).
         self._wake_r, self._wake_w = os.pipe()
@@ -138,10 +139,10 @@ class Worker:
                 self.store, GpuProbe(visible=self.device if self.pinned else None), worker_id=self.worker_id
             )
             self.sampler.start()
-        done = 0
-        delay = 0.0  # backoff while the database fails
+        done, delay, running = 0, 0.0, []  # delay: backoff while the database fails; running: services
         try:
             self.publish_device()
+            running = start_all(self.place(), self.services)  # exports, pushes, chat turns asked through the store
             next_cleanup = 0.0
             while not self._stop.is_set() and not (self.pool and stop_after in self.pool.finished):
                 try:
@@ -187,13 +188,14 @@ class Worker:
             self.stop("the worker failed")  # the shared runs' children are stopped, not left behind
             raise
         finally:
+            stop_all(running)
             if self.pool is not None:
                 self.pool.join()
             if not self._stop.is_set():
                 self.baseline_known()  # a burst worker on an empty queue still publishes its runtime
             if self.sampler is not None:
                 self.sampler.stop()
-            self._quietly(self.store.worker_gone, self.worker_id)
+            quietly(self.store.worker_gone, self.worker_id)
             processes.restore_handlers(handlers)
         return done
 
@@ -221,6 +223,10 @@ class Worker:
 
         self._baseline = threading.Thread(target=measure, name="runtime-baseline", daemon=True)
         self._baseline.start()
+
+    def place(self) -> Place:
+        """Where this worker is, for the services (`jobs.worker.services`)."""
+        return Place(self.store, self.worker_id, self.host, self.device, self.trains_on_cpu, shared_data())
 
     def _publish(self, facts: DeviceFacts) -> None:
         try:
@@ -279,7 +285,7 @@ class Worker:
         log.info("run %s: started child pid %s, log %s", run.id, child.pid, log_path)
         try:
             self._children[run.id] = child.pid
-            self._quietly(self.store.set_child, run.id, child.pid, str(log_path))
+            quietly(self.store.set_child, run.id, child.pid, str(log_path))
             if self.sampler is not None:
                 self.sampler.set_run(run.id, child.pid)  # sharing: the newest run (per-run telemetry is to come)
             returncode, why = self._watch(run.id, child)
@@ -380,13 +386,6 @@ class Worker:
         """Free this run's hold on the device, retrying while the database is unreachable (or stopping)."""
         waits = (self.poll_interval, self.db_retry_max_s)
         leases.release_device(self.store, self.device, self.worker_id, self.host, self._stop, *waits, run_id)
-
-    def _quietly(self, fn: Callable[..., object], *args: object) -> None:
-        """A bookkeeping write that must not stop the worker: logged when the database fails."""
-        try:
-            fn(*args)
-        except SQLAlchemyError as exc:
-            log.error("%s failed: %s", getattr(fn, "__name__", fn), first_line(exc))
 
     def _beat(self, run_id: int | None = None) -> None:
         """The worker's presence and the heartbeat of every run it trains (sharing: all of them at once)."""

@@ -13,7 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from storage.models import RunStatus
 from storage.store import RunFolderError, Store
@@ -51,6 +54,14 @@ def log_tail(path: Path | str | None, lines: int = LOG_TAIL_LINES) -> str | None
 def first_line(exc: BaseException) -> str:
     """The first line of an error's message (at most 300 characters), for a log line."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def quietly(fn: Callable[..., object], *args: object) -> None:
+    """A bookkeeping write that must not stop the worker: logged when the database fails."""
+    try:
+        fn(*args)
+    except SQLAlchemyError as exc:
+        log.error("%s failed: %s", getattr(fn, "__name__", fn), first_line(exc))
 
 
 def run_status(store: Store, run_id: int) -> RunStatus:
