@@ -222,3 +222,43 @@ class SweepRun(Base):
     sweep_id: Mapped[int] = mapped_column(Integer, index=True)
     trick: Mapped[str] = mapped_column(String(32))
     note: Mapped[str] = mapped_column(Text)
+
+
+class TaskStatus(str, Enum):
+    """Where a task (work a worker carries out beside training: an export, a push) stands."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED}
+
+
+class Task(Base):
+    """A request the dashboard wrote for a worker (an export, a push), with its progress and result.
+
+    `kind` and `args_json` mean something to the worker only (`jobs.worker.tasks`); the store keeps
+    them as text. `log_text` holds the newest lines of its progress (`storage.store_tasks.TASK_LOG_LINES`),
+    `log_count` counts every line ever written (what a page compares to see that something moved).
+    A new table: `create_all` makes it in an existing database, no migration needed."""
+
+    __tablename__ = "tasks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    args_json: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float)  # written by the worker, on the database's clock
+    cancel_requested: Mapped[int] = mapped_column(Integer, default=0)
+    log_text: Mapped[str] = mapped_column(Text, default="")
+    log_count: Mapped[int] = mapped_column(Integer, default=0)
+    result_json: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)

@@ -11,7 +11,7 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, claims and
 device leases (one run per device, or several sharing it) in `store_leases.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
-tags, notes and deletion in `store_manage.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
+tags, notes and deletion in `store_manage.py`, tasks for workers (exports, pushes) in `store_tasks.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
 and its engines and sessions are in `store_core.py`. Every name is importable from here.
 """
@@ -37,6 +37,7 @@ from storage.store_leases import DeviceShare, LeasesMixin
 from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
 from storage.store_series import SeriesMixin
+from storage.store_tasks import TaskControl, TaskRecord, TasksMixin
 from storage.store_watch import WatchMixin
 
 __all__ = [
@@ -55,6 +56,8 @@ __all__ = [
     "RunRecord",
     "RunningRunError",
     "Store",
+    "TaskControl",
+    "TaskRecord",
     "WRITE_RETRY_S",
     "is_locked_error",
 ]
@@ -62,7 +65,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Store(RunsMixin, LeasesMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
+class Store(RunsMixin, LeasesMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin, TasksMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):
