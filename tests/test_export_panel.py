@@ -1,7 +1,9 @@
-"""The run page's export panel: `tunedeck export` as a child process, its output streamed, its files listed."""
+"""The run page's export panel: it asks a worker through the store (never loads a model), says when no worker can
+reach the run's weights, and shows the tasks' progress, endings and files. The real export is test_export_worker."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -9,23 +11,19 @@ from training_helpers import tiny_spec
 
 from app.ui import export as ui_export
 from jobs.checks.access import AccessPolicy
-from storage.models import RunStatus
+from storage.models import TaskStatus
+from storage.store import Store
 
 BACKENDS = ("sqlite",)  # the panel only reads the store; the store's backends are tested elsewhere
+HOST = socket.gethostname()
 
 
-def test_the_command_follows_the_choices() -> None:
-    assert ui_export.command(3, True, "fp32", []) == ["export", "3", "--merged", "--dtype", "fp32"]
-    assert ui_export.command(3, False, "bf16", ["q8_0", "f16"]) == ["export", "3", "--gguf", "f16", "q8_0"]
-    assert ui_export.command(3, True, "bf16", ["f16"]) == [
-        "export",
-        "3",
-        "--merged",
-        "--dtype",
-        "bf16",
-        "--gguf",
-        "f16",
-    ]
+def finished_run(store: Store, tiny_model: Path, host: str = HOST) -> int:
+    run_id = store.create_run(tiny_spec(tiny_model))
+    assert store.claim_next_on_device(f"{host}:1", "0", host=host).id == run_id
+    store.mark_succeeded(run_id, {})
+    store.release_device("0", f"{host}:1", host=host)
+    return run_id
 
 
 def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,8 +33,8 @@ def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: p
     assert "Pick a run" in ui_export.refusal(store, None, True, [], None)
     assert "No run 999" in ui_export.refusal(store, 999, True, [], None)
     assert f"Run {queued} is queued" in ui_export.refusal(store, queued, True, [], None)
-    ((text, _),) = list(ui_export.export(store, None, queued, True, "bf16", []))
-    assert "only a finished run" in text
+    text, ids = ui_export.request(store, None, queued, True, "bf16", [])
+    assert "only a finished run" in text and ids == []
     monkeypatch.delenv(REMOTE_CODE_ENV, raising=False)
     shared = AccessPolicy.for_server(login=True)
     problem = loading_problem(tiny_spec(tiny_model, trust_remote_code=True), 7, shared, "export it")
@@ -48,20 +46,42 @@ def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: p
     assert loading_problem(tiny_spec(tiny_model), 7, shared, "export it") is None
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-@pytest.mark.sqlite_only  # the training child's behaviour; its SQL is tested on both databases
-def test_export_from_the_panel_streams_progress_and_lists_the_checked_files(store, tiny_model: Path) -> None:
-    from jobs.worker.loop import Worker
-
-    run_id = store.create_run(tiny_spec(tiny_model, max_steps=4))
-    Worker(store, poll_interval=0.1).work(burst=True)
-    assert store.get_run(run_id).status is RunStatus.SUCCEEDED
+def test_without_a_worker_that_reaches_the_weights_nothing_is_queued(
+    store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TUNEDECK_SHARED_DATA", raising=False)
+    run_id = finished_run(store, tiny_model, host="gpu-b")
     assert "Nothing chosen" in ui_export.refusal(store, run_id, False, [], AccessPolicy.open())
-    steps = list(ui_export.export(store, AccessPolicy.open(), run_id, True, "fp32", ["f16"]))
-    logs = [text for text, _ in steps]
-    assert len(logs) > 3 and logs[0].startswith("$ tunedeck export")  # line by line, not all at the end
-    assert "export finished" in logs[-1], logs[-1]
-    listed = ui_export.export_files(store, run_id)
-    assert sorted(Path(p).suffix for p in listed) == [".gguf", ".zip"]
-    assert all(Path(p).is_file() for p in listed)
+    text, ids = ui_export.request(store, AccessPolicy.open(), run_id, True, "fp32", ["f16"])
+    assert ids == [] and "no worker is running" in text and "start `tunedeck worker` on host gpu-b" in text
+    store.worker_beat(f"{HOST}:5", 5, HOST)  # a worker, but on another host than the weights
+    text, ids = ui_export.request(store, AccessPolicy.open(), run_id, True, "fp32", ["f16"])
+    assert ids == [] and "no worker on host gpu-b is running" in text and "TUNEDECK_SHARED_DATA=1" in text
+    assert store.run_tasks(run_id) == []
+    store.worker_beat("gpu-b:3", 3, "gpu-b")
+    text, ids = ui_export.request(store, AccessPolicy.open(), run_id, True, "fp32", ["f16"])
+    assert len(ids) == 2 and "merged fp32: queued" in text and "GGUF f16: queued" in text
+
+
+def test_the_log_shows_progress_then_how_each_task_ended(store, tiny_model: Path) -> None:
+    run_id = finished_run(store, tiny_model)
+    store.worker_beat(f"{HOST}:5", 5, HOST)
+    _, (merged, gguf) = ui_export.request(store, AccessPolicy.open(), run_id, True, "fp32", ["q8_0"])
+    store.claim_task(merged, f"{HOST}:5")
+    store.task_progress(merged, ["$ tunedeck export 1 --merged --dtype fp32", "export run 1: merging"])
+    tasks = store.tasks_of([merged, gguf])
+    assert ui_export.unfinished(tasks)
+    text = ui_export.progress_text(tasks)
+    assert text.splitlines()[-2:] == [
+        "export run 1: merging",
+        f"GGUF q8_0: queued, waiting for a worker that can reach run {run_id}'s weights",
+    ]
+    files = [{"kind": "export", "path": "/d/run-merged-fp32.zip", "size": 9, "sha256": "ab" * 32}]
+    store.finish_task(merged, TaskStatus.SUCCEEDED, result={"files": files})
+    store.claim_task(gguf, f"{HOST}:5")
+    store.finish_task(gguf, TaskStatus.FAILED, error="exit code 2: tunedeck: 1 problem(s): model: no. Fix: yes")
+    tasks = store.tasks_of([merged, gguf])
+    text = ui_export.progress_text(tasks)
+    assert not ui_export.unfinished(tasks)
+    assert "merged fp32: done, checked" in text and f"/d/run-merged-fp32.zip  sha256 {'ab' * 32}" in text
+    assert "GGUF q8_0: failed: exit code 2: tunedeck: 1 problem(s): model: no. Fix: yes" in text

@@ -22,7 +22,12 @@ def test_a_task_is_claimed_by_one_worker_only(store: Store) -> None:
     run_id = store.create_run(SPEC)
     task_id = store.create_task(run_id, "merged", {"dtype": "fp32"})
     (queued,) = store.queued_tasks(["merged", "gguf"])
-    assert (queued.id, queued.kind, queued.args, queued.status) == (task_id, "merged", {"dtype": "fp32"}, TaskStatus.QUEUED)
+    assert (queued.id, queued.kind, queued.args, queued.status) == (
+        task_id,
+        "merged",
+        {"dtype": "fp32"},
+        TaskStatus.QUEUED,
+    )
     assert store.queued_tasks(["push"]) == []
     other = Store(store.url)  # a second worker's store: its own engines and connections
     winners: list[str] = []

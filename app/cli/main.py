@@ -72,12 +72,16 @@ def _command(module: str, name: str) -> Callable[[Any, argparse.Namespace], int]
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     from jobs.worker.loop import Worker
     from jobs.worker.share import ShareError, SharePolicy
+    from jobs.worker.task_service import task_service
 
+    services = [
+        task_service,  # exports and pushes asked for through the store (jobs.worker.task_service)
+    ]
     try:
         share = SharePolicy.parse(args.share, args.share_margin)
     except ShareError as exc:
         raise UsageError([Problem(exc.flag, exc.problem, exc.fix)]) from exc
-    worker = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device, share=share)
+    worker = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device, share=share, services=services)
     done = worker.work(burst=args.burst)
     if args.burst:
         print(f"worker: {done} run(s) done", file=sys.stderr)

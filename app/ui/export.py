@@ -1,22 +1,25 @@
-"""The run page's export panel: the adapter merged into its base model, and GGUF files, with live progress.
+"""The run page's export panel: the adapter merged into its base model, and GGUF files, carried out by a worker.
 
-"Export" runs `tunedeck export RUN --merged --dtype D [--gguf f16 q8_0]` as a child process, so
-the models load there and not in the dashboard's server; its output (loading, answering the
-check prompts, merging, writing, checking) streams into the panel line by line, with no fixed
-timeout. When it ends, the run's export files (merged-model zips and GGUF files, each recorded
-with its sha256 by `jobs.export.merged` / `jobs.export.gguf`) are listed for download. The checks are
-the command's: a merged model whose answers differ from the adapter's, or a GGUF file that does
-not load back with the same answers, is refused and not kept. One export at a time per dashboard.
+"Export" writes one task per file kind to the store (`jobs.worker.tasks.request_export`: the merged
+model, then each GGUF type) and follows them; a worker that can reach the run's weights carries them
+out as `tunedeck export RUN --merged --dtype D` / `--gguf T` child processes
+(`jobs.worker.task_service`), so no model is ever loaded in the dashboard's process, which may run
+without a GPU or base weights. The worker's progress lines (loading, answering the check prompts,
+merging, writing, checking; "waiting for run N to finish with GPU 0" while a training run has the
+GPU) come back through the task's log in the store. When no running worker can reach the weights,
+the panel says where to start one and queues nothing.
+
+Following is a `gr.Timer` that is active only while this page's tasks are unfinished: an idle panel
+costs nothing, a busy one one primary-key read a second, and nothing is sent when nothing moved.
+When the tasks end, the run's export files (recorded with their sha256 by `jobs.export.merged` /
+`jobs.export.gguf`, listed from the run's artifacts) are offered for download. The checks are the
+command's: a merged model whose answers differ from the adapter's, or a GGUF file that does not
+load back with the same answers, is refused and not kept. "Stop" cancels (SIGTERM to the child).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -24,14 +27,13 @@ import gradio as gr
 from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.export.merged import DTYPES
 from jobs.spec.stored import spec_of
-from storage.models import RunStatus
-from storage.store import Store
+from jobs.worker.tasks import GGUF_TYPES, describe, reach_problem, request_export
+from storage.models import RunStatus, TaskStatus
+from storage.store import Store, TaskRecord
 
-GGUF_TYPES = ("f16", "q8_0")
 EXPORT_KINDS = ("export", "gguf")  # what the server serves of an export (app.server.SERVED_ARTIFACTS)
 LOG_LINES = 30
-CLI = [sys.executable, "-c", "import sys; from app.cli.main import main; sys.exit(main(sys.argv[1:]))"]
-REPO = Path(__file__).resolve().parents[2]
+TICK_S = 1.0  # how often a page following unfinished tasks reads them
 
 
 @dataclass
@@ -40,8 +42,11 @@ class ExportPanel:
     dtype: gr.Radio
     gguf: gr.CheckboxGroup
     start: gr.Button
+    stop: gr.Button
     log: gr.Textbox
     files: gr.File
+    tasks: gr.State  # the ids of the tasks this page follows
+    timer: gr.Timer  # active only while they are unfinished
 
 
 def build() -> ExportPanel:
@@ -49,20 +54,23 @@ def build() -> ExportPanel:
     with gr.Accordion("Export: merged model and GGUF", open=False, elem_id="export-panel"):
         gr.Markdown(
             "Merge the run's adapter into its base model (safetensors, for transformers and vLLM) and/or "
-            "write GGUF files (llama.cpp, Ollama, LM Studio). Each is checked against the run's own answers "
-            "before it is kept. Prompt, prefix and P-tuning runs cannot merge; a full fine-tune is already "
-            "a whole model (GGUF still works)."
+            "write GGUF files (llama.cpp, Ollama, LM Studio). A worker where the run's weights are does it; "
+            "each file is checked against the run's own answers before it is kept. Prompt, prefix and "
+            "P-tuning runs cannot merge; a full fine-tune is already a whole model (GGUF still works)."
         )
         with gr.Row():
             merged = gr.Checkbox(label="Merged model (--merged)", value=True, elem_id="export-merged")
             dtype = gr.Radio(list(DTYPES), value="bf16", label="Merged dtype (--dtype)", elem_id="export-dtype")
             gguf = gr.CheckboxGroup(list(GGUF_TYPES), value=[], label="GGUF (--gguf)", elem_id="export-gguf")
             start = gr.Button("Export", variant="primary", scale=0, elem_id="export-start")
+            stop = gr.Button("Stop", variant="stop", scale=0, elem_id="export-stop")
         log = gr.Textbox(label="progress", lines=8, max_lines=LOG_LINES, interactive=False, elem_id="export-log")
         files = gr.File(
             label="export files", file_count="multiple", interactive=False, visible=False, elem_id="export-files"
         )
-    return ExportPanel(merged, dtype, gguf, start, log, files)
+        tasks = gr.State([])
+        timer = gr.Timer(TICK_S, active=False)
+    return ExportPanel(merged, dtype, gguf, start, stop, log, files, tasks, timer)
 
 
 def export_files(store: Store, run_id: int) -> list[str]:
@@ -78,18 +86,8 @@ def files_update(store: Store, run_id: Any) -> Any:
     return gr.File(value=paths or None, visible=bool(paths))
 
 
-def command(run_id: int, merged: bool, dtype: str, gguf: list[str]) -> list[str]:
-    """The `tunedeck export` arguments of the panel's choices."""
-    argv = ["export", str(run_id)]
-    if merged:
-        argv += ["--merged", "--dtype", dtype]
-    if gguf:
-        argv += ["--gguf", *[t for t in GGUF_TYPES if t in gguf]]
-    return argv
-
-
 def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
-    """Why the export cannot start (in words, with the fix), or None."""
+    """Why the export cannot be asked for (in words, with the fix), or None."""
     if run_id is None:
         return "Pick a run first (Runs tab, or type its id above)."
     run = store.get_run(int(run_id))
@@ -99,61 +97,82 @@ def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: Ac
         return f"Run {run.id} is {run.status.value}: only a finished run has a result to export. Fix: wait for it to succeed."
     if not merged and not gguf:
         return "Nothing chosen. Fix: tick 'Merged model' and/or a GGUF type."
-    problem = loading_problem(spec_of(run), run.id, policy, "export it")
+    problem = loading_problem(spec_of(run), run.id, policy, "export it") or reach_problem(store, run)
     return f"{problem.problem}. Fix: {problem.fix}" if problem else None
 
 
-def export(
+def request(
     store: Store, policy: AccessPolicy | None, run_id: Any, merged: bool, dtype: str, gguf: list[str]
-) -> Iterator[tuple[str, Any]]:
-    """Run the export child and stream its output; (log text, files) after every line."""
+) -> tuple[str, list[int]]:
+    """Queue the export's tasks for a worker: (what the log shows now, their ids); ([]: refused, and why)."""
     refused = refusal(store, run_id, merged, gguf or [], policy)
     if refused:
-        yield refused, files_update(store, run_id)
-        return
-    rid = int(run_id)
-    argv = CLI + command(rid, merged, dtype, gguf or [])
-    lines = [f"$ tunedeck {' '.join(argv[len(CLI) :])}"]
-    yield "\n".join(lines), gr.skip()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    )
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines = (lines + [line.rstrip()])[-LOG_LINES:]
-            yield "\n".join(lines), gr.skip()
-        code = proc.wait()
-    finally:
-        if proc.poll() is None:  # the page went away mid-export: stop the child
-            proc.kill()
-            proc.wait()
-    lines.append(
-        "export finished: the files are listed below"
-        if code == 0
-        else f"export failed (exit code {code}): the reason and the fix are in the lines above; nothing failing "
-        "its check was kept"
-    )
-    yield "\n".join(lines[-LOG_LINES:]), files_update(store, rid)
+        return refused, []
+    ids = request_export(store, int(run_id), merged, dtype, gguf or [])
+    return progress_text(store.tasks_of(ids)), ids
+
+
+def ending(task: TaskRecord) -> str | None:
+    """The line that says how a finished task ended (its files and their sha256), or None while it runs."""
+    what = describe(task)
+    if task.status is TaskStatus.SUCCEEDED:
+        files = (task.result or {}).get("files") or []
+        shown = [f"  {f['path']}  sha256 {f['sha256']}" for f in files if f.get("kind") in EXPORT_KINDS]
+        return "\n".join([f"{what}: done, checked; the files are listed below", *shown])
+    if task.status is TaskStatus.FAILED:
+        return f"{what}: failed: {task.error}. Nothing failing its check was kept."
+    if task.status is TaskStatus.CANCELLED:
+        return f"{what}: cancelled ({task.error or 'stopped'})"
+    return None
+
+
+def progress_text(tasks: list[TaskRecord]) -> str:
+    """The tasks' logs and endings, newest lines last, at most LOG_LINES lines."""
+    lines: list[str] = []
+    for task in tasks:
+        if task.status is TaskStatus.QUEUED:
+            lines.append(f"{describe(task)}: queued, waiting for a worker that can reach run {task.run_id}'s weights")
+            continue
+        lines += task.log
+        end = ending(task)
+        if end:
+            lines += end.split("\n")
+    return "\n".join(lines[-LOG_LINES:])
+
+
+def unfinished(tasks: list[TaskRecord]) -> bool:
+    return any(not t.status.finished for t in tasks)
 
 
 def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
-    run_id.change(
-        lambda rid: files_update(store, rid), run_id, panel.files, show_progress="hidden", api_visibility="private"
-    )
+    def opened(rid: Any) -> tuple[Any, ...]:
+        """A run opened: its files, and its unfinished tasks followed again (a reload mid-export)."""
+        tasks = [t for t in store.run_tasks(int(rid))] if rid is not None else []
+        following = [t for t in reversed(tasks) if not t.status.finished]
+        text = progress_text(following) if following else ""
+        return files_update(store, rid), [t.id for t in following], text, gr.Timer(active=bool(following))
+
+    def started(rid: Any, merged: bool, dtype: str, gguf: list[str]) -> tuple[Any, ...]:
+        text, ids = request(store, policy, rid, merged, dtype, gguf)
+        return text, ids, gr.Timer(active=bool(ids))
+
+    def ticked(ids: list[int], shown: str) -> tuple[Any, ...]:
+        tasks = store.tasks_of(ids)
+        text = progress_text(tasks)
+        update = text if text != shown else gr.skip()  # nothing moved: nothing sent
+        if unfinished(tasks):
+            return update, gr.skip(), gr.skip()
+        return update, gr.Timer(active=False), files_update(store, tasks[0].run_id if tasks else None)
+
+    def stopped(ids: list[int]) -> None:
+        for task in store.tasks_of(ids):
+            if not task.status.finished:
+                store.cancel_task(task.id)
+
+    quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+    run_id.change(opened, run_id, [panel.files, panel.tasks, panel.log, panel.timer], **quiet)
     panel.start.click(
-        lambda rid, merged, dtype, gguf: (yield from export(store, policy, rid, merged, dtype, gguf)),
-        [run_id, panel.merged, panel.dtype, panel.gguf],
-        [panel.log, panel.files],
-        api_visibility="private",
-        concurrency_id="export",
-        concurrency_limit=1,
+        started, [run_id, panel.merged, panel.dtype, panel.gguf], [panel.log, panel.tasks, panel.timer], **quiet
     )
+    panel.timer.tick(ticked, [panel.tasks, panel.log], [panel.log, panel.timer, panel.files], **quiet)
+    panel.stop.click(stopped, panel.tasks, None, **quiet)

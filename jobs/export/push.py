@@ -170,6 +170,6 @@ def push(
         run_id,
         "push",
         f"pushed the {what} to {address}",
-        data={"repo": repo, "what": what, "private": private, "commit": getattr(commit, "oid", None)},
+        data={"repo": repo, "what": what, "private": private, "url": address, "commit": getattr(commit, "oid", None)},
     )
     return address
