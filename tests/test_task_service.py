@@ -4,6 +4,7 @@ sha256, the command's own error, cancel, a worker stopping, the GPU lease respec
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import sys
 import time
@@ -195,3 +196,39 @@ def test_tunedeck_worker_carries_out_tasks(monkeypatch: pytest.MonkeyPatch, data
     monkeypatch.setattr(loop, "Worker", Recorder)
     assert main(["worker", "--burst"]) == 0
     assert task_service in seen["services"]
+
+
+PUSHING = """
+import sys
+from storage.store import Store
+print("uploading", flush=True)
+Store().add_run_event(int(sys.argv[1]), "push", "pushed", data={"repo": "alice/tag", "url": "https://hub/alice/tag"})
+"""
+
+
+def test_the_cli_asks_a_worker_and_follows_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from app.cli.main import main
+
+    run_id = trained_run(store)
+    assert main(["export", str(run_id), "--merged", "--on-worker"]) == 2  # no worker: nothing queued
+    assert "no worker is running" in capsys.readouterr().err and store.run_tasks(run_id) == []
+    store.worker_beat(f"{HOST}:99", 99, HOST)
+    monkeypatch.setattr("jobs.export.merged.finished_spec", lambda store, run_id: None)
+    monkeypatch.setattr("jobs.export.push.push_folder", lambda store, run_id, what: Path("."))
+    code = {"push": PUSHING, "export": RECORDING}
+    tasks = service(store, lambda t: python(code[cli_args(t)[0]], str(t.run_id)))
+    tasks.start()
+    try:
+        assert main(["export", str(run_id), "--gguf", "f16", "--on-worker"]) == 0
+        out = capsys.readouterr().out
+        gguf = Path(os.environ["TUNEDECK_HOME"]) / f"out-{run_id}.gguf"
+        assert "loading base" in out and f"GGUF f16: {gguf}  sha256 {hashlib.sha256(b'GGUF' * 10).hexdigest()}" in out
+        assert main(["push", str(run_id), "--repo", "alice/tag", "--on-worker"]) == 0
+        out = capsys.readouterr().out
+        assert "uploading" in out and "pushed: https://hub/alice/tag" in out
+    finally:
+        tasks.stop()
+    (push, export) = store.run_tasks(run_id)
+    assert push.result == {"url": "https://hub/alice/tag", "repo": "alice/tag", "what": None}

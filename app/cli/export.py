@@ -2,6 +2,7 @@
 
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
     tunedeck export RUN_ID --gguf f16 [q8_0]                   # GGUF files for llama.cpp/Ollama, checked
+    tunedeck export RUN_ID --merged --gguf f16 --on-worker    # carried out by a worker (app.cli.tasks)
     tunedeck setup [--model NAME]                              # fetch/convert a built-in model once
 
 `jobs.export` does the work; this module prints. `cmd_setup` needs no store.
@@ -31,6 +32,8 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
                 )
             ]
         )
+    if getattr(args, "on_worker", False):
+        return export_on_worker(store, args)
     logging.getLogger("jobs.export.merged").setLevel(logging.INFO)  # progress: loading, answering, merging, saving
     if args.merged:
         result = export_merged(store, args.run_id, args.dtype)
@@ -56,6 +59,19 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
             )
             print(f"download: {gguf.path}  sha256 {gguf.sha256}")
     return EXIT_OK
+
+
+def export_on_worker(store: Store, args: argparse.Namespace) -> int:
+    """`--on-worker`: the tasks of this export queued for a worker that can reach the run, followed here."""
+    from app.cli.tasks import check_reachable, follow
+    from jobs.export.merged import finished_spec
+    from jobs.worker.tasks import request_export
+
+    finished_spec(store, args.run_id)  # a run that cannot be exported is refused here, not on the worker
+    check_reachable(store, args.run_id)
+    ids = request_export(store, args.run_id, bool(args.merged), args.dtype, args.gguf or [])
+    print(f"run {args.run_id}: asked a worker for task(s) {', '.join(map(str, ids))}; following")
+    return follow(store, ids)
 
 
 def cmd_setup(_store: Store | None, args: argparse.Namespace) -> int:

@@ -211,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
         "back and checked against the merged model",
     )
+    from app.cli.tasks import add_flag as add_on_worker_flag
+
+    add_on_worker_flag(s)
     s.set_defaults(func=_command("app.cli.export", "cmd_export"))
 
     from app.cli.manage import add_parsers

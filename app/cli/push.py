@@ -2,6 +2,7 @@
 
     tunedeck push 7 --repo alice/smollm2-tag-adapter             # the adapter bundle, public
     tunedeck push 7 --repo alice/smollm2-tag --what merged --private
+    tunedeck push 7 --repo alice/smollm2-tag-adapter --on-worker  # a worker pushes, with its own HF_TOKEN
 
 The token is read at push time from HF_TOKEN, else asked for without echo; it is used for this push
 only and never stored or printed. `jobs.export.push` does the work; this module parses and prints.
@@ -63,6 +64,14 @@ def cmd_push(store, args: argparse.Namespace) -> int:
 
     check_repo_id(args.repo)
     folder = push_folder(store, args.run_id, args.what)  # refuse before asking for a token
+    if args.on_worker:  # the worker pushes with its own HF_TOKEN: no token travels through the store
+        from app.cli.tasks import check_reachable, follow
+        from jobs.worker.tasks import request_push
+
+        check_reachable(store, args.run_id)
+        task_id = request_push(store, args.run_id, args.repo, args.what, args.private)
+        print(f"run {args.run_id}: asked a worker to push the {args.what} to {args.repo} (task {task_id}); following")
+        return follow(store, [task_id])
     problem = reachability_problem(endpoint())
     if problem:  # say it within seconds, before a token is typed in vain
         raise PushError(
@@ -92,4 +101,7 @@ def add_parser(sub) -> None:
         help="the adapter/model bundle (default) or the merged export (`tunedeck export --merged` first)",
     )
     s.add_argument("--private", action="store_true", help="create the repository as private")
+    from app.cli.tasks import add_flag
+
+    add_flag(s)
     s.set_defaults(func=cmd_push)
