@@ -115,6 +115,15 @@ def test_ui_is_published_on_loopback_only_with_a_healthcheck():
     assert "deploy" not in ui, "the UI needs no GPU"
 
 
+def test_exports_and_pushes_run_on_the_workers_which_share_the_data_and_hold_the_token():
+    services = _resolved()["services"]
+    for name in ("ui", "worker", "worker-gpu1"):  # any worker may export any run of the shared volume
+        assert services[name]["environment"]["TUNEDECK_SHARED_DATA"] == "1"
+        assert services[name]["environment"]["TUNEDECK_HOME"] == "/data"
+    assert "HF_TOKEN" not in services["ui"]["environment"], "the UI never pushes: no token there"
+    assert "HF_TOKEN" in services["worker"]["environment"] and "HF_TOKEN" in services["worker-gpu1"]["environment"]
+
+
 def test_dockerfile_installs_cuda_torch_from_a_build_arg():
     text = (ROOT / "Dockerfile").read_text()
     assert text.startswith("#") and "FROM python:3.11-slim" in text
