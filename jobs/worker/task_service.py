@@ -292,7 +292,8 @@ class _Tail:
         self.offset += len(data)
         chunks = (self.partial + data).split(b"\n")
         self.partial = b"" if final else chunks.pop()  # a line still being written waits for its newline
-        lines = [c.decode("utf-8", "replace").rstrip() for c in chunks]
+        # A progress bar redraws its line with carriage returns: its newest state is the line.
+        lines = [c.decode("utf-8", "replace").rstrip().rsplit("\r", 1)[-1] for c in chunks]
         lines = [line for line in lines if line.strip()]
         self.recent = (self.recent + lines)[-ERROR_LINES:]
         return lines
