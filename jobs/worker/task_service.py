@@ -120,6 +120,8 @@ class TaskService:
     def take(self) -> TaskRecord | None:
         """Claim the oldest queued task this worker can carry out; None when there is none."""
         for task in self.store.queued_tasks([k.value for k in TaskKind]):
+            if self._stop.is_set():  # a stopping worker takes nothing more (a burst worker stops at once)
+                return None
             if self.reachable(task.run_id):
                 claimed = self.store.claim_task(task.id, self.place.worker_id)
                 if claimed is not None:
@@ -132,14 +134,17 @@ class TaskService:
         try:
             if gpu and not self._hold_device(task):
                 return self._status(task.id)
-            return self._run_child(task)
+            return self._run_child(task, self._release if gpu else lambda: None)
         except BaseException as exc:  # recorded on the task (not left to go stale), then raised to the service's log
             self.store.finish_task(task.id, TaskStatus.FAILED, error=f"the worker's task service failed: {exc!r}")
             raise
         finally:
             if gpu:
-                self.store.release_device(self.place.device, self.holder, host=self.place.host)
+                self._release()  # again, for a task that ended before its child (a no-op when already free)
             self.done.append(task.id)
+
+    def _release(self) -> None:
+        self.store.release_device(self.place.device, self.holder, host=self.place.host)
 
     def _hold_device(self, task: TaskRecord) -> bool:
         """Take the worker's device lease for `task`, waiting while a training run holds it; False if it ended."""
@@ -163,7 +168,9 @@ class TaskService:
                 self.store.finish_task(task.id, TaskStatus.FAILED, error=self._stopped_reason("waited for the GPU"))
                 return False
 
-    def _run_child(self, task: TaskRecord) -> TaskStatus:
+    def _run_child(self, task: TaskRecord, release: Callable[[], None]) -> TaskStatus:
+        """Spawn the task's command and follow it; `release` frees the GPU once its group is gone, before the
+        end is recorded (a task shown finished no longer holds the device)."""
         folder = self.store.run_dir(task.run_id) / "tasks"
         folder.mkdir(parents=True, exist_ok=True)
         log_path = folder / f"{task.id}-{task.kind}.log"
@@ -199,6 +206,8 @@ class TaskService:
                     break
         finally:
             processes.killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its task
+            processes.wait_group_gone(child.pid, self.grace_period)
+            release()
         return self._record_end(task, code, why, tail, begun)
 
     def _record_end(self, task: TaskRecord, code: int, why: str | None, tail: _Tail, begun: float) -> TaskStatus:
