@@ -499,3 +499,41 @@ def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(
     log = (store.run_dir(run_id) / "train.log").read_text()
     assert f"checkpoint-{step} (step {step})" in log  # the training child said it resumed there
     assert len(store.metrics(run_id, ["loss"])) == 60  # every step once: the resumed part replaced the rest
+
+
+# ---------------------------------------------------------------------- what a user sees: run page, show, CLI
+
+
+def test_run_page_and_show_name_the_engine_its_job_and_state(store: Store) -> None:
+    from app.cli.show import sharing, show_text
+    from app.ui.run_text import header_markdown
+
+    ids = [_queued(store), _queued(store)]
+    d = Dispatcher(store, ScriptedEngine())
+    d.submit_next(), d.submit_next()
+    store.set_engine_state(ids[0], "RUNNING on n1")
+    run = store.get_run(ids[0])
+    assert "engine:   slurm job 101: RUNNING on n1" in show_text(store, run).splitlines()
+    assert " · Slurm job 101: <span id='run-engine'>RUNNING on n1</span>" in header_markdown(run)
+    assert sharing(store) == {}  # one dispatcher's runs do not share a device
+    local = store.get_run(store.create_run_unchecked(tiny_spec(Path("/m")).to_json()))
+    assert "engine:" not in show_text(store, local) and "run-engine" not in header_markdown(local)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--partition", "gpu"], "--partition: is an option of a cluster executor"),
+        (["--executor", "slurm", "--time-limit", "1h"], "--time-limit: '1h' is not a Slurm time"),
+        (["--executor", "slurm", "--max-jobs", "0"], "--max-jobs: is 0"),
+        (["--executor", "slurm", "--share", "2"], "--share: is for --executor local"),
+        (["--executor", "ray", "--qos", "high"], "--qos: is a Slurm option"),
+    ],
+)
+def test_worker_cluster_options_are_checked(
+    data_home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    from app.cli.main import main
+
+    assert main(["worker", *argv]) == 2
+    assert said in capsys.readouterr().err
