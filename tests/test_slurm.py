@@ -334,6 +334,27 @@ def test_a_restarted_dispatcher_adopts_instead_of_submitting_again(store: Store)
     assert Dispatcher(store, engine, worker_id="d3").adopt() == []  # d2 is alive: its runs stay its own
 
 
+def test_a_version_9_database_gains_the_engine_columns(data_home: Path) -> None:
+    import sqlite3
+
+    from storage import models as m
+
+    path = data_home / "old.db"
+    store = Store(f"sqlite:///{path}")
+    old = store.create_run_unchecked(tiny_spec(Path("/m")).to_json())
+    store.dispose()
+    with sqlite3.connect(path) as con:  # back to schema 9: the three columns gone
+        for column in ("engine", "engine_job_id", "engine_state"):
+            con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        con.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    store = Store(f"sqlite:///{path}")
+    assert store.schema_version == m.SCHEMA_VERSION == 10
+    assert store.get_run(old).engine is None
+    claimed = store.claim_for_engine("d", "slurm")
+    assert claimed is not None and (claimed.id, claimed.engine, claimed.engine_state) == (old, "slurm", "submitting")
+    store.dispose()
+
+
 # ---------------------------------------------------------------------- what a user sees: run page, show, CLI
 
 

@@ -216,7 +216,7 @@ class Dispatcher:
         except EngineError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.store.mark_failed(run.id, f"{self.label}: {first}", str(exc))
-            self.store.set_engine_state(run.id, "not submitted")
+            self.store.set_engine_state(run.id, "submission refused")
             log.error("run %s: %s", run.id, exc)
             return True
         self.store.set_engine_job(run.id, job_id, "submitted")
