@@ -271,6 +271,25 @@ def test_an_engine_end_fails_the_run_with_the_engines_reason(store: Store, state
     assert (run.status, run.error_summary) == (RunStatus.FAILED, summary) and not d.tracked
 
 
+def test_a_run_failed_by_its_job_gains_the_engines_reason(store: Store) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    d = Dispatcher(store, engine)
+    d.submit_next()
+    store.mark_failed(run_id, "training process killed by signal SIGKILL (9)")  # the job's worker, on an OOM kill
+    engine.states["101"] = JobState(Phase.FAILED, "OUT_OF_MEMORY", "OutOfMemory")
+    d.poll()
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error_summary == "Slurm: OUT_OF_MEMORY (OutOfMemory); training process killed by signal SIGKILL (9)"
+    other = _queued(store)
+    d.submit_next()
+    store.mark_failed(other, "non-finite loss at step 3")  # the run's own failure: its job exits 1
+    engine.states["102"] = JobState(Phase.FAILED, "FAILED", "exit code 1")
+    d.poll()
+    assert store.get_run(other).error_summary == "non-finite loss at step 3"
+
+
 def test_a_run_that_reported_itself_keeps_its_status(store: Store) -> None:
     engine = ScriptedEngine()
     run_id = _queued(store)
