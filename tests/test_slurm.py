@@ -28,6 +28,10 @@ from jobs.worker.engine_job import gpu_environment
 from storage.models import RunStatus
 from storage.store import Store
 
+# The dispatcher's store calls run on both databases (a cluster's store is PostgreSQL); the real-Slurm
+# tests, whose SQL those cover, on SQLite only.
+BACKENDS = ("sqlite", "postgresql")
+
 # ---------------------------------------------------------------------- pure: states and arguments
 
 
@@ -489,6 +493,7 @@ def _resumed_from(store: Store, run_id: int) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.sqlite_only
 def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
     store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
 ) -> None:
@@ -531,6 +536,7 @@ def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
 
 
 @pytest.mark.integration
+@pytest.mark.sqlite_only
 def test_restart_adopts_jobs_then_cancel_and_scancel_from_outside(
     store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
 ) -> None:
