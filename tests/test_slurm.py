@@ -357,6 +357,18 @@ def test_a_restarted_dispatcher_adopts_instead_of_submitting_again(store: Store)
     assert Dispatcher(store, engine, worker_id="d3").adopt() == []  # d2 is alive: its runs stay its own
 
 
+def test_a_requeued_cluster_run_taken_by_a_local_worker_is_not_adopted(store: Store) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    d = Dispatcher(store, engine, worker_id="d1")
+    d.submit_next()
+    store.mark_interrupted(run_id, "the Slurm job received SIGTERM")
+    store.requeue(run_id)
+    assert store.get_run(run_id).engine is None  # forgotten: the next claim runs it afresh
+    assert store.claim_next_on_device("host:1", "0", host="host") is not None
+    assert Dispatcher(store, engine, worker_id="d2").adopt() == []
+
+
 def test_a_version_9_database_gains_the_engine_columns(data_home: Path) -> None:
     import sqlite3
 
