@@ -85,6 +85,12 @@ MIGRATIONS: dict[int, list[Statement]] = {
     8: ["ALTER TABLE memory_samples ADD COLUMN worker_id VARCHAR(128)"],
     # 9: a run that outgrew its share of a device runs alone from then on.
     9: ["ALTER TABLE runs ADD COLUMN run_alone INTEGER DEFAULT 0"],
+    # 10: runs handed to a cluster's scheduler (Slurm, Ray): the engine, its job id and its state.
+    10: [
+        "ALTER TABLE runs ADD COLUMN engine VARCHAR(16)",
+        "ALTER TABLE runs ADD COLUMN engine_job_id VARCHAR(64)",
+        "ALTER TABLE runs ADD COLUMN engine_state TEXT",
+    ],
 }
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 class RunStatus(str, Enum):
@@ -80,6 +80,11 @@ class Run(Base):
     note: Mapped[str | None] = mapped_column(Text)  # the user's free-text note (schema 6)
     # 1: never share a device again (it outgrew its share after OOM recovery; schema 9)
     run_alone: Mapped[int | None] = mapped_column(Integer, default=0, server_default="0")
+    # A run handed to a cluster's scheduler (schema 10; NULL: a local worker runs it): the engine's
+    # name ("slurm", "ray"), its job id there and its state in its own words (`JobState.describe()`).
+    engine: Mapped[str | None] = mapped_column(String(16))
+    engine_job_id: Mapped[str | None] = mapped_column(String(64))
+    engine_state: Mapped[str | None] = mapped_column(Text)
     # Loaded with the run in one extra SELECT per query (never one per row); rows go with the run (FK cascade).
     tag_rows: Mapped[list[RunTag]] = relationship(lazy="selectin", order_by="RunTag.tag", viewonly=True)
 

@@ -46,6 +46,9 @@ class RunRecord:
     pin_host: str | None = None
     pin_device: str | None = None
     run_alone: bool = False  # outgrew its share of a device: never shared again
+    engine: str | None = None  # the cluster scheduler that runs it ("slurm", "ray"); None: a local worker
+    engine_job_id: str | None = None  # its job id there
+    engine_state: str | None = None  # its state there, in the engine's words: "RUNNING on node3"
 
     @classmethod
     def from_row(cls, row: m.Run) -> RunRecord:
@@ -78,6 +81,9 @@ class RunRecord:
             pin_host=row.pin_host,
             pin_device=row.pin_device,
             run_alone=bool(row.run_alone),
+            engine=row.engine,
+            engine_job_id=row.engine_job_id,
+            engine_state=row.engine_state,
         )
 
 

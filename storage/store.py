@@ -9,7 +9,8 @@ timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a cla
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
 `Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, claims and
-device leases (one run per device, or several sharing it) in `store_leases.py`, metric
+device leases (one run per device, or several sharing it) in `store_leases.py`, runs handed to a
+cluster's scheduler in `store_engine.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
 tags, notes and deletion in `store_manage.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
@@ -32,6 +33,7 @@ from storage.retry import is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.settings import data_dir, database_url
 from storage.store_core import BUSY_TIMEOUT_MS, WRITE_RETRY_S
+from storage.store_engine import EngineRunsMixin
 from storage.store_events import EventsMixin
 from storage.store_leases import DeviceShare, LeasesMixin
 from storage.store_manage import ManageMixin, RunningRunError
@@ -62,7 +64,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Store(RunsMixin, LeasesMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
+class Store(RunsMixin, LeasesMixin, EngineRunsMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):

@@ -4,6 +4,8 @@
     tunedeck hash-password [--user NAME]      # a `user:HASH` line for --auth-file (password on stdin)
     tunedeck worker [--burst] [--device N] [--share N] [--share-margin 10%]  # take queued runs (burst: drain
                                               # the queue, exit); N: its GPU; --share: runs side by side
+    tunedeck worker --executor slurm|ray [--partition P] [--account A] [--time-limit T] [--qos Q]
+                    [--gpu-type TYPE] [--max-jobs N]  # hand runs to the cluster's scheduler (docs/cluster.md)
     tunedeck submit SPEC.yaml [--set k=v ...] # check and queue; prints the run id
     tunedeck run SPEC.yaml [--set k=v ...]    # submit, then follow it with a progress bar
     tunedeck runs [--status S] [--search TEXT] [--tag TAG] [--json]   # table of runs (--json: for scripts)
@@ -28,8 +30,8 @@ earlier are taken first, in queue order. Exit code 0 when the run succeeded, 1 w
 was cancelled or interrupted, 2 for bad input (one line per problem: field, problem, fix).
 
 This module is the argument parser, the entry point and the serve/worker commands; the others
-live by kind: `app.cli.runs` (submit ... move, sweep; shown by `app.cli.show`), `app.cli.export`
-(export, setup), `app.cli.manage`, `app.cli.plan`, `app.cli.chat`, `app.cli.push`, `app.cli.importer`. Each command
+live by kind: `app.cli.cluster` (the worker's cluster executors), `app.cli.runs` (submit ... move,
+sweep; shown by `app.cli.show`), `app.cli.export` (export, setup), `app.cli.manage`, `app.cli.plan`, `app.cli.chat`, `app.cli.push`, `app.cli.importer`. Each command
 gets only the store it needs (`app.cli.usage.StoreUse`): `hash-password`, `setup` and `serve` (the
 server opens its own) none, `plan` one only when its database exists, so none of them creates a
 database; `--help` opens nothing.
@@ -70,6 +72,12 @@ def _command(module: str, name: str) -> Callable[[Any, argparse.Namespace], int]
 
 # ---------------------------------------------------------------------- serve and worker
 def cmd_worker(store: Store, args: argparse.Namespace) -> int:
+    from app.cli import cluster
+
+    if args.executor != "local":
+        return cluster.cmd_dispatch(store, args)  # a cluster's scheduler runs the runs (app.cli.cluster)
+    if cluster.problems(args):
+        raise UsageError(cluster.problems(args))
     from jobs.worker.loop import Worker
     from jobs.worker.share import ShareError, SharePolicy
 
@@ -152,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="what each shared run reserves above its predicted peak: a percentage of it (10%%) or a size (2GiB)",
     )
+    from app.cli.cluster import add_options as add_cluster_options
+
+    add_cluster_options(s)
     s.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_worker)
 

@@ -1,0 +1,501 @@
+"""The Slurm executor (issue 25): the state mapping and sbatch arguments as tables, the dispatcher's
+decisions against a scripted engine, and real runs through a single-node Slurm with two fake GPUs.
+
+The real-Slurm tests (`integration`) start munged, slurmctld and slurmd once for the module
+(`slurm_helpers.SlurmCluster`) and skip only where the binaries are missing (`./dev.sh test`
+installs them when root). They train the suite's tiny model through `tunedeck`'s dispatcher:
+submit -> running -> succeeded on two GPUs at once; a dispatcher restart that adopts its job,
+then a cancel from tunedeck; scancel from outside; a real preemption by a job of the `high`
+partition, after which the run is requeued and resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_helpers import SlurmCluster, slurm_missing
+from training_helpers import tiny_spec, wait_for
+
+from jobs.cluster.dispatch import Dispatcher
+from jobs.cluster.engine import EngineError, JobState, Phase, Submission
+from jobs.cluster.slurm import SlurmEngine, SlurmSettings, parse_job, phase_of, sbatch_argv, state_of
+from jobs.worker.engine_job import gpu_environment
+from storage.models import RunStatus
+from storage.store import Store
+
+# ---------------------------------------------------------------------- pure: states and arguments
+
+
+@pytest.mark.parametrize(
+    ("raw", "phase"),
+    [
+        ("PENDING", Phase.PENDING),
+        ("CONFIGURING", Phase.PENDING),
+        ("RUNNING", Phase.RUNNING),
+        ("COMPLETING", Phase.RUNNING),
+        ("COMPLETED", Phase.SUCCEEDED),
+        ("FAILED", Phase.FAILED),
+        ("OUT_OF_MEMORY", Phase.FAILED),
+        ("TIMEOUT", Phase.FAILED),
+        ("DEADLINE", Phase.FAILED),
+        ("BOOT_FAIL", Phase.FAILED),
+        ("CANCELLED", Phase.CANCELLED),
+        ("CANCELLED by 0", Phase.CANCELLED),
+        ("PREEMPTED", Phase.REQUEUE),
+        ("NODE_FAIL", Phase.REQUEUE),
+        ("REQUEUED", Phase.REQUEUE),
+        ("SOMETHING_NEW", Phase.RUNNING),  # watched on, never ended by a guess
+    ],
+)
+def test_phase_of_slurm_states(raw: str, phase: Phase) -> None:
+    assert phase_of(raw) is phase
+
+
+SCONTROL_TIMEOUT = (
+    "JobId=12 JobName=tunedeck-run-3 UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
+    "Requeue=0 Restarts=0 BatchFlag=1 ExitCode=0:15 RunTime=00:01:01 TimeLimit=00:01:00 TimeMin=N/A "
+    "Partition=low AllocNode:Sid=vm:1 NodeList=node3 BatchHost=node3 TresPerNode=gres:gpu:1 Command=/x/engine.sh"
+)
+
+
+def test_scontrol_line_parses_and_words_the_reason() -> None:
+    fields = parse_job(SCONTROL_TIMEOUT)
+    assert fields["JobState"] == "TIMEOUT" and fields["NodeList"] == "node3" and fields["AllocNode:Sid"] == "vm:1"
+    state = state_of(fields)
+    assert state == JobState(Phase.FAILED, "TIMEOUT", "time limit 00:01:00", "node3")
+    assert state.describe() == "TIMEOUT (time limit 00:01:00) on node3"
+
+
+@pytest.mark.parametrize(
+    ("fields", "phase", "reason", "node"),
+    [
+        ({"JobState": "PENDING", "Reason": "Resources", "NodeList": "(null)"}, Phase.PENDING, "Resources", None),
+        ({"JobState": "RUNNING", "Reason": "None", "NodeList": "n1"}, Phase.RUNNING, None, "n1"),
+        (
+            {"JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "1:0"},
+            Phase.FAILED,
+            "exit code 1; NonZeroExitCode",
+            None,
+        ),
+        ({"JobState": "OUT_OF_MEMORY", "Reason": "OutOfMemory"}, Phase.FAILED, "OutOfMemory", None),
+        (
+            {"JobState": "PREEMPTED", "Reason": "None"},
+            Phase.REQUEUE,
+            "preempted by a job of a higher-priority partition",
+            None,
+        ),
+        ({"JobState": "NODE_FAIL", "Reason": "NodeDown"}, Phase.REQUEUE, "NodeDown", None),
+    ],
+)
+def test_state_of(fields: dict[str, str], phase: Phase, reason: str | None, node: str | None) -> None:
+    state = state_of(fields)
+    assert (state.phase, state.reason, state.node) == (phase, reason, node)
+
+
+def _job(tmp_path: Path, **kw) -> Submission:
+    base = dict(run_id=7, name="tunedeck-run-7", argv=["python", "-m", "x"], env={}, log_path=tmp_path / "engine.log")
+    return Submission(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "job", "expected"),
+    [
+        (SlurmSettings(), {}, ["--gres=gpu:1"]),
+        (SlurmSettings(), {"gpu_type": "a100", "gpus": 2}, ["--gres=gpu:a100:2"]),
+        (SlurmSettings(), {"gpus": 0}, []),
+        (
+            SlurmSettings("gpu", "lab", "04:00:00", "high"),
+            {"node": "node3"},
+            ["--gres=gpu:1", "--partition=gpu", "--account=lab", "--time=04:00:00", "--qos=high", "--nodelist=node3"],
+        ),
+        (
+            SlurmSettings("gpu"),
+            {"extra": {"partition": "debug", "mem": "16G"}},
+            ["--gres=gpu:1", "--partition=debug", "--mem=16G"],
+        ),
+    ],
+)
+def test_sbatch_argv(tmp_path: Path, settings: SlurmSettings, job: dict, expected: list[str]) -> None:
+    argv = sbatch_argv(_job(tmp_path, **job), settings, tmp_path / "engine.sh")
+    common = [
+        "sbatch",
+        "--parsable",
+        "--job-name=tunedeck-run-7",
+        f"--output={tmp_path / 'engine.log'}",
+        "--open-mode=append",
+        f"--chdir={tmp_path}",
+        "--no-requeue",
+        "--export=ALL",
+    ]
+    assert argv == [*common, *expected, str(tmp_path / "engine.sh")]
+
+
+class Recorder:
+    """A stand-in for the Slurm commands: records what was asked, answers as told."""
+
+    def __init__(self, *answers: tuple[int, str, str]) -> None:
+        self.calls: list[list[str]] = []
+        self.answers = list(answers)
+
+    def __call__(self, argv: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+        self.calls.append(argv)
+        code, out, err = self.answers.pop(0) if self.answers else (0, "", "")
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def test_submit_writes_an_exec_script_and_returns_the_job_id(tmp_path: Path) -> None:
+    runner = Recorder((0, "4242;cluster\n", ""))
+    assert SlurmEngine(runner=runner).submit(_job(tmp_path)) == "4242"
+    assert (tmp_path / "engine.sh").read_text().splitlines()[-1] == "exec python -m x"
+
+
+def test_sbatch_refusal_carries_its_message_and_names_the_setting(tmp_path: Path) -> None:
+    err = "sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    engine = SlurmEngine(SlurmSettings(partition="nope", account="lab"), runner=Recorder((1, "", err)))
+    with pytest.raises(EngineError) as caught:
+        engine.submit(_job(tmp_path))
+    message = str(caught.value)
+    assert "invalid partition specified: nope" in message and "--partition nope" in message
+    assert "--account" not in message.splitlines()[0]  # only the setting sbatch complained about
+
+
+def test_state_and_cancel_commands(tmp_path: Path) -> None:
+    runner = Recorder((0, SCONTROL_TIMEOUT, ""), (1, "", "slurm_load_jobs error: Invalid job id specified"))
+    engine = SlurmEngine(runner=runner)
+    assert engine.state("12").raw == "TIMEOUT"
+    assert engine.state("13").phase is Phase.GONE
+    engine.cancel("12", "TERM")
+    engine.cancel("12")
+    assert runner.calls[2:] == [["scancel", "--signal=TERM", "--full", "12"], ["scancel", "12"]]
+    failing = SlurmEngine(runner=Recorder((1, "", "scancel: error: Unable to contact slurm controller")))
+    with pytest.raises(EngineError, match="Unable to contact"):
+        failing.cancel("12")
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"SLURM_JOB_GPUS": "1"}, {"CUDA_VISIBLE_DEVICES": "1"}),
+        ({"SLURM_STEP_GPUS": "0", "SLURM_JOB_GPUS": "0,1"}, {"CUDA_VISIBLE_DEVICES": "0"}),
+        ({"CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_GPUS": "1"}, {"CUDA_VISIBLE_DEVICES": "1"}),
+        ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_GPUS": "1"}, {}),
+        ({}, {}),
+    ],
+)
+def test_gpu_environment(env: dict[str, str], expected: dict[str, str]) -> None:
+    assert gpu_environment(env) == expected
+
+
+# ---------------------------------------------------------------------- the dispatcher against a scripted engine
+
+
+class ScriptedEngine:
+    """An engine whose jobs are in whatever state the test sets."""
+
+    name = "slurm"
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.states: dict[str, JobState] = {}
+        self.submitted: list[Submission] = []
+        self.cancels: list[tuple[str, str]] = []
+        self.refuse = refuse
+
+    def submit(self, job: Submission) -> str:
+        if self.refuse:
+            raise EngineError(self.refuse)
+        self.submitted.append(job)
+        job_id = str(100 + len(self.submitted))
+        self.states[job_id] = JobState(Phase.PENDING, "PENDING", "Resources")
+        return job_id
+
+    def state(self, job_id: str) -> JobState:
+        return self.states.get(job_id, JobState(Phase.GONE, "GONE"))
+
+    def cancel(self, job_id: str, signal: str = "KILL") -> None:
+        self.cancels.append((job_id, signal))
+
+
+def _queued(store: Store, tiny: str = "/nonexistent/model", **kw) -> int:
+    return store.create_run_unchecked(tiny_spec(Path(tiny), **kw).to_json(), "r", kw.get("pin_host"))
+
+
+def test_dispatcher_submits_follows_and_requeues_a_preempted_run(store: Store) -> None:
+    engine = ScriptedEngine()
+    first, second = _queued(store), _queued(store)
+    d = Dispatcher(store, engine, max_jobs=1, poll_interval=0.01)
+    assert d.submit_next() and not (len(d.tracked) < d.max_jobs)  # one at a time
+    job = engine.submitted[0]
+    assert job.run_id == first and job.argv[-3:] == ["jobs.worker.engine_job", "--run-id", str(first)]
+    assert job.env["TUNEDECK_DATABASE_URL"] == store.url and job.log_path.name == "engine.log"
+    run = store.get_run(first)
+    assert (run.status, run.engine, run.engine_job_id, run.worker_pid) == (RunStatus.RUNNING, "slurm", "101", None)
+    d.poll()
+    assert store.get_run(first).engine_state == "PENDING (Resources)"
+    engine.states["101"] = JobState(Phase.RUNNING, "RUNNING", node="n1")
+    d.poll()
+    assert store.get_run(first).engine_state == "RUNNING on n1"
+    store.mark_cancelled(first)  # the training child's answer to the engine's SIGTERM
+    engine.states["101"] = JobState(Phase.REQUEUE, "PREEMPTED", "preempted")
+    d.poll()
+    run = store.get_run(first)
+    assert run.status is RunStatus.QUEUED and [r.id for r in store.queued()] == [first, second]  # at the head
+    messages = [e["message"] for e in store.run_events(first)]
+    assert messages[0] == "submitted to Slurm as job 101"
+    assert messages[-1] == "Slurm: PREEMPTED (preempted): queued again; it resumes from its last checkpoint"
+    assert d.submit_next() and store.get_run(first).engine_job_id == "102"  # submitted again, same run
+
+
+@pytest.mark.parametrize(
+    ("state", "summary"),
+    [
+        (JobState(Phase.CANCELLED, "CANCELLED"), "cancelled outside tunedeck (Slurm: CANCELLED, e.g. scancel)"),
+        (JobState(Phase.FAILED, "TIMEOUT", "time limit 00:01:00"), "Slurm: TIMEOUT (time limit 00:01:00)"),
+        (JobState(Phase.FAILED, "OUT_OF_MEMORY", "OutOfMemory"), "Slurm: OUT_OF_MEMORY (OutOfMemory)"),
+        (JobState(Phase.GONE, "GONE", "Slurm no longer knows job 101"), "Slurm: GONE (Slurm no longer knows job 101)"),
+    ],
+)
+def test_an_engine_end_fails_the_run_with_the_engines_reason(store: Store, state: JobState, summary: str) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    d = Dispatcher(store, engine)
+    d.submit_next()
+    store.mark_interrupted(run_id, "the Slurm job received SIGTERM")  # what the job's side writes first
+    engine.states["101"] = state
+    d.poll()
+    run = store.get_run(run_id)
+    assert (run.status, run.error_summary) == (RunStatus.FAILED, summary) and not d.tracked
+
+
+def test_a_run_that_reported_itself_keeps_its_status(store: Store) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    d = Dispatcher(store, engine)
+    d.submit_next()
+    store.mark_succeeded(run_id, {"train_loss": 1.0})
+    engine.states["101"] = JobState(Phase.CANCELLED, "CANCELLED")  # a late scancel changes nothing
+    d.poll()
+    assert store.get_run(run_id).status is RunStatus.SUCCEEDED
+
+
+def test_cancel_pending_at_once_running_warm_then_kill(store: Store) -> None:
+    engine = ScriptedEngine()
+    pending, running = _queued(store), _queued(store)
+    d = Dispatcher(store, engine, grace_period=0.0, save_grace=0.0)
+    d.submit_next(), d.submit_next()
+    engine.states["102"] = JobState(Phase.RUNNING, "RUNNING", node="n1")
+    store.request_cancel(pending), store.request_cancel(running)
+    d.poll()
+    assert store.get_run(pending).status is RunStatus.CANCELLED
+    assert engine.cancels == [("101", "KILL"), ("102", "TERM")]
+    time.sleep(0.01)
+    d.poll()
+    assert engine.cancels[-1] == ("102", "KILL")
+    store.mark_interrupted(running, "the Slurm job received SIGTERM")
+    engine.states["102"] = JobState(Phase.CANCELLED, "CANCELLED")
+    d.poll()
+    assert store.get_run(running).status is RunStatus.CANCELLED  # the user's cancel, not "cancelled outside"
+
+
+def test_refused_submission_fails_the_run_with_the_engines_message(store: Store) -> None:
+    run_id = _queued(store)
+    d = Dispatcher(store, ScriptedEngine(refuse="sbatch refused the job: invalid partition (check --partition x)"))
+    assert d.submit_next()
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error_summary == "Slurm: sbatch refused the job: invalid partition (check --partition x)"
+
+
+def test_pin_host_becomes_the_node_and_pin_device_stays_local(store: Store) -> None:
+    engine = ScriptedEngine()
+    local = store.create_run_unchecked(tiny_spec(Path("/m")).to_json(), "local", None, "0")
+    pinned = _queued(store, pin_host="node7")
+    d = Dispatcher(store, engine)
+    d.submit_next()
+    assert engine.submitted[0].run_id == pinned and engine.submitted[0].node == "node7"
+    assert not d.submit_next() and store.get_run(local).status is RunStatus.QUEUED
+
+
+def test_a_restarted_dispatcher_adopts_instead_of_submitting_again(store: Store) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    never = _queued(store)
+    first = Dispatcher(store, engine, worker_id="d1")
+    first.submit_next()
+    store.claim_for_engine("d1", "slurm")  # claimed, then the dispatcher died before submitting it
+    second = Dispatcher(store, engine, worker_id="d2")
+    assert second.adopt() == [run_id] and len(engine.submitted) == 1
+    assert store.get_run(run_id).worker_id == "d2" and store.get_run(never).status is RunStatus.QUEUED
+    store.worker_beat("d2", 1, "h")
+    assert Dispatcher(store, engine, worker_id="d3").adopt() == []  # d2 is alive: its runs stay its own
+
+
+# ---------------------------------------------------------------------- real Slurm
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    why = slurm_missing()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster(kill_wait=15)
+    with pytest.MonkeyPatch.context() as mp:
+        cluster.start()
+        mp.setenv("SLURM_CONF", str(cluster.conf))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture
+def dispatch(store: Store, slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch):
+    """Start a dispatcher on a thread: `dispatch(max_jobs=2)`; every one started is stopped at the end."""
+    monkeypatch.setenv("TUNEDECK_CANCEL_GRACE_S", "10")
+    started: list[tuple[Dispatcher, threading.Thread]] = []
+
+    def start(**kw) -> Dispatcher:
+        d = Dispatcher(store, SlurmEngine(), poll_interval=0.3, heartbeat_interval=1.0, save_grace=30.0, **kw)
+        thread = threading.Thread(target=d.work, daemon=True)
+        thread.start()
+        started.append((d, thread))
+        return d
+
+    yield start
+    for d, thread in started:
+        d.stop()
+        thread.join(timeout=30)
+    slurm.run("scancel", "--user=root", check=False)
+
+
+def _spec(model: Path, **changes):
+    """The suite's quick tiny-model spec without the before/after samples (seconds of generation per run)."""
+    return tiny_spec(model, sample_count=0, **changes)
+
+
+def _explain(store: Store, run_id: int) -> str:
+    """What a failed assertion shows: the run's status and error, and the end of its job's and child's logs."""
+    run = store.get_run(run_id)
+    logs = [
+        f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:])
+        for name in ("engine.log", "train.log")
+        if (path := store.run_path(run_id) / name).is_file()
+    ]
+    return "\n".join([f"run {run_id}: {run.status.value}: {run.error_summary}", *logs])
+
+
+def _started_gpu(store: Store, run_id: int) -> str:
+    found = [e["message"] for e in store.run_events(run_id) if " started on " in e["message"]]
+    return found[0].rsplit("GPU ", 1)[-1] if found else ""
+
+
+@pytest.mark.integration
+def test_two_runs_on_two_gpus_at_once_succeed(store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster) -> None:
+    started = time.monotonic()
+    ids = [store.create_run(_spec(tiny_model, max_steps=8)) for _ in range(2)]
+    d = dispatch(max_jobs=2)
+    states = wait_for(
+        lambda: (
+            (s := [store.get_run(i) for i in ids])
+            and (all((r.engine_state or "").startswith("RUNNING") for r in s) or any(r.status.finished for r in s))
+            and s
+        ),
+        timeout=120,
+        interval=0.1,
+        what="both runs RUNNING on Slurm at once",
+    )
+    assert all(r.engine_state.startswith("RUNNING") for r in states), [_explain(store, i) for i in ids]
+    wait_for(lambda: not d.tracked, timeout=240, interval=0.2, what="both jobs ended on Slurm")
+    elapsed = time.monotonic() - started
+    print(f"two runs submitted -> succeeded through Slurm in {elapsed:.1f} s")
+    for i in ids:
+        run = store.get_run(i)
+        assert run.status is RunStatus.SUCCEEDED, _explain(store, i)
+        assert run.engine == "slurm" and run.engine_job_id and run.engine_state.startswith("COMPLETED")
+        assert len(store.metrics(i, ["loss"])) == 8
+        assert {a.kind for a in store.artifacts(i)} >= {"bundle"}
+        assert (store.run_dir(i) / "train.log").is_file() and (store.run_dir(i) / "engine.log").is_file()
+    assert sorted(_started_gpu(store, i) for i in ids) == ["0", "1"]  # each its own SLURM_JOB_GPUS
+
+
+def _training(store: Store, run_id: int, steps: int = 2) -> None:
+    wait_for(
+        lambda: store.get_run(run_id).current_step >= steps, timeout=180, interval=0.1, what=f"run {run_id} training"
+    )
+
+
+@pytest.mark.integration
+def test_restarted_dispatcher_adopts_the_job_then_cancel(store: Store, tiny_model: Path, dispatch) -> None:
+    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
+    first = dispatch()
+    _training(store, run_id)
+    job_id = store.get_run(run_id).engine_job_id
+    first.stop()
+    wait_for(
+        lambda: (
+            not store.live_workers(within_s=60)
+            or first.worker_id not in {w["worker_id"] for w in store.live_workers(within_s=60)}
+        ),
+        timeout=30,
+        what="the first dispatcher gone",
+    )
+    second = dispatch()
+    wait_for(lambda: run_id in second.tracked, timeout=30, what="the job adopted")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.RUNNING and run.engine_job_id == job_id and run.worker_id == second.worker_id
+    submitted = [e for e in store.run_events(run_id) if e["message"].startswith("submitted to Slurm")]
+    assert len(submitted) == 1  # followed, not submitted again
+    store.request_cancel(run_id)
+    wait_for(lambda: store.get_run(run_id).status.finished, timeout=90, interval=0.2, what="cancelled")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED, _explain(store, run_id)
+    wait_for(lambda: run_id not in second.tracked, timeout=60, what="the job ended on Slurm")
+
+
+@pytest.mark.integration
+def test_scancel_from_outside_fails_the_run_with_the_reason(
+    store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
+) -> None:
+    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
+    d = dispatch()
+    _training(store, run_id)
+    slurm.run("scancel", store.get_run(run_id).engine_job_id)
+    # The job's side marks the run interrupted on Slurm's SIGTERM; the dispatcher's word, once the job has ended, is final.
+    wait_for(lambda: run_id not in d.tracked, timeout=90, interval=0.2, what="the job ended on Slurm")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error_summary.startswith("cancelled outside tunedeck (Slurm: CANCELLED"), run.error_summary
+
+
+@pytest.mark.integration
+def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(
+    store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
+) -> None:
+    run_id = store.create_run(_spec(tiny_model, max_steps=60, save_steps=4))
+    dispatch()
+    _training(store, run_id, steps=5)
+    first_job = store.get_run(run_id).engine_job_id
+    # A job of the higher-priority partition that needs both GPUs: Slurm preempts the run's job.
+    slurm.run("sbatch", "--partition=high", "--gres=gpu:2", f"--output={slurm.folder}/high.out", "--wrap", "sleep 3")
+    resumed = wait_for(
+        lambda: (r := store.get_run(run_id)).engine_job_id != first_job and r.status is RunStatus.RUNNING and r,
+        timeout=120,
+        interval=0.1,
+        what="the run submitted again",
+    )
+    assert resumed
+    wait_for(lambda: store.get_run(run_id).status.finished, timeout=240, interval=0.2, what="the resumed run finished")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.SUCCEEDED, _explain(store, run_id)
+    messages = [e["message"] for e in store.run_events(run_id)]
+    assert any("PREEMPTED" in m and "queued again" in m for m in messages), messages
+    restart = [m for m in messages if "started on" in m][-1]
+    assert "resumes from checkpoint-" in restart, messages
+    step = int(restart.rsplit("checkpoint-", 1)[1])
+    log = (store.run_dir(run_id) / "train.log").read_text()
+    assert f"checkpoint-{step} (step {step})" in log  # the training child said it resumed there
+    assert len(store.metrics(run_id, ["loss"])) == 60  # every step once: the resumed part replaced the rest
