@@ -181,6 +181,22 @@ class RayCluster:
         self._wait_nodes(count, timeout, node)
         return node
 
+    def ray(self, *args: str) -> str:
+        """`ray <args>` against this cluster (the job CLI reads RAY_API_SERVER_ADDRESS)."""
+        env = {**os.environ, "RAY_API_SERVER_ADDRESS": self.address}
+        done = subprocess.run([_ray_cli(), *args], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"ray {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def stop_jobs(self) -> None:
+        """Stop every job still running or waiting (the tests' leftovers), so the next test has the GPUs."""
+        from ray.job_submission import JobSubmissionClient
+
+        client = JobSubmissionClient(self.address)
+        for job in client.list_jobs():
+            if not job.status.is_terminal() and job.submission_id:
+                client.stop_job(job.submission_id)
+
     def stop(self) -> None:
         for node in self.workers:
             node.stop()

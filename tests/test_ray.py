@@ -13,9 +13,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from ray_helpers import RayCluster, free_port, ray_missing
 
@@ -151,6 +153,9 @@ def test_submit_args_ask_for_gpus_type_node_and_stop_wait(tmp_path: Path) -> Non
     assert args["entrypoint_resources"] == {"accelerator_type:A100": 0.001, "node:10.0.0.5": 0.001}
     assert args["runtime_env"] == {"env_vars": {"A": "1", "RAY_JOB_STOP_WAIT_TIME_S": "330"}}
     assert args["metadata"] == {"tunedeck_run": "7", "tunedeck_name": "tunedeck-run-7"}
+    graces = {"TUNEDECK_CANCEL_GRACE_S": "10", "TUNEDECK_SAVE_GRACE_S": "30"}
+    job = Submission(1, "r", ["x"], graces, tmp_path / "log")
+    assert submit_args(job, None, 330)["runtime_env"]["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == "50"
     plain = submit_args(_job(tmp_path, ["true"], gpus=0), None, 5)
     assert (plain["entrypoint_num_gpus"], plain["entrypoint_resources"]) == (None, None)
 
@@ -357,4 +362,220 @@ def test_a_lost_node_requeues_its_job(ray_cluster, engine, tmp_path: Path) -> No
         state = wait_phase(engine, job_id, {Phase.REQUEUE, Phase.FAILED, Phase.CANCELLED, Phase.SUCCEEDED})
         assert state.phase is Phase.REQUEUE and state.reason.startswith("node lost"), state.describe()
     finally:
+        node.stop()
+
+
+# --- integration: runs through tunedeck's dispatcher, trained on Ray ---------------------------
+
+
+@pytest.fixture
+def dispatch(store, engine, ray_cluster, monkeypatch: pytest.MonkeyPatch):
+    """Start a dispatcher on a thread: `dispatch(max_jobs=2)`; at the end each is stopped and our jobs too."""
+    from jobs.cluster.dispatch import Dispatcher
+
+    monkeypatch.setenv("TUNEDECK_CANCEL_GRACE_S", "10")
+    started: list = []
+
+    def start(**kw):
+        d = Dispatcher(store, engine, poll_interval=0.3, heartbeat_interval=1.0, save_grace=30.0, **kw)
+        thread = threading.Thread(target=d.work, daemon=True)
+        thread.start()
+        started.append((d, thread))
+        return d
+
+    yield start
+    for d, thread in started:
+        d.stop()
+        thread.join(timeout=30)
+    ray_cluster.stop_jobs()  # the next test gets both GPUs
+
+
+def _spec(model: Path, **changes):
+    """The suite's quick tiny-model spec without the before/after samples (seconds of generation per run)."""
+    from training_helpers import tiny_spec
+
+    return tiny_spec(model, sample_count=0, **changes)
+
+
+def _explain(store, run_id: int) -> str:
+    """What a failed assertion shows: the run's status and error, and the end of its job's and child's logs."""
+    run = store.get_run(run_id)
+    logs = [
+        f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:])
+        for name in ("engine.log", "train.log")
+        if (path := store.run_path(run_id) / name).is_file()
+    ]
+    return "\n".join([f"run {run_id}: {run.status.value}: {run.error_summary} [{run.engine_state}]", *logs])
+
+
+def _messages(store, run_id: int) -> list[str]:
+    return [e["message"] for e in store.run_events(run_id)]
+
+
+def _training(store, run_id: int, steps: int = 2) -> None:
+    from training_helpers import wait_for
+
+    wait_for(
+        lambda: store.get_run(run_id).current_step >= steps or store.get_run(run_id).status.finished,
+        timeout=180,
+        interval=0.1,
+        what=f"run {run_id} training",
+    )
+    assert store.get_run(run_id).current_step >= steps, _explain(store, run_id)
+
+
+def _job_process(run_id: int) -> psutil.Process:
+    """The in-job command (`python -m jobs.worker.engine_job --run-id N`) Ray started for the run."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "jobs.worker.engine_job" in cmd and cmd[-2:] == ["--run-id", str(run_id)]:
+            return p
+    raise AssertionError(f"no engine_job process for run {run_id}")
+
+
+@pytest.mark.integration
+def test_two_runs_train_on_ray_at_once_and_succeed(store, tiny_model: Path, dispatch) -> None:
+    from training_helpers import wait_for
+
+    from storage.models import RunStatus
+
+    began = time.monotonic()
+    ids = [store.create_run(_spec(tiny_model, max_steps=8)) for _ in range(2)]
+    d = dispatch(max_jobs=2)
+    runs = wait_for(
+        lambda: (
+            (s := [store.get_run(i) for i in ids])
+            and (all((r.engine_state or "").startswith("RUNNING") for r in s) or any(r.status.finished for r in s))
+            and s
+        ),
+        timeout=120,
+        interval=0.1,
+        what="both runs RUNNING on Ray at once",
+    )
+    assert all(r.engine_state.startswith("RUNNING") for r in runs), [_explain(store, i) for i in ids]
+    wait_for(lambda: not d.tracked, timeout=240, interval=0.2, what="both jobs ended on Ray")
+    print(f"two runs submitted -> succeeded through Ray in {time.monotonic() - began:.1f} s")
+    gpus = []
+    for i in ids:
+        run = store.get_run(i)
+        assert run.status is RunStatus.SUCCEEDED, _explain(store, i)
+        assert run.engine == "ray" and run.engine_job_id.startswith(f"tunedeck-run-{i}-")
+        assert run.engine_state.startswith("SUCCEEDED"), run.engine_state
+        assert len(store.metrics(i, ["loss"])) == 8
+        assert {a.kind for a in store.artifacts(i)} >= {"bundle"}
+        assert (store.run_dir(i) / "train.log").is_file() and (store.run_dir(i) / "engine.log").is_file()
+        gpus += [m.rsplit("GPU ", 1)[-1] for m in _messages(store, i) if " started on " in m]
+    assert sorted(gpus) == ["0", "1"]  # each run had a GPU of its own (Ray's CUDA_VISIBLE_DEVICES)
+
+
+@pytest.mark.integration
+def test_cancel_in_tunedeck_stops_the_ray_job(store, tiny_model: Path, dispatch, engine) -> None:
+    from training_helpers import wait_for
+
+    from storage.models import RunStatus
+
+    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
+    d = dispatch()
+    _training(store, run_id)
+    store.request_cancel(run_id)
+    wait_for(lambda: run_id not in d.tracked, timeout=90, interval=0.2, what="the job ended on Ray")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED, _explain(store, run_id)
+    assert engine.state(run.engine_job_id).raw == "STOPPED"
+
+
+@pytest.mark.integration
+def test_ray_job_stop_from_outside_fails_the_run_with_the_reason(
+    store, tiny_model: Path, dispatch, ray_cluster
+) -> None:
+    from training_helpers import wait_for
+
+    from storage.models import RunStatus
+
+    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
+    d = dispatch()
+    _training(store, run_id)
+    ray_cluster.ray("job", "stop", store.get_run(run_id).engine_job_id)
+    wait_for(lambda: run_id not in d.tracked, timeout=90, interval=0.2, what="the job ended on Ray")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED, _explain(store, run_id)
+    assert run.error_summary.startswith("cancelled outside tunedeck (Ray: STOPPED"), run.error_summary
+
+
+@pytest.mark.integration
+def test_a_killed_job_fails_the_run_with_the_signal(store, tiny_model: Path, dispatch) -> None:
+    from training_helpers import wait_for
+
+    from storage.models import RunStatus
+
+    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
+    d = dispatch()
+    _training(store, run_id)
+    job = _job_process(run_id)
+    children = job.children(recursive=True)
+    job.kill()
+    wait_for(lambda: run_id not in d.tracked, timeout=90, interval=0.2, what="the job ended on Ray")
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED, _explain(store, run_id)
+    assert run.error_summary.startswith("Ray: FAILED (killed by SIGKILL"), run.error_summary
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for p in alive:  # found here, not fixed here: see the xfail's reason
+        p.kill()
+    if alive:
+        pytest.xfail(
+            "the training child (its own session, jobs/worker/processes.py) outlives a SIGKILLed engine_job: "
+            "Ray kills only the job's process group, and no local worker on the node reaps orphans"
+        )
+
+
+@pytest.mark.integration
+def test_a_lost_node_requeues_the_run_and_it_resumes_from_its_checkpoint(
+    store, tiny_model: Path, dispatch, ray_cluster
+) -> None:
+    """The only node with the FAKE GPU type dies mid-run; a new one joins; the run resumes there."""
+    from training_helpers import wait_for
+
+    from jobs.train.checkpoints import last_complete
+    from storage.models import RunStatus
+
+    began = time.monotonic()
+    node = ray_cluster.add_node(gpus=1, resources={"accelerator_type:FAKE": 1})
+    run_id = store.create_run(_spec(tiny_model, max_steps=60, save_steps=4))
+    dispatch(gpu_type="FAKE")
+    wait_for(
+        lambda: last_complete(store.run_dir(run_id) / "output") or store.get_run(run_id).status.finished,
+        timeout=180,
+        interval=0.1,
+        what="a first checkpoint",
+    )
+    first_job = store.get_run(run_id).engine_job_id
+    node.lose()
+    wait_for(
+        lambda: any("queued again" in m for m in _messages(store, run_id)),
+        timeout=60,
+        interval=0.1,
+        what="the run requeued",
+    )
+    replacement = ray_cluster.add_node(gpus=1, resources={"accelerator_type:FAKE": 1})
+    try:
+        wait_for(
+            lambda: store.get_run(run_id).status.finished, timeout=240, interval=0.2, what="the resumed run finished"
+        )
+        run = store.get_run(run_id)
+        assert run.status is RunStatus.SUCCEEDED, _explain(store, run_id)
+        assert run.engine_job_id != first_job
+        messages = _messages(store, run_id)
+        assert any("node lost" in m and "queued again" in m for m in messages), messages
+        restart = [m for m in messages if " started on " in m][-1]
+        assert "resumes from checkpoint-" in restart, messages
+        step = int(restart.rsplit("checkpoint-", 1)[1])
+        assert f"checkpoint-{step} (step {step})" in (store.run_dir(run_id) / "train.log").read_text()
+        # Every step after the checkpoint once. The steps before it may lack rows: the node died by
+        # SIGKILL, and the child's last unflushed rows (up to jobs/train/callbacks.py's flush interval) died too.
+        steps = [m.step for m in store.metrics(run_id, ["loss"])]
+        assert [s for s in steps if s > step] == list(range(step + 1, 61)), steps
+        assert len(steps) == len(set(steps)), steps
+        print(f"lost node -> requeued -> resumed -> succeeded through Ray in {time.monotonic() - began:.1f} s")
+    finally:
+        replacement.stop()
         node.stop()

@@ -17,7 +17,8 @@ What a Submission becomes (`submit_args`, pure):
   looked up among the cluster's live nodes by hostname, IP or Ray node id at submit time;
 - `runtime_env={"env_vars": env}` plus RAY_JOB_STOP_WAIT_TIME_S, read by the job's supervisor: how long
   `stop_job`'s SIGTERM may take before Ray sends SIGKILL. It covers the in-job command's own cancel
-  grace and checkpoint save (TUNEDECK_CANCEL_GRACE_S + TUNEDECK_SAVE_GRACE_S) with a margin.
+  grace and checkpoint save (TUNEDECK_CANCEL_GRACE_S + TUNEDECK_SAVE_GRACE_S in the job's env, which
+  the dispatcher sets) with a margin; `stop_wait_s` when they are not given.
 
 Ray's states map onto Phase in `job_state` (pure, tested as a table). Two Ray behaviours to know:
 - a job Ray cannot place waits PENDING, and Ray fails it after RAY_JOB_START_TIMEOUT_SECONDS
@@ -27,6 +28,7 @@ Ray's states map onto Phase in `job_state` (pure, tested as a table). Two Ray be
 
 from __future__ import annotations
 
+import os
 import secrets
 import shlex
 import signal
@@ -38,6 +40,7 @@ from urllib.parse import urlsplit
 
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
 
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"  # Ray's dashboard port on the head
 STOP_WAIT_S = 20 + 300 + 10  # the in-job command's cancel grace + checkpoint save grace + a margin
 REASON_CHARS = 300  # Ray's failure messages carry 20,000 characters of log: the run page shows the gist
 
@@ -73,6 +76,14 @@ def entrypoint(job: Submission) -> str:
     return f"mkdir -p {folder} && exec {shlex.join(job.argv)} >> {log} 2>&1"
 
 
+def stop_wait(env: dict[str, str], default: float) -> float:
+    """How long Ray waits after SIGTERM: the job's own cancel and save graces (from the dispatcher) + 10 s."""
+    try:
+        return float(env["TUNEDECK_CANCEL_GRACE_S"]) + float(env["TUNEDECK_SAVE_GRACE_S"]) + 10
+    except (KeyError, ValueError):
+        return default
+
+
 def submit_args(job: Submission, node_ip: str | None, stop_wait_s: float) -> dict[str, Any]:
     """The keyword arguments of JobSubmissionClient.submit_job for this job (without submission_id)."""
     resources: dict[str, float] = {}
@@ -80,7 +91,7 @@ def submit_args(job: Submission, node_ip: str | None, stop_wait_s: float) -> dic
         resources[f"accelerator_type:{job.gpu_type}"] = 0.001
     if node_ip:
         resources[f"node:{node_ip}"] = 0.001
-    env = {**job.env, "RAY_JOB_STOP_WAIT_TIME_S": str(int(stop_wait_s))}
+    env = {**job.env, "RAY_JOB_STOP_WAIT_TIME_S": str(int(stop_wait(job.env, stop_wait_s)))}
     return {
         "entrypoint": entrypoint(job),
         "entrypoint_num_gpus": job.gpus or None,
@@ -183,8 +194,9 @@ class RayEngine:
 
     name = "ray"
 
-    def __init__(self, address: str, stop_wait_s: float = STOP_WAIT_S) -> None:
-        self.address = dashboard_url(address)
+    def __init__(self, address: str | None = None, stop_wait_s: float = STOP_WAIT_S) -> None:
+        # As `ray job submit`: RAY_API_SERVER_ADDRESS, else the dashboard on this machine.
+        self.address = dashboard_url(address or os.environ.get("RAY_API_SERVER_ADDRESS") or DEFAULT_ADDRESS)
         self.stop_wait_s = stop_wait_s
         try:
             from ray.job_submission import JobSubmissionClient
