@@ -194,10 +194,13 @@ class RayEngine:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, stop_wait_s: float = STOP_WAIT_S) -> None:
+    def __init__(self, address: str | None = None, stop_wait_s: float = STOP_WAIT_S, client: Any = None) -> None:
         # As `ray job submit`: RAY_API_SERVER_ADDRESS, else the dashboard on this machine.
         self.address = dashboard_url(address or os.environ.get("RAY_API_SERVER_ADDRESS") or DEFAULT_ADDRESS)
         self.stop_wait_s = stop_wait_s
+        if client is not None:  # a JobSubmissionClient made elsewhere (tests: a scripted one)
+            self._client = client
+            return
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as e:
@@ -219,21 +222,24 @@ class RayEngine:
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """One request to the job server; its refusals become EngineError naming what was asked."""
         import requests
-        from ray.util.state.exception import RayStateApiException
 
         try:
             return fn(*args, **kwargs)
-        except (requests.ConnectionError, ConnectionError) as e:
+        except (requests.RequestException, ConnectionError) as e:  # requests' errors are not the builtin's
             raise EngineError(self._unreachable(e)) from e
-        except (RuntimeError, RayStateApiException) as e:
+        except RuntimeError as e:
             raise EngineError(f"Ray at {self.address} refused to {what}: {e}") from e
 
     def nodes(self) -> list[RayNode]:
         """The cluster's live nodes, with hostnames (state API, plus the dashboard's node summary)."""
         import requests
         from ray.util.state import list_nodes
+        from ray.util.state.exception import RayStateApiException
 
-        listed = self._call("list its nodes", list_nodes, address=self.address)
+        try:
+            listed = self._call("list its nodes", list_nodes, address=self.address)
+        except RayStateApiException as e:
+            raise EngineError(f"Ray at {self.address} refused to list its nodes: {e}") from e
         alive = [n for n in listed if n.state == "ALIVE"]  # (a state filter trips Ray's truncation check)
         try:  # hostnames: only the dashboard's node summary has them (the state API has IPs and ids)
             summary = requests.get(f"{self.address}/nodes?view=summary", timeout=10).json()["data"]["summary"]
@@ -252,13 +258,11 @@ class RayEngine:
     def state(self, job_id: str) -> JobState:
         """The job's state; GONE when Ray does not know the id."""
         try:
-            info = self._client.get_job_info(job_id)
-        except RuntimeError as e:
-            if "does not exist" in str(e) or "404" in str(e):
-                return JobState(phase=Phase.GONE, raw="NOT_FOUND", reason=str(e)[:REASON_CHARS])
-            raise EngineError(f"Ray at {self.address}: cannot read job {job_id} ({e})") from e
-        except ConnectionError as e:
-            raise EngineError(self._unreachable(e)) from e
+            info = self._call(f"read job {job_id}", self._client.get_job_info, job_id)
+        except EngineError as e:
+            if "status code 404" in str(e) or "does not exist" in str(e):
+                return JobState(phase=Phase.GONE, raw="NOT_FOUND", reason=str(e.__cause__)[:REASON_CHARS])
+            raise
         error_type = str(info.error_type) if info.error_type else None
         node_dead = False
         if error_type == "JOB_SUPERVISOR_ACTOR_DIED" and info.driver_node_id:
