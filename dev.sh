@@ -80,13 +80,15 @@ ensure_venv() {
 
 ensure_system_packages() {
     # Browser tests drive Debian's Chromium; the compose test needs docker-compose; the store,
-    # worker and fault tests start a throw-away PostgreSQL server. Never `playwright install`:
-    # it downloads a browser build of its own.
+    # worker and fault tests start a throw-away PostgreSQL server; the Slurm tests a throw-away
+    # Slurm. Never `playwright install`: it downloads a browser build of its own.
     local missing=()
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 \
         || missing+=(postgresql)
+    # The Slurm executor's tests start a single-node Slurm (tests/slurm_helpers.py): its daemons and munge.
+    command -v sbatch >/dev/null 2>&1 || missing+=(slurm-wlm munge)
     ((${#missing[@]})) || return 0
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         log "apt-get install ${missing[*]}"

@@ -121,3 +121,14 @@ class EngineRunsMixin(StoreCore):
                 )
             )
             return rowcount(result) == 1
+
+    def add_engine_reason(self, run_id: int, reason: str) -> bool:
+        """Put the engine's reason in front of a failed engine run's summary (once); False if it is not one."""
+        with self._tx() as s:
+            row = s.get(m.Run, run_id)
+            if row is None or row.engine is None or row.status != RunStatus.FAILED.value:
+                return False
+            if (row.error_summary or "").startswith(reason):
+                return False
+            row.error_summary = f"{reason}; {row.error_summary}"[:2000] if row.error_summary else reason[:2000]
+            return True

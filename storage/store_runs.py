@@ -227,7 +227,10 @@ class RunsMixin(StoreCore):
             return True
 
     def requeue(self, run_id: int) -> bool:
-        """Put an interrupted, cancelled or failed run back at the end of the queue (same id, same history)."""
+        """Put an interrupted, cancelled or failed run back at the end of the queue (same id, same history).
+
+        Its engine job (a cluster's, schema 10) is forgotten: whoever claims it next, a local worker or a
+        dispatcher, runs it afresh (the run's events keep the earlier jobs)."""
         ended = [RunStatus.INTERRUPTED.value, RunStatus.CANCELLED.value, RunStatus.FAILED.value]
         with self._tx() as s:
             result = s.execute(
@@ -242,6 +245,9 @@ class RunsMixin(StoreCore):
                     child_pid=None,
                     error_summary=None,
                     error_detail=None,
+                    engine=None,
+                    engine_job_id=None,
+                    engine_state=None,
                 )
             )
             return rowcount(result) == 1

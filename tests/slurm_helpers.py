@@ -101,7 +101,10 @@ class SlurmCluster:
         (self.folder / "state").mkdir()
         (self.folder / "spool").mkdir()
         for i, minor in enumerate((3, 5)):  # character devices (null, zero): slurmd then hands out their indices
-            os.mknod(self.folder / f"gpu{i}", 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+            try:
+                os.mknod(self.folder / f"gpu{i}", 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+            except OSError as exc:  # plain files would do for slurmd, but it would set no SLURM_JOB_GPUS
+                raise RuntimeError(f"cannot create the fake GPU devices (mknod: {exc}): this needs CAP_MKNOD") from exc
         self.conf.write_text(
             SLURM_CONF.format(
                 host=self.host,

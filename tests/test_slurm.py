@@ -28,6 +28,10 @@ from jobs.worker.engine_job import gpu_environment
 from storage.models import RunStatus
 from storage.store import Store
 
+# The dispatcher's store calls run on both databases (a cluster's store is PostgreSQL); the real-Slurm
+# tests, whose SQL those cover, on SQLite only.
+BACKENDS = ("sqlite", "postgresql")
+
 # ---------------------------------------------------------------------- pure: states and arguments
 
 
@@ -271,6 +275,25 @@ def test_an_engine_end_fails_the_run_with_the_engines_reason(store: Store, state
     assert (run.status, run.error_summary) == (RunStatus.FAILED, summary) and not d.tracked
 
 
+def test_a_run_failed_by_its_job_gains_the_engines_reason(store: Store) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    d = Dispatcher(store, engine)
+    d.submit_next()
+    store.mark_failed(run_id, "training process killed by signal SIGKILL (9)")  # the job's worker, on an OOM kill
+    engine.states["101"] = JobState(Phase.FAILED, "OUT_OF_MEMORY", "OutOfMemory")
+    d.poll()
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED
+    assert run.error_summary == "Slurm: OUT_OF_MEMORY (OutOfMemory); training process killed by signal SIGKILL (9)"
+    other = _queued(store)
+    d.submit_next()
+    store.mark_failed(other, "non-finite loss at step 3")  # the run's own failure: its job exits 1
+    engine.states["102"] = JobState(Phase.FAILED, "FAILED", "exit code 1")
+    d.poll()
+    assert store.get_run(other).error_summary == "non-finite loss at step 3"
+
+
 def test_a_run_that_reported_itself_keeps_its_status(store: Store) -> None:
     engine = ScriptedEngine()
     run_id = _queued(store)
@@ -334,6 +357,77 @@ def test_a_restarted_dispatcher_adopts_instead_of_submitting_again(store: Store)
     assert Dispatcher(store, engine, worker_id="d3").adopt() == []  # d2 is alive: its runs stay its own
 
 
+def test_a_requeued_cluster_run_taken_by_a_local_worker_is_not_adopted(store: Store) -> None:
+    engine = ScriptedEngine()
+    run_id = _queued(store)
+    d = Dispatcher(store, engine, worker_id="d1")
+    d.submit_next()
+    store.mark_interrupted(run_id, "the Slurm job received SIGTERM")
+    store.requeue(run_id)
+    assert store.get_run(run_id).engine is None  # forgotten: the next claim runs it afresh
+    assert store.claim_next_on_device("host:1", "0", host="host") is not None
+    assert Dispatcher(store, engine, worker_id="d2").adopt() == []
+
+
+def test_a_version_9_database_gains_the_engine_columns(data_home: Path) -> None:
+    import sqlite3
+
+    from storage import models as m
+
+    path = data_home / "old.db"
+    store = Store(f"sqlite:///{path}")
+    old = store.create_run_unchecked(tiny_spec(Path("/m")).to_json())
+    store.dispose()
+    with sqlite3.connect(path) as con:  # back to schema 9: the three columns gone
+        for column in ("engine", "engine_job_id", "engine_state"):
+            con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        con.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    store = Store(f"sqlite:///{path}")
+    assert store.schema_version == m.SCHEMA_VERSION == 10
+    assert store.get_run(old).engine is None
+    claimed = store.claim_for_engine("d", "slurm")
+    assert claimed is not None and (claimed.id, claimed.engine, claimed.engine_state) == (old, "slurm", "submitting")
+    store.dispose()
+
+
+# ---------------------------------------------------------------------- what a user sees: run page, show, CLI
+
+
+def test_run_page_and_show_name_the_engine_its_job_and_state(store: Store) -> None:
+    from app.cli.show import sharing, show_text
+    from app.ui.run_text import header_markdown
+
+    ids = [_queued(store), _queued(store)]
+    d = Dispatcher(store, ScriptedEngine())
+    d.submit_next(), d.submit_next()
+    store.set_engine_state(ids[0], "RUNNING on n1")
+    run = store.get_run(ids[0])
+    assert "engine:   slurm job 101: RUNNING on n1" in show_text(store, run).splitlines()
+    assert " · Slurm job 101: <span id='run-engine'>RUNNING on n1</span>" in header_markdown(run)
+    assert sharing(store) == {}  # one dispatcher's runs do not share a device
+    local = store.get_run(store.create_run_unchecked(tiny_spec(Path("/m")).to_json()))
+    assert "engine:" not in show_text(store, local) and "run-engine" not in header_markdown(local)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--partition", "gpu"], "--partition: is an option of a cluster executor"),
+        (["--executor", "slurm", "--time-limit", "1h"], "--time-limit: '1h' is not a Slurm time"),
+        (["--executor", "slurm", "--max-jobs", "0"], "--max-jobs: is 0"),
+        (["--executor", "slurm", "--share", "2"], "--share: is for --executor local"),
+        (["--executor", "ray", "--qos", "high"], "--qos: is a Slurm option"),
+    ],
+)
+def test_worker_cluster_options_are_checked(
+    data_home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    from app.cli.main import main
+
+    assert main(["worker", *argv]) == 2
+    assert said in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------- real Slurm
 
 
@@ -393,10 +487,33 @@ def _started_gpu(store: Store, run_id: int) -> str:
     return found[0].rsplit("GPU ", 1)[-1] if found else ""
 
 
+def _training(store: Store, run_id: int, steps: int = 2) -> None:
+    wait_for(
+        lambda: store.get_run(run_id).current_step >= steps, timeout=180, interval=0.1, what=f"run {run_id} training"
+    )
+
+
+def _resumed_from(store: Store, run_id: int) -> int:
+    """The checkpoint step the run's latest start resumed from (its run event), checked against the child's log."""
+    messages = [e["message"] for e in store.run_events(run_id)]
+    restart = [m for m in messages if " started on " in m][-1]
+    assert "resumes from checkpoint-" in restart, messages
+    step = int(restart.rsplit("checkpoint-", 1)[1])
+    log = (store.run_dir(run_id) / "train.log").read_text()
+    assert f"checkpoint-{step} (step {step})" in log, _explain(store, run_id)  # the training child resumed there
+    return step
+
+
 @pytest.mark.integration
-def test_two_runs_on_two_gpus_at_once_succeed(store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster) -> None:
+@pytest.mark.sqlite_only
+def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
+    store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
+) -> None:
+    """Two runs RUNNING at once, each on its own GPU; a job of the `high` partition that needs both GPUs
+    preempts them (Slurm's own preemption); both go back to the queue, are submitted again, resume from
+    the checkpoint each saved on Slurm's SIGTERM, and succeed with every step's metrics and their bundle."""
     started = time.monotonic()
-    ids = [store.create_run(_spec(tiny_model, max_steps=8)) for _ in range(2)]
+    ids = [store.create_run(_spec(tiny_model, max_steps=16, save_steps=4)) for _ in range(2)]
     d = dispatch(max_jobs=2)
     states = wait_for(
         lambda: (
@@ -409,93 +526,55 @@ def test_two_runs_on_two_gpus_at_once_succeed(store: Store, tiny_model: Path, di
         what="both runs RUNNING on Slurm at once",
     )
     assert all(r.engine_state.startswith("RUNNING") for r in states), [_explain(store, i) for i in ids]
-    wait_for(lambda: not d.tracked, timeout=240, interval=0.2, what="both jobs ended on Slurm")
-    elapsed = time.monotonic() - started
-    print(f"two runs submitted -> succeeded through Slurm in {elapsed:.1f} s")
+    wait_for(lambda: all(_started_gpu(store, i) for i in ids), timeout=60, what="both jobs' workers started")
+    assert sorted(_started_gpu(store, i) for i in ids) == ["0", "1"]  # each its own SLURM_JOB_GPUS
+    for i in ids:
+        _training(store, i, steps=2)
+    first_jobs = {i: store.get_run(i).engine_job_id for i in ids}
+    slurm.run("sbatch", "--partition=high", "--gres=gpu:2", f"--output={slurm.folder}/high.out", "--wrap", "sleep 2")
+    wait_for(lambda: not d.tracked and not store.queued(), timeout=300, interval=0.2, what="both jobs ended on Slurm")
+    print(f"two runs, preempted once, submitted -> succeeded through Slurm in {time.monotonic() - started:.1f} s")
     for i in ids:
         run = store.get_run(i)
         assert run.status is RunStatus.SUCCEEDED, _explain(store, i)
-        assert run.engine == "slurm" and run.engine_job_id and run.engine_state.startswith("COMPLETED")
-        assert len(store.metrics(i, ["loss"])) == 8
+        assert run.engine == "slurm" and run.engine_job_id != first_jobs[i]
+        assert run.engine_state.startswith("COMPLETED")
+        messages = [e["message"] for e in store.run_events(i)]
+        assert any(f"job {first_jobs[i]}: PREEMPTED" in m for m in messages), messages
+        assert any(m.startswith("Slurm: PREEMPTED") and "queued again" in m for m in messages), messages
+        assert _resumed_from(store, i) >= 2
+        assert len(store.metrics(i, ["loss"])) == 16  # every step once: the resumed part replaced the rest
         assert {a.kind for a in store.artifacts(i)} >= {"bundle"}
-        assert (store.run_dir(i) / "train.log").is_file() and (store.run_dir(i) / "engine.log").is_file()
-    assert sorted(_started_gpu(store, i) for i in ids) == ["0", "1"]  # each its own SLURM_JOB_GPUS
-
-
-def _training(store: Store, run_id: int, steps: int = 2) -> None:
-    wait_for(
-        lambda: store.get_run(run_id).current_step >= steps, timeout=180, interval=0.1, what=f"run {run_id} training"
-    )
 
 
 @pytest.mark.integration
-def test_restarted_dispatcher_adopts_the_job_then_cancel(store: Store, tiny_model: Path, dispatch) -> None:
-    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
-    first = dispatch()
-    _training(store, run_id)
-    job_id = store.get_run(run_id).engine_job_id
+@pytest.mark.sqlite_only
+def test_restart_adopts_jobs_then_cancel_and_scancel_from_outside(
+    store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
+) -> None:
+    """A restarted dispatcher follows the jobs it finds instead of submitting them again; then one run is
+    cancelled from tunedeck (cancelled) and the other's job is scancelled from outside (failed, saying so)."""
+    cancelled, scancelled = (store.create_run(_spec(tiny_model, max_steps=2000)) for _ in range(2))
+    first = dispatch(max_jobs=2)
+    for i in (cancelled, scancelled):
+        _training(store, i)
+    jobs = {i: store.get_run(i).engine_job_id for i in (cancelled, scancelled)}
     first.stop()
-    wait_for(
-        lambda: (
-            not store.live_workers(within_s=60)
-            or first.worker_id not in {w["worker_id"] for w in store.live_workers(within_s=60)}
-        ),
-        timeout=30,
-        what="the first dispatcher gone",
-    )
-    second = dispatch()
-    wait_for(lambda: run_id in second.tracked, timeout=30, what="the job adopted")
-    run = store.get_run(run_id)
-    assert run.status is RunStatus.RUNNING and run.engine_job_id == job_id and run.worker_id == second.worker_id
-    submitted = [e for e in store.run_events(run_id) if e["message"].startswith("submitted to Slurm")]
-    assert len(submitted) == 1  # followed, not submitted again
-    store.request_cancel(run_id)
-    wait_for(lambda: store.get_run(run_id).status.finished, timeout=90, interval=0.2, what="cancelled")
-    run = store.get_run(run_id)
-    assert run.status is RunStatus.CANCELLED, _explain(store, run_id)
-    wait_for(lambda: run_id not in second.tracked, timeout=60, what="the job ended on Slurm")
-
-
-@pytest.mark.integration
-def test_scancel_from_outside_fails_the_run_with_the_reason(
-    store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
-) -> None:
-    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
-    d = dispatch()
-    _training(store, run_id)
-    slurm.run("scancel", store.get_run(run_id).engine_job_id)
-    # The job's side marks the run interrupted on Slurm's SIGTERM; the dispatcher's word, once the job has ended, is final.
-    wait_for(lambda: run_id not in d.tracked, timeout=90, interval=0.2, what="the job ended on Slurm")
-    run = store.get_run(run_id)
-    assert run.status is RunStatus.FAILED
+    live = lambda: {w["worker_id"] for w in store.live_workers(within_s=60)}  # noqa: E731
+    wait_for(lambda: first.worker_id not in live(), timeout=30, what="the first dispatcher gone")
+    second = dispatch(max_jobs=2)
+    wait_for(lambda: len(second.tracked) == 2, timeout=60, what="both jobs adopted")
+    for i in (cancelled, scancelled):
+        run = store.get_run(i)
+        assert run.status is RunStatus.RUNNING and run.engine_job_id == jobs[i] and run.worker_id == second.worker_id
+        submitted = [e for e in store.run_events(i) if e["message"].startswith("submitted to Slurm")]
+        assert len(submitted) == 1  # followed, not submitted again
+    store.request_cancel(cancelled)
+    slurm.run("scancel", jobs[scancelled])
+    # The job's side marks a run interrupted on Slurm's SIGTERM; the dispatcher's word, once the job has ended, is final.
+    wait_for(lambda: not second.tracked, timeout=120, interval=0.2, what="both jobs ended on Slurm")
+    run = store.get_run(cancelled)
+    assert run.status is RunStatus.CANCELLED, _explain(store, cancelled)
+    run = store.get_run(scancelled)
+    assert run.status is RunStatus.FAILED, _explain(store, scancelled)
     assert run.error_summary.startswith("cancelled outside tunedeck (Slurm: CANCELLED"), run.error_summary
-
-
-@pytest.mark.integration
-def test_preempted_run_is_requeued_and_resumes_from_its_checkpoint(
-    store: Store, tiny_model: Path, dispatch, slurm: SlurmCluster
-) -> None:
-    run_id = store.create_run(_spec(tiny_model, max_steps=60, save_steps=4))
-    dispatch()
-    _training(store, run_id, steps=5)
-    first_job = store.get_run(run_id).engine_job_id
-    # A job of the higher-priority partition that needs both GPUs: Slurm preempts the run's job.
-    slurm.run("sbatch", "--partition=high", "--gres=gpu:2", f"--output={slurm.folder}/high.out", "--wrap", "sleep 3")
-    resumed = wait_for(
-        lambda: (r := store.get_run(run_id)).engine_job_id != first_job and r.status is RunStatus.RUNNING and r,
-        timeout=120,
-        interval=0.1,
-        what="the run submitted again",
-    )
-    assert resumed
-    wait_for(lambda: store.get_run(run_id).status.finished, timeout=240, interval=0.2, what="the resumed run finished")
-    run = store.get_run(run_id)
-    assert run.status is RunStatus.SUCCEEDED, _explain(store, run_id)
-    messages = [e["message"] for e in store.run_events(run_id)]
-    assert any("PREEMPTED" in m and "queued again" in m for m in messages), messages
-    restart = [m for m in messages if "started on" in m][-1]
-    assert "resumes from checkpoint-" in restart, messages
-    step = int(restart.rsplit("checkpoint-", 1)[1])
-    log = (store.run_dir(run_id) / "train.log").read_text()
-    assert f"checkpoint-{step} (step {step})" in log  # the training child said it resumed there
-    assert len(store.metrics(run_id, ["loss"])) == 60  # every step once: the resumed part replaced the rest

@@ -49,6 +49,8 @@ def sharing(store: Store) -> dict[int, list[int]]:
     so the runs one worker trains at once share it (`tunedeck worker --share N`)."""
     by_worker: dict[str, list[int]] = {}
     for r in store.list_runs(status=RunStatus.RUNNING, limit=10_000):
+        if r.engine:  # a cluster dispatcher's runs each have a GPU of their own
+            continue
         by_worker.setdefault(r.worker_id or "", []).append(r.id)
     return {i: sorted(set(ids) - {i}) for ids in by_worker.values() if len(ids) > 1 for i in ids}
 
@@ -89,6 +91,9 @@ def show_text(store: Store, run: RunRecord) -> str:
         f"created:  {_when(run.created_at)}   duration: {duration(run)}",
         f"progress: step {run.current_step}" + (f" of {run.total_steps}" if run.total_steps else ""),
     ]
+    if run.engine:
+        job = f"job {run.engine_job_id}" if run.engine_job_id else "(not submitted)"
+        lines.append(f"engine:   {run.engine} {job}: {run.engine_state or '?'}")
     if run.exit_code is not None:
         lines.append(f"exit code: {run.exit_code}")
     measured = figures.run_figures(store, run)

@@ -63,9 +63,17 @@ def header_markdown(run: RunRecord, measured: figures.RunFigures | None = None) 
     spec = spec_of(run)
     return (
         f"## Run {run.id}: {run.name}\n"
-        f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel} · model `{spec.model}` · "
+        f"Status: **<span id='run-status'>{run.status.value}</span>**{cancel}{engine_text(run)} · model `{spec.model}` · "
         f"{spec.method.value} / {spec.trainer.value}{peak}"
     )
+
+
+def engine_text(run: RunRecord) -> str:
+    """ " · Slurm job 123: RUNNING on node3" for a run handed to a cluster's scheduler ("" for a local one)."""
+    if not run.engine:
+        return ""
+    job = f"job {run.engine_job_id}" if run.engine_job_id else "(not submitted)"
+    return f" · {run.engine.capitalize()} {job}: <span id='run-engine'>{run.engine_state or '?'}</span>"
 
 
 def throughput_markdown(store: Store, run: RunRecord) -> str:

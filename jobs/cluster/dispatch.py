@@ -21,8 +21,10 @@ replaces that): a run that succeeded or failed by itself keeps its status; a can
 tunedeck ends cancelled; a preempted or node-failed job (REQUEUE) marks the run interrupted with the
 engine's reason and puts it at the head of the queue, so it is submitted again and resumes from
 its last checkpoint; any other end fails it with the engine's reason ("Slurm: TIMEOUT (time limit
-00:01:00)", "cancelled outside tunedeck (Slurm: CANCELLED)"). A submission the engine refuses
-fails its run with the engine's own message.
+00:01:00)", "cancelled outside tunedeck (Slurm: CANCELLED)"); a run its job's worker already failed
+(a killed training child) gains the engine's reason in front of its own ("Slurm: OUT_OF_MEMORY ...;
+training process killed by signal SIGKILL (9)"). A submission the engine refuses fails its run with
+the engine's own message.
 
 Stopping the dispatcher leaves its jobs running. A dispatcher that starts (and, every
 `stale_after / 2` s, one that runs) adopts the running runs of its engine whose dispatcher is gone
@@ -145,7 +147,7 @@ class Dispatcher:
                     self._beat()
                     while len(self.tracked) < self.max_jobs and not self._stop.is_set() and self.submit_next():
                         submitted += 1
-                    if burst and not self.tracked and not self.store.queued():
+                    if burst and not self.tracked:  # and nothing left to claim: the loop above took all it could
                         break
                     delay = 0.0
                 except SQLAlchemyError as exc:  # the database is down or locked: wait, log, go on
@@ -216,7 +218,7 @@ class Dispatcher:
         except EngineError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.store.mark_failed(run.id, f"{self.label}: {first}", str(exc))
-            self.store.set_engine_state(run.id, "not submitted")
+            self.store.set_engine_state(run.id, "submission refused")
             log.error("run %s: %s", run.id, exc)
             return True
         self.store.set_engine_job(run.id, job_id, "submitted")
@@ -338,4 +340,8 @@ class Dispatcher:
         if self.store.settle_engine_run(run_id, RunStatus.FAILED, summary, detail):
             log.error("run %s failed: %s", run_id, summary)
             return RunStatus.FAILED
+        killed = state.phase is Phase.FAILED and state.raw != "FAILED"  # not the job's own failure: OUT_OF_MEMORY, ...
+        if killed and control.status is RunStatus.FAILED and self.store.add_engine_reason(run_id, text):
+            # The job's worker saw only a killed child (an OOM kill, say); the engine knows why.
+            log.error("run %s failed: %s", run_id, text)
         return None
