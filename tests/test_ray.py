@@ -512,6 +512,34 @@ def test_cancel_in_tunedeck_and_ray_job_stop_from_outside(
 
 
 @pytest.mark.integration
+def test_a_run_cancelled_while_waiting_on_ray_never_trains(store, tiny_model: Path, dispatch, engine, tmp_path) -> None:
+    """Ray stops a PENDING job only once it places it: the command then starts, finds its run cancelled, ends."""
+    from training_helpers import wait_for
+
+    from storage.models import RunStatus
+
+    holders = [held_job(tmp_path, f"h{i}", gpus=1) for i in range(2)]  # both GPUs taken
+    for job, started, _ in holders:
+        engine.submit(job)
+        wait_file(started)
+    run_id = store.create_run(_spec(tiny_model, max_steps=8))
+    dispatch()
+    wait_for(
+        lambda: (store.get_run(run_id).engine_state or "").startswith("PENDING"), timeout=60, what="the job waiting"
+    )
+    job_id = store.get_run(run_id).engine_job_id
+    store.request_cancel(run_id)
+    wait_for(lambda: store.get_run(run_id).status.finished, timeout=30, interval=0.1, what="the run cancelled")
+    assert store.get_run(run_id).status is RunStatus.CANCELLED
+    for _, _, release in holders:
+        release.touch()
+    assert wait_phase(engine, job_id, {Phase.CANCELLED, Phase.FAILED, Phase.SUCCEEDED}).raw == "STOPPED"
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.CANCELLED, _explain(store, run_id)
+    assert not (store.run_dir(run_id) / "train.log").exists()  # no training child was started
+
+
+@pytest.mark.integration
 def test_a_killed_job_fails_the_run_with_the_signal(store, tiny_model: Path, dispatch) -> None:
     from training_helpers import wait_for
 
