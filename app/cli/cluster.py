@@ -1,7 +1,7 @@
 """`tunedeck worker --executor slurm|ray`: the worker options of a cluster dispatcher, checked, and the dispatcher.
 
     tunedeck worker --executor slurm --partition gpu --account lab --time-limit 04:00:00 --gpu-type a100 --max-jobs 8
-    tunedeck worker --executor ray --ray-address ray://head:10001
+    tunedeck worker --executor ray --ray-address http://head:8265   # the head's dashboard (Job API)
 
 `local` (the default) is the worker of `jobs.worker.loop`; the others claim runs and hand them to
 the cluster's scheduler (`jobs.cluster.dispatch`; docs/cluster.md). Every bad value is reported at
@@ -104,7 +104,13 @@ def engine_of(args: argparse.Namespace) -> Any:
         raise UsageError(
             [Problem("--executor", f"ray is not available here ({exc})", "pip install ray, or use --executor slurm")]
         ) from exc
-    return RayEngine(address=args.ray_address)
+    from jobs.cluster.engine import EngineError
+
+    try:
+        return RayEngine(address=args.ray_address)
+    except EngineError as exc:  # no head there, a ray:// address, ...: the engine's words, the option named
+        fix = "give the head's dashboard address, e.g. --ray-address http://head:8265 (`ray start --head` there)"
+        raise UsageError([Problem("--ray-address", str(exc), fix)]) from exc
 
 
 def cmd_dispatch(store: Store, args: argparse.Namespace) -> int:

@@ -48,6 +48,7 @@ from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom, phases, share_cap
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
+from jobs.train.parent_watch import stop_with_parent
 from jobs.train.phase_probe import PhaseProbe
 from jobs.train.training import train_spec
 
@@ -229,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     setup_logging()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    stop_with_parent(_on_sigterm)
     return run(ns.run_id)
 
 

@@ -30,6 +30,7 @@ from types import FrameType
 
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.train.checkpoints import last_complete
+from jobs.train.parent_watch import STOP_WITH_PARENT_ENV
 from jobs.worker.loop import Worker
 from jobs.worker.outcome import quietly
 from storage.models import RunStatus
@@ -62,6 +63,7 @@ def run_job(run_id: int, store: Store | None = None) -> int:
         log.warning("run %s is %s: nothing to do", run_id, run.status.value if run else "gone")
         return 0
     os.environ.update(gpu_environment(os.environ))
+    os.environ[STOP_WITH_PARENT_ENV] = str(os.getpid())  # the child stops if this process is killed
     host = socket.gethostname()
     label = engine_label()
     worker = Worker(store, worker_id=f"{label.lower()}-job@{host}:{os.getpid()}", sample=False)

@@ -60,7 +60,7 @@ def run_host(run: RunRecord) -> str | None:
     """The host whose worker trained (or trains) the run: its weights are in that host's data folder."""
     if not run.worker_id:
         return None
-    return run.worker_id.rsplit(":", 1)[0]
+    return run.worker_id.rsplit(":", 1)[0].rsplit("@", 1)[-1]  # "host:pid", or a cluster job's "slurm-job@host:pid"
 
 
 def weights_here(run: RunRecord, place: Place) -> bool:
