@@ -38,16 +38,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(port: int) -> list[str]:
+def tunedeck_command() -> list[str]:
     exe = Path(sys.executable).with_name("tunedeck")
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli.main"]
-    return base + ["serve", "--host", "127.0.0.1", "--port", str(port)]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli.main"]
+
+
+def serve_command(port: int) -> list[str]:
+    return tunedeck_command() + ["serve", "--host", "127.0.0.1", "--port", str(port)]
 
 
 def start_server(
-    home: Path, port: int, log: Path, timeout: float = 300.0, extra_env: dict[str, str] | None = None
+    home: Path,
+    port: int,
+    log: Path,
+    timeout: float = 300.0,
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
 ) -> subprocess.Popen:
-    """Start the dashboard + worker; raise with its stderr when it does not come up in time."""
+    """Start the dashboard + worker (`args=["--no-worker"]`: the dashboard only); raise with its output when it
+    does not come up in time."""
     env = {
         **os.environ,
         "TUNEDECK_HOME": str(home),
@@ -60,7 +69,12 @@ def start_server(
     env.pop("TUNEDECK_DATABASE_URL", None)
     fh = log.open("wb")
     proc = subprocess.Popen(
-        serve_command(port), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        serve_command(port) + (args or []),
+        cwd=REPO,
+        env=env,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -201,10 +201,12 @@ def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_pa
 
 @pytest.mark.smollm2
 @pytest.mark.slow
-def test_smollm2_run_exports_f16_and_q8_0(
+def test_smollm2_run_exports_q8_0(
     smollm2_run: tuple[Path, int], smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The session's short SmolLM2 LoRA run (conftest `smollm2_run`), exported to GGUF f16 and q8_0."""
+    """The session's short SmolLM2 LoRA run (conftest `smollm2_run`), exported to GGUF q8_0: the file users take
+    to llama.cpp, on a real architecture (a tensor laid out wrong answers differently and fails the check).
+    f16's exact answers are checked on the tiny model above; on SmolLM2 it would add ~80 s of CI for the same code."""
     from storage.store import Store
 
     folder, run_id = smollm2_run
@@ -213,10 +215,7 @@ def test_smollm2_run_exports_f16_and_q8_0(
     monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
     store = Store()
     assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_detail
-    for gguf_type in ("f16", "q8_0"):
-        result = export_gguf(store, run_id, gguf_type)
-        assert result.check.passed and not result.check.tokenizer_mismatches, result.check
-        if gguf_type == "f16":
-            assert result.check.source_answers == result.check.gguf_answers
-        assert result.path.stat().st_size > 100 * 2**20
+    result = export_gguf(store, run_id, "q8_0")
+    assert result.check.passed and not result.check.tokenizer_mismatches, result.check
+    assert result.path.stat().st_size > 100 * 2**20
     store.dispose()
