@@ -77,7 +77,10 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
         share = SharePolicy.parse(args.share, args.share_margin)
     except ShareError as exc:
         raise UsageError([Problem(exc.flag, exc.problem, exc.fix)]) from exc
-    worker = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device, share=share)
+    from jobs.worker.chat_service import chat_service
+
+    services = [chat_service]  # what the dashboard asks of a worker besides training (jobs.worker.services)
+    worker = Worker(store, exit_with_parent=args.exit_with_parent, device=args.device, share=share, services=services)
     done = worker.work(burst=args.burst)
     if args.burst:
         print(f"worker: {done} run(s) done", file=sys.stderr)
