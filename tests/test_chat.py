@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_helpers import PROMPT, TAUGHT
+from chat_helpers import PROMPT, TAUGHT, broken_copy
 from training_helpers import greedy_answer, tiny_spec, wait_for
 
 from jobs.chat.generate import ChatError, Sampling, load, locate
@@ -297,7 +297,7 @@ def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_
         assert "run 999 does not exist" in status and "Fix" in status
         assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, "  "))[-1][0] == "Write a prompt first."
         # A result that does not load: the message names the run and the reason; the process keeps serving.
-        broken = _broken_copy(store, ids["lora"], tiny_model)
+        broken = broken_copy(store, ids["lora"], tiny_model)
         status, _, _ = list(ask(store, chat, None, broken, "", 0.0, 1.0, 16, PROMPT))[-1]
         assert f"run {broken}'s model failed to load" in status and "Fix" in status
         assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, PROMPT))[-1][2] == run
@@ -308,21 +308,6 @@ def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_
     shared = AccessPolicy(restricted=True, allow_remote_code=False)
     assert "trust_remote_code" in policy_problem(store, remote, shared).problem
     assert policy_problem(store, remote, AccessPolicy.open()) is None
-
-
-def _broken_copy(store, run_id: int, model: Path) -> int:
-    """A succeeded run whose adapter folder is a copy of `run_id`'s with its weights file damaged."""
-    import shutil
-
-    source = next(Path(a.path) for a in store.artifacts(run_id) if a.kind == "adapter")
-    broken = store.create_run(tiny_spec(model, run_name="broken"))
-    folder = store.run_dir(broken) / "bundle"
-    shutil.copytree(source, folder)
-    (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
-    assert store.claim_next_on_device("test-worker", "fake-broken") is not None
-    store.mark_succeeded(broken, {})
-    store.add_artifact(broken, "adapter", str(folder), 1, "0" * 64)
-    return broken
 
 
 def test_no_finished_runs_message(store) -> None:

@@ -1,0 +1,148 @@
+"""The worker's chat service with real generation: a two-turn conversation through the store, both sides.
+
+The dashboard's part is only store calls here (add a turn, read the history): the service claims the
+replies, gives each side its whole conversation, streams the text into the store and records failures.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_helpers import PROMPT, TAUGHT, broken_copy
+from training_helpers import tiny_spec, wait_for
+
+from jobs.chat.generate import Sampling, load, locate
+from jobs.chat.process import ChatProcess
+from jobs.worker.chat_service import ChatService
+from jobs.worker.services import Place
+from storage.models import ReplyStatus
+
+pytestmark = pytest.mark.integration
+
+NEW_TOKENS = 16
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": NEW_TOKENS, "seed": 0}
+SECOND = "And what about the sun?"
+
+
+class RecordingChat(ChatProcess):
+    """The real generation process, keeping what each side was given (run, side, turns, system)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.given: list[tuple[int, str, Any, str]] = []
+
+    def stream(self, run_id: int, which: str, prompt: Any, system: str = "", sampling: Any = None) -> Any:
+        self.given.append((run_id, which, prompt, system))
+        return super().stream(run_id, which, prompt, system, sampling)
+
+
+@pytest.fixture(scope="module")
+def served(tag_store):
+    """(store, ids, service, chat, pair): a chat service of this host's worker over the session's tag runs."""
+    _, store, ids = tag_store
+    host = socket.gethostname()
+    chat = RecordingChat(store, idle_s=120, host=host, device="cpu")
+    place = Place(store, f"{host}:chat-test", host, "cpu", on_cpu=True, shared_data=False)
+    service = ChatService(place, chat, poll_s=0.05)
+    service.start()
+    pair = load(locate(store, ids["lora"]), "cpu")
+    yield store, ids, service, chat, pair
+    service.stop()
+    chat.close()
+
+
+def _replies(store: Any, sid: int, turn: int) -> dict[str, Any]:
+    return {m.side: m for m in store.chat_history(sid) if m.turn == turn and m.role == "assistant"}
+
+
+def _finished(store: Any, sid: int, turn: int) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        replies = _replies(store, sid, turn)
+        finished = all(r.status in (ReplyStatus.DONE, ReplyStatus.FAILED) for r in replies.values())
+        return replies if finished else None
+
+    return wait_for(done, timeout=300, what=f"both replies of turn {turn}")
+
+
+def test_a_two_turn_conversation_on_both_sides(served) -> None:
+    store, ids, _, chat, pair = served
+    run_id = ids["lora"]
+    sampling = Sampling.from_dict(SAMPLING)
+    sid = store.create_chat(run_id, system="", sampling=SAMPLING)
+    store.add_chat_turn(sid, PROMPT)
+    first = _finished(store, sid, 0)
+    assert {s: r.status for s, r in first.items()} == {"base": ReplyStatus.DONE, "run": ReplyStatus.DONE}
+    assert first["run"].content == pair.answer("run", PROMPT, sampling=sampling) and TAUGHT in first["run"].content
+    assert first["base"].content == pair.answer("base", PROMPT, sampling=sampling)
+    assert TAUGHT not in first["base"].content
+    chat.given.clear()
+    store.add_chat_turn(sid, SECOND)
+    second = _finished(store, sid, 1)
+    # Each side was given the first turn, its own first answer, then the second prompt.
+    given = {which: turns for _, which, turns, _ in chat.given}
+    for side in ("base", "run"):
+        expected = [
+            {"role": "user", "content": PROMPT},
+            {"role": "assistant", "content": first[side].content},
+            {"role": "user", "content": SECOND},
+        ]
+        assert given[side] == expected
+        assert second[side].status is ReplyStatus.DONE
+        assert second[side].content == pair.answer(side, expected, sampling=sampling)
+        assert second[side].worker_id == f"{socket.gethostname()}:chat-test"
+    # The chat template put the first prompt into the second turn's input.
+    ids_given = pair.inputs(given["run"])["input_ids"][0].tolist()
+    alone = pair.inputs(SECOND)["input_ids"][0].tolist()
+    first_ids = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    assert len(ids_given) > len(alone) and _contains(ids_given, first_ids) and not _contains(alone, first_ids)
+    # Regenerate: the last turn again (greedy: the same answers); clear: nothing left.
+    assert store.regenerate_chat_turn(sid) == 1
+    again = _finished(store, sid, 1)
+    assert {s: r.content for s, r in again.items()} == {s: r.content for s, r in second.items()}
+    assert store.clear_chat(sid) == 6 and store.chat_history(sid) == []
+
+
+def _contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+def test_first_token_of_a_warm_model_through_the_store(served) -> None:
+    """Measured, not asserted on time: a turn's first streamed text, from the write to the read back."""
+    store, ids, _, chat, _ = served
+    sid = store.create_chat(ids["lora"], sampling={**SAMPLING, "max_new_tokens": 64})
+    store.add_chat_turn(sid, PROMPT)
+    _finished(store, sid, 0)  # warm now
+    assert chat.holds(ids["lora"])
+    store.add_chat_turn(sid, SECOND)
+    started = time.monotonic()
+    wait_for(lambda: _replies(store, sid, 1)["base"].content, timeout=120, interval=0.005, what="a first token")
+    print(f"\nfirst token through the store (warm, tiny model, CPU): {time.monotonic() - started:.3f} s")
+    _finished(store, sid, 1)
+
+
+def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tiny_model: Path) -> None:
+    store, ids, service, _, _ = served
+    host = socket.gethostname()
+    broken = broken_copy(store, ids["lora"], tiny_model, worker_id=f"{host}:1")
+    sid = store.create_chat(broken, sampling=SAMPLING)
+    store.add_chat_turn(sid, PROMPT)
+    failed = _finished(store, sid, 0)
+    for reply in failed.values():
+        assert reply.status is ReplyStatus.FAILED
+        assert f"run {broken}'s model failed to load" in reply.error and "Fix:" in reply.error
+    # A run trained on another host (no shared data folder): this worker leaves its replies pending.
+    elsewhere = store.create_run(tiny_spec(tiny_model, run_name="elsewhere"))
+    assert store.claim_next_on_device("other-host:7", "0") is not None
+    store.mark_succeeded(elsewhere, {})
+    sid = store.create_chat(elsewhere, sampling=SAMPLING)
+    store.add_chat_turn(sid, PROMPT)
+    answered = service.answered
+    time.sleep(0.5)  # ten of the service's polls: it must not take them
+    assert service.answered == answered
+    assert {r.status for r in _replies(store, sid, 0).values()} == {ReplyStatus.PENDING}
+    store.clear_chat(sid)
+    assert [s["worker_id"] for s in store.chat_services()] == [f"{host}:chat-test"]
