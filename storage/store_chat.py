@@ -239,19 +239,19 @@ class ChatMixin(StoreCore):
         with self._tx() as s:
             s.execute(delete(m.Meta).where(m.Meta.key == f"{PRESENCE}{worker_id}"[:64]))
 
-    def chat_services(self, within_s: float = 15.0) -> list[dict[str, Any]]:
+    def chat_services(self, within_s: float = 20.0) -> list[dict[str, Any]]:
         """Chat services heard of in the last `within_s` seconds: {worker_id, host, shared_data, time}."""
         cutoff = time.time() - within_s
         with self._read() as s:
             rows = [json.loads(v) for v in s.scalars(select(m.Meta.value).where(m.Meta.key.like(f"{PRESENCE}%")))]
         return [r for r in rows if r.get("time", 0) >= cutoff]
 
-    def fail_stale_chat_replies(self, within_s: float = 15.0) -> list[int]:
+    def fail_stale_chat_replies(self, within_s: float = 20.0) -> list[int]:
         """Fail streaming replies whose worker's chat service has not been heard of in `within_s` s; their ids."""
         live = {r["worker_id"] for r in self.chat_services(within_s)}
         q = select(m.ChatMessage.id, m.ChatMessage.worker_id).where(m.ChatMessage.status == ReplyStatus.STREAMING.value)
         with self._read() as s:
-            stale = [(i, w) for i, w in s.execute(q) if w not in live]
+            stale = [(i, str(w)) for i, w in s.execute(q) if w not in live]
         failed = []
         for message_id, worker_id in stale:
             error = (

@@ -146,3 +146,34 @@ def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tin
     assert {r.status for r in _replies(store, sid, 0).values()} == {ReplyStatus.PENDING}
     store.clear_chat(sid)
     assert [s["worker_id"] for s in store.chat_services()] == [f"{host}:chat-test"]
+
+
+def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served, tiny_model: Path) -> None:
+    from app.ui.chat import policy_problem, reach_problem, send, tick
+    from jobs.checks.access import AccessPolicy
+
+    store, ids, _, _, pair = served
+    run_id = ids["lora"]
+    status, base, tuned, timer, cleared = send(store, None, run_id, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
+    assert timer.active and cleared == "" and base[0] == {"role": "user", "content": PROMPT}
+    shown = wait_for(lambda: (lambda r: None if r[3].active else r)(tick(store, run_id)), timeout=300, what="done")
+    status, base, tuned, _ = shown
+    sampling = Sampling.from_dict(SAMPLING)
+    assert status == "Done."
+    assert base[-1] == {"role": "assistant", "content": pair.answer("base", PROMPT, sampling=sampling)}
+    assert tuned[-1]["content"] == pair.answer("run", PROMPT, sampling=sampling) and TAUGHT in tuned[-1]["content"]
+    assert send(store, None, run_id, "", 0.0, 1.0, NEW_TOKENS, "  ")[0] == "Write a message first."
+    assert "temperature" in send(store, None, run_id, "", 9.0, 1.0, NEW_TOKENS, PROMPT)[0]
+    # A run trained on a host with no live worker: the host and the fix; nothing is written.
+    elsewhere = store.create_run(tiny_spec(tiny_model, run_name="far"))
+    assert store.claim_next_on_device("far-host:3", "0") is not None
+    store.mark_succeeded(elsewhere, {})
+    problem = reach_problem(store, elsewhere)
+    assert "far-host" in problem and "tunedeck worker" in problem and "TUNEDECK_SHARED_DATA=1" in problem
+    status, _, _, timer, _ = send(store, None, elsewhere, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
+    assert status == problem and not timer.active and store.latest_chat(elsewhere) is None
+    # Remote code needs the shared server's permission, as for training.
+    remote = store.create_run(tiny_spec(tiny_model, trust_remote_code=True))
+    shared = AccessPolicy(restricted=True, allow_remote_code=False)
+    assert "trust_remote_code" in policy_problem(store, remote, shared).problem
+    assert policy_problem(store, remote, AccessPolicy.open()) is None
