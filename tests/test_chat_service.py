@@ -21,8 +21,6 @@ from jobs.worker.chat_service import ChatService
 from jobs.worker.services import Place
 from storage.models import ReplyStatus
 
-pytestmark = pytest.mark.integration
-
 NEW_TOKENS = 16
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": NEW_TOKENS, "seed": 0}
 SECOND = "And what about the sun?"
@@ -38,6 +36,56 @@ class RecordingChat(ChatProcess):
     def stream(self, run_id: int, which: str, prompt: Any, system: str = "", sampling: Any = None) -> Any:
         self.given.append((run_id, which, prompt, system))
         return super().stream(run_id, which, prompt, system, sampling)
+
+
+class SlowChat:
+    """A stand-in generation process: one piece, then a pause longer than the stale limit, then the rest."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+
+    def holds(self, run_id: int) -> bool:
+        return False
+
+    def stream(self, run_id: int, which: str, prompt: Any, system: str = "", sampling: Any = None) -> Any:
+        yield "Hel"
+        time.sleep(self.pause)
+        yield "lo"
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_long_answer_keeps_its_worker_alive_and_a_stopped_service_is_gone(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The presence beat goes on while an answer (or a cold load) takes longer than the stale limit."""
+    import jobs.worker.chat_service as service_module
+    from jobs.spec.job import JobSpec
+
+    monkeypatch.setattr(service_module, "BEAT_S", 0.1)
+    monkeypatch.setattr(service_module, "STALE_S", 0.5)
+    run_id = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format"}))
+    host = socket.gethostname()
+    assert store.claim_next_on_device(f"{host}:1", "cpu") is not None
+    store.mark_succeeded(run_id, {})
+    place = Place(store, f"{host}:2", host, "cpu", on_cpu=True, shared_data=False)
+    service = ChatService(place, SlowChat(pause=1.5), poll_s=0.05)  # type: ignore[arg-type]
+    sid = store.create_chat(run_id, sampling=SAMPLING)
+    store.add_chat_turn(sid, "Hi")
+    service.start()
+    try:
+        wait_for(lambda: _replies(store, sid, 0)["base"].content == "Hel", what="the first piece")
+        time.sleep(0.8)  # longer than the stale limit, mid-answer: the dashboard's tick must not fail it
+        assert store.fail_stale_chat_replies(0.5) == []
+        replies = _finished(store, sid, 0)
+        assert {s: (r.status, r.content) for s, r in replies.items()} == {
+            "base": (ReplyStatus.DONE, "Hello"),
+            "run": (ReplyStatus.DONE, "Hello"),
+        }
+    finally:
+        service.stop()
+    assert store.chat_services() == []
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +116,7 @@ def _finished(store: Any, sid: int, turn: int) -> dict[str, Any]:
     return wait_for(done, timeout=300, what=f"both replies of turn {turn}")
 
 
+@pytest.mark.integration
 def test_a_two_turn_conversation_on_both_sides(served) -> None:
     store, ids, _, chat, pair = served
     run_id = ids["lora"]
@@ -110,6 +159,7 @@ def _contains(seq: list[int], part: list[int]) -> bool:
     return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
+@pytest.mark.integration
 def test_first_token_of_a_warm_model_through_the_store(served) -> None:
     """Measured, not asserted on time: a turn's first streamed text, from the write to the read back."""
     store, ids, _, chat, _ = served
@@ -124,6 +174,7 @@ def test_first_token_of_a_warm_model_through_the_store(served) -> None:
     _finished(store, sid, 1)
 
 
+@pytest.mark.integration
 def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tiny_model: Path) -> None:
     store, ids, service, _, _ = served
     host = socket.gethostname()
@@ -148,6 +199,7 @@ def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tin
     assert [s["worker_id"] for s in store.chat_services()] == [f"{host}:chat-test"]
 
 
+@pytest.mark.integration
 def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served, tiny_model: Path) -> None:
     from app.ui.chat import policy_problem, reach_problem, send, tick
     from jobs.checks.access import AccessPolicy

@@ -18,11 +18,13 @@ that went away.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
 
 from jobs.chat.conversation import conversation
+from jobs.chat.device import DEVICE_ENV
 from jobs.chat.generate import ChatError, Sampling
 from jobs.chat.process import ChatProcess
 from jobs.worker.services import Place, weights_here
@@ -44,37 +46,46 @@ class ChatService:
     def __init__(self, place: Place, chat: ChatProcess | None = None, poll_s: float = POLL_S):
         self.place = place
         self.store = place.store
-        device = "cpu" if place.on_cpu else place.device
+        # TUNEDECK_CHAT_DEVICE picks another device of this host; else the worker's own (its GPU's lease rules)
+        device = os.environ.get(DEVICE_ENV, "").strip() or ("cpu" if place.on_cpu else place.device)
         self.chat = chat or ChatProcess(place.store, host=place.host, device=device)
         self.poll_s = poll_s
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._reach: dict[int, bool] = {}  # run id -> its weights are here (a run's host never changes)
         self.answered = 0
 
     def start(self) -> None:
         self.store.chat_service_beat(self.place.worker_id, self.place.host, self.place.shared_data)
-        self._thread = threading.Thread(target=self._loop, name="chat-service", daemon=True)
-        self._thread.start()
+        # Two threads: the presence beat must go on while a long answer (or a cold load) is under way.
+        self._threads = [
+            threading.Thread(target=self._loop, name="chat-service", daemon=True),
+            threading.Thread(target=self._beat_loop, name="chat-service-beat", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self.chat.close()  # a reply under way ends now (its child is killed) and is failed as stopped
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
         try:
             self.store.chat_service_gone(self.place.worker_id)
         except Exception:
             log.exception("could not remove the chat service's presence row")
 
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(BEAT_S):
+            try:
+                self.store.chat_service_beat(self.place.worker_id, self.place.host, self.place.shared_data)
+                self.store.fail_stale_chat_replies(STALE_S)
+            except Exception:  # the store is away: the next beat tries again (training goes on)
+                log.exception("chat service: could not announce itself; trying again in %.0f s", BEAT_S)
+
     def _loop(self) -> None:
-        next_beat = time.monotonic() + BEAT_S
         while not self._stop.is_set():
             try:
-                if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + BEAT_S
-                    self.store.chat_service_beat(self.place.worker_id, self.place.host, self.place.shared_data)
-                    self.store.fail_stale_chat_replies(STALE_S)
                 if self.answer_one():
                     continue
             # The store being away must not end the service: say so and look again (training goes on).
