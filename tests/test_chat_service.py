@@ -201,7 +201,7 @@ def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tin
 
 @pytest.mark.integration
 def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served, tiny_model: Path) -> None:
-    from app.ui.chat import policy_problem, reach_problem, send, tick
+    from app.ui.chat import BLANK, policy_problem, reach_problem, send, tick
     from jobs.checks.access import AccessPolicy
 
     store, ids, _, _, pair = served
@@ -212,7 +212,8 @@ def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served,
     status, base, tuned, _ = shown
     sampling = Sampling.from_dict(SAMPLING)
     assert status == "Done."
-    assert base[-1] == {"role": "assistant", "content": pair.answer("base", PROMPT, sampling=sampling)}
+    answer = pair.answer("base", PROMPT, sampling=sampling)
+    assert base[-1] == {"role": "assistant", "content": answer if answer.strip() else BLANK}
     assert tuned[-1]["content"] == pair.answer("run", PROMPT, sampling=sampling) and TAUGHT in tuned[-1]["content"]
     assert send(store, None, run_id, "", 0.0, 1.0, NEW_TOKENS, "  ")[0] == "Write a message first."
     assert "temperature" in send(store, None, run_id, "", 9.0, 1.0, NEW_TOKENS, PROMPT)[0]
@@ -229,3 +230,42 @@ def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served,
     shared = AccessPolicy(restricted=True, allow_remote_code=False)
     assert "trust_remote_code" in policy_problem(store, remote, shared).problem
     assert policy_problem(store, remote, AccessPolicy.open()) is None
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+@pytest.mark.integration
+def test_smollm2_first_token_of_a_warm_model_through_the_store(
+    smollm2_run: tuple[Path, int], smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolLM2 on the CPU, warm: the time from writing a turn to reading its first text back (printed)."""
+    from storage.store import Store
+
+    folder, run_id = smollm2_run
+    monkeypatch.setenv("TUNEDECK_HOME", str(folder))
+    monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
+    monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+    store = Store()
+    host = socket.gethostname()
+    chat = ChatProcess(store, idle_s=120, host=host, device="cpu")
+    service = ChatService(Place(store, f"{host}:smollm2", host, "cpu", on_cpu=True, shared_data=False), chat)
+    service.start()
+    try:
+        sid = store.create_chat(run_id, sampling={**SAMPLING, "max_new_tokens": 32})
+        store.add_chat_turn(sid, PROMPT)
+        cold = time.monotonic()
+        first = _finished(store, sid, 0)
+        print(f"\nSmolLM2 cold turn (load + two answers): {time.monotonic() - cold:.1f} s")
+        assert {r.status for r in first.values()} == {ReplyStatus.DONE}
+        times = []
+        for i, text in enumerate((SECOND, "Thanks! One more thing?"), start=1):
+            store.add_chat_turn(sid, text)
+            started = time.monotonic()
+            wait_for(lambda i=i: _replies(store, sid, i)["base"].content, timeout=120, interval=0.005, what="a token")
+            times.append(time.monotonic() - started)
+            replies = _finished(store, sid, i)
+            assert {r.status for r in replies.values()} == {ReplyStatus.DONE}, replies
+        print(f"SmolLM2 first token through the store, warm, CPU: {', '.join(f'{t:.3f} s' for t in times)}")
+    finally:
+        service.stop()
+        store.dispose()

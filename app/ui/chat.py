@@ -33,7 +33,7 @@ from storage.store import ChatMessageRecord, Store
 NO_RUNS = "No finished runs yet: launch one in the Launch tab; once it succeeds it can be picked here."
 TICK_S = 0.2  # how often the tab reads a session while one of its replies is pending or streaming
 OPEN = (ReplyStatus.PENDING, ReplyStatus.STREAMING)
-SIDES = (("base", "the base model"), ("run", "the run"))
+BLANK = "(an empty answer: only whitespace or special tokens)"
 
 
 @dataclass
@@ -78,7 +78,7 @@ def build() -> ChatView:
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top_p")
         max_new_tokens = gr.Number(128, precision=0, minimum=1, maximum=MAX_NEW_TOKENS, label="Max new tokens")
     with gr.Row():
-        options = {"render_markdown": False, "feedback_options": None, "height": 360}
+        options = {"render_markdown": False, "feedback_options": None, "height": 360, "buttons": ["copy"]}
         base = gr.Chatbot(label="Base model", elem_id="chat-base", **options)  # type: ignore[arg-type]
         tuned = gr.Chatbot(label="This run", elem_id="chat-tuned", **options)  # type: ignore[arg-type]
     status = gr.Markdown(elem_id="chat-status")
@@ -162,6 +162,8 @@ def columns(history: list[ChatMessageRecord]) -> tuple[list[dict[str, str]], lis
         elif message.status is ReplyStatus.PENDING:
             text = text or "…"
             notes.append(f"Waiting for a worker to answer with {label}…")
+        elif message.status is ReplyStatus.DONE and not text.strip():
+            text = BLANK
         elif message.status is ReplyStatus.STREAMING:
             if message.note and not text:
                 notes.append(f"{message.note[0].upper()}{message.note[1:]}…")

@@ -1,4 +1,4 @@
-"""The generation process, managed from the dashboard (or the CLI): device rules, start, idle exit.
+"""The generation process, managed by a worker's chat service (or the CLI): device rules, start, idle exit.
 
     chat = ChatProcess(store)                     # nothing started yet
     for piece in chat.stream(run_id, "run", "Hi", system="", sampling=Sampling()):
