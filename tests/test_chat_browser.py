@@ -68,6 +68,10 @@ def _conversation(url: str, option: str, prompts: list[str], new_tokens: int, sh
         page = browser.new_page()
         _open_chat(page, url, option)
         page.get_by_label("Max new tokens").fill(str(new_tokens))
+        # The tab continues the run's latest session (other tests of the session share these runs): clear it.
+        page.locator("#chat-clear").click()
+        wait_for(lambda: page.locator("#chat-status").inner_text().strip() == "Cleared.", what="the cleared tab")
+        assert _columns(page) == ([], [])
         shown = [_say(page, prompt, i + 1) for i, prompt in enumerate(prompts)]
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url))

@@ -201,11 +201,16 @@ def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tin
 
 @pytest.mark.integration
 def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served, tiny_model: Path) -> None:
-    from app.ui.chat import BLANK, policy_problem, reach_problem, send, tick
+    from app.ui.chat import BLANK, clear, policy_problem, reach_problem, send, tick
     from jobs.checks.access import AccessPolicy
 
     store, ids, _, _, pair = served
     run_id = ids["lora"]
+    # The tab continues the run's latest session (an earlier test's, if any): Clear empties it first.
+    if store.latest_chat(run_id) is None:
+        store.add_chat_turn(store.create_chat(run_id), "left over")
+    status, base, tuned, timer = clear(store, run_id)
+    assert (status, base, tuned, timer.active) == ("Cleared.", [], [], False)
     status, base, tuned, timer, cleared = send(store, None, run_id, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
     assert timer.active and cleared == "" and base[0] == {"role": "user", "content": PROMPT}
     shown = wait_for(lambda: (lambda r: None if r[3].active else r)(tick(store, run_id)), timeout=300, what="done")

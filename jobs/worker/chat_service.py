@@ -52,7 +52,7 @@ class ChatService:
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._reach: dict[int, bool] = {}  # run id -> its weights are here (a run's host never changes)
+        self._reach: dict[int, bool] = {}  # run id -> its weights are here (a trained run's host never changes)
         self.answered = 0
 
     def start(self) -> None:
@@ -96,10 +96,13 @@ class ChatService:
             self._stop.wait(self.poll_s)
 
     def reaches(self, run_id: int) -> bool:
-        if run_id not in self._reach:
-            run = self.store.get_run(run_id)
-            self._reach[run_id] = run is not None and weights_here(run, self.place)
-        return self._reach[run_id]
+        if run_id in self._reach:
+            return self._reach[run_id]
+        run = self.store.get_run(run_id)
+        here = run is not None and weights_here(run, self.place)
+        if run is not None and run.worker_id:  # kept once the run has its host (a run not yet trained may get one)
+            self._reach[run_id] = here
+        return here
 
     def answer_one(self) -> bool:
         """Claim and answer one pending reply whose weights are here; False when there was none."""
