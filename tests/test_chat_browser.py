@@ -58,8 +58,12 @@ def _say(page: Any, text: str, answers: int) -> tuple[list[str], list[str]]:
 def _open_chat(page: Any, url: str, option: str) -> None:
     page.goto(url)
     page.get_by_role("tab", name="Chat").click()
-    page.locator("#chat-run-choice input").click()
+    choice = page.locator("#chat-run-choice input")
+    # The tab's opening fills the list and picks the newest run: wait for it, or it may undo our pick.
+    wait_for(choice.input_value, what="the run list filled")
+    choice.click()
     page.get_by_role("option", name=option, exact=True).click()
+    wait_for(lambda: choice.input_value() == option, what=f"run {option!r} picked")
 
 
 def _conversation(url: str, option: str, prompts: list[str], new_tokens: int, shot: str) -> dict[str, Any]:
@@ -70,7 +74,8 @@ def _conversation(url: str, option: str, prompts: list[str], new_tokens: int, sh
         page.get_by_label("Max new tokens").fill(str(new_tokens))
         # The tab continues the run's latest session (other tests of the session share these runs): clear it.
         page.locator("#chat-clear").click()
-        wait_for(lambda: page.locator("#chat-status").inner_text().strip() == "Cleared.", what="the cleared tab")
+        status = page.locator("#chat-status")
+        wait_for(lambda: status.inner_text().strip() == "Cleared.", what="the cleared tab")
         assert _columns(page) == ([], [])
         shown = [_say(page, prompt, i + 1) for i, prompt in enumerate(prompts)]
         requests: list[str] = []
