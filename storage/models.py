@@ -267,3 +267,47 @@ class Task(Base):
     log_count: Mapped[int] = mapped_column(Integer, default=0)
     result_json: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class ReplyStatus(str, Enum):
+    """Where one chat reply is: written by the dashboard as pending, claimed and streamed by a worker."""
+
+    PENDING = "pending"
+    STREAMING = "streaming"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class ChatSession(Base):
+    """One conversation with a finished run (and its base, side by side): its system prompt and sampling."""
+
+    __tablename__ = "chat_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    system: Mapped[str] = mapped_column(Text, default="")
+    sampling_json: Mapped[str] = mapped_column(Text, default="{}")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ChatMessage(Base):
+    """One message of a chat session: a user turn, or one side's ("base" or "run") reply to it."""
+
+    __tablename__ = "chat_messages"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"))
+    turn: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))  # user | assistant
+    side: Mapped[str | None] = mapped_column(String(8))  # assistant replies: base | run
+    content: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[str] = mapped_column(String(16))  # ReplyStatus (a user turn is done when written)
+    note: Mapped[str | None] = mapped_column(Text)  # the worker's progress line, e.g. "loading the model"
+    error: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    __table_args__ = (
+        Index("ix_chat_messages_session_turn", "session_id", "turn"),
+        Index("ix_chat_messages_status", "status"),
+    )

@@ -12,7 +12,7 @@ serialised transaction, reads use a plain deferred BEGIN and never wait for writ
 device leases (one run per device, or several sharing it) in `store_leases.py`, runs handed to a
 cluster's scheduler in `store_engine.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
-tags, notes and deletion in `store_manage.py`, tasks for workers (exports, pushes) in `store_tasks.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
+tags, notes and deletion in `store_manage.py`, tasks for workers (exports, pushes) in `store_tasks.py`, chat sessions and replies in `store_chat.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
 and its engines and sessions are in `store_core.py`. Every name is importable from here.
 """
@@ -32,6 +32,7 @@ from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBuc
 from storage.retry import is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.settings import data_dir, database_url
+from storage.store_chat import ChatMessageRecord, ChatMixin, ChatSessionRecord
 from storage.store_core import BUSY_TIMEOUT_MS, WRITE_RETRY_S
 from storage.store_engine import EngineRunsMixin
 from storage.store_events import EventsMixin
@@ -45,6 +46,8 @@ from storage.store_watch import WatchMixin
 __all__ = [
     "ArtifactRecord",
     "BUSY_TIMEOUT_MS",
+    "ChatMessageRecord",
+    "ChatSessionRecord",
     "DeviceShare",
     "MEMORY_LEVELS",
     "METRIC_LEVELS",
@@ -67,7 +70,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Store(RunsMixin, LeasesMixin, EngineRunsMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin, TasksMixin):
+class Store(
+    RunsMixin, LeasesMixin, EngineRunsMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin, TasksMixin, ChatMixin
+):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 
     def __init__(self, url: str | None = None):

@@ -27,3 +27,18 @@ def train_tag_runs(store: Any, model: Path, methods: tuple[str, ...] = ("lora",)
         run = store.get_run(run_id)
         assert run.status is RunStatus.SUCCEEDED, (method, run.error_detail)
     return ids
+
+
+def broken_copy(store: Any, run_id: int, model: Path, worker_id: str = "test-worker") -> int:
+    """A succeeded run whose adapter folder is a copy of `run_id`'s with its weights file damaged."""
+    import shutil
+
+    source = next(Path(a.path) for a in store.artifacts(run_id) if a.kind == "adapter")
+    broken = store.create_run(tiny_spec(model, run_name="broken"))
+    folder = store.run_dir(broken) / "bundle"
+    shutil.copytree(source, folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    assert store.claim_next_on_device(worker_id, "fake-broken") is not None
+    store.mark_succeeded(broken, {})
+    store.add_artifact(broken, "adapter", str(folder), 1, "0" * 64)
+    return broken

@@ -279,57 +279,12 @@ def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -
     assert done.stdout == f"{run_answer}\n{run_answer}\n"
 
 
-@pytest.mark.slow
-def test_chat_tab_handler_streams_both_columns_and_explains_problems(home, lora_pair, tiny_model: Path) -> None:
-    from app.ui.chat import ask, policy_problem
-    from jobs.checks.access import AccessPolicy
-
-    _, store, ids = home
-    chat = ChatProcess(store, idle_s=30)
-    try:
-        steps = list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, PROMPT))
-        status, base, run = steps[-1]
-        assert status.startswith("Done") and base == lora_pair.answer("base", PROMPT, sampling=SHORT)
-        assert run == lora_pair.answer("run", PROMPT, sampling=SHORT) and TAUGHT in run
-        assert len(steps) > 4  # partial answers were shown on the way
-        # A run without a result: the message names it and the fix.
-        status, _, _ = list(ask(store, chat, None, 999, "", 0.0, 1.0, 16, PROMPT))[-1]
-        assert "run 999 does not exist" in status and "Fix" in status
-        assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, "  "))[-1][0] == "Write a prompt first."
-        # A result that does not load: the message names the run and the reason; the process keeps serving.
-        broken = _broken_copy(store, ids["lora"], tiny_model)
-        status, _, _ = list(ask(store, chat, None, broken, "", 0.0, 1.0, 16, PROMPT))[-1]
-        assert f"run {broken}'s model failed to load" in status and "Fix" in status
-        assert list(ask(store, chat, None, ids["lora"], "", 0.0, 1.0, 16, PROMPT))[-1][2] == run
-    finally:
-        chat.close()
-    # Remote code needs the shared server's permission, as for training.
-    remote = store.create_run(tiny_spec(tiny_model, trust_remote_code=True))
-    shared = AccessPolicy(restricted=True, allow_remote_code=False)
-    assert "trust_remote_code" in policy_problem(store, remote, shared).problem
-    assert policy_problem(store, remote, AccessPolicy.open()) is None
-
-
-def _broken_copy(store, run_id: int, model: Path) -> int:
-    """A succeeded run whose adapter folder is a copy of `run_id`'s with its weights file damaged."""
-    import shutil
-
-    source = next(Path(a.path) for a in store.artifacts(run_id) if a.kind == "adapter")
-    broken = store.create_run(tiny_spec(model, run_name="broken"))
-    folder = store.run_dir(broken) / "bundle"
-    shutil.copytree(source, folder)
-    (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
-    assert store.claim_next_on_device("test-worker", "fake-broken") is not None
-    store.mark_succeeded(broken, {})
-    store.add_artifact(broken, "adapter", str(folder), 1, "0" * 64)
-    return broken
-
-
 def test_no_finished_runs_message(store) -> None:
-    from app.ui.chat import NO_RUNS, ask, run_choices
+    from app.ui.chat import NO_RUNS, run_choices, send
 
     assert run_choices(store) == []
-    assert list(ask(store, ChatProcess(store), None, None, "", 0.0, 1.0, 16, PROMPT)) == [(NO_RUNS, "", "")]
+    status, base, tuned, _, _ = send(store, None, None, "", 0.0, 1.0, 16, PROMPT)
+    assert (status, base, tuned) == (NO_RUNS, [], [])
 
 
 @pytest.mark.gpu

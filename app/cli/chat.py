@@ -4,10 +4,12 @@
     tunedeck generate RUN_ID "prompt" [--base] [--max-new-tokens N] [--json]
 
 `chat` reads one prompt per line on stdin and streams each answer to stdout; `/exit` or end of
-input ends it. Each prompt is answered on its own (no history), like the dashboard's Chat tab.
+input ends it. Each prompt is answered on its own (no history; the dashboard's Chat tab holds a
+conversation, answered by a worker).
 `generate` prints one answer (--json: {"run", "model", "prompt", "answer"}) for scripts. Both
 answer with the run's result, or with its base model (--base), through the same generation
-process and device rules as the dashboard (`jobs.chat.process`); greedy unless --temperature > 0.
+process and device rules as a worker's chat service (`jobs.chat.process`), started here on this
+machine (the run's weights must be reachable from it); greedy unless --temperature > 0.
 """
 
 from __future__ import annotations

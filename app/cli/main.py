@@ -78,12 +78,14 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
         return cluster.cmd_dispatch(store, args)  # a cluster's scheduler runs the runs (app.cli.cluster)
     if cluster.problems(args):
         raise UsageError(cluster.problems(args))
+    from jobs.worker.chat_service import chat_service
     from jobs.worker.loop import Worker
     from jobs.worker.share import ShareError, SharePolicy
     from jobs.worker.task_service import task_service
 
-    services = [
-        task_service,  # exports and pushes asked for through the store (jobs.worker.task_service)
+    services = [  # what the dashboard asks of a worker besides training (jobs.worker.services)
+        task_service,  # exports and pushes (jobs.worker.task_service)
+        chat_service,  # chat replies (jobs.worker.chat_service)
     ]
     try:
         share = SharePolicy.parse(args.share, args.share_margin)

@@ -1,31 +1,39 @@
-"""The Chat tab: a finished run and its base model answer the same prompt, side by side, streaming.
+"""The Chat tab: a conversation with a finished run and its base model, side by side, answered by a worker.
 
 Pick a succeeded run, optionally write a system prompt, set temperature / top_p / max new tokens
-(temperature 0, the default, is greedy: the same prompt gives the same answers), and ask. The
-"Base model" column answers first, then "This run", with the same sampling; each streams its
-tokens as they are generated. Generation happens in a separate process (`jobs.chat.process`)
-under the training device rules, which exits after an idle timeout to free the memory. Problems
-(no finished runs, a run without a result, a busy GPU, a model that fails to load) are shown in
-the status line with the fix.
+(temperature 0, the default, is greedy: the same conversation gives the same answers), and send.
+Each message is a turn of the run's chat session in the store (`storage.store_chat`): the tab writes
+the user's message with a pending reply for each side, and a worker that reaches the run's weights
+answers them (`jobs.worker.chat_service`): "Base model" and "This run" each continue their own
+conversation on the same user messages, with the run's chat template. The dashboard never loads a
+model. The history survives a reload (the run's latest session is shown again); Regenerate asks the
+last turn again, Clear empties the session.
+
+While a reply is pending or streaming, a timer reads the session every `TICK_S` and shows the text
+so far; once both are done it stops, so an idle tab makes no requests at all. A cold start shows the
+worker's progress ("loading run 3's model on the worker ..."). When no live worker can reach the
+run's weights the tab says so, naming the host and the fix, and writes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
 from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, Sampling
-from jobs.chat.process import ChatProcess
 from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.errors import Problem
 from jobs.spec.stored import spec_of
-from storage.models import RunStatus
-from storage.store import Store
+from jobs.worker.services import SHARED_DATA_ENV, run_host
+from storage.models import ReplyStatus, RunStatus
+from storage.store import ChatMessageRecord, Store
 
 NO_RUNS = "No finished runs yet: launch one in the Launch tab; once it succeeds it can be picked here."
+TICK_S = 0.2  # how often the tab reads a session while one of its replies is pending or streaming
+OPEN = (ReplyStatus.PENDING, ReplyStatus.STREAMING)
+BLANK = "(an empty answer: only whitespace or special tokens)"
 
 
 @dataclass
@@ -37,20 +45,29 @@ class ChatView:
     top_p: gr.Slider
     max_new_tokens: gr.Number
     prompt: gr.Textbox
-    ask: gr.Button
+    send: gr.Button
+    regenerate: gr.Button
+    clear: gr.Button
     status: gr.Markdown
-    base: gr.Textbox
-    tuned: gr.Textbox
+    base: gr.Chatbot
+    tuned: gr.Chatbot
+    timer: gr.Timer
 
     @property
-    def inputs(self) -> list[Any]:
-        return [self.run, self.system, self.temperature, self.top_p, self.max_new_tokens, self.prompt]
+    def settings(self) -> list[Any]:
+        return [self.system, self.temperature, self.top_p, self.max_new_tokens]
+
+    @property
+    def shown(self) -> list[Any]:
+        """What every handler returns: the status, both columns and the timer (on while a reply is open)."""
+        return [self.status, self.base, self.tuned, self.timer]
 
 
 def build() -> ChatView:
     gr.Markdown(
-        "Ask a finished run and its base model the same thing: same prompt, same sampling, "
-        "the run's chat template. Temperature 0 is greedy decoding (reproducible answers)."
+        "Hold a conversation with a finished run and its base model: the same messages, the same sampling, "
+        "the run's chat template; each side continues its own answers. A worker where the run's weights are "
+        "answers. Temperature 0 is greedy decoding (reproducible answers)."
     )
     with gr.Row():
         run = gr.Dropdown([], label="Finished run", elem_id="chat-run-choice", scale=3)
@@ -60,13 +77,33 @@ def build() -> ChatView:
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top_p")
         max_new_tokens = gr.Number(128, precision=0, minimum=1, maximum=MAX_NEW_TOKENS, label="Max new tokens")
-    prompt = gr.Textbox(label="Prompt", lines=2, elem_id="chat-prompt")
-    ask = gr.Button("Ask both", variant="primary", elem_id="chat-ask")
-    status = gr.Markdown(elem_id="chat-status")
     with gr.Row():
-        base = gr.Textbox(label="Base model", lines=8, interactive=False, elem_id="chat-base")
-        tuned = gr.Textbox(label="This run", lines=8, interactive=False, elem_id="chat-tuned")
-    return ChatView(run, refresh, system, temperature, top_p, max_new_tokens, prompt, ask, status, base, tuned)
+        options = {"render_markdown": False, "feedback_options": None, "height": 360, "buttons": ["copy"]}
+        base = gr.Chatbot(label="Base model", elem_id="chat-base", **options)  # type: ignore[arg-type]
+        tuned = gr.Chatbot(label="This run", elem_id="chat-tuned", **options)  # type: ignore[arg-type]
+    status = gr.Markdown(elem_id="chat-status")
+    prompt = gr.Textbox(label="Message", lines=2, elem_id="chat-prompt")
+    with gr.Row():
+        send = gr.Button("Send to both", variant="primary", elem_id="chat-send")
+        regenerate = gr.Button("Regenerate last answers", elem_id="chat-regenerate")
+        clear = gr.Button("Clear conversation", elem_id="chat-clear")
+    timer = gr.Timer(TICK_S, active=False)
+    return ChatView(
+        run,
+        refresh,
+        system,
+        temperature,
+        top_p,
+        max_new_tokens,
+        prompt,
+        send,
+        regenerate,
+        clear,
+        status,
+        base,
+        tuned,
+        timer,
+    )
 
 
 def run_choices(store: Store) -> list[tuple[str, int]]:
@@ -83,13 +120,87 @@ def policy_problem(store: Store, run_id: int, policy: AccessPolicy | None) -> Pr
     return None if run is None else loading_problem(spec_of(run), run_id, policy, "chat with it")
 
 
-def _problems_text(exc: ChatError) -> str:
-    return "\n".join(f"**{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
+def reach_problem(store: Store, run_id: int) -> str | None:
+    """Why no live worker can answer run `run_id` (none on its host, none sharing the data folder), or None."""
+    run = store.get_run(run_id)
+    if run is None:
+        return f"Run {run_id} does not exist (deleted?): press Refresh runs."
+    host = run_host(run)
+    services = store.chat_services()
+    if any(s.get("shared_data") or (host is not None and s.get("host") == host) for s in services):
+        return None
+    where = f"host **{host}**" if host else "no recorded host"
+    on = host or "the host that has its data folder"
+    return (
+        f"No live worker can reach run {run_id}'s weights (they are on {where}). Fix: start `tunedeck worker` "
+        f"on {on}, or set {SHARED_DATA_ENV}=1 on workers that share this data folder."
+    )
 
 
-def ask(
+def sampling_of(temperature: float | None, top_p: float | None, max_new_tokens: float | None) -> Sampling:
+    return Sampling(float(temperature or 0.0), float(top_p or 1.0), int(max_new_tokens or 128)).checked()
+
+
+def _problems_text(problems: list[Problem]) -> str:
+    return "\n".join(f"**{p.field}**: {p.problem}. Fix: {p.fix}" for p in problems)
+
+
+def columns(history: list[ChatMessageRecord]) -> tuple[list[dict[str, str]], list[dict[str, str]], str]:
+    """(base column, run column, status line) of a session's messages."""
+    cols: dict[str, list[dict[str, str]]] = {"base": [], "run": []}
+    notes: list[str] = []
+    for message in history:
+        if message.role == "user":
+            for col in cols.values():
+                col.append({"role": "user", "content": message.content})
+            continue
+        text = message.content
+        label = "the base model" if message.side == "base" else "the run"
+        if message.status is ReplyStatus.FAILED:
+            text = (text + "\n\n" if text else "") + f"(failed: {message.error})"
+            notes.append(f"The answer of {label} failed: {message.error}")
+        elif message.status is ReplyStatus.PENDING:
+            text = text or "…"
+            notes.append(f"Waiting for a worker to answer with {label}…")
+        elif message.status is ReplyStatus.DONE and not text.strip():
+            text = BLANK
+        elif message.status is ReplyStatus.STREAMING:
+            if message.note and not text:
+                notes.append(f"{message.note[0].upper()}{message.note[1:]}…")
+            else:
+                notes.append(f"Answering with {label}…")
+            text = text or "…"
+        cols[message.side or "run"].append({"role": "assistant", "content": text})
+    return cols["base"], cols["run"], (notes[0] if notes else ("Done." if history else ""))
+
+
+def _open(history: list[ChatMessageRecord]) -> bool:
+    return any(m.status in OPEN for m in history)
+
+
+def show(store: Store, run_id: Any, status: str | None = None) -> tuple[Any, ...]:
+    """The run's latest session as (status, base column, run column, timer): the timer on while a reply is open."""
+    if run_id in (None, ""):
+        return status or "", [], [], gr.Timer(active=False)
+    session = store.latest_chat(int(run_id))
+    history = store.chat_history(session.id) if session is not None else []
+    base, tuned, line = columns(history)
+    pending = _open(history)
+    if pending and not any(m.status is ReplyStatus.STREAMING for m in history):
+        problem = reach_problem(store, int(run_id))
+        if problem is not None:  # nobody will take it: say so and stop reading (Refresh runs looks again)
+            return problem, base, tuned, gr.Timer(active=False)
+    return status or line, base, tuned, gr.Timer(active=pending)
+
+
+def tick(store: Store, run_id: Any) -> tuple[Any, ...]:
+    """A timer tick while a reply is open: fail replies of workers gone away, then show the session."""
+    store.fail_stale_chat_replies()
+    return show(store, run_id)
+
+
+def send(
     store: Store,
-    chat: ChatProcess,
     policy: AccessPolicy | None,
     run_id: Any,
     system: str,
@@ -97,63 +208,81 @@ def ask(
     top_p: float,
     max_new_tokens: float | None,
     prompt: str,
-) -> Iterator[tuple[str, str, str]]:
-    """Stream (status, base answer, run answer): the base first, then the run, same prompt and sampling."""
+) -> tuple[Any, ...]:
+    """Write the user's message as the next turn (a pending reply per side); (status, columns, timer, prompt)."""
     if run_id in (None, ""):
         none = not store.list_runs(status=RunStatus.SUCCEEDED, limit=1)
-        yield (NO_RUNS if none else "Pick a finished run first."), "", ""
-        return
+        return (*show(store, None, NO_RUNS if none else "Pick a finished run first."), gr.skip())
+    run_id = int(run_id)
     if not (prompt or "").strip():
-        yield "Write a prompt first.", "", ""
-        return
-    refused = policy_problem(store, int(run_id), policy)
-    if refused is not None:
-        yield _problems_text(ChatError([refused])), "", ""
-        return
-    sampling = Sampling(float(temperature or 0.0), float(top_p or 1.0), int(max_new_tokens or 128))
-    answers = {"base": "", "run": ""}
-    way = "greedy" if sampling.temperature <= 0 else f"temperature {sampling.temperature}, top_p {sampling.top_p}"
+        return (*show(store, run_id, "Write a message first."), gr.skip())
     try:
-        for which in ("base", "run"):
-            status = f"Answering with the {'base model' if which == 'base' else 'run'} ({way})…"
-            yield status, answers["base"], answers["run"]
-            for piece in chat.stream(int(run_id), which, prompt, system or "", sampling):
-                answers[which] += piece
-                yield status, answers["base"], answers["run"]
+        sampling = sampling_of(temperature, top_p, max_new_tokens)
     except ChatError as exc:
-        yield _problems_text(exc), answers["base"], answers["run"]
-        return
-    blank = [label for which, label in (("base", "the base model"), ("run", "the run")) if not answers[which].strip()]
-    note = f" {' and '.join(blank).capitalize()} answered with whitespace only." if blank else ""
-    yield f"Done ({way}).{note}", answers["base"], answers["run"]
+        return (*show(store, run_id, _problems_text(exc.problems)), gr.skip())
+    refused = policy_problem(store, run_id, policy)
+    if refused is not None:
+        return (*show(store, run_id, _problems_text([refused])), gr.skip())
+    unreachable = reach_problem(store, run_id)
+    if unreachable is not None:
+        return (*show(store, run_id, unreachable), gr.skip())
+    session = store.latest_chat(run_id)
+    settings = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
+    sid = session.id if session is not None else store.create_chat(run_id, system or "", settings)
+    store.update_chat(sid, system or "", settings)
+    store.add_chat_turn(sid, prompt.strip())
+    return (*show(store, run_id), "")
 
 
-def wire(
-    view: ChatView,
-    store: Store,
-    tab: gr.Tab | None = None,
-    policy: AccessPolicy | None = None,
-    chat: ChatProcess | None = None,
-) -> ChatProcess:
-    """Wire the tab's events; returns the generation process manager (started on the first question)."""
-    chat = chat or ChatProcess(store)
+def regenerate(store: Store, run_id: Any) -> tuple[Any, ...]:
+    """The last turn's two replies asked again."""
+    session = None if run_id in (None, "") else store.latest_chat(int(run_id))
+    if session is None or store.regenerate_chat_turn(session.id) is None:
+        return show(store, run_id, "Nothing to regenerate yet: send a message first.")
+    unreachable = reach_problem(store, int(run_id))
+    return show(store, run_id, unreachable)
 
-    def choices(current: Any) -> tuple[Any, str]:
+
+def clear(store: Store, run_id: Any) -> tuple[Any, ...]:
+    session = None if run_id in (None, "") else store.latest_chat(int(run_id))
+    if session is not None:
+        store.clear_chat(session.id)
+    return show(store, run_id, "Cleared." if session is not None else None)
+
+
+def load_settings(store: Store, run_id: Any) -> tuple[Any, ...]:
+    """The run's session's system prompt and sampling, or the defaults (a run without a session)."""
+    session = None if run_id in (None, "") else store.latest_chat(int(run_id))
+    if session is None:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    s = session.sampling
+    return session.system, s.get("temperature", 0.0), s.get("top_p", 1.0), s.get("max_new_tokens", 128)
+
+
+def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: AccessPolicy | None = None) -> None:
+    """Wire the tab's events."""
+    quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+
+    def choices(current: Any) -> tuple[Any, ...]:
         found = run_choices(store)
         if not found:
-            return gr.Dropdown(choices=[], value=None), NO_RUNS
+            return gr.Dropdown(choices=[], value=None), *show(store, None, NO_RUNS), *load_settings(store, None)
         keep = current if current in {value for _, value in found} else found[0][1]
-        return gr.Dropdown(choices=found, value=keep), ""
+        return gr.Dropdown(choices=found, value=keep), *show(store, keep), *load_settings(store, keep)
 
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])
     for event in opens:
-        event(choices, view.run, [view.run, view.status], show_progress="hidden", api_visibility="private")
-    view.ask.click(
-        lambda *args: (yield from ask(store, chat, policy, *args)),
-        view.inputs,
-        [view.status, view.base, view.tuned],
-        api_visibility="private",
-        concurrency_limit=1,
-        concurrency_id="chat",
+        event(choices, view.run, [view.run, *view.shown, *view.settings], **quiet)
+    view.run.input(
+        lambda r: (*show(store, r), *load_settings(store, r)), view.run, [*view.shown, *view.settings], **quiet
     )
-    return chat
+    for trigger in (view.send.click, view.prompt.submit):
+        trigger(
+            lambda *args: send(store, policy, *args),
+            [view.run, *view.settings, view.prompt],
+            [*view.shown, view.prompt],
+            **quiet,
+        )
+    view.regenerate.click(lambda r: regenerate(store, r), view.run, view.shown, **quiet)
+    view.clear.click(lambda r: clear(store, r), view.run, view.shown, **quiet)
+    view.timer.tick(lambda r: tick(store, r), view.run, view.shown, **quiet)

@@ -5,6 +5,7 @@ one JSON request per line on stdin and writes JSON events, one per line, on stdo
 
     {"op": "load", "result": {...RunResult...}}      -> {"event": "loaded", "run_id": 3, "device": "cpu"}
     {"op": "generate", "which": "run", "prompt": "Hi", "system": "", "sampling": {...}}
+        ("prompt" is one prompt, or the conversation so far: [{"role": "user", "content": "Hi"}, ...])
         -> {"event": "piece", "text": "He"} ... {"event": "done", "answer": "Hello"}
     any failure                                      -> {"event": "error", "problems": [[field, problem, fix], ...]}
 

@@ -155,10 +155,23 @@ def locate(store: Any, run_id: int) -> RunResult:
     )
 
 
-def messages_of(prompt: str, system: str = "") -> list[dict[str, str]]:
-    """The conversation sent to the chat template: an optional system message, then the prompt."""
+Conversation = str | list[dict[str, str]]  # one prompt, or the turns so far ({"role", "content"}), a user's last
+
+
+def messages_of(prompt: Conversation, system: str = "") -> list[dict[str, str]]:
+    """The conversation sent to the chat template: an optional system message, then the prompt (or turns)."""
     head = [{"role": "system", "content": system}] if system.strip() else []
-    return head + [{"role": "user", "content": prompt}]
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return head + turns
+
+
+def plain_text(prompt: Conversation, system: str = "") -> str:
+    """A conversation as plain text, for a tokenizer without a chat template: the turns one after another."""
+    if isinstance(prompt, str):
+        turns = prompt
+    else:
+        turns = "\n\n".join(t["content"] for t in prompt)
+    return (system.strip() + "\n\n" if system.strip() else "") + turns
 
 
 class LoadedPair:
@@ -174,7 +187,7 @@ class LoadedPair:
     def device(self) -> Any:
         return next(self.tuned.parameters()).device
 
-    def inputs(self, prompt: str, system: str = "") -> dict[str, Any]:
+    def inputs(self, prompt: Conversation, system: str = "") -> dict[str, Any]:
         """Token ids of the prompt with the run's chat template (plain text when it has none)."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
@@ -193,7 +206,7 @@ class LoadedPair:
                     "system",
                 ) from exc
         else:
-            enc = tok((system.strip() + "\n\n" if system.strip() else "") + prompt, return_tensors="pt")
+            enc = tok(plain_text(prompt, system), return_tensors="pt")
         return {k: v.to(self.device) for k, v in enc.items()}
 
     def _generate(self, which: str, inputs: dict[str, Any], sampling: Sampling, **extra: Any) -> Any:
@@ -211,13 +224,15 @@ class LoadedPair:
             with self.tuned.disable_adapter():  # the same weights without the adapter: the base model
                 return self.tuned.get_base_model().generate(**kwargs)
 
-    def answer(self, which: str, prompt: str, system: str = "", sampling: Sampling | None = None) -> str:
+    def answer(self, which: str, prompt: Conversation, system: str = "", sampling: Sampling | None = None) -> str:
         """The whole answer of `which` ("base" or "run"), decoded without special tokens."""
         inputs = self.inputs(prompt, system)
         out = self._generate(which, inputs, (sampling or Sampling()).checked())
         return self.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
-    def stream(self, which: str, prompt: str, system: str = "", sampling: Sampling | None = None) -> Iterator[str]:
+    def stream(
+        self, which: str, prompt: Conversation, system: str = "", sampling: Sampling | None = None
+    ) -> Iterator[str]:
         """The answer of `which` in pieces as they are generated (transformers' TextIteratorStreamer)."""
         from transformers import TextIteratorStreamer
 

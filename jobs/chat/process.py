@@ -1,4 +1,4 @@
-"""The generation process, managed from the dashboard (or the CLI): device rules, start, idle exit.
+"""The generation process, managed by a worker's chat service (or the CLI): device rules, start, idle exit.
 
     chat = ChatProcess(store)                     # nothing started yet
     for piece in chat.stream(run_id, "run", "Hi", system="", sampling=Sampling()):
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobs.chat.device import DEVICE_ENV, GPU_ENV, busy_problem
-from jobs.chat.generate import ChatError, RunResult, Sampling, locate, refuse
+from jobs.chat.generate import ChatError, Conversation, RunResult, Sampling, locate, refuse
 from jobs.errors import Problem
 
 log = logging.getLogger("jobs.chat.process")
@@ -54,9 +54,11 @@ def idle_seconds() -> float:
     return value
 
 
-def choose_device(store: Any, facts: Any = None, host: str | None = None) -> str:
-    """ "cpu" or the GPU (index or UUID) to answer on; raises ChatError when a training run holds it."""
-    wanted = (os.environ.get(DEVICE_ENV) or os.environ.get("TUNEDECK_DEVICE") or "").strip()
+def choose_device(store: Any, facts: Any = None, host: str | None = None, wanted: str | None = None) -> str:
+    """ "cpu" or the GPU (index or UUID) to answer on; raises ChatError when a training run holds it.
+
+    `wanted`: the device asked for (a worker's own); None: TUNEDECK_CHAT_DEVICE, TUNEDECK_DEVICE, ..."""
+    wanted = (wanted or os.environ.get(DEVICE_ENV) or os.environ.get("TUNEDECK_DEVICE") or "").strip()
     inherited = not wanted and "CUDA_VISIBLE_DEVICES" in os.environ
     if inherited:  # named as an unpinned worker names its device: the whole CUDA_VISIBLE_DEVICES value
         wanted = os.environ["CUDA_VISIBLE_DEVICES"].strip() or "cpu"
@@ -86,11 +88,20 @@ def log_path() -> Path:
 class ChatProcess:
     """One generation child at a time; requests are served one after another (a lock)."""
 
-    def __init__(self, store: Any, idle_s: float | None = None, facts: Any = None, host: str | None = None):
+    def __init__(
+        self,
+        store: Any,
+        idle_s: float | None = None,
+        facts: Any = None,
+        host: str | None = None,
+        device: str | None = None,
+    ):
         self.store = store
         self.idle_s = idle_s
         self.facts = facts  # tests pass fake device facts; None: detect this machine's
         self.host = host or socket.gethostname()
+        self.device = device  # the device asked for (a worker's); None: the environment's (`choose_device`)
+        self._held: int | None = None  # the run whose model pair the live child holds
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._device: str | None = None
@@ -101,6 +112,10 @@ class ChatProcess:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def holds(self, run_id: int) -> bool:
+        """Whether a live child already holds run `run_id`'s models (its next answer starts warm)."""
+        return self.alive() and self._held == run_id
 
     def _start(self, device: str) -> subprocess.Popen:
         from storage.settings import data_dir
@@ -132,7 +147,7 @@ class ChatProcess:
 
     def close(self) -> None:
         """Stop the generation process now (its memory is freed)."""
-        proc, self._proc = self._proc, None
+        proc, self._proc, self._held = self._proc, None, None
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -172,6 +187,7 @@ class ChatProcess:
             try:
                 self._request(proc, op="load", result=result.to_dict())
                 self._event(proc)
+                self._held = result.run_id
                 return proc
             except (BrokenPipeError, ChatError) as exc:
                 exited = proc.poll() is not None
@@ -184,13 +200,15 @@ class ChatProcess:
         raise AssertionError("unreachable")
 
     def stream(
-        self, run_id: int, which: str, prompt: str, system: str = "", sampling: Sampling | None = None
+        self, run_id: int, which: str, prompt: Conversation, system: str = "", sampling: Sampling | None = None
     ) -> Iterator[str]:
-        """Pieces of the answer of `which` ("base" or "run") of run `run_id`, as they are generated."""
+        """Pieces of the answer of `which` ("base" or "run") of run `run_id`, as they are generated.
+
+        `prompt`: one prompt, or the conversation so far (`jobs.chat.generate.Conversation`)."""
         sampling = (sampling or Sampling()).checked()
         with self._lock:
             try:
-                device = choose_device(self.store, self.facts, self.host)
+                device = choose_device(self.store, self.facts, self.host, self.device)
             except ChatError:
                 self.close()  # a run started training on our GPU: free it
                 raise
@@ -224,5 +242,7 @@ class ChatProcess:
                 if not finished:  # abandoned mid-answer (or failed): its late events must not reach the next request
                     self.close()
 
-    def answer(self, run_id: int, which: str, prompt: str, system: str = "", sampling: Sampling | None = None) -> str:
+    def answer(
+        self, run_id: int, which: str, prompt: Conversation, system: str = "", sampling: Sampling | None = None
+    ) -> str:
         return "".join(self.stream(run_id, which, prompt, system, sampling))
