@@ -1,5 +1,5 @@
 """The run page's export panel: it asks a worker through the store (never loads a model), says when no worker can
-reach the run's weights, and shows the tasks' progress, endings and files. The real export is test_export_worker."""
+reach the run's weights, and shows the tasks' progress, endings and files. The real export, asked in the panel and carried out by a separate worker process, is test_split_browser."""
 
 from __future__ import annotations
 

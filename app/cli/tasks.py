@@ -11,12 +11,13 @@ and exits 0 when every task succeeded (1 when one failed or was cancelled); Ctrl
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from app.cli.usage import EXIT_OK, EXIT_RUN_FAILED, UsageError
 from jobs.errors import Problem
-from jobs.worker.tasks import describe, reach_problem
-from storage.models import TaskStatus
-from storage.store import Store
+
+if TYPE_CHECKING:  # the store (sqlalchemy) loads only when a command follows tasks: the parser stays light
+    from storage.store import Store
 
 POLL_S = 0.5
 
@@ -32,6 +33,8 @@ def add_flag(parser) -> None:
 
 def check_reachable(store: Store, run_id: int) -> None:
     """UsageError when the run does not exist or no running worker can reach its weights."""
+    from jobs.worker.tasks import reach_problem
+
     run = store.get_run(run_id)
     if run is None:
         raise UsageError([Problem("run_id", f"no run {run_id}", "see `tunedeck list` for the runs' ids")])
@@ -42,6 +45,9 @@ def check_reachable(store: Store, run_id: int) -> None:
 
 def follow(store: Store, task_ids: list[int], poll_s: float = POLL_S) -> int:
     """Print the tasks' new log lines until they end; the exit code (0: all succeeded)."""
+    from jobs.worker.tasks import describe
+    from storage.models import TaskStatus
+
     printed = {i: 0 for i in task_ids}
     try:
         while True:

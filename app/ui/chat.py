@@ -247,7 +247,7 @@ def clear(store: Store, run_id: Any) -> tuple[Any, ...]:
     session = None if run_id in (None, "") else store.latest_chat(int(run_id))
     if session is not None:
         store.clear_chat(session.id)
-    return show(store, run_id, "Cleared." if session is not None else None)
+    return show(store, run_id, "Cleared." if session is not None else "Nothing to clear yet.")
 
 
 def load_settings(store: Store, run_id: Any) -> tuple[Any, ...]:
