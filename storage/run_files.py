@@ -21,6 +21,22 @@ from typing import Any
 
 from storage.records import RunRecord
 
+LOG_TAIL_LINES = 40  # what a failed run's detail and the run page show of a log
+
+
+def log_tail(path: Path | str | None, lines: int = LOG_TAIL_LINES) -> str | None:
+    """The last lines of a log file (a run's train.log, a cluster job's engine.log; reads at most its last 64 KiB)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return "\n".join(text.splitlines()[-lines:]) or None
+
 
 def _entry_bytes(st: os.stat_result) -> int:
     blocks = getattr(st, "st_blocks", None)

@@ -31,7 +31,7 @@ def inside_data_dir(path: str | Path | None) -> Path | None:
 
 def log_tail(run: RunRecord, lines: int = LOG_LINES) -> str:
     """The last lines of the run's train.log (only a log inside the data directory is read)."""
-    from jobs.worker.outcome import log_tail as tail_of
+    from storage.run_files import log_tail as tail_of
 
     return tail_of(inside_data_dir(run.log_path), lines) or ""
 

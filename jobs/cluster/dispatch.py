@@ -43,7 +43,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -52,6 +51,7 @@ from jobs.cluster.engine import Engine, EngineError, JobState, Phase, Submission
 from jobs.spec.stored import spec_problem
 from storage.models import RunStatus
 from storage.records import RunControl
+from storage.run_files import log_tail
 from storage.settings import data_dir
 from storage.store import RunFolderError, Store
 
@@ -65,18 +65,6 @@ LOG_NAME = "engine.log"
 def job_argv(run_id: int) -> list[str]:
     """The command a cluster job runs: the same interpreter (a shared install on the cluster's nodes)."""
     return [sys.executable, "-m", JOB_MODULE, "--run-id", str(run_id)]
-
-
-def log_tail(path: Path, lines: int = 40) -> str | None:
-    """The last lines of a job's log (at most its last 64 KiB), for a failed run's detail."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    return "\n".join(text.splitlines()[-lines:]) or None
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
     record_end(store, 7, returncode=-9, why=None, log_path=...)  # still 'running': failed, "killed by signal SIGKILL (9)"
     describe_exit(-9)      # 'training process killed by signal SIGKILL (9)'
-    log_tail(path)         # the last 40 lines of a log file (the run page shows them too)
 
 The child marks its run succeeded, failed or cancelled; when it dies while its run is still
 `running`, the run is marked failed with the signal or exit code and the end of its log.
@@ -11,7 +10,6 @@ The child marks its run succeeded, failed or cancelled; when it dies while its r
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +17,10 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from storage.models import RunStatus
+from storage.run_files import log_tail
 from storage.store import RunFolderError, Store
 
 log = logging.getLogger(__name__)
-
-LOG_TAIL_LINES = 40
 
 
 def describe_exit(returncode: int) -> str:
@@ -35,20 +32,6 @@ def describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"training process killed by signal {name} ({-returncode})"
     return f"training process exited with code {returncode}"
-
-
-def log_tail(path: Path | str | None, lines: int = LOG_TAIL_LINES) -> str | None:
-    """The last lines of a log file (reads at most the last 64 KiB)."""
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    return "\n".join(text.splitlines()[-lines:]) or None
 
 
 def first_line(exc: BaseException) -> str:
