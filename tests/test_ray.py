@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from cluster_helpers import all_running, explain, quick_spec
 from ray_helpers import RayCluster, free_port, ray_missing
 
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
@@ -409,24 +410,6 @@ def dispatch(store, engine, ray_cluster, monkeypatch: pytest.MonkeyPatch):
     ray_cluster.stop_jobs()  # the next test gets both GPUs
 
 
-def _spec(model: Path, **changes):
-    """The suite's quick tiny-model spec without the before/after samples (seconds of generation per run)."""
-    from training_helpers import tiny_spec
-
-    return tiny_spec(model, sample_count=0, **changes)
-
-
-def _explain(store, run_id: int) -> str:
-    """What a failed assertion shows: the run's status and error, and the end of its job's and child's logs."""
-    run = store.get_run(run_id)
-    logs = [
-        f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:])
-        for name in ("engine.log", "train.log")
-        if (path := store.run_path(run_id) / name).is_file()
-    ]
-    return "\n".join([f"run {run_id}: {run.status.value}: {run.error_summary} [{run.engine_state}]", *logs])
-
-
 def _messages(store, run_id: int) -> list[str]:
     return [e["message"] for e in store.run_events(run_id)]
 
@@ -440,7 +423,7 @@ def _training(store, run_id: int, steps: int = 2) -> None:
         interval=0.1,
         what=f"run {run_id} training",
     )
-    assert store.get_run(run_id).current_step >= steps, _explain(store, run_id)
+    assert store.get_run(run_id).current_step >= steps, explain(store, run_id)
 
 
 def _job_process(run_id: int) -> psutil.Process:
@@ -459,25 +442,15 @@ def test_two_runs_train_on_ray_at_once_and_succeed(store, tiny_model: Path, disp
     from storage.models import RunStatus
 
     began = time.monotonic()
-    ids = [store.create_run(_spec(tiny_model, max_steps=8)) for _ in range(2)]
+    ids = [store.create_run(quick_spec(tiny_model, max_steps=8)) for _ in range(2)]
     d = dispatch(max_jobs=2)
-    runs = wait_for(
-        lambda: (
-            (s := [store.get_run(i) for i in ids])
-            and (all((r.engine_state or "").startswith("RUNNING") for r in s) or any(r.status.finished for r in s))
-            and s
-        ),
-        timeout=120,
-        interval=0.1,
-        what="both runs RUNNING on Ray at once",
-    )
-    assert all(r.engine_state.startswith("RUNNING") for r in runs), [_explain(store, i) for i in ids]
+    all_running(store, ids, "Ray")
     wait_for(lambda: not d.tracked, timeout=240, interval=0.2, what="both jobs ended on Ray")
     print(f"two runs submitted -> succeeded through Ray in {time.monotonic() - began:.1f} s")
     gpus = []
     for i in ids:
         run = store.get_run(i)
-        assert run.status is RunStatus.SUCCEEDED, _explain(store, i)
+        assert run.status is RunStatus.SUCCEEDED, explain(store, i)
         assert run.engine == "ray" and run.engine_job_id.startswith(f"tunedeck-run-{i}-")
         assert run.engine_state.startswith("SUCCEEDED"), run.engine_state
         assert len(store.metrics(i, ["loss"])) == 8
@@ -496,7 +469,7 @@ def test_cancel_in_tunedeck_and_ray_job_stop_from_outside(
 
     from storage.models import RunStatus
 
-    cancelled, stopped = (store.create_run(_spec(tiny_model, max_steps=2000)) for _ in range(2))
+    cancelled, stopped = (store.create_run(quick_spec(tiny_model, max_steps=2000)) for _ in range(2))
     d = dispatch(max_jobs=2)
     _training(store, cancelled)
     _training(store, stopped)
@@ -504,10 +477,10 @@ def test_cancel_in_tunedeck_and_ray_job_stop_from_outside(
     ray_cluster.ray("job", "stop", store.get_run(stopped).engine_job_id)
     wait_for(lambda: not d.tracked, timeout=90, interval=0.2, what="both jobs ended on Ray")
     run = store.get_run(cancelled)
-    assert run.status is RunStatus.CANCELLED, _explain(store, cancelled)
+    assert run.status is RunStatus.CANCELLED, explain(store, cancelled)
     assert engine.state(run.engine_job_id).raw == "STOPPED"
     run = store.get_run(stopped)
-    assert run.status is RunStatus.FAILED, _explain(store, stopped)
+    assert run.status is RunStatus.FAILED, explain(store, stopped)
     assert run.error_summary.startswith("cancelled outside tunedeck (Ray: STOPPED"), run.error_summary
 
 
@@ -522,7 +495,7 @@ def test_a_run_cancelled_while_waiting_on_ray_never_trains(store, tiny_model: Pa
     for job, started, _ in holders:
         engine.submit(job)
         wait_file(started)
-    run_id = store.create_run(_spec(tiny_model, max_steps=8))
+    run_id = store.create_run(quick_spec(tiny_model, max_steps=8))
     dispatch()
     wait_for(
         lambda: (store.get_run(run_id).engine_state or "").startswith("PENDING"), timeout=60, what="the job waiting"
@@ -535,7 +508,7 @@ def test_a_run_cancelled_while_waiting_on_ray_never_trains(store, tiny_model: Pa
         release.touch()
     assert wait_phase(engine, job_id, {Phase.CANCELLED, Phase.FAILED, Phase.SUCCEEDED}).raw == "STOPPED"
     run = store.get_run(run_id)
-    assert run.status is RunStatus.CANCELLED, _explain(store, run_id)
+    assert run.status is RunStatus.CANCELLED, explain(store, run_id)
     assert not (store.run_dir(run_id) / "train.log").exists()  # no training child was started
 
 
@@ -545,7 +518,7 @@ def test_a_killed_job_fails_the_run_with_the_signal(store, tiny_model: Path, dis
 
     from storage.models import RunStatus
 
-    run_id = store.create_run(_spec(tiny_model, max_steps=2000))
+    run_id = store.create_run(quick_spec(tiny_model, max_steps=2000))
     d = dispatch()
     _training(store, run_id)
     job = _job_process(run_id)
@@ -553,7 +526,7 @@ def test_a_killed_job_fails_the_run_with_the_signal(store, tiny_model: Path, dis
     job.kill()
     wait_for(lambda: run_id not in d.tracked, timeout=90, interval=0.2, what="the job ended on Ray")
     run = store.get_run(run_id)
-    assert run.status is RunStatus.FAILED, _explain(store, run_id)
+    assert run.status is RunStatus.FAILED, explain(store, run_id)
     assert run.error_summary.startswith("Ray: FAILED (killed by SIGKILL"), run.error_summary
     # The child has its own session, so Ray's kill of the job's group misses it: it stops by itself
     # (jobs.train.child.stop_with_parent), at its next step.
@@ -575,7 +548,7 @@ def test_a_lost_node_requeues_the_run_and_it_resumes_from_its_checkpoint(
 
     began = time.monotonic()
     node = ray_cluster.add_node(gpus=1, resources={"accelerator_type:FAKE": 1})
-    run_id = store.create_run(_spec(tiny_model, max_steps=24, save_steps=4))
+    run_id = store.create_run(quick_spec(tiny_model, max_steps=24, save_steps=4))
     dispatch(gpu_type="FAKE")
     wait_for(
         lambda: last_complete(store.run_dir(run_id) / "output") or store.get_run(run_id).status.finished,
@@ -597,7 +570,7 @@ def test_a_lost_node_requeues_the_run_and_it_resumes_from_its_checkpoint(
             lambda: store.get_run(run_id).status.finished, timeout=240, interval=0.2, what="the resumed run finished"
         )
         run = store.get_run(run_id)
-        assert run.status is RunStatus.SUCCEEDED, _explain(store, run_id)
+        assert run.status is RunStatus.SUCCEEDED, explain(store, run_id)
         assert run.engine_job_id != first_job
         messages = _messages(store, run_id)
         assert any("node lost" in m and "queued again" in m for m in messages), messages

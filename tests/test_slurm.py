@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_helpers import all_running, explain, quick_spec
 from slurm_helpers import SlurmCluster, slurm_missing
 from training_helpers import tiny_spec, wait_for
 
@@ -466,22 +467,6 @@ def dispatch(store: Store, slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch)
     slurm.run("scancel", "--user=root", check=False)
 
 
-def _spec(model: Path, **changes):
-    """The suite's quick tiny-model spec without the before/after samples (seconds of generation per run)."""
-    return tiny_spec(model, sample_count=0, **changes)
-
-
-def _explain(store: Store, run_id: int) -> str:
-    """What a failed assertion shows: the run's status and error, and the end of its job's and child's logs."""
-    run = store.get_run(run_id)
-    logs = [
-        f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:])
-        for name in ("engine.log", "train.log")
-        if (path := store.run_path(run_id) / name).is_file()
-    ]
-    return "\n".join([f"run {run_id}: {run.status.value}: {run.error_summary}", *logs])
-
-
 def _started_gpu(store: Store, run_id: int) -> str:
     found = [e["message"] for e in store.run_events(run_id) if " started on " in e["message"]]
     return found[0].rsplit("GPU ", 1)[-1] if found else ""
@@ -500,7 +485,7 @@ def _resumed_from(store: Store, run_id: int) -> int:
     assert "resumes from checkpoint-" in restart, messages
     step = int(restart.rsplit("checkpoint-", 1)[1])
     log = (store.run_dir(run_id) / "train.log").read_text()
-    assert f"checkpoint-{step} (step {step})" in log, _explain(store, run_id)  # the training child resumed there
+    assert f"checkpoint-{step} (step {step})" in log, explain(store, run_id)  # the training child resumed there
     return step
 
 
@@ -513,19 +498,9 @@ def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
     preempts them (Slurm's own preemption); both go back to the queue, are submitted again, resume from
     the checkpoint each saved on Slurm's SIGTERM, and succeed with every step's metrics and their bundle."""
     started = time.monotonic()
-    ids = [store.create_run(_spec(tiny_model, max_steps=16, save_steps=4)) for _ in range(2)]
+    ids = [store.create_run(quick_spec(tiny_model, max_steps=16, save_steps=4)) for _ in range(2)]
     d = dispatch(max_jobs=2)
-    states = wait_for(
-        lambda: (
-            (s := [store.get_run(i) for i in ids])
-            and (all((r.engine_state or "").startswith("RUNNING") for r in s) or any(r.status.finished for r in s))
-            and s
-        ),
-        timeout=120,
-        interval=0.1,
-        what="both runs RUNNING on Slurm at once",
-    )
-    assert all(r.engine_state.startswith("RUNNING") for r in states), [_explain(store, i) for i in ids]
+    all_running(store, ids, "Slurm")
     wait_for(lambda: all(_started_gpu(store, i) for i in ids), timeout=60, what="both jobs' workers started")
     assert sorted(_started_gpu(store, i) for i in ids) == ["0", "1"]  # each its own SLURM_JOB_GPUS
     for i in ids:
@@ -536,7 +511,7 @@ def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
     print(f"two runs, preempted once, submitted -> succeeded through Slurm in {time.monotonic() - started:.1f} s")
     for i in ids:
         run = store.get_run(i)
-        assert run.status is RunStatus.SUCCEEDED, _explain(store, i)
+        assert run.status is RunStatus.SUCCEEDED, explain(store, i)
         assert run.engine == "slurm" and run.engine_job_id != first_jobs[i]
         assert run.engine_state.startswith("COMPLETED")
         messages = [e["message"] for e in store.run_events(i)]
@@ -554,7 +529,7 @@ def test_restart_adopts_jobs_then_cancel_and_scancel_from_outside(
 ) -> None:
     """A restarted dispatcher follows the jobs it finds instead of submitting them again; then one run is
     cancelled from tunedeck (cancelled) and the other's job is scancelled from outside (failed, saying so)."""
-    cancelled, scancelled = (store.create_run(_spec(tiny_model, max_steps=2000)) for _ in range(2))
+    cancelled, scancelled = (store.create_run(quick_spec(tiny_model, max_steps=2000)) for _ in range(2))
     first = dispatch(max_jobs=2)
     for i in (cancelled, scancelled):
         _training(store, i)
@@ -574,7 +549,7 @@ def test_restart_adopts_jobs_then_cancel_and_scancel_from_outside(
     # The job's side marks a run interrupted on Slurm's SIGTERM; the dispatcher's word, once the job has ended, is final.
     wait_for(lambda: not second.tracked, timeout=120, interval=0.2, what="both jobs ended on Slurm")
     run = store.get_run(cancelled)
-    assert run.status is RunStatus.CANCELLED, _explain(store, cancelled)
+    assert run.status is RunStatus.CANCELLED, explain(store, cancelled)
     run = store.get_run(scancelled)
-    assert run.status is RunStatus.FAILED, _explain(store, scancelled)
+    assert run.status is RunStatus.FAILED, explain(store, scancelled)
     assert run.error_summary.startswith("cancelled outside tunedeck (Slurm: CANCELLED"), run.error_summary
