@@ -91,3 +91,16 @@ def max_upload_mb() -> int:
     if value < 1:
         raise ValueError(f"TUNEDECK_MAX_UPLOAD_MB={raw!r} must be at least 1")
     return value
+
+
+CANCEL_GRACE_ENV = "TUNEDECK_CANCEL_GRACE_S"
+SAVE_GRACE_ENV = "TUNEDECK_SAVE_GRACE_S"
+
+
+def stop_graces(grace_period: float, save_grace: float | None = None) -> tuple[float, float]:
+    """(grace, save grace) in seconds for stopping a training child: how long after SIGTERM until SIGKILL
+    (TUNEDECK_CANCEL_GRACE_S, else `grace_period`), and how much longer a checkpoint it has begun may take
+    (`save_grace`, else TUNEDECK_SAVE_GRACE_S, else 300). The worker and the cluster dispatcher read them here."""
+    grace = float(os.environ.get(CANCEL_GRACE_ENV) or grace_period)
+    save = float(save_grace if save_grace is not None else os.environ.get(SAVE_GRACE_ENV) or 300.0)
+    return grace, save

@@ -3,6 +3,9 @@ for runs to run on the cluster at once."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +42,25 @@ def all_running(store: Any, ids: list[int], engine: str, timeout: float = 120) -
     )
     assert all(r.engine_state.startswith("RUNNING") for r in runs), [explain(store, i) for i in ids]
     return runs
+
+
+@contextmanager
+def dispatchers(store: Any, engine: Any) -> Iterator[Callable[..., Any]]:
+    """`start(max_jobs=2)` starts a quick-polling dispatcher on a thread (save grace 30 s); each is stopped at the end."""
+    from jobs.cluster.dispatch import Dispatcher
+
+    started: list[tuple[Any, threading.Thread]] = []
+
+    def start(**kw: Any) -> Any:
+        d = Dispatcher(store, engine, poll_interval=0.3, heartbeat_interval=1.0, save_grace=30.0, **kw)
+        thread = threading.Thread(target=d.work, daemon=True)
+        thread.start()
+        started.append((d, thread))
+        return d
+
+    try:
+        yield start
+    finally:
+        for d, thread in started:
+            d.stop()
+            thread.join(timeout=30)

@@ -13,13 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from cluster_helpers import all_running, explain, quick_spec
+from cluster_helpers import all_running, dispatchers, explain, quick_spec
 from ray_helpers import RayCluster, free_port, ray_missing
 
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
@@ -391,22 +390,9 @@ def test_a_bad_address_names_the_address_and_the_fix(ray_cluster) -> None:
 @pytest.fixture
 def dispatch(store, engine, ray_cluster, monkeypatch: pytest.MonkeyPatch):
     """Start a dispatcher on a thread: `dispatch(max_jobs=2)`; at the end each is stopped and our jobs too."""
-    from jobs.cluster.dispatch import Dispatcher
-
     monkeypatch.setenv("TUNEDECK_CANCEL_GRACE_S", "10")
-    started: list = []
-
-    def start(**kw):
-        d = Dispatcher(store, engine, poll_interval=0.3, heartbeat_interval=1.0, save_grace=30.0, **kw)
-        thread = threading.Thread(target=d.work, daemon=True)
-        thread.start()
-        started.append((d, thread))
-        return d
-
-    yield start
-    for d, thread in started:
-        d.stop()
-        thread.join(timeout=30)
+    with dispatchers(store, engine) as start:
+        yield start
     ray_cluster.stop_jobs()  # the next test gets both GPUs
 
 

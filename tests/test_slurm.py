@@ -12,13 +12,12 @@ partition, after which the run is requeued and resumes from its checkpoint.
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import all_running, explain, quick_spec
+from cluster_helpers import all_running, dispatchers, explain, quick_spec
 from slurm_helpers import SlurmCluster, slurm_missing
 from training_helpers import tiny_spec, wait_for
 
@@ -451,19 +450,8 @@ def slurm() -> Iterator[SlurmCluster]:
 def dispatch(store: Store, slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch):
     """Start a dispatcher on a thread: `dispatch(max_jobs=2)`; every one started is stopped at the end."""
     monkeypatch.setenv("TUNEDECK_CANCEL_GRACE_S", "10")
-    started: list[tuple[Dispatcher, threading.Thread]] = []
-
-    def start(**kw) -> Dispatcher:
-        d = Dispatcher(store, SlurmEngine(), poll_interval=0.3, heartbeat_interval=1.0, save_grace=30.0, **kw)
-        thread = threading.Thread(target=d.work, daemon=True)
-        thread.start()
-        started.append((d, thread))
-        return d
-
-    yield start
-    for d, thread in started:
-        d.stop()
-        thread.join(timeout=30)
+    with dispatchers(store, SlurmEngine()) as start:
+        yield start
     slurm.run("scancel", "--user=root", check=False)
 
 

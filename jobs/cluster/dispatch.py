@@ -52,7 +52,7 @@ from jobs.spec.stored import spec_problem
 from storage.models import RunStatus
 from storage.records import RunControl
 from storage.run_files import log_tail
-from storage.settings import data_dir
+from storage.settings import CANCEL_GRACE_ENV, SAVE_GRACE_ENV, data_dir, stop_graces
 from storage.store import RunFolderError, Store
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,8 @@ class Dispatcher:
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.stale_after = stale_after
-        self.grace_period = float(os.environ.get("TUNEDECK_CANCEL_GRACE_S") or grace_period)
-        self.save_grace = float(
-            save_grace if save_grace is not None else os.environ.get("TUNEDECK_SAVE_GRACE_S") or 300.0
-        )
+        # How long a stopping child gets after SIGTERM, and how much longer to finish a checkpoint it has begun.
+        self.grace_period, self.save_grace = stop_graces(grace_period, save_grace)
         self.argv = argv
         self.tracked: dict[int, Tracked] = {}
         self._stop = threading.Event()
@@ -187,8 +185,8 @@ class Dispatcher:
         env = {
             "TUNEDECK_DATABASE_URL": self.store.url,
             "TUNEDECK_HOME": str(data_dir()),
-            "TUNEDECK_CANCEL_GRACE_S": f"{self.grace_period:g}",
-            "TUNEDECK_SAVE_GRACE_S": f"{self.save_grace:g}",
+            CANCEL_GRACE_ENV: f"{self.grace_period:g}",
+            SAVE_GRACE_ENV: f"{self.save_grace:g}",
             "TUNEDECK_ENGINE": self.engine.name,
             "PYTHONUNBUFFERED": "1",
         }

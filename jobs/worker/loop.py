@@ -52,7 +52,7 @@ from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wai
 from jobs.worker.services import Factory, Place, shared_data, start_all, stop_all
 from jobs.worker.share import SharePolicy, requeue_alone
 from storage.models import RunStatus
-from storage.settings import data_dir
+from storage.settings import data_dir, stop_graces
 from storage.store import RunFolderError, RunRecord, Store
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.stale_after = stale_after
-        self.grace_period = float(os.environ.get("TUNEDECK_CANCEL_GRACE_S") or grace_period)
-        # How long a stopping child may go on writing the checkpoint it has begun, past grace_period.
-        self.save_grace = float(
-            save_grace if save_grace is not None else os.environ.get("TUNEDECK_SAVE_GRACE_S") or 300.0
-        )
+        # How long a stopping child gets after SIGTERM, and how much longer to finish a checkpoint it has begun.
+        self.grace_period, self.save_grace = stop_graces(grace_period, save_grace)
         self.child_argv = child_argv or processes.default_child_argv  # tests swap in a fake child
         # The runtime baseline is the real training child's: a stand-in child (tests) has none
         # unless the caller gives the command that measures one (it prints {"runtime_bytes": N}).
