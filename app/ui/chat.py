@@ -34,6 +34,7 @@ NO_RUNS = "No finished runs yet: launch one in the Launch tab; once it succeeds 
 TICK_S = 0.2  # how often the tab reads a session while one of its replies is pending or streaming
 OPEN = (ReplyStatus.PENDING, ReplyStatus.STREAMING)
 BLANK = "(an empty answer: only whitespace or special tokens)"
+EVENTS = "chat-tab"  # the concurrency group of every event of the tab (see `wire`)
 
 
 @dataclass
@@ -260,8 +261,15 @@ def load_settings(store: Store, run_id: Any) -> tuple[Any, ...]:
 
 
 def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: AccessPolicy | None = None) -> None:
-    """Wire the tab's events."""
-    quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+    """Wire the tab's events. They share one queue (`EVENTS`, one at a time, first come first served): a pick of
+    a run still being drawn would otherwise land after a Clear or a Send made just after it, and put back
+    the picked run's older columns and a stopped timer (seen: a cleared tab whose status went blank)."""
+    quiet: dict[str, Any] = {
+        "show_progress": "hidden",
+        "api_visibility": "private",
+        "concurrency_id": EVENTS,
+        "concurrency_limit": 1,
+    }
 
     def choices(current: Any) -> tuple[Any, ...]:
         found = run_choices(store)
