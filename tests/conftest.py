@@ -135,30 +135,18 @@ def smollm2_cache() -> Path:
     return Path(override or Path.home() / ".cache" / "tunedeck" / "test-models").expanduser()
 
 
-SMOLLM2_SMOKE = {
-    "run_name": "smollm2-smoke",
-    "model": "smollm2-135m-instruct",
-    "dataset": "sample:chat-format",
-    "method": "lora",
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "learning_rate": 1e-3,
-    "lr_scheduler_type": "constant",
-    "per_device_train_batch_size": 2,
-    "max_length": 48,
-    "max_steps": 3,
-    "max_train_samples": 16,
-    "eval_dataset": "sample:chat-format:eval",
-}
+# The default job the README promises.
+SMOLLM2_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "smollm2-tag-format.yaml"
 
 
 @pytest.fixture(scope="session")
 def smollm2_run(tmp_path_factory: pytest.TempPathFactory, smollm2_cache: Path) -> tuple[Path, int]:
-    """(a data folder, run id): a short LoRA run of the embedded SmolLM2 (`SMOLLM2_SMOKE`), submitted and
-    trained through the worker once per session. test_smollm2 checks the run; the GGUF test exports it.
+    """(a data folder, run id): the default job (`SMOLLM2_EXAMPLE`: SmolLM2-135M-Instruct taught a format, 30
+    steps) submitted and trained through the worker once per session. test_smollm2 checks the run,
+    test_chat_browser talks to it, the GGUF and chat-service tests export it and time its first token.
     Users point TUNEDECK_HOME at the folder and TUNEDECK_MODELS_DIR at `smollm2_cache` themselves."""
+    from app.cli.usage import load_spec
     from jobs.queue.submit import submit
-    from jobs.spec.job import JobSpec
     from jobs.worker.loop import Worker
     from storage.store import Store
 
@@ -169,7 +157,7 @@ def smollm2_run(tmp_path_factory: pytest.TempPathFactory, smollm2_cache: Path) -
         mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
         store = Store()
         try:
-            run_id = submit(store, JobSpec.from_dict(SMOLLM2_SMOKE))
+            run_id = submit(store, load_spec(str(SMOLLM2_EXAMPLE)))
             Worker(store, poll_interval=0.2).work(burst=True)
         finally:
             store.dispose()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from browser_helpers import CHROMIUM, REPO, served
+from browser_helpers import CHROMIUM, served
 from chat_browser_helpers import conversation, worker_up
 from chat_helpers import TAUGHT
 
@@ -20,30 +20,25 @@ pytest.importorskip("playwright.sync_api")
 @pytest.mark.smollm2
 @pytest.mark.slow
 def test_default_smollm2_run_answers_in_the_taught_format(
-    tmp_path: Path, smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2_run: tuple[Path, int], smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default example (examples/smollm2-tag-format.yaml) through the worker, then the Chat tab."""
-    from app.cli.usage import load_spec
-    from jobs.worker.loop import Worker
+    """The default example (examples/smollm2-tag-format.yaml, trained through the worker: conftest
+    `smollm2_run`), then the Chat tab."""
     from storage.models import RunStatus
     from storage.store import Store
 
-    home = tmp_path / "home"
-    home.mkdir()
+    home, run_id = smollm2_run
     monkeypatch.setenv("TUNEDECK_HOME", str(home))
     monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
     monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
     store = Store()
-    spec = load_spec(str(REPO / "examples" / "smollm2-tag-format.yaml"))
-    run_id = store.create_run(spec)
-    Worker(store, poll_interval=0.2).work(burst=True)
     run = store.get_run(run_id)
-    assert run.status is RunStatus.SUCCEEDED, run.error_detail
     store.dispose()
+    assert run.status is RunStatus.SUCCEEDED, run.error_detail
     prompt = "What is interesting about the moon?"
     with served(home) as url:
         worker_up()
-        option = f"{run_id} · {run.name} ({spec.method.value}, sft)"
+        option = f"{run_id} · {run.name} (lora, sft)"
         seen = conversation(url, option, [prompt], 40, "chat-tab-smollm2.png")
     ((base,), (tuned,)) = seen["shown"][0]
     assert tuned.strip().startswith(TAUGHT), tuned
