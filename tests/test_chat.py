@@ -287,21 +287,6 @@ def test_no_finished_runs_message(store) -> None:
     assert (status, base, tuned) == (NO_RUNS, [], [])
 
 
-def test_the_tabs_events_run_one_at_a_time_in_the_order_made(store) -> None:
-    """A run picked and then Clear (or Send) at once: the pick's drawing must not land after the Clear's."""
-    import gradio as gr
-
-    from app.ui import chat
-
-    with gr.Blocks() as demo:
-        view = chat.build()
-        chat.wire(view, store)
-    tab = {c._id for c in vars(view).values()}
-    fns = [fn for fn in demo.fns.values() if tab & {c._id for c in (*fn.inputs, *fn.outputs)}]
-    assert len(fns) >= 6, [fn.name for fn in fns]  # refresh, pick, send (click and Enter), regenerate, clear, tick
-    assert {(fn.concurrency_id, fn.concurrency_limit) for fn in fns} == {(chat.EVENTS, 1)}
-
-
 @pytest.mark.gpu
 def test_on_a_gpu_answers_come_from_the_gpu_and_a_training_run_keeps_it(home, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch

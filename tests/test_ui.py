@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from series_reference import downsample_minmax, same_buckets
 
@@ -158,3 +160,28 @@ def test_a_bundle_written_under_another_mount_is_explained_not_hidden(store, tin
     assert "is missing on this host" in unreachable_files_note(store, rid)
     inside.write_bytes(b"zip")
     assert unreachable_files_note(store, rid) == "" and bundle_path(store, rid) == inside.resolve()
+
+
+@pytest.mark.parametrize("panel", ["chat", "export"])
+def test_a_panels_events_run_one_at_a_time_in_the_order_made(store, panel: str) -> None:
+    """A run picked (or opened) and at once Clear, Send or Export: the pick's drawing must not land after the
+    button's, putting back older columns or dropping the tasks the panel follows."""
+    import gradio as gr
+
+    from app.ui import chat
+    from app.ui import export as ui_export
+
+    with gr.Blocks() as demo:
+        if panel == "chat":
+            module: Any = chat
+            view: Any = chat.build()
+            chat.wire(view, store)
+        else:
+            module = ui_export
+            run_id = gr.Number()
+            view = ui_export.build()
+            ui_export.wire(view, store, run_id)
+    mine = {c._id for c in vars(view).values()}
+    fns = [fn for fn in demo.fns.values() if mine & {c._id for c in (*fn.inputs, *fn.outputs)}]
+    assert len(fns) >= 4, [fn.name for fn in fns]
+    assert {(fn.concurrency_id, fn.concurrency_limit) for fn in fns} == {(module.EVENTS, 1)}

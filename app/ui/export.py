@@ -34,6 +34,7 @@ from storage.store import Store, TaskRecord
 EXPORT_KINDS = ("export", "gguf")  # what the server serves of an export (app.server.SERVED_ARTIFACTS)
 LOG_LINES = 30
 TICK_S = 1.0  # how often a page following unfinished tasks reads them
+EVENTS = "export-panel"  # the concurrency group of every event of the panel (see `wire`)
 
 
 @dataclass
@@ -169,7 +170,14 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
             if not task.status.finished:
                 store.cancel_task(task.id)
 
-    quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+    # One queue for the panel's events, first come first served: a run's opening still being read would
+    # otherwise land after an Export pressed just after it and drop the new tasks it follows (as the Chat tab).
+    quiet: dict[str, Any] = {
+        "show_progress": "hidden",
+        "api_visibility": "private",
+        "concurrency_id": EVENTS,
+        "concurrency_limit": 1,
+    }
     run_id.change(opened, run_id, [panel.files, panel.tasks, panel.log, panel.timer], **quiet)
     panel.start.click(
         started, [run_id, panel.merged, panel.dtype, panel.gguf], [panel.log, panel.tasks, panel.timer], **quiet
