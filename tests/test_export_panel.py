@@ -85,3 +85,41 @@ def test_the_log_shows_progress_then_how_each_task_ended(store, tiny_model: Path
     assert not ui_export.unfinished(tasks)
     assert "merged fp32: done, checked" in text and f"/d/run-merged-fp32.zip  sha256 {'ab' * 32}" in text
     assert "GGUF q8_0: failed: exit code 2: tunedeck: 1 problem(s): model: no. Fix: yes" in text
+
+
+def test_a_push_is_checked_queued_beside_a_running_export_and_ends_with_the_address(
+    store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gradio as gr
+
+    monkeypatch.delenv("TUNEDECK_SHARED_DATA", raising=False)
+    run_id = finished_run(store, tiny_model)
+    with gr.Blocks() as demo:
+        page_run = gr.Number()
+        panel = ui_export.build()
+        ui_export.wire(panel, store, page_run)
+    handlers = {fn.name: fn.fn for fn in demo.fns.values()}
+    started, pushed = handlers["started"], handlers["pushed"]
+    text, *kept = pushed([], run_id, "alice/tag", "bundle", True)
+    assert "no worker is running" in text and kept == [gr.skip(), gr.skip()]  # nothing queued, nothing followed
+    store.worker_beat(f"{HOST}:5", 5, HOST)
+    text, *_ = pushed([], run_id, "alice/tag", "bundle", True)
+    assert text == f"run: run {run_id} has no saved bundle folder. Fix: train it again; its bundle was not written"
+    bundle = store.run_dir(run_id) / "bundle"
+    bundle.mkdir(parents=True)
+    (bundle / "adapter_config.json").write_text("{}")
+    store.add_artifact(run_id, "adapter", str(bundle), 2, "0" * 64)
+    text, *_ = pushed([], run_id, "not a repo", "bundle", True)
+    assert text.startswith("repo: `not a repo` is not a hub repository id. Fix: write OWNER/NAME")
+    assert store.run_tasks(run_id) == []
+
+    _, export_ids, _ = started([], run_id, True, "fp32", [])
+    text, ids, timer = pushed(export_ids, run_id, " alice/tag ", "bundle", True)
+    (push_id,) = set(ids) - set(export_ids)
+    assert ids == [*export_ids, push_id] and timer.active  # the export still followed, the push beside it
+    assert "push bundle to alice/tag: queued" in text
+    (push,) = store.tasks_of([push_id])
+    assert push.args == {"repo": "alice/tag", "what": "bundle", "private": True}
+    store.claim_task(push_id, f"{HOST}:5")
+    store.finish_task(push_id, TaskStatus.SUCCEEDED, result={"url": "https://hub/alice/tag", "repo": "alice/tag"})
+    assert "push bundle to alice/tag: done: https://hub/alice/tag" in ui_export.progress_text(store.tasks_of(ids))

@@ -1,6 +1,7 @@
 """Issue 22's split, in Chromium: a dashboard with no worker, no model files and no GPU, and a separate
 worker process. The Chat tab holds a two-turn conversation on both columns and the run page exports a
-merged model and a GGUF file: the worker carries them all out, and the dashboard's process never maps a
+merged model and a GGUF file and asks for a push (refused by the offline worker, with the reason): the
+worker carries them all out, and the dashboard's process never maps a
 model's weights (its /proc maps are read while it serves)."""
 
 from __future__ import annotations
@@ -55,15 +56,19 @@ def _mapped_weights(pid: int) -> set[str]:
 
 
 def _export(page: Any, url: str, run_id: int) -> str:
-    """Ask the run page's panel for a merged fp32 model and a GGUF f16; the progress text once both ended."""
+    """Ask the run page's panel for a merged fp32 model and a GGUF f16, and then a push of the bundle (the
+    worker is offline: it refuses); the progress text once all three ended."""
     page.goto(f"{url}/?run={run_id}")
-    page.get_by_text("Export: merged model and GGUF").click()
+    page.get_by_text("Export: merged model, GGUF, push to the hub").click()
     page.locator("#export-dtype").get_by_text("fp32").click()
     page.locator("#export-gguf").get_by_text("f16").click()
     page.locator("#export-start").click()
+    page.get_by_label("Hub repository (--repo)").fill("alice/tag-adapter")
+    page.locator("#push-start").click()
     log = page.locator("#export-log textarea")
     page.wait_for_function(
-        "el => /GGUF f16: (done|failed|cancelled)/.test(el.value) && /merged fp32: (done|failed|cancelled)/.test(el.value)",
+        "el => ['GGUF f16', 'merged fp32', 'push bundle to alice/tag-adapter']"
+        ".every(t => new RegExp(t + ': (done|failed|cancelled)').test(el.value))",
         arg=log.element_handle(),
         timeout=900_000,
     )
@@ -102,7 +107,7 @@ def test_a_dashboard_without_models_chats_and_exports_through_a_separate_worker(
         with chromium() as browser:
             text = _export(browser.new_page(), url, run_id)
         mapped |= _mapped_weights(dashboard.pid)
-        tasks = store.run_tasks(run_id)[:2]
+        tasks = store.run_tasks(run_id)[:3]
         history = store.chat_history(store.latest_chat(run_id).id)
     finally:
         store.dispose()
@@ -115,7 +120,8 @@ def test_a_dashboard_without_models_chats_and_exports_through_a_separate_worker(
     assert seen["reloaded"] == (base2, tuned2)  # the history is the store's: a reload shows it again
     assert seen["idle_requests"] == []  # nothing open: the tab makes no requests
     assert "merged fp32: done, checked" in text and "GGUF f16: done, checked" in text, text
-    files = [f for task in tasks for f in task.result["files"] if Path(f["path"]).is_file()]
+    assert "push bundle to alice/tag-adapter: failed: exit code 2" in text and "HF_HUB_OFFLINE" in text, text
+    files = [f for task in tasks if task.kind != "push" for f in task.result["files"] if Path(f["path"]).is_file()]
     assert {Path(f["path"]).suffix for f in files} >= {".zip", ".gguf"}, files
     for file in files:  # each file the worker wrote is the one its task recorded
         assert sha256_of(Path(file["path"])) == file["sha256"], file

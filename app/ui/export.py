@@ -1,4 +1,5 @@
-"""The run page's export panel: the adapter merged into its base model, and GGUF files, carried out by a worker.
+"""The run page's export panel: the adapter merged into its base model, GGUF files, and pushes to the hub,
+carried out by a worker.
 
 "Export" writes one task per file kind to the store (`jobs.worker.tasks.request_export`: the merged
 model, then each GGUF type) and follows them; a worker that can reach the run's weights carries them
@@ -15,6 +16,12 @@ When the tasks end, the run's export files (recorded with their sha256 by `jobs.
 `jobs.export.gguf`, listed from the run's artifacts) are offered for download. The checks are the
 command's: a merged model whose answers differ from the adapter's, or a GGUF file that does not
 load back with the same answers, is refused and not kept. "Stop" cancels (SIGTERM to the child).
+
+"Push" queues a `tunedeck push RUN --repo R --what bundle|merged [--private]` task
+(`jobs.worker.tasks.request_push`: the repository id and that there is something to push are checked
+first, nothing is queued otherwise). It uploads with the *worker's* `HF_TOKEN`: no token is ever typed
+into, stored by or sent through the dashboard. Its ending line is the repository's address. Tasks asked
+for while others run are followed together.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import gradio as gr
 
 from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.export.merged import DTYPES
+from jobs.export.push import WHAT as PUSH_WHAT
+from jobs.export.push import PushError
 from jobs.spec.stored import spec_of
-from jobs.worker.tasks import GGUF_TYPES, describe, reach_problem, request_export
+from jobs.worker.tasks import GGUF_TYPES, TaskKind, describe, reach_problem, request_export, request_push
 from storage.models import RunStatus, TaskStatus
 from storage.store import Store, TaskRecord
 
@@ -46,13 +55,17 @@ class ExportPanel:
     stop: gr.Button
     log: gr.Textbox
     files: gr.File
+    repo: gr.Textbox
+    what: gr.Radio
+    private: gr.Checkbox
+    push: gr.Button
     tasks: gr.State  # the ids of the tasks this page follows
     timer: gr.Timer  # active only while they are unfinished
 
 
 def build() -> ExportPanel:
     """Lay out the panel; call inside the run tab."""
-    with gr.Accordion("Export: merged model and GGUF", open=False, elem_id="export-panel"):
+    with gr.Accordion("Export: merged model, GGUF, push to the hub", open=False, elem_id="export-panel"):
         gr.Markdown(
             "Merge the run's adapter into its base model (safetensors, for transformers and vLLM) and/or "
             "write GGUF files (llama.cpp, Ollama, LM Studio). A worker where the run's weights are does it; "
@@ -65,13 +78,25 @@ def build() -> ExportPanel:
             gguf = gr.CheckboxGroup(list(GGUF_TYPES), value=[], label="GGUF (--gguf)", elem_id="export-gguf")
             start = gr.Button("Export", variant="primary", scale=0, elem_id="export-start")
             stop = gr.Button("Stop", variant="stop", scale=0, elem_id="export-stop")
+        with gr.Row():
+            repo = gr.Textbox(
+                label="Hub repository (--repo)", placeholder="OWNER/NAME, e.g. alice/smollm2-tag-adapter", scale=3
+            )
+            what = gr.Radio(list(PUSH_WHAT), value="bundle", label="What to push (--what)", elem_id="push-what")
+            private = gr.Checkbox(label="Private repository (--private)", value=True, elem_id="push-private")
+            push = gr.Button("Push", scale=0, elem_id="push-start")
+        gr.Markdown(
+            "A push uploads with the worker's own `HF_TOKEN` (set it where `tunedeck worker` runs); the "
+            "dashboard never asks for a token. `bundle` is the adapter with its card, `merged` the newest "
+            "merged export."
+        )
         log = gr.Textbox(label="progress", lines=8, max_lines=LOG_LINES, interactive=False, elem_id="export-log")
         files = gr.File(
             label="export files", file_count="multiple", interactive=False, visible=False, elem_id="export-files"
         )
         tasks = gr.State([])
         timer = gr.Timer(TICK_S, active=False)
-    return ExportPanel(merged, dtype, gguf, start, stop, log, files, tasks, timer)
+    return ExportPanel(merged, dtype, gguf, start, stop, log, files, repo, what, private, push, tasks, timer)
 
 
 def export_files(store: Store, run_id: int) -> list[str]:
@@ -87,8 +112,8 @@ def files_update(store: Store, run_id: Any) -> Any:
     return gr.File(value=paths or None, visible=bool(paths))
 
 
-def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
-    """Why the export cannot be asked for (in words, with the fix), or None."""
+def run_refusal(store: Store, run_id: Any) -> str | None:
+    """Why nothing can be asked for this run: none picked, no such run, not finished."""
     if run_id is None:
         return "Pick a run first (Runs tab, or type its id above)."
     run = store.get_run(int(run_id))
@@ -96,10 +121,23 @@ def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: Ac
         return f"No run {int(run_id)}."
     if run.status is not RunStatus.SUCCEEDED:
         return f"Run {run.id} is {run.status.value}: only a finished run has a result to export. Fix: wait for it to succeed."
+    return None
+
+
+def _reach(store: Store, run_id: Any) -> str | None:
+    problem = reach_problem(store, store.get_run(int(run_id)))
+    return f"{problem.problem}. Fix: {problem.fix}" if problem else None
+
+
+def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
+    """Why the export cannot be asked for (in words, with the fix), or None."""
+    refused = run_refusal(store, run_id)
+    if refused:
+        return refused
     if not merged and not gguf:
         return "Nothing chosen. Fix: tick 'Merged model' and/or a GGUF type."
-    problem = loading_problem(spec_of(run), run.id, policy, "export it") or reach_problem(store, run)
-    return f"{problem.problem}. Fix: {problem.fix}" if problem else None
+    problem = loading_problem(spec_of(store.get_run(int(run_id))), int(run_id), policy, "export it")
+    return f"{problem.problem}. Fix: {problem.fix}" if problem else _reach(store, run_id)
 
 
 def request(
@@ -113,15 +151,30 @@ def request(
     return progress_text(store.tasks_of(ids)), ids
 
 
+def request_push_of(store: Store, run_id: Any, repo: str, what: str, private: bool) -> tuple[str, list[int]]:
+    """Queue a push for a worker: (what the log shows now, [its id]); ([]: refused, and why, naming the field)."""
+    refused = run_refusal(store, run_id) or _reach(store, run_id)
+    if refused:
+        return refused, []
+    try:
+        task_id = request_push(store, int(run_id), repo, what, bool(private))
+    except PushError as exc:
+        return "\n".join(f"{p.field}: {p.problem}. Fix: {p.fix}" for p in exc.problems), []
+    return progress_text(store.tasks_of([task_id])), [task_id]
+
+
 def ending(task: TaskRecord) -> str | None:
     """The line that says how a finished task ended (its files and their sha256), or None while it runs."""
     what = describe(task)
+    if task.status is TaskStatus.SUCCEEDED and task.kind == TaskKind.PUSH.value:
+        return f"{what}: done: {(task.result or {}).get('url')}"
     if task.status is TaskStatus.SUCCEEDED:
         files = (task.result or {}).get("files") or []
         shown = [f"  {f['path']}  sha256 {f['sha256']}" for f in files if f.get("kind") in EXPORT_KINDS]
         return "\n".join([f"{what}: done, checked; the files are listed below", *shown])
     if task.status is TaskStatus.FAILED:
-        return f"{what}: failed: {task.error}. Nothing failing its check was kept."
+        kept = "" if task.kind == TaskKind.PUSH.value else " Nothing failing its check was kept."
+        return f"{what}: failed: {task.error}.{kept}"
     if task.status is TaskStatus.CANCELLED:
         return f"{what}: cancelled ({task.error or 'stopped'})"
     return None
@@ -153,9 +206,18 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
         text = progress_text(following) if following else ""
         return files_update(store, rid), [t.id for t in following], text, gr.Timer(active=bool(following))
 
-    def started(rid: Any, merged: bool, dtype: str, gguf: list[str]) -> tuple[Any, ...]:
-        text, ids = request(store, policy, rid, merged, dtype, gguf)
-        return text, ids, gr.Timer(active=bool(ids))
+    def followed(current: list[int], text: str, ids: list[int]) -> tuple[Any, ...]:
+        """New tasks followed beside the unfinished ones already followed; a refusal leaves those as they are."""
+        if not ids:
+            return text, gr.skip(), gr.skip()
+        keep = [t.id for t in store.tasks_of(current) if not t.status.finished]
+        return progress_text(store.tasks_of(keep + ids)), keep + ids, gr.Timer(active=True)
+
+    def started(current: list[int], rid: Any, merged: bool, dtype: str, gguf: list[str]) -> tuple[Any, ...]:
+        return followed(current, *request(store, policy, rid, merged, dtype, gguf))
+
+    def pushed(current: list[int], rid: Any, repo: str, what: str, private: bool) -> tuple[Any, ...]:
+        return followed(current, *request_push_of(store, rid, repo, what, private))
 
     def ticked(ids: list[int], shown: str) -> tuple[Any, ...]:
         tasks = store.tasks_of(ids)
@@ -179,8 +241,8 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
         "concurrency_limit": 1,
     }
     run_id.change(opened, run_id, [panel.files, panel.tasks, panel.log, panel.timer], **quiet)
-    panel.start.click(
-        started, [run_id, panel.merged, panel.dtype, panel.gguf], [panel.log, panel.tasks, panel.timer], **quiet
-    )
+    following = [panel.log, panel.tasks, panel.timer]
+    panel.start.click(started, [panel.tasks, run_id, panel.merged, panel.dtype, panel.gguf], following, **quiet)
+    panel.push.click(pushed, [panel.tasks, run_id, panel.repo, panel.what, panel.private], following, **quiet)
     panel.timer.tick(ticked, [panel.tasks, panel.log], [panel.log, panel.timer, panel.files], **quiet)
     panel.stop.click(stopped, panel.tasks, None, **quiet)
