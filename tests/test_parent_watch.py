@@ -1,4 +1,5 @@
-"""A cluster job's training child stops when the job's process is SIGKILLed (jobs.train.parent_watch)."""
+"""A cluster job's training child stops when the job's process is SIGKILLed, and a worker's export or push
+command when the worker is (jobs.train.parent_watch)."""
 
 from __future__ import annotations
 
@@ -52,5 +53,40 @@ def test_the_child_is_told_to_stop_when_its_job_is_killed(tmp_path: Path, mode: 
         else:  # without the setting (a local worker's child) nothing is sent: that worker's cleanup ends it
             time.sleep(2)
             assert not out.exists()
+    finally:
+        subprocess.run(["pkill", "-f", str(out)], check=False)
+
+
+COMMAND = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from app.cli.main import watch_parent
+    watch_parent()  # what `tunedeck export|push` does first (no handler: SIGTERM ends it)
+    assert "TUNEDECK_STOP_WITH_PARENT" not in os.environ  # its own children are not told
+    Path(sys.argv[1]).with_suffix(".ready").write_text(str(os.getpid()))
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_workers_task_command_ends_when_the_worker_is_killed(tmp_path: Path) -> None:
+    """The worker sets TUNEDECK_STOP_WITH_PARENT for its task commands (test_task_service); the command heeds it."""
+    import psutil
+
+    out = tmp_path / "command.txt"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(out), "watch", COMMAND], env=dict(os.environ))
+    ready = out.with_suffix(".ready")
+    try:
+        wait_for(lambda: ready.exists() and ready.read_text(), timeout=60, what="the command to start")
+        pid = int(ready.read_text())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        wait_for(
+            lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+            timeout=30,
+            what="the command to end",
+        )
     finally:
         subprocess.run(["pkill", "-f", str(out)], check=False)

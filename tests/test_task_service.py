@@ -30,6 +30,7 @@ RECORDING = """
 import hashlib, os, sys
 from storage.store import Store
 print("loading base", flush=True)
+print("stops with", os.environ.get("TUNEDECK_STOP_WITH_PARENT"), flush=True)
 store = Store()
 path = os.path.join(os.environ["TUNEDECK_HOME"], "out-%s.gguf" % sys.argv[1])
 open(path, "wb").write(b"GGUF" * 10)
@@ -80,6 +81,7 @@ def test_a_task_runs_as_a_child_its_lines_and_files_come_back(store: Store) -> N
     assert tasks.carry_out(task) is TaskStatus.SUCCEEDED
     done = store.get_task(task_id)
     assert done.log[0].startswith(f"$ tunedeck export {run_id} --gguf f16") and "loading base" in done.log
+    assert f"stops with {os.getpid()}" in done.log  # a SIGKILLed worker's child ends too (test_parent_watch)
     ((kind, path, sha),) = [(f["kind"], f["path"], f["sha256"]) for f in done.result["files"]]
     assert kind == "gguf" and Path(path).read_bytes() == b"GGUF" * 10
     assert sha == hashlib.sha256(b"GGUF" * 10).hexdigest()

@@ -284,9 +284,17 @@ def open_store(use: StoreUse) -> Store | None:
     return Store()
 
 
+def watch_parent() -> None:
+    """A command a worker started for a task (TUNEDECK_STOP_WITH_PARENT set) ends when that worker dies."""
+    from jobs.train.parent_watch import stop_with_parent
+
+    stop_with_parent(lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, open the store the command needs, run it; returns the exit code."""
     args = build_parser().parse_args(argv)
+    watch_parent()
     logging.basicConfig(
         level=logging.INFO if args.command in ("worker", "serve") else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from jobs.train.parent_watch import STOP_WITH_PARENT_ENV
 from jobs.worker import processes
 from jobs.worker.outcome import first_line
 from jobs.worker.services import Place, run_host, weights_here
@@ -253,6 +254,7 @@ class TaskService:
             TUNEDECK_DATABASE_URL=self.store.url,
             PYTHONUNBUFFERED="1",
         )
+        env[STOP_WITH_PARENT_ENV] = str(os.getpid())  # a SIGKILLed worker's export stops too (jobs.train.parent_watch)
         if self.place.on_cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif processes.is_gpu_id(self.place.device):
