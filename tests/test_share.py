@@ -16,11 +16,11 @@ import pytest
 from training_helpers import tiny_spec
 
 from jobs.devices.facts import DeviceFacts
-from jobs.queue.prediction import PREDICTION_FILE
+from jobs.queue.prediction import PREDICTION_FILE, predicted_bytes
 from jobs.spec.job import JobSpec
 from jobs.train import share_cap
 from jobs.worker.loop import Worker
-from jobs.worker.share import GIB, ShareError, SharePolicy, memory_fraction, predicted_bytes, reserves, wants_share
+from jobs.worker.share import GIB, ShareError, SharePolicy, memory_fraction, reserves, wants_share
 from storage.models import RunStatus
 from storage.store import DeviceShare, Store
 

@@ -343,6 +343,30 @@ def test_pin_host_becomes_the_node_and_pin_device_stays_local(store: Store) -> N
     assert not d.submit_next() and store.get_run(local).status is RunStatus.QUEUED
 
 
+def test_sized_gpu_types_are_published_and_each_run_asks_for_the_smallest_that_fits(store: Store) -> None:
+    import json
+
+    from jobs.devices.target import target
+    from jobs.queue.prediction import PREDICTION_FILE
+
+    small, large, unknown = _queued(store), _queued(store), _queued(store)
+    for run_id, gib in ((small, 10), (large, 30)):
+        (store.run_dir(run_id) / PREDICTION_FILE).write_text(json.dumps({"data_bytes": gib * 2**30}))
+    engine = ScriptedEngine()
+    d = Dispatcher(store, engine, gpu_type="t4=16GiB@7.5,a100=80GiB")
+    d.publish_device()  # as `work` does first
+    assert d.submit_next() and d.submit_next() and d.submit_next() and not d.submit_next()
+    asked = {job.run_id: job.gpu_type for job in engine.submitted}
+    assert asked == {small: "t4", large: "a100", unknown: "a100"}
+    said = {r: store.run_events(r)[0]["message"] for r in (small, large, unknown)}
+    assert said[small].endswith("for GPU type t4 (16.0 GiB): predicted 10.0 GiB")
+    assert said[large].endswith("for GPU type a100 (80.0 GiB): predicted 30.0 GiB; t4 (16.0 GiB) leaves too little")
+    assert said[unknown].endswith("the largest type")
+    store.worker_beat(d.worker_id, 1, d.host)  # while the dispatcher runs, submit checks against its GPU
+    chosen = target(store).facts
+    assert (chosen.kind, chosen.name, chosen.total_bytes) == ("cuda", "a100 (cluster GPU type)", 80 * 2**30)
+
+
 def test_a_restarted_dispatcher_adopts_instead_of_submitting_again(store: Store) -> None:
     engine = ScriptedEngine()
     run_id = _queued(store)
@@ -417,6 +441,8 @@ def test_run_page_and_show_name_the_engine_its_job_and_state(store: Store) -> No
         (["--executor", "slurm", "--max-jobs", "0"], "--max-jobs: is 0"),
         (["--executor", "slurm", "--share", "2"], "--share: is for --executor local"),
         (["--executor", "ray", "--qos", "high"], "--qos: is a Slurm option"),
+        (["--executor", "slurm", "--gpu-type", "a100=lots"], "--gpu-type: 'a100=lots': 'lots' is not a memory size"),
+        (["--gpu-type", "a100"], "--gpu-type: is an option of a cluster executor"),
     ],
 )
 def test_worker_cluster_options_are_checked(

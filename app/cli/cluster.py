@@ -1,6 +1,7 @@
 """`tunedeck worker --executor slurm|ray`: the worker options of a cluster dispatcher, checked, and the dispatcher.
 
     tunedeck worker --executor slurm --partition gpu --account lab --time-limit 04:00:00 --gpu-type a100 --max-jobs 8
+    tunedeck worker --executor slurm --gpu-type t4=16GiB@7.5,a100=80GiB   # each run: the smallest type that fits it
     tunedeck worker --executor ray --ray-address http://head:8265   # the head's dashboard (Job API)
 
 `local` (the default) is the worker of `jobs.worker.loop`; the others claim runs and hand them to
@@ -26,7 +27,7 @@ SLURM_OPTIONS = ("partition", "account", "time_limit", "qos")
 CLUSTER_OPTIONS = (*SLURM_OPTIONS, "gpu_type", "ray_address")
 # Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or UNLIMITED.
 _TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)$")
-_NAME = re.compile(r"^[A-Za-z0-9_.,:-]+$")  # partition lists ("gpu,gpu2"), accounts, QoS and GPU types
+_NAME = re.compile(r"^[A-Za-z0-9_.,:-]+$")  # partition lists ("gpu,gpu2"), accounts and QoS
 
 
 def add_options(s: argparse.ArgumentParser) -> None:
@@ -44,7 +45,11 @@ def add_options(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--qos", default=None, help="slurm: the quality of service (sbatch --qos)")
     s.add_argument(
-        "--gpu-type", default=None, metavar="TYPE", help="slurm/ray: the GPU type each run asks for (gres gpu:TYPE:1)"
+        "--gpu-type",
+        default=None,
+        metavar="TYPE|NAME=SIZE,...",
+        help="slurm/ray: the GPU type every run asks for (gres gpu:TYPE:1), or sized types (t4=16GiB@7.5,a100=80GiB): "
+        "each run asks for the smallest its memory prediction fits",
     )
     s.add_argument(
         "--max-jobs",
@@ -83,7 +88,13 @@ def problems(args: argparse.Namespace) -> list[Problem]:
         found.append(
             Problem("--time-limit", f"{args.time_limit!r} is not a Slurm time", "give MM, HH:MM:SS or D-HH:MM:SS")
         )
-    for name in ("partition", "account", "qos", "gpu_type"):
+    from jobs.cluster.gpu_types import GpuTypeError, parse_gpu_types
+
+    try:
+        parse_gpu_types(args.gpu_type)
+    except GpuTypeError as exc:
+        found += exc.problems
+    for name in ("partition", "account", "qos"):
         value = getattr(args, name)
         if value is not None and not _NAME.match(value):
             found.append(

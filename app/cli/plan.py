@@ -15,25 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import replace
 
 from jobs.errors import Problem
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1024**3, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 RUNNERS_UP = 4
 
 
 def parse_size(text: str, flag: str) -> int:
     """'24GiB', '24G', '24 GB', '80000MiB', '24' (GiB) -> bytes (binary units throughout)."""
     from app.cli.usage import UsageError
+    from jobs.units import parse_bytes
 
-    m = _SIZE.match(text or "")
-    if not m or float(m.group(1)) <= 0:
+    size = parse_bytes(text)
+    if size is None:
         raise UsageError([Problem(flag, f"`{text}` is not a memory size", "write e.g. 24GiB, 80G or 16000MiB")])
-    unit = (m.group(2) or "").lower()[:1]
-    return int(float(m.group(1)) * _UNITS[unit])
+    return size
 
 
 def device_for(memory: int | None, store=None):  # -> DeviceFacts

@@ -11,6 +11,11 @@ store URL and the data folder in its environment and its output in `runs/<id>/en
 then follows every job's state (`Engine.state`), writes it to the run (`engine_state`, shown on
 the run page) with a run event per change, and heartbeats the runs while they wait on the cluster.
 
+GPU types (`jobs.cluster.gpu_types`): with sized types (`--gpu-type t4=16GiB,a100=80GiB`) the dispatcher
+publishes the largest as its device, so submit checks and predicts against a GPU of the cluster, and
+asks for each run the smallest type its saved prediction fits, saying which and why in the run's
+"submitted" event; one unsized type is asked for every run.
+
 Cancel: a queued-on-the-cluster (PENDING) job is cancelled at once and its run marked cancelled;
 a running one gets TERM from the engine (the job's worker has seen the store's cancel flag too and
 stops the training child warm), and KILL when it is still there after `grace_period + save_grace`.
@@ -48,6 +53,8 @@ from types import FrameType
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.cluster.engine import Engine, EngineError, JobState, Phase, Submission
+from jobs.cluster.gpu_types import Pick, facts_of, parse_gpu_types, pick
+from jobs.queue.prediction import load_prediction, predicted_bytes
 from jobs.spec.stored import spec_problem
 from storage.models import RunStatus
 from storage.records import RunControl
@@ -102,7 +109,7 @@ class Dispatcher:
         self.host = socket.gethostname()
         self.worker_id = worker_id or f"{engine.name}-dispatcher@{self.host}:{os.getpid()}"
         self.max_jobs = max_jobs
-        self.gpu_type = gpu_type
+        self.gpu_types = parse_gpu_types(gpu_type)  # `--gpu-type`'s value (GpuTypeError when it is wrong)
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.stale_after = stale_after
@@ -122,6 +129,7 @@ class Dispatcher:
     def work(self, burst: bool = False) -> int:
         """Serve the queue (burst: until no run is queued and none of ours is on the cluster). Returns runs submitted."""
         handlers = self._install_handlers()
+        self.publish_device()
         submitted, next_adopt, delay = 0, 0.0, 0.0
         try:
             while not self._stop.is_set():
@@ -150,6 +158,12 @@ class Dispatcher:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]
         return submitted
+
+    def publish_device(self) -> None:
+        """With sized GPU types, the largest as this dispatcher's device: what submit checks and predicts against."""
+        facts = facts_of(self.gpu_types, self.host)
+        if facts is not None:
+            self.store.publish_device(self.worker_id, self.host, facts.to_dict())
 
     def _install_handlers(self) -> dict[int, object]:
         if threading.current_thread() is not threading.main_thread():
@@ -190,13 +204,14 @@ class Dispatcher:
             "TUNEDECK_ENGINE": self.engine.name,
             "PYTHONUNBUFFERED": "1",
         }
+        chosen = pick(self.gpu_types, predicted_bytes(load_prediction(self.store, run.id)))
         job = Submission(
             run_id=run.id,
             name=f"tunedeck-run-{run.id}",
             argv=self.argv(run.id),
             env=env,
             log_path=log_path,
-            gpu_type=self.gpu_type,
+            gpu_type=chosen.gpu.name if chosen else None,
             node=run.pin_host,
         )
         try:
@@ -209,7 +224,10 @@ class Dispatcher:
             return True
         self.store.set_engine_job(run.id, job_id, "submitted")
         self.store.add_run_event(
-            run.id, EVENT_KIND, f"submitted to {self.label} as job {job_id}", data=self._data(job_id, None)
+            run.id,
+            EVENT_KIND,
+            f"submitted to {self.label} as job {job_id}{_for_type(chosen)}",
+            data={**self._data(job_id, None), "gpu_type": chosen.gpu.name if chosen else None},
         )
         self.tracked[run.id] = Tracked(run.id, job_id)
         log.info("run %s: %s job %s (log %s)", run.id, self.label, job_id, log_path)
@@ -331,3 +349,10 @@ class Dispatcher:
             # The job's worker saw only a killed child (an OOM kill, say); the engine knows why.
             log.error("run %s failed: %s", run_id, text)
         return None
+
+
+def _for_type(chosen: Pick | None) -> str:
+    """' for GPU type a100 (80.0 GiB): predicted 21.0 GiB; t4 (16.0 GiB) leaves too little', or ''."""
+    if chosen is None:
+        return ""
+    return f" for GPU type {chosen.gpu}" + (f": {chosen.why}" if chosen.why else "")

@@ -4,6 +4,7 @@ The run page, the compare tab and `tunedeck show` read it back to set it against
 
     save_prediction(store, run_id, checked.prediction)
     load_prediction(store, run_id)        # {"total_bytes": ..., "parts": ..., ...} or None
+    predicted_bytes(saved)                # the peak it names (what sharing reserves, what picks a GPU type)
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ def load_prediction(store: Store, run_id: int) -> dict | None:
         return json.loads((store.run_path(run_id) / PREDICTION_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def predicted_bytes(saved: dict | None) -> int | None:
+    """The peak a saved prediction names: its data figure (the verdict's), else its total (the max_length bound)."""
+    if not saved:
+        return None
+    value = saved.get("data_bytes") or saved.get("total_bytes")
+    return int(value) if value else None
 
 
 def with_runtime(saved: dict[str, Any], runtime_bytes: int, worker: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from jobs.queue.prediction import load_prediction
+from jobs.queue.prediction import load_prediction, predicted_bytes
 from storage.store import RunRecord, Store
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,6 @@ class SharePolicy:
                 "--share-margin", f"{margin!r} is not a size", "give a size (2GiB, 512MiB) or a percentage (10%)"
             )
         return cls(limit=limit, margin_bytes=int(float(found.group(1)) * _UNITS[found.group(2)]), margin_fraction=0.0)
-
-
-def predicted_bytes(saved: dict | None) -> int | None:
-    """The peak a saved prediction names: its data figure (the verdict's), else its total (the max_length bound)."""
-    if not saved:
-        return None
-    value = saved.get("data_bytes") or saved.get("total_bytes")
-    return int(value) if value else None
 
 
 def wants_share(run: RunRecord) -> bool:
