@@ -32,13 +32,14 @@ from typing import Any
 import gradio as gr
 
 from jobs.checks.access import AccessPolicy, loading_problem
+from jobs.errors import Problem
 from jobs.export.merged import DTYPES
 from jobs.export.push import WHAT as PUSH_WHAT
 from jobs.export.push import PushError
 from jobs.spec.stored import spec_of
 from jobs.worker.tasks import GGUF_TYPES, TaskKind, describe, reach_problem, request_export, request_push
 from storage.models import RunStatus, TaskStatus
-from storage.store import Store, TaskRecord
+from storage.store import RunRecord, Store, TaskRecord
 
 EXPORT_KINDS = ("export", "gguf")  # what the server serves of an export (app.server.SERVED_ARTIFACTS)
 LOG_LINES = 30
@@ -112,32 +113,32 @@ def files_update(store: Store, run_id: Any) -> Any:
     return gr.File(value=paths or None, visible=bool(paths))
 
 
-def run_refusal(store: Store, run_id: Any) -> str | None:
-    """Why nothing can be asked for this run: none picked, no such run, not finished."""
+def _finished_run(store: Store, run_id: Any) -> tuple[RunRecord | None, str | None]:
+    """(the run, None) when something can be asked for it; else (None, why): none picked, no such run, not finished."""
     if run_id is None:
-        return "Pick a run first (Runs tab, or type its id above)."
+        return None, "Pick a run first (Runs tab, or type its id above)."
     run = store.get_run(int(run_id))
     if run is None:
-        return f"No run {int(run_id)}."
+        return None, f"No run {int(run_id)}."
     if run.status is not RunStatus.SUCCEEDED:
-        return f"Run {run.id} is {run.status.value}: only a finished run has a result to export. Fix: wait for it to succeed."
-    return None
+        return None, (
+            f"Run {run.id} is {run.status.value}: only a finished run has a result to export. Fix: wait for it to succeed."
+        )
+    return run, None
 
 
-def _reach(store: Store, run_id: Any) -> str | None:
-    problem = reach_problem(store, store.get_run(int(run_id)))
+def _words(problem: Problem | None) -> str | None:
     return f"{problem.problem}. Fix: {problem.fix}" if problem else None
 
 
 def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
     """Why the export cannot be asked for (in words, with the fix), or None."""
-    refused = run_refusal(store, run_id)
-    if refused:
+    run, refused = _finished_run(store, run_id)
+    if run is None:
         return refused
     if not merged and not gguf:
         return "Nothing chosen. Fix: tick 'Merged model' and/or a GGUF type."
-    problem = loading_problem(spec_of(store.get_run(int(run_id))), int(run_id), policy, "export it")
-    return f"{problem.problem}. Fix: {problem.fix}" if problem else _reach(store, run_id)
+    return _words(loading_problem(spec_of(run), run.id, policy, "export it") or reach_problem(store, run))
 
 
 def request(
@@ -153,11 +154,13 @@ def request(
 
 def request_push_of(store: Store, run_id: Any, repo: str, what: str, private: bool) -> tuple[str, list[int]]:
     """Queue a push for a worker: (what the log shows now, [its id]); ([]: refused, and why, naming the field)."""
-    refused = run_refusal(store, run_id) or _reach(store, run_id)
-    if refused:
-        return refused, []
+    run, refused = _finished_run(store, run_id)
+    if run is not None:
+        refused = _words(reach_problem(store, run))
+    if run is None or refused:
+        return refused or "", []
     try:
-        task_id = request_push(store, int(run_id), repo, what, bool(private))
+        task_id = request_push(store, run.id, repo, what, bool(private))
     except PushError as exc:
         return "\n".join(f"{p.field}: {p.problem}. Fix: {p.fix}" for p in exc.problems), []
     return progress_text(store.tasks_of([task_id])), [task_id]
@@ -210,8 +213,9 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
         """New tasks followed beside the unfinished ones already followed; a refusal leaves those as they are."""
         if not ids:
             return text, gr.skip(), gr.skip()
-        keep = [t.id for t in store.tasks_of(current) if not t.status.finished]
-        return progress_text(store.tasks_of(keep + ids)), keep + ids, gr.Timer(active=True)
+        new = set(ids)
+        tasks = [t for t in store.tasks_of([*current, *ids]) if t.id in new or not t.status.finished]
+        return progress_text(tasks), [t.id for t in tasks], gr.Timer(active=True)
 
     def started(current: list[int], rid: Any, merged: bool, dtype: str, gguf: list[str]) -> tuple[Any, ...]:
         return followed(current, *request(store, policy, rid, merged, dtype, gguf))

@@ -205,13 +205,14 @@ class Dispatcher:
             "PYTHONUNBUFFERED": "1",
         }
         chosen = pick(self.gpu_types, predicted_bytes(load_prediction(self.store, run.id)))
+        gpu_type = chosen.gpu.name if chosen else None
         job = Submission(
             run_id=run.id,
             name=f"tunedeck-run-{run.id}",
             argv=self.argv(run.id),
             env=env,
             log_path=log_path,
-            gpu_type=chosen.gpu.name if chosen else None,
+            gpu_type=gpu_type,
             node=run.pin_host,
         )
         try:
@@ -227,7 +228,7 @@ class Dispatcher:
             run.id,
             EVENT_KIND,
             f"submitted to {self.label} as job {job_id}{_for_type(chosen)}",
-            data={**self._data(job_id, None), "gpu_type": chosen.gpu.name if chosen else None},
+            data={**self._data(job_id, None), "gpu_type": gpu_type},
         )
         self.tracked[run.id] = Tracked(run.id, job_id)
         log.info("run %s: %s job %s (log %s)", run.id, self.label, job_id, log_path)

@@ -50,7 +50,8 @@ class Pick:
     why: str | None  # how the prediction chose it (None: the only type there is)
 
 
-def _one(item: str) -> tuple[GpuType | None, list[Problem]]:
+def _one(item: str) -> tuple[str, GpuType | None, list[Problem]]:
+    """(its name, the type or None, its problems)."""
     head, _, compute = item.partition("@")
     name, sized, size_text = head.partition("=")
     name, size_text, compute = name.strip(), size_text.strip(), compute.strip()
@@ -64,19 +65,19 @@ def _one(item: str) -> tuple[GpuType | None, list[Problem]]:
         found.append(Problem(FLAG, f"{item!r}: {compute!r} is not a compute capability", "write e.g. t4=16GiB@7.5"))
     if compute and not sized:
         found.append(Problem(FLAG, f"{item!r} has a compute capability but no size", "write NAME=SIZE@COMPUTE"))
-    return (GpuType(name, size, compute or DEFAULT_COMPUTE) if not found else None), found
+    return name, (GpuType(name, size, compute or DEFAULT_COMPUTE) if not found else None), found
 
 
 def parse_gpu_types(text: str | None) -> list[GpuType]:
     """`--gpu-type`'s value -> the types, smallest first; GpuTypeError with every problem at once."""
     items = [i for i in (text or "").split(",") if i.strip()]
-    types, found = [], []
+    types, found, names = [], [], []
     for item in items:
-        gpu, problems = _one(item)
+        name, gpu, problems = _one(item)
+        names.append(name)
         found += problems
         if gpu is not None:
             types.append(gpu)
-    names = [i.partition("@")[0].partition("=")[0].strip() for i in items]
     if len(set(names)) < len(names):
         found.append(Problem(FLAG, f"a type is named twice in {text!r}", "name each GPU type once"))
     unsized = [t.name for t in types if t.total_bytes is None]
@@ -102,12 +103,10 @@ def pick(types: list[GpuType], predicted: int | None) -> Pick | None:
         return Pick(largest, None)
     if not predicted:
         return Pick(largest, "no memory prediction was saved with the run: the largest type")
-    for gpu in types:
-        assert gpu.total_bytes is not None
-        if predicted <= MARGIN * gpu.total_bytes:
-            smaller = [str(t) for t in types if t is not gpu and (t.total_bytes or 0) < gpu.total_bytes]
-            verb = "leaves" if len(smaller) == 1 else "leave"
-            left = f"; {', '.join(smaller)} {verb} too little" if smaller else ""
+    for i, gpu in enumerate(types):  # smallest first: every type before `gpu` was too small
+        if predicted <= MARGIN * (gpu.total_bytes or 0):
+            smaller = ", ".join(str(t) for t in types[:i])
+            left = f"; {smaller} {'leaves' if i == 1 else 'leave'} too little" if i else ""
             return Pick(gpu, f"predicted {human_bytes(predicted)}{left}")
     return Pick(largest, f"predicted {human_bytes(predicted)}, more than every type holds: the largest")
 
