@@ -198,6 +198,25 @@ def test_run_of_dead_local_worker_is_interrupted(store: Store) -> None:
     assert "no longer running" in run.error_summary
 
 
+def test_dead_local_worker_is_named_as_dead_even_when_its_heartbeat_is_stale_too(store: Store) -> None:
+    """Both checks see it; the exact one (its process is gone) is what the run says, not the suspicion."""
+    import socket
+    import subprocess
+
+    from sqlalchemy import update
+
+    from storage import models as m
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run_id = store.create_run(SPEC)
+    store.claim_next_on_device(f"{socket.gethostname()}:{dead.pid}", "0", worker_pid=dead.pid)
+    with store._tx() as s:  # age its heartbeat (test-only shortcut into the store's session)
+        s.execute(update(m.Run).where(m.Run.id == run_id).values(heartbeat_at=time.time() - 3600))
+    assert make_worker(store, "pass").cleanup_stale() == [run_id]
+    assert f"(pid {dead.pid}) is no longer running" in store.get_run(run_id).error_summary
+
+
 def test_idle_worker_takes_over_the_device_of_a_dead_workers_run(store: Store) -> None:
     """A worker waiting for the device notices (within stale_after / 2) that the run holding it
     belongs to a worker that died, marks it interrupted and takes the next queued run."""

@@ -60,10 +60,11 @@ def cleanup_stale(store: Store, host: str, stale_after: float, grace_period: flo
     marked = []
     stale = {r.id: r for r in store.stale_running(stale_after)}
     for run in store.list_runs(status=RunStatus.RUNNING, limit=10_000):
-        if run.id in stale:
-            reason = f"worker {run.worker_id} stopped sending heartbeats (none for {stale_after:g} s)"
-        elif dead_local_worker(run, host):
+        # The more exact reason first: a dead process on this host is known, a stale heartbeat only suspected.
+        if dead_local_worker(run, host):
             reason = f"worker {run.worker_id} (pid {run.worker_pid}) is no longer running"
+        elif run.id in stale:
+            reason = f"worker {run.worker_id} stopped sending heartbeats (none for {stale_after:g} s)"
         else:
             continue
         # Marked first: the orphan answers SIGTERM by saving a checkpoint and marking its run
