@@ -73,9 +73,11 @@ def test_a_long_answer_keeps_its_worker_alive_and_a_stopped_service_is_gone(
     service = ChatService(place, SlowChat(pause=1.5), poll_s=0.05)  # type: ignore[arg-type]
     sid = store.create_chat(run_id, sampling=SAMPLING)
     store.add_chat_turn(sid, "Hi")
+    assert service.pending()  # two replies its worker can give: a burst worker waits for them
     service.start()
     try:
         wait_for(lambda: _replies(store, sid, 0)["base"].content == "Hel", what="the first piece")
+        assert service.pending()  # one under way (no longer pending in the store), one still pending
         time.sleep(0.8)  # longer than the stale limit, mid-answer: the dashboard's tick must not fail it
         assert store.fail_stale_chat_replies(0.5) == []
         replies = _finished(store, sid, 0)
@@ -83,6 +85,7 @@ def test_a_long_answer_keeps_its_worker_alive_and_a_stopped_service_is_gone(
             "base": (ReplyStatus.DONE, "Hello"),
             "run": (ReplyStatus.DONE, "Hello"),
         }
+        wait_for(lambda: not service.pending(), what="nothing left for the service")
     finally:
         service.stop()
     assert store.chat_services() == []

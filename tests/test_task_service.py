@@ -200,6 +200,26 @@ def test_tunedeck_worker_carries_out_tasks(monkeypatch: pytest.MonkeyPatch, data
     assert task_service in seen["services"]
 
 
+def test_a_burst_worker_drains_the_tasks_it_can_carry_out_then_exits(store: Store) -> None:
+    """`tunedeck worker --burst` with no run queued still carries out the tasks it can reach, then returns;
+    a task of another host's run is left queued for that host's worker."""
+    from jobs.worker.loop import Worker
+
+    here, there = trained_run(store), trained_run(store, "gpu-b:7")
+    mine = request_export(store, here, merged=True, dtype="bf16", gguf=["f16"])  # two tasks, one after the other
+    (theirs,) = request_export(store, there, merged=False, dtype="bf16", gguf=["f16"])
+    slow = "import time; time.sleep(0.5); print('written', flush=True)"
+    worker = Worker(
+        store,
+        poll_interval=0.05,
+        sample=False,
+        services=[lambda p: TaskService(p, poll_interval=0.05, argv_of=lambda t: python(slow))],
+    )
+    assert worker.work(burst=True) == 0  # no training run
+    assert [(t.status, t.log[-1]) for t in store.tasks_of(mine)] == [(TaskStatus.SUCCEEDED, "written")] * 2
+    assert store.get_task(theirs).status is TaskStatus.QUEUED
+
+
 PUSHING = """
 import sys
 from storage.store import Store

@@ -145,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_hash_password, store_use=StoreUse.NONE)
 
     s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
-    s.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    s.add_argument(
+        "--burst",
+        action="store_true",
+        help="drain the queue (runs, and the exports, pushes and chat turns this worker can carry out), then exit",
+    )
     s.add_argument(
         "--device",
         default=None,

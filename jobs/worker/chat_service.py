@@ -54,6 +54,7 @@ class ChatService:
         self._threads: list[threading.Thread] = []
         self._reach: dict[int, bool] = {}  # run id -> its weights are here (a trained run's host never changes)
         self.answered = 0
+        self._looking = False  # between looking for a reply and the end of the one it claimed
 
     def start(self) -> None:
         self.store.chat_service_beat(self.place.worker_id, self.place.host, self.place.shared_data)
@@ -83,10 +84,18 @@ class ChatService:
             except Exception:  # the store is away: the next beat tries again (training goes on)
                 log.exception("chat service: could not announce itself; trying again in %.0f s", BEAT_S)
 
+    def pending(self) -> bool:
+        return self._looking or any(self.reaches(r.run_id) for r in self.store.pending_chat_replies())
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.answer_one():
+                self._looking = True  # a reply claimed is no longer pending: pending() still sees it
+                try:
+                    answered = self.answer_one()
+                finally:
+                    self._looking = False
+                if answered:
                     continue
             # The store being away must not end the service: say so and look again (training goes on).
             except Exception:

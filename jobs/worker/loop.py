@@ -49,7 +49,7 @@ from jobs.worker import leases, processes, runtime
 from jobs.worker.outcome import first_line, quietly, record_end, run_status, saving_checkpoint
 from jobs.worker.pool import RunPool
 from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wait_exit, wait_group_gone
-from jobs.worker.services import Factory, Place, shared_data, start_all, stop_all
+from jobs.worker.services import Factory, Place, any_pending, shared_data, start_all, stop_all
 from jobs.worker.share import SharePolicy, requeue_alone
 from storage.models import RunStatus
 from storage.settings import data_dir, stop_graces
@@ -156,8 +156,8 @@ class Worker:
                     run = None if self.pool is not None and self.pool.full() else self._claim()
                     if run is None:
                         idle = self.pool is None or not self.pool.active
-                        if burst and idle and not self.store.queued():
-                            break
+                        if burst and idle and not self.store.queued() and not any_pending(running):
+                            break  # no run left, and no export, push or chat turn this worker can carry out
                         delay = 0.0
                         self._stop.wait(self.poll_interval) if idle else self.pool.wait_slot(self.poll_interval)  # type: ignore[union-attr]
                         continue

@@ -47,6 +47,10 @@ class Service(Protocol):
         """Stop taking requests; finish or abandon (recorded as such) the one under way; return soon."""
         ...
 
+    def pending(self) -> bool:
+        """Whether a request this service can carry out is queued or under way (a burst worker waits for it)."""
+        ...
+
 
 Factory = Callable[[Place], Service]
 
@@ -80,6 +84,11 @@ def start_all(place: Place, factories: Sequence[Factory]) -> list[Service]:
             continue
         started.append(service)
     return started
+
+
+def any_pending(services: Sequence[Service]) -> bool:
+    """Whether any service has work queued that it can carry out, or under way (the store's errors propagate)."""
+    return any(service.pending() for service in services)
 
 
 def stop_all(services: list[Service]) -> None:

@@ -79,6 +79,7 @@ class TaskService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.done: list[int] = []  # ids of the tasks this service carried out (tests, logs)
+        self._looking = False  # between looking for a task and the end of the one it took
 
     # ------------------------------------------------------------------ Service
     def start(self) -> None:
@@ -90,16 +91,26 @@ class TaskService:
         if self._thread is not None:
             self._thread.join(self.grace_period + 10)
 
+    def pending(self) -> bool:
+        if self._looking:
+            return True
+        return any(self.reachable(t.run_id) for t in self.store.queued_tasks([k.value for k in TaskKind]))
+
     def _serve(self) -> None:
         delay = self.poll_interval
         while not self._stop.is_set():
             try:
                 self.store.fail_stale_tasks(self.stale_after)
-                task = self.take()
+                self._looking = True  # a task claimed is no longer queued: pending() still sees it
+                try:
+                    task = self.take()
+                    if task is not None:
+                        self.carry_out(task)
+                finally:
+                    self._looking = False
                 if task is None:
                     self._stop.wait(self.poll_interval)
                     continue
-                self.carry_out(task)
                 delay = self.poll_interval
             except SQLAlchemyError as exc:  # the database is down: wait and go on (the worker does too)
                 log.error("tasks: database error (%s); retrying in %.1f s", first_line(exc), delay)
