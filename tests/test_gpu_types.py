@@ -3,9 +3,16 @@ once, and the type each run asks for from its predicted peak. The dispatcher's u
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from jobs.cluster.gpu_types import MARGIN, GpuType, GpuTypeError, facts_of, parse_gpu_types, pick
+from jobs.checks.memory import predict_memory
+from jobs.cluster.gpu_types import MARGIN, GpuType, GpuTypeError, facts_of, parse_gpu_types, pick, predicted_on
+from jobs.devices.facts import DeviceFacts
+from jobs.spec.job import JobSpec
+from jobs.units import human_bytes
 
 GIB = 2**30
 
@@ -52,3 +59,49 @@ def test_the_published_device_is_the_largest_type() -> None:
     assert facts.name == "a100 (cluster GPU type)" and facts.host == "login1"
     assert facts_of(parse_gpu_types("t4=16GiB@7.5")).bf16 is False
     assert facts_of(parse_gpu_types("a100")) is None and facts_of([]) is None
+
+
+def llama_3b(folder: Path) -> Path:
+    """A 3B-parameter Llama's config alone: the predictor reads configs, never weights."""
+    folder.mkdir()
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def lora_on_llama_3b(tmp_path: Path) -> JobSpec:
+    """A job that needs about 16 GiB on a GPU (bf16 or fp16) and about 34 GiB on the CPU (fp32, resident)."""
+    model = llama_3b(tmp_path / "m")
+    return JobSpec.from_dict(
+        {"model": str(model), "method": "lora", "max_length": 512, "per_device_train_batch_size": 4}
+    )
+
+
+def test_a_prediction_made_on_the_cpu_is_made_again_for_each_types_gpu(tmp_path: Path) -> None:
+    """The dashboard's CPU predicts fp32 and resident memory: about twice what a GPU in bf16 or fp16 needs."""
+    spec = lora_on_llama_3b(tmp_path)
+    on_cpu = predict_memory(spec, DeviceFacts(kind="cpu", name="cpu", total_bytes=64 * GIB)).prediction.total_bytes
+    types = parse_gpu_types("t4=16GiB@7.5,l4=24GiB@8.9,a100=80GiB")
+    assert pick(types, on_cpu).gpu.name == "a100"  # the CPU's figure alone
+    on = predicted_on(spec)
+    on_l4 = on(types[1])
+    assert on_l4 is not None and on_l4 < on_cpu / 1.5 and on(types[0]) > MARGIN * 16 * GIB
+    chosen = pick(types, on_cpu, on)
+    assert chosen.gpu.name == "l4"
+    assert chosen.why == (
+        f"predicted {human_bytes(on_l4)} on l4 (saved at submit: {human_bytes(on_cpu)}); t4 (16.0 GiB) leaves too little"
+    )
+    assert pick(types, None, on).gpu.name == "l4"  # nothing saved: predicted here all the same
+    unknown = predicted_on(JobSpec(model=str(tmp_path / "no-such-model")))  # no config on this host
+    assert pick(types, on_cpu, unknown) == pick(types, on_cpu)

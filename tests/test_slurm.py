@@ -367,6 +367,28 @@ def test_sized_gpu_types_are_published_and_each_run_asks_for_the_smallest_that_f
     assert (chosen.kind, chosen.name, chosen.total_bytes) == ("cuda", "a100 (cluster GPU type)", 80 * 2**30)
 
 
+def test_a_run_predicted_on_the_dashboards_cpu_is_predicted_again_for_the_clusters_gpus(
+    store: Store, tmp_path: Path
+) -> None:
+    """Submitted before the dispatcher published its GPU: the saved CPU figure (fp32, resident) would ask for
+    the largest type; predicted again per type, the run fits the middle one."""
+    from test_gpu_types import lora_on_llama_3b
+
+    from jobs.checks.memory import predict_memory
+    from jobs.devices.facts import DeviceFacts
+    from jobs.queue.prediction import save_prediction
+
+    spec = lora_on_llama_3b(tmp_path)
+    run_id = store.create_run_unchecked(spec.to_json(), "r", None)
+    cpu = predict_memory(spec, DeviceFacts(kind="cpu", name="cpu", total_bytes=64 * 2**30)).prediction
+    save_prediction(store, run_id, cpu)
+    engine = ScriptedEngine()
+    assert Dispatcher(store, engine, gpu_type="t4=16GiB@7.5,l4=24GiB@8.9,a100=80GiB").submit_next()
+    assert engine.submitted[0].gpu_type == "l4"
+    said = store.run_events(run_id)[0]["message"]
+    assert "for GPU type l4 (24.0 GiB): predicted " in said and "on l4 (saved at submit: " in said
+
+
 def test_a_restarted_dispatcher_adopts_instead_of_submitting_again(store: Store) -> None:
     engine = ScriptedEngine()
     run_id = _queued(store)

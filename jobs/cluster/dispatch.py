@@ -14,7 +14,8 @@ the run page) with a run event per change, and heartbeats the runs while they wa
 GPU types (`jobs.cluster.gpu_types`): with sized types (`--gpu-type t4=16GiB,a100=80GiB`) the dispatcher
 publishes the largest as its device, so submit checks and predicts against a GPU of the cluster, and
 asks for each run the smallest type its saved prediction fits, saying which and why in the run's
-"submitted" event; one unsized type is asked for every run.
+"submitted" event (a prediction made on the CPU, before the dispatcher published its GPU, is made again
+for each type's GPU: the CPU's fp32 and resident figure is larger); one unsized type is asked for every run.
 
 Cancel: a queued-on-the-cluster (PENDING) job is cancelled at once and its run marked cancelled;
 a running one gets TERM from the engine (the job's worker has seen the store's cancel flag too and
@@ -53,14 +54,14 @@ from types import FrameType
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.cluster.engine import Engine, EngineError, JobState, Phase, Submission
-from jobs.cluster.gpu_types import Pick, facts_of, parse_gpu_types, pick
+from jobs.cluster.gpu_types import Pick, facts_of, parse_gpu_types, pick, predicted_on
 from jobs.queue.prediction import load_prediction, predicted_bytes
-from jobs.spec.stored import spec_problem
+from jobs.spec.stored import read_spec, spec_problem
 from storage.models import RunStatus
 from storage.records import RunControl
 from storage.run_files import log_tail
 from storage.settings import CANCEL_GRACE_ENV, SAVE_GRACE_ENV, data_dir, stop_graces
-from storage.store import RunFolderError, Store
+from storage.store import RunFolderError, RunRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ class Dispatcher:
             "TUNEDECK_ENGINE": self.engine.name,
             "PYTHONUNBUFFERED": "1",
         }
-        chosen = pick(self.gpu_types, predicted_bytes(load_prediction(self.store, run.id)))
+        chosen = self.gpu_type_of(run)
         gpu_type = chosen.gpu.name if chosen else None
         job = Submission(
             run_id=run.id,
@@ -233,6 +234,19 @@ class Dispatcher:
         self.tracked[run.id] = Tracked(run.id, job_id)
         log.info("run %s: %s job %s (log %s)", run.id, self.label, job_id, log_path)
         return True
+
+    def gpu_type_of(self, run: RunRecord) -> Pick | None:
+        """The GPU type `run` asks for: from its saved prediction when that was made for a GPU, else (made on
+        the dashboard's CPU before this dispatcher published its GPU, or none saved) predicted again per type."""
+        saved = load_prediction(self.store, run.id)
+        if not self.gpu_types or self.gpu_types[-1].total_bytes is None or _made_on_gpu(saved):
+            return pick(self.gpu_types, predicted_bytes(saved))
+        try:
+            on = predicted_on(read_spec(run.spec_json))
+            return pick(self.gpu_types, predicted_bytes(saved), on)
+        except Exception:  # a predictor bug must not stop the dispatching: the saved (larger) figure stands
+            log.exception("run %s: predicting its peak per GPU type failed; its saved prediction decides", run.id)
+            return pick(self.gpu_types, predicted_bytes(saved))
 
     def _data(self, job_id: str, state: JobState | None) -> dict[str, str | None]:
         data: dict[str, str | None] = {"engine": self.engine.name, "job_id": job_id}
@@ -350,6 +364,10 @@ class Dispatcher:
             # The job's worker saw only a killed child (an OOM kill, say); the engine knows why.
             log.error("run %s failed: %s", run_id, text)
         return None
+
+
+def _made_on_gpu(saved: dict | None) -> bool:
+    return bool(saved) and (saved.get("device") or {}).get("kind") == "cuda"  # type: ignore[union-attr]
 
 
 def _for_type(chosen: Pick | None) -> str:

@@ -10,18 +10,21 @@ for it, as `--gres=gpu:a100:1`) or sized types, `NAME=SIZE[@COMPUTE]` (compute c
 bf16). With sizes, the dispatcher publishes the largest type as its device, so `tunedeck submit`, `plan`
 and the form predict and check against a GPU of the cluster rather than the dashboard's own machine, and
 each run is submitted for the smallest type that keeps the planner's margin free (`MARGIN`, as its fit
-verdict). A run without a saved prediction, or predicted above every type (queued with
-`ignore_memory_prediction`), asks for the largest.
+verdict). A prediction saved on a CPU (submitted before the dispatcher published its GPU) is made
+again for each type's GPU (`predicted_on`). A run with no figure at all, or predicted above every type
+(queued with `ignore_memory_prediction`), asks for the largest.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem, ProblemError
 from jobs.memory.planner import MARGIN
+from jobs.spec.job import JobSpec
 from jobs.units import human_bytes, parse_bytes
 
 FLAG = "--gpu-type"
@@ -94,28 +97,67 @@ def parse_gpu_types(text: str | None) -> list[GpuType]:
     return sorted(types, key=lambda t: t.total_bytes or 0)
 
 
-def pick(types: list[GpuType], predicted: int | None) -> Pick | None:
-    """The type a run predicted to peak at `predicted` bytes asks for (None: no type, any GPU)."""
+def pick(types: list[GpuType], predicted: int | None, on: Callable[[GpuType], int | None] | None = None) -> Pick | None:
+    """The type a run predicted to peak at `predicted` bytes asks for (None: no type, any GPU).
+
+    `on(type)`: the run's peak predicted again for that type's GPU (a prediction saved on the CPU counts the
+    CPU's fp32 and resident memory, more than a GPU needs); where it gives None, `predicted` stands."""
     if not types:
         return None
     largest = types[-1]
     if largest.total_bytes is None:
         return Pick(largest, None)
-    if not predicted:
+    need = {gpu.name: (on(gpu) if on is not None else None) or predicted for gpu in types}
+    if not any(need.values()):
         return Pick(largest, "no memory prediction was saved with the run: the largest type")
     for i, gpu in enumerate(types):  # smallest first: every type before `gpu` was too small
-        if predicted <= MARGIN * (gpu.total_bytes or 0):
+        bytes_ = need[gpu.name]
+        if bytes_ and bytes_ <= MARGIN * (gpu.total_bytes or 0):
             smaller = ", ".join(str(t) for t in types[:i])
             left = f"; {smaller} {'leaves' if i == 1 else 'leave'} too little" if i else ""
-            return Pick(gpu, f"predicted {human_bytes(predicted)}{left}")
-    return Pick(largest, f"predicted {human_bytes(predicted)}, more than every type holds: the largest")
+            return Pick(gpu, f"predicted {human_bytes(bytes_)}{_where(gpu, bytes_, predicted)}{left}")
+    top = need[largest.name] or 0
+    where = _where(largest, top, predicted)
+    return Pick(largest, f"predicted {human_bytes(top)}{where}, more than every type holds: the largest")
+
+
+def _where(gpu: GpuType, need: int, saved: int | None) -> str:
+    """Which GPU the figure is for, when it is not the saved one."""
+    if need == saved:
+        return ""
+    return f" on {gpu.name}" + (f" (saved at submit: {human_bytes(saved)})" if saved else "")
+
+
+def predicted_on(spec: JobSpec) -> Callable[[GpuType], int | None]:
+    """The spec's peak predicted for each type's GPU: its data's lengths when they were measured at submit
+    (cached), else the max_length bound. None for every type when the model's config is not on this host."""
+    from jobs.checks.memory import model_arch, predict_memory
+    from jobs.data.row_tokens import cached_lengths
+    from jobs.models.tokenizer import tokenizer_folder
+
+    arch = model_arch(spec.model)
+    if arch[0] is None:
+        return lambda gpu: None
+    lengths = cached_lengths(spec, tokenizer_folder(spec.model))
+
+    def on(gpu: GpuType) -> int | None:
+        if gpu.total_bytes is None:
+            return None
+        prediction = predict_memory(spec, gpu_facts(gpu), arch, lengths).prediction
+        return prediction.total_bytes if prediction is not None else None
+
+    return on
 
 
 def facts_of(types: list[GpuType], host: str = "") -> DeviceFacts | None:
     """The device the dispatcher publishes: its largest sized type (None without sizes: nothing is known)."""
     if not types or types[-1].total_bytes is None:
         return None
-    gpu = types[-1]
+    return gpu_facts(types[-1], host)
+
+
+def gpu_facts(gpu: GpuType, host: str = "") -> DeviceFacts:
+    """A sized type as a device the predictor and the checks understand."""
     major = int(gpu.compute_capability.split(".")[0])
     return DeviceFacts(
         kind="cuda",
