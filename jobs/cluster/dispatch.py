@@ -367,7 +367,9 @@ class Dispatcher:
 
 
 def _made_on_gpu(saved: dict | None) -> bool:
-    return bool(saved) and (saved.get("device") or {}).get("kind") == "cuda"  # type: ignore[union-attr]
+    """Whether a saved prediction was made for a GPU (the dispatcher's published one), not the dashboard's CPU."""
+    device = (saved or {}).get("device") or {}
+    return device.get("kind") == "cuda"
 
 
 def _for_type(chosen: Pick | None) -> str:
