@@ -213,6 +213,7 @@ def test_a_burst_worker_drains_the_tasks_it_can_carry_out_then_exits(store: Stor
         store,
         poll_interval=0.05,
         sample=False,
+        child_argv=lambda run_id: python("pass"),  # a stand-in trainer: no runtime baseline to measure
         services=[lambda p: TaskService(p, poll_interval=0.05, argv_of=lambda t: python(slow))],
     )
     assert worker.work(burst=True) == 0  # no training run
