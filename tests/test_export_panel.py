@@ -31,8 +31,12 @@ def test_refusals_say_why_and_what_to_do(store, tiny_model: Path, monkeypatch: p
 
     queued = store.create_run(tiny_spec(tiny_model))
     assert "Pick a run" in ui_export.refusal(store, None, True, [], None)
-    assert "No run 999" in ui_export.refusal(store, 999, True, [], None)
-    assert f"Run {queued} is queued" in ui_export.refusal(store, queued, True, [], None)
+    assert "run 999 does not exist. Fix: list finished runs" in ui_export.refusal(store, 999, True, [], None)
+    assert f"run {queued} is queued; only a finished run has a result to export" in ui_export.refusal(
+        store, queued, True, [], None
+    )
+    said, ids = ui_export.request_push_of(store, queued, "alice/tag", "bundle", True)
+    assert f"run {queued} is queued; only a finished run has a result to push. Fix: wait" in said and ids == []
     text, ids = ui_export.request(store, None, queued, True, "bf16", [])
     assert "only a finished run" in text and ids == []
     monkeypatch.delenv(REMOTE_CODE_ENV, raising=False)

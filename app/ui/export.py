@@ -36,9 +36,9 @@ from jobs.errors import Problem
 from jobs.export.merged import DTYPES
 from jobs.export.push import WHAT as PUSH_WHAT
 from jobs.export.push import PushError
-from jobs.spec.stored import spec_of
+from jobs.spec.stored import finished_problem, spec_of
 from jobs.worker.tasks import GGUF_TYPES, TaskKind, describe, reach_problem, request_export, request_push
-from storage.models import RunStatus, TaskStatus
+from storage.models import TaskStatus
 from storage.store import RunRecord, Store, TaskRecord
 
 EXPORT_KINDS = ("export", "gguf")  # what the server serves of an export (app.server.SERVED_ARTIFACTS)
@@ -113,17 +113,15 @@ def files_update(store: Store, run_id: Any) -> Any:
     return gr.File(value=paths or None, visible=bool(paths))
 
 
-def _finished_run(store: Store, run_id: Any) -> tuple[RunRecord | None, str | None]:
-    """(the run, None) when something can be asked for it; else (None, why): none picked, no such run, not finished."""
+def _finished_run(store: Store, run_id: Any, doing: str) -> tuple[RunRecord | None, str | None]:
+    """(the run, None) when it has a result to `doing`; else (None, why): none picked, no such run, not finished
+    (the command's own check, `finished_problem`)."""
     if run_id is None:
         return None, "Pick a run first (Runs tab, or type its id above)."
     run = store.get_run(int(run_id))
-    if run is None:
-        return None, f"No run {int(run_id)}."
-    if run.status is not RunStatus.SUCCEEDED:
-        return None, (
-            f"Run {run.id} is {run.status.value}: only a finished run has a result to export. Fix: wait for it to succeed."
-        )
+    problem = finished_problem(run, int(run_id), doing)
+    if problem is not None:
+        return None, f"{problem[0]}. Fix: {problem[1]}"
     return run, None
 
 
@@ -133,7 +131,7 @@ def _words(problem: Problem | None) -> str | None:
 
 def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
     """Why the export cannot be asked for (in words, with the fix), or None."""
-    run, refused = _finished_run(store, run_id)
+    run, refused = _finished_run(store, run_id, "export")
     if run is None:
         return refused
     if not merged and not gguf:
@@ -154,7 +152,7 @@ def request(
 
 def request_push_of(store: Store, run_id: Any, repo: str, what: str, private: bool) -> tuple[str, list[int]]:
     """Queue a push for a worker: (what the log shows now, [its id]); ([]: refused, and why, naming the field)."""
-    run, refused = _finished_run(store, run_id)
+    run, refused = _finished_run(store, run_id, "push")
     if run is not None:
         refused = _words(reach_problem(store, run))
     if run is None or refused:

@@ -17,18 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobs.queue.prediction import load_prediction, predicted_bytes
+from jobs.units import parse_bytes
 from storage.store import RunRecord, Store
 
 log = logging.getLogger(__name__)
 
 GIB = 1024**3
 DEFAULT_MARGIN = "10%"
-_UNITS = {"": GIB, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": GIB, "gib": GIB, "gb": GIB}
 
 
 class ShareError(ValueError):
@@ -73,12 +72,14 @@ class SharePolicy:
                     "--share-margin", f"{margin!r} is not 0-1000%", "give a percentage of the prediction, e.g. 10%"
                 )
             return cls(limit=limit, margin_bytes=0, margin_fraction=pct / 100)
-        found = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", text)
-        if found is None or found.group(2) not in _UNITS:
+        size = parse_bytes(text)
+        if size is None:
             raise ShareError(
-                "--share-margin", f"{margin!r} is not a size", "give a size (2GiB, 512MiB) or a percentage (10%)"
+                "--share-margin",
+                f"{margin!r} is not a size",
+                "give a size (2GiB, 512MiB), or a percentage (10%; 0% for none)",
             )
-        return cls(limit=limit, margin_bytes=int(float(found.group(1)) * _UNITS[found.group(2)]), margin_fraction=0.0)
+        return cls(limit=limit, margin_bytes=size, margin_fraction=0.0)
 
 
 def wants_share(run: RunRecord) -> bool:

@@ -49,6 +49,9 @@ FILE_KINDS = ("export", "merged", "gguf")  # the artifacts an export records (ea
 ERROR_LINES = 6  # the end of the command's output kept as the task's error when it fails
 
 
+KINDS = tuple(k.value for k in TaskKind)  # every kind of task this service carries out
+
+
 def default_argv(task: TaskRecord) -> list[str]:
     return CLI + cli_args(task)
 
@@ -94,7 +97,7 @@ class TaskService:
     def pending(self) -> bool:
         if self._looking:
             return True
-        return any(self.reachable(t.run_id) for t in self.store.queued_tasks([k.value for k in TaskKind]))
+        return any(self.reachable(t.run_id) for t in self.store.queued_tasks(KINDS))
 
     def _serve(self) -> None:
         delay = self.poll_interval
@@ -131,7 +134,7 @@ class TaskService:
 
     def take(self) -> TaskRecord | None:
         """Claim the oldest queued task this worker can carry out; None when there is none."""
-        for task in self.store.queued_tasks([k.value for k in TaskKind]):
+        for task in self.store.queued_tasks(KINDS):
             if self._stop.is_set():  # a stopping worker takes nothing more (a burst worker stops at once)
                 return None
             if self.reachable(task.run_id):
