@@ -5,8 +5,13 @@ as a subprocess (`python -m app.cli.main worker`, the same as `tunedeck worker`)
 GPU hang in training never takes the web server down, and it exits with the server.
 
 Safe serving:
-- binds 127.0.0.1 by default; a non-loopback address without a login prints a warning;
+- binds 127.0.0.1 by default; every request passes `app.guard.Guard` (Host allowlist, no
+  cross-site state change, the access token when there is one) and `app.login_limit.LoginLimiter`;
+- a non-loopback address without a login gets a random access token (printed once as a URL, only
+  its hash kept); `--insecure-no-login` serves it open, with a loud warning;
 - optional login (`TUNEDECK_AUTH=user:password` or `--auth-file`, see app.auth);
+- remote code and custom reward functions only with `--allow-remote-code` / `--allow-reward-function`
+  (jobs.checks.access);
 - Gradio may serve only the runs' bundle zips (`bundle_allow_list`, re-read from the store at
   each check) plus its own upload/cache folder, which lives under `uploads_dir()`; the
   database, logs, checkpoints, model cache and `.env` files are on its blocked list;
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -32,6 +38,7 @@ from storage.store import Store
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 WORKER_STOP_TIMEOUT_S = 30.0
+TOKEN_ENV = "TUNEDECK_TOKEN"
 
 
 def is_loopback(host: str) -> bool:
@@ -48,11 +55,48 @@ def exposure_warning(host: str, port: int, has_login: bool = False) -> str | Non
     if is_loopback(host) or has_login:
         return None
     return (
-        f"WARNING: binding {host}:{port} makes the dashboard reachable from other machines. It has no "
-        "login: anyone who can reach it can start training runs, read your data and download adapters. "
-        "Use --host 127.0.0.1 (default) with an SSH tunnel, set TUNEDECK_AUTH=user:password or "
-        "--auth-file FILE (see `tunedeck hash-password`), or put it behind an authenticating proxy."
+        f"WARNING: --insecure-no-login: binding {host}:{port} makes the dashboard reachable from other "
+        "machines and it has no login and no token: anyone who can reach it can start training runs, read "
+        "your data and download adapters. Use --host 127.0.0.1 (default) with an SSH tunnel, set "
+        "TUNEDECK_AUTH=user:password or --auth-file FILE (see `tunedeck hash-password`), or put it behind "
+        "an authenticating proxy."
     )
+
+
+def access_token(host: str, has_login: bool, insecure_no_login: bool = False) -> str | None:
+    """The access token a non-loopback bind without a login needs (TUNEDECK_TOKEN, else a fresh random
+    one); None on loopback, with a login, or with --insecure-no-login."""
+    if is_loopback(host) or has_login or insecure_no_login:
+        return None
+    return os.environ.get(TOKEN_ENV, "").strip() or secrets.token_urlsafe(32)
+
+
+def token_notice(host: str, port: int, token: str) -> str:
+    """What `serve` prints once: the URL that lets a browser in (Jupyter style)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    where = "the token in TUNEDECK_TOKEN" if os.environ.get(TOKEN_ENV, "").strip() else "a new random token"
+    return (
+        f"tunedeck: no login is configured and {host}:{port} is reachable from other machines, so the "
+        f"dashboard needs an access token ({where}). Open it with:\n"
+        f"    http://{shown}:{port}/?token={token}\n"
+        "(scripts: `Authorization: Bearer TOKEN`). To use a login instead see docs/deployment.md#security."
+    )
+
+
+def guard_middleware(host: str, allowed_hosts: list[str] | None, token: str | None) -> list[Any]:
+    """The app's own middleware, outermost first: the login limiter, then the Host/Origin/token guard."""
+    from starlette.middleware import Middleware
+
+    from app.guard import Guard, GuardSettings, configured_hosts, token_hash
+    from app.login_limit import LoginLimiter
+
+    settings = GuardSettings(
+        hosts=configured_hosts(allowed_hosts or ()),
+        bind=host,
+        token_sha256=token_hash(token) if token else None,
+    )
+    return [Middleware(Guard, settings=settings), Middleware(LoginLimiter)]
 
 
 def gradio_temp_dir() -> Path:
@@ -185,6 +229,8 @@ def serve(
     port: int = 7860,
     with_worker: bool = True,
     auth_file: str | None = None,
+    allowed_hosts: list[str] | None = None,
+    insecure_no_login: bool = False,
     **launch_kwargs: Any,
 ) -> int:
     """Run the dashboard until interrupted; returns an exit code."""
@@ -196,22 +242,29 @@ def serve(
     store = Store()
     options = launch_options(store, auth_file)
     options.update(launch_kwargs)
-    warning = exposure_warning(host, port, has_login=options.get("auth") is not None)
+    has_login = options.get("auth") is not None
+    token = access_token(host, has_login, insecure_no_login)
+    warning = exposure_warning(host, port, has_login=has_login) if token is None else None
     if warning:
         print(warning, file=sys.stderr)
-    if options.get("auth") is not None:
+    if token is not None:
+        print(token_notice(host, port, token), file=sys.stderr)
+    if has_login:
         print("tunedeck: login required (TUNEDECK_AUTH / --auth-file)", file=sys.stderr)
+    app_kwargs = page_head_kwargs()  # the live page's script and style, first in the page's <head>
+    app_kwargs["middleware"] = guard_middleware(host, allowed_hosts, token) + app_kwargs["middleware"]
+    del token  # only its hash is kept (in the guard)
     worker = start_worker() if with_worker else None
     # SIGTERM (docker stop, systemd) ends the server like Ctrl-C, so the worker is stopped warm.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        demo = build_ui(store, AccessPolicy.for_server(login=options.get("auth") is not None))
+        demo = build_ui(store, AccessPolicy.for_server(login=has_login))
         app, _, _ = demo.launch(
             server_name=host,
             server_port=port,
             show_error=True,
             prevent_thread_lock=True,
-            app_kwargs=page_head_kwargs(),  # the live page's script and style, first in the page's <head>
+            app_kwargs=app_kwargs,
             **options,
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this

@@ -1,6 +1,7 @@
 """The `tunedeck` command line.
 
     tunedeck serve [--host 127.0.0.1] [--port 7860] [--no-worker] [--auth-file FILE]  # dashboard (+ worker)
+                   [--allowed-host NAME] [--insecure-no-login] [--allow-remote-code] [--allow-reward-function]
     tunedeck hash-password [--user NAME]      # a `user:HASH` line for --auth-file (password on stdin)
     tunedeck worker [--burst] [--device N] [--share N] [--share-margin 10%]  # take queued runs (burst: drain
                                               # the queue, exit); N: its GPU; --share: runs side by side
@@ -100,8 +101,20 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
 
 def cmd_serve(_store: None, args: argparse.Namespace) -> int:
     from app.server import serve
+    from jobs.checks.access import REMOTE_CODE_ENV, REWARD_FUNCTION_ENV
 
-    return serve(host=args.host, port=args.port, with_worker=not args.no_worker, auth_file=args.auth_file)
+    # The dashboard's policy (jobs.checks.access) reads these; its worker inherits them, harmlessly.
+    for flag, name in ((args.allow_remote_code, REMOTE_CODE_ENV), (args.allow_reward_function, REWARD_FUNCTION_ENV)):
+        if flag:
+            os.environ[name] = "1"
+    return serve(
+        host=args.host,
+        port=args.port,
+        with_worker=not args.no_worker,
+        auth_file=args.auth_file,
+        allowed_hosts=args.allowed_host,
+        insecure_no_login=args.insecure_no_login,
+    )
 
 
 def cmd_hash_password(_store: None, args: argparse.Namespace) -> int:
@@ -137,6 +150,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="require a login; FILE has `user:HASH` lines from `tunedeck hash-password` "
         "(or set TUNEDECK_AUTH=user:password)",
+    )
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the dashboard answers to besides 127.0.0.1/localhost (repeatable; or "
+        "TUNEDECK_ALLOWED_HOSTS=a,b): the name users type, e.g. deck.example.com",
+    )
+    s.add_argument(
+        "--insecure-no-login",
+        action="store_true",
+        help="serve a non-loopback --host with no login and no access token (anyone who reaches it can use it)",
+    )
+    s.add_argument(
+        "--allow-remote-code",
+        action="store_true",
+        help="let dashboard users train models that run their own Python code (trust_remote_code)",
+    )
+    s.add_argument(
+        "--allow-reward-function",
+        action="store_true",
+        help="let dashboard users submit a custom GRPO reward_function (Python run in training)",
     )
     s.set_defaults(func=cmd_serve, store_use=StoreUse.NONE)  # the server opens its own store
 
