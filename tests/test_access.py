@@ -29,8 +29,30 @@ def outside(tmp_path: Path) -> Path:
 
 def test_without_a_login_every_path_stays_open(data_home: Path, outside: Path) -> None:
     policy = AccessPolicy.for_server(login=False)
-    assert policy == AccessPolicy.dashboard() and not policy.restricted and policy.allow_remote_code
-    assert policy.problems(JobSpec(dataset=str(outside), trust_remote_code=True)) == []
+    assert policy == AccessPolicy.dashboard() and not policy.restricted
+    assert policy.problems(JobSpec(dataset=str(outside))) == []
+
+
+@pytest.mark.parametrize("login", [False, True])
+def test_no_dashboard_runs_remote_code_or_a_reward_function_unless_the_server_allows_it(
+    data_home: Path, monkeypatch: pytest.MonkeyPatch, login: bool
+) -> None:
+    """Issue 32: a page in the same browser can reach a local dashboard, so its users bring no code by
+    default; `serve --allow-remote-code` / `--allow-reward-function` (their variables) let them; the
+    command line keeps both."""
+    from jobs.checks.access import REMOTE_CODE_ENV, REWARD_FUNCTION_ENV
+
+    monkeypatch.delenv(REMOTE_CODE_ENV, raising=False)
+    monkeypatch.delenv(REWARD_FUNCTION_ENV, raising=False)
+    spec = JobSpec(model="tiny-llama", trust_remote_code=True)
+    (problem,) = AccessPolicy.for_server(login=login).problems(spec)
+    assert problem.field == "trust_remote_code" and "--allow-remote-code" in problem.fix
+    assert AccessPolicy.open().problems(spec) == []
+    monkeypatch.setenv(REMOTE_CODE_ENV, "1")
+    assert AccessPolicy.for_server(login=login).problems(spec) == []
+    assert not AccessPolicy.for_server(login=login).allow_reward_function
+    monkeypatch.setenv(REWARD_FUNCTION_ENV, "1")
+    assert AccessPolicy.for_server(login=login).allow_reward_function
 
 
 def test_with_a_login_paths_outside_the_data_folders_are_refused_before_reading(

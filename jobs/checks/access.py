@@ -1,18 +1,19 @@
-"""What a dashboard user may make the server do, when the dashboard is shared behind a login.
+"""What a dashboard user may make the server do.
+
+Any dashboard, with a login or without, runs no code its users bring unless the server was
+started with it allowed: `trust_remote_code` (a model's own Python) needs `serve --allow-remote-code`
+(or `TUNEDECK_ALLOW_REMOTE_CODE=1`), a GRPO `reward_function` (Python the training process imports)
+needs `serve --allow-reward-function` (or `TUNEDECK_ALLOW_REWARD_FUNCTION=1`). A page in the same
+browser could otherwise make a local dashboard run code (issue 32); the command line
+(`AccessPolicy.open()`) is not restricted: whoever runs `tunedeck` is on the server already.
 
 Without a login tunedeck serves 127.0.0.1 to the one person at that machine, who can read any
-file anyway: every path and option stays open (`AccessPolicy.open()`). With a login, several
-people reach one server, so two things stay with the server's administrator:
+file anyway: every path stays open. With a login, several people reach one server, so data stays
+with the server's administrator:
 - data files are read only from allowed folders: `TUNEDECK_DATA_DIRS` (folders separated by
   `:`), by default `$TUNEDECK_HOME/datasets` (shared data an administrator puts there) and the
   uploads folder; a path is judged after resolving `..` and symbolic links, and before anything
-  is read, so a refusal says nothing about whether a file exists;
-- `trust_remote_code` (running Python code shipped with a model) needs
-  `TUNEDECK_ALLOW_REMOTE_CODE=1` on the server.
-A GRPO `reward_function` (Python the training process imports and calls) is refused by every
-dashboard, with a login or without, and by its API: it is written into a spec file and submitted
-with `tunedeck submit` by someone on the server (`AccessPolicy.dashboard()`).
-The command line is not restricted: whoever runs `tunedeck` is on the server already.
+  is read, so a refusal says nothing about whether a file exists.
 
     policy = AccessPolicy.for_server(login=True)
     policy.problems(spec)      # [] or Problems naming the field and the fix
@@ -31,6 +32,7 @@ from jobs.spec.mixture import parse_sources
 
 DATA_DIRS_ENV = "TUNEDECK_DATA_DIRS"
 REMOTE_CODE_ENV = "TUNEDECK_ALLOW_REMOTE_CODE"
+REWARD_FUNCTION_ENV = "TUNEDECK_ALLOW_REWARD_FUNCTION"
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".gz")
 
@@ -62,8 +64,12 @@ class AccessPolicy:
 
     @classmethod
     def dashboard(cls) -> AccessPolicy:
-        """One local user at the dashboard: every path and option, but no custom reward function."""
-        return cls(allow_reward_function=False)
+        """One local user at the dashboard: every path, but no code the user brings (remote code, a
+        reward function) unless the server was started with it allowed (the environment)."""
+        return cls(
+            allow_remote_code=_truthy(os.environ.get(REMOTE_CODE_ENV)),
+            allow_reward_function=_truthy(os.environ.get(REWARD_FUNCTION_ENV)),
+        )
 
     @classmethod
     def for_server(cls, login: bool) -> AccessPolicy:
@@ -80,7 +86,7 @@ class AccessPolicy:
             restricted=True,
             data_dirs=dirs,
             allow_remote_code=_truthy(os.environ.get(REMOTE_CODE_ENV)),
-            allow_reward_function=False,
+            allow_reward_function=_truthy(os.environ.get(REWARD_FUNCTION_ENV)),
         )
 
     def data_problem(self, ref: str | None, field: str) -> Problem | None:
@@ -128,10 +134,10 @@ class AccessPolicy:
             out.append(
                 Problem(
                     "trust_remote_code",
-                    "running a model's own Python code is off on this shared "
-                    "server (it would run with the server's rights, for every user)",
-                    f"pick a model that transformers supports without it, or ask the administrator "
-                    f"to start the server with {REMOTE_CODE_ENV}=1",
+                    "running a model's own Python code is off on this dashboard "
+                    "(it would run with the server's rights, for whoever can reach the dashboard)",
+                    "pick a model that transformers supports without it, run it with `tunedeck run` on the "
+                    f"server, or start the server with --allow-remote-code ({REMOTE_CODE_ENV}=1)",
                 )
             )
         if spec.reward_function is not None and not self.allow_reward_function:
@@ -139,9 +145,10 @@ class AccessPolicy:
                 Problem(
                     "reward_function",
                     "a custom reward function runs your Python in the training process, "
-                    "so the dashboard and its API never accept one",
-                    "remove reward_function here (use built-in rewards or reward_model_run), or put it in a "
-                    "spec file and run `tunedeck submit SPEC.yaml` on the server",
+                    "so the dashboard and its API accept none unless the server allows it",
+                    "remove reward_function here (use built-in rewards or reward_model_run), put it in a "
+                    "spec file and run `tunedeck submit SPEC.yaml` on the server, or start the server with "
+                    f"--allow-reward-function ({REWARD_FUNCTION_ENV}=1)",
                 )
             )
         return out
@@ -154,6 +161,6 @@ def loading_problem(spec: JobSpec, run_id: int, policy: AccessPolicy | None, doi
         return None
     return Problem(
         "run",
-        f"run {run_id}'s model runs its own Python code (trust_remote_code), which is off on this shared server",
-        f"{doing} from the command line, or ask the administrator to start the server with {REMOTE_CODE_ENV}=1",
+        f"run {run_id}'s model runs its own Python code (trust_remote_code), which is off on this dashboard",
+        f"{doing} from the command line, or start the server with --allow-remote-code ({REMOTE_CODE_ENV}=1)",
     )
