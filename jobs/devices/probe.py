@@ -55,8 +55,9 @@ def _text(value: Any) -> str:
 
 
 def nvml_facts(index: int) -> DeviceFacts | None:
-    """Facts of visible CUDA device `index` from NVML; None without NVML or such a device."""
-    from jobs.devices.visible import visible_indices  # CUDA_VISIBLE_DEVICES -> NVML's physical indices
+    """Facts of visible CUDA device `index` from NVML; None without NVML or such a device. A MIG slice
+    (CUDA_VISIBLE_DEVICES=MIG-...) has its own memory and its card's name and capability."""
+    from jobs.devices.visible import nvml_uuids, visible_devices  # CUDA_VISIBLE_DEVICES -> NVML's devices
 
     try:
         import pynvml
@@ -64,14 +65,19 @@ def nvml_facts(index: int) -> DeviceFacts | None:
         return None
     try:
         pynvml.nvmlInit()
-        visible = visible_indices(pynvml.nvmlDeviceGetCount())
+        visible = visible_devices(pynvml.nvmlDeviceGetCount(), uuids=nvml_uuids(pynvml))
         if index >= len(visible):
             return None
-        handle = pynvml.nvmlDeviceGetHandleByIndex(visible[index])
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        entry = visible[index]
+        if isinstance(entry, str):
+            handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
+            card = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        else:
+            handle = card = pynvml.nvmlDeviceGetHandleByIndex(entry)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(card)
         return DeviceFacts(
             kind="cuda",
-            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            name=_text(pynvml.nvmlDeviceGetName(card)),
             total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
             compute_capability=f"{major}.{minor}",
             bf16=major >= 8,

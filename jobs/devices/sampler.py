@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from jobs.devices.visible import visible_indices
+from jobs.devices.visible import nvml_uuids, visible_indices
 from storage.models import MemorySource
 from storage.settings import idle_memory_retention_s
 from storage.store import MemoryPoint, Store
@@ -116,7 +116,8 @@ class GpuProbe:
             try:
                 pynvml.nvmlInit()
                 count = pynvml.nvmlDeviceGetCount()
-                self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in visible_indices(count, visible)]
+                wanted = visible_indices(count, visible, nvml_uuids(pynvml))
+                self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in wanted]
                 self._nvml = pynvml
                 if not self._handles:
                     self.reason = "no NVIDIA GPU: NVML sees no visible device"
