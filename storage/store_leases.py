@@ -18,6 +18,10 @@ run that may share, the bytes it would reserve on the device (its predicted peak
 run joins a device that already runs others only when it and every run there share, their count is
 under the limit, and the reserved bytes together fit `capacity_bytes`; all of it decided in the
 claim's one transaction. The queue stays FIFO: when its head does not fit, nothing is claimed.
+
+Fit (`skip`): the worker also passes the queued runs its device cannot hold at all (their saved
+prediction against its memory, `jobs.worker.fit`); the claim passes over them, so they stay queued
+for a worker with a larger device while this one takes the next run that fits.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select, true, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
@@ -51,8 +55,8 @@ class DeviceShare:
     reserve: Mapping[int, int] = field(default_factory=dict)
 
 
-def _next_queued(s: Session, host: str, device: str) -> int | None:
-    """The first queued run, row-locked until the claim's transaction ends.
+def _next_queued(s: Session, host: str, device: str, skip: Collection[int] = ()) -> int | None:
+    """The first queued run not in `skip`, row-locked until the claim's transaction ends.
 
     On PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run another claim holds is passed
     over, and one that stopped being queued since this statement began is re-checked and skipped.
@@ -64,6 +68,7 @@ def _next_queued(s: Session, host: str, device: str) -> int | None:
             m.Run.status == RunStatus.QUEUED.value,
             or_(m.Run.pin_host.is_(None), m.Run.pin_host == host),
             or_(m.Run.pin_device.is_(None), m.Run.pin_device == device),
+            m.Run.id.not_in(list(skip)) if skip else true(),
         )
         .order_by(m.Run.queue_order, m.Run.id)
         .limit(1)
@@ -123,6 +128,7 @@ class LeasesMixin(StoreCore):
         worker_pid: int | None = None,
         host: str | None = None,
         share: DeviceShare | None = None,
+        skip: Collection[int] = (),
     ) -> RunRecord | None:
         """Atomically move the first queued run to running for this worker, while `device` has room for it.
 
@@ -132,7 +138,8 @@ class LeasesMixin(StoreCore):
         before sharing); with it, a run joins the runs already there when all of them share and it
         fits (see the module docstring). The lease is (host, device): it stays taken until its
         worker releases it (`release_device`, once the run's process group is gone). A run pinned
-        to a host or device (`pin_host`, `pin_device`) is only taken by a worker there.
+        to a host or device (`pin_host`, `pin_device`) is only taken by a worker there; a run in
+        `skip` (it does not fit this device) is passed over and stays queued.
         """
         now = time.time()
         host = host or socket.gethostname()
@@ -141,7 +148,7 @@ class LeasesMixin(StoreCore):
             holder = json.loads(lease.value or "{}")
             if lease_runs(holder) and holder.get("worker_id") != worker_id:
                 return None
-            candidate = _next_queued(s, host, device)
+            candidate = _next_queued(s, host, device, skip)
             if candidate is None or not _admits(holder, worker_id, candidate, share):
                 return None
             result = s.execute(

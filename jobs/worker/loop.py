@@ -46,6 +46,7 @@ from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV
 from jobs.worker import leases, processes, runtime
+from jobs.worker.fit import FitGate
 from jobs.worker.outcome import first_line, quietly, record_end, run_status, saving_checkpoint
 from jobs.worker.pool import RunPool
 from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wait_exit, wait_group_gone
@@ -111,6 +112,7 @@ class Worker:
         self._beat_lock = threading.Lock()
         self._children: dict[int, int] = {}  # run id -> child pid of every run training now (heartbeats)
         self.share = share or SharePolicy()
+        self.fit = FitGate(store, self.worker_id, self.share)  # what this device cannot hold is passed over
         self.services = list(services)  # what the worker carries out beside training (`jobs.worker.services`)
         self.pool: RunPool | None = None  # set by publish_device when `share` lets runs share the device
         # stop() writes a byte here so a watch asleep in select() wakes at once (see wait_exit).
@@ -156,7 +158,7 @@ class Worker:
                     run = None if self.pool is not None and self.pool.full() else self._claim()
                     if run is None:
                         idle = self.pool is None or not self.pool.active
-                        if burst and idle and not self.store.queued() and not any_pending(running):
+                        if burst and idle and not self.fit.any_queued() and not any_pending(running):
                             break  # no run left, and no export, push or chat turn this worker can carry out
                         delay = 0.0
                         self._stop.wait(self.poll_interval) if idle else self.pool.wait_slot(self.poll_interval)  # type: ignore[union-attr]
@@ -206,6 +208,7 @@ class Worker:
 
         facts = detect(int(self.device) if self.device.isdigit() else 0)
         self.trains_on_cpu = facts.kind != "cuda"  # the children's allocator setting follows (child_env)
+        self.fit.facts = facts
         if self.share.enabled and self.pool is None:  # published once more (a bench): the same pool
             self.pool = RunPool(self.share, facts.total_bytes)
         self._publish(facts)
@@ -353,9 +356,10 @@ class Worker:
     # ------------------------------------------------------------------ helpers
     def _claim(self) -> RunRecord | None:
         """The next run this device has room for: alone, or next to the runs sharing it (`jobs.worker.pool`)."""
+        skip = self.fit.passed_over(self.host, self.device, list(self._children.values()))
         if self.pool is not None:
-            return self.pool.claim(self.store, self.worker_id, self.device, os.getpid(), self.host)
-        return self.store.claim_next_on_device(self.worker_id, self.device, os.getpid(), host=self.host)
+            return self.pool.claim(self.store, self.worker_id, self.device, os.getpid(), self.host, skip)
+        return self.store.claim_next_on_device(self.worker_id, self.device, os.getpid(), host=self.host, skip=skip)
 
     def child_env(self, run_id: int | None = None) -> dict[str, str]:
         """The environment of a training child (and of the runtime baseline, measured like one).

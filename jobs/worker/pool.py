@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from jobs.worker.share import SharePolicy, memory_fraction, reserves
 from storage.store import DeviceShare, RunRecord, Store
@@ -45,13 +45,17 @@ class RunPool:
     def full(self) -> bool:
         return len(self.active) >= self.policy.limit
 
-    def claim(self, store: Store, worker_id: str, device: str, pid: int, host: str) -> RunRecord | None:
-        """The next queued run, when it fits on the device next to the runs already there (one transaction)."""
+    def claim(
+        self, store: Store, worker_id: str, device: str, pid: int, host: str, skip: Collection[int] = ()
+    ) -> RunRecord | None:
+        """The next queued run not in `skip`, when it fits on the device next to the runs already there (one
+        transaction)."""
         # The claim takes the queue's head for this device: only the first few can be it (a file read each).
-        mine = [r for r in store.queued() if r.pin_host in (None, host) and r.pin_device in (None, device)]
+        queued = [r for r in store.queued() if r.id not in skip]
+        mine = [r for r in queued if r.pin_host in (None, host) and r.pin_device in (None, device)]
         reserve = reserves(store, mine[:HEAD], self.policy)
         share = DeviceShare(limit=self.policy.limit, capacity_bytes=self.capacity_bytes, reserve=reserve)
-        run = store.claim_next_on_device(worker_id, device, pid, host=host, share=share)
+        run = store.claim_next_on_device(worker_id, device, pid, host=host, share=share, skip=skip)
         if run is not None and run.id in reserve:
             with self._lock:
                 self.reserved[run.id] = reserve[run.id]
