@@ -101,3 +101,27 @@ def test_a_sharing_run_needs_its_margin_too(store: Store) -> None:
     gate = FitGate(store, "w24", SharePolicy(limit=2, margin_fraction=0.1), facts=CARD24, room=lambda: None)
     assert gate.passed_over("h1", "0") == {shared}  # 22 GiB + 10% > 24 GiB; alone it fits
     assert alone not in gate.passed
+
+
+def test_at_submit_memory_other_processes_hold_is_a_warning_naming_them(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    from types import SimpleNamespace
+
+    import jobs.devices.room as room
+    from jobs.checks.memory import taken_memory_warning
+
+    here = DeviceFacts(kind="cuda", name="H100", total_bytes=80 * GIB, index=0, host=socket.gethostname())
+    tenant = DeviceRoom(80 * GIB, 50 * GIB, (Holder(4242, "python3", 30 * GIB),))
+    monkeypatch.setattr(room, "read_room", lambda index: tenant)
+    prediction = SimpleNamespace(total_bytes=60 * GIB)
+    warning = taken_memory_warning(prediction, here, store)
+    assert warning and "pid 4242 (python3) 30.0 GiB" in warning and "50.0 GiB free" in warning
+    assert taken_memory_warning(SimpleNamespace(total_bytes=40 * GIB), here, store) is None  # fits beside it
+    elsewhere = DeviceFacts(kind="cuda", name="H100", total_bytes=80 * GIB, index=0, host="another-host")
+    assert taken_memory_warning(prediction, elsewhere, store) is None  # another host's GPU: NVML cannot tell
+    ours = store.create_run(JobSpec(model="tiny-llama", max_steps=1))
+    store.claim_next_on_device("w1", "0")
+    store.set_child(ours, 4242)
+    assert taken_memory_warning(prediction, here, store) is None  # 4242 is tunedeck's own run

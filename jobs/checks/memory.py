@@ -96,3 +96,37 @@ def predict_memory(
         return Memory(worst, found, source)
     data = replace(predict(spec, found, facts, lengths), worst_case_bytes=worst.total_bytes)
     return Memory(data, found, source, lengths)
+
+
+def taken_memory_warning(prediction: Any, facts: DeviceFacts, store: Any = None) -> str | None:
+    """At submit: a warning when other processes hold so much of the target GPU now that the run would
+    not fit beside them (it is queued and waits; the claim judges again, `jobs.worker.fit`). Only a GPU of
+    this host can be read (NVML); tunedeck's own running runs there are not counted as others."""
+    import socket
+
+    from jobs.devices.room import own_pids, read_room
+    from jobs.units import human_bytes
+
+    if prediction is None or not facts.cuda or (facts.host and facts.host != socket.gethostname()):
+        return None
+    room = read_room(facts.index or 0)
+    if room is None:
+        return None
+    ours = own_pids(r.child_pid for r in _running(store) if r.child_pid)
+    needed, available = int(prediction.total_bytes), room.available(ours)
+    if needed <= available or needed > facts.total_bytes:
+        return None  # fits now, or will not fit at all (the verdict says so)
+    others = room.others_text(ours)
+    return (
+        f"other processes hold {human_bytes(facts.total_bytes - available)} of {facts.name} now"
+        f"{f' ({others})' if others else ''}: {human_bytes(needed)} needed, {human_bytes(available)} free; "
+        "the run stays queued until they release it"
+    )
+
+
+def _running(store: Any) -> list[Any]:
+    if store is None:
+        return []
+    from storage.models import RunStatus
+
+    return list(store.list_runs(RunStatus.RUNNING))

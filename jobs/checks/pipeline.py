@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.checks.access import AccessPolicy
 from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
-from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory
+from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.template import assistant_only_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.devices.facts import DeviceFacts
@@ -140,6 +140,8 @@ def _check_spec(
         problems += reward_run_problems(store, spec)
     warnings = capability_warnings(spec, capability) + [w for info in infos.values() for w in info.warnings]
     warnings += answer_warnings
+    taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None
+    warnings += [taken] if taken else []
     return Checked(spec, _unique(problems), facts, infos, memory, warnings)
 
 

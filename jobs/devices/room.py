@@ -13,7 +13,7 @@ is taken to be the others', less what our processes are known to hold.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,20 @@ class DeviceRoom:
         return ", ".join(
             f"pid {h.pid} ({h.name}){' ' + human_bytes(h.bytes) if h.bytes is not None else ''}" for h in others
         )
+
+
+def own_pids(children: Iterable[int]) -> set[int]:
+    """The training children and everything under them (tunedeck's own runs on the device)."""
+    import psutil
+
+    out: set[int] = set()
+    for pid in children:
+        out.add(pid)
+        try:
+            out.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:  # ended meanwhile
+            continue
+    return out
 
 
 def _name(pid: int) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from jobs.devices.facts import DeviceFacts
-from jobs.devices.room import DeviceRoom, read_room
+from jobs.devices.room import DeviceRoom, own_pids, read_room
 from jobs.queue.prediction import load_prediction, predicted_bytes
 from jobs.units import human_bytes
 from jobs.worker.share import SharePolicy, wants_share
@@ -56,20 +56,6 @@ def fit_problem(needed: int, facts: DeviceFacts, room: DeviceRoom | None, ours: 
         f"needs {human_bytes(needed)}, but other processes leave only {human_bytes(available)} of {where} "
         f"free{held}: it waits until they release it"
     )
-
-
-def own_pids(children: Iterable[int]) -> set[int]:
-    """The training children and everything under them (tunedeck's own runs on the device)."""
-    import psutil
-
-    out: set[int] = set()
-    for pid in children:
-        out.add(pid)
-        try:
-            out.update(p.pid for p in psutil.Process(pid).children(recursive=True))
-        except psutil.Error:  # ended meanwhile
-            continue
-    return out
 
 
 @dataclass
