@@ -41,4 +41,9 @@ ENV TUNEDECK_HOME=/data \
 VOLUME /data
 EXPOSE 7860
 
+# Off loopback without a login, `serve` makes an access token and prints the URL with it once
+# (`docker logs`); set TUNEDECK_AUTH (or --auth-file) for a login instead, TUNEDECK_TOKEN for a token
+# of your own (docs/deployment.md#security). /tunedeck/health answers without it.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/tunedeck/health', timeout=5)"
 CMD ["tunedeck", "serve", "--host", "0.0.0.0"]
