@@ -4,6 +4,7 @@ list, UUIDs and MIG ids are looked up in NVML (here a fake lookup), unknown ones
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -73,3 +74,91 @@ def test_unknown_or_ambiguous_uuids_are_dropped_with_a_warning(caplog: pytest.Lo
         assert visible_devices(2, MIG_A, None) == []  # no NVML to ask
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 3 and "GPU-deadbeef" in warned[0] and "left out" in warned[0]
+
+
+class FakeNvml:
+    """pynvml's calls the probe and the claim use, over two cards; card 1 has MIG slice MIG_A (20 GiB of its 80)."""
+
+    class NVMLError(Exception):
+        pass
+
+    GIB = 1024**3
+
+    def __init__(self) -> None:
+        self.cards = [("NVIDIA RTX 4090", CARD0, 24), ("NVIDIA H100", CARD1, 80)]
+
+    def nvmlInit(self) -> None:  # noqa: N802 (pynvml's names)
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple:  # noqa: N802
+        return ("card", index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple:  # noqa: N802
+        if uuid == MIG_A:
+            return ("mig", 1)
+        return ("card", [c[1] for c in self.cards].index(uuid))
+
+    def nvmlDeviceGetUUID(self, handle: tuple) -> bytes:  # noqa: N802
+        return (MIG_A if handle[0] == "mig" else self.cards[handle[1]][1]).encode()
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: tuple) -> int:  # noqa: N802
+        if handle[1] == 0:
+            raise self.NVMLError("not supported")
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: tuple, slot: int) -> tuple:  # noqa: N802
+        if slot == 1:
+            raise self.NVMLError("not found")  # an empty slot
+        return ("mig", handle[1])
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: tuple) -> tuple:  # noqa: N802
+        return ("card", handle[1])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple) -> object:  # noqa: N802
+        from types import SimpleNamespace
+
+        total = 20 if handle[0] == "mig" else self.cards[handle[1]][2]
+        return SimpleNamespace(total=total * self.GIB, free=(total - 5) * self.GIB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: tuple) -> list:  # noqa: N802
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(pid=999_999_999, usedGpuMemory=5 * self.GIB)]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: tuple) -> list:  # noqa: N802
+        raise self.NVMLError("not supported")
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: tuple) -> tuple[int, int]:  # noqa: N802
+        return (9, 0) if handle[1] == 1 else (8, 9)
+
+    def nvmlDeviceGetName(self, handle: tuple) -> str:  # noqa: N802
+        return self.cards[handle[1]][0]
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        return "570.00"
+
+
+def test_the_probe_and_the_room_read_uuids_and_mig_slices_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.devices.probe import nvml_facts
+    from jobs.devices.room import read_room
+    from jobs.devices.visible import nvml_uuids
+
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert nvml_uuids(fake)() == {CARD0: 0, CARD1: 1, MIG_A: 1}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", CARD1)
+    facts = nvml_facts(0)
+    assert facts is not None and facts.name == "NVIDIA H100" and facts.total_bytes == 80 * FakeNvml.GIB
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_A)
+    facts = nvml_facts(0)
+    assert facts is not None and facts.name == "NVIDIA H100" and facts.total_bytes == 20 * FakeNvml.GIB  # the slice's
+    room = read_room(0)
+    assert room is not None and room.total_bytes == 20 * FakeNvml.GIB and room.free_bytes == 15 * FakeNvml.GIB
+    assert (
+        room.taken_by_others() == 5 * FakeNvml.GIB and "pid 999999999 (not visible here) 5.0 GiB" in room.others_text()
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert nvml_facts(0) is None and read_room(0) is None  # no GPU: the CPU's facts take over
