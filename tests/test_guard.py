@@ -321,3 +321,18 @@ def test_a_page_from_another_origin_cannot_change_the_dashboard(local: dict) -> 
         assert " 200 " not in line, seen  # nothing accepted, nothing read
         assert " 403 " in line or " error " in line or " 0 " in line, seen
     assert not [p for p in uploads.rglob("from-evil.jsonl")], "the cross-origin upload was saved"
+
+
+def test_a_script_uses_the_api_with_the_token_and_remote_code_stays_off(tokened: dict) -> None:
+    from gradio_client import Client
+
+    client = Client(
+        tokened["base"] + "/",
+        headers={"Authorization": f"Bearer {tokened['token']}"},
+        analytics_enabled=False,
+        verbose=False,
+    )
+    assert client.predict(api_name="/runs") == []
+    out = client.predict(spec_yaml="model: tiny-llama\ntrust_remote_code: true\nmax_steps: 1\n", api_name="/submit")
+    assert out["run_id"] is None and [p["field"] for p in out["problems"]] == ["trust_remote_code"]
+    assert "--allow-remote-code" in out["problems"][0]["fix"]
