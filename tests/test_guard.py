@@ -64,6 +64,10 @@ def test_an_origin_passes_only_as_the_page_s_own_or_a_configured_host() -> None:
 
 
 def test_the_token_is_compared_by_its_hash() -> None:
+    from app.guard import _cookie_token
+
+    assert _cookie_token(f"a=b; tunedeck-token={TOKEN}; c=d".encode()) == TOKEN
+    assert _cookie_token(b"xtunedeck-token=abc") is None and _cookie_token(b"garbage") is None
     s = GuardSettings(token_sha256=token_hash(TOKEN))
     assert s.token_ok(TOKEN) and not s.token_ok(TOKEN + "x") and not s.token_ok("") and not s.token_ok(None)
     assert GuardSettings().token_ok(None)
