@@ -5,13 +5,15 @@ Three checks, each a few dictionary look-ups per request (the live stream and th
 pass through it many times a minute):
 - **Host.** The `Host` header must name this server: a loopback name (`localhost`, `127.0.0.1`,
   `::1`, with or without a port), a name an administrator allowed (`serve --allowed-host NAME`,
-  `TUNEDECK_ALLOWED_HOSTS=a,b`), the address it is bound to, or, bound to every address
+  `TUNEDECK_ALLOWED_HOSTS=a,b`), the address or name it is bound to, or, bound to every address
   (`0.0.0.0`/`::`), any IP address. A DNS-rebinding page reaches the server under its own name, so
   its requests carry that name and are refused (421).
-- **Origin.** A state-changing request (POST, PUT, PATCH, DELETE) whose `Origin` is another site is
-  refused (403): its Origin must be the page's own (`scheme://` + the request's Host) or name an
-  allowed host. Requests without an Origin (scripts, curl, `gradio_client`) are not browsers'
-  cross-site requests and pass.
+- **Origin.** A request whose `Origin` is another site is refused (403), whatever its method: a
+  state change (POST, PUT, PATCH, DELETE) and a read alike (Gradio's own CORS lets pages of any
+  local origin read its answers). Its Origin must be the page's own (`scheme://` + the request's
+  Host) or name an allowed host. Browsers send no Origin on a same-origin GET, and scripts (curl,
+  `gradio_client`) none at all: those pass. (A CORS preflight, OPTIONS, is answered by Gradio's CORS
+  layer, which sits outside this one; it carries nothing, and the request it announces is refused.)
 - **Token** (only when the server made one: `app.server.access_token`). The request must carry it:
   the `tunedeck-token` cookie (set when `/?token=...` is opened), `Authorization: Bearer TOKEN`, or
   `?token=TOKEN`. Only the token's SHA-256 is kept. `/tunedeck/health` answers `ok` without it (for
@@ -34,7 +36,6 @@ ALLOWED_HOSTS_ENV = "TUNEDECK_ALLOWED_HOSTS"
 TOKEN_COOKIE = "tunedeck-token"
 HEALTH_PATH = "/tunedeck/health"
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Gradio's launch() asks this path of itself, without any token, before the server is ready.
 TOKEN_FREE_PATHS = frozenset({HEALTH_PATH, "/gradio_api/startup-events"})
 
@@ -91,15 +92,15 @@ class GuardSettings:
         if not host:
             return False
         name = _split_host(host)
-        if name in LOOPBACK_HOSTS or host.strip().lower() in self.hosts or name in self.hosts:
+        bind = self.bind.strip("[]").lower()
+        if name in LOOPBACK_HOSTS or host.strip().lower() in self.hosts or name in self.hosts or name == bind:
             return True
         if _is_ip(name):
-            bind = self.bind.strip("[]")
-            return name == bind or bind in ("0.0.0.0", "::", "")
+            return bind in ("0.0.0.0", "::", "")  # bound to every address: any of them
         return False
 
     def origin_allowed(self, origin: str, host: str) -> bool:
-        """Whether a state-changing request from a page at `origin` may reach the server named `host`."""
+        """Whether a request from a page at `origin` may reach the server named `host`."""
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return False  # "null" (a sandboxed frame, a file:// page) and anything odd
@@ -178,9 +179,8 @@ class Guard:
                 f"localhost, or have the administrator allow the name (tunedeck serve --allowed-host NAME)"
             )
         origin = headers.get(b"origin")
-        if origin is not None and scope.get("method", "GET") in STATE_CHANGING:
-            if not s.origin_allowed(origin.decode("latin-1"), host):
-                return f"403 a page from another site ({origin.decode('latin-1')}) may not change this dashboard"
+        if origin is not None and not s.origin_allowed(origin.decode("latin-1"), host):
+            return f"403 a page from another site ({origin.decode('latin-1')}) may not read or change this dashboard"
         if s.token_sha256 is None:
             return None
         path = scope.get("path", "")

@@ -49,6 +49,7 @@ def test_loopback_names_configured_names_and_ips_of_a_wildcard_bind_are_the_only
     assert wildcard.host_allowed("10.0.0.5:7860") and wildcard.host_allowed("[fe80::1]:7860")
     assert not wildcard.host_allowed("evil.example:7860")
     assert GuardSettings(bind="10.0.0.5").host_allowed("10.0.0.5:7860")
+    assert GuardSettings(bind="gpu1.lab").host_allowed("GPU1.lab:7860")  # the name it was told to bind
     assert not GuardSettings(bind="10.0.0.5").host_allowed("10.0.0.6:7860")
     assert configured_hosts([], env="a.example, b.example c.example") == {"a.example", "b.example", "c.example"}
 
@@ -193,15 +194,17 @@ def test_loopback_names_are_served_as_before(local: dict) -> None:
         assert own.status_code == 200, own.text
 
 
-def test_a_state_change_from_another_site_is_refused(local: dict) -> None:
+def test_a_request_from_another_site_is_refused(local: dict) -> None:
     with httpx.Client(base_url=local["base"], timeout=10) as client:
         for origin in ("https://evil.example", "http://127.0.0.1:1", "null", f"http://localhost:{local['port']}"):
             for path in ("/gradio_api/upload", "/gradio_api/call/submit", "/gradio_api/queue/join"):
                 r = _send(client, "POST", path, origin=origin)
                 assert r.status_code == 403, (origin, path, r.status_code)
                 assert "another site" in r.json()["error"]
-        # Reading is not a state change: a cross-site GET is answered (the browser's CORS keeps it from the page).
-        assert client.get("/config", headers={"origin": "https://evil.example"}).status_code == 200
+        # Reads too: Gradio's CORS would let a page of another local origin read its answers.
+        for path in ("/config", "/gradio_api/info", "/tunedeck/live?runs=1"):
+            r = _send(client, "GET", path, origin="http://127.0.0.1:1")
+            assert r.status_code == 403, (path, r.status_code)
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +299,7 @@ async function attempt(path, init) {
     await attempt("/gradio_api/upload", {method: "POST", body: form, credentials: "include"}),
     await attempt("/gradio_api/call/submit", {method: "POST", body: spec, headers: {"content-type": "application/json"}}),
     await attempt("/gradio_api/upload", {method: "POST", body: form, mode: "no-cors"}),
+    await attempt("/config", {credentials: "include"}),
   ];
   document.getElementById("out").textContent = out.join("\\n");
 })();
@@ -320,7 +324,7 @@ def test_a_page_from_another_origin_cannot_change_the_dashboard(local: dict) -> 
     finally:
         server.shutdown()
     lines = seen.splitlines()
-    assert len(lines) == 3, seen
+    assert len(lines) == 4, seen
     for line in lines:
         assert " 200 " not in line, seen  # nothing accepted, nothing read
         assert " 403 " in line or " error " in line or " 0 " in line, seen
