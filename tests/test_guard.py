@@ -74,6 +74,15 @@ def test_the_token_is_compared_by_its_hash() -> None:
     assert GuardSettings().token_ok(None)
 
 
+def test_serve_takes_allowed_hosts_and_the_ways_out() -> None:
+    from app.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", "--allowed-host", "a.example", "--allowed-host", "b.example"])
+    assert args.allowed_host == ["a.example", "b.example"] and not args.insecure_no_login
+    assert not args.allow_remote_code and not args.allow_reward_function
+    assert build_parser().parse_args(["serve", "--insecure-no-login"]).insecure_no_login
+
+
 def test_a_token_is_made_off_loopback_only_without_a_login() -> None:
     assert access_token("127.0.0.1", has_login=False) is None
     assert access_token("localhost", has_login=False) is None
@@ -139,7 +148,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The default: 127.0.0.1, no login (the one-user dashboard a rebinding page would aim at)."""
     home = tmp_path_factory.mktemp("guard-local")
-    proc, port = _serve(home, home / "server.log")
+    proc, port = _serve(home, home / "server.log", args=("--allowed-host", "deck.example.test"))
     try:
         yield {"base": f"http://127.0.0.1:{port}", "port": port, "home": home}
     finally:
@@ -183,8 +192,8 @@ def test_a_forged_host_is_refused_on_every_route(local: dict) -> None:
 
 def test_loopback_names_are_served_as_before(local: dict) -> None:
     with httpx.Client(base_url=local["base"], timeout=10) as client:
-        for host in (f"127.0.0.1:{local['port']}", f"localhost:{local['port']}", "localhost"):
-            r = client.get("/", headers={"host": host})
+        for host in (f"127.0.0.1:{local['port']}", f"localhost:{local['port']}", "localhost", "deck.example.test"):
+            r = client.get("/", headers={"host": host})  # the last: allowed by `serve --allowed-host`
             assert r.status_code == 200 and "gradio_config" in r.text, host
         up = client.post("/gradio_api/upload", files={"files": ("ok.jsonl", b"{}\n")})  # no Origin: a script
         assert up.status_code == 200, up.text
