@@ -296,11 +296,12 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
     from jobs.devices.facts import CPU
     from jobs.memory.count import LiveBytes
     from jobs.train.trainers import build_trainer
-    from jobs.train.training import load_model
+    from jobs.train.training import load_model, moe_layout_of
 
     torch.manual_seed(0)
     model, tokenizer = load_model(spec, CPU)  # read from safetensors: invisible to the counter, handed over below
     train_ds, _ = load_datasets(spec)
+    moe = moe_layout_of(model)
     with LiveBytes() as counter:
         counter.track_module(model)
         weights = counter.live
@@ -314,7 +315,7 @@ def measure_cpu(spec: JobSpec, out: Path) -> dict[str, int]:
                 gradient_checkpointing_kwargs={"use_reentrant": False},
             )
         trainer = build_trainer(
-            spec, model, tokenizer, args, train_ds, None, peft_config(spec, model.config.model_type), []
+            spec, model, tokenizer, args, train_ds, None, peft_config(spec, model.config.model_type, moe), []
         )
         if getattr(trainer, "ref_model", None) is not None:  # DPO's reference copy, loaded by trl from disk
             counter.track_module(trainer.ref_model)

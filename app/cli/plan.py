@@ -56,6 +56,11 @@ def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Pr
     lines = [
         f"model architecture from {source}; {prediction.trainable_params:,} of {prediction.total_params:,} "
         f"parameters train; precision {prediction.precision}; peak in the {prediction.phase}",
+        *(
+            [f"mixture of experts: {prediction.active_params:,} of {prediction.total_params:,} parameters active per token"]
+            if prediction.active_params is not None
+            else []
+        ),
         "",
         f"{'PART':12s} {'BYTES':>10s} {'SHARE':>6s}  FORMULA",
     ]

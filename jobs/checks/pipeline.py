@@ -12,8 +12,9 @@ being found again:
    where it matters; the tokenizer is loaded at most once, from this machine's files;
 5. device: what the device cannot do (`jobs.config.mapping.device_problems`); when no worker has
    published its device, the fix says that the check used this machine's;
-6. combinations: what trl/peft refuse, with the model's layer shapes where the method needs them,
-   and the assistant_only_loss needs of rows and template;
+6. combinations: what trl/peft refuse, with the model's layer shapes where the method needs them
+   (a mixture-of-experts model's adapter places: `jobs.config.moe`), and the assistant_only_loss needs
+   of rows and template;
 7. memory: the predicted peak on the device (`jobs.checks.memory`) for the worst micro-batch of the
    training rows' measured token lengths (`jobs.data.row_tokens`, cached), with the max_length
    worst case kept as the bound; a "will not fit" is a problem only when nothing else is wrong
@@ -42,6 +43,7 @@ from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.template import assistant_only_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
+from jobs.config.moe import moe_notes, moe_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
@@ -126,7 +128,10 @@ def _check_spec(
     arch = model_arch(spec.model) if valid or spec.method in MODEL_CHECKED_METHODS else (None, "")
     capability = facts.device()
     problems += [_where(p, note) for p in device_problems(spec, capability)]
-    problems += combination_problems(spec, arch[0].shape if arch[0] is not None else None)
+    shape = arch[0].shape if arch[0] is not None else None
+    problems += combination_problems(spec, shape)
+    moe = shape.moe if shape is not None else None
+    problems += moe_problems(spec, moe)
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
@@ -138,7 +143,8 @@ def _check_spec(
         from jobs.models.reward_model import reward_run_problems
 
         problems += reward_run_problems(store, spec)
-    warnings = capability_warnings(spec, capability) + [w for info in infos.values() for w in info.warnings]
+    warnings = capability_warnings(spec, capability) + moe_notes(spec, moe)
+    warnings += [w for info in infos.values() for w in info.warnings]
     warnings += answer_warnings
     taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None
     warnings += [taken] if taken else []

@@ -307,11 +307,17 @@ def training_config(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
 
 
 def resolved_config(
-    spec: JobSpec, device: Device, output_dir: str, *, has_eval: bool = False, model_type: str | None = None
+    spec: JobSpec,
+    device: Device,
+    output_dir: str,
+    *,
+    has_eval: bool = False,
+    model_type: str | None = None,
+    moe: Any = None,
 ) -> dict[str, Any]:
     """A JSON-able record of exactly what the trl config, peft config and BitsAndBytesConfig received."""
     precision = resolve_precision(spec, device)
-    peft_found = peft_kwargs(spec, model_type)
+    peft_found = peft_kwargs(spec, model_type, moe)
     return {
         "device": {**asdict(device), "compute_capability": list(device.compute_capability or []) or None},
         "precision": precision.value,

@@ -20,8 +20,9 @@ IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
 IA3_LLAMA_FEEDFORWARD = ["down_proj"]
 
 
-def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict[str, Any]] | None:
-    """(peft config class name, its keyword arguments) for the spec's method; None for full."""
+def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -> tuple[str, dict[str, Any]] | None:
+    """(peft config class name, its keyword arguments) for the spec's method; None for full. `moe`: the model's
+    `jobs.models.moe_layout.MoeLayout` (None: a dense model), where the spec's moe_targets places adapters."""
     m = spec.method
     base: dict[str, Any] = {"task_type": task_type(spec)}
     if m is Method.FULL:
@@ -33,12 +34,22 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
     if m in LORA_FAMILY:
         from jobs.config.methods import lora_init_kwargs, targets
 
+        modules, placed = targets(spec), {}
+        dropout = spec.lora_dropout
+        if moe is not None:
+            from jobs.config.moe import moe_targets
+
+            chosen = moe_targets(spec, moe, modules)
+            modules = chosen.target_modules
+            if chosen.target_parameters:  # peft's ParamWrapper: no dropout inside a fused expert matmul
+                placed, dropout = {"target_parameters": chosen.target_parameters}, 0.0
         return "LoraConfig", {
             **base,
             "r": spec.lora_r,
             "lora_alpha": spec.lora_alpha,
-            "lora_dropout": spec.lora_dropout,
-            "target_modules": targets(spec),
+            "lora_dropout": dropout,
+            "target_modules": modules,
+            **placed,
             "use_rslora": spec.use_rslora,
             "use_dora": m is Method.DORA,
             "bias": "none",
@@ -72,9 +83,9 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None) -> tuple[str, dict
     raise ValueError(f"no peft mapping for method {m!r}")  # pragma: no cover - enum is closed
 
 
-def peft_config(spec: JobSpec, model_type: str | None = None) -> Any | None:
+def peft_config(spec: JobSpec, model_type: str | None = None, moe: Any = None) -> Any | None:
     """The peft config object for the spec's method, or None for a full fine-tune."""
-    found = peft_kwargs(spec, model_type)
+    found = peft_kwargs(spec, model_type, moe)
     if found is None:
         return None
     from jobs.config.methods import config_class

@@ -27,6 +27,7 @@ from typing import Any
 
 from jobs.memory.parts import Arch, LayerLinear
 from jobs.memory.shape import Linear, ModelShape
+from jobs.models.moe_layout import MoeLayout
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def cache_key(config_text: str) -> str:
 
 @functools.cache
 def _code() -> str:
-    return "".join(hashlib.sha256((_HERE / name).read_bytes()).hexdigest() for name in ("parts.py", "shape.py"))
+    files = ("parts.py", "shape.py", "../models/moe_layout.py")
+    return "".join(hashlib.sha256((_HERE / name).read_bytes()).hexdigest() for name in files)
 
 
 def arch_to_json(arch: Arch) -> dict[str, Any]:
@@ -84,6 +86,8 @@ def arch_to_json(arch: Arch) -> dict[str, Any]:
 def arch_from_json(data: dict[str, Any], config: dict[str, Any]) -> Arch:
     shape = dict(data["shape"])
     shape["linears"] = tuple(Linear(**lin) for lin in shape["linears"])
+    moe = shape.get("moe")
+    shape["moe"] = MoeLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in moe.items()}) if moe else None
     fields = dict(data)
     fields["param_shapes"] = tuple(tuple(s) for s in data["param_shapes"])
     fields["block_linears"] = tuple(LayerLinear(**lin) for lin in data["block_linears"])

@@ -65,7 +65,7 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     config = transformers_config(shape.config) if isinstance(shape.config, dict) else shape.config  # read back
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    trainable, _ = get_peft_model(model, peft_config(spec, shape.model_type)).get_nb_trainable_parameters()
+    trainable, _ = get_peft_model(model, peft_config(spec, shape.model_type, shape.moe)).get_nb_trainable_parameters()
     return int(trainable)
 
 
@@ -76,11 +76,15 @@ def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
     m = spec.method
     if m is Method.FULL:
         return ParamCount(shape.total, shape.total)
-    found = peft_kwargs(spec, shape.model_type)
+    found = peft_kwargs(spec, shape.model_type, shape.moe)
     assert found is not None
     kwargs = found[1]
     h, n = shape.hidden_size, spec.num_virtual_tokens
-    if m in LORA_FAMILY:
+    if m in LORA_FAMILY and shape.moe is not None and shape.config is not None:
+        # Adapters on fused experts (peft's ParamWrapper, one A/B per expert or shared, per family conversion)
+        # are counted by peft itself on the meta-device model.
+        trainable = counted_by_peft(spec, shape)
+    elif m in LORA_FAMILY:
         # Each targeted linear gets A (r x in) and B (out x r); DoRA adds one magnitude per output feature.
         chosen = _targeted(spec, shape, kwargs["target_modules"])
         trainable = sum(spec.lora_r * (lin.in_features + lin.out_features) for lin in chosen)

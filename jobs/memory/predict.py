@@ -45,7 +45,7 @@ def _trainable_shapes(spec: JobSpec, arch: Arch) -> list[tuple[int, ...]]:
     if m is Method.FULL:
         return list(arch.param_shapes)
     if m in LORA_FAMILY:
-        kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
+        kwargs = peft_kwargs(spec, arch.model_type, arch.shape.moe)[1]  # type: ignore[index]
         out: list[tuple[int, ...]] = []
         for lin in _targeted(spec, arch.shape, kwargs["target_modules"]):
             out += [(spec.lora_r, lin.in_features), (lin.out_features, spec.lora_r)]
@@ -65,7 +65,7 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
     if m is Method.FULL:
         return ActivationPlan(weights_train=True)
     if m in LORA_FAMILY:
-        kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
+        kwargs = peft_kwargs(spec, arch.model_type, arch.shape.moe)[1]  # type: ignore[index]
         targets = {lin.name.split(".")[-1] for lin in _targeted(spec, arch.shape, kwargs["target_modules"])}
         return ActivationPlan(
             weights_train=False,
@@ -76,7 +76,7 @@ def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
             adapter_elem=2 if m in QUANTIZED_METHODS else None,
         )
     if m is Method.IA3:
-        kwargs = peft_kwargs(spec, arch.model_type)[1]  # type: ignore[index]
+        kwargs = peft_kwargs(spec, arch.model_type, arch.shape.moe)[1]  # type: ignore[index]
         targets = set(kwargs["target_modules"])
         return ActivationPlan(
             weights_train=False,
@@ -173,6 +173,15 @@ def predict(
     tokens = rows * length
     plan = _plan(spec, arch)
     per_block = block_elements(arch, plan, mask_bytes, elem)
+    moe, folded = arch.shape.moe, 0.0
+    if moe is not None:  # docs/memory.md "Mixture of experts": routed top-k activations instead of a dense MLP
+        from jobs.memory.moe_parts import dense_mlp_per_token, folded_expert_bytes, routed_bytes_per_token
+
+        routed = routed_bytes_per_token(arch, moe, elem, plan.weights_train) - dense_mlp_per_token(arch) * elem
+        per_block += routed * moe.moe_layers / arch.layers
+        if _adapted_experts(spec, arch):
+            weight_bytes = 4 if m in QUANTIZED_METHODS or not half else 2
+            folded = folded_expert_bytes(moe, weight_bytes, spec.gradient_checkpointing)
     # ---- logits (docs/memory.md "Logits and loss")
     fused_kernel = cuda  # trl folds tiles in a Triton kernel on CUDA; torch ops elsewhere
     head_rows = rows * (length - 1)
@@ -195,6 +204,9 @@ def predict(
         acts = tokens * arch.layers * per_block
         actf = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
+    if folded:
+        acts += folded
+        actf += f" + peft's folded expert weights (W + BA) kept for the backward {human_bytes(folded)}"
     if m in (Method.QLORA, Method.LORA_8BIT):
         big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
         acts += big * elem * 2  # one de-quantized weight (and its transpose) at a time
@@ -260,7 +272,26 @@ def predict(
         batch=batch,
         phases=phases,
         lengths=lengths.stats(spec.max_length) if lengths is not None else None,
+        active_params=_active_params(arch),
     )
+
+
+def _active_params(arch: Arch) -> int | None:
+    """Parameters one token passes through (top-k of the experts, every other weight); None for a dense model."""
+    moe = arch.shape.moe
+    if moe is None:
+        return None
+    return int(arch.total_params - moe.expert_param_count * (1 - moe.active_param_share))
+
+
+def _adapted_experts(spec: JobSpec, arch: Arch) -> bool:
+    """Whether LoRA adapts the fused expert weights (peft's ParamWrapper) under the spec's moe_targets."""
+    from jobs.config.mapping import peft_kwargs
+
+    if spec.method not in LORA_FAMILY or arch.shape.moe is None:
+        return False
+    found = peft_kwargs(spec, arch.model_type, arch.shape.moe)
+    return found is not None and any(".experts." in t for t in found[1].get("target_parameters", ()))
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -65,6 +65,7 @@ class Prediction:
     phases: dict[str, int] = field(default_factory=dict)  # predicted bytes at each of PHASES
     lengths: LengthStats | None = None  # the data's lengths, when the prediction used them
     worst_case_bytes: int | None = None  # the same job with every row max_length long
+    active_params: int | None = None  # mixture of experts: parameters one token passes through; None if dense
 
     @property
     def from_data(self) -> bool:
@@ -107,6 +108,7 @@ class Prediction:
             "device": asdict(self.device),
             "trainable_params": self.trainable_params,
             "total_params": self.total_params,
+            "active_params": self.active_params,
             "precision": self.precision,
             "formulas": {p.name: p.formula for p in self.parts},
             "notes": list(self.notes),

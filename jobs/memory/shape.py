@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.models.moe_layout import MoeLayout, moe_layout
+
 
 @dataclass(frozen=True)
 class Linear:
@@ -33,6 +35,7 @@ class ModelShape:
     num_key_value_heads: int | None  # None when the config has no such key (peft then uses all heads)
     head_dim: int
     linears: tuple[Linear, ...] = field(default=())
+    moe: MoeLayout | None = None  # None for a dense model
     # The transformers config it was read from; its config.json dict when read back from jobs.memory.arch_cache.
     config: Any = field(default=None, compare=False, repr=False)
     # The linears each `target_modules` value picks (`jobs.memory.params`), worked out once per shape.
@@ -68,6 +71,7 @@ def model_shape(config: Any) -> ModelShape:
         num_key_value_heads=int(kv) if kv is not None else None,
         head_dim=int(head_dim),
         linears=linears,
+        moe=moe_layout(model, text),
         config=config,
     )
 

@@ -89,6 +89,22 @@ class LoraInit(str, Enum):
     LOFTQ = "loftq"
 
 
+class MoeTargets(str, Enum):
+    """Which parts of a mixture-of-experts model get LoRA adapters (dense models: no effect)."""
+
+    ATTENTION = "attention"
+    EXPERTS = "attention+experts"
+    ROUTER = "attention+experts+router"
+
+    @property
+    def experts(self) -> bool:
+        return self is not MoeTargets.ATTENTION
+
+    @property
+    def router(self) -> bool:
+        return self is MoeTargets.ROUTER
+
+
 class MoraType(str, Enum):
     ROPE = "rope"
     SHARING = "sharing"

@@ -142,11 +142,12 @@ def train_spec(
     if before_training is not None:
         before_training(model, tokenizer, eval_ds)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
+    moe = moe_layout_of(model)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
-    resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type)
+    resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type, moe=moe)
     resolved["data"] = loaded.record()  # which formats were detected and how they were converted
-    peft_cfg = peft_config(spec, model_type)
+    peft_cfg = peft_config(spec, model_type, moe)
     if spec.method in QUANTIZED_METHODS:
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
         from peft import prepare_model_for_kbit_training
@@ -248,3 +249,13 @@ def train_spec(
         metrics["per_device_train_batch_size_final"] = float(final_batch)
         resolved["per_device_train_batch_size_final"] = final_batch
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
+
+
+def moe_layout_of(model: Any) -> Any:
+    """Where the loaded model keeps its experts (`jobs.models.moe_layout`), or None for a dense model."""
+    from jobs.models.moe_layout import moe_layout
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "get_output_embeddings"):
+        return None
+    return moe_layout(model, config.get_text_config() if hasattr(config, "get_text_config") else config)

@@ -18,6 +18,7 @@ from jobs.spec.enums import (
     ComputeDtype,
     LoraInit,
     Method,
+    MoeTargets,
     MoraType,
     QuantType,
     Trainer,
@@ -78,6 +79,18 @@ class MethodFields:
         methods=TARGETED_METHODS,
         label="Layers with adapters",
         advanced=True,
+    )
+    moe_targets: MoeTargets = spec_field(
+        MoeTargets.EXPERTS,
+        Group.METHOD,
+        "Mixture-of-experts models only (Mixtral, Qwen3-MoE, gpt-oss, OLMoE, DeepSeek...): which parts get "
+        "adapters. attention: the layers outside the expert blocks. attention+experts: also every expert "
+        "(their fused weights, through peft's target_parameters) and any shared expert. "
+        "attention+experts+router: also the router that picks the experts. Adapters on the fused experts "
+        "need lora_dropout 0 (peft cannot drop out inside them): tunedeck sets it and says so, and refuses dora "
+        "on them. Dense models ignore this field.",
+        methods=LORA_FAMILY,
+        label="MoE: layers with adapters",
     )
     use_rslora: bool = spec_field(
         False,

@@ -1,0 +1,155 @@
+"""A zoo of tiny random-weight causal LMs, one per transformers family, for tests and `bench/zoo_table.py`.
+
+Each family is built from `AutoConfig.for_model(family, ...)` at hidden 64, 2 layers and the tiny model's
+512-token tokenizer (`jobs.models.tiny.train_tokenizer`), saved as a normal model folder. The table covers the
+structures the predictor and the adapter mapping must know: every mixture-of-experts family of transformers
+5.24 that builds from its config, sliding-window and hybrid attention, multi-head latent attention, hybrid
+linear-attention / state-space layers, fused qkv, biases, tied and untied heads, logit soft-capping.
+
+    build_zoo_model(dest, "mixtral")     # the folder (built once: a complete folder is kept)
+    FAMILIES["qwen3_moe"].structure      # what the family exercises, in words
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.models.tiny import SEED, build_folder_atomically
+
+ZOO_VERSION = "zoo-1"
+BASE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+MOE: dict[str, Any] = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+MLA: dict[str, Any] = dict(
+    kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One zoo entry: its transformers model_type, what it exercises, the config fields that shrink it."""
+
+    model_type: str
+    structure: str
+    config: dict[str, Any] = field(default_factory=dict)
+    moe: bool = False
+
+
+def _family(model_type: str, structure: str, moe: bool = False, **config: Any) -> Family:
+    return Family(model_type, structure, {**(MOE if moe else {}), **config}, moe)
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        _family("llama", "dense, grouped-query attention, tied head", tie_word_embeddings=True),
+        _family("mistral", "dense, sliding-window attention", sliding_window=32),
+        _family("qwen2", "attention q/k/v biases, untied head", tie_word_embeddings=False),
+        _family("qwen3", "q/k norms"),
+        _family("gemma2", "logit and attention soft-capping, alternating sliding window", head_dim=16),
+        _family("gemma3_text", "hybrid local/global attention, soft-capping", head_dim=16),
+        _family("phi3", "fused qkv_proj and gate_up_proj linears"),
+        _family("gpt2", "fused c_attn Conv1D, learned positions, biases", n_embd=64, n_layer=2, n_head=4),
+        _family("gpt_neox", "fused query_key_value, parallel residual, untied embed_out"),
+        _family("falcon", "fused query_key_value, multi-query attention", new_decoder_architecture=True),
+        _family("olmo2", "post-norms, q/k norms"),
+        _family("granite", "scaled residuals and logits"),
+        _family("stablelm", "partial rotary, LayerNorm with bias"),
+        _family("smollm3", "NoPE layers (no rotary on some layers)"),
+        _family("glm4", "fused gate_up_proj, extra post-norms"),
+        _family("cohere2", "sliding window + global layers, logit scale"),
+        _family("exaone4", "hybrid sliding/global attention"),
+        _family("lfm2", "hybrid short convolutions + attention (w1/w2/w3 MLP)"),
+        _family("bamba", "hybrid Mamba-2 state-space + attention", mamba_n_heads=4, mamba_d_head=32),
+        _family("mixtral", "mixture of experts, fused experts, custom router", moe=True),
+        _family("qwen2_moe", "mixture of experts + gated shared expert", moe=True, shared_expert_intermediate_size=64),
+        _family("qwen3_moe", "mixture of experts, q/k norms", moe=True),
+        _family("olmoe", "mixture of experts, q/k norms", moe=True),
+        _family("phimoe", "mixture of experts, sparse-mixer router", moe=True),
+        _family("granitemoe", "mixture of experts (block_sparse_moe), scaled residuals", moe=True),
+        _family("flex_olmo", "mixture of experts, post-norms", moe=True),
+        _family("minimax", "mixture of experts + lightning (linear) attention layers", moe=True),
+        _family("gpt_oss", "mixture of experts with biases, attention sinks, sliding window", moe=True),
+        _family(
+            "llama4_text",
+            "mixture of experts + shared expert, router is a linear layer",
+            moe=True,
+            intermediate_size_mlp=128,
+            interleave_moe_layer_step=1,
+        ),
+        _family(
+            "deepseek_v3",
+            "multi-head latent attention, dense first layer, experts + shared expert",
+            moe=True,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            **MLA,
+        ),
+        _family(
+            "glm4_moe",
+            "mixture of experts + shared expert, dense first layer",
+            moe=True,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+        _family(
+            "qwen3_next",
+            "hybrid gated delta-net linear attention + attention, experts + shared expert",
+            moe=True,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            full_attention_interval=2,
+            shared_expert_intermediate_size=64,
+        ),
+    )
+}
+
+
+def zoo_config(family: str, tokenizer: Any) -> Any:
+    """The family's tiny transformers config, with the tokenizer's vocabulary and special tokens."""
+    from transformers import AutoConfig
+
+    fam = FAMILIES[family]
+    ids = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return AutoConfig.for_model(fam.model_type, **{**BASE, **ids, **fam.config})
+
+
+def build_zoo_model(dest: Path, family: str) -> Path:
+    """The family's tiny model folder at `dest`, built once (seeded random weights, the tiny tokenizer)."""
+
+    def write(out: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from jobs.models.tiny import train_tokenizer
+
+        tokenizer = train_tokenizer()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            model = AutoModelForCausalLM.from_config(zoo_config(family, tokenizer))
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        (out / "tunedeck.json").write_text(json.dumps({"builder": "jobs.models.zoo", "family": family}) + "\n")
+
+    return build_folder_atomically(Path(dest), write, version=ZOO_VERSION)
