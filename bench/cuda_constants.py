@@ -4,7 +4,7 @@
     python bench/cuda_constants.py --only lora --steps 6 --json constants.json
     python bench/cuda_constants.py --workdir /tmp/w         # keep (and reuse) the model folder
 
-`jobs/memory/prediction.py` adds `CUDA_CONTEXT_BYTES[device] + ALLOCATOR_SLACK x tensor bytes` to
+`jobs/memory/breakdown.py` adds `CUDA_CONTEXT_BYTES[device] + ALLOCATOR_SLACK x tensor bytes` to
 every CUDA prediction; both were guesses. This script measures them on the GPU it runs on, each
 configuration in its own process (a fresh CUDA context, as the worker gives every run):
 
@@ -22,7 +22,7 @@ configuration in its own process (a fresh CUDA context, as the worker gives ever
 The runs train Qwen2.5-0.5B's shape with random weights (`bench/tricks_gpu.py`'s model and data)
 through tunedeck's own `jobs.train.training.train_spec`: LoRA (batch 8), a full fine-tune (batch 4)
 and QLoRA with gradient checkpointing (batch 8), seq 512, `--steps` steps each. The last lines
-suggest the figures for `jobs/memory/prediction.py`: the largest context seen (device `used`), rounded
+suggest the figures for `jobs/memory/breakdown.py`: the largest context seen (device `used`), rounded
 up to a MiB, and the largest slack, rounded up to a percent.
 """
 

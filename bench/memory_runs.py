@@ -26,7 +26,7 @@ The data files with controlled token lengths are written into the temporary fold
 
 Per job: the prediction for this data (`data_bytes`, the measured lengths), the worst case (every
 row max_length long), the measured peak and the error of the data figure against it, computed as
-`jobs.memory.prediction.prediction_error_text` does (CUDA context left out against torch's figure).
+`jobs.memory.breakdown.prediction_error_text` does (CUDA context left out against torch's figure).
 `--verbose` adds the predicted parts and phases and, when the training child wrote one, the run's
 measured `phases.json`. The last lines: "N% of M runs within 15%" and how many are more than 25%
 under.
@@ -381,7 +381,7 @@ class Result:
 
 def read_result(store: Any, job: Job, run_id: int) -> Result:
     """A finished run's prediction (as saved at submit), measured peak (as `tunedeck show` prints it) and phases."""
-    from jobs.queue.prediction import load_prediction
+    from jobs.queue.saved_prediction import load_prediction
     from storage.models import RunStatus
 
     run = store.get_run(run_id)

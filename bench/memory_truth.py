@@ -535,7 +535,7 @@ def run_cuda_grid(cases: list[Case], work: Path, timeout: float) -> list[tuple[s
 
 def cuda_table(rows: list[tuple[str, Any, dict[str, Any]]]) -> str:
     """Per-component and total errors; the goal is +-10% of max reserved (+ context) on >= 90%."""
-    from jobs.memory.prediction import context_bytes
+    from jobs.memory.breakdown import context_bytes
 
     gib = 2**30
     lines = [

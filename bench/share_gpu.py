@@ -106,7 +106,7 @@ def one_pass(
     os.environ["TUNEDECK_HOME"] = str(home)
     os.environ.pop("TUNEDECK_DATABASE_URL", None)
     from jobs.checks.pipeline import check
-    from jobs.queue.prediction import load_prediction, predicted_bytes
+    from jobs.queue.saved_prediction import load_prediction, predicted_bytes
     from jobs.queue.submit import enqueue
     from jobs.train import figures
     from jobs.worker.loop import Worker

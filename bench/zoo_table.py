@@ -81,14 +81,14 @@ def try_one(family: str, method: str, model: Path, data: Path, out: Path) -> Out
     prediction = predict(spec, arch_from_config(AutoConfig.from_pretrained(model)), facts, resident=False)
     try:
         measured = measure_cpu(spec, out)
-    except Exception as exc:  # a failure after the checks accepted it: what the table must show
+    except Exception as exc:  # noqa: BLE001 - a failure after the checks accepted it: what the table must show
         traceback.print_exc(file=sys.stderr)
         return Outcome(family, method, "fails", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     total = prediction.total_bytes - prediction.part("overhead") - prediction.part("runtime")
     return Outcome(family, method, "works", "", total, measured["peak"])
 
 
-def run(families: list[str], methods: list[str], work: Path, log=sys.stdout) -> list[Outcome]:
+def run(families: list[str], methods: list[str], work: Path, log=sys.stdout, write: bool = False) -> list[Outcome]:
     from jobs.models.zoo import build_zoo_model
 
     outcomes = []
@@ -99,6 +99,8 @@ def run(families: list[str], methods: list[str], work: Path, log=sys.stdout) -> 
             o = try_one(family, method, model, data, work / "out")
             outcomes.append(o)
             print(row(o), file=log, flush=True)
+            if write:  # after each outcome: an interrupted run keeps what it measured
+                DOC.write_text(document(outcomes))
     return outcomes
 
 
@@ -156,10 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="tunedeck-zoo-"))
-    outcomes = run(families, ns.methods.split(","), work)
+    outcomes = run(families, ns.methods.split(","), work, write=ns.write)
     print(summary(outcomes))
     if ns.write:
-        DOC.write_text(document(outcomes))
         print(f"wrote {DOC}")
     return 0
 

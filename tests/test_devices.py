@@ -183,7 +183,7 @@ def test_cpu_children_get_the_exact_allocator_unless_told_otherwise() -> None:
 def test_a_prediction_made_before_the_runtime_was_measured_counts_it_once_a_worker_claims_the_run(
     store: Store, tiny_model: Path, tmp_path: Path
 ) -> None:
-    from jobs.queue.prediction import load_prediction
+    from jobs.queue.saved_prediction import load_prediction
     from jobs.queue.submit import submit
     from jobs.worker.loop import Worker
 

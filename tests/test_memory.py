@@ -15,10 +15,10 @@ import pytest
 
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.probe import cpu_facts
+from jobs.memory.breakdown import PART_NAMES, Verdict, explain
 from jobs.memory.model_config import arch_for
 from jobs.memory.planner import cheapest_change, fit
 from jobs.memory.predict import predict
-from jobs.memory.prediction import PART_NAMES, Verdict, explain
 from jobs.spec.job import JobSpec
 
 QWEN7B = Path(__file__).parent / "fixtures" / "qwen2.5-7b"
@@ -253,8 +253,8 @@ def test_submit_refuses_what_will_not_fit_unless_overridden(data_home):
 
 
 def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
-    from jobs.memory.prediction import prediction_error_text
-    from jobs.queue.prediction import load_prediction
+    from jobs.memory.breakdown import prediction_error_text
+    from jobs.queue.saved_prediction import load_prediction
     from jobs.queue.submit import submit
 
     run_id = submit(store, S(model=str(tiny_model), max_steps=1))
@@ -262,6 +262,16 @@ def test_submit_saves_the_prediction_with_the_run(store, tiny_model):
     assert saved is not None and saved["total_bytes"] > 0 and saved["verdict"] == "fits"
     text = prediction_error_text(saved, saved["total_bytes"] // 2, "host")
     assert text.startswith("predicted") and text.endswith("+100%")
+    assert prediction_error_text(saved, saved["total_bytes"] // 2, "host", steps=3).endswith("+100%")
+
+
+def test_a_run_that_stopped_before_its_first_step_shows_no_error() -> None:
+    """A run that failed while loading measured no step's peak: its figure is not compared (issue 31)."""
+    from jobs.memory.breakdown import prediction_error_text
+
+    text = prediction_error_text({"total_bytes": 3 * 2**30}, 2**29, "rss", steps=0)
+    assert text == "predicted 3.0 GiB; no optimizer step has run, so nothing comparable was measured"
+    assert "%" not in text
 
 
 def test_the_form_panel_shows_bar_verdict_and_fit(qwen7b, monkeypatch):

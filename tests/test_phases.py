@@ -191,7 +191,7 @@ def _finished_run_with_phases(store: Any, *, predicted: bool) -> int:
     """A succeeded run with a phases.json and (when `predicted`) a saved prediction with phase figures."""
     import json
 
-    from jobs.queue.prediction import PREDICTION_FILE
+    from jobs.queue.saved_prediction import PREDICTION_FILE
     from jobs.spec.job import JobSpec
 
     run_id = store.create_run(JobSpec(run_name="phased"))

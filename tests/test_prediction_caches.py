@@ -84,9 +84,9 @@ def test_an_arch_is_read_again_when_its_config_changes(data_home: Path, tmp_path
 
 def test_an_arch_read_back_from_disk_is_the_one_built(data_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from jobs.memory import arch_cache
-    from jobs.memory.model_config import transformers_config
     from jobs.memory.params import trainable_params
     from jobs.memory.parts import arch_from_config
+    from jobs.memory.shape import transformers_config
     from jobs.models import library
 
     text = json.dumps(LLAMA, sort_keys=True)

@@ -16,7 +16,7 @@ import pytest
 from training_helpers import tiny_spec
 
 from jobs.devices.facts import DeviceFacts
-from jobs.queue.prediction import PREDICTION_FILE, predicted_bytes
+from jobs.queue.saved_prediction import PREDICTION_FILE, predicted_bytes
 from jobs.spec.job import JobSpec
 from jobs.train import share_cap
 from jobs.worker.loop import Worker

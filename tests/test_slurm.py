@@ -347,7 +347,7 @@ def test_sized_gpu_types_are_published_and_each_run_asks_for_the_smallest_that_f
     import json
 
     from jobs.devices.target import target
-    from jobs.queue.prediction import PREDICTION_FILE
+    from jobs.queue.saved_prediction import PREDICTION_FILE
 
     small, large, unknown = _queued(store), _queued(store), _queued(store)
     for run_id, gib in ((small, 10), (large, 30)):
@@ -376,7 +376,7 @@ def test_a_run_predicted_on_the_dashboards_cpu_is_predicted_again_for_the_cluste
 
     from jobs.checks.memory import predict_memory
     from jobs.devices.facts import DeviceFacts
-    from jobs.queue.prediction import save_prediction
+    from jobs.queue.saved_prediction import save_prediction
 
     spec = lora_on_llama_3b(tmp_path)
     run_id = store.create_run_unchecked(spec.to_json(), "r", None)

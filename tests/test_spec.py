@@ -357,6 +357,7 @@ SPEC_FIELDS = [
     "lora_alpha",
     "lora_dropout",
     "lora_target_modules",
+    "moe_targets",
     "use_rslora",
     "lora_init",
     "num_virtual_tokens",

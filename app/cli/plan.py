@@ -49,7 +49,7 @@ def device_for(memory: int | None, store=None):  # -> DeviceFacts
 
 
 def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Prediction
-    from jobs.memory.prediction import explain
+    from jobs.memory.breakdown import explain
     from jobs.units import human_bytes
 
     total = prediction.total_bytes or 1
@@ -57,7 +57,9 @@ def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Pr
         f"model architecture from {source}; {prediction.trainable_params:,} of {prediction.total_params:,} "
         f"parameters train; precision {prediction.precision}; peak in the {prediction.phase}",
         *(
-            [f"mixture of experts: {prediction.active_params:,} of {prediction.total_params:,} parameters active per token"]
+            [
+                f"mixture of experts: {prediction.active_params:,} of {prediction.total_params:,} parameters active per token"
+            ]
             if prediction.active_params is not None
             else []
         ),

@@ -98,10 +98,12 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"exit code: {run.exit_code}")
     measured = figures.run_figures(store, run)
     lines += [f"{f.label + ':':<13}{measured.text(f)}" for f in figures.FIGURES if measured.text(f)]
-    from jobs.memory.prediction import prediction_error_text
-    from jobs.queue.prediction import load_prediction
+    from jobs.memory.breakdown import prediction_error_text
+    from jobs.queue.saved_prediction import load_prediction
 
-    predicted = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    predicted = prediction_error_text(
+        load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source, run.current_step
+    )
     if predicted:
         lines.append(f"{'memory:':<13}{predicted}")
     others = sharing(store).get(run.id) if run.status is RunStatus.RUNNING else None
@@ -139,7 +141,7 @@ def show_text(store: Store, run: RunRecord) -> str:
 
 def phase_lines(store: Store, run: RunRecord) -> list[str]:
     """The "memory by phase" section: predicted against measured per phase (jobs.train.phases), or why not."""
-    from jobs.queue.prediction import load_prediction
+    from jobs.queue.saved_prediction import load_prediction
     from jobs.train.phases import load_phases, phase_notes, phase_rows, table_lines
 
     predicted, measured = load_prediction(store, run.id), load_phases(store, run.id)

@@ -110,11 +110,11 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
     if runtime is None and run.started_at is not None:
         end = run.finished_at or (time.time() if now is None else now)
         runtime = max(0.0, end - run.started_at)
-    from jobs.memory.prediction import prediction_error_text
-    from jobs.queue.prediction import load_prediction
+    from jobs.memory.breakdown import prediction_error_text
+    from jobs.queue.saved_prediction import load_prediction
 
     saved = load_prediction(store, run.id)
-    predicted = prediction_error_text(saved, run.peak_memory_bytes, run.peak_memory_source)
+    predicted = prediction_error_text(saved, run.peak_memory_bytes, run.peak_memory_source, run.current_step)
     return RunSummary(
         run.id,
         run.name,

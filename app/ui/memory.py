@@ -104,8 +104,8 @@ def predict_for(spec: JobSpec, device: DeviceSource | None = None) -> Memory:
 
 def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
     """Trainable parameters, the verdict and its reason, and the cheapest change when it does not fit."""
+    from jobs.memory.breakdown import Verdict, explain
     from jobs.memory.planner import cheapest_change
-    from jobs.memory.prediction import Verdict, explain
 
     prediction = memory.prediction
     if prediction is None:

@@ -54,10 +54,12 @@ TRAINER_SERIES: dict[str, dict[str, str]] = {
 
 def prediction_markdown(store: Store, run: RunRecord) -> str:
     """' · memory: predicted 1.2 GiB, measured 1.1 GiB (-8%)' from the prediction saved at submit (jobs.memory.predict)."""
-    from jobs.memory.prediction import prediction_error_text
-    from jobs.queue.prediction import load_prediction
+    from jobs.memory.breakdown import prediction_error_text
+    from jobs.queue.saved_prediction import load_prediction
 
-    text = prediction_error_text(load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source)
+    text = prediction_error_text(
+        load_prediction(store, run.id), run.peak_memory_bytes, run.peak_memory_source, run.current_step
+    )
     return f" · memory {text}" if text else ""
 
 
@@ -176,7 +178,7 @@ class RunPageData:
         """Each chart's points, in GRAPHS order (memory, loss, learning rate, tokens/s, trainer metrics),
         each <= ~2000 points per series; what the page's live stream sends (`app.ui.live`)."""
         from app.ui.memory import with_predicted_line
-        from jobs.queue.prediction import load_prediction
+        from jobs.queue.saved_prediction import load_prediction
 
         names = TRAINER_SERIES.get(trainer, {})
         extents, memory_extent = self.store.run_extents(run_id, (*RUN_METRICS, *names.values()))  # one read

@@ -123,7 +123,7 @@ def samples_markdown(store: Store, run: RunRecord) -> str:
 
 def phases_markdown(store: Store, run: RunRecord) -> str:
     """The "Memory by phase" section: predicted against measured per phase (jobs.train.phases), or why not."""
-    from jobs.queue.prediction import load_prediction
+    from jobs.queue.saved_prediction import load_prediction
     from jobs.train.phases import load_phases, phase_notes, phase_rows, table_markdown
 
     predicted, measured = load_prediction(store, run.id), load_phases(store, run.id)

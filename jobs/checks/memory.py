@@ -28,8 +28,8 @@ from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
     from jobs.data.token_lengths import RowLengths
+    from jobs.memory.breakdown import Prediction
     from jobs.memory.parts import Arch
-    from jobs.memory.prediction import Prediction
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.template import assistant_only_problems
+from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.config.moe import moe_notes, moe_problems
 from jobs.devices.facts import DeviceFacts
@@ -50,7 +51,7 @@ from jobs.spec.job import JobSpec, SpecError
 
 if TYPE_CHECKING:
     from jobs.data.inspection import DatasetInfo
-    from jobs.memory.prediction import Prediction
+    from jobs.memory.breakdown import Prediction
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def _check_spec(
     shape = arch[0].shape if arch[0] is not None else None
     problems += combination_problems(spec, shape)
     moe = shape.moe if shape is not None else None
-    problems += moe_problems(spec, moe)
+    problems += moe_problems(spec, moe) + family_problems(spec, shape)
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
@@ -153,8 +154,8 @@ def _check_spec(
 
 def memory_problem(spec: JobSpec, memory: Memory) -> Problem | None:
     """A problem when the predicted peak will not fit the device (None when it fits, is overridden or unknown)."""
+    from jobs.memory.breakdown import Verdict, explain
     from jobs.memory.planner import cheapest_change
-    from jobs.memory.prediction import Verdict, explain
 
     if spec.ignore_memory_prediction or memory.prediction is None:
         return None

@@ -55,7 +55,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.cluster.engine import Engine, EngineError, JobState, Phase, Submission
 from jobs.cluster.gpu_types import Pick, facts_of, parse_gpu_types, pick, predicted_on
-from jobs.queue.prediction import load_prediction, predicted_bytes
+from jobs.queue.saved_prediction import load_prediction, predicted_bytes
 from jobs.spec.stored import read_spec, spec_problem
 from storage.models import RunStatus
 from storage.records import RunControl

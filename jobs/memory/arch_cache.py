@@ -86,6 +86,7 @@ def arch_to_json(arch: Arch) -> dict[str, Any]:
 def arch_from_json(data: dict[str, Any], config: dict[str, Any]) -> Arch:
     shape = dict(data["shape"])
     shape["linears"] = tuple(Linear(**lin) for lin in shape["linears"])
+    shape["unmodelled"] = tuple(shape.get("unmodelled", ()))
     moe = shape.get("moe")
     shape["moe"] = MoeLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in moe.items()}) if moe else None
     fields = dict(data)

@@ -85,26 +85,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def transformers_config(config: dict[str, Any]) -> Any:
-    """The transformers config of a causal LM described by config.json, or None when transformers has no
-    causal-LM class for it (an unknown or custom `model_type`: such a model simply has no prediction)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    data = dict(config)
-    try:
-        built = AutoConfig.for_model(data.pop("model_type"), **data)
-    except ValueError:  # transformers: "Unrecognized model identifier: ..." (custom code, or newer than this install)
-        return None
-    return built if type(built) in MODEL_FOR_CAUSAL_LM_MAPPING else None
-
-
 @functools.lru_cache(maxsize=16)
 def _arch_from_text(text: str) -> Any:
     """The Arch of a config (canonical JSON): kept in this process by its text, and on disk
     (`jobs.memory.arch_cache`) by its text and the libraries and code that build it."""
     from jobs.memory.arch_cache import keep_arch, read_arch
     from jobs.memory.parts import arch_from_config
+    from jobs.memory.shape import transformers_config
 
     arch = read_arch(text)
     if arch is None:

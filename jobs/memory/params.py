@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.memory.shape import Linear, ModelShape
+from jobs.memory.shape import ModelShape, matches_target, targeted_linears
 from jobs.spec.enums import LORA_FAMILY, Method
 from jobs.spec.job import JobSpec
-
-# peft's `all-linear` skips the output layer; these are the names it has in decoder models.
-OUTPUT_LAYER_NAMES = {"lm_head", "embed_out", "output"}
 
 
 @dataclass(frozen=True)
@@ -33,26 +30,6 @@ class ParamCount:
         return 100.0 * self.trainable / self.total if self.total else 0.0
 
 
-def _matches(name: str, targets: str | list[str]) -> bool:
-    """peft's module matching for a list of names: the full name, or a `.`-separated suffix."""
-    if isinstance(targets, str):  # a regular expression, matched against the full name
-        import re
-
-        return re.fullmatch(targets, name) is not None
-    return any(name == t or name.endswith("." + t) for t in targets)
-
-
-def _targeted(spec: JobSpec, shape: ModelShape, targets: str | list[str]) -> list[Linear]:
-    key = targets if isinstance(targets, str) else tuple(targets)
-    if key not in shape.picked:  # once per shape and targets: a prediction asks three times, for ~50 variants
-        if targets == "all-linear":
-            found = [lin for lin in shape.linears if lin.name.split(".")[-1] not in OUTPUT_LAYER_NAMES]
-        else:
-            found = [lin for lin in shape.linears if _matches(lin.name, targets)]
-        shape.picked[key] = tuple(found)
-    return list(shape.picked[key])
-
-
 def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     """Trainable parameters as peft counts them on the model built on the meta device (no weights)."""
     import torch
@@ -60,7 +37,7 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     from transformers import AutoModelForCausalLM
 
     from jobs.config.peft import peft_config
-    from jobs.memory.model_config import transformers_config
+    from jobs.memory.shape import transformers_config
 
     config = transformers_config(shape.config) if isinstance(shape.config, dict) else shape.config  # read back
     with torch.device("meta"):
@@ -86,7 +63,7 @@ def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
         trainable = counted_by_peft(spec, shape)
     elif m in LORA_FAMILY:
         # Each targeted linear gets A (r x in) and B (out x r); DoRA adds one magnitude per output feature.
-        chosen = _targeted(spec, shape, kwargs["target_modules"])
+        chosen = targeted_linears(spec, shape, kwargs["target_modules"])
         trainable = sum(spec.lora_r * (lin.in_features + lin.out_features) for lin in chosen)
         if m is Method.DORA:
             trainable += sum(lin.out_features for lin in chosen)
@@ -94,8 +71,8 @@ def trainable_params(spec: JobSpec, shape: ModelShape) -> ParamCount:
         # One scaling vector per targeted layer: over the input for feed-forward layers, else over the output.
         feedforward = kwargs["feedforward_modules"]
         trainable = sum(
-            lin.in_features if _matches(lin.name, feedforward) else lin.out_features
-            for lin in _targeted(spec, shape, kwargs["target_modules"])
+            lin.in_features if matches_target(lin.name, feedforward) else lin.out_features
+            for lin in targeted_linears(spec, shape, kwargs["target_modules"])
         )
     elif m is Method.PROMPT_TUNING:
         trainable = n * h  # one embedding per virtual token

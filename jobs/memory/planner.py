@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 from jobs.data.token_lengths import RowLengths
 from jobs.devices.facts import DeviceFacts
+from jobs.memory.breakdown import Prediction
 from jobs.memory.parts import Arch
 from jobs.memory.predict import predict
-from jobs.memory.prediction import Prediction
 from jobs.spec.enums import Method, Optim, Precision
 from jobs.spec.job import JobSpec
 

@@ -3,116 +3,136 @@
 Input: a `JobSpec`, the model's config (never its weights), the `DeviceFacts` of the worker
 that will run it and, when measured, the training rows' token lengths (`RowLengths`: the
 activations and logits are sized by the worst micro-batch those rows can form; without them, by
-every row at max_length, the worst case). Output: a `Prediction` with eight parts (weights,
-adapter, gradients, optimizer, activations, logits, overhead, runtime) whose sum is the predicted
-peak, each with the formula that produced it, and the predicted figure at each phase of a step. docs/memory.md explains every part; `bench/memory_truth.py` checks the
-prediction against counted (CPU) or measured (CUDA) peaks.
+every row at max_length, the worst case). Output: a typed `Prediction` (`jobs.memory.breakdown`) with
+eight parts whose sum is the predicted peak, each with the formula that produced it, and the predicted
+figure at each phase of a step. One function per part, each named after its docs/memory.md section:
+
+    weights_term        "Weights"
+    adapter_term        "Trainable parameters" (with gradient_bytes)
+    optimizer_term      "Optimizer state"
+    activations_term    "Activations" (and "Mixture of experts")
+    logits_term         "Logits and loss"
+    overhead_term       "Overhead" (with runtime_term)
+
+`bench/memory_truth.py` checks the prediction against counted (CPU) or measured (CUDA) peaks.
 
     arch = arch_for(spec.model)                      # None when no config.json is readable here
     p = predict(spec, arch, facts, lengths)          # lengths: RowLengths, or None for the worst case
-    p.total_bytes, p.verdict, p.parts_dict(), p.phases
+    p.total_bytes, p.verdict, p.parts_dict(), p.phases, p.not_modelled
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
-from jobs.data.token_lengths import RowLengths, worst_case_batch
+from jobs.data.token_lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
-from jobs.memory.params import _targeted, trainable_params
-from jobs.memory.parts import (
-    ActivationPlan,
-    Arch,
-    adafactor_state_bytes,
-    adam8bit_state_bytes,
-    block_elements,
-    head_bytes,
-    int8_bytes,
-    nf4_bytes_per_param,
-)
-from jobs.memory.prediction import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
-from jobs.spec.enums import LORA_FAMILY, PROMPT_FAMILY, Method, Optim, Precision, Trainer
+from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
+from jobs.memory.params import ParamCount, trainable_params
+from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
+from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
+from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision, Trainer
 from jobs.spec.job import JobSpec
 from jobs.units import human_bytes
 
 
-def _trainable_shapes(spec: JobSpec, arch: Arch) -> list[tuple[int, ...]]:
-    """Shapes of the tensors the optimizer updates (for per-tensor optimizer rules)."""
-    from jobs.config.mapping import peft_kwargs
+@dataclass(frozen=True)
+class Term:
+    """One part's bytes (unrounded, so the phases add up exactly) and the formula that produced them."""
 
-    m = spec.method
-    if m is Method.FULL:
-        return list(arch.param_shapes)
-    if m in LORA_FAMILY:
-        kwargs = peft_kwargs(spec, arch.model_type, arch.shape.moe)[1]  # type: ignore[index]
-        out: list[tuple[int, ...]] = []
-        for lin in _targeted(spec, arch.shape, kwargs["target_modules"]):
-            out += [(spec.lora_r, lin.in_features), (lin.out_features, spec.lora_r)]
-            if m is Method.DORA:
-                out.append((lin.out_features,))
-        return out
-    count = trainable_params(spec, arch.shape).trainable
-    if m is Method.PROMPT_TUNING:
-        return [(spec.num_virtual_tokens, arch.hidden)]
-    return [(count,)]
+    bytes: float
+    formula: str
 
 
-def _plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
-    from jobs.config.mapping import peft_kwargs
+@dataclass(frozen=True)
+class Setting:
+    """What every part depends on, worked out once: the spec, the model, the device and the micro-batch."""
 
-    m = spec.method
-    if m is Method.FULL:
-        return ActivationPlan(weights_train=True)
-    if m in LORA_FAMILY:
-        kwargs = peft_kwargs(spec, arch.model_type, arch.shape.moe)[1]  # type: ignore[index]
-        targets = {lin.name.split(".")[-1] for lin in _targeted(spec, arch.shape, kwargs["target_modules"])}
-        return ActivationPlan(
-            weights_train=False,
-            adapters=tuple(x for x in arch.block_linears if x.name in targets),
-            lora_r=spec.lora_r,
-            dropout=spec.lora_dropout > 0,
-            dora=m is Method.DORA,
-            adapter_elem=2 if m in QUANTIZED_METHODS else None,
-        )
-    if m is Method.IA3:
-        kwargs = peft_kwargs(spec, arch.model_type, arch.shape.moe)[1]  # type: ignore[index]
-        targets = set(kwargs["target_modules"])
-        return ActivationPlan(
-            weights_train=False,
-            ia3=tuple(x for x in arch.block_linears if x.name in targets),
-            ia3_feedforward=frozenset(kwargs["feedforward_modules"]),
-        )
-    return ActivationPlan(weights_train=False)
+    spec: JobSpec
+    arch: Arch
+    device: DeviceFacts
+    rss: bool  # count a host process's resident pages (CPU worker) instead of allocated bytes
+    precision: Precision
+    count: ParamCount
+    batch: TokenBatch
+    length: int  # tokens per row the activations are sized for (virtual tokens and grpo completions included)
+    plan: ActivationPlan
+    notes: tuple[str, ...]
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.kind == "cuda"
+
+    @property
+    def half(self) -> bool:
+        return self.precision in (Precision.BF16, Precision.FP16)
+
+    @property
+    def elem(self) -> int:
+        return 2 if self.half else 4  # activations and matmul outputs under autocast
+
+    @property
+    def mask_bytes(self) -> int:
+        return 1 if self.cuda else self.elem  # dropout masks: bool on CUDA, the input's dtype on the CPU
+
+    @property
+    def tokens(self) -> int:
+        return self.batch.sequences * self.length
+
+    @property
+    def adapter_elem(self) -> int:
+        """Bytes per trained value: peft keeps adapters in fp32; on a quantized base trl casts them to bf16."""
+        return 4 if self.spec.method is Method.FULL or self.spec.method not in QUANTIZED_METHODS else 2
 
 
-def predict(
-    spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None, *, resident: bool | None = None
-) -> Prediction:
-    """The predicted peak of one training step of `spec` on `device` (see docs/memory.md): for the worst
-    micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None.
-
-    `resident`: count what a host process keeps resident (its RSS: what a CPU worker measures) instead of
-    what is allocated (torch's figure); default: resident on the CPU, allocated on CUDA."""
+def setting(
+    spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None, resident: bool | None
+) -> Setting:
     cuda = device.kind == "cuda"
-    rss = (not cuda) if resident is None else resident
     precision = resolve_precision(spec, device.device())
-    half = precision in (Precision.BF16, Precision.FP16)
-    elem = 2 if half else 4  # activations and matmul outputs under autocast
-    mask_bytes = 1 if cuda else elem  # dropout masks: bool on CUDA, the input's dtype on the CPU
-    m = spec.method
-    count = trainable_params(spec, arch.shape)
-    p = count.trainable
-    n = arch.total_params
+    batch = lengths.worst_batch(spec) if lengths is not None else worst_case_batch(spec)
+    length = batch.length + (spec.num_virtual_tokens if spec.method in PROMPT_FAMILY else 0)
     notes: list[str] = []
+    if spec.trainer is Trainer.GRPO:
+        # An approximation: each row is one prompt (its measured length, else max_length; grpo does not
+        # truncate prompts) plus one completion of max_completion_length tokens. Generation's KV cache is
+        # freed before the training pass, and a reward run's model (reward_model_run) is not counted.
+        length += spec.max_completion_length
+        elem = 2 if precision in (Precision.BF16, Precision.FP16) else 4
+        kv = 2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length
+        notes.append(
+            f"grpo: rows taken as {'the longest prompt' if lengths is not None else 'max_length prompt'} + "
+            "max_completion_length tokens; generation's KV cache "
+            f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
+            "are not counted"
+        )
+    return Setting(
+        spec,
+        arch,
+        device,
+        (not cuda) if resident is None else resident,
+        precision,
+        trainable_params(spec, arch.shape),
+        batch,
+        length,
+        activation_plan(spec, arch),
+        tuple(notes),
+    )
 
-    # ---- weights (docs/memory.md "Weights")
+
+# ---------------------------------------------------------------------- docs/memory.md "Weights"
+def weights_term(s: Setting) -> Term:
+    spec, arch, m = s.spec, s.arch, s.spec.method
+    n = arch.total_params
     if m is Method.FULL:
         weights = 4.0 * n
         wf = (
-            f"{n:,} params x 4 B (fp32 masters; autocast computes in 16 bits)" if half else f"{n:,} params x 4 B (fp32)"
+            f"{n:,} params x 4 B (fp32 masters; autocast computes in 16 bits)"
+            if s.half
+            else f"{n:,} params x 4 B (fp32)"
         )
-        if half:  # autocast keeps one 16-bit copy of each trained linear weight for the step
+        if s.half:  # autocast keeps one 16-bit copy of each trained linear weight for the step
             weights += 2.0 * arch.linear_params
             wf += f" + 16-bit autocast copies of {arch.linear_params:,} linear weights x 2 B"
     elif m is Method.QLORA:
@@ -129,10 +149,10 @@ def predict(
         weights = int8_bytes(arch) + rest * 4.0
         wf = f"{arch.linear_params:,} block linear weights x 1 B + fp32 row scales + {rest:,} other params x 4 B (fp32 upcast)"
     else:
-        base = 2 if half else 4
+        base = 2 if s.half else 4
         weights = float(n * base)
         wf = f"{n:,} frozen params x {base} B"
-    if rss and m in QUANTIZED_METHODS:
+    if s.rss and m in QUANTIZED_METHODS:
         # Quantizing reads every linear weight from the model's file; the tensors loaded as they are (the
         # embeddings) still point into that file's mapping, so the pages read stay in the process's RSS.
         weights += float(arch.linear_params * arch.checkpoint_bytes)
@@ -140,179 +160,180 @@ def predict(
     if m is Method.FULL and (spec.trainer is Trainer.DPO or (spec.trainer is Trainer.GRPO and spec.beta > 0)):
         weights += 4.0 * n  # trl loads a second copy as the frozen reference, in the model's dtype
         wf += f" + reference model {n:,} x 4 B"
-    # ---- adapter, gradients, optimizer (docs/memory.md "Trainable parameters")
-    # peft keeps adapters in fp32; for a quantized base trl casts them to bf16 (QLoRA paper s.3),
-    # all but DoRA's magnitudes, and the gradients and AdamW's moments follow the weights' dtype.
-    a_elem = 2 if m in QUANTIZED_METHODS else 4
-    adapter = 0.0 if m is Method.FULL else float(a_elem * p)
-    af = (
-        "none (full fine-tune)"
-        if m is Method.FULL
-        else f"{p:,} trainable params x {a_elem} B ({'bf16: trl casts adapters on a quantized base' if a_elem == 2 else 'peft keeps adapters in fp32'})"
-    )
-    grads = float(a_elem * p) if m is not Method.FULL else 4.0 * p
-    shapes = _trainable_shapes(spec, arch)
-    largest = max((_numel(s) for s in shapes), default=0)
-    opt_state, opt_temp, of = _optimizer(spec.optim, p, shapes, largest, cuda, a_elem if m is not Method.FULL else 4)
-    # ---- activations (docs/memory.md "Activations")
-    batch = lengths.worst_batch(spec) if lengths is not None else worst_case_batch(spec)
-    rows = batch.sequences
-    length = batch.length + (spec.num_virtual_tokens if m in PROMPT_FAMILY else 0)
-    if spec.trainer is Trainer.GRPO:
-        # An approximation: each row is one prompt (its measured length, else max_length; grpo does not
-        # truncate prompts) plus one completion of max_completion_length tokens. Generation's KV cache is
-        # freed before the training pass, and a reward run's model (reward_model_run) is not counted.
-        length += spec.max_completion_length
-        kv = 2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length
-        notes.append(
-            f"grpo: rows taken as {'the longest prompt' if lengths is not None else 'max_length prompt'} + "
-            "max_completion_length tokens; generation's KV cache "
-            f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
-            "are not counted"
+    return Term(weights, wf)
+
+
+# ---------------------------------------------------------------------- docs/memory.md "Trainable parameters"
+def adapter_term(s: Setting) -> Term:
+    """The adapter's own weights (none for a full fine-tune: the weights part holds them)."""
+    p, a_elem = s.count.trainable, s.adapter_elem
+    if s.spec.method is Method.FULL:
+        return Term(0.0, "none (full fine-tune)")
+    why = "bf16: trl casts adapters on a quantized base" if a_elem == 2 else "peft keeps adapters in fp32"
+    return Term(float(a_elem * p), f"{p:,} trainable params x {a_elem} B ({why})")
+
+
+def gradient_bytes(s: Setting) -> float:
+    """Every trainable parameter's gradient, in the trained weights' dtype."""
+    return float(s.adapter_elem * s.count.trainable)
+
+
+# ---------------------------------------------------------------------- docs/memory.md "Optimizer state"
+def optimizer_term(s: Setting) -> tuple[Term, float]:
+    """(the state kept between steps, the extra bytes during the step)."""
+    shapes = trainable_shapes(s.spec, s.arch, s.count.trainable)
+    state, temp, formula = optimizer_bytes(s.spec.optim, s.count.trainable, shapes, s.cuda, s.adapter_elem)
+    return Term(state, formula), temp
+
+
+# ---------------------------------------------------------------------- docs/memory.md "Logits and loss"
+def logits_term(s: Setting) -> Term:
+    rows, arch = s.batch.sequences, s.arch
+    if s.spec.trainer is Trainer.REWARD:
+        # A sequence-classification model: one score per row from the last token, no vocabulary logits;
+        # the backward's fp32 gradient of the final hidden states is what the head adds.
+        return Term(
+            float(rows * s.length * arch.hidden * 4),
+            f"reward head: one score per row (no vocabulary logits) + fp32 hidden grad {rows * s.length}x{arch.hidden}",
         )
-    tokens = rows * length
-    plan = _plan(spec, arch)
-    per_block = block_elements(arch, plan, mask_bytes, elem)
+    # trl folds tiles in a Triton kernel on CUDA; torch ops elsewhere
+    found, formula = head_bytes(
+        arch, rows * (s.length - 1), s.elem, s.mask_bytes, s.spec.method is Method.FULL, s.cuda, s.rss
+    )
+    return Term(found, formula)
+
+
+# ---------------------------------------------------------------------- docs/memory.md "Activations"
+def activations_term(s: Setting, logits: float) -> Term:
+    """What the blocks keep for the backward (and a MoE block's routed experts, peft's folded expert copies,
+    a quantized base's de-quantized weight)."""
+    spec, arch, plan, tokens, elem = s.spec, s.arch, s.plan, s.tokens, s.elem
+    per_block = block_elements(arch, plan, s.mask_bytes, elem)
     moe, folded = arch.shape.moe, 0.0
     if moe is not None:  # docs/memory.md "Mixture of experts": routed top-k activations instead of a dense MLP
         from jobs.memory.moe_parts import dense_mlp_per_token, folded_expert_bytes, routed_bytes_per_token
 
         routed = routed_bytes_per_token(arch, moe, elem, plan.weights_train) - dense_mlp_per_token(arch) * elem
         per_block += routed * moe.moe_layers / arch.layers
-        if _adapted_experts(spec, arch):
-            weight_bytes = 4 if m in QUANTIZED_METHODS or not half else 2
+        if adapted_experts(spec, arch):
+            weight_bytes = 4 if spec.method in QUANTIZED_METHODS or not s.half else 2
             folded = folded_expert_bytes(moe, weight_bytes, spec.gradient_checkpointing)
-    # ---- logits (docs/memory.md "Logits and loss")
-    fused_kernel = cuda  # trl folds tiles in a Triton kernel on CUDA; torch ops elsewhere
-    head_rows = rows * (length - 1)
-    if spec.trainer is Trainer.REWARD:
-        # A sequence-classification model: one score per row from the last token, no vocabulary logits;
-        # the backward's fp32 gradient of the final hidden states is what the head adds.
-        logits = float(rows * length * arch.hidden * 4)
-        lf = f"reward head: one score per row (no vocabulary logits) + fp32 hidden grad {rows * length}x{arch.hidden}"
-    else:
-        logits, lf = head_bytes(arch, head_rows, elem, mask_bytes, m is Method.FULL, fused_kernel, rss)
     if spec.gradient_checkpointing:
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
         acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block - logits)
-        actf = (
+        formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
             f"+ one recomputed block ({per_block:,.0f} B/token) beyond the head's transient"
         )
     else:
         acts = tokens * arch.layers * per_block
-        actf = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
+        formula = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
     if folded:
         acts += folded
-        actf += f" + peft's folded expert weights (W + BA) kept for the backward {human_bytes(folded)}"
-    if m in (Method.QLORA, Method.LORA_8BIT):
+        formula += f" + peft's folded expert weights (W + BA) kept for the backward {human_bytes(folded)}"
+    if spec.method in (Method.QLORA, Method.LORA_8BIT):
         big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
         acts += big * elem * 2  # one de-quantized weight (and its transpose) at a time
-        actf += " + one de-quantized weight"
-    # ---- the peak: in the backward (activations alive) or at the optimizer step (all gradients alive)
-    accumulated = grads if spec.gradient_accumulation_steps > 1 else 0.0
-    backward = weights + adapter + opt_state + acts + logits + accumulated
-    step = weights + adapter + opt_state + grads + opt_temp
-    if backward >= step:
-        phase, g, gf = "backward", accumulated, ("earlier micro-batches' gradients, " if accumulated else "none yet; ")
-        gf += f"{p:,} x 4 B once the backward ends"
-        a, lg, o = acts, logits, opt_state
-    else:
-        phase, g, gf = "optimizer step", grads, f"{p:,} trainable params x 4 B (fp32)"
-        a, lg, o = 0.0, 0.0, opt_state + opt_temp
-        notes.append("the peak is at the optimizer step: activations are freed by then")
-    overhead = 0.0
-    ovf = "none on the CPU (tensors only)"
-    if cuda:
-        ctx = context_bytes(device)
-        overhead = overhead_at(weights + adapter + g + o + a + lg, device)
-        ovf = f"CUDA context {ctx / 2**20:.0f} MiB ({device.name}) + {ALLOCATOR_SLACK:.0%} allocator slack"
-    runtime = 0 if cuda else device.runtime_bytes
-    rtf = (
-        "host memory, not in torch's reserved figure (on CUDA)"
-        if cuda
-        else (
-            f"the training process before the model: Python, torch, transformers, trl ({human_bytes(runtime)}, "
-            "measured by the worker)"
-            if runtime
-            else "not measured yet (no worker has published its runtime baseline): tensors only"
-        )
+        formula += " + one de-quantized weight"
+    return Term(acts, formula)
+
+
+# ---------------------------------------------------------------------- docs/memory.md "Overhead"
+def overhead_term(s: Setting, subtotal: float) -> Term:
+    if not s.cuda:
+        return Term(0.0, "none on the CPU (tensors only)")
+    ctx = context_bytes(s.device)
+    return Term(
+        overhead_at(subtotal, s.device),
+        f"CUDA context {ctx / 2**20:.0f} MiB ({s.device.name}) + {ALLOCATOR_SLACK:.0%} allocator slack",
     )
+
+
+def runtime_term(s: Setting) -> Term:
+    if s.cuda:
+        return Term(0.0, "host memory, not in torch's reserved figure (on CUDA)")
+    runtime = s.device.runtime_bytes
+    if not runtime:
+        return Term(0.0, "not measured yet (no worker has published its runtime baseline): tensors only")
+    return Term(
+        float(runtime),
+        f"the training process before the model: Python, torch, transformers, trl ({human_bytes(runtime)}, "
+        "measured by the worker)",
+    )
+
+
+# ---------------------------------------------------------------------- the peak
+def predict(
+    spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None, *, resident: bool | None = None
+) -> Prediction:
+    """The predicted peak of one training step of `spec` on `device` (see docs/memory.md): for the worst
+    micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None.
+
+    `resident`: count what a host process keeps resident (its RSS: what a CPU worker measures) instead of
+    what is allocated (torch's figure); default: resident on the CPU, allocated on CUDA."""
+    s = setting(spec, arch, device, lengths, resident)
+    p, notes = s.count.trainable, list(s.notes)
+    weights, adapter = weights_term(s), adapter_term(s)
+    grads = gradient_bytes(s)
+    optimizer, opt_temp = optimizer_term(s)
+    logits = logits_term(s)
+    acts = activations_term(s, logits.bytes)
+    fixed = weights.bytes + adapter.bytes + optimizer.bytes
+    # The peak: in the backward (activations alive) or at the optimizer step (all gradients alive).
+    accumulated = grads if spec.gradient_accumulation_steps > 1 else 0.0
+    backward = fixed + acts.bytes + logits.bytes + accumulated
+    step = fixed + grads + opt_temp
+    if backward >= step:
+        phase = "backward"
+        gf = (
+            "earlier micro-batches' gradients, " if accumulated else "none yet; "
+        ) + f"{p:,} x 4 B once the backward ends"
+        gradients, held = Term(accumulated, gf), (optimizer, acts, logits)
+    else:
+        phase = "optimizer step"
+        gradients = Term(grads, f"{p:,} trainable params x 4 B (fp32)")
+        held = (Term(optimizer.bytes + opt_temp, optimizer.formula), Term(0.0, acts.formula), Term(0.0, logits.formula))
+        notes.append("the peak is at the optimizer step: activations are freed by then")
+    o, a, lg = held
+    overhead = overhead_term(s, weights.bytes + adapter.bytes + gradients.bytes + o.bytes + a.bytes + lg.bytes)
+    runtime = runtime_term(s)
     # The first optimizer step, as the training child measures it (docs/memory.md "Phases"): no optimizer
     # state exists before it, so the backward's figure is the peak of later steps less that state.
     first = {
-        "load": weights + adapter,
-        "forward": weights + adapter + acts + logits,
-        "backward": backward - opt_state - accumulated,
+        "load": weights.bytes + adapter.bytes,
+        "forward": weights.bytes + adapter.bytes + acts.bytes + logits.bytes,
+        "backward": backward - optimizer.bytes - accumulated,
         "optimizer": step,
     }
-    phases = {name: int(value + overhead_at(value, device) + runtime) for name, value in first.items()}
-    if spec.optim in (Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT) and cuda:
+    phases = {name: int(v + overhead_at(v, device) + runtime.bytes) for name, v in first.items()}
+    if spec.optim in (Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT) and s.cuda:
         notes.append("paged optimizer: its state can move to CPU RAM under pressure, so the peak may be lower")
-    parts = (
-        Part("weights", int(weights), wf),
-        Part("adapter", int(adapter), af),
-        Part("gradients", int(g), gf),
-        Part("optimizer", int(o), of),
-        Part("activations", int(a), actf),
-        Part("logits", int(lg), lf),
-        Part("overhead", int(overhead), ovf),
-        Part("runtime", runtime, rtf),
+    named = zip(
+        ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead", "runtime"),
+        (weights, adapter, gradients, o, a, lg, overhead, runtime),
+        strict=True,
     )
     return Prediction(
-        parts,
+        tuple(Part(name, int(t.bytes), t.formula) for name, t in named),
         phase,
         device,
         p,
-        count.total if m is not Method.FULL else n,
-        precision.value,
+        s.count.total if spec.method is not Method.FULL else arch.total_params,
+        s.precision.value,
         tuple(notes),
-        batch=batch,
+        batch=s.batch,
         phases=phases,
         lengths=lengths.stats(spec.max_length) if lengths is not None else None,
-        active_params=_active_params(arch),
+        active_params=active_params(arch),
+        not_modelled=arch.shape.unmodelled,
     )
 
 
-def _active_params(arch: Arch) -> int | None:
+def active_params(arch: Arch) -> int | None:
     """Parameters one token passes through (top-k of the experts, every other weight); None for a dense model."""
     moe = arch.shape.moe
     if moe is None:
         return None
     return int(arch.total_params - moe.expert_param_count * (1 - moe.active_param_share))
-
-
-def _adapted_experts(spec: JobSpec, arch: Arch) -> bool:
-    """Whether LoRA adapts the fused expert weights (peft's ParamWrapper) under the spec's moe_targets."""
-    from jobs.config.mapping import peft_kwargs
-
-    if spec.method not in LORA_FAMILY or arch.shape.moe is None:
-        return False
-    found = peft_kwargs(spec, arch.model_type, arch.shape.moe)
-    return found is not None and any(".experts." in t for t in found[1].get("target_parameters", ()))
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
-def _optimizer(
-    optim: Optim, p: int, shapes: list[tuple[int, ...]], largest: int, cuda: bool, elem: int = 4
-) -> tuple[float, float, str]:
-    """(state bytes kept between steps, extra bytes during the step, formula); `elem`: the trained weights' bytes."""
-    if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT):
-        # torch AdamW keeps two moments in the parameters' dtype. On CUDA it updates all tensors at
-        # once (foreach): one temporary per parameter; on the CPU it loops tensor by tensor: two
-        # temporaries of the largest tensor.
-        temp = elem * p if cuda and optim is Optim.ADAMW else 2.0 * elem * largest
-        kind = "fp32" if elem == 4 else "bf16"
-        return 2.0 * elem * p, temp, f"{p:,} x {2 * elem} B (two {kind} moments)"
-    if optim in (Optim.ADAMW_8BIT, Optim.PAGED_ADAMW_8BIT):
-        state = adam8bit_state_bytes([_numel(s) for s in shapes])
-        return state, 4.0 * largest, f"{p:,} x ~2 B (two 8-bit moments + block scales; tensors < 4096 values keep fp32)"
-    if optim is Optim.ADAFACTOR:
-        state = adafactor_state_bytes(shapes)
-        return state, 12.0 * largest, "fp32 row + column second moments per matrix, full per vector (factored)"
-    raise ValueError(f"no memory rule for optimizer {optim}")  # pragma: no cover - the enum is closed

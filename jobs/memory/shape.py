@@ -36,6 +36,12 @@ class ModelShape:
     head_dim: int
     linears: tuple[Linear, ...] = field(default=())
     moe: MoeLayout | None = None  # None for a dense model
+    # Kinds of layer in a decoder block that own weights the prediction's formulas do not describe (a state-space
+    # mixer, a convolution, linear attention): named in the prediction as "not modelled".
+    unmodelled: tuple[str, ...] = ()
+    # Whether `model.base_model` is the backbone (its `base_model_prefix` names an attribute): trl's fused LM head
+    # runs the backbone through it and reads `last_hidden_state` (Llama4ForCausalLM names a missing one).
+    backbone: bool = True
     # The transformers config it was read from; its config.json dict when read back from jobs.memory.arch_cache.
     config: Any = field(default=None, compare=False, repr=False)
     # The linears each `target_modules` value picks (`jobs.memory.params`), worked out once per shape.
@@ -43,6 +49,20 @@ class ModelShape:
 
 
 # ---------------------------------------------------------------------- shapes (no weights)
+def transformers_config(config: dict[str, Any]) -> Any:
+    """The transformers config of a causal LM described by config.json, or None when transformers has no
+    causal-LM class for it (an unknown or custom `model_type`: such a model simply has no prediction)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    data = dict(config)
+    try:
+        built = AutoConfig.for_model(data.pop("model_type"), **data)
+    except ValueError:  # transformers: "Unrecognized model identifier: ..." (custom code, or newer than this install)
+        return None
+    return built if type(built) in MODEL_FOR_CAUSAL_LM_MAPPING else None
+
+
 def model_shape(config: Any) -> ModelShape:
     """Build the model on the meta device from a transformers config (or config dict) and read its shapes."""
     import torch
@@ -72,8 +92,52 @@ def model_shape(config: Any) -> ModelShape:
         head_dim=int(head_dim),
         linears=linears,
         moe=moe_layout(model, text),
+        unmodelled=unmodelled_layers(model),
+        backbone=getattr(model, model.base_model_prefix, None) is not None,
         config=config,
     )
 
 
+# Layers the formulas of jobs.memory.parts know (by class name): linears, norms, embeddings, rotary tables, a
+# Llama-style attention and MLP, and MoE experts and routers (jobs.memory.moe_parts).
+KNOWN_LAYERS = ("Linear", "Conv1D", "Norm", "Embedding", "Rotary", "Experts", "Router", "Attention", "MLP", "Mlp")
+
+
+def unmodelled_layers(model: Any) -> tuple[str, ...]:
+    """Class names of the decoder blocks' layers that own weights and that no formula describes."""
+    import torch
+
+    found: set[str] = set()
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        in_block = any(p.isdigit() for p in name.split("."))
+        if not in_block or isinstance(module, torch.nn.Linear) or kind.endswith(("DecoderLayer", "Block")):
+            continue
+        if any(True for _ in module.parameters(recurse=False)) and not any(k in kind for k in KNOWN_LAYERS):
+            found.add(kind)
+    return tuple(sorted(found))
+
+
 # ---------------------------------------------------------------------- peft's rules as arithmetic
+# peft's `all-linear` skips the output layer; these are the names it has in decoder models.
+OUTPUT_LAYER_NAMES = {"lm_head", "embed_out", "output"}
+
+
+def matches_target(name: str, targets: str | list[str]) -> bool:
+    """peft's module matching for a list of names: the full name, or a `.`-separated suffix."""
+    if isinstance(targets, str):  # a regular expression, matched against the full name
+        import re
+
+        return re.fullmatch(targets, name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def targeted_linears(spec: Any, shape: ModelShape, targets: str | list[str]) -> list[Linear]:
+    key = targets if isinstance(targets, str) else tuple(targets)
+    if key not in shape.picked:  # once per shape and targets: a prediction asks three times, for ~50 variants
+        if targets == "all-linear":
+            found = [lin for lin in shape.linears if lin.name.split(".")[-1] not in OUTPUT_LAYER_NAMES]
+        else:
+            found = [lin for lin in shape.linears if matches_target(lin.name, targets)]
+        shape.picked[key] = tuple(found)
+    return list(shape.picked[key])

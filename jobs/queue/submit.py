@@ -7,7 +7,7 @@ The check runs before anything is queued, its problems reported together: access
 data, what the workers' device can do (the facts they published, `jobs.devices.target`; this
 machine's when none has), the predicted peak memory (`ignore_memory_prediction: true` overrides
 it) and a grpo `reward_model_run`. The prediction it made is saved with the run as
-`prediction.json` in its run folder (`jobs.queue.prediction`).
+`prediction.json` in its run folder (`jobs.queue.saved_prediction`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from jobs.checks.access import AccessPolicy
 from jobs.checks.pipeline import Checked, check
-from jobs.queue.prediction import save_prediction
+from jobs.queue.saved_prediction import save_prediction
 from jobs.spec.job import JobSpec
 from storage.store import Store
 

@@ -41,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.sampler import GpuProbe, Sampler
-from jobs.queue.prediction import add_runtime
+from jobs.queue.saved_prediction import add_runtime
 from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV

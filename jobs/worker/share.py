@@ -6,7 +6,7 @@
     memory_fraction(3.3 * GIB, 80 * GIB)                 # 0.04125: the child's torch.cuda memory fraction
 
 A run may share when its spec says `share_device: true`, it has a saved prediction
-(`jobs.queue.prediction`: its data figure, else the max_length bound) and it has not outgrown a
+(`jobs.queue.saved_prediction`: its data figure, else the max_length bound) and it has not outgrown a
 share before (`run_alone`). The store decides, in the claim's transaction, whether it fits next to
 the runs already on the device (`storage.store_leases`). The default policy (limit 1) shares nothing:
 one run per device, as before.
@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from jobs.queue.prediction import load_prediction, predicted_bytes
+from jobs.queue.saved_prediction import load_prediction, predicted_bytes
 from jobs.units import parse_bytes
 from storage.store import RunRecord, Store
 

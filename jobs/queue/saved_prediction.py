@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jobs.memory.prediction import Prediction
+    from jobs.memory.breakdown import Prediction
     from storage.store import Store
 
 PREDICTION_FILE = "prediction.json"

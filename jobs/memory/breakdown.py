@@ -66,6 +66,7 @@ class Prediction:
     lengths: LengthStats | None = None  # the data's lengths, when the prediction used them
     worst_case_bytes: int | None = None  # the same job with every row max_length long
     active_params: int | None = None  # mixture of experts: parameters one token passes through; None if dense
+    not_modelled: tuple[str, ...] = ()  # the model's layer kinds no formula describes (their activations uncounted)
 
     @property
     def from_data(self) -> bool:
@@ -109,6 +110,7 @@ class Prediction:
             "trainable_params": self.trainable_params,
             "total_params": self.total_params,
             "active_params": self.active_params,
+            "not_modelled": list(self.not_modelled),
             "precision": self.precision,
             "formulas": {p.name: p.formula for p in self.parts},
             "notes": list(self.notes),
@@ -163,15 +165,21 @@ def explain(prediction: Prediction) -> str:
     return f"{head} The largest part is {PLAIN_NAMES[biggest.name]} ({share}); the peak is in the {prediction.phase}."
 
 
-def prediction_error_text(predicted: dict[str, Any] | None, measured: int | None, source: str | None) -> str:
+def prediction_error_text(
+    predicted: dict[str, Any] | None, measured: int | None, source: str | None, steps: int | None = None
+) -> str:
     """'predicted 1.2 GiB vs measured 1.1 GiB (torch): +9%' for a run, '' without a saved prediction.
 
     On CUDA the measured peak is torch's max reserved (the prediction's CUDA context is left out);
-    on the CPU it is the process's peak RSS, which also holds the Python runtime and libraries."""
+    on the CPU it is the process's peak RSS, which also holds the Python runtime and libraries.
+    `steps`: the optimizer steps the run finished; with none (it failed or stopped before its first), the
+    peak it measured is no step's, so no error is given."""
     if not predicted:
         return ""
     total = int(predicted.get("total_bytes", 0))
     text = f"predicted {human_bytes(total)}"
+    if steps == 0 and measured:
+        return f"{text}; no optimizer step has run, so nothing comparable was measured"
     if not measured:
         return text
     comparable = total - (int(predicted.get("cuda_context_bytes", 0)) if source == "torch" else 0)
