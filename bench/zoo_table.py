@@ -3,6 +3,7 @@
     python bench/zoo_table.py                       # all families, lora/qlora/dora/full; prints the table
     python bench/zoo_table.py --write               # ... and regenerates docs/models.md
     python bench/zoo_table.py --only mixtral,qwen3_moe --methods lora
+    python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe   # docs/models.md
 
 Each family is a tiny random-weight model of `jobs.models.zoo.FAMILIES`. Each (family, method) goes through
 tunedeck's one check (`jobs.checks.pipeline.check`, on this machine's CPU): a refusal prints its problems;
@@ -88,14 +89,22 @@ def try_one(family: str, method: str, model: Path, data: Path, out: Path) -> Out
     return Outcome(family, method, "works", "", total, measured["peak"])
 
 
-def run(families: list[str], methods: list[str], work: Path, log=sys.stdout, write: bool = False) -> list[Outcome]:
+def run(
+    families: list[str],
+    methods: list[str],
+    work: Path,
+    log=sys.stdout,
+    write: bool = False,
+    more: dict[str, list[str]] | None = None,
+) -> list[Outcome]:
+    """Each family with each of `methods`, and the families in `more` with their extra methods too."""
     from jobs.models.zoo import build_zoo_model
 
     outcomes = []
     for family in families:
         model = build_zoo_model(work / family, family)
         data = build_data(work, model, "sft", 64)
-        for method in methods:
+        for method in [*methods, *(more or {}).get(family, [])]:
             o = try_one(family, method, model, data, work / "out")
             outcomes.append(o)
             print(row(o), file=log, flush=True)
@@ -152,13 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated families (default: all)")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--more", default="", help="extra methods for the --subset families")
+    ap.add_argument("--subset", default="", help="comma-separated families that also get the --more methods")
     ap.add_argument("--work", default=None, help="folder for the models (default: a temporary one)")
     ap.add_argument("--write", action="store_true", help="regenerate docs/models.md")
     ns = ap.parse_args(argv)
     quiet()
     families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="tunedeck-zoo-"))
-    outcomes = run(families, ns.methods.split(","), work, write=ns.write)
+    extra = [m for m in ns.more.split(",") if m]
+    more = {f: extra for f in ns.subset.split(",") if f}
+    outcomes = run(families, ns.methods.split(","), work, write=ns.write, more=more)
     print(summary(outcomes))
     if ns.write:
         print(f"wrote {DOC}")

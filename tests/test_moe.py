@@ -149,3 +149,15 @@ def test_active_parameters_count_top_k_experts() -> None:
     p = predict(spec(), arch, cpu_facts())
     assert p.active_params == arch.total_params - moe.expert_param_count // 2  # top 2 of 4 experts
     assert predict(spec(), arch_from_config(zoo_config("llama", _tokenizer())), cpu_facts()).active_params is None
+
+
+def test_a_config_with_infinity_builds() -> None:
+    """transformers writes inf as {"__float__": "Infinity"} (Bamba's time_step_limit): submit read it back and
+    printed a traceback (issue 31)."""
+    from jobs.memory.shape import transformers_config
+    from jobs.models.zoo import zoo_config
+
+    data = zoo_config("bamba", _tokenizer()).to_diff_dict()
+    data["model_type"] = "bamba"
+    data["time_step_limit"] = [0.0, {"__float__": "Infinity"}]
+    assert transformers_config(data).time_step_limit == (0.0, float("inf"))

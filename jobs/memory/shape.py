@@ -49,13 +49,25 @@ class ModelShape:
 
 
 # ---------------------------------------------------------------------- shapes (no weights)
+def _special_floats(value: Any) -> Any:
+    """config.json as transformers writes it: Infinity and NaN as {"__float__": "Infinity"} (Bamba's
+    time_step_limit); decoded here as `from_pretrained` does, or building the config fails validation."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"} and value["__float__"] in ("Infinity", "-Infinity", "NaN"):
+            return float(value["__float__"].lower().replace("infinity", "inf"))
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
+
+
 def transformers_config(config: dict[str, Any]) -> Any:
     """The transformers config of a causal LM described by config.json, or None when transformers has no
     causal-LM class for it (an unknown or custom `model_type`: such a model simply has no prediction)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    data = dict(config)
+    data = _special_floats(dict(config))
     try:
         built = AutoConfig.for_model(data.pop("model_type"), **data)
     except ValueError:  # transformers: "Unrecognized model identifier: ..." (custom code, or newer than this install)
