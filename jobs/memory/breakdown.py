@@ -11,7 +11,7 @@ the run page and Compare read it (stored with a run as `prediction.json`, `Predi
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -35,6 +35,9 @@ CUDA_CONTEXT_BYTES: dict[str, int] = {
 }
 # torch's caching allocator rounds blocks and keeps freed ones: reserved runs a few % above allocated.
 ALLOCATOR_SLACK = 0.05
+
+
+DEVICE_FIELDS = {f.name for f in fields(DeviceFacts)}
 
 
 class Verdict(str, Enum):
@@ -119,6 +122,48 @@ class Prediction:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Prediction:
+        """The prediction `to_dict` wrote (also one saved by an older tunedeck: missing fields take defaults)."""
+        formulas = data.get("formulas") or {}
+        parts = tuple(
+            Part(name, int(value), formulas.get(name, "")) for name, value in (data.get("parts") or {}).items()
+        )
+        device = DeviceFacts(**{k: v for k, v in (data.get("device") or {}).items() if k in DEVICE_FIELDS})
+        lengths = data.get("lengths")
+        return cls(
+            parts,
+            str(data.get("phase", "")),
+            device,
+            int(data.get("trainable_params") or 0),
+            int(data.get("total_params") or 0),
+            str(data.get("precision", "")),
+            tuple(data.get("notes") or ()),
+            batch=TokenBatch(**data["batch"]) if data.get("batch") else None,
+            phases={k: int(v) for k, v in (data.get("phases") or {}).items()},
+            lengths=LengthStats(**lengths) if lengths else None,
+            worst_case_bytes=data.get("worst_case_bytes"),
+            active_params=data.get("active_params"),
+            not_modelled=tuple(data.get("not_modelled") or ()),
+        )
+
+    def with_runtime(self, runtime_bytes: int, who: str) -> Prediction:
+        """This prediction with its runtime part set to `runtime_bytes` (measured by `who`, after the
+        prediction was made): the total, the worst case and every phase grow by the difference."""
+        extra = runtime_bytes - self.part("runtime") if any(p.name == "runtime" for p in self.parts) else runtime_bytes
+        part = Part("runtime", runtime_bytes, f"the training process before the model, measured by {who}")
+        parts = tuple(part if p.name == "runtime" else p for p in self.parts)
+        if all(p.name != "runtime" for p in parts):
+            parts += (part,)
+        return replace(
+            self,
+            parts=parts,
+            device=replace(self.device, runtime_bytes=runtime_bytes),
+            phases={name: value + extra for name, value in self.phases.items()},
+            worst_case_bytes=self.worst_case_bytes + extra if self.worst_case_bytes is not None else None,
+            notes=(*self.notes, f"runtime part added when {who} claimed the run (no worker had measured it at submit)"),
+        )
 
 
 def context_bytes(device: DeviceFacts) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from jobs.memory.breakdown import Prediction
+
 if TYPE_CHECKING:
-    from jobs.memory.breakdown import Prediction
     from storage.store import Store
 
 PREDICTION_FILE = "prediction.json"
@@ -43,20 +44,8 @@ def predicted_bytes(saved: dict | None) -> int | None:
 
 def with_runtime(saved: dict[str, Any], runtime_bytes: int, worker: str) -> dict[str, Any]:
     """`saved` (a CPU prediction made while no worker had measured its runtime baseline) with the runtime part
-    filled in: every figure (total, data, worst case, phases) grows by `runtime_bytes`."""
-    out = json.loads(json.dumps(saved))
-    out["parts"] = {**out.get("parts", {}), "runtime": runtime_bytes}
-    for key in ("total_bytes", "data_bytes", "worst_case_bytes"):
-        if out.get(key) is not None:
-            out[key] = int(out[key]) + runtime_bytes
-    out["phases"] = {name: int(value) + runtime_bytes for name, value in (out.get("phases") or {}).items()}
-    out.setdefault("formulas", {})["runtime"] = f"the training process before the model, measured by worker {worker}"
-    out.setdefault("device", {})["runtime_bytes"] = runtime_bytes
-    out["notes"] = [
-        *out.get("notes", []),
-        f"runtime part added when worker {worker} claimed the run (no worker had measured it at submit)",
-    ]
-    return out
+    filled in: every figure (total, data, worst case, phases) grows by `runtime_bytes` (`Prediction.with_runtime`)."""
+    return Prediction.from_dict(saved).with_runtime(runtime_bytes, f"worker {worker}").to_dict()
 
 
 def add_runtime(store: Store, run_id: int, runtime_bytes: int, worker: str) -> bool:
