@@ -30,7 +30,7 @@ def test_the_zoo_covers_24_families_and_every_moe_shape() -> None:
 
 def test_docs_list_every_family() -> None:
     doc = (REPO / "docs" / "models.md").read_text()
-    missing = [f for f in FAMILIES if f"| {f} |" not in doc]
+    missing = [f for f in FAMILIES if f"| {f} | lora |" not in doc]
     assert not missing, f"docs/models.md lacks {missing}: run python bench/zoo_table.py --write"
 
 
@@ -57,3 +57,23 @@ def test_dora_on_experts_is_refused_at_submit_with_the_fix(zoo_home: Path, data_
     model = build_zoo_model(zoo_home / "mixtral", "mixtral")
     outcome = try_one("mixtral", "dora", model, build_data(zoo_home, model, "sft", 64), data_home / "out")
     assert outcome.status == "refused" and "moe_targets: attention" in outcome.detail
+
+
+@pytest.mark.integration
+def test_submit_refuses_dora_on_experts_and_says_the_dropout(zoo_home: Path, data_home: Path) -> None:
+    """What a user sees from `tunedeck submit` on a tiny Mixtral: a refusal naming the field and the fix (never
+    peft's traceback), and, for lora, the dropout tunedeck sets to 0 said before queueing."""
+    from jobs.checks.pipeline import check
+    from jobs.devices.probe import cpu_facts
+    from jobs.models.zoo import build_zoo_model
+    from jobs.spec.job import JobSpec
+
+    model = build_zoo_model(zoo_home / "mixtral", "mixtral")
+    base = {"model": str(model), "dataset": "sample:chat-format", "max_length": 64, "max_steps": 2}
+    refused = check(JobSpec.from_dict({**base, "method": "dora"}), device=cpu_facts())
+    assert [p.field for p in refused.problems] == ["moe_targets"]
+    assert "moe_targets: attention" in refused.problems[0].fix
+    accepted = check(JobSpec.from_dict({**base, "method": "lora", "lora_dropout": 0.1}), device=cpu_facts())
+    assert accepted.problems == []
+    assert any("lora_dropout 0.1 -> 0" in w for w in accepted.warnings)
+    assert accepted.prediction is not None and accepted.prediction.active_params is not None

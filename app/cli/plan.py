@@ -80,6 +80,11 @@ def table(prediction, source: str) -> str:  # prediction: jobs.memory.predict.Pr
     else:
         lines.append("every row taken at max_length (the data's token lengths were not measured here)")
     lines += [f"note: {n}" for n in prediction.notes]
+    if prediction.not_modelled:
+        lines.append(
+            f"not modelled: {', '.join(prediction.not_modelled)} (no formula for these layers: their activations "
+            "are not counted, so the figure may be low)"
+        )
     return "\n".join(lines)
 
 

@@ -117,12 +117,19 @@ def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
     lines = [
         f"**Before launch** (architecture from {memory.source}): effective batch size "
         f"**{spec.effective_batch_size}**, trainable parameters **{prediction.trainable_params:,}** of "
-        f"{prediction.total_params:,} ({pct:.2f}%)",
+        f"{prediction.total_params:,} ({pct:.2f}%)"
+        + (
+            f"; mixture of experts: **{prediction.active_params:,}** parameters active per token"
+            if prediction.active_params is not None
+            else ""
+        ),
         "",
         explain(prediction),
         "",
         _figures(prediction, spec),
     ]
+    if prediction.not_modelled:
+        lines.append(f"\nNot modelled: {', '.join(prediction.not_modelled)} (their activations are not counted).")
     if prediction.verdict is not Verdict.FITS:
         change = cheapest_change(spec, memory.arch, prediction.device, memory.lengths)
         lines.append(

@@ -132,7 +132,9 @@ def _check_spec(
     shape = arch[0].shape if arch[0] is not None else None
     problems += combination_problems(spec, shape)
     moe = shape.moe if shape is not None else None
-    problems += moe_problems(spec, moe) + family_problems(spec, shape)
+    unbuildable = moe_problems(spec, moe)  # peft would refuse these adapters: nothing to count or predict
+    problems += unbuildable + family_problems(spec, shape)
+    valid = valid and not unbuildable
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
