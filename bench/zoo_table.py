@@ -16,10 +16,11 @@ line gives the share of trained families within 15% of the counted peak (issue 3
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,20 +98,30 @@ def run(
     write: bool = False,
     more: dict[str, list[str]] | None = None,
 ) -> list[Outcome]:
-    """Each family with each of `methods`, and the families in `more` with their extra methods too."""
+    """Each family with each of `methods`, and the families in `more` with their extra methods too. Each outcome
+    is kept in `work`/outcomes.jsonl as it comes: a later run in the same folder resumes after the last one."""
     from jobs.models.zoo import build_zoo_model
 
+    kept = work / "outcomes.jsonl"
+    done = {(o.family, o.method): o for o in map(_outcome, kept.read_text().splitlines())} if kept.is_file() else {}
     outcomes = []
     for family in families:
-        model = build_zoo_model(work / family, family)
-        data = build_data(work, model, "sft", 64)
         for method in [*methods, *(more or {}).get(family, [])]:
-            o = try_one(family, method, model, data, work / "out")
+            o = done.get((family, method))
+            if o is None:
+                model = build_zoo_model(work / family, family)
+                o = try_one(family, method, model, build_data(work, model, "sft", 64), work / "out")
+                with kept.open("a") as fh:
+                    fh.write(json.dumps(asdict(o)) + "\n")
             outcomes.append(o)
             print(row(o), file=log, flush=True)
             if write:  # after each outcome: an interrupted run keeps what it measured
                 DOC.write_text(document(outcomes))
     return outcomes
+
+
+def _outcome(line: str) -> Outcome:
+    return Outcome(**json.loads(line))
 
 
 def row(o: Outcome) -> str:
