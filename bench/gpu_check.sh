@@ -15,7 +15,7 @@
 #
 #   install    the carried wheels (bench/gpu_env.py --select decides which)
 #   facts      nvidia-smi, Python/torch/CUDA/driver, package versions and origins, unmet requirements
-#   constants  bench/cuda_constants.py: the CUDA context and the allocator slack (jobs/memory/prediction.py)
+#   constants  bench/cuda_constants.py: the CUDA context and the allocator slack (jobs/memory/breakdown.py)
 #   oom        bench/oom_gpu.py: a job that really runs out of GPU memory, recovered by the real worker
 #   pytest     the tests marked `gpu` (pytest -m gpu over the files that use the marker)
 #   memtruth   bench/memory_truth.py --device cuda on four Qwen2.5-0.5B configurations
