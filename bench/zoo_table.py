@@ -162,6 +162,9 @@ def document(outcomes: list[Outcome]) -> str:
         "",
         summary(outcomes) + ".",
         "",
+        "Layers no formula describes (the state-space mixers of bamba, the gated delta-net of qwen3_next) are",
+        "named in the prediction as `not modelled`: their activations are not counted, hence the largest errors.",
+        "",
     ]
     return "\n".join(lines)
 

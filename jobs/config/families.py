@@ -26,7 +26,7 @@ def family_problems(spec: JobSpec, shape: Any) -> list[Problem]:
                 "model",
                 f"{shape.model_type} models cannot train with trainer: sft here (trl's loss looks for the model's "
                 "backbone under a name this architecture does not use, and fails at the first step)",
-                "pick another model family for sft, or a preference trainer (dpo, kto, orpo, cpo) for this one",
+                "pick a model of another family (docs/models.md lists the families that train)",
             )
         )
     return out
