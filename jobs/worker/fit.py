@@ -8,7 +8,7 @@ until they let it go, `jobs.devices.room`). The runs that do not fit are passed 
 (`Store.claim_next_on_device(skip=...)`) and stay queued; each gets one event on its page saying why
 (again only when the reason changes).
 
-What a run needs: its predicted peak (`jobs.queue.prediction.predicted_bytes`), plus the worker's
+What a run needs: its predicted peak (`jobs.queue.saved_prediction.predicted_bytes`), plus the worker's
 share margin when it would share the device (`SharePolicy.reserve`, what sharing reserves); a run that
 runs alone needs its peak, as the submit verdict judged it ("tight" runs start). A prediction made
 for another kind of device (a CPU prediction, a GPU worker) says nothing of this one: not judged.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.room import DeviceRoom, own_pids, read_room
-from jobs.queue.prediction import load_prediction, predicted_bytes
+from jobs.queue.saved_prediction import load_prediction, predicted_bytes
 from jobs.units import human_bytes
 from jobs.worker.share import SharePolicy, wants_share
 from storage.store import RunRecord, Store
