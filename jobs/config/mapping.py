@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from jobs.config.evaluation import early_stopping_kwargs
 from jobs.config.methods import method_problems, targets
 from jobs.config.peft import peft_config, peft_kwargs  # noqa: F401 - part of this module's API
 from jobs.config.trainers import (  # noqa: F401
@@ -292,6 +293,7 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         kw["save_steps"] = spec.save_steps
     # Rotation applies to every checkpoint, also the timed ones (`save_minutes`, jobs.train.callbacks).
     kw["save_total_limit"] = spec.save_total_limit
+    kw.update(early_stopping_kwargs(spec, has_eval=has_eval))  # the best checkpoint kept (jobs.config.evaluation)
     if kw["eval_strategy"] == "steps":
         kw["eval_steps"] = spec.eval_steps
     kw.update(trainer_kwargs(spec))  # packing, loss masks, beta, loss_type, ... (jobs.config.trainers)

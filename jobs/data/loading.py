@@ -37,6 +37,7 @@ from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
 from jobs.data.sources import DataError
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
+from jobs.spec.evaluation import default_eval_ref
 from jobs.spec.job import JobSpec
 from jobs.spec.mixture import DataSource
 
@@ -124,11 +125,7 @@ def _from_rows(rows: list[dict[str, Any]], features: Any, extra: list[str], fiel
 
 def _default_eval(spec: JobSpec) -> str | None:
     """A single sample's own eval split (several sources have no default eval data)."""
-    sources = spec.dataset_sources
-    ref = sources[0].ref if len(sources) == 1 else ""
-    if ref.startswith("sample:") and ref.count(":") == 1:
-        return f"{ref}:eval"
-    return None
+    return default_eval_ref(spec)
 
 
 def _load_sources(spec: JobSpec, text: str, field: str) -> tuple[datasets.Dataset, DatasetInfo]:

@@ -34,10 +34,12 @@ from jobs.spec.enums import (
     Method,
     Trainer,
 )
+from jobs.spec.evaluation import early_stopping_problems
 from jobs.spec.field import plain
 from jobs.spec.mixture import LIST_FIX, DataSource, parse_sources, sources_text
 from jobs.spec.parse import bounds_problems, parse_values
 from jobs.spec.rewards import function_ref_problem, parse_rewards
+from jobs.spec.sections.evaluation import EvaluationFields
 from jobs.spec.sections.memory import MemoryFields
 from jobs.spec.sections.method import MethodFields, QuantFields
 from jobs.spec.sections.model_data import ModelDataFields
@@ -54,9 +56,11 @@ class SpecError(ProblemError):
 
 # A dataclass collects its bases' fields from the last base to the first, so the sections are
 # listed last to first: the fields run model/data, method, trainer options, 4-bit base, memory,
-# training, run (the order of the form and of the field table in docs/spec.md).
+# training, evaluation, run (the order of the form and of the field table in docs/spec.md).
 @dataclass(frozen=True)
-class JobSpec(RunFields, TrainingFields, MemoryFields, QuantFields, TrainerFields, MethodFields, ModelDataFields):
+class JobSpec(
+    RunFields, EvaluationFields, TrainingFields, MemoryFields, QuantFields, TrainerFields, MethodFields, ModelDataFields
+):
     """A fine-tuning job: model, data, method, memory tricks and hyper-parameters."""
 
     # ------------------------------------------------------------------ parsing
@@ -242,6 +246,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
                     "leave eval_split empty to use eval_dataset, or leave eval_dataset empty to hold out rows",
                 )
             )
+    out.extend(early_stopping_problems(spec))
     if spec.dataset_columns is not None:
         out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
     if spec.run_name is not None and len(spec.run_name) > 200:

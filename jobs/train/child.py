@@ -46,6 +46,7 @@ from jobs.memory.flops import FlopsRate
 from jobs.spec.job import SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom, phases, share_cap
+from jobs.train.best import EVENT_KIND as BEST_EVENT
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
 from jobs.train.parent_watch import stop_with_parent
@@ -182,6 +183,11 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             whole = whole_run_mean(store, run_id, "loss")
             if whole is not None:
                 result.metrics["train_loss"] = whole
+        if result.best is not None:  # why training ended where it did, and which step the bundle holds
+            log.info("run %s: %s", run_id, result.best.message())
+            store.add_run_event(
+                run_id, BEST_EVENT, result.best.message(), step=result.best.step, data=result.best.data()
+            )
         samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
         write_artifacts(
             store, run_id, spec, result.model, result.tokenizer, result.metrics, **before_after.bundle_parts(samples)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.config.evaluation import early_stopping_callback
 from jobs.config.mapping import (
     QUANTIZED_METHODS,
     capability_problems,
@@ -34,6 +35,7 @@ from jobs.devices.probe import detect_device
 from jobs.errors import Problem
 from jobs.spec.enums import Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
+from jobs.train.best import BestCheckpoint, best_checkpoint
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
 from jobs.train.phase_probe import MemoryMeter, PhaseProbe
@@ -54,6 +56,7 @@ class TrainResult:
     resolved: dict[str, Any]
     stopped: bool = False
     log_history: list[dict[str, Any]] = field(default_factory=list)
+    best: BestCheckpoint | None = None  # with early stopping: the checkpoint the model was reloaded from
 
 
 def peak_memory(device: Device, meter: MemoryMeter | None = None) -> tuple[int, str]:
@@ -170,6 +173,8 @@ def train_spec(
         )
         reward_model = load_reward_model(store or Store(), spec.reward_model_run, dtype)
         log.info("reward model: run %s", spec.reward_model_run)
+    stopper = early_stopping_callback(spec, has_eval=has_eval)
+    callbacks = [*callbacks, stopper] if stopper is not None else callbacks
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
     if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
         # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
@@ -207,6 +212,7 @@ def train_spec(
     if nonfinite:
         raise NonFiniteLoss(nonfinite[0])
     stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
+    best = best_checkpoint(trainer)
     metrics: dict[str, float] = {
         "train_loss": float(output.training_loss),
         "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
@@ -248,7 +254,11 @@ def train_spec(
     if final_batch is not None:  # the micro-batch accelerate ended with after halving on OOM
         metrics["per_device_train_batch_size_final"] = float(final_batch)
         resolved["per_device_train_batch_size_final"] = final_batch
-    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, list(trainer.state.log_history))
+    if best is not None:
+        metrics["best_step"] = float(best.step)
+        metrics["best_metric"] = best.value
+    history = list(trainer.state.log_history)
+    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, history, best)
 
 
 def moe_layout_of(model: Any) -> Any:

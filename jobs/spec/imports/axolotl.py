@@ -109,7 +109,6 @@ DROPPED = {
     "strict": "axolotl's config validation switch; tunedeck always checks the spec",
     "loss_watchdog_threshold": "tunedeck has no loss watchdog (cancel a run from its page or `tunedeck cancel`)",
     "loss_watchdog_patience": "tunedeck has no loss watchdog (cancel a run from its page or `tunedeck cancel`)",
-    "early_stopping_patience": "tunedeck has no early stopping",
     "train_on_eos": "tunedeck trains on the end-of-turn tokens of the answers",
     "neftune_noise_alpha": "NEFTune noise has no tunedeck equivalent",
     "hub_model_id": HUB,
@@ -240,7 +239,7 @@ def _method(r: Reader) -> None:
 
 
 def _training(r: Reader, trainer: str) -> None:
-    r.copy_same(SAME_NAMED_KEYS)
+    r.copy_same((*SAME_NAMED_KEYS, "early_stopping_patience", "metric_for_best_model"))
     for key, field_name in (
         ("sequence_len", "max_length"),
         ("micro_batch_size", "per_device_train_batch_size"),

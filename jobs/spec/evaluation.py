@@ -1,0 +1,113 @@
+"""What a spec's early stopping needs from the rest of it: eval data, evaluations, checkpoints at them.
+
+Pure, like the rest of `jobs.spec`: the problems name the field and the fix, and `jobs.spec.job`
+adds them to a spec's own problems, so a spec that cannot stop early is refused at submit, not
+after hours of training.
+
+    problems = early_stopping_problems(spec)   # [] when early stopping is off or consistent
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from jobs.errors import Problem
+from jobs.spec.mixture import DataSource
+
+_METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
+# Trainers whose evaluation logs no eval_loss (GRPO evaluates rewards of generated answers).
+NO_EVAL_LOSS = ("grpo",)
+
+
+class EvaluatedSpec(Protocol):
+    """The fields early stopping reads (a `jobs.spec.job.JobSpec` has them all)."""
+
+    @property
+    def early_stopping_patience(self) -> int | None: ...
+    @property
+    def metric_for_best_model(self) -> str: ...
+    @property
+    def eval_steps(self) -> int | None: ...
+    @property
+    def save_steps(self) -> int | None: ...
+    @property
+    def eval_split(self) -> float | None: ...
+    @property
+    def eval_dataset(self) -> str | None: ...
+    @property
+    def trainer(self) -> object: ...
+    @property
+    def dataset_sources(self) -> list[DataSource]: ...
+
+
+def default_eval_ref(spec: EvaluatedSpec) -> str | None:
+    """A single bundled sample's own eval split (user data and mixtures have no default eval data)."""
+    sources = spec.dataset_sources
+    ref = sources[0].ref if len(sources) == 1 else ""
+    if ref.startswith("sample:") and ref.count(":") == 1:
+        return f"{ref}:eval"
+    return None
+
+
+def has_eval_data(spec: EvaluatedSpec) -> bool:
+    """Whether the run will have held-out rows to evaluate on."""
+    given = bool(spec.eval_dataset and spec.eval_dataset.strip())
+    return given or spec.eval_split is not None or default_eval_ref(spec) is not None
+
+
+def watched_metric(spec: EvaluatedSpec) -> str:
+    """The metric as the trainer logs it at evaluation (`eval_` prefixed)."""
+    name = spec.metric_for_best_model.strip()
+    return name if name.startswith("eval_") else f"eval_{name}"
+
+
+def early_stopping_problems(spec: EvaluatedSpec) -> list[Problem]:
+    """Why this spec cannot stop early as asked ([] when it can, or does not ask)."""
+    if spec.early_stopping_patience is None or spec.early_stopping_patience < 1:
+        return []  # off, or out of range (its bound problem says so)
+    field = "early_stopping_patience"
+    out: list[Problem] = []
+    trainer = getattr(spec.trainer, "value", spec.trainer)
+    if not _METRIC.match(spec.metric_for_best_model.strip()):
+        out.append(
+            Problem(
+                "metric_for_best_model",
+                f"{spec.metric_for_best_model!r} is not a metric name",
+                "use eval_loss, or another eval metric the trainer logs (eval_mean_token_accuracy)",
+            )
+        )
+    elif trainer in NO_EVAL_LOSS and watched_metric(spec) == "eval_loss":
+        out.append(
+            Problem(
+                "metric_for_best_model",
+                f"the {trainer} trainer logs no eval_loss at evaluation",
+                "watch a metric it logs (eval_reward), or leave early_stopping_patience empty",
+            )
+        )
+    if not has_eval_data(spec):
+        out.append(
+            Problem(
+                field,
+                "needs held-out data to watch, and this run has none",
+                "set eval_split (e.g. 0.1) or eval_dataset, or leave early_stopping_patience empty",
+            )
+        )
+    if spec.eval_steps is None:
+        out.append(
+            Problem(
+                field,
+                "needs evaluations during training, and eval_steps is empty (only a final evaluation)",
+                "set eval_steps (e.g. 20), or leave early_stopping_patience empty",
+            )
+        )
+    elif spec.save_steps is not None and spec.save_steps % spec.eval_steps:
+        out.append(
+            Problem(
+                "save_steps",
+                f"{spec.save_steps} is not a multiple of eval_steps ({spec.eval_steps}), so the best "
+                "evaluation may have no checkpoint to keep",
+                f"set save_steps to a multiple of {spec.eval_steps}, or leave it empty (a checkpoint at each evaluation)",
+            )
+        )
+    return out

@@ -1,0 +1,43 @@
+"""The spec's evaluation section: early stopping on an eval metric, and the best checkpoint it keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobs.spec.field import Group, spec_field
+
+
+@dataclass(frozen=True)
+class EvaluationFields:
+    """When to stop because the held-out data stopped getting better, and what "better" means."""
+
+    early_stopping_patience: int | None = spec_field(
+        None,
+        Group.TRAINING,
+        "Stop once the watched metric (metric_for_best_model) failed to improve for this many evaluations in a row, and put the best checkpoint in the bundle (empty: train to the end). Needs eval data (eval_dataset, eval_split or a sample's own eval split) and eval_steps; a checkpoint is saved at each evaluation.",
+        ge=1,
+        label="Early-stopping patience",
+        advanced=True,
+    )
+    early_stopping_threshold: float = spec_field(
+        0.0,
+        Group.TRAINING,
+        "How much the watched metric must improve over the best so far to count as better (0: any improvement).",
+        ge=0.0,
+        label="Early-stopping threshold",
+        advanced=True,
+    )
+    metric_for_best_model: str = spec_field(
+        "eval_loss",
+        Group.TRAINING,
+        "The eval metric that picks the best checkpoint with early_stopping_patience: eval_loss (lower is better) or another metric the trainer logs at evaluation, such as eval_mean_token_accuracy (names not ending in loss: higher is better).",
+        label="Watched metric",
+        advanced=True,
+    )
+    eval_tasks: str | None = spec_field(
+        None,
+        Group.RUN,
+        "Benchmark tasks scored on the result and on its base model, with the same settings, when training ends (lm-evaluation-harness, zero-shot), comma-separated: a .jsonl of questions you wrote (rows with question, choices and answer: multiple choice by log-likelihood; rows with question and answer: generation scored by exact match), an lm-eval task .yaml, or a task of lm-eval's registry such as hellaswag or arc_easy (its data comes from the hub). Empty: none.",
+        label="Benchmark tasks",
+        advanced=True,
+    )
