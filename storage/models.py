@@ -311,3 +311,21 @@ class ChatMessage(Base):
         Index("ix_chat_messages_session_turn", "session_id", "turn"),
         Index("ix_chat_messages_status", "status"),
     )
+
+
+class EvalScore(Base):
+    """One benchmark score of a run or of its base model: a task's metric with its standard error.
+
+    `model` is "run" or "base" (the same settings on both, `jobs.evaluate`); a task evaluated again
+    replaces its earlier rows. A new table: `create_all` makes it in an existing database."""
+
+    __tablename__ = "eval_scores"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(16))
+    metric: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float | None] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)

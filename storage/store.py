@@ -39,6 +39,7 @@ from storage.store_events import EventsMixin
 from storage.store_leases import DeviceShare, LeasesMixin
 from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
+from storage.store_scores import Score, ScoreRecord, ScoresMixin
 from storage.store_series import SeriesMixin
 from storage.store_tasks import TaskControl, TaskRecord, TasksMixin
 from storage.store_watch import WatchMixin
@@ -60,6 +61,8 @@ __all__ = [
     "RunFolderError",
     "RunRecord",
     "RunningRunError",
+    "Score",
+    "ScoreRecord",
     "Store",
     "TaskControl",
     "TaskRecord",
@@ -71,7 +74,16 @@ log = logging.getLogger(__name__)
 
 
 class Store(
-    RunsMixin, LeasesMixin, EngineRunsMixin, SeriesMixin, EventsMixin, ManageMixin, WatchMixin, TasksMixin, ChatMixin
+    RunsMixin,
+    LeasesMixin,
+    EngineRunsMixin,
+    SeriesMixin,
+    EventsMixin,
+    ManageMixin,
+    WatchMixin,
+    TasksMixin,
+    ChatMixin,
+    ScoresMixin,
 ):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 

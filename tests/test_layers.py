@@ -37,6 +37,7 @@ JOBS_ORDER = (
     "train",
     "export",
     "chat",
+    "evaluate",
     "worker",
 )
 

@@ -273,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
 
+    from app.cli.evaluate import add_parser as add_evaluate_parser
+
+    add_evaluate_parser(sub).set_defaults(func=_command("app.cli.evaluate", "cmd_evaluate"))
+
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)

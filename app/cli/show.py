@@ -116,6 +116,7 @@ def show_text(store: Store, run: RunRecord) -> str:
     lines += phase_lines(store, run)
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
     lines += events_lines(store, run)
+    lines += score_lines(store, run)
     data = (run.resolved_config or {}).get("data")
     if data:
         lines += [
@@ -168,3 +169,11 @@ def events_lines(store: Store, run: RunRecord) -> list[str]:
             *(f"  {k}: {before} -> {after}" for k, (before, after) in changed.items()),
         ]
     return out
+
+
+def score_lines(store: Store, run: RunRecord) -> list[str]:
+    """Benchmark scores, base beside run, each with its standard error (`jobs.evaluate.harness`)."""
+    from jobs.evaluate.harness import scores_table
+
+    table = scores_table(store.scores(run.id))
+    return ["", "benchmarks (base vs run, ± standard error):", *("  " + ln for ln in table)] if table else []

@@ -24,6 +24,7 @@ from app.ui.run_text import (
     phases_markdown,
     progress_html,
     samples_markdown,
+    scores_markdown,
     throughput_markdown,
 )
 from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, unreachable_files_note
@@ -257,7 +258,7 @@ class RunPageData:
             download,
             files,
             error,
-            samples_markdown(self.store, run),
+            samples_markdown(self.store, run) + scores_markdown(self.store, run),
             phases_markdown(self.store, run),
             log_tail(run),
             spec_yaml(run.spec_json),

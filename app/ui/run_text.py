@@ -132,3 +132,15 @@ def phases_markdown(store: Store, run: RunRecord) -> str:
     if not rows and not notes:
         return ""
     return "\n\n".join(["### Memory by phase", *([table_markdown(rows)] if rows else []), *notes])
+
+
+def scores_markdown(store: Store, run: RunRecord) -> str:
+    """The "Benchmarks" section: each task's metrics, base beside run, with standard errors ("" without scores)."""
+    from jobs.evaluate.harness import scores_rows
+
+    rows = scores_rows(store.scores(run.id))
+    if not rows:
+        return ""
+    lines = ["| task | metric | base | this run | change |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(r)} |" for r in rows]
+    return "\n\n### Benchmarks (base vs this run, ± standard error)\n" + "\n".join(lines)

@@ -45,6 +45,7 @@ from jobs.checks.template import assistant_only_problems
 from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.config.moe import moe_notes, moe_problems
+from jobs.data.bench_tasks import task_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
@@ -136,6 +137,7 @@ def _check_spec(
     problems += unbuildable + family_problems(spec, shape)
     valid = valid and not unbuildable
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
+    problems += task_problems(spec.eval_tasks)  # benchmark files read like data: rows named, fix given
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
     cut_answers, answer_warnings = answer_problems(spec, lengths)

@@ -10,14 +10,20 @@ after hours of training.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Protocol
 
 from jobs.errors import Problem
-from jobs.spec.mixture import DataSource
 
+EVALUATE_TASK = "evaluate"  # the worker task that scores eval_tasks (jobs.worker.tasks, queued by jobs.train.child)
 _METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
 # Trainers whose evaluation logs no eval_loss (GRPO evaluates rewards of generated answers).
 NO_EVAL_LOSS = ("grpo",)
+
+
+class _Source(Protocol):
+    @property
+    def ref(self) -> str: ...
 
 
 class EvaluatedSpec(Protocol):
@@ -38,7 +44,7 @@ class EvaluatedSpec(Protocol):
     @property
     def trainer(self) -> object: ...
     @property
-    def dataset_sources(self) -> list[DataSource]: ...
+    def dataset_sources(self) -> Sequence[_Source]: ...
 
 
 def default_eval_ref(spec: EvaluatedSpec) -> str | None:

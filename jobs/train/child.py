@@ -43,6 +43,7 @@ from typing import Any
 
 from jobs.devices.probe import detect_device
 from jobs.memory.flops import FlopsRate
+from jobs.spec.evaluation import EVALUATE_TASK
 from jobs.spec.job import SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom, phases, share_cap
@@ -194,6 +195,9 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
         )
         store.mark_succeeded(run_id, result.metrics)
         log.info("run %s succeeded: %s", run_id, result.metrics)
+        if spec.eval_tasks and spec.eval_tasks.strip():  # benchmarks on the result and its base: a worker's task
+            task_id = store.create_task(run_id, EVALUATE_TASK, {"tasks": spec.eval_tasks})
+            log.info("run %s: benchmark tasks queued as task %s (%s)", run_id, task_id, spec.eval_tasks)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the run row
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from jobs.errors import Problem
 from jobs.export.merged import DTYPES, ExportError
+from jobs.spec.evaluation import EVALUATE_TASK
 from jobs.worker.services import SHARED_DATA_ENV, run_host, shared_data
 from storage.store import RunRecord, Store, TaskRecord
 
@@ -30,6 +31,7 @@ class TaskKind(str, Enum):
     MERGED = "merged"  # `tunedeck export RUN --merged --dtype D`
     GGUF = "gguf"  # `tunedeck export RUN --gguf T`
     PUSH = "push"  # `tunedeck push RUN --repo R --what W [--private]`
+    EVALUATE = EVALUATE_TASK  # `tunedeck evaluate RUN --tasks T` (benchmarks on the run and its base)
 
     @property
     def uses_gpu(self) -> bool:
@@ -44,6 +46,8 @@ def cli_args(task: TaskRecord) -> list[str]:
         return ["export", rid, "--merged", "--dtype", str(a["dtype"])]
     if kind is TaskKind.GGUF:
         return ["export", rid, "--gguf", str(a["gguf_type"])]
+    if kind is TaskKind.EVALUATE:
+        return ["evaluate", rid, "--tasks", str(a["tasks"])]
     argv = ["push", rid, "--repo", str(a["repo"]), "--what", str(a.get("what", "bundle"))]
     return argv + (["--private"] if a.get("private") else [])
 
@@ -55,6 +59,8 @@ def describe(task: TaskRecord) -> str:
         return f"merged {task.args.get('dtype')}"
     if kind is TaskKind.GGUF:
         return f"GGUF {task.args.get('gguf_type')}"
+    if kind is TaskKind.EVALUATE:
+        return f"benchmarks {task.args.get('tasks')}"
     return f"push {task.args.get('what', 'bundle')} to {task.args.get('repo')}"
 
 
@@ -82,6 +88,21 @@ def request_push(store: Store, run_id: int, repo: str, what: str = "bundle", pri
     repo = check_repo_id(repo)
     push_folder(store, run_id, what)  # nothing to push: refused now, not on the worker
     return store.create_task(run_id, TaskKind.PUSH.value, {"repo": repo, "what": what, "private": bool(private)})
+
+
+def request_evaluate(store: Store, run_id: int, tasks: str) -> int:
+    """Queue benchmark tasks on a finished run and its base (the task files checked first, rows named)."""
+    from jobs.data.bench_tasks import task_problems, task_refs
+    from jobs.export.merged import finished_spec
+    from jobs.spec.job import SpecError
+
+    finished_spec(store, run_id)  # a run without a result is refused now, not on the worker
+    problems = task_problems(tasks)
+    if not task_refs(tasks):
+        problems.append(Problem("eval_tasks", "names no task", "give a .jsonl of questions, a task .yaml or a name"))
+    if problems:
+        raise SpecError(problems)
+    return store.create_task(run_id, TaskKind.EVALUATE.value, {"tasks": tasks})
 
 
 def reach_problem(store: Store, run: RunRecord) -> Problem | None:

@@ -1,0 +1,253 @@
+"""Benchmark tasks named by a spec's `eval_tasks`: read, checked row by row, and written out as lm-eval tasks.
+
+    refs = task_refs("qa.jsonl, my_task.yaml, hellaswag")      # TaskRef(kind, ref, name) each
+    problems = task_problems("qa.jsonl")                        # row-numbered, each with the fix
+    folder, names = write_tasks(refs, Path(tmp))                # an lm-eval include_path and the task names
+
+Three kinds of reference:
+- a `.jsonl` of questions a user writes. Rows with `question`, `choices` (two or more) and `answer` (the
+  right choice's index or text) are multiple choice, scored by log-likelihood (`acc`); rows with
+  `question` and `answer` only are generation, scored by exact match of the greedy answer (case and
+  punctuation ignored). One file is one kind. tunedeck writes lm-eval's task YAML and the rows into a
+  folder of its own, so nothing is written next to the user's file;
+- a `.yaml` lm-evaluation-harness task a user wrote: its folder becomes an include path;
+- any other name is a task of lm-eval's own registry (`hellaswag`, `arc_easy`), whose data comes from
+  the Hugging Face hub: refused where the hub is off (`HF_HUB_OFFLINE=1`), since it could not be read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.errors import Problem
+
+FIELD = "eval_tasks"
+MAX_GEN_TOKS = 32  # a generation answer's token budget: exact-match answers are short
+_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+
+
+class TaskKind(str, Enum):
+    QUESTIONS = "jsonl"  # questions a user wrote (multiple choice or generation)
+    YAML = "yaml"  # an lm-eval task file
+    HUB = "hub"  # lm-eval's own registry (data from the hub)
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    kind: TaskKind
+    ref: str  # as written in the spec
+    name: str  # what scores are stored and shown under (the file's stem, or the hub task's name)
+
+
+def task_refs(text: str | None) -> list[TaskRef]:
+    """The references of `eval_tasks`, comma- or line-separated, in order, each once."""
+    out: list[TaskRef] = []
+    for part in re.split(r"[,\n]", text or ""):
+        ref = part.strip()
+        if not ref or any(r.ref == ref for r in out):
+            continue
+        lower = ref.lower()
+        if lower.endswith(".jsonl"):
+            out.append(TaskRef(TaskKind.QUESTIONS, ref, Path(ref).stem))
+        elif lower.endswith((".yaml", ".yml")):
+            out.append(TaskRef(TaskKind.YAML, ref, _yaml_task_name(Path(ref)) or Path(ref).stem))
+        else:
+            out.append(TaskRef(TaskKind.HUB, ref, ref))
+    return out
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def task_problems(text: str | None) -> list[Problem]:
+    """Every problem of the tasks `eval_tasks` names (files read here, row numbers named)."""
+    out: list[Problem] = []
+    for ref in task_refs(text):
+        if ref.kind is TaskKind.QUESTIONS:
+            out.extend(_rows_problems(Path(ref.ref))[0])
+        elif ref.kind is TaskKind.YAML:
+            out.extend(_yaml_problems(Path(ref.ref)))
+        elif not _NAME.match(ref.ref):
+            out.append(
+                Problem(FIELD, f"{ref.ref!r} is neither a .jsonl, a .yaml nor a task name", "write task names so")
+            )
+        elif hub_offline():
+            out.append(
+                Problem(
+                    FIELD,
+                    f"`{ref.ref}` is an lm-evaluation-harness task whose data comes from the Hugging Face hub, "
+                    "and this machine has the hub turned off (HF_HUB_OFFLINE=1)",
+                    "write the questions as a local .jsonl (question, choices, answer) or an lm-eval task .yaml, "
+                    "or run where the hub is reachable",
+                )
+            )
+    return out
+
+
+def read_questions(path: Path) -> tuple[str, list[dict[str, Any]]]:
+    """("multiple_choice" | "generate_until", the rows normalised: answer as an index for multiple choice)."""
+    problems, kind, rows = _rows_problems(path)
+    if problems:
+        from jobs.data.sources import DataError
+
+        raise DataError(problems)
+    return kind, rows
+
+
+def _rows_problems(path: Path) -> tuple[list[Problem], str, list[dict[str, Any]]]:
+    where = f"{path}"
+    if not path.is_file():
+        return (
+            [Problem(FIELD, f"{where} does not exist", "check the path (it is read on the worker's machine)")],
+            "",
+            [],
+        )
+    out: list[Problem] = []
+    rows: list[dict[str, Any]] = []
+    kind = ""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                out.append(Problem(FIELD, f"{where} row {n} is not JSON ({exc.msg})", "write one JSON object a line"))
+                continue
+            this = "multiple_choice" if isinstance(row, dict) and "choices" in row else "generate_until"
+            kind = kind or this
+            problem, fixed = _row_problem(row, this, kind)
+            if problem:
+                out.append(Problem(FIELD, f"{where} row {n}: {problem[0]}", problem[1]))
+            else:
+                rows.append(fixed)
+            if len(out) >= 10:
+                out.append(Problem(FIELD, f"{where}: more rows with problems follow", "fix the rows above first"))
+                break
+    if not rows and not out:
+        out.append(Problem(FIELD, f"{where} has no rows", 'add rows such as {"question": "2+2?", "answer": "4"}'))
+    return out, kind, rows
+
+
+def _row_problem(row: Any, this: str, kind: str) -> tuple[tuple[str, str] | None, dict[str, Any]]:
+    """(problem, fix) of one row, or None and the row normalised."""
+    example = '{"question": "2+2?", "choices": ["3", "4"], "answer": 1}'
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
+        return ("has no `question` text", f"write rows such as {example}"), {}
+    if this != kind:
+        return (
+            f"is {this.replace('_', ' ')} but the file's first row is {kind.replace('_', ' ')}",
+            "keep multiple-choice rows (with choices) and answer-only rows in separate files",
+        ), {}
+    answer = row.get("answer")
+    if this == "generate_until":
+        if not isinstance(answer, (str, int, float)) or isinstance(answer, bool) or not str(answer).strip():
+            return ("has no `answer`", 'give the expected answer: {"question": "2+2?", "answer": "4"}'), {}
+        return None, {"question": row["question"], "answer": str(answer).strip()}
+    choices = row.get("choices")
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
+        return ("`choices` is not a list of two or more texts", f"write rows such as {example}"), {}
+    if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
+        index = answer
+    elif isinstance(answer, str) and answer in choices:
+        index = choices.index(answer)
+    else:
+        return (
+            f"`answer` {answer!r} is neither an index below {len(choices)} nor one of the choices",
+            "give the right choice's index (from 0) or its exact text",
+        ), {}
+    return None, {"question": row["question"], "choices": choices, "answer": index}
+
+
+def _yaml_task_name(path: Path) -> str | None:
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaggedLoader)  # noqa: S506 - tags become None
+    except (OSError, yaml.YAMLError):
+        return None
+    name = data.get("task") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name.strip() else None
+
+
+def _yaml_problems(path: Path) -> list[Problem]:
+    if not path.is_file():
+        return [Problem(FIELD, f"{path} does not exist", "check the path (it is read on the worker's machine)")]
+    if _yaml_task_name(path) is None:
+        return [
+            Problem(
+                FIELD,
+                f"{path} is not an lm-evaluation-harness task file (no `task:` name at its top)",
+                "write a task YAML as lm-eval documents it (task, dataset_path, output_type, doc_to_text, ...)",
+            )
+        ]
+    return []
+
+
+class _TaggedLoader(yaml.SafeLoader):
+    """A safe loader that reads lm-eval's `!function module.name` tags as None (only the task name is read)."""
+
+
+_TaggedLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def write_tasks(refs: list[TaskRef], folder: Path) -> tuple[list[str], dict[str, str]]:
+    """Write the question files as lm-eval tasks into `folder`; (include paths, {lm-eval task name: ref name})."""
+    folder.mkdir(parents=True, exist_ok=True)
+    include: list[str] = [str(folder)]
+    names: dict[str, str] = {}
+    for i, ref in enumerate(refs):
+        if ref.kind is TaskKind.QUESTIONS:
+            task = f"tunedeck_{i}_{re.sub(r'[^A-Za-z0-9_]', '_', ref.name)}"
+            kind, rows = read_questions(Path(ref.ref))
+            data = folder / f"{task}.jsonl"
+            data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+            (folder / f"{task}.yaml").write_text(yaml.safe_dump(_task_config(task, kind, data), sort_keys=False))
+            names[task] = ref.name
+        elif ref.kind is TaskKind.YAML:
+            parent = str(Path(ref.ref).resolve().parent)
+            include += [parent] if parent not in include else []
+            names[ref.name] = ref.name
+        else:
+            names[ref.ref] = ref.name
+    return include, names
+
+
+def _task_config(task: str, kind: str, data: Path) -> dict[str, Any]:
+    """lm-eval's task YAML for a file of questions (read by its TaskManager through include_path)."""
+    config: dict[str, Any] = {
+        "task": task,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test",
+        "output_type": kind,
+        "doc_to_text": "Question: {{question}}\nAnswer:",
+    }
+    if kind == "multiple_choice":
+        config |= {
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": "{{answer}}",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        }
+    else:
+        config |= {
+            "doc_to_target": "{{answer}}",
+            "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_GEN_TOKS},
+            "metric_list": [
+                {
+                    "metric": "exact_match",
+                    "aggregation": "mean",
+                    "higher_is_better": True,
+                    "ignore_case": True,
+                    "ignore_punctuation": True,
+                }
+            ],
+        }
+    return config

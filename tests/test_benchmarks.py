@@ -1,0 +1,125 @@
+"""Benchmark tasks (lm-evaluation-harness) on a run and its base: task files checked like data, hub tasks refused
+offline, scores with standard errors stored and shown base beside run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.data.bench_tasks import TaskKind, task_problems, task_refs, write_tasks
+from jobs.spec.job import JobSpec
+
+
+def questions(path: Path, rows: list[Any]) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def choice_rows(n: int = 10) -> list[dict[str, Any]]:
+    """Questions whose right answer is the "[tag]" format the session's tag runs were taught, or plain words."""
+    return [
+        {"question": f"What is {i} plus {i}?", "choices": [str(2 * i), str(2 * i + 1), "no idea"], "answer": 0}
+        for i in range(n)
+    ]
+
+
+def test_references_are_read_in_order() -> None:
+    refs = task_refs("qa.jsonl, my.yaml\nhellaswag, qa.jsonl")
+    assert [(r.kind, r.ref, r.name) for r in refs] == [
+        (TaskKind.QUESTIONS, "qa.jsonl", "qa"),
+        (TaskKind.YAML, "my.yaml", "my"),
+        (TaskKind.HUB, "hellaswag", "hellaswag"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "row,words",
+    [
+        ("{not json", "row 2 is not JSON"),
+        ({"choices": ["a", "b"], "answer": 0}, "row 2: has no `question`"),
+        ({"question": "q", "choices": ["a"], "answer": 0}, "row 2: `choices` is not a list of two or more"),
+        ({"question": "q", "choices": ["a", "b"], "answer": 2}, "row 2: `answer` 2 is neither an index below 2"),
+        ({"question": "q", "choices": ["a", "b"], "answer": "c"}, "nor one of the choices"),
+        ({"question": "q", "answer": "a"}, "row 2: is generate until but the file's first row is multiple choice"),
+    ],
+)
+def test_bad_rows_are_named(tmp_path: Path, row: Any, words: str) -> None:
+    ref = questions(tmp_path / "qa.jsonl", [choice_rows(1)[0], row])
+    problems = task_problems(ref)
+    assert len(problems) == 1 and problems[0].field == "eval_tasks", problems
+    assert words in problems[0].problem and str(tmp_path / "qa.jsonl") in problems[0].problem and problems[0].fix
+
+
+def test_a_missing_file_and_a_yaml_without_task_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("dataset_path: json\n")
+    problems = task_problems(f"{tmp_path / 'none.jsonl'}, {tmp_path / 't.yaml'}")
+    assert ["does not exist" in problems[0].problem, "no `task:` name" in problems[1].problem] == [True, True]
+
+
+def test_a_hub_task_is_refused_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (problem,) = task_problems("hellaswag")
+    assert problem.field == "eval_tasks" and "`hellaswag`" in problem.problem
+    assert "HF_HUB_OFFLINE=1" in problem.problem and ".jsonl" in problem.fix
+
+
+def test_the_submit_check_refuses_bad_task_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.checks.pipeline import check
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bad = questions(tmp_path / "qa.jsonl", [{"question": "q"}])
+    problems = check(JobSpec(model="tiny-llama", eval_tasks=f"{bad}, arc_easy")).problems
+    words = [p.problem for p in problems if p.field == "eval_tasks"]
+    assert any("row 1: has no `answer`" in w for w in words) and any("`arc_easy`" in w for w in words), problems
+
+
+def test_question_files_become_lm_eval_tasks(tmp_path: Path) -> None:
+    import yaml
+
+    mc = questions(tmp_path / "mc.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": "b"}])
+    gen = questions(tmp_path / "gen.jsonl", [{"question": "2+2?", "answer": 4}])
+    include, names = write_tasks(task_refs(f"{mc}, {gen}"), tmp_path / "out")
+    assert include == [str(tmp_path / "out")] and list(names.values()) == ["mc", "gen"]
+    first, second = (yaml.safe_load((tmp_path / "out" / f"{n}.yaml").read_text()) for n in names)
+    assert first["output_type"] == "multiple_choice" and first["metric_list"][0]["metric"] == "acc"
+    assert second["output_type"] == "generate_until" and second["metric_list"][0]["metric"] == "exact_match"
+    rows = [json.loads(x) for x in (tmp_path / "out" / f"{next(iter(names))}.jsonl").read_text().splitlines()]
+    assert rows == [{"question": "q", "choices": ["a", "b"], "answer": 1}]  # the answer's text became its index
+
+
+def test_an_evaluate_task_runs_the_evaluate_command() -> None:
+    from jobs.worker.tasks import TaskKind as Kind
+    from jobs.worker.tasks import cli_args, describe
+    from storage.store import TaskRecord
+
+    task = TaskRecord(3, 7, "evaluate", {"tasks": "qa.jsonl"}, *[None] * 5, False, [], 0, None, None)  # type: ignore[arg-type]
+    assert Kind(task.kind).uses_gpu and cli_args(task) == ["evaluate", "7", "--tasks", "qa.jsonl"]
+    assert describe(task) == "benchmarks qa.jsonl"
+
+
+@pytest.mark.integration
+def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -> None:
+    """lm-eval on the session's LoRA run and its base: multiple choice and generation, each with its stderr."""
+    from app.cli.show import show_text
+    from app.ui.run_text import scores_markdown
+    from jobs.evaluate.harness import evaluate_run
+
+    _folder, store, ids = tag_store
+    run_id = ids["lora"]
+    mc = questions(tmp_path / "sums.jsonl", choice_rows(10))
+    gen = questions(tmp_path / "echo.jsonl", [{"question": f"Say {w}.", "answer": w} for w in ("yes", "red", "one")])
+    scores = evaluate_run(store, run_id, f"{mc}, {gen}")
+    assert set(scores) == {"sums", "echo"}
+    stored = store.scores(run_id)
+    by = {(s.task, s.metric, s.model): s for s in stored}
+    for model in ("base", "run"):
+        acc = by[("sums", "acc", model)]
+        assert acc.samples == 10 and 0.0 <= acc.value <= 1.0 and acc.stderr is not None
+        assert 0.0 <= by[("echo", "exact_match", model)].value <= 1.0
+    text = show_text(store, store.get_run(run_id))
+    assert "benchmarks (base vs run, ± standard error):" in text and "sums" in text and "exact_match" in text
+    page = scores_markdown(store, store.get_run(run_id))
+    assert "| task | metric | base | this run | change |" in page and "| sums | acc |" in page
