@@ -123,3 +123,21 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
     assert "benchmarks (base vs run, ± standard error):" in text and "sums" in text and "exact_match" in text
     page = scores_markdown(store, store.get_run(run_id))
     assert "| task | metric | base | this run | change |" in page and "| sums | acc |" in page
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # a training run, then `tunedeck evaluate` in a child (lm-eval's import alone takes seconds)
+def test_eval_tasks_run_when_training_ends_through_a_worker(store: Any, tiny_model: Path, tmp_path: Path) -> None:
+    """A run with eval_tasks queues an evaluate task; the burst worker carries it out as `tunedeck evaluate`."""
+    from jobs.worker.loop import Worker
+    from jobs.worker.task_service import task_service
+    from storage.models import RunStatus, TaskStatus
+    from tests.training_helpers import tiny_spec
+
+    mc = questions(tmp_path / "sums.jsonl", choice_rows(6))
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=4, sample_count=0, eval_tasks=mc))
+    Worker(store, poll_interval=0.2, sample=False, services=[task_service]).work(burst=True)
+    assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_summary
+    (task,) = store.run_tasks(run_id)
+    assert task.kind == "evaluate" and task.status is TaskStatus.SUCCEEDED, (task.error, task.log[-5:])
+    assert {(s.task, s.model) for s in store.scores(run_id) if s.metric == "acc"} == {("sums", "base"), ("sums", "run")}

@@ -179,6 +179,12 @@ def test_an_overfitting_run_stops_early_and_its_bundle_holds_the_best_step(
         f"eval loss did not improve for 2 evaluations after step {best_step}" in events[0]["message"]
         and f"the bundle holds step {best_step}" in events[0]["message"]
     )
+    # The run page's loss graph marks the step the bundle holds.
+    from app.ui.run import RunPageData
+
+    loss = RunPageData(store).frames(run_id, "sft")[1]
+    marked = loss[loss["series"] == "best (in the bundle)"]
+    assert list(marked["step"]) == [best_step] and list(marked["value"]) == pytest.approx([evals[best_step]])
     # The bundle's weights are the best checkpoint's, not the last step's.
     output = store.run_dir(run_id) / "output"
     bundle = load_file(store.run_dir(run_id) / "bundle" / "model.safetensors")

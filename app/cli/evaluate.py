@@ -1,7 +1,8 @@
-"""`tunedeck evaluate`: benchmark tasks on a finished run and on its base, scores with standard errors.
+"""`tunedeck evaluate` and `tunedeck judge`: did the run get better than its base?
 
-    tunedeck evaluate RUN_ID --tasks qa.jsonl,arc.yaml        # here, in this process
+    tunedeck evaluate RUN_ID --tasks qa.jsonl,arc.yaml        # benchmarks here, in this process
     tunedeck evaluate RUN_ID --tasks qa.jsonl --on-worker     # carried out by a worker that reaches the run
+    tunedeck judge RUN_ID --judge smollm2-135m-instruct       # a judge's win rate on the before/after samples
 
 `jobs.evaluate.harness` does the work (lm-evaluation-harness) and stores the scores; this module prints
 them as `tunedeck show` does. A worker carries out an `evaluate` task with this same command.
@@ -31,7 +32,38 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     from app.cli.tasks import add_flag
 
     add_flag(s)
+    s.set_defaults(func=cmd_evaluate)
+    j: argparse.ArgumentParser = sub.add_parser(
+        "judge", help="a judge model's win rate of a finished run against its base, on its before/after samples"
+    )
+    j.add_argument("run_id", type=int, metavar="RUN_ID")
+    j.add_argument(
+        "--judge",
+        required=True,
+        help="a built-in model, a local folder, run:N, or an OpenAI-compatible endpoint URL#MODEL (key: OPENAI_API_KEY)",
+    )
+    add_flag(j)
+    j.set_defaults(func=cmd_judge)
     return s
+
+
+def cmd_judge(store: Store, args: argparse.Namespace) -> int:
+    from jobs.evaluate.judge import judge_run
+
+    if getattr(args, "on_worker", False):
+        from app.cli.tasks import check_reachable, follow
+        from jobs.worker.tasks import request_judge
+
+        check_reachable(store, args.run_id)
+        task_id = request_judge(store, args.run_id, args.judge)
+        print(f"run {args.run_id}: asked a worker for task {task_id}; following")
+        return follow(store, [task_id])
+    result = judge_run(store, args.run_id, args.judge)
+    for j in result.judgments:
+        shown = "run first" if j.run_first else "base first"
+        print(f"[{j.verdict:>8}] ({shown}) {j.prompt[:60]!r}: {j.reply[:100]!r}")
+    print(result.summary())
+    return EXIT_OK
 
 
 def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:

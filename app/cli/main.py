@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from app.cli.evaluate import add_parser as add_evaluate_parser
 
-    add_evaluate_parser(sub).set_defaults(func=_command("app.cli.evaluate", "cmd_evaluate"))
+    add_evaluate_parser(sub)  # evaluate and judge
 
     s = sub.add_parser("setup", help="download/convert a built-in model once")
     s.add_argument("--model", default="smollm2-135m-instruct")

@@ -35,7 +35,8 @@ from storage.models import RunStatus
 from storage.store import MetricBucket, RunRecord, Store
 
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
-RUN_METRICS = ("loss", "eval_loss", "learning_rate", "tokens_per_second")  # what the loss, lr and tokens/s plots draw
+# what the loss, lr and tokens/s plots draw; best_checkpoint: one point, the step an early-stopped bundle holds
+RUN_METRICS = ("loss", "eval_loss", "best_checkpoint", "learning_rate", "tokens_per_second")
 # The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
 TRAINER_SERIES: dict[str, dict[str, str]] = {
     "sft": {"eval perplexity": "eval_perplexity"},
@@ -189,7 +190,9 @@ class RunPageData:
 
         origin, mem = self.memory.at(run_id, memory_extent)
         memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
-        loss = series.metric_rows({"train": get("loss"), "eval": get("eval_loss")})
+        loss = series.metric_rows(
+            {"train": get("loss"), "eval": get("eval_loss"), "best (in the bundle)": get("best_checkpoint")}
+        )
         lr = series.metric_rows({"learning rate": get("learning_rate")})
         tps = series.metric_rows({"tokens/s": get("tokens_per_second")})
         own = series.metric_rows({label: get(name) for label, name in names.items()})

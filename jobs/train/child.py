@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ from jobs.train.failure import disk_full, summarize, torch_oom
 from jobs.train.parent_watch import stop_with_parent
 from jobs.train.phase_probe import PhaseProbe
 from jobs.train.training import train_spec
+from storage.store import MetricPoint
 
 log = logging.getLogger("jobs.train.child")  # named: run as `-m`, this module is __main__
 
@@ -189,6 +191,8 @@ def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) ->
             store.add_run_event(
                 run_id, BEST_EVENT, result.best.message(), step=result.best.step, data=result.best.data()
             )
+            if result.best.metric.endswith("loss"):  # a dot on the loss graph at the step the bundle holds
+                store.add_metrics(run_id, [MetricPoint(result.best.step, BEST_EVENT, result.best.value, time.time())])
         samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
         write_artifacts(
             store, run_id, spec, result.model, result.tokenizer, result.metrics, **before_after.bundle_parts(samples)

@@ -1,4 +1,4 @@
-"""The worker's task service: carries out the exports and pushes asked for through the store (`jobs.worker.tasks`).
+"""The worker's task service: carries out the exports, pushes, benchmarks and judgings asked for through the store (`jobs.worker.tasks`).
 
     Worker(store, services=[task_service])     # `tunedeck worker` does this (app.cli.main)
 
@@ -228,9 +228,8 @@ class TaskService:
     def _record_end(self, task: TaskRecord, code: int, why: str | None, tail: _Tail, begun: float) -> TaskStatus:
         self.store.task_progress(task.id, tail.read(final=True))
         if why == "cancel":
-            self.store.finish_task(
-                task.id, TaskStatus.CANCELLED, error="cancelled; the export's partial files were not kept"
-            )
+            kept = "the export's partial files were not kept" if task.kind in FILE_KINDS else "nothing was stored"
+            self.store.finish_task(task.id, TaskStatus.CANCELLED, error=f"cancelled; {kept}")
         elif why == "stop":
             self.store.finish_task(task.id, TaskStatus.FAILED, error=self._stopped_reason("ran"))
         elif why is None and code == 0:

@@ -32,6 +32,7 @@ class TaskKind(str, Enum):
     GGUF = "gguf"  # `tunedeck export RUN --gguf T`
     PUSH = "push"  # `tunedeck push RUN --repo R --what W [--private]`
     EVALUATE = EVALUATE_TASK  # `tunedeck evaluate RUN --tasks T` (benchmarks on the run and its base)
+    JUDGE = "judge"  # `tunedeck judge RUN --judge J` (a judge's win rate against the base)
 
     @property
     def uses_gpu(self) -> bool:
@@ -48,6 +49,8 @@ def cli_args(task: TaskRecord) -> list[str]:
         return ["export", rid, "--gguf", str(a["gguf_type"])]
     if kind is TaskKind.EVALUATE:
         return ["evaluate", rid, "--tasks", str(a["tasks"])]
+    if kind is TaskKind.JUDGE:
+        return ["judge", rid, "--judge", str(a["judge"])]
     argv = ["push", rid, "--repo", str(a["repo"]), "--what", str(a.get("what", "bundle"))]
     return argv + (["--private"] if a.get("private") else [])
 
@@ -61,6 +64,8 @@ def describe(task: TaskRecord) -> str:
         return f"GGUF {task.args.get('gguf_type')}"
     if kind is TaskKind.EVALUATE:
         return f"benchmarks {task.args.get('tasks')}"
+    if kind is TaskKind.JUDGE:
+        return f"judged by {task.args.get('judge')}"
     return f"push {task.args.get('what', 'bundle')} to {task.args.get('repo')}"
 
 
@@ -103,6 +108,14 @@ def request_evaluate(store: Store, run_id: int, tasks: str) -> int:
     if problems:
         raise SpecError(problems)
     return store.create_task(run_id, TaskKind.EVALUATE.value, {"tasks": tasks})
+
+
+def request_judge(store: Store, run_id: int, judge: str) -> int:
+    """Queue a judge's win rate of a finished run against its base (refused now when it has no samples)."""
+    from jobs.evaluate.judge import sample_pairs
+
+    sample_pairs(store, run_id)
+    return store.create_task(run_id, TaskKind.JUDGE.value, {"judge": judge.strip()})
 
 
 def reach_problem(store: Store, run: RunRecord) -> Problem | None:
