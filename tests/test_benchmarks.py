@@ -141,3 +141,20 @@ def test_eval_tasks_run_when_training_ends_through_a_worker(store: Any, tiny_mod
     (task,) = store.run_tasks(run_id)
     assert task.kind == "evaluate" and task.status is TaskStatus.SUCCEEDED, (task.error, task.log[-5:])
     assert {(s.task, s.model) for s in store.scores(run_id) if s.metric == "acc"} == {("sums", "base"), ("sums", "run")}
+
+
+def test_scores_are_stored_per_task_and_lined_up_in_compare(store: Any) -> None:
+    from app.ui.compare import compare_table, summarize_run
+    from storage.store import Score
+
+    a, b = store.create_run(JobSpec(run_name="a")), store.create_run(JobSpec(run_name="b"))
+    store.set_scores(a, "qa", [Score("base", "acc", 0.3, 0.1, 10), Score("run", "acc", 0.8, 0.1, 10)])
+    store.set_scores(a, "qa", [Score("base", "acc", 0.3, 0.1, 10), Score("run", "acc", 0.9, 0.1, 10)])  # replaces
+    store.set_scores(b, "qa", [Score("run", "acc", 0.6, 0.15, 10), Score("run", "exact_match", float("nan"), None, 4)])
+    assert [(s.model, s.value) for s in store.scores(a)] == [("base", 0.3), ("run", 0.9)]
+    assert [(s.metric, s.value) for s in store.scores(b)] == [("acc", 0.6), ("exact_match", None)]  # NaN kept as none
+    runs = [store.get_run(a), store.get_run(b)]
+    table = compare_table(runs, [summarize_run(store, r) for r in runs])
+    row = table[table["field"] == "qa: acc"].iloc[0].tolist()
+    assert row[1:] == ["0.900 ± 0.100 (base 0.300 ± 0.100)", "0.600 ± 0.150"]
+    assert table[table["field"] == "qa: exact_match"].iloc[0].tolist()[1:] == ["", "-"]

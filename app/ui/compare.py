@@ -4,8 +4,8 @@ Pick several runs; the view shows
 - one table: a row per spec field whose value differs between the picked runs, then the
   measured results (status, the figures of jobs.train.figures: peak memory and its source, tokens/s,
   step time, loss; the memory prediction's error, for the whole run and per phase where the run
-  recorded its phases (jobs.train.phases); then final eval loss, trainable parameters, runtime),
-  one column per run;
+  recorded its phases (jobs.train.phases); then final eval loss, trainable parameters, runtime; then
+  each benchmark and judge score a run has, the run's beside its base's: jobs.evaluate), one column per run;
 - a scatter of peak memory (GiB) against tokens/s, one point per run: the time vs memory
   trade-off of each choice, measured on this machine;
 - the runs' training loss curves overlaid, downsampled by the store's bucket methods.
@@ -60,6 +60,7 @@ class RunSummary:
     runtime_s: float | None
     predicted: str = ""  # the memory prediction saved at submit against the measured peak (jobs.memory.predict)
     phases: tuple[PhaseRow, ...] = ()  # per phase, predicted against measured (jobs.train.phases); () unrecorded
+    scores: tuple[tuple[str, str], ...] = ()  # ("task: metric", "run ± stderr (base ...)") per benchmark score
 
     @property
     def label(self) -> str:
@@ -126,6 +127,17 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
         runtime,
         predicted,
         tuple(phase_rows(saved, load_phases(store, run.id))),
+        score_cells(store, run.id),
+    )
+
+
+def score_cells(store: Store, run_id: int) -> tuple[tuple[str, str], ...]:
+    """The run's benchmark and judge scores as compare rows: the run's value, its base's beside it."""
+    from jobs.evaluate.harness import scores_rows
+
+    return tuple(
+        (f"{task}: {metric}", run + (f" (base {base})" if base != "-" else ""))
+        for task, metric, base, run, _change in scores_rows(store.scores(run_id))
     )
 
 
@@ -166,6 +178,8 @@ def compare_table(runs: Sequence[RunRecord], summaries: Sequence[RunSummary]) ->
     ]
     per_run = [result_values(s) for s in summaries]
     rows += [[name, *(cells[i] for cells in per_run)] for i, name in enumerate(RESULT_ROWS)]
+    labels = list(dict.fromkeys(label for s in summaries for label, _ in s.scores))  # each run's scores lined up
+    rows += [[label, *(dict(s.scores).get(label, "") for s in summaries)] for label in labels]
     return pd.DataFrame(rows, columns=_unique(columns))
 
 
