@@ -158,3 +158,25 @@ def test_scores_are_stored_per_task_and_lined_up_in_compare(store: Any) -> None:
     row = table[table["field"] == "qa: acc"].iloc[0].tolist()
     assert row[1:] == ["0.900 ± 0.100 (base 0.300 ± 0.100)", "0.600 ± 0.150"]
     assert table[table["field"] == "qa: exact_match"].iloc[0].tolist()[1:] == ["", "-"]
+
+
+def test_a_shared_dashboard_reads_task_files_only_from_its_data_folders_and_runs_no_task_code(
+    data_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.checks.access import REMOTE_CODE_ENV, AccessPolicy
+    from jobs.checks.pipeline import check
+    from storage.settings import uploads_dir
+
+    monkeypatch.delenv(REMOTE_CODE_ENV, raising=False)
+    outside = questions(tmp_path / "secret.jsonl", ["not json"])
+    uploads_dir().mkdir(parents=True, exist_ok=True)
+    inside = questions(uploads_dir() / "qa.jsonl", choice_rows(2))
+    (uploads_dir() / "task.yaml").write_text("task: mine\n")
+    policy = AccessPolicy.for_server(login=True)
+    problems = [p for p in check(JobSpec(model="tiny-llama", eval_tasks=outside), policy=policy).problems]
+    mine = [p.problem for p in problems if p.field == "eval_tasks"]
+    assert len(mine) == 1 and "data folders" in mine[0], problems  # refused unread: no row problem shown
+    assert policy.problems(JobSpec(eval_tasks=inside)) == []
+    (code,) = policy.problems(JobSpec(eval_tasks=str(uploads_dir() / "task.yaml")))
+    assert code.field == "eval_tasks" and "!function" in code.problem and "--allow-remote-code" in code.fix
+    assert AccessPolicy.open().problems(JobSpec(eval_tasks=outside)) == []

@@ -10,7 +10,7 @@ browser could otherwise make a local dashboard run code (issue 32); the command 
 Without a login tunedeck serves 127.0.0.1 to the one person at that machine, who can read any
 file anyway: every path stays open. With a login, several people reach one server, so data stays
 with the server's administrator:
-- data files are read only from allowed folders: `TUNEDECK_DATA_DIRS` (folders separated by
+- data files (benchmark question files too) are read only from allowed folders: `TUNEDECK_DATA_DIRS` (folders separated by
   `:`), by default `$TUNEDECK_HOME/datasets` (shared data an administrator puts there) and the
   uploads folder; a path is judged after resolving `..` and symbolic links, and before anything
   is read, so a refusal says nothing about whether a file exists.
@@ -130,6 +130,7 @@ class AccessPolicy:
             for p in (self.data_problem(spec.dataset, "dataset"), self.data_problem(spec.eval_dataset, "eval_dataset"))
             if p is not None
         ]
+        out += self._task_problems(spec.eval_tasks)
         if spec.trust_remote_code and not self.allow_remote_code:
             out.append(
                 Problem(
@@ -149,6 +150,24 @@ class AccessPolicy:
                     "remove reward_function here (use built-in rewards or reward_model_run), put it in a "
                     "spec file and run `tunedeck submit SPEC.yaml` on the server, or start the server with "
                     f"--allow-reward-function ({REWARD_FUNCTION_ENV}=1)",
+                )
+            )
+        return out
+
+    def _task_problems(self, eval_tasks: str | None) -> list[Problem]:
+        """Benchmark files are data files (read from the allowed folders); an lm-eval task YAML may import
+        Python (`!function`), so it is code, allowed as a model's own code is."""
+        from jobs.data.bench_tasks import TaskKind, task_refs
+
+        refs = [r for r in task_refs(eval_tasks) if r.kind is not TaskKind.HUB]
+        out = [p for p in (self._path_problem(r.ref, "eval_tasks") for r in refs) if p is not None]
+        if any(r.kind is TaskKind.YAML for r in refs) and not self.allow_remote_code:
+            out.append(
+                Problem(
+                    "eval_tasks",
+                    "an lm-eval task .yaml can run Python (`!function`), which is off on this dashboard",
+                    "write the questions as a .jsonl, run `tunedeck evaluate` on the server, or start the "
+                    f"server with --allow-remote-code ({REMOTE_CODE_ENV}=1)",
                 )
             )
         return out
