@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers import TrainerCallback
 
 from jobs.config.evaluation import early_stopping_callback, early_stopping_kwargs
 from jobs.spec.job import JobSpec, SpecError
@@ -195,3 +196,60 @@ def test_an_overfitting_run_stops_early_and_its_bundle_holds_the_best_step(
     assert bundle.keys() == kept.keys()
     assert all((bundle[k] == kept[k]).all() for k in bundle)
     assert any((bundle[k] != latest[k]).any() for k in bundle)
+
+
+class StopAtFirstSetback(TrainerCallback):  # type: ignore[misc]
+    """Asks training to stop (as a cancel does) at the first evaluation that did not improve on the best."""
+
+    def __init__(self) -> None:
+        self.best: float | None = None
+        self.stopped_after: int | None = None
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float], **kwargs: Any) -> None:
+        from jobs.train.callbacks import STOP_REQUESTED
+
+        loss = metrics["eval_loss"]
+        if self.best is not None and loss >= self.best and self.stopped_after is None:
+            self.stopped_after = state.global_step
+            STOP_REQUESTED.set()
+        self.best = loss if self.best is None else min(self.best, loss)
+
+
+@pytest.mark.integration
+def test_a_resumed_run_keeps_its_best_and_its_patience_count(store: Any, tiny_model: Path, tmp_path: Path) -> None:
+    """Cancelled one evaluation into its patience and resumed, the run stops exactly `patience` evaluations
+    after its best: the count went on from the checkpoint (a fresh count would train one evaluation longer)."""
+    from jobs.train.callbacks import STOP_REQUESTED
+    from jobs.train.checkpoints import resume
+    from jobs.train.child import run
+
+    train, eval_ = conflicting_data(tmp_path)
+    spec = tiny_spec(
+        tiny_model,
+        dataset=str(train),
+        eval_dataset=str(eval_),
+        max_steps=30,
+        max_train_samples=None,
+        method="full",
+        learning_rate=1e-2,
+        eval_steps=2,
+        early_stopping_patience=2,
+        sample_count=0,
+    )
+    run_id = store.create_run(spec)
+    store.claim_next_on_device("test", "0")
+    setback = StopAtFirstSetback()
+    try:
+        assert run(run_id, store, callbacks=[setback]) == 0
+    finally:
+        STOP_REQUESTED.clear()
+    assert setback.stopped_after is not None and store.get_run(run_id).status is RunStatus.CANCELLED
+    resume(store, store.get_run(run_id))
+    store.claim_next_on_device("test", "0")
+    assert run(run_id, store) == 0
+    record = store.get_run(run_id)
+    assert record.status is RunStatus.SUCCEEDED, record.error_summary
+    best, last = int(record.final_metrics["best_step"]), int(record.final_metrics["global_step"])
+    assert last == best + 2 * 2 and last > setback.stopped_after, (best, last, setback.stopped_after)
+    (event,) = [e for e in store.run_events(run_id) if e["kind"] == "best_checkpoint"]
+    assert f"the bundle holds step {best}" in event["message"]
