@@ -42,6 +42,7 @@ from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.template import assistant_only_problems
+from jobs.checks.tricks import missing_package_problems
 from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.config.moe import moe_notes, moe_problems
@@ -130,6 +131,7 @@ def _check_spec(
     arch = model_arch(spec.model) if valid or spec.method in MODEL_CHECKED_METHODS else (None, "")
     capability = facts.device()
     problems += [_where(p, note) for p in device_problems(spec, capability)]
+    problems += missing_package_problems(spec, capability)
     shape = arch[0].shape if arch[0] is not None else None
     problems += combination_problems(spec, shape)
     moe = shape.moe if shape is not None else None

@@ -27,6 +27,7 @@ from jobs.config.trainers import (  # noqa: F401
     trainer_kwargs,
     trl_module,
 )
+from jobs.config.tricks import trick_combination_problems, trick_device_problems, trick_kwargs, trick_warnings
 from jobs.devices.facts import Device
 from jobs.errors import Problem
 from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision, Trainer
@@ -89,7 +90,7 @@ def device_problems(spec: JobSpec, device: Device) -> list[Problem]:
                 "use lora_init: default or eva on this machine, or run on a GPU worker",
             )
         )
-    return out
+    return out + trick_device_problems(spec, device)
 
 
 def combination_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
@@ -162,7 +163,7 @@ def combination_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
             )
         )
     out.extend(method_problems(spec, shape))
-    return out
+    return out + trick_combination_problems(spec)
 
 
 def capability_warnings(spec: JobSpec, device: Device) -> list[str]:
@@ -190,7 +191,7 @@ def capability_warnings(spec: JobSpec, device: Device) -> list[str]:
             f"method {spec.method.value} with packing: the virtual tokens are prepended once per packed row, "
             "not once per example"
         )
-    return out
+    return out + trick_warnings(spec, device)
 
 
 def torch_dtype_name(spec: JobSpec, precision: Precision) -> str:
@@ -296,6 +297,7 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
     kw.update(early_stopping_kwargs(spec, has_eval=has_eval))  # the best checkpoint kept (jobs.config.evaluation)
     if kw["eval_strategy"] == "steps":
         kw["eval_steps"] = spec.eval_steps
+    kw.update(trick_kwargs(spec))  # Liger, offloading, GaLore/APOLLO, NEFTune, compile (jobs.config.tricks)
     kw.update(trainer_kwargs(spec))  # packing, loss masks, beta, loss_type, ... (jobs.config.trainers)
     return drop_unsupported(spec, kw)
 

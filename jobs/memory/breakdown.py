@@ -70,6 +70,7 @@ class Prediction:
     worst_case_bytes: int | None = None  # the same job with every row max_length long
     active_params: int | None = None  # mixture of experts: parameters one token passes through; None if dense
     not_modelled: tuple[str, ...] = ()  # the model's layer kinds no formula describes (their activations uncounted)
+    host_bytes: int = 0  # moved off the device into the host's RAM (activation offloading), not in the total
 
     @property
     def from_data(self) -> bool:
@@ -118,6 +119,7 @@ class Prediction:
             "formulas": {p.name: p.formula for p in self.parts},
             "notes": list(self.notes),
             "cuda_context_bytes": context_bytes(self.device),
+            "host_bytes": self.host_bytes,
         }
 
     def to_json(self) -> str:

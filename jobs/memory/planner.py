@@ -2,8 +2,8 @@
 
 The search keeps the effective batch (micro-batch x accumulation) and what the user asked to
 train, and varies only the memory tricks: micro-batch / accumulation, gradient checkpointing,
-16-bit precision (where the device has it), the 8-bit optimizer and, when allowed, LoRA ->
-QLoRA. Each variant is predicted by `jobs.memory.predict.predict`; those under `margin` x the target
+16-bit precision (where the device has it), the 8-bit optimizer, activation offloading (CUDA) or the
+CPU allocator that returns freed memory (CPU) and, when allowed, LoRA -> QLoRA. Each variant is predicted by `jobs.memory.predict.predict`; those under `margin` x the target
 are ranked by a FLOPs speed model (docs/memory.md "Fit to GPU").
 
     plan = fit(spec, arch, facts, target_bytes=24 * 2**30)
@@ -21,7 +21,7 @@ from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import Prediction
 from jobs.memory.parts import Arch
 from jobs.memory.predict import predict
-from jobs.spec.enums import Method, Optim, Precision
+from jobs.spec.enums import OFFLOADING_ONLY, Method, Optim, Precision
 from jobs.spec.job import JobSpec
 
 MARGIN = 0.90  # a pick must leave 10% of the target free (the "tight" verdict starts there)
@@ -29,6 +29,18 @@ MARGIN = 0.90  # a pick must leave 10% of the target free (the "tight" verdict s
 GPU_PRECISION_SPEED = {Precision.BF16: 1.0, Precision.FP16: 1.0, Precision.FP32: 0.1}
 QUANTIZED_SLOWDOWN = {Method.QLORA: 0.75, Method.LORA_8BIT: 0.6}  # de-quantizing each layer per matmul
 HALF_EFFICIENCY_TOKENS = 512  # a micro-batch of this many tokens runs at half the device's best rate (a guess)
+# Tokens/s of a trick relative to without it: (field, applies on "cuda"/"cpu", factor, source).
+TRICK_SPEED = (
+    ("cpu_return_freed_memory", "cpu", 0.80, "measured: bench/overhead.py --sides bare,bare-malloc, 0.78-0.84x"),
+    (
+        "activation_offloading",
+        "cuda",
+        0.85,
+        "published range 0.7-1.0x (transfers hidden by streams when compute dominates)",
+    ),
+    ("use_liger_kernel", "cuda", 1.20, "published: +20% on Llama-3-8B"),
+    ("torch_compile", "cuda", 1.27, "published: torchtune +27% on a 3B"),
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,9 @@ def relative_speed(spec: JobSpec, arch: Arch, prediction: Prediction) -> float:
     rate = GPU_PRECISION_SPEED.get(Precision(prediction.precision), 1.0) if prediction.device.kind == "cuda" else 1.0
     rate *= QUANTIZED_SLOWDOWN.get(spec.method, 1.0)
     efficiency = tokens / (tokens + HALF_EFFICIENCY_TOKENS)
+    for name, kind, factor, _source in TRICK_SPEED:
+        if getattr(spec, name) and (prediction.device.kind == "cuda") == (kind == "cuda"):
+            rate *= factor
     return 1e12 * rate * efficiency / flops_per_token(spec, arch, prediction.trainable_params)
 
 
@@ -73,6 +88,10 @@ SPEED_FIELDS = (
     "packing",
     "lora_r",
     "trainer",
+    "cpu_return_freed_memory",
+    "activation_offloading",
+    "use_liger_kernel",
+    "torch_compile",
 )
 
 
@@ -129,22 +148,32 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
     methods = [spec.method]
     if allow_qlora and spec.method in (Method.LORA, Method.DORA) and device.kind == "cuda":
         methods.append(Method.QLORA)
+    # The device's own memory trick: on CUDA, offloaded checkpointing (the checkpointed layer inputs in host
+    # RAM: small, so the unknown host RAM holds them; offloading every activation could need more RAM than the
+    # host has); on the CPU, the allocator that returns freed memory.
+    name = "activation_offloading" if device.kind == "cuda" else "cpu_return_freed_memory"
+    offers = device.kind != "cuda" or spec.trainer in OFFLOADING_ONLY["trainer"]
+    extras = sorted({getattr(spec, name), True}) if offers else [getattr(spec, name)]
     out = []
     for method in methods:
         for precision in precisions:
             for optim in optims:
                 for ckpt in ckpts:
                     for b in batches:
-                        out.append(
-                            spec.replace(
-                                method=method,
-                                precision=precision,
-                                optim=optim,
-                                gradient_checkpointing=ckpt,
-                                per_device_train_batch_size=b,
-                                gradient_accumulation_steps=effective // b,
+                        for extra in extras:
+                            if extra and name == "activation_offloading" and not ckpt:
+                                continue
+                            out.append(
+                                spec.replace(
+                                    method=method,
+                                    precision=precision,
+                                    optim=optim,
+                                    gradient_checkpointing=ckpt,
+                                    per_device_train_batch_size=b,
+                                    gradient_accumulation_steps=effective // b,
+                                    **{name: extra},
+                                )
                             )
-                        )
     return out
 
 
@@ -156,7 +185,14 @@ def describe_changes(old: JobSpec, new: JobSpec) -> tuple[str, ...]:
             f"per_device_train_batch_size {old.per_device_train_batch_size} -> {new.per_device_train_batch_size} "
             f"with gradient_accumulation_steps {new.gradient_accumulation_steps} (same effective batch)"
         )
-    for name in ("gradient_checkpointing", "precision", "optim", "method"):
+    for name in (
+        "gradient_checkpointing",
+        "precision",
+        "optim",
+        "method",
+        "activation_offloading",
+        "cpu_return_freed_memory",
+    ):
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
             out.append(f"{name}: {getattr(b, 'value', b)}".lower())

@@ -32,6 +32,7 @@ from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_byt
 from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
+from jobs.memory.tricks import Figures, trick_effects
 from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision, Trainer
 from jobs.spec.job import JobSpec
 from jobs.units import human_bytes
@@ -280,6 +281,15 @@ def predict(
     optimizer, opt_temp = optimizer_term(s)
     logits = logits_term(s)
     acts = activations_term(s, logits.bytes)
+    # The newer tricks change some of these figures (jobs/memory/tricks.py).
+    per_layer = s.tokens * arch.hidden * s.elem if spec.gradient_checkpointing else acts.bytes / arch.layers
+    largest_act = s.tokens * max(arch.intermediate, arch.q_dim) * s.elem
+    figures = Figures(grads, optimizer.bytes, opt_temp, optimizer.formula, acts.bytes, acts.formula, logits.bytes,
+                      per_layer, largest_act)  # fmt: skip
+    fx = trick_effects(spec, arch, s.cuda, s.rss, figures)
+    grads, opt_temp = fx.figures.grads, fx.figures.opt_temp
+    optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)
+    notes.extend(fx.notes)
     fixed = weights.bytes + adapter.bytes + optimizer.bytes
     # The peak: in the backward (activations alive) or at the optimizer step (all gradients alive).
     accumulated = grads if spec.gradient_accumulation_steps > 1 else 0.0
@@ -298,6 +308,8 @@ def predict(
         notes.append("the peak is at the optimizer step: activations are freed by then")
     o, a, lg = held
     overhead = overhead_term(s, weights.bytes + adapter.bytes + gradients.bytes + o.bytes + a.bytes + lg.bytes)
+    if not s.cuda and fx.heap_bytes:  # glibc's retained heap on the CPU (jobs/memory/tricks.py)
+        overhead = Term(fx.heap_bytes, fx.heap_formula)
     runtime = runtime_term(s)
     # The first optimizer step, as the training child measures it (docs/memory.md "Phases"): no optimizer
     # state exists before it, so the backward's figure is the peak of later steps less that state.
@@ -328,6 +340,7 @@ def predict(
         lengths=lengths.stats(spec.max_length) if lengths is not None else None,
         active_params=active_params(arch),
         not_modelled=arch.shape.unmodelled,
+        host_bytes=int(fx.host_bytes),
     )
 
 

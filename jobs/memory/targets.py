@@ -13,7 +13,7 @@ import math
 
 from jobs.memory.parts import ActivationPlan, Arch, adafactor_state_bytes, adam8bit_state_bytes
 from jobs.memory.shape import targeted_linears
-from jobs.spec.enums import LORA_FAMILY, Method, Optim
+from jobs.spec.enums import LORA_FAMILY, LOW_RANK_OPTIMS, Method, Optim
 from jobs.spec.job import JobSpec
 
 
@@ -85,7 +85,7 @@ def optimizer_bytes(
 ) -> tuple[float, float, str]:
     """(state bytes kept between steps, extra bytes during the step, formula); `elem`: the trained weights' bytes."""
     largest = max((_numel(s) for s in shapes), default=0)
-    if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT):
+    if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT) or optim in LOW_RANK_OPTIMS:  # low rank: jobs.memory.tricks
         # torch AdamW keeps two moments in the parameters' dtype. On CUDA it updates all tensors at
         # once (foreach): one temporary per parameter; on the CPU it loops tensor by tensor: two
         # temporaries of the largest tensor.

@@ -123,6 +123,26 @@ class Optim(str, Enum):
     PAGED_ADAMW_8BIT = "paged_adamw_8bit"
     PAGED_ADAMW_32BIT = "paged_adamw_32bit"
     ADAFACTOR = "adafactor"
+    # Low-rank optimizer state for full fine-tuning (galore-torch, apollo-torch; transformers' names).
+    GALORE_ADAMW = "galore_adamw"
+    GALORE_ADAMW_8BIT = "galore_adamw_8bit"
+    GALORE_ADAMW_LAYERWISE = "galore_adamw_layerwise"
+    GALORE_ADAMW_8BIT_LAYERWISE = "galore_adamw_8bit_layerwise"
+    APOLLO_ADAMW = "apollo_adamw"
+    APOLLO_ADAMW_LAYERWISE = "apollo_adamw_layerwise"
+
+
+GALORE_OPTIMS = {
+    Optim.GALORE_ADAMW,
+    Optim.GALORE_ADAMW_8BIT,
+    Optim.GALORE_ADAMW_LAYERWISE,
+    Optim.GALORE_ADAMW_8BIT_LAYERWISE,
+}
+APOLLO_OPTIMS = {Optim.APOLLO_ADAMW, Optim.APOLLO_ADAMW_LAYERWISE}
+# Optimizers that keep their state at low rank for the linears in optim_target_modules (full fine-tuning only).
+LOW_RANK_OPTIMS = GALORE_OPTIMS | APOLLO_OPTIMS
+# Layer-wise variants step each weight inside the backward pass, as soon as its gradient is ready.
+LAYERWISE_OPTIMS = {o for o in LOW_RANK_OPTIMS if o.value.endswith("_layerwise")}
 
 
 class QuantType(str, Enum):
@@ -184,6 +204,9 @@ SFT_ONLY = {"trainer": {Trainer.SFT}}
 PREFERENCE_ONLY = {"trainer": {Trainer.DPO, Trainer.KTO, Trainer.ORPO, Trainer.CPO}}
 KTO_ONLY = {"trainer": {Trainer.KTO}}
 GRPO_ONLY = {"trainer": {Trainer.GRPO}}
+LOW_RANK_ONLY = {"optim": set(LOW_RANK_OPTIMS)}
+# The trl configs that have activation_offloading (trl 1.16).
+OFFLOADING_ONLY = {"trainer": {Trainer.SFT, Trainer.DPO, Trainer.KTO, Trainer.REWARD}}
 LORA_ONLY = {"method": LORA_FAMILY}
 QLORA_ONLY = {"method": {Method.QLORA}}
 PROMPT_ONLY = {"method": PROMPT_FAMILY}

@@ -72,6 +72,25 @@ def build_trainer(
     callbacks: Sequence[Any],
     reward_model: tuple[Any, Any] | None = None,
 ) -> Any:
+    """The spec's trainer (`_trainer`), with LoRA+'s optimizer when the spec asks for it (`jobs.train.loraplus`)."""
+    from jobs.train.loraplus import attach_loraplus
+
+    trainer = _trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
+    attach_loraplus(trainer, spec)
+    return trainer
+
+
+def _trainer(
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    args: Any,
+    train_ds: Any,
+    eval_ds: Any,
+    peft_cfg: Any,
+    callbacks: Sequence[Any],
+    reward_model: tuple[Any, Any] | None = None,
+) -> Any:
     """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
     RewardTrainer on a sequence-classification model (`jobs.models.loading.load_model_and_tokenizer(reward_head=True)`);
     GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.train.reward_model`)."""

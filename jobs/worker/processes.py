@@ -34,21 +34,25 @@ BASELINE_MODULE = "jobs.train.baseline"  # the child's runtime baseline (`jobs.w
 # the heap and stay resident after they are freed: the RSS climbs each step by fragmentation, not by
 # live tensors (the form's default job: 2.9 GiB peak against 2.4 GiB live, 2.5 GiB with the fixed
 # threshold). A fixed threshold gives every tensor over 128 KiB its own mapping, returned when freed,
-# so the curve shows what is alive, and the real peak is lower (SmolLM2 LoRA: 0.84x); it costs speed
-# (0.84x tokens/s there, `bench/overhead.py --sides bare,bare-malloc`). TUNEDECK_CPU_ALLOCATOR=glibc keeps
-# glibc's own behaviour (faster; the RSS then runs above the prediction); a MALLOC_MMAP_THRESHOLD_ the
-# user set wins.
+# so the curve shows what is alive and the real peak is lower (SmolLM2 LoRA: 0.84x); it costs speed
+# (0.78-0.84x tokens/s, `bench/overhead.py --sides bare,bare-malloc`). So it is a memory trick the spec
+# asks for (`cpu_return_freed_memory`, off by default; Fit to GPU turns it on when the job needs it) and the
+# prediction counts glibc's retained heap when it is off. TUNEDECK_CPU_ALLOCATOR=exact|glibc on the worker
+# overrides every run's choice; a MALLOC_MMAP_THRESHOLD_ the user set wins over both.
 CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
-def cpu_allocator_env(env: dict[str, str]) -> dict[str, str]:
-    """The allocator settings a CPU training child gets on top of `env` (its environment so far)."""
-    choice = env.get("TUNEDECK_CPU_ALLOCATOR", "exact").strip().lower()
-    if choice == "glibc" or "MALLOC_MMAP_THRESHOLD_" in env:
+def cpu_allocator_env(env: dict[str, str], wanted: bool = False) -> dict[str, str]:
+    """The allocator settings a CPU training child gets on top of `env` (its environment so far);
+    `wanted`: the run's spec asks for the fixed threshold (`cpu_return_freed_memory`)."""
+    if "MALLOC_MMAP_THRESHOLD_" in env:
         return {}
-    if choice != "exact":
-        log.warning("TUNEDECK_CPU_ALLOCATOR=%r is neither 'exact' nor 'glibc': using 'exact'", choice)
-    return dict(CPU_ALLOCATOR_ENV)
+    choice = env.get("TUNEDECK_CPU_ALLOCATOR", "").strip().lower()
+    if choice not in ("", "exact", "glibc"):
+        log.warning("TUNEDECK_CPU_ALLOCATOR=%r is neither 'exact' nor 'glibc': the run's spec decides", choice)
+        choice = ""
+    on = wanted if choice == "" else choice == "exact"
+    return dict(CPU_ALLOCATOR_ENV) if on else {}
 
 
 def default_child_argv(run_id: int) -> list[str]:

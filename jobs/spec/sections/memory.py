@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.spec.enums import SFT_ONLY, OnOom, Optim, Precision
+from jobs.spec.enums import LOW_RANK_ONLY, OFFLOADING_ONLY, SFT_ONLY, OnOom, Optim, Precision
 from jobs.spec.field import Group, spec_field
 
 
@@ -48,8 +48,74 @@ class MemoryFields:
     optim: Optim = spec_field(
         Optim.ADAMW,
         Group.MEMORY,
-        "Optimizer. AdamW keeps ~8 B/param of state; 8-bit AdamW ~2 B; paged variants spill to CPU under pressure (CUDA only).",
+        "Optimizer. AdamW keeps ~8 B/param of state; 8-bit AdamW ~2 B; paged variants spill to CPU under pressure (CUDA only). "
+        "galore_*/apollo_* (full fine-tuning only) keep the targeted linears' state at optim_rank: a 7B full fine-tune "
+        "on one 24 GB GPU (published); *_layerwise also update each weight in the backward pass, so its gradient "
+        "never waits for the step (no gradient accumulation). GaLore recomputes an SVD every optim_update_proj_gap steps.",
         label="Optimizer",
+    )
+    optim_target_modules: str = spec_field(
+        "all-linear",
+        Group.MEMORY,
+        "GaLore/APOLLO: the linear layers whose optimizer state is kept at low rank (all-linear, or names such as "
+        "q_proj,v_proj, or a regex); the others keep full AdamW state.",
+        label="Low-rank optimizer targets",
+        when=LOW_RANK_ONLY,
+        advanced=True,
+    )
+    optim_rank: int = spec_field(
+        128,
+        Group.MEMORY,
+        "GaLore/APOLLO: rank of the projected optimizer state. State per m x n weight ~ 4 B x r x (2 max(m,n) + min(m,n)) "
+        "instead of 8 B x m x n; lower saves more and learns less per step.",
+        ge=1,
+        le=65536,
+        label="Low-rank optimizer rank",
+        when=LOW_RANK_ONLY,
+    )
+    optim_update_proj_gap: int = spec_field(
+        200,
+        Group.MEMORY,
+        "GaLore/APOLLO: steps between new projections (GaLore: one SVD per targeted weight, a pause of seconds on big models).",
+        ge=1,
+        le=1_000_000,
+        label="Steps per projection update",
+        when=LOW_RANK_ONLY,
+        advanced=True,
+    )
+    use_liger_kernel: bool = spec_field(
+        False,
+        Group.MEMORY,
+        "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (CUDA only; pip install 'tunedeck[gpu]'). Published: -60% "
+        "memory, +20% tokens/s on Llama-3-8B with its fused loss; trl 1.16 keeps its own fused loss, so here it saves "
+        "the layers' temporaries (not predicted: the activations stay at their unfused size).",
+        label="Liger kernels",
+    )
+    activation_offloading: bool = spec_field(
+        False,
+        Group.MEMORY,
+        "Keep the activations saved for the backward pass in host memory (CUDA only; sft, dpo, kto, reward): the GPU holds about one "
+        "layer's worth; the worker's RAM holds the rest. With gradient checkpointing it offloads the checkpoints "
+        "(offloaded checkpointing). Costs transfer time (~10-30%, published; hidden by streams when compute dominates).",
+        label="Offload activations to host memory",
+        when=OFFLOADING_ONLY,
+    )
+    torch_compile: bool = spec_field(
+        False,
+        Group.MEMORY,
+        "Compile the model with torch.compile (inductor): torchtune measured +27% tokens/s and -15% memory on a 3B "
+        "(published). The first steps pay the compile time (a minute or more); its workspace is not predicted.",
+        label="torch.compile",
+        advanced=True,
+    )
+    cpu_return_freed_memory: bool = spec_field(
+        False,
+        Group.MEMORY,
+        "CPU workers only: a fixed malloc mmap threshold (128 KiB) so freed tensors leave the process: a lower real "
+        "peak (0.84x on SmolLM2-135M LoRA, measured) for ~16-22% fewer tokens/s (measured, bench/overhead.py). "
+        "Off: glibc's default; its heap keeps freed activations resident (predicted as the 'allocator' part).",
+        label="Return freed memory (CPU)",
+        advanced=True,
     )
     max_length: int = spec_field(
         512,

@@ -72,6 +72,17 @@ class MethodFields:
         label="LoRA dropout",
         advanced=True,
     )
+    loraplus_lr_ratio: float | None = spec_field(
+        None,
+        Group.METHOD,
+        "LoRA+: train the B matrices at this multiple of the learning rate (the paper suggests 16; empty: off). "
+        "Same memory, faster convergence (published: up to 2x fewer steps). LoRA family only.",
+        gt=0.0,
+        le=1024.0,
+        methods=LORA_FAMILY,
+        label="LoRA+ ratio",
+        advanced=True,
+    )
     lora_target_modules: str = spec_field(
         "all-linear",
         Group.METHOD,

@@ -1,0 +1,154 @@
+"""What the newer memory tricks change in a prediction, as named parts (docs/memory.md "The memory tricks").
+
+`jobs.memory.predict.predict` computes the figures of a plain step and hands them here once
+(`trick_effects`); each trick changes the figures it touches and says so in their formulas:
+
+- GaLore / APOLLO: the optimizer state of the targeted linears at `optim_rank`, from the projection's
+  shapes (galore-torch / apollo-torch keep two moments on the projected gradient and the projection);
+  layer-wise variants step each weight in the backward pass, so no step holds every gradient at once.
+- activation offloading (CUDA): the saved activations but about two layers' worth move from the
+  device's figure to a host figure the worker's RAM must hold (`host_bytes`).
+- the CPU allocator: without `cpu_return_freed_memory`, glibc's heap keeps freed activation-sized blocks
+  resident (the `overhead` part on the CPU); with it, nothing.
+- Liger kernels and torch.compile: their savings are not modelled (labelled in the notes, not guessed);
+  trl's own fused LM head already never materialises the logits. NEFTune and LoRA+ change no memory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from jobs.memory.parts import Arch, adam8bit_state_bytes
+from jobs.spec.enums import APOLLO_OPTIMS, LAYERWISE_OPTIMS, LOW_RANK_OPTIMS, Optim
+from jobs.spec.job import JobSpec
+
+# Offloaded activations: trl's context keeps a few tensors waiting on its side stream and brings each
+# layer's back one layer ahead of its backward, so about this many layers' worth stay on the device.
+OFFLOAD_DEVICE_LAYERS = 2
+# glibc's heap on the CPU: freed blocks under its dynamic mmap threshold (which rises to at most 32 MiB)
+# stay in the heap, and the backward's new tensors reuse them only partly. Measured through the worker
+# (bench/memory_runs.py, glibc's default, 2026-12-02): the RSS ran 1.3-1.4x the step's activations + head
+# bytes above the live tensors on the tiny rows, ~0.85x on SmolLM2 8 x 64 (2.99 vs 2.52 GiB); taken as 1x.
+GLIBC_RETAINED = 1.0
+GLIBC_MMAP_MAX = 32 * 2**20  # glibc's dynamic mmap threshold stops here: larger blocks are always returned
+HEAD_TEMPORARIES = 9  # the LM head's part is about this many tile-sized buffers (jobs.memory.parts.head_bytes)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The parts of one step that the tricks change (bytes, and the formulas shown with them)."""
+
+    grads: float
+    opt_state: float
+    opt_temp: float
+    of: str  # the optimizer part's formula
+    acts: float
+    actf: str
+    logits: float
+    per_layer: float  # the saved activations of one layer (what offloading moves per layer)
+    largest_activation: float  # bytes of the biggest single activation tensor (tokens x intermediate x elem)
+
+
+@dataclass(frozen=True)
+class TrickEffect:
+    figures: Figures
+    host_bytes: float = 0.0  # moved to the host's RAM (activation offloading)
+    heap_bytes: float = 0.0  # CPU: freed blocks glibc's heap keeps resident
+    heap_formula: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def trick_effects(spec: JobSpec, arch: Arch, cuda: bool, rss: bool, fig: Figures) -> TrickEffect:
+    """The figures with the spec's tricks applied, and what they add elsewhere (host memory, heap, notes)."""
+    notes: list[str] = []
+    host = heap = 0.0
+    heap_f = ""
+    if spec.optim in LOW_RANK_OPTIMS:
+        fig = _low_rank(spec, arch, fig)
+    if spec.activation_offloading and cuda:
+        keep = min(arch.layers, OFFLOAD_DEVICE_LAYERS)
+        host = max(0.0, (arch.layers - keep) * fig.per_layer)
+        fig = replace(
+            fig,
+            acts=fig.acts - host,
+            actf=fig.actf + f" - {arch.layers - keep} layers' saved activations offloaded to host memory",
+        )
+        notes.append(f"activation offloading: {host / 2**30:.2f} GiB of activations in the worker's host RAM")
+    if spec.use_liger_kernel:
+        notes.append("Liger kernels: their smaller layer temporaries are not modelled (predicted at the unfused size)")
+    if spec.torch_compile:
+        notes.append("torch.compile: the compiler's workspace and fused buffers are not modelled")
+    if rss and not cuda and not spec.cpu_return_freed_memory:
+        heap, heap_f = _glibc_heap(fig)
+    return TrickEffect(fig, host, heap, heap_f, tuple(notes))
+
+
+def _glibc_heap(fig: Figures) -> tuple[float, str]:
+    """What glibc's heap keeps resident beyond the live tensors: the step's freed blocks under 32 MiB."""
+    kept = []
+    heap = 0.0
+    if fig.largest_activation < GLIBC_MMAP_MAX:
+        heap += GLIBC_RETAINED * fig.acts
+        kept.append("activations")
+    if fig.logits / HEAD_TEMPORARIES < GLIBC_MMAP_MAX:
+        heap += GLIBC_RETAINED * fig.logits
+        kept.append("LM head")
+    what = " and ".join(kept) or "no blocks (all over glibc's 32 MiB mmap limit)"
+    return heap, (
+        f"CPU allocator (glibc): freed {what} blocks stay resident once more (x{GLIBC_RETAINED:g}; "
+        "cpu_return_freed_memory: true returns them)"
+    )
+
+
+def low_rank_targets(spec: JobSpec, arch: Arch) -> list[tuple[int, int]]:
+    """(out, in) of every linear weight whose state GaLore/APOLLO keep at low rank (transformers' matching:
+    all-linear, a comma list of module names, or a regex; the untied LM head is a linear too)."""
+    text = spec.optim_target_modules.strip()
+    everything = text.replace("_", "-") == "all-linear"
+    names = [n.strip() for n in text.split(",") if n.strip()]
+
+    def picked(name: str) -> bool:
+        if everything:
+            return True
+        if len(names) > 1:
+            return name in names
+        return name == text or re.fullmatch(text, name) is not None
+
+    shapes = [(lin.out_features, lin.in_features) for lin in arch.block_linears if picked(lin.name)] * arch.layers
+    if arch.head_params and picked("lm_head"):
+        shapes.append((arch.vocab, arch.hidden))
+    return shapes
+
+
+def _low_rank(spec: JobSpec, arch: Arch, fig: Figures) -> Figures:
+    """GaLore/APOLLO state: per targeted m x n weight, two moments of max(m,n) x r and the r x min(m,n)
+    projection (r <= min(m,n) for GaLore's SVD; APOLLO's random projection takes r as given)."""
+    targets = low_rank_targets(spec, arch)
+    eight_bit = spec.optim in (Optim.GALORE_ADAMW_8BIT, Optim.GALORE_ADAMW_8BIT_LAYERWISE)
+    galore = spec.optim not in APOLLO_OPTIMS
+    state = 0.0
+    projected: list[int] = []
+    for m, n in targets:
+        r = min(spec.optim_rank, m, n) if galore else spec.optim_rank
+        projected.append(max(m, n) * r)
+        state += 4.0 * min(m, n) * r  # the projection, fp32 (the weights' dtype in a full fine-tune)
+    state += adam8bit_state_bytes(projected) if eight_bit else 8.0 * sum(projected)
+    target_params = sum(m * n for m, n in targets)
+    rest = arch.total_params - target_params
+    state += (2.0 + 8 * 4 / 256) * rest if eight_bit else 8.0 * rest  # full AdamW for everything else
+    m, n = max(targets, key=lambda s: s[0] * s[1], default=(0, 0))
+    # One weight at a time: its projected gradient, the full-size update projected back, GaLore's SVD.
+    temp = 4.0 * (2 * m * n + ((m + n) * min(m, n) if galore else 0))
+    kind = "GaLore" if galore else "APOLLO"
+    of = (
+        f"{kind} rank {spec.optim_rank}: {len(targets):,} targeted linears' moments on max(m,n) x r "
+        f"{'(8-bit)' if eight_bit else 'x 8 B'} + projections r x min(m,n) x 4 B; {rest:,} other params "
+        f"x {'~2' if eight_bit else '8'} B"
+    )
+    if spec.optim in LAYERWISE_OPTIMS:
+        # Each weight steps inside the backward as its gradient arrives and drops it: no step peak with every
+        # gradient alive, and the backward's own peak (at its start, activations all alive) is unchanged
+        # (counted: the same peak as galore_adamw on the CPU).
+        return replace(fig, grads=0.0, opt_state=state, opt_temp=0.0, of=of + "; layer-wise: stepped in the backward")
+    return replace(fig, opt_state=state, opt_temp=temp, of=of)
