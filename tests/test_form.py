@@ -39,7 +39,7 @@ def test_applicability_names_enum_fields_and_their_values():
         for name, allowed in info.when:
             assert name != info.name and INFOS[name].kind == "enum", (info.name, name)
             assert allowed and allowed <= set(INFOS[name].choices), (info.name, allowed)
-    assert deciding_fields() == ["method", "trainer"]
+    assert deciding_fields() == ["method", "optim", "trainer"]  # optim: the low-rank fields of GaLore/APOLLO
 
 
 @pytest.mark.parametrize("method", list(Method))
@@ -98,7 +98,7 @@ def test_every_preset_sets_the_same_fields_and_gives_a_valid_spec():
         for trainer, data in ((Trainer.SFT, "sample:chat-format"), (Trainer.DPO, "sample:preference-format")):
             spec, _ = apply_preset(JobSpec(trainer=trainer, dataset=data), p.name)
             assert spec.problems() == [], (p.name, trainer)
-    assert [p.name for p in PRESETS] == ["Quick test", "Low memory", "Balanced", "Best quality"]
+    assert [p.name for p in PRESETS] == ["Quick test", "Low memory", "Fast", "Balanced", "Best quality"]
 
 
 def test_balanced_is_the_defaults():
@@ -132,8 +132,33 @@ def test_a_preset_says_what_it_changed():
     assert "Gradient checkpointing (gradient_checkpointing) off → on" in text
 
 
+@pytest.mark.parametrize(
+    "name, cuda, modules, on",
+    [
+        ("Low memory", None, frozenset(), set()),  # no worker known: the device tricks stay off
+        ("Low memory", True, frozenset(), {"activation_offloading"}),  # offloaded checkpointing on a GPU
+        ("Low memory", False, frozenset(), {"cpu_return_freed_memory"}),
+        ("Fast", True, frozenset(), set()),  # Liger is not installed there
+        ("Fast", True, frozenset({"liger_kernel"}), {"use_liger_kernel"}),
+        ("Fast", False, frozenset({"liger_kernel"}), set()),  # Triton needs CUDA
+        ("Balanced", True, frozenset({"liger_kernel"}), set()),
+    ],
+)
+def test_presets_use_the_device_tricks_where_the_workers_device_can(name, cuda, modules, on):
+    from jobs.config.mapping import capability_problems
+    from jobs.devices.facts import CPU, Device
+
+    spec, _ = apply_preset(JobSpec(), name, cuda, modules)
+    tricks = ("activation_offloading", "use_liger_kernel", "cpu_return_freed_memory")
+    assert {t for t in tricks if getattr(spec, t)} == on
+    device = Device(cuda=True, bf16=True, name="GPU") if cuda else CPU
+    assert capability_problems(spec, device) == []
+    grpo, _ = apply_preset(JobSpec(trainer=Trainer.GRPO, rewards="repetition"), name, cuda, modules)
+    assert not grpo.activation_offloading  # trl's GRPO has no offloading: the preset leaves it off
+
+
 def test_an_unknown_preset_names_the_choices():
-    with pytest.raises(KeyError, match="Quick test, Low memory, Balanced, Best quality"):
+    with pytest.raises(KeyError, match="Quick test, Low memory, Fast, Balanced, Best quality"):
         presets.preset("Fastest")
 
 

@@ -296,15 +296,18 @@ def launch(store: Store, *args: Any, policy: AccessPolicy | None = None) -> tupl
     return "", run_id
 
 
-def choose_preset(name: str, *args: Any) -> list[Any]:
-    """The preset's fields as component values, plus the line saying what changed."""
+def choose_preset(name: str, *args: Any, device: ui_memory.DeviceSource | None = None) -> list[Any]:
+    """The preset's fields as component values, plus the line saying what changed; the device tricks it
+    turns on are those the workers' `device` can run (unknown without one: left off)."""
     try:
         spec = spec_from_form(values_of(args))
     except SpecError as exc:  # set the preset's fields anyway; the rest keeps its problems
         values = preset(name).plain_values()
         note = f"{name} set {', '.join(info(n).title for n in PRESET_FIELDS)}; {len(exc.problems)} problem(s) remain."
         return [values[n] for n in PRESET_FIELDS] + [note]
-    new, changes = apply_preset(spec, name)
+    from jobs.checks.tricks import installed_modules
+
+    new, changes = apply_preset(spec, name, device().kind == "cuda" if device else None, installed_modules())
     d = new.to_dict()
     return [d[n] for n in PRESET_FIELDS] + [describe(name, changes)]
 
@@ -338,7 +341,7 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
         form.config_upload.upload(import_files, form.config_upload, ins + [form.errors], **private)
     preset_outs = [form.fields[n] for n in PRESET_FIELDS] + [form.preset_note]
     for name, button in form.presets.items():
-        button.click(partial(choose_preset, name), ins, preset_outs, **raw)
+        button.click(partial(choose_preset, name, device=device), ins, preset_outs, **raw)
     deciding = [form.fields[n] for n in DECIDING]
     conditional = [form.fields[n] for n in CONDITIONAL]
     for comp in deciding:

@@ -16,6 +16,12 @@ from jobs.errors import Problem
 from jobs.spec.job import JobSpec
 
 
+def installed_modules() -> frozenset[str]:
+    """The trick packages' modules importable here (for the presets' device tricks)."""
+    names = ("liger_kernel", "galore_torch", "apollo_torch", "triton")
+    return frozenset(n for n in names if importlib.util.find_spec(n) is not None)
+
+
 def missing_package_problems(spec: JobSpec, device: Device) -> list[Problem]:
     """One problem per trick whose package is not importable here."""
     missing = frozenset(req for module, req in needed_modules(spec).items() if importlib.util.find_spec(module) is None)

@@ -10,11 +10,11 @@ defaults. Applying a preset is pure and says what it changed:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from jobs.spec.enums import Method, Optim
+from jobs.spec.enums import OFFLOADING_ONLY, Method, Optim
 from jobs.spec.field_info import field_infos
 from jobs.spec.job import JobSpec
 
@@ -26,10 +26,23 @@ class Preset:
     name: str
     summary: str  # a few words for the form, next to the button
     values: dict[str, Any]
+    on_cuda: dict[str, Any] = field(default_factory=dict)  # the device's own tricks, where the worker's is CUDA
+    on_cpu: dict[str, Any] = field(default_factory=dict)  # ... and where it is a CPU
+
+    def values_for(self, cuda: bool | None = None, modules: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The values for a worker with CUDA (True), a CPU (False) or unknown (None: the device's tricks off);
+        `modules`: the Python modules installed there (a trick whose package is missing stays off)."""
+        extra = self.on_cuda if cuda else self.on_cpu if cuda is False else {}
+        return {**self.values, **{k: v for k, v in extra.items() if NEEDS.get(k, "") in modules | {""}}}
 
     def plain_values(self) -> dict[str, Any]:
         """The values as YAML would write them (enums by their value)."""
         return {k: v.value if isinstance(v, Enum) else v for k, v in self.values.items()}
+
+
+# Every preset sets these device tricks (off unless its on_cuda/on_cpu turns one on), so none lingers.
+DEVICE_TRICKS = {"activation_offloading": False, "use_liger_kernel": False, "cpu_return_freed_memory": False}
+NEEDS = {"use_liger_kernel": "liger_kernel"}  # the module a device trick needs installed
 
 
 @dataclass(frozen=True)
@@ -57,12 +70,15 @@ PRESETS: tuple[Preset, ...] = (
             "gradient_checkpointing": False,
             "optim": Optim.ADAMW,
             "max_length": 256,
+            **DEVICE_TRICKS,
         },
     ),
     # QLoRA and 8-bit AdamW also run on bitsandbytes' CPU backend, so this preset suits any device.
+    # On CUDA with checkpointing on, offloading keeps the checkpointed layer inputs in host RAM (offloaded
+    # checkpointing); on a CPU, freed memory goes back to the system at some speed (docs/memory.md).
     Preset(
         "Low memory",
-        "QLoRA, batch 1 x 8, 8-bit AdamW",
+        "QLoRA, batch 1 x 8, 8-bit AdamW; offloaded checkpoints (GPU) or freed memory returned (CPU)",
         {
             "method": Method.QLORA,
             "lora_r": 8,
@@ -75,7 +91,30 @@ PRESETS: tuple[Preset, ...] = (
             "gradient_checkpointing": True,
             "optim": Optim.ADAMW_8BIT,
             "max_length": 512,
+            **DEVICE_TRICKS,
         },
+        on_cuda={"activation_offloading": True},
+        on_cpu={"cpu_return_freed_memory": True},
+    ),
+    # Liger's Triton kernels where the worker has a GPU and the package; glibc's faster allocator on a CPU.
+    Preset(
+        "Fast",
+        "rank 8, batch 16, no checkpointing; Liger kernels on a GPU",
+        {
+            "method": Method.LORA,
+            "lora_r": 8,
+            "lora_alpha": 16,
+            "max_train_samples": None,
+            "max_steps": -1,
+            "num_train_epochs": 1.0,
+            "per_device_train_batch_size": 16,
+            "gradient_accumulation_steps": 1,
+            "gradient_checkpointing": False,
+            "optim": Optim.ADAMW,
+            "max_length": 512,
+            **DEVICE_TRICKS,
+        },
+        on_cuda={"use_liger_kernel": True},
     ),
     Preset(
         "Balanced",
@@ -92,6 +131,7 @@ PRESETS: tuple[Preset, ...] = (
             "gradient_checkpointing": False,
             "optim": Optim.ADAMW,
             "max_length": 512,
+            **DEVICE_TRICKS,
         },
     ),
     # alpha / r stays 2 as in Balanced, so the learning rate that suits Balanced suits this too.
@@ -110,6 +150,7 @@ PRESETS: tuple[Preset, ...] = (
             "gradient_checkpointing": True,
             "optim": Optim.ADAMW,
             "max_length": 1024,
+            **DEVICE_TRICKS,
         },
     ),
 )
@@ -124,10 +165,15 @@ def preset(name: str) -> Preset:
     raise KeyError(f"no preset {name!r}; choose one of: {', '.join(p.name for p in PRESETS)}")
 
 
-def apply_preset(spec: JobSpec, name: str) -> tuple[JobSpec, list[Change]]:
-    """The spec with the preset's values, and the fields whose value this changed (in spec order)."""
-    chosen = preset(name)
-    after = spec.replace(**chosen.values)
+def apply_preset(
+    spec: JobSpec, name: str, cuda: bool | None = None, modules: frozenset[str] = frozenset()
+) -> tuple[JobSpec, list[Change]]:
+    """The spec with the preset's values (`Preset.values_for` the worker's device), and the fields whose value
+    this changed (in spec order)."""
+    values = preset(name).values_for(cuda, modules)
+    if spec.trainer not in OFFLOADING_ONLY["trainer"]:
+        values["activation_offloading"] = False  # that trainer has none (trl)
+    after = spec.replace(**values)
     before_d, after_d = spec.to_dict(), after.to_dict()
     order = [f.name for f in field_infos()]
     changes = [Change(n, before_d[n], after_d[n]) for n in order if before_d[n] != after_d[n]]
