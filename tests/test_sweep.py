@@ -3,6 +3,7 @@ and their memory/time table relative to the baseline."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,42 @@ def test_probes_on_the_cpu_skip_16_bit_precision_and_keep_the_effective_batch() 
     spec = JobSpec.from_dict({"method": "full", "per_device_train_batch_size": 8, "max_steps": 500, "save_steps": 50})
     probes, skipped = plan_probes(spec, list(Trick), steps=5, device=CPU)
     by_trick = {trick: probe for trick, _note, probe in probes}
-    assert list(by_trick) == ["baseline", "gradient_checkpointing", "accumulation", "optim_8bit", "lora", "qlora"]
+    assert list(by_trick) == [
+        "baseline",
+        "gradient_checkpointing",
+        "accumulation",
+        "optim_8bit",
+        "lora",
+        "qlora",
+        "cpu_return_freed_memory",
+        "galore",
+    ]
     assert all(p.max_steps == 5 and p.save_steps is None and p.on_oom.value == "fail" for p in by_trick.values())
     accumulation = by_trick["accumulation"]
     assert (accumulation.per_device_train_batch_size, accumulation.gradient_accumulation_steps) == (4, 2)
     assert by_trick["optim_8bit"].optim.value == "adamw_bnb_8bit" and by_trick["qlora"].method.value == "qlora"
-    assert dict(skipped).keys() == {"bf16", "fp16"} and "needs a CUDA device" in dict(skipped)["fp16"]
+    assert (
+        by_trick["cpu_return_freed_memory"].cpu_return_freed_memory and by_trick["galore"].optim.value == "galore_adamw"
+    )
+    assert dict(skipped).keys() == {"bf16", "fp16", "activation_offloading", "use_liger_kernel", "torch_compile"}
+    assert "needs a CUDA device" in dict(skipped)["fp16"] and "Triton" in dict(skipped)["use_liger_kernel"]
+    assert "minutes" in dict(skipped)["torch_compile"]
 
 
 def test_probes_on_a_gpu_worker_include_bf16_and_fp16() -> None:
     probes, skipped = plan_probes(JobSpec(), [Trick.BF16, Trick.FP16, Trick.LORA], steps=5, device=H200)
     assert [t for t, _n, _p in probes] == ["baseline", "bf16", "fp16"]
     assert skipped == [("lora", "the method is already lora")]
+
+
+def test_probes_on_a_gpu_worker_include_its_tricks() -> None:
+    chosen = [Trick.OFFLOADING, Trick.LIGER, Trick.COMPILE, Trick.CPU_ALLOCATOR, Trick.GALORE]
+    probes, skipped = plan_probes(JobSpec(), chosen, steps=5, device=H200)
+    names = [t for t, _n, _p in probes]
+    assert names[:2] == ["baseline", "activation_offloading"] and "torch_compile" in names
+    assert ("use_liger_kernel" in names) is (importlib.util.find_spec("liger_kernel") is not None)
+    assert dict(skipped)["galore"].startswith("GaLore is for full fine-tuning")
+    assert "CPU worker's allocator" in dict(skipped)["cpu_return_freed_memory"]
 
 
 def test_run_page_button_queues_a_sweep_of_the_runs_spec(store: Store, tiny_model: Path) -> None:

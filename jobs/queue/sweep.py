@@ -51,6 +51,7 @@ def plan_probes(
     """(probes to queue as (trick, note, spec), skipped as (trick, reason)); the baseline always comes first.
 
     `device`: the capability view (`jobs.devices.facts.Device`) of the device the probes will run on."""
+    from jobs.checks.tricks import missing_package_problems
     from jobs.config.mapping import capability_problems
 
     order = [Trick.BASELINE] + [t for t in dict.fromkeys(chosen) if t is not Trick.BASELINE]
@@ -61,7 +62,8 @@ def plan_probes(
             skipped.append((trick.value, found.reason))
             continue
         probe = probe_spec(found.spec, trick, steps)
-        problems = capability_problems(probe, device)  # what the trick changed: precision, optimizer, ...
+        # what the trick changed: precision, optimizer, a package it needs ...
+        problems = capability_problems(probe, device) + missing_package_problems(probe, device)
         if problems:
             skipped.append((trick.value, "; ".join(str(p) for p in problems)))
             continue

@@ -26,6 +26,12 @@ class Trick(str, Enum):
     FP16 = "fp16"
     LORA = "lora"
     QLORA = "qlora"
+    # The newer tricks (jobs.config.tricks): the sweep's check drops the ones the worker's device cannot run.
+    OFFLOADING = "activation_offloading"
+    CPU_ALLOCATOR = "cpu_return_freed_memory"
+    LIGER = "use_liger_kernel"
+    GALORE = "galore"
+    COMPILE = "torch_compile"
 
 
 TRICK_HELP = {
@@ -37,7 +43,15 @@ TRICK_HELP = {
     Trick.FP16: "fp16 mixed precision with loss scaling",
     Trick.LORA: "LoRA adapters on a frozen base",
     Trick.QLORA: "LoRA on a 4-bit NF4 base",
+    Trick.OFFLOADING: "saved activations in host RAM (CUDA)",
+    Trick.CPU_ALLOCATOR: "freed memory returned to the system (CPU workers)",
+    Trick.LIGER: "Liger's Triton kernels (CUDA)",
+    Trick.GALORE: "GaLore: low-rank optimizer state (full fine-tuning)",
+    Trick.COMPILE: "torch.compile (CUDA; minutes of compiling on a CPU)",
 }
+# The boolean tricks: the spec field each turns on.
+_FLAGS = {Trick.OFFLOADING: "activation_offloading", Trick.CPU_ALLOCATOR: "cpu_return_freed_memory",
+          Trick.LIGER: "use_liger_kernel", Trick.COMPILE: "torch_compile"}  # fmt: skip
 
 # The 8-bit counterpart of each 32-bit optimizer state.
 _EIGHT_BIT = {Optim.ADAMW: Optim.ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT: Optim.PAGED_ADAMW_8BIT}
@@ -109,6 +123,25 @@ def method(spec: JobSpec, wanted: Method) -> Applied | NotApplicable:
     return Applied(spec.replace(method=wanted), f"method {spec.method.value} -> {wanted.value}")
 
 
+def flag(spec: JobSpec, name: str, cuda: bool) -> Applied | NotApplicable:
+    """Turn a boolean trick on; torch.compile only on CUDA (the CPU's inductor compiles for minutes)."""
+    if getattr(spec, name):
+        return NotApplicable(f"{name} is already on")
+    if name == "torch_compile" and not cuda:
+        return NotApplicable("torch.compile on a CPU compiles for minutes (longer than a probe)")
+    if name == "cpu_return_freed_memory" and cuda:
+        return NotApplicable("it changes a CPU worker's allocator; a GPU run's memory is torch's")
+    return Applied(spec.replace(**{name: True}), f"{name} on")
+
+
+def galore(spec: JobSpec) -> Applied | NotApplicable:
+    if spec.method is not Method.FULL:
+        return NotApplicable(f"GaLore is for full fine-tuning; method {spec.method.value} trains adapters")
+    if spec.optim is Optim.GALORE_ADAMW:
+        return NotApplicable("the optimizer is already galore_adamw")
+    return Applied(spec.replace(optim=Optim.GALORE_ADAMW), f"optimizer {spec.optim.value} -> galore_adamw")
+
+
 def apply(trick: Trick, spec: JobSpec, *, cuda: bool = False, bf16: bool = False) -> Applied | NotApplicable:
     """Apply one trick; `cuda`/`bf16` describe the device that will run it (for precision tricks)."""
     if trick is Trick.BASELINE:
@@ -121,4 +154,8 @@ def apply(trick: Trick, spec: JobSpec, *, cuda: bool = False, bf16: bool = False
         return optimizer_8bit(spec)
     if trick in (Trick.BF16, Trick.FP16):
         return precision(spec, Precision(trick.value), cuda, bf16)
+    if trick in _FLAGS:
+        return flag(spec, _FLAGS[trick], cuda)
+    if trick is Trick.GALORE:
+        return galore(spec)
     return method(spec, Method(trick.value))
