@@ -21,6 +21,9 @@
 #   memtruth   bench/memory_truth.py --device cuda on four Qwen2.5-0.5B configurations
 #   memruns    bench/memory_runs.py --device cuda (when the file exists; else "not present")
 #   tricks     bench/tricks_gpu.py, six configurations x 8 steps (the full table takes ~6-8 min)
+#   newtricks  bench/tricks_gpu.py on the newer tricks and the presets' combinations, predicted vs
+#              measured per row (Liger, offloading, offloaded checkpointing, GaLore, APOLLO, LoRA+,
+#              NEFTune, compile, "Low memory" and "Fast" on CUDA): run it with --only newtricks
 #
 # After every section the report is rewritten, so a call cut short still returns what was done:
 # $OUT/gpu_check.md (OUT defaults to ./gpu-check-out), with cuda_constants.json, oom_check.json and
@@ -39,11 +42,11 @@ WORK=${GPU_CHECK_WORK:-/tmp/tunedeck-gpu-check}
 SITE=$WORK/site
 LOGS=$WORK/logs
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
-SECTIONS=(install facts constants oom pytest memtruth memruns tricks)
+SECTIONS=(install facts constants oom pytest memtruth memruns tricks newtricks)
 # name: own timeout (s), least time worth starting it with (s), title
-declare -A OWN=([install]=90 [facts]=45 [constants]=110 [oom]=130 [pytest]=150 [memtruth]=100 [memruns]=80 [tricks]=120)
+declare -A OWN=([install]=90 [facts]=45 [constants]=110 [oom]=130 [pytest]=150 [memtruth]=100 [memruns]=80 [tricks]=120 [newtricks]=300)
 for pair in ${GPU_CHECK_TIMEOUTS:+${GPU_CHECK_TIMEOUTS//,/ }}; do OWN[${pair%%=*}]=${pair#*=}; done  # e.g. GPU_CHECK_TIMEOUTS=oom=200,tricks=60
-declare -A LEAST=([install]=20 [facts]=10 [constants]=40 [oom]=60 [pytest]=60 [memtruth]=40 [memruns]=30 [tricks]=45)
+declare -A LEAST=([install]=20 [facts]=10 [constants]=40 [oom]=60 [pytest]=60 [memtruth]=40 [memruns]=30 [tricks]=45 [newtricks]=60)
 declare -A TITLE=(
   [install]="Install the carried wheels"
   [facts]="Machine facts"
@@ -53,9 +56,11 @@ declare -A TITLE=(
   [memtruth]="Memory predictor vs CUDA (bench/memory_truth.py --device cuda)"
   [memruns]="Memory of real runs (bench/memory_runs.py --device cuda)"
   [tricks]="Memory tricks (bench/tricks_gpu.py, short)"
+  [newtricks]="Newer memory tricks and presets, predicted vs measured (bench/tricks_gpu.py)"
 )
 MEMTRUTH_ONLY="qwen2.5-0.5b lora sft b4,qwen2.5-0.5b full sft b2,qwen2.5-0.5b qlora sft b4,qwen2.5-0.5b lora dpo"
 TRICKS_ONLY="baseline,checkpointing,fp16,lora,qlora,paged-adamw-8bit"
+NEWTRICKS_ONLY="baseline,liger,offload,offload+ckpt,galore,galore-layerwise,galore-8bit,apollo,loraplus,neftune,compile,preset-low-memory,preset-fast"
 MEMRUNS_ONLY="default,short-2048,truncated-256,qlora,full-tiny,ckpt-off-b8"
 REQUIRED=(bench/gpu_env.py bench/cuda_constants.py bench/oom_gpu.py bench/memory_truth.py bench/tricks_gpu.py
   tests/conftest.py tests/training_helpers.py tests/chat_helpers.py)
@@ -170,6 +175,10 @@ step_memruns() {
 
 step_tricks() {
   x "$PY" bench/tricks_gpu.py --workdir "$WORK" --steps 8 --warmup 3 --timeout 50 --only "$TRICKS_ONLY"
+}
+
+step_newtricks() {
+  x "$PY" bench/tricks_gpu.py --workdir "$WORK" --steps 6 --warmup 2 --timeout 40 --only "$NEWTRICKS_ONLY"
 }
 
 if [ -n "$STEP" ]; then

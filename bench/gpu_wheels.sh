@@ -46,6 +46,9 @@ WHEELS=(
   "regex==2026.11.19 >=2025.10.22"              # transformers 5.24.0
   "tokenizers==0.23.3 >=0.23.1,<0.24"           # transformers 5.24.0
   "huggingface_hub==2.4.0 >=1.31.0,<3.0"        # transformers 5.24.0, datasets 5.2.0
+  "liger-kernel==0.8.5 always"     # use_liger_kernel (needs triton: the GPU machine's torch brings it)
+  "galore-torch==1.0 always"       # optim galore_adamw* (needs torch, transformers, bitsandbytes)
+  "apollo-torch==1.0.3 always"     # optim apollo_adamw*
 )
 
 mkdir -p "$DEST"

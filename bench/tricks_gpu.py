@@ -85,6 +85,17 @@ TRICKS = [
     Trick("paged-adamw-8bit", "paged 8-bit AdamW", {"optim": "paged_adamw_8bit"}),
     Trick("lora+ckpt+bf16", "LoRA + checkpointing + bf16", {**LORA, "gradient_checkpointing": True}),
     Trick("qlora+ckpt", "QLoRA + checkpointing", {**LORA, "method": "qlora", "gradient_checkpointing": True}),
+    # The newer tricks (jobs/config/tricks.py), each alone on the baseline, and the presets' combinations.
+    Trick("liger", "Liger kernels (Triton)", {"use_liger_kernel": True}),
+    Trick("offload", "activation offloading to host RAM", {"activation_offloading": True}),
+    Trick("offload+ckpt", "offloaded checkpointing", {"activation_offloading": True, "gradient_checkpointing": True}),
+    Trick("galore", "GaLore AdamW, rank 128", {"optim": "galore_adamw", "optim_rank": 128}),
+    Trick("galore-layerwise", "GaLore AdamW layer-wise", {"optim": "galore_adamw_layerwise", "optim_rank": 128}),
+    Trick("galore-8bit", "GaLore 8-bit AdamW", {"optim": "galore_adamw_8bit", "optim_rank": 128}),
+    Trick("apollo", "APOLLO AdamW, rank 128", {"optim": "apollo_adamw", "optim_rank": 128}),
+    Trick("loraplus", "LoRA+ (B at 16x the learning rate)", {**LORA, "loraplus_lr_ratio": 16.0}),
+    Trick("neftune", "NEFTune noise 5 (LoRA)", {**LORA, "neftune_noise_alpha": 5.0}),
+    Trick("compile", "torch.compile (LoRA)", {**LORA, "torch_compile": True}),
     Trick(
         "accum+ckpt+8bit",
         "batch 2 x acc 4 + checkpointing + 8-bit AdamW",
@@ -96,6 +107,40 @@ TRICKS = [
         },
     ),
 ]
+
+
+# The presets' values on a CUDA worker with every trick package (jobs/spec/presets.py), without the fields that
+# decide the run's length and data (the bench sets those).
+_RUN_FIELDS = {"max_train_samples", "max_steps", "num_train_epochs", "max_length"}
+
+
+def preset_rows() -> list[Trick]:
+    from jobs.spec.presets import preset
+
+    out = []
+    for name in ("Low memory", "Fast"):
+        values = preset(name).values_for(True, frozenset({"liger_kernel"}))
+        changes = {k: getattr(v, "value", v) for k, v in values.items() if k not in _RUN_FIELDS}
+        on = [k for k in ("activation_offloading", "use_liger_kernel") if values.get(k)]
+        out.append(
+            Trick(f"preset-{name.lower().replace(' ', '-')}", f"preset {name} on CUDA (+{', '.join(on)})", changes)
+        )
+    return out
+
+
+TRICKS += preset_rows()
+
+
+def predicted_bytes(spec: JobSpec, model_dir: Path, cuda: bool) -> tuple[int, int]:
+    """(tunedeck's predicted peak, the part torch's reserved figure does not see: the CUDA context)."""
+    from jobs.devices.probe import cpu_facts, detect
+    from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
+    from jobs.memory.prediction import context_bytes
+
+    facts = detect(0) if cuda else cpu_facts()
+    p = predict(spec, arch_from_config(json.loads((model_dir / "config.json").read_text())), facts)
+    return p.total_bytes, context_bytes(facts)
 
 
 def base_spec(model_dir: Path, data_file: Path, steps: int, seq_len: int) -> JobSpec:
@@ -124,12 +169,16 @@ def base_spec(model_dir: Path, data_file: Path, steps: int, seq_len: int) -> Job
 
 def skip_reason(spec: JobSpec, cuda: bool) -> str | None:
     """Why this device cannot honestly run `spec` (tunedeck's own capability checks), or None."""
+    from jobs.checks.tricks import missing_package_problems
     from jobs.config.mapping import PAGED_OPTIMS, capability_problems
-    from jobs.devices.facts import CPU
+    from jobs.devices.facts import CPU, Device
 
     if cuda:
-        return None
-    problems = capability_problems(spec, CPU)
+        found = missing_package_problems(spec, Device(cuda=True, bf16=True))
+        return "; ".join(f"{p.field}: {p.problem}" for p in found) or None
+    if spec.torch_compile:
+        return "torch.compile: the CPU's inductor compiles for many minutes (tried: over 10 min for a tiny model)"
+    problems = capability_problems(spec, CPU) + missing_package_problems(spec, CPU)
     if problems:
         return "; ".join(f"{p.field}: {p.problem}" for p in problems)
     if spec.optim in PAGED_OPTIMS:
@@ -320,6 +369,13 @@ def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x / _GIB:.2f} GiB"
 
 
+def _error(predicted: int | None, context: int, measured: int | None, cuda: bool) -> str:
+    """(prediction - measured) / measured: on CUDA against max reserved, with the CUDA context left out."""
+    if not predicted or not measured:
+        return "-"
+    return f"{100 * (predicted - (context if cuda else 0) - measured) / measured:+.0f}%"
+
+
 def table(rows: list[tuple[Trick, dict[str, Any]]], cuda: bool) -> str:
     """The results as a Markdown table; ratios against the baseline row (memory x, tokens/s x)."""
     mem_key = "peak_reserved" if cuda else "peak_rss"
@@ -336,6 +392,8 @@ def table(rows: list[tuple[Trick, dict[str, Any]]], cuda: bool) -> str:
         "trainable",
         "memory vs base",
         "tokens/s vs base",
+        "predicted",
+        "predicted vs measured",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for trick, r in rows:
@@ -358,6 +416,8 @@ def table(rows: list[tuple[Trick, dict[str, Any]]], cuda: bool) -> str:
             (f"{trainable / 1e6:.1f}M" if trainable >= 1e5 else f"{trainable:,.0f}") if trainable else "-",
             f"{mem / base_mem:.2f}x" if mem and base_mem else "-",
             f"{tps / base_tps:.2f}x" if tps and base_tps else "-",
+            _gib(r.get("predicted")),
+            _error(r.get("predicted"), r.get("context", 0), mem, cuda),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -431,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{trick.name}: skipped ({reason})", flush=True)
             continue
         result = run_one(trick, spec, work, cuda, warmup, ns.timeout)
+        try:
+            result["predicted"], result["context"] = predicted_bytes(spec, model_dir, cuda)
+        except Exception as exc:  # noqa: BLE001 - the measurement stays; the prediction cell says why not
+            print(f"{trick.name}: no prediction ({type(exc).__name__}: {exc})", flush=True)
         rows.append((trick, result))
         status = result.get("error") or (
             f"{result.get('step_time', 0) * 1000:.0f} ms/step, {result.get('tokens_per_second') or 0:,.0f} tokens/s"
@@ -446,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:
         print(
             "\nOn the CPU the torch allocator columns do not apply; peak RSS includes the Python process "
-            "(imports, tokenizer, data), so memory ratios understate the tricks' effect."
+            "(imports, tokenizer, data), so memory ratios understate the tricks' effect; the predicted column has no "
+            "runtime baseline here (the worker measures it), so it reads far under the RSS: compare it on a GPU."
         )
     return 0
 
