@@ -196,6 +196,55 @@ def grid() -> list[Job]:
             model=SMALL,
             data="near",
         ),
+        # The memory tricks that run on a CPU (jobs/config/tricks.py), and the CPU allocator both ways.
+        Job(
+            "galore-tiny",
+            "full fine-tune of the tiny Llama with GaLore AdamW (rank 8), 128-token rows, batch 8",
+            {"method": "full", "max_length": 128, "learning_rate": 1e-4, "optim": "galore_adamw", "optim_rank": 8},
+            model=TINY,
+            data="mid",
+        ),
+        Job(
+            "galore-layerwise-tiny",
+            "the same with layer-wise GaLore (each weight stepped in the backward)",
+            {
+                "method": "full",
+                "max_length": 128,
+                "learning_rate": 1e-4,
+                "optim": "galore_adamw_layerwise",
+                "optim_rank": 8,
+            },  # fmt: skip
+            model=TINY,
+            data="mid",
+        ),
+        Job(
+            "apollo-tiny",
+            "the same with APOLLO AdamW (rank 8)",
+            {"method": "full", "max_length": 128, "learning_rate": 1e-4, "optim": "apollo_adamw", "optim_rank": 8},
+            model=TINY,
+            data="mid",
+        ),
+        Job(
+            "loraplus",
+            "small model: LoRA+ (ratio 16) on 48-token rows, batch 2",
+            {**lora, "max_length": 512, "per_device_train_batch_size": 2, "loraplus_lr_ratio": 16.0},
+            model=SMALL,
+            data="short",
+        ),
+        Job(
+            "neftune",
+            "small model: NEFTune (alpha 5) on 48-token rows, batch 2",
+            {**lora, "max_length": 512, "per_device_train_batch_size": 2, "neftune_noise_alpha": 5.0},
+            model=SMALL,
+            data="short",
+        ),
+        Job(
+            "ckpt-off-b8-exact",
+            "ckpt-off-b8 with cpu_return_freed_memory (freed tensors returned: no retained heap)",
+            {**lora, "max_length": 512, "gradient_checkpointing": False, "cpu_return_freed_memory": True},
+            model=SMALL,
+            data="near",
+        ),
         Job(
             "ckpt-on-b1",
             "small model: micro-batch 1 with gradient checkpointing",
