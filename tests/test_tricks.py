@@ -318,3 +318,12 @@ def test_loraplus_gives_b_its_higher_learning_rate(truth_work) -> None:
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     trainer.train()
     assert any(not (p.detach() == before[n]).all() for n, p in trainer.model.named_parameters() if n in before)
+
+
+def test_the_form_shows_the_host_figure_and_what_is_not_modelled() -> None:
+    from app.ui.memory import predict_for, verdict_markdown
+
+    spec = S(model=str(QWEN7B), activation_offloading=True, torch_compile=True, max_length=512)
+    text = verdict_markdown(spec, predict_for(spec, lambda: H200))
+    assert "Host RAM: **" in text and "the worker's RAM must hold them" in text
+    assert "torch.compile: the compiler's workspace and fused buffers are not modelled" in text

@@ -127,6 +127,7 @@ def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
         explain(prediction),
         "",
         _figures(prediction, spec),
+        *_trick_lines(prediction),
     ]
     if prediction.not_modelled:
         lines.append(f"\nNot modelled: {', '.join(prediction.not_modelled)} (their activations are not counted).")
@@ -138,6 +139,20 @@ def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
             else "\nNo combination of the memory tricks fits: shorten max_length or pick a smaller model."
         )
     return "\n".join(lines)
+
+
+def _trick_lines(prediction: Any) -> list[str]:
+    """The host figure of offloaded activations and what the prediction leaves unmodelled (jobs.memory.tricks)."""
+    from jobs.units import human_bytes
+
+    lines = []
+    if prediction.host_bytes:
+        lines.append(
+            f"\nHost RAM: **{human_bytes(prediction.host_bytes)}** of offloaded activations, not in the device's "
+            "figure: the worker's RAM must hold them."
+        )
+    lines += [f"\n*{n}*" for n in prediction.notes if "not modelled" in n]
+    return lines
 
 
 def _figures(prediction: Any, spec: JobSpec) -> str:
