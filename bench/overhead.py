@@ -13,10 +13,11 @@ Both sides run the same code in the same kind of process; only the instrumentati
     process of its own, as a user starts it) trains it in its child `python -m jobs.train.child`:
     StoreCallback (metric rows, progress), the worker's memory sampler, heartbeats and cancel
     polling, artifacts. On a CPU the worker starts its child with `CPU_ALLOCATOR_ENV`
-    (`jobs/worker/processes.py`), so this side also pays for the fixed malloc mmap threshold;
+    (`jobs/worker/processes.py`) only when the spec asks (`cpu_return_freed_memory`, off by default), so
+    with the default spec both sides run glibc's own allocator;
 (c) bare-malloc: the bare side with `CPU_ALLOCATOR_ENV` added to its environment, nothing else
     changed. `--sides bare,bare-malloc` is the threshold's own cost in speed, and its saving in
-    peak RSS; `--sides bare-malloc,tunedeck` is the instrumentation's cost alone on a CPU.
+    peak RSS; `--sides bare-malloc,tunedeck` compares a threshold-less worker run with a threshold bare side.
 Model loading, data preparation and the trl/peft configs are the same code on both sides, so a
 difference is the instrumentation's. Two figures per side:
 - tokens/s over the whole training: non-pad tokens trained (trl's `num_tokens`) / `train_runtime`
