@@ -327,3 +327,22 @@ def test_the_form_shows_the_host_figure_and_what_is_not_modelled() -> None:
     text = verdict_markdown(spec, predict_for(spec, lambda: H200))
     assert "Host RAM: **" in text and "the worker's RAM must hold them" in text
     assert "torch.compile: the compiler's workspace and fused buffers are not modelled" in text
+
+
+def test_the_worker_starts_a_runs_child_with_the_allocator_its_spec_asks_for(
+    store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import training_helpers
+
+    from jobs.worker.loop import Worker
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)  # a user's own value would win (the table above)
+    monkeypatch.delenv("TUNEDECK_CPU_ALLOCATOR", raising=False)
+    worker = Worker(store, worker_id="w-alloc", sample=False)
+    worker.trains_on_cpu = True
+    plain = store.create_run(training_helpers.tiny_spec(tiny_model))
+    asked = store.create_run(training_helpers.tiny_spec(tiny_model).replace(cpu_return_freed_memory=True))
+    assert "MALLOC_MMAP_THRESHOLD_" not in worker.child_env(plain)
+    assert worker.child_env(asked)["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    worker.trains_on_cpu = False  # a GPU worker: torch's allocator, whatever the spec says
+    assert "MALLOC_MMAP_THRESHOLD_" not in worker.child_env(asked)
