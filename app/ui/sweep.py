@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from jobs.queue.sweep import DEFAULT_STEPS, queue_sweep, sweep_table
+from jobs.queue.sweep import DEFAULT_STEPS, DEFAULT_TRICKS, queue_sweep, sweep_table
 from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
 from jobs.spec.tricks import TRICK_HELP, Trick
@@ -70,7 +70,7 @@ def build_controls() -> SweepControls:
     ):
         tricks = gr.CheckboxGroup(
             [(f"{t.value} ({TRICK_HELP[t]})", t.value) for t in Trick],
-            value=[t.value for t in Trick],
+            value=[t.value for t in DEFAULT_TRICKS],
             label="Tricks (those that do not apply are skipped)",
         )
         with gr.Row():
