@@ -42,7 +42,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.queue.saved_prediction import add_runtime
-from jobs.spec.stored import spec_problem, stored_spec
+from jobs.spec.stored import spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV
 from jobs.worker import leases, processes, runtime
@@ -373,11 +373,8 @@ class Worker:
             TUNEDECK_DEVICE=self.device,
             TUNEDECK_WORKER_ID=self.worker_id,
         )
-        if self.trains_on_cpu:
-            run = self.store.get_run(run_id) if run_id is not None else None  # the spec picks the allocator
-            env.update(
-                processes.cpu_allocator_env(env, run is not None and stored_spec(run.spec_json).cpu_return_freed_memory)
-            )
+        if self.trains_on_cpu:  # the run's spec picks the allocator
+            env.update(processes.run_allocator_env(env, self.store.get_run(run_id) if run_id is not None else None))
         if self.pinned:
             # A GPU index or UUID pins the child to that GPU; any other name (a CPU stand-in) hides them all.
             env["CUDA_VISIBLE_DEVICES"] = self.device if processes.is_gpu_id(self.device) else ""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import psutil
 
@@ -53,6 +54,13 @@ def cpu_allocator_env(env: dict[str, str], wanted: bool = False) -> dict[str, st
         choice = ""
     on = wanted if choice == "" else choice == "exact"
     return dict(CPU_ALLOCATOR_ENV) if on else {}
+
+
+def run_allocator_env(env: dict[str, str], run: Any) -> dict[str, str]:
+    """`cpu_allocator_env` for a run's child (its stored spec's `cpu_return_freed_memory`); none: the baseline's."""
+    from jobs.spec.stored import stored_spec
+
+    return cpu_allocator_env(env, run is not None and stored_spec(run.spec_json).cpu_return_freed_memory)
 
 
 def default_child_argv(run_id: int) -> list[str]:
