@@ -134,9 +134,9 @@ TRICKS += preset_rows()
 def predicted_bytes(spec: JobSpec, model_dir: Path, cuda: bool) -> tuple[int, int]:
     """(tunedeck's predicted peak, the part torch's reserved figure does not see: the CUDA context)."""
     from jobs.devices.probe import cpu_facts, detect
+    from jobs.memory.breakdown import context_bytes
     from jobs.memory.parts import arch_from_config
     from jobs.memory.predict import predict
-    from jobs.memory.prediction import context_bytes
 
     facts = detect(0) if cuda else cpu_facts()
     p = predict(spec, arch_from_config(json.loads((model_dir / "config.json").read_text())), facts)
