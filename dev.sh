@@ -18,6 +18,7 @@
 #                         this dev machine has on disk). GPU hosts: e.g. TUNEDECK_TORCH="torch==2.14.1"
 #                         (PyPI's Linux x86_64 wheel is a CUDA build).
 #   TUNEDECK_TORCH_INDEX  a wheel index for torch only, e.g. https://download.pytorch.org/whl/cu128
+#   TUNEDECK_HOME         the data folder of `serve` (default ./data); the tests use a throw-away one
 #
 # The venv is re-installed only when pyproject.toml, this file or the torch settings change
 # (a stamp file in the venv holds their hash), so a second call takes about a second.
@@ -112,6 +113,8 @@ cmd="${1:-}"
 case "$cmd" in
     serve)
         ensure_venv
+        # The checkout's own data folder (the installed command's default is the user data folder).
+        export TUNEDECK_HOME="${TUNEDECK_HOME:-$ROOT/data}"
         export GRADIO_ANALYTICS_ENABLED="${GRADIO_ANALYTICS_ENABLED:-False}"
         export HF_HUB_DISABLE_TELEMETRY="${HF_HUB_DISABLE_TELEMETRY:-1}"
         "$VENV/bin/tunedeck" setup

@@ -1,7 +1,10 @@
 """Where tunedeck keeps its data: one data directory, one database URL.
 
-`TUNEDECK_HOME` (default `./data`) holds the database, run folders, uploads and the model
-cache. `TUNEDECK_DATABASE_URL` overrides the database (default SQLite at
+`TUNEDECK_HOME` holds the database, run folders, uploads and the model cache; unset or empty, it is
+the platform's per-user data folder (`$XDG_DATA_HOME/tunedeck`, else `~/.local/share/tunedeck` on
+Linux; `~/Library/Application Support/tunedeck` on macOS; `%LOCALAPPDATA%/tunedeck` on Windows), so
+every command finds the same runs wherever it is typed. A `./data` folder of an earlier version is
+found by `storage.data_home` and its move offered (`tunedeck migrate-data`). `TUNEDECK_DATABASE_URL` overrides the database (default SQLite at
 `$TUNEDECK_HOME/tunedeck.db`). `TUNEDECK_MODELS_DIR` overrides the model cache (so tests and
 several data directories can share one converted SmolLM2). `TUNEDECK_CACHE_DIR` overrides
 `$TUNEDECK_HOME/cache` (measured facts that can be recomputed: row token lengths, the runtime baseline). `TUNEDECK_IDLE_MEMORY_RETENTION_H`
@@ -14,10 +17,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+HOME_ENV = "TUNEDECK_HOME"
+
+
+def user_data_dir() -> Path:
+    """The platform's per-user data folder for tunedeck (not created here)."""
+    from platformdirs import user_data_dir as platform_user_data_dir
+
+    return Path(platform_user_data_dir("tunedeck", appauthor=False)).expanduser().resolve()
+
+
+def home_setting() -> Path | None:
+    """The folder `TUNEDECK_HOME` names, or None when it is unset or empty (blank counts as unset)."""
+    raw = os.environ.get(HOME_ENV, "").strip()
+    return Path(raw).expanduser().resolve() if raw else None
+
 
 def data_dir() -> Path:
-    """The data directory, created on first use."""
-    path = Path(os.environ.get("TUNEDECK_HOME", "data")).expanduser().resolve()
+    """The data directory (`TUNEDECK_HOME`, else the per-user data folder), created on first use."""
+    path = home_setting() or user_data_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -14,6 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # one session, as one host's are: each test's fresh TUNEDECK_HOME would otherwise measure them again.
 # Tests of the caches themselves point TUNEDECK_CACHE_DIR at a folder of their own.
 os.environ.setdefault("TUNEDECK_CACHE_DIR", tempfile.mkdtemp(prefix="tunedeck-test-cache-"))
+# Nothing a test does lands in the user's real data folder: the session's default TUNEDECK_HOME is a
+# throw-away folder (tests that need a fresh one take `data_home`), and so is the platform's user data
+# folder, for the tests of the default itself (storage.settings.user_data_dir).
+os.environ["TUNEDECK_HOME"] = tempfile.mkdtemp(prefix="tunedeck-test-home-")
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="tunedeck-test-xdg-data-")
 
 from pathlib import Path
 

@@ -24,6 +24,7 @@
     tunedeck import FILE [--from TOOL] [--dataset-dir DIR] [--set k=v ...] [-o SPEC.yaml]  # LLaMA-Factory/axolotl/trl config -> spec
     tunedeck chat RUN_ID [--base] [--system TEXT] [--temperature T]  # talk to a finished run (stdin; /exit ends)
     tunedeck generate RUN_ID "prompt" [--base] [--max-new-tokens N] [--json]  # one answer, for scripts
+    tunedeck migrate-data [--from DIR] [--to DIR]   # move an earlier version's ./data to the user data folder
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -300,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.push import add_parser as add_push_parser
 
     add_push_parser(sub)
+
+    from app.cli.data_home import add_parser as add_migrate_parser
+
+    add_migrate_parser(sub)
     return p
 
 
@@ -328,6 +333,15 @@ def open_store(use: StoreUse) -> Store | None:
     return Store()
 
 
+def hint_legacy_data(command: str) -> None:
+    """An earlier version's ./data next to the user: say where the data lives now and how to move it."""
+    from storage.data_home import legacy_data_dir, migration_hint
+
+    legacy = legacy_data_dir() if command != "migrate-data" else None
+    if legacy is not None:
+        print(migration_hint(legacy), file=sys.stderr)
+
+
 def watch_parent() -> None:
     """A command a worker started for a task (TUNEDECK_STOP_WITH_PARENT set) ends when that worker dies."""
     from jobs.train.parent_watch import stop_with_parent
@@ -339,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, open the store the command needs, run it; returns the exit code."""
     args = build_parser().parse_args(argv)
     watch_parent()
+    hint_legacy_data(args.command)
     logging.basicConfig(
         level=logging.INFO if args.command in ("worker", "serve") else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
