@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import CHROMIUM, REPO, chromium, served
+from engines import engine_missing, import_or_missing
 
 from jobs.spec.stored import spec_of
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-playwright_api = pytest.importorskip("playwright.sync_api")
+    engine_missing(f"{CHROMIUM} is missing: apt-get install -y chromium", module_level=True)
+playwright_api = import_or_missing("playwright.sync_api")
 
 ARTIFACTS = REPO / "test-artifacts"
 

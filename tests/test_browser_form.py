@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import CHROMIUM, REPO, chromium, served
+from engines import engine_missing, import_or_missing
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-pytest.importorskip("playwright.sync_api")
+    engine_missing(f"{CHROMIUM} is missing: apt-get install -y chromium", module_level=True)
+import_or_missing("playwright.sync_api")
 
 from jobs.spec.field_info import field_infos  # noqa: E402 - after the skips, like the other browser tests
 

@@ -10,11 +10,12 @@ import pytest
 from browser_helpers import CHROMIUM, served
 from chat_browser_helpers import conversation, worker_up
 from chat_helpers import TAUGHT
+from engines import engine_missing, import_or_missing
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-pytest.importorskip("playwright.sync_api")
+    engine_missing(f"{CHROMIUM} is missing: apt-get install -y chromium", module_level=True)
+import_or_missing("playwright.sync_api")
 
 
 @pytest.mark.smollm2

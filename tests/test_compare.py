@@ -215,9 +215,11 @@ def test_compare_tab_in_chromium(tmp_path):
     """Pick two finished runs in the Compare tab: the table and both plots fill in."""
     from pathlib import Path
 
+    from engines import engine_missing, import_or_missing
+
     if not Path("/usr/bin/chromium").exists():
-        pytest.skip("/usr/bin/chromium is missing: apt-get install -y chromium")
-    sync_api = pytest.importorskip("playwright.sync_api")
+        engine_missing("/usr/bin/chromium is missing: apt-get install -y chromium")
+    sync_api = import_or_missing("playwright.sync_api")
     from browser_helpers import CHROMIUM, CHROMIUM_ARGS, free_port, start_server, stop_server
 
     home = tmp_path / "home"

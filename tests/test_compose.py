@@ -15,14 +15,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from engines import engine_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKER_COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(
-    DOCKER_COMPOSE is None,
-    reason="the docker-compose binary is not installed (./dev.sh test installs it with apt-get when root)",
-)
+
+
+@pytest.fixture
+def docker_compose() -> str:
+    """The docker-compose binary; skips without it (fails on CI: tests/engines.py)."""
+    if DOCKER_COMPOSE is None:
+        engine_missing("the docker-compose binary is not installed (./dev.sh test installs it with apt-get when root)")
+    return DOCKER_COMPOSE
+
+
+needs_compose = pytest.mark.usefixtures("docker_compose")
 
 
 PROFILES = ("--profile", "gpu1", "--profile", "postgres")  # every service, whatever its profile

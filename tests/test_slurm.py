@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import all_running, dispatchers, explain, quick_spec
+from engines import engine_missing
 from slurm_helpers import SlurmCluster, slurm_missing
 from training_helpers import tiny_spec, wait_for
 
@@ -483,7 +484,7 @@ def test_worker_cluster_options_are_checked(
 def slurm() -> Iterator[SlurmCluster]:
     why = slurm_missing()
     if why:
-        pytest.skip(why)
+        engine_missing(why)
     cluster = SlurmCluster(kill_wait=15)
     with pytest.MonkeyPatch.context() as mp:
         cluster.start()

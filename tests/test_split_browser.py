@@ -17,12 +17,13 @@ import pytest
 from browser_helpers import CHROMIUM, REPO, chromium, free_port, start_server, stop_server, tunedeck_command
 from chat_browser_helpers import conversation, expected_answers, shown
 from chat_helpers import PROMPT, TAUGHT
+from engines import engine_missing, import_or_missing
 from training_helpers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-pytest.importorskip("playwright.sync_api")
+    engine_missing(f"{CHROMIUM} is missing: apt-get install -y chromium", module_level=True)
+import_or_missing("playwright.sync_api")
 
 WEIGHTS = (".safetensors", ".bin", ".gguf")
 NEW_TOKENS = 16
