@@ -26,9 +26,11 @@ import gradio as gr
 from gradio.utils import get_function_description
 
 from app import manage
-from app.manage import ManageError, RunSummary
+from app.manage import RunSummary
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem
+from jobs.queue import commands
+from jobs.queue.commands import RunCommandError
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
@@ -121,7 +123,6 @@ def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None
 
 def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
     from app.ui.served_files import bundle_path
-    from jobs.train.checkpoints import resumable
 
     (summary,) = manage.summaries(store, [run], disk)
     return RunDetail(
@@ -130,15 +131,15 @@ def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
         final_metrics={k: _number(v) for k, v in run.final_metrics.items()},
         metric_names=sorted(store.metric_names(run.id)),
         error_detail=run.error_detail,
-        resumable=resumable(store, run),
+        resumable=commands.resumable(store, run),
         has_bundle=bundle_path(store, run.id) is not None,
     )
 
 
 def _run(store: Store, run_id: int) -> RunRecord:
     try:
-        return manage.existing_run(store, run_id, "run_id")
-    except ManageError as exc:
+        return commands.existing_run(store, run_id, "run_id")
+    except RunCommandError as exc:
         raise _fail(exc.problems) from None
 
 
@@ -234,20 +235,11 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Parameters:
             run_id: the run's id.
         """
-        found = _run(store, run_id)
-        if found.status.finished:
-            return Outcome(
-                run_id=found.id,
-                status=found.status.value,
-                message=f"run {found.id} already {found.status.value}; nothing to cancel",
-            )
-        new = store.request_cancel(found.id)
-        cancelled = new is RunStatus.CANCELLED
-        return Outcome(
-            run_id=found.id,
-            status=new.value if new else found.status.value,
-            message=f"run {found.id}: " + ("cancelled" if cancelled else "cancel requested"),
-        )
+        try:
+            done = commands.cancel(store, run_id, "run_id")
+        except RunCommandError as exc:
+            raise _fail(exc.problems) from None
+        return Outcome(run_id=done.run_id, status=done.status.value, message=done.message)
 
     def resume(run_id: int) -> Outcome:
         """Queue an interrupted or cancelled run again (same id); it continues from its last complete checkpoint.
@@ -255,17 +247,11 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Parameters:
             run_id: the run's id.
         """
-        from jobs.train.checkpoints import resume as requeue
-
-        found = _run(store, run_id)
         try:
-            message = requeue(store, found)
-        except ValueError as exc:
-            # the message is the whole answer; the traceback inside resume is noise for an API caller
-            raise _fail(
-                [Problem("run_id", str(exc), "resume an interrupted or cancelled run, or submit again")]
-            ) from None
-        return Outcome(run_id=found.id, status=RunStatus.QUEUED.value, message=message)
+            done = commands.resume(store, run_id, "run_id")
+        except RunCommandError as exc:  # the problem is the whole answer; a traceback is noise for a caller
+            raise _fail(exc.problems) from None
+        return Outcome(run_id=done.run_id, status=RunStatus.QUEUED.value, message=done.message)
 
     def bundle(run_id: int) -> gr.FileData:
         """Download a succeeded run's bundle: a zip of the adapter (or model), tokenizer, spec.yaml, metrics and model card.
@@ -303,8 +289,8 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
             note: the run's new note; null keeps it, "" removes it.
         """
         try:
-            changed = manage.change_notes(store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
-        except ManageError as exc:
+            changed = commands.tag(store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
+        except RunCommandError as exc:
             raise _fail(exc.problems) from None
         return manage.summaries(store, [changed], disk)[0]
 
@@ -315,8 +301,8 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
             run_id: the run's id.
         """
         try:
-            report = manage.delete_run(store, run_id, field="run_id")
-        except ManageError as exc:
+            report = commands.delete(store, run_id, field="run_id")
+        except RunCommandError as exc:
             raise _fail(exc.problems) from None
         disk.forget(report.run_id)
         return Outcome(run_id=report.run_id, status="deleted", message=report.message)

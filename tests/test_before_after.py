@@ -105,7 +105,7 @@ def test_a_run_answers_held_out_prompts_before_and_after(
 def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Path) -> None:
     from test_faults import AtStep
 
-    from jobs.train.checkpoints import resume
+    from jobs.queue.commands import resume
     from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=6, sample_count=2, sample_new_tokens=4))
@@ -119,7 +119,7 @@ def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Pa
     assert not [a for a in store.artifacts(run_id) if a.kind == "samples"]  # recorded when the run ends
     # A marker no model would write: the resumed run must keep these answers, not take new ones.
     path.write_text(json.dumps({**first, "before": ["kept 1", "kept 2"]}))
-    resume(store, store.get_run(run_id))
+    resume(store, run_id)
     store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     assert store.get_run(run_id).status is RunStatus.SUCCEEDED

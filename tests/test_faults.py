@@ -312,7 +312,7 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(
 def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, tiny_model: Path) -> None:
     """A run cancelled at step 3 and resumed gives the same losses as one that was never stopped;
     a half-written newer checkpoint is skipped."""
-    from jobs.train.checkpoints import resume
+    from jobs.queue.commands import resume
     from jobs.train.child import run
     from jobs.train.training import train_spec
 
@@ -331,7 +331,7 @@ def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, t
     (out / "checkpoint-6" / COMPLETE_MARKER).unlink()
     (out / "checkpoint-6" / "optimizer.pt").write_bytes(b"truncated")
     store.add_metrics(run_id, [MetricPoint(5, "loss", 9.9, time.time())])  # logged after the checkpoint
-    assert "resumes from its checkpoint at step 4" in resume(store, store.get_run(run_id))
+    assert resume(store, run_id).from_step == 4
     store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)

@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 
 
 def cmd_rm(store: Store, args: argparse.Namespace) -> int:
-    from app.manage import ManageError, check_deletable, delete_run
+    from jobs.queue.commands import RunCommandError, check_deletable, delete
     from storage.run_files import run_bytes
 
     runs = check_deletable(store, list(dict.fromkeys(args.run_ids)))
     if not args.yes:
         if not sys.stdin.isatty():
-            raise ManageError(
+            raise RunCommandError(
                 [
                     Problem(
                         "--yes",
@@ -43,7 +43,7 @@ def cmd_rm(store: Store, args: argparse.Namespace) -> int:
             print("nothing deleted")
             return 0
     for run in runs:
-        print(delete_run(store, run.id).message)
+        print(delete(store, run.id).message)
     return 0
 
 
@@ -52,9 +52,9 @@ def describe(tags: tuple[str, ...], note: str | None) -> str:
 
 
 def cmd_tag(store: Store, args: argparse.Namespace) -> int:
-    from app.manage import change_notes
+    from jobs.queue.commands import tag
 
-    run = change_notes(store, args.run_id, add=args.tags, remove=args.remove, note=args.note)
+    run = tag(store, args.run_id, add=args.tags, remove=args.remove, note=args.note)
     print(f"run {run.id}: {run.name}\n{describe(run.tags, run.note)}")
     return 0
 

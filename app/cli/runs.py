@@ -152,28 +152,18 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
-    run = run_or_fail(store, args.run_id)
-    if run.status.finished:
-        print(f"run {run.id} already {run.status.value}; nothing to cancel")
-        return EXIT_OK
-    new = store.request_cancel(run.id)
-    print(
-        f"run {run.id}: cancelled"
-        if new is RunStatus.CANCELLED
-        else f"run {run.id}: cancel requested; the worker stops it within a few seconds"
-    )
+    from jobs.queue.commands import CancelResult, cancel
+
+    done = cancel(store, args.run_id)
+    requested = done.result is CancelResult.REQUESTED
+    print(done.message + ("; the worker stops it within a few seconds" if requested else ""))
     return EXIT_OK
 
 
 def cmd_resume(store: Store, args: argparse.Namespace) -> int:
-    from jobs.train.checkpoints import resume
+    from jobs.queue.commands import resume
 
-    try:
-        print(resume(store, run_or_fail(store, args.run_id)))
-    except ValueError as exc:
-        raise UsageError(
-            [Problem("RUN_ID", str(exc), "resume an interrupted or cancelled run, or submit again")]
-        ) from exc
+    print(resume(store, args.run_id).message)
     return EXIT_OK
 
 

@@ -33,7 +33,7 @@ from app.ui import run as ui_run
 from app.ui import runs as ui_runs
 from app.ui import sweep as ui_sweep
 from jobs.checks.access import AccessPolicy
-from jobs.spec.stored import spec_of
+from jobs.queue import commands as run_commands
 from storage.store import Store
 
 RUN_PAGE = "run-page"  # the concurrency group of every event that draws the run page's text
@@ -111,10 +111,13 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
 
         def clone(run_id: float | None) -> list[Any]:
-            run = store.get_run(int(run_id)) if run_id is not None else None
-            if run is None:
+            if run_id is None:
                 raise gr.Error("Open a run first.")
-            return ui_form.form_values(spec_of(run)) + [gr.Tabs(selected="launch")]
+            try:
+                spec = run_commands.clone(store, run_id, "run")
+            except run_commands.RunCommandError as exc:
+                raise gr.Error(str(exc)) from None
+            return ui_form.form_values(spec) + [gr.Tabs(selected="launch")]
 
         page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from app import manage
 from jobs.errors import Problem
+from jobs.queue import commands
 from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.run_files import run_bytes
@@ -83,11 +83,11 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
         if run is None:
             return [gr.skip(), gr.skip(), "Open a run first."]
         try:
-            wanted = manage.parse_tags(tags)
-            changed = manage.change_notes(
+            wanted = commands.parse_tags(tags)
+            changed = commands.tag(
                 store, run.id, add=wanted, remove=[t for t in run.tags if t not in wanted], note=note or "", field="run"
             )
-        except manage.ManageError as exc:
+        except commands.RunCommandError as exc:
             return [gr.skip(), gr.skip(), "**Not saved**\n" + _problems(exc.problems)]
         return [", ".join(changed.tags), changed.note or "", f"Saved the tags and note of run {changed.id}."]
 
@@ -112,8 +112,8 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
         if asked is None:
             return [gr.Group(visible=False), None, ""]
         try:
-            report = manage.delete_run(store, int(asked), field="run")
-        except manage.ManageError as exc:
+            report = commands.delete(store, int(asked), field="run")
+        except commands.RunCommandError as exc:
             return [gr.Group(visible=False), None, "**Not deleted**\n" + _problems(exc.problems)]
         return [gr.Group(visible=False), None, report.message[0].upper() + report.message[1:] + "."]
 

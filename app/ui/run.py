@@ -28,9 +28,10 @@ from app.ui.run_text import (
     throughput_markdown,
 )
 from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, unreachable_files_note
+from jobs.queue import commands
+from jobs.queue.commands import RunCommandError, resumable
 from jobs.spec.stored import spec_of, stored_spec
 from jobs.train import figures
-from jobs.train.checkpoints import resumable, resume
 from storage.models import RunStatus
 from storage.store import MetricBucket, RunRecord, Store
 
@@ -271,17 +272,17 @@ class RunPageData:
     def cancel(self, run_id: float | None) -> None:
         if run_id is None:
             return
-        status = self.store.request_cancel(int(run_id))
-        if status is None:
-            raise gr.Error(f"No run {int(run_id)}.")
-        gr.Info(f"Run {int(run_id)}: {'cancelled' if status is RunStatus.CANCELLED else 'cancel requested'}.")
+        try:
+            done = commands.cancel(self.store, run_id, "run")
+        except RunCommandError as exc:
+            raise gr.Error(str(exc)) from None
+        gr.Info(done.message[0].upper() + done.message[1:] + ".")
 
     def resume(self, run_id: float | None) -> None:
         """Queue the run again (same id); it continues from its last complete checkpoint."""
-        run = self.store.get_run(int(run_id)) if run_id is not None else None
-        if run is None:
+        if run_id is None:
             raise gr.Error("Open a run first.")
         try:
-            gr.Info(resume(self.store, run))
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from exc
+            gr.Info(commands.resume(self.store, run_id, "run").message)
+        except RunCommandError as exc:
+            raise gr.Error(str(exc)) from None

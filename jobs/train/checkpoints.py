@@ -1,91 +1,15 @@
-"""Resumable checkpoints of a run: which ones are complete, which one to resume from.
-
-The HF Trainer writes `output/checkpoint-N/` file by file (weights or adapter, optimizer.pt,
-scheduler.pt, rng_state.pth, trainer_state.json) and then calls `on_save`; `StoreCallback`
-writes `COMPLETE_MARKER` there at that moment. A process killed mid-save (SIGKILL, disk full)
-leaves a folder without the marker: it is never resumed from and is removed at the next start.
-
-optimizer.pt / scheduler.pt / rng_state.pth are torch pickles, but ours: written by this run's
-own trainer, and transformers 5.24 reads them with `torch.load(..., weights_only=True)`.
+"""Resumable checkpoints of a run: the folder layout lives in `storage.checkpoints` (the run commands,
+below the training, read it too); its names stay importable from here for the training child and the
+worker. Resuming a run is a run command: `jobs.queue.commands.resume`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
-import shutil
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from storage.store import RunRecord, Store
-
-log = logging.getLogger(__name__)
-
-COMPLETE_MARKER = "tunedeck-complete.json"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def checkpoint_dirs(output_dir: Path | str) -> list[tuple[int, Path]]:
-    """(step, folder) of every checkpoint folder, complete or not, oldest first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(mt.group(1)), p) for p in root.iterdir() if p.is_dir() and (mt := _CHECKPOINT.match(p.name))]
-    return sorted(found)
-
-
-def is_complete(folder: Path) -> bool:
-    return (folder / COMPLETE_MARKER).is_file() and (folder / "trainer_state.json").is_file()
-
-
-def mark_complete(folder: Path | str, step: int) -> None:
-    """Written last, after the trainer saved every file of the checkpoint."""
-    folder = Path(folder)
-    tmp = folder / (COMPLETE_MARKER + ".tmp")
-    tmp.write_text(json.dumps({"step": step}))
-    tmp.rename(folder / COMPLETE_MARKER)  # atomic: the marker is there whole or not at all
-
-
-def last_complete(output_dir: Path | str) -> tuple[int, Path] | None:
-    """The newest checkpoint that was saved completely, or None."""
-    for step, folder in reversed(checkpoint_dirs(output_dir)):
-        if is_complete(folder):
-            return step, folder
-        log.warning("skipping incomplete checkpoint %s (the process died while saving it)", folder)
-    return None
-
-
-def remove_incomplete(output_dir: Path | str) -> list[Path]:
-    """Delete half-written checkpoint folders (they can only mislead, and they take disk space)."""
-    removed = []
-    for _step, folder in checkpoint_dirs(output_dir):
-        if not is_complete(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
-
-
-def resumable(store: Store, run: RunRecord) -> bool:
-    """Interrupted and cancelled runs resume (from a checkpoint, or afresh); failed ones only from a checkpoint."""
-    from storage.models import RunStatus
-
-    if run.status in (RunStatus.INTERRUPTED, RunStatus.CANCELLED):
-        return True
-    return run.status is RunStatus.FAILED and last_complete(store.run_dir(run.id) / "output") is not None
-
-
-def resume(store: Store, run: RunRecord) -> str:
-    """Queue `run` again under the same id; its child continues from the last complete checkpoint."""
-    if not resumable(store, run):
-        raise ValueError(
-            f"run {run.id} is {run.status.value}: only interrupted or cancelled runs, "
-            "or failed runs with a complete checkpoint, can be resumed"
-        )
-    last = last_complete(store.run_dir(run.id) / "output")
-    if not store.requeue(run.id):
-        raise ValueError(f"run {run.id} changed status meanwhile; nothing done")
-    if last is None:
-        return f"run {run.id} queued again; it has no complete checkpoint, so it starts from step 0"
-    return f"run {run.id} queued again; it resumes from its checkpoint at step {last[0]}"
+from storage.checkpoints import (  # noqa: F401 (re-exported)
+    COMPLETE_MARKER,
+    checkpoint_dirs,
+    is_complete,
+    last_complete,
+    mark_complete,
+    remove_incomplete,
+)
