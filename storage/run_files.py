@@ -17,9 +17,9 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
 
 from storage.records import RunRecord
+from storage.roles import RunFolders
 
 LOG_TAIL_LINES = 40  # what a failed run's detail and the run page show of a log
 
@@ -62,16 +62,16 @@ def folder_bytes(path: Path) -> int:
     return total
 
 
-def run_bytes(store: Any, run_id: int) -> int:
+def run_bytes(store: RunFolders, run_id: int) -> int:
     return folder_bytes(store.run_path(run_id))
 
 
-def total_bytes(store: Any) -> int:
+def total_bytes(store: RunFolders) -> int:
     """Everything under this database's runs folder."""
     return folder_bytes(store.runs_root)
 
 
-def remove_run_folder(store: Any, run_id: int) -> Path | None:
+def remove_run_folder(store: RunFolders, run_id: int) -> Path | None:
     """Remove the run's folder (only that folder); returns it, or None when there was none. OSError on failure."""
     path = store.run_path(run_id)
     runs_dir = store.runs_root
@@ -89,7 +89,7 @@ def remove_run_folder(store: Any, run_id: int) -> Path | None:
 class DiskUsage:
     """Per-run disk use for views that refresh often: a finished run's size is measured once."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RunFolders) -> None:
         self.store = store
         self._finished: dict[int, tuple[float, int]] = {}
         self._lock = threading.Lock()

@@ -143,3 +143,13 @@ class Store(
             return [
                 ArtifactRecord(a.id, a.run_id, a.kind, a.path, a.size, a.sha256, a.created_at) for a in s.scalars(q)
             ]
+
+
+def _plays_every_role(store: Store) -> None:
+    """Never called: mypy checks here that `Store` satisfies each role of `storage.roles`, so a changed
+    signature fails `./dev.sh check` instead of a module that asks for the role."""
+    from storage import roles as r
+
+    played: tuple[r.RunReader, r.RunFolders, r.RunArtifacts, r.RunEvents, r.MetricSink, r.MetricReader] = (store,) * 6
+    more: tuple[r.RunLifecycle, r.TrainingRecord, r.Sweeps, r.WorkerDirectory, r.Leases] = (store,) * 5
+    del played, more

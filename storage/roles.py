@@ -1,0 +1,134 @@
+"""The store's roles: small `Protocol`s a module asks for instead of the whole `Store` (or `Any`).
+
+`Store` has over a hundred public methods; a module that reads a run's artifacts, or a training
+callback that writes metric rows, needs three of them. Typing the parameter by its role says what the
+module does with the store, lets mypy check the calls, and lets a test hand in anything that plays
+the role. `Store` plays every role (mypy checks it: `storage.store._plays_every_role`).
+
+    def bundle_folder(store: RunArtifacts, run_id: int) -> Path | None: ...
+    StoreCallback(sink: MetricSink, run_id)        # the training child's metrics, progress, memory, cancel flag
+
+Roles combine by inheritance (`class TrainingRecord(RunLifecycle, MetricReader, Protocol)`), never by
+growing one into the whole store again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
+
+
+class RunReader(Protocol):
+    """Reads one run's row."""
+
+    def get_run(self, run_id: int) -> RunRecord | None: ...
+
+
+class RunFolders(Protocol):
+    """Where a run's files live (`storage.run_files`, the run folder layout)."""
+
+    @property
+    def runs_root(self) -> Path: ...
+
+    def run_path(self, run_id: int) -> Path: ...
+
+    def run_dir(self, run_id: int) -> Path: ...
+
+
+class RunArtifacts(RunReader, Protocol):
+    """A run's saved files as recorded (bundle, adapter, exports) and its folder to write new ones in."""
+
+    def artifacts(self, run_id: int) -> list[ArtifactRecord]: ...
+
+    def add_artifact(self, run_id: int, kind: str, path: str, size: int, sha256: str) -> int: ...
+
+    def run_dir(self, run_id: int) -> Path: ...
+
+
+class RunEvents(Protocol):
+    """A run's event log (OOM recoveries, pushes, cluster states)."""
+
+    def add_run_event(
+        self, run_id: int, kind: str, message: str, *, step: int | None = None, data: dict[str, Any] | None = None
+    ) -> int: ...
+
+    def run_events(self, run_id: int) -> list[dict[str, Any]]: ...
+
+
+class MetricSink(Protocol):
+    """What the training callback writes while a run trains, and the one flag it polls."""
+
+    def add_metrics(
+        self, run_id: int, points: Iterable[MetricPoint], progress: tuple[int, int | None] | None = None
+    ) -> int: ...
+
+    def set_progress(self, run_id: int, step: int, total_steps: int | None = None) -> None: ...
+
+    def add_memory_samples(self, samples: Iterable[MemoryPoint]) -> int: ...
+
+    def run_control(self, run_id: int) -> RunControl | None: ...
+
+
+class MetricReader(RunReader, Protocol):
+    """A run's recorded series, read back for figures and tables."""
+
+    def metrics(
+        self, run_id: int, names: Sequence[str] | None = None, after_step: int | None = None
+    ) -> list[MetricPoint]: ...
+
+    def metric_series(self, run_id: int, name: str, width: int, from_step: int = 0) -> list[MetricBucket]: ...
+
+    def last_metric_values(self, run_ids: Sequence[int], name: str) -> dict[int, float]: ...
+
+    def metric_means(self, run_ids: Sequence[int], name: str) -> dict[int, float]: ...
+
+    def memory_series(self, run_id: int, width: float, from_time: float = 0.0) -> list[MemoryBucket]: ...
+
+
+class RunLifecycle(RunReader, Protocol):
+    """How the training child records a run's end and what it resolved (the worker records the rest)."""
+
+    def set_resolved_config(self, run_id: int, config: dict[str, Any]) -> None: ...
+
+    def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None: ...
+
+    def truncate_metrics(self, run_id: int, after_step: int) -> int: ...
+
+    def mark_succeeded(self, run_id: int, final_metrics: dict[str, float]) -> bool: ...
+
+    def mark_failed(
+        self, run_id: int, summary: str, detail: str | None = None, exit_code: int | None = None
+    ) -> bool: ...
+
+    def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool: ...
+
+
+class TrainingRecord(MetricSink, MetricReader, RunLifecycle, RunArtifacts, RunEvents, RunFolders, Protocol):
+    """Everything the training child (`jobs.train.child.run`) does with the store, role by role."""
+
+
+class Sweeps(MetricReader, Protocol):
+    """Trick sweeps: probe runs queued under one sweep id, read back with their metrics."""
+
+    def create_sweep(self, probes: list[tuple[str, str, str, str]]) -> tuple[int, list[int]]: ...
+
+    def sweep_runs(self, sweep_id: int) -> list[dict[str, Any]]: ...
+
+    def sweep_ids(self, limit: int = 50) -> list[int]: ...
+
+
+class WorkerDirectory(Protocol):
+    """The workers that announced themselves and the devices they published."""
+
+    def live_workers(self, within_s: float = 10.0) -> list[dict[str, Any]]: ...
+
+    def published_devices(self) -> list[dict[str, Any]]: ...
+
+
+class Leases(Protocol):
+    """Who holds a device on a host (a training run, a chat process)."""
+
+    def device_lease(self, device: str, host: str | None = None) -> dict[str, Any]: ...
