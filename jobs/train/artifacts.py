@@ -21,6 +21,7 @@ from jobs.data.digests import hash_file
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
 from jobs.train.figures import FIGURES, format_figure
+from storage.roles import RunArtifacts
 
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle"}
 
@@ -95,7 +96,7 @@ def zip_bundle(bundle: Path, dest: Path) -> Path:
 
 
 def write_artifacts(
-    store: Any,
+    store: RunArtifacts,
     run_id: int,
     spec: JobSpec,
     model: Any,
@@ -126,7 +127,7 @@ def write_artifacts(
     return archive
 
 
-def bundle_of(store: Any, run_id: int) -> str | None:
+def bundle_of(store: RunArtifacts, run_id: int) -> str | None:
     """The path of the run's recorded bundle zip (what "download" means), or None: never an export."""
     found = [a.path for a in store.artifacts(run_id) if a.kind == "bundle"]
     return found[-1] if found else None

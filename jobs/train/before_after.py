@@ -30,6 +30,7 @@ from typing import Any
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import LOAD_PROMPT, sha256_of
+from storage.roles import RunArtifacts
 
 log = logging.getLogger("jobs.train.before_after")
 
@@ -227,7 +228,7 @@ def _prompts_of(data: dict[str, Any]) -> list[Prompt]:
     ]
 
 
-def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: Any) -> dict[str, Any] | None:
+def record_after(store: RunArtifacts, run_id: int, spec: JobSpec, model: Any, tokenizer: Any) -> dict[str, Any] | None:
     """Answer the stored prompts with the trained result, save and record the file; its content, or None.
 
     Never raises: an error is logged and recorded in the file."""
@@ -274,7 +275,7 @@ def record_after(store: Any, run_id: int, spec: JobSpec, model: Any, tokenizer: 
     return data
 
 
-def samples_of(store: Any, run_id: int) -> dict[str, Any] | None:
+def samples_of(store: RunArtifacts, run_id: int) -> dict[str, Any] | None:
     """A run's samples file (the recorded artifact, else the file of an unfinished run), or None."""
     recorded = [a.path for a in store.artifacts(run_id) if a.kind == "samples"]
     return read_samples(Path(recorded[-1]) if recorded else samples_path(store.run_dir(run_id)))

@@ -45,7 +45,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from jobs.memory.flops import FlopsRate
 from storage.models import MemorySource
-from storage.store import MemoryPoint, MetricPoint, Store
+from storage.records import MemoryPoint, MetricPoint
+from storage.roles import MetricSink
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class StoreCallback(TrainerCallback):
 
     def __init__(
         self,
-        store: Store,
+        store: MetricSink,
         run_id: int,
         *,
         stop_event: threading.Event | None = None,

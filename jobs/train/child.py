@@ -55,6 +55,7 @@ from jobs.train.parent_watch import stop_with_parent
 from jobs.train.phase_probe import PhaseProbe
 from jobs.train.training import train_spec
 from storage.store import MetricPoint
+from storage.roles import MetricReader, RunLifecycle, TrainingRecord
 
 log = logging.getLogger("jobs.train.child")  # named: run as `-m`, this module is __main__
 
@@ -78,7 +79,7 @@ def setup_logging() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def resume_point(store: Any, run_id: int, output_dir: Path) -> str | None:
+def resume_point(store: RunLifecycle, run_id: int, output_dir: Path) -> str | None:
     """The checkpoint to continue from (None: start afresh); drops metric rows the resume redoes."""
     from jobs.train.checkpoints import last_complete, remove_incomplete
 
@@ -94,14 +95,14 @@ def resume_point(store: Any, run_id: int, output_dir: Path) -> str | None:
     return str(last[1])
 
 
-def whole_run_mean(store: Any, run_id: int, name: str) -> float | None:
+def whole_run_mean(store: MetricReader, run_id: int, name: str) -> float | None:
     """Mean of every stored value of one metric of a run (its rollups; None without rows)."""
     buckets = store.metric_series(run_id, name, 1 << 30)
     count = sum(b.count for b in buckets)
     return sum(b.total for b in buckets) / count if count else None
 
 
-def run(run_id: int, store: Any | None = None, callbacks: Sequence[Any] = ()) -> int:
+def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[Any] = ()) -> int:
     """Train run `run_id` from the store; returns the process exit code.
 
     `callbacks`: extra trainer callbacks (tests inject faults through them)."""

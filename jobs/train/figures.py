@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from storage.roles import MetricReader
+
 _GIB = 1024**3
 
 
@@ -111,19 +113,19 @@ def format_figure(figure: Figure, value: float | None) -> str:
     return f"{value:.4f}"
 
 
-def sampled_peak(store: Any, run_id: int) -> tuple[int, str] | None:
+def sampled_peak(store: MetricReader, run_id: int) -> tuple[int, str] | None:
     """(bytes, source) of the highest NVML-used or host-RSS sample stored for a run, from the rollups."""
     buckets = store.memory_series(run_id, float(1 << 16) / 16)  # one bucket per ~68 minutes
     best = max(((b.used_max, b.source) for b in buckets if b.source in ("nvml", "host") and b.used_max), default=None)
     return (int(best[0]), best[1]) if best else None
 
 
-def run_figures(store: Any, run: Any) -> RunFigures:
+def run_figures(store: MetricReader, run: Any) -> RunFigures:
     """The figures of one run (a `RunRecord`), from its metric rows and its peak."""
     return figures_of_runs(store, [run])[run.id]
 
 
-def figures_of_runs(store: Any, runs: Sequence[Any]) -> dict[int, RunFigures]:
+def figures_of_runs(store: MetricReader, runs: Sequence[Any]) -> dict[int, RunFigures]:
     """The figures of several runs in three queries (the Runs table asks for 200 every 2 s)."""
     ids = [r.id for r in runs]
     tps = store.metric_means(ids, "tokens_per_second")

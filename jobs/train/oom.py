@@ -30,6 +30,7 @@ from typing import Any
 from jobs.spec import tricks
 from jobs.spec.enums import OnOom
 from jobs.spec.job import JobSpec
+from storage.roles import RunEvents
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,12 @@ def event_message(step: int, before: JobSpec, recovery: Recovery, resume_step: i
     return f"OOM at step {step} with micro-batch {before.per_device_train_batch_size}; {change} {where}{fresh}"
 
 
-def recoveries(store: Any, run_id: int) -> list[dict[str, Any]]:
+def recoveries(store: RunEvents, run_id: int) -> list[dict[str, Any]]:
     """The run's recorded OOM recoveries, oldest first (each with its data: spec, rung, step)."""
     return [e for e in store.run_events(run_id) if e["kind"] == EVENT_KIND]
 
 
-def effective_spec(store: Any, run_id: int, original: JobSpec) -> JobSpec:
+def effective_spec(store: RunEvents, run_id: int, original: JobSpec) -> JobSpec:
     """The spec the run continues with: the last recovery's, else the one submitted."""
     return effective_spec_from(store.run_events(run_id), original)
 
@@ -132,7 +133,7 @@ def scheduler_restorer(resume_from: str | None) -> Any | None:
     return RestoreScheduler()
 
 
-def handle(store: Any, run_id: int, spec: JobSpec, step: int, output_dir: Path) -> bool:
+def handle(store: RunEvents, run_id: int, spec: JobSpec, step: int, output_dir: Path) -> bool:
     """After an OOM: record the next change and return True (exit EXIT_OOM_RECOVER), or False (fail)."""
     from jobs.train.checkpoints import last_complete
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.units import human_bytes
+from storage.roles import RunFolders
 
 PHASES = ("load", "forward", "backward", "optimizer")
 PHASES_FILE = "phases.json"
 HEADER = ("phase", "predicted", "measured (peak)", "error")
 
 
-def record(store: Any, run_id: int, measured: dict[str, Any]) -> None:
+def record(store: RunFolders, run_id: int, measured: dict[str, Any]) -> None:
     """Keep `measured` with the run, replacing what an earlier attempt kept (readers never see half a file)."""
     path = store.run_dir(run_id) / PHASES_FILE
     part = path.with_name(PHASES_FILE + ".part")
@@ -35,7 +36,7 @@ def record(store: Any, run_id: int, measured: dict[str, Any]) -> None:
     os.replace(part, path)
 
 
-def load_phases(store: Any, run_id: int) -> dict[str, Any] | None:
+def load_phases(store: RunFolders, run_id: int) -> dict[str, Any] | None:
     """The phases measured in the run's first step, or None."""
     try:
         data = json.loads((store.run_path(run_id) / PHASES_FILE).read_text())

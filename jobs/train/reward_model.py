@@ -18,9 +18,10 @@ from jobs.models.reward_model import bundle_folder, reward_run_problems
 from jobs.spec.enums import Method, Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import spec_of
+from storage.roles import RunArtifacts
 
 
-def load_reward_model(store: Any, run_id: int, dtype: Any = None) -> tuple[Any, Any]:
+def load_reward_model(store: RunArtifacts, run_id: int, dtype: Any = None) -> tuple[Any, Any]:
     """(sequence-classification model in eval mode, its tokenizer) of a finished reward run."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

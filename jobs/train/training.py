@@ -41,6 +41,7 @@ from jobs.train.failure import NonFiniteLoss
 from jobs.train.phase_probe import MemoryMeter, PhaseProbe
 from jobs.train.readback import final_micro_batch, trainer_readback
 from jobs.train.trainers import build_trainer, perplexity
+from storage.roles import RunArtifacts
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +120,15 @@ def train_spec(
     model_and_tokenizer: tuple[Any, Any] | None = None,
     resume_from: str | None = None,
     before_training: Callable[[Any, Any, Any], None] | None = None,
-    store: Any = None,
+    store: RunArtifacts | None = None,
 ) -> TrainResult:
     """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
 
     `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
     `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
     before any adapter or trainer touches it (the "before" samples).
-    `store`: where a grpo spec's `reward_model_run` is looked up (default: `Store()` from the environment)."""
+    `store`: where a grpo spec's `reward_model_run` is looked up (a run's artifacts); the caller passes it
+    (`jobs.train.child` its own store): this function never opens one."""
     from jobs.data.loading import load_data
 
     device = device or detect_device()
@@ -165,13 +167,18 @@ def train_spec(
         import torch
 
         from jobs.train.reward_model import load_reward_model
-        from storage.store import Store
+
+        if store is None:
+            raise ValueError(
+                f"reward_model_run {spec.reward_model_run}: train_spec was given no store to find that run in; "
+                "pass store= (the run's store), or queue the job (its training child passes its own)"
+            )
 
         # The reward model only scores (frozen): it takes the run's compute precision.
         dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
             resolve_precision(spec, device), torch.float32
         )
-        reward_model = load_reward_model(store or Store(), spec.reward_model_run, dtype)
+        reward_model = load_reward_model(store, spec.reward_model_run, dtype)
         log.info("reward model: run %s", spec.reward_model_run)
     stopper = early_stopping_callback(spec, has_eval=has_eval)
     callbacks = [*callbacks, stopper] if stopper is not None else callbacks
