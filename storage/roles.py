@@ -38,10 +38,14 @@ class RunFolders(Protocol):
     def run_dir(self, run_id: int) -> Path: ...
 
 
-class RunArtifacts(RunReader, Protocol):
-    """A run's saved files as recorded (bundle, adapter, exports) and its folder to write new ones in."""
+class ArtifactReader(RunReader, Protocol):
+    """A run's saved files as recorded (bundle, adapter, exports)."""
 
     def artifacts(self, run_id: int) -> list[ArtifactRecord]: ...
+
+
+class RunArtifacts(ArtifactReader, Protocol):
+    """A run's recorded files, and its folder to write new ones in and record them."""
 
     def add_artifact(self, run_id: int, kind: str, path: str, size: int, sha256: str) -> int: ...
 
@@ -110,7 +114,20 @@ class TrainingRecord(MetricSink, MetricReader, RunLifecycle, RunArtifacts, RunEv
     """Everything the training child (`jobs.train.child.run`) does with the store, role by role."""
 
 
-class Sweeps(MetricReader, Protocol):
+class WorkerDirectory(Protocol):
+    """The workers that announced themselves and the devices they published."""
+
+    def live_workers(self, within_s: float = 10.0) -> list[dict[str, Any]]: ...
+
+    def published_devices(self) -> list[dict[str, Any]]: ...
+
+
+class CheckReader(ArtifactReader, WorkerDirectory, Protocol):
+    """What the check pipeline reads before a spec is queued: the workers' published devices (the target) and
+    a grpo `reward_model_run`'s row and files."""
+
+
+class Sweeps(MetricReader, CheckReader, Protocol):
     """Trick sweeps: probe runs queued under one sweep id, read back with their metrics."""
 
     def create_sweep(self, probes: list[tuple[str, str, str, str]]) -> tuple[int, list[int]]: ...
@@ -120,15 +137,11 @@ class Sweeps(MetricReader, Protocol):
     def sweep_ids(self, limit: int = 50) -> list[int]: ...
 
 
-class WorkerDirectory(Protocol):
-    """The workers that announced themselves and the devices they published."""
-
-    def live_workers(self, within_s: float = 10.0) -> list[dict[str, Any]]: ...
-
-    def published_devices(self) -> list[dict[str, Any]]: ...
-
-
 class Leases(Protocol):
     """Who holds a device on a host (a training run, a chat process)."""
 
     def device_lease(self, device: str, host: str | None = None) -> dict[str, Any]: ...
+
+
+class ChatRuns(Leases, ArtifactReader, Protocol):
+    """What the chat process reads: which run's result to load, and whether a training run holds the GPU."""

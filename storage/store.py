@@ -150,6 +150,7 @@ def _plays_every_role(store: Store) -> None:
     signature fails `./dev.sh check` instead of a module that asks for the role."""
     from storage import roles as r
 
-    played: tuple[r.RunReader, r.RunFolders, r.RunArtifacts, r.RunEvents, r.MetricSink, r.MetricReader] = (store,) * 6
-    more: tuple[r.RunLifecycle, r.TrainingRecord, r.Sweeps, r.WorkerDirectory, r.Leases] = (store,) * 5
-    del played, more
+    played: tuple[r.RunReader, r.RunFolders, r.ArtifactReader, r.RunArtifacts, r.RunEvents, r.MetricSink] = (store,) * 6
+    more: tuple[r.MetricReader, r.RunLifecycle, r.TrainingRecord, r.CheckReader, r.Sweeps] = (store,) * 5
+    rest: tuple[r.WorkerDirectory, r.Leases, r.ChatRuns] = (store,) * 3
+    del played, more, rest
