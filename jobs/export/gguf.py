@@ -45,6 +45,7 @@ from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import safe_name, sha256_of
 from jobs.train.before_after import encode, greedy
+from storage.roles import RunArtifacts
 
 log = logging.getLogger("jobs.export.merged")
 
@@ -88,7 +89,7 @@ class GgufExport:
     check: GgufCheck
 
 
-def source_folder(store: Any, run_id: int, spec: JobSpec) -> Path:
+def source_folder(store: RunArtifacts, run_id: int, spec: JobSpec) -> Path:
     """The whole model to write: the full fine-tune's folder, or the latest merged export (made if missing)."""
     from jobs.export.merged import export_merged
 
@@ -176,7 +177,7 @@ def forced_agreement(model: Any, tokenizer: Any, answers: list[list[int]]) -> fl
     return agree / total if total else 1.0
 
 
-def export_gguf(store: Any, run_id: int, gguf_type: str = "f16") -> GgufExport:
+def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> GgufExport:
     """Write run `run_id` as a `gguf_type` GGUF file, check its round trip, record it."""
     if gguf_type not in GGUF_TYPES:
         raise _refuse(

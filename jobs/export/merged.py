@@ -33,6 +33,7 @@ from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec, SpecError
 from jobs.train.artifacts import safe_name, sha256_of, zip_bundle
 from jobs.train.before_after import BUILT_IN_PROMPTS, greedy
+from storage.roles import ArtifactReader, RunArtifacts, RunReader
 
 log = logging.getLogger("jobs.export.merged")
 
@@ -78,7 +79,7 @@ def _refuse(problem: str, fix: str, field_name: str = "run") -> ExportError:
     return ExportError([Problem(field_name, problem, fix)])
 
 
-def finished_spec(store: Any, run_id: int) -> JobSpec:
+def finished_spec(store: RunReader, run_id: int) -> JobSpec:
     """The spec of a run that succeeded; refuses missing and unfinished runs."""
     from jobs.spec.stored import finished_problem
 
@@ -89,7 +90,7 @@ def finished_spec(store: Any, run_id: int) -> JobSpec:
     return JobSpec.from_json(run.spec_json)
 
 
-def adapter_folder(store: Any, run_id: int) -> tuple[JobSpec, Path]:
+def adapter_folder(store: ArtifactReader, run_id: int) -> tuple[JobSpec, Path]:
     """The run's spec and its saved adapter folder; refuses runs that have none to merge."""
     from jobs.spec.stored import result_folder
 
@@ -135,7 +136,7 @@ def compare(
     return MergeCheck(list(CHECK_PROMPTS), texts_a, texts_b, agreement, diff, passed, rule)
 
 
-def export_merged(store: Any, run_id: int, dtype: str = "bf16") -> MergedExport:
+def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> MergedExport:
     """Merge run `run_id`'s adapter into its base in `dtype`, check it, save and record it."""
     import torch
     from peft import PeftModel

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 from urllib.parse import urlparse
 
 from jobs.errors import Problem
 from jobs.spec.job import SpecError
+from storage.roles import ArtifactReader, RunEvents
 
 WHAT = ("bundle", "merged")
 CONNECT_TIMEOUT_S = 5.0
@@ -52,7 +53,7 @@ def check_repo_id(repo: str) -> str:
     return repo
 
 
-def push_folder(store: Any, run_id: int, what: str = "bundle") -> Path:
+def push_folder(store: ArtifactReader, run_id: int, what: str = "bundle") -> Path:
     """The folder a push of `what` uploads: the run's bundle folder, or its newest merged export."""
     from jobs.spec.stored import finished_problem
 
@@ -102,8 +103,12 @@ def reachability_problem(url: str, timeout: float = CONNECT_TIMEOUT_S) -> str | 
         return f"cannot reach {url} within {timeout:g} s ({type(exc).__name__}: {exc})"
 
 
+class PushRecord(ArtifactReader, RunEvents, Protocol):
+    """What a push reads (the run's files) and records (a `push` event, never the token)."""
+
+
 def push(
-    store: Any,
+    store: PushRecord,
     run_id: int,
     repo: str,
     token: str,
