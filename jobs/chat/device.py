@@ -7,15 +7,14 @@ refuses to start answering on a GPU a run holds, and a running chat process
 
 from __future__ import annotations
 
-from typing import Any
-
 from jobs.errors import Problem
+from storage.roles import ChatRuns
 
 DEVICE_ENV = "TUNEDECK_CHAT_DEVICE"  # where the dashboard's chat answers: a GPU index or UUID, or cpu
 GPU_ENV = "TUNEDECK_CHAT_GPU"  # set by the manager for its process: the GPU (as the lease names it) it is on
 
 
-def busy_problem(store: Any, gpu: str, host: str | None = None) -> Problem | None:
+def busy_problem(store: ChatRuns, gpu: str, host: str | None = None) -> Problem | None:
     """A Problem when a training run holds GPU `gpu` on `host` (its device lease); None when it is free."""
     run_id = store.device_lease(gpu, host=host).get("run_id")
     if run_id is None:

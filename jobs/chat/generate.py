@@ -29,6 +29,7 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.spec.enums import Method, Trainer
 from jobs.spec.job import SpecError
+from storage.roles import ArtifactReader
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class RunResult:
         return cls(**data)
 
 
-def locate(store: Any, run_id: int) -> RunResult:
+def locate(store: ArtifactReader, run_id: int) -> RunResult:
     """The run's result folder; refuses missing, unfinished or reward-model runs with the fix."""
     from jobs.spec.stored import finished_problem, result_folder, spec_of
 

@@ -33,6 +33,7 @@ from typing import IO, Any
 from jobs.chat.device import DEVICE_ENV, GPU_ENV, busy_problem
 from jobs.chat.generate import ChatError, Conversation, RunResult, Sampling, locate, refuse
 from jobs.errors import Problem
+from storage.roles import ChatRuns
 
 log = logging.getLogger("jobs.chat.process")
 
@@ -54,7 +55,7 @@ def idle_seconds() -> float:
     return value
 
 
-def choose_device(store: Any, facts: Any = None, host: str | None = None, wanted: str | None = None) -> str:
+def choose_device(store: ChatRuns, facts: Any = None, host: str | None = None, wanted: str | None = None) -> str:
     """ "cpu" or the GPU (index or UUID) to answer on; raises ChatError when a training run holds it.
 
     `wanted`: the device asked for (a worker's own); None: TUNEDECK_CHAT_DEVICE, TUNEDECK_DEVICE, ..."""
@@ -90,7 +91,7 @@ class ChatProcess:
 
     def __init__(
         self,
-        store: Any,
+        store: ChatRuns,
         idle_s: float | None = None,
         facts: Any = None,
         host: str | None = None,
