@@ -50,6 +50,7 @@ from jobs.data.bench_tasks import task_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
+from storage.roles import CheckReader
 
 if TYPE_CHECKING:
     from jobs.data.inspection import DatasetInfo
@@ -83,7 +84,7 @@ def check(
     spec: JobSpec | Mapping[str, Any] | Any,
     *,
     policy: AccessPolicy | None = None,
-    store: Any = None,
+    store: CheckReader | None = None,
     device: DeviceFacts | None = None,
 ) -> Checked:
     """Every problem with `spec` (a JobSpec, or plain values still to parse), its model, its data and the device.
@@ -108,7 +109,12 @@ def check(
 
 
 def _check_spec(
-    spec: JobSpec, policy: AccessPolicy, store: Any, facts: DeviceFacts, note: str | None, field_problems: list[Problem]
+    spec: JobSpec,
+    policy: AccessPolicy,
+    store: CheckReader | None,
+    facts: DeviceFacts,
+    note: str | None,
+    field_problems: list[Problem],
 ) -> Checked:
     from jobs.models.references import check_model
     from jobs.models.registry import ModelError
@@ -182,7 +188,7 @@ def memory_problem(spec: JobSpec, memory: Memory) -> Problem | None:
     )
 
 
-def _device(store: Any, device: DeviceFacts | None) -> tuple[DeviceFacts, str | None]:
+def _device(store: CheckReader | None, device: DeviceFacts | None) -> tuple[DeviceFacts, str | None]:
     """The facts to check against, and the note to add to device problems when they are this machine's
     only because no worker has published its own."""
     if device is not None:
