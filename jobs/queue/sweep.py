@@ -26,6 +26,7 @@ from jobs.errors import Problem
 from jobs.spec import tricks
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.tricks import Trick
+from storage.roles import MetricReader, Sweeps
 
 # Every trick but torch.compile, whose compile (a minute or more) would dominate a short probe: ask for it.
 DEFAULT_TRICKS = tuple(t for t in Trick if t is not Trick.COMPILE)
@@ -73,7 +74,7 @@ def plan_probes(
 
 
 def queue_sweep(
-    store: Any,
+    store: Sweeps,
     spec: JobSpec,
     chosen: Sequence[Trick] = DEFAULT_TRICKS,
     steps: int = DEFAULT_STEPS,
@@ -94,7 +95,7 @@ def queue_sweep(
     return SweepQueued(sweep_id, run_ids, skipped)
 
 
-def step_time(store: Any, run: Any) -> float | None:
+def step_time(store: MetricReader, run: Any) -> float | None:
     """Median seconds per optimizer step after the first; the run's mean when fewer were logged."""
     times = [p.value for p in store.metrics(run.id, ["step_time"]) if p.step > 1]
     if times:
@@ -102,7 +103,7 @@ def step_time(store: Any, run: Any) -> float | None:
     return run.final_metrics.get("step_time_mean")
 
 
-def sweep_table(store: Any, sweep_id: int) -> list[dict[str, Any]]:
+def sweep_table(store: Sweeps, sweep_id: int) -> list[dict[str, Any]]:
     """One row per probe: trick, run, status, peak bytes, s/step, and both as ratios to the baseline."""
     rows = []
     for member in store.sweep_runs(sweep_id):
