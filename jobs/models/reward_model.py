@@ -11,23 +11,23 @@ whose MoRA loader it needs); this check reads only the store and the run's spec.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from storage.models import RunStatus
+from storage.roles import ArtifactReader
 
 FIX = "give the id of a succeeded run with trainer: reward (`tunedeck runs` lists them), or train one first"
 
 
-def bundle_folder(store: Any, run_id: int) -> Path | None:
+def bundle_folder(store: ArtifactReader, run_id: int) -> Path | None:
     """The run's saved model or adapter folder (the bundle), if recorded and present."""
     found = [Path(a.path) for a in store.artifacts(run_id) if a.kind in ("adapter", "model")]
     return found[-1] if found and found[-1].is_dir() else None
 
 
-def reward_run_problems(store: Any, spec: JobSpec) -> list[Problem]:
+def reward_run_problems(store: ArtifactReader, spec: JobSpec) -> list[Problem]:
     """Why `spec.reward_model_run` cannot score completions (none when it is a finished reward run)."""
     from jobs.spec.stored import spec_of
 
