@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
 from storage.models import RunStatus
+from storage.roles import ArtifactReader
 
 
 class StoredRun(Protocol):
@@ -68,7 +69,7 @@ def finished_problem(run: Any, run_id: int, doing: str) -> tuple[str, str] | Non
     return None
 
 
-def result_folder(store: Any, run_id: int, kind: str, marker: str) -> Path | None:
+def result_folder(store: ArtifactReader, run_id: int, kind: str, marker: str) -> Path | None:
     """The run's newest artifact folder of `kind` ("adapter", "model"), if it still holds `marker`."""
     folders = [Path(a.path) for a in store.artifacts(run_id) if a.kind == kind]
     return folders[-1] if folders and (folders[-1] / marker).is_file() else None
