@@ -13,9 +13,9 @@ machine's facts and says so in its `note`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from jobs.devices.facts import DeviceFacts
+from storage.roles import WorkerDirectory
 
 LIVE_WITHIN_S = 10.0  # a worker that beat within this many seconds is running
 
@@ -33,7 +33,7 @@ def _rank(facts: DeviceFacts) -> tuple[bool, int]:
     return facts.cuda, facts.total_bytes
 
 
-def target(store: Any, local: DeviceFacts | None = None) -> Target:
+def target(store: WorkerDirectory, local: DeviceFacts | None = None) -> Target:
     """The device of the running worker with the largest GPU; else the last published; else this machine's."""
     published = store.published_devices()
     live = {w.get("worker_id") for w in store.live_workers(within_s=LIVE_WITHIN_S)}
