@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from storage.models import RunStatus
 from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
 
 
@@ -25,6 +26,18 @@ class RunReader(Protocol):
     """Reads one run's row."""
 
     def get_run(self, run_id: int) -> RunRecord | None: ...
+
+
+class RunLister(Protocol):
+    """Lists runs, newest first, by status, search text or tag."""
+
+    def list_runs(
+        self,
+        status: RunStatus | Sequence[RunStatus] | None = None,
+        limit: int = 200,
+        search: str | None = None,
+        tag: str | None = None,
+    ) -> list[RunRecord]: ...
 
 
 class RunFolders(Protocol):
