@@ -19,6 +19,8 @@ import json
 import sys
 from typing import Any
 
+from storage.roles import ChatRuns
+
 EXIT_COMMAND = "/exit"
 
 
@@ -28,7 +30,7 @@ def _sampling(args: argparse.Namespace) -> Any:
     return Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed).checked()
 
 
-def cmd_generate(store: Any, args: argparse.Namespace) -> int:
+def cmd_generate(store: ChatRuns, args: argparse.Namespace) -> int:
     from jobs.chat.generate import locate
     from jobs.chat.process import ChatProcess
 
@@ -61,7 +63,7 @@ def cmd_generate(store: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_chat(store: Any, args: argparse.Namespace) -> int:
+def cmd_chat(store: ChatRuns, args: argparse.Namespace) -> int:
     from jobs.chat.generate import locate
     from jobs.chat.process import ChatProcess
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
+from storage.roles import CheckReader
 
 
 def read_config(path: str) -> Any:
@@ -85,7 +86,7 @@ def import_text(args: argparse.Namespace) -> tuple[str, list[str], Any]:
     return text, [str(n) for n in imported.not_carried], build_spec(imported, overrides)
 
 
-def cmd_import(store: Any, args: argparse.Namespace) -> int:
+def cmd_import(store: CheckReader | None, args: argparse.Namespace) -> int:
     from app.cli.plan import device_for
     from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK
     from jobs.checks.pipeline import check

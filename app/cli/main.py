@@ -48,7 +48,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -61,11 +61,11 @@ if TYPE_CHECKING:
     from storage.store import Store
 
 
-def _command(module: str, name: str) -> Callable[[Any, argparse.Namespace], int]:
+def _command(module: str, name: str) -> Callable[[Store | None, argparse.Namespace], int]:
     """Command `name` of `module`, imported when it runs: each command pays only for its own imports (`plan`
     reads a config.json; `runs`, `export` and the store bring SQLAlchemy, torch, ...)."""
 
-    def run(store: Any, args: argparse.Namespace) -> int:
+    def run(store: Store | None, args: argparse.Namespace) -> int:
         return getattr(importlib.import_module(module), name)(store, args)  # type: ignore[no-any-return]
 
     run.__name__ = name

@@ -15,6 +15,7 @@ from typing import Any
 
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
+from storage.roles import Sweeps
 
 
 def _tricks(text: str) -> list[Any]:
@@ -40,7 +41,7 @@ def _tricks(text: str) -> list[Any]:
     return out
 
 
-def sweep_command(store: Any, args: argparse.Namespace, spec: JobSpec | None) -> int:
+def sweep_command(store: Sweeps, args: argparse.Namespace, spec: JobSpec | None) -> int:
     """`tunedeck sweep`: --list, --show ID, or queue probes of `spec` (read by app.cli.main from SPEC.yaml)."""
     from jobs.queue.sweep import DEFAULT_TRICKS, format_table, queue_sweep, sweep_table
 

@@ -19,6 +19,7 @@ import gradio as gr
 from jobs.checks.memory import Memory
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec, SpecError
+from storage.roles import RunLister, WorkerDirectory
 
 COLORS = {
     "weights": "#4e79a7",
@@ -50,7 +51,7 @@ def ui_device() -> DeviceFacts:
     return local_facts()
 
 
-def worker_device(store: Any) -> DeviceSource:
+def worker_device(store: WorkerDirectory) -> DeviceSource:
     """The device a run from this form will meet: the workers' published facts (`jobs.devices.target`),
     not the dashboard's own machine (in a deployment the dashboard may have no GPU)."""
     from jobs.devices.target import target
@@ -194,7 +195,7 @@ def fit_values(
     names: list[str],
     *args: Any,
     device: DeviceSource | None = None,
-    store: Any = None,
+    store: RunLister | None = None,
 ) -> list[Any]:
     """The form values of the planner's pick for this device (a gr.Error when nothing fits)."""
     from jobs.checks.memory import measured_lengths, model_arch
@@ -236,7 +237,7 @@ def wire(
     spec_from_values: Callable[[dict[str, Any]], JobSpec],
     to_values: Callable[[JobSpec], list[Any]],
     device: DeviceSource | None = None,
-    store: Any = None,
+    store: RunLister | None = None,
     **event: Any,
 ) -> None:
     """Redraw the verdict text and the bar (one prediction) when a memory-relevant field changes; Fit to GPU
