@@ -27,7 +27,8 @@ from storage.roles import ArtifactReader
 
 
 class StoredRun(Protocol):
-    spec_json: str
+    @property
+    def spec_json(self) -> str: ...
 
 
 def read_spec(spec_json: str) -> JobSpec:
