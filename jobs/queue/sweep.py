@@ -124,8 +124,8 @@ def sweep_table(store: Sweeps, sweep_id: int) -> list[dict[str, Any]]:
     base = next((r for r in rows if r["trick"] == Trick.BASELINE.value), None)
     for row in rows:
         for key, ratio in (("peak_bytes", "memory_vs_baseline"), ("step_time", "time_vs_baseline")):
-            ok = base is not None and row[key] and base[key]
-            row[ratio] = row[key] / base[key] if ok else None
+            of_base = base[key] if base is not None else None
+            row[ratio] = row[key] / of_base if row[key] and of_base else None
     return rows
 
 
