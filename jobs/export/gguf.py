@@ -135,8 +135,8 @@ def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck
     del loaded
     agreement = token_agreement(ids_a, ids_b)
     diff = max(float((x - y).abs().max()) for x, y in zip(logits_a, logits_b))
-    texts_a = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in ids_a]
-    texts_b = [gguf_tokenizer.decode(b, skip_special_tokens=True).strip() for b in ids_b]
+    texts_a = [str(tokenizer.decode(a, skip_special_tokens=True)).strip() for a in ids_a]
+    texts_b = [str(gguf_tokenizer.decode(b, skip_special_tokens=True)).strip() for b in ids_b]
     if gguf_type == "f16":
         rule, answers_ok = "greedy answers equal", ids_a == ids_b
     else:

@@ -87,6 +87,7 @@ def finished_spec(store: RunReader, run_id: int) -> JobSpec:
     problem = finished_problem(run, run_id, "export")
     if problem is not None:
         raise _refuse(*problem)
+    assert run is not None  # finished_problem refuses a missing run
     return JobSpec.from_json(run.spec_json)
 
 
