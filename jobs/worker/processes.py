@@ -217,7 +217,7 @@ def install_stop_handlers(stop: Callable[[str], None]) -> dict[int, object]:
     def handle(signum: int, _frame: FrameType | None) -> None:
         stop(f"worker received {signal.Signals(signum).name}")
 
-    old = {}
+    old: dict[int, object] = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         old[sig] = signal.signal(sig, handle)
     return old
