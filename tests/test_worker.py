@@ -328,7 +328,9 @@ time.sleep(600)
 
 def test_worker_shutdown_is_interrupted_even_if_child_says_cancelled(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    worker = make_worker(store, COOPERATIVE)
+    # A generous grace: the child opens a store in its SIGTERM handler (seconds on a loaded machine, on
+    # PostgreSQL); it exits as soon as it is done, so the grace costs nothing unless it hangs.
+    worker = make_worker(store, COOPERATIVE, grace_period=60.0)
     thread = threading.Thread(target=worker.work)
     thread.start()
     wait_for(
