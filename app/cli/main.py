@@ -138,9 +138,33 @@ def cmd_hash_password(_store: None, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command: the dashboard and worker here, the others from their modules (each adds its own)."""
     p = argparse.ArgumentParser(prog="tunedeck", description="Fine-tune a language model on one GPU.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_service_parsers(sub)
+    _add_run_parsers(sub)
+    from app.cli.chat import add_parser as add_chat_parsers
+    from app.cli.data_home import add_parser as add_migrate_parser
+    from app.cli.evaluate import add_parser as add_evaluate_parser
+    from app.cli.importer import add_parser as add_import_parser
+    from app.cli.manage import add_parsers as add_manage_parsers
+    from app.cli.plan import add_parser as add_plan_parser
+    from app.cli.push import add_parser as add_push_parser
+    from app.cli.sweep import add_parser as add_sweep_parser
 
+    add_manage_parsers(sub)
+    add_evaluate_parser(sub)  # evaluate and judge
+    s = sub.add_parser("setup", help="download/convert a built-in model once")
+    s.add_argument("--model", default="smollm2-135m-instruct")
+    s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)
+    add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
+    for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
+        add(sub)
+    return p
+
+
+def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
+    """serve, hash-password and worker (its cluster executors' options come from `app.cli.cluster`)."""
     s = sub.add_parser("serve", help="start the dashboard (and a worker process)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=7860)
@@ -213,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_worker)
 
+
+def _add_run_parsers(sub: argparse._SubParsersAction) -> None:
+    """submit, run, runs, show, cancel, resume, move and export (`app.cli.runs`, `app.cli.export`)."""
+
     for name, func, text in (
         ("submit", _command("app.cli.runs", "cmd_submit"), "check a YAML spec and queue it; prints the run id"),
         ("run", _command("app.cli.runs", "cmd_run"), "submit a YAML spec and follow the run until it ends"),
@@ -269,43 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_on_worker_flag(s)
     s.set_defaults(func=_command("app.cli.export", "cmd_export"))
-
-    from app.cli.manage import add_parsers
-
-    add_parsers(sub)
-
-    from app.cli.evaluate import add_parser as add_evaluate_parser
-
-    add_evaluate_parser(sub)  # evaluate and judge
-
-    s = sub.add_parser("setup", help="download/convert a built-in model once")
-    s.add_argument("--model", default="smollm2-135m-instruct")
-    s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)
-
-    from app.cli.sweep import add_parser as add_sweep_parser
-
-    add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
-
-    from app.cli.plan import add_parser as add_plan_parser
-
-    add_plan_parser(sub)
-
-    from app.cli.importer import add_parser as add_import_parser
-
-    add_import_parser(sub)
-
-    from app.cli.chat import add_parser as add_chat_parsers
-
-    add_chat_parsers(sub)
-
-    from app.cli.push import add_parser as add_push_parser
-
-    add_push_parser(sub)
-
-    from app.cli.data_home import add_parser as add_migrate_parser
-
-    add_migrate_parser(sub)
-    return p
 
 
 def print_problems(problems: Sequence[Problem]) -> None:
