@@ -145,7 +145,6 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
 
     from jobs.models.loading import load_model_and_tokenizer
     from jobs.models.references import resolve_model
-    from jobs.models.registry import base_reference
 
     if dtype not in DTYPES:
         raise _refuse(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "use --dtype bf16, fp16 or fp32", "dtype")
@@ -202,6 +201,22 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
             f"agreement {check.token_agreement:.0%})",
             "export with --dtype fp32 (less rounding in the merge), or use the adapter bundle",
         )
+    return _save(store, run_id, spec, dtype, merged_model, tokenizer, check, notes)
+
+
+def _save(
+    store: RunArtifacts,
+    run_id: int,
+    spec: JobSpec,
+    dtype: str,
+    merged_model: Any,
+    tokenizer: Any,
+    check: MergeCheck,
+    notes: list[str],
+) -> MergedExport:
+    """Write the checked merged model with its card under the run's `export/`, zip it and record both."""
+    from jobs.models.registry import base_reference
+
     root = store.run_dir(run_id) / "export"
     folder = root / f"merged-{dtype}"
     if folder.exists():
