@@ -135,9 +135,9 @@ class WorkerDirectory(Protocol):
     def published_devices(self) -> list[dict[str, Any]]: ...
 
 
-class CheckReader(ArtifactReader, WorkerDirectory, Protocol):
-    """What the check pipeline reads before a spec is queued: the workers' published devices (the target) and
-    a grpo `reward_model_run`'s row and files."""
+class CheckReader(ArtifactReader, WorkerDirectory, RunLister, Protocol):
+    """What the check pipeline reads before a spec is queued: the workers' published devices (the target),
+    the running runs (their GPU memory is not another process's) and a grpo `reward_model_run`'s row and files."""
 
 
 class Sweeps(MetricReader, CheckReader, Protocol):
