@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec
+from storage.records import RunRecord
+from storage.roles import RunLister
 
 if TYPE_CHECKING:
     from jobs.data.token_lengths import RowLengths
@@ -98,7 +100,7 @@ def predict_memory(
     return Memory(data, found, source, lengths)
 
 
-def taken_memory_warning(prediction: Any, facts: DeviceFacts, store: Any = None) -> str | None:
+def taken_memory_warning(prediction: Any, facts: DeviceFacts, store: RunLister | None = None) -> str | None:
     """At submit: a warning when other processes hold so much of the target GPU now that the run would
     not fit beside them (it is queued and waits; the claim judges again, `jobs.worker.fit`). Only a GPU of
     this host can be read (NVML); tunedeck's own running runs there are not counted as others."""
@@ -124,7 +126,7 @@ def taken_memory_warning(prediction: Any, facts: DeviceFacts, store: Any = None)
     )
 
 
-def _running(store: Any) -> list[Any]:
+def _running(store: RunLister | None) -> list[RunRecord]:
     if store is None:
         return []
     from storage.models import RunStatus
