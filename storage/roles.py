@@ -123,7 +123,13 @@ class RunLifecycle(RunReader, Protocol):
     def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool: ...
 
 
-class TrainingRecord(MetricSink, MetricReader, RunLifecycle, RunArtifacts, RunEvents, RunFolders, Protocol):
+class TaskQueue(Protocol):
+    """Queues a task for a run (an export, a push, an evaluation) that a worker carries out."""
+
+    def create_task(self, run_id: int, kind: str, args: dict[str, Any] | None = None) -> int: ...
+
+
+class TrainingRecord(MetricSink, MetricReader, RunLifecycle, RunArtifacts, RunEvents, RunFolders, TaskQueue, Protocol):
     """Everything the training child (`jobs.train.child.run`) does with the store, role by role."""
 
 

@@ -54,8 +54,8 @@ from jobs.train.failure import disk_full, summarize, torch_oom
 from jobs.train.parent_watch import stop_with_parent
 from jobs.train.phase_probe import PhaseProbe
 from jobs.train.training import train_spec
-from storage.store import MetricPoint
 from storage.roles import MetricReader, RunLifecycle, TrainingRecord
+from storage.store import MetricPoint
 
 log = logging.getLogger("jobs.train.child")  # named: run as `-m`, this module is __main__
 
