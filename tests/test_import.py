@@ -22,6 +22,7 @@ from jobs.devices.facts import DeviceFacts
 from jobs.spec.imports import ImportConfigError, build_spec, detect_tool, import_config, spec_values
 from jobs.spec.imports.base import Imported
 from jobs.spec.job import JobSpec, SpecError
+from jobs.spec.trackers import Tracker
 
 FIXTURES = Path(__file__).parent / "fixtures" / "imports"
 # Configs with no tunedeck equivalent: (the key named, what the problem says).
@@ -160,7 +161,8 @@ def test_llamafactory_keys_and_defaults_carry_over() -> None:
     dpo = _import(FIXTURES / "llamafactory_qwen3_lora_dpo.yaml", FIXTURES)
     assert dpo.fields["max_train_samples"] == 1000  # one data set: max_samples caps the training rows
     why = {n.key: n.why for n in sft.not_carried}
-    assert "warmup_steps" in why["warmup_ratio"] and "template" in why and "report_to" in why
+    assert "warmup_steps" in why["warmup_ratio"] and "template" in why
+    assert "report_to" not in why and "report_to" not in f  # report_to: none -> no tracker, nothing left behind
     full = _import(FIXTURES / "llamafactory_qwen3_full_sft.yaml", FIXTURES)
     assert full.fields["method"] == "full" and "one GPU" in {n.key: n.why for n in full.not_carried}["deepspeed"]
     qlora = import_config({"stage": "sft", "model_name_or_path": "m", "quantization_bit": 4, "lora_rank": 16})
@@ -359,7 +361,7 @@ def test_form_import_fills_the_form_from_the_config_and_its_uploaded_data(data_d
     assert [(Path(s.ref).parent, s.max_rows) for s in sources] == [(uploads_dir(), 1000)] * 2  # the uploaded copies
     assert (values["trainer"], values["method"], values["lora_r"], values["max_length"]) == ("sft", "lora", 8, 2048)
     assert note.startswith("### Imported llamafactory config") and "dataset: alpaca_en_demo" not in note
-    assert "- **report_to**: tunedeck records the metrics itself" in note
+    assert "- **report_to**" not in note  # `report_to: none` is carried over (as no tracker)
 
 
 def test_form_import_reports_what_cannot_be_imported(data_home: Path) -> None:
@@ -425,3 +427,36 @@ def test_axolotl_shuffle_of_merged_datasets_is_what_tunedeck_does() -> None:
     assert shuffled.fields["dataset"] == "a.jsonl, b.jsonl" and "shuffle_merged_datasets" in shuffled.carried
     kept = import_config({"base_model": "m", "datasets": entries, "shuffle_merged_datasets": False})
     assert "always shuffles" in {n.key: n.why for n in kept.not_carried}["shuffle_merged_datasets"]
+
+
+def test_report_to_carries_over_from_each_tool() -> None:
+    """report_to reaches the spec: the trackers tunedeck mirrors to kept, the others listed as not carried over."""
+    base = {"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora", "dataset": "d"}
+    lf = import_config(
+        {**base, "report_to": ["wandb", "swanlab", "mlflow"]}, dataset_info={"d": {"file_name": "d.jsonl"}}
+    )
+    assert lf.fields["report_to"] == "wandb,mlflow" and lf.origins["report_to"] == "report_to"
+    assert (
+        "swanlab: tunedeck mirrors metrics to wandb, mlflow, tensorboard, trackio only"
+        in {n.key: n.why for n in lf.not_carried}["report_to"]
+    )
+    trl = import_config({"model_name_or_path": "m", "dataset_name": "d", "use_peft": True, "report_to": "tensorboard"})
+    assert trl.fields["report_to"] == "tensorboard"
+    axolotl = import_config(
+        {
+            "base_model": "m",
+            "adapter": "lora",
+            "micro_batch_size": 1,
+            "wandb_project": "p",
+            "wandb_entity": "e",
+            "use_tensorboard": True,
+            "datasets": [{"path": "d.jsonl", "type": "alpaca"}],
+        }
+    )
+    assert axolotl.fields["report_to"] == "wandb,tensorboard"
+    why = {n.key: n.why for n in axolotl.not_carried}
+    assert "WANDB_ENTITY" in why["wandb_entity"] and "wandb_project" not in why
+    assert JobSpec.from_dict(axolotl.fields | {"dataset": "sample:chat-format"}).tracker_list == [
+        Tracker.WANDB,
+        Tracker.TENSORBOARD,
+    ]

@@ -431,6 +431,7 @@ SPEC_FIELDS = [
     "sample_prompts",
     "sample_count",
     "sample_new_tokens",
+    "report_to",
 ]
 
 

@@ -108,6 +108,8 @@ def cmd_serve(_store: None, args: argparse.Namespace) -> int:
     for flag, name in ((args.allow_remote_code, REMOTE_CODE_ENV), (args.allow_reward_function, REWARD_FUNCTION_ENV)):
         if flag:
             os.environ[name] = "1"
+    # The worker's trackers (report_to) link back to the run's page here, unless TUNEDECK_URL names the public address.
+    os.environ.setdefault("TUNEDECK_URL", f"http://{args.host}:{args.port}")
     return serve(
         host=args.host,
         port=args.port,

@@ -45,6 +45,7 @@ from jobs.spec.field import Group
 from jobs.spec.field_info import FieldInfo
 from jobs.spec.job import SpecError
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
+from jobs.spec.trackers import Tracker, trackers
 from storage.store import Store
 
 BUDGET_FIELDS = (
@@ -136,6 +137,8 @@ def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
         return gr.Dropdown(
             [(f"{m.value}: {METHOD_DESCRIPTIONS[m]}", m.value) for m in Method], value=default, info=f.help, **common
         )
+    if f.name == "report_to":  # several trackers at once; stored as one comma-separated text
+        return gr.CheckboxGroup([t.value for t in Tracker], value=trackers(default)[0], info=f.help, **common)
     if f.kind == "enum":
         return gr.Dropdown(list(f.choices), value=default, info=f.help, **common)
     if f.kind == "bool":

@@ -55,7 +55,7 @@ def spec_from_form(values: dict[str, Any]) -> JobSpec:
 
 def form_values(spec: JobSpec) -> list[Any]:
     """A spec as the list of component values, in NAMES order (for Clone and Load YAML)."""
-    d = spec.to_dict()
+    d = spec.to_dict() | {"report_to": [t.value for t in spec.tracker_list]}  # the form's checkbox group
     return [("" if d[n] is None and info(n).kind == "str" else d[n]) for n in NAMES]
 
 

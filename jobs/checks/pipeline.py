@@ -21,7 +21,8 @@ being found again:
    (`memory_problem`, with the cheapest change that fits);
    from the same lengths, the rows whose whole answer `max_length` cuts away
    (`jobs.checks.answers`): refused when most rows are, a warning when some are;
-8. a grpo `reward_model_run`: a finished reward run in the store.
+8. a grpo `reward_model_run`: a finished reward run in the store;
+9. `report_to`: each tracker's package imports here (`jobs.checks.trackers`), checked with the fields.
 
 No step swallows an unexpected error: a bug in a check fails the call instead of hiding a refusal.
 
@@ -42,6 +43,7 @@ from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.template import assistant_only_problems
+from jobs.checks.trackers import tracker_problems
 from jobs.checks.tricks import missing_package_problems
 from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
@@ -122,6 +124,7 @@ def _check_spec(
 
     problems = policy.problems(spec) + field_problems
     valid = not problems  # the spec itself is sound: its prediction means something
+    problems += tracker_problems(spec)  # a missing package does not change what the run would need
     # Loaded at most once per check, and only from files on this machine; code shipped with the model
     # runs only where this server allows it.
     tokenizer = LocalTokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)

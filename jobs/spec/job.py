@@ -46,6 +46,7 @@ from jobs.spec.sections.model_data import ModelDataFields
 from jobs.spec.sections.run import RunFields
 from jobs.spec.sections.trainers import TrainerFields
 from jobs.spec.sections.training import TrainingFields
+from jobs.spec.trackers import CHOICES, trackers
 
 
 class SpecError(ProblemError):
@@ -169,6 +170,8 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         out.extend(Problem("eval_dataset", problem, fix) for problem, fix in parse_sources(spec.eval_dataset)[1])
     if spec.lora_target_modules.strip() == "" and spec.method in TARGETED_METHODS:
         out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
+    for word in trackers(spec.report_to)[1]:
+        out.append(Problem("report_to", f"`{word}` is not a tracker tunedeck reports to", f"use any of: {CHOICES}"))
     if spec.packing and spec.trainer is not Trainer.SFT:
         out.append(
             Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {spec.trainer.value}")

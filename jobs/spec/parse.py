@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 from jobs.errors import Problem
 from jobs.spec.columns import columns_text
 from jobs.spec.field import unwrap_optional
+from jobs.spec.trackers import report_to_text
 
 
 def parse_values(cls: type, data: dict[Any, Any]) -> tuple[dict[str, Any], list[Problem]]:
@@ -31,6 +32,8 @@ def parse_values(cls: type, data: dict[Any, Any]) -> tuple[dict[str, Any], list[
             raw = columns_text(raw)  # YAML/JSON mapping -> the one stored form, target=source pairs
         if key == "sample_prompts" and isinstance(raw, list):
             raw = "\n".join(str(p).strip() for p in raw)  # a YAML/JSON list -> the stored form, one per line
+        if key == "report_to" and isinstance(raw, (list, tuple, str)):
+            raw = report_to_text(raw)  # a list, or the libraries' "none" -> the stored form, names joined by commas
         if key not in known:
             close = closest(str(key), known)
             fix = f"did you mean `{close}`?" if close else "remove it; see the field table in docs/spec.md"

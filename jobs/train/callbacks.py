@@ -16,6 +16,8 @@ well under 2% of training time:
   never, for a child a worker watches, since the worker relays a cancel as SIGTERM), while a
   SIGTERM flag (a `threading.Event`) is checked at every step for free;
 - progress rides in the metrics' transaction: one commit per flush;
+- the rows of each written batch also go to the `report_to` trackers (`jobs.train.mirrors`), on the
+  same thread, after the store has them: the trackers receive exactly the rows the run page graphs;
 - the periodic flushes run on a writer thread (`_Writer`), in order: on a GPU the training
   thread waits for the device most of the time, so the writes cost it nothing; `flush()` (train
   end, before the run's status changes) waits for them and writes the rest itself.
@@ -39,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -47,6 +49,9 @@ from jobs.memory.flops import FlopsRate
 from storage.models import MemorySource
 from storage.records import MemoryPoint, MetricPoint
 from storage.roles import MetricSink
+
+if TYPE_CHECKING:
+    from jobs.train.mirrors import Mirrors
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,7 @@ class StoreCallback(TrainerCallback):
         write_budget: float = 0.005,
         max_flush_interval: float = 5.0,
         worker_id: str | None = None,
+        mirrors: Mirrors | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.store = store
@@ -86,6 +92,7 @@ class StoreCallback(TrainerCallback):
         self.cancel_interval = cancel_interval
         self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
         self.worker_id = worker_id  # the worker whose device the torch samples are of (jobs.train.child passes it)
+        self.mirrors = mirrors  # report_to's trackers: each written batch of rows goes to them too
         self._last_save = 0.0
         if cuda is None:
             import torch
@@ -282,6 +289,8 @@ class StoreCallback(TrainerCallback):
             self._flush_every = min(
                 self.max_flush_interval, max(self.flush_interval, self._flush_cost / self.write_budget)
             )
+        if self.mirrors is not None:  # the rows the store now holds, no others (never raises)
+            self.mirrors.log(batch.metrics)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ Output goes to stdout, which the worker sends to the run's train.log.
 
 `run(run_id)` is the run with the store around it (spec, resume point, results, how it ended);
 `jobs.train.training.train_spec(spec, output_dir, callbacks)` does the training without any store
-(tests, bench); `jobs.train.failure` words the errors.
+(tests, bench); `jobs.train.failure` words the errors. The trackers of `report_to` receive the metric rows as they are
+written (`jobs.train.mirrors`); one that cannot start fails the run before it trains.
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ from typing import Any
 from jobs.devices.probe import detect_device
 from jobs.memory.flops import FlopsRate
 from jobs.spec.evaluation import EVALUATE_TASK
-from jobs.spec.job import SpecError
+from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom, phases, share_cap
 from jobs.train.best import EVENT_KIND as BEST_EVENT
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
+from jobs.train.mirrors import Mirrors
 from jobs.train.parent_watch import stop_with_parent
 from jobs.train.phase_probe import PhaseProbe
 from jobs.train.training import train_spec
@@ -106,8 +108,6 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
     """Train run `run_id` from the store; returns the process exit code.
 
     `callbacks`: extra trainer callbacks (tests inject faults through them)."""
-    from jobs.train.artifacts import write_artifacts
-    from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
     from storage.store import Store
 
     store = store or Store()
@@ -124,6 +124,25 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
         return 1
     spec = oom.effective_spec(store, run_id, submitted)  # after an OOM recovery: the changed spec
     log.info("run %s: %s\n%s", run_id, spec.display_name, spec.to_yaml())
+    try:
+        mirrors = Mirrors.open(spec, run_id, store.run_dir(run_id))  # report_to (jobs.train.mirrors)
+    except Exception as exc:  # noqa: BLE001 - a tracker that cannot start fails the run before it trains
+        summary = f"report_to: a tracker could not start ({type(exc).__name__}: {exc})"
+        log.error("run %s failed: %s", run_id, summary)
+        store.mark_failed(run_id, summary, traceback.format_exc(), exit_code=1)
+        return 1
+    try:
+        return _train(store, run_id, spec, callbacks, mirrors)
+    finally:
+        ended = store.get_run(run_id)
+        mirrors.close(ended.status.value if ended is not None else "failed")
+
+
+def _train(store: Any, run_id: int, spec: JobSpec, callbacks: Sequence[Any], mirrors: Mirrors) -> int:
+    """Train the parsed spec with its metrics mirrored; record how it ended; the exit code."""
+    from jobs.train.artifacts import write_artifacts
+    from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
+
     # Under a worker (it passes TUNEDECK_WORKER_ID) a cancel arrives as SIGTERM within the
     # worker's poll interval; asking the database as well would only cost the training time.
     worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None
@@ -133,6 +152,7 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
         save_interval_s=spec.save_minutes * 60 if spec.save_minutes else None,
         cancel_interval=None if worker_id else 2.0,
         worker_id=worker_id,
+        mirrors=mirrors,
     )
     output_dir = store.run_dir(run_id) / "output"
     training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid

@@ -18,6 +18,7 @@ from jobs.spec.imports.base import (
     RESUME,
     SAME_NAMED_KEYS,
     TEMPLATE,
+    TRACKER_SETTINGS,
     TRACKING,
     Imported,
     Reader,
@@ -25,6 +26,7 @@ from jobs.spec.imports.base import (
     lora_targets,
     map_optimizer,
     map_precision,
+    map_report_to,
     map_scheduler,
     map_warmup,
 )
@@ -134,6 +136,27 @@ TRACKING_PREFIXES = (
 )
 
 
+# axolotl turns a tracker on when its project (or its use_ flag) is set; the rest of its settings are the tracker's own
+TRACKER_ON = {
+    "use_wandb": "wandb",
+    "wandb_project": "wandb",
+    "use_mlflow": "mlflow",
+    "mlflow_tracking_uri": "mlflow",
+    "use_tensorboard": "tensorboard",
+}
+TRACKER_KEYS = (*TRACKER_ON, "wandb_entity", "wandb_name", "wandb_mode", "mlflow_experiment_name", "mlflow_run_name")
+
+
+def _trackers_on(r: Reader) -> dict[str, str]:
+    """The source keys that turn a tracker tunedeck mirrors to on (a true flag or a named project), and which."""
+    on = {}
+    for key, tracker in TRACKER_ON.items():
+        value = r.data.get(key)
+        if value is True or (isinstance(value, str) and value.strip() and value.strip().lower() != "false"):
+            on[key] = tracker
+    return on
+
+
 def import_axolotl(data: Mapping[str, Any]) -> Imported:
     """An axolotl config as spec fields; raises ImportConfigError for values with no equivalent."""
     r = Reader(data, TOOL)
@@ -146,8 +169,14 @@ def import_axolotl(data: Mapping[str, Any]) -> Imported:
     if r.has("shuffle_merged_datasets") and not r.true("shuffle_merged_datasets"):  # true: what tunedeck does
         r.note("shuffle_merged_datasets", "tunedeck always shuffles the rows of several data sets with the seed")
     _training(r, trainer)
+    turned_on = _trackers_on(r)
+    map_report_to(r, "report_to", turned_on)
     for key in list(r.data):
-        if key.startswith(TRACKING_PREFIXES):
+        if key in turned_on:
+            r.take(key)  # carried over as report_to
+        elif key in TRACKER_KEYS:
+            r.drop(key, TRACKER_SETTINGS)
+        elif key.startswith(TRACKING_PREFIXES):
             r.drop(key, TRACKING)
         elif key.startswith("ray_"):
             r.drop(key, DISTRIBUTED)

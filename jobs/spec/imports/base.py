@@ -15,6 +15,7 @@ from typing import Any
 
 from jobs.errors import Problem, ProblemError
 from jobs.spec.enums import Optim, Precision, Scheduler
+from jobs.spec.trackers import Tracker
 
 
 class ImportConfigError(ProblemError):
@@ -48,6 +49,10 @@ class Imported:
 # ---------------------------------------------------------------------- reasons shared by the tools
 DISTRIBUTED = "tunedeck trains each run on one GPU (no DeepSpeed, FSDP or multi-node settings)"
 TRACKING = "tunedeck records the metrics itself (the run page, `tunedeck show`)"
+TRACKER_SETTINGS = (
+    "a tracker's project, entity and address come from the worker's environment (WANDB_PROJECT, "
+    "WANDB_ENTITY, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, ...), never from the spec"
+)
 OUTPUT = "tunedeck keeps each run's checkpoints and adapter in the run's own folder"
 TEMPLATE = "tunedeck renders chat rows with the model's own chat template (from its tokenizer)"
 KERNELS = "tunedeck picks the attention implementation, kernels and matmul precision itself"
@@ -70,6 +75,23 @@ OPTIMIZERS = {
     "adafactor": Optim.ADAFACTOR,
 }
 SCHEDULERS = {s.value: s for s in Scheduler}
+
+
+def map_report_to(r: Reader, key: str, also: Mapping[str, str] | None = None) -> None:
+    """The file's `report_to` (a word, a comma list or a list) onto the spec's, plus the trackers other keys turned
+    on (`also`: source key -> tracker, axolotl's use_wandb); trackers tunedeck does not mirror to are listed as not
+    carried over."""
+    raw = r.take(key)
+    words = [str(w).strip().lower() for w in (raw if isinstance(raw, (list, tuple)) else [raw]) if w is not None]
+    words = [w.strip() for word in words for w in word.split(",") if w.strip()]
+    known = [t.value for t in Tracker]
+    kept = [w for w in [*words, *(also or {}).values()] if w in known]
+    other = [w for w in words if w not in known and w not in ("none", "no")]
+    if other:
+        r.note(key, f"{', '.join(other)}: tunedeck mirrors metrics to {', '.join(known)} only")
+    if kept:
+        origin = key if raw is not None else ", ".join(also or {})
+        r.put("report_to", ",".join(dict.fromkeys(kept)), origin)
 
 
 def empty(value: Any) -> bool:

@@ -30,6 +30,7 @@ from jobs.spec.imports.base import (
     lora_targets,
     map_optimizer,
     map_precision,
+    map_report_to,
     map_scheduler,
     map_warmup,
 )
@@ -52,7 +53,6 @@ DROPPED = {
     "ddp_backend": DISTRIBUTED,
     "use_reentrant_gc": "tunedeck sets the checkpointing options itself",
     "gradient_checkpointing_kwargs": "tunedeck sets the checkpointing options itself",
-    "report_to": TRACKING,
     "plot_loss": TRACKING,
     "logging_dir": TRACKING,
     "include_num_input_tokens_seen": TRACKING,
@@ -312,3 +312,4 @@ def _training(r: Reader, stage: str) -> None:
     map_warmup(r)
     map_optimizer(r, "optim")
     map_precision(r)
+    map_report_to(r, "report_to")

@@ -26,6 +26,7 @@ from jobs.spec.imports.base import (
     lora_targets,
     map_optimizer,
     map_precision,
+    map_report_to,
     map_scheduler,
     map_warmup,
 )
@@ -49,7 +50,6 @@ DROPPED = {
     "overwrite_output_dir": OUTPUT,
     "save_strategy": "tunedeck saves every save_steps (and every save_minutes)",
     "save_only_model": OUTPUT,
-    "report_to": TRACKING,
     "logging_dir": TRACKING,
     "logging_strategy": TRACKING,
     "logging_first_step": TRACKING,
@@ -108,6 +108,7 @@ def import_trl(data: Mapping[str, Any]) -> Imported:
     map_warmup(r)
     map_optimizer(r, "optim")
     map_precision(r)
+    map_report_to(r, "report_to")
     r.drop_all(DROPPED)
     return r.result()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec.field import Group, spec_field
+from jobs.spec.trackers import Tracker, trackers
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,23 @@ class RunFields:
         label="Before/after answer length",
         advanced=True,
     )
+
+    report_to: str | None = spec_field(
+        None,
+        Group.RUN,
+        "Experiment trackers that also receive the run's metrics (every row the run page graphs), the spec as "
+        "config and the run's tunedeck address, comma-separated (in YAML also a list): wandb, mlflow, tensorboard, "
+        "trackio. Each reads its credentials and address from the worker's environment (WANDB_API_KEY, "
+        "WANDB_MODE=offline, MLFLOW_TRACKING_URI, TRACKIO_DIR, ...); TensorBoard event files go to the run's "
+        "folder. Empty: tunedeck's own graphs only.",
+        label="Report to",
+        advanced=True,
+    )
+
+    @property
+    def tracker_list(self) -> list[Tracker]:
+        """report_to as trackers, in order, once each (unknown names are a spec problem)."""
+        return trackers(self.report_to)[0]
 
     @property
     def sample_prompt_list(self) -> list[str]:
