@@ -236,6 +236,7 @@ def serve(
     """Run the dashboard until interrupted; returns an exit code."""
     # Before gradio is imported: its upload folder and cache go under the data directory.
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
+    from app.openai_api import add_openai_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, page_head_kwargs
 
@@ -268,6 +269,7 @@ def serve(
             **options,
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
+        add_openai_routes(app, store)  # /v1: the OpenAI-compatible API (app.openai_api)
         quiet_queue(demo)
         wait_until_stopped(demo)
     except KeyboardInterrupt:

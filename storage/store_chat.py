@@ -178,6 +178,60 @@ class ChatMixin(StoreCore):
         with self._tx() as s:
             return rowcount(s.execute(delete(m.ChatMessage).where(m.ChatMessage.session_id == session_id)))
 
+    # ------------------------------------------------------------------ one-off requests (the /v1 API)
+    def ask_chat_reply(
+        self,
+        run_id: int,
+        side: str,
+        turns: list[dict[str, str]],
+        system: str = "",
+        sampling: dict[str, Any] | None = None,
+    ) -> tuple[int, int]:
+        """A session of its own holding `turns` (user and assistant alternating, the user's last) as `side`'s
+        conversation, with one pending reply of `side` to the last: (session id, reply message id)."""
+        now = time.time()
+        with self._tx() as s:
+            session = m.ChatSession(
+                run_id=run_id, system=system, sampling_json=json.dumps(sampling or {}), created_at=now, updated_at=now
+            )
+            s.add(session)
+            s.flush()
+            for i, message in enumerate(turns):
+                user = message["role"] == "user"
+                s.add(
+                    m.ChatMessage(
+                        session_id=session.id,
+                        turn=i // 2,
+                        role="user" if user else "assistant",
+                        side=None if user else side,
+                        content=message["content"],
+                        status="done",
+                        created_at=now,
+                    )
+                )
+            reply = m.ChatMessage(
+                session_id=session.id,
+                turn=(len(turns) - 1) // 2,
+                role="assistant",
+                side=side,
+                status=ReplyStatus.PENDING.value,
+                created_at=now,
+            )
+            s.add(reply)
+            s.flush()
+            return session.id, reply.id
+
+    def chat_message(self, message_id: int) -> ChatMessageRecord | None:
+        with self._read() as s:
+            found = s.execute(_MESSAGES.where(m.ChatMessage.id == message_id)).first()
+            return None if found is None else _message(found[0], found[1])
+
+    def delete_chat(self, session_id: int) -> None:
+        """The session and its messages (a one-off request's, once answered)."""
+        with self._tx() as s:
+            s.execute(delete(m.ChatMessage).where(m.ChatMessage.session_id == session_id))
+            s.execute(delete(m.ChatSession).where(m.ChatSession.id == session_id))
+
     # ------------------------------------------------------------------ replies (a worker)
     def pending_chat_replies(self, limit: int = 20) -> list[ChatMessageRecord]:
         """The oldest replies nobody has claimed, with their session's run: one indexed SELECT."""

@@ -56,6 +56,7 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int = 0
+    raw: bool = False  # continue the prompt text as it is, without the chat template (/v1/completions)
 
     def problems(self) -> list[Problem]:
         out = []
@@ -106,6 +107,7 @@ class Sampling:
             float(data.get("top_p", 1.0)),
             int(data.get("max_new_tokens", 256)),
             int(data.get("seed", 0)),
+            bool(data.get("raw", False)),
         )
 
 
@@ -188,10 +190,10 @@ class LoadedPair:
     def device(self) -> Any:
         return next(self.tuned.parameters()).device
 
-    def inputs(self, prompt: Conversation, system: str = "") -> dict[str, Any]:
-        """Token ids of the prompt with the run's chat template (plain text when it has none)."""
+    def inputs(self, prompt: Conversation, system: str = "", raw: bool = False) -> dict[str, Any]:
+        """Token ids of the prompt with the run's chat template (plain text when it has none, or when `raw`)."""
         tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
+        if getattr(tok, "chat_template", None) and not raw:
             from jinja2 import TemplateError
 
             try:
@@ -238,7 +240,7 @@ class LoadedPair:
         from transformers import TextIteratorStreamer
 
         sampling = (sampling or Sampling()).checked()
-        inputs = self.inputs(prompt, system)
+        inputs = self.inputs(prompt, system, sampling.raw)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         failure: list[BaseException] = []
 

@@ -226,6 +226,7 @@ class ChatProcess:
                     "top_p": sampling.top_p,
                     "max_new_tokens": sampling.max_new_tokens,
                     "seed": sampling.seed,
+                    "raw": sampling.raw,
                 },
             )
             finished = False

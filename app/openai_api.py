@@ -1,0 +1,338 @@
+"""An OpenAI-compatible API on the dashboard: `/v1/models`, `/v1/chat/completions`, `/v1/completions`.
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:7860/v1", api_key="user:password")   # any key without a login
+    client.chat.completions.create(model="3", messages=[{"role": "user", "content": "Hi"}], stream=True)
+
+`model` is a finished run's id or name (its result answers), or a base model reference that a finished run
+trained from (the base answers). The dashboard loads no weights: a request becomes a one-off chat session
+in the store with one pending reply (`Store.ask_chat_reply`), answered by a worker's chat service that
+reaches the run's weights, exactly as the Chat tab's turns are (`jobs.worker.chat_service`); the reply's
+text is read back as the worker streams it into the store and sent on as server-sent events. Chat
+requests go through the run's chat template; `/v1/completions` continues the prompt text as it is.
+`max_tokens`, `temperature`, `top_p`, `seed` and `stop` (cut here, the text before the first stop string is
+the answer) are honoured. When the dashboard has a login, each request needs `Authorization: Bearer
+TOKEN`, TOKEN being a dashboard user's `user:password` or the access token of a logged-in session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from app.ui.chat import reach_problem
+from app.ui.live_route import logged_in
+from jobs.chat.generate import MAX_NEW_TOKENS
+from jobs.spec.stored import spec_of
+from storage.models import ReplyStatus, RunStatus
+from storage.store import Store
+
+POLL_S = 0.05  # how often a request reads its reply's text from the store
+PENDING_TIMEOUT_S = 600.0  # a reply no worker has claimed by then is given up (the worker may be training)
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: HTTP status, message, type, the parameter at fault and a code."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error"}
+        body = {"message": self.message, "type": kind.get(self.status, "server_error"), "param": self.param}
+        return JSONResponse({"error": body | {"code": self.code}}, status_code=self.status)
+
+
+# ---------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class Ask:
+    """One request, parsed: what to answer with, the conversation, the sampling and the stop strings."""
+
+    run_id: int
+    side: str  # "run" (the result) or "base"
+    model: str  # as the client named it, echoed back
+    turns: list[dict[str, str]]
+    system: str
+    sampling: dict[str, Any]
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+
+
+def resolve_model(store: Store, name: str) -> tuple[int, str]:
+    """(run id, side) for `model`: a finished run's id or name, else a base model some finished run trained from."""
+    runs = store.list_runs(status=RunStatus.SUCCEEDED)
+    wanted = name.strip()
+    for run in runs:
+        if wanted in (str(run.id), run.name):
+            return run.id, "run"
+    for run in runs:
+        if spec_of(run).model == wanted:
+            return run.id, "base"
+    raise ApiError(
+        404,
+        f"The model `{name}` does not exist: name a finished run's id or name, or a base model one was trained "
+        "from (GET /v1/models lists them)",
+        "model",
+        "model_not_found",
+    )
+
+
+def _text(content: Any) -> str:
+    """A message's content: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise ApiError(400, "a message's content must be a string or a list of text parts", "messages")
+
+
+def chat_turns(messages: Any) -> tuple[str, list[dict[str, str]]]:
+    """(system prompt, user/assistant turns alternating and ending with the user's) from OpenAI messages."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "`messages` must be a non-empty list", "messages")
+    system: list[str] = []
+    turns: list[dict[str, str]] = []
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        text = _text(message.get("content") or "") if isinstance(message, dict) else ""
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role in ("user", "assistant"):
+            if turns and turns[-1]["role"] == role:  # the chat template wants them alternating: join the two
+                turns[-1] = {"role": role, "content": turns[-1]["content"] + "\n\n" + text}
+            elif turns or role == "user":
+                turns.append({"role": role, "content": text})
+        else:
+            raise ApiError(400, f"a message's role `{role}` is not one of system, user, assistant", "messages")
+    if not turns or turns[-1]["role"] != "user":
+        raise ApiError(400, "the last message must be the user's", "messages")
+    return "\n\n".join(system), turns
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ApiError(400, f"`{name}` must be a number from {low:g} to {high:g}", name)
+    return float(value)
+
+
+def parse(store: Store, body: Any, chat: bool) -> Ask:
+    """A request body as an `Ask`; ApiError naming the parameter at fault."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise ApiError(400, "`model` is required: a finished run's id or name, or a base model", "model")
+    if chat:
+        system, turns = chat_turns(body.get("messages"))
+    else:
+        prompt = body.get("prompt")
+        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
+        if not isinstance(prompt, str):
+            raise ApiError(400, "`prompt` must be a string", "prompt")
+        system, turns = "", [{"role": "user", "content": prompt}]
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise ApiError(400, "`stop` must be a string or a list of up to 4 strings", "stop")
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    sampling = {
+        "temperature": _number(body, "temperature", 0.0, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
+        "max_new_tokens": int(_number({"max_tokens": limit}, "max_tokens", 256, 1, MAX_NEW_TOKENS)),
+        "seed": int(_number(body, "seed", 0, 0, 2**31 - 1)),
+        "raw": not chat,
+    }
+    run_id, side = resolve_model(store, model)
+    return Ask(run_id, side, model, turns, system, sampling, stops, bool(body.get("stream")))
+
+
+# ---------------------------------------------------------------------- answers
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """(the text before the first stop string, whether one was found)."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+async def replies(store: Store, ask: Ask) -> AsyncIterator[str]:
+    """The reply's text as it grows (each yield the whole text so far), until it is done; ApiError when it fails."""
+    session_id, reply_id = await run_in_threadpool(
+        store.ask_chat_reply, ask.run_id, ask.side, ask.turns, ask.system, ask.sampling
+    )
+    asked = time.monotonic()
+    try:
+        shown = None
+        while True:
+            reply = await run_in_threadpool(store.chat_message, reply_id)
+            if reply is None:
+                raise ApiError(500, "the request's reply was deleted (its run was deleted?)")
+            if reply.content != shown:
+                shown = reply.content
+                yield reply.content
+            if reply.status is ReplyStatus.DONE:
+                return
+            if reply.status is ReplyStatus.FAILED:
+                raise ApiError(500, f"the worker could not answer: {reply.error}", code="generation_failed")
+            if reply.status is ReplyStatus.PENDING and time.monotonic() - asked > PENDING_TIMEOUT_S:
+                raise ApiError(503, f"no worker took the request in {PENDING_TIMEOUT_S:.0f} s", code="no_worker")
+            await asyncio.sleep(POLL_S)
+    finally:
+        await run_in_threadpool(store.delete_chat, session_id)  # a one-off: the Chat tab never shows it
+
+
+def _envelope(ask: Ask, chat: bool, ident: str, created: int) -> dict[str, Any]:
+    kind = "chat.completion" if chat else "text_completion"
+    return {"id": ident, "object": kind, "created": created, "model": ask.model}
+
+
+async def whole(store: Store, ask: Ask, chat: bool) -> dict[str, Any]:
+    text = ""
+    async for text in replies(store, ask):
+        if cut_at_stop(text, ask.stop)[1]:
+            break
+    answer, _ = cut_at_stop(text, ask.stop)
+    head = _envelope(ask, chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": answer}
+    else:
+        choice["text"] = answer
+    return head | {"choices": [choice]}
+
+
+async def events(store: Store, ask: Ask, chat: bool) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per new piece of text, then the finish chunk and `[DONE]`."""
+    head = _envelope(ask, chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(piece: str | None, finish: str | None = None, first: bool = False) -> str:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if chat:
+            choice["delta"] = ({"role": "assistant"} if first else {}) | ({"content": piece} if piece else {})
+        else:
+            choice["text"] = piece or ""
+        return f"data: {json.dumps(head | {'choices': [choice]})}\n\n"
+
+    if chat:
+        yield chunk(None, first=True)
+    sent, text = 0, ""
+    hold = max((len(s) for s in ask.stop), default=1) - 1  # a stop string may be cut in two: keep its length back
+    try:
+        async for text in replies(store, ask):
+            answer, stopped = cut_at_stop(text, ask.stop)
+            safe = len(answer) if stopped else max(sent, len(answer) - hold)
+            if safe > sent:
+                yield chunk(answer[sent:safe])
+                sent = safe
+            if stopped:
+                break
+        else:
+            answer, _ = cut_at_stop(text, ask.stop)  # done: what was held back goes out too
+            if len(answer) > sent:
+                yield chunk(answer[sent:])
+    except ApiError as exc:
+        yield f"data: {json.dumps({'error': {'message': exc.message, 'type': 'server_error', 'code': exc.code}})}\n\n"
+        return
+    yield chunk(None, "stop")
+    yield "data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------------- access and routes
+def authorized(app: Any, request: Request, checked: dict[str, bool]) -> bool:
+    """No login configured, a logged-in page's cookie, or a Bearer token: a live login token or `user:password`."""
+    if logged_in(app, request):
+        return True
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if not token:
+        return False
+    if getattr(app, "tokens", {}).get(token) is not None:
+        return True
+    digest = hashlib.sha256(token.encode()).hexdigest()  # one scrypt per distinct token, not per request
+    if digest not in checked:
+        user, _, password = token.partition(":")
+        auth = getattr(app, "auth", None)
+        checked[digest] = bool(callable(auth) and password and auth(user, password))
+    return checked[digest]
+
+
+def add_openai_routes(app: Any, store: Store) -> None:
+    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`."""
+    checked: dict[str, bool] = {}
+
+    def denied(request: Request) -> Response | None:
+        if authorized(app, request, checked):
+            return None
+        return ApiError(
+            401, "this dashboard has a login: send `Authorization: Bearer user:password`", code="invalid_api_key"
+        ).response()
+
+    async def models(request: Request) -> Response:
+        refused = denied(request)
+        if refused is not None:
+            return refused
+        return JSONResponse({"object": "list", "data": await run_in_threadpool(model_list, store)})
+
+    def completions(chat: bool) -> Any:
+        async def handle(request: Request) -> Response:
+            refused = denied(request)
+            if refused is not None:
+                return refused
+            try:
+                body = await request.json()
+            except ValueError:
+                return ApiError(400, "the request body is not JSON").response()
+            try:
+                ask = await run_in_threadpool(parse, store, body, chat)
+                problem = await run_in_threadpool(reach_problem, store, ask.run_id)
+                if problem is not None:
+                    raise ApiError(503, problem.replace("**", ""), "model", "no_worker")
+                if ask.stream:
+                    return StreamingResponse(
+                        events(store, ask, chat),
+                        media_type="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                    )
+                return JSONResponse(await whole(store, ask, chat))
+            except ApiError as exc:
+                return exc.response()
+
+        return handle
+
+    app.add_api_route("/v1/models", models, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/v1/chat/completions", completions(True), methods=["POST"], include_in_schema=False)
+    app.add_api_route("/v1/completions", completions(False), methods=["POST"], include_in_schema=False)
+    # Gradio's own catch-all routes come first otherwise: put ours ahead of them.
+    ours = [r for r in app.router.routes if getattr(r, "path", "").startswith("/v1/")]
+    app.router.routes[:] = ours + [r for r in app.router.routes if r not in ours]
+
+
+def model_list(store: Store) -> list[dict[str, Any]]:
+    """Every finished run (by id, with its name), then each base model they trained from."""
+    out: list[dict[str, Any]] = []
+    bases: dict[str, float] = {}
+    for run in store.list_runs(status=RunStatus.SUCCEEDED):
+        spec = spec_of(run)
+        out.append(
+            {"id": str(run.id), "object": "model", "created": int(run.created_at), "owned_by": "tunedeck"}
+            | {"name": run.name, "root": spec.model, "parent": spec.model}
+        )
+        bases.setdefault(spec.model, run.created_at)
+    out += [
+        {"id": base, "object": "model", "created": int(created), "owned_by": "tunedeck", "root": base}
+        for base, created in bases.items()
+    ]
+    return out

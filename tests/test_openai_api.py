@@ -1,0 +1,124 @@
+"""The dashboard's OpenAI-compatible API, spoken to by the official `openai` client.
+
+The real `tunedeck serve` (dashboard + worker) runs on the session's tag-format runs (`tag_home`): the
+LoRA run learned to start each answer with "[tag]", its base did not. The worker's chat service answers
+through the store, as it answers the Chat tab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from browser_helpers import free_port, start_server, stop_server
+from chat_helpers import PROMPT, TAUGHT
+from starlette.requests import Request
+
+from app.auth import gradio_auth, hash_password
+from app.openai_api import ApiError, authorized, chat_turns, cut_at_stop
+
+openai = pytest.importorskip("openai")
+
+
+# ---------------------------------------------------------------------- fast: the pure parts
+def test_messages_become_alternating_turns_and_a_system_prompt() -> None:
+    system, turns = chat_turns(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "user", "content": [{"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Moon?"},
+        ]
+    )
+    assert system == "Be brief."
+    assert turns == [
+        {"role": "user", "content": "Hi\n\nthere"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Moon?"},
+    ]
+    with pytest.raises(ApiError, match="the last message must be the user's"):
+        chat_turns([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
+    assert cut_at_stop("one. two. three", [". t", "three"]) == ("one", True)
+    assert cut_at_stop("one", ["x"]) == ("one", False)
+
+
+def _request(token: str | None) -> Request:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return Request({"type": "http", "method": "GET", "path": "/v1/models", "headers": headers})
+
+
+def test_a_login_asks_for_a_users_password_or_a_session_token() -> None:
+    app = SimpleNamespace(
+        auth=gradio_auth({"ada": hash_password("secret")}),
+        auth_dependency=None,
+        cookie_id="c",
+        tokens={"session-token": "ada"},
+    )
+    checked: dict[str, bool] = {}
+    assert authorized(app, _request("ada:secret"), checked)
+    assert authorized(app, _request("session-token"), checked)
+    assert not authorized(app, _request("ada:wrong"), checked)
+    assert not authorized(app, _request(None), checked)
+    open_app = SimpleNamespace(auth=None, auth_dependency=None)
+    assert authorized(open_app, _request(None), {})
+
+
+# ---------------------------------------------------------------------- the real server and worker
+@pytest.fixture(scope="module")
+def client(tag_home: tuple[Any, dict[str, int]]) -> Iterator[tuple[Any, dict[str, int]]]:
+    folder, ids = tag_home
+    port = free_port()
+    proc = start_server(folder, port, folder / "openai-server.log")
+    try:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0), ids
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.integration
+def test_models_lists_the_finished_runs_and_their_base(client: tuple[Any, dict[str, int]]) -> None:
+    api, ids = client
+    listed = {m.id: m for m in api.models.list().data}
+    assert {str(i) for i in ids.values()} <= set(listed)
+    lora = listed[str(ids["lora"])]
+    assert lora.owned_by == "tunedeck" and lora.model_extra["name"] == "chat-lora"
+    assert lora.model_extra["root"] in listed  # its base model is a model too
+
+
+@pytest.mark.integration
+def test_chat_answers_whole_and_streamed_with_the_runs_weights(client: tuple[Any, dict[str, int]]) -> None:
+    api, ids = client
+    messages = [{"role": "user", "content": PROMPT}]
+    reply = api.chat.completions.create(model=str(ids["lora"]), messages=messages, max_tokens=12, temperature=0)
+    answer = reply.choices[0].message.content
+    assert TAUGHT in answer and reply.choices[0].finish_reason == "stop"
+    stream = api.chat.completions.create(model="chat-lora", messages=messages, max_tokens=12, stream=True)
+    pieces = [c.choices[0].delta.content or "" for c in stream]
+    assert "".join(pieces) == answer  # greedy: the same answer, in pieces
+    base = api.chat.completions.create(model=_base(api, ids), messages=messages, max_tokens=12)
+    assert TAUGHT not in base.choices[0].message.content  # the base model did not learn the format
+    cut = api.chat.completions.create(model="chat-lora", messages=messages, max_tokens=12, stop=["tag"])
+    assert cut.choices[0].message.content == answer[: answer.index("tag")]
+
+
+@pytest.mark.integration
+def test_completions_continue_the_text(client: tuple[Any, dict[str, int]]) -> None:
+    api, ids = client
+    text = api.completions.create(model=str(ids["lora"]), prompt="The moon is", max_tokens=6).choices[0].text
+    streamed = api.completions.create(model=str(ids["lora"]), prompt="The moon is", max_tokens=6, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text and text
+
+
+@pytest.mark.integration
+def test_an_unknown_model_is_an_openai_error(client: tuple[Any, dict[str, int]]) -> None:
+    api, _ = client
+    with pytest.raises(openai.NotFoundError) as err:
+        api.chat.completions.create(model="no-such-run", messages=[{"role": "user", "content": "Hi"}])
+    assert err.value.code == "model_not_found" and "GET /v1/models lists them" in err.value.message
+
+
+def _base(api: Any, ids: dict[str, int]) -> str:
+    return next(m for m in api.models.list().data if m.id == str(ids["lora"])).model_extra["root"]
