@@ -22,7 +22,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from app.ui.chat import reach_problem
-from app.ui.live_route import logged_in
 from jobs.chat.generate import MAX_NEW_TOKENS
 from jobs.spec.stored import spec_of
 from storage.models import ReplyStatus, RunStatus
@@ -251,9 +250,12 @@ async def events(store: Store, ask: Ask, chat: bool) -> AsyncIterator[str]:
 
 
 # ---------------------------------------------------------------------- access and routes
-def authorized(app: Any, request: Request, checked: dict[str, bool]) -> bool:
-    """No login configured, a logged-in page's cookie, or a Bearer token: a live login token or `user:password`."""
-    if logged_in(app, request):
+def authorized(
+    app: Any, request: Request, checked: dict[str, bool], page_login: Callable[[Any, Request], bool]
+) -> bool:
+    """No login configured, a logged-in page's cookie (`page_login`: the live route's check), or a Bearer token:
+    a live login token or `user:password`."""
+    if page_login(app, request):
         return True
     header = request.headers.get("authorization", "")
     token = header[7:].strip() if header.lower().startswith("bearer ") else ""
@@ -269,12 +271,13 @@ def authorized(app: Any, request: Request, checked: dict[str, bool]) -> bool:
     return checked[digest]
 
 
-def add_openai_routes(app: Any, store: Store) -> None:
-    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`."""
+def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request], bool]) -> None:
+    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`; `page_login`:
+    whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
     checked: dict[str, bool] = {}
 
     def denied(request: Request) -> Response | None:
-        if authorized(app, request, checked):
+        if authorized(app, request, checked, page_login):
             return None
         return ApiError(
             401, "this dashboard has a login: send `Authorization: Bearer user:password`", code="invalid_api_key"

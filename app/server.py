@@ -238,7 +238,7 @@ def serve(
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
     from app.openai_api import add_openai_routes
     from app.ui.dashboard import build_ui
-    from app.ui.live_route import add_live_route, page_head_kwargs
+    from app.ui.live_route import add_live_route, logged_in, page_head_kwargs
 
     store = Store()
     options = launch_options(store, auth_file)
@@ -269,7 +269,7 @@ def serve(
             **options,
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
-        add_openai_routes(app, store)  # /v1: the OpenAI-compatible API (app.openai_api)
+        add_openai_routes(app, store, logged_in)  # /v1: the OpenAI-compatible API (app.openai_api)
         quiet_queue(demo)
         wait_until_stopped(demo)
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 
 from app.auth import gradio_auth, hash_password
 from app.openai_api import ApiError, authorized, chat_turns, cut_at_stop
+from app.ui.live_route import logged_in
 
 openai = pytest.importorskip("openai")
 
@@ -58,12 +59,12 @@ def test_a_login_asks_for_a_users_password_or_a_session_token() -> None:
         tokens={"session-token": "ada"},
     )
     checked: dict[str, bool] = {}
-    assert authorized(app, _request("ada:secret"), checked)
-    assert authorized(app, _request("session-token"), checked)
-    assert not authorized(app, _request("ada:wrong"), checked)
-    assert not authorized(app, _request(None), checked)
+    assert authorized(app, _request("ada:secret"), checked, logged_in)
+    assert authorized(app, _request("session-token"), checked, logged_in)
+    assert not authorized(app, _request("ada:wrong"), checked, logged_in)
+    assert not authorized(app, _request(None), checked, logged_in)
     open_app = SimpleNamespace(auth=None, auth_dependency=None)
-    assert authorized(open_app, _request(None), {})
+    assert authorized(open_app, _request(None), {}, logged_in)
 
 
 # ---------------------------------------------------------------------- the real server and worker
