@@ -135,6 +135,11 @@ def test_full_fine_tune_is_written_from_its_model_folder(tstore, runs: dict[str,
     model_dir = next(Path(a.path) for a in tstore.artifacts(runs["full"]) if a.kind == "model")
     assert result.check.passed and result.source == model_dir
     assert not [a for a in tstore.artifacts(runs["full"]) if a.kind == "merged"]
+    # The Ollama Modelfile beside it: the file, the run's chat template as TEMPLATE, its stop token, greedy.
+    text = result.path.with_name(result.path.name.replace(".gguf", ".Modelfile")).read_text()
+    assert text.startswith(f"FROM ./{result.path.name}\n") and 'TEMPLATE """{{- range .Messages }}' in text
+    assert 'PARAMETER stop """<|im_end|>"""' in text and "PARAMETER temperature 0\n" in text
+    assert "FILE.Modelfile" in (result.path.parent / "README.md").read_text()
 
 
 def test_unsupported_architecture_is_refused_naming_it_and_the_way_out(tstore, runs: dict[str, int]) -> None:

@@ -243,11 +243,31 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
         )
     os.replace(partial, final)
     (folder / f"{stem}.check.json").write_text(json.dumps(asdict(check), indent=2, ensure_ascii=False))
+    write_modelfile(source, folder / f"{stem}.Modelfile", final.name)
     digest = sha256_of(final)
     store.add_artifact(run_id, "gguf", str(final), final.stat().st_size, digest)
     (folder / "README.md").write_text(gguf_card(spec, run_id, folder))
     log.info("export run %s: wrote %s (%s)", run_id, final, digest)
     return GgufExport(final, digest, gguf_type, source, check)
+
+
+def write_modelfile(source: Path, path: Path, gguf_name: str) -> None:
+    """The Ollama Modelfile beside the GGUF (`jobs.export.modelfile`): the run's template, stops, sampling defaults
+    (the model's generation_config.json when it samples, else greedy like tunedeck's Chat)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from jobs.export.modelfile import modelfile
+
+    generation: dict[str, float] = {}
+    if (source / "generation_config.json").is_file():
+        config = GenerationConfig.from_pretrained(str(source))
+        if config.do_sample:
+            names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+            names["repetition_penalty"] = "repeat_penalty"
+            generation = {o: float(v) for n, o in names.items() if (v := getattr(config, n, None)) is not None}
+    text, templated = modelfile(AutoTokenizer.from_pretrained(str(source)), gguf_name, generation)
+    path.write_text(text)
+    log.info("wrote %s (%s)", path, "with the chat template" if templated else "without a TEMPLATE")
 
 
 def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
@@ -276,7 +296,9 @@ def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
         )
     parts.append(
         "## How to use\n```bash\nllama-cli -m FILE.gguf -cnv            # llama.cpp, chat with the file's template\n"
-        "printf 'FROM ./FILE.gguf\\n' > Modelfile && ollama create my-model -f Modelfile   # Ollama\n```\n"
+        "ollama create my-model -f FILE.Modelfile && ollama run my-model   # Ollama: template, stops, sampling\n```\n"
+        "Each `FILE.Modelfile` carries the run's chat template as Ollama's TEMPLATE (checked against the "
+        "template's own rendering of a conversation), its stop tokens and greedy sampling like tunedeck's Chat.\n"
         "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
         'model = AutoModelForCausalLM.from_pretrained(".", gguf_file="FILE.gguf")\n'
         'tokenizer = AutoTokenizer.from_pretrained(".", gguf_file="FILE.gguf")\n```\n'
