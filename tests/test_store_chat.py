@@ -142,3 +142,21 @@ def test_each_side_continues_its_own_conversation(store: Store) -> None:
     assert conversation(history, 1, "base") == [{"role": "user", "content": "Two"}]
     with pytest.raises(KeyError):
         conversation(history, 5, "run")
+
+
+def test_a_one_off_request_holds_its_conversation_and_one_pending_reply(store: Store) -> None:
+    """The /v1 API's request: the client's turns as one side's history, one reply of that side pending."""
+    run_id = _run(store)
+    turns = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Moon?"},
+    ]
+    sid, reply_id = store.ask_chat_reply(run_id, "base", turns, "Be brief.", {"max_new_tokens": 8, "raw": False})
+    pending = [r for r in store.pending_chat_replies() if r.session_id == sid]
+    assert [r.id for r in pending] == [reply_id] and pending[0].side == "base" and pending[0].turn == 1
+    assert conversation(store.chat_history(sid), 1, "base") == turns
+    assert store.chat_session(sid).system == "Be brief."
+    assert store.chat_message(reply_id).status is ReplyStatus.PENDING
+    store.delete_chat(sid)
+    assert store.chat_message(reply_id) is None and store.chat_session(sid) is None
