@@ -23,6 +23,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,9 +200,10 @@ def _envelope(ask: Ask, chat: bool, ident: str, created: int) -> dict[str, Any]:
 
 async def whole(store: Store, ask: Ask, chat: bool) -> dict[str, Any]:
     text = ""
-    async for text in replies(store, ask):
-        if cut_at_stop(text, ask.stop)[1]:
-            break
+    async with aclosing(replies(store, ask)) as texts:  # closed at once on a stop string: the session is deleted
+        async for text in texts:
+            if cut_at_stop(text, ask.stop)[1]:
+                break
     answer, _ = cut_at_stop(text, ask.stop)
     head = _envelope(ask, chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
     choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
@@ -230,18 +232,19 @@ async def events(store: Store, ask: Ask, chat: bool) -> AsyncIterator[str]:
     sent, text = 0, ""
     hold = max((len(s) for s in ask.stop), default=1) - 1  # a stop string may be cut in two: keep its length back
     try:
-        async for text in replies(store, ask):
-            answer, stopped = cut_at_stop(text, ask.stop)
-            safe = len(answer) if stopped else max(sent, len(answer) - hold)
-            if safe > sent:
-                yield chunk(answer[sent:safe])
-                sent = safe
-            if stopped:
-                break
-        else:
-            answer, _ = cut_at_stop(text, ask.stop)  # done: what was held back goes out too
-            if len(answer) > sent:
-                yield chunk(answer[sent:])
+        async with aclosing(replies(store, ask)) as texts:
+            async for text in texts:
+                answer, stopped = cut_at_stop(text, ask.stop)
+                safe = len(answer) if stopped else max(sent, len(answer) - hold)
+                if safe > sent:
+                    yield chunk(answer[sent:safe])
+                    sent = safe
+                if stopped:
+                    break
+            else:
+                answer, _ = cut_at_stop(text, ask.stop)  # done: what was held back goes out too
+                if len(answer) > sent:
+                    yield chunk(answer[sent:])
     except ApiError as exc:
         yield f"data: {json.dumps({'error': {'message': exc.message, 'type': 'server_error', 'code': exc.code}})}\n\n"
         return
