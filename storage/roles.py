@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from storage.models import RunStatus
 from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
+from storage.store_scores import Score
 
 
 class RunReader(Protocol):
@@ -160,6 +161,16 @@ class Leases(Protocol):
     """Who holds a device on a host (a training run, a chat process)."""
 
     def device_lease(self, device: str, host: str | None = None) -> dict[str, Any]: ...
+
+
+class ScoreSink(Protocol):
+    """Where evaluation results go: benchmark and judge scores by task, both models."""
+
+    def set_scores(self, run_id: int, task: str, scores: Sequence[Score]) -> None: ...
+
+
+class Evaluations(ScoreSink, RunArtifacts, RunEvents, Protocol):
+    """What an evaluation (benchmark tasks, a judge) reads and writes: the run's result, scores, an event."""
 
 
 class ChatRuns(Leases, ArtifactReader, Protocol):

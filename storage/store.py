@@ -153,4 +153,5 @@ def _plays_every_role(store: Store) -> None:
     played: tuple[r.RunReader, r.RunFolders, r.ArtifactReader, r.RunArtifacts, r.RunEvents, r.MetricSink] = (store,) * 6
     more: tuple[r.MetricReader, r.RunLifecycle, r.TrainingRecord, r.CheckReader, r.Sweeps] = (store,) * 5
     rest: tuple[r.WorkerDirectory, r.Leases, r.ChatRuns, r.RunLister, r.TaskQueue] = (store,) * 5
-    del played, more, rest
+    scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
+    del played, more, rest, scores

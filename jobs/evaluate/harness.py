@@ -24,6 +24,7 @@ from typing import Any
 
 from jobs.data.bench_tasks import TaskKind, task_problems, task_refs, write_tasks
 from jobs.spec.job import SpecError
+from storage.roles import Evaluations
 from storage.store import Score
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ BATCH_SIZE = 8
 
 
 def evaluate_run(
-    store: Any, run_id: int, tasks: str, *, device: str | None = None, limit: int | None = None
+    store: Evaluations, run_id: int, tasks: str, *, device: str | None = None, limit: int | None = None
 ) -> dict[str, list[Score]]:
     """Score `tasks` (eval_tasks' text) on run `run_id` and its base; stores and returns the scores by task."""
     from jobs.chat.generate import load, locate

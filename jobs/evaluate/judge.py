@@ -32,6 +32,7 @@ from typing import Any
 
 from jobs.errors import Problem
 from jobs.spec.job import SpecError
+from storage.roles import Evaluations
 from storage.store import Score
 
 TASK = "judge"  # the scores' task name
@@ -130,7 +131,7 @@ def judge_pairs(judge: str, ask: Ask, pairs: Sequence[tuple[str, str, str]]) -> 
     return result
 
 
-def sample_pairs(store: Any, run_id: int) -> list[tuple[str, str, str]]:
+def sample_pairs(store: Evaluations, run_id: int) -> list[tuple[str, str, str]]:
     """The run's before/after samples as (prompt, base answer, run answer); refused when it has none."""
     from jobs.train.before_after import rows, samples_of
 
@@ -149,7 +150,7 @@ def sample_pairs(store: Any, run_id: int) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def judge_run(store: Any, run_id: int, judge: str, *, ask: Ask | None = None) -> JudgeResult:
+def judge_run(store: Evaluations, run_id: int, judge: str, *, ask: Ask | None = None) -> JudgeResult:
     """Judge run `run_id` against its base with `judge`; stores the counts, the reasons and an event."""
     pairs = sample_pairs(store, run_id)
     result = judge_pairs(judge, ask or asker(store, judge), pairs)
@@ -170,7 +171,7 @@ def judge_run(store: Any, run_id: int, judge: str, *, ask: Ask | None = None) ->
     return result
 
 
-def asker(store: Any, judge: str) -> Ask:
+def asker(store: Evaluations, judge: str) -> Ask:
     """The judge as a function from a prompt to its reply: an endpoint, or a model loaded here."""
     if judge.startswith(("http://", "https://")):
         return endpoint_asker(judge)
@@ -200,7 +201,7 @@ def endpoint_asker(ref: str) -> Ask:
     return ask
 
 
-def model_asker(store: Any, judge: str) -> Ask:
+def model_asker(store: Evaluations, judge: str) -> Ask:
     """A judge model loaded here: `run:N` (another run's result), a built-in name, a folder or a hub id."""
     from jobs.train.before_after import greedy_texts
 

@@ -138,7 +138,7 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
         mirrors.close(ended.status.value if ended is not None else "failed")
 
 
-def _train(store: Any, run_id: int, spec: JobSpec, callbacks: Sequence[Any], mirrors: Mirrors) -> int:
+def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequence[Any], mirrors: Mirrors) -> int:
     """Train the parsed spec with its metrics mirrored; record how it ended; the exit code."""
     from jobs.train.artifacts import write_artifacts
     from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
