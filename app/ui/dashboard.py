@@ -121,23 +121,27 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
 
         page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
 
-        def on_load(request: gr.Request) -> list[Any]:
+        # Two load events, not one: `?run=N` opens that run's page at once, while the Launch form's
+        # first memory prediction and data preview (cold imports: tens of seconds on a loaded machine)
+        # fill the form on their own, instead of holding the run page back until they are done.
+        def open_run(request: gr.Request) -> list[Any]:
             raw = dict(request.query_params).get("run", "") if request else ""
+            return [int(raw), gr.Tabs(selected="run")] if raw.isdigit() else [gr.skip(), gr.skip()]
+
+        def fill_form() -> list[Any]:
             values = [c.value for c in form.inputs]
             budget, bar = ui_form.memory_views(*values, device=device)  # one prediction for both
             preview = ui_data_preview(form, policy)
             # gr.Number renders a missing initial value as 0; an explicit None empties the box.
-            empties = [None] * len(optional_numbers)
-            if raw.isdigit():
-                return [int(raw), gr.Tabs(selected="run"), budget, bar, *preview, *empties]
-            return [gr.skip(), gr.skip(), budget, bar, *preview, *empties]
+            return [budget, bar, *preview, *([None] * len(optional_numbers))]
 
         optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
         device = ui_memory.worker_device(store)
+        demo.load(open_run, None, [page.run_id, tabs], api_visibility="private")
         demo.load(
-            on_load,
+            fill_form,
             None,
-            [page.run_id, tabs, form.budget, form.memory.bar, form.data_info, form.data_preview, *optional_numbers],
+            [form.budget, form.memory.bar, form.data_info, form.data_preview, *optional_numbers],
             api_visibility="private",
         )
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
