@@ -101,6 +101,21 @@ def test_build_ui_builds(store):
     assert {"Learning rate (learning_rate)", "Model (model)", "Training data (dataset)", "run id"} <= labels
 
 
+def test_a_run_link_opens_the_run_without_waiting_for_the_launch_form(store):
+    """`?run=N` selects the run in a load event of its own: the Launch form's first memory prediction
+    and data preview (cold imports, tens of seconds on a loaded machine) must not hold the run page back."""
+    import gradio as gr
+
+    from app.ui.dashboard import build_ui
+
+    demo = build_ui(store)
+    loads = [fn for fn in demo.fns.values() if any(event == "load" for _, event in fn.targets)]
+    opens = [fn for fn in loads if any(getattr(c, "label", None) == "run id" for c in fn.outputs)]
+    assert len(opens) == 1, [fn.name for fn in loads]
+    assert {type(c) for c in opens[0].outputs} == {gr.Number, gr.Tabs}, opens[0].outputs
+    assert all(fn.concurrency_id != opens[0].concurrency_id for fn in loads if fn is not opens[0])
+
+
 def test_method_choice_shows_each_methods_description_and_budget_survives_new_methods():
     import gradio as gr
 
