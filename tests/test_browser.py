@@ -70,7 +70,7 @@ def test_launch_watch_reload_download(server, browser):
         lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:", "blob:")) else None,
     )
     page.goto(url)
-    page.get_by_text("Detected format").wait_for(timeout=30_000)
+    page.get_by_text("Detected format").wait_for(timeout=120_000)  # a cold server's first load
     _set(page, "model", "tiny-llama")
     _set(page, "max_steps", "40")
     _set(page, "max_length", "64")
@@ -95,8 +95,13 @@ def test_launch_watch_reload_download(server, browser):
             page.reload()
             page.locator("#run-progress").wait_for(timeout=30_000)
             assert page.get_by_label("run id", exact=True).input_value() == str(run_id)
-            time.sleep(3)
-            assert int(page.locator("#run-progress").get_attribute("data-step")) > step or _status(page) == "succeeded"
+            # The reloaded page follows the run again: its step moves on (or the run finishes).
+            page.wait_for_function(
+                """(step) => Number(document.querySelector('#run-progress')?.dataset.step || 0) > step
+                    || (document.querySelector('#run-status')?.innerText || '').includes('succeeded')""",
+                arg=step,
+                timeout=120_000,
+            )
             reloaded = True
         if status in ("succeeded", "failed", "cancelled"):
             break
@@ -139,9 +144,12 @@ def test_bad_form_shows_every_problem_and_queues_nothing(server, browser, tmp_pa
     )
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     page.goto(url)
-    page.get_by_text("Detected format").wait_for(timeout=30_000)
+    page.get_by_text("Detected format").wait_for(timeout=120_000)  # a cold server's first load
     page.locator("input[type=file]").first.set_input_files(str(bad))
-    page.wait_for_timeout(3000)
+    # The upload is saved under a content-addressed name ("broken-<digest>.jsonl") and picked as the dataset.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('input')].some(i => i.value.includes('broken-'))", timeout=60_000
+    )
     _set(page, "learning_rate", "0")
     page.click("#launch-btn")
     errors = page.locator("#form-errors")

@@ -41,8 +41,9 @@ def browser():
 def page(server, browser):
     page = browser.new_page(viewport=VIEWPORT)
     page.goto(server)
-    page.get_by_text("Detected format").wait_for(timeout=30_000)
-    page.locator("#budget").get_by_text("Effective batch size").wait_for(timeout=30_000)
+    # The form's first fill on a cold server (memory prediction, data preview) takes tens of seconds when loaded.
+    page.get_by_text("Detected format").wait_for(timeout=120_000)
+    page.locator("#budget").get_by_text("Effective batch size").wait_for(timeout=120_000)
     yield page
     page.close()
 

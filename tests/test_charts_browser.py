@@ -201,17 +201,27 @@ def _memory_since_start(run: Seeded) -> dict[str, list[tuple[float, float]]]:
 
 
 # ---------------------------------------------------------------------- the always-visible panel
-def test_gpu_panel_draws_only_this_machines_memory(dashboard, browser):
+def test_gpu_panel_draws_only_this_machines_memory(dashboard, dashboard_home, browser):
     from jobs.devices import probe
+    from storage.store import MemoryPoint, Store
 
-    url, runs = dashboard
+    url, _ = dashboard
+    # The panel shows the last 5 minutes: samples seeded with the module's runs could have left that
+    # window while a loaded machine started the server and Chromium, so this test writes its own now.
+    store = Store(f"sqlite:///{dashboard_home / 'tunedeck.db'}")
+    now = time.time()
+    seeded = [(now - 30 + i, 0.4 + 0.5 * i / 30) for i in range(30)]
+    store.add_memory_samples(
+        MemoryPoint(time=t, source="host", used_bytes=int(g * GIB), total_bytes=24 * GIB, process_rss=int(g * GIB))
+        for t, g in seeded
+    )
+    store.dispose()
     page = _page(browser, url)
     # The worker's sampler adds idle samples (0 bytes, source host, or nvml on a GPU machine).
     expected = {"host RSS"} | ({"GPU used (NVML)"} if probe.has_cuda() else set())
     scene = wait_scene(
         page, "gpu-memory-plot", lambda s: set(s.drawn_lines()) == expected and sorted(s.legend) == sorted(expected)
     )
-    seeded = runs[0].memory["host RSS"]
     assert scene.drawn_lines()["host RSS"] >= len(seeded), scene.describe()
     x = scene.axis("X")
     assert (x.lo, x.hi) == (-300.0, 0.0), scene.describe()
@@ -299,6 +309,14 @@ def test_compare_five_runs(dashboard, browser):
 
 
 # ---------------------------------------------------------------------- what an open page costs
+def _text_shown(page, selector: str, text: str) -> None:
+    page.wait_for_function(
+        "([sel, text]) => (document.querySelector(sel)?.textContent || '').includes(text)",
+        arg=[selector, text],
+        timeout=60_000,
+    )
+
+
 def test_finished_run_page_and_launch_tab_make_no_requests_while_nothing_changes(dashboard, browser):
     """Nothing runs on a timer: once drawn, a finished run's page and the Launch tab send no request."""
     url, runs = dashboard
@@ -306,7 +324,11 @@ def test_finished_run_page_and_launch_tab_make_no_requests_while_nothing_changes
     requests: dict[str, list[str]] = {name: [] for name in pages}
     wait_scene(pages["finished run"], "run-loss-plot", _has_lines(_metric_series(runs[0])["run-loss-plot"]))
     wait_scene(pages["launch tab"], "gpu-memory-plot", lambda s: bool(s.drawn_lines()))
-    time.sleep(1.0)  # the run page's text refresh, pressed by its stream, has come back
+    # What the pages ask for once, answered: the run's text (its refresh, pressed by the stream) and
+    # the Launch form's first memory budget (filled on load, in the run page's hidden tab too).
+    _text_shown(pages["finished run"], "#run-header", "succeeded")
+    for page in pages.values():
+        _text_shown(page, "#budget", "Effective batch size")
     for name, page in pages.items():
         page.on("request", lambda r, name=name: requests[name].append(f"{r.method} {r.url}"))
     time.sleep(10.0)
@@ -316,8 +338,9 @@ def test_finished_run_page_and_launch_tab_make_no_requests_while_nothing_changes
 
 
 def test_live_run_page_draws_a_new_metric_row_without_a_reload(dashboard, dashboard_home, browser):
-    """A metric row written to a running run reaches its chart through the stream (goal: within 1 s;
-    bench/ui.py measures the latency, this checks it arrives in a bound a loaded CI machine keeps)."""
+    """A metric row written to a running run reaches its chart through the stream, without a reload
+    (goal: within 1 s; bench/ui.py measures the latency; this checks only that it arrives: a loaded CI
+    machine keeps no latency bound)."""
     from jobs.spec.job import JobSpec
     from storage.store import MetricPoint, Store
 
@@ -335,10 +358,12 @@ def test_live_run_page_draws_a_new_metric_row_without_a_reload(dashboard, dashbo
         page.wait_for_function(
             "(v) => Number(document.querySelector('#run-loss-plot .td-chart').dataset.ymax) >= v",
             arg=value,
-            timeout=3000,
+            timeout=30_000,
         )
-    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('loss 11')", timeout=10000)
+    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('loss 11')", timeout=30_000)
     store.mark_succeeded(run_id, {})
-    page.wait_for_function("() => document.querySelector('#run-header').innerText.includes('succeeded')", timeout=10000)
+    page.wait_for_function(
+        "() => document.querySelector('#run-header').innerText.includes('succeeded')", timeout=30_000
+    )
     page.close()
     store.dispose()
