@@ -311,7 +311,7 @@ def test_compare_five_runs(dashboard, browser):
 # ---------------------------------------------------------------------- what an open page costs
 def _text_shown(page, selector: str, text: str) -> None:
     page.wait_for_function(
-        "([sel, text]) => (document.querySelector(sel)?.textContent || '').includes(text)",
+        "([sel, text]) => (document.querySelector(sel)?.textContent || '').toLowerCase().includes(text.toLowerCase())",
         arg=[selector, text],
         timeout=60_000,
     )
