@@ -162,8 +162,9 @@ def document(outcomes: list[Outcome]) -> str:
         "",
         summary(outcomes) + ".",
         "",
-        "Layers no formula describes (the state-space mixers of bamba, the gated delta-net of qwen3_next) are",
-        "named in the prediction as `not modelled`: their activations are not counted, hence the largest errors.",
+        "Mamba-2 state-space mixers (bamba) are sized by `jobs.memory.mixers` (the chunked scan's fp32 tensors).",
+        "Layers no formula describes (the gated delta-net of qwen3_next) are named in the prediction as",
+        "`not modelled`: their activations are not counted.",
         "",
     ]
     return "\n".join(lines)

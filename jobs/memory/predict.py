@@ -29,6 +29,7 @@ from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.token_lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
+from jobs.memory.mixers import MIXER_CLASS_SUFFIX, mamba2_dims, mixer_bytes, mixer_formula
 from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
@@ -230,6 +231,11 @@ def activations_term(s: Setting, logits: float) -> Term:
     else:
         acts = tokens * arch.layers * per_block
         formula = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
+    mamba2 = mamba2_dims(arch.shape.config)
+    if mamba2 is not None:  # docs/memory.md "Activations": the state-space layers' chunked scan
+        per_layer = mixer_bytes(mamba2, s.batch.sequences, s.length, elem)
+        acts += per_layer * (1 if spec.gradient_checkpointing else mamba2.layers)
+        formula += mixer_formula(mamba2, per_layer)
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
     if folded:
         acts += folded
@@ -339,9 +345,15 @@ def predict(
         phases=phases,
         lengths=lengths.stats(spec.max_length) if lengths is not None else None,
         active_params=active_params(arch),
-        not_modelled=arch.shape.unmodelled,
+        not_modelled=modelled_out(arch),
         host_bytes=int(fx.host_bytes),
     )
+
+
+def modelled_out(arch: Arch) -> tuple[str, ...]:
+    """The model's layer kinds no formula describes (a Mamba-2 mixer is described by jobs.memory.mixers)."""
+    mamba2 = mamba2_dims(arch.shape.config) is not None
+    return tuple(k for k in arch.shape.unmodelled if not (mamba2 and k.endswith(MIXER_CLASS_SUFFIX)))
 
 
 def active_params(arch: Arch) -> int | None:

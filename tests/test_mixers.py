@@ -1,0 +1,64 @@
+"""jobs.memory.mixers: the Mamba-2 layers' activation arithmetic against hand-computed figures (config dicts only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.memory.mixers import Mamba2, mamba2_dims, mamba_layer_count, mixer_bytes
+
+TINY = {
+    "model_type": "bamba",
+    "hidden_size": 8,
+    "num_hidden_layers": 4,
+    "mamba_n_heads": 2,
+    "mamba_d_head": 4,
+    "mamba_d_state": 8,
+    "mamba_n_groups": 1,
+    "mamba_chunk_size": 16,
+    "attn_layer_indices": [1],
+}
+
+
+def test_sizes_are_read_from_a_bamba_config_dict():
+    assert mamba2_dims(TINY) == Mamba2(heads=2, head_dim=4, state=8, groups=1, chunk=16, layers=3)
+    assert mamba2_dims(TINY).in_proj_width == 2 * 8 + 2 * 8 + 2  # gate + x + B + C + dt
+
+
+@pytest.mark.parametrize(
+    ("config", "mamba"),
+    [
+        ({"layers_block_type": ["linear_attention", "attention", "linear_attention"]}, 2),
+        ({"layer_types": ["mamba", "attention", "mamba", "mamba"]}, 3),
+        ({"layer_types": ["hybrid", "hybrid"]}, 2),  # falcon_h1: a mixer beside attention in every layer
+        ({"hybrid_override_pattern": "M-M*"}, 2),  # nemotron_h
+        ({"attn_layer_indices": [0, 3]}, 2),
+        ({}, 4),  # a pure state-space model
+    ],
+)
+def test_mamba_layers_come_from_the_layer_type_list(config, mamba):
+    assert mamba_layer_count(config, 4) == mamba
+
+
+def test_models_without_mamba2_sizes_have_no_term():
+    gated_delta_net = {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}
+    assert mamba2_dims(gated_delta_net) is None
+    assert mamba2_dims({"num_hidden_layers": 2, "hidden_size": 8}) is None
+    assert mamba2_dims(None) is None
+
+
+def test_one_chunk_by_hand():
+    # 10 tokens pad to one chunk of 16: d_inner 8, heads x state 16, in_proj width 34 (26 beyond d_inner).
+    scores = 2 * 2 * 1 * 16 * 16 * 4  # 2 fp32 chunk x chunk tensors per head
+    padded_state = 4 * 16 * 16 * 4
+    state = 2 * 10 * 16 * 4
+    padded_heads = 10 * 16 * 8 * 4
+    projected = 3 * 10 * 26 * 2  # bf16 in_proj / conv outputs
+    assert scores + padded_state + state + padded_heads + projected == 16152
+    assert mixer_bytes(mamba2_dims(TINY), sequences=3, length=10, elem=2) == 3 * 16152
+
+
+def test_a_longer_row_pays_for_a_second_chunk():
+    # 20 tokens pad to 32: two chunks of 16.
+    by_hand = 2 * 2 * 2 * 256 * 4 + 4 * 32 * 16 * 4 + 2 * 20 * 16 * 4 + 10 * 32 * 8 * 4 + 3 * 20 * 26 * 2
+    assert by_hand == 32304
+    assert mixer_bytes(mamba2_dims(TINY), sequences=1, length=20, elem=2) == by_hand
