@@ -62,3 +62,23 @@ def test_a_longer_row_pays_for_a_second_chunk():
     by_hand = 2 * 2 * 2 * 256 * 4 + 4 * 32 * 16 * 4 + 2 * 20 * 16 * 4 + 10 * 32 * 8 * 4 + 3 * 20 * 26 * 2
     assert by_hand == 32304
     assert mixer_bytes(mamba2_dims(TINY), sequences=1, length=20, elem=2) == by_hand
+
+
+def test_bambas_prediction_counts_its_mixers():
+    """The prediction names no Mamba-2 mixer as not modelled and its activations grow by the layers' scan."""
+    from transformers import AutoConfig
+
+    from jobs.devices.probe import cpu_facts
+    from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
+    from jobs.models.zoo import BASE
+    from jobs.spec.job import JobSpec
+
+    config = AutoConfig.for_model("bamba", **{**BASE, "vocab_size": 512, "mamba_n_heads": 4, "mamba_d_head": 32})
+    spec = JobSpec.from_dict({"model": "m", "dataset": "sample:chat-format", "max_length": 64})
+    p = predict(spec, arch_from_config(config), cpu_facts())
+    assert "BambaMixer" not in p.not_modelled
+    m = mamba2_dims(config)
+    assert m is not None and m.layers == 2
+    assert "2 Mamba-2 layers' chunked scan" in p.to_dict()["formulas"]["activations"]
+    assert p.part("activations") >= 2 * mixer_bytes(m, p.batch.sequences, 64, 4)
