@@ -16,11 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from storage.models import RunStatus
-from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
-from storage.store_scores import Score
+if TYPE_CHECKING:  # annotations only: a module that asks for a role must not import the database layer (plan's 2 s)
+    from storage.models import RunStatus
+    from storage.records import (
+        ArtifactRecord,
+        MemoryBucket,
+        MemoryPoint,
+        MetricBucket,
+        MetricPoint,
+        RunControl,
+        RunRecord,
+    )
+    from storage.store_scores import Score
 
 
 class RunReader(Protocol):

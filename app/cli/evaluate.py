@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli.usage import EXIT_OK
-from storage.store import Store
+
+if TYPE_CHECKING:  # the parser is built for every command: `plan` must not import the database layer
+    from storage.store import Store
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

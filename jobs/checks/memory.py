@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec
-from storage.records import RunRecord
-from storage.roles import RunLister
 
 if TYPE_CHECKING:
     from jobs.data.token_lengths import RowLengths
     from jobs.memory.breakdown import Prediction
     from jobs.memory.parts import Arch
+    from storage.records import RunRecord
+    from storage.roles import RunLister
 
 
 @dataclass(frozen=True)
