@@ -90,8 +90,9 @@ def test_prompt_tuning_and_full_runs_answer_beside_the_same_base(home, lora_pair
         assert not torch.allclose(tuned, untouched), method
 
 
-def test_runs_that_cannot_answer_are_refused_with_the_fix(home, tiny_model: Path) -> None:
-    _, store, _ = home
+def test_runs_that_cannot_answer_are_refused_with_the_fix(store, tiny_model: Path) -> None:
+    # A store of its own: a claim takes the oldest queued run, and the session's shared store may hold
+    # one queued by another module (seen in a random-order run).
     queued = store.create_run(tiny_spec(tiny_model, run_name="still-queued"))
     reward = store.create_run(tiny_spec(tiny_model, trainer="reward", dataset="sample:preference-format"))
     cases = {999: "does not exist", queued: "is queued"}
