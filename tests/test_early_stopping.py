@@ -220,7 +220,7 @@ def test_a_resumed_run_keeps_its_best_and_its_patience_count(store: Any, tiny_mo
     """Cancelled one evaluation into its patience and resumed, the run stops exactly `patience` evaluations
     after its best: the count went on from the checkpoint (a fresh count would train one evaluation longer)."""
     from jobs.train.callbacks import STOP_REQUESTED
-    from jobs.train.checkpoints import resume
+    from jobs.queue.commands import resume
     from jobs.train.child import run
 
     train, eval_ = conflicting_data(tmp_path)
@@ -244,7 +244,7 @@ def test_a_resumed_run_keeps_its_best_and_its_patience_count(store: Any, tiny_mo
     finally:
         STOP_REQUESTED.clear()
     assert setback.stopped_after is not None and store.get_run(run_id).status is RunStatus.CANCELLED
-    resume(store, store.get_run(run_id))
+    assert resume(store, run_id).run_id == run_id
     store.claim_next_on_device("test", "0")
     assert run(run_id, store) == 0
     record = store.get_run(run_id)
