@@ -74,6 +74,7 @@ def client(tag_home: tuple[Any, dict[str, int]]) -> Iterator[tuple[Any, dict[str
     port = free_port()
     proc = start_server(folder, port, folder / "openai-server.log")
     try:
+        _wait_for_the_api(port, proc)
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0), ids
     finally:
         stop_server(proc)
@@ -119,6 +120,26 @@ def test_an_unknown_model_is_an_openai_error(client: tuple[Any, dict[str, int]])
     with pytest.raises(openai.NotFoundError) as err:
         api.chat.completions.create(model="no-such-run", messages=[{"role": "user", "content": "Hi"}])
     assert err.value.code == "model_not_found" and "GET /v1/models lists them" in err.value.message
+
+
+def _wait_for_the_api(port: int, proc: Any, timeout: float = 300.0) -> None:
+    """The server answers its page before `serve` has added the /v1 routes beside it: wait for that state."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30).read()
+            return
+        except urllib.error.HTTPError as err:
+            if err.code != 404:
+                return  # the route is there (it answered something other than "no such route")
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"/v1/models never came up on port {port} (server exit code {proc.poll()})")
 
 
 def _base(api: Any, ids: dict[str, int]) -> str:
