@@ -69,12 +69,13 @@ def test_a_login_asks_for_a_users_password_or_a_session_token() -> None:
 
 # ---------------------------------------------------------------------- the real server and worker
 @pytest.fixture(scope="module")
-def client(tag_home: tuple[Any, dict[str, int]]) -> Iterator[tuple[Any, dict[str, int]]]:
-    folder, ids = tag_home
+def client(tag_store: tuple[Any, Any, dict[str, int]]) -> Iterator[tuple[Any, dict[str, int]]]:
+    folder, store, ids = tag_store
     port = free_port()
     proc = start_server(folder, port, folder / "openai-server.log")
     try:
         _wait_for_the_api(port, proc)
+        _wait_for_its_worker(store, ids["lora"], proc)
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0), ids
     finally:
         stop_server(proc)
@@ -140,6 +141,20 @@ def _wait_for_the_api(port: int, proc: Any, timeout: float = 300.0) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"/v1/models never came up on port {port} (server exit code {proc.poll()})")
+
+
+def _wait_for_its_worker(store: Any, run_id: int, proc: Any, timeout: float = 600.0) -> None:
+    """Until the served worker's chat service is live, /v1 answers 503 "no live worker" (right, and seen under
+    load): wait for the state the API itself checks."""
+    import time
+
+    from app.ui.chat import reach_problem
+
+    deadline = time.monotonic() + timeout
+    while reach_problem(store, run_id) is not None:
+        assert proc.poll() is None, f"the server exited ({proc.poll()})"
+        assert time.monotonic() < deadline, reach_problem(store, run_id)
+        time.sleep(0.5)
 
 
 def _base(api: Any, ids: dict[str, int]) -> str:
