@@ -57,7 +57,7 @@ def _text(value: Any) -> str:
 def nvml_facts(index: int) -> DeviceFacts | None:
     """Facts of visible CUDA device `index` from NVML; None without NVML or such a device. A MIG slice
     (CUDA_VISIBLE_DEVICES=MIG-...) has its own memory and its card's name and capability."""
-    from jobs.devices.visible import nvml_uuids, visible_devices  # CUDA_VISIBLE_DEVICES -> NVML's devices
+    from jobs.devices.visible import visible_entry  # CUDA_VISIBLE_DEVICES -> NVML's devices
 
     try:
         import pynvml
@@ -65,10 +65,9 @@ def nvml_facts(index: int) -> DeviceFacts | None:
         return None
     try:
         pynvml.nvmlInit()
-        visible = visible_devices(pynvml.nvmlDeviceGetCount(), uuids=nvml_uuids(pynvml))
-        if index >= len(visible):
+        entry = visible_entry(pynvml, index)
+        if entry is None:
             return None
-        entry = visible[index]
         if isinstance(entry, str):
             handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
             card = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)

@@ -96,7 +96,7 @@ def _holders(pynvml: Any, handle: Any) -> tuple[Holder, ...]:
 
 def read_room(index: int) -> DeviceRoom | None:
     """The room on visible CUDA device `index` (as `jobs.devices.probe.nvml_facts` names it); None without NVML."""
-    from jobs.devices.visible import nvml_uuids, visible_devices
+    from jobs.devices.visible import visible_entry
 
     try:
         import pynvml
@@ -104,10 +104,9 @@ def read_room(index: int) -> DeviceRoom | None:
         return None
     try:
         pynvml.nvmlInit()
-        visible = visible_devices(pynvml.nvmlDeviceGetCount(), uuids=nvml_uuids(pynvml))
-        if index >= len(visible):
+        entry = visible_entry(pynvml, index)
+        if entry is None:
             return None
-        entry = visible[index]
         handle = (
             pynvml.nvmlDeviceGetHandleByUUID(entry)
             if isinstance(entry, str)

@@ -104,3 +104,10 @@ def nvml_uuids(pynvml: Any) -> Callable[[], dict[str, int]]:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def visible_entry(nvml: Any, index: int) -> int | str | None:
+    """Visible CUDA device `index` as NVML names it (an NVML index, or a GPU-/MIG- id), None when fewer are
+    visible; call after `nvmlInit`. The probe and the claim's room both start here."""
+    visible = visible_devices(nvml.nvmlDeviceGetCount(), uuids=nvml_uuids(nvml))
+    return visible[index] if index < len(visible) else None
