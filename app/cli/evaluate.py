@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.cli.usage import EXIT_OK
@@ -49,17 +50,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return s
 
 
+def _on_worker(store: Store, run_id: int, request: Callable[[], int]) -> int:
+    """Queue the task `request` makes for a worker that reaches the run, and follow it to its end."""
+    from app.cli.tasks import check_reachable, follow
+
+    check_reachable(store, run_id)
+    task_id = request()
+    print(f"run {run_id}: asked a worker for task {task_id}; following")
+    return follow(store, [task_id])
+
+
 def cmd_judge(store: Store, args: argparse.Namespace) -> int:
     from jobs.evaluate.judge import judge_run
 
     if getattr(args, "on_worker", False):
-        from app.cli.tasks import check_reachable, follow
         from jobs.worker.tasks import request_judge
 
-        check_reachable(store, args.run_id)
-        task_id = request_judge(store, args.run_id, args.judge)
-        print(f"run {args.run_id}: asked a worker for task {task_id}; following")
-        return follow(store, [task_id])
+        return _on_worker(store, args.run_id, lambda: request_judge(store, args.run_id, args.judge))
     result = judge_run(store, args.run_id, args.judge)
     for j in result.judgments:
         shown = "run first" if j.run_first else "base first"
@@ -72,13 +79,9 @@ def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
     from jobs.evaluate.harness import evaluate_run, scores_table
 
     if getattr(args, "on_worker", False):
-        from app.cli.tasks import check_reachable, follow
         from jobs.worker.tasks import request_evaluate
 
-        check_reachable(store, args.run_id)
-        task_id = request_evaluate(store, args.run_id, args.tasks)
-        print(f"run {args.run_id}: asked a worker for task {task_id}; following")
-        code = follow(store, [task_id])
+        code = _on_worker(store, args.run_id, lambda: request_evaluate(store, args.run_id, args.tasks))
     else:
         logging.getLogger("jobs.evaluate.harness").setLevel(logging.INFO)
         evaluate_run(store, args.run_id, args.tasks, limit=args.limit)
