@@ -15,9 +15,10 @@ import pytest
 from browser_helpers import free_port, start_server, stop_server
 from chat_helpers import PROMPT, TAUGHT
 from starlette.requests import Request
+from training_helpers import tiny_spec
 
 from app.auth import gradio_auth, hash_password
-from app.openai_api import ApiError, authorized, chat_turns, cut_at_stop
+from app.openai_api import ApiError, authorized, chat_turns, cut_at_stop, resolve_model
 from app.ui.live_route import logged_in
 
 openai = pytest.importorskip("openai")
@@ -65,6 +66,22 @@ def test_a_login_asks_for_a_users_password_or_a_session_token() -> None:
     assert not authorized(app, _request(None), checked, logged_in)
     open_app = SimpleNamespace(auth=None, auth_dependency=None)
     assert authorized(open_app, _request(None), {}, logged_in)
+
+
+def test_a_base_model_answers_through_a_run_a_live_worker_can_reach(store: Any, tiny_model: Any) -> None:
+    """Any finished run of a base can answer for it: not one whose weights sit on a host with no worker."""
+    runs = {}
+    for host in ("near-host", "far-host"):  # the far one is newer, so listed first
+        runs[host] = store.create_run(tiny_spec(tiny_model, run_name=host))
+        assert store.claim_next_on_device(f"{host}:3", "0", host=host).id == runs[host]
+        store.mark_succeeded(runs[host], {})
+    store.chat_service_beat("near-host:9", "near-host", shared_data=False)
+    assert resolve_model(store, str(tiny_model)) == (runs["near-host"], "base")
+    assert resolve_model(store, "far-host") == (runs["far-host"], "run")  # a run named is that run, reachable or not
+    store.chat_service_gone("near-host:9")
+    assert resolve_model(store, str(tiny_model))[1] == "base"  # none reachable: still resolved, /v1 then says why
+    with pytest.raises(ApiError):
+        resolve_model(store, "no-such-model")
 
 
 # ---------------------------------------------------------------------- the real server and worker
