@@ -143,12 +143,17 @@ def _run(store: Store, run_id: int) -> RunRecord:
         raise _fail(exc.problems) from None
 
 
-def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
-    """Declare the API endpoints inside the current gr.Blocks; returns their functions. `policy`: what
-    callers may reach on the server (a dashboard behind a login: data folders only, no remote code)."""
-    disk = DiskUsage(store)
+class Endpoints:
+    """The API's endpoints over one store, each a method (Gradio types an endpoint from its signature and
+    documents it from its docstring). `policy`: what callers may reach on the server (a dashboard behind
+    a login: data folders only, no remote code)."""
 
-    def submit(spec_yaml: str) -> Submitted:
+    def __init__(self, store: Store, policy: AccessPolicy | None = None) -> None:
+        self.store = store
+        self.policy = policy
+        self.disk = DiskUsage(store)
+
+    def submit(self, spec_yaml: str) -> Submitted:
         """Check a job spec and queue it. Nothing is queued unless every check passes (fields, model, data, device).
 
         Parameters:
@@ -156,9 +161,9 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Returns:
             run_id: the new run's id, or null when nothing was queued; problems: every problem as {field, problem, fix}, the same ones the launch form shows.
         """
-        return submit_yaml(store, spec_yaml, policy)
+        return submit_yaml(self.store, spec_yaml, self.policy)
 
-    def runs(status: str = "all", limit: int = 50, search: str = "", tag: str = "") -> list[RunSummary]:
+    def runs(self, status: str = "all", limit: int = 50, search: str = "", tag: str = "") -> list[RunSummary]:
         """List runs, newest first.
 
         Parameters:
@@ -181,23 +186,23 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
             )
         if problems:
             raise _fail(problems)
-        found = store.list_runs(
+        found = self.store.list_runs(
             None if status in ("all", "", None) else RunStatus(status),
             limit=limit,
             search=search or None,
             tag=tag or None,
         )
-        return manage.summaries(store, found, disk)
+        return manage.summaries(self.store, found, self.disk)
 
-    def run(run_id: int) -> RunDetail:
+    def run(self, run_id: int) -> RunDetail:
         """One run: its summary plus the spec, final metrics, metric names, error detail, and whether it can be resumed or its bundle downloaded.
 
         Parameters:
             run_id: the run's id (from submit or runs).
         """
-        return detail(store, _run(store, run_id), disk)
+        return detail(self.store, _run(self.store, run_id), self.disk)
 
-    def metrics(run_id: int, names: list[str] | None = None, since_step: int = -1) -> dict[str, list[MetricRow]]:
+    def metrics(self, run_id: int, names: list[str] | None = None, since_step: int = -1) -> dict[str, list[MetricRow]]:
         """A run's logged metrics, by name, oldest step first.
 
         Parameters:
@@ -207,13 +212,15 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Returns:
             {name: [{step, value, time}, ...]}; a value is null where training logged NaN or infinity.
         """
-        _run(store, run_id)
+        _run(self.store, run_id)
         out: dict[str, list[MetricRow]] = {}
-        for p in store.metrics(run_id, names or None, after_step=int(since_step if since_step is not None else -1)):
+        for p in self.store.metrics(
+            run_id, names or None, after_step=int(since_step if since_step is not None else -1)
+        ):
             out.setdefault(p.name, []).append(MetricRow(step=p.step, value=_number(p.value), time=p.time))
         return out
 
-    def memory(run_id: int, since: float = 0.0) -> list[MemoryRow]:
+    def memory(self, run_id: int, since: float = 0.0) -> list[MemoryRow]:
         """A run's memory samples (GPU via NVML and torch, or host RSS on CPU), oldest first.
 
         Parameters:
@@ -222,38 +229,38 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         Returns:
             [{time, source, used_bytes, total_bytes, utilization, torch_allocated, torch_reserved, process_rss}, ...].
         """
-        _run(store, run_id)
+        _run(self.store, run_id)
         keys = MemoryRow.__annotations__
         return [
             MemoryRow(**{k: getattr(p, k) for k in keys})  # type: ignore[typeddict-item]
-            for p in store.memory_samples(run_id, since=float(since) if since else None)
+            for p in self.store.memory_samples(run_id, since=float(since) if since else None)
         ]
 
-    def cancel(run_id: int) -> Outcome:
+    def cancel(self, run_id: int) -> Outcome:
         """Cancel a queued run at once, or ask a running run's worker to stop it (within seconds).
 
         Parameters:
             run_id: the run's id.
         """
         try:
-            done = commands.cancel(store, run_id, "run_id")
+            done = commands.cancel(self.store, run_id, "run_id")
         except RunCommandError as exc:
             raise _fail(exc.problems) from None
         return Outcome(run_id=done.run_id, status=done.status.value, message=done.message)
 
-    def resume(run_id: int) -> Outcome:
+    def resume(self, run_id: int) -> Outcome:
         """Queue an interrupted or cancelled run again (same id); it continues from its last complete checkpoint.
 
         Parameters:
             run_id: the run's id.
         """
         try:
-            done = commands.resume(store, run_id, "run_id")
+            done = commands.resume(self.store, run_id, "run_id")
         except RunCommandError as exc:  # the problem is the whole answer; a traceback is noise for a caller
             raise _fail(exc.problems) from None
         return Outcome(run_id=done.run_id, status=RunStatus.QUEUED.value, message=done.message)
 
-    def bundle(run_id: int) -> gr.FileData:
+    def bundle(self, run_id: int) -> gr.FileData:
         """Download a succeeded run's bundle: a zip of the adapter (or model), tokenizer, spec.yaml, metrics and model card.
 
         Parameters:
@@ -263,8 +270,8 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         """
         from app.ui.served_files import bundle_path
 
-        found = _run(store, run_id)
-        path = bundle_path(store, found.id)
+        found = _run(self.store, run_id)
+        path = bundle_path(self.store, found.id)
         if path is None:
             raise _fail(
                 [
@@ -278,7 +285,7 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
         return gr.FileData(path=str(path), orig_name=path.name)
 
     def tag(
-        run_id: int, add: list[str] | None = None, remove: list[str] | None = None, note: str | None = None
+        self, run_id: int, add: list[str] | None = None, remove: list[str] | None = None, note: str | None = None
     ) -> RunSummary:
         """Add and remove a run's tags, and set its note.
 
@@ -289,25 +296,33 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
             note: the run's new note; null keeps it, "" removes it.
         """
         try:
-            changed = commands.tag(store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
+            changed = commands.tag(self.store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
         except RunCommandError as exc:
             raise _fail(exc.problems) from None
-        return manage.summaries(store, [changed], disk)[0]
+        return manage.summaries(self.store, [changed], self.disk)[0]
 
-    def delete(run_id: int) -> Outcome:
+    def delete(self, run_id: int) -> Outcome:
         """Delete a run with its files (metrics, memory samples, log, checkpoints, bundle). A running run is refused: cancel it first.
 
         Parameters:
             run_id: the run's id.
         """
         try:
-            report = commands.delete(store, run_id, field="run_id")
+            report = commands.delete(self.store, run_id, field="run_id")
         except RunCommandError as exc:
             raise _fail(exc.problems) from None
-        disk.forget(report.run_id)
+        self.disk.forget(report.run_id)
         return Outcome(run_id=report.run_id, status="deleted", message=report.message)
 
-    functions = [submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete]
+    def functions(self) -> list[Any]:
+        """The endpoints, in ENDPOINTS' order : bound methods, which `publish` recognises by identity, so pass it this very list."""
+        return [getattr(self, name) for name in ENDPOINTS]
+
+
+def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
+    """Declare the API endpoints inside the current gr.Blocks; returns their functions. `policy`: what
+    callers may reach on the server (a dashboard behind a login: data folders only, no remote code)."""
+    functions = Endpoints(store, policy).functions()
     for fn in functions:
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None if fn.__name__ != "submit" else 1)
     return functions
