@@ -132,11 +132,7 @@ def train_spec(
     from jobs.data.loading import load_data
 
     device = device or detect_device()
-    problems = capability_problems(spec, device)
-    if problems:
-        raise SpecError(problems)
-    for warning in capability_warnings(spec, device):
-        log.warning("%s", warning)
+    _check_capabilities(spec, device)
     model, tokenizer = model_and_tokenizer or load_model(spec, device)
     loaded = load_data(spec)
     train_ds, eval_ds = loaded.train, loaded.eval
@@ -162,39 +158,11 @@ def train_spec(
             use_gradient_checkpointing=spec.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    reward_model = None
-    if spec.trainer is Trainer.GRPO and spec.reward_model_run is not None:
-        import torch
-
-        from jobs.train.reward_model import load_reward_model
-
-        if store is None:
-            raise ValueError(
-                f"reward_model_run {spec.reward_model_run}: train_spec was given no store to find that run in; "
-                "pass store= (the run's store), or queue the job (its training child passes its own)"
-            )
-
-        # The reward model only scores (frozen): it takes the run's compute precision.
-        dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
-            resolve_precision(spec, device), torch.float32
-        )
-        reward_model = load_reward_model(store, spec.reward_model_run, dtype)
-        log.info("reward model: run %s", spec.reward_model_run)
+    reward_model = _reward_model(spec, device, store)
     stopper = early_stopping_callback(spec, has_eval=has_eval)
     callbacks = [*callbacks, stopper] if stopper is not None else callbacks
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
-    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
-        # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
-        raise SpecError(
-            [
-                Problem(
-                    "max_length",
-                    f"every training row is longer than {spec.max_length} tokens, and the "
-                    "reward trainer drops such rows",
-                    "raise max_length (the data preview counts long rows)",
-                )
-            ]
-        )
+    _refuse_empty_reward_data(spec, trainer)
     # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
     resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
     if peft_cfg is not None:
@@ -207,6 +175,68 @@ def train_spec(
     if on_ready is not None:
         on_ready(resolved)
     output = trainer.train(resume_from_checkpoint=resume_from)
+    final_batch = _record_final_batch(spec, trainer, resolved)
+    nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
+    if nonfinite:
+        raise NonFiniteLoss(nonfinite[0])
+    stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
+    best = best_checkpoint(trainer)
+    metrics = _training_metrics(spec, trainer, output, trainable, total, evaluate=eval_ds is not None and not stopped)
+    _add_memory_metrics(device, callbacks, metrics, resolved)
+    _add_run_figures(metrics, resolved, resume_from, final_batch, best)
+    history = list(trainer.state.log_history)
+    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, history, best)
+
+
+def _check_capabilities(spec: JobSpec, device: Device) -> None:
+    """Refuse what `device` cannot run (SpecError, every problem at once); log its warnings."""
+    problems = capability_problems(spec, device)
+    if problems:
+        raise SpecError(problems)
+    for warning in capability_warnings(spec, device):
+        log.warning("%s", warning)
+
+
+def _reward_model(spec: JobSpec, device: Device, store: RunArtifacts | None) -> Any:
+    """A grpo spec's `reward_model_run`, loaded frozen from `store` (None without one)."""
+    if spec.trainer is not Trainer.GRPO or spec.reward_model_run is None:
+        return None
+    import torch
+
+    from jobs.train.reward_model import load_reward_model
+
+    if store is None:
+        raise ValueError(
+            f"reward_model_run {spec.reward_model_run}: train_spec was given no store to find that run in; "
+            "pass store= (the run's store), or queue the job (its training child passes its own)"
+        )
+
+    # The reward model only scores (frozen): it takes the run's compute precision.
+    dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
+        resolve_precision(spec, device), torch.float32
+    )
+    reward_model = load_reward_model(store, spec.reward_model_run, dtype)
+    log.info("reward model: run %s", spec.reward_model_run)
+    return reward_model
+
+
+def _refuse_empty_reward_data(spec: JobSpec, trainer: Any) -> None:
+    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
+        # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
+        raise SpecError(
+            [
+                Problem(
+                    "max_length",
+                    f"every training row is longer than {spec.max_length} tokens, and the "
+                    "reward trainer drops such rows",
+                    "raise max_length (the data preview counts long rows)",
+                )
+            ]
+        )
+
+
+def _record_final_batch(spec: JobSpec, trainer: Any, resolved: dict[str, Any]) -> int | None:
+    """The micro-batch the auto_find_batch_size loop ended with (None when off); `resolved` records it."""
     final_batch = final_micro_batch(trainer) if spec.auto_find_batch_size else None
     if final_batch is not None and final_batch != spec.per_device_train_batch_size:
         # the loop halved the micro-batch after an out-of-memory error: the record says what ran
@@ -215,11 +245,14 @@ def train_spec(
             "requested": spec.per_device_train_batch_size,
             "effective": final_batch,
         }
-    nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
-    if nonfinite:
-        raise NonFiniteLoss(nonfinite[0])
-    stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
-    best = best_checkpoint(trainer)
+    return final_batch
+
+
+def _training_metrics(
+    spec: JobSpec, trainer: Any, output: Any, trainable: int, total: int, *, evaluate: bool
+) -> dict[str, float]:
+    """The run's figures from trl's output: loss, runtime, steps, parameters, the eval set's (when
+    `evaluate`) and the tokens trained."""
     metrics: dict[str, float] = {
         "train_loss": float(output.training_loss),
         "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
@@ -227,7 +260,7 @@ def train_spec(
         "trainable_params": float(trainable),
         "total_params": float(total),
     }
-    if eval_ds is not None and not stopped:
+    if evaluate:
         metrics.update(
             {
                 k: float(v)
@@ -241,6 +274,13 @@ def train_spec(
     if tokens is not None and metrics["train_runtime"] > 0:
         metrics["num_tokens"] = tokens
         metrics["tokens_per_second"] = tokens / metrics["train_runtime"]
+    return metrics
+
+
+def _add_memory_metrics(
+    device: Device, callbacks: Sequence[Any], metrics: dict[str, float], resolved: dict[str, Any]
+) -> None:
+    """The run's peak memory (from the phase probe's meter when one ran) into `metrics`, its source into `resolved`."""
     probe = next((cb for cb in callbacks if isinstance(cb, PhaseProbe)), None)
     meter = probe.meter if probe is not None else MemoryMeter(device.cuda)
     peak, source = peak_memory(device, meter)
@@ -252,6 +292,16 @@ def train_spec(
         metrics["peak_torch_reserved_bytes"] = float(peaks["reserved"])
     else:
         metrics["peak_rss_bytes"] = float(peak)
+
+
+def _add_run_figures(
+    metrics: dict[str, float],
+    resolved: dict[str, Any],
+    resume_from: str | None,
+    final_batch: int | None,
+    best: BestCheckpoint | None,
+) -> None:
+    """The mean step time, the micro-batch the run ended with and its best checkpoint, into `metrics`."""
     # A resumed trainer only timed the steps after its checkpoint: the mean is over those.
     timed_steps = metrics["global_step"] - _checkpoint_step(resume_from)
     if timed_steps > 0 and metrics["train_runtime"] > 0:
@@ -264,8 +314,6 @@ def train_spec(
     if best is not None:
         metrics["best_step"] = float(best.step)
         metrics["best_metric"] = best.value
-    history = list(trainer.state.log_history)
-    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, history, best)
 
 
 def moe_layout_of(model: Any) -> Any:
