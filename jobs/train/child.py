@@ -50,12 +50,13 @@ from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom, phases, share_cap
 from jobs.train.best import EVENT_KIND as BEST_EVENT
+from jobs.train.best import BestCheckpoint
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
 from jobs.train.failure import disk_full, summarize, torch_oom
 from jobs.train.mirrors import Mirrors
 from jobs.train.parent_watch import stop_with_parent
 from jobs.train.phase_probe import PhaseProbe
-from jobs.train.training import train_spec
+from jobs.train.training import TrainResult, train_spec
 from storage.roles import MetricReader, RunLifecycle, TrainingRecord
 from storage.store import MetricPoint
 
@@ -140,9 +141,6 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
 
 def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequence[Any], mirrors: Mirrors) -> int:
     """Train the parsed spec with its metrics mirrored; record how it ended; the exit code."""
-    from jobs.train.artifacts import write_artifacts
-    from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
-
     # Under a worker (it passes TUNEDECK_WORKER_ID) a cancel arrives as SIGTERM within the
     # worker's poll interval; asking the database as well would only cost the training time.
     worker_id = os.environ.get("TUNEDECK_WORKER_ID") or None
@@ -183,79 +181,116 @@ def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequenc
         callback.flush()  # eval metrics and the last steps land before the status changes
         if spec.auto_find_batch_size:  # the record gains the micro-batch training ended with
             store.set_resolved_config(run_id, result.resolved)
-        store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
-        sampled = figures.sampled_peak(store, run_id)  # the sampler's readings so far (it records its own at the end)
-        if sampled is not None:
-            store.set_peak_memory(run_id, *sampled)
+        _record_peak_memory(store, run_id, result)
         if result.stopped:
             log.info("run %s stopped early (%s): marking cancelled", run_id, callback.stop_reason or "signal")
             store.mark_cancelled(run_id, exit_code=0)
             return 0
-        # metrics.json, the model card and the final metrics carry the figures as the UI shows them.
-        result.metrics.pop("step_time_mean", None)
-        result.metrics.pop("tokens_per_second", None)
-        result.metrics.update(figures.run_figures(store, store.get_run(run_id)).metrics())
-        tps = result.metrics.get("tokens_per_second")
-        if tps and callback.flops is not None:  # achieved TFLOP/s and MFU at the run's mean tokens/s
-            result.metrics["tflops_mean"] = callback.flops.tflops(tps)
-            mfu = callback.flops.mfu(tps)
-            if mfu is not None:
-                result.metrics["mfu_mean"] = mfu
-        if resume_from is not None:
-            # The trainer's train_loss covers only the steps after the resume; the stored loss rows
-            # (kept up to the checkpoint, redone after it) cover the whole run.
-            whole = whole_run_mean(store, run_id, "loss")
-            if whole is not None:
-                result.metrics["train_loss"] = whole
+        _add_run_figures(store, run_id, result, callback.flops, resumed=resume_from is not None)
         if result.best is not None:  # why training ended where it did, and which step the bundle holds
-            log.info("run %s: %s", run_id, result.best.message())
-            store.add_run_event(
-                run_id, BEST_EVENT, result.best.message(), step=result.best.step, data=result.best.data()
-            )
-            if result.best.metric.endswith("loss"):  # a dot on the loss graph at the step the bundle holds
-                store.add_metrics(run_id, [MetricPoint(result.best.step, BEST_EVENT, result.best.value, time.time())])
-        samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
-        write_artifacts(
-            store, run_id, spec, result.model, result.tokenizer, result.metrics, **before_after.bundle_parts(samples)
-        )
-        store.mark_succeeded(run_id, result.metrics)
-        log.info("run %s succeeded: %s", run_id, result.metrics)
-        if spec.eval_tasks and spec.eval_tasks.strip():  # benchmarks on the result and its base: a worker's task
-            task_id = store.create_task(run_id, EVALUATE_TASK, {"tasks": spec.eval_tasks})
-            log.info("run %s: benchmark tasks queued as task %s (%s)", run_id, task_id, spec.eval_tasks)
+            _record_best(store, run_id, result.best)
+        _succeed(store, run_id, spec, result)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the run row
-        try:
-            callback.flush()
-        except Exception:  # noqa: BLE001 - the failure itself matters more than its last metrics
-            log.exception("could not write the last metrics")
-        if isinstance(exc, KeyboardInterrupt) or STOP_REQUESTED.is_set():
-            store.mark_cancelled(run_id, exit_code=0)
-            log.info("run %s cancelled", run_id)
-            return 0
-        if isinstance(exc, torch_oom()) and training and oom.handle(store, run_id, spec, callback.step + 1, output_dir):
-            log.warning("run %s: out of memory; the worker continues it with the change above", run_id)
-            return oom.EXIT_OOM_RECOVER
-        if isinstance(exc, torch_oom()) and share_cap.capped():
-            log.warning(
-                "run %s: out of memory within its share of the device; the worker queues it to run alone", run_id
-            )
-            return share_cap.EXIT_OUTGREW_SHARE
-        summary = summarize(exc, spec)
-        past = len(oom.recoveries(store, run_id)) if isinstance(exc, torch_oom()) else 0
-        if past:
-            summary += f" (after {past} automatic recover{'y' if past == 1 else 'ies'}; see the run's events)"
-        if disk_full(exc):
-            partial = [f for _step, f in checkpoint_dirs(output_dir) if not is_complete(f)]
-            what, where = ("checkpoint", partial[-1]) if partial else ("output", output_dir)
-            summary = (
-                f"disk full while saving {what} to {where}: free space or lower save frequency "
-                f"(save_steps); earlier complete checkpoints are kept"
-            )
-            remove_incomplete(output_dir)  # give the space back; it could not be resumed from anyway
-        log.error("run %s failed: %s\n%s", run_id, summary, traceback.format_exc())
-        store.mark_failed(run_id, summary, traceback.format_exc(), exit_code=1)
-        return 1
+        return _failed(store, run_id, spec, exc, callback, output_dir, training=bool(training))
+
+
+def _record_peak_memory(store: TrainingRecord, run_id: int, result: TrainResult) -> None:
+    """The peak the trainer measured, then the memory sampler's own readings when it has some."""
+    store.set_peak_memory(run_id, int(result.metrics["peak_memory_bytes"]), result.resolved["peak_memory_source"])
+    sampled = figures.sampled_peak(store, run_id)  # the sampler's readings so far (it records its own at the end)
+    if sampled is not None:
+        store.set_peak_memory(run_id, *sampled)
+
+
+def _add_run_figures(
+    store: TrainingRecord, run_id: int, result: TrainResult, flops: FlopsRate | None, *, resumed: bool
+) -> None:
+    """`result.metrics` gains the run's figures as the UI shows them (jobs.train.figures), its TFLOP/s
+    and MFU, and a resumed run's loss over the whole run."""
+    # metrics.json, the model card and the final metrics carry the figures as the UI shows them.
+    result.metrics.pop("step_time_mean", None)
+    result.metrics.pop("tokens_per_second", None)
+    result.metrics.update(figures.run_figures(store, store.get_run(run_id)).metrics())
+    tps = result.metrics.get("tokens_per_second")
+    if tps and flops is not None:  # achieved TFLOP/s and MFU at the run's mean tokens/s
+        result.metrics["tflops_mean"] = flops.tflops(tps)
+        mfu = flops.mfu(tps)
+        if mfu is not None:
+            result.metrics["mfu_mean"] = mfu
+    if resumed:
+        # The trainer's train_loss covers only the steps after the resume; the stored loss rows
+        # (kept up to the checkpoint, redone after it) cover the whole run.
+        whole = whole_run_mean(store, run_id, "loss")
+        if whole is not None:
+            result.metrics["train_loss"] = whole
+
+
+def _record_best(store: TrainingRecord, run_id: int, best: BestCheckpoint) -> None:
+    log.info("run %s: %s", run_id, best.message())
+    store.add_run_event(run_id, BEST_EVENT, best.message(), step=best.step, data=best.data())
+    if best.metric.endswith("loss"):  # a dot on the loss graph at the step the bundle holds
+        store.add_metrics(run_id, [MetricPoint(best.step, BEST_EVENT, best.value, time.time())])
+
+
+def _succeed(store: TrainingRecord, run_id: int, spec: JobSpec, result: TrainResult) -> None:
+    """The bundle and its before/after samples written, the run marked succeeded, its benchmarks queued."""
+    from jobs.train.artifacts import write_artifacts
+
+    samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
+    write_artifacts(
+        store, run_id, spec, result.model, result.tokenizer, result.metrics, **before_after.bundle_parts(samples)
+    )
+    store.mark_succeeded(run_id, result.metrics)
+    log.info("run %s succeeded: %s", run_id, result.metrics)
+    if spec.eval_tasks and spec.eval_tasks.strip():  # benchmarks on the result and its base: a worker's task
+        task_id = store.create_task(run_id, EVALUATE_TASK, {"tasks": spec.eval_tasks})
+        log.info("run %s: benchmark tasks queued as task %s (%s)", run_id, task_id, spec.eval_tasks)
+
+
+def _failed(
+    store: TrainingRecord,
+    run_id: int,
+    spec: JobSpec,
+    exc: BaseException,
+    callback: StoreCallback,
+    output_dir: Path,
+    *,
+    training: bool,
+) -> int:
+    """How the run ended on `exc` (called while it is being handled), recorded; the exit code.
+    `training`: the trainer was built (an OOM after that is one a smaller step can avoid)."""
+    from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
+
+    try:
+        callback.flush()
+    except Exception:  # noqa: BLE001 - the failure itself matters more than its last metrics
+        log.exception("could not write the last metrics")
+    if isinstance(exc, KeyboardInterrupt) or STOP_REQUESTED.is_set():
+        store.mark_cancelled(run_id, exit_code=0)
+        log.info("run %s cancelled", run_id)
+        return 0
+    if isinstance(exc, torch_oom()) and training and oom.handle(store, run_id, spec, callback.step + 1, output_dir):
+        log.warning("run %s: out of memory; the worker continues it with the change above", run_id)
+        return oom.EXIT_OOM_RECOVER
+    if isinstance(exc, torch_oom()) and share_cap.capped():
+        log.warning("run %s: out of memory within its share of the device; the worker queues it to run alone", run_id)
+        return share_cap.EXIT_OUTGREW_SHARE
+    summary = summarize(exc, spec)
+    past = len(oom.recoveries(store, run_id)) if isinstance(exc, torch_oom()) else 0
+    if past:
+        summary += f" (after {past} automatic recover{'y' if past == 1 else 'ies'}; see the run's events)"
+    if disk_full(exc):
+        partial = [f for _step, f in checkpoint_dirs(output_dir) if not is_complete(f)]
+        what, where = ("checkpoint", partial[-1]) if partial else ("output", output_dir)
+        summary = (
+            f"disk full while saving {what} to {where}: free space or lower save frequency "
+            f"(save_steps); earlier complete checkpoints are kept"
+        )
+        remove_incomplete(output_dir)  # give the space back; it could not be resumed from anyway
+    log.error("run %s failed: %s\n%s", run_id, summary, traceback.format_exc())
+    store.mark_failed(run_id, summary, traceback.format_exc(), exit_code=1)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
