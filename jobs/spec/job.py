@@ -156,6 +156,29 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     out: list[Problem] = []
     for f in fields(spec):
         out.extend(bounds_problems(f, getattr(spec, f.name)))
+    out.extend(_input_problems(spec))
+    out.extend(_trainer_problems(spec))
+    out.extend(_lora_init_problems(spec))
+    out.extend(p for p in _grpo_problems(spec) if p.field not in {q.field for q in out})  # a bound problem is enough
+    if spec.max_steps == 0:
+        out.append(
+            Problem(
+                "max_steps",
+                "0 would train nothing",
+                "use -1 to train for num_train_epochs, or a positive step count",
+            )
+        )
+    out.extend(_eval_split_problems(spec))
+    out.extend(early_stopping_problems(spec))
+    if spec.dataset_columns is not None:
+        out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
+    out.extend(_name_problems(spec))
+    return out
+
+
+def _input_problems(spec: JobSpec) -> list[Problem]:
+    """The model, data, adapter targets and trackers named: empty or unreadable ones."""
+    out: list[Problem] = []
     if not spec.model.strip():
         out.append(Problem("model", "is empty", f"use `{DEFAULT_MODEL}`, a hub id such as org/name, or a local folder"))
     if not spec.dataset.strip():
@@ -172,6 +195,12 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
     for word in trackers(spec.report_to)[1]:
         out.append(Problem("report_to", f"`{word}` is not a tracker tunedeck reports to", f"use any of: {CHOICES}"))
+    return out
+
+
+def _trainer_problems(spec: JobSpec) -> list[Problem]:
+    """Options the chosen trainer or method does not take (trl's configs refuse them or train wrongly)."""
+    out: list[Problem] = []
     if spec.packing and spec.trainer is not Trainer.SFT:
         out.append(
             Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {spec.trainer.value}")
@@ -222,16 +251,12 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
                 "set gradient_checkpointing: false, or use prompt_tuning / p_tuning",
             )
         )
-    out.extend(_lora_init_problems(spec))
-    out.extend(p for p in _grpo_problems(spec) if p.field not in {q.field for q in out})  # a bound problem is enough
-    if spec.max_steps == 0:
-        out.append(
-            Problem(
-                "max_steps",
-                "0 would train nothing",
-                "use -1 to train for num_train_epochs, or a positive step count",
-            )
-        )
+    return out
+
+
+def _eval_split_problems(spec: JobSpec) -> list[Problem]:
+    """eval_split: a fraction or a row count, and not together with eval_dataset."""
+    out: list[Problem] = []
     if spec.eval_split is not None:
         if spec.eval_split >= 1 and not float(spec.eval_split).is_integer():
             out.append(
@@ -249,9 +274,12 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
                     "leave eval_split empty to use eval_dataset, or leave eval_dataset empty to hold out rows",
                 )
             )
-    out.extend(early_stopping_problems(spec))
-    if spec.dataset_columns is not None:
-        out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
+    return out
+
+
+def _name_problems(spec: JobSpec) -> list[Problem]:
+    """The run name and the host/device pins: lengths and surrounding spaces."""
+    out: list[Problem] = []
     if spec.run_name is not None and len(spec.run_name) > 200:
         out.append(Problem("run_name", "is longer than 200 characters", "use a shorter name"))
     for name, limit in (("pin_host", 128), ("pin_device", 32)):
