@@ -23,7 +23,6 @@ MAX_FUNCTION_LINES = 80
 # Functions over the bound when the check was added (issue 33): each leaves the list when split.
 LONG_FUNCTIONS_ALLOWED = {
     "app/ui/dashboard.py:build_ui",
-    "jobs/data/inspection.py:inspect_dataset",
 }
 MAX_LAYERS = 10  # jobs/: the longest chain of imports among the jobs packages, lazy imports included
 # The whole tree adds the app's composition on top of jobs/ (cli -> server -> dashboard -> a tab ->

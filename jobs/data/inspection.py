@@ -21,8 +21,8 @@ from jobs.data.dataset_info import DatasetInfo
 from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
 from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
-from jobs.data.sources import DataError, load_hub, resolve
-from jobs.data.validation import Issues, RowCheck
+from jobs.data.sources import DataError, Source, load_hub, resolve
+from jobs.data.validation import Checked, Issues, RowCheck
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 
@@ -86,17 +86,7 @@ def inspect_dataset(
     column_map = dict(column_map or {})
     source = resolve(ref, field_name)
     issues = Issues(field_name, max_bad_rows)
-    ds: datasets.Dataset | None = None
-    if source.hub:
-        ds = load_hub(source.hub, field_name)
-        hub = ds
-        columns, raw = list(ds.column_names), lambda: enumerate(hub, 1)
-    else:
-        assert source.path is not None
-        try:
-            columns, raw, ds = file_rows(source.path, ref, field_name, issues, keep=keep_rows)
-        except FileProblem as exc:
-            raise DataError(exc.problems) from exc
+    columns, raw, ds = _source_rows(source, ref, field_name, issues, keep_rows)
     mapping_problems = _mapping_problems(columns, column_map, field_name)
     if mapping_problems:
         raise DataError(issues.problems() + mapping_problems)
@@ -108,20 +98,7 @@ def inspect_dataset(
     if trainer is Trainer.GRPO and "prompt" in fmt_columns:
         fmt = RowFormat.PROMPT_ONLY  # grpo generates the answers: only the prompts are read
     if fmt is None:
-        targets: dict[str, str] = {}
-        for c in mapped:
-            if c in RENAMES:
-                targets.setdefault(RENAMES[c], c)
-        hints = [f"{target}={c}" for target, c in targets.items()]
-        fix = (
-            f"map your columns with dataset_columns, e.g. `{', '.join(hints)}`; "
-            if hints
-            else "map your columns with dataset_columns (target=yours, e.g. prompt=question, completion=answer), or "
-        ) + FORMS_HINT
-        found = ", ".join(f"`{c}`" for c in columns) or "none"
-        raise DataError(
-            issues.problems() + [Problem(field_name, f"has no column trl can train on (found {found})", fix)]
-        )
+        raise DataError(issues.problems() + [_no_format_problem(columns, mapped, field_name)])
     rows: Rows = lambda: _converted(raw, column_map, conversion, None)  # noqa: E731
     check = RowCheck(fmt, issues)
     kept: list[tuple[int, dict[str, Any]]] = []
@@ -132,40 +109,11 @@ def inspect_dataset(
     if keep_rows:
         rows = lambda: iter(kept)  # noqa: E731
     checked = check.result()
-    problems = list(checked.problems)
-    missing = [c for c in COLUMNS[fmt] if c not in fmt_columns]
-    if missing:
-        problems = [p for p in problems if not any(f"`{c}` is missing" in p.problem for c in missing)]
-        problems.insert(
-            0,
-            Problem(
-                field_name,
-                f"has {' and '.join(f'`{c}`' for c in COLUMNS[fmt] if c in fmt_columns)} "
-                f"but no {' or '.join(f'`{c}`' for c in missing)} column",
-                f"{fmt.value} rows need {' + '.join(f'`{c}`' for c in COLUMNS[fmt])}",
-            ),
-        )
-    if checked.n_rows == 0 and not problems:
-        problems.append(Problem(field_name, f"`{ref}` has no rows", "add rows to the file: " + FORMS_HINT))
-    misfit = trainer_fit(fmt, trainer, field_name)
-    if misfit:
-        problems.insert(0, misfit)
+    problems = _checked_problems(checked, fmt, fmt_columns, ref, trainer, field_name)
     if problems:
         raise DataError(problems)
-    warnings = list(checked.warnings)
-    used = set(COLUMNS[fmt]) | set(conversion.reads if conversion else ())
     passed = reward_columns(mapped) if fmt is RowFormat.PROMPT_ONLY and conversion is None else []
-    unused = [c for c in mapped if c not in used and c not in passed]
-    if passed:
-        warnings.insert(
-            0,
-            f"column(s) {', '.join(f'`{c}`' for c in passed)} are passed to the reward functions "
-            "as keyword arguments (a custom reward_function can read them)",
-        )
-    if unused:
-        warnings.insert(
-            0, f"column(s) {', '.join(f'`{c}`' for c in unused)} are not used by {trainer.value} and will be dropped"
-        )
+    warnings = _column_warnings(checked, fmt, conversion, mapped, passed, trainer)
     info = DatasetInfo(
         ref,
         fmt,
@@ -189,3 +137,83 @@ def check_dataset(
 ) -> DatasetInfo:
     """Check every row of `ref` for `trainer`; raises DataError naming the first bad rows."""
     return inspect_dataset(ref, trainer, field, max_bad_rows, column_map).info
+
+
+def _source_rows(
+    source: Source, ref: str, field_name: str, issues: Issues, keep_rows: bool
+) -> tuple[list[str], Rows, datasets.Dataset | None]:
+    """The columns, the raw rows and the Dataset (when reading made one) of a hub dataset or a file."""
+    if source.hub:
+        hub = load_hub(source.hub, field_name)
+        return list(hub.column_names), lambda: enumerate(hub, 1), hub
+    assert source.path is not None
+    try:
+        return file_rows(source.path, ref, field_name, issues, keep=keep_rows)
+    except FileProblem as exc:
+        raise DataError(exc.problems) from exc
+
+
+def _no_format_problem(columns: list[str], mapped: list[str], field_name: str) -> Problem:
+    """No row format fits the columns: which dataset_columns mapping would (from the usual names)."""
+    targets: dict[str, str] = {}
+    for c in mapped:
+        if c in RENAMES:
+            targets.setdefault(RENAMES[c], c)
+    hints = [f"{target}={c}" for target, c in targets.items()]
+    fix = (
+        f"map your columns with dataset_columns, e.g. `{', '.join(hints)}`; "
+        if hints
+        else "map your columns with dataset_columns (target=yours, e.g. prompt=question, completion=answer), or "
+    ) + FORMS_HINT
+    found = ", ".join(f"`{c}`" for c in columns) or "none"
+    return Problem(field_name, f"has no column trl can train on (found {found})", fix)
+
+
+def _checked_problems(
+    checked: Checked, fmt: RowFormat, fmt_columns: list[str], ref: str, trainer: Trainer, field_name: str
+) -> list[Problem]:
+    """The rows' problems, a missing column named once for all rows, no rows, a format the trainer cannot use."""
+    problems = list(checked.problems)
+    missing = [c for c in COLUMNS[fmt] if c not in fmt_columns]
+    if missing:
+        problems = [p for p in problems if not any(f"`{c}` is missing" in p.problem for c in missing)]
+        problems.insert(
+            0,
+            Problem(
+                field_name,
+                f"has {' and '.join(f'`{c}`' for c in COLUMNS[fmt] if c in fmt_columns)} "
+                f"but no {' or '.join(f'`{c}`' for c in missing)} column",
+                f"{fmt.value} rows need {' + '.join(f'`{c}`' for c in COLUMNS[fmt])}",
+            ),
+        )
+    if checked.n_rows == 0 and not problems:
+        problems.append(Problem(field_name, f"`{ref}` has no rows", "add rows to the file: " + FORMS_HINT))
+    misfit = trainer_fit(fmt, trainer, field_name)
+    if misfit:
+        problems.insert(0, misfit)
+    return problems
+
+
+def _column_warnings(
+    checked: Checked,
+    fmt: RowFormat,
+    conversion: Conversion | None,
+    mapped: list[str],
+    passed: list[str],
+    trainer: Trainer,
+) -> list[str]:
+    """The rows' warnings, after the columns passed to reward functions and those the trainer drops."""
+    warnings = list(checked.warnings)
+    used = set(COLUMNS[fmt]) | set(conversion.reads if conversion else ())
+    unused = [c for c in mapped if c not in used and c not in passed]
+    if passed:
+        warnings.insert(
+            0,
+            f"column(s) {', '.join(f'`{c}`' for c in passed)} are passed to the reward functions "
+            "as keyword arguments (a custom reward_function can read them)",
+        )
+    if unused:
+        warnings.insert(
+            0, f"column(s) {', '.join(f'`{c}`' for c in unused)} are not used by {trainer.value} and will be dropped"
+        )
+    return warnings
