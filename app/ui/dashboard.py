@@ -77,75 +77,102 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_export.wire(export_panel, store, page.run_id, policy)
         ui_chat.wire(chat, store, chat_tab, policy)
 
-        def launch(*args: Any) -> tuple[str, Any, Any]:
-            errors, run_id = ui_form.launch(store, *args, policy=policy)
-            if run_id is None:
-                return errors, gr.skip(), gr.skip()
-            return "", run_id, gr.Tabs(selected="run")
-
-        form.launch_btn.click(
-            launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch", **ui_form.UNCHECKED
-        )
-
-        def select(evt: gr.SelectData) -> tuple[Any, Any]:
-            row = evt.row_value or []
-            return (int(row[0]), gr.Tabs(selected="run")) if row else (gr.skip(), gr.skip())
-
-        runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
-
-        # The run page's text: drawn when a run is opened, and again when the page's live stream says
-        # the run moved (app.ui.live); its graphs come from that stream, never from here.
-        for trigger in (page.run_id.change, page.poll.click):
-            trigger(
-                page_data.refresh,
-                [page.run_id, page.drawn],
-                page.outputs,
-                show_progress="hidden",
-                api_visibility="private",
-                concurrency_id=RUN_PAGE,
-                concurrency_limit=1,
-                trigger_mode="always_last",
-            )
-        page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
-        page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
-        page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
-
-        def clone(run_id: float | None) -> list[Any]:
-            if run_id is None:
-                raise gr.Error("Open a run first.")
-            try:
-                spec = run_commands.clone(store, run_id, "run")
-            except run_commands.RunCommandError as exc:
-                raise gr.Error(str(exc)) from None
-            return ui_form.form_values(spec) + [gr.Tabs(selected="launch")]
-
-        page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
-
-        # Two load events, not one: `?run=N` opens that run's page at once, while the Launch form's
-        # first memory prediction and data preview (cold imports: tens of seconds on a loaded machine)
-        # fill the form on their own, instead of holding the run page back until they are done.
-        def open_run(request: gr.Request) -> list[Any]:
-            raw = dict(request.query_params).get("run", "") if request else ""
-            return [int(raw), gr.Tabs(selected="run")] if raw.isdigit() else [gr.skip(), gr.skip()]
-
-        def fill_form() -> list[Any]:
-            values = [c.value for c in form.inputs]
-            budget, bar = ui_form.memory_views(*values, device=device)  # one prediction for both
-            preview = ui_data_preview(form, policy)
-            # gr.Number renders a missing initial value as 0; an explicit None empties the box.
-            return [budget, bar, *preview, *([None] * len(optional_numbers))]
-
-        optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
-        device = ui_memory.worker_device(store)
-        demo.load(open_run, None, [page.run_id, tabs], api_visibility="private")
-        demo.load(
-            fill_form,
-            None,
-            [form.budget, form.memory.bar, form.data_info, form.data_preview, *optional_numbers],
-            api_visibility="private",
-        )
+        _wire_launch(store, policy, form, page, tabs)
+        _wire_select(runs, page, tabs)
+        _wire_run_page(page_data, page)
+        _wire_clone(store, form, page, tabs)
+        _wire_load(demo, store, policy, form, page, tabs)
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
+
+
+def _wire_launch(
+    store: Store, policy: AccessPolicy, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs
+) -> None:
+    """Launch: the form's problems, or the new run's page."""
+
+    def launch(*args: Any) -> tuple[str, Any, Any]:
+        errors, run_id = ui_form.launch(store, *args, policy=policy)
+        if run_id is None:
+            return errors, gr.skip(), gr.skip()
+        return "", run_id, gr.Tabs(selected="run")
+
+    form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch", **ui_form.UNCHECKED)
+
+
+def _wire_select(runs: ui_runs.RunsView, page: ui_run.RunPage, tabs: gr.Tabs) -> None:
+    """A row of the runs table opens that run's page."""
+
+    def select(evt: gr.SelectData) -> tuple[Any, Any]:
+        row = evt.row_value or []
+        return (int(row[0]), gr.Tabs(selected="run")) if row else (gr.skip(), gr.skip())
+
+    runs.table.select(select, None, [page.run_id, tabs], api_visibility="private")
+
+
+def _wire_run_page(page_data: ui_run.RunPageData, page: ui_run.RunPage) -> None:
+    """The run page's text, its URL, and its cancel and resume buttons."""
+    # The run page's text: drawn when a run is opened, and again when the page's live stream says
+    # the run moved (app.ui.live); its graphs come from that stream, never from here.
+    for trigger in (page.run_id.change, page.poll.click):
+        trigger(
+            page_data.refresh,
+            [page.run_id, page.drawn],
+            page.outputs,
+            show_progress="hidden",
+            api_visibility="private",
+            concurrency_id=RUN_PAGE,
+            concurrency_limit=1,
+            trigger_mode="always_last",
+        )
+    page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
+    page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
+    page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
+
+
+def _wire_clone(store: Store, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs) -> None:
+    """Clone: the run's spec back into the Launch form."""
+
+    def clone(run_id: float | None) -> list[Any]:
+        if run_id is None:
+            raise gr.Error("Open a run first.")
+        try:
+            spec = run_commands.clone(store, run_id, "run")
+        except run_commands.RunCommandError as exc:
+            raise gr.Error(str(exc)) from None
+        return ui_form.form_values(spec) + [gr.Tabs(selected="launch")]
+
+    page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
+
+
+def _wire_load(
+    demo: gr.Blocks, store: Store, policy: AccessPolicy, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs
+) -> None:
+    """What a page load does: open `?run=N`, and fill the Launch form's prediction and preview."""
+
+    # Two load events, not one: `?run=N` opens that run's page at once, while the Launch form's
+    # first memory prediction and data preview (cold imports: tens of seconds on a loaded machine)
+    # fill the form on their own, instead of holding the run page back until they are done.
+    def open_run(request: gr.Request) -> list[Any]:
+        raw = dict(request.query_params).get("run", "") if request else ""
+        return [int(raw), gr.Tabs(selected="run")] if raw.isdigit() else [gr.skip(), gr.skip()]
+
+    def fill_form() -> list[Any]:
+        values = [c.value for c in form.inputs]
+        budget, bar = ui_form.memory_views(*values, device=device)  # one prediction for both
+        preview = ui_data_preview(form, policy)
+        # gr.Number renders a missing initial value as 0; an explicit None empties the box.
+        return [budget, bar, *preview, *([None] * len(optional_numbers))]
+
+    optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
+    device = ui_memory.worker_device(store)
+    demo.load(open_run, None, [page.run_id, tabs], api_visibility="private")
+    demo.load(
+        fill_form,
+        None,
+        [form.budget, form.memory.bar, form.data_info, form.data_preview, *optional_numbers],
+        api_visibility="private",
+    )
 
 
 def ui_data_preview(form: ui_form.LaunchForm, policy: AccessPolicy | None = None) -> tuple[str, Any]:
