@@ -44,7 +44,7 @@ def file_kind(path: Path) -> str | None:
 def open_text(path: Path) -> io.TextIOBase:
     """The file as text: gunzipped when .gz, a UTF-8 byte-order mark dropped, CRLF read as LF."""
     if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig")  # type: ignore[return-value]
+        return gzip.open(path, "rt", encoding="utf-8-sig")
     return path.open(encoding="utf-8-sig")
 
 

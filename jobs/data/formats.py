@@ -185,6 +185,7 @@ def detect_conversion(
     trl_columns = {"text", "messages", "prompt", "completion"}
     if "instruction" in cols and not cols & trl_columns and ({"output", "chosen", "rejected"} & cols):
         parts = "/".join(c for c in ("instruction", "input", "system", "history") if c in cols)
+        columns_out: tuple[str, ...]
         if "output" in cols:
             target, columns_out = "conversational prompt/completion (loss on the output only)", ("prompt", "completion")
         else:

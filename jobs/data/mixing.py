@@ -126,7 +126,7 @@ def mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int, field: str 
     source: cut only, in its own order); DataError when their columns cannot be joined."""
     import datasets
 
-    cut = [ds.select(range(source.max_rows)) if capped(len(ds), source) < len(ds) else ds for source, ds in parts]
+    cut = [ds.select(range(n)) if (n := capped(len(ds), source)) < len(ds) else ds for source, ds in parts]
     if len(cut) == 1:
         return cut[0]
     if any("tools" in ds.column_names for ds in cut):  # tool schemas in some sources: none in the others

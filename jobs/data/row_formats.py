@@ -140,7 +140,7 @@ def parse_label(value: Any) -> bool | None:
 def only_columns(row: dict[str, Any], fmt: RowFormat, tools: bool = False) -> dict[str, Any]:
     """The row reduced to what trl reads; chat messages reduced to {role, content} (plus a tool call's
     `tool_calls` and a tool turn's `name`); labels to bools. `tools`: keep the `tools` column too."""
-    out = {}
+    out: dict[str, Any] = {}
     for c in COLUMNS[fmt]:
         v = row.get(c)
         if c == "label":

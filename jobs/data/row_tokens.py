@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from jobs.data.token_lengths import RowLengths
 from jobs.data.tool_turns import row_tools
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.mixture import DataSource
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +127,9 @@ def sequences(row: dict[str, Any], trainer: Trainer) -> list[str | list[dict[str
         return [row["messages"]]
     if "text" in row:
         return [row["text"]]
-    prompt = row.get("prompt")
     if trainer is Trainer.GRPO:
-        return [prompt]
+        return [row["prompt"]]  # a grpo row is prompt-only: the data checks refuse rows without one
+    prompt = row.get("prompt")
     answers = [row[c] for c in ("completion", "chosen", "rejected") if c in row]
     if prompt is None:
         return answers  # a reward pair with the prompt inside each answer
@@ -276,7 +277,8 @@ def cache_key(spec: JobSpec, folder: Path) -> str | None:
     digest = hashlib.sha256(f"v{CACHE_VERSION}".encode())
     for name in ROW_FIELDS:
         digest.update(f"{name}={getattr(spec, name)!r};".encode())
-    for listed in spec.dataset_sources or [None]:  # every source's contents (the text above holds the caps)
+    sources: Sequence[DataSource | None] = spec.dataset_sources or [None]
+    for listed in sources:  # every source's contents (the text above holds the caps)
         if listed is None:
             return None  # a `dataset` that cannot be read is no data to measure
         try:

@@ -145,7 +145,7 @@ class RowLengths:
     def answers_cut(self, max_length: int | None, *, dropped_when_long: bool = False) -> AnswersCut:
         """The rows whose whole answer `max_length` cuts away: the prompt alone fills it (trl truncates the end).
         `dropped_when_long`: the trainer drops every row with a sequence over max_length instead (reward)."""
-        return self._remembered(  # type: ignore[no-any-return]
+        return self._remembered(
             ("answers", max_length, dropped_when_long), lambda: self._answers_cut(max_length, dropped_when_long)
         )
 
@@ -169,7 +169,7 @@ class RowLengths:
         return self._remembered(("cut", max_length), lambda: np.minimum(self.lengths, max_length))
 
     def stats(self, max_length: int | None) -> LengthStats:
-        return self._remembered(("stats", max_length), lambda: self._stats(max_length))  # type: ignore[no-any-return]
+        return self._remembered(("stats", max_length), lambda: self._stats(max_length))
 
     def _stats(self, max_length: int | None) -> LengthStats:
         longest_per_row = self._cut(max_length).max(axis=1) if self.rows else np.zeros(1, dtype=np.int64)
@@ -188,7 +188,7 @@ class RowLengths:
     def worst_batch(self, spec: JobSpec) -> TokenBatch:
         """The largest micro-batch `spec`'s trainer can form from these rows (the most tokens at once)."""
         key = ("batch", *(getattr(spec, f) for f in BATCH_FIELDS))
-        return self._remembered(key, lambda: self._worst_batch(spec))  # type: ignore[no-any-return]
+        return self._remembered(key, lambda: self._worst_batch(spec))
 
     def _worst_batch(self, spec: JobSpec) -> TokenBatch:
         b = spec.per_device_train_batch_size

@@ -296,7 +296,7 @@ class RowCheck:
         self._first_style: tuple[int, str] | None = None
         self._repeated: list[int] = []
         self._examples: list[tuple[int, list[dict[str, Any]]]] = []
-        self._labels = {True: 0, False: 0}
+        self._labels: dict[bool, int] = {True: 0, False: 0}
         self._placeholders = Placeholders()
         self._tools = ToolRows()
 
@@ -347,7 +347,7 @@ class RowCheck:
             warnings.append(
                 f"{self._same_answer} of {n_rows} rows have identical chosen and rejected answers; they teach nothing"
             )
-        if fmt is RowFormat.UNPAIRED and sum(labels.values()) and not all(labels.values()):
+        if fmt is RowFormat.UNPAIRED and labels[True] + labels[False] and not all(labels.values()):
             missing = "undesirable (label false)" if labels[True] else "desirable (label true)"
             warnings.append(
                 f"no {missing} rows: kto learns from both kinds; add some, or use sft for desirable rows only"
