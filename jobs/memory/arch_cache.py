@@ -88,7 +88,8 @@ def arch_from_json(data: dict[str, Any], config: dict[str, Any]) -> Arch:
     shape["linears"] = tuple(Linear(**lin) for lin in shape["linears"])
     shape["unmodelled"] = tuple(shape.get("unmodelled", ()))
     moe = shape.get("moe")
-    shape["moe"] = MoeLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in moe.items()}) if moe else None
+    moe_fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (moe or {}).items()}
+    shape["moe"] = MoeLayout(**moe_fields) if moe else None
     fields = dict(data)
     fields["param_shapes"] = tuple(tuple(s) for s in data["param_shapes"])
     fields["block_linears"] = tuple(LayerLinear(**lin) for lin in data["block_linears"])

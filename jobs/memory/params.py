@@ -42,7 +42,9 @@ def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     config = transformers_config(shape.config) if isinstance(shape.config, dict) else shape.config  # read back
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    trainable, _ = get_peft_model(model, peft_config(spec, shape.model_type, shape.moe)).get_nb_trainable_parameters()
+    adapter = peft_config(spec, shape.model_type, shape.moe)
+    assert adapter is not None, f"{spec.method.value} trains no adapter: there is nothing for peft to count"
+    trainable, _ = get_peft_model(model, adapter).get_nb_trainable_parameters()
     return int(trainable)
 
 
