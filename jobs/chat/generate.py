@@ -139,6 +139,7 @@ def locate(store: ArtifactReader, run_id: int) -> RunResult:
     problem = finished_problem(run, run_id, "chat with")
     if problem is not None:
         raise refuse(*problem)
+    assert run is not None  # finished_problem names a missing run
     spec = spec_of(run)
     if spec.trainer is Trainer.REWARD:
         raise refuse(
@@ -282,6 +283,7 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     remote = result.trust_remote_code
+    tuned: torch.nn.Module  # a full model, or the base with the run's adapter (peft's or MoRA's)
     try:
         tokenizer = AutoTokenizer.from_pretrained(result.folder, trust_remote_code=remote)
         if tokenizer.pad_token is None:

@@ -109,10 +109,16 @@ class ChatProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self.alive() else None
+        proc = self._live()
+        return proc.pid if proc is not None else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._live() is not None
+
+    def _live(self) -> subprocess.Popen | None:
+        """The child while it runs; None when there is none or it has exited."""
+        proc = self._proc
+        return proc if proc is not None and proc.poll() is None else None
 
     def holds(self, run_id: int) -> bool:
         """Whether a live child already holds run `run_id`'s models (its next answer starts warm)."""
@@ -184,7 +190,7 @@ class ChatProcess:
         if self.alive() and self._device != device:
             self.close()
         for attempt in (1, 2):
-            proc = self._proc if self.alive() else self._start(device)
+            proc = self._live() or self._start(device)
             try:
                 self._request(proc, op="load", result=result.to_dict())
                 self._event(proc)
