@@ -162,7 +162,7 @@ def load_snippet(spec: JobSpec, chat: bool = True) -> str:
     transformers (+ peft) and answers one prompt greedily; tests run it as written."""
     from jobs.models.registry import base_reference
 
-    chat = (
+    ask = (
         f'messages = [{{"role": "user", "content": "{LOAD_PROMPT}"}}]\n'
         'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",\n'
         "                                       return_dict=True)\n"
@@ -177,7 +177,7 @@ def load_snippet(spec: JobSpec, chat: bool = True) -> str:
             "Run this from the folder this file is in:\n\n```python\n"
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             'model = AutoModelForCausalLM.from_pretrained(".")\n'
-            'tokenizer = AutoTokenizer.from_pretrained(".")\n' + chat + "```\n"
+            'tokenizer = AutoTokenizer.from_pretrained(".")\n' + ask + "```\n"
         )
     mora = spec.method is Method.MORA
     text = (
@@ -197,7 +197,7 @@ def load_snippet(spec: JobSpec, chat: bool = True) -> str:
             else 'model = PeftModel.from_pretrained(base, ".")\n'
         )
         + 'tokenizer = AutoTokenizer.from_pretrained(".")  # with the chat template the run trained on\n'
-        + chat
+        + ask
         + "```\n"
     )
     if spec.method is Method.QLORA:

@@ -200,7 +200,7 @@ class StoreCallback(TrainerCallback):
         from jobs.train.checkpoints import mark_complete
 
         self._last_save = self._clock()
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
             mark_complete(folder, state.global_step)
 
@@ -221,7 +221,7 @@ class StoreCallback(TrainerCallback):
             return
         self._metrics.append(MetricPoint(step, "step_time", elapsed / steps, wall))
         tokens = logs.get("num_tokens")
-        if tokens is None and getattr(state, "num_input_tokens_seen", 0):
+        if tokens is None and getattr(state, "num_input_tokens_seen", None):
             tokens = state.num_input_tokens_seen
         if tokens is None:
             return

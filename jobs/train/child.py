@@ -102,7 +102,7 @@ def whole_run_mean(store: MetricReader, run_id: int, name: str) -> float | None:
     """Mean of every stored value of one metric of a run (its rollups; None without rows)."""
     buckets = store.metric_series(run_id, name, 1 << 30)
     count = sum(b.count for b in buckets)
-    return sum(b.total for b in buckets) / count if count else None
+    return sum(b.total or 0.0 for b in buckets) / count if count else None
 
 
 def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[Any] = ()) -> int:

@@ -117,6 +117,7 @@ def scheduler_restorer(resume_from: str | None) -> Any | None:
         or not (folder / "scheduler.pt").is_file()
     ):
         return None
+    scheduler_file = folder / "scheduler.pt"
     from transformers import TrainerCallback
 
     class RestoreScheduler(TrainerCallback):
@@ -125,7 +126,7 @@ def scheduler_restorer(resume_from: str | None) -> Any | None:
         ) -> None:
             import torch
 
-            lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+            lr_scheduler.load_state_dict(torch.load(scheduler_file, weights_only=True))
             for group, lr in zip(optimizer.param_groups, lr_scheduler.get_last_lr()):
                 group["lr"] = lr  # the next step runs at the schedule's rate, not the initial one
             log.info("restored the learning-rate schedule from %s (optimizer state starts afresh)", folder)
