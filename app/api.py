@@ -331,16 +331,19 @@ def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
 def publish(demo: gr.Blocks, functions: list[Any]) -> None:
     """Make `functions` the whole API: document their parameters; every other handler becomes private."""
     ours = {id(fn) for fn in functions}
-    named = set()
+    named: set[str] = set()
     for block_fn in demo.fns.values():
-        if id(block_fn.fn) not in ours:
+        fn = block_fn.fn
+        if fn is None or id(fn) not in ours:
             block_fn.api_visibility = "private"
             continue
-        named.add(block_fn.api_name)
-        _, params, returns = get_function_description(block_fn.fn)
-        for component, text in zip(block_fn.inputs, params.values()):
+        named.add(str(block_fn.api_name))
+        _, params, returns = get_function_description(fn)
+        inputs: list[Any] = list(block_fn.inputs)  # components, each with the info Gradio's API page shows
+        for component, text in zip(inputs, params.values()):
             component._api_info["additional_description"] = text
-        for component in block_fn.outputs:
+        outputs: list[Any] = list(block_fn.outputs)
+        for component in outputs:
             component._api_info["additional_description"] = " ".join(returns)
     if named != set(ENDPOINTS):  # another event took one of the names first: wire() must run first
         raise RuntimeError(f"API endpoint names {sorted(named)} differ from {sorted(ENDPOINTS)}")

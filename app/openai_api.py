@@ -22,7 +22,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,7 +168,7 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(found)], True) if found else (text, False)
 
 
-async def replies(store: Store, ask: Ask) -> AsyncIterator[str]:
+async def replies(store: Store, ask: Ask) -> AsyncGenerator[str, None]:
     """The reply's text as it grows (each yield the whole text so far), until it is done; ApiError when it fails."""
     session_id, reply_id = await run_in_threadpool(
         store.ask_chat_reply, ask.run_id, ask.side, ask.turns, ask.system, ask.sampling
@@ -215,7 +215,7 @@ async def whole(store: Store, ask: Ask, chat: bool) -> dict[str, Any]:
     return head | {"choices": [choice]}
 
 
-async def events(store: Store, ask: Ask, chat: bool) -> AsyncIterator[str]:
+async def events(store: Store, ask: Ask, chat: bool) -> AsyncGenerator[str, None]:
     """Server-sent events: one chunk per new piece of text, then the finish chunk and `[DONE]`."""
     head = _envelope(ask, chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
     head["object"] = "chat.completion.chunk" if chat else "text_completion"

@@ -125,7 +125,7 @@ class LiveList(list):
         super().__init__()
         self.compute = compute
 
-    def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[str]:
         return iter(self.compute())
 
     def __len__(self) -> int:

@@ -66,7 +66,7 @@ def _command(module: str, name: str) -> Callable[[Store | None, argparse.Namespa
     reads a config.json; `runs`, `export` and the store bring SQLAlchemy, torch, ...)."""
 
     def run(store: Store | None, args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(module), name)(store, args)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), name)(store, args)
 
     run.__name__ = name
     return run
@@ -82,10 +82,11 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
         raise UsageError(cluster.problems(args))
     from jobs.worker.chat_service import chat_service
     from jobs.worker.loop import Worker
+    from jobs.worker.services import Factory
     from jobs.worker.share import ShareError, SharePolicy
     from jobs.worker.task_service import task_service
 
-    services = [  # what the dashboard asks of a worker besides training (jobs.worker.services)
+    services: list[Factory] = [  # what the dashboard asks of a worker besides training (jobs.worker.services)
         task_service,  # exports and pushes (jobs.worker.task_service)
         chat_service,  # chat replies (jobs.worker.chat_service)
     ]

@@ -133,6 +133,7 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
             ]
         )
     arch = checked.memory.arch
+    assert arch is not None  # a prediction comes with the architecture it was made from
     others = [p for p in checked.problems if p.field != "memory"]  # the verdict is in the table already
     if args.json:
         out = prediction.to_dict()

@@ -246,6 +246,7 @@ def build() -> CompareView:
     with gr.Row():
         tradeoff = charts.COMPARE_TRADEOFF.build()
         loss = charts.COMPARE_LOSS.build()
+    assert isinstance(tradeoff, gr.ScatterPlot) and isinstance(loss, gr.LinePlot)
     return CompareView(runs, refresh, table, tradeoff, loss, gr.State({}))
 
 

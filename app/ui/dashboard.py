@@ -166,6 +166,7 @@ def _wire_load(
 
     optional_numbers = [form.fields[f.name] for f in ui_form.INFOS if f.optional and f.kind in ("int", "float")]
     device = ui_memory.worker_device(store)
+    assert form.memory is not None  # the dashboard's form always has its panel
     demo.load(open_run, None, [page.run_id, tabs], api_visibility="private")
     demo.load(
         fill_form,

@@ -73,7 +73,8 @@ SECTIONS: tuple[tuple[str, tuple[Group, ...]], ...] = (
 # Events that read the form's fields skip Gradio's preprocessing: it would stop at the first number
 # out of its range, without naming the field, where JobSpec reports every problem at once. The
 # browser's number boxes still carry the ranges. The values arrive as the browser sent them.
-UNCHECKED = {"preprocess": False}
+UNCHECKED: dict[str, Any] = {"preprocess": False}
+FieldComponent = ui_memory.FieldComponent
 FIELD_MIN_WIDTH = 160  # five fields to a row beside the side column at 1400 px
 SLIDER_STEP = 0.01
 # The side column sticks to the top of the window, so the memory verdict and Launch stay in view;
@@ -122,10 +123,10 @@ def is_slider(f: FieldInfo) -> bool:
 
 
 # ---------------------------------------------------------------------- components
-def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
+def make_component(f: FieldInfo, visible: bool = True) -> FieldComponent:
     """The typed component for one field; help text as `info`, label = words + spec name."""
     default, label = f.default, f.title
-    common = {"label": label, "visible": visible, "min_width": FIELD_MIN_WIDTH}
+    common: dict[str, Any] = {"label": label, "visible": visible, "min_width": FIELD_MIN_WIDTH}
     if f.name == "model":
         return gr.Dropdown(
             ui_data.model_choices(), value=default, info=f.help, allow_custom_value=True, filterable=True, **common
@@ -145,6 +146,7 @@ def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
         return gr.Checkbox(value=bool(default), info=f.help, **common)
     low = f.ge if f.ge is not None else f.gt
     if is_slider(f):
+        assert low is not None and f.le is not None  # what makes it a slider
         return gr.Slider(
             minimum=low, maximum=f.le, step=SLIDER_STEP, value=default, info=f.help + bounds_text(f), **common
         )
@@ -168,7 +170,7 @@ def make_component(f: FieldInfo, visible: bool = True) -> gr.Component:
 class LaunchForm:
     """The launch tab's components, by name."""
 
-    fields: dict[str, gr.Component]
+    fields: dict[str, FieldComponent]
     presets: dict[str, gr.Button]
     preset_note: gr.Markdown
     upload: gr.UploadButton
@@ -198,7 +200,7 @@ def _sections() -> list[tuple[str, list[FieldInfo]]]:
     return [(title, members) for title, members in out if members]
 
 
-def _fields(members: list[FieldInfo], comps: dict[str, gr.Component], shown: dict[str, bool]) -> None:
+def _fields(members: list[FieldInfo], comps: dict[str, FieldComponent], shown: dict[str, bool]) -> None:
     with gr.Row(equal_height=False):
         for f in members:
             comps[f.name] = make_component(f, visible=shown.get(f.name, True))
@@ -211,7 +213,7 @@ def _memory_slot() -> gr.Markdown:
 
 def build_form() -> LaunchForm:
     """Lay out the generated form; call inside a gr.Blocks context."""
-    comps: dict[str, gr.Component] = {}
+    comps: dict[str, FieldComponent] = {}
     shown = visibility({f.name: f.default for f in INFOS})
     with gr.Row(elem_id="presets"):
         presets = {
@@ -336,8 +338,8 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     """Connect the form's own events (launch and clone are wired by app.ui.dashboard); none is a public API."""
     ins = form.inputs
     device = ui_memory.worker_device(store)  # predictions are for the workers' device, not this machine
-    private = {"api_visibility": "private"}
-    raw = {**private, **UNCHECKED}
+    private: dict[str, Any] = {"api_visibility": "private"}
+    raw: dict[str, Any] = {**private, **UNCHECKED}
     form.preview_btn.click(preview_spec, ins, [form.yaml_code, form.yaml_download, form.errors, form.yaml_box], **raw)
     form.yaml_upload.upload(load_yaml, form.yaml_upload, ins + [form.errors], **private)
     if form.config_upload is not None:

@@ -97,11 +97,11 @@ def chart_meta(chart: charts.Chart, relative_window_s: float | None = None) -> d
 
 
 def row_points(rows: list[Row]) -> dict[str, Points]:
-    """{series label: [[x, y], ...] sorted by x}, non-finite values left out (a gap, as the plots drew them)."""
+    """{series label: [[x, y], ...] sorted by x}, missing and non-finite values left out (a gap, as the plots drew them)."""
     out: dict[str, Points] = {}
     for x, y, label in rows:
         points = out.setdefault(str(label), [])
-        if math.isfinite(x) and math.isfinite(y):
+        if y is not None and math.isfinite(x) and math.isfinite(y):
             points.append([float(x), float(y)])
     for points in out.values():
         points.sort(key=lambda p: p[0])  # stable: a bucket's min stays before its max

@@ -21,6 +21,9 @@ from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec, SpecError
 from storage.roles import RunLister, WorkerDirectory
 
+# What a spec field becomes in the launch form: each has the change event the panel listens to.
+FieldComponent = gr.Dropdown | gr.CheckboxGroup | gr.Checkbox | gr.Slider | gr.Number | gr.Textbox
+
 COLORS = {
     "weights": "#4e79a7",
     "adapter": "#59a14f",
@@ -133,6 +136,7 @@ def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
     if prediction.not_modelled:
         lines.append(f"\nNot modelled: {', '.join(prediction.not_modelled)} (their activations are not counted).")
     if prediction.verdict is not Verdict.FITS:
+        assert memory.arch is not None  # a prediction comes with the architecture it was made from
         change = cheapest_change(spec, memory.arch, prediction.device, memory.lengths)
         lines.append(
             f"\nCheapest change that fits: **{change}** (or press *Fit to GPU*)."
@@ -233,7 +237,7 @@ def wire(
     budget: gr.Markdown,
     inputs: list[gr.Component],
     names: list[str],
-    watch: list[gr.Component],
+    watch: list[FieldComponent],
     spec_from_values: Callable[[dict[str, Any]], JobSpec],
     to_values: Callable[[JobSpec], list[Any]],
     device: DeviceSource | None = None,

@@ -179,7 +179,7 @@ class MemorySeriesCache:
 
 
 # ---------------------------------------------------------------------- frames for gr.LinePlot
-Row = tuple[float, float, str]  # (x, y, series): what a chart draws, one point
+Row = tuple[float, float | None, str]  # (x, y, series): what a chart draws, one point
 
 
 def metric_frame(series: dict[str, list[MetricBucket]]) -> pd.DataFrame:
