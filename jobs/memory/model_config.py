@@ -10,8 +10,10 @@ else is a bug and propagates, so submit fails loudly instead of skipping the mem
     config, source = model_config("smollm2-135m-instruct")
     arch, source = arch_with_source("smollm2-135m-instruct")   # jobs.memory.parts.Arch, or (None, "")
 
-The Arch is built from the config on torch's meta device once per config, transformers and torch install
-(`jobs.memory.arch_cache`); later processes read it back without importing either.
+The Arch of a Llama-shaped family (llama, mistral, qwen2/3, gemma 1-3, olmo2, granite) is computed from
+config.json's fields (`jobs.memory.dense_shape`, no torch). Any other is built from the config on torch's meta
+device once per config, transformers and torch install (`jobs.memory.arch_cache`); later processes read it back
+without importing either.
 """
 
 from __future__ import annotations
@@ -87,13 +89,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 @functools.lru_cache(maxsize=16)
 def _arch_from_text(text: str) -> Any:
-    """The Arch of a config (canonical JSON): kept in this process by its text, and on disk
+    """The Arch of a config (canonical JSON): computed from its fields for the common dense families
+    (`jobs.memory.dense_shape`, no torch); otherwise kept in this process by its text, and on disk
     (`jobs.memory.arch_cache`) by its text and the libraries and code that build it."""
     from jobs.memory.arch_cache import keep_arch, read_arch
+    from jobs.memory.dense_shape import dense_arch
     from jobs.memory.parts import arch_from_config
     from jobs.memory.shape import transformers_config
 
-    arch = read_arch(text)
+    arch = dense_arch(json.loads(text)) or read_arch(text)
     if arch is None:
         config = transformers_config(json.loads(text))
         if config is None:  # transformers does not know it: not kept, asked again next time

@@ -6,6 +6,7 @@ installed version and kept in `$TUNEDECK_HOME/cache/transformers/`; `stamp` name
 (version, where it lives and when it was installed) without importing it, so a cache keyed by it is dropped when
 the package changes.
 
+    knows_model_type("qwen2")      # True: read from transformers' generated table, or asked of transformers
     known_model_types()            # frozenset({"llama", "qwen2", ...})
     stamp("transformers")          # "5.24.0 /.../site-packages/transformers 1764...": part of cache keys
 """
@@ -35,6 +36,34 @@ def stamp(package: str) -> str:
 
 def transformers_version() -> str:
     return importlib.metadata.version("transformers")
+
+
+def knows_model_type(model_type: str) -> bool:
+    """Whether the installed transformers has a config class for `model_type`. Its generated table of model
+    types (`models/auto/auto_mappings.py`, a data module that imports only `collections`) is read first without
+    importing transformers; a type missing there is looked up in CONFIG_MAPPING itself (`known_model_types`),
+    which only ever adds to that table."""
+    return model_type in _generated_model_types() or model_type in known_model_types()
+
+
+@functools.cache
+def _generated_model_types() -> frozenset[str]:
+    """The keys of transformers' generated CONFIG_MAPPING_NAMES, read from its file; empty when this install
+    has no such file (an older or newer layout: `known_model_types` answers then)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        return frozenset()
+    path = Path(spec.origin).parent / "models" / "auto" / "auto_mappings.py"
+    loaded = importlib.util.spec_from_file_location("_tunedeck_transformers_auto_mappings", path)
+    if not path.is_file() or loaded is None or loaded.loader is None:
+        return frozenset()
+    module = importlib.util.module_from_spec(loaded)
+    try:
+        loaded.loader.exec_module(module)
+        return frozenset(module.CONFIG_MAPPING_NAMES)
+    except (ImportError, AttributeError, SyntaxError, TypeError):  # the file is not the table it was
+        log.warning("transformers' %s is not the table of model types it was: asking transformers", path)
+        return frozenset()
 
 
 def known_model_types(cache: Path | None = None) -> frozenset[str]:

@@ -45,7 +45,7 @@ def ensure_builtin(name: str) -> Path:
 
 def _config_problems(ref: str, config: dict[str, Any], trust_remote_code: bool) -> list[Problem]:
     """Problems visible in a model's config: custom code, unknown architecture, no safetensors."""
-    from jobs.models.library import known_model_types, transformers_version
+    from jobs.models.library import knows_model_type, transformers_version
 
     problems: list[Problem] = []
     model_type = config.get("model_type")
@@ -53,7 +53,7 @@ def _config_problems(ref: str, config: dict[str, Any], trust_remote_code: bool) 
         problems.append(
             Problem("trust_remote_code", f"{ref!r} ships its own Python code (config.json has auto_map)", TRUST_FIX)
         )
-    elif model_type and model_type not in known_model_types() and not trust_remote_code:
+    elif model_type and not knows_model_type(model_type) and not trust_remote_code:
         problems.append(
             Problem(
                 "trust_remote_code",

@@ -24,9 +24,6 @@ def tokenizer_files(model: str) -> dict[str, Path | None] | None:
     """The model's tokenizer/chat-template files found on this machine (a built-in model's folder, a
     local folder or the Hugging Face cache; never downloads), None per missing file; None when the
     reference cannot be looked up at all (neither a folder nor a hub repo id)."""
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-
     from jobs.models.registry import BUILTIN_MODELS
 
     ref = (model or "").strip()
@@ -37,6 +34,9 @@ def tokenizer_files(model: str) -> dict[str, Path | None] | None:
         folder = models_dir() / ref
     if ref in BUILTIN_MODELS or folder.is_dir():
         return {name: folder / name if (folder / name).is_file() else None for name in TOKENIZER_FILES}
+    from huggingface_hub import try_to_load_from_cache  # only for a hub id (~0.5 s of imports a folder skips)
+    from huggingface_hub.errors import HFValidationError
+
     try:
         hits = {name: try_to_load_from_cache(ref, name) for name in TOKENIZER_FILES}
     except HFValidationError:  # not a repo id: unknown
