@@ -1,11 +1,13 @@
-"""What the memory prediction costs, against issue 21's targets, side by side with a baseline commit.
+"""What the memory prediction costs, against issues 21's and 31's targets, side by side with a baseline commit.
 
-    .venv/bin/python bench/prediction_speed.py                      # this tree and c0acf70
-    .venv/bin/python bench/prediction_speed.py --baseline HEAD~3 --rows 20000 --only lengths
+    .venv/bin/python bench/prediction_speed.py                      # this tree and 7357390 (meta-device path)
+    .venv/bin/python bench/prediction_speed.py --rows 2000 --only form,plan    # issue 31's figures, ~3 min
+    .venv/bin/python bench/prediction_speed.py --baseline c0acf70 --rows 20000 --only lengths
 
 Three figures, each measured by the same child code in both trees (`--child`, with the tree's own
-PYTHONPATH and a TUNEDECK_HOME of its own); the two trees run each phase at the same time on this
-machine, so both see the same load:
+PYTHONPATH and a TUNEDECK_HOME of its own); the two trees run the lengths phase at the same time on
+this machine, so both see the same load, and the form and plan phases one tree after the other
+(`--together` chooses):
 
 1. lengths: `jobs.checks.memory.measured_lengths(spec)` on two generated JSONL files of `--rows` rows
    (chat `messages` rows and plain `text` rows of 50-500 SmolLM2 tokens, words drawn from a
@@ -22,8 +24,10 @@ machine, so both see the same load:
    the planner's grid runs), with the bundled sample and with the generated chat file.
 3. plan: `python -m app.cli.main plan SPEC.yaml` wall time, for a folder holding only a
    Llama-2-7B-shaped config.json and `dataset: sample:chat-format`: in a fresh home (no database,
-   no caches), again (median of 3), and with a database in the home (median of 3). Both trees'
-   tables are compared.
+   no caches: a config never seen), again (median of 3), and with a database in the home (median
+   of 3); then Qwen2.5-7B, Mistral-7B and Gemma-2-2B config.json folders, each in a fresh home of
+   its own. Both trees' bytecode is compiled first (as an installed package has it). Both trees'
+   tables are compared, family by family: a faster path must print the same prediction.
 
 Needs the built-in SmolLM2 converted (`tunedeck setup`, or TUNEDECK_MODELS_DIR pointing at a cache
 that has it). The baseline is checked out into a temporary git worktree.
@@ -45,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every architecture built on the meta device, transformers asked for its model types (issue 31's "current path").
+BASELINE, BASELINE_IS = "7357390", "every config built on the meta device"
 PHASES = ("lengths", "form", "plan")
 LLAMA2_7B = {
     "architectures": ["LlamaForCausalLM"],
@@ -59,6 +65,46 @@ LLAMA2_7B = {
     "rms_norm_eps": 1e-05,
     "tie_word_embeddings": False,
     "torch_dtype": "float16",
+}
+# The published shapes of three more common families, each planned once in a home of its own: never seen.
+NEVER_SEEN = {
+    "Qwen2.5-7B": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "Mistral-7B": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32768,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "Gemma-2-2B": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "torch_dtype": "float32",
+    },
 }
 FORM_CHANGES = (
     ("max_length 2048", {"max_length": 2048}),
@@ -223,30 +269,45 @@ def child_form(work: Path, files: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def child_plan(work: Path, root: Path) -> dict[str, Any]:
-    model = work / "llama-2-7b-config"
+def _plan_spec(work: Path, name: str, config: dict[str, Any]) -> Path:
+    model = work / f"{name}-config"
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps(LLAMA2_7B, indent=2))
-    spec = work / "plan-7b.yaml"
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    spec = work / f"plan-{name}.yaml"
     spec.write_text(f"model: {model}\ndataset: sample:chat-format\n")
+    return spec
+
+
+def _plan(root: Path, home: str, spec: Path) -> tuple[float, str]:
+    """One `tunedeck plan` in a new process: its wall time and the table it printed."""
+    env = {**os.environ, "TUNEDECK_HOME": home, "PYTHONPATH": str(root)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package has its bytecode (compiled before timing)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "plan", str(spec)], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"plan failed in {root}:\n{done.stderr[-2000:]}")
+    return time.perf_counter() - start, done.stdout
+
+
+def child_plan(work: Path, root: Path) -> dict[str, Any]:
+    import compileall
+
+    for package in ("app", "jobs", "storage"):  # as installed: bytecode kept, so no plan compiles the sources
+        compileall.compile_dir(str(root / package), quiet=2)
+    spec = _plan_spec(work, "llama-2-7b", LLAMA2_7B)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as home:
+        out["cold"], table = _plan(root, home, spec)
+        out["warm"] = statistics.median(_plan(root, home, spec)[0] for _ in range(3))
         env = {**os.environ, "TUNEDECK_HOME": home, "PYTHONPATH": str(root)}
-
-        def plan() -> tuple[float, str]:
-            start = time.perf_counter()
-            done = subprocess.run(
-                [sys.executable, "-m", "app.cli.main", "plan", str(spec)], env=env, capture_output=True, text=True
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"plan failed in {root}:\n{done.stderr[-2000:]}")
-            return time.perf_counter() - start, done.stdout
-
-        out["cold"], table = plan()
-        out["warm"] = statistics.median(plan()[0] for _ in range(3))
         subprocess.run([sys.executable, "-m", "app.cli.main", "runs"], env=env, capture_output=True, check=True)
-        out["with_db"] = statistics.median(plan()[0] for _ in range(3))
+        out["with_db"] = statistics.median(_plan(root, home, spec)[0] for _ in range(3))
         out["table"] = table
+    for name, config in NEVER_SEEN.items():  # each in a fresh home: no architecture, no model types kept
+        with tempfile.TemporaryDirectory() as home:
+            out[f"cold {name}"], out[f"table {name}"] = _plan(root, home, _plan_spec(work, name, config))
     return out
 
 
@@ -273,7 +334,15 @@ def logging_quiet() -> None:
 
 
 # ---------------------------------------------------------------------- the parent: both trees, each phase at once
-def run_phase(phase: str, trees: dict[str, Path], homes: dict[str, Path], work: Path, files: dict[str, Path]) -> dict:
+def run_phase(
+    phase: str, trees: dict[str, Path], homes: dict[str, Path], work: Path, files: dict[str, Path], together: bool
+) -> dict:
+    """Each tree's child for `phase`: both at once (`together`), or one after the other."""
+    if not together:
+        results: dict[str, Any] = {}
+        for name in trees:
+            results.update(run_phase(phase, {name: trees[name]}, homes, work, files, True))
+        return results
     procs = {}
     for name, root in trees.items():
         out = work / f"{phase}-{name.split()[0]}.json"
@@ -303,9 +372,18 @@ def seconds(x: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", default="c0acf70", help="the commit to measure side by side (default c0acf70)")
+    parser.add_argument(
+        "--baseline", default=BASELINE, help=f"the commit to measure side by side (default {BASELINE}: {BASELINE_IS})"
+    )
     parser.add_argument("--rows", type=int, default=100_000, help="rows per generated data file (default 100000)")
     parser.add_argument("--only", default=",".join(PHASES), help="phases to run: lengths,form,plan")
+    parser.add_argument(
+        "--together",
+        default="lengths",
+        help="phases whose two trees run at the same time (default lengths: minutes each, so both see the same "
+        "load); the others run one tree after the other, since a baseline's seconds-long torch import would "
+        "otherwise land on this tree's millisecond figures",
+    )
     parser.add_argument("--workdir", default=None, help="keep the generated data here (reused by a later run)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
@@ -340,8 +418,9 @@ def main() -> int:
             load = os.getloadavg()
             results: dict[str, dict] = {}
             for phase in phases:
-                print(f"{phase}: both trees at once...", file=sys.stderr)
-                results[phase] = run_phase(phase, trees, homes, work, files)
+                print(f"{phase}: both trees {'at once' if phase in args.together else 'in turn'}...", file=sys.stderr)
+                together = phase in args.together.split(",")
+                results[phase] = run_phase(phase, trees, homes, work, files, together)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
     if args.json:
@@ -378,12 +457,17 @@ def report(results: dict[str, dict], names: list[str], args: argparse.Namespace,
         rows.append(("plan 7B config.json: fresh home", "<= 2 s", r[base]["cold"], r[now]["cold"]))
         rows.append(("plan 7B config.json: again", "<= 2 s", r[base]["warm"], r[now]["warm"]))
         rows.append(("plan 7B config.json: with a database", "<= 2 s", r[base]["with_db"], r[now]["with_db"]))
+        for name in NEVER_SEEN:
+            key = f"cold {name}"
+            if key in r[base] and key in r[now]:
+                rows.append((f"plan {name} config.json: fresh home", "<= 2 s", r[base][key], r[now][key]))
     width = max(len(r[0]) for r in rows) + 2
     print(f"{'':{width}}{'target':>10}{base:>22}{now:>14}{'baseline/now':>14}")
     for label, target, b, n in rows:
         print(f"{label:{width}}{target:>10}{seconds(b):>22}{seconds(n):>14}{b / n if n else float('inf'):>13.1f}x")
     notes = [
-        f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} at the start; both trees ran each phase at once"
+        f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} at the start; trees ran at once for: "
+        f"{args.together or 'no phase'}"
     ]
     if "lengths" in results:
         r = results["lengths"]
@@ -399,8 +483,12 @@ def report(results: dict[str, dict], names: list[str], args: argparse.Namespace,
             notes.append(f"form, {group.replace('|', ', ')}: {cells}")
     if "plan" in results:
         r = results["plan"]
+        tables = ["table"] + [f"table {name}" for name in NEVER_SEEN if f"table {name}" in r[base]]
+        same = [k.removeprefix("table").strip() or "Llama-2-7B" for k in tables if r[base][k] == r[now].get(k)]
+        differ = [k.removeprefix("table").strip() or "Llama-2-7B" for k in tables if r[base][k] != r[now].get(k)]
         notes.append(
-            f"plan: both trees printed the same table: {'yes' if r[base]['table'] == r[now]['table'] else 'NO'}"
+            f"plan: both trees printed the same table for {', '.join(same) or 'none'}"
+            + (f"; DIFFERENT for {', '.join(differ)}" if differ else "")
         )
     print("\n" + "\n".join(notes))
 
