@@ -61,6 +61,18 @@ def test_each_family_is_the_meta_device_build(family: str) -> None:
         assert fast.shape.linears == meta.shape.linears and fast.shape == meta.shape, (family, switches)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_config_json_as_save_pretrained_writes_it_takes_the_fast_path(family: str) -> None:
+    from transformers import AutoConfig
+
+    extra = ZOO[family].config if family in ZOO else {}
+    config = AutoConfig.for_model(family, **{**TINY, **extra})
+    for only_changes in (True, False):  # save_pretrained writes the changes from the defaults
+        written = json.loads(config.to_json_string(use_diff=only_changes))
+        fast = dense_arch(written)
+        assert fast is not None and fast == built(written), (family, only_changes)
+
+
 def test_a_real_size_config_counts_every_parameter() -> None:
     llama2_7b = dict(
         model_type="llama",
