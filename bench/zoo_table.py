@@ -162,7 +162,8 @@ def document(outcomes: list[Outcome]) -> str:
         "",
         summary(outcomes) + ".",
         "",
-        "Mamba-2 state-space mixers (bamba) are sized by `jobs.memory.mixers` (the chunked scan's fp32 tensors).",
+        "Mamba-2 state-space mixers (bamba, granitemoehybrid) are sized by `jobs.memory.mixers` (the chunked scan's "
+        "fp32 tensors).",
         "Layers no formula describes (the gated delta-net of qwen3_next) are named in the prediction as",
         "`not modelled`: their activations are not counted.",
         "",

@@ -31,7 +31,8 @@ KEYS = {
 MAMBA_TYPES = {"mamba", "mamba2", "m", "linear_attention", "hybrid"}  # falcon_h1: "hybrid" (mixer + attention)
 # Tensors kept per Mamba-2 layer (module docstring): chunk x chunk scores, padded fp32 B/C per head,
 # unpadded fp32 B/C per head, padded fp32 head outputs, in_proj/conv outputs per token.
-MIXER_CLASS_SUFFIX = "Mixer"  # the class names of these layers (BambaMixer, Mamba2Mixer, FalconH1Mixer)
+# The class names of these layers (BambaMixer, Mamba2Mixer, FalconH1Mixer, GraniteMoeHybridMambaLayer).
+MIXER_CLASS_SUFFIX = ("Mixer", "MambaLayer")
 SCORES, PADDED_STATE, STATE, PADDED_HEADS, PROJECTED = 2, 4, 2, 10, 3
 
 
