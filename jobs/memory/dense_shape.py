@@ -130,11 +130,11 @@ def dense_arch(config: dict[str, Any]) -> Arch | None:
 
 def _dims(config: dict[str, Any], family: DenseFamily) -> _Dims | None:
     """The sizes the family's code reads, with its config class's defaults; None when any is unusual."""
-    sizes = [config.get(key) for key in REQUIRED]
-    if not all(_positive(v) for v in sizes):
+    found = [config.get(key) for key in REQUIRED]
+    if not all(_positive(v) for v in found):
         return None
-    hidden, inter, layers, heads, kv, vocab = sizes
-    head_dim = config.get("head_dim", family.head_dim or (hidden // heads if hidden % heads == 0 else None))
+    hidden, inter, layers, heads, kv, vocab = (int(v) for v in found)  # type: ignore[arg-type]
+    head_dim: Any = config.get("head_dim", family.head_dim or (hidden // heads if hidden % heads == 0 else None))
     flags = [config.get("tie_word_embeddings", family.tied), config.get("attention_bias", False)]
     flags.append(config.get("mlp_bias", False))
     pad = config.get("pad_token_id")
@@ -167,9 +167,11 @@ def _block(family: DenseFamily, d: _Dims) -> list[tuple[str, int, int, bool]]:
     ]
 
 
-def _parameters(family: DenseFamily, d: _Dims, block: list[tuple[str, int, int, bool]]) -> list[tuple[str, tuple]]:
+def _parameters(
+    family: DenseFamily, d: _Dims, block: list[tuple[str, int, int, bool]]
+) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter (name, shape) in `model.parameters()` order; the tied head counted once."""
-    one: list[tuple[str, tuple]] = []
+    one: list[tuple[str, tuple[int, ...]]] = []
     for name, fan_in, fan_out, bias in block:
         one.append((f"{name}.weight", (fan_out, fan_in)))
         if bias:
@@ -179,7 +181,7 @@ def _parameters(family: DenseFamily, d: _Dims, block: list[tuple[str, int, int, 
             one.append(("self_attn.q_norm.weight", (d.heads * d.head_dim if full else d.head_dim,)))
             one.append(("self_attn.k_norm.weight", (d.kv * d.head_dim if full else d.head_dim,)))
     one += [(f"{norm}.weight", (d.hidden,)) for norm in family.norms]
-    out = [("model.embed_tokens.weight", (d.vocab, d.hidden))]
+    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (d.vocab, d.hidden))]
     out += [(f"model.layers.{i}.{name}", shape) for i in range(d.layers) for name, shape in one]
     out.append(("model.norm.weight", (d.hidden,)))
     if not d.tied:
