@@ -164,8 +164,9 @@ def document(outcomes: list[Outcome]) -> str:
         "",
         "Mamba-2 state-space mixers (bamba, granitemoehybrid) are sized by `jobs.memory.mixers` (the chunked scan's "
         "fp32 tensors).",
-        "Layers no formula describes (the gated delta-net of qwen3_next) are named in the prediction as",
-        "`not modelled`: their activations are not counted.",
+        "So is the gated delta-net of qwen3_next (the chunked rule's fp32 tensors). Layers no formula describes",
+        "(the short convolutions, `Conv1d`) are named in the prediction as `not modelled`: their activations are "
+        "not counted.",
         "",
     ]
     return "\n".join(lines)

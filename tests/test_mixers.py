@@ -93,3 +93,78 @@ def test_a_hybrids_prediction_counts_its_mixers(family: str, mixer: str, fields:
     assert m is not None and m.layers == layers
     assert f"{layers} Mamba-2 layers' chunked scan" in p.to_dict()["formulas"]["activations"]
     assert p.part("activations") >= layers * mixer_bytes(m, p.batch.sequences, 64, 4)
+
+
+@pytest.mark.parametrize(
+    ("key_heads", "value_heads", "key_dim", "value_dim", "length", "rows"),
+    [
+        (2, 4, 16, 16, 64, 2),
+        (2, 4, 16, 16, 100, 1),
+        (4, 4, 32, 16, 128, 1),
+        (2, 8, 16, 32, 64, 1),
+        (1, 2, 16, 8, 300, 1),
+    ],
+)
+def test_the_delta_nets_rule_keeps_what_the_formula_says(
+    key_heads: int, value_heads: int, key_dim: int, value_dim: int, length: int, rows: int, monkeypatch
+) -> None:
+    """What autograd saves inside transformers' torch gated delta rule, counted by storage, against
+    `delta_net_bytes` (the rule's own tensors: the layer's projections are the block formula's)."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    from jobs.memory.mixers import delta_net_bytes, delta_net_dims
+    from jobs.models.zoo import BASE
+
+    fields = {
+        **FAMILIES["qwen3_next"].config,
+        "linear_num_key_heads": key_heads,
+        "linear_num_value_heads": value_heads,
+        "linear_key_head_dim": key_dim,
+        "linear_value_head_dim": value_dim,
+    }
+    config = AutoConfig.for_model("qwen3_next", **{**BASE, "vocab_size": 512, **fields})
+    saved: dict[int, int] = {}
+    rule = modeling_qwen3_next.torch_chunk_gated_delta_rule
+
+    def counted(*args, **kwargs):
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            return rule(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_qwen3_next, "torch_chunk_gated_delta_rule", counted)
+    layer = modeling_qwen3_next.Qwen3NextGatedDeltaNet(config, 0).requires_grad_(False)
+    layer(torch.randn(rows, length, config.hidden_size, requires_grad=True))
+    dims = delta_net_dims(config)
+    assert dims is not None and dims.layers == 1  # the zoo's layer types: one delta-net, one attention layer
+    error = delta_net_bytes(dims, rows, length) / sum(saved.values()) - 1
+    assert -0.10 <= error <= 0.15, error
+
+
+def test_qwen3_nexts_prediction_counts_its_delta_nets() -> None:
+    """The gated delta-net is described (not "not modelled") and its rule's bytes are in the activations, once
+    per layer without checkpointing and once for the recomputed layer with it."""
+    from transformers import AutoConfig
+
+    from jobs.devices.probe import cpu_facts
+    from jobs.memory.mixers import delta_net_bytes, delta_net_dims
+    from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
+    from jobs.models.zoo import BASE
+    from jobs.spec.job import JobSpec
+
+    config = AutoConfig.for_model("qwen3_next", **{**BASE, "vocab_size": 512, **FAMILIES["qwen3_next"].config})
+    arch = arch_from_config(config)
+    assert "Qwen3NextGatedDeltaNet" in arch.shape.unmodelled
+    spec = JobSpec.from_dict({"model": "m", "dataset": "sample:chat-format", "max_length": 256})
+    p = predict(spec, arch, cpu_facts())
+    assert "Qwen3NextGatedDeltaNet" not in p.not_modelled
+    d = delta_net_dims(config)
+    assert d is not None and d.layers == 1 and (d.value_heads, d.key_head_dim, d.value_head_dim) == (4, 16, 16)
+    assert "1 gated delta-net layers' chunked rule" in p.to_dict()["formulas"]["activations"]
+    assert p.part("activations") >= delta_net_bytes(d, p.batch.sequences, 256)
+    assert delta_net_dims(AutoConfig.for_model("llama", **BASE)) is None

@@ -1,5 +1,5 @@
 """Activations of the state-space mixers of hybrid models (Mamba-2 style: bamba, granitemoehybrid, falcon_h1,
-nemotron_h, mamba2), read from the config alone. docs/memory.md "Activations".
+nemotron_h, mamba2) and of qwen3_next's gated delta-nets, read from the config alone. docs/memory.md "Activations".
 
 A Mamba-2 layer's in_proj writes 2*d_inner + 2*ngroups*d_state + nheads values per token (gate, the
 convolved x/B/C, dt), the causal convolution keeps its input and output, and the chunked scan (transformers'
@@ -11,6 +11,7 @@ BambaMixer (within -8%..+21% over chunk sizes 32-256, states 16-256, 1-2 groups,
 
     mamba2 = mamba2_dims(config)                 # None for a model without Mamba-2 layers
     mixer_bytes(mamba2, sequences=2, length=64, elem=4)   # bytes one layer keeps for a micro-batch
+    delta_net_bytes(delta_net_dims(config), sequences=2, length=64)   # qwen3_next: one delta-net layer's rule
 """
 
 from __future__ import annotations
@@ -119,5 +120,58 @@ def mixer_bytes(m: Mamba2, sequences: int, length: int, elem: float) -> float:
 def mixer_formula(m: Mamba2, per_layer: float) -> str:
     return (
         f" + {m.layers} Mamba-2 layers' chunked scan ({m.heads} heads x {m.state} state, chunks of {m.chunk}: "
+        f"{per_layer:,.0f} B each)"
+    )
+
+
+# ---------------------------------------------------------------------- gated delta-net (qwen3_next)
+# transformers' torch path of the gated delta rule (`torch_chunk_gated_delta_rule`, what runs without
+# flash-linear-attention) repeats queries and keys to every value head, works in fp32 and pads each row to
+# chunks of 64. Per value head it keeps chunk x chunk matrices (the pairwise decay, the UT system, the
+# intra-chunk scores and their products), padded keys/queries and values and their decayed copies, and the
+# l2-normalised queries and keys. Counted with `torch.autograd.graph.saved_tensors_hooks` over the rule
+# (tests/test_mixers.py holds the formula within -10%..+15% of the count over heads, head sizes and lengths).
+DELTA_CHUNK = 64
+DELTA_SCORES, DELTA_PADDED_KEYS, DELTA_PADDED_VALUES, DELTA_KEYS = 5, 3, 2, 10
+DELTA_NET_CLASS_SUFFIX = "GatedDeltaNet"
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    layers: int  # how many decoder layers are gated delta-nets
+
+
+def delta_net_dims(config: Any) -> DeltaNet | None:
+    """The gated delta-net sizes of a config (qwen3_next's `linear_*` keys and its layer types), or None."""
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = [_first(text, (key,)) for key in ("linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")]
+    kinds = _get(text, "layer_types")
+    layers = sum(1 for k in kinds if k == "linear_attention") if isinstance(kinds, (list, tuple)) else 0
+    if layers == 0 or not all(isinstance(v, int) and v > 0 for v in sizes):
+        return None
+    heads, key_dim, value_dim = (int(v) for v in sizes)  # type: ignore[arg-type]
+    return DeltaNet(heads, key_dim, value_dim, layers)
+
+
+def delta_net_bytes(d: DeltaNet, sequences: int, length: int) -> float:
+    """Bytes one gated delta-net layer's chunked rule keeps for the backward (fp32, whatever the model's dtype)."""
+    padded = math.ceil(length / DELTA_CHUNK) * DELTA_CHUNK
+    per_head = (
+        DELTA_SCORES * padded * DELTA_CHUNK
+        + DELTA_PADDED_KEYS * padded * d.key_head_dim
+        + DELTA_PADDED_VALUES * padded * d.value_head_dim
+        + DELTA_KEYS * length * d.key_head_dim
+    )
+    return float(sequences * d.value_heads * per_head * 4)
+
+
+def delta_net_formula(d: DeltaNet, per_layer: float) -> str:
+    return (
+        f" + {d.layers} gated delta-net layers' chunked rule ({d.value_heads} value heads, chunks of {DELTA_CHUNK}: "
         f"{per_layer:,.0f} B each)"
     )

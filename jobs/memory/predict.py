@@ -29,7 +29,16 @@ from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.token_lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
-from jobs.memory.mixers import MIXER_CLASS_SUFFIX, mamba2_dims, mixer_bytes, mixer_formula
+from jobs.memory.mixers import (
+    DELTA_NET_CLASS_SUFFIX,
+    MIXER_CLASS_SUFFIX,
+    delta_net_bytes,
+    delta_net_dims,
+    delta_net_formula,
+    mamba2_dims,
+    mixer_bytes,
+    mixer_formula,
+)
 from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
@@ -220,17 +229,22 @@ def activations_term(s: Setting, logits: float) -> Term:
         if adapted_experts(spec, arch):
             weight_bytes = 4 if spec.method in QUANTIZED_METHODS or not s.half else 2
             folded = folded_expert_bytes(moe, weight_bytes, spec.gradient_checkpointing)
+    # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32), on top of its block's figure.
+    delta = delta_net_dims(arch.shape.config)
+    delta_layer = delta_net_bytes(delta, s.batch.sequences, s.length) if delta is not None else 0.0
     if spec.gradient_checkpointing:
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
-        acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block - logits)
+        acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block + delta_layer - logits)
         formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
             f"+ one recomputed block ({per_block:,.0f} B/token) beyond the head's transient"
         )
     else:
-        acts = tokens * arch.layers * per_block
+        acts = tokens * arch.layers * per_block + delta_layer * (delta.layers if delta is not None else 0)
         formula = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
+    if delta is not None:
+        formula += delta_net_formula(delta, delta_layer)
     mamba2 = mamba2_dims(arch.shape.config)
     if mamba2 is not None:  # docs/memory.md "Activations": the state-space layers' chunked scan
         per_layer = mixer_bytes(mamba2, s.batch.sequences, s.length, elem)
@@ -351,9 +365,14 @@ def predict(
 
 
 def modelled_out(arch: Arch) -> tuple[str, ...]:
-    """The model's layer kinds no formula describes (a Mamba-2 mixer is described by jobs.memory.mixers)."""
-    mamba2 = mamba2_dims(arch.shape.config) is not None
-    return tuple(k for k in arch.shape.unmodelled if not (mamba2 and k.endswith(MIXER_CLASS_SUFFIX)))
+    """The model's layer kinds no formula describes (Mamba-2 mixers and gated delta-nets are described by
+    jobs.memory.mixers)."""
+    described: tuple[str, ...] = ()
+    if mamba2_dims(arch.shape.config) is not None:
+        described += MIXER_CLASS_SUFFIX
+    if delta_net_dims(arch.shape.config) is not None:
+        described += (DELTA_NET_CLASS_SUFFIX,)
+    return tuple(k for k in arch.shape.unmodelled if not k.endswith(described))
 
 
 def active_params(arch: Arch) -> int | None:
