@@ -84,18 +84,25 @@ def optimizer_bytes(
     optim: Optim, p: int, shapes: list[tuple[int, ...]], cuda: bool, elem: int = 4
 ) -> tuple[float, float, str]:
     """(state bytes kept between steps, extra bytes during the step, formula); `elem`: the trained weights' bytes."""
-    largest = max((_numel(s) for s in shapes), default=0)
+
+    def largest() -> int:  # the biggest tensor: not needed by CUDA's AdamW (the form's planner asks ~200 times)
+        return max((_numel(s) for s in shapes), default=0)
+
     if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT) or optim in LOW_RANK_OPTIMS:  # low rank: jobs.memory.tricks
         # torch AdamW keeps two moments in the parameters' dtype. On CUDA it updates all tensors at
         # once (foreach): one temporary per parameter; on the CPU it loops tensor by tensor: two
         # temporaries of the largest tensor.
-        temp = elem * p if cuda and optim is Optim.ADAMW else 2.0 * elem * largest
+        temp = elem * p if cuda and optim is Optim.ADAMW else 2.0 * elem * largest()
         kind = "fp32" if elem == 4 else "bf16"
         return 2.0 * elem * p, temp, f"{p:,} x {2 * elem} B (two {kind} moments)"
     if optim in (Optim.ADAMW_8BIT, Optim.PAGED_ADAMW_8BIT):
         state = adam8bit_state_bytes([_numel(s) for s in shapes])
-        return state, 4.0 * largest, f"{p:,} x ~2 B (two 8-bit moments + block scales; tensors < 4096 values keep fp32)"
+        return (
+            state,
+            4.0 * largest(),
+            f"{p:,} x ~2 B (two 8-bit moments + block scales; tensors < 4096 values keep fp32)",
+        )
     if optim is Optim.ADAFACTOR:
         state = adafactor_state_bytes(shapes)
-        return state, 12.0 * largest, "fp32 row + column second moments per matrix, full per vector (factored)"
+        return state, 12.0 * largest(), "fp32 row + column second moments per matrix, full per vector (factored)"
     raise ValueError(f"no memory rule for optimizer {optim}")  # pragma: no cover - the enum is closed
