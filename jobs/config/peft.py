@@ -18,11 +18,17 @@ from jobs.spec.job import JobSpec
 
 IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
 IA3_LLAMA_FEEDFORWARD = ["down_proj"]
+# A vision-language model's image side (vision tower and projector, by each family's name): LoRA leaves it
+# alone, so the adapters sit on the language model only (the vision tower stays frozen).
+VISION_MODULES = r".*(?:^|\.)(?:vision_tower|vision_model|visual|multi_modal_projector|mm_projector|connector)(?:\..*)?"
 
 
-def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -> tuple[str, dict[str, Any]] | None:
+def peft_kwargs(
+    spec: JobSpec, model_type: str | None = None, moe: Any = None, *, vision: bool = False
+) -> tuple[str, dict[str, Any]] | None:
     """(peft config class name, its keyword arguments) for the spec's method; None for full. `moe`: the model's
-    `jobs.models.moe_layout.MoeLayout` (None: a dense model), where the spec's moe_targets places adapters."""
+    `jobs.models.moe_layout.MoeLayout` (None: a dense model), where the spec's moe_targets places adapters.
+    `vision`: a vision-language model, whose vision tower and projector LoRA leaves out (`VISION_MODULES`)."""
     m = spec.method
     base: dict[str, Any] = {"task_type": task_type(spec)}
     if m is Method.FULL:
@@ -52,6 +58,7 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -
             **placed,
             "use_rslora": spec.use_rslora,
             "use_dora": m is Method.DORA,
+            **({"exclude_modules": VISION_MODULES} if vision else {}),
             "bias": "none",
             **lora_init_kwargs(spec),
         }
@@ -83,9 +90,9 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -
     raise ValueError(f"no peft mapping for method {m!r}")  # pragma: no cover - enum is closed
 
 
-def peft_config(spec: JobSpec, model_type: str | None = None, moe: Any = None) -> Any | None:
+def peft_config(spec: JobSpec, model_type: str | None = None, moe: Any = None, *, vision: bool = False) -> Any | None:
     """The peft config object for the spec's method, or None for a full fine-tune."""
-    found = peft_kwargs(spec, model_type, moe)
+    found = peft_kwargs(spec, model_type, moe, vision=vision)
     if found is None:
         return None
     from jobs.config.methods import config_class

@@ -33,6 +33,7 @@ from jobs.config.mapping import (
 from jobs.devices.facts import Device
 from jobs.devices.probe import detect_device
 from jobs.errors import Problem
+from jobs.models.vision import freeze_vision_tower, is_vision_config
 from jobs.spec.enums import Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.train.best import BestCheckpoint, best_checkpoint
@@ -144,11 +145,19 @@ def train_spec(
         before_training(model, tokenizer, eval_ds)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     moe = moe_layout_of(model)
+    vision = is_vision_config(getattr(model, "config", None))
+    if vision:
+        frozen = freeze_vision_tower(model)  # full fine-tuning too: the language model and projector train
+        log.info("vision-language model: %d vision tower parameters frozen", frozen)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
-    resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type, moe=moe)
+    if loaded.train_info.images.count and "messages" in train_ds.column_names:
+        args.completion_only_loss = False  # no effect on messages rows, but trl's vision collator refuses it
+    resolved = resolved_config(
+        spec, device, str(output_dir), has_eval=has_eval, model_type=model_type, moe=moe, vision=vision
+    )
     resolved["data"] = loaded.record()  # which formats were detected and how they were converted
-    peft_cfg = peft_config(spec, model_type, moe)
+    peft_cfg = peft_config(spec, model_type, moe, vision=vision)
     if spec.method in QUANTIZED_METHODS:
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
         from peft import prepare_model_for_kbit_training

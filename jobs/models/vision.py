@@ -1,0 +1,129 @@
+"""Whether a model takes images, and how large an image its processor works at, from its files alone.
+
+A vision-language model is told by its config: a `vision_config` (LLaVA, Qwen2-VL, Idefics3/SmolVLM,
+Gemma 3, Llama 3.2 Vision...). The pixel limit is read from the image processor's settings
+(`processor_config.json` or `preprocessor_config.json`): `max_pixels` where the processor has one
+(Qwen2-VL), else the size every image is resized to (`longest_edge`, `height` x `width`, a crop or
+`shortest_edge`). Nothing is downloaded: files not on this machine mean "unknown" (None).
+
+    is_vision_config(json.loads(Path("m/config.json").read_text()))   # True for a LLaVA folder
+    vision_model("data/models/tiny-llava")                            # True / False / None (unknown)
+    pixel_limit("data/models/tiny-llava")                             # 1024 (32 x 32), or None
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+# Text configs inside a vision-language config: the language model's shape for the memory estimate.
+TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
+
+
+def is_vision_config(config: dict[str, Any] | Any) -> bool:
+    """Whether a model config (a dict or a transformers config) describes a vision-language model."""
+    if isinstance(config, dict):
+        return isinstance(config.get("vision_config"), dict)
+    return getattr(config, "vision_config", None) is not None
+
+
+def _local_file(model: str, name: str) -> Path | None:
+    """`name` from the model's folder (a built-in model's, a local one) or the Hugging Face cache; None if absent."""
+    from jobs.models.tokenizer import tokenizer_folder
+
+    ref = (model or "").strip()
+    folder = Path(ref).expanduser()
+    if not folder.is_dir():
+        found = tokenizer_folder(ref)
+        if found is None:
+            return None
+        folder = found
+    path = folder / name
+    return path if path.is_file() else None
+
+
+def _read_json(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def vision_model(model: str) -> bool | None:
+    """True when the model's local config is a vision-language one, False for a text-only one, None when
+    its config is not on this machine."""
+    from jobs.models.registry import BUILTIN_MODELS
+
+    if (model or "").strip() in BUILTIN_MODELS:
+        return False  # the built-in models are text-only
+    config = _read_json(_local_file(model, "config.json"))
+    return None if config is None else is_vision_config(config)
+
+
+def image_processor_settings(model: str) -> dict[str, Any] | None:
+    """The image processor's saved settings, when the model's processor files are on this machine."""
+    for name in PROCESSOR_FILES:
+        data = _read_json(_local_file(model, name))
+        if data is None:
+            continue
+        return data.get("image_processor", data) if isinstance(data.get("image_processor"), dict) else data
+    return None
+
+
+def limit_of(settings: dict[str, Any]) -> int | None:
+    """The most pixels one image is worked at by an image processor with these settings; None if unknown."""
+    if isinstance(settings.get("max_pixels"), int):
+        return int(settings["max_pixels"])
+    for key in ("size", "crop_size"):
+        size = settings.get(key)
+        if isinstance(size, int):
+            return size * size
+        if not isinstance(size, dict):
+            continue
+        if "max_pixels" in size:
+            return int(size["max_pixels"])
+        if "longest_edge" in size:
+            return int(size["longest_edge"]) ** 2
+        if "height" in size and "width" in size:
+            return int(size["height"]) * int(size["width"])
+        if "shortest_edge" in size and key == "size" and not isinstance(settings.get("crop_size"), dict):
+            return int(size["shortest_edge"]) ** 2
+    return None
+
+
+def pixel_limit(model: str) -> int | None:
+    """The most pixels the model's processor works one image at, when its files are here; None otherwise."""
+    settings = image_processor_settings(model)
+    return limit_of(settings) if settings is not None else None
+
+
+# The vision encoder's attribute name in each family (LLaVA/Gemma 3: vision_tower; Idefics3/SmolVLM/Mllama:
+# vision_model; Qwen2-VL/Qwen2.5-VL: visual).
+VISION_TOWERS = ("vision_tower", "vision_model", "visual")
+
+
+def vision_tower(model: Any) -> Any | None:
+    """The loaded model's vision encoder (looked up on the model and its inner `model`), or None."""
+    for holder in (model, getattr(model, "model", None)):
+        for name in VISION_TOWERS:
+            found = getattr(holder, name, None) if holder is not None else None
+            if found is not None and hasattr(found, "parameters"):
+                return found
+    return None
+
+
+def freeze_vision_tower(model: Any) -> int:
+    """Stop gradients to the vision encoder's weights; the number of parameters frozen."""
+    tower = vision_tower(model)
+    if tower is None:
+        return 0
+    frozen = 0
+    for param in tower.parameters():
+        param.requires_grad_(False)
+        frozen += param.numel()
+    return frozen
