@@ -1,0 +1,291 @@
+"""Vision-language fine-tuning: image chat rows (their formats and what is refused, with row numbers), the
+image checks before queueing, the LoRA mapping that leaves the vision side alone, and a tiny LLaVA run
+through `tunedeck run` whose bundle reloads with AutoProcessor (images drawn here with PIL)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.spec.job import JobSpec
+
+COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
+
+
+def draw(path: Path, colour: tuple[int, int, int], size: tuple[int, int] = (64, 64)) -> Path:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", size, colour)
+    ImageDraw.Draw(image).rectangle((8, 8, 24, 24), fill=(255, 255, 255))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def parts_rows(folder: Path, n: int = 6) -> list[dict]:
+    """Chat rows with image content parts (paths relative to the data file), one coloured square each."""
+    rows = []
+    for i in range(n):
+        name, colour = list(COLOURS.items())[i % len(COLOURS)]
+        draw(folder / "pics" / f"{i}.png", colour)
+        question = [{"type": "image", "image": f"pics/{i}.png"}, {"type": "text", "text": "What colour is it?"}]
+        rows.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": name}]})
+    return rows
+
+
+def placeholder_rows(folder: Path, n: int = 6) -> list[dict]:
+    """LLaMA-Factory's multimodal rows: `<image>` in the text, the files in `images`."""
+    rows = []
+    for i in range(n):
+        name, colour = list(COLOURS.items())[i % len(COLOURS)]
+        draw(folder / "pics" / f"{i}.png", colour)
+        turns = [{"role": "user", "content": "<image>What colour is it?"}, {"role": "assistant", "content": name}]
+        rows.append({"messages": turns, "images": [f"pics/{i}.png"]})
+    return rows
+
+
+def problems_of(path: Path) -> list[str]:
+    from jobs.data.loading import check_sources
+    from jobs.data.sources import DataError
+
+    with pytest.raises(DataError) as caught:
+        check_sources(str(path), "sft")
+    return [f"{p.field}: {p.problem} -> {p.fix}" for p in caught.value.problems]
+
+
+# ---------------------------------------------------------------------- formats
+@pytest.mark.parametrize("rows_of", [parts_rows, placeholder_rows])
+def test_image_rows_become_messages_with_image_parts_and_an_images_column(tmp_path: Path, rows_of) -> None:
+    from jobs.data.loading import load_data
+
+    data = write_rows(tmp_path / "train.jsonl", rows_of(tmp_path))
+    loaded = load_data(JobSpec(model="tiny-llama", dataset=str(data)))
+    assert loaded.train_info.images.count == 6 and loaded.train_info.images.rows == 6
+    assert loaded.train_info.conversion and "image chat" in loaded.train_info.conversion
+    row = loaded.train[0]
+    assert [p["type"] for p in row["messages"][0]["content"]] == ["image", "text"]
+    assert row["messages"][1]["content"] == [{"type": "text", "text": "red"}]
+    assert row["images"][0].size == (64, 64)
+    assert row["images"][0].getpixel((40, 40)) == COLOURS["red"]
+
+
+def test_openai_image_url_parts_read_file_and_data_urls(tmp_path: Path) -> None:
+    from jobs.data.loading import load_data
+
+    picture = draw(tmp_path / "elsewhere" / "blue.png", COLOURS["blue"])
+    buffer = io.BytesIO()
+    draw(tmp_path / "green.png", COLOURS["green"]).open("rb")
+    from PIL import Image
+
+    Image.open(tmp_path / "green.png").save(buffer, format="PNG")
+    data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    rows = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": name}]},
+            ]
+        }
+        for url, name in ((picture.as_uri(), "blue"), (data_url, "green"))
+    ]
+    loaded = load_data(JobSpec(model="tiny-llama", dataset=str(write_rows(tmp_path / "d.jsonl", rows))))
+    colours = [loaded.train[i]["images"][0].getpixel((40, 40)) for i in range(2)]
+    assert colours == [COLOURS["blue"], COLOURS["green"]]
+
+
+# ---------------------------------------------------------------------- refused, with row numbers
+def test_missing_unreadable_and_miscounted_images_are_refused_with_their_rows(tmp_path: Path) -> None:
+    rows = placeholder_rows(tmp_path, 6)
+    rows[1]["images"] = ["pics/nope.png"]
+    (tmp_path / "pics" / "broken.png").write_bytes(b"not a png at all")
+    rows[3]["images"] = ["pics/broken.png"]
+    rows[4]["images"] = ["pics/4.png", "pics/0.png"]  # one <image> in the text, two images
+    rows[5]["images"] = ["https://example.com/cat.png"]
+    found = problems_of(write_rows(tmp_path / "bad.jsonl", rows))
+    text = "\n".join(found)
+    assert "row 2: `images` names an image file that does not exist" in text, text
+    assert "relative to its folder" in text
+    assert "row 4: `images` has an image file that is not a readable image" in text, text
+    assert "row 5: has 1 `<image>` placeholder(s) in its turns but 2 image(s) in `images`" in text, text
+    assert "row 6: `images` has a web image URL, which is never fetched" in text, text
+
+
+def test_unknown_content_part_is_refused(tmp_path: Path) -> None:
+    rows = parts_rows(tmp_path, 3)
+    rows[2]["messages"][0]["content"].append({"type": "audio", "audio": "a.wav"})
+    found = problems_of(write_rows(tmp_path / "bad.jsonl", rows))
+    assert any("row 3: `messages` has a content part of type `audio`" in p for p in found), found
+
+
+def check_problems(spec: JobSpec) -> list[str]:
+    from jobs.checks.datasets import dataset_problems
+
+    problems, _ = dataset_problems(spec, tokenizer=lambda: None)
+    return [f"{p.field}: {p.problem} -> {p.fix}" for p in problems]
+
+
+def test_text_only_model_given_images_is_refused_before_queueing(tmp_path: Path, tiny_model: Path) -> None:
+    data = write_rows(tmp_path / "train.jsonl", parts_rows(tmp_path, 3))
+    found = check_problems(JobSpec(model=str(tiny_model), dataset=str(data)))
+    assert len(found) == 1 and found[0].startswith("model: "), found
+    assert "is a text-only model, but" in found[0] and "3 image(s) in 3 row(s)" in found[0]
+    assert "pick a vision-language model" in found[0]
+
+
+def test_image_far_above_the_processors_size_is_refused_with_its_row(tmp_path: Path, tiny_vlm: Path) -> None:
+    rows = parts_rows(tmp_path, 4)
+    draw(tmp_path / "pics" / "2.png", COLOURS["red"], size=(512, 384))  # the tiny processor works at 32x32
+    data = write_rows(tmp_path / "train.jsonl", rows)
+    found = check_problems(JobSpec(model=str(tiny_vlm), dataset=str(data)))
+    assert len(found) == 1, found
+    assert found[0].startswith("dataset: row 3: 1 image(s) far above what the model's processor works at")
+    assert "largest 512x384" in found[0] and "shrink the images" in found[0]
+    rows_ok = write_rows(tmp_path / "ok.jsonl", parts_rows(tmp_path, 4))
+    assert check_problems(JobSpec(model=str(tiny_vlm), dataset=str(rows_ok))) == []
+
+
+# ---------------------------------------------------------------------- models and mapping
+@pytest.mark.parametrize(
+    "settings, limit",
+    [
+        ({"max_pixels": 12845056, "min_pixels": 3136}, 12845056),  # Qwen2-VL
+        ({"size": {"longest_edge": 1536}}, 1536 * 1536),  # Idefics3 / SmolVLM
+        ({"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}}, 336 * 336),  # LLaVA / CLIP
+        ({"size": {"height": 896, "width": 896}}, 896 * 896),  # Gemma 3 / SigLIP
+        ({"do_resize": False}, None),
+    ],
+)
+def test_pixel_limit_of_each_family(settings: dict, limit: int | None) -> None:
+    from jobs.models.vision import limit_of
+
+    assert limit_of(settings) == limit
+
+
+def test_tiny_vlm_is_told_apart_from_a_text_model(tiny_vlm: Path, tiny_model: Path) -> None:
+    from jobs.models.vision import pixel_limit, vision_model
+
+    assert vision_model(str(tiny_vlm)) is True
+    assert vision_model(str(tiny_model)) is False
+    assert vision_model("tiny-llama") is False
+    assert pixel_limit(str(tiny_vlm)) == 32 * 32
+
+
+@pytest.mark.parametrize(
+    "name, excluded",
+    [
+        ("model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj", True),
+        ("model.multi_modal_projector.linear_1", True),
+        ("model.visual.blocks.0.attn.qkv", True),
+        ("model.vision_model.encoder.layers.0.mlp.fc1", True),
+        ("model.connector.modality_projection.proj", True),
+        ("model.language_model.layers.0.self_attn.q_proj", False),
+        ("model.language_model.layers.0.mlp.down_proj", False),
+    ],
+)
+def test_lora_on_a_vision_language_model_leaves_the_vision_side_out(name: str, excluded: bool) -> None:
+    import re
+
+    from jobs.config.peft import VISION_MODULES, peft_kwargs
+
+    spec = JobSpec(model="tiny-llama", dataset="sample:chat-format")
+    kwargs = peft_kwargs(spec, "llava", vision=True)[1]  # type: ignore[index]
+    assert kwargs["exclude_modules"] == VISION_MODULES and kwargs["target_modules"] == "all-linear"
+    assert "exclude_modules" not in peft_kwargs(spec, "llama")[1]  # type: ignore[index]
+    assert bool(re.fullmatch(VISION_MODULES, name)) is excluded
+
+
+# ---------------------------------------------------------------------- training end to end
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(next(folder.glob("*.safetensors"))))
+
+
+@pytest.mark.integration
+def test_tunedeck_run_trains_the_tiny_vlm_and_the_bundle_reloads_with_its_processor(
+    data_home: Path, tmp_path: Path, tiny_vlm: Path
+) -> None:
+    import torch
+    from peft import PeftModel
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from app.cli.main import main
+    from storage.models import RunStatus
+    from storage.store import Store
+
+    data = write_rows(tmp_path / "train.jsonl", placeholder_rows(tmp_path, 6))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"model: {tiny_vlm}\ndataset: {data}\nmax_steps: 3\nper_device_train_batch_size: 2\n"
+        "learning_rate: 0.01\nlogging_steps: 1\nsample_count: 1\nsample_new_tokens: 4\n"
+    )
+    assert main(["run", str(spec)]) == 0
+    store = Store()
+    try:
+        run = store.get_run(1)
+        assert run.status is RunStatus.SUCCEEDED, run.error_detail
+        losses = [p.step for p in store.metrics(1, ["loss"])]
+        assert losses == [1, 2, 3], losses  # the live graphs read these rows
+    finally:
+        store.dispose()
+    bundle = next(data_home.glob("runs/*/000001/bundle"))
+    assert (bundle / "processor_config.json").is_file() and (bundle / "adapter_model.safetensors").is_file()
+    adapter = json.loads((bundle / "adapter_config.json").read_text())
+    assert "vision_tower" in adapter["exclude_modules"]
+    assert not [k for k in weights(bundle) if "vision_tower" in k or "multi_modal_projector" in k]
+    processor = AutoProcessor.from_pretrained(bundle)
+    base = LlavaForConditionalGeneration.from_pretrained(tiny_vlm)
+    image = Image.open(tmp_path / "pics" / "0.png")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]}]
+    inputs = processor(
+        images=[image], text=processor.apply_chat_template(messages, add_generation_prompt=True), return_tensors="pt"
+    )
+    assert inputs["pixel_values"].shape == (1, 3, 32, 32)
+    with torch.no_grad():
+        before = base(**inputs).logits
+        after = PeftModel.from_pretrained(base, bundle)(**inputs).logits
+    assert not torch.allclose(before, after), "the trained adapter did not change the answer to an image"
+    card = (bundle / "README.md").read_text()
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "AutoProcessor" in snippet and "AutoModelForImageTextToText" in snippet
+    ran = subprocess.run([sys.executable, "-c", snippet], cwd=bundle, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_full_fine_tune_keeps_the_vision_tower_frozen(tmp_path: Path, tiny_vlm: Path) -> None:
+    import torch
+
+    from jobs.train.training import train_spec
+
+    data = write_rows(tmp_path / "train.jsonl", parts_rows(tmp_path, 4))
+    spec = JobSpec.from_dict(
+        {"model": str(tiny_vlm), "dataset": str(data), "method": "full", "max_steps": 2, "learning_rate": 1e-2,
+         "per_device_train_batch_size": 2, "sample_count": 0}
+    )  # fmt: skip
+    from transformers import LlavaForConditionalGeneration
+
+    result = train_spec(spec, tmp_path / "out")
+    before = LlavaForConditionalGeneration.from_pretrained(tiny_vlm).state_dict()
+    after = result.model.state_dict()
+    tower = [k for k in before if "vision_tower" in k]
+    language = [k for k in before if "language_model" in k and k.endswith("q_proj.weight")]
+    assert tower and language
+    assert all(torch.equal(before[k], after[k]) for k in tower)
+    assert any(not torch.equal(before[k], after[k]) for k in language)
+    assert result.metrics["global_step"] == 2
