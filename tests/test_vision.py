@@ -289,3 +289,52 @@ def test_full_fine_tune_keeps_the_vision_tower_frozen(tmp_path: Path, tiny_vlm: 
     assert all(torch.equal(before[k], after[k]) for k in tower)
     assert any(not torch.equal(before[k], after[k]) for k in language)
     assert result.metrics["global_step"] == 2
+
+
+# ---------------------------------------------------------------------- memory
+@pytest.mark.parametrize(
+    "settings, size, tokens",
+    [
+        ({"image_processor": {"crop_size": {"height": 336, "width": 336}}, "patch_size": 14}, (640, 480), 576),
+        (
+            {"image_processor": {"crop_size": {"height": 336, "width": 336}}, "patch_size": 14,
+             "vision_feature_select_strategy": "full", "num_additional_image_tokens": 1},
+            (64, 64), 577,
+        ),
+        ({"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056}, (64, 64), 4),
+        ({"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056}, (1000, 800), 1044),
+        ({"patch_size": 14, "merge_size": 2, "size": {"shortest_edge": 3136, "longest_edge": 200704}}, (4000, 3000), 234),  # transformers smart_resize: 364x504
+        ({"image_processor": {"size": {"longest_edge": 1536}}}, (64, 64), None),
+    ],
+)  # fmt: skip
+def test_image_tokens_from_the_processor_settings(settings: dict, size: tuple[int, int], tokens: int | None) -> None:
+    from jobs.models.vision import image_tokens
+
+    assert image_tokens(settings, *size) == tokens
+
+
+def test_prediction_counts_the_vision_weights_and_each_images_tokens(
+    data_home: Path, tmp_path: Path, tiny_vlm: Path
+) -> None:
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from jobs.checks.memory import measured_lengths
+    from jobs.data.loading import load_data
+    from jobs.memory.model_config import arch_for
+
+    model = LlavaForConditionalGeneration.from_pretrained(tiny_vlm)
+    vision = sum(p.numel() for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n)
+    arch = arch_for(str(tiny_vlm))
+    assert arch.vision_params == vision > 0
+    assert arch.total_params == sum(p.numel() for p in model.parameters())
+    spec = JobSpec(model=str(tiny_vlm), dataset=str(write_rows(tmp_path / "d.jsonl", placeholder_rows(tmp_path, 3))))
+    lengths = measured_lengths(spec)
+    processor = AutoProcessor.from_pretrained(tiny_vlm)
+    real = []
+    for row in load_data(spec).train:
+        from trl.data_utils import prepare_multimodal_messages
+
+        messages = prepare_multimodal_messages(row["messages"], images=row["images"])
+        encoded = processor.apply_chat_template(messages, tokenize=True, return_dict=True)
+        real.append(len(encoded["input_ids"][0]))
+    assert lengths.lengths[:, 0].tolist() == real  # 16 image tokens each, where the text had one `<image>`

@@ -127,3 +127,51 @@ def freeze_vision_tower(model: Any) -> int:
         param.requires_grad_(False)
         frozen += param.numel()
     return frozen
+
+
+def processor_settings(model: str) -> dict[str, Any] | None:
+    """The processor's saved settings as written (`image_processor` nested in them where the processor
+    saved one file), when its files are on this machine."""
+    for name in PROCESSOR_FILES:
+        data = _read_json(_local_file(model, name))
+        if data is not None:
+            return data
+    return None
+
+
+def _qwen_tokens(image: dict[str, Any], width: int, height: int) -> int:
+    """Qwen2-VL's count: the image resized to multiples of patch x merge within [min_pixels, max_pixels],
+    cut into patches, merge x merge patches per token."""
+    import math
+
+    patch, merge = int(image["patch_size"]), int(image["merge_size"])
+    size: dict[str, Any] = image["size"] if isinstance(image.get("size"), dict) else {}
+    low = int(image.get("min_pixels") or size.get("shortest_edge") or 56 * 56)
+    high = int(image.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
+    f = patch * merge
+    h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
+    if h * w > high:
+        beta = math.sqrt(height * width / high)
+        h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    elif h * w < low:
+        beta = math.sqrt(low / (height * width))
+        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return (h // patch) * (w // patch) // (merge * merge)
+
+
+def image_tokens(settings: dict[str, Any], width: int, height: int) -> int | None:
+    """The tokens one width x height image becomes in the language model's sequence, from the processor's
+    saved settings (Qwen2-VL's resized patches; LLaVA's fixed crop in patches); None for a processor not
+    modelled here."""
+    image = settings.get("image_processor", settings)
+    if not isinstance(image, dict):
+        return None
+    if "merge_size" in image and "patch_size" in image:
+        return _qwen_tokens(image, width, height)
+    patch = settings.get("patch_size")
+    crop = image.get("crop_size") if isinstance(image.get("crop_size"), dict) else image.get("size")
+    if isinstance(patch, int) and isinstance(crop, dict) and "height" in crop and "width" in crop:
+        n = (int(crop["height"]) // patch) * (int(crop["width"]) // patch)
+        full = settings.get("vision_feature_select_strategy") == "full"
+        return n + (int(settings.get("num_additional_image_tokens", 0)) if full else 0)
+    return None
