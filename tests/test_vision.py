@@ -338,3 +338,48 @@ def test_prediction_counts_the_vision_weights_and_each_images_tokens(
         encoded = processor.apply_chat_template(messages, tokenize=True, return_dict=True)
         real.append(len(encoded["input_ids"][0]))
     assert lengths.lengths[:, 0].tolist() == real  # 16 image tokens each, where the text had one `<image>`
+
+
+# ---------------------------------------------------------------------- a zip of data and images
+def test_a_zip_of_data_and_images_is_a_data_set(data_home: Path, tmp_path: Path) -> None:
+    import zipfile
+
+    from jobs.data.loading import load_data
+
+    folder = tmp_path / "src"
+    folder.mkdir()
+    write_rows(folder / "train.jsonl", placeholder_rows(folder, 3))
+    archive = tmp_path / "photos.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                zf.write(path, path.relative_to(folder).as_posix())
+    loaded = load_data(JobSpec(model="tiny-llama", dataset=str(archive)))
+    assert len(loaded.train) == 3 and loaded.train[2]["images"][0].getpixel((40, 40)) == COLOURS["green"]
+    with zipfile.ZipFile(tmp_path / "two.zip", "w") as zf:
+        zf.write(folder / "train.jsonl", "a.jsonl")
+        zf.write(folder / "train.jsonl", "b.jsonl")
+    with zipfile.ZipFile(tmp_path / "escape.zip", "w") as zf:
+        zf.write(folder / "train.jsonl", "train.jsonl")
+        zf.writestr("../outside.png", b"x")
+    found = problems_of(tmp_path / "two.zip") + problems_of(tmp_path / "escape.zip")
+    assert "`two.zip` holds 2 data files (a.jsonl, b.jsonl); it needs exactly one" in found[0], found
+    assert "`escape.zip` has an entry outside its folder (../outside.png)" in found[1], found
+    assert not (tmp_path / "outside.png").exists()
+
+
+def test_the_forms_upload_takes_a_zip_and_previews_its_image_rows(data_home: Path, tmp_path: Path) -> None:
+    import zipfile
+
+    from app.ui.data import preview_dataset, store_upload, uploaded_files
+
+    write_rows(tmp_path / "train.jsonl", parts_rows(tmp_path, 3))
+    archive = tmp_path / "upload.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in [tmp_path / "train.jsonl", *sorted((tmp_path / "pics").iterdir())]:
+            zf.write(path, path.relative_to(tmp_path).as_posix())
+    stored = store_upload(str(archive))
+    assert str(stored) in uploaded_files()
+    summary, rows = preview_dataset(str(stored), "sft")
+    assert "3 rows" in summary and "image chat" in summary, summary
+    assert len(rows) == 3
