@@ -365,6 +365,7 @@ SPEC_FIELDS = [
     "loraplus_lr_ratio",
     "lora_target_modules",
     "moe_targets",
+    "vision_train",
     "use_rslora",
     "lora_init",
     "num_virtual_tokens",

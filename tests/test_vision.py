@@ -184,28 +184,37 @@ def test_tiny_vlm_is_told_apart_from_a_text_model(tiny_vlm: Path, tiny_model: Pa
     assert pixel_limit(str(tiny_vlm)) == 32 * 32
 
 
+NAMES = {
+    "llava tower": "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj",
+    "llava projector": "model.multi_modal_projector.linear_1",
+    "qwen tower": "model.visual.blocks.0.attn.qkv",
+    "qwen projector": "model.visual.merger.mlp.0",
+    "idefics tower": "model.vision_model.encoder.layers.0.mlp.fc1",
+    "idefics projector": "model.connector.modality_projection.proj",
+    "language q": "model.language_model.layers.0.self_attn.q_proj",
+    "language down": "model.language_model.layers.0.mlp.down_proj",
+}
+
+
 @pytest.mark.parametrize(
-    "name, excluded",
+    "vision_train, frozen",
     [
-        ("model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj", True),
-        ("model.multi_modal_projector.linear_1", True),
-        ("model.visual.blocks.0.attn.qkv", True),
-        ("model.vision_model.encoder.layers.0.mlp.fc1", True),
-        ("model.connector.modality_projection.proj", True),
-        ("model.language_model.layers.0.self_attn.q_proj", False),
-        ("model.language_model.layers.0.mlp.down_proj", False),
+        ("language", {"llava tower", "llava projector", "qwen tower", "qwen projector", "idefics tower", "idefics projector"}),
+        ("language+projector", {"llava tower", "qwen tower", "idefics tower"}),
+        ("language+projector+vision", set()),
     ],
-)
-def test_lora_on_a_vision_language_model_leaves_the_vision_side_out(name: str, excluded: bool) -> None:
+)  # fmt: skip
+def test_vision_train_picks_what_lora_leaves_out(vision_train: str, frozen: set[str]) -> None:
     import re
 
-    from jobs.config.peft import VISION_MODULES, peft_kwargs
+    from jobs.config.peft import frozen_vision, peft_kwargs
 
-    spec = JobSpec(model="tiny-llama", dataset="sample:chat-format")
+    spec = JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format", "vision_train": vision_train})
     kwargs = peft_kwargs(spec, "llava", vision=True)[1]  # type: ignore[index]
-    assert kwargs["exclude_modules"] == VISION_MODULES and kwargs["target_modules"] == "all-linear"
+    assert kwargs.get("exclude_modules") == frozen_vision(spec) and kwargs["target_modules"] == "all-linear"
     assert "exclude_modules" not in peft_kwargs(spec, "llama")[1]  # type: ignore[index]
-    assert bool(re.fullmatch(VISION_MODULES, name)) is excluded
+    pattern = kwargs.get("exclude_modules") or "(?!)"
+    assert {label for label, name in NAMES.items() if re.fullmatch(pattern, name)} == frozen
 
 
 # ---------------------------------------------------------------------- training end to end
@@ -268,7 +277,8 @@ def test_tunedeck_run_trains_the_tiny_vlm_and_the_bundle_reloads_with_its_proces
 
 
 @pytest.mark.integration
-def test_full_fine_tune_keeps_the_vision_tower_frozen(tmp_path: Path, tiny_vlm: Path) -> None:
+@pytest.mark.parametrize("vision_train", ["language", "language+projector+vision"])
+def test_full_fine_tune_trains_what_vision_train_says(tmp_path: Path, tiny_vlm: Path, vision_train: str) -> None:
     import torch
 
     from jobs.train.training import train_spec
@@ -276,18 +286,23 @@ def test_full_fine_tune_keeps_the_vision_tower_frozen(tmp_path: Path, tiny_vlm: 
     data = write_rows(tmp_path / "train.jsonl", parts_rows(tmp_path, 4))
     spec = JobSpec.from_dict(
         {"model": str(tiny_vlm), "dataset": str(data), "method": "full", "max_steps": 2, "learning_rate": 1e-2,
-         "per_device_train_batch_size": 2, "sample_count": 0}
+         "per_device_train_batch_size": 2, "sample_count": 0, "vision_train": vision_train}
     )  # fmt: skip
     from transformers import LlavaForConditionalGeneration
 
     result = train_spec(spec, tmp_path / "out")
     before = LlavaForConditionalGeneration.from_pretrained(tiny_vlm).state_dict()
     after = result.model.state_dict()
-    tower = [k for k in before if "vision_tower" in k]
-    language = [k for k in before if "language_model" in k and k.endswith("q_proj.weight")]
-    assert tower and language
-    assert all(torch.equal(before[k], after[k]) for k in tower)
-    assert any(not torch.equal(before[k], after[k]) for k in language)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    tower = {k for k in before if "vision_tower" in k and k.endswith("q_proj.weight")}
+    projector = {k for k in before if "multi_modal_projector" in k and k.endswith("weight")}
+    language = {k for k in before if "language_model" in k and k.endswith("q_proj.weight")}
+    assert tower and projector and language
+    assert language <= changed
+    if vision_train == "language":
+        assert not changed & (tower | projector)
+    else:
+        assert tower | projector <= changed
     assert result.metrics["global_step"] == 2
 
 

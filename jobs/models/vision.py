@@ -102,30 +102,16 @@ def pixel_limit(model: str) -> int | None:
     return limit_of(settings) if settings is not None else None
 
 
-# The vision encoder's attribute name in each family (LLaVA/Gemma 3: vision_tower; Idefics3/SmolVLM/Mllama:
-# vision_model; Qwen2-VL/Qwen2.5-VL: visual).
-VISION_TOWERS = ("vision_tower", "vision_model", "visual")
+def freeze_matching(model: Any, pattern: str) -> int:
+    """Stop gradients to the parameters whose names fully match `pattern` (a vision-language model's parts that
+    stay frozen: `jobs.config.peft.frozen_vision`); the number of parameters frozen."""
+    import re
 
-
-def vision_tower(model: Any) -> Any | None:
-    """The loaded model's vision encoder (looked up on the model and its inner `model`), or None."""
-    for holder in (model, getattr(model, "model", None)):
-        for name in VISION_TOWERS:
-            found = getattr(holder, name, None) if holder is not None else None
-            if found is not None and hasattr(found, "parameters"):
-                return found
-    return None
-
-
-def freeze_vision_tower(model: Any) -> int:
-    """Stop gradients to the vision encoder's weights; the number of parameters frozen."""
-    tower = vision_tower(model)
-    if tower is None:
-        return 0
-    frozen = 0
-    for param in tower.parameters():
-        param.requires_grad_(False)
-        frozen += param.numel()
+    compiled, frozen = re.compile(pattern), 0
+    for name, param in model.named_parameters():
+        if compiled.fullmatch(name):
+            param.requires_grad_(False)
+            frozen += param.numel()
     return frozen
 
 

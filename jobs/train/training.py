@@ -30,10 +30,11 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
+from jobs.config.peft import frozen_vision
 from jobs.devices.facts import Device
 from jobs.devices.probe import detect_device
 from jobs.errors import Problem
-from jobs.models.vision import freeze_vision_tower, is_vision_config
+from jobs.models.vision import freeze_matching, is_vision_config
 from jobs.spec.enums import Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.train.best import BestCheckpoint, best_checkpoint
@@ -146,9 +147,10 @@ def train_spec(
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     moe = moe_layout_of(model)
     vision = is_vision_config(getattr(model, "config", None))
-    if vision:
-        frozen = freeze_vision_tower(model)  # full fine-tuning too: the language model and projector train
-        log.info("vision-language model: %d vision tower parameters frozen", frozen)
+    frozen_parts = frozen_vision(spec) if vision else None
+    if frozen_parts is not None:  # full fine-tuning too; LoRA leaves them out (peft_config's exclude_modules)
+        frozen = freeze_matching(model, frozen_parts)
+        log.info("vision-language model (vision_train %s): %d parameters frozen", spec.vision_train.value, frozen)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
     if loaded.train_info.images.count and "messages" in train_ds.column_names:
