@@ -78,11 +78,9 @@ def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Da
     if info.images.count:  # image chat: content parts and an `images` column (jobs.data.images)
         from jobs.data.images import image_features, trl_row
 
-        numbers, rows = [], []
-        for number, row in checked.rows():
-            numbers.append(number)
-            rows.append(trl_row(row))
-        return datasets.Dataset.from_list(rows, features=image_features()), info, numbers
+        pairs = list(checked.rows())
+        images = datasets.Dataset.from_list([trl_row(row) for _, row in pairs], features=image_features())
+        return images, info, [number for number, _ in pairs]
     if ds is None:  # JSON files, and anything converted: built from the checked rows, which keep their numbers
         numbers: list[int] = []  # JSON lines: line numbers, blank lines skipped
         rows = []
