@@ -146,18 +146,13 @@ def train_spec(
         before_training(model, tokenizer, eval_ds)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     moe = moe_layout_of(model)
-    vision = is_vision_config(getattr(model, "config", None))
-    frozen_parts = frozen_vision(spec) if vision else None
-    if frozen_parts is not None:  # full fine-tuning too; LoRA leaves them out (peft_config's exclude_modules)
-        frozen = freeze_matching(model, frozen_parts)
-        log.info("vision-language model (vision_train %s): %d parameters frozen", spec.vision_train.value, frozen)
+    vision = prepare_vision(spec, model)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
     if loaded.train_info.images.count and "messages" in train_ds.column_names:
         args.completion_only_loss = False  # no effect on messages rows, but trl's vision collator refuses it
-    resolved = resolved_config(
-        spec, device, str(output_dir), has_eval=has_eval, model_type=model_type, moe=moe, vision=vision
-    )
+    where = str(output_dir)
+    resolved = resolved_config(spec, device, where, has_eval=has_eval, model_type=model_type, moe=moe, vision=vision)
     resolved["data"] = loaded.record()  # which formats were detected and how they were converted
     peft_cfg = peft_config(spec, model_type, moe, vision=vision)
     if spec.method in QUANTIZED_METHODS:
@@ -325,6 +320,18 @@ def _add_run_figures(
     if best is not None:
         metrics["best_step"] = float(best.step)
         metrics["best_metric"] = best.value
+
+
+def prepare_vision(spec: JobSpec, model: Any) -> bool:
+    """Whether `model` is a vision-language model; if so, the parts `vision_train` keeps out of training are
+    frozen (in a full fine-tune too; LoRA leaves them out through peft_config's exclude_modules)."""
+    if not is_vision_config(getattr(model, "config", None)):
+        return False
+    frozen_parts = frozen_vision(spec)
+    if frozen_parts is not None:
+        frozen = freeze_matching(model, frozen_parts)
+        log.info("vision-language model (vision_train %s): %d parameters frozen", spec.vision_train.value, frozen)
+    return True
 
 
 def moe_layout_of(model: Any) -> Any:
