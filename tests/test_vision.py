@@ -398,3 +398,36 @@ def test_the_forms_upload_takes_a_zip_and_previews_its_image_rows(data_home: Pat
     summary, rows = preview_dataset(str(stored), "sft")
     assert "3 rows" in summary and "image chat" in summary, summary
     assert len(rows) == 3
+
+
+# ---------------------------------------------------------------------- the pixel budget
+def test_pixel_budget_counts_the_tokens_the_real_processor_makes() -> None:
+    from types import SimpleNamespace
+
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from jobs.models.vision import apply_budget, image_tokens, limit_of, with_budget
+
+    holder = SimpleNamespace(image_processor=Qwen2VLImageProcessorPil())
+    before = image_tokens({"image_processor": holder.image_processor.to_dict()}, 1000, 800)
+    apply_budget(holder, None, 200704)
+    grid = holder.image_processor(images=[Image.new("RGB", (1000, 800))], return_tensors="pt")["image_grid_thw"]
+    made = int(grid.prod()) // 4  # merge_size 2: 2x2 patches a token
+    settings = with_budget(Qwen2VLImageProcessorPil().to_dict(), None, 200704)
+    assert image_tokens({"image_processor": settings}, 1000, 800) == made < before == 1044
+    assert limit_of(settings) == 200704
+
+
+def test_pixel_budget_is_refused_for_a_fixed_size_processor_and_must_be_ordered(tmp_path: Path, tiny_vlm: Path) -> None:
+    data = write_rows(tmp_path / "train.jsonl", parts_rows(tmp_path, 2))
+    found = check_problems(JobSpec(model=str(tiny_vlm), dataset=str(data), image_max_pixels=4096))
+    assert len(found) == 1 and found[0].startswith("image_max_pixels: is set, but the image processor of"), found
+    assert "resizes every image to one size" in found[0]
+    from jobs.spec.job import SpecError
+
+    with pytest.raises(SpecError) as caught:
+        JobSpec.from_dict(
+            {"model": str(tiny_vlm), "dataset": str(data), "image_min_pixels": 9000, "image_max_pixels": 4096}
+        )
+    assert [p.field for p in caught.value.problems] == ["image_min_pixels"]

@@ -66,7 +66,7 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
             tools = tools_refusal(spec, field, part, tokenizer)
             if tools is not None:
                 out.extend(labelled([tools], label))
-            out.extend(labelled(image_problems(spec.model, field, part), label))
+            out.extend(labelled(image_problems(spec, field, part), label))
         if is_chat(info) and has_chat_template(spec.model) is False:
             out.append(
                 Problem(

@@ -3,16 +3,19 @@
 `jobs.data.images` already refused missing, unreadable and miscounted images row by row while the data was
 read; what needs the model is here: a text-only model given image rows (fix: a vision-language model), and
 images far above the size the model's processor works at (`jobs.models.vision.pixel_limit`), which are decoded
-at full size on every step only to be shrunk. Models whose files are not on this machine are not judged.
+at full size on every step only to be shrunk (the spec's image_max_pixels is that size where the processor
+has a pixel budget; setting it for a processor that resizes every image to one size is refused). Models whose
+files are not on this machine are not judged.
 
-    problems = image_problems(spec.model, "dataset", info)
+    problems = image_problems(spec, "dataset", info)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobs.errors import Problem
+from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
     from jobs.data.dataset_info import DatasetInfo
@@ -21,13 +24,28 @@ FAR_ABOVE = 16  # an image with over this many times the processor's pixels is r
 SHOWN = 5
 
 
-def image_problems(model: str, field: str, info: DatasetInfo) -> list[Problem]:
-    """Problems of `info`'s images for `model` (none when the rows hold no images)."""
+def budget_problem(spec: JobSpec, settings: dict[str, Any] | None) -> Problem | None:
+    """image_min_pixels/image_max_pixels set for a model whose processor resizes every image to one size."""
+    from jobs.models.vision import has_pixel_budget
+
+    chosen = [n for n in ("image_max_pixels", "image_min_pixels") if getattr(spec, n) is not None]
+    if not chosen or settings is None or has_pixel_budget(settings):
+        return None
+    return Problem(
+        chosen[0],
+        f"is set, but the image processor of {spec.model!r} resizes every image to one size (it has no pixel budget)",
+        f"leave {' and '.join(chosen)} empty for this model, or pick one with a pixel budget (Qwen2-VL, Qwen2.5-VL)",
+    )
+
+
+def image_problems(spec: JobSpec, field: str, info: DatasetInfo) -> list[Problem]:
+    """Problems of `info`'s images for the spec's model (none when the rows hold no images)."""
     from jobs.data.row_numbers import rows_text
-    from jobs.models.vision import pixel_limit, vision_model
+    from jobs.models.vision import image_processor_settings, limit_of, vision_model, with_budget
 
     if not info.images.count:
         return []
+    model = spec.model
     takes_images = vision_model(model)
     if takes_images is False:
         return [
@@ -39,7 +57,11 @@ def image_problems(model: str, field: str, info: DatasetInfo) -> list[Problem]:
                 "or use data without images",
             )
         ]
-    limit = pixel_limit(model) if takes_images else None
+    settings = image_processor_settings(model) if takes_images else None
+    budget = budget_problem(spec, settings)
+    if budget is not None:
+        return [budget]
+    limit = limit_of(with_budget(settings, spec.image_min_pixels, spec.image_max_pixels)) if settings else None
     if not limit:
         return []
     big = [(row, w, h) for row, w, h in info.images.sizes if w * h > FAR_ABOVE * limit]

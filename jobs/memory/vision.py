@@ -56,15 +56,29 @@ def vision_arch(config: dict[str, Any], text_arch: Any) -> Any:
     return dataclasses.replace(text_arch, total_params=text_arch.total_params + extra, vision_params=extra)
 
 
-def with_image_tokens(lengths: Any, loaded: Any, model: str) -> Any:
+def budgeted_settings(model: str, low: int | None, high: int | None) -> dict[str, Any] | None:
+    """The model's processor settings with the spec's pixel budget in place (`jobs.models.vision.with_budget`)."""
+    from jobs.models.vision import processor_settings, with_budget
+
+    settings = processor_settings(model)
+    if settings is None:
+        return None
+    if isinstance(settings.get("image_processor"), dict):
+        return {**settings, "image_processor": with_budget(settings["image_processor"], low, high)}
+    return with_budget(settings, low, high)
+
+
+def with_image_tokens(
+    lengths: Any, loaded: Any, model: str, budget: tuple[int | None, int | None] = (None, None)
+) -> Any:
     """`lengths` (`jobs.data.token_lengths.RowLengths` of `loaded.train`) with each row's image tokens in
     place of its `<image>` placeholders; unchanged when the rows hold no images or the processor is not
-    modelled (`jobs.models.vision.image_tokens`)."""
+    modelled (`jobs.models.vision.image_tokens`). `budget`: the spec's (image_min_pixels, image_max_pixels)."""
     from jobs.data.token_lengths import RowLengths
-    from jobs.models.vision import image_tokens, processor_settings
+    from jobs.models.vision import image_tokens
 
     info = loaded.train_info
-    settings = processor_settings(model)
+    settings = budgeted_settings(model, *budget)
     if not info.images.count or settings is None or lengths.origins is None:
         return lengths
     by_row: dict[tuple[int, int], int] = {}  # (source index, row number): the row's image tokens less placeholders

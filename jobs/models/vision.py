@@ -75,10 +75,43 @@ def image_processor_settings(model: str) -> dict[str, Any] | None:
     return None
 
 
+def has_pixel_budget(settings: dict[str, Any]) -> bool:
+    """Whether an image processor resizes each image within a pixel budget (Qwen2-VL's patches merged
+    merge_size x merge_size) rather than to one size."""
+    return "merge_size" in settings and "patch_size" in settings
+
+
+def with_budget(settings: dict[str, Any], low: int | None, high: int | None) -> dict[str, Any]:
+    """Image processor settings with the spec's image_min_pixels/image_max_pixels in place (None: kept)."""
+    if (low is None and high is None) or not has_pixel_budget(settings):
+        return settings
+    size = dict(settings["size"]) if isinstance(settings.get("size"), dict) else {}
+    out = {k: v for k, v in settings.items() if k not in ("min_pixels", "max_pixels")}
+    low = low if low is not None else settings.get("min_pixels") or size.get("shortest_edge")
+    high = high if high is not None else settings.get("max_pixels") or size.get("longest_edge")
+    return {**out, "size": {**size, "shortest_edge": low, "longest_edge": high}}
+
+
+def apply_budget(processor: Any, low: int | None, high: int | None) -> None:
+    """Set the spec's pixel budget on a loaded processor's image processor (one with a budget)."""
+    image = getattr(processor, "image_processor", None)
+    if image is None or (low is None and high is None):
+        return
+    settings = with_budget(image.to_dict(), low, high)
+    if settings.get("size") is not None and has_pixel_budget(settings):
+        image.size = settings["size"]
+        for name in ("min_pixels", "max_pixels"):
+            if getattr(image, name, None) is not None:
+                setattr(image, name, settings["size"]["shortest_edge" if name == "min_pixels" else "longest_edge"])
+
+
 def limit_of(settings: dict[str, Any]) -> int | None:
     """The most pixels one image is worked at by an image processor with these settings; None if unknown."""
     if isinstance(settings.get("max_pixels"), int):
         return int(settings["max_pixels"])
+    size = settings.get("size")
+    if has_pixel_budget(settings) and isinstance(size, dict) and isinstance(size.get("longest_edge"), int):
+        return int(size["longest_edge"])  # Qwen2-VL: longest_edge counts pixels
     for key in ("size", "crop_size"):
         size = settings.get(key)
         if isinstance(size, int):

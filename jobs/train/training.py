@@ -34,7 +34,7 @@ from jobs.config.peft import frozen_vision
 from jobs.devices.facts import Device
 from jobs.devices.probe import detect_device
 from jobs.errors import Problem
-from jobs.models.vision import freeze_matching, is_vision_config
+from jobs.models.vision import apply_budget, freeze_matching, is_vision_config
 from jobs.spec.enums import Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.train.best import BestCheckpoint, best_checkpoint
@@ -103,6 +103,7 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
         trust_remote_code=spec.trust_remote_code,
         reward_head=spec.trainer is Trainer.REWARD,
     )
+    apply_budget(tokenizer, spec.image_min_pixels, spec.image_max_pixels)  # a vision-language model's processor
     return model, tokenizer
 
 
