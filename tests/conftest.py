@@ -99,6 +99,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LLaVA vision-language model + processor (tokenizer with `<image>`, CLIP image processor, chat template
+    over content parts), random weights, built offline once (`jobs.models.tiny_vlm`)."""
+    from jobs.models.tiny_vlm import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm") / "tiny-llava")
+
+
+@pytest.fixture(scope="session")
 def tag_home(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[Path, dict[str, int]]:
     """(a data folder, {method: run id}) trained once per session (`chat_helpers.train_tag_runs`): a LoRA run
     taught the "[tag]" answer format, a prompt-tuning run and a full fine-tune, all finished. The chat and

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from jobs.checks.access import AccessPolicy
+from jobs.checks.images import image_problems
 from jobs.checks.template import template_refusal
 from jobs.checks.tool_template import tools_refusal
 from jobs.errors import Problem
@@ -65,6 +66,7 @@ def dataset_problems(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[
             tools = tools_refusal(spec, field, part, tokenizer)
             if tools is not None:
                 out.extend(labelled([tools], label))
+            out.extend(labelled(image_problems(spec, field, part), label))
         if is_chat(info) and has_chat_template(spec.model) is False:
             out.append(
                 Problem(

@@ -79,6 +79,10 @@ def measured_lengths(spec: JobSpec, tokenizer: Callable[[], Any] | None = None) 
     except DataError:
         return None
     lengths = measure(loaded.train, tok, spec.trainer, loaded.origins)  # origins: the answers step names rows
+    if loaded.train_info.images.count:  # image rows: each image's tokens in place of its placeholder
+        from jobs.memory.vision import with_image_tokens
+
+        lengths = with_image_tokens(lengths, loaded, spec.model, (spec.image_min_pixels, spec.image_max_pixels))
     save_lengths(spec, folder, lengths)
     return lengths
 

@@ -318,10 +318,11 @@ def resolved_config(
     has_eval: bool = False,
     model_type: str | None = None,
     moe: Any = None,
+    vision: bool = False,
 ) -> dict[str, Any]:
     """A JSON-able record of exactly what the trl config, peft config and BitsAndBytesConfig received."""
     precision = resolve_precision(spec, device)
-    peft_found = peft_kwargs(spec, model_type, moe)
+    peft_found = peft_kwargs(spec, model_type, moe, vision=vision)
     return {
         "device": {**asdict(device), "compute_capability": list(device.compute_capability or []) or None},
         "precision": precision.value,

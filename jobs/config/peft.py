@@ -13,16 +13,34 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.config.trainers import task_type
-from jobs.spec.enums import LORA_FAMILY, Method
+from jobs.spec.enums import LORA_FAMILY, Method, VisionTrain
 from jobs.spec.job import JobSpec
 
 IA3_LLAMA_TARGETS = ["k_proj", "v_proj", "down_proj"]
 IA3_LLAMA_FEEDFORWARD = ["down_proj"]
+# A vision-language model's image side by each family's names: the vision tower (Qwen2-VL's projector, `merger`,
+# sits inside its `visual`) and the projector. What `vision_train` leaves out of training is matched by these.
+TOWER_MODULES = r".*(?:^|\.)(?:vision_tower|vision_model|visual(?!\.merger))(?:\..*)?"
+PROJECTOR_MODULES = r".*(?:^|\.)(?:multi_modal_projector|mm_projector|connector|visual\.merger)(?:\..*)?"
+VISION_MODULES = f"(?:{TOWER_MODULES})|(?:{PROJECTOR_MODULES})"
 
 
-def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -> tuple[str, dict[str, Any]] | None:
+def frozen_vision(spec: JobSpec) -> str | None:
+    """The regex (full match on module and parameter names) of a vision-language model's parts that stay
+    frozen under the spec's `vision_train`; None when everything trains."""
+    if spec.vision_train is VisionTrain.LANGUAGE:
+        return VISION_MODULES
+    if spec.vision_train is VisionTrain.PROJECTOR:
+        return TOWER_MODULES
+    return None
+
+
+def peft_kwargs(
+    spec: JobSpec, model_type: str | None = None, moe: Any = None, *, vision: bool = False
+) -> tuple[str, dict[str, Any]] | None:
     """(peft config class name, its keyword arguments) for the spec's method; None for full. `moe`: the model's
-    `jobs.models.moe_layout.MoeLayout` (None: a dense model), where the spec's moe_targets places adapters."""
+    `jobs.models.moe_layout.MoeLayout` (None: a dense model), where the spec's moe_targets places adapters.
+    `vision`: a vision-language model, whose parts `vision_train` keeps frozen LoRA leaves out (`frozen_vision`)."""
     m = spec.method
     base: dict[str, Any] = {"task_type": task_type(spec)}
     if m is Method.FULL:
@@ -52,6 +70,7 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -
             **placed,
             "use_rslora": spec.use_rslora,
             "use_dora": m is Method.DORA,
+            **({"exclude_modules": frozen_vision(spec)} if vision and frozen_vision(spec) else {}),
             "bias": "none",
             **lora_init_kwargs(spec),
         }
@@ -83,9 +102,9 @@ def peft_kwargs(spec: JobSpec, model_type: str | None = None, moe: Any = None) -
     raise ValueError(f"no peft mapping for method {m!r}")  # pragma: no cover - enum is closed
 
 
-def peft_config(spec: JobSpec, model_type: str | None = None, moe: Any = None) -> Any | None:
+def peft_config(spec: JobSpec, model_type: str | None = None, moe: Any = None, *, vision: bool = False) -> Any | None:
     """The peft config object for the spec's method, or None for a full fine-tune."""
-    found = peft_kwargs(spec, model_type, moe)
+    found = peft_kwargs(spec, model_type, moe, vision=vision)
     if found is None:
         return None
     from jobs.config.methods import config_class

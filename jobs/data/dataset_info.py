@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.data.images import ImageRows
 from jobs.data.row_formats import RowFormat
 from jobs.data.tool_turns import ToolRows
 
@@ -33,6 +34,7 @@ class DatasetInfo:
     )  # rows with a role twice in a row
     tools: ToolRows = field(default_factory=ToolRows)  # rows with tool schemas, tool calls or tool results
     parts: list[DatasetInfo] = field(default_factory=list)  # several sources (jobs.data.mixing): each one's own
+    images: ImageRows = field(default_factory=ImageRows)  # the images the rows hold (jobs.data.images)
 
     def record(self) -> dict[str, Any]:
         """What the run's resolved config keeps about this data set."""
@@ -43,5 +45,6 @@ class DatasetInfo:
             "conversion": self.conversion,
             "dataset_columns": self.column_map or None,
             "rows": self.n_rows,
+            **({"images": self.images.count} if self.images.count else {}),
             **({"sources": [part.record() for part in self.parts]} if self.parts else {}),
         }

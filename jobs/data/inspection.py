@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.data.dataset_info import DatasetInfo
 from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
+from jobs.data.images import ImageRows, image_conversion
 from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
 from jobs.data.sources import DataError, Source, load_hub, resolve
 from jobs.data.validation import Checked, Issues, RowCheck
@@ -92,7 +93,8 @@ def inspect_dataset(
         raise DataError(issues.problems() + mapping_problems)
     mapped = renamed(columns, column_map)
     first = [rename_columns(row, column_map) for _, row in islice(raw(), 20)]
-    conversion = detect_conversion(mapped, first, trainer)
+    base = source.path.parent if source.path is not None else None
+    conversion = image_conversion(mapped, first, base) or detect_conversion(mapped, first, trainer)
     fmt_columns = list(conversion.columns) if conversion else mapped
     fmt = detect_format(fmt_columns)
     if trainer is Trainer.GRPO and "prompt" in fmt_columns:
@@ -102,8 +104,10 @@ def inspect_dataset(
     rows: Rows = lambda: _converted(raw, column_map, conversion, None)  # noqa: E731
     check = RowCheck(fmt, issues)
     kept: list[tuple[int, dict[str, Any]]] = []
+    sizes: list[tuple[int, int, int]] = []
     for number, row in _converted(raw, column_map, conversion, issues):  # read here, validated below
         check.add(number, row)
+        sizes += [(number, int(w), int(h)) for w, h in row.get("image_sizes") or ()]
         if keep_rows:
             kept.append((number, row))
     if keep_rows:
@@ -127,6 +131,7 @@ def inspect_dataset(
         passed,
         checked.repeated_turns,
         checked.tools,
+        images=ImageRows.of(sizes),
     )
     return Inspected(info, rows, None if (conversion or column_map) else ds, checked.style)
 

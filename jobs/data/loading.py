@@ -75,6 +75,12 @@ def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Da
     tools = info.tools.count > 0
     keep, features = COLUMNS[info.format], _features(info.format, checked.style, tools)
     extra = info.reward_columns
+    if info.images.count:  # image chat: content parts and an `images` column (jobs.data.images)
+        from jobs.data.images import image_features, trl_row
+
+        pairs = list(checked.rows())
+        images = datasets.Dataset.from_list([trl_row(row) for _, row in pairs], features=image_features())
+        return images, info, [number for number, _ in pairs]
     if ds is None:  # JSON files, and anything converted: built from the checked rows, which keep their numbers
         numbers: list[int] = []  # JSON lines: line numbers, blank lines skipped
         rows = []

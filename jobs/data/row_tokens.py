@@ -39,8 +39,8 @@ from jobs.spec.mixture import DataSource
 log = logging.getLogger(__name__)
 
 # bump when what a cached length means changes (2: each row's prompt length kept too; 3: tools rendered;
-# 4: each row's origin kept too)
-CACHE_VERSION = "4"
+# 4: each row's origin kept too; 5: image rows count each image's tokens, jobs.memory.vision)
+CACHE_VERSION = "5"
 BATCH_ROWS = 2048
 # With the shortcuts (`Shortcuts`), every this-many-th sequence is also measured the library's way, as a check.
 VERIFY_EVERY = 256

@@ -6,6 +6,7 @@ A dataset reference is one of
 - a local `.jsonl`, `.json`, `.csv` or `.parquet` file, `.jsonl.gz`/`.json.gz` too (read by
   `jobs.data.files`: UTF-8 with or without BOM, CRLF, JSON arrays and `{"data": [...]}`
   wrappers; never unpickled; row numbers of a .jsonl file are its line numbers);
+- a `.zip` of one such data file and its images (`jobs.data.archive`: unpacked once, the file inside read);
 - a hub data set `org/name` (its `train` split; fails fast when HF_HUB_OFFLINE=1 and it is
   not cached).
 The rows are checked by `jobs.data.inspection` and loaded for trl by `jobs.data.loading`.
@@ -89,6 +90,13 @@ def resolve(ref: str, field_name: str) -> Source:
         raise DataError(
             [Problem(field_name, f"`{ref}` is a folder", "point at one .jsonl, .json, .csv or .parquet file")]
         )
+    if path.is_file() and path.name.lower().endswith(".zip"):  # a data file and its images (jobs.data.archive)
+        from jobs.data.archive import ZipProblem, unpacked_data_file
+
+        try:
+            return Source(ref, path=unpacked_data_file(path, field_name, lambda p: file_kind(p) is not None))
+        except ZipProblem as exc:
+            raise DataError(exc.problems) from exc
     if path.is_file():
         if file_kind(path) is None:
             raise DataError(

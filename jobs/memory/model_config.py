@@ -114,6 +114,12 @@ def arch_with_source(ref: str) -> tuple[Any, str]:
     config, source = model_config(ref)
     if config is None or not isinstance(config.get("model_type"), str):
         return None, ""
+    if isinstance(config.get("vision_config"), dict):  # a vision-language model: its language model + vision weights
+        from jobs.memory.vision import text_config, vision_arch
+
+        text = text_config(config)
+        found = _arch_from_text(json.dumps(text, sort_keys=True)) if text is not None else None
+        return (vision_arch(config, found), source) if found is not None else (None, "")
     arch = _arch_from_text(json.dumps(config, sort_keys=True))
     return (arch, source) if arch is not None else (None, "")
 

@@ -72,6 +72,7 @@ class Arch:
     block_linears: tuple[LayerLinear, ...]  # one block's linears
     shape: ModelShape  # for the trainable-parameter count (jobs.memory.params)
     checkpoint_bytes: int = 2  # bytes per parameter in the model's files (its config's dtype)
+    vision_params: int = 0  # a vision-language model's vision tower and projector (in total_params; jobs.memory.vision)
 
     @property
     def kv_dim(self) -> int:

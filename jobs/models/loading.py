@@ -26,6 +26,10 @@ def load_model_and_tokenizer(
     of the language-model head."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+    from jobs.models.vision import vision_model
+
+    if not reward_head and vision_model(str(resolved.path)):
+        return load_vision_model(resolved, torch_dtype=torch_dtype, quantization_config=quantization_config)
     kwargs: dict[str, Any] = {"use_safetensors": True, "trust_remote_code": bool(trust_remote_code)}
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
@@ -55,6 +59,33 @@ def load_model_and_tokenizer(
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def load_vision_model(resolved: ResolvedModel, *, torch_dtype: Any = None, quantization_config: Any = None):
+    """(model, processor) of a vision-language model: `AutoModelForImageTextToText` and `AutoProcessor` (the
+    processor holds the tokenizer and the image processor, and is what trl's SFTTrainer takes for image data)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    kwargs: dict[str, Any] = {"use_safetensors": True}
+    if torch_dtype is not None:
+        kwargs["dtype"] = torch_dtype
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+    try:
+        processor = AutoProcessor.from_pretrained(resolved.path)
+        model = AutoModelForImageTextToText.from_pretrained(resolved.path, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise model_error(
+            f"{resolved.ref!r} could not be loaded as a vision-language model: {first}",
+            "check that it has safetensors weights and a processor (processor_config.json or preprocessor_config.json)",
+        ) from exc
+    tokenizer = processor.tokenizer
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(model.config.get_text_config(), "pad_token_id", None) is None:
+        model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    return model, processor
 
 
 def count_parameters(model: Any) -> tuple[int, int]:

@@ -105,6 +105,14 @@ class MoeTargets(str, Enum):
         return self is MoeTargets.ROUTER
 
 
+class VisionTrain(str, Enum):
+    """What trains in a vision-language model (text-only models: no effect)."""
+
+    LANGUAGE = "language"
+    PROJECTOR = "language+projector"
+    ALL = "language+projector+vision"
+
+
 class MoraType(str, Enum):
     ROPE = "rope"
     SHARING = "sharing"

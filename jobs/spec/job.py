@@ -173,6 +173,9 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     if spec.dataset_columns is not None:
         out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
     out.extend(_name_problems(spec))
+    low, high = spec.image_min_pixels, spec.image_max_pixels
+    if low is not None and high is not None and low > high:
+        out.append(Problem("image_min_pixels", f"{low} is above image_max_pixels ({high})", "give a min <= the max"))
     return out
 
 

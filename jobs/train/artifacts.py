@@ -77,7 +77,8 @@ def write_bundle(
     chat = bool(getattr(tokenizer, "chat_template", None))
     for name, text in (extra_files or {}).items():
         (bundle / name).write_text(text)
-    (bundle / "README.md").write_text(model_card(spec, metrics, chat) + card_extra)
+    vision = getattr(tokenizer, "image_processor", None) is not None  # a vision-language model's processor
+    (bundle / "README.md").write_text(model_card(spec, metrics, chat, vision) + card_extra)
     pickled = [p.name for p in bundle.rglob("*") if p.suffix in PICKLE_SUFFIXES]
     if pickled:  # a library changed its defaults: refuse to ship pickles
         raise RuntimeError(f"bundle would contain pickled files {pickled}; only safetensors are allowed")
@@ -220,8 +221,9 @@ def provenance_note(spec: JobSpec) -> str:
     )
 
 
-def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> str:
-    """README.md for the bundle: base model, method, tricks, data, results, how to load it."""
+def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True, vision: bool = False) -> str:
+    """README.md for the bundle: base model, method, tricks, data, results, how to load it (`vision`: a
+    vision-language model, loaded with its processor: `jobs.train.vision_card`)."""
 
     def fmt(v: float) -> str:
         return f"{int(v):,}" if float(v).is_integer() and abs(v) >= 100 else f"{v:.4g}"
@@ -257,7 +259,12 @@ def model_card(spec: JobSpec, metrics: dict[str, float], chat: bool = True) -> s
             if applies_to(name, spec.method)
         ]
         method += f" ({METHOD_DESCRIPTIONS[spec.method]}{'; ' if knobs else ''}{', '.join(knobs)})"
-    load = load_snippet(spec, chat)
+    if vision:
+        from jobs.train.vision_card import vision_load_snippet
+
+        load = vision_load_snippet(spec)
+    else:
+        load = load_snippet(spec, chat)
     data = spec.dataset + (f" (eval: {spec.eval_dataset})" if spec.eval_dataset else "")
     return (
         f"# {spec.display_name}\n\nFine-tuned with tunedeck ({spec.trainer.value.upper()}).\n\n"

@@ -68,6 +68,8 @@ def _turns(messages: Any) -> tuple[tuple[str, str], ...] | None:
     """Chat turns up to (not including) the last assistant turn; None when there is no user turn before it."""
     if not isinstance(messages, list):
         return None
+    if any(isinstance(m, dict) and not isinstance(m.get("content", ""), str) for m in messages):
+        return None  # image chat (content parts): the samples are text-only prompts
     turns = [(str(m.get("role", "")), str(m.get("content", ""))) for m in messages if isinstance(m, dict)]
     last = max((i for i, (role, _) in enumerate(turns) if role == "assistant"), default=len(turns))
     turns = turns[:last]
@@ -142,7 +144,11 @@ def greedy(
 
 
 def greedy_texts(model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_tokens: int) -> list[str]:
-    """Greedy answers, decoded without special tokens."""
+    """Greedy answers, decoded without special tokens (a vision-language model's processor: text-only prompts
+    through its tokenizer)."""
+    from transformers import ProcessorMixin
+
+    tokenizer = tokenizer.tokenizer if isinstance(tokenizer, ProcessorMixin) else tokenizer
     ids, _ = greedy(model, tokenizer, prompts, max_new_tokens)
     return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in ids]
 

@@ -30,9 +30,11 @@ from jobs.config.mapping import (
     torch_dtype_name,
     training_config,
 )
+from jobs.config.peft import frozen_vision
 from jobs.devices.facts import Device
 from jobs.devices.probe import detect_device
 from jobs.errors import Problem
+from jobs.models.vision import apply_budget, freeze_matching, is_vision_config
 from jobs.spec.enums import Precision, Trainer
 from jobs.spec.job import JobSpec, SpecError
 from jobs.train.best import BestCheckpoint, best_checkpoint
@@ -101,6 +103,7 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
         trust_remote_code=spec.trust_remote_code,
         reward_head=spec.trainer is Trainer.REWARD,
     )
+    apply_budget(tokenizer, spec.image_min_pixels, spec.image_max_pixels)  # a vision-language model's processor
     return model, tokenizer
 
 
@@ -144,11 +147,15 @@ def train_spec(
         before_training(model, tokenizer, eval_ds)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     moe = moe_layout_of(model)
+    vision = prepare_vision(spec, model)
     has_eval = eval_ds is not None
     args = training_config(spec, device, str(output_dir), has_eval=has_eval)
-    resolved = resolved_config(spec, device, str(output_dir), has_eval=has_eval, model_type=model_type, moe=moe)
+    if loaded.train_info.images.count and "messages" in train_ds.column_names:
+        args.completion_only_loss = False  # no effect on messages rows, but trl's vision collator refuses it
+    where = str(output_dir)
+    resolved = resolved_config(spec, device, where, has_eval=has_eval, model_type=model_type, moe=moe, vision=vision)
     resolved["data"] = loaded.record()  # which formats were detected and how they were converted
-    peft_cfg = peft_config(spec, model_type, moe)
+    peft_cfg = peft_config(spec, model_type, moe, vision=vision)
     if spec.method in QUANTIZED_METHODS:
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
         from peft import prepare_model_for_kbit_training
@@ -314,6 +321,18 @@ def _add_run_figures(
     if best is not None:
         metrics["best_step"] = float(best.step)
         metrics["best_metric"] = best.value
+
+
+def prepare_vision(spec: JobSpec, model: Any) -> bool:
+    """Whether `model` is a vision-language model; if so, the parts `vision_train` keeps out of training are
+    frozen (in a full fine-tune too; LoRA leaves them out through peft_config's exclude_modules)."""
+    if not is_vision_config(getattr(model, "config", None)):
+        return False
+    frozen_parts = frozen_vision(spec)
+    if frozen_parts is not None:
+        frozen = freeze_matching(model, frozen_parts)
+        log.info("vision-language model (vision_train %s): %d parameters frozen", spec.vision_train.value, frozen)
+    return True
 
 
 def moe_layout_of(model: Any) -> Any:

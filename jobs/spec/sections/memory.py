@@ -125,6 +125,28 @@ class MemoryFields:
         le=131072,
         label="Max tokens per example",
     )
+    image_max_pixels: int | None = spec_field(
+        None,
+        Group.MEMORY,
+        "Vision-language models whose processor resizes each image within a pixel budget (Qwen2-VL, Qwen2.5-VL): "
+        "the most pixels an image is worked at (e.g. 200704 = 448x448). Fewer pixels, fewer image tokens: less "
+        "memory and faster steps, less detail. Empty: the processor's own budget. Refused for processors that "
+        "resize every image to one size (LLaVA, Gemma 3).",
+        ge=784,
+        le=100_000_000,
+        label="Image pixel budget (max)",
+        advanced=True,
+    )
+    image_min_pixels: int | None = spec_field(
+        None,
+        Group.MEMORY,
+        "With image_max_pixels' processors: the fewest pixels an image is worked at (smaller images are "
+        "enlarged). Empty: the processor's own.",
+        ge=784,
+        le=100_000_000,
+        label="Image pixel budget (min)",
+        advanced=True,
+    )
     packing: bool = spec_field(
         False,
         Group.MEMORY,

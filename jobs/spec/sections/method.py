@@ -22,6 +22,7 @@ from jobs.spec.enums import (
     MoraType,
     QuantType,
     Trainer,
+    VisionTrain,
 )
 from jobs.spec.field import Group, spec_field
 
@@ -102,6 +103,19 @@ class MethodFields:
         "on them. Dense models ignore this field.",
         methods=LORA_FAMILY,
         label="MoE: layers with adapters",
+    )
+    vision_train: VisionTrain = spec_field(
+        VisionTrain.LANGUAGE,
+        Group.METHOD,
+        "Vision-language models only (LLaVA, Qwen2-VL, SmolVLM, Gemma 3...): what trains. language: the "
+        "language model (LoRA adapters on it, or its weights in a full fine-tune); the vision tower and the "
+        "projector that maps image features into the language model stay frozen. language+projector: the "
+        "projector too (with all-linear LoRA: adapters on its layers). language+projector+vision: the vision "
+        "tower as well (more memory; rarely needed unless the images look unlike the tower's training data). "
+        "Text-only models ignore this field.",
+        methods=LORA_FAMILY | {Method.FULL},
+        label="Vision models: what trains",
+        advanced=True,
     )
     use_rslora: bool = spec_field(
         False,
