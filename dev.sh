@@ -10,6 +10,8 @@
 #                           core, in a random order (seed printed; TUNEDECK_TEST_SEED=N replays it)
 #   ./dev.sh check          ruff (lint and format) and mypy only
 #   ./dev.sh venv           only create/update the virtual environment
+#   ./dev.sh gguf           also build llama.cpp's Python binding (llama-cpp-python, from source: long on
+#                           a small machine) for the K-quant GGUF exports and llama.cpp's read-back check
 #
 # Plain `.venv/bin/python -m pytest` runs the fast tier only (see pyproject.toml).
 #
@@ -172,6 +174,14 @@ case "$cmd" in
     venv)
         ensure_venv
         log "ready: $VENV"
+        ;;
+    gguf)
+        ensure_venv
+        # No wheel on PyPI: pip compiles llama.cpp (CPU build; g++ and cmake needed), on every core.
+        log "building llama-cpp-python (pyproject's gguf extra) from source: tens of minutes on two cores"
+        CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$VENV/bin/python" -m pip install --disable-pip-version-check -q \
+            -e '.[test,gguf]'
+        "$VENV/bin/python" -c 'import llama_cpp; print("dev.sh: llama.cpp", llama_cpp.__version__, "ready")' >&2
         ;;
     *)
         usage

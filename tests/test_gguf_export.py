@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from training_helpers import tiny_spec
 
-from jobs.export.gguf import Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
+from jobs.export.gguf import K_FORCED_AGREEMENT, Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
 from jobs.export.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
 from jobs.export.merged import CHECK_PROMPTS, ExportError
 from jobs.train.artifacts import sha256_of
@@ -23,7 +23,7 @@ def _tiny_variant(tiny_model: Path, dest: Path, config_class: str, **extra) -> P
     import transformers
     from transformers import AutoTokenizer
 
-    config = getattr(transformers, config_class)(
+    shape = dict(
         vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
@@ -32,8 +32,8 @@ def _tiny_variant(tiny_model: Path, dest: Path, config_class: str, **extra) -> P
         num_key_value_heads=2,
         max_position_embeddings=256,
         tie_word_embeddings=False,
-        **extra,
     )
+    config = getattr(transformers, config_class)(**(shape | extra))
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     config.bos_token_id, config.eos_token_id, config.pad_token_id = (
         tokenizer.bos_token_id,
@@ -202,6 +202,61 @@ def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_pa
         gguf_plan({**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, tok)
     with pytest.raises(GgufUnsupported, match="pre-tokenizer"):
         gguf_plan(config, {**tok, "pre_tokenizer": {"type": "Whitespace"}})
+
+
+def test_k_quants_without_llama_cpp_are_refused_before_queueing(
+    tstore, runs: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where llama-cpp-python is not installed (CI: it compiles for tens of minutes), a K-quant is refused when
+    asked for, naming the fix; the types tunedeck writes itself are still queued."""
+    import jobs.export.llamacpp
+    from jobs.worker.tasks import request_export
+
+    monkeypatch.setattr(jobs.export.llamacpp, "llama_cpp_installed", lambda: False)
+    before = len(tstore.run_tasks(runs["lora"]))
+    with pytest.raises(ExportError) as err:
+        request_export(tstore, runs["lora"], merged=False, dtype="fp32", gguf=["f16", "q4_k_m"])
+    (problem,) = err.value.problems
+    assert problem.field == "gguf" and "q4_k_m" in problem.problem and "./dev.sh gguf" in problem.fix
+    assert len(tstore.run_tasks(runs["lora"])) == before  # nothing queued, f16 included: the request is one
+    with pytest.raises(ExportError, match="llama-cpp-python is not installed"):
+        export_gguf(tstore, runs["lora"], "q5_k_m")
+    with pytest.raises(ExportError, match="not one of f16, q8_0, q4_k_m, q5_k_m, q6_k"):
+        request_export(tstore, runs["lora"], merged=False, dtype="fp32", gguf=["q3_k_s"])
+
+
+@pytest.mark.slow
+def test_q4_k_m_is_made_and_read_back_by_llama_cpp(tstore, runs: dict[str, int]) -> None:
+    pytest.importorskip("llama_cpp", reason="K-quants need llama-cpp-python (./dev.sh gguf)")
+    result = export_gguf(tstore, runs["lora"], "q4_k_m")
+    check = result.check
+    assert check.passed and result.path.name.endswith("-q4_k_m.gguf") and check.llama_cpp is not None, check
+    assert check.llama_cpp["forced_agreement"] >= K_FORCED_AGREEMENT and not check.llama_cpp["tokenizer_mismatches"]
+    # The tiny model's rows (64 values) are shorter than a K-quant block (256): llama.cpp fell back, and says so.
+    assert "Q4_K" not in check.tensor_types and check.tensor_types.get("Q8_0", 0) > 0
+    assert not list(result.path.parent.glob("*.f16"))  # the intermediate f16 file is gone
+    card = (result.path.parent / "README.md").read_text()
+    assert result.path.name in card and "Read back by llama.cpp" in card and "Q8_0" in card
+
+
+def test_llama_cpp_quantizes_256_wide_rows_to_k_quants(tiny_model: Path, tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="K-quants need llama-cpp-python (./dev.sh gguf)")
+    from transformers import AutoTokenizer
+
+    from jobs.export.llamacpp import llama_read_back, quantize, tensor_types
+
+    wide = _tiny_variant(tiny_model, tmp_path / "wide", "LlamaConfig", hidden_size=256, intermediate_size=512)
+    write_gguf(wide, tmp_path / "wide-f16.gguf", "f16", "wide")
+    quantize(tmp_path / "wide-f16.gguf", tmp_path / "wide-q4_k_m.gguf", "q4_k_m")
+    quantize(tmp_path / "wide-f16.gguf", tmp_path / "wide-q6_k.gguf", "q6_k")
+    q4, q6 = tensor_types(tmp_path / "wide-q4_k_m.gguf"), tensor_types(tmp_path / "wide-q6_k.gguf")
+    assert q4.get("Q4_K", 0) > 0 and q4.get("Q6_K", 0) > 0, q4  # Q4_K_M: most matrices 4-bit, some 6-bit
+    assert q6.get("Q6_K", 0) > 0 and "Q4_K" not in q6, q6
+    assert (tmp_path / "wide-q4_k_m.gguf").stat().st_size < 0.45 * (tmp_path / "wide-f16.gguf").stat().st_size
+    tokenizer = AutoTokenizer.from_pretrained(str(wide))
+    prompt = tokenizer("The moon is")["input_ids"]
+    read = llama_read_back(tmp_path / "wide-q6_k.gguf", tokenizer, list(TOKENIZER_TEXTS), [prompt], [[5, 6, 7]])
+    assert not read.tokenizer_mismatches and 0.0 <= read.forced_agreement <= 1.0 and read.version
 
 
 @pytest.mark.smollm2

@@ -55,6 +55,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, StoreUse, UsageError  # noqa: E402
 from jobs.errors import Problem, ProblemError  # noqa: E402
+from jobs.export.llamacpp import EXPORT_TYPES  # noqa: E402
 from storage.settings import database_url, sqlite_database_file  # noqa: E402
 
 if TYPE_CHECKING:
@@ -291,10 +292,11 @@ def _add_run_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--gguf",
         nargs="+",
-        choices=("f16", "q8_0"),
+        choices=EXPORT_TYPES,
         metavar="TYPE",
-        help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 or both; each is loaded "
-        "back and checked against the merged model",
+        help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 (tunedeck's writer), q4_k_m, "
+        "q5_k_m, q6_k (llama.cpp's quantizer: needs llama-cpp-python); each is loaded back and checked against "
+        "the merged model",
     )
     from app.cli.tasks import add_flag as add_on_worker_flag
 

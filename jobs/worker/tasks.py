@@ -18,12 +18,13 @@ from enum import Enum
 from typing import Any
 
 from jobs.errors import Problem
+from jobs.export.llamacpp import EXPORT_TYPES, LLAMA_CPP_FIX, llama_cpp_problem
 from jobs.export.merged import DTYPES, ExportError
 from jobs.spec.evaluation import EVALUATE_TASK
 from jobs.worker.services import SHARED_DATA_ENV, run_host, shared_data
 from storage.store import RunRecord, Store, TaskRecord
 
-GGUF_TYPES = ("f16", "q8_0")
+GGUF_TYPES = EXPORT_TYPES
 WORKER_LIVE_S = 15.0  # a worker that beat within this long is running (idle workers beat every ~2 s)
 
 
@@ -76,7 +77,8 @@ def request_export(store: Store, run_id: int, merged: bool, dtype: str, gguf: Se
         problems.append(Problem("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}", "pick bf16, fp16 or fp32"))
     unknown = [t for t in gguf if t not in GGUF_TYPES]
     if unknown:
-        problems.append(Problem("gguf", f"{', '.join(unknown)} not one of {', '.join(GGUF_TYPES)}", "pick f16 or q8_0"))
+        problems.append(Problem("gguf", f"{', '.join(unknown)} not one of {', '.join(GGUF_TYPES)}", "pick one of them"))
+    problems += [Problem("gguf", problem, LLAMA_CPP_FIX) for t in gguf if (problem := llama_cpp_problem(t))]
     if not merged and not gguf:
         problems.append(Problem("merged", "nothing chosen", "tick 'Merged model' and/or a GGUF type"))
     if problems:
