@@ -103,9 +103,12 @@ def test_an_evaluate_task_runs_the_evaluate_command() -> None:
 @pytest.mark.integration
 def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -> None:
     """lm-eval on the session's LoRA run and its base: multiple choice and generation, each with its stderr."""
+    import zipfile
+
     from app.cli.show import show_text
     from app.ui.run_text import scores_markdown
     from jobs.evaluate.harness import evaluate_run
+    from jobs.train.artifacts import bundle_of
 
     _folder, store, ids = tag_store
     run_id = ids["lora"]
@@ -123,6 +126,9 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
     assert "benchmarks (base vs run, ± standard error):" in text and "sums" in text and "exact_match" in text
     page = scores_markdown(store, store.get_run(run_id))
     assert "| task | metric | base | this run | change |" in page and "| sums | acc |" in page
+    with zipfile.ZipFile(bundle_of(store, run_id)) as zf:  # the bundle's card lines them up too
+        card = zf.read("README.md").decode()
+    assert "| task | metric | base | fine-tuned | change |" in card and "| sums | acc |" in card
 
 
 @pytest.mark.integration
@@ -180,3 +186,41 @@ def test_a_shared_dashboard_reads_task_files_only_from_its_data_folders_and_runs
     (code,) = policy.problems(JobSpec(eval_tasks=str(uploads_dir() / "task.yaml")))
     assert code.field == "eval_tasks" and "!function" in code.problem and "--allow-remote-code" in code.fix
     assert AccessPolicy.open().problems(JobSpec(eval_tasks=outside)) == []
+
+
+def test_scores_and_the_judge_reach_the_run_page_show_and_the_bundle_card(store: Any) -> None:
+    """Scores stored after the bundle was written reach its card (the zip remade) once, however often they land."""
+    import zipfile
+
+    from app.cli.show import show_text
+    from app.ui.run_text import samples_markdown, scores_markdown
+    from jobs.evaluate.card import BEGIN, refresh_card
+    from jobs.evaluate.judge import judge_file, judge_run
+    from jobs.train.artifacts import bundle_of, zip_bundle
+    from storage.store import Score
+
+    run_id = store.create_run(JobSpec(run_name="carded", model="tiny-llama"))
+    store.claim_next_on_device("test", "0")
+    folder = store.run_dir(run_id) / "bundle"
+    folder.mkdir()
+    (folder / "README.md").write_text("# carded\n\n## How to load\nwith peft\n")
+    first = zip_bundle(folder, store.run_dir(run_id) / "carded-adapter.zip")
+    store.add_artifact(run_id, "bundle", str(first), first.stat().st_size, "0" * 64)
+    samples = {"prompts": [{"text": "Hi?"}, {"text": "Sky?"}], "before": ["hey", "blue"], "after": ["[tag] hi", "x"]}
+    (store.run_dir(run_id) / "samples.json").write_text(json.dumps(samples))
+    store.mark_succeeded(run_id, {})
+    store.set_scores(run_id, "qa", [Score("base", "acc", 0.3, 0.1, 10), Score("run", "acc", 0.8, 0.1, 10)])
+    judge_run(store, run_id, "always-A", ask=lambda prompt: "A, it reads better")  # refreshes the card
+    refresh_card(store, run_id, judge_file(store.run_dir(run_id)))  # again: the section is replaced, not added
+    with zipfile.ZipFile(bundle_of(store, run_id)) as zf:
+        card = zf.read("README.md").decode()
+    assert card.startswith("# carded") and "with peft" in card and card.count(BEGIN) == 1, card
+    assert "| qa | acc | 0.300 ± 0.100 | 0.800 ± 0.100 | +0.500 |" in card
+    assert "judge always-A: the run won 2, tied 0 and lost 2 of 4 judgments" in card and "| judge |" not in card
+    run = store.get_run(run_id)
+    text = show_text(store, run)
+    assert "  qa                       acc" in text and "judge: judge always-A: the run won 2" in text
+    page = samples_markdown(store, run)
+    assert "| prompt | base | this run | judge (run shown first, then second) |" in page
+    assert "| Hi? | hey | \\[tag\\] hi | run better · base better |" in page and "**Judge**: judge always-A" in page
+    assert "| qa | acc |" in scores_markdown(store, run) and "win_rate" not in scores_markdown(store, run)

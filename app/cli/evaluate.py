@@ -76,7 +76,8 @@ def cmd_judge(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
-    from jobs.evaluate.harness import evaluate_run, scores_table
+    from jobs.evaluate.card import scores_table
+    from jobs.evaluate.harness import evaluate_run
 
     if getattr(args, "on_worker", False):
         from jobs.worker.tasks import request_evaluate

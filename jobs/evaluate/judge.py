@@ -168,6 +168,9 @@ def judge_run(store: Evaluations, run_id: int, judge: str, *, ask: Ask | None = 
         ],
     )
     store.add_run_event(run_id, TASK, result.summary(), data={k: data[k] for k in ("judge", "win_rate")})
+    from jobs.evaluate.card import refresh_card
+
+    refresh_card(store, run_id, data)
     return result
 
 
@@ -224,6 +227,19 @@ def model_asker(store: Evaluations, judge: str) -> Ask:
         return greedy_texts(model, tokenizer, [prompt], MAX_VERDICT_TOKENS)[0]
 
     return ask
+
+
+WORDS = {"run": "run better", "base": "base better", "tie": "tie", "unparsed": "no verdict"}
+
+
+def verdict_cells(judged: dict[str, Any] | None) -> dict[str, str] | None:
+    """Per prompt, its judgments in the order they were made ("run better · tie"); None when never judged."""
+    if not judged:
+        return None
+    out: dict[str, list[str]] = {}
+    for j in judged.get("judgments") or []:
+        out.setdefault(str(j.get("prompt", "")), []).append(WORDS.get(str(j.get("verdict")), str(j.get("verdict"))))
+    return {prompt: " · ".join(words) for prompt, words in out.items()}
 
 
 def judge_file(run_dir: Path) -> dict[str, Any] | None:
