@@ -53,6 +53,37 @@ def test_bad_rows_are_named(tmp_path: Path, row: Any, words: str) -> None:
     assert words in problems[0].problem and str(tmp_path / "qa.jsonl") in problems[0].problem and problems[0].fix
 
 
+@pytest.mark.parametrize(
+    "row,words",
+    [
+        ({"question": "q"}, "row 2: has no `answer` (nor a `regex`)"),
+        ({"question": "q", "regex": "(unclosed"}, "row 2: `regex` '(unclosed' is not a regular expression (missing )"),
+        ({"question": "q", "answer": "4", "regex": 4}, "row 2: `regex` is not a pattern text"),
+    ],
+)
+def test_bad_generation_rows_are_named(tmp_path: Path, row: Any, words: str) -> None:
+    ref = questions(tmp_path / "gen.jsonl", [{"question": "Capital of France?", "regex": "(?i)paris"}, row])
+    problems = task_problems(ref)
+    assert len(problems) == 1 and words in problems[0].problem and problems[0].fix, problems
+
+
+@pytest.mark.parametrize(
+    "doc,reply,scores",
+    [
+        ({"answer": "4", "regex": ""}, " 4.", {"exact_match": 1.0}),
+        ({"answer": "New York", "regex": ""}, "new  york!", {"exact_match": 1.0}),
+        ({"answer": "4", "regex": ""}, "It is 4", {"exact_match": 0.0}),
+        ({"answer": "", "regex": "(?i)paris"}, "It is Paris.", {"regex_match": 1.0}),
+        ({"answer": "", "regex": "paris"}, "It is Paris.", {"regex_match": 0.0}),  # case-sensitive unless (?i)
+        ({"answer": "4", "regex": r"\b4\b"}, "It is 4", {"exact_match": 0.0, "regex_match": 1.0}),
+    ],
+)
+def test_generated_answers_are_scored_by_exact_match_and_regex(doc: Any, reply: str, scores: Any) -> None:
+    from jobs.data.bench_tasks import answer_scores
+
+    assert answer_scores(doc, [reply]) == scores
+
+
 def test_a_missing_file_and_a_yaml_without_task_are_refused(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text("dataset_path: json\n")
     problems = task_problems(f"{tmp_path / 'none.jsonl'}, {tmp_path / 't.yaml'}")
@@ -86,6 +117,7 @@ def test_question_files_become_lm_eval_tasks(tmp_path: Path) -> None:
     first, second = (yaml.safe_load((tmp_path / "out" / f"{n}.yaml").read_text()) for n in names)
     assert first["output_type"] == "multiple_choice" and first["metric_list"][0]["metric"] == "acc"
     assert second["output_type"] == "generate_until" and second["metric_list"][0]["metric"] == "exact_match"
+    assert [m["metric"] for m in second["metric_list"]] == ["exact_match"]  # regex_match only where rows give one
     rows = [json.loads(x) for x in (tmp_path / "out" / f"{next(iter(names))}.jsonl").read_text().splitlines()]
     assert rows == [{"question": "q", "choices": ["a", "b"], "answer": 1}]  # the answer's text became its index
 
@@ -113,7 +145,10 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
     _folder, store, ids = tag_store
     run_id = ids["lora"]
     mc = questions(tmp_path / "sums.jsonl", choice_rows(10))
-    gen = questions(tmp_path / "echo.jsonl", [{"question": f"Say {w}.", "answer": w} for w in ("yes", "red", "one")])
+    said = [{"question": f"Say {w}.", "answer": w} for w in ("yes", "red", "one")]
+    # A pattern every reply matches and one none does: regex_match must be exactly one half for either model.
+    patterns = [{"question": "Say anything.", "regex": ".*"}, {"question": "Say nothing.", "regex": "^NEVER SAID$"}]
+    gen = questions(tmp_path / "echo.jsonl", said + patterns)
     scores = evaluate_run(store, run_id, f"{mc}, {gen}")
     assert set(scores) == {"sums", "echo"}
     stored = store.scores(run_id)
@@ -122,6 +157,7 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
         acc = by[("sums", "acc", model)]
         assert acc.samples == 10 and 0.0 <= acc.value <= 1.0 and acc.stderr is not None
         assert 0.0 <= by[("echo", "exact_match", model)].value <= 1.0
+        assert by[("echo", "regex_match", model)].value == 0.5, by  # 2 of the 5 rows give a regex
     text = show_text(store, store.get_run(run_id))
     assert "benchmarks (base vs run, ± standard error):" in text and "sums" in text and "exact_match" in text
     page = scores_markdown(store, store.get_run(run_id))

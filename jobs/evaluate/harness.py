@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jobs.data.bench_tasks import TaskKind, task_problems, task_refs, write_tasks
+from jobs.data.bench_tasks import TaskKind, lm_eval_spec, task_problems, task_refs, write_tasks
 from jobs.evaluate.card import refresh_card
 from jobs.spec.job import SpecError
 from storage.roles import Evaluations
@@ -51,10 +51,11 @@ def evaluate_run(
     with tempfile.TemporaryDirectory(prefix="tunedeck-tasks-") as tmp:
         include, names = write_tasks(refs, Path(tmp))
         manager = _task_manager(include, hub=any(r.kind is TaskKind.HUB for r in refs))
+        specs = [lm_eval_spec(Path(tmp), task) for task in names]
         for which in MODELS:
             with _model(pair, which) as model:
                 log.info("scoring the %s model on %s", which, ", ".join(names.values()))
-                results = _score(model, pair.tokenizer, list(names), manager, limit)
+                results = _score(model, pair.tokenizer, specs, manager, limit)
             for task, scores in _scores(results, which).items():
                 by_task.setdefault(names.get(task, task), []).extend(scores)
     for name, scores in by_task.items():
@@ -82,7 +83,9 @@ def _task_manager(include: list[str], *, hub: bool) -> Any:
     return TaskManager(include_path=include, include_defaults=hub)
 
 
-def _score(model: Any, tokenizer: Any, tasks: list[str], manager: Any, limit: int | None) -> dict[str, Any]:
+def _score(
+    model: Any, tokenizer: Any, tasks: list[str | dict[str, Any]], manager: Any, limit: int | None
+) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
