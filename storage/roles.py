@@ -186,7 +186,9 @@ class ScoreReader(Protocol):
 
 class Evaluations(ScoreSink, ScoreReader, RunArtifacts, RunEvents, Protocol):
     """What an evaluation (benchmark tasks, a judge) reads and writes: the run's result, scores, an event;
-    the scores again for the bundle's card."""
+    the scores again for the bundle's card, and the bundle rewritten with it."""
+
+    def rewrite_artifact(self, run_id: int, kind: str, path: str, size: int, sha256: str) -> None: ...
 
 
 class ChatRuns(Leases, ArtifactReader, Protocol):

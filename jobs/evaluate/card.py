@@ -7,8 +7,8 @@
 
 Scores land after the bundle is written (a worker's `evaluate` or `judge` task, possibly days later), so
 the card's section between two HTML comments is replaced each time, and the zip that "download" means is
-remade from the folder and recorded again (`jobs.train.artifacts.bundle_of` takes the newest record): the
-downloaded card always says what the dashboard shows.
+remade from the folder, its recorded size and sha256 updated: the downloaded card always says what the
+dashboard shows.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def refresh_card(store: Evaluations, run_id: int, judged: dict[str, Any] | None)
     section = card_section(store.scores(run_id), judged)
     card.write_text(with_section(card.read_text(encoding="utf-8"), section), encoding="utf-8")
     dest = zip_bundle(folder, Path(archive))
-    store.add_artifact(run_id, "bundle", str(dest), dest.stat().st_size, sha256_of(dest))
+    store.rewrite_artifact(run_id, "bundle", str(dest), dest.stat().st_size, sha256_of(dest))
     log.info("run %s: the bundle's card carries its scores (%s)", run_id, dest)
     return dest
 
