@@ -168,6 +168,29 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
 
 
 @pytest.mark.integration
+def test_tunedeck_run_ends_with_the_benchmark_table_of_the_tasks_its_run_queued(
+    tag_store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no other worker, `tunedeck run`'s own worker carries out the run's evaluate task (the child command a
+    worker runs) and the command ends with the table, base beside run."""
+    from app.cli.evaluate import evaluations_after_run
+    from jobs.worker.loop import Worker
+    from storage.models import TaskStatus
+
+    _folder, store, ids = tag_store
+    run_id = ids["lora"]
+    mc = questions(tmp_path / "after_run.jsonl", choice_rows(4))
+    task_id = store.create_task(run_id, "evaluate", {"tasks": mc})  # what the training child queues for eval_tasks
+    code = evaluations_after_run(store, run_id, Worker(store, poll_interval=0.2, sample=False))
+    (task,) = store.tasks_of([task_id])
+    assert code == 0 and task.status is TaskStatus.SUCCEEDED, (task.error, task.log[-5:])
+    out = capsys.readouterr().out
+    table = out[out.rindex("task" + " " * 20) :].splitlines()  # the end: the table, after the task's progress lines
+    (row,) = [line for line in table if line.startswith("after_run")]
+    assert " acc " in row and row.count("±") == 2, out  # base and run, each with its standard error
+
+
+@pytest.mark.integration
 @pytest.mark.slow  # a training run, then `tunedeck evaluate` in a child (lm-eval's import alone takes seconds)
 def test_eval_tasks_run_when_training_ends_through_a_worker(store: Any, tiny_model: Path, tmp_path: Path) -> None:
     """A run with eval_tasks queues an evaluate task; the burst worker carries it out as `tunedeck evaluate`."""
@@ -232,7 +255,7 @@ def test_scores_and_the_judge_reach_the_run_page_show_and_the_bundle_card(store:
     from app.ui.run_text import samples_markdown, scores_markdown
     from jobs.evaluate.card import BEGIN, refresh_card
     from jobs.evaluate.judge import judge_file, judge_run
-    from jobs.train.artifacts import bundle_of, zip_bundle
+    from jobs.train.artifacts import bundle_of, sha256_of, zip_bundle
     from storage.store import Score
 
     run_id = store.create_run(JobSpec(run_name="carded", model="tiny-llama"))
@@ -248,6 +271,8 @@ def test_scores_and_the_judge_reach_the_run_page_show_and_the_bundle_card(store:
     store.set_scores(run_id, "qa", [Score("base", "acc", 0.3, 0.1, 10), Score("run", "acc", 0.8, 0.1, 10)])
     judge_run(store, run_id, "always-A", ask=lambda prompt: "A, it reads better")  # refreshes the card
     refresh_card(store, run_id, judge_file(store.run_dir(run_id)))  # again: the section is replaced, not added
+    (recorded,) = [a for a in store.artifacts(run_id) if a.kind == "bundle"]  # the same record, rewritten
+    assert recorded.sha256 == sha256_of(Path(recorded.path)) and recorded.size == Path(recorded.path).stat().st_size
     with zipfile.ZipFile(bundle_of(store, run_id)) as zf:
         card = zf.read("README.md").decode()
     assert card.startswith("# carded") and "with peft" in card and card.count(BEGIN) == 1, card
