@@ -23,7 +23,7 @@ from storage.roles import Evaluations
 log = logging.getLogger(__name__)
 
 BEGIN, END = "<!-- tunedeck:scores -->", "<!-- /tunedeck:scores -->"
-JUDGE_TASK = "judge"  # jobs.evaluate.judge.TASK: its counts are written as a line, not as table rows
+JUDGE_TASK = "judge"  # the judge's scores' task name (jobs.evaluate.judge): a line in the card, not table rows
 
 
 def benchmark_markdown(records: list[Any], run_label: str = "this run") -> str:

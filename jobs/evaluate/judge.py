@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
+from jobs.evaluate.card import JUDGE_TASK, refresh_card
 from jobs.spec.job import SpecError
 from storage.roles import Evaluations
 from storage.store import Score
 
-TASK = "judge"  # the scores' task name
+TASK = JUDGE_TASK  # the scores' task name
 KEY_ENV = "OPENAI_API_KEY"
 MAX_VERDICT_TOKENS = 48
 PROMPT = (
@@ -168,8 +169,6 @@ def judge_run(store: Evaluations, run_id: int, judge: str, *, ask: Ask | None = 
         ],
     )
     store.add_run_event(run_id, TASK, result.summary(), data={k: data[k] for k in ("judge", "win_rate")})
-    from jobs.evaluate.card import refresh_card
-
     refresh_card(store, run_id, data)
     return result
 
