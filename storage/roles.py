@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # annotations only: a module that asks for a role must not im
         RunControl,
         RunRecord,
     )
-    from storage.store_scores import Score
+    from storage.store_scores import Score, ScoreRecord
 
 
 class RunReader(Protocol):
@@ -178,8 +178,17 @@ class ScoreSink(Protocol):
     def set_scores(self, run_id: int, task: str, scores: Sequence[Score]) -> None: ...
 
 
-class Evaluations(ScoreSink, RunArtifacts, RunEvents, Protocol):
-    """What an evaluation (benchmark tasks, a judge) reads and writes: the run's result, scores, an event."""
+class ScoreReader(Protocol):
+    """A run's benchmark and judge scores, both models."""
+
+    def scores(self, run_id: int) -> list[ScoreRecord]: ...
+
+
+class Evaluations(ScoreSink, ScoreReader, RunArtifacts, RunEvents, Protocol):
+    """What an evaluation (benchmark tasks, a judge) reads and writes: the run's result, scores, an event;
+    the scores again for the bundle's card, and the bundle rewritten with it."""
+
+    def rewrite_artifact(self, run_id: int, kind: str, path: str, size: int, sha256: str) -> None: ...
 
 
 class ChatRuns(Leases, ArtifactReader, Protocol):

@@ -132,6 +132,22 @@ class Store(
             s.flush()
             return row.id
 
+    def rewrite_artifact(self, run_id: int, kind: str, path: str, size: int, sha256: str) -> None:
+        """A recorded file rewritten in place (a bundle whose card gained scores): its size and sha256 updated,
+        or recorded when it was not."""
+        with self._tx() as s:
+            rows = list(
+                s.scalars(
+                    select(m.Artifact).where(
+                        m.Artifact.run_id == run_id, m.Artifact.kind == kind, m.Artifact.path == path
+                    )
+                )
+            )
+            for row in rows:
+                row.size, row.sha256 = size, sha256
+            if not rows:
+                s.add(m.Artifact(run_id=run_id, kind=kind, path=path, size=size, sha256=sha256, created_at=time.time()))
+
     def artifact_paths(self, kind: str) -> list[str]:
         """Paths of every run's artifacts of one kind (e.g. the downloadable `bundle` zips)."""
         with self._read() as s:

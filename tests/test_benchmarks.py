@@ -53,6 +53,37 @@ def test_bad_rows_are_named(tmp_path: Path, row: Any, words: str) -> None:
     assert words in problems[0].problem and str(tmp_path / "qa.jsonl") in problems[0].problem and problems[0].fix
 
 
+@pytest.mark.parametrize(
+    "row,words",
+    [
+        ({"question": "q"}, "row 2: has no `answer` (nor a `regex`)"),
+        ({"question": "q", "regex": "(unclosed"}, "row 2: `regex` '(unclosed' is not a regular expression (missing )"),
+        ({"question": "q", "answer": "4", "regex": 4}, "row 2: `regex` is not a pattern text"),
+    ],
+)
+def test_bad_generation_rows_are_named(tmp_path: Path, row: Any, words: str) -> None:
+    ref = questions(tmp_path / "gen.jsonl", [{"question": "Capital of France?", "regex": "(?i)paris"}, row])
+    problems = task_problems(ref)
+    assert len(problems) == 1 and words in problems[0].problem and problems[0].fix, problems
+
+
+@pytest.mark.parametrize(
+    "doc,reply,scores",
+    [
+        ({"answer": "4", "regex": ""}, " 4.", {"exact_match": 1.0}),
+        ({"answer": "New York", "regex": ""}, "new  york!", {"exact_match": 1.0}),
+        ({"answer": "4", "regex": ""}, "It is 4", {"exact_match": 0.0}),
+        ({"answer": "", "regex": "(?i)paris"}, "It is Paris.", {"regex_match": 1.0}),
+        ({"answer": "", "regex": "paris"}, "It is Paris.", {"regex_match": 0.0}),  # case-sensitive unless (?i)
+        ({"answer": "4", "regex": r"\b4\b"}, "It is 4", {"exact_match": 0.0, "regex_match": 1.0}),
+    ],
+)
+def test_generated_answers_are_scored_by_exact_match_and_regex(doc: Any, reply: str, scores: Any) -> None:
+    from jobs.data.bench_tasks import answer_scores
+
+    assert answer_scores(doc, [reply]) == scores
+
+
 def test_a_missing_file_and_a_yaml_without_task_are_refused(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text("dataset_path: json\n")
     problems = task_problems(f"{tmp_path / 'none.jsonl'}, {tmp_path / 't.yaml'}")
@@ -86,6 +117,7 @@ def test_question_files_become_lm_eval_tasks(tmp_path: Path) -> None:
     first, second = (yaml.safe_load((tmp_path / "out" / f"{n}.yaml").read_text()) for n in names)
     assert first["output_type"] == "multiple_choice" and first["metric_list"][0]["metric"] == "acc"
     assert second["output_type"] == "generate_until" and second["metric_list"][0]["metric"] == "exact_match"
+    assert [m["metric"] for m in second["metric_list"]] == ["exact_match"]  # regex_match only where rows give one
     rows = [json.loads(x) for x in (tmp_path / "out" / f"{next(iter(names))}.jsonl").read_text().splitlines()]
     assert rows == [{"question": "q", "choices": ["a", "b"], "answer": 1}]  # the answer's text became its index
 
@@ -103,14 +135,20 @@ def test_an_evaluate_task_runs_the_evaluate_command() -> None:
 @pytest.mark.integration
 def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -> None:
     """lm-eval on the session's LoRA run and its base: multiple choice and generation, each with its stderr."""
+    import zipfile
+
     from app.cli.show import show_text
     from app.ui.run_text import scores_markdown
     from jobs.evaluate.harness import evaluate_run
+    from jobs.train.artifacts import bundle_of
 
     _folder, store, ids = tag_store
     run_id = ids["lora"]
     mc = questions(tmp_path / "sums.jsonl", choice_rows(10))
-    gen = questions(tmp_path / "echo.jsonl", [{"question": f"Say {w}.", "answer": w} for w in ("yes", "red", "one")])
+    said = [{"question": f"Say {w}.", "answer": w} for w in ("yes", "red", "one")]
+    # A pattern every reply matches and one none does: regex_match must be exactly one half for either model.
+    patterns = [{"question": "Say anything.", "regex": ".*"}, {"question": "Say nothing.", "regex": "^NEVER SAID$"}]
+    gen = questions(tmp_path / "echo.jsonl", said + patterns)
     scores = evaluate_run(store, run_id, f"{mc}, {gen}")
     assert set(scores) == {"sums", "echo"}
     stored = store.scores(run_id)
@@ -119,10 +157,37 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
         acc = by[("sums", "acc", model)]
         assert acc.samples == 10 and 0.0 <= acc.value <= 1.0 and acc.stderr is not None
         assert 0.0 <= by[("echo", "exact_match", model)].value <= 1.0
+        assert by[("echo", "regex_match", model)].value == 0.5, by  # 2 of the 5 rows give a regex
     text = show_text(store, store.get_run(run_id))
     assert "benchmarks (base vs run, ± standard error):" in text and "sums" in text and "exact_match" in text
     page = scores_markdown(store, store.get_run(run_id))
     assert "| task | metric | base | this run | change |" in page and "| sums | acc |" in page
+    with zipfile.ZipFile(bundle_of(store, run_id)) as zf:  # the bundle's card lines them up too
+        card = zf.read("README.md").decode()
+    assert "| task | metric | base | fine-tuned | change |" in card and "| sums | acc |" in card
+
+
+@pytest.mark.integration
+def test_tunedeck_run_ends_with_the_benchmark_table_of_the_tasks_its_run_queued(
+    tag_store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no other worker, `tunedeck run`'s own worker carries out the run's evaluate task (the child command a
+    worker runs) and the command ends with the table, base beside run."""
+    from app.cli.evaluate import evaluations_after_run
+    from jobs.worker.loop import Worker
+    from storage.models import TaskStatus
+
+    _folder, store, ids = tag_store
+    run_id = ids["lora"]
+    mc = questions(tmp_path / "after_run.jsonl", choice_rows(4))
+    task_id = store.create_task(run_id, "evaluate", {"tasks": mc})  # what the training child queues for eval_tasks
+    code = evaluations_after_run(store, run_id, Worker(store, poll_interval=0.2, sample=False))
+    (task,) = store.tasks_of([task_id])
+    assert code == 0 and task.status is TaskStatus.SUCCEEDED, (task.error, task.log[-5:])
+    out = capsys.readouterr().out
+    table = out[out.rindex("task" + " " * 20) :].splitlines()  # the end: the table, after the task's progress lines
+    (row,) = [line for line in table if line.startswith("after_run")]
+    assert " acc " in row and row.count("±") == 2, out  # base and run, each with its standard error
 
 
 @pytest.mark.integration
@@ -180,3 +245,43 @@ def test_a_shared_dashboard_reads_task_files_only_from_its_data_folders_and_runs
     (code,) = policy.problems(JobSpec(eval_tasks=str(uploads_dir() / "task.yaml")))
     assert code.field == "eval_tasks" and "!function" in code.problem and "--allow-remote-code" in code.fix
     assert AccessPolicy.open().problems(JobSpec(eval_tasks=outside)) == []
+
+
+def test_scores_and_the_judge_reach_the_run_page_show_and_the_bundle_card(store: Any) -> None:
+    """Scores stored after the bundle was written reach its card (the zip remade) once, however often they land."""
+    import zipfile
+
+    from app.cli.show import show_text
+    from app.ui.run_text import samples_markdown, scores_markdown
+    from jobs.evaluate.card import BEGIN, refresh_card
+    from jobs.evaluate.judge import judge_file, judge_run
+    from jobs.train.artifacts import bundle_of, sha256_of, zip_bundle
+    from storage.store import Score
+
+    run_id = store.create_run(JobSpec(run_name="carded", model="tiny-llama"))
+    store.claim_next_on_device("test", "0")
+    folder = store.run_dir(run_id) / "bundle"
+    folder.mkdir()
+    (folder / "README.md").write_text("# carded\n\n## How to load\nwith peft\n")
+    first = zip_bundle(folder, store.run_dir(run_id) / "carded-adapter.zip")
+    store.add_artifact(run_id, "bundle", str(first), first.stat().st_size, "0" * 64)
+    samples = {"prompts": [{"text": "Hi?"}, {"text": "Sky?"}], "before": ["hey", "blue"], "after": ["[tag] hi", "x"]}
+    (store.run_dir(run_id) / "samples.json").write_text(json.dumps(samples))
+    store.mark_succeeded(run_id, {})
+    store.set_scores(run_id, "qa", [Score("base", "acc", 0.3, 0.1, 10), Score("run", "acc", 0.8, 0.1, 10)])
+    judge_run(store, run_id, "always-A", ask=lambda prompt: "A, it reads better")  # refreshes the card
+    refresh_card(store, run_id, judge_file(store.run_dir(run_id)))  # again: the section is replaced, not added
+    (recorded,) = [a for a in store.artifacts(run_id) if a.kind == "bundle"]  # the same record, rewritten
+    assert recorded.sha256 == sha256_of(Path(recorded.path)) and recorded.size == Path(recorded.path).stat().st_size
+    with zipfile.ZipFile(bundle_of(store, run_id)) as zf:
+        card = zf.read("README.md").decode()
+    assert card.startswith("# carded") and "with peft" in card and card.count(BEGIN) == 1, card
+    assert "| qa | acc | 0.300 ± 0.100 | 0.800 ± 0.100 | +0.500 |" in card
+    assert "judge always-A: the run won 2, tied 0 and lost 2 of 4 judgments" in card and "| judge |" not in card
+    run = store.get_run(run_id)
+    text = show_text(store, run)
+    assert "  qa                       acc" in text and "judge: judge always-A: the run won 2" in text
+    page = samples_markdown(store, run)
+    assert "| prompt | base | this run | judge (run shown first, then second) |" in page
+    assert "| Hi? | hey | \\[tag\\] hi | run better · base better |" in page and "**Judge**: judge always-A" in page
+    assert "| qa | acc |" in scores_markdown(store, run) and "win_rate" not in scores_markdown(store, run)

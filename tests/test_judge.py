@@ -54,8 +54,11 @@ def test_unparsed_replies_count_as_ties_and_are_recorded() -> None:
 
 @pytest.mark.integration
 def test_a_tiny_local_judge_judges_a_run_against_its_base(tag_store: Any, tiny_model: Path) -> None:
+    import zipfile
+
     from app.cli.show import show_text
     from jobs.evaluate.judge import judge_run
+    from jobs.train.artifacts import bundle_of
 
     _folder, store, ids = tag_store
     run_id = ids["lora"]
@@ -70,4 +73,6 @@ def test_a_tiny_local_judge_judges_a_run_against_its_base(tag_store: Any, tiny_m
     assert [j["reply"] for j in saved["judgments"]] == [j.reply for j in result.judgments]  # the reasons are kept
     event = [e for e in store.run_events(run_id) if e["kind"] == "judge"][-1]
     assert event["message"] == result.summary() and f"of {n} judgments" in event["message"]
-    assert "win_rate" in show_text(store, store.get_run(run_id))
+    assert f"judge: {result.summary()}" in show_text(store, store.get_run(run_id))
+    with zipfile.ZipFile(bundle_of(store, run_id)) as zf:  # the bundle's card says it too
+        assert result.summary() in zf.read("README.md").decode()

@@ -177,13 +177,14 @@ def test_a_bundle_written_under_another_mount_is_explained_not_hidden(store, tin
     assert unreachable_files_note(store, rid) == "" and bundle_path(store, rid) == inside.resolve()
 
 
-@pytest.mark.parametrize("panel", ["chat", "export"])
+@pytest.mark.parametrize("panel", ["chat", "export", "evaluate"])
 def test_a_panels_events_run_one_at_a_time_in_the_order_made(store, panel: str) -> None:
     """A run picked (or opened) and at once Clear, Send or Export: the pick's drawing must not land after the
     button's, putting back older columns or dropping the tasks the panel follows."""
     import gradio as gr
 
     from app.ui import chat
+    from app.ui import evaluate as ui_evaluate
     from app.ui import export as ui_export
 
     with gr.Blocks() as demo:
@@ -192,10 +193,10 @@ def test_a_panels_events_run_one_at_a_time_in_the_order_made(store, panel: str) 
             view: Any = chat.build()
             chat.wire(view, store)
         else:
-            module = ui_export
+            module = ui_export if panel == "export" else ui_evaluate
             run_id = gr.Number()
-            view = ui_export.build()
-            ui_export.wire(view, store, run_id)
+            view = module.build()
+            module.wire(view, store, run_id)
     mine = {c._id for c in vars(view).values()}
     fns = [fn for fn in demo.fns.values() if mine & {c._id for c in (*fn.inputs, *fn.outputs)}]
     assert len(fns) >= 4, [fn.name for fn in fns]

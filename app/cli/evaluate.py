@@ -76,7 +76,8 @@ def cmd_judge(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
-    from jobs.evaluate.harness import evaluate_run, scores_table
+    from jobs.evaluate.card import scores_table
+    from jobs.evaluate.harness import evaluate_run
 
     if getattr(args, "on_worker", False):
         from jobs.worker.tasks import request_evaluate
@@ -87,5 +88,41 @@ def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
         evaluate_run(store, args.run_id, args.tasks, limit=args.limit)
         code = EXIT_OK
     for line in scores_table(store.scores(args.run_id)):
+        print(line)
+    return code
+
+
+def evaluations_after_run(store: Store, run_id: int, worker: Any = None) -> int:
+    """`tunedeck run`'s ending: the benchmark tasks the run queued (eval_tasks), followed to their end and their
+    scores printed. `worker`: the run's in-process worker, when no other runs; its task service carries them out
+    here, in a thread, as `tunedeck worker` would. Returns the exit code (0: none, or all succeeded)."""
+    import threading
+
+    from app.cli.tasks import follow
+    from jobs.evaluate.card import scores_table
+    from jobs.worker.tasks import EVALUATION_KINDS, reach_problem
+
+    ids = [t.id for t in store.run_tasks(run_id) if t.kind in EVALUATION_KINDS and not t.status.finished]
+    if not ids:
+        return EXIT_OK
+    thread = None
+    if worker is not None:
+        from jobs.worker.task_service import task_service
+
+        service = task_service(worker.place())
+        claimed = [c for c in (store.claim_task(i, worker.worker_id) for i in ids) if c is not None]
+        thread = threading.Thread(target=lambda: [service.carry_out(c) for c in claimed], name="tunedeck-evaluate")
+        thread.start()
+    else:
+        run = store.get_run(run_id)
+        problem = reach_problem(store, run) if run is not None else None
+        if problem is not None:
+            print(f"run {run_id}: benchmark tasks {ids} stay queued: {problem}", flush=True)
+            return EXIT_OK
+    print(f"run {run_id}: scoring its benchmark tasks on the run and its base (tasks {ids})", flush=True)
+    code = follow(store, ids)
+    if thread is not None:
+        thread.join()
+    for line in scores_table(store.scores(run_id)):
         print(line)
     return code

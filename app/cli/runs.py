@@ -5,7 +5,9 @@
     tunedeck runs | show RUN_ID | cancel RUN_ID | resume RUN_ID | move RUN_ID --to N
 
 `run` follows the run in the database. When no worker has announced itself in the last few
-seconds it runs one inside this process (burst mode, stopping after this run). Each command is
+seconds it runs one inside this process (burst mode, stopping after this run). A run with
+`eval_tasks` then has its benchmark tasks followed too (carried out here when this process ran the
+worker) and ends with their table, base beside run. Each command is
 `cmd_<name>(store, args)`; `app.cli.main` parses the arguments and opens the store.
 """
 
@@ -76,7 +78,9 @@ def cmd_run(store: Store, args: argparse.Namespace) -> int:
         return EXIT_RUN_FAILED
     bundle = bundle_of(store, run.id)
     print(f"bundle: {bundle}" if bundle else "no artifacts were recorded", file=sys.stderr)
-    return EXIT_OK
+    from app.cli.evaluate import evaluations_after_run
+
+    return evaluations_after_run(store, run.id, worker)  # eval_tasks: base vs run, scored and printed
 
 
 def follow(

@@ -172,8 +172,11 @@ def events_lines(store: Store, run: RunRecord) -> list[str]:
 
 
 def score_lines(store: Store, run: RunRecord) -> list[str]:
-    """Benchmark scores, base beside run, each with its standard error (`jobs.evaluate.harness`)."""
-    from jobs.evaluate.harness import scores_table
+    """Benchmark scores, base beside run, each with its standard error, then the judge's verdict (`jobs.evaluate`)."""
+    from jobs.evaluate.card import JUDGE_TASK, judge_line, scores_table
+    from jobs.evaluate.judge import judge_file
 
-    table = scores_table(store.scores(run.id))
-    return ["", "benchmarks (base vs run, ± standard error):", *("  " + ln for ln in table)] if table else []
+    table = scores_table([s for s in store.scores(run.id) if s.task != JUDGE_TASK])
+    out = ["", "benchmarks (base vs run, ± standard error):", *("  " + ln for ln in table)] if table else []
+    judged = judge_line(judge_file(store.run_path(run.id)))
+    return out + (["", f"judge: {judged}"] if judged else [])

@@ -133,7 +133,7 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
 
 def score_cells(store: Store, run_id: int) -> tuple[tuple[str, str], ...]:
     """The run's benchmark and judge scores as compare rows: the run's value, its base's beside it."""
-    from jobs.evaluate.harness import scores_rows
+    from jobs.evaluate.card import scores_rows
 
     return tuple(
         (f"{task}: {metric}", run + (f" (base {base})" if base != "-" else ""))

@@ -24,6 +24,7 @@ import gradio as gr
 from app import api
 from app.ui import chat as ui_chat
 from app.ui import compare as ui_compare
+from app.ui import evaluate as ui_evaluate
 from app.ui import export as ui_export
 from app.ui import form as ui_form
 from app.ui import gpu as ui_gpu
@@ -62,6 +63,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
                 page = ui_run.build()
                 sweep_controls = ui_sweep.build_controls()
                 export_panel = ui_export.build()
+                evaluate_panel = ui_evaluate.build()
                 manage_panel = ui_manage.build()
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
@@ -75,11 +77,13 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
         ui_export.wire(export_panel, store, page.run_id, policy)
+        ui_evaluate.wire(evaluate_panel, store, page.run_id, policy)
         ui_chat.wire(chat, store, chat_tab, policy)
 
         _wire_launch(store, policy, form, page, tabs)
         _wire_select(runs, page, tabs)
         _wire_run_page(page_data, page)
+        _wire_scores_redraw(page_data, page, evaluate_panel)
         _wire_clone(store, form, page, tabs)
         _wire_load(demo, store, policy, form, page, tabs)
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
@@ -128,6 +132,21 @@ def _wire_run_page(page_data: ui_run.RunPageData, page: ui_run.RunPage) -> None:
     page.run_id.change(None, page.run_id, None, js=_SET_URL_JS)
     page.cancel.click(page_data.cancel, page.run_id, None, api_visibility="private")
     page.resume.click(page_data.resume, page.run_id, None, api_visibility="private")
+
+
+def _wire_scores_redraw(
+    page_data: ui_run.RunPageData, page: ui_run.RunPage, evaluate_panel: ui_evaluate.EvaluatePanel
+) -> None:
+    """An evaluation the page followed ended: the page redraws its text (scores, the judge's column)."""
+    evaluate_panel.ended.change(
+        lambda rid: page_data.refresh(rid, None),
+        page.run_id,
+        page.outputs,
+        show_progress="hidden",
+        api_visibility="private",
+        concurrency_id=RUN_PAGE,
+        concurrency_limit=1,
+    )
 
 
 def _wire_clone(store: Store, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs) -> None:

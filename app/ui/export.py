@@ -37,7 +37,15 @@ from jobs.export.merged import DTYPES
 from jobs.export.push import WHAT as PUSH_WHAT
 from jobs.export.push import PushError
 from jobs.spec.stored import finished_problem, spec_of
-from jobs.worker.tasks import GGUF_TYPES, TaskKind, describe, reach_problem, request_export, request_push
+from jobs.worker.tasks import (
+    EVALUATION_KINDS,
+    GGUF_TYPES,
+    TaskKind,
+    describe,
+    reach_problem,
+    request_export,
+    request_push,
+)
 from storage.models import TaskStatus
 from storage.store import RunRecord, Store, TaskRecord
 
@@ -113,7 +121,7 @@ def files_update(store: Store, run_id: Any) -> Any:
     return gr.File(value=paths or None, visible=bool(paths))
 
 
-def _finished_run(store: Store, run_id: Any, doing: str) -> tuple[RunRecord | None, str | None]:
+def finished_run(store: Store, run_id: Any, doing: str) -> tuple[RunRecord | None, str | None]:
     """(the run, None) when it has a result to `doing`; else (None, why): none picked, no such run, not finished
     (the command's own check, `finished_problem`)."""
     if run_id is None:
@@ -125,18 +133,18 @@ def _finished_run(store: Store, run_id: Any, doing: str) -> tuple[RunRecord | No
     return run, None
 
 
-def _words(problem: Problem | None) -> str | None:
+def words(problem: Problem | None) -> str | None:
     return f"{problem.problem}. Fix: {problem.fix}" if problem else None
 
 
 def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
     """Why the export cannot be asked for (in words, with the fix), or None."""
-    run, refused = _finished_run(store, run_id, "export")
+    run, refused = finished_run(store, run_id, "export")
     if run is None:
         return refused
     if not merged and not gguf:
         return "Nothing chosen. Fix: tick 'Merged model' and/or a GGUF type."
-    return _words(loading_problem(spec_of(run), run.id, policy, "export it") or reach_problem(store, run))
+    return words(loading_problem(spec_of(run), run.id, policy, "export it") or reach_problem(store, run))
 
 
 def request(
@@ -152,9 +160,9 @@ def request(
 
 def request_push_of(store: Store, run_id: Any, repo: str, what: str, private: bool) -> tuple[str, list[int]]:
     """Queue a push for a worker: (what the log shows now, [its id]); ([]: refused, and why, naming the field)."""
-    run, refused = _finished_run(store, run_id, "push")
+    run, refused = finished_run(store, run_id, "push")
     if run is not None:
-        refused = _words(reach_problem(store, run))
+        refused = words(reach_problem(store, run))
     if run is None or refused:
         return refused or "", []
     try:
@@ -167,6 +175,8 @@ def request_push_of(store: Store, run_id: Any, repo: str, what: str, private: bo
 def ending(task: TaskRecord) -> str | None:
     """The line that says how a finished task ended (its files and their sha256), or None while it runs."""
     what = describe(task)
+    if task.status is TaskStatus.SUCCEEDED and task.kind in EVALUATION_KINDS:
+        return f"{what}: done; the scores are on this page and in the bundle's card"
     if task.status is TaskStatus.SUCCEEDED and task.kind == TaskKind.PUSH.value:
         return f"{what}: done: {(task.result or {}).get('url')}"
     if task.status is TaskStatus.SUCCEEDED:
@@ -174,7 +184,11 @@ def ending(task: TaskRecord) -> str | None:
         shown = [f"  {f['path']}  sha256 {f['sha256']}" for f in files if f.get("kind") in EXPORT_KINDS]
         return "\n".join([f"{what}: done, checked; the files are listed below", *shown])
     if task.status is TaskStatus.FAILED:
-        kept = "" if task.kind == TaskKind.PUSH.value else " Nothing failing its check was kept."
+        kept = (
+            ""
+            if task.kind == TaskKind.PUSH.value or task.kind in EVALUATION_KINDS
+            else " Nothing failing its check was kept."
+        )
         return f"{what}: failed: {task.error}.{kept}"
     if task.status is TaskStatus.CANCELLED:
         return f"{what}: cancelled ({task.error or 'stopped'})"
@@ -199,11 +213,16 @@ def unfinished(tasks: list[TaskRecord]) -> bool:
     return any(not t.status.finished for t in tasks)
 
 
+def unfinished_exports(store: Store, run_id: Any) -> list[TaskRecord]:
+    """The run's unfinished exports and pushes, oldest first (the Evaluate panel follows the evaluations)."""
+    tasks = store.run_tasks(int(run_id)) if run_id is not None else []
+    return [t for t in reversed(tasks) if t.kind not in EVALUATION_KINDS and not t.status.finished]
+
+
 def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
     def opened(rid: Any) -> tuple[Any, ...]:
         """A run opened: its files, and its unfinished tasks followed again (a reload mid-export)."""
-        tasks = [t for t in store.run_tasks(int(rid))] if rid is not None else []
-        following = [t for t in reversed(tasks) if not t.status.finished]
+        following = unfinished_exports(store, rid)
         text = progress_text(following) if following else ""
         return files_update(store, rid), [t.id for t in following], text, gr.Timer(active=bool(following))
 

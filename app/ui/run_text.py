@@ -109,16 +109,20 @@ def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
 
 def samples_markdown(store: Store, run: RunRecord) -> str:
     """The "Before / after" section: prompt | base | this run, or a line saying why there is none."""
+    from jobs.evaluate.card import judge_line
+    from jobs.evaluate.judge import judge_file, verdict_cells
     from jobs.train import before_after
 
     data = before_after.samples_of(store, run.id)
     line = before_after.status_line(data, run.status.finished)
+    judged = judge_file(store.run_path(run.id)) if run.status.finished else None
     table = (
-        before_after.table_markdown(data)
+        before_after.table_markdown(data, judged=verdict_cells(judged))
         if data and before_after.rows(data) and (data.get("before") is not None or data.get("after") is not None)
         else ""
     )
-    return "### Before / after\n" + "\n\n".join(x for x in (line, table) if x)
+    verdict = f"**Judge**: {judge_line(judged)}." if judged else ""
+    return "### Before / after\n" + "\n\n".join(x for x in (line, verdict, table) if x)
 
 
 def phases_markdown(store: Store, run: RunRecord) -> str:
@@ -135,12 +139,9 @@ def phases_markdown(store: Store, run: RunRecord) -> str:
 
 
 def scores_markdown(store: Store, run: RunRecord) -> str:
-    """The "Benchmarks" section: each task's metrics, base beside run, with standard errors ("" without scores)."""
-    from jobs.evaluate.harness import scores_rows
+    """The "Benchmarks" section: each task's metrics, base beside run, with standard errors ("" without scores;
+    the judge's verdict is beside the samples)."""
+    from jobs.evaluate.card import benchmark_markdown
 
-    rows = scores_rows(store.scores(run.id))
-    if not rows:
-        return ""
-    lines = ["| task | metric | base | this run | change |", "|---|---|---|---|---|"]
-    lines += [f"| {' | '.join(r)} |" for r in rows]
-    return "\n\n### Benchmarks (base vs this run, ± standard error)\n" + "\n".join(lines)
+    table = benchmark_markdown(store.scores(run.id))
+    return "\n\n### Benchmarks (base vs this run, ± standard error)\n" + table if table else ""

@@ -3,13 +3,16 @@
     refs = task_refs("qa.jsonl, my_task.yaml, hellaswag")      # TaskRef(kind, ref, name) each
     problems = task_problems("qa.jsonl")                        # row-numbered, each with the fix
     folder, names = write_tasks(refs, Path(tmp))                # an lm-eval include_path and the task names
+    specs = [lm_eval_spec(Path(tmp), t) for t in names]        # what lm-eval's simple_evaluate is handed
 
 Three kinds of reference:
 - a `.jsonl` of questions a user writes. Rows with `question`, `choices` (two or more) and `answer` (the
   right choice's index or text) are multiple choice, scored by log-likelihood (`acc`); rows with
-  `question` and `answer` only are generation, scored by exact match of the greedy answer (case and
-  punctuation ignored). One file is one kind. tunedeck writes lm-eval's task YAML and the rows into a
-  folder of its own, so nothing is written next to the user's file;
+  `question` and an `answer` and/or a `regex` are generation, the greedy answer scored by exact match
+  with `answer` (`exact_match`: case, punctuation and surrounding spaces ignored) and by a search for
+  `regex` in it (`regex_match`: Python's `re.search`, case-sensitive unless the pattern says `(?i)`),
+  each over the rows that give it (`answer_scores`). One file is one kind. tunedeck writes lm-eval's
+  task YAML and the rows into a folder of its own, so nothing is written next to the user's file;
 - a `.yaml` lm-evaluation-harness task a user wrote: its folder becomes an include path;
 - any other name is a task of lm-eval's own registry (`hellaswag`, `arc_easy`), whose data comes from
   the Hugging Face hub: refused where the hub is off (`HF_HUB_OFFLINE=1`), since it could not be read.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import string
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -32,6 +36,7 @@ from jobs.errors import Problem
 FIELD = "eval_tasks"
 MAX_GEN_TOKS = 32  # a generation answer's token budget: exact-match answers are short
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 class TaskKind(str, Enum):
@@ -150,9 +155,7 @@ def _row_problem(row: Any, this: str, kind: str) -> tuple[tuple[str, str] | None
         ), {}
     answer = row.get("answer")
     if this == "generate_until":
-        if not isinstance(answer, (str, int, float)) or isinstance(answer, bool) or not str(answer).strip():
-            return ("has no `answer`", 'give the expected answer: {"question": "2+2?", "answer": "4"}'), {}
-        return None, {"question": row["question"], "answer": str(answer).strip()}
+        return _generation_row(row)
     choices = row.get("choices")
     if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
         return ("`choices` is not a list of two or more texts", f"write rows such as {example}"), {}
@@ -166,6 +169,61 @@ def _row_problem(row: Any, this: str, kind: str) -> tuple[tuple[str, str] | None
             "give the right choice's index (from 0) or its exact text",
         ), {}
     return None, {"question": row["question"], "choices": choices, "answer": index}
+
+
+def _generation_row(row: dict[str, Any]) -> tuple[tuple[str, str] | None, dict[str, Any]]:
+    """(problem, fix) of a generation row, or None and the row with `answer` and `regex` ("" where not given)."""
+    answer, regex = row.get("answer"), row.get("regex")
+    has_answer = isinstance(answer, (str, int, float)) and not isinstance(answer, bool) and bool(str(answer).strip())
+    if regex is not None and (not isinstance(regex, str) or not regex.strip()):
+        return ("`regex` is not a pattern text", 'write it as a string, e.g. {"regex": "\\b4\\b"}'), {}
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            return (
+                f"`regex` {regex!r} is not a regular expression ({exc})",
+                "fix the pattern (Python's re syntax)",
+            ), {}
+    if not has_answer and regex is None:
+        return (
+            "has no `answer` (nor a `regex`)",
+            'give the expected answer, a pattern the answer must contain, or both: {"question": "2+2?", "answer": "4"}',
+        ), {}
+    return None, {
+        "question": row["question"],
+        "answer": str(answer).strip() if has_answer else "",
+        "regex": regex or "",
+    }
+
+
+def _normal(text: str) -> str:
+    """Case, punctuation and runs of spaces ignored (what exact match compares)."""
+    return " ".join(text.lower().translate(_PUNCTUATION).split())
+
+
+def answer_scores(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """lm-eval's `process_results` of a generation row: exact_match where it gives an answer, regex_match where a regex."""
+    reply = results[0] if results else ""
+    out: dict[str, float] = {}
+    if doc.get("answer"):
+        out["exact_match"] = float(_normal(reply) == _normal(str(doc["answer"])))
+    if doc.get("regex"):
+        out["regex_match"] = float(re.search(str(doc["regex"]), reply) is not None)
+    return out
+
+
+def lm_eval_spec(folder: Path, task: str) -> str | dict[str, Any]:
+    """What lm-eval is handed for `task`: a generation task written here as its config with `answer_scores` as its
+    `process_results` (a function can only be handed in, never written into a YAML without running code from a
+    file); any other task by its name."""
+    path = folder / f"{task}.yaml"
+    if not path.is_file():
+        return task
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if config.get("output_type") != "generate_until":
+        return task
+    return {**config, "process_results": answer_scores}
 
 
 def _yaml_task_name(path: Path) -> str | None:
@@ -209,7 +267,11 @@ def write_tasks(refs: list[TaskRef], folder: Path) -> tuple[list[str], dict[str,
             kind, rows = read_questions(Path(ref.ref))
             data = folder / f"{task}.jsonl"
             data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-            (folder / f"{task}.yaml").write_text(yaml.safe_dump(_task_config(task, kind, data), sort_keys=False))
+            metrics = [
+                m for m, key in (("exact_match", "answer"), ("regex_match", "regex")) if any(r.get(key) for r in rows)
+            ]
+            config = _task_config(task, kind, data, metrics)
+            (folder / f"{task}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             names[task] = ref.name
         elif ref.kind is TaskKind.YAML:
             parent = str(Path(ref.ref).resolve().parent)
@@ -220,7 +282,7 @@ def write_tasks(refs: list[TaskRef], folder: Path) -> tuple[list[str], dict[str,
     return include, names
 
 
-def _task_config(task: str, kind: str, data: Path) -> dict[str, Any]:
+def _task_config(task: str, kind: str, data: Path, metrics: list[str]) -> dict[str, Any]:
     """lm-eval's task YAML for a file of questions (read by its TaskManager through include_path)."""
     config: dict[str, Any] = {
         "task": task,
@@ -236,18 +298,10 @@ def _task_config(task: str, kind: str, data: Path) -> dict[str, Any]:
             "doc_to_target": "{{answer}}",
             "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
         }
-    else:
+    else:  # scored by `answer_scores` (handed in by `lm_eval_spec`): the metrics its rows give
         config |= {
             "doc_to_target": "{{answer}}",
             "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_GEN_TOKS},
-            "metric_list": [
-                {
-                    "metric": "exact_match",
-                    "aggregation": "mean",
-                    "higher_is_better": True,
-                    "ignore_case": True,
-                    "ignore_punctuation": True,
-                }
-            ],
+            "metric_list": [{"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in metrics],
         }
     return config

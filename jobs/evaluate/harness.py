@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jobs.data.bench_tasks import TaskKind, task_problems, task_refs, write_tasks
+from jobs.data.bench_tasks import TaskKind, lm_eval_spec, task_problems, task_refs, write_tasks
+from jobs.evaluate.card import refresh_card
 from jobs.spec.job import SpecError
 from storage.roles import Evaluations
 from storage.store import Score
@@ -50,14 +51,18 @@ def evaluate_run(
     with tempfile.TemporaryDirectory(prefix="tunedeck-tasks-") as tmp:
         include, names = write_tasks(refs, Path(tmp))
         manager = _task_manager(include, hub=any(r.kind is TaskKind.HUB for r in refs))
+        specs = [lm_eval_spec(Path(tmp), task) for task in names]
         for which in MODELS:
             with _model(pair, which) as model:
                 log.info("scoring the %s model on %s", which, ", ".join(names.values()))
-                results = _score(model, pair.tokenizer, list(names), manager, limit)
+                results = _score(model, pair.tokenizer, specs, manager, limit)
             for task, scores in _scores(results, which).items():
                 by_task.setdefault(names.get(task, task), []).extend(scores)
     for name, scores in by_task.items():
         store.set_scores(run_id, name, scores)
+    from jobs.evaluate.judge import judge_file
+
+    refresh_card(store, run_id, judge_file(store.run_dir(run_id)))
     return by_task
 
 
@@ -78,7 +83,9 @@ def _task_manager(include: list[str], *, hub: bool) -> Any:
     return TaskManager(include_path=include, include_defaults=hub)
 
 
-def _score(model: Any, tokenizer: Any, tasks: list[str], manager: Any, limit: int | None) -> dict[str, Any]:
+def _score(
+    model: Any, tokenizer: Any, tasks: list[str | dict[str, Any]], manager: Any, limit: int | None
+) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
@@ -122,32 +129,3 @@ def _scores(results: dict[str, Any], which: str) -> dict[str, list[Score]]:
                 )
             )
     return out
-
-
-def scores_rows(records: list[Any]) -> list[tuple[str, str, str, str, str]]:
-    """(task, metric, base ± stderr, run ± stderr, change) per task and metric, for `tunedeck show` and the run page."""
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in records:
-        rows.setdefault((r.task, r.metric), {})[r.model] = r
-    out = []
-    for (task, metric), pair in rows.items():
-        base, run = pair.get("base"), pair.get("run")
-        change = f"{run.value - base.value:+.3f}" if base and run and None not in (base.value, run.value) else ""
-        out.append((task, metric, _cell(base), _cell(run), change))
-    return out
-
-
-def scores_table(records: list[Any]) -> list[str]:
-    """`scores_rows` as aligned text lines (with a header; [] without scores)."""
-    rows = scores_rows(records)
-    if not rows:
-        return []
-    out = [f"{'task':<24} {'metric':<14} {'base':>16} {'run':>16} {'change':>8}"]
-    out += [f"{t[:24]:<24} {m[:14]:<14} {b:>16} {r:>16} {c:>8}" for t, m, b, r, c in rows]
-    return out
-
-
-def _cell(r: Any) -> str:
-    if r is None or r.value is None:
-        return "-"
-    return f"{r.value:.3f} ± {r.stderr:.3f}" if r.stderr is not None else f"{r.value:.3f}"

@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
+from jobs.evaluate.card import JUDGE_TASK, refresh_card
 from jobs.spec.job import SpecError
 from storage.roles import Evaluations
 from storage.store import Score
 
-TASK = "judge"  # the scores' task name
+TASK = JUDGE_TASK  # the scores' task name
 KEY_ENV = "OPENAI_API_KEY"
 MAX_VERDICT_TOKENS = 48
 PROMPT = (
@@ -168,6 +169,7 @@ def judge_run(store: Evaluations, run_id: int, judge: str, *, ask: Ask | None = 
         ],
     )
     store.add_run_event(run_id, TASK, result.summary(), data={k: data[k] for k in ("judge", "win_rate")})
+    refresh_card(store, run_id, data)
     return result
 
 
@@ -224,6 +226,19 @@ def model_asker(store: Evaluations, judge: str) -> Ask:
         return greedy_texts(model, tokenizer, [prompt], MAX_VERDICT_TOKENS)[0]
 
     return ask
+
+
+WORDS = {"run": "run better", "base": "base better", "tie": "tie", "unparsed": "no verdict"}
+
+
+def verdict_cells(judged: dict[str, Any] | None) -> dict[str, str] | None:
+    """Per prompt, its judgments in the order they were made ("run better · tie"); None when never judged."""
+    if not judged:
+        return None
+    out: dict[str, list[str]] = {}
+    for j in judged.get("judgments") or []:
+        out.setdefault(str(j.get("prompt", "")), []).append(WORDS.get(str(j.get("verdict")), str(j.get("verdict"))))
+    return {prompt: " · ".join(words) for prompt, words in out.items()}
 
 
 def judge_file(run_dir: Path) -> dict[str, Any] | None:

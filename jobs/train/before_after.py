@@ -308,10 +308,15 @@ def _cell(text: str | None) -> str:
     return html.escape(text, quote=False).replace("|", "&#124;").replace("\n", "<br>")
 
 
-def table_markdown(data: dict[str, Any], result_label: str = "this run") -> str:
-    """A markdown table prompt | base | result, with a line on how the answers were made."""
-    lines = [f"| prompt | base | {result_label} |", "|---|---|---|"]
-    lines += [f"| {_cell(p)} | {_cell(b)} | {_cell(a)} |" for p, b, a in rows(data)]
+def table_markdown(data: dict[str, Any], result_label: str = "this run", judged: dict[str, str] | None = None) -> str:
+    """A markdown table prompt | base | result, with a line on how the answers were made; `judged` (prompt ->
+    the judge's verdicts) adds a column beside the answers."""
+    if judged is not None:
+        lines = [f"| prompt | base | {result_label} | judge (run shown first, then second) |", "|---|---|---|---|"]
+        lines += [f"| {_cell(p)} | {_cell(b)} | {_cell(a)} | {judged.get(p, '—')} |" for p, b, a in rows(data)]
+    else:
+        lines = [f"| prompt | base | {result_label} |", "|---|---|---|"]
+        lines += [f"| {_cell(p)} | {_cell(b)} | {_cell(a)} |" for p, b, a in rows(data)]
     how = f"Greedy decoding, at most {data.get('max_new_tokens')} new tokens; prompts: {data.get('source', 'unknown')}."
     return how + "\n\n" + "\n".join(lines)
 

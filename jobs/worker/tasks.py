@@ -41,6 +41,9 @@ class TaskKind(str, Enum):
         return self is not TaskKind.PUSH
 
 
+EVALUATION_KINDS = (TaskKind.EVALUATE.value, TaskKind.JUDGE.value)  # the run page's Evaluate panel follows these
+
+
 def cli_args(task: TaskRecord) -> list[str]:
     """The `tunedeck` arguments that carry the task out (what a user would type)."""
     kind, a, rid = TaskKind(task.kind), task.args, str(task.run_id)

@@ -37,7 +37,7 @@ class EvaluationFields:
     eval_tasks: str | None = spec_field(
         None,
         Group.RUN,
-        "Benchmark tasks scored on the result and on its base model, with the same settings, when training ends (lm-evaluation-harness, zero-shot), comma-separated: a .jsonl of questions you wrote (rows with question, choices and answer: multiple choice by log-likelihood; rows with question and answer: generation scored by exact match), an lm-eval task .yaml, or a task of lm-eval's registry such as hellaswag or arc_easy (its data comes from the hub). Empty: none.",
+        "Benchmark tasks scored on the result and on its base model, with the same settings, when training ends (lm-evaluation-harness, zero-shot), comma-separated: a .jsonl of questions you wrote (rows with question, choices and answer: multiple choice by log-likelihood; rows with question and an answer and/or a regex: the generated answer scored by exact match and by the regex), an lm-eval task .yaml, or a task of lm-eval's registry such as hellaswag or arc_easy (its data comes from the hub). Empty: none.",
         label="Benchmark tasks",
         advanced=True,
     )
