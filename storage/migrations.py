@@ -91,6 +91,8 @@ MIGRATIONS: dict[int, list[Statement]] = {
         "ALTER TABLE runs ADD COLUMN engine_job_id VARCHAR(64)",
         "ALTER TABLE runs ADD COLUMN engine_state TEXT",
     ],
+    # 11: a chat user turn's attached image (a file in the data folder) for vision-language runs.
+    11: ["ALTER TABLE chat_messages ADD COLUMN image_path TEXT"],
 }
 
 

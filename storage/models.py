@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 class RunStatus(str, Enum):
@@ -307,6 +307,7 @@ class ChatMessage(Base):
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+    image_path: Mapped[str | None] = mapped_column(Text)  # a user turn's attached image: a file in the data folder
     __table_args__ = (
         Index("ix_chat_messages_session_turn", "session_id", "turn"),
         Index("ix_chat_messages_status", "status"),

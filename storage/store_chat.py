@@ -58,6 +58,7 @@ class ChatMessageRecord:
     created_at: float
     started_at: float | None
     finished_at: float | None
+    image: str | None = None  # a user turn's attached image file (vision-language runs)
 
 
 def _session(row: m.ChatSession) -> ChatSessionRecord:
@@ -82,6 +83,7 @@ def _message(row: m.ChatMessage, run_id: int) -> ChatMessageRecord:
         row.created_at,
         row.started_at,
         row.finished_at,
+        row.image_path,
     )
 
 
@@ -122,15 +124,23 @@ class ChatMixin(StoreCore):
                 .values(system=system, sampling_json=json.dumps(sampling), updated_at=time.time())
             )
 
-    def add_chat_turn(self, session_id: int, prompt: str) -> int:
-        """The user's message as the session's next turn, with a pending reply of each side; its turn index."""
+    def add_chat_turn(self, session_id: int, prompt: str, image: str | None = None) -> int:
+        """The user's message as the session's next turn, with a pending reply of each side; its turn index.
+
+        `image`: the path of an image file attached to the turn (kept in the data folder by the caller)."""
         now = time.time()
         with self._tx() as s:
             last = s.scalar(select(func.max(m.ChatMessage.turn)).where(m.ChatMessage.session_id == session_id))
             turn = 0 if last is None else int(last) + 1
             s.add(
                 m.ChatMessage(
-                    session_id=session_id, turn=turn, role="user", content=prompt, status="done", created_at=now
+                    session_id=session_id,
+                    turn=turn,
+                    role="user",
+                    content=prompt,
+                    status="done",
+                    created_at=now,
+                    image_path=image,
                 )
             )
             for side in SIDES:

@@ -284,7 +284,7 @@ def test_no_finished_runs_message(store) -> None:
     from app.ui.chat import NO_RUNS, run_choices, send
 
     assert run_choices(store) == []
-    status, base, tuned, _, _ = send(store, None, None, "", 0.0, 1.0, 16, PROMPT)
+    status, base, tuned, *_ = send(store, None, None, "", 0.0, 1.0, 16, PROMPT)
     assert (status, base, tuned) == (NO_RUNS, [], [])
 
 

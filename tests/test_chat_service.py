@@ -214,7 +214,7 @@ def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served,
         store.add_chat_turn(store.create_chat(run_id), "left over")
     status, base, tuned, timer = clear(store, run_id)
     assert (status, base, tuned, timer.active) == ("Cleared.", [], [], False)
-    status, base, tuned, timer, cleared = send(store, None, run_id, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
+    status, base, tuned, timer, cleared, _ = send(store, None, run_id, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
     assert timer.active and cleared == "" and base[0] == {"role": "user", "content": PROMPT}
     shown = wait_for(lambda: (lambda r: None if r[3].active else r)(tick(store, run_id)), timeout=300, what="done")
     status, base, tuned, _ = shown
@@ -231,7 +231,7 @@ def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served,
     store.mark_succeeded(elsewhere, {})
     problem = reach_problem(store, elsewhere)
     assert "far-host" in problem and "tunedeck worker" in problem and "TUNEDECK_SHARED_DATA=1" in problem
-    status, _, _, timer, _ = send(store, None, elsewhere, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
+    status, _, _, timer, *_ = send(store, None, elsewhere, "", 0.0, 1.0, NEW_TOKENS, PROMPT)
     assert status == problem and not timer.active and store.latest_chat(elsewhere) is None
     # Remote code needs the shared server's permission, as for training.
     remote = store.create_run(tiny_spec(tiny_model, trust_remote_code=True))

@@ -7,7 +7,9 @@ the user's message with a pending reply for each side, and a worker that reaches
 answers them (`jobs.worker.chat_service`): "Base model" and "This run" each continue their own
 conversation on the same user messages, with the run's chat template. The dashboard never loads a
 model. The history survives a reload (the run's latest session is shown again); Regenerate asks the
-last turn again, Clear empties the session.
+last turn again, Clear empties the session. A message may carry one image for a vision-language run:
+the tab keeps it in the run's folder (`jobs.chat.images.keep_image`) and the turn names the file; both
+sides get it with the turn. An image for a text-only run is refused before anything is written.
 
 While a reply is pending or streaming, a timer reads the session every `TICK_S` and shows the text
 so far; once both are done it stops, so an idle tab makes no requests at all. A cold start shows the
@@ -22,7 +24,8 @@ from typing import Any
 
 import gradio as gr
 
-from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, Sampling
+from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, RunResult, Sampling
+from jobs.chat.images import image_problem, keep_image
 from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.errors import Problem
 from jobs.spec.stored import spec_of
@@ -35,6 +38,7 @@ TICK_S = 0.2  # how often the tab reads a session while one of its replies is pe
 OPEN = (ReplyStatus.PENDING, ReplyStatus.STREAMING)
 BLANK = "(an empty answer: only whitespace or special tokens)"
 EVENTS = "chat-tab"  # the concurrency group of every event of the tab (see `wire`)
+IMAGE_MARK = "[image] "  # a user turn with an image, as the columns show it
 
 
 @dataclass
@@ -46,6 +50,7 @@ class ChatView:
     top_p: gr.Slider
     max_new_tokens: gr.Number
     prompt: gr.Textbox
+    image: gr.Image
     send: gr.Button
     regenerate: gr.Button
     clear: gr.Button
@@ -83,7 +88,16 @@ def build() -> ChatView:
         base = gr.Chatbot(label="Base model", elem_id="chat-base", **options)  # type: ignore[arg-type]
         tuned = gr.Chatbot(label="This run", elem_id="chat-tuned", **options)  # type: ignore[arg-type]
     status = gr.Markdown(elem_id="chat-status")
-    prompt = gr.Textbox(label="Message", lines=2, elem_id="chat-prompt")
+    with gr.Row():
+        prompt = gr.Textbox(label="Message", lines=2, elem_id="chat-prompt", scale=3)
+        image = gr.Image(
+            type="filepath",
+            label="Image (optional, vision-language runs)",
+            sources=["upload", "clipboard"],
+            elem_id="chat-image",
+            height=120,
+            scale=1,
+        )
     with gr.Row():
         send = gr.Button("Send to both", variant="primary", elem_id="chat-send")
         regenerate = gr.Button("Regenerate last answers", elem_id="chat-regenerate")
@@ -97,6 +111,7 @@ def build() -> ChatView:
         top_p,
         max_new_tokens,
         prompt,
+        image,
         send,
         regenerate,
         clear,
@@ -138,6 +153,22 @@ def reach_problem(store: Store, run_id: int) -> str | None:
     )
 
 
+def image_refused(store: Store, run_id: int, image: str) -> Problem | None:
+    """Why `image` cannot go with a turn to run `run_id`: not a readable image, or a run known to be text-only
+    (its base model's config, when it is on this machine; else the worker decides and refuses the same way)."""
+    from jobs.models.vision import vision_model
+
+    problem = image_problem(image)
+    run = store.get_run(run_id)
+    if problem is not None or run is None:
+        return problem
+    spec = spec_of(run)
+    if vision_model(spec.model) is False:
+        result = RunResult(run_id, spec.display_name, spec.model, "", spec.method.value, False)
+        return result.image_refusal().problems[0]
+    return None
+
+
 def sampling_of(temperature: float | None, top_p: float | None, max_new_tokens: float | None) -> Sampling:
     return Sampling(float(temperature or 0.0), float(top_p or 1.0), int(max_new_tokens or 128)).checked()
 
@@ -152,8 +183,9 @@ def columns(history: list[ChatMessageRecord]) -> tuple[list[dict[str, str]], lis
     notes: list[str] = []
     for message in history:
         if message.role == "user":
+            shown = (IMAGE_MARK if message.image else "") + message.content
             for col in cols.values():
-                col.append({"role": "user", "content": message.content})
+                col.append({"role": "user", "content": shown})
             continue
         text = message.content
         label = "the base model" if message.side == "base" else "the run"
@@ -209,30 +241,33 @@ def send(
     top_p: float,
     max_new_tokens: float | None,
     prompt: str,
+    image: str | None = None,
 ) -> tuple[Any, ...]:
-    """Write the user's message as the next turn (a pending reply per side); (status, columns, timer, prompt)."""
+    """Write the user's message (and its image) as the next turn, a pending reply per side;
+    (status, columns, timer, prompt, image): the prompt and image emptied once written."""
     if run_id in (None, ""):
         none = not store.list_runs(status=RunStatus.SUCCEEDED, limit=1)
-        return (*show(store, None, NO_RUNS if none else "Pick a finished run first."), gr.skip())
+        return (*show(store, None, NO_RUNS if none else "Pick a finished run first."), gr.skip(), gr.skip())
     run_id = int(run_id)
     if not (prompt or "").strip():
-        return (*show(store, run_id, "Write a message first."), gr.skip())
+        return (*show(store, run_id, "Write a message first."), gr.skip(), gr.skip())
     try:
         sampling = sampling_of(temperature, top_p, max_new_tokens)
     except ChatError as exc:
-        return (*show(store, run_id, _problems_text(exc.problems)), gr.skip())
-    refused = policy_problem(store, run_id, policy)
+        return (*show(store, run_id, _problems_text(exc.problems)), gr.skip(), gr.skip())
+    refused = policy_problem(store, run_id, policy) or (image_refused(store, run_id, image) if image else None)
     if refused is not None:
-        return (*show(store, run_id, _problems_text([refused])), gr.skip())
+        return (*show(store, run_id, _problems_text([refused])), gr.skip(), gr.skip())
     unreachable = reach_problem(store, run_id)
     if unreachable is not None:
-        return (*show(store, run_id, unreachable), gr.skip())
+        return (*show(store, run_id, unreachable), gr.skip(), gr.skip())
     session = store.latest_chat(run_id)
     settings = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
     sid = session.id if session is not None else store.create_chat(run_id, system or "", settings)
     store.update_chat(sid, system or "", settings)
-    store.add_chat_turn(sid, prompt.strip())
-    return (*show(store, run_id), "")
+    kept = keep_image(store.run_dir(run_id), image) if image else None
+    store.add_chat_turn(sid, prompt.strip(), kept)
+    return (*show(store, run_id), "", None)
 
 
 def regenerate(store: Store, run_id: Any) -> tuple[Any, ...]:
@@ -287,8 +322,8 @@ def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: Access
     for trigger in (view.send.click, view.prompt.submit):
         trigger(
             lambda *args: send(store, policy, *args),
-            [view.run, *view.settings, view.prompt],
-            [*view.shown, view.prompt],
+            [view.run, *view.settings, view.prompt, view.image],
+            [*view.shown, view.prompt, view.image],
             **quiet,
         )
     view.regenerate.click(lambda r: regenerate(store, r), view.run, view.shown, **quiet)

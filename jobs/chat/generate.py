@@ -16,6 +16,10 @@ default, so answers are reproducible; with sampling, `seed` makes them reproduci
 QLoRA and 8-bit runs answer on the unquantized base (16-bit on a GPU, fp32 on the CPU): the
 adapter trained on a quantized base, so their answers can differ a little from the training setup.
 Reward models score answers instead of writing them and are refused.
+
+A vision-language run (its bundle holds the processor) loads with `AutoProcessor`: a turn may carry an
+image part (`jobs.chat.images`), which the processor's chat template places and turns into the pixels the
+model reads (`pixel_values`); an image given to a text-only run is refused with the fix.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from jobs.chat.images import has_images, images_of, text_of
 from jobs.errors import Problem
 from jobs.spec.enums import Method, Trainer
 from jobs.spec.job import SpecError
@@ -122,6 +127,16 @@ class RunResult:
     method: str
     full: bool
     trust_remote_code: bool = False
+    vision: bool = False  # a vision-language run: loaded with its processor, takes image parts
+
+    def image_refusal(self) -> ChatError:
+        """An image sent to this text-only run: what is wrong and what to do instead."""
+        return refuse(
+            f"run {self.run_id} ({self.name}) fine-tuned {self.base}, a text-only model: it cannot read images",
+            "send the message without the image, or chat with a run of a vision-language model "
+            "(e.g. LLaVA, Qwen2.5-VL, SmolVLM)",
+            "image",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,15 +169,20 @@ def locate(store: ArtifactReader, run_id: int) -> RunResult:
             f"run {run_id} has no saved {kind} folder (its result was not written or was deleted)",
             "train the run again (`tunedeck resume` does not apply to a finished run: submit its spec)",
         )
+    from jobs.models.vision import PROCESSOR_FILES
+
+    vision = any((folder / name).is_file() for name in PROCESSOR_FILES)  # the bundle of a vision run holds it
     return RunResult(
-        run_id, spec.display_name, spec.model, str(folder), spec.method.value, full, spec.trust_remote_code
+        run_id, spec.display_name, spec.model, str(folder), spec.method.value, full, spec.trust_remote_code, vision
     )
 
 
-Conversation = str | list[dict[str, str]]  # one prompt, or the turns so far ({"role", "content"}), a user's last
+# One prompt, or the turns so far ({"role", "content"}), a user's last; a content is text, or parts
+# (`jobs.chat.images.user_turn`: an image part and a text part) for a vision-language run.
+Conversation = str | list[dict[str, Any]]
 
 
-def messages_of(prompt: Conversation, system: str = "") -> list[dict[str, str]]:
+def messages_of(prompt: Conversation, system: str = "") -> list[dict[str, Any]]:
     """The conversation sent to the chat template: an optional system message, then the prompt (or turns)."""
     head = [{"role": "system", "content": system}] if system.strip() else []
     turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
@@ -174,16 +194,17 @@ def plain_text(prompt: Conversation, system: str = "") -> str:
     if isinstance(prompt, str):
         turns = prompt
     else:
-        turns = "\n\n".join(t["content"] for t in prompt)
+        turns = "\n\n".join(text_of(t["content"]) for t in prompt)
     return (system.strip() + "\n\n" if system.strip() else "") + turns
 
 
 class LoadedPair:
     """A run's result and its base, loaded once; answers with either, streaming or whole."""
 
-    def __init__(self, result: RunResult, tokenizer: Any, tuned: Any, base: Any | None):
+    def __init__(self, result: RunResult, tokenizer: Any, tuned: Any, base: Any | None, processor: Any = None):
         self.result = result
         self.tokenizer = tokenizer
+        self.processor = processor  # a vision-language run's (its tokenizer is the processor's)
         self.tuned = tuned
         self._base = base  # full fine-tunes only: peft runs switch their adapter off instead
 
@@ -192,9 +213,14 @@ class LoadedPair:
         return next(self.tuned.parameters()).device
 
     def inputs(self, prompt: Conversation, system: str = "", raw: bool = False) -> dict[str, Any]:
-        """Token ids of the prompt with the run's chat template (plain text when it has none, or when `raw`)."""
+        """Token ids of the prompt with the run's chat template (plain text when it has none, or when `raw`);
+        with the images' pixels for a vision-language run (its processor's template and image processor)."""
         tok = self.tokenizer
-        if getattr(tok, "chat_template", None) and not raw:
+        if has_images(prompt) and self.processor is None:
+            raise self.result.image_refusal()
+        if self.processor is not None and not raw:
+            enc = self._vision_inputs(prompt, system)
+        elif getattr(tok, "chat_template", None) and not raw:
             from jinja2 import TemplateError
 
             try:
@@ -212,6 +238,22 @@ class LoadedPair:
         else:
             enc = tok(plain_text(prompt, system), return_tensors="pt")
         return {k: v.to(self.device) for k, v in enc.items()}
+
+    def _vision_inputs(self, prompt: Conversation, system: str) -> Any:
+        """The processor's inputs: its chat template's text, and `pixel_values` when the turns have images."""
+        from jinja2 import TemplateError
+
+        messages = messages_of(prompt, system)
+        try:
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as exc:
+            raise refuse(
+                f"the run's chat template rejected the conversation: {exc}",
+                "leave the system prompt empty (some templates have no system role)",
+                "system",
+            ) from exc
+        images = images_of(messages)
+        return self.processor(images=images or None, text=text, return_tensors="pt")
 
     def _generate(self, which: str, inputs: dict[str, Any], sampling: Sampling, **extra: Any) -> Any:
         import torch
@@ -275,7 +317,7 @@ def _dtype(device: str) -> Any:
 def load(result: RunResult, device: str | None = None) -> LoadedPair:
     """Load the run's result and its base onto `device` (default: the first visible GPU, else the CPU)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     from jobs.models.loading import load_model_and_tokenizer
     from jobs.models.references import resolve_model
@@ -284,15 +326,21 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     remote = result.trust_remote_code
     tuned: torch.nn.Module  # a full model, or the base with the run's adapter (peft's or MoRA's)
+    processor = None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(result.folder, trust_remote_code=remote)
+        if result.vision:
+            processor = AutoProcessor.from_pretrained(result.folder, trust_remote_code=remote)
+            tokenizer = processor.tokenizer
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(result.folder, trust_remote_code=remote)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         base, _ = load_model_and_tokenizer(
             resolve_model(result.base, trust_remote_code=remote), torch_dtype=_dtype(device), trust_remote_code=remote
         )
         if result.full:
-            tuned = AutoModelForCausalLM.from_pretrained(
+            auto = AutoModelForImageTextToText if result.vision else AutoModelForCausalLM
+            tuned = auto.from_pretrained(
                 result.folder, dtype=_dtype(device), use_safetensors=True, trust_remote_code=remote
             )
         elif result.method == Method.MORA.value:
@@ -319,4 +367,4 @@ def load(result: RunResult, device: str | None = None) -> LoadedPair:
     tuned = tuned.to(device).eval()
     if base is not None:
         base = base.to(device).eval()
-    return LoadedPair(result, tokenizer, tuned, base)
+    return LoadedPair(result, tokenizer, tuned, base, processor)

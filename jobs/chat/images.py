@@ -1,0 +1,95 @@
+"""Images attached to chat turns: kept as files in the run's folder, read back as the model's content parts.
+
+    path = keep_image(store.run_dir(run_id), "/tmp/gradio/upload.png")   # the run's chat/ folder, a PNG
+    turn = user_turn("What colour is it?", path)  # {"role": "user", "content": [image part, text part]}
+    has_images(turns)                              # True: the turns need a vision-language run
+    images_of(turns)                               # [PIL.Image]: the turns' images, in order
+
+An image is decoded and written again as a PNG named by its content hash (the same picture twice is one
+file), so what the model reads is a checked, readable image, never a file the user can still change.
+Vision-language runs get the image as a content part (`{"type": "image", "image": path}`) that the run's
+chat template turns into its image token; the processor makes the pixels of the same images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import Problem
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # an attached image file larger than this is refused
+CHAT_IMAGES = "chat"  # the folder of a run's chat images, inside the run's folder
+
+
+def image_problem(source: str | Path) -> Problem | None:
+    """Why the file at `source` cannot be attached to a turn (missing, too large, not an image), or None."""
+    path = Path(source)
+    fix = "attach a PNG, JPEG or WebP picture"
+    if not path.is_file():
+        return Problem("image", f"{path.name} is not a file here (the upload went away?)", "attach it again")
+    if path.stat().st_size > MAX_IMAGE_BYTES:
+        return Problem("image", f"{path.name} is over {MAX_IMAGE_BYTES // 2**20} MiB", f"{fix} of a smaller size")
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        return Problem("image", f"{path.name} is not a readable image ({type(exc).__name__})", fix)
+    return None
+
+
+def keep_image(folder: Path, source: str | Path) -> str:
+    """Copy the image at `source` into `folder`/chat as a PNG named by its content; its path (str)."""
+    from PIL import Image
+
+    with Image.open(source) as image:
+        buffer = io.BytesIO()
+        image.convert("RGB").save(buffer, format="PNG")
+    data = buffer.getvalue()
+    out = Path(folder) / CHAT_IMAGES / f"{hashlib.sha256(data).hexdigest()[:24]}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.is_file():
+        partial = out.with_suffix(".part")
+        partial.write_bytes(data)
+        partial.replace(out)
+    return str(out)
+
+
+def user_turn(text: str, image: str | None) -> dict[str, Any]:
+    """A user message: plain text, or an image part then a text part when an image is attached."""
+    if not image:
+        return {"role": "user", "content": text}
+    return {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}
+
+
+def _parts(turns: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for t in turns if isinstance(t.get("content"), list) for p in t["content"] if isinstance(p, dict)]
+
+
+def has_images(turns: Any) -> bool:
+    """Whether a conversation (a prompt, or turns) has an image part."""
+    return not isinstance(turns, str) and any(p.get("type") == "image" for p in _parts(turns))
+
+
+def images_of(turns: Sequence[dict[str, Any]]) -> list[Any]:
+    """The conversation's images as RGB PIL images, in the order their parts appear."""
+    from PIL import Image
+
+    out = []
+    for part in _parts(turns):
+        if part.get("type") == "image":
+            with Image.open(part["image"]) as image:
+                out.append(image.convert("RGB"))
+    return out
+
+
+def text_of(content: Any) -> str:
+    """A message's text: the string itself, or its text parts joined (image parts left out)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")

@@ -1,0 +1,117 @@
+"""A chat turn with an image for a vision-language run: the tab keeps the image in the run's folder, a real
+worker's chat service answers it on both sides with the run's processor, and a text-only run is refused.
+
+One tiny LLaVA LoRA run is trained once for the module (through the worker, images drawn here with PIL)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from training_helpers import wait_for
+
+from jobs.spec.job import JobSpec
+from storage.models import ReplyStatus
+
+COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220), "green": (30, 200, 30)}
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 0}
+QUESTION = "What colour is it?"
+
+
+def draw(path: Path, colour: tuple[int, int, int]) -> Path:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (48, 40), colour)
+    ImageDraw.Draw(image).rectangle((8, 8, 24, 24), fill=(255, 255, 255))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
+
+
+def colour_rows(folder: Path, n: int = 6) -> Path:
+    rows = []
+    for i in range(n):
+        name, colour = list(COLOURS.items())[i % len(COLOURS)]
+        draw(folder / "pics" / f"{i}.png", colour)
+        turns = [{"role": "user", "content": f"<image>{QUESTION}"}, {"role": "assistant", "content": name}]
+        rows.append({"messages": turns, "images": [f"pics/{i}.png"]})
+    data = folder / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+@pytest.fixture(scope="module")
+def vlm_served(tmp_path_factory: pytest.TempPathFactory, tiny_vlm: Path):
+    """(store, run id, service, folder): a tiny LLaVA LoRA run trained through the worker, and a chat service."""
+    from jobs.chat.process import ChatProcess
+    from jobs.worker.chat_service import ChatService
+    from jobs.worker.loop import Worker
+    from jobs.worker.services import Place
+    from storage.models import RunStatus
+    from storage.store import Store
+
+    folder = tmp_path_factory.mktemp("vlm-chat")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNEDECK_HOME", str(folder / "home"))
+        mp.delenv("TUNEDECK_DATABASE_URL", raising=False)
+        store = Store()
+        spec = {"model": str(tiny_vlm), "dataset": str(colour_rows(folder)), "max_steps": 3, "learning_rate": 1e-2,
+                "per_device_train_batch_size": 2, "sample_count": 0, "run_name": "colours"}  # fmt: skip
+        run_id = store.create_run(JobSpec.from_dict(spec))
+        Worker(store, poll_interval=0.1).work(burst=True)
+        run = store.get_run(run_id)
+        assert run.status is RunStatus.SUCCEEDED, run.error_detail
+        host = socket.gethostname()
+        chat = ChatProcess(store, idle_s=120, host=host, device="cpu")
+        service = ChatService(Place(store, f"{host}:vlm-chat", host, "cpu", on_cpu=True, shared_data=False), chat)
+        service.start()
+        try:
+            yield store, run_id, service, folder
+        finally:
+            service.stop()
+            chat.close()
+            store.dispose()
+
+
+def _finished(store: Any, sid: int, turn: int) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        replies = {m.side: m for m in store.chat_history(sid) if m.turn == turn and m.role == "assistant"}
+        return replies if all(r.status in (ReplyStatus.DONE, ReplyStatus.FAILED) for r in replies.values()) else None
+
+    return wait_for(done, timeout=300, what=f"both replies of turn {turn}")
+
+
+@pytest.mark.integration
+def test_an_image_turn_is_answered_by_both_sides_with_the_images_pixels(vlm_served) -> None:
+    from app.ui.chat import IMAGE_MARK, send, tick
+    from jobs.chat.generate import Sampling, load, locate
+
+    store, run_id, _, folder = vlm_served
+    picture = draw(folder / "upload" / "red.png", COLOURS["red"])
+    status, base, _, timer, prompt, image = send(store, None, run_id, "", 0.0, 1.0, 8, QUESTION, str(picture))
+    assert timer.active and (prompt, image) == ("", None), status
+    assert base[0] == {"role": "user", "content": IMAGE_MARK + QUESTION}
+    sid = store.latest_chat(run_id).id
+    (user,) = [m for m in store.chat_history(sid) if m.role == "user"]
+    kept = Path(user.image)
+    assert kept.is_file() and kept.parent == store.run_dir(run_id) / "chat", user.image  # a copy in the run's folder
+    replies = _finished(store, sid, 0)
+    assert {s: r.status for s, r in replies.items()} == {"base": ReplyStatus.DONE, "run": ReplyStatus.DONE}, {
+        s: r.error for s, r in replies.items()
+    }
+    shown = wait_for(lambda: (lambda r: None if r[3].active else r)(tick(store, run_id)), timeout=60, what="done")
+    assert shown[0] == "Done."
+    # The same answers from the run's pair given the image, here; and the image is what the model read.
+    pair = load(locate(store, run_id), "cpu")
+    sampling = Sampling.from_dict(SAMPLING)
+    turn = [{"role": "user", "content": [{"type": "image", "image": str(kept)}, {"type": "text", "text": QUESTION}]}]
+    inputs = pair.inputs(turn)
+    assert tuple(inputs["pixel_values"].shape) == (1, 3, 32, 32)
+    image_token = pair.processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert inputs["input_ids"][0].tolist().count(image_token) == 16  # 32x32 pixels in 8x8 patches
+    for side in ("base", "run"):
+        print(side, repr(replies[side].content), repr(pair.answer(side, QUESTION, sampling=sampling)))
+        assert replies[side].content == pair.answer(side, turn, sampling=sampling)
