@@ -86,8 +86,11 @@ def _finished(store: Any, sid: int, turn: int) -> dict[str, Any]:
 
 @pytest.mark.integration
 def test_an_image_turn_is_answered_by_both_sides_with_the_images_pixels(vlm_served) -> None:
+    import torch
+
     from app.ui.chat import IMAGE_MARK, send, tick
     from jobs.chat.generate import Sampling, load, locate
+    from jobs.chat.images import user_turn
 
     store, run_id, _, folder = vlm_served
     picture = draw(folder / "upload" / "red.png", COLOURS["red"])
@@ -104,14 +107,71 @@ def test_an_image_turn_is_answered_by_both_sides_with_the_images_pixels(vlm_serv
     }
     shown = wait_for(lambda: (lambda r: None if r[3].active else r)(tick(store, run_id)), timeout=60, what="done")
     assert shown[0] == "Done."
-    # The same answers from the run's pair given the image, here; and the image is what the model read.
+    # What the model read: the processor's pixels and 16 image tokens; they change the next-token scores.
     pair = load(locate(store, run_id), "cpu")
-    sampling = Sampling.from_dict(SAMPLING)
     turn = [{"role": "user", "content": [{"type": "image", "image": str(kept)}, {"type": "text", "text": QUESTION}]}]
     inputs = pair.inputs(turn)
     assert tuple(inputs["pixel_values"].shape) == (1, 3, 32, 32)
     image_token = pair.processor.tokenizer.convert_tokens_to_ids("<image>")
     assert inputs["input_ids"][0].tolist().count(image_token) == 16  # 32x32 pixels in 8x8 patches
-    for side in ("base", "run"):
-        print(side, repr(replies[side].content), repr(pair.answer(side, QUESTION, sampling=sampling)))
-        assert replies[side].content == pair.answer(side, turn, sampling=sampling)
+    blue = pair.inputs([user_turn(QUESTION, str(draw(folder / "upload" / "blue.png", COLOURS["blue"])))])
+    with torch.no_grad():
+        assert not torch.allclose(pair.tuned(**inputs).logits[0, -1], pair.tuned(**blue).logits[0, -1])
+    # The worker's answers are the answers to the image turn, not to the text alone (greedy, so reproducible;
+    # the tiny run answers them differently, so a worker that dropped the image would fail here).
+    sampling = Sampling.from_dict(SAMPLING)
+    with_image = {side: pair.answer(side, turn, sampling=sampling) for side in ("base", "run")}
+    text_only = {side: pair.answer(side, QUESTION, sampling=sampling) for side in ("base", "run")}
+    assert with_image != text_only, "the tiny run answers the same with and without the image: nothing to tell"
+    assert {side: r.content for side, r in replies.items()} == with_image
+
+
+def test_an_image_for_a_text_only_run_is_refused_before_anything_is_written(store: Any, tmp_path: Path) -> None:
+    from app.ui.chat import send
+
+    run_id = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format"}))
+    assert store.claim_next_on_device(f"{socket.gethostname()}:1", "cpu") is not None
+    store.mark_succeeded(run_id, {})
+    store.chat_service_beat("w:1", socket.gethostname(), False)  # a live worker reaches it: only the image is wrong
+    picture = draw(tmp_path / "red.png", COLOURS["red"])
+    status, _, _, timer, prompt, image = send(store, None, run_id, "", 0.0, 1.0, 8, QUESTION, str(picture))
+    assert status.startswith("**image**: run ") and "a text-only model: it cannot read images" in status, status
+    assert "Fix: send the message without the image, or chat with a run of a vision-language model" in status
+    assert not timer.active and store.latest_chat(run_id) is None  # nothing written; the prompt and image kept
+    assert not (store.run_dir(run_id) / "chat").exists()
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a picture")
+    status = send(store, None, run_id, "", 0.0, 1.0, 8, QUESTION, str(broken))[0]
+    assert "**image**: broken.png is not a readable image" in status, status
+
+
+def test_the_generation_side_refuses_an_image_for_a_text_only_run_too(tmp_path: Path) -> None:
+    """A run whose base config was not on the dashboard's machine: the worker's pair refuses the same way."""
+    from jobs.chat.conversation import conversation
+    from jobs.chat.generate import ChatError, LoadedPair, RunResult
+    from storage.store_chat import ChatMessageRecord
+
+    picture = str(draw(tmp_path / "blue.png", COLOURS["blue"]))
+
+    def message(turn: int, role: str, side: str | None, content: str, image: str | None = None) -> ChatMessageRecord:
+        return ChatMessageRecord(
+            turn, 1, 1, turn, role, side, content, ReplyStatus.DONE, None, None, None, 0.0, None, None, image
+        )
+
+    history = [
+        message(0, "user", None, "Hi"),
+        message(0, "assistant", "run", "Hello"),
+        message(1, "user", None, QUESTION, picture),
+    ]
+    turns = conversation(history, 1, "run")
+    image_part = {"type": "image", "image": picture}
+    assert turns == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": [image_part, {"type": "text", "text": QUESTION}]},
+    ]
+    text_only = LoadedPair(RunResult(7, "notes", "tiny-llama", str(tmp_path), "lora", False), None, None, None)
+    with pytest.raises(ChatError) as caught:
+        text_only.inputs(turns)
+    (problem,) = caught.value.problems
+    assert problem.field == "image" and "run 7 (notes) fine-tuned tiny-llama, a text-only model" in problem.problem
