@@ -175,3 +175,28 @@ def test_the_generation_side_refuses_an_image_for_a_text_only_run_too(tmp_path: 
         text_only.inputs(turns)
     (problem,) = caught.value.problems
     assert problem.field == "image" and "run 7 (notes) fine-tuned tiny-llama, a text-only model" in problem.problem
+
+
+def test_schema_10_database_gains_the_turns_image_column(data_home: Path) -> None:
+    import sqlite3
+
+    from storage import models as m
+    from storage.store import Store
+
+    path = data_home / "v10.db"
+    Store(f"sqlite:///{path}").dispose()
+    with sqlite3.connect(path) as con:  # as schema 10 left it: chat messages without an image column
+        con.execute("ALTER TABLE chat_messages DROP COLUMN image_path")
+        con.execute("UPDATE meta SET value = '10' WHERE key = 'schema_version'")
+    con.close()
+    store = Store(f"sqlite:///{path}")
+    try:
+        assert store.schema_version == m.SCHEMA_VERSION >= 11
+        run_id = store.create_run(JobSpec())
+        sid = store.create_chat(run_id)
+        store.add_chat_turn(sid, "plain")
+        store.add_chat_turn(sid, "with a picture", "/data/runs/x/chat/ab.png")
+        users = [(u.content, u.image) for u in store.chat_history(sid) if u.role == "user"]
+        assert users == [("plain", None), ("with a picture", "/data/runs/x/chat/ab.png")]
+    finally:
+        store.dispose()
