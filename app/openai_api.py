@@ -10,6 +10,9 @@ in the store with one pending reply (`Store.ask_chat_reply`), answered by a work
 reaches the run's weights, exactly as the Chat tab's turns are (`jobs.worker.chat_service`); the reply's
 text is read back as the worker streams it into the store and sent on as server-sent events. Chat
 requests go through the run's chat template; `/v1/completions` continues the prompt text as it is.
+For a vision-language run a user message may carry one `image_url` part with a `data:` URL (base64): the
+image is kept in the run's folder for the request, as the Chat tab keeps its images; web URLs are never
+fetched, and an image for a text-only run is refused with the fix.
 `max_tokens`, `temperature`, `top_p`, `seed` and `stop` (cut here, the text before the first stop string is
 the answer) are honoured. When the dashboard has a login, each request needs `Authorization: Bearer
 TOKEN`, TOKEN being a dashboard user's `user:password` or the access token of a logged-in session.
@@ -62,7 +65,7 @@ class Ask:
     run_id: int
     side: str  # "run" (the result) or "base"
     model: str  # as the client named it, echoed back
-    turns: list[dict[str, str]]
+    turns: list[dict[str, Any]]  # {"role", "content"}; a user turn's image as "image_bytes" until it is kept
     system: str
     sampling: dict[str, Any]
     stop: list[str] = field(default_factory=list)
@@ -98,27 +101,77 @@ def _text(content: Any) -> str:
     raise ApiError(400, "a message's content must be a string or a list of text parts", "messages")
 
 
-def chat_turns(messages: Any) -> tuple[str, list[dict[str, str]]]:
+def _image(content: Any) -> bytes | None:
+    """The bytes of a message's one `image_url` part (a base64 `data:` URL), or None when it has none."""
+    import base64
+    import binascii
+
+    parts = content if isinstance(content, list) else []
+    urls = [p.get("image_url") for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
+    urls = [u.get("url") if isinstance(u, dict) else u for u in urls]
+    if not urls:
+        return None
+    if len(urls) > 1:
+        raise ApiError(400, "a message can carry one image: send one `image_url` part per user message", "messages")
+    head, _, data = str(urls[0] or "").partition(",")
+    if not (head.startswith("data:image/") and head.endswith(";base64")):
+        raise ApiError(
+            400, "an `image_url` must be a base64 `data:image/...` URL (web URLs are not fetched)", "messages"
+        )
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "an `image_url` data URL is not valid base64", "messages") from None
+
+
+def chat_turns(messages: Any) -> tuple[str, list[dict[str, Any]]]:
     """(system prompt, user/assistant turns alternating and ending with the user's) from OpenAI messages."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "`messages` must be a non-empty list", "messages")
     system: list[str] = []
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
-        text = _text(message.get("content") or "") if isinstance(message, dict) else ""
+        content = message.get("content") or "" if isinstance(message, dict) else ""
+        text, image = _text(content), _image(content)
+        if image is not None and (role != "user" or (turns and turns[-1]["role"] == role)):
+            raise ApiError(
+                400, "an image goes in a user message that follows an assistant's (one per turn)", "messages"
+            )
         if role in ("system", "developer"):
             system.append(text)
         elif role in ("user", "assistant"):
             if turns and turns[-1]["role"] == role:  # the chat template wants them alternating: join the two
                 turns[-1] = {"role": role, "content": turns[-1]["content"] + "\n\n" + text}
             elif turns or role == "user":
-                turns.append({"role": role, "content": text})
+                turns.append({"role": role, "content": text} | ({"image_bytes": image} if image else {}))
         else:
             raise ApiError(400, f"a message's role `{role}` is not one of system, user, assistant", "messages")
     if not turns or turns[-1]["role"] != "user":
         raise ApiError(400, "the last message must be the user's", "messages")
     return "\n\n".join(system), turns
+
+
+def keep_images(store: Store, ask: Ask) -> Ask:
+    """The request with its images kept as files in the run's folder (their paths in the turns); an image for
+    a run of a text-only model is refused."""
+    import io
+
+    from app.ui.chat import image_refused
+    from jobs.chat.images import keep_image
+
+    if not any("image_bytes" in t for t in ask.turns):
+        return ask
+    turns = []
+    for turn in ask.turns:
+        data = turn.pop("image_bytes", None)
+        if data is not None:
+            problem = image_refused(store, ask.run_id, io.BytesIO(data))
+            if problem is not None:
+                raise ApiError(400, f"{problem.problem}. Fix: {problem.fix}", "messages", "image_refused")
+            turn = {**turn, "image": keep_image(store.run_dir(ask.run_id), io.BytesIO(data))}
+        turns.append(turn)
+    return Ask(ask.run_id, ask.side, ask.model, turns, ask.system, ask.sampling, ask.stop, ask.stream)
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -304,6 +357,7 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
                 return ApiError(400, "the request body is not JSON").response()
             try:
                 ask = await run_in_threadpool(parse, store, body, chat)
+                ask = await run_in_threadpool(keep_images, store, ask)
                 problem = await run_in_threadpool(reach_problem, store, ask.run_id)
                 if problem is not None:
                     raise ApiError(503, problem.replace("**", ""), "model", "no_worker")

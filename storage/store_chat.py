@@ -193,12 +193,13 @@ class ChatMixin(StoreCore):
         self,
         run_id: int,
         side: str,
-        turns: list[dict[str, str]],
+        turns: list[dict[str, Any]],
         system: str = "",
         sampling: dict[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """A session of its own holding `turns` (user and assistant alternating, the user's last) as `side`'s
-        conversation, with one pending reply of `side` to the last: (session id, reply message id)."""
+        """A session of its own holding `turns` (user and assistant alternating, the user's last; a user turn's
+        "image": its image file) as `side`'s conversation, with one pending reply of `side` to the last:
+        (session id, reply message id)."""
         now = time.time()
         with self._tx() as s:
             session = m.ChatSession(
@@ -217,6 +218,7 @@ class ChatMixin(StoreCore):
                         content=message["content"],
                         status="done",
                         created_at=now,
+                        image_path=message.get("image"),
                     )
                 )
             reply = m.ChatMessage(

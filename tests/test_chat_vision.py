@@ -124,6 +124,17 @@ def test_an_image_turn_is_answered_by_both_sides_with_the_images_pixels(vlm_serv
     text_only = {side: pair.answer(side, QUESTION, sampling=sampling) for side in ("base", "run")}
     assert with_image != text_only, "the tiny run answers the same with and without the image: nothing to tell"
     assert {side: r.content for side, r in replies.items()} == with_image
+    # The OpenAI-compatible API: the same picture as a data URL is the same kept file and the same answer.
+    from app.openai_api import keep_images, parse
+
+    body = {"model": str(run_id), "messages": [{"role": "user", "content": image_parts(picture)}], "max_tokens": 8}
+    ask = keep_images(store, parse(store, body, True))
+    assert ask.turns[0]["image"] == str(kept)
+    sid, reply_id = store.ask_chat_reply(ask.run_id, ask.side, ask.turns, ask.system, ask.sampling)
+    reply = wait_for(lambda: (lambda r: r if r.status in (ReplyStatus.DONE, ReplyStatus.FAILED) else None)(
+        store.chat_message(reply_id)), timeout=300, what="the API's reply")  # fmt: skip
+    assert (reply.status, reply.content) == (ReplyStatus.DONE, with_image["run"]), reply.error
+    store.delete_chat(sid)
 
 
 def test_an_image_for_a_text_only_run_is_refused_before_anything_is_written(store: Any, tmp_path: Path) -> None:
@@ -175,6 +186,39 @@ def test_the_generation_side_refuses_an_image_for_a_text_only_run_too(tmp_path: 
         text_only.inputs(turns)
     (problem,) = caught.value.problems
     assert problem.field == "image" and "run 7 (notes) fine-tuned tiny-llama, a text-only model" in problem.problem
+
+
+def image_parts(picture: Path, text: str = QUESTION) -> list[dict[str, Any]]:
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(picture.read_bytes()).decode()
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+
+
+def test_the_apis_image_parts_are_data_urls_one_a_turn_and_refused_for_a_text_only_run(
+    store: Any, tmp_path: Path
+) -> None:
+    from app.openai_api import ApiError, chat_turns, keep_images, parse
+
+    picture = draw(tmp_path / "red.png", COLOURS["red"])
+    system, turns = chat_turns([{"role": "user", "content": image_parts(picture)}])
+    assert turns[0]["content"] == QUESTION and turns[0]["image_bytes"] == picture.read_bytes()
+    web = [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
+    for content, words in (
+        (web, "web URLs are not fetched"),
+        (image_parts(picture) + image_parts(picture), "one `image_url` part per user message"),
+    ):
+        with pytest.raises(ApiError) as caught:
+            chat_turns([{"role": "user", "content": content}])
+        assert words in caught.value.message and caught.value.param == "messages"
+    run_id = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format"}))
+    assert store.claim_next_on_device(f"{socket.gethostname()}:1", "cpu") is not None
+    store.mark_succeeded(run_id, {})
+    body = {"model": str(run_id), "messages": [{"role": "user", "content": image_parts(picture)}]}
+    with pytest.raises(ApiError) as caught:
+        keep_images(store, parse(store, body, True))
+    assert "a text-only model: it cannot read images. Fix: send the message without the image" in caught.value.message
+    assert caught.value.status == 400 and not (store.run_dir(run_id) / "chat").exists()
 
 
 def test_schema_10_database_gains_the_turns_image_column(data_home: Path) -> None:

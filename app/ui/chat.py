@@ -20,7 +20,7 @@ run's weights the tab says so, naming the host and the fix, and writes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import gradio as gr
 
@@ -153,7 +153,7 @@ def reach_problem(store: Store, run_id: int) -> str | None:
     )
 
 
-def image_refused(store: Store, run_id: int, image: str) -> Problem | None:
+def image_refused(store: Store, run_id: int, image: str | IO[bytes]) -> Problem | None:
     """Why `image` cannot go with a turn to run `run_id`: not a readable image, or a run known to be text-only
     (its base model's config, when it is on this machine; else the worker decides and refuses the same way)."""
     from jobs.models.vision import vision_model

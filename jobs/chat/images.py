@@ -17,7 +17,7 @@ import hashlib
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from jobs.errors import Problem
 
@@ -25,28 +25,39 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024  # an attached image file larger than this is
 CHAT_IMAGES = "chat"  # the folder of a run's chat images, inside the run's folder
 
 
-def image_problem(source: str | Path) -> Problem | None:
-    """Why the file at `source` cannot be attached to a turn (missing, too large, not an image), or None."""
-    path = Path(source)
-    fix = "attach a PNG, JPEG or WebP picture"
-    if not path.is_file():
-        return Problem("image", f"{path.name} is not a file here (the upload went away?)", "attach it again")
-    if path.stat().st_size > MAX_IMAGE_BYTES:
-        return Problem("image", f"{path.name} is over {MAX_IMAGE_BYTES // 2**20} MiB", f"{fix} of a smaller size")
+def image_problem(source: str | Path | IO[bytes]) -> Problem | None:
+    """Why the image at `source` (a file, or bytes sent with a request) cannot go with a turn (missing, too
+    large, not an image), or None."""
     from PIL import Image, UnidentifiedImageError
 
+    fix = "attach a PNG, JPEG or WebP picture"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        name, size = path.name, path.stat().st_size if path.is_file() else None
+        if size is None:
+            return Problem("image", f"{name} is not a file here (the upload went away?)", "attach it again")
+    else:
+        name, size = "the image", source.seek(0, 2)
+        source.seek(0)
+    if size > MAX_IMAGE_BYTES:
+        return Problem("image", f"{name} is over {MAX_IMAGE_BYTES // 2**20} MiB", f"{fix} of a smaller size")
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             image.verify()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        return Problem("image", f"{path.name} is not a readable image ({type(exc).__name__})", fix)
+        return Problem("image", f"{name} is not a readable image ({type(exc).__name__})", fix)
+    finally:
+        if not isinstance(source, (str, Path)):
+            source.seek(0)
     return None
 
 
-def keep_image(folder: Path, source: str | Path) -> str:
-    """Copy the image at `source` into `folder`/chat as a PNG named by its content; its path (str)."""
+def keep_image(folder: Path, source: str | Path | IO[bytes]) -> str:
+    """Copy the image at `source` (a file, or bytes) into `folder`/chat as a PNG named by its content; its path."""
     from PIL import Image
 
+    if not isinstance(source, (str, Path)):
+        source.seek(0)
     with Image.open(source) as image:
         buffer = io.BytesIO()
         image.convert("RGB").save(buffer, format="PNG")
