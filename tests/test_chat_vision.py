@@ -244,3 +244,38 @@ def test_schema_10_database_gains_the_turns_image_column(data_home: Path) -> Non
         assert users == [("plain", None), ("with a picture", "/data/runs/x/chat/ab.png")]
     finally:
         store.dispose()
+
+
+@pytest.mark.browser
+@pytest.mark.integration
+def test_the_chat_tab_in_chromium_sends_an_image_with_a_turn(vlm_served) -> None:
+    """As a user: pick the run, attach a picture beside the message, send; both columns answer the image turn."""
+    from browser_helpers import CHROMIUM, chromium, served
+    from chat_browser_helpers import open_chat, say, worker_up
+    from engines import engine_missing, import_or_missing
+
+    from app.ui.chat import BLANK
+
+    if not Path(CHROMIUM).exists():
+        engine_missing(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    import_or_missing("playwright.sync_api")
+    store, run_id, _, folder = vlm_served
+    picture = draw(folder / "upload" / "green.png", COLOURS["green"])
+    store.update_chat(store.create_chat(run_id), "", SAMPLING)  # a fresh session: the tab continues the latest
+    with served(folder / "home") as url, chromium() as browser:
+        worker_up()
+        page = browser.new_page()
+        open_chat(page, url, f"{run_id} · colours (lora, sft)")
+        page.locator("#chat-image input[type=file]").set_input_files(str(picture))
+        wait_for(lambda: page.locator("#chat-image img").count() > 0, what="the picture's preview")
+        base, tuned = say(page, QUESTION, answers=1)
+        shown = page.locator("#chat-tuned [data-testid='user']").first.inner_text().strip()
+        assert shown == f"[image] {QUESTION}", shown
+        assert page.locator("#chat-image img").count() == 0  # the image went with the turn: the box is empty
+    sid = store.latest_chat(run_id).id
+    (user,) = [m for m in store.chat_history(sid) if m.role == "user"]
+    assert user.image and Path(user.image).parent == store.run_dir(run_id) / "chat"
+    replies = _finished(store, sid, 0)
+    assert {s: r.status for s, r in replies.items()} == {"base": ReplyStatus.DONE, "run": ReplyStatus.DONE}
+    shown_answers = ([replies["base"].content.strip() or BLANK], [replies["run"].content.strip() or BLANK])
+    assert (base, tuned) == shown_answers  # what the worker wrote, as the columns show it
