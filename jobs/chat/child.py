@@ -6,6 +6,7 @@ one JSON request per line on stdin and writes JSON events, one per line, on stdo
     {"op": "load", "result": {...RunResult...}}      -> {"event": "loaded", "run_id": 3, "device": "cpu"}
     {"op": "generate", "which": "run", "prompt": "Hi", "system": "", "sampling": {...}}
         ("prompt" is one prompt, or the conversation so far: [{"role": "user", "content": "Hi"}, ...])
+        (a user turn's content may be parts, an image file's and the text: `jobs.chat.images.user_turn`)
         -> {"event": "piece", "text": "He"} ... {"event": "done", "answer": "Hello"}
     any failure                                      -> {"event": "error", "problems": [[field, problem, fix], ...]}
 
