@@ -51,6 +51,7 @@ from jobs.export.merged import (
     finished_spec,
     token_agreement,
 )
+from jobs.export.vision import gguf_problems
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import safe_name, sha256_of
@@ -209,6 +210,8 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     if problem := llama_cpp_problem(gguf_type):
         raise _refuse(problem, LLAMA_CPP_FIX, "gguf")
     spec = finished_spec(store, run_id)
+    if vision := gguf_problems(store, run_id, [gguf_type]):  # a vision-language model: llama.cpp's --mmproj
+        raise ExportError(vision)
     try:
         if spec.method is not Method.FULL:  # known before merging: the base's config, the run's tokenizer
             from transformers import AutoConfig

@@ -13,8 +13,9 @@ no fixed timeout; progress goes to the log):
    as prompt, prefix and P-tuning, cannot merge and are refused with the reason);
 4. answers the same prompts with the merged model: the greedy answers must be equal (QLoRA and
    8-bit runs: at least `QUANTIZED_TOKEN_AGREEMENT` of the answer tokens agree), and the largest
-   logit difference on the prompts is recorded;
-5. saves safetensors, tokenizer, generation config and a model card to
+   logit difference on the prompts is recorded; a vision-language run is also asked about one drawn
+   image (`jobs.export.vision`);
+5. saves safetensors, tokenizer (a vision-language run: its processor), generation config and a model card to
    `runs/<id>/export/merged-<dtype>/`, zips it to `runs/<id>/<name>-merged-<dtype>.zip` (the one
    file of it the dashboard serves), records both with their sha256.
 """
@@ -121,6 +122,7 @@ def compare(
     merged: tuple[list[list[int]], list[Any]],
     tokenizer: Any,
     quantized: bool,
+    prompts: list[str] | None = None,
 ) -> MergeCheck:
     """The check's verdict: equal answers, or (quantized bases) enough agreeing tokens."""
     (ids_a, logits_a), (ids_b, logits_b) = unmerged, merged
@@ -134,7 +136,7 @@ def compare(
     else:
         rule = "greedy answers equal"
         passed = texts_a == texts_b
-    return MergeCheck(list(CHECK_PROMPTS), texts_a, texts_b, agreement, diff, passed, rule)
+    return MergeCheck(prompts or list(CHECK_PROMPTS), texts_a, texts_b, agreement, diff, passed, rule)
 
 
 def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> MergedExport:
@@ -143,8 +145,10 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
     from peft import PeftModel
     from transformers import AutoTokenizer
 
+    from jobs.export.vision import IMAGE_QUESTION, image_greedy
     from jobs.models.loading import load_model_and_tokenizer
     from jobs.models.references import resolve_model
+    from jobs.models.vision import is_vision_config
 
     if dtype not in DTYPES:
         raise _refuse(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "use --dtype bf16, fp16 or fp32", "dtype")
@@ -163,7 +167,12 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
         torch_dtype=torch_dtype,
         trust_remote_code=spec.trust_remote_code,
     )
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter))  # the chat template the run trained with
+    processor = None
+    if is_vision_config(base.config):  # the processor the run trained with: tokenizer, image processor, template
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(str(adapter))
+    tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(str(adapter))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     log.info("export run %s: loading the adapter from %s", run_id, adapter)
@@ -177,6 +186,10 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
         )
     log.info("export run %s: answering %d check prompts with the adapter", run_id, len(CHECK_PROMPTS))
     unmerged = greedy(model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
+    prompts = list(CHECK_PROMPTS)
+    if processor is not None:
+        prompts.append(f"[image] {IMAGE_QUESTION}")
+        _add(unmerged, image_greedy(model, processor, CHECK_NEW_TOKENS))
     log.info("export run %s: merging", run_id)
     try:
         merged_model = model.merge_and_unload()
@@ -186,7 +199,9 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
             "use the adapter bundle with peft (PeftModel.from_pretrained)",
         ) from exc
     merged = greedy(merged_model, tokenizer, CHECK_PROMPTS, CHECK_NEW_TOKENS, with_logits=True)
-    check = compare(unmerged, merged, tokenizer, spec.method in QUANTIZED_METHODS)
+    if processor is not None:
+        _add(merged, image_greedy(merged_model, processor, CHECK_NEW_TOKENS))
+    check = compare(unmerged, merged, tokenizer, spec.method in QUANTIZED_METHODS, prompts)
     log.info(
         "export run %s: check %s (%s; token agreement %.3f, max logit diff %.3g)",
         run_id,
@@ -201,7 +216,13 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
             f"agreement {check.token_agreement:.0%})",
             "export with --dtype fp32 (less rounding in the merge), or use the adapter bundle",
         )
-    return _save(store, run_id, spec, dtype, merged_model, tokenizer, check, notes)
+    return _save(store, run_id, spec, dtype, merged_model, processor or tokenizer, check, notes)
+
+
+def _add(answers: tuple[list[list[int]], list[Any]], answer: tuple[list[int], Any]) -> None:
+    """Append one more prompt's answer ids and logits to `greedy`'s (ids, logits)."""
+    answers[0].append(answer[0])
+    answers[1].append(answer[1])
 
 
 def _save(
@@ -216,6 +237,7 @@ def _save(
 ) -> MergedExport:
     """Write the checked merged model with its card under the run's `export/`, zip it and record both."""
     from jobs.models.registry import base_reference
+    from jobs.models.vision import is_vision_config
 
     root = store.run_dir(run_id) / "export"
     folder = root / f"merged-{dtype}"
@@ -224,9 +246,10 @@ def _save(
     folder.mkdir(parents=True)
     merged_model.config.name_or_path = base_reference(spec.model)
     merged_model.save_pretrained(str(folder), safe_serialization=True)
-    tokenizer.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))  # a vision-language run's processor: its tokenizer too
     (folder / "export-check.json").write_text(json.dumps(asdict(check), indent=2))
-    (folder / "README.md").write_text(merged_card(spec, run_id, dtype, check, notes))
+    vision = is_vision_config(merged_model.config)
+    (folder / "README.md").write_text(merged_card(spec, run_id, dtype, check, notes, vision))
     archive = zip_bundle(folder, store.run_dir(run_id) / f"{safe_name(spec.display_name)}-merged-{dtype}.zip")
     digest = sha256_of(archive)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
@@ -237,23 +260,31 @@ def _save(
     return MergedExport(folder, archive, digest, dtype, check, notes)
 
 
-def merged_card(spec: JobSpec, run_id: int, dtype: str, check: MergeCheck, notes: list[str]) -> str:
-    """README.md of a merged export: what it is, how it was checked, how to load it."""
+def merged_card(
+    spec: JobSpec, run_id: int, dtype: str, check: MergeCheck, notes: list[str], vision: bool = False
+) -> str:
+    """README.md of a merged export: what it is, how it was checked, how to load it (a vision-language model:
+    with its processor, answering about an image)."""
     from jobs.models.registry import base_reference
     from jobs.train.artifacts import provenance_note
+    from jobs.train.vision_card import vision_load_snippet
 
     rows = "\n".join(
         f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
         for p, a, b in zip(check.prompts, check.unmerged, check.merged)
     )
     note_text = "".join(f"\n{n}\n" for n in notes)
+    load = (
+        vision_load_snippet(spec, whole=True)
+        if vision
+        else "Run this from the folder this file is in:\n\n```python\nfrom transformers import "
+        'AutoModelForCausalLM, AutoTokenizer\n\nmodel = AutoModelForCausalLM.from_pretrained(".")\n'
+        'tokenizer = AutoTokenizer.from_pretrained(".")\n```\n'
+    )
     return (
         f"# {spec.display_name} (merged, {dtype})\n\nRun {run_id}'s {spec.method.value} adapter merged into "
         f"`{base_reference(spec.model)}` by tunedeck. A plain transformers model: no peft needed.\n{note_text}\n"
         f"## Check: merged vs adapter, greedy decoding\nRule: {check.rule}. Token agreement "
         f"{check.token_agreement:.1%}; largest logit difference {check.max_logit_diff:.3g}.\n\n"
-        f"| prompt | adapter | merged |\n|---|---|---|\n{rows}\n\n## How to load\nRun this from the folder "
-        "this file is in:\n\n```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-        'model = AutoModelForCausalLM.from_pretrained(".")\ntokenizer = AutoTokenizer.from_pretrained(".")\n'
-        "```\n" + provenance_note(spec)
+        f"| prompt | adapter | merged |\n|---|---|---|\n{rows}\n\n## How to load\n" + load + provenance_note(spec)
     )

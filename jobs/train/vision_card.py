@@ -22,12 +22,13 @@ _ASK = (
 )
 
 
-def vision_load_snippet(spec: JobSpec) -> str:
-    """A Python snippet, run from the unzipped bundle folder, that loads the result and answers about an image."""
+def vision_load_snippet(spec: JobSpec, whole: bool = False) -> str:
+    """A Python snippet, run from the unzipped bundle folder, that loads the result and answers about an image
+    (`whole`: the folder holds a whole model whatever the method, e.g. a merged export)."""
     from jobs.models.registry import base_reference
 
     imports = "from PIL import Image\nfrom transformers import AutoModelForImageTextToText, AutoProcessor\n"
-    if spec.method is Method.FULL:
+    if whole or spec.method is Method.FULL:
         load = 'model = AutoModelForImageTextToText.from_pretrained(".")\n'
         where = "from the folder this file is in"
     else:

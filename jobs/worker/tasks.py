@@ -20,6 +20,7 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.export.llamacpp import EXPORT_TYPES, LLAMA_CPP_FIX, llama_cpp_problem
 from jobs.export.merged import DTYPES, ExportError
+from jobs.export.vision import gguf_problems
 from jobs.spec.evaluation import EVALUATE_TASK
 from jobs.worker.services import SHARED_DATA_ENV, run_host, shared_data
 from storage.store import RunRecord, Store, TaskRecord
@@ -82,6 +83,7 @@ def request_export(store: Store, run_id: int, merged: bool, dtype: str, gguf: Se
     if unknown:
         problems.append(Problem("gguf", f"{', '.join(unknown)} not one of {', '.join(GGUF_TYPES)}", "pick one of them"))
     problems += [Problem("gguf", problem, LLAMA_CPP_FIX) for t in gguf if (problem := llama_cpp_problem(t))]
+    problems += gguf_problems(store, run_id, gguf)  # a vision-language run: refused with llama.cpp's way out
     if not merged and not gguf:
         problems.append(Problem("merged", "nothing chosen", "tick 'Merged model' and/or a GGUF type"))
     if problems:

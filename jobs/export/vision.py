@@ -1,0 +1,103 @@
+"""Exports of a vision-language run: the merged model's image check, and why GGUF is refused.
+
+    vision_run(store, run_id)                    # True when the run's model takes images
+    gguf_problems(store, run_id, ["f16"])        # [Problem("gguf", ...)] for a vision-language run, else []
+    ids, logits = image_greedy(model, processor, CHECK_NEW_TOKENS)   # the answer to the check image
+
+The merged export of a vision-language run is checked like a text one (the built-in prompts) and
+also on one image prompt: a drawn picture (`check_image`) and `IMAGE_QUESTION`, answered greedily by
+the adapter and by the merged model. The merged folder keeps the run's processor, so it reloads with
+`AutoProcessor` and `AutoModelForImageTextToText`.
+
+tunedeck's GGUF writer writes text-only language models; llama.cpp reads a vision-language model as
+two files (the language model, and the vision tower with its projector as an `mmproj` file), which
+its own converter writes. A GGUF request for such a run is refused before anything is queued, with
+that way out (`GGUF_WAY_OUT`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import Problem
+from storage.roles import ArtifactReader
+
+IMAGE_QUESTION = "Describe the image."
+CHECK_IMAGE_SIZE = 64
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+GGUF_WAY_OUT = (
+    "export the merged model (safetensors) and convert it with llama.cpp's convert_hf_to_gguf.py twice: "
+    "once for the language model (`python convert_hf_to_gguf.py merged-fp32 --outfile model.gguf`) and "
+    "once with --mmproj for the vision projector (`python convert_hf_to_gguf.py merged-fp32 --mmproj "
+    "--outfile mmproj.gguf`); llama.cpp's llama-mtmd-cli and llama-server take both (-m and --mmproj)"
+)
+
+
+def vision_run(store: ArtifactReader, run_id: int) -> bool:
+    """Whether run `run_id` trained a vision-language model: its base's config says so, or its saved result
+    holds a processor (the base's files need not be on this machine)."""
+    from jobs.models.vision import vision_model
+    from jobs.spec.job import JobSpec, SpecError
+
+    run = store.get_run(run_id)
+    if run is None:
+        return False
+    try:
+        spec = JobSpec.from_json(run.spec_json)
+    except SpecError:
+        return False
+    if vision_model(spec.model):
+        return True
+    results = (Path(a.path) for a in store.artifacts(run_id) if a.kind in ("adapter", "model"))
+    return any((folder / name).is_file() for folder in results for name in PROCESSOR_FILES)
+
+
+def gguf_problems(store: ArtifactReader, run_id: int, gguf: Sequence[str]) -> list[Problem]:
+    """The refusal of GGUF types asked for a vision-language run (none asked, or a text run: no problem)."""
+    if not gguf or not vision_run(store, run_id):
+        return []
+    return [
+        Problem(
+            "gguf",
+            f"run {run_id} is a vision-language model: tunedeck's GGUF export writes text-only language models, "
+            "and llama.cpp needs the vision tower and projector as a separate mmproj file",
+            GGUF_WAY_OUT,
+        )
+    ]
+
+
+def check_image() -> Any:
+    """The image of the merged export's check: a drawn, fixed picture (colour blocks), the same every time."""
+    from PIL import Image, ImageDraw
+
+    size = CHECK_IMAGE_SIZE
+    image = Image.new("RGB", (size, size), (200, 40, 40))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((size // 2, 0, size - 1, size // 2), fill=(40, 40, 200))
+    draw.ellipse((size // 8, size // 2, size // 2, size - size // 8), fill=(240, 240, 240))
+    return image
+
+
+def image_inputs(processor: Any, image: Any, question: str = IMAGE_QUESTION) -> dict[str, Any]:
+    """The model inputs of one image and a question, through the processor's chat template."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    return dict(processor(images=[image], text=text, return_tensors="pt"))
+
+
+def image_greedy(model: Any, processor: Any, max_new_tokens: int) -> tuple[list[int], Any]:
+    """The greedy answer ids to the check image and question, and the logits of the prompt's positions."""
+    import torch
+
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    inputs = image_inputs(processor, check_image())
+    inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
+    tokenizer = processor.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.no_grad():
+        logits = model(**inputs).logits.float().cpu()
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    return out[0, inputs["input_ids"].shape[1] :].tolist(), logits
