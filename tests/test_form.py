@@ -217,6 +217,7 @@ def test_form_events_stay_off_the_api_page(store):
         "/import_files",
         "/save_upload",
         "/preview_with_lengths",
+        "/preview_for_form",
     }
     assert not internal & set(named), sorted(named)
 

@@ -113,3 +113,30 @@ def test_merged_export_of_a_vision_run_reloads_and_answers_about_an_image(vlm_ru
     assert "AutoProcessor" in snippet and "AutoModelForImageTextToText" in snippet and "peft" not in snippet
     ran = subprocess.run([sys.executable, "-c", snippet], cwd=folder, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------- the form: thumbnails, image support
+def test_the_forms_preview_shows_thumbnails_and_whether_the_model_takes_images(
+    data_home: Path, tmp_path: Path, tiny_vlm: Path, tiny_model: Path
+) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    from app.ui.data import preview_for_form, preview_with_lengths
+    from app.ui.thumbnails import THUMBNAIL_PX
+
+    data = str(write_rows(tmp_path / "train.jsonl", parts_rows(tmp_path, 3)))
+    text, rows = preview_with_lengths(data, "sft", str(tiny_vlm), 1024)
+    assert f"model `{tiny_vlm}`: a vision-language model, takes images" in text, text
+    cell = rows.iloc[1]["images"]
+    assert cell.startswith('<img src="data:image/png;base64,') and str(tmp_path / "pics" / "1.png") in cell
+    picture = Image.open(io.BytesIO(base64.b64decode(cell.split(",", 1)[1].split('"', 1)[0])))
+    assert picture.size == (THUMBNAIL_PX, THUMBNAIL_PX) and picture.getpixel((40, 40)) == (30, 30, 220)  # blue
+    _, table = preview_for_form(data, "sft", str(tiny_vlm), 1024, None)
+    assert dict(zip(rows.columns, table.datatype)) == {"messages": "str", "images": "html"}
+    text, _ = preview_with_lengths(data, "sft", str(tiny_model), 1024)
+    assert f"model `{tiny_model}`: text-only, does not take images" in text, text
+    text, rows = preview_with_lengths(str(tmp_path / "none.jsonl"), "sft", str(tiny_vlm), 1024)
+    assert "takes images" not in text and rows.empty  # no data: only the data's problem

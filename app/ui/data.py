@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 import pandas as pd
 
+from app.ui.thumbnails import model_images_line, preview_table, with_thumbnails
 from jobs.checks.access import AccessPolicy
 from jobs.spec.enums import Trainer
 from storage.settings import uploads_dir
@@ -155,7 +156,7 @@ def preview_dataset(
         )
     if info.column_map:
         text += "\n- dataset_columns: " + ", ".join(f"`{c}` read as `{t}`" for t, c in info.column_map.items())
-    rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
+    rows = [{k: _cell(v) for k, v in r.items()} for r in with_thumbnails(info.preview)]
     return text, pd.DataFrame(rows)
 
 
@@ -167,11 +168,25 @@ def preview_with_lengths(
     columns: str | None = None,
     policy: AccessPolicy | None = None,
 ) -> tuple[str, pd.DataFrame]:
-    """The preview plus how many rows max_length would truncate (when the tokenizer is on disk)."""
+    """The preview plus how many rows max_length would truncate (when the tokenizer is on disk) and whether the
+    model takes images (when its config is on disk)."""
     text, rows = preview_dataset(ref, trainer, columns, policy)
     if text.startswith("Detected format"):
-        text += length_warning_text(ref, trainer, model, max_length, columns)
+        text += length_warning_text(ref, trainer, model, max_length, columns) + model_images_line(model)
     return text, rows
+
+
+def preview_for_form(
+    ref: str | None,
+    trainer: str | None,
+    model: str | None,
+    max_length: float | None,
+    columns: str | None = None,
+    policy: AccessPolicy | None = None,
+) -> tuple[str, Any]:
+    """`preview_with_lengths` for the launch form: its table's image column shows the thumbnails."""
+    text, rows = preview_with_lengths(ref, trainer, model, max_length, columns, policy)
+    return text, preview_table(rows)
 
 
 def length_warning_text(
@@ -208,4 +223,6 @@ def _describe(info: DatasetInfo, max_rows: int | None) -> str:
 
 def _cell(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    if text.startswith("<img "):  # thumbnails (`app.ui.thumbnails`): whole, or the picture breaks
+        return text
     return text if len(text) <= 300 else text[:300] + "…"

@@ -371,6 +371,6 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
             )
     data_in = [form.fields[name] for name in ("dataset", "trainer", "model", "max_length", "dataset_columns")]
     data_out = [form.data_info, form.data_preview]
-    for name in ("dataset", "trainer", "max_length", "dataset_columns"):
-        form.fields[name].change(partial(ui_data.preview_with_lengths, policy=policy), data_in, data_out, **raw)
+    for name in ("dataset", "trainer", "model", "max_length", "dataset_columns"):
+        form.fields[name].change(partial(ui_data.preview_for_form, policy=policy), data_in, data_out, **raw)
     form.upload.upload(ui_data.save_upload, form.upload, form.fields["dataset"], **private)

@@ -305,7 +305,9 @@ class RowCheck:
         fmt, issues = self.fmt, self.issues
         self._n_rows += 1
         if len(self._preview) < self.preview_rows:
-            self._preview.append(only_columns(row, fmt, tools="tools" in row))
+            shown = only_columns(row, fmt, tools="tools" in row)
+            converted = row.get("image_sizes") and row.get("images")  # an image row: its images for the thumbnails
+            self._preview.append({**shown, "images": row["images"]} if converted else shown)
         self._placeholders.add(number, {c: row.get(c) for c in COLUMNS[fmt]})  # only what trains
         found, style = row_problems(row, fmt)
         for message, fix in found:
