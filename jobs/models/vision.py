@@ -180,13 +180,17 @@ def _qwen_tokens(image: dict[str, Any], width: int, height: int) -> int:
 
 def image_tokens(settings: dict[str, Any], width: int, height: int) -> int | None:
     """The tokens one width x height image becomes in the language model's sequence, from the processor's
-    saved settings (Qwen2-VL's resized patches; LLaVA's fixed crop in patches); None for a processor not
-    modelled here."""
+    saved settings (Qwen2-VL's resized patches; LLaVA's fixed crop in patches; Gemma 3's fixed count); None
+    for a processor not modelled here."""
     image = settings.get("image_processor", settings)
     if not isinstance(image, dict):
         return None
     if "merge_size" in image and "patch_size" in image:
         return _qwen_tokens(image, width, height)
+    if settings.get("processor_class") == "Gemma3Processor" and isinstance(settings.get("image_seq_length"), int):
+        # Gemma 3: its image tokens wrapped in begin/end-of-image and a blank line each side (one token each
+        # in Gemma's tokenizer); pan-and-scan crops, when turned on, are not counted
+        return int(settings["image_seq_length"]) + 4
     patch = settings.get("patch_size")
     crop = image.get("crop_size") if isinstance(image.get("crop_size"), dict) else image.get("size")
     if isinstance(patch, int) and isinstance(crop, dict) and "height" in crop and "width" in crop:
