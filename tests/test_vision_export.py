@@ -138,5 +138,10 @@ def test_the_forms_preview_shows_thumbnails_and_whether_the_model_takes_images(
     assert dict(zip(rows.columns, table.datatype)) == {"messages": "str", "images": "html"}
     text, _ = preview_with_lengths(data, "sft", str(tiny_model), 1024)
     assert f"model `{tiny_model}`: text-only, does not take images" in text, text
+    other = tmp_path / "more"
+    other.mkdir()
+    mixed = f"{data}, {write_rows(other / 'more.jsonl', parts_rows(other, 2))}"  # a mixture: thumbnails too
+    _, rows = preview_with_lengths(mixed, "sft", str(tiny_vlm), 1024)
+    assert all(cell.startswith('<img src="data:image/png;base64,') for cell in rows["images"]), rows["images"]
     text, rows = preview_with_lengths(str(tmp_path / "none.jsonl"), "sft", str(tiny_vlm), 1024)
     assert "takes images" not in text and rows.empty  # no data: only the data's problem

@@ -145,7 +145,7 @@ def preview_dataset(
         text = f"Detected format: **{info.format.value}** · {len(pairs)} data sets mixed and shuffled with the seed · "
         text += f"{info.n_rows} rows in all" + "".join(f"\n- {_describe(part, s.max_rows)}" for s, part in pairs)
         text += "".join(f"\n- {w}" for w in info.warnings)
-        rows = [{k: _cell(v) for k, v in r.items()} for r in info.preview]
+        rows = [{k: _cell(v) for k, v in r.items()} for r in with_thumbnails(info.preview)]
         return text, pd.DataFrame(rows)
     warn = "".join(f"\n- {w}" for w in info.warnings)
     text = f"Detected format: **{info.format.value}** · {info.n_rows} rows · columns {', '.join(info.columns)}{warn}"
