@@ -279,3 +279,27 @@ def test_smollm2_run_exports_q8_0(
     assert result.check.passed and not result.check.tokenizer_mismatches, result.check
     assert result.path.stat().st_size > 100 * 2**20
     store.dispose()
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_smollm2_run_exports_q4_k_m_that_llama_cpp_reads_like_transformers(
+    smollm2_run: tuple[Path, int], smollm2_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run as Q4_K_M, made by llama.cpp's quantizer: llama.cpp's next tokens on the check prompts agree
+    with the merged model's answers as often as transformers' reading of the same file does (within 5 points)."""
+    pytest.importorskip("llama_cpp", reason="K-quants need llama-cpp-python (./dev.sh gguf)")
+    from storage.store import Store
+
+    folder, run_id = smollm2_run
+    monkeypatch.setenv("TUNEDECK_HOME", str(folder))
+    monkeypatch.setenv("TUNEDECK_MODELS_DIR", str(smollm2_cache))
+    monkeypatch.delenv("TUNEDECK_DATABASE_URL", raising=False)
+    store = Store()
+    result = export_gguf(store, run_id, "q4_k_m")
+    check = result.check
+    assert check.passed and check.llama_cpp is not None and not check.llama_cpp["tokenizer_mismatches"], check
+    assert check.tensor_types.get("Q4_K", 0) > 0  # SmolLM2's 1536-wide down projections take the 4-bit type
+    assert abs(check.llama_cpp["forced_agreement"] - check.forced_agreement) <= 0.05, check
+    print(f"q4_k_m: transformers {check.forced_agreement:.3f}, llama.cpp {check.llama_cpp['forced_agreement']:.3f}")
+    store.dispose()
