@@ -80,9 +80,10 @@ def resolve_model(store: Store, name: str) -> tuple[int, str]:
         if wanted in (str(run.id), run.name):
             return run.id, "run"
     trained_from = [run for run in runs if spec_of(run).model == wanted]
-    if trained_from:  # the base answers through any of them: prefer one whose weights a live worker can reach
-        reachable = (run for run in trained_from if reach_problem(store, run.id) is None)
-        return next(reachable, trained_from[0]).id, "base"
+    if trained_from:  # the base answers through any of them: the earliest whose weights a live worker can reach
+        # (the same run each time, so a worker keeps it loaded; a newer run can be elsewhere or still unproven)
+        reachable = [run for run in trained_from if reach_problem(store, run.id) is None]
+        return min(reachable or trained_from, key=lambda run: run.id).id, "base"
     raise ApiError(
         404,
         f"The model `{name}` does not exist: name a finished run's id or name, or a base model one was trained "

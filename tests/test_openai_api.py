@@ -69,12 +69,13 @@ def test_a_login_asks_for_a_users_password_or_a_session_token() -> None:
 
 
 def test_a_base_model_answers_through_a_run_a_live_worker_can_reach(store: Any, tiny_model: Any) -> None:
-    """Any finished run of a base can answer for it: not one whose weights sit on a host with no worker."""
+    """Any finished run of a base can answer for it: the earliest a live worker can reach, not one whose weights
+    sit on a host with no worker, and the same one each time."""
     runs = {}
-    for host in ("near-host", "far-host"):  # the far one is newer, so listed first
-        runs[host] = store.create_run(tiny_spec(tiny_model, run_name=host))
-        assert store.claim_next_on_device(f"{host}:3", "0", host=host).id == runs[host]
-        store.mark_succeeded(runs[host], {})
+    for name, host in (("far-host", "far-host"), ("near-host", "near-host"), ("later", "near-host")):
+        runs[name] = store.create_run(tiny_spec(tiny_model, run_name=name))
+        assert store.claim_next_on_device(f"{host}:3", "0", host=host).id == runs[name]
+        store.mark_succeeded(runs[name], {})
     store.chat_service_beat("near-host:9", "near-host", shared_data=False)
     assert resolve_model(store, str(tiny_model)) == (runs["near-host"], "base")
     assert resolve_model(store, "far-host") == (runs["far-host"], "run")  # a run named is that run, reachable or not

@@ -430,7 +430,7 @@ def test_a_version_9_database_gains_the_engine_columns(data_home: Path) -> None:
             con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
         con.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
     store = Store(f"sqlite:///{path}")
-    assert store.schema_version == m.SCHEMA_VERSION == 10
+    assert store.schema_version == m.SCHEMA_VERSION >= 10  # migrated to today's version, past the engine's 10
     assert store.get_run(old).engine is None
     claimed = store.claim_for_engine("d", "slurm")
     assert claimed is not None and (claimed.id, claimed.engine, claimed.engine_state) == (old, "slurm", "submitting")
