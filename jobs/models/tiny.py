@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 SEED = 1234
 BUILDER_VERSION = "tiny-1"  # bump when the built folder changes: older builds are then rebuilt
@@ -172,13 +173,12 @@ def train_tokenizer(vocab_size: int = VOCAB_SIZE):  # -> PreTrainedTokenizerFast
     return fast
 
 
-def _write_tiny_model(out: Path) -> None:
-    """Write the tiny model and tokenizer into `out`."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(tokenizer: Any) -> Any:
+    """The tiny Llama's shape (64 wide, 2 layers) over `tokenizer`'s vocabulary and special tokens; the
+    vision-language test models use it as their language model."""
+    from transformers import LlamaConfig
 
-    tokenizer = train_tokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -191,6 +191,15 @@ def _write_tiny_model(out: Path) -> None:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def _write_tiny_model(out: Path) -> None:
+    """Write the tiny model and tokenizer into `out`."""
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    tokenizer = train_tokenizer()
+    config = tiny_llama_config(tokenizer)
     # fork_rng keeps the caller's global RNG untouched while the seed makes weights reproducible.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)

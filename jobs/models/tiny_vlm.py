@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jobs.models.tiny import SEED, build_folder_atomically, train_tokenizer
+from jobs.models.tiny import SEED, build_folder_atomically, tiny_llama_config, train_tokenizer
 
 BUILDER_VERSION = "tiny-llava-1"
 IMAGE_TOKEN = "<image>"
@@ -55,7 +55,6 @@ def _write_tiny_vlm(out: Path) -> None:
         CLIPImageProcessor,
         CLIPVisionConfig,
         GenerationConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -78,19 +77,7 @@ def _write_tiny_vlm(out: Path) -> None:
         num_additional_image_tokens=1,
         image_token=IMAGE_TOKEN,
     )
-    text = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    text = tiny_llama_config(tokenizer)
     vision = CLIPVisionConfig(
         hidden_size=32,
         intermediate_size=64,
