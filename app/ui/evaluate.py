@@ -19,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.ui.export import TICK_S, finished_run, progress_text, unfinished, words
+from app.ui.export import TICK_S, cancel_unfinished, finished_run, progress_text, unfinished, words
 from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.errors import ProblemError
 from jobs.spec.job import JobSpec
@@ -144,9 +144,7 @@ def wire(panel: EvaluatePanel, store: Store, run_id: gr.Number, policy: AccessPo
         return update, gr.Timer(active=False), ids  # `ended` changes: the run page redraws its scores
 
     def stopped(ids: list[int]) -> None:
-        for task in store.tasks_of(ids):
-            if not task.status.finished:
-                store.cancel_task(task.id)
+        cancel_unfinished(store, ids)
 
     quiet: dict[str, Any] = {
         "show_progress": "hidden",

@@ -209,6 +209,13 @@ def progress_text(tasks: list[TaskRecord]) -> str:
     return "\n".join(lines[-LOG_LINES:])
 
 
+def cancel_unfinished(store: Store, ids: list[int]) -> None:
+    """Stop: cancel the followed tasks that have not ended (the export and evaluate panels' Stop)."""
+    for task in store.tasks_of(ids):
+        if not task.status.finished:
+            store.cancel_task(task.id)
+
+
 def unfinished(tasks: list[TaskRecord]) -> bool:
     return any(not t.status.finished for t in tasks)
 
@@ -249,9 +256,7 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
         return update, gr.Timer(active=False), files_update(store, tasks[0].run_id if tasks else None)
 
     def stopped(ids: list[int]) -> None:
-        for task in store.tasks_of(ids):
-            if not task.status.finished:
-                store.cancel_task(task.id)
+        cancel_unfinished(store, ids)
 
     # One queue for the panel's events, first come first served: a run's opening still being read would
     # otherwise land after an Export pressed just after it and drop the new tasks it follows (as the Chat tab).
