@@ -25,6 +25,7 @@ from training_helpers import tiny_spec, wait_for
 from jobs.cluster.dispatch import Dispatcher
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
 from jobs.cluster.slurm import SlurmEngine, SlurmSettings, parse_job, phase_of, sbatch_argv, state_of
+from jobs.train.checkpoints import last_complete
 from jobs.worker.engine_job import gpu_environment
 from storage.models import RunStatus
 from storage.store import Store
@@ -533,9 +534,14 @@ def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
 ) -> None:
     """Two runs RUNNING at once, each on its own GPU; a job of the `high` partition that needs both GPUs
     preempts them (Slurm's own preemption); both go back to the queue, are submitted again, resume from
-    the checkpoint each saved on Slurm's SIGTERM, and succeed with every step's metrics and their bundle."""
+    the checkpoint each saved on Slurm's SIGTERM, and succeed with every step's metrics and their bundle.
+
+    The runs are long (a short one may finish before a loaded slurmctld gets round to preempting it), and
+    the high job holds both GPUs until the test has seen both runs queued again and shortened them to end
+    four steps after their checkpoint (a test shortcut: users resume the spec they launched)."""
     started = time.monotonic()
-    ids = [store.create_run(quick_spec(tiny_model, max_steps=16, save_steps=4)) for _ in range(2)]
+    spec = quick_spec(tiny_model, max_steps=100000, save_steps=4)
+    ids = [store.create_run(spec) for _ in range(2)]
     d = dispatch(max_jobs=2)
     all_running(store, ids, "Slurm")
     wait_for(lambda: all(_started_gpu(store, i) for i in ids), timeout=60, what="both jobs' workers started")
@@ -543,7 +549,18 @@ def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
     for i in ids:
         _training(store, i, steps=2)
     first_jobs = {i: store.get_run(i).engine_job_id for i in ids}
-    slurm.run("sbatch", "--partition=high", "--gres=gpu:2", f"--output={slurm.folder}/high.out", "--wrap", "sleep 2")
+    go = slurm.folder / "high.go"
+    hold = f"while [ ! -e {go} ]; do sleep 0.2; done"
+    slurm.run("sbatch", "--partition=high", "--gres=gpu:2", f"--output={slurm.folder}/high.out", "--wrap", hold)
+    requeued = lambda i: any("queued again" in e["message"] for e in store.run_events(i))  # noqa: E731
+    wait_for(lambda: all(requeued(i) for i in ids), timeout=300, interval=0.2, what="both runs preempted")
+    ends = {}
+    for i in ids:
+        saved = last_complete(store.run_dir(i) / "output")
+        assert saved is not None, explain(store, i)
+        ends[i] = saved[0] + 4
+        store._set(i, spec_json=spec.replace(max_steps=ends[i]).to_json())
+    go.touch()
     wait_for(lambda: not d.tracked and not store.queued(), timeout=300, interval=0.2, what="both jobs ended on Slurm")
     print(f"two runs, preempted once, submitted -> succeeded through Slurm in {time.monotonic() - started:.1f} s")
     for i in ids:
@@ -554,8 +571,9 @@ def test_two_runs_on_two_gpus_preempted_requeued_resumed_succeed(
         messages = [e["message"] for e in store.run_events(i)]
         assert any(f"job {first_jobs[i]}: PREEMPTED" in m for m in messages), messages
         assert any(m.startswith("Slurm: PREEMPTED") and "queued again" in m for m in messages), messages
-        assert _resumed_from(store, i) >= 2
-        assert len(store.metrics(i, ["loss"])) == 16  # every step once: the resumed part replaced the rest
+        assert _resumed_from(store, i) == ends[i] - 4 >= 2
+        assert run.current_step == ends[i]
+        assert len(store.metrics(i, ["loss"])) == ends[i]  # every step once: the resumed part replaced the rest
         assert {a.kind for a in store.artifacts(i)} >= {"bundle"}
 
 
