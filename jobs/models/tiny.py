@@ -193,25 +193,34 @@ def tiny_llama_config(tokenizer: Any) -> Any:
     )
 
 
-def _write_tiny_model(out: Path) -> None:
-    """Write the tiny model and tokenizer into `out`."""
+def write_seeded_model(
+    out: Path, model_class: Any, config: Any, tokenizer: Any, builder: str, saver: Any = None
+) -> None:
+    """Build `model_class(config)` with the fixed seed and write it into `out` with `saver` (the tokenizer or
+    a processor: what loads beside the model) and the `tunedeck.json` naming its builder module."""
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import GenerationConfig
 
-    tokenizer = train_tokenizer()
-    config = tiny_llama_config(tokenizer)
     # fork_rng keeps the caller's global RNG untouched while the seed makes weights reproducible.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    (out / "tunedeck.json").write_text(json.dumps({"builder": "jobs.models.tiny", "seed": SEED}) + "\n")
+    (saver or tokenizer).save_pretrained(out)
+    (out / "tunedeck.json").write_text(json.dumps({"builder": builder, "seed": SEED}) + "\n")
+
+
+def _write_tiny_model(out: Path) -> None:
+    """Write the tiny model and tokenizer into `out`."""
+    from transformers import LlamaForCausalLM
+
+    tokenizer = train_tokenizer()
+    write_seeded_model(out, LlamaForCausalLM, tiny_llama_config(tokenizer), tokenizer, "jobs.models.tiny")
 
 
 def build_tiny_model(dest: Path) -> Path:

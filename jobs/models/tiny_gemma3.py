@@ -11,11 +11,10 @@ end-of-image token and a blank line). It loads with `AutoProcessor` and `AutoMod
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from jobs.models.tiny import SEED, build_folder_atomically, train_tokenizer
+from jobs.models.tiny import build_folder_atomically, train_tokenizer, write_seeded_model
 from jobs.models.tiny_vlm import CHAT_TEMPLATE as LLAVA_TEMPLATE
 
 BUILDER_VERSION = "tiny-gemma3-2"
@@ -34,13 +33,11 @@ def _id(tokenizer: Any, token: str) -> int:
 
 def _write_tiny_gemma3(out: Path) -> None:
     """Write the tiny Gemma 3 model and its processor into `out`."""
-    import torch
     from transformers import (
         AutoTokenizer,
         Gemma3Config,
         Gemma3ForConditionalGeneration,
         Gemma3Processor,
-        GenerationConfig,
     )
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -70,14 +67,7 @@ def _write_tiny_gemma3(out: Path) -> None:
         eoi_token_index=_id(tokenizer, EOI),
         image_token_index=_id(tokenizer, IMAGE),
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = Gemma3ForConditionalGeneration(config)
-    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    model.generation_config = GenerationConfig(**special, pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    processor.save_pretrained(out)
-    (out / "tunedeck.json").write_text(json.dumps({"builder": "jobs.models.tiny_gemma3", "seed": SEED}) + "\n")
+    write_seeded_model(out, Gemma3ForConditionalGeneration, config, tokenizer, "jobs.models.tiny_gemma3", processor)
 
 
 def build_tiny_gemma3(dest: Path) -> Path:

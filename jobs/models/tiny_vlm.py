@@ -16,10 +16,9 @@ print(build_tiny_vlm(Path('data/models/tiny-llava')))"
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from jobs.models.tiny import SEED, build_folder_atomically, tiny_llama_config, train_tokenizer
+from jobs.models.tiny import build_folder_atomically, tiny_llama_config, train_tokenizer, write_seeded_model
 
 BUILDER_VERSION = "tiny-llava-1"
 IMAGE_TOKEN = "<image>"
@@ -50,11 +49,9 @@ CHAT_TEMPLATE = (
 
 def _write_tiny_vlm(out: Path) -> None:
     """Write the tiny LLaVA model and its processor into `out`."""
-    import torch
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
-        GenerationConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -95,14 +92,7 @@ def _write_tiny_vlm(out: Path) -> None:
         vision_feature_select_strategy="default",
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = LlavaForConditionalGeneration(config)
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    model.generation_config = GenerationConfig(**ids, pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    processor.save_pretrained(out)
-    (out / "tunedeck.json").write_text(json.dumps({"builder": "jobs.models.tiny_vlm", "seed": SEED}) + "\n")
+    write_seeded_model(out, LlavaForConditionalGeneration, config, tokenizer, "jobs.models.tiny_vlm", processor)
 
 
 def build_tiny_vlm(dest: Path) -> Path:
