@@ -196,15 +196,21 @@ def child_lengths(work: Path, files: dict[str, str]) -> dict[str, Any]:
 
 def pieces(spec: Any) -> dict[str, float]:
     """Loading, rendering, tokenizing and the cache key's hashing, each the tree's own way."""
-    from jobs.data import row_tokens
     from jobs.data.loading import load_data
     from jobs.models.tokenizer import local_tokenizer, tokenizer_folder
 
+    try:
+        from jobs.data.tokens import measurement as row_tokens
+        from jobs.data.tokens import shortcuts as shortcut_module
+    except ImportError:  # a baseline from before jobs.data.tokens: one module held both
+        from jobs.data import row_tokens
+
+        shortcut_module = row_tokens
     out: dict[str, float] = {}
     tok = local_tokenizer(spec.model)
     out["load"], rows = _timed(lambda: load_data(spec).train.to_list())
     seqs = [s for r in rows for s in row_tokens.sequences(r, spec.trainer)]
-    shortcuts = getattr(row_tokens, "Shortcuts", None)  # this tree's shortcuts, when it has them
+    shortcuts = getattr(shortcut_module, "Shortcuts", None)  # this tree's shortcuts, when it has them
     fast = shortcuts.of(tok) if shortcuts is not None else None
     render = fast.render if fast is not None and fast.render is not None else None
     eos = tok.eos_token or ""

@@ -11,10 +11,10 @@ import datasets
 import pytest
 
 from jobs.data.inspection import check_dataset
-from jobs.data.lengths import length_warnings
 from jobs.data.loading import load_datasets
 from jobs.data.row_formats import RowFormat
 from jobs.data.sources import SAMPLES_DIR, DataError, list_samples
+from jobs.data.tokens.measurement import length_warnings
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 

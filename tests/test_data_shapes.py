@@ -17,7 +17,7 @@ from jobs.data.loading import load_data
 from jobs.data.placeholders import placeholders_in
 from jobs.data.row_formats import RowFormat
 from jobs.data.sources import DataError
-from jobs.data.token_lengths import RowLengths
+from jobs.data.tokens.lengths import RowLengths
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec

@@ -25,9 +25,9 @@ from jobs.checks.access import AccessPolicy
 from jobs.config.mapping import resolved_config, training_kwargs
 from jobs.config.trainers import reward_weights
 from jobs.data.inspection import check_dataset
-from jobs.data.lengths import length_warnings
 from jobs.data.loading import load_datasets
 from jobs.data.sources import DataError
+from jobs.data.tokens.measurement import length_warnings
 from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError

@@ -17,8 +17,8 @@ import pytest
 import training_helpers
 
 from jobs.data import digests
-from jobs.data.piece_counts import LLAMA3_SPLIT, PieceCounter
-from jobs.data.row_tokens import Shortcuts, measure, template_renderer
+from jobs.data.tokens.measurement import measure
+from jobs.data.tokens.shortcuts import LLAMA3_SPLIT, PieceCounter, Shortcuts, template_renderer
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
@@ -180,7 +180,7 @@ def test_a_shortcut_that_disagrees_is_dropped_for_the_librarys_way(
     real = PieceCounter.counts
     monkeypatch.setattr(PieceCounter, "counts", lambda self, texts, flag: [n + 1 for n in real(self, texts, flag)])
     assert Shortcuts.of(tiny_tokenizer) is not None
-    with caplog.at_level(logging.WARNING, logger="jobs.data.row_tokens"):
+    with caplog.at_level(logging.WARNING, logger="jobs.data.tokens.measurement"):
         got = measure(data, tiny_tokenizer, Trainer.SFT).lengths.tolist()
     assert got == want and "disagreed with the tokenizer" in caplog.text
 

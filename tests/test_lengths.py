@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import training_helpers
 
-from jobs.data.row_tokens import measure, sequences
-from jobs.data.token_lengths import RowLengths, worst_case_batch
+from jobs.data.tokens.lengths import RowLengths, worst_case_batch
+from jobs.data.tokens.measurement import measure, sequences
 from jobs.devices.facts import DeviceFacts
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec

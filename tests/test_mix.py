@@ -225,7 +225,7 @@ def test_the_preview_shows_each_source(tmp_path: Path) -> None:
 
 
 def test_the_length_cache_key_covers_every_source(tmp_path: Path) -> None:
-    from jobs.data.row_tokens import cache_key
+    from jobs.data.tokens.measurement import cache_key
 
     a = write_jsonl(tmp_path / "a.jsonl", chat(3, "A"))
     b = write_jsonl(tmp_path / "b.jsonl", chat(3, "B"))

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jobs.data.token_lengths import RowLengths
+from jobs.data.tokens.lengths import RowLengths
 from jobs.spec.job import JobSpec
 
 

@@ -15,9 +15,9 @@ import pytest
 
 from jobs.config.mapping import peft_kwargs, resolved_config
 from jobs.data.inspection import check_dataset
-from jobs.data.lengths import length_warnings
 from jobs.data.loading import load_datasets
 from jobs.data.sources import DataError
+from jobs.data.tokens.measurement import length_warnings
 from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError

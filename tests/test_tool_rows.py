@@ -23,7 +23,7 @@ from jobs.data.formats import detect_conversion
 from jobs.data.inspection import DatasetInfo, check_dataset
 from jobs.data.loading import load_data
 from jobs.data.row_formats import RowFormat
-from jobs.data.row_tokens import measure
+from jobs.data.tokens.measurement import measure
 from jobs.data.tool_turns import ToolRows, call_message, chat_message, parse_tools
 from jobs.devices.facts import CPU
 from jobs.devices.probe import cpu_facts

@@ -3,7 +3,7 @@
 trl truncates each sequence's end at `max_length` (keep_start), so a row whose prompt alone fills
 `max_length` keeps no token of its answer (completion, assistant turns, chosen/rejected): dpo drops
 such rows, sft trains on their prompt only. The reward trainer drops every pair with a sequence
-longer than `max_length`. Counted from the training rows' measured lengths (`jobs.data.row_tokens`,
+longer than `max_length`. Counted from the training rows' measured lengths (`jobs.data.tokens.measurement`,
 the same measurement the memory step reads; prompts measured with them), never tokenized again:
 
 - most rows (over `REFUSE_SHARE`) lose their answer: a `max_length` problem naming the rows, their
@@ -27,7 +27,7 @@ from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
-    from jobs.data.token_lengths import RowLengths
+    from jobs.data.tokens.lengths import RowLengths
 
 REFUSE_SHARE = 0.5  # refused when more than this share of the training rows keep no answer
 

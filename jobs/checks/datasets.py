@@ -115,9 +115,9 @@ def length_warnings_for(
 ) -> list[str]:
     """'N of M rows are longer than max_length ...' for the form's preview; [] when none are or it cannot
     tell. Uses the model's tokenizer only when it is already on this machine, so nothing is downloaded."""
-    from jobs.data.lengths import length_warnings
     from jobs.data.loading import load_datasets
     from jobs.data.sources import DataError
+    from jobs.data.tokens.measurement import length_warnings
     from jobs.models.tokenizer import local_tokenizer
 
     tokenizer = local_tokenizer(model)

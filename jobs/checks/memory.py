@@ -27,7 +27,7 @@ from jobs.devices.facts import DeviceFacts
 from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
-    from jobs.data.token_lengths import RowLengths
+    from jobs.data.tokens.lengths import RowLengths
     from jobs.memory.breakdown import Prediction
     from jobs.memory.parts import Arch
     from storage.records import RunRecord
@@ -60,11 +60,11 @@ def model_arch(model: str) -> tuple[Any, str]:
 
 
 def measured_lengths(spec: JobSpec, tokenizer: Callable[[], Any] | None = None) -> RowLengths | None:
-    """The training rows' token lengths (`jobs.data.row_tokens`, cached per data, tokenizer and trainer); None
+    """The training rows' token lengths (`jobs.data.tokens.measurement`, cached per data, tokenizer and trainer); None
     when the model's tokenizer is not on this machine or the data does not load (the data check names why)."""
     from jobs.data.loading import load_data
-    from jobs.data.row_tokens import cached_lengths, measure, save_lengths
     from jobs.data.sources import DataError
+    from jobs.data.tokens.measurement import cached_lengths, measure, save_lengths
     from jobs.models.tokenizer import local_tokenizer, tokenizer_folder
 
     folder = tokenizer_folder(spec.model)

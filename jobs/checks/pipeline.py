@@ -16,7 +16,7 @@ being found again:
    (a mixture-of-experts model's adapter places: `jobs.config.moe`), and the assistant_only_loss needs
    of rows and template;
 7. memory: the predicted peak on the device (`jobs.checks.memory`) for the worst micro-batch of the
-   training rows' measured token lengths (`jobs.data.row_tokens`, cached), with the max_length
+   training rows' measured token lengths (`jobs.data.tokens.measurement`, cached), with the max_length
    worst case kept as the bound; a "will not fit" is a problem only when nothing else is wrong
    (`memory_problem`, with the cheapest change that fits);
    from the same lengths, the rows whose whole answer `max_length` cuts away

@@ -132,7 +132,7 @@ def predicted_on(spec: JobSpec) -> Callable[[GpuType], int | None]:
     """The spec's peak predicted for each type's GPU: its data's lengths when they were measured at submit
     (cached), else the max_length bound. None for every type when the model's config is not on this host."""
     from jobs.checks.memory import model_arch, predict_memory
-    from jobs.data.row_tokens import cached_lengths
+    from jobs.data.tokens.measurement import cached_lengths
     from jobs.models.tokenizer import tokenizer_folder
 
     arch = model_arch(spec.model)

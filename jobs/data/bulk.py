@@ -1,6 +1,6 @@
 """Working on many rows at once: Python's cycle collector paused meanwhile.
 
-Loading (`jobs.data.loading.load_data`) and measuring (`jobs.data.row_tokens.measure`) keep every row of a
+Loading (`jobs.data.loading.load_data`) and measuring (`jobs.data.tokens.measurement.measure`) keep every row of a
 data set alive while they make more objects, so each of the collector's full passes walks all the rows made so
 far again: a third of the time of loading 100k chat rows. Rows (dicts, lists, strings) hold no reference
 cycles, so nothing waits for the collector; its previous state comes back at the end.

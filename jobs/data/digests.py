@@ -1,6 +1,6 @@
 """Content digests of files (data sets, tokenizer files), hashed once per version of the file.
 
-The length cache (`jobs.data.row_tokens`) is keyed by the contents of the data file, and hashing a
+The length cache (`jobs.data.tokens.measurement`) is keyed by the contents of the data file, and hashing a
 100k-row JSONL file (~100 MB) takes ~0.2-0.4 s, longer than everything else a cache hit does. So each
 digest is remembered next to the file's stat: device, inode, size, mtime_ns and ctime_ns, in
 the cache folder's `digests/` (`storage.settings.cache_dir`; one small JSON file per path) and in this process. While all five

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
-from jobs.data.token_lengths import LengthStats, TokenBatch
+from jobs.data.tokens.lengths import LengthStats, TokenBatch
 from jobs.devices.facts import DeviceFacts
 from jobs.units import human_bytes
 

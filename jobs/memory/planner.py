@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from jobs.data.token_lengths import RowLengths
+from jobs.data.tokens.lengths import RowLengths
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import Prediction
 from jobs.memory.parts import Arch

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
-from jobs.data.token_lengths import RowLengths, TokenBatch, worst_case_batch
+from jobs.data.tokens.lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
 from jobs.memory.mixers import (

@@ -71,10 +71,10 @@ def budgeted_settings(model: str, low: int | None, high: int | None) -> dict[str
 def with_image_tokens(
     lengths: Any, loaded: Any, model: str, budget: tuple[int | None, int | None] = (None, None)
 ) -> Any:
-    """`lengths` (`jobs.data.token_lengths.RowLengths` of `loaded.train`) with each row's image tokens in
+    """`lengths` (`jobs.data.tokens.lengths.RowLengths` of `loaded.train`) with each row's image tokens in
     place of its `<image>` placeholders; unchanged when the rows hold no images or the processor is not
     modelled (`jobs.models.vision.image_tokens`). `budget`: the spec's (image_min_pixels, image_max_pixels)."""
-    from jobs.data.token_lengths import RowLengths
+    from jobs.data.tokens.lengths import RowLengths
     from jobs.models.vision import image_tokens
 
     info = loaded.train_info

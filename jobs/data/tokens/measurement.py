@@ -2,10 +2,13 @@
 
 The rows are the ones training will see (`jobs.data.loading.load_data`: columns mapped, Alpaca and
 ShareGPT converted, eval_split held out, max_train_samples applied), each turned into the sequence(s)
-its trainer tokenizes (`sequences`) and tokenized in batches, untruncated. The result is cached in
-`$TUNEDECK_HOME/cache/lengths/` (`TUNEDECK_CACHE_DIR` moves it) under a key made of the data files' contents, the spec fields that
-choose the rows, and the tokenizer's files, so a second check (another max_length, batch size or
-method) reads about a megabyte instead of tokenizing again.
+its trainer tokenizes (`sequences`: sft the text, prompt+completion or the rendered conversation,
+plus EOS; dpo, orpo, cpo, reward prompt+chosen and prompt+rejected; kto prompt+completion; grpo the
+prompt) and tokenized in batches, untruncated, with the shortcuts of `jobs.data.tokens.shortcuts`
+where they apply. Each row's prompt (`prompt_sequence`) is measured too. The result is cached in
+`$TUNEDECK_HOME/cache/lengths/` (`TUNEDECK_CACHE_DIR` moves it) under a key made of the data files'
+contents, the spec fields that choose the rows, and the tokenizer's files, so a second check (another
+max_length, batch size or method) reads about a megabyte instead of tokenizing again.
 
     folder = tokenizer_folder(spec.model)
     lengths = cached_lengths(spec, folder)                 # RowLengths, or None: not measured yet
@@ -13,28 +16,32 @@ method) reads about a megabyte instead of tokenizing again.
         loaded = load_data(spec)
         lengths = measure(loaded.train, local_tokenizer(spec.model), spec.trainer, loaded.origins)
         save_lengths(spec, folder, lengths)
+
+    length_warnings(train_ds, tokenizer, spec.max_length, trainer=spec.trainer)   # before training, on a sample
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jobs.data.bulk import collector_paused
 from jobs.data.digests import file_digest
-from jobs.data.piece_counts import PieceCounter
-from jobs.data.token_lengths import RowLengths
+from jobs.data.tokens.lengths import RowLengths
+from jobs.data.tokens.shortcuts import CountMismatch, Shortcuts
 from jobs.data.tool_turns import row_tools
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from jobs.spec.mixture import DataSource
+
+if TYPE_CHECKING:
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -149,25 +156,6 @@ def prompt_sequence(row: dict[str, Any], trainer: Trainer) -> str | list[dict[st
     return prompt if prompt else None
 
 
-class CountMismatch(Exception):
-    """A shortcut's count of a sequence differs from the one the tokenizer itself gives."""
-
-
-@dataclass(frozen=True)
-class Shortcuts:
-    """Faster ways to the library's own counts, each None where it is not known to give the same answer:
-    `counter` sums the counts of a text's pieces (`jobs.data.piece_counts`: ~6x faster than the tokenizer),
-    `render` calls the compiled chat template directly (`template_renderer`: ~1.5x faster)."""
-
-    counter: PieceCounter | None
-    render: Callable[..., str] | None
-
-    @classmethod
-    def of(cls, tokenizer: Any) -> Shortcuts | None:
-        found = cls(PieceCounter.of(tokenizer), template_renderer(tokenizer))
-        return found if found.counter is not None or found.render is not None else None
-
-
 def _count(
     seqs: list[Any],
     tokenizer: Any,
@@ -230,45 +218,6 @@ def _render(
     return "\n".join(str(m.get("content", "")) for m in messages)
 
 
-def template_renderer(tokenizer: Any) -> Callable[..., str] | None:
-    """The tokenizer's chat template as `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)`
-    renders it, called directly (`render(messages)`, or `render(messages, True)` with the generation prompt).
-
-    For messages that are plain {role, content} strings (every row `jobs.data.loading` builds),
-    apply_chat_template's per-call work (copying the messages into plain data, dropping None values, aliasing
-    reasoning fields) changes nothing and is a third of the rendering time; the compiled template gets the same
-    variables (the special tokens, no tools or documents). Any other message, a template
-    chosen by name (a dict) or a tokenizer class with its own apply_chat_template takes the library's way.
-    None without transformers' template compiler."""
-    template = getattr(tokenizer, "chat_template", None)
-    if "transformers" not in sys.modules or not isinstance(template, str):
-        return None  # not a transformers tokenizer (it would have imported transformers), or templates by name
-    from transformers import PreTrainedTokenizerBase
-
-    try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:  # a transformers version without it: the library's way
-        return None
-    if type(tokenizer).apply_chat_template is not PreTrainedTokenizerBase.apply_chat_template:
-        return None
-    compiled = _compile_jinja_template(template)
-    variables = {**tokenizer.special_tokens_map, "tools": None, "documents": None}
-
-    def render(messages: list[dict[str, Any]], generation: bool = False, tools: list[Any] | None = None) -> str:
-        if not tools and all(
-            type(m) is dict and m.keys() == _PLAIN and type(m["role"]) is type(m["content"]) is str for m in messages
-        ):
-            return compiled.render(messages=messages, add_generation_prompt=generation, **variables)
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation, tools=tools or None
-        )
-
-    return render
-
-
-_PLAIN = {"role", "content"}
-
-
 def cache_key(spec: JobSpec, folder: Path) -> str | None:
     """A digest of what the lengths depend on (`folder`: the tokenizer's files); None when the data cannot be
     found (then nothing is cached)."""
@@ -301,3 +250,38 @@ def _cache_dir() -> Path:
     from storage.settings import cache_dir
 
     return cache_dir() / "lengths"
+
+
+def length_warnings(
+    ds: datasets.Dataset,
+    tokenizer: Any,
+    max_length: int | None,
+    sample_size: int = 1000,
+    trainer: Trainer = Trainer.SFT,
+) -> list[str]:
+    """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap).
+
+    The reward trainer drops such rows (trl filters them out) where the others truncate them."""
+    if Trainer(trainer) is Trainer.GRPO:
+        return []  # grpo keeps prompts whole (GRPOConfig has no max_length); completions stop at max_completion_length
+    fate = "dropped (the reward trainer filters them out)" if Trainer(trainer) is Trainer.REWARD else "truncated"
+    n = len(ds)
+    if not n or not max_length:
+        return []
+    sampled = n > sample_size
+    rows = ds.select(sorted(random.Random(0).sample(range(n), sample_size))) if sampled else ds
+    try:
+        measured = measure(rows, tokenizer, Trainer(trainer))
+    except Exception as exc:  # noqa: BLE001 - a warning helper must never stop training; any tokenizer's or
+        # chat template's own error (their code, not ours) is logged with its traceback and becomes the warning
+        log.warning("could not measure row lengths", exc_info=True)
+        return [f"could not measure row lengths ({type(exc).__name__}: {exc})"]
+    over = measured.stats(max_length).truncated
+    if not over:
+        return []
+    if sampled:
+        return [
+            f"about {round(over / measured.rows * n)} of {n} rows (estimated from {measured.rows}) are longer "
+            f"than max_length {max_length} tokens and will be {fate}"
+        ]
+    return [f"{over} of {n} rows are longer than max_length {max_length} tokens and will be {fate}"]

@@ -1,23 +1,19 @@
-"""The training rows' token lengths as the trainer will see them, and the worst micro-batch they can form.
+"""What the training rows' token lengths say: the worst micro-batch they can form, and their spread.
 
 The memory predictor (`jobs.memory.predict`) sizes activations and logits by the tokens of one
 micro-batch. trl pads each batch only to its longest row, so the peak of a real job is set by its
 longest rows, not by `max_length`: 300-token rows under `max_length: 4096` need a tenth of the
-worst-case figure. This module measures each row once, untruncated, per sequence the trainer builds
-from it (sft: the text, prompt+completion or the rendered conversation, plus EOS; dpo, orpo, cpo,
-reward: prompt+chosen and prompt+rejected; kto: prompt+completion; grpo: the prompt), so truncation
-at any `max_length` and any batch size is applied afterwards without tokenizing again.
+worst-case figure. `RowLengths` holds each row's untruncated lengths, per sequence the trainer builds
+from it, and its prompt's (measured once by `jobs.data.tokens.measurement`), so truncation at any
+`max_length` and any batch size is applied here without tokenizing again.
 
-    lengths = row_lengths(spec, tokenizer)        # RowLengths, cached on disk (see `cached_lengths`)
     lengths.stats(spec.max_length)                # LengthStats: longest, p50, p95, truncated rows
     lengths.worst_batch(spec)                     # TokenBatch(sequences=8, length=57, ...)
     lengths.answers_cut(spec.max_length)          # AnswersCut: rows whose prompt fills max_length
+    worst_case_batch(spec)                        # the bound without data: every row max_length long
 
-Each row's prompt is measured too (what comes before the answer, as the trainer tokenizes it), so
-the rows whose whole answer `max_length` would cut away are counted without tokenizing again.
-
-Nothing here imports `datasets` or a tokenizer at module level: the memory package reads
-`RowLengths`/`TokenBatch` as plain values.
+Nothing here imports `datasets` or a tokenizer: the memory package reads `RowLengths`/`TokenBatch` as
+plain values.
 """
 
 from __future__ import annotations
