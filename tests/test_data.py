@@ -87,9 +87,23 @@ def test_samples_teach_one_format() -> None:
 def test_make_samples_is_deterministic(tmp_path: Path) -> None:
     import runpy
 
-    runpy.run_path(str(SAMPLES_DIR / "make_samples.py"))["write"](tmp_path)
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / "make_samples.py"))["write"](tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in SAMPLES_DIR.iterdir())
     for path in SAMPLES_DIR.glob("*.jsonl"):
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), f"{path.name} is stale: rerun make_samples.py"
+
+
+def test_a_missing_sample_file_names_the_way_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.data import sources
+
+    (tmp_path / "chat-format.train.jsonl").write_text((SAMPLES_DIR / "chat-format.train.jsonl").read_text())
+    monkeypatch.setattr(sources, "SAMPLES_DIR", tmp_path)  # an install that lost the eval split's file
+    assert sources.resolve("sample:chat-format", "dataset").path == tmp_path / "chat-format.train.jsonl"
+    with pytest.raises(DataError) as caught:
+        sources.resolve("sample:chat-format:eval", "eval_dataset")
+    (problem,) = caught.value.problems
+    assert problem.field == "eval_dataset" and "chat-format.eval.jsonl is missing" in problem.problem
+    assert "reinstall tunedeck" in problem.fix and "bench/make_samples.py" in problem.fix
 
 
 def test_unknown_sample() -> None:

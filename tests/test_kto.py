@@ -22,7 +22,7 @@ from jobs.config.mapping import capability_problems, resolved_config
 from jobs.data.inspection import check_dataset
 from jobs.data.loading import load_data
 from jobs.data.row_formats import RowFormat
-from jobs.data.sources import DataError
+from jobs.data.sources import SAMPLES_DIR, DataError
 from jobs.devices.facts import CPU
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
@@ -51,9 +51,7 @@ BAD = {"prompt": "Say hi.", "completion": "Go away.", "label": False}
 def test_kto_sample() -> None:
     info = check_dataset("sample:kto-format", KTO)
     assert (info.format, info.n_rows, info.warnings) == (RowFormat.UNPAIRED, 210, [])
-    labels = [
-        json.loads(line)["label"] for line in Path("jobs/data/samples/kto-format.train.jsonl").read_text().splitlines()
-    ]
+    labels = [json.loads(line)["label"] for line in (SAMPLES_DIR / "kto-format.train.jsonl").read_text().splitlines()]
     assert labels.count(True) == 140 and labels.count(False) == 70
     assert check_dataset("sample:kto-format:eval", KTO).n_rows == 30
 

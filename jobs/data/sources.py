@@ -1,8 +1,8 @@
 """Where training data comes from: a dataset reference resolved to a bundled sample, a local file or a hub data set.
 
 A dataset reference is one of
-- `sample:<name>` (train split) or `sample:<name>:eval` - files shipped in jobs/data/samples/,
-  written by jobs/data/samples/make_samples.py;
+- `sample:<name>` (train split) or `sample:<name>:eval` - files shipped in jobs/resources/samples/
+  (package data, no code), written by bench/make_samples.py;
 - a local `.jsonl`, `.json`, `.csv` or `.parquet` file, `.jsonl.gz`/`.json.gz` too (read by
   `jobs.data.files`: UTF-8 with or without BOM, CRLF, JSON arrays and `{"data": [...]}`
   wrappers; never unpickled; row numbers of a .jsonl file are its line numbers);
@@ -28,7 +28,7 @@ from jobs.errors import Problem, ProblemError
 if TYPE_CHECKING:
     import datasets
 
-SAMPLES_DIR = Path(__file__).resolve().parent / "samples"
+SAMPLES_DIR = Path(__file__).resolve().parents[1] / "resources" / "samples"
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -80,7 +80,7 @@ def resolve(ref: str, field_name: str) -> Source:
                     Problem(
                         field_name,
                         f"sample file {path} is missing",
-                        "run `python jobs/data/samples/make_samples.py` or reinstall tunedeck",
+                        "reinstall tunedeck (in a checkout of its source: run `python bench/make_samples.py`)",
                     )
                 ]
             )

@@ -5,8 +5,8 @@ Both samples teach one visible habit: every answer follows a fixed format,
 (30 steps at lr 1e-3, r=16: the measured run in docs/examples.md), so a user sees training work.
 Eval rows use topics that never appear in train, so the eval split measures generalisation.
 
-    python jobs/data/samples/make_samples.py            # rewrites the .jsonl files next to this script
-    python jobs/data/samples/make_samples.py --out DIR  # writes them elsewhere (tests compare the bytes)
+    python bench/make_samples.py            # rewrites the .jsonl files in jobs/resources/samples/
+    python bench/make_samples.py --out DIR  # writes them elsewhere (tests/test_data.py compares the bytes)
 
 Files: chat-format.{train,eval}.jsonl (SFT `messages` rows),
 preference-format.{train,eval}.jsonl (DPO `prompt`/`chosen`/`rejected` plain strings) and
@@ -24,7 +24,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+# Where `sample:<name>` finds them (jobs.data.sources.SAMPLES_DIR), in this checkout; shipped as package data.
+SAMPLES = Path(__file__).resolve().parents[1] / "jobs" / "resources" / "samples"
 SEED = 1234
 
 TRAIN_TOPICS = [
@@ -206,7 +207,7 @@ def build() -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def write(out_dir: Path = HERE) -> list[Path]:
+def write(out_dir: Path = SAMPLES) -> list[Path]:
     """Write the sample files into `out_dir`; same bytes on every run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -219,7 +220,7 @@ def write(out_dir: Path = HERE) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="folder to write the .jsonl files into")
+    parser.add_argument("--out", type=Path, default=SAMPLES, help="folder to write the .jsonl files into")
     for path in write(parser.parse_args(argv).out):
         print(f"{path}: {sum(1 for _ in path.open())} rows")
 
