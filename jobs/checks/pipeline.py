@@ -48,7 +48,7 @@ from jobs.checks.tricks import missing_package_problems
 from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.config.moe import moe_notes, moe_problems
-from jobs.data.bench_tasks import task_problems
+from jobs.data.bench_tasks import task_problems, watched_task_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec, SpecError
@@ -150,6 +150,7 @@ def _check_spec(
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
     if not any(p.field == "eval_tasks" for p in problems):  # a file the server may not read is not opened
         problems += task_problems(spec.eval_tasks)  # benchmark files read like data: rows named, fix given
+        problems += watched_task_problems(spec.metric_for_best_model, spec.eval_tasks)  # early stopping's task score
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
     cut_answers, answer_warnings = answer_problems(spec, lengths)

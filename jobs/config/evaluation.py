@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.spec.evaluation import watched_metric
+from jobs.spec.evaluation import greater_is_better, watched_metric
 from jobs.spec.job import JobSpec
 
 
@@ -33,7 +33,7 @@ def early_stopping_kwargs(spec: JobSpec, *, has_eval: bool) -> dict[str, Any]:
     return {
         "load_best_model_at_end": True,
         "metric_for_best_model": metric,
-        "greater_is_better": not metric.endswith("loss"),
+        "greater_is_better": greater_is_better(metric),
         "save_strategy": "steps",
         "save_steps": spec.save_steps or spec.eval_steps,
         "restore_callback_states_from_checkpoint": True,

@@ -31,12 +31,18 @@ from typing import Any
 
 import yaml
 
-from jobs.errors import Problem
+from jobs.errors import Problem, ProblemError
 
 FIELD = "eval_tasks"
 MAX_GEN_TOKS = 32  # a generation answer's token budget: exact-match answers are short
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+class TaskFileError(ProblemError):
+    """Raised with every problem of a benchmark task file (field `eval_tasks`)."""
+
+    subject = "with the benchmark tasks"
 
 
 class TaskKind(str, Enum):
@@ -102,9 +108,7 @@ def read_questions(path: Path) -> tuple[str, list[dict[str, Any]]]:
     """("multiple_choice" | "generate_until", the rows normalised: answer as an index for multiple choice)."""
     problems, kind, rows = _rows_problems(path)
     if problems:
-        from jobs.data.sources import DataError
-
-        raise DataError(problems)
+        raise TaskFileError(problems)
     return kind, rows
 
 
@@ -305,3 +309,41 @@ def _task_config(task: str, kind: str, data: Path, metrics: list[str]) -> dict[s
             "metric_list": [{"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in metrics],
         }
     return config
+
+
+def watched_task_problems(metric_for_best_model: str, eval_tasks: str | None) -> list[Problem]:
+    """Why the task score `metric_for_best_model` names cannot be watched during training ([] when it can, or when it
+    names no task): it must be a .jsonl of questions in eval_tasks (read here), scored by the metric named."""
+    from jobs.spec.evaluation import watched_task
+
+    task = watched_task(metric_for_best_model)
+    ref = next((r for r in task_refs(eval_tasks) if task is not None and r.name == task[0]), None)
+    if task is None or ref is None:
+        return []  # not a task score, or one eval_tasks does not list (the spec's own problems say so)
+    field, (name, metric) = "metric_for_best_model", task
+    if ref.kind is not TaskKind.QUESTIONS:
+        where = "the hub's" if ref.kind is TaskKind.HUB else "a task YAML's"
+        return [
+            Problem(
+                field,
+                f"{name} is {where} task: only a .jsonl of questions is scored during training",
+                "write the questions as a .jsonl (question, choices, answer) and watch it, or watch eval_loss",
+            )
+        ]
+    problems, kind, rows = _rows_problems(Path(ref.ref))
+    if problems:
+        return []  # eval_tasks' own problems name the rows
+    produced = (
+        ["acc"]
+        if kind == "multiple_choice"
+        else [m for m, k in (("exact_match", "answer"), ("regex_match", "regex")) if any(r.get(k) for r in rows)]
+    )
+    if metric in produced:
+        return []
+    return [
+        Problem(
+            field,
+            f"{ref.ref} is not scored by {metric} (its rows give {', '.join(produced)})",
+            f"watch task:{name}/{produced[0]}",
+        )
+    ]

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from jobs.data.bench_tasks import TaskKind, lm_eval_spec, task_problems, task_refs, write_tasks
+from jobs.data.bench_score import TaskScorer
+from jobs.data.bench_tasks import task_problems, task_refs
 from jobs.evaluate.card import refresh_card
 from jobs.spec.job import SpecError
 from storage.roles import Evaluations
@@ -31,7 +30,6 @@ from storage.store import Score
 log = logging.getLogger(__name__)
 
 MODELS = ("base", "run")
-BATCH_SIZE = 8
 
 
 def evaluate_run(
@@ -48,16 +46,12 @@ def evaluate_run(
         raise SpecError([])
     pair = load(locate(store, run_id), device)
     by_task: dict[str, list[Score]] = {}
-    with tempfile.TemporaryDirectory(prefix="tunedeck-tasks-") as tmp:
-        include, names = write_tasks(refs, Path(tmp))
-        manager = _task_manager(include, hub=any(r.kind is TaskKind.HUB for r in refs))
-        specs = [lm_eval_spec(Path(tmp), task) for task in names]
+    with TaskScorer(refs) as scorer:
         for which in MODELS:
             with _model(pair, which) as model:
-                log.info("scoring the %s model on %s", which, ", ".join(names.values()))
-                results = _score(model, pair.tokenizer, specs, manager, limit)
-            for task, scores in _scores(results, which).items():
-                by_task.setdefault(names.get(task, task), []).extend(scores)
+                log.info("scoring the %s model on %s", which, ", ".join(scorer.names.values()))
+                for name, scores in scorer.score(model, pair.tokenizer, which=which, limit=limit).items():
+                    by_task.setdefault(name, []).extend(scores)
     for name, scores in by_task.items():
         store.set_scores(run_id, name, scores)
     from jobs.evaluate.judge import judge_file
@@ -74,58 +68,3 @@ def _model(pair: Any, which: str) -> Iterator[Any]:
         return
     with pair.tuned.disable_adapter():
         yield pair.tuned
-
-
-def _task_manager(include: list[str], *, hub: bool) -> Any:
-    from lm_eval.tasks import TaskManager
-
-    # lm-eval's own registry is indexed only when a hub task is asked for (it reads thousands of YAML files).
-    return TaskManager(include_path=include, include_defaults=hub)
-
-
-def _score(
-    model: Any, tokenizer: Any, tasks: list[str | dict[str, Any]], manager: Any, limit: int | None
-) -> dict[str, Any]:
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-
-    model.eval()
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=BATCH_SIZE)
-    out = simple_evaluate(
-        model=lm,
-        tasks=tasks,
-        task_manager=manager,
-        num_fewshot=0,
-        limit=limit,
-        log_samples=False,
-        bootstrap_iters=1000,
-        apply_chat_template=bool(getattr(tokenizer, "chat_template", None)),
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=0,
-    )
-    return dict(out["results"]) if out else {}
-
-
-def _scores(results: dict[str, Any], which: str) -> dict[str, list[Score]]:
-    """lm-eval's results ({task: {"acc,none": v, "acc_stderr,none": s, ...}}) as Scores per task."""
-    out: dict[str, list[Score]] = {}
-    for task, values in results.items():
-        samples = values.get("sample_len") or values.get("samples")
-        for key, value in values.items():
-            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
-                continue
-            metric, filt = key.split(",", 1)
-            stderr = values.get(f"{metric}_stderr,{filt}")
-            name = metric if filt == "none" else f"{metric} ({filt})"
-            out.setdefault(task, []).append(
-                Score(
-                    which,
-                    name,
-                    float(value),
-                    float(stderr) if isinstance(stderr, (int, float)) else None,
-                    int(samples) if isinstance(samples, int) else None,
-                )
-            )
-    return out

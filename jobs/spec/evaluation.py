@@ -17,6 +17,9 @@ from jobs.errors import Problem
 
 EVALUATE_TASK = "evaluate"  # the worker task that scores eval_tasks (jobs.worker.tasks, queued by jobs.train.child)
 _METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
+TASK_PREFIX = "task:"  # metric_for_best_model = "task:<eval_tasks name>/<metric>": a benchmark task's score
+TASK_METRICS = ("acc", "exact_match", "regex_match")  # what a .jsonl of questions is scored by (jobs.data.bench_tasks)
+_TASK = re.compile(r"^task:\s*([A-Za-z0-9][\w.-]*)/([a-z_]+)$")
 # Trainers whose evaluation logs no eval_loss (GRPO evaluates rewards of generated answers).
 NO_EVAL_LOSS = ("grpo",)
 
@@ -42,6 +45,8 @@ class EvaluatedSpec(Protocol):
     @property
     def eval_dataset(self) -> str | None: ...
     @property
+    def eval_tasks(self) -> str | None: ...
+    @property
     def trainer(self) -> object: ...
     @property
     def dataset_sources(self) -> Sequence[_Source]: ...
@@ -62,10 +67,29 @@ def has_eval_data(spec: EvaluatedSpec) -> bool:
     return given or spec.eval_split is not None or default_eval_ref(spec) is not None
 
 
+def watched_task(metric_for_best_model: str) -> tuple[str, str] | None:
+    """(task name, metric) of a watched task score (`task:tag-format-questions/exact_match`), else None."""
+    found = _TASK.match(metric_for_best_model.strip())
+    return (found.group(1), found.group(2)) if found else None
+
+
+def task_metric_key(task: str, metric: str) -> str:
+    """The eval metric a watched task score is logged, stored and charted as (`eval_task/<task>/<metric>`)."""
+    return f"eval_task/{task}/{metric}"
+
+
 def watched_metric(spec: EvaluatedSpec) -> str:
     """The metric as the trainer logs it at evaluation (`eval_` prefixed)."""
     name = spec.metric_for_best_model.strip()
+    task = watched_task(name)
+    if task is not None:
+        return task_metric_key(*task)
     return name if name.startswith("eval_") else f"eval_{name}"
+
+
+def greater_is_better(metric: str) -> bool:
+    """A logged eval metric's direction: task scores and accuracies up, losses down."""
+    return metric.startswith("eval_task/") or not metric.endswith("loss")
 
 
 def early_stopping_problems(spec: EvaluatedSpec) -> list[Problem]:
@@ -75,7 +99,9 @@ def early_stopping_problems(spec: EvaluatedSpec) -> list[Problem]:
     field = "early_stopping_patience"
     out: list[Problem] = []
     trainer = getattr(spec.trainer, "value", spec.trainer)
-    if not _METRIC.match(spec.metric_for_best_model.strip()):
+    if spec.metric_for_best_model.strip().startswith(TASK_PREFIX):
+        out.extend(_task_syntax_problems(spec))
+    elif not _METRIC.match(spec.metric_for_best_model.strip()):
         out.append(
             Problem(
                 "metric_for_best_model",
@@ -117,3 +143,40 @@ def early_stopping_problems(spec: EvaluatedSpec) -> list[Problem]:
             )
         )
     return out
+
+
+def _task_syntax_problems(spec: EvaluatedSpec) -> list[Problem]:
+    """A watched task score written wrong, or naming a task eval_tasks does not list (files: jobs.checks)."""
+    field = "metric_for_best_model"
+    task = watched_task(spec.metric_for_best_model)
+    if task is None:
+        return [
+            Problem(
+                field,
+                f"{spec.metric_for_best_model!r} is not a task score",
+                "write task:<task>/<metric>, e.g. task:my-questions/exact_match for my-questions.jsonl in eval_tasks",
+            )
+        ]
+    name, metric = task
+    out: list[Problem] = []
+    if metric not in TASK_METRICS:
+        out.append(
+            Problem(field, f"{metric!r} is not a score of a task of questions", f"use one of {', '.join(TASK_METRICS)}")
+        )
+    stems = [_stem(part) for part in re.split(r"[,\n]", spec.eval_tasks or "") if part.strip()]
+    if name not in stems:
+        out.append(
+            Problem(
+                field,
+                f"watches task {name!r}, which eval_tasks does not list"
+                + (f" (it lists {', '.join(stems)})" if stems else " (it is empty)"),
+                f"add {name}.jsonl to eval_tasks, or watch one of its tasks",
+            )
+        )
+    return out
+
+
+def _stem(ref: str) -> str:
+    """The name a task is stored under: a file's stem (a .jsonl or .yaml), or a registry task's own name."""
+    base = ref.strip().replace("\\", "/").rsplit("/", 1)[-1]
+    return base.rsplit(".", 1)[0] if base.lower().endswith((".jsonl", ".yaml", ".yml")) else base

@@ -31,6 +31,9 @@ class BestCheckpoint:
 
     @property
     def label(self) -> str:
+        """How the end message names the metric: "eval loss", or a task score as "tag-format-questions exact_match"."""
+        if self.metric.startswith("eval_task/"):
+            return self.metric.removeprefix("eval_task/").replace("/", " ")
         return self.metric.replace("_", " ").replace("/", " ")
 
     def message(self) -> str:

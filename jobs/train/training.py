@@ -42,6 +42,7 @@ from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
 from jobs.train.phase_probe import MemoryMeter, PhaseProbe
 from jobs.train.readback import final_micro_batch, trainer_readback
+from jobs.train.task_watch import TaskWatchCallback, task_watch_callback
 from jobs.train.trainers import build_trainer, perplexity
 from storage.roles import RunArtifacts
 
@@ -166,8 +167,7 @@ def train_spec(
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
     reward_model = _reward_model(spec, device, store)
-    stopper = early_stopping_callback(spec, has_eval=has_eval)
-    callbacks = [*callbacks, stopper] if stopper is not None else callbacks
+    callbacks = _with_early_stopping(spec, callbacks, has_eval=has_eval)
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
     _refuse_empty_reward_data(spec, trainer)
     # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
@@ -189,10 +189,19 @@ def train_spec(
     stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
     best = best_checkpoint(trainer)
     metrics = _training_metrics(spec, trainer, output, trainable, total, evaluate=eval_ds is not None and not stopped)
+    _ = [cb.close() for cb in callbacks if isinstance(cb, TaskWatchCallback)]  # the watched task's folder
     _add_memory_metrics(device, callbacks, metrics, resolved)
     _add_run_figures(metrics, resolved, resume_from, final_batch, best)
     history = list(trainer.state.log_history)
     return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, history, best)
+
+
+def _with_early_stopping(spec: JobSpec, callbacks: Sequence[Any], *, has_eval: bool) -> list[Any]:
+    """The callbacks with early stopping's: a watched task's scorer first (its score is in the evaluation's metrics
+    before the store and the trainer read them), transformers' EarlyStoppingCallback last."""
+    stopper = early_stopping_callback(spec, has_eval=has_eval)
+    watch = task_watch_callback(spec) if stopper is not None else None
+    return [*([watch] if watch else []), *callbacks, *([stopper] if stopper else [])]
 
 
 def _check_capabilities(spec: JobSpec, device: Device) -> None:

@@ -30,7 +30,7 @@ class EvaluationFields:
     metric_for_best_model: str = spec_field(
         "eval_loss",
         Group.TRAINING,
-        "The eval metric that picks the best checkpoint with early_stopping_patience: eval_loss (lower is better) or another metric the trainer logs at evaluation, such as eval_mean_token_accuracy (names not ending in loss: higher is better).",
+        "The eval metric that picks the best checkpoint with early_stopping_patience: eval_loss (lower is better) or another metric the trainer logs at evaluation, such as eval_mean_token_accuracy (names not ending in loss: higher is better); or a benchmark task's score, task:<task>/<metric> (higher is better), e.g. task:my-questions/exact_match, where my-questions.jsonl is a file of questions listed in eval_tasks: the model is scored on it at every evaluation (eval_steps) as after training, the score logged as eval_task/<task>/<metric>; its metrics: acc (questions with choices), exact_match (rows with an answer), regex_match (rows with a regex).",
         label="Watched metric",
         advanced=True,
     )
