@@ -30,6 +30,7 @@ from typing import Any
 from app.ui import charts, gpu
 from app.ui.run import GRAPHS, RunPageData
 from app.ui.series import Row
+from jobs.spec.evaluation import task_series
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.store import Store
@@ -194,6 +195,7 @@ class Feed:
         self._run_series: Any = object()
         self._run_finished = False
         self._trainer: str | None = None
+        self._watched: dict[str, str] = {}  # a task score early stopping watches, charted with the trainer's metrics
         self._run_charts = {chart.elem_id: ChartState(chart, chart_meta(chart)) for chart in GRAPHS}
         self._gpu_charts = {
             chart.elem_id: ChartState(chart, chart_meta(chart, charts.GPU_WINDOW_S))
@@ -251,8 +253,9 @@ class Feed:
                 run = self.store.get_run(run_id)
                 if run is None:
                     return out
-                self._trainer = spec_of(run).trainer.value
-            rows = self.page_data.rows(run_id, self._trainer)
+                spec = spec_of(run)
+                self._trainer, self._watched = spec.trainer.value, task_series(spec.metric_for_best_model)
+            rows = self.page_data.rows(run_id, self._trainer, self._watched)
             payload = {
                 chart.elem_id: update
                 for chart, chart_rows in zip(GRAPHS, rows)

@@ -177,13 +177,14 @@ class RunPageData:
         self.metrics = series.MetricSeriesCache(store)
         self.memory = series.MemorySeriesCache(store)
 
-    def rows(self, run_id: int, trainer: str) -> list[list[series.Row]]:
+    def rows(self, run_id: int, trainer: str, watched: dict[str, str] | None = None) -> list[list[series.Row]]:
         """Each chart's points, in GRAPHS order (memory, loss, learning rate, tokens/s, trainer metrics),
-        each <= ~2000 points per series; what the page's live stream sends (`app.ui.live`)."""
+        each <= ~2000 points per series; what the page's live stream sends (`app.ui.live`). `watched`: a task
+        score early stopping watches ({label: metric}, `jobs.spec.evaluation.task_series`), drawn with the trainer's."""
         from app.ui.memory import with_predicted_line
         from jobs.queue.saved_prediction import load_prediction
 
-        names = TRAINER_SERIES.get(trainer, {})
+        names = {**TRAINER_SERIES.get(trainer, {}), **(watched or {})}
         extents, memory_extent = self.store.run_extents(run_id, (*RUN_METRICS, *names.values()))  # one read
 
         def get(name: str) -> list[MetricBucket]:
@@ -199,9 +200,9 @@ class RunPageData:
         own = series.metric_rows({label: get(name) for label, name in names.items()})
         return [memory, loss, lr, tps, own]
 
-    def frames(self, run_id: int, trainer: str) -> list[pd.DataFrame]:
+    def frames(self, run_id: int, trainer: str, watched: dict[str, str] | None = None) -> list[pd.DataFrame]:
         """`rows` as typed frames (columns: each chart's x, y and series), for reading in tests and benches."""
-        return [chart.frame(rows) for chart, rows in zip(GRAPHS, self.rows(run_id, trainer))]
+        return [chart.frame(rows) for chart, rows in zip(GRAPHS, self.rows(run_id, trainer, watched))]
 
     def refresh(self, run_id: float | None, drawn: Any) -> list[Any]:
         """The page's text outputs (OUTPUTS of them), each gr.skip() where the page already shows it;

@@ -19,7 +19,7 @@ EVALUATE_TASK = "evaluate"  # the worker task that scores eval_tasks (jobs.worke
 _METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
 TASK_PREFIX = "task:"  # metric_for_best_model = "task:<eval_tasks name>/<metric>": a benchmark task's score
 TASK_METRICS = ("acc", "exact_match", "regex_match")  # what a .jsonl of questions is scored by (jobs.data.bench_tasks)
-_TASK = re.compile(r"^task:\s*([A-Za-z0-9][\w.-]*)/([a-z_]+)$")
+_TASK = re.compile(r"^task:\s*([A-Za-z0-9][\w.-]*)/(\w+)$")
 # Trainers whose evaluation logs no eval_loss (GRPO evaluates rewards of generated answers).
 NO_EVAL_LOSS = ("grpo",)
 
@@ -76,6 +76,12 @@ def watched_task(metric_for_best_model: str) -> tuple[str, str] | None:
 def task_metric_key(task: str, metric: str) -> str:
     """The eval metric a watched task score is logged, stored and charted as (`eval_task/<task>/<metric>`)."""
     return f"eval_task/{task}/{metric}"
+
+
+def task_series(metric_for_best_model: str) -> dict[str, str]:
+    """{chart label: logged metric} of a watched task score, for the run page's trainer-metrics chart ({} if none)."""
+    task = watched_task(metric_for_best_model)
+    return {f"{task[0]} {task[1]}": task_metric_key(*task)} if task else {}
 
 
 def watched_metric(spec: EvaluatedSpec) -> str:
