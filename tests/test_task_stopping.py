@@ -84,8 +84,9 @@ def test_the_end_names_the_task_score() -> None:
 
 
 def opposite_data(tmp_path: Path) -> tuple[str, str, str]:
-    """Training rows teach one answer to each code; the watched task's right choice is another, held-out answer,
-    so the more the model learns, the lower the task's accuracy: it stops improving and the run stops early."""
+    """Training rows teach one answer to each code; the watched task asks for each code's answer against another
+    code's, so its accuracy moves as the model learns the codes (it cannot improve past 8 of 8), and stops improving
+    within a few evaluations."""
 
     def rows(answers: list[str]) -> list[dict[str, Any]]:
         turns = [
@@ -95,7 +96,7 @@ def opposite_data(tmp_path: Path) -> tuple[str, str, str]:
         return [{"messages": t} for t in turns]
 
     taught = [f"alpha bravo {i} charlie delta" for i in range(8)]
-    held = [f"zulu yankee {i} xray whiskey" for i in range(8)]
+    held = [f"zulu yankee {i} xray whiskey" for i in range(8)]  # eval rows: eval loss needs held-out data
     train = questions(tmp_path / "train.jsonl", rows(taught))
     eval_ = questions(tmp_path / "eval.jsonl", rows(held))
     task = [{"question": f"Code {i}?", "choices": [taught[(i + 3) % 8], taught[i]], "answer": 1} for i in range(8)]
