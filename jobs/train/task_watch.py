@@ -23,7 +23,7 @@ from jobs.spec.job import JobSpec
 log = logging.getLogger(__name__)
 
 
-class TaskWatchCallback(TrainerCallback):  # type: ignore[misc]
+class TaskWatchCallback(TrainerCallback):
     """Scores the live model on one task at each evaluation and logs `eval_task/<task>/<metric>`."""
 
     def __init__(self, eval_tasks: str, task: str, metric: str) -> None:
@@ -75,3 +75,10 @@ def task_watch_callback(spec: JobSpec) -> TaskWatchCallback | None:
     if task is None or spec.early_stopping_patience is None or not spec.eval_tasks:
         return None
     return TaskWatchCallback(spec.eval_tasks, *task)
+
+
+def close_watches(callbacks: Any) -> None:
+    """Remove the task folders of the watching callbacks among `callbacks` (after the final evaluation)."""
+    for callback in callbacks:
+        if isinstance(callback, TaskWatchCallback):
+            callback.close()

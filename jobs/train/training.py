@@ -42,7 +42,7 @@ from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
 from jobs.train.phase_probe import MemoryMeter, PhaseProbe
 from jobs.train.readback import final_micro_batch, trainer_readback
-from jobs.train.task_watch import TaskWatchCallback, task_watch_callback
+from jobs.train.task_watch import close_watches, task_watch_callback
 from jobs.train.trainers import build_trainer, perplexity
 from storage.roles import RunArtifacts
 
@@ -189,7 +189,7 @@ def train_spec(
     stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
     best = best_checkpoint(trainer)
     metrics = _training_metrics(spec, trainer, output, trainable, total, evaluate=eval_ds is not None and not stopped)
-    _ = [cb.close() for cb in callbacks if isinstance(cb, TaskWatchCallback)]  # the watched task's folder
+    close_watches(callbacks)  # a watched task's folder, kept through the final evaluation
     _add_memory_metrics(device, callbacks, metrics, resolved)
     _add_run_figures(metrics, resolved, resume_from, final_batch, best)
     history = list(trainer.state.log_history)
