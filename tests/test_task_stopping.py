@@ -83,6 +83,23 @@ def test_the_end_names_the_task_score() -> None:
     )
 
 
+def test_scoring_leaves_the_training_random_generators_as_they_were() -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    from jobs.train.task_watch import _training_kept
+
+    torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+    expected = torch.rand(3), np.random.rand(), random.random()
+    torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+    with _training_kept():  # lm-eval seeds all three with 0 at each call
+        torch.manual_seed(0), np.random.seed(0), random.seed(0)
+        torch.rand(5)
+    assert torch.equal(torch.rand(3), expected[0]) and (np.random.rand(), random.random()) == expected[1:]
+
+
 def opposite_data(tmp_path: Path) -> tuple[str, str, str]:
     """Training rows teach one answer to each code; the watched task asks for each code's answer against another
     code's, so its accuracy moves as the model learns the codes (it cannot improve past 8 of 8), and stops improving

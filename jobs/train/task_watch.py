@@ -12,7 +12,9 @@ the evaluations without improvement.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from transformers import TrainerCallback
@@ -60,13 +62,40 @@ class TaskWatchCallback(TrainerCallback):
         training = model.training
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision model's processor holds its tokenizer
         try:
-            scores = self._scorer.score(model, tokenizer).get(self.task, [])
+            with _training_kept():
+                scores = self._scorer.score(model, tokenizer).get(self.task, [])
         finally:
             model.train(training)
         found = next((s.value for s in scores if s.metric == self.metric), None)
         if found is None:
             raise ValueError(f"task {self.task} gave no {self.metric} score (it gave {[s.metric for s in scores]})")
         return float(found)
+
+
+@contextlib.contextmanager
+def _training_kept() -> Iterator[None]:
+    """Scoring as if it had not happened for the training around it: lm-eval seeds Python's, numpy's and torch's
+    random generators (their states are put back, so the data order and dropout go on as without a watch), and its
+    per-call notices (about the model handed in, the seeds, the task) stay out of the run's log; errors still show."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    quiet = logging.getLogger("lm_eval")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def task_watch_callback(spec: JobSpec) -> TaskWatchCallback | None:
