@@ -126,6 +126,7 @@ def test_a_run_watching_a_task_score_stops_early_and_keeps_its_best_step(
 ) -> None:
     from safetensors.torch import load_file
 
+    from app.cli.show import show_text
     from app.ui.run import RunPageData
     from jobs.spec.evaluation import task_series
     from jobs.train.child import run
@@ -166,6 +167,8 @@ def test_a_run_watching_a_task_score_stops_early_and_keeps_its_best_step(
         f"codes acc did not improve for 2 evaluations after step {best_step} (best {top:.4g})"
     )
     assert f"the bundle holds step {best_step}" in event["message"]
+    shown = show_text(store, record)  # `tunedeck show`: the end's words, the score among the final metrics
+    assert event["message"] in shown and "eval_task/codes/acc:" in shown
     # The run page charts the score with the trainer's metrics.
     own = RunPageData(store).frames(run_id, "sft", task_series(spec.metric_for_best_model))[4]
     assert set(own["series"]) >= {"codes acc"}
