@@ -168,26 +168,32 @@ def test_the_harness_scores_a_run_and_its_base(tag_store: Any, tmp_path: Path) -
 
 
 @pytest.mark.integration
-def test_tunedeck_run_ends_with_the_benchmark_table_of_the_tasks_its_run_queued(
-    tag_store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_tunedeck_run_ends_with_the_benchmark_table_and_the_judges_win_rate(
+    tag_store: Any, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """With no other worker, `tunedeck run`'s own worker carries out the run's evaluate task (the child command a
-    worker runs) and the command ends with the table, base beside run."""
+    """With no other worker, `tunedeck run`'s own worker carries out the run's evaluate task with its judge (the
+    child command a worker runs; the judge is the run's base, reused) and the command ends with the table, base
+    beside run, then the judge's wins, ties, losses and win rate."""
     from app.cli.evaluate import evaluations_after_run
+    from jobs.spec.evaluation import evaluate_args
     from jobs.worker.loop import Worker
     from storage.models import TaskStatus
 
     _folder, store, ids = tag_store
     run_id = ids["lora"]
     mc = questions(tmp_path / "after_run.jsonl", choice_rows(4))
-    task_id = store.create_task(run_id, "evaluate", {"tasks": mc})  # what the training child queues for eval_tasks
+    # What the training child queues for eval_tasks and judge (the tiny run's base judges).
+    task_id = store.create_task(run_id, "evaluate", evaluate_args(mc, str(tiny_model)))
     code = evaluations_after_run(store, run_id, Worker(store, poll_interval=0.2, sample=False))
     (task,) = store.tasks_of([task_id])
     assert code == 0 and task.status is TaskStatus.SUCCEEDED, (task.error, task.log[-5:])
     out = capsys.readouterr().out
     table = out[out.rindex("task" + " " * 20) :].splitlines()  # the end: the table, after the task's progress lines
-    (row,) = [line for line in table if line.startswith("after_run")]
+    (row,) = [line for line in table if line.strip().startswith("after_run")]
     assert " acc " in row and row.count("±") == 2, out  # base and run, each with its standard error
+    judged = table[-1]  # the last line: 3 samples judged in both orders
+    assert judged.startswith(f"judge: judge {tiny_model}: the run won ") and "of 6 judgments" in judged, out
+    assert "win rate" in judged and {s.metric for s in store.scores(run_id) if s.task == "judge"} >= {"win_rate"}
 
 
 @pytest.mark.integration
@@ -269,7 +275,9 @@ def test_scores_and_the_judge_reach_the_run_page_show_and_the_bundle_card(store:
     (store.run_dir(run_id) / "samples.json").write_text(json.dumps(samples))
     store.mark_succeeded(run_id, {})
     store.set_scores(run_id, "qa", [Score("base", "acc", 0.3, 0.1, 10), Score("run", "acc", 0.8, 0.1, 10)])
-    judge_run(store, run_id, "always-A", ask=lambda prompt: "A, it reads better")  # refreshes the card
+    judge_run(
+        store, run_id, "always-A", ask_all=lambda prompts: ["A, it reads better"] * len(prompts)
+    )  # refreshes the card
     refresh_card(store, run_id, judge_file(store.run_dir(run_id)))  # again: the section is replaced, not added
     (recorded,) = [a for a in store.artifacts(run_id) if a.kind == "bundle"]  # the same record, rewritten
     assert recorded.sha256 == sha256_of(Path(recorded.path)) and recorded.size == Path(recorded.path).stat().st_size

@@ -70,3 +70,17 @@ def test_quick_example_is_tiny():
     spec = _load("tiny-llama-quick.yaml")
     assert spec.model == "tiny-llama"
     assert spec.max_steps == 20
+
+
+def test_default_example_ends_scored_against_its_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: the default example queues its local questions and a judge, in one evaluate task (models loaded once)."""
+    from jobs.data.bench_tasks import task_problems
+    from jobs.spec.evaluation import evaluation_tasks
+
+    spec = _load("smollm2-tag-format.yaml")
+    assert spec.eval_tasks == "examples/tag-format-questions.jsonl" and spec.sample_count > 0
+    assert evaluation_tasks(spec) == [
+        ("evaluate", {"tasks": "examples/tag-format-questions.jsonl", "judge": "smollm2-135m-instruct"})
+    ]
+    monkeypatch.chdir(EXAMPLES.parent)  # the path is relative to the repository's folder, where the README runs it
+    assert task_problems(spec.eval_tasks) == []

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobs.evaluate.judge import judge_pairs, parse_verdict
+from jobs.evaluate.judge import judge_pairs, one_by_one, parse_verdict
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_both_orders_cancel_a_judge_that_always_picks_the_first_answer() -> None
         asked.append(prompt)
         return "A"
 
-    result = judge_pairs("biased", first, [("q1", "base answer", "run answer"), ("q2", "b2", "r2")])
+    result = judge_pairs("biased", one_by_one(first), [("q1", "base answer", "run answer"), ("q2", "b2", "r2")])
     assert (result.wins, result.ties, result.losses, len(result.judgments)) == (2, 0, 2, 4)
     assert result.win_rate == 0.5
     assert "Answer A:\nrun answer" in asked[0] and "Answer A:\nbase answer" in asked[1]  # both orders shown
@@ -46,7 +46,7 @@ def test_both_orders_cancel_a_judge_that_always_picks_the_first_answer() -> None
 
 def test_unparsed_replies_count_as_ties_and_are_recorded() -> None:
     replies = iter(["B because", "nonsense", "tie", "A"])
-    result = judge_pairs("odd", lambda _: next(replies), [("q1", "b", "r"), ("q2", "b", "r")])
+    result = judge_pairs("odd", one_by_one(lambda _: next(replies)), [("q1", "b", "r"), ("q2", "b", "r")])
     assert [j.verdict for j in result.judgments] == ["base", "unparsed", "tie", "base"]
     assert (result.wins, result.ties, result.losses, result.unparsed) == (0, 2, 2, 1)
     assert "1 replies without a verdict counted as ties" in result.summary()
@@ -76,3 +76,31 @@ def test_a_tiny_local_judge_judges_a_run_against_its_base(tag_store: Any, tiny_m
     assert f"judge: {result.summary()}" in show_text(store, store.get_run(run_id))
     with zipfile.ZipFile(bundle_of(store, run_id)) as zf:  # the bundle's card says it too
         assert result.summary() in zf.read("README.md").decode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"judge": "smollm2-135m-instruct", "sample_count": 0}, "sample_count is 0"),
+        ({"judge": "https://api.example.com/v1"}, "names no model"),
+        ({"judge": "smollm2-135m-instruct", "trainer": "reward"}, "writes no answers"),
+    ],
+)
+def test_a_judge_that_could_not_judge_is_refused_at_submit(fields: dict[str, Any], words: str) -> None:
+    from jobs.spec.job import JobSpec, SpecError
+
+    with pytest.raises(SpecError) as refused:
+        JobSpec.from_dict(fields)
+    problems = [p for p in refused.value.problems if p.field == "judge"]
+    assert len(problems) == 1 and words in problems[0].problem, problems
+
+
+def test_a_judge_is_queued_alone_or_with_the_benchmarks_in_one_task() -> None:
+    from jobs.spec.evaluation import evaluation_tasks
+    from jobs.spec.job import JobSpec
+
+    assert evaluation_tasks(JobSpec()) == []
+    assert evaluation_tasks(JobSpec(judge=" run:3 ")) == [("judge", {"judge": "run:3"})]
+    assert evaluation_tasks(JobSpec(eval_tasks="qa.jsonl")) == [("evaluate", {"tasks": "qa.jsonl"})]
+    both = evaluation_tasks(JobSpec(eval_tasks="qa.jsonl", judge="smollm2-135m-instruct"))
+    assert both == [("evaluate", {"tasks": "qa.jsonl", "judge": "smollm2-135m-instruct"})]

@@ -430,6 +430,7 @@ SPEC_FIELDS = [
     "early_stopping_threshold",
     "metric_for_best_model",
     "eval_tasks",
+    "judge",
     "pin_host",
     "pin_device",
     "share_device",

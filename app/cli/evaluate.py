@@ -2,6 +2,7 @@
 
     tunedeck evaluate RUN_ID --tasks qa.jsonl,arc.yaml        # benchmarks here, in this process
     tunedeck evaluate RUN_ID --tasks qa.jsonl --on-worker     # carried out by a worker that reaches the run
+    tunedeck evaluate RUN_ID --tasks qa.jsonl --judge smollm2-135m-instruct   # both, the models loaded once
     tunedeck judge RUN_ID --judge smollm2-135m-instruct       # a judge's win rate on the before/after samples
 
 `jobs.evaluate.harness` does the work (lm-evaluation-harness) and stores the scores; this module prints
@@ -32,6 +33,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="comma-separated: a .jsonl of questions, an lm-eval task .yaml, or a hub task name (eval_tasks' forms)",
     )
     s.add_argument("--limit", type=int, default=None, help="score only the first N questions of each task")
+    s.add_argument(
+        "--judge",
+        default=None,
+        help="then judge the run against its base too, in this process (`tunedeck judge`'s --judge; the run's "
+        "base model as the judge is the base already loaded)",
+    )
     from app.cli.tasks import add_flag
 
     add_flag(s)
@@ -76,30 +83,36 @@ def cmd_judge(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
-    from jobs.evaluate.card import scores_table
     from jobs.evaluate.harness import evaluate_run
 
     if getattr(args, "on_worker", False):
         from jobs.worker.tasks import request_evaluate
 
-        code = _on_worker(store, args.run_id, lambda: request_evaluate(store, args.run_id, args.tasks))
+        code = _on_worker(store, args.run_id, lambda: request_evaluate(store, args.run_id, args.tasks, args.judge))
     else:
         logging.getLogger("jobs.evaluate.harness").setLevel(logging.INFO)
-        evaluate_run(store, args.run_id, args.tasks, limit=args.limit)
+        evaluate_run(store, args.run_id, args.tasks, limit=args.limit, judge=args.judge)
         code = EXIT_OK
-    for line in scores_table(store.scores(args.run_id)):
-        print(line)
+    _print_scores(store, args.run_id)
     return code
 
 
+def _print_scores(store: Store, run_id: int) -> None:
+    """The run's benchmark table, base beside run, and the judge's line, as `tunedeck show` ends."""
+    from app.cli.show import run_or_fail, score_lines
+
+    for line in score_lines(store, run_or_fail(store, run_id))[1:]:
+        print(line)
+
+
 def evaluations_after_run(store: Store, run_id: int, worker: Any = None) -> int:
-    """`tunedeck run`'s ending: the benchmark tasks the run queued (eval_tasks), followed to their end and their
-    scores printed. `worker`: the run's in-process worker, when no other runs; its task service carries them out
-    here, in a thread, as `tunedeck worker` would. Returns the exit code (0: none, or all succeeded)."""
+    """`tunedeck run`'s ending: the benchmark and judge tasks the run queued (eval_tasks, judge), followed to their
+    end and their scores printed, base beside run, then the judge's win rate. `worker`: the run's in-process
+    worker, when no other runs; its task service carries them out here, in a thread, as `tunedeck worker` would.
+    Returns the exit code (0: none, or all succeeded)."""
     import threading
 
     from app.cli.tasks import follow
-    from jobs.evaluate.card import scores_table
     from jobs.worker.tasks import EVALUATION_KINDS, reach_problem
 
     ids = [t.id for t in store.run_tasks(run_id) if t.kind in EVALUATION_KINDS and not t.status.finished]
@@ -117,12 +130,11 @@ def evaluations_after_run(store: Store, run_id: int, worker: Any = None) -> int:
         run = store.get_run(run_id)
         problem = reach_problem(store, run) if run is not None else None
         if problem is not None:
-            print(f"run {run_id}: benchmark tasks {ids} stay queued: {problem}", flush=True)
+            print(f"run {run_id}: evaluation tasks {ids} stay queued: {problem}", flush=True)
             return EXIT_OK
-    print(f"run {run_id}: scoring its benchmark tasks on the run and its base (tasks {ids})", flush=True)
+    print(f"run {run_id}: evaluating the run against its base (tasks {ids})", flush=True)
     code = follow(store, ids)
     if thread is not None:
         thread.join()
-    for line in scores_table(store.scores(run_id)):
-        print(line)
+    _print_scores(store, run_id)
     return code

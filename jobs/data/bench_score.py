@@ -27,10 +27,12 @@ BATCH_SIZE = 8
 class TaskScorer:
     """The tasks of `refs` written as lm-eval tasks (until `close`), scored on any model handed to `score`."""
 
-    def __init__(self, refs: list[TaskRef], *, bootstrap_iters: int = 1000) -> None:
+    def __init__(self, refs: list[TaskRef], *, tokenizer: Any = None, bootstrap_iters: int = 1000) -> None:
+        """`tokenizer`: the scored models' (it sizes a generation task's replies: `bench_tasks.generation_budget`)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="tunedeck-tasks-")
         folder = Path(self._tmp.name)
-        include, self.names = write_tasks(refs, folder)  # {lm-eval task name: the name scores are stored under}
+        count = (lambda text: len(tokenizer(text)["input_ids"])) if tokenizer is not None else None
+        include, self.names = write_tasks(refs, folder, count)  # {lm-eval task name: the name scores are stored under}
         self._manager = _task_manager(include, hub=any(r.kind is TaskKind.HUB for r in refs))
         self._specs = [lm_eval_spec(folder, task) for task in self.names]
         self._bootstrap_iters = bootstrap_iters

@@ -11,7 +11,9 @@ Three kinds of reference:
   `question` and an `answer` and/or a `regex` are generation, the greedy answer scored by exact match
   with `answer` (`exact_match`: case, punctuation and surrounding spaces ignored) and by a search for
   `regex` in it (`regex_match`: Python's `re.search`, case-sensitive unless the pattern says `(?i)`),
-  each over the rows that give it (`answer_scores`). One file is one kind. tunedeck writes lm-eval's
+  each over the rows that give it (`answer_scores`). A reply ends at its first line break and has at most
+  32 tokens, or, when every row gives an answer, the longest answer's tokens plus 8 (`generation_budget`: a
+  longer reply could not match; a row's regex is searched in that reply). One file is one kind. tunedeck writes lm-eval's
   task YAML and the rows into a folder of its own, so nothing is written next to the user's file;
 - a `.yaml` lm-evaluation-harness task a user wrote: its folder becomes an include path;
 - any other name is a task of lm-eval's own registry (`hellaswag`, `arc_easy`), whose data comes from
@@ -24,6 +26,7 @@ import json
 import os
 import re
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -34,7 +37,8 @@ import yaml
 from jobs.errors import Problem, ProblemError
 
 FIELD = "eval_tasks"
-MAX_GEN_TOKS = 32  # a generation answer's token budget: exact-match answers are short
+MAX_GEN_TOKS = 32  # a generation answer's most tokens: exact-match answers are short
+ANSWER_MARGIN = 8  # tokens past the longest expected answer (a reply longer than that cannot match it)
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -260,8 +264,20 @@ class _TaggedLoader(yaml.SafeLoader):
 _TaggedLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
-def write_tasks(refs: list[TaskRef], folder: Path) -> tuple[list[str], dict[str, str]]:
-    """Write the question files as lm-eval tasks into `folder`; (include paths, {lm-eval task name: ref name})."""
+def generation_budget(rows: list[dict[str, Any]], count_tokens: Callable[[str], int] | None) -> int:
+    """The most tokens a generation task's replies may have: its longest expected answer's tokens plus
+    ANSWER_MARGIN when every row gives an answer (a longer reply cannot match), else MAX_GEN_TOKS (a pattern
+    alone may match anywhere); never above MAX_GEN_TOKS. `count_tokens`: the scored model's tokenizer."""
+    if count_tokens is None or not rows or not all(r.get("answer") for r in rows):
+        return MAX_GEN_TOKS
+    return min(MAX_GEN_TOKS, max(count_tokens(str(r["answer"])) for r in rows) + ANSWER_MARGIN)
+
+
+def write_tasks(
+    refs: list[TaskRef], folder: Path, count_tokens: Callable[[str], int] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Write the question files as lm-eval tasks into `folder`; (include paths, {lm-eval task name: ref name}).
+    `count_tokens` (the scored model's tokenizer) sizes each generation task's replies (`generation_budget`)."""
     folder.mkdir(parents=True, exist_ok=True)
     include: list[str] = [str(folder)]
     names: dict[str, str] = {}
@@ -274,7 +290,7 @@ def write_tasks(refs: list[TaskRef], folder: Path) -> tuple[list[str], dict[str,
             metrics = [
                 m for m, key in (("exact_match", "answer"), ("regex_match", "regex")) if any(r.get(key) for r in rows)
             ]
-            config = _task_config(task, kind, data, metrics)
+            config = _task_config(task, kind, data, metrics, generation_budget(rows, count_tokens))
             (folder / f"{task}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             names[task] = ref.name
         elif ref.kind is TaskKind.YAML:
@@ -286,7 +302,7 @@ def write_tasks(refs: list[TaskRef], folder: Path) -> tuple[list[str], dict[str,
     return include, names
 
 
-def _task_config(task: str, kind: str, data: Path, metrics: list[str]) -> dict[str, Any]:
+def _task_config(task: str, kind: str, data: Path, metrics: list[str], budget: int = MAX_GEN_TOKS) -> dict[str, Any]:
     """lm-eval's task YAML for a file of questions (read by its TaskManager through include_path)."""
     config: dict[str, Any] = {
         "task": task,
@@ -305,7 +321,7 @@ def _task_config(task: str, kind: str, data: Path, metrics: list[str]) -> dict[s
     else:  # scored by `answer_scores` (handed in by `lm_eval_spec`): the metrics its rows give
         config |= {
             "doc_to_target": "{{answer}}",
-            "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_GEN_TOKS},
+            "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": budget},
             "metric_list": [{"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in metrics],
         }
     return config

@@ -10,7 +10,8 @@ tasks into a temporary folder (`jobs.data.bench_tasks`) that lm-eval's `TaskMana
 and scored by `simple_evaluate`, zero-shot, with the chat template when the tokenizer has one (the
 same for both, so the comparison is fair). Every metric comes with its standard error, as lm-eval
 computes it. A worker runs this as a task (`tunedeck evaluate`, `jobs.worker.tasks`), where the
-weights are, holding the device's lease like an export.
+weights are, holding the device's lease like an export; with a judge (`judge` in the spec) the same process
+judges the run next, reusing the base it loaded when the judge is the run's base model.
 """
 
 from __future__ import annotations
@@ -33,9 +34,17 @@ MODELS = ("base", "run")
 
 
 def evaluate_run(
-    store: Evaluations, run_id: int, tasks: str, *, device: str | None = None, limit: int | None = None
+    store: Evaluations,
+    run_id: int,
+    tasks: str,
+    *,
+    device: str | None = None,
+    limit: int | None = None,
+    judge: str | None = None,
 ) -> dict[str, list[Score]]:
-    """Score `tasks` (eval_tasks' text) on run `run_id` and its base; stores and returns the scores by task."""
+    """Score `tasks` (eval_tasks' text) on run `run_id` and its base; stores and returns the scores by task.
+    `judge`: then judge the run against its base too (`jobs.evaluate.judge`), in the same process: a judge that
+    is the run's base model is the base loaded here, not a second copy."""
     from jobs.chat.generate import load, locate
 
     problems = task_problems(tasks)
@@ -46,7 +55,7 @@ def evaluate_run(
         raise SpecError([])
     pair = load(locate(store, run_id), device)
     by_task: dict[str, list[Score]] = {}
-    with TaskScorer(refs) as scorer:
+    with TaskScorer(refs, tokenizer=pair.tokenizer) as scorer:
         for which in MODELS:
             with _model(pair, which) as model:
                 log.info("scoring the %s model on %s", which, ", ".join(scorer.names.values()))
@@ -54,9 +63,13 @@ def evaluate_run(
                     by_task.setdefault(name, []).extend(scores)
     for name, scores in by_task.items():
         store.set_scores(run_id, name, scores)
-    from jobs.evaluate.judge import judge_file
+    from jobs.evaluate.judge import base_asker, judge_file, judge_run
 
-    refresh_card(store, run_id, judge_file(store.run_dir(run_id)))
+    if judge and judge.strip():  # its own card refresh carries the benchmark scores too
+        reused = base_asker(judge.strip(), pair.result.base, lambda: _model(pair, "base"))
+        judge_run(store, run_id, judge.strip(), ask_all=reused)
+    else:
+        refresh_card(store, run_id, judge_file(store.run_dir(run_id)))
     return by_task
 
 

@@ -20,12 +20,14 @@ written `URL#MODEL`, with its key in the worker's environment (OPENAI_API_KEY): 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,9 @@ PROMPT = (
 )
 _VERDICT = re.compile(r"^\W*(?:verdict\W*|answer\W*)?(a|b|tie)\b", re.IGNORECASE)
 
-Ask = Callable[[str], str]
+Ask = Callable[[str], str]  # one prompt -> the judge's reply (an endpoint)
+AskAll = Callable[[list[str]], list[str]]  # every prompt at once -> their replies (a model, in batches)
+BATCH = 8  # verdict prompts a loaded judge model answers at once
 
 
 @dataclass
@@ -114,21 +118,29 @@ def parse_verdict(reply: str) -> str | None:
     return "tie" if word == "tie" else word.upper()
 
 
-def judge_pairs(judge: str, ask: Ask, pairs: Sequence[tuple[str, str, str]]) -> JudgeResult:
-    """Judge (prompt, base answer, run answer) pairs in both orders."""
+def one_by_one(ask: Ask) -> AskAll:
+    """A one-prompt judge asked about each prompt in turn."""
+    return lambda prompts: [ask(p) for p in prompts]
+
+
+def judge_pairs(judge: str, ask_all: AskAll, pairs: Sequence[tuple[str, str, str]]) -> JudgeResult:
+    """Judge (prompt, base answer, run answer) pairs in both orders (every verdict asked for at once)."""
+    shown = [(prompt, run_first) for prompt, _, _ in pairs for run_first in (True, False)]
+    asked = [
+        PROMPT.format(prompt=prompt, a=run if run_first else base, b=base if run_first else run)
+        for prompt, base, run in pairs
+        for run_first in (True, False)
+    ]
     result = JudgeResult(judge)
-    for prompt, base, run in pairs:
-        for run_first in (True, False):
-            a, b = (run, base) if run_first else (base, run)
-            reply = ask(PROMPT.format(prompt=prompt, a=a, b=b))
-            letter = parse_verdict(reply)
-            if letter is None:
-                verdict = "unparsed"
-            elif letter == "tie":
-                verdict = "tie"
-            else:
-                verdict = "run" if (letter == "A") == run_first else "base"
-            result.judgments.append(Judgment(prompt, run_first, reply, verdict))
+    for (prompt, run_first), reply in zip(shown, ask_all(asked), strict=True):
+        letter = parse_verdict(reply)
+        if letter is None:
+            verdict = "unparsed"
+        elif letter == "tie":
+            verdict = "tie"
+        else:
+            verdict = "run" if (letter == "A") == run_first else "base"
+        result.judgments.append(Judgment(prompt, run_first, reply, verdict))
     return result
 
 
@@ -151,10 +163,11 @@ def sample_pairs(store: Evaluations, run_id: int) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def judge_run(store: Evaluations, run_id: int, judge: str, *, ask: Ask | None = None) -> JudgeResult:
-    """Judge run `run_id` against its base with `judge`; stores the counts, the reasons and an event."""
+def judge_run(store: Evaluations, run_id: int, judge: str, *, ask_all: AskAll | None = None) -> JudgeResult:
+    """Judge run `run_id` against its base with `judge` (`ask_all`: the judge already at hand, else it is loaded
+    here); stores the counts, the reasons and an event."""
     pairs = sample_pairs(store, run_id)
-    result = judge_pairs(judge, ask or asker(store, judge), pairs)
+    result = judge_pairs(judge, ask_all or asker(store, judge), pairs)
     path = store.run_dir(run_id) / "judge.json"
     data = {**asdict(result), "summary": result.summary(), "win_rate": result.win_rate}
     path.write_text(json.dumps(data, indent=2))
@@ -173,10 +186,10 @@ def judge_run(store: Evaluations, run_id: int, judge: str, *, ask: Ask | None = 
     return result
 
 
-def asker(store: Evaluations, judge: str) -> Ask:
-    """The judge as a function from a prompt to its reply: an endpoint, or a model loaded here."""
+def asker(store: Evaluations, judge: str) -> AskAll:
+    """The judge as a function from prompts to its replies: an endpoint asked once a prompt, or a model loaded here."""
     if judge.startswith(("http://", "https://")):
-        return endpoint_asker(judge)
+        return one_by_one(endpoint_asker(judge))
     return model_asker(store, judge)
 
 
@@ -203,10 +216,8 @@ def endpoint_asker(ref: str) -> Ask:
     return ask
 
 
-def model_asker(store: Evaluations, judge: str) -> Ask:
+def model_asker(store: Evaluations, judge: str) -> AskAll:
     """A judge model loaded here: `run:N` (another run's result), a built-in name, a folder or a hub id."""
-    from jobs.train.before_after import greedy_texts
-
     if judge.startswith("run:") and judge[4:].strip().isdigit():
         from jobs.chat.generate import load, locate
 
@@ -222,10 +233,69 @@ def model_asker(store: Evaluations, judge: str) -> Ask:
         except ModelError as exc:
             raise SpecError([Problem("judge", p.problem, p.fix) for p in exc.problems]) from exc
 
-    def ask(prompt: str) -> str:
-        return greedy_texts(model, tokenizer, [prompt], MAX_VERDICT_TOKENS)[0]
+    return in_batches(lambda: contextlib.nullcontext(model), tokenizer)
 
-    return ask
+
+def in_batches(model: Callable[[], AbstractContextManager[Any]], tokenizer: Any) -> AskAll:
+    """A loaded judge model asked BATCH prompts at a time (`model()`: a context giving the model to ask)."""
+
+    def ask_all(prompts: list[str]) -> list[str]:
+        with model() as judge:
+            return [
+                r
+                for i in range(0, len(prompts), BATCH)
+                for r in batch_replies(judge, tokenizer, prompts[i : i + BATCH])
+            ]
+
+    return ask_all
+
+
+def base_asker(judge: str, base_ref: str, base: Callable[[], AbstractContextManager[Any]]) -> AskAll | None:
+    """The run's base model already loaded (`base()`: a context giving it; `base_ref`: the run's model reference) as
+    the judge, with the judge's own tokenizer, when `judge` names that same model; None otherwise (the judge is then
+    loaded on its own)."""
+    from jobs.models.references import resolve_model
+    from jobs.models.registry import ModelError
+
+    if judge.startswith(("http://", "https://", "run:")):
+        return None
+    try:
+        path = resolve_model(judge).path
+        if path != resolve_model(base_ref).path:
+            return None
+    except ModelError:
+        return None
+    from transformers import AutoTokenizer
+
+    return in_batches(base, AutoTokenizer.from_pretrained(path))
+
+
+def batch_replies(
+    model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int = MAX_VERDICT_TOKENS
+) -> list[str]:
+    """Greedy replies to typed prompts (through the chat template), generated together: left-padded, masked."""
+    import torch
+    from transformers import ProcessorMixin
+
+    from jobs.train.before_after import encode
+
+    tokenizer = tokenizer.tokenizer if isinstance(tokenizer, ProcessorMixin) else tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rows = [encode(tokenizer, p)["input_ids"][0].tolist() for p in prompts]
+    width = max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
+            )
+    finally:
+        model.train(training)
+    return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.tolist()]
 
 
 WORDS = {"run": "run better", "base": "base better", "tie": "tie", "unparsed": "no verdict"}

@@ -1,10 +1,12 @@
-"""What a spec's early stopping needs from the rest of it: eval data, evaluations, checkpoints at them.
+"""What a spec's early stopping and judge need from the rest of it: eval data, evaluations, checkpoints at
+them; before/after samples to judge.
 
 Pure, like the rest of `jobs.spec`: the problems name the field and the fix, and `jobs.spec.job`
 adds them to a spec's own problems, so a spec that cannot stop early is refused at submit, not
 after hours of training.
 
     problems = early_stopping_problems(spec)   # [] when early stopping is off or consistent
+    problems = judge_problems(spec)            # [] without a judge, or with samples to judge
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Protocol
 from jobs.errors import Problem
 
 EVALUATE_TASK = "evaluate"  # the worker task that scores eval_tasks (jobs.worker.tasks, queued by jobs.train.child)
+JUDGE_TASK = "judge"  # the worker task that judges the run against its base (queued by jobs.train.child for `judge`)
+
 _METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
 TASK_PREFIX = "task:"  # metric_for_best_model = "task:<eval_tasks name>/<metric>": a benchmark task's score
 TASK_METRICS = ("acc", "exact_match", "regex_match")  # what a .jsonl of questions is scored by (jobs.data.bench_tasks)
@@ -50,6 +54,10 @@ class EvaluatedSpec(Protocol):
     def trainer(self) -> object: ...
     @property
     def dataset_sources(self) -> Sequence[_Source]: ...
+    @property
+    def sample_count(self) -> int: ...
+    @property
+    def judge(self) -> str | None: ...
 
 
 def default_eval_ref(spec: EvaluatedSpec) -> str | None:
@@ -186,3 +194,39 @@ def _stem(ref: str) -> str:
     """The name a task is stored under: a file's stem (a .jsonl or .yaml), or a registry task's own name."""
     base = ref.strip().replace("\\", "/").rsplit("/", 1)[-1]
     return base.rsplit(".", 1)[0] if base.lower().endswith((".jsonl", ".yaml", ".yml")) else base
+
+
+def judge_problems(spec: EvaluatedSpec) -> list[Problem]:
+    """Why this spec's judge could not judge when training ends ([] when it can, or there is none)."""
+    judge = (spec.judge or "").strip()
+    if not judge:
+        return []
+    out: list[Problem] = []
+    trainer = getattr(spec.trainer, "value", spec.trainer)
+    if trainer == "reward":
+        out.append(Problem("judge", "a reward model writes no answers to judge", "leave judge empty"))
+    elif spec.sample_count == 0:
+        out.append(
+            Problem(
+                "judge",
+                "judges the before/after answers, and sample_count is 0 (none are written)",
+                "set sample_count above 0 (3 by default), or leave judge empty",
+            )
+        )
+    if judge.startswith(("http://", "https://")) and not judge.partition("#")[2].strip():
+        out.append(Problem("judge", f"{judge!r} names no model", "write the endpoint as URL#MODEL"))
+    return out
+
+
+def evaluate_args(tasks: str, judge: str | None) -> dict[str, str]:
+    """An evaluate task's arguments: the benchmark tasks, and a judge that judges in the same process."""
+    return {"tasks": tasks, **({"judge": judge.strip()} if judge and judge.strip() else {})}
+
+
+def evaluation_tasks(spec: EvaluatedSpec) -> list[tuple[str, dict[str, str]]]:
+    """The worker tasks (kind, arguments) a run queues when training ends: benchmarks and a judge in one evaluate
+    task (the models loaded once), or the judge alone."""
+    tasks, judge = (spec.eval_tasks or "").strip(), (spec.judge or "").strip()
+    if tasks:
+        return [(EVALUATE_TASK, evaluate_args(spec.eval_tasks or "", judge))]
+    return [(JUDGE_TASK, {"judge": judge})] if judge else []

@@ -34,7 +34,7 @@ from jobs.spec.enums import (
     Method,
     Trainer,
 )
-from jobs.spec.evaluation import early_stopping_problems
+from jobs.spec.evaluation import early_stopping_problems, judge_problems
 from jobs.spec.field import plain
 from jobs.spec.mixture import LIST_FIX, DataSource, parse_sources, sources_text
 from jobs.spec.parse import bounds_problems, parse_values
@@ -170,6 +170,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         )
     out.extend(_eval_split_problems(spec))
     out.extend(early_stopping_problems(spec))
+    out.extend(judge_problems(spec))
     if spec.dataset_columns is not None:
         out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
     out.extend(_name_problems(spec))

@@ -45,7 +45,7 @@ from typing import Any
 
 from jobs.devices.probe import detect_device
 from jobs.memory.flops import FlopsRate
-from jobs.spec.evaluation import EVALUATE_TASK
+from jobs.spec.evaluation import evaluation_tasks
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
 from jobs.train import before_after, figures, oom, phases, share_cap
@@ -243,9 +243,9 @@ def _succeed(store: TrainingRecord, run_id: int, spec: JobSpec, result: TrainRes
     )
     store.mark_succeeded(run_id, result.metrics)
     log.info("run %s succeeded: %s", run_id, result.metrics)
-    if spec.eval_tasks and spec.eval_tasks.strip():  # benchmarks on the result and its base: a worker's task
-        task_id = store.create_task(run_id, EVALUATE_TASK, {"tasks": spec.eval_tasks})
-        log.info("run %s: benchmark tasks queued as task %s (%s)", run_id, task_id, spec.eval_tasks)
+    for kind, args in evaluation_tasks(spec):  # benchmarks and a judge, base vs result: a worker's task
+        task_id = store.create_task(run_id, kind, args)
+        log.info("run %s: %s queued as task %s (%s)", run_id, kind, task_id, args)
 
 
 def _failed(

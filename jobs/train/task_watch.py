@@ -56,11 +56,12 @@ class TaskWatchCallback(TrainerCallback):
         from jobs.data.bench_score import TaskScorer
         from jobs.data.bench_tasks import task_refs
 
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision model's processor holds its tokenizer
         if self._scorer is None:
             refs = [r for r in task_refs(self.eval_tasks) if r.name == self.task]
-            self._scorer = TaskScorer(refs, bootstrap_iters=0)  # no standard errors: only the value is watched
+            # No standard errors: only the value is watched.
+            self._scorer = TaskScorer(refs, tokenizer=tokenizer, bootstrap_iters=0)
         training = model.training
-        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision model's processor holds its tokenizer
         try:
             with _training_kept():
                 scores = self._scorer.score(model, tokenizer).get(self.task, [])

@@ -21,7 +21,7 @@ from jobs.errors import Problem
 from jobs.export.llamacpp import EXPORT_TYPES, LLAMA_CPP_FIX, llama_cpp_problem
 from jobs.export.merged import DTYPES, ExportError
 from jobs.export.vision import gguf_problems
-from jobs.spec.evaluation import EVALUATE_TASK
+from jobs.spec.evaluation import EVALUATE_TASK, JUDGE_TASK, evaluate_args
 from jobs.worker.services import SHARED_DATA_ENV, run_host, shared_data
 from storage.store import RunRecord, Store, TaskRecord
 
@@ -34,7 +34,7 @@ class TaskKind(str, Enum):
     GGUF = "gguf"  # `tunedeck export RUN --gguf T`
     PUSH = "push"  # `tunedeck push RUN --repo R --what W [--private]`
     EVALUATE = EVALUATE_TASK  # `tunedeck evaluate RUN --tasks T` (benchmarks on the run and its base)
-    JUDGE = "judge"  # `tunedeck judge RUN --judge J` (a judge's win rate against the base)
+    JUDGE = JUDGE_TASK  # `tunedeck judge RUN --judge J` (a judge's win rate against the base)
 
     @property
     def uses_gpu(self) -> bool:
@@ -53,7 +53,7 @@ def cli_args(task: TaskRecord) -> list[str]:
     if kind is TaskKind.GGUF:
         return ["export", rid, "--gguf", str(a["gguf_type"])]
     if kind is TaskKind.EVALUATE:
-        return ["evaluate", rid, "--tasks", str(a["tasks"])]
+        return ["evaluate", rid, "--tasks", str(a["tasks"])] + (["--judge", str(a["judge"])] if a.get("judge") else [])
     if kind is TaskKind.JUDGE:
         return ["judge", rid, "--judge", str(a["judge"])]
     argv = ["push", rid, "--repo", str(a["repo"]), "--what", str(a.get("what", "bundle"))]
@@ -68,7 +68,8 @@ def describe(task: TaskRecord) -> str:
     if kind is TaskKind.GGUF:
         return f"GGUF {task.args.get('gguf_type')}"
     if kind is TaskKind.EVALUATE:
-        return f"benchmarks {task.args.get('tasks')}"
+        judged = f", judged by {task.args['judge']}" if task.args.get("judge") else ""
+        return f"benchmarks {task.args.get('tasks')}{judged}"
     if kind is TaskKind.JUDGE:
         return f"judged by {task.args.get('judge')}"
     return f"push {task.args.get('what', 'bundle')} to {task.args.get('repo')}"
@@ -102,8 +103,9 @@ def request_push(store: Store, run_id: int, repo: str, what: str = "bundle", pri
     return store.create_task(run_id, TaskKind.PUSH.value, {"repo": repo, "what": what, "private": bool(private)})
 
 
-def request_evaluate(store: Store, run_id: int, tasks: str) -> int:
-    """Queue benchmark tasks on a finished run and its base (the task files checked first, rows named)."""
+def request_evaluate(store: Store, run_id: int, tasks: str, judge: str | None = None) -> int:
+    """Queue benchmark tasks on a finished run and its base (the task files checked first, rows named); `judge`:
+    judged against its base by the same task (refused now when it has no samples)."""
     from jobs.data.bench_tasks import task_problems, task_refs
     from jobs.export.merged import finished_spec
     from jobs.spec.job import SpecError
@@ -114,7 +116,11 @@ def request_evaluate(store: Store, run_id: int, tasks: str) -> int:
         problems.append(Problem("eval_tasks", "names no task", "give a .jsonl of questions, a task .yaml or a name"))
     if problems:
         raise SpecError(problems)
-    return store.create_task(run_id, TaskKind.EVALUATE.value, {"tasks": tasks})
+    if judge and judge.strip():
+        from jobs.evaluate.judge import sample_pairs
+
+        sample_pairs(store, run_id)
+    return store.create_task(run_id, TaskKind.EVALUATE.value, evaluate_args(tasks, judge))
 
 
 def request_judge(store: Store, run_id: int, judge: str) -> int:

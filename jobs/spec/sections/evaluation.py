@@ -41,3 +41,10 @@ class EvaluationFields:
         label="Benchmark tasks",
         advanced=True,
     )
+    judge: str | None = spec_field(
+        None,
+        Group.RUN,
+        "A judge that compares the result's before/after answers with its base model's when training ends, each held-out prompt shown in both orders, and gives the run's win rate (wins, ties, losses): a built-in model name such as smollm2-135m-instruct, a local model folder, a hub id, run:N (another run's result), or an OpenAI-compatible endpoint written URL#MODEL (its key from the worker's OPENAI_API_KEY). Needs before/after samples (sample_count above 0). Empty: none.",
+        label="Judge",
+        advanced=True,
+    )
