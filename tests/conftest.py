@@ -157,12 +157,14 @@ SMOLLM2_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "smollm2
 @pytest.fixture(scope="session")
 def smollm2_run(tmp_path_factory: pytest.TempPathFactory, smollm2_cache: Path) -> tuple[Path, int]:
     """(a data folder, run id): the default job (`SMOLLM2_EXAMPLE`: SmolLM2-135M-Instruct taught a format, 30
-    steps) submitted and trained through the worker once per session. test_smollm2 checks the run,
-    test_chat_browser talks to it, the GGUF and chat-service tests export it and time its first token.
-    Users point TUNEDECK_HOME at the folder and TUNEDECK_MODELS_DIR at `smollm2_cache` themselves."""
+    steps, then scored against its base: its questions and a judge, the evaluate task it queues) submitted and
+    carried out by the worker once per session. test_smollm2 checks the run and its scores, test_chat_browser
+    talks to it, the GGUF and chat-service tests export it and time its first token. Users point TUNEDECK_HOME
+    at the folder and TUNEDECK_MODELS_DIR at `smollm2_cache` themselves."""
     from app.cli.usage import load_spec
     from jobs.queue.submit import submit
     from jobs.worker.loop import Worker
+    from jobs.worker.task_service import task_service
     from storage.store import Store
 
     folder = tmp_path_factory.mktemp("smollm2-home")
@@ -173,7 +175,8 @@ def smollm2_run(tmp_path_factory: pytest.TempPathFactory, smollm2_cache: Path) -
         store = Store()
         try:
             run_id = submit(store, load_spec(str(SMOLLM2_EXAMPLE)))
-            Worker(store, poll_interval=0.2).work(burst=True)
+            # The evaluation too: done here, not left queued for a later test's `tunedeck serve` to pick up.
+            Worker(store, poll_interval=0.2, services=[task_service]).work(burst=True)
         finally:
             store.dispose()
     return folder, run_id

@@ -94,3 +94,21 @@ def test_default_model_trains_through_the_worker(store, smollm2_run: tuple[Path,
     printed = run_card_snippet(adapter_cfg, env={"HF_HUB_CACHE": str(hub)})
     tuned.eval()
     assert printed and printed == greedy_answer(tuned, tok, LOAD_PROMPT)
+
+
+def test_default_example_ends_scored_against_its_base(store, smollm2_run: tuple[Path, int]) -> None:
+    """Issue 35: the example's own questions, base beside run, and its judge's verdicts, as `tunedeck run` ends."""
+    from app.cli.show import score_lines
+    from storage.models import TaskStatus
+
+    run_id = smollm2_run[1]
+    (task,) = store.run_tasks(run_id)
+    assert task.kind == "evaluate" and task.status is TaskStatus.SUCCEEDED, (task.error, task.log[-5:])
+    scores = {(s.task, s.metric, s.model): s.value for s in store.scores(run_id)}
+    taught = ("tag-format-questions", "regex_match")
+    assert scores[(*taught, "run")] > scores[(*taught, "base")], scores  # the taught format, on unseen topics
+    counts = [scores[("judge", m, "run")] for m in ("wins", "ties", "losses")]
+    assert sum(counts) == 6, scores  # 3 held-out prompts, each judged in both orders
+    lines = score_lines(store, store.get_run(run_id))
+    assert any(ln.strip().startswith("tag-format-questions") and ln.count("±") == 2 for ln in lines), lines
+    assert lines[-1].startswith("judge: judge smollm2-135m-instruct: the run won ") and "win rate" in lines[-1]
