@@ -23,6 +23,9 @@ from jobs.evaluate.judge import judge_pairs, one_by_one, parse_verdict
         ("", None),
         ("Absolutely the first", None),  # a word starting with a is no verdict
         ("I think the better one is A", None),  # the verdict must lead the reply
+        ("The answer is A.", "A"),  # how SmolLM2-135M leads its verdicts
+        ("The better answer is b: it is shorter", "B"),
+        ("The answer to the question is long", None),
         ("\x00\x01 garbage", None),
     ],
 )

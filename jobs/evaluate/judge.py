@@ -8,7 +8,7 @@ The pairs are the run's before/after samples (`jobs.train.before_after`): each h
 the base model's answer and the run's, answered greedily with the same settings when training ended,
 so judging generates nothing but the verdicts. Each pair is judged twice, the run's answer shown
 first and then second, which cancels a judge's bias for a position. A verdict is read from the start
-of the judge's reply ("A", "B" or "tie", then a reason); a reply that says none of these counts as a
+of the judge's reply ("A", "B" or "tie", "Verdict: A" or "The answer is A", then a reason); a reply that says none of these counts as a
 tie and is recorded as unparsed, so a weak judge makes the result uncertain, never wrong in one
 direction. The verdicts and reasons are kept in the run folder's `judge.json` (artifact kind
 `judge`), the counts as the "judge" task's scores (`Store.set_scores`) and a run event.
@@ -45,7 +45,8 @@ PROMPT = (
     "You compare two answers to the same question. Reply with the better answer's letter, A or B, or with "
     "tie, then one sentence of reason.\n\nQuestion:\n{prompt}\n\nAnswer A:\n{a}\n\nAnswer B:\n{b}\n\nVerdict:"
 )
-_VERDICT = re.compile(r"^\W*(?:verdict\W*|answer\W*)?(a|b|tie)\b", re.IGNORECASE)
+# "A", "Verdict: A", "answer: b", and the way small models lead with it: "The answer is A", "The better answer is B".
+_VERDICT = re.compile(r"^\W*(?:verdict\W*|(?:the\s+)?(?:better\s+)?answer(?:\s+is)?\W*)?(a|b|tie)\b", re.IGNORECASE)
 
 Ask = Callable[[str], str]  # one prompt -> the judge's reply (an endpoint)
 AskAll = Callable[[list[str]], list[str]]  # every prompt at once -> their replies (a model, in batches)
