@@ -8,9 +8,9 @@ The pairs are the run's before/after samples (`jobs.train.before_after`): each h
 the base model's answer and the run's, answered greedily with the same settings when training ended,
 so judging generates nothing but the verdicts. Each pair is judged twice, the run's answer shown
 first and then second, which cancels a judge's bias for a position. A verdict is read from the start
-of the judge's reply ("A", "B" or "tie", "Verdict: A" or "The answer is A", then a reason); a reply that says none of these counts as a
-tie and is recorded as unparsed, so a weak judge makes the result uncertain, never wrong in one
-direction. The verdicts and reasons are kept in the run folder's `judge.json` (artifact kind
+of the judge's reply ("A", "B" or "tie", "Verdict: A" or "The answer is A", then a reason); a reply that
+says none of these counts as a tie and is recorded as unparsed, so a weak judge makes the result
+uncertain, never wrong in one direction. The verdicts and reasons are kept in the run folder's `judge.json` (artifact kind
 `judge`), the counts as the "judge" task's scores (`Store.set_scores`) and a run event.
 
 The judge is a model the worker can load (a built-in name, a local folder, a hub id where the hub is
