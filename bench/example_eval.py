@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "9c0984a"  # main before the default example was scored by default (issue 35)
-QUESTIONS = "examples/tag-format-questions.jsonl"
+QUESTIONS = "examples/tag-format-questions.jsonl"  # run from the repository folder
 JUDGE = "smollm2-135m-instruct"
 _STAMP = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ jobs\.evaluate\.harness: scoring the (base|run) model"

@@ -121,6 +121,8 @@ def examples() -> list[Job]:
         values.pop("run_name", None)
         model = TINY if values.get("model") == "tiny-llama" else SMOLLM2
         values.pop("model", None)
+        for scoring in ("eval_tasks", "judge"):  # after training: nothing of the training's memory
+            values.pop(scoring, None)
         # GRPO generates its group of answers each step (~2 min a step here): one step.
         cap = 1 if values.get("trainer") == "grpo" else None
         out.append(Job(f"ex:{path.stem}", f"examples/{path.name}", values, model, max_steps=cap))

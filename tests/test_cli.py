@@ -92,6 +92,24 @@ def test_store_free_commands_leave_no_database(
     assert "tunedeck.db" in databases()
 
 
+def test_files_named_in_a_spec_are_found_beside_it_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "qs.jsonl").write_text('{"question": "2+2?", "answer": "4"}\n')
+    (tmp_path / "specs" / "rows.jsonl").write_text("")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "rows.jsonl").write_text("")  # found from the current folder: kept as written
+    text = "model: tiny-llama\ndataset: [rows.jsonl, sample:chat-format]\neval_tasks: qs.jsonl, hellaswag\n"
+    (tmp_path / "specs" / "job.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    spec = load_spec(str(tmp_path / "specs" / "job.yaml"))
+    assert spec.eval_tasks == f"{tmp_path / 'specs' / 'qs.jsonl'}, hellaswag"
+    assert "rows.jsonl" in str(spec.dataset) and str(tmp_path / "specs") not in str(spec.dataset)
+    monkeypatch.chdir(tmp_path)
+    assert load_spec("specs/job.yaml").eval_tasks == f"{tmp_path / 'specs' / 'qs.jsonl'}, hellaswag"
+
+
 def test_load_spec_overrides(tmp_path: Path) -> None:
     spec = load_spec(str(write(tmp_path, GOOD)), ["lora_r=4", "packing=true", "eval_dataset="])
     assert (spec.lora_r, spec.packing, spec.eval_dataset) == (4, True, None)

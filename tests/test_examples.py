@@ -72,15 +72,15 @@ def test_quick_example_is_tiny():
     assert spec.max_steps == 20
 
 
-def test_default_example_ends_scored_against_its_base(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_example_ends_scored_against_its_base(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Issue 35: the default example queues its local questions and a judge, in one evaluate task (models loaded once)."""
+    from app.cli.usage import load_spec
     from jobs.data.bench_tasks import task_problems
     from jobs.spec.evaluation import evaluation_tasks
 
-    spec = _load("smollm2-tag-format.yaml")
-    assert spec.eval_tasks == "examples/tag-format-questions.jsonl" and spec.sample_count > 0
-    assert evaluation_tasks(spec) == [
-        ("evaluate", {"tasks": "examples/tag-format-questions.jsonl", "judge": "smollm2-135m-instruct"})
-    ]
-    monkeypatch.chdir(EXAMPLES.parent)  # the path is relative to the repository's folder, where the README runs it
+    monkeypatch.chdir(tmp_path)  # not the repository's folder: the questions are found beside the spec file
+    spec = load_spec(str(EXAMPLES / "smollm2-tag-format.yaml"))
+    questions = str(EXAMPLES / "tag-format-questions.jsonl")
+    assert spec.eval_tasks == questions and spec.sample_count > 0
+    assert evaluation_tasks(spec) == [("evaluate", {"tasks": questions, "judge": "smollm2-135m-instruct"})]
     assert task_problems(spec.eval_tasks) == []

@@ -51,7 +51,30 @@ def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
         ) from exc
     if not isinstance(data, dict):
         return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
-    return JobSpec.from_dict({**data, **parse_overrides(overrides)})
+    return JobSpec.from_dict({**_files_beside(data, file.parent), **parse_overrides(overrides)})
+
+
+FILE_FIELDS = ("dataset", "eval_dataset", "eval_tasks")  # fields whose text may name local files
+
+
+def _files_beside(data: dict[str, object], folder: Path) -> dict[str, object]:
+    """The spec with each relative file named in FILE_FIELDS that is not found from the current folder but is
+    beside the spec file taken from there (`tunedeck run examples/x.yaml` works from any folder); the rest as is."""
+
+    def beside(ref: str) -> str:
+        text = ref.strip()
+        if not text or Path(text).is_absolute() or Path(text).exists() or not (folder / text).exists():
+            return ref
+        return str((folder / text).resolve())
+
+    out = dict(data)
+    for name in FILE_FIELDS:
+        value = out.get(name)
+        if isinstance(value, str):
+            out[name] = ",".join(beside(part) for part in value.split(","))
+        elif isinstance(value, list):
+            out[name] = [beside(v) if isinstance(v, str) else v for v in value]
+    return out
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
