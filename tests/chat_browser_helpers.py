@@ -41,7 +41,10 @@ def say(page: Any, text: str, answers: int) -> tuple[list[str], list[str]]:
         status = page.locator("#chat-status").inner_text().strip()
         assert "failed" not in status, status
         finished = status == "Done."
-        return (base, tuned) if finished and len(base) == len(tuned) == answers else None
+        # A finished answer is never shown empty (a blank one is a note) nor as "…" (an open reply's mark): the
+        # status line can be drawn before the columns, so either means the columns are not drawn yet.
+        drawn = all(answer.strip() not in ("", "…") for answer in base + tuned)
+        return (base, tuned) if finished and drawn and len(base) == len(tuned) == answers else None
 
     return wait_for(done, timeout=600, interval=0.2, what=f"{answers} answers in both columns")
 
