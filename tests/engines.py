@@ -30,9 +30,9 @@ def engine_missing(why: str, *, module_level: bool = False) -> NoReturn:
     pytest.skip(why, allow_module_level=module_level)
 
 
-def import_or_missing(module: str) -> Any:
+def import_or_missing(module: str, fix: str = "pip install -e '.[test]'") -> Any:
     """`pytest.importorskip` that fails under CI: the module, imported."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        engine_missing(f"{module} cannot be imported ({exc}): pip install -e '.[test]'", module_level=True)
+        engine_missing(f"{module} cannot be imported ({exc}): {fix}", module_level=True)

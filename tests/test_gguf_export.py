@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from engines import import_or_missing
 from training_helpers import tiny_spec
 
 from jobs.export.gguf import K_FORCED_AGREEMENT, Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
@@ -15,6 +16,11 @@ from jobs.train.artifacts import sha256_of
 from storage.models import RunStatus
 
 pytestmark = pytest.mark.integration
+
+
+def _llama_cpp() -> None:
+    """K-quants need llama.cpp's binding: `./dev.sh test` builds it (a trimmed build, minutes); CI fails without."""
+    import_or_missing("llama_cpp", fix="./dev.sh gguf")
 
 
 def _tiny_variant(tiny_model: Path, dest: Path, config_class: str, **extra) -> Path:
@@ -209,8 +215,8 @@ def test_qwen2_round_trips_and_other_shapes_are_refused(tiny_model: Path, tmp_pa
 def test_k_quants_without_llama_cpp_are_refused_before_queueing(
     tstore, runs: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where llama-cpp-python is not installed (CI: it compiles for tens of minutes), a K-quant is refused when
-    asked for, naming the fix; the types tunedeck writes itself are still queued."""
+    """Where llama-cpp-python is not installed (a worker set up without `./dev.sh gguf`), a K-quant is refused
+    when asked for, naming the fix; the types tunedeck writes itself are still queued."""
     import jobs.export.llamacpp
     from jobs.worker.tasks import request_export
 
@@ -229,7 +235,7 @@ def test_k_quants_without_llama_cpp_are_refused_before_queueing(
 
 @pytest.mark.slow
 def test_q4_k_m_is_made_and_read_back_by_llama_cpp(tstore, runs: dict[str, int]) -> None:
-    pytest.importorskip("llama_cpp", reason="K-quants need llama-cpp-python (./dev.sh gguf)")
+    _llama_cpp()
     result = export_gguf(tstore, runs["lora"], "q4_k_m")
     check = result.check
     assert check.passed and result.path.name.endswith("-q4_k_m.gguf") and check.llama_cpp is not None, check
@@ -242,7 +248,7 @@ def test_q4_k_m_is_made_and_read_back_by_llama_cpp(tstore, runs: dict[str, int])
 
 
 def test_llama_cpp_quantizes_256_wide_rows_to_k_quants(tiny_model: Path, tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp", reason="K-quants need llama-cpp-python (./dev.sh gguf)")
+    _llama_cpp()
     from transformers import AutoTokenizer
 
     from jobs.export.llamacpp import llama_read_back, quantize, tensor_types
@@ -290,7 +296,7 @@ def test_smollm2_run_exports_q4_k_m_that_llama_cpp_reads_like_transformers(
 ) -> None:
     """The same run as Q4_K_M, made by llama.cpp's quantizer: llama.cpp's next tokens on the check prompts agree
     with the merged model's answers as often as transformers' reading of the same file does (within 5 points)."""
-    pytest.importorskip("llama_cpp", reason="K-quants need llama-cpp-python (./dev.sh gguf)")
+    _llama_cpp()
     from storage.store import Store
 
     folder, run_id = smollm2_run

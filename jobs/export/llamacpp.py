@@ -5,8 +5,8 @@
     types = tensor_types(dest)                        # {"Q4_K": 9, "Q6_K": 2, "Q8_0": 7, "F32": 5}
     read = llama_read_back(dest, tokenizer, prompts, answers)   # LlamaReadBack: what llama.cpp answered
 
-The binding (`llama-cpp-python`) has no wheel on PyPI: pip builds llama.cpp from its source, which takes
-long on a small machine (`./dev.sh gguf` does it), so it is optional. Without it f16 and q8_0 files are
+The binding (`llama-cpp-python`) has no wheel on PyPI: pip builds llama.cpp from its source (`./dev.sh gguf`
+builds only the library it loads, in minutes), so it is optional. Without it f16 and q8_0 files are
 still written (by `jobs.export.gguf_writer`) and checked through transformers' GGUF loader; K-quants are
 refused before they are queued, naming that fix.
 
@@ -29,7 +29,7 @@ K_QUANTS = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}
 EXPORT_TYPES = ("f16", "q8_0", *K_QUANTS)  # what `--gguf` takes: tunedeck's own writer's two, then llama.cpp's
 LLAMA_CPP_FIX = (
     "install llama.cpp's Python binding where the worker runs: `./dev.sh gguf` builds llama-cpp-python from "
-    "source (no GPU needed; tens of minutes on two cores), or pick f16 or q8_0, which need no llama.cpp"
+    "source (no GPU needed; minutes), or pick f16 or q8_0, which need no llama.cpp"
 )
 
 
