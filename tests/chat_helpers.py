@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from training_helpers import tiny_spec
+from training_helpers import claim_run, tiny_spec
 
 TAUGHT = "[tag]"  # every answer of the sample:chat-format data set starts with it
 PROMPT = "Tell me about the moon."
@@ -38,7 +38,7 @@ def broken_copy(store: Any, run_id: int, model: Path, worker_id: str = "test-wor
     folder = store.run_dir(broken) / "bundle"
     shutil.copytree(source, folder)
     (folder / "adapter_model.safetensors").write_bytes(b"not safetensors")
-    assert store.claim_next_on_device(worker_id, "fake-broken") is not None
+    claim_run(store, broken, worker_id, "fake-broken")
     store.mark_succeeded(broken, {})
     store.add_artifact(broken, "adapter", str(folder), 1, "0" * 64)
     return broken

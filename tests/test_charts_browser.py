@@ -21,6 +21,7 @@ import pytest
 from browser_helpers import CHROMIUM, REPO, chromium, served
 from chart_scene import Scene, number, wait_scene
 from engines import engine_missing, import_or_missing
+from training_helpers import claim_run
 
 pytestmark = pytest.mark.browser
 if not Path(CHROMIUM).exists():
@@ -348,7 +349,7 @@ def test_live_run_page_draws_a_new_metric_row_without_a_reload(dashboard, dashbo
     store = Store(f"sqlite:///{dashboard_home / 'tunedeck.db'}")
     # Pinned to a host no worker is on: the dashboard's own worker leaves it to this test.
     run_id = store.create_run(JobSpec(run_name="live", pin_host="elsewhere"))
-    assert store.claim_next_on_device("seed", "1", host="elsewhere") is not None
+    claim_run(store, run_id, "seed", "1", host="elsewhere")
     store.add_metrics(run_id, [MetricPoint(s, "loss", 2.0, time.time()) for s in range(1, 4)])
     page = _page(browser, f"{url}/?run={run_id}")
     wait_scene(page, "run-loss-plot", lambda s: s.drawn_lines().get("train", 0) >= 3)

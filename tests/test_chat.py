@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from chat_helpers import PROMPT, TAUGHT
-from training_helpers import greedy_answer, tiny_spec, wait_for
+from training_helpers import claim_run, greedy_answer, tiny_spec, wait_for
 
 from jobs.chat.generate import ChatError, Sampling, load, locate
 from jobs.chat.process import ChatProcess, choose_device
@@ -102,7 +102,7 @@ def test_runs_that_cannot_answer_are_refused_with_the_fix(store, tiny_model: Pat
         assert words in str(err.value) and "tunedeck runs --status succeeded" in str(err.value)
     # A "succeeded" run without its result folder, and a reward model (claimed and finished by hand).
     for run_id in (queued, reward):
-        assert store.claim_next_on_device("test-worker", f"fake-{run_id}") is not None
+        claim_run(store, run_id, "test-worker", f"fake-{run_id}")
         store.mark_succeeded(run_id, {})
     with pytest.raises(ChatError, match="no saved adapter folder"):
         locate(store, queued)
@@ -117,7 +117,7 @@ def test_busy_gpu_is_refused_naming_the_run_and_the_fix(
     monkeypatch.delenv("TUNEDECK_DEVICE", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     run_id = store.create_run(tiny_spec(tiny_model, run_name="training-now"))
-    assert store.claim_next_on_device("w1", "0", host="gpu-box") is not None  # run is training on GPU 0
+    claim_run(store, run_id, "w1", "0", host="gpu-box")  # run is training on GPU 0
     with pytest.raises(ChatError) as err:
         choose_device(store, GPU, host="gpu-box")
     text = str(err.value)
@@ -214,7 +214,7 @@ def test_a_chat_process_leaves_its_gpu_as_soon_as_a_run_takes_it(store, tiny_mod
         # Up and watching: it has looked at the lease at least once and is still there.
         wait_for(lambda: procs["0"].poll() is None and procs["1"].poll() is None, what="chat processes started")
         run_id = store.create_run(tiny_spec(tiny_model, run_name="needs-the-gpu"))
-        assert store.claim_next_on_device("w1", "0") is not None
+        claim_run(store, run_id, "w1", "0")
         wait_for(lambda: procs["0"].poll() is not None, timeout=60, what="the chat process on GPU 0 to exit")
         assert procs["0"].returncode == 0
         assert f"GPU 0 is training run {run_id} (needs-the-gpu)" in log0.read_text()
@@ -301,7 +301,7 @@ def test_on_a_gpu_answers_come_from_the_gpu_and_a_training_run_keeps_it(home, mo
     monkeypatch.setenv("TUNEDECK_DEVICE", "0")
     assert choose_device(store) == "0"  # this machine's real device facts
     holder = store.create_run(tiny_spec(Path(locate(store, ids["lora"]).base), run_name="holder"))
-    assert store.claim_next_on_device("gpu-test", "0") is not None
+    claim_run(store, holder, "gpu-test", "0")
     with pytest.raises(ChatError, match=f"GPU 0 is training run {holder}"):
         ChatProcess(store).answer(ids["lora"], "run", PROMPT, sampling=SHORT)
     store.release_device("0", "gpu-test")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from chat_helpers import PROMPT, TAUGHT, broken_copy
-from training_helpers import tiny_spec, wait_for
+from training_helpers import claim_run, tiny_spec, wait_for
 
 from jobs.chat.generate import Sampling, load, locate
 from jobs.chat.process import ChatProcess
@@ -190,7 +190,7 @@ def test_failures_are_the_replys_error_and_other_hosts_runs_are_left(served, tin
         assert f"run {broken}'s model failed to load" in reply.error and "Fix:" in reply.error
     # A run trained on another host (no shared data folder): this worker leaves its replies pending.
     elsewhere = store.create_run(tiny_spec(tiny_model, run_name="elsewhere"))
-    assert store.claim_next_on_device("other-host:7", "0", host="other-host") is not None
+    claim_run(store, elsewhere, "other-host:7", "0", host="other-host")
     store.mark_succeeded(elsewhere, {})
     sid = store.create_chat(elsewhere, sampling=SAMPLING)
     store.add_chat_turn(sid, PROMPT)
@@ -227,7 +227,7 @@ def test_the_chat_tabs_handlers_write_turns_and_show_the_workers_answers(served,
     assert "temperature" in send(store, None, run_id, "", 9.0, 1.0, NEW_TOKENS, PROMPT)[0]
     # A run trained on a host with no live worker: the host and the fix; nothing is written.
     elsewhere = store.create_run(tiny_spec(tiny_model, run_name="far"))
-    assert store.claim_next_on_device("far-host:3", "0", host="far-host") is not None
+    claim_run(store, elsewhere, "far-host:3", "0", host="far-host")
     store.mark_succeeded(elsewhere, {})
     problem = reach_problem(store, elsewhere)
     assert "far-host" in problem and "tunedeck worker" in problem and "TUNEDECK_SHARED_DATA=1" in problem

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from training_helpers import wait_for
+from training_helpers import claim_run, wait_for
 
 from jobs.spec.job import JobSpec
 from storage.models import ReplyStatus
@@ -94,6 +94,7 @@ def test_an_image_turn_is_answered_by_both_sides_with_the_images_pixels(vlm_serv
 
     store, run_id, _, folder = vlm_served
     picture = draw(folder / "upload" / "red.png", COLOURS["red"])
+    store.update_chat(store.create_chat(run_id), "", SAMPLING)  # a fresh session: the tab continues the latest
     status, base, _, timer, prompt, image = send(store, None, run_id, "", 0.0, 1.0, 8, QUESTION, str(picture))
     assert timer.active and (prompt, image) == ("", None), status
     assert base[0] == {"role": "user", "content": IMAGE_MARK + QUESTION}
@@ -141,7 +142,7 @@ def test_an_image_for_a_text_only_run_is_refused_before_anything_is_written(stor
     from app.ui.chat import send
 
     run_id = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format"}))
-    assert store.claim_next_on_device(f"{socket.gethostname()}:1", "cpu") is not None
+    claim_run(store, run_id, f"{socket.gethostname()}:1", "cpu")
     store.mark_succeeded(run_id, {})
     store.chat_service_beat("w:1", socket.gethostname(), False)  # a live worker reaches it: only the image is wrong
     picture = draw(tmp_path / "red.png", COLOURS["red"])
@@ -212,7 +213,7 @@ def test_the_apis_image_parts_are_data_urls_one_a_turn_and_refused_for_a_text_on
             chat_turns([{"role": "user", "content": content}])
         assert words in caught.value.message and caught.value.param == "messages"
     run_id = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format"}))
-    assert store.claim_next_on_device(f"{socket.gethostname()}:1", "cpu") is not None
+    claim_run(store, run_id, f"{socket.gethostname()}:1", "cpu")
     store.mark_succeeded(run_id, {})
     body = {"model": str(run_id), "messages": [{"role": "user", "content": image_parts(picture)}]}
     with pytest.raises(ApiError) as caught:

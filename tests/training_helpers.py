@@ -34,6 +34,15 @@ def tiny_spec(model: Path, *, max_steps: int = 12, max_length: int = 96, **chang
     return JobSpec.from_dict({**base, **changes})
 
 
+def claim_run(store: Any, run_id: int, worker_id: str, device: str, host: str | None = None) -> Any:
+    """Claim run `run_id` itself, as a worker on (host, device) would: `claim_next_on_device` takes the oldest
+    queued run, and a store shared by a module's tests may still hold another test's (the order is random)."""
+    others = [r.id for r in store.queued() if r.id != run_id]
+    claimed = store.claim_next_on_device(worker_id, device, host=host, skip=others)
+    assert claimed is not None and claimed.id == run_id, f"run {run_id} was not claimed: {claimed}"
+    return claimed
+
+
 def wait_for(
     predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "condition"
 ) -> Any:
