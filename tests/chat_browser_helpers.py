@@ -36,17 +36,25 @@ def say(page: Any, text: str, answers: int) -> tuple[list[str], list[str]]:
     page.locator("#chat-prompt textarea").fill(text)
     page.locator("#chat-send").click()
 
+    readings: list[tuple[list[str], list[str]]] = []
+
     def done() -> tuple[list[str], list[str]] | None:
         base, tuned = columns(page)
         status = page.locator("#chat-status").inner_text().strip()
         assert "failed" not in status, status
         finished = status == "Done."
-        # A finished answer is never shown empty (a blank one is a note) nor as "…" (an open reply's mark): the
-        # status line can be drawn before the columns, so either means the columns are not drawn yet.
+        # The status line can be drawn before the columns: an answer can still show "" or "…" (an open reply's
+        # mark), or the part of it streamed so far (seen under load: "a" for "assistant\n[tag] Over."). So the
+        # columns count once five readings in a row after "Done." (about a second) are the same.
         drawn = all(answer.strip() not in ("", "…") for answer in base + tuned)
-        return (base, tuned) if finished and drawn and len(base) == len(tuned) == answers else None
+        if not (finished and drawn and len(base) == len(tuned) == answers):
+            readings.clear()
+            return None
+        readings.append((base, tuned))
+        settled = len(readings) >= 5 and all(r == readings[-1] for r in readings[-5:])
+        return (base, tuned) if settled else None
 
-    return wait_for(done, timeout=600, interval=0.2, what=f"{answers} answers in both columns")
+    return wait_for(done, timeout=600, interval=0.25, what=f"{answers} answers in both columns")
 
 
 def open_chat(page: Any, url: str, option: str) -> None:
