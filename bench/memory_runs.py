@@ -129,18 +129,28 @@ def examples() -> list[Job]:
     return out
 
 
+LORA = {
+    "method": "lora",
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_target_modules": "all-linear",
+    "learning_rate": 2e-4,
+}
+
+
 def grid() -> list[Job]:
     """The jobs, in the order they run."""
-    lora = {
-        "method": "lora",
-        "lora_r": 16,
-        "lora_alpha": 32,
-        "lora_target_modules": "all-linear",
-        "learning_rate": 2e-4,
-    }
     return [
         Job("default", "the form's default job: JobSpec() but for max_steps, the row limit and FAST", {}),
         *examples(),
+        *shape_jobs(LORA),
+        *trick_jobs(LORA),
+    ]
+
+
+def shape_jobs(lora: dict[str, Any]) -> list[Job]:
+    """Lengths, truncation, DPO, QLoRA, a full fine-tune, packing and checkpointing: the predictor's shapes."""
+    return [
         Job("short-2048", "48-token rows at max_length 2048, batch 8", {**lora, "max_length": 2048}, data="short"),
         Job(
             "truncated-256",
@@ -202,7 +212,12 @@ def grid() -> list[Job]:
             model=SMALL,
             data="near",
         ),
-        # The memory tricks that run on a CPU (jobs/config/tricks.py), and the CPU allocator both ways.
+    ]
+
+
+def trick_jobs(lora: dict[str, Any]) -> list[Job]:
+    """The memory tricks that run on a CPU (jobs/config/tricks.py), and the CPU allocator both ways."""
+    return [
         Job(
             "galore-tiny",
             "full fine-tune of the tiny Llama with GaLore AdamW (rank 8), 128-token rows, batch 8",

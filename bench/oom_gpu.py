@@ -145,9 +145,7 @@ def run_check(work: Path, timeout: float) -> dict[str, Any]:
     from jobs.checks.pipeline import check
     from jobs.memory.parts import arch_from_config
     from jobs.queue.submit import enqueue
-    from jobs.train import oom
     from jobs.worker.loop import Worker
-    from storage.models import RunStatus
     from storage.store import Store
 
     arch = arch_from_config(json.loads((model_dir / "config.json").read_text()))
@@ -166,10 +164,17 @@ def run_check(work: Path, timeout: float) -> dict[str, Any]:
     store = Store()
     worker = Worker(store, poll_interval=0.5, heartbeat_interval=1.0, grace_period=20.0)
     worker.publish_device()  # the check reads the worker's device, as when a worker is running
-    checked = check(spec, store=store)
-    run_id = enqueue(store, checked)  # SpecError here names every problem
+    run_id = enqueue(store, check(spec, store=store))  # SpecError here names every problem
     print(f"run {run_id} queued ({time.perf_counter() - t0:.0f} s so far); the worker starts", flush=True)
+    wall = work_until_done(store, worker, run_id, timeout)
+    result = {**sizing, **outcome(store, run_id, spec), "worker_wall_s": round(wall, 1)}
+    result["total_wall_s"] = round(time.perf_counter() - t0, 1)
+    store.dispose()
+    return result
 
+
+def work_until_done(store: Any, worker: Any, run_id: int, timeout: float) -> float:
+    """The worker takes the run; past the timeout the run is cancelled, then the worker stopped. Seconds taken."""
     timers = [
         threading.Timer(timeout, lambda: store.request_cancel(run_id)),
         threading.Timer(timeout + 30, lambda: worker.stop("the check timed out")),
@@ -181,15 +186,24 @@ def run_check(work: Path, timeout: float) -> dict[str, Any]:
     worker.work(burst=True)
     for t in timers:
         t.cancel()
-    wall = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def outcome(store: Any, run_id: int, spec: Any) -> dict[str, Any]:
+    """What the run did: its status, each recovery, the spec it ended with, its peak, the log's tail, a verdict."""
+    from jobs.train import oom
+    from storage.models import RunStatus
 
     run = store.get_run(run_id)
     events = oom.recoveries(store, run_id)
     final = oom.effective_spec(store, run_id, spec)
     log_path = Path(run.log_path) if run.log_path else None
     tail = log_path.read_text(errors="replace").splitlines()[-40:] if log_path and log_path.is_file() else []
-    result = {
-        **sizing,
+    if run.status is RunStatus.SUCCEEDED:
+        verdict = "RECOVERED" if events else "NO OOM"
+    else:
+        verdict = "NOT RECOVERED"
+    return {
         "run_id": run_id,
         "status": run.status.value,
         "error_summary": run.error_summary,
@@ -203,18 +217,9 @@ def run_check(work: Path, timeout: float) -> dict[str, Any]:
         "peak_memory_bytes": run.peak_memory_bytes,
         "peak_memory_source": run.peak_memory_source,
         "current_step": run.current_step,
-        "worker_wall_s": round(wall, 1),
-        "total_wall_s": round(time.perf_counter() - t0, 1),
         "log_tail": tail,
+        "verdict": verdict,
     }
-    if run.status is RunStatus.SUCCEEDED and events:
-        result["verdict"] = "RECOVERED"
-    elif run.status is RunStatus.SUCCEEDED:
-        result["verdict"] = "NO OOM"
-    else:
-        result["verdict"] = "NOT RECOVERED"
-    store.dispose()
-    return result
 
 
 def describe(r: dict[str, Any]) -> str:

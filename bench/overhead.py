@@ -325,8 +325,8 @@ def run_pair(i: int, sides: list[str], spec: Any, work: Path, mode: str) -> list
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the pairs and print each side's figures and the ratios' min / median / max."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; a wrong --sides is an argparse error naming the choices."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--steps", type=int, default=600)
@@ -344,19 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.bare_child:
-        bare_child(args.bare_child)
-        return 0
     sides = args.sides.split(",")
-    if len(sides) != 2 or any(s not in SIDES for s in sides):
+    if not args.bare_child and (len(sides) != 2 or any(s not in SIDES for s in sides)):
         parser.error(f"--sides: two of {', '.join(SIDES)}, comma-separated (got {args.sides!r})")
-    mode = args.mode or default_mode()
+    return args
 
+
+def prepare(args: argparse.Namespace) -> tuple[Path, Any, str]:
+    """A throw-away database and runs folder sharing the real model cache; the spec; the model's path."""
     from storage.settings import models_dir
 
     work = Path(tempfile.mkdtemp(prefix="tunedeck-overhead-"))
-    # A throw-away database and runs folder, sharing the real model cache (SmolLM2 converts once).
-    shared_models = models_dir()
+    shared_models = models_dir()  # SmolLM2 converts once, outside the timed pairs
     (work / "home").mkdir()
     (work / "home" / "models").symlink_to(shared_models, target_is_directory=True)
     os.environ.update(OFFLINE_ENV, TUNEDECK_HOME=str(work / "home"))
@@ -366,46 +365,42 @@ def main(argv: list[str] | None = None) -> int:
 
     data_file = work / "train.jsonl"  # a local file: no default eval split, so no eval on either side
     shutil.copy(SAMPLES_DIR / "chat-format.train.jsonl", data_file)
-    model_path = resolve_model(args.model).path  # converts a built-in once, outside the timed pairs
-    spec = make_spec(args, data_file)
-    labels = [f"{s}#{k + 1}" if sides[0] == sides[1] else s for k, s in enumerate(sides)]
-    print(
-        f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
-        f"{args.max_length}, {args.pairs} pairs, mode {mode}, sides {' vs '.join(labels)}, work dir {work}",
-        flush=True,
+    model_path = resolve_model(args.model).path
+    return work, make_spec(args, data_file), str(model_path)
+
+
+def pair_row(i: int, labels: list[str], a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
+    """One pair's figures under each side's label, and its ratios."""
+    rss_ratio = b["peak_rss"] / a["peak_rss"] if "peak_rss" in a and "peak_rss" in b else None
+    return {
+        "pair": i + 1,
+        **{f"{k}_{lab}": v for lab, r in zip(labels, (a, b)) for k, v in r.items()},
+        "ratio": b["tokens_per_second"] / a["tokens_per_second"],
+        "step_ratio": a["step_time"] / b["step_time"],
+        **({"rss_ratio": rss_ratio} if rss_ratio is not None else {}),
+    }
+
+
+def describe_pair(row: dict[str, Any], labels: list[str], sides: tuple[dict[str, float], ...]) -> str:
+    """The line printed after each pair."""
+    where = [f" (cores {r['cores']})" if "cores" in r else "" for r in sides]
+    rss_ratio = row.get("rss_ratio")
+    return (
+        f"pair {row['pair']}: "
+        + ", ".join(
+            f"{lab}{w} {r['tokens_per_second']:.1f} tok/s ({r['train_runtime']:.1f} s, median step "
+            f"{r['step_time'] * 1000:.1f} ms"
+            + (f", peak RSS {r['peak_rss'] / 2**20:.0f} MiB" if "peak_rss" in r else "")
+            + ")"
+            for lab, w, r in zip(labels, where, sides)
+        )
+        + f"; ratio {row['ratio']:.3f}, step ratio {row['step_ratio']:.3f}"
+        + (f", peak RSS ratio {rss_ratio:.3f}" if rss_ratio is not None else "")
     )
-    rows = []
-    for i in range(args.pairs):
-        a, b = run_pair(i, sides, spec, work, mode)
-        ratio = b["tokens_per_second"] / a["tokens_per_second"]
-        step_ratio = a["step_time"] / b["step_time"]
-        rss_ratio = b["peak_rss"] / a["peak_rss"] if "peak_rss" in a and "peak_rss" in b else None
-        rows.append(
-            {
-                "pair": i + 1,
-                **{f"{k}_{lab}": v for lab, r in zip(labels, (a, b)) for k, v in r.items()},
-                "ratio": ratio,
-                "step_ratio": step_ratio,
-                **({"rss_ratio": rss_ratio} if rss_ratio is not None else {}),
-            }
-        )
-        where = [f" (cores {r['cores']})" if "cores" in r else "" for r in (a, b)]
-        print(
-            f"pair {i + 1}: "
-            + ", ".join(
-                f"{lab}{w} {r['tokens_per_second']:.1f} tok/s ({r['train_runtime']:.1f} s, median step "
-                f"{r['step_time'] * 1000:.1f} ms"
-                + (f", peak RSS {r['peak_rss'] / 2**20:.0f} MiB" if "peak_rss" in r else "")
-                + ")"
-                for lab, w, r in zip(labels, where, (a, b))
-            )
-            + f"; ratio {ratio:.3f}, step ratio {step_ratio:.3f}"
-            + (f", peak RSS ratio {rss_ratio:.3f}" if rss_ratio is not None else ""),
-            flush=True,
-        )
-    ratios = [r["ratio"] for r in rows]
-    step_ratios = [r["step_ratio"] for r in rows]
-    median = statistics.median(ratios)
+
+
+def print_sides(rows: list[dict[str, Any]], labels: list[str]) -> float:
+    """Each side's min / median / max over the pairs; returns the largest spread."""
     spreads = []
     for lab in labels:
         tps = [r[f"tokens_per_second_{lab}"] for r in rows]
@@ -423,6 +418,15 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
+    return max(spreads)
+
+
+def print_ratios(rows: list[dict[str, Any]], labels: list[str]) -> dict[str, float]:
+    """The ratios' min / median / max over the pairs; returns their summary figures."""
+    ratios = [r["ratio"] for r in rows]
+    step_ratios = [r["step_ratio"] for r in rows]
+    rss_ratios = [r["rss_ratio"] for r in rows if "rss_ratio" in r]
+    median = statistics.median(ratios)
     what = f"{labels[1]}/{labels[0]}"
     print(
         f"ratio {what}, tokens/s over the whole training: min {min(ratios):.3f} / median {median:.3f} / "
@@ -432,13 +436,44 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio {what}, median step time: min {min(step_ratios):.3f} / median "
         f"{statistics.median(step_ratios):.3f} / max {max(step_ratios):.3f}, spread {spread(step_ratios) * 100:.1f}%"
     )
-    rss_ratios = [r["rss_ratio"] for r in rows if "rss_ratio" in r]
     if rss_ratios:
         print(
             f"ratio {what}, peak RSS: min {min(rss_ratios):.3f} / median {statistics.median(rss_ratios):.3f} / "
             f"max {max(rss_ratios):.3f}, spread {spread(rss_ratios) * 100:.1f}%"
         )
-    if max(spreads) > 0.05:
+    return {
+        "ratio_min": min(ratios),
+        "median_ratio": median,
+        "ratio_max": max(ratios),
+        "median_step_ratio": statistics.median(step_ratios),
+        **({"median_rss_ratio": statistics.median(rss_ratios)} if rss_ratios else {}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the pairs and print each side's figures and the ratios' min / median / max."""
+    args = parse_args(argv)
+    if args.bare_child:
+        bare_child(args.bare_child)
+        return 0
+    sides = args.sides.split(",")
+    mode = args.mode or default_mode()
+    work, spec, model_path = prepare(args)
+    labels = [f"{s}#{k + 1}" if sides[0] == sides[1] else s for k, s in enumerate(sides)]
+    print(
+        f"model {args.model} ({model_path}), {args.steps} steps, batch {args.batch}, max_length "
+        f"{args.max_length}, {args.pairs} pairs, mode {mode}, sides {' vs '.join(labels)}, work dir {work}",
+        flush=True,
+    )
+    rows = []
+    for i in range(args.pairs):
+        a, b = run_pair(i, sides, spec, work, mode)
+        rows.append(pair_row(i, labels, a, b))
+        print(describe_pair(rows[-1], labels, (a, b)), flush=True)
+    widest = print_sides(rows, labels)
+    summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "mode": mode, "pairs": rows}
+    summary |= print_ratios(rows, labels)
+    if widest > 0.05:
         print(
             "note: a side's spread is above 5%: the machine's speed changed between repeats"
             + (
@@ -448,16 +483,6 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
-    summary = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "mode": mode,
-        "pairs": rows,
-        "ratio_min": min(ratios),
-        "median_ratio": median,
-        "ratio_max": max(ratios),
-        "median_step_ratio": statistics.median(step_ratios),
-        **({"median_rss_ratio": statistics.median(rss_ratios)} if rss_ratios else {}),
-    }
     if not args.no_callback_cost:
         cost = callback_cost(spec, work)  # robust to a noisy machine: time inside the callback itself
         print(
