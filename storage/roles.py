@@ -193,3 +193,7 @@ class Evaluations(ScoreSink, ScoreReader, RunArtifacts, RunEvents, Protocol):
 
 class ChatRuns(Leases, ArtifactReader, Protocol):
     """What the chat process reads: which run's result to load, and whether a training run holds the GPU."""
+
+
+class TerminalChat(ChatRuns, RunFolders, Protocol):
+    """`tunedeck chat`/`generate`: the chat process's reads, and the run's folder that keeps a prompt's picture."""

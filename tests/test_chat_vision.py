@@ -138,6 +138,84 @@ def test_an_image_turn_is_answered_by_both_sides_with_the_images_pixels(vlm_serv
     store.delete_chat(sid)
 
 
+@pytest.mark.integration
+def test_cli_generate_and_chat_send_a_picture_with_the_prompt(vlm_served, capsys: pytest.CaptureFixture) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from app.cli.main import main
+    from jobs.chat.generate import Sampling, load, locate
+    from jobs.chat.images import user_turn
+
+    store, run_id, _, folder = vlm_served
+    pair = load(locate(store, run_id), "cpu")
+    sampling = Sampling.from_dict(SAMPLING)
+    text_only = pair.answer("run", QUESTION, sampling=sampling)
+    answers = {}  # per colour: the answer to the picture and the question (the tiny run tells some apart)
+    for name, colour in COLOURS.items():
+        drawn = draw(folder / "terminal" / f"{name}.png", colour)
+        answers[drawn] = pair.answer("run", [user_turn(QUESTION, str(drawn))], sampling=sampling)
+    told = [p for p, answer in answers.items() if answer != text_only]
+    assert told, f"the tiny run answers {text_only!r} with and without every picture: nothing to tell"
+    picture = told[0]
+    assert main(["generate", str(run_id), QUESTION, "--image", str(picture), "--max-new-tokens", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["image"], out["answer"]) == (str(picture), answers[picture])  # the picture was read
+    kept = [p for p in (store.run_dir(run_id) / "chat").glob("*.png") if p.read_bytes() == _png_bytes(picture)]
+    assert len(kept) == 1  # kept once in the run's chat folder, as a PNG
+    # chat: the picture goes with each prompt (each answered on its own, so both answers are the same).
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "chat", str(run_id), "--image", str(picture), "--max-new-tokens", "8"],
+        input=f"{QUESTION}\n{QUESTION}\n/exit\n",
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == f"{out['answer']}\n{out['answer']}\n", done.stdout  # the answer may be newlines
+    assert f"about {picture}" in done.stderr
+
+
+def _png_bytes(picture: Path) -> bytes:
+    """The bytes `keep_image` writes for a picture (RGB, PNG)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    with Image.open(picture) as image:
+        image.convert("RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_cli_refuses_a_picture_for_a_text_only_run_or_a_broken_one_before_loading(
+    store: Any, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from app.cli.main import main
+
+    run_id = store.create_run(JobSpec.from_dict({"model": "tiny-llama", "dataset": "sample:chat-format"}))
+    claim_run(store, run_id, f"{socket.gethostname()}:1", "cpu")
+    store.mark_succeeded(run_id, {})
+    adapter = tmp_path / "adapter"  # a result to load: the refusals must come before any model would
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    store.add_artifact(run_id, "adapter", str(adapter), 2, "0" * 64)
+    picture = draw(tmp_path / "red.png", COLOURS["red"])
+    assert main(["generate", str(run_id), QUESTION, "--image", str(picture)]) == 2
+    err = capsys.readouterr().err
+    assert "image: run " in err and "a text-only model: it cannot read images" in err, err
+    assert "send the message without the image" in err
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a picture")
+    assert main(["chat", str(run_id), "--image", str(broken)]) == 2
+    assert "broken.png is not a readable image" in capsys.readouterr().err
+    assert main(["generate", str(run_id), QUESTION, "--image", str(tmp_path / "gone.png")]) == 2
+    assert "gone.png is not a file here" in capsys.readouterr().err
+    assert not (store.run_dir(run_id) / "chat").exists()  # nothing kept, no model loaded
+
+
 def test_an_image_for_a_text_only_run_is_refused_before_anything_is_written(store: Any, tmp_path: Path) -> None:
     from app.ui.chat import send
 

@@ -22,8 +22,8 @@
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
     tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
     tunedeck import FILE [--from TOOL] [--dataset-dir DIR] [--set k=v ...] [-o SPEC.yaml]  # LLaMA-Factory/axolotl/trl config -> spec
-    tunedeck chat RUN_ID [--base] [--system TEXT] [--temperature T]  # talk to a finished run (stdin; /exit ends)
-    tunedeck generate RUN_ID "prompt" [--base] [--max-new-tokens N] [--json]  # one answer, for scripts
+    tunedeck chat RUN_ID [--base] [--image PICTURE] [--system TEXT]  # talk to a finished run (stdin; /exit ends)
+    tunedeck generate RUN_ID "prompt" [--base] [--image PICTURE] [--json]  # one answer, for scripts
     tunedeck migrate-data [--from DIR] [--to DIR]   # move an earlier version's ./data to the user data folder
 
 `run` follows the run in the database. When no worker has announced itself in the last few
