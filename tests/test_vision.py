@@ -131,6 +131,41 @@ def test_unknown_content_part_is_refused(tmp_path: Path) -> None:
     assert any("row 3: `messages` has a content part of type `audio`" in p for p in found), found
 
 
+def refused(path: Path, trainer: str) -> str:
+    from jobs.data.loading import check_sources
+    from jobs.data.sources import DataError
+
+    with pytest.raises(DataError) as caught:
+        check_sources(str(path), trainer)
+    return "\n".join(f"{p.field}: {p.problem} -> {p.fix}" for p in caught.value.problems)
+
+
+def test_images_where_they_are_not_read_are_refused_not_dropped(tmp_path: Path) -> None:
+    """Images in preference or prompt-completion rows would be dropped (and `<image>` read as text): the run
+    failed after queueing ("Found 1 <image> tokens in the text but no images were passed"). Refused first."""
+    draw(tmp_path / "red.png", COLOURS["red"])
+    pairs = [{"prompt": "<image>What colour?", "images": ["red.png"], "chosen": "red", "rejected": "blue"}] * 3
+    text = refused(write_rows(tmp_path / "dpo.jsonl", pairs), "dpo")
+    assert "dataset: the rows have an `images` column that is not read as image chat" in text, text
+    assert "dpo does not train on images yet (sft does, on image chat rows): remove the `images` column" in text
+    completions = [{"prompt": "<image>What colour?", "completion": "red", "images": ["red.png"]}] * 3
+    text = refused(write_rows(tmp_path / "pc.jsonl", completions), "sft")
+    assert "write the rows as chat turns: `messages` with one `<image>` per image and an `images` list" in text
+    single = [{"messages": row["messages"], "image": row["images"][0]} for row in placeholder_rows(tmp_path, 3)]
+    text = refused(write_rows(tmp_path / "single.jsonl", single), "sft")
+    assert "an `image` column" in text and "name it `images`: a list of the row's image files" in text, text
+    question = [{"type": "image", "image": "red.png"}, {"type": "text", "text": "What colour?"}]
+    parts = {"prompt": [{"role": "user", "content": question}], "completion": [{"role": "assistant", "content": "red"}]}
+    text = refused(write_rows(tmp_path / "kto.jsonl", [{**parts, "label": True}] * 3), "kto")
+    assert "rows 1, 2, 3: `prompt` has an image content part, which is not read here" in text, text
+    assert "not yet in dpo, kto, orpo, cpo, reward or grpo rows" in text
+    late = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}] * 20
+    late.append(parts_rows(tmp_path, 1)[0])  # image chat is told from the first 20 rows
+    text = refused(write_rows(tmp_path / "late.jsonl", late), "sft")
+    assert "row 21: `messages` has an image content part" in text, text
+    assert "put a row with an image among the data's first 20 rows" in text
+
+
 def check_problems(spec: JobSpec) -> list[str]:
     from jobs.checks.datasets import dataset_problems
 

@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from jobs.data.turns import Conversion, ProblemList, chat_turns, with_system
+from jobs.errors import Problem
 
 IMAGE_TOKEN = "<image>"
 IMAGE_PART_TYPES = ("image", "image_url")
@@ -223,6 +224,33 @@ def image_conversion(columns: Iterable[str], rows: list[dict[str, Any]], base: P
             ("messages",),
         )
     return None
+
+
+IMAGE_COLUMNS = ("images", "image")
+
+
+def unread_images_problem(columns: Iterable[str], trainer: str, field_name: str) -> Problem | None:
+    """An `images` (or `image`) column in rows that are not read as image chat: its pictures would be dropped
+    and each `<image>` left in the text, so the run would fail after queueing or train without the pictures."""
+    cols = set(columns)
+    column = next((c for c in IMAGE_COLUMNS if c in cols), None)
+    if column is None:
+        return None
+    chat = next((c for c in CHAT_COLUMNS if c in cols), None)
+    if trainer != "sft":
+        fix = (
+            f"{trainer} does not train on images yet (sft does, on image chat rows): remove the `{column}` column "
+            f"(and any `{IMAGE_TOKEN}`) for a text-only {trainer} run, or train sft on image chat rows"
+        )
+    elif chat is not None:
+        fix = f"name it `images`: a list of the row's image files, one `{IMAGE_TOKEN}` in `{chat}` for each"
+    else:
+        fix = (
+            f"write the rows as chat turns: `messages` with one `{IMAGE_TOKEN}` per image and an `images` list, "
+            f"or image content parts (docs/methods-and-data.md, Images); or remove `{column}` for a text-only run"
+        )
+    problem = f"the rows have an `{column}` column that is not read as image chat: its images would be dropped"
+    return Problem(field_name, problem, fix)
 
 
 def trl_row(row: dict[str, Any]) -> dict[str, Any]:

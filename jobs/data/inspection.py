@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.data.dataset_info import DatasetInfo
 from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
-from jobs.data.images import ImageRows, image_conversion
+from jobs.data.images import ImageRows, image_conversion, unread_images_problem
 from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
 from jobs.data.sources import DataError, Source, load_hub, resolve
 from jobs.data.validation import Checked, Issues, RowCheck
@@ -94,7 +94,11 @@ def inspect_dataset(
     mapped = renamed(columns, column_map)
     first = [rename_columns(row, column_map) for _, row in islice(raw(), 20)]
     base = source.path.parent if source.path is not None else None
-    conversion = image_conversion(mapped, first, base) or detect_conversion(mapped, first, trainer)
+    conversion = image_conversion(mapped, first, base)
+    unread = None if conversion else unread_images_problem(mapped, trainer.value, field_name)
+    if unread is not None:
+        raise DataError(issues.problems() + [unread])
+    conversion = conversion or detect_conversion(mapped, first, trainer)
     fmt_columns = list(conversion.columns) if conversion else mapped
     fmt = detect_format(fmt_columns)
     if trainer is Trainer.GRPO and "prompt" in fmt_columns:

@@ -62,6 +62,20 @@ class Issues:
 
 
 # ---------------------------------------------------------------------- value checks
+IMAGE_PART_FIXES = {  # an image part where it is not read: sft image chat is detected from the first rows
+    "messages": "put a row with an image among the data's first 20 rows (image chat is detected from them), or "
+    "remove the image parts for a text-only run",
+    "prompt": "images are trained in sft chat rows (`messages`) only, not yet in dpo, kto, orpo, cpo, reward or "
+    "grpo rows: remove the image parts for a text-only run",
+}
+
+
+def _has_image_part(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in ("image", "image_url") for p in content
+    )
+
+
 def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
     """(problem, fix) when `value` is not a non-empty list of {role: str, content: non-empty str}."""
     if not isinstance(value, list):
@@ -82,6 +96,10 @@ def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
         return calls
     if any(("content" not in m or m["content"] is None) and not m.get("tool_calls") for m in value):
         return f"`{name}` has a turn without `content`", "give every turn its text as `content`"
+    if any(_has_image_part(m.get("content")) for m in value):
+        return f"`{name}` has an image content part, which is not read here", IMAGE_PART_FIXES.get(
+            name, IMAGE_PART_FIXES["prompt"]
+        )
     if any(not isinstance(m.get("content", ""), str) for m in value):
         return (
             f"`{name}` has a turn whose `content` is not text",
