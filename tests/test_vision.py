@@ -141,13 +141,13 @@ def refused(path: Path, trainer: str) -> str:
 
 
 def test_images_where_they_are_not_read_are_refused_not_dropped(tmp_path: Path) -> None:
-    """Images in preference or prompt-completion rows would be dropped (and `<image>` read as text): the run
-    failed after queueing ("Found 1 <image> tokens in the text but no images were passed"). Refused first."""
+    """Images in rows that do not read them would be dropped (and `<image>` read as text): a run failed after
+    queueing ("Found 1 <image> tokens in the text but no images were passed"). Refused first."""
     draw(tmp_path / "red.png", COLOURS["red"])
     pairs = [{"prompt": "<image>What colour?", "images": ["red.png"], "chosen": "red", "rejected": "blue"}] * 3
-    text = refused(write_rows(tmp_path / "dpo.jsonl", pairs), "dpo")
+    text = refused(write_rows(tmp_path / "orpo.jsonl", pairs), "orpo")  # dpo reads them: tests/test_vision_dpo.py
     assert "dataset: the rows have an `images` column that is not read as image chat" in text, text
-    assert "dpo does not train on images yet (sft does, on image chat rows): remove the `images` column" in text
+    assert "orpo does not train on images yet (sft and dpo do): remove the `images` column" in text
     completions = [{"prompt": "<image>What colour?", "completion": "red", "images": ["red.png"]}] * 3
     text = refused(write_rows(tmp_path / "pc.jsonl", completions), "sft")
     assert "write the rows as chat turns: `messages` with one `<image>` per image and an `images` list" in text
@@ -158,7 +158,7 @@ def test_images_where_they_are_not_read_are_refused_not_dropped(tmp_path: Path) 
     parts = {"prompt": [{"role": "user", "content": question}], "completion": [{"role": "assistant", "content": "red"}]}
     text = refused(write_rows(tmp_path / "kto.jsonl", [{**parts, "label": True}] * 3), "kto")
     assert "rows 1, 2, 3: `prompt` has an image content part, which is not read here" in text, text
-    assert "not yet in dpo, kto, orpo, cpo, reward or grpo rows" in text
+    assert "not yet in kto, orpo, cpo, reward or grpo rows" in text
     late = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}] * 20
     late.append(parts_rows(tmp_path, 1)[0])  # image chat is told from the first 20 rows
     text = refused(write_rows(tmp_path / "late.jsonl", late), "sft")

@@ -111,7 +111,7 @@ def _part_image(part: dict[str, Any]) -> Any:
     return part.get("image", part.get("url", part.get("path")))
 
 
-def _flatten(content: Any) -> tuple[str | None, list[Any], ProblemList]:
+def flatten_content(content: Any) -> tuple[str | None, list[Any], ProblemList]:
     """A content-parts list as (text with `<image>` where each image goes, the images' raw references)."""
     if isinstance(content, str):
         return content, [], []
@@ -154,7 +154,7 @@ def parts_row(row: dict[str, Any], base: Path | None) -> tuple[dict[str, Any] | 
         return None, [("`messages` is not a list of {role, content}", PARTS_FIX)]
     messages, refs = [], []
     for turn in turns:
-        text, images, problems = _flatten(turn.get("content"))
+        text, images, problems = flatten_content(turn.get("content"))
         if text is None:
             return None, [(f"`messages` {p}", fix) for p, fix in problems]
         messages.append({"role": turn.get("role"), "content": text})
@@ -237,10 +237,15 @@ def unread_images_problem(columns: Iterable[str], trainer: str, field_name: str)
     if column is None:
         return None
     chat = next((c for c in CHAT_COLUMNS if c in cols), None)
-    if trainer != "sft":
+    if trainer == "dpo":
         fix = (
-            f"{trainer} does not train on images yet (sft does, on image chat rows): remove the `{column}` column "
-            f"(and any `{IMAGE_TOKEN}`) for a text-only {trainer} run, or train sft on image chat rows"
+            f"write dpo's image pairs as `prompt` (with one `{IMAGE_TOKEN}` where each image goes), `chosen`, "
+            f"`rejected` and `images` (docs/methods-and-data.md, Images)"
+        )
+    elif trainer != "sft":
+        fix = (
+            f"{trainer} does not train on images yet (sft and dpo do): remove the `{column}` column "
+            f"(and any `{IMAGE_TOKEN}`) for a text-only {trainer} run, or train sft or dpo on image rows"
         )
     elif chat is not None:
         fix = f"name it `images`: a list of the row's image files, one `{IMAGE_TOKEN}` in `{chat}` for each"

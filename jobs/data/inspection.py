@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.data.dataset_info import DatasetInfo
 from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
+from jobs.data.image_pairs import pair_image_conversion
 from jobs.data.images import ImageRows, image_conversion, unread_images_problem
 from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
 from jobs.data.sources import DataError, Source, load_hub, resolve
@@ -28,6 +29,8 @@ from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import datasets
 
 
@@ -71,6 +74,14 @@ def _mapping_problems(columns: list[str], column_map: dict[str, str], field_name
     ]
 
 
+def _image_conversion(
+    columns: list[str], first: list[dict[str, Any]], base: Path | None, trainer: Trainer
+) -> Conversion | None:
+    """Rows with images: dpo's image pairs (`jobs.data.image_pairs`) for dpo, else image chat (`jobs.data.images`)."""
+    pairs = pair_image_conversion(columns, first, base) if trainer is Trainer.DPO else None
+    return pairs or image_conversion(columns, first, base)
+
+
 def inspect_dataset(
     ref: str,
     trainer: Trainer,
@@ -94,7 +105,7 @@ def inspect_dataset(
     mapped = renamed(columns, column_map)
     first = [rename_columns(row, column_map) for _, row in islice(raw(), 20)]
     base = source.path.parent if source.path is not None else None
-    conversion = image_conversion(mapped, first, base)
+    conversion = _image_conversion(mapped, first, base, trainer)
     unread = None if conversion else unread_images_problem(mapped, trainer.value, field_name)
     if unread is not None:
         raise DataError(issues.problems() + [unread])

@@ -75,12 +75,8 @@ def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Da
     tools = info.tools.count > 0
     keep, features = COLUMNS[info.format], _features(info.format, checked.style, tools)
     extra = info.reward_columns
-    if info.images.count:  # image chat: content parts and an `images` column (jobs.data.images)
-        from jobs.data.images import image_features, trl_row
-
-        pairs = list(checked.rows())
-        images = datasets.Dataset.from_list([trl_row(row) for _, row in pairs], features=image_features())
-        return images, info, [number for number, _ in pairs]
+    if info.images.count:  # image chat or image pairs: content parts and an `images` column
+        return _image_rows(checked, info)
     if ds is None:  # JSON files, and anything converted: built from the checked rows, which keep their numbers
         numbers: list[int] = []  # JSON lines: line numbers, blank lines skipped
         rows = []
@@ -103,6 +99,22 @@ def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Da
         info,
         None,
     )
+
+
+def _image_rows(checked: inspection.Inspected, info: DatasetInfo) -> tuple[datasets.Dataset, DatasetInfo, list[int]]:
+    """Image chat (`jobs.data.images`) or dpo's image pairs (`jobs.data.image_pairs`) as trl's vision collators
+    read them, and each row's number."""
+    import datasets
+
+    from jobs.data.image_pairs import pair_features, trl_pair_row
+    from jobs.data.images import image_features, trl_row
+
+    pairs = list(checked.rows())
+    if info.format is RowFormat.PREFERENCE:
+        rows, features = [trl_pair_row(row) for _, row in pairs], pair_features()
+    else:
+        rows, features = [trl_row(row) for _, row in pairs], image_features()
+    return datasets.Dataset.from_list(rows, features=features), info, [number for number, _ in pairs]
 
 
 def _from_rows(rows: list[dict[str, Any]], features: Any, extra: list[str], field_name: str) -> datasets.Dataset:

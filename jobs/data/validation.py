@@ -65,8 +65,8 @@ class Issues:
 IMAGE_PART_FIXES = {  # an image part where it is not read: sft image chat is detected from the first rows
     "messages": "put a row with an image among the data's first 20 rows (image chat is detected from them), or "
     "remove the image parts for a text-only run",
-    "prompt": "images are trained in sft chat rows (`messages`) only, not yet in dpo, kto, orpo, cpo, reward or "
-    "grpo rows: remove the image parts for a text-only run",
+    "prompt": "images are trained in sft chat rows and dpo pairs (told from the first 20 rows), not yet in kto, "
+    "orpo, cpo, reward or grpo rows: remove the image parts for a text-only run",
 }
 
 
