@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobs.data.embedded_images import undecoded
 from jobs.data.row_formats import FORMS_HINT
 from jobs.data.validation import Issues
 from jobs.errors import Problem, ProblemError
@@ -176,8 +177,8 @@ def load_table(path: Path) -> datasets.Dataset:
     """A .csv or .parquet file through `datasets` (CSV: every column as text, BOM dropped)."""
     import datasets
 
-    if file_kind(path) == ".parquet":
-        return datasets.load_dataset("parquet", data_files=str(path), split="train")
+    if file_kind(path) == ".parquet":  # images stored in it are read as bytes, never decoded here
+        return undecoded(datasets.load_dataset("parquet", data_files=str(path), split="train"))
     # All columns as strings, empty cells as "" - pandas would turn "42" into an int and "" into NaN.
     with path.open(encoding="utf-8-sig", newline="") as fh:
         header = next(csv.reader(fh), [])

@@ -18,7 +18,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jobs.data.images import IMAGE_PART_TYPES, IMAGE_TOKEN, checked_images, flatten_content, image_features, trl_row
+from jobs.data.images import (
+    IMAGE_PART_TYPES,
+    IMAGE_TOKEN,
+    checked_images,
+    fill_places,
+    flatten_content,
+    flatten_turns,
+    image_features,
+    trl_row,
+)
 from jobs.data.turns import Conversion, ProblemList, answer_turns, chat_turns
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
@@ -85,21 +94,14 @@ def _prompt(value: Any, column: str, listed: list[Any]) -> tuple[list[dict[str, 
     )
     if turns is None:
         return None, [], problems
-    out, refs = [], []
-    for turn in turns:
-        text, own, problems = flatten_content(turn.get("content"))
-        if text is None:
-            return None, [], [(f"`{column}` {p}", fix) for p, fix in problems]
-        if isinstance(turn.get("content"), str):
-            own = [None] * text.count(IMAGE_TOKEN)  # each `<image>` in the text takes the next listed image
-        refs += own
-        out.append({"role": turn.get("role"), "content": text})
+    out, refs, problems = flatten_turns(turns, column)
+    if out is None:
+        return None, [], problems
     places, owned = len(refs), sum(1 for r in refs if r is not None)
     if places - owned != len(listed):
         found = f"has {places} image place(s) in `{column}` but {owned + len(listed)} image(s)"
         return None, [], [(found, PLACE_FIX.replace("`prompt`", f"`{column}`"))]
-    queue = iter(listed)
-    return out, [r if r is not None else next(queue) for r in refs], []
+    return out, fill_places(refs, listed), []
 
 
 def _answer(value: Any, column: str) -> tuple[list[dict[str, Any]] | None, ProblemList]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from jobs.data.embedded_images import embedded_url
 from jobs.data.turns import Conversion, ProblemList, chat_turns, with_system
 from jobs.errors import Problem
 
@@ -85,7 +86,13 @@ def image_size(ref: str) -> tuple[tuple[int, int] | None, tuple[str, str] | None
 
 
 def resolve_image(value: Any, base: Path | None) -> tuple[str | None, tuple[str, str] | None]:
-    """An image reference as a path (relative ones read from `base`) or a `data:` URL; (None, problem) otherwise."""
+    """An image reference as a path (relative ones read from `base`) or a `data:` URL (images held in the data
+    itself become one: `jobs.data.embedded_images`); (None, problem) otherwise."""
+    if isinstance(value, dict) and value.get("bytes") is None and isinstance(value.get("path"), str):
+        value = value["path"]  # an Arrow image struct naming a file
+    embedded = embedded_url(value)
+    if embedded is not None:
+        return embedded, None
     if not isinstance(value, str) or not value.strip():
         return None, ("has an image that is not a path or URL", PARTS_FIX)
     value = value.strip()
@@ -128,6 +135,30 @@ def flatten_content(content: Any) -> tuple[str | None, list[Any], ProblemList]:
         else:
             return None, [], [(f"has a content part of type `{kind}`, which is neither text nor an image", PARTS_FIX)]
     return text, images, []
+
+
+def flatten_turns(
+    turns: list[dict[str, Any]], column: str
+) -> tuple[list[dict[str, Any]] | None, list[Any], ProblemList]:
+    """Turns as text with `<image>` where each image goes, and each image's reference in order: a part's own
+    file, or None for a place the row's `images` list fills (an `<image>` in the text, a part without a file)."""
+    out, refs = [], []
+    for turn in turns:
+        content = turn.get("content")
+        text, own, problems = flatten_content(content)
+        if text is None:
+            return None, [], [(f"`{column}` {p}", fix) for p, fix in problems]
+        if isinstance(content, str):
+            own = [None] * text.count(IMAGE_TOKEN)
+        refs += own
+        out.append({**turn, "content": text})
+    return out, refs, []
+
+
+def fill_places(refs: list[Any], listed: list[Any]) -> list[Any]:
+    """`flatten_turns`' references with each place (None) filled from `listed` in order (as many as places)."""
+    queue = iter(listed)
+    return [ref if ref is not None else next(queue) for ref in refs]
 
 
 def checked_images(refs: list[Any], base: Path | None) -> tuple[dict[str, Any] | None, ProblemList]:
@@ -177,7 +208,10 @@ def placeholder_row(row: dict[str, Any], column: str, base: Path | None) -> tupl
     messages, problems = with_system(messages, row)
     if messages is None:
         return None, problems
-    marks = sum(m["content"].count(IMAGE_TOKEN) for m in messages if isinstance(m.get("content"), str))
+    messages, refs, problems = flatten_turns(messages, column)  # trl's file-less image parts are places too
+    if messages is None:
+        return None, problems
+    marks = sum(1 for ref in refs if ref is None)
     if marks != len(images or []):
         return None, [
             (
@@ -185,7 +219,7 @@ def placeholder_row(row: dict[str, Any], column: str, base: Path | None) -> tupl
                 f"write one `{IMAGE_TOKEN}` in the text for each entry of `images`, where the image goes",
             )
         ]
-    checked, problems = checked_images(list(images or []), base)
+    checked, problems = checked_images(fill_places(refs, list(images or [])), base)
     if checked is None:
         return None, [(f"`images` {p}", fix) for p, fix in problems]
     return {"messages": messages, **checked}, []

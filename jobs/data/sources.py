@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jobs.data.embedded_images import undecoded
 from jobs.data.files import file_kind
 from jobs.errors import Problem, ProblemError
 
@@ -136,7 +137,7 @@ def load_hub(name: str, field_name: str) -> datasets.Dataset:
     import datasets
 
     try:
-        return datasets.load_dataset(name, split="train")
+        found = datasets.load_dataset(name, split="train")
     except Exception as exc:  # re-raised below as the DataError that names the cause
         # The hub, the network, the cache and the data set's own loader each raise their own types; offline,
         # not found, gated or no train split all mean "cannot use it" to the user.
@@ -155,3 +156,4 @@ def load_hub(name: str, field_name: str) -> datasets.Dataset:
                 )
             ]
         ) from exc
+    return undecoded(found)  # images stored in it are read as bytes, never decoded here
