@@ -114,3 +114,23 @@ def test_file_less_image_parts_in_json_take_the_images_column_in_order(tmp_path:
     with pytest.raises(DataError) as caught:
         check_sources(str(data), "sft")
     assert "row 1: has 2 `<image>` placeholder(s) in its turns but 3 image(s) in `images`" in str(caught.value)
+
+
+def test_text_chat_beside_image_chat_is_mixed_as_image_rows_without_images(tmp_path: Path, tiny_vlm: Path) -> None:
+    """LLaVA's own data mixes text-only chat into image chat: the text rows take the image rows' shape (each turn
+    a text part, no images); trl's vision collator takes a batch of them (no pixels) and a mixed one."""
+    from transformers import AutoProcessor
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from jobs.data.loading import load_data
+
+    images = sft_parquet(tmp_path / "images.parquet")
+    loaded = load_data(JobSpec(model=str(tiny_vlm), dataset=f"{images}, sample:chat-format [max_rows=5]"))
+    assert len(loaded.train) == 8 and set(loaded.train.column_names) == {"messages", "images"}
+    rows = [dict(r) for r in loaded.train]
+    text = [r for r in rows if not r["images"]]
+    assert len(text) == 5 and all(t["content"][0]["type"] == "text" for r in text for t in r["messages"])
+    collate = DataCollatorForVisionLanguageModeling(AutoProcessor.from_pretrained(tiny_vlm))
+    assert "pixel_values" not in collate(text[:2])
+    mixed = collate([text[0], next(r for r in rows if r["images"])])
+    assert tuple(mixed["pixel_values"].shape) == (1, 3, 32, 32)

@@ -26,10 +26,7 @@ from jobs.spec.trackers import Tracker
 
 FIXTURES = Path(__file__).parent / "fixtures" / "imports"
 # Configs with no tunedeck equivalent: (the key named, what the problem says).
-REFUSED = {
-    "axolotl_qlora-1b-gdpo": ("rl", "`gdpo` has no tunedeck trainer"),
-    "llamafactory_qwen3vl_lora_dpo": ("dataset", "names only multimodal data sets (rlhf_v)"),
-}
+REFUSED = {"axolotl_qlora-1b-gdpo": ("rl", "`gdpo` has no tunedeck trainer")}
 CONFIGS = sorted(p for p in FIXTURES.iterdir() if p.suffix in (".yaml", ".yml") and p.stem not in REFUSED)
 GPU = DeviceFacts(
     kind="cuda", name="24 GiB GPU", total_bytes=24 * 1024**3, compute_capability="8.9", bf16=True, fp16=True
@@ -57,6 +54,7 @@ def data_dir(tmp_path: Path) -> Path:
     _write_jsonl(folder / "ranked.jsonl", RANKED)
     _write_jsonl(folder / "kto.jsonl", KTO)
     _write_jsonl(folder / "c4.jsonl", TEXT)
+    _write_image_data(folder)
     info = {
         "identity": {"file_name": "identity.jsonl"},
         "alpaca_en_demo": {"file_name": "alpaca.jsonl"},
@@ -67,10 +65,35 @@ def data_dir(tmp_path: Path) -> Path:
             "file_name": "mllm.json",
             "formatting": "sharegpt",
             "columns": {"messages": "messages", "images": "images"},
+            "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+        },
+        "rlhf_v": {
+            "file_name": "rlhf.jsonl",
+            "ranking": True,
+            "formatting": "sharegpt",
+            "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected", "images": "images"},
         },
     }
     (folder / "dataset_info.json").write_text(json.dumps(info))
     return folder
+
+
+def _write_image_data(folder: Path) -> None:
+    """LLaMA-Factory's two image data sets as its demo files write them: mllm_demo (ShareGPT turns in OpenAI tags,
+    `<image>` in the text, `images` next to the file) and rlhf_v (ShareGPT pairs with images)."""
+    from PIL import Image
+
+    (folder / "mllm_demo_data").mkdir()
+    for i, colour in enumerate([(220, 30, 30), (30, 30, 220)]):
+        Image.new("RGB", (48, 40), colour).save(folder / "mllm_demo_data" / f"{i}.png")
+    chat = [{"messages": [{"role": "user", "content": "<image>What colour is it?"},
+                          {"role": "assistant", "content": name}], "images": [f"mllm_demo_data/{i}.png"]}
+            for i, name in enumerate(["red", "blue"])] * 3  # fmt: skip
+    (folder / "mllm.json").write_text(json.dumps(chat))
+    pairs = [{"conversations": [{"from": "human", "value": "<image>What colour is it?"}],
+              "chosen": {"from": "gpt", "value": name}, "rejected": {"from": "gpt", "value": "green"},
+              "images": [f"mllm_demo_data/{i}.png"]} for i, name in enumerate(["red", "blue"])] * 3  # fmt: skip
+    _write_jsonl(folder / "rlhf.jsonl", pairs)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -104,14 +127,20 @@ def _accounted(imported: Imported, key: str) -> bool:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_every_fixture_imports_into_a_spec_that_passes_the_checks(
-    config: Path, data_dir: Path, tiny_model: Path, tmp_path: Path, data_home: Path
+    config: Path, data_dir: Path, tiny_model: Path, tmp_path: Path, data_home: Path, request: pytest.FixtureRequest
 ) -> None:
     imported = _import(config, data_dir)
     data = _load(config)
     assert imported.tool == config.name.split("_")[0]  # told by the keys
     unaccounted = [k for k in data if not _accounted(imported, k)]
     assert not unaccounted, f"keys neither mapped nor listed: {unaccounted}"
-    spec = build_spec(imported, {"model": str(tiny_model), **_local_data(imported, tmp_path)})
+    model: dict[str, Any] = {"model": str(tiny_model)}
+    if "image_max_pixels" in imported.fields:  # a vision-language config: the tiny LLaVA, whose processor
+        model = {"model": str(request.getfixturevalue("tiny_vlm")), "image_max_pixels": None}  # has no pixel budget
+        # LLaMA-Factory's examples add its Alpaca text sets to the image chat: a job trains one row format, so
+        # the check refuses that mix (test_import_of_llamafactorys_image_and_alpaca_mix_is_refused_before_queueing)
+        model["dataset"] = imported.fields["dataset"].split(", ")[0]
+    spec = build_spec(imported, {**model, **_local_data(imported, tmp_path)})
     checked = check(spec, device=GPU)
     assert checked.problems == [], [str(p) for p in checked.problems]
 
@@ -145,10 +174,46 @@ def test_llamafactory_names_resolve_through_its_dataset_info() -> None:
     assert pretrain.fields["dataset"].endswith("/c4_demo.jsonl")
     assert (pretrain.fields["trainer"], pretrain.fields["packing"]) == ("sft", True)  # pt packs by default
     vl = _import(FIXTURES / "llamafactory_qwen3vl_lora_sft.yaml", FIXTURES)
-    assert vl.fields["dataset"] == sft.fields["dataset"]  # the text data sets
+    assert vl.fields["dataset"] == f"{FIXTURES}/mllm_demo.json [max_rows=1000], " + sft.fields["dataset"]
+    assert vl.fields["image_max_pixels"] == 262144 and "dataset_columns" not in vl.fields
     why = {n.key: n.why for n in vl.not_carried}
-    assert "multimodal" in why["dataset: mllm_demo"]
-    assert "multimodal" in why["image_max_pixels"] and "multimodal" in why["video_max_pixels"]
+    assert why["video_max_pixels"] == "tunedeck trains on images, not videos or audio"
+    vl_dpo = _import(FIXTURES / "llamafactory_qwen3vl_lora_dpo.yaml", FIXTURES)
+    assert (vl_dpo.fields["trainer"], vl_dpo.fields["dataset"]) == ("dpo", "llamafactory/RLHF-V")
+
+
+def test_import_of_llamafactorys_image_and_alpaca_mix_is_refused_before_queueing(
+    data_dir: Path, tiny_vlm: Path, data_home: Path
+) -> None:
+    imported = _import(FIXTURES / "llamafactory_qwen3vl_lora_sft.yaml", data_dir)
+    spec = build_spec(imported, {"model": str(tiny_vlm), "image_max_pixels": None})
+    problems = check(spec, device=GPU).problems
+    assert [p.field for p in problems] == ["dataset"], problems
+    assert "the sources come out in different row formats" in problems[0].problem
+    assert "write the prompt/completion source's rows as chat `messages`" in problems[0].fix
+
+
+@pytest.mark.parametrize(
+    "flags, vision_train",
+    [
+        ({}, None),  # LLaMA-Factory's defaults: tower and projector frozen, i.e. tunedeck's default `language`
+        ({"freeze_multi_modal_projector": False}, "language+projector"),
+        ({"freeze_vision_tower": False}, "language+projector+vision"),
+        ({"freeze_vision_tower": False, "freeze_multi_modal_projector": False}, "language+projector+vision"),
+    ],
+)
+def test_llamafactorys_freeze_flags_become_vision_train(flags: dict[str, bool], vision_train: str | None) -> None:
+    config = {**_load(FIXTURES / "llamafactory_qwen3vl_full_sft.yaml"), **flags}
+    config.pop("freeze_vision_tower") if "freeze_vision_tower" not in flags else None
+    config.pop("freeze_multi_modal_projector") if "freeze_multi_modal_projector" not in flags else None
+    imported = import_config(config, dataset_info=json.loads((FIXTURES / "dataset_info.json").read_text()))
+    assert imported.fields.get("vision_train") == vision_train
+    with pytest.raises(ImportConfigError) as err:
+        import_config({**config, "freeze_language_model": True}, dataset_info=None)
+    assert [(p.field, p.fix) for p in err.value.problems if p.field == "freeze_language_model"] == [
+        ("freeze_language_model", "remove freeze_language_model: tunedeck always trains the language model of a "
+         "vision-language run")
+    ]  # fmt: skip
 
 
 def test_llamafactory_keys_and_defaults_carry_over() -> None:

@@ -312,6 +312,21 @@ def trl_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"messages": messages, "images": images}
 
 
+def text_as_image_rows(ds: Any, features: Any) -> Any:
+    """Text chat rows (or dpo pairs) in the shape of image rows with `features`, to be mixed with them: each turn's
+    text as one text part, and no images (trl's collators take batches without any)."""
+    turns = [c for c in ds.column_names if c in features and c != "images"]
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        out = {c: row[c] for c in ds.column_names if c in features}
+        for c in turns:
+            if isinstance(row[c], list):
+                out[c] = [{"role": t["role"], "content": [{"type": "text", "text": t["content"]}]} for t in row[c]]
+        return {**out, "images": []}
+
+    return ds.map(convert, remove_columns=ds.column_names, features=features, desc="Text rows beside image rows")
+
+
 def image_features() -> Any:
     """The `datasets` features of `trl_row`'s rows."""
     import datasets

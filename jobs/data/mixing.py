@@ -132,6 +132,14 @@ def mix(parts: list[tuple[DataSource, datasets.Dataset]], seed: int, field: str 
     if any("tools" in ds.column_names for ds in cut):  # tool schemas in some sources: none in the others
         cut = [ds if "tools" in ds.column_names else ds.add_column("tools", [None] * len(ds)) for ds in cut]
         cut = [ds.cast_column("tools", datasets.Value("string")) for ds in cut]
+    if any("images" in ds.column_names for ds in cut) and not all("images" in ds.column_names for ds in cut):
+        from jobs.data.images import text_as_image_rows  # text chat beside image chat (LLaVA's own mixes)
+
+        target = next(ds.features for ds in cut if "images" in ds.column_names)
+        try:
+            cut = [ds if "images" in ds.column_names else text_as_image_rows(ds, target) for ds in cut]
+        except (ValueError, TypeError, KeyError):
+            pass  # not chat beside image chat: the join below names the sources
     features = cut[0].features
     try:
         same = [ds if ds.features == features else ds.cast(features) for ds in cut]

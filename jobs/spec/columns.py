@@ -24,6 +24,7 @@ COLUMN_TARGETS = (
     "system",
     "history",
     "conversations",
+    "images",
 )
 
 

@@ -19,7 +19,6 @@ from jobs.spec.imports.base import (
     HUB,
     KERNELS,
     LOADING,
-    MULTIMODAL,
     OUTPUT,
     RESUME,
     TEMPLATE,
@@ -35,6 +34,7 @@ from jobs.spec.imports.base import (
     map_warmup,
 )
 from jobs.spec.imports.llamafactory_data import map_datasets
+from jobs.spec.imports.llamafactory_vision import map_vision
 
 TOOL = "llamafactory"
 # Keys that, on their own, say a file is LLaMA-Factory's.
@@ -102,16 +102,6 @@ DROPPED = {
     "pure_bf16": "tunedeck keeps fp32 master weights (precision: bf16 is mixed precision)",
     "adapter_name_or_path": "tunedeck starts a fresh adapter: merge yours into the model first, then point model at the merged folder",
 }
-MULTIMODAL_KEYS = (
-    "freeze_vision_tower",
-    "freeze_multi_modal_projector",
-    "freeze_language_model",
-    "train_mm_proj_only",
-    "crop_to_patches",
-    "use_audio_in_video",
-    "media_dir",
-)
-MULTIMODAL_PREFIXES = ("image_", "video_", "audio_")
 
 
 def import_llamafactory(
@@ -132,10 +122,9 @@ def import_llamafactory(
     if not capped:
         r.copy("max_samples", "max_train_samples")
     _training(r, stage)
+    map_vision(r)
     for key in list(r.data):
-        if key in MULTIMODAL_KEYS or key.startswith(MULTIMODAL_PREFIXES):
-            r.drop(key, MULTIMODAL)
-        elif key.startswith("ray_"):
+        if key.startswith("ray_"):
             r.drop(key, DISTRIBUTED)
     r.drop_all(DROPPED)
     kto_batch(r)

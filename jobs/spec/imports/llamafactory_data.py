@@ -5,7 +5,8 @@ its formatting (alpaca or sharegpt), its column names and, for ShareGPT, its tur
 the spec's `dataset` (or `eval_dataset`) and `dataset_columns`. Several text data sets become several
 sources of `dataset` (`jobs.spec.mixture`), each with its own column names and, from `max_samples`
 (which LLaMA-Factory applies to each data set), its own row cap; `eval_dataset` alike. Multimodal
-data sets (images, videos, audio) are listed as not carried over.
+data sets with images are read like the others (an `images` column); videos and audio are listed as not carried
+over.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jobs.spec.imports.base import Reader
 from jobs.spec.mixture import DataSource
 from jobs.spec.parse import closest
 
-MEDIA_COLUMNS = ("images", "videos", "audios")
+MEDIA_COLUMNS = ("videos", "audios")  # images are read (jobs.data.images); these are not
 # LLaMA-Factory's column names -> tunedeck's (dataset_columns targets), per formatting.
 ALPACA_COLUMNS = {
     "prompt": "instruction",
@@ -30,8 +31,15 @@ ALPACA_COLUMNS = {
     "chosen": "chosen",
     "rejected": "rejected",
     "kto_tag": "label",
+    "images": "images",
 }
-SHAREGPT_COLUMNS = {"system": "system", "chosen": "chosen", "rejected": "rejected", "kto_tag": "label"}
+SHAREGPT_COLUMNS = {
+    "system": "system",
+    "chosen": "chosen",
+    "rejected": "rejected",
+    "kto_tag": "label",
+    "images": "images",
+}
 SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt"}
 OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
 KNOWN_SPEAKERS = {"human", "user", "gpt", "assistant", "bot", "model", "system", "observation", "function_call", "tool"}
@@ -66,8 +74,8 @@ def map_datasets(r: Reader, stage: str, info: Mapping[str, Any] | None, folder: 
         if not taken and not any(p.field == key for p in r.problems):
             r.fail(
                 key,
-                f"names only multimodal data sets ({', '.join(listed)})",
-                "tunedeck trains text-only models: name a text data set of dataset_info.json",
+                f"names only video or audio data sets ({', '.join(listed)})",
+                "tunedeck trains on text and images: name a data set of dataset_info.json without videos or audio",
             )
         elif len(taken) == 1:
             _put_one(r, key, spec_field, *taken[0])
@@ -113,7 +121,7 @@ def _resolve(
     columns = entry.get("columns") or {}
     media = [c for c in MEDIA_COLUMNS if c in columns]
     if media:
-        r.note(f"{key}: {name}", f"multimodal data ({', '.join(media)}): tunedeck trains text-only models")
+        r.note(f"{key}: {name}", f"{' and '.join(media)}: tunedeck trains on text and images, not videos or audio")
         return None
     source = _source(r, key, name, entry, folder)
     if source is None:
