@@ -134,3 +134,22 @@ def test_text_chat_beside_image_chat_is_mixed_as_image_rows_without_images(tmp_p
     assert "pixel_values" not in collate(text[:2])
     mixed = collate([text[0], next(r for r in rows if r["images"])])
     assert tuple(mixed["pixel_values"].shape) == (1, 3, 32, 32)
+
+
+def test_a_single_image_column_is_read_through_dataset_columns(tmp_path: Path) -> None:
+    """Many hub sets hold one picture per row in an `image` column: `dataset_columns: images=image` reads it."""
+    import datasets
+
+    from jobs.data.loading import load_data
+
+    rows = {
+        "image": pictures(),
+        "messages": [
+            [{"role": "user", "content": f"<image>{QUESTION}"}, {"role": "assistant", "content": name}]
+            for name in COLOURS
+        ],
+    }
+    data = tmp_path / "one.parquet"
+    datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image()).to_parquet(str(data))
+    spec = JobSpec(model="tiny-llama", dataset=str(data), dataset_columns="images=image")
+    assert colours_of(load_data(spec).train) == list(COLOURS.values())

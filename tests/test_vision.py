@@ -153,7 +153,7 @@ def test_images_where_they_are_not_read_are_refused_not_dropped(tmp_path: Path) 
     assert "write the rows as chat turns: `messages` with one `<image>` per image and an `images` list" in text
     single = [{"messages": row["messages"], "image": row["images"][0]} for row in placeholder_rows(tmp_path, 3)]
     text = refused(write_rows(tmp_path / "single.jsonl", single), "sft")
-    assert "an `image` column" in text and "name it `images`: a list of the row's image files" in text, text
+    assert "an `image` column" in text and "map it with dataset_columns `images=image`" in text, text
     question = [{"type": "image", "image": "red.png"}, {"type": "text", "text": "What colour?"}]
     parts = {"prompt": [{"role": "user", "content": question}], "completion": [{"role": "assistant", "content": "red"}]}
     text = refused(write_rows(tmp_path / "kto.jsonl", [{**parts, "label": True}] * 3), "kto")

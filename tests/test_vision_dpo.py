@@ -111,12 +111,14 @@ def test_image_pairs_that_cannot_be_read_are_refused_with_their_rows(tmp_path: P
     rows[1]["images"] = [rows[1]["images"][0], rows[0]["images"][0]]  # one place, two images
     rows[2]["images"] = ["nope.png"]
     rows[3]["chosen"] = [{"role": "assistant", "content": [{"type": "image", "image": "0.png"}]}]
+    rows[0]["rejected"] = "<image> blue"  # an answer's `<image>` would become an image place in it
     rows[4]["prompt"] = QUESTION  # no place for its image
     text = refused(write_rows(tmp_path / "bad.jsonl", rows))
     assert "row 2: has 1 image place(s) in `prompt` but 2 image(s)" in text, text
     assert "write one `<image>` (or an image part) in `prompt` for each entry of `images`" in text
     assert "row 3: `images` names an image file that does not exist" in text, text
     assert "row 4: `chosen` has an image: only the prompt shows images" in text, text
+    assert "row 1: `rejected` has an image: only the prompt shows images" in text, text
     assert "row 5: has 0 image place(s) in `prompt` but 1 image(s)" in text, text
     completions = [{"prompt": f"<image>{QUESTION}", "images": ["0.png"], "completion": "red"}]
     text = refused(write_rows(tmp_path / "completions.jsonl", completions))

@@ -68,18 +68,18 @@ def pair_row(row: dict[str, Any], column: str, base: Path | None) -> tuple[dict[
     """One pair: the prompt as turns with `<image>` placeholders, the answers as assistant turns, the checked
     images in their order; None and the problems otherwise."""
     listed = row.get("images")
-    listed = [listed] if isinstance(listed, str) else [] if listed is None else listed
+    listed = [listed] if isinstance(listed, (str, dict)) else [] if listed is None else listed
     if not isinstance(listed, list):
         return None, [("`images` is not a list of image paths", 'write `images` as ["pics/1.png", ...]')]
     prompt, refs, problems = _prompt(row.get(column), column, listed)
     if prompt is None:
         return None, problems
     answers = {}
-    for column in ("chosen", "rejected"):
-        turns, problems = _answer(row.get(column), column)
+    for side in ("chosen", "rejected"):
+        turns, problems = _answer(row.get(side), side)
         if turns is None:
             return None, problems
-        answers[column] = turns
+        answers[side] = turns
     checked, problems = checked_images(refs, base)
     if checked is None:
         return None, [(f"`images` {p}", fix) for p, fix in problems]
@@ -112,7 +112,7 @@ def _answer(value: Any, column: str) -> tuple[list[dict[str, Any]] | None, Probl
     out = []
     for turn in turns:
         text, images, problems = flatten_content(turn.get("content"))
-        if text is None or images:
+        if text is None or images or IMAGE_TOKEN in text:
             found = [(f"`{column}` {p}", fix) for p, fix in problems]
             return None, found or [(f"`{column}` has an image: only the prompt shows images", ANSWER_FIX)]
         out.append({"role": turn.get("role"), "content": text})

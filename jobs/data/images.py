@@ -199,7 +199,7 @@ def parts_row(row: dict[str, Any], base: Path | None) -> tuple[dict[str, Any] | 
 def placeholder_row(row: dict[str, Any], column: str, base: Path | None) -> tuple[dict[str, Any] | None, ProblemList]:
     """A LLaMA-Factory multimodal row: turns with `<image>` placeholders, one per entry of `images`."""
     images = row.get("images")
-    images = [images] if isinstance(images, str) else images
+    images = [images] if isinstance(images, (str, dict)) else images  # one file, or one stored picture
     if images is not None and not isinstance(images, list):
         return None, [("`images` is not a list of image paths", 'write `images` as ["pics/1.png", ...]')]
     messages, problems = chat_turns(row.get(column), column)
@@ -282,7 +282,10 @@ def unread_images_problem(columns: Iterable[str], trainer: str, field_name: str)
             f"(and any `{IMAGE_TOKEN}`) for a text-only {trainer} run, or train sft or dpo on image rows"
         )
     elif chat is not None:
-        fix = f"name it `images`: a list of the row's image files, one `{IMAGE_TOKEN}` in `{chat}` for each"
+        fix = (
+            f"map it with dataset_columns `images={column}` (a picture or a list of them per row), with one "
+            f"`{IMAGE_TOKEN}` in `{chat}` for each picture"
+        )
     else:
         fix = (
             f"write the rows as chat turns: `messages` with one `{IMAGE_TOKEN}` per image and an `images` list, "
