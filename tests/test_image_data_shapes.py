@@ -153,3 +153,16 @@ def test_a_single_image_column_is_read_through_dataset_columns(tmp_path: Path) -
     datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image()).to_parquet(str(data))
     spec = JobSpec(model="tiny-llama", dataset=str(data), dataset_columns="images=image")
     assert colours_of(load_data(spec).train) == list(COLOURS.values())
+
+
+def test_tool_calling_rows_beside_image_rows_are_refused_before_queueing(tmp_path: Path) -> None:
+    from jobs.data.loading import check_sources
+    from jobs.data.sources import DataError
+
+    images = sft_parquet(tmp_path / "images.parquet")
+    tools = Path(__file__).parent / "fixtures" / "tool_calls" / "openai_tool_calls.jsonl"
+    with pytest.raises(DataError) as caught:
+        check_sources(f"{images}, {tools}", "sft")
+    (problem,) = caught.value.problems
+    assert "hold(s) tool calls, which cannot join the image rows of the other sources" in problem.problem
+    assert problem.fix == "train the tool-calling rows and the image rows in separate jobs"

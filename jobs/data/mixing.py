@@ -75,7 +75,7 @@ def format_problems(pairs: list[tuple[DataSource, DatasetInfo]], field: str = "d
     """A problem when the sources come out in different row formats (trl trains one per job)."""
     shapes = {source.ref: _shape(info) for source, info in pairs}
     if len(set(shapes.values())) <= 1:
-        return []
+        return _image_mix_problems(pairs, field)
     found = ", ".join(f"`{ref}` {shape}" for ref, shape in shapes.items())
     fix = "convert the sources to one format (e.g. all chat messages), or train them in separate jobs"
     if set(shapes.values()) == {"messages (conversational)", "prompt_completion (conversational)"}:
@@ -85,6 +85,22 @@ def format_problems(pairs: list[tuple[DataSource, DatasetInfo]], field: str = "d
             "assistant turn; Alpaca files too), or train the two kinds in separate jobs"
         )
     return [Problem(field, f"the sources come out in different row formats ({found}), and a job trains on one", fix)]
+
+
+def _image_mix_problems(pairs: list[tuple[DataSource, DatasetInfo]], field: str) -> list[Problem]:
+    """Text rows join image rows as image rows without pictures (`mix`), turns of text only: tool calls cannot."""
+    if not any(info.images.count for _, info in pairs):
+        return []
+    tooled = [f"`{source.ref}`" for source, info in pairs if not info.images.count and info.tools.count]
+    if not tooled:
+        return []
+    return [
+        Problem(
+            field,
+            f"{', '.join(tooled)} hold(s) tool calls, which cannot join the image rows of the other sources",
+            "train the tool-calling rows and the image rows in separate jobs",
+        )
+    ]
 
 
 def capped(n_rows: int, source: DataSource) -> int:
