@@ -174,7 +174,7 @@ def test_tunedeck_run_trains_dpo_on_image_pairs(data_home: Path, tmp_path: Path,
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         f"model: {tiny_vlm}\ndataset: {data}\ntrainer: dpo\nmax_steps: 3\nper_device_train_batch_size: 2\n"
-        "learning_rate: 0.01\nlogging_steps: 1\nsample_count: 0\n"
+        "learning_rate: 0.01\nlogging_steps: 1\neval_split: 2\nsample_count: 2\nsample_new_tokens: 4\n"
     )
     assert main(["run", str(spec)]) == 0
     store = Store()
@@ -188,3 +188,10 @@ def test_tunedeck_run_trains_dpo_on_image_pairs(data_home: Path, tmp_path: Path,
     bundle = next(data_home.glob("runs/*/000001/bundle"))
     assert (bundle / "processor_config.json").is_file() and (bundle / "adapter_model.safetensors").is_file()
     assert "vision_tower" in json.loads((bundle / "adapter_config.json").read_text())["exclude_modules"]
+    # The before/after samples: the held-out pairs' prompts with their pictures, answered by base and result.
+    samples = json.loads(next(data_home.glob("runs/*/000001/samples.json")).read_text())
+    assert samples["errors"] == [] and samples["source"] == "the first prompts of the held-out (eval) rows", samples
+    assert samples["prompts"] and all(
+        len(p["images"]) == 1 and Path(p["images"][0]).is_file() for p in samples["prompts"]
+    )
+    assert len(samples["before"]) == len(samples["after"]) == len(samples["prompts"])

@@ -22,7 +22,7 @@ import html
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import LOAD_PROMPT, sha256_of
+from jobs.train.sample_images import IMAGE_TOKEN, flat_turns, keeper, picture_inputs
 from storage.roles import RunArtifacts
 
 log = logging.getLogger("jobs.train.before_after")
@@ -47,10 +48,12 @@ BUILT_IN_PROMPTS = (
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: the text shown, and the chat turns the model sees (None: `text` is continued as is)."""
+    """One prompt: the text shown, and the chat turns the model sees (None: `text` is continued as is); a
+    vision-language run's held-out image row keeps its pictures (`jobs.train.sample_images`)."""
 
     text: str
     messages: tuple[tuple[str, str], ...] | None = None  # (role, content) turns ending before the answer
+    images: tuple[str, ...] = ()  # PNGs in the run's samples/ folder, one per `<image>` in the turns, in order
 
     @classmethod
     def typed(cls, text: str) -> Prompt:
@@ -65,40 +68,47 @@ def _as_prompt(value: Any) -> Prompt:
 
 
 def _turns(messages: Any) -> tuple[tuple[str, str], ...] | None:
-    """Chat turns up to (not including) the last assistant turn; None when there is no user turn before it."""
-    if not isinstance(messages, list):
+    """Chat turns up to (not including) the last assistant turn (image parts as `<image>`); None when there is no
+    user turn before it."""
+    turns = flat_turns(messages) if isinstance(messages, list) else None
+    if turns is None:
         return None
-    if any(isinstance(m, dict) and not isinstance(m.get("content", ""), str) for m in messages):
-        return None  # image chat (content parts): the samples are text-only prompts
-    turns = [(str(m.get("role", "")), str(m.get("content", ""))) for m in messages if isinstance(m, dict)]
     last = max((i for i, (role, _) in enumerate(turns) if role == "assistant"), default=len(turns))
     turns = turns[:last]
     return tuple(turns) if any(role == "user" for role, _ in turns) else None
 
 
-def row_prompt(row: dict[str, Any]) -> Prompt | None:
-    """The prompt side of one data row (chat, prompt/completion, preference, KTO); None for text rows."""
+def row_prompt(row: dict[str, Any], keep: Callable[[Any], str] | None = None) -> Prompt | None:
+    """The prompt side of one data row (chat, prompt/completion, preference, KTO); None for text rows. An image
+    row's pictures are kept by `keep` (None: the row is skipped)."""
     if "messages" in row:
         turns = _turns(row["messages"])
-        return Prompt(next(c for r, c in reversed(turns) if r == "user"), turns) if turns else None
-    prompt = row.get("prompt")
-    if isinstance(prompt, list):
-        turns = _turns(prompt + [{"role": "assistant", "content": ""}])
-        return Prompt(next(c for r, c in reversed(turns) if r == "user"), turns) if turns else None
-    if isinstance(prompt, str) and prompt.strip():
-        return Prompt(prompt, None)
-    return None
+    elif isinstance(row.get("prompt"), list):
+        turns = _turns(row["prompt"] + [{"role": "assistant", "content": ""}])
+    else:
+        prompt = row.get("prompt")
+        return Prompt(prompt, None) if isinstance(prompt, str) and prompt.strip() else None
+    if not turns:
+        return None
+    shown = next(c for r, c in reversed(turns) if r == "user").replace(IMAGE_TOKEN, "").strip()
+    places = sum(c.count(IMAGE_TOKEN) for _, c in turns)
+    if not places:
+        return Prompt(shown, turns)
+    pictures = list(row.get("images") or [])[:places]  # the prompt's pictures come first in the row's list
+    if keep is None or len(pictures) != places:
+        return None
+    return Prompt(shown, turns, tuple(keep(p) for p in pictures))
 
 
-def pick_prompts(spec: JobSpec, eval_ds: Any) -> tuple[list[Prompt], str]:
-    """The prompts to answer and where they came from, in words."""
+def pick_prompts(spec: JobSpec, eval_ds: Any, keep: Callable[[Any], str] | None = None) -> tuple[list[Prompt], str]:
+    """The prompts to answer and where they came from, in words; `keep` saves an image row's pictures."""
     typed = spec.sample_prompt_list
     if typed:
         return [Prompt.typed(t) for t in typed][: spec.sample_count], "the spec's sample_prompts"
     if eval_ds is not None:
         seen: dict[str, Prompt] = {}
         for row in eval_ds:
-            prompt = row_prompt(row)
+            prompt = row_prompt(row, keep)
             if prompt is not None and prompt.text.strip() and prompt.text not in seen:
                 seen[prompt.text] = prompt
             if len(seen) >= spec.sample_count:
@@ -119,20 +129,36 @@ def encode(tokenizer: Any, prompt: Prompt | str) -> dict[str, Any]:
     return tokenizer(text, return_tensors="pt")
 
 
+def _inputs(tokenizer: Any, processor: Any, prompt: Prompt) -> dict[str, Any]:
+    if not prompt.images:
+        return dict(encode(tokenizer, prompt))
+    if processor is None or prompt.messages is None:
+        raise ValueError(f"the prompt {prompt.text!r} has pictures, and this model has no processor to read them")
+    return picture_inputs(processor, prompt.messages, prompt.images)
+
+
 def greedy(
-    model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], max_new_tokens: int, with_logits: bool = False
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Prompt | str],
+    max_new_tokens: int,
+    with_logits: bool = False,
+    processor: Any = None,
 ) -> tuple[list[list[int]], list[Any]]:
-    """Greedy answer token ids per prompt, and (with_logits) the logits of each prompt's positions."""
+    """Greedy answer token ids per prompt, and (with_logits) the logits of each prompt's positions; a prompt with
+    pictures goes through `processor` (a vision-language run's)."""
     import torch
 
     device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
     training = model.training
     model.eval()
     ids, logits = [], []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         for prompt in prompts:
-            inputs = {k: v.to(device) for k, v in encode(tokenizer, prompt).items()}
+            inputs = _inputs(tokenizer, processor, _as_prompt(prompt))
+            inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
             with torch.no_grad():
                 if with_logits:
                     logits.append(model(**inputs).logits.float().cpu())
@@ -148,8 +174,9 @@ def greedy_texts(model: Any, tokenizer: Any, prompts: Sequence[Prompt | str], ma
     through its tokenizer)."""
     from transformers import ProcessorMixin
 
-    tokenizer = tokenizer.tokenizer if isinstance(tokenizer, ProcessorMixin) else tokenizer
-    ids, _ = greedy(model, tokenizer, prompts, max_new_tokens)
+    processor = tokenizer if isinstance(tokenizer, ProcessorMixin) else None
+    tokenizer = tokenizer.tokenizer if processor is not None else tokenizer
+    ids, _ = greedy(model, tokenizer, prompts, max_new_tokens, processor=processor)
     return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in ids]
 
 
@@ -204,7 +231,7 @@ def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if data["skipped"] is None:
-            prompts, data["source"] = pick_prompts(spec, eval_ds)
+            prompts, data["source"] = pick_prompts(spec, eval_ds, keeper(run_dir))
             data["prompts"] = [asdict(p) for p in prompts]
             started = time.monotonic()
             data["before"] = greedy_texts(model, tokenizer, prompts, spec.sample_new_tokens)
@@ -229,7 +256,11 @@ def record_before(run_dir: Path, spec: JobSpec, model: Any, tokenizer: Any, eval
 
 def _prompts_of(data: dict[str, Any]) -> list[Prompt]:
     return [
-        Prompt(p["text"], tuple(tuple(t) for t in p["messages"]) if p.get("messages") is not None else None)
+        Prompt(
+            p["text"],
+            tuple(tuple(t) for t in p["messages"]) if p.get("messages") is not None else None,
+            tuple(p.get("images") or ()),
+        )
         for p in data.get("prompts") or []
     ]
 
@@ -292,9 +323,14 @@ def rows(data: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
     """(prompt, base answer, result answer) per prompt; None where that answer is missing."""
     before, after = data.get("before") or [], data.get("after") or []
     return [
-        (p.get("text", ""), before[i] if i < len(before) else None, after[i] if i < len(after) else None)
+        (_shown(p), before[i] if i < len(before) else None, after[i] if i < len(after) else None)
         for i, p in enumerate(data.get("prompts") or [])
     ]
+
+
+def _shown(prompt: dict[str, Any]) -> str:
+    """A prompt's text, marked `[image]` once per picture that went with it."""
+    return "[image] " * len(prompt.get("images") or ()) + prompt.get("text", "")
 
 
 def _cell(text: str | None) -> str:
