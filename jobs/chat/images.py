@@ -13,8 +13,6 @@ chat template turns into its image token; the processor makes the pixels of the 
 
 from __future__ import annotations
 
-import hashlib
-import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -54,21 +52,9 @@ def image_problem(source: str | Path | IO[bytes]) -> Problem | None:
 
 def keep_image(folder: Path, source: str | Path | IO[bytes]) -> str:
     """Copy the image at `source` (a file, or bytes) into `folder`/chat as a PNG named by its content; its path."""
-    from PIL import Image
+    from jobs.data.embedded_images import stored_png
 
-    if not isinstance(source, (str, Path)):
-        source.seek(0)
-    with Image.open(source) as image:
-        buffer = io.BytesIO()
-        image.convert("RGB").save(buffer, format="PNG")
-    data = buffer.getvalue()
-    out = Path(folder) / CHAT_IMAGES / f"{hashlib.sha256(data).hexdigest()[:24]}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not out.is_file():
-        partial = out.with_suffix(".part")
-        partial.write_bytes(data)
-        partial.replace(out)
-    return str(out)
+    return stored_png(Path(folder) / CHAT_IMAGES, source)
 
 
 def user_turn(text: str, image: str | None) -> dict[str, Any]:

@@ -8,7 +8,9 @@ one reference form for files and embedded pictures alike (the row checks, the pr
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+from pathlib import Path
 from typing import Any
 
 SIGNATURES = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"), (b"RIFF", "image/webp"))
@@ -49,3 +51,27 @@ def embedded_url(value: Any) -> str | None:
         return None
     mime = next((m for sig, m in SIGNATURES if data.startswith(sig)), "image/png")
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def stored_png(folder: Path, picture: Any) -> str:
+    """`picture` (a PIL image, a file, or a file object of image bytes) saved in `folder` as an RGB PNG named by
+    its content, once (the same picture twice is one file; written whole or not at all); its path."""
+    from PIL import Image
+
+    if hasattr(picture, "seek"):
+        picture.seek(0)
+    if isinstance(picture, (str, Path)) or hasattr(picture, "read"):
+        with Image.open(picture) as image:
+            rgb = image.convert("RGB")
+    else:
+        rgb = picture.convert("RGB")
+    buffer = io.BytesIO()
+    rgb.save(buffer, format="PNG")
+    data = buffer.getvalue()
+    out = Path(folder) / f"{hashlib.sha256(data).hexdigest()[:24]}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.is_file():
+        partial = out.with_suffix(".part")
+        partial.write_bytes(data)
+        partial.replace(out)
+    return str(out)

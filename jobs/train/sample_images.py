@@ -8,8 +8,6 @@ pictures (saved as PNGs in the run's `samples/` folder) and both models answer i
 
 from __future__ import annotations
 
-import hashlib
-import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,18 +35,9 @@ def flat_turns(messages: Sequence[Any]) -> list[tuple[str, str]] | None:
 
 def keeper(run_dir: Path) -> Callable[[Any], str]:
     """A function saving a picture (PIL) as a PNG named by its content in run_dir/samples; it returns the path."""
+    from jobs.data.embedded_images import stored_png
 
-    def keep(picture: Any) -> str:
-        buffer = io.BytesIO()
-        picture.convert("RGB").save(buffer, format="PNG")
-        data = buffer.getvalue()
-        path = Path(run_dir) / SAMPLES_DIR / f"{hashlib.sha256(data).hexdigest()[:16]}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file():
-            path.write_bytes(data)
-        return str(path)
-
-    return keep
+    return lambda picture: stored_png(Path(run_dir) / SAMPLES_DIR, picture)
 
 
 def picture_inputs(processor: Any, turns: Sequence[tuple[str, str]], paths: Sequence[str]) -> dict[str, Any]:
