@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from jobs.data.image_parts import shows_image
 from jobs.data.images import (
-    IMAGE_PART_TYPES,
     IMAGE_TOKEN,
     checked_images,
     fill_places,
@@ -43,7 +43,7 @@ def pair_image_conversion(columns: Iterable[str], rows: list[dict[str, Any]], ba
     column = next((c for c in PROMPT_COLUMNS if c in cols), None)
     if column is None or not {"chosen", "rejected"} <= cols:
         return None
-    if "images" not in cols and not any(_has_image_part(r.get(column)) for r in rows):
+    if "images" not in cols and not any(shows_image(r.get(column)) for r in rows):
         return None
     return Conversion(
         "images",
@@ -51,16 +51,6 @@ def pair_image_conversion(columns: Iterable[str], rows: list[dict[str, Any]], ba
         lambda row: pair_row(row, column, base),
         (*PAIR_COLUMNS, "images"),
         (column, "chosen", "rejected", "images"),
-    )
-
-
-def _has_image_part(prompt: Any) -> bool:
-    turns = prompt if isinstance(prompt, list) else []
-    return any(
-        isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES
-        for t in turns
-        if isinstance(t, dict) and isinstance(t.get("content"), list)
-        for p in t["content"]
     )
 
 

@@ -29,11 +29,11 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from jobs.data.embedded_images import embedded_url
+from jobs.data.image_parts import IMAGE_PART_TYPES, shows_image
 from jobs.data.turns import Conversion, ProblemList, chat_turns, with_system
 from jobs.errors import Problem
 
 IMAGE_TOKEN = "<image>"
-IMAGE_PART_TYPES = ("image", "image_url")
 CHAT_COLUMNS = ("messages", "conversations")
 PARTS_FIX = (
     'write each image as {"type": "image", "image": "path/next/to/the/data.png"} or '
@@ -226,15 +226,7 @@ def placeholder_row(row: dict[str, Any], column: str, base: Path | None) -> tupl
 
 
 def _has_parts(rows: list[dict[str, Any]]) -> bool:
-    for row in rows:
-        turns = row.get("messages")
-        for turn in turns if isinstance(turns, list) else []:
-            content = turn.get("content") if isinstance(turn, dict) else None
-            if isinstance(content, list) and any(
-                isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES for p in content
-            ):
-                return True
-    return False
+    return any(shows_image(row.get("messages")) for row in rows)
 
 
 def image_conversion(columns: Iterable[str], rows: list[dict[str, Any]], base: Path | None) -> Conversion | None:

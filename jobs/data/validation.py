@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.data.image_parts import shows_image
 from jobs.data.placeholders import Placeholders
 from jobs.data.row_formats import COLUMNS, RowFormat, detect_format, only_columns, parse_label
 from jobs.data.row_numbers import SHOWN_ROWS, rows_text
@@ -70,12 +71,6 @@ IMAGE_PART_FIXES = {  # an image part where it is not read: sft image chat is de
 }
 
 
-def _has_image_part(content: Any) -> bool:
-    return isinstance(content, list) and any(
-        isinstance(p, dict) and p.get("type") in ("image", "image_url") for p in content
-    )
-
-
 def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
     """(problem, fix) when `value` is not a non-empty list of {role: str, content: non-empty str}."""
     if not isinstance(value, list):
@@ -96,7 +91,7 @@ def _turns_problem(value: Any, name: str) -> tuple[str, str] | None:
         return calls
     if any(("content" not in m or m["content"] is None) and not m.get("tool_calls") for m in value):
         return f"`{name}` has a turn without `content`", "give every turn its text as `content`"
-    if any(_has_image_part(m.get("content")) for m in value):
+    if shows_image(value):
         return f"`{name}` has an image content part, which is not read here", IMAGE_PART_FIXES.get(
             name, IMAGE_PART_FIXES["prompt"]
         )
