@@ -63,6 +63,7 @@ class ModelDataFields:
         Group.DATA,
         "Hold out rows of the training file for evaluation when there is no eval_dataset: a fraction (0.1 = 10%) or a row count (50). Eval loss (and perplexity for sft) is graphed.",
         gt=0.0,
+        le=1e9,
         label="Held-out share",
         advanced=True,
     )
