@@ -36,8 +36,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from app.ui.chat import reach_problem
 from jobs.chat.generate import MAX_NEW_TOKENS
-from jobs.spec.stored import spec_of
-from storage.models import ReplyStatus, RunStatus
+from jobs.models.served_names import served_model, served_models
+from storage.models import ReplyStatus
 from storage.store import Store
 
 POLL_S = 0.05  # how often a request reads its reply's text from the store
@@ -73,17 +73,10 @@ class Ask:
 
 
 def resolve_model(store: Store, name: str) -> tuple[int, str]:
-    """(run id, side) for `model`: a finished run's id or name, else a base model some finished run trained from."""
-    runs = store.list_runs(status=RunStatus.SUCCEEDED)
-    wanted = name.strip()
-    for run in runs:
-        if wanted in (str(run.id), run.name):
-            return run.id, "run"
-    trained_from = [run for run in runs if spec_of(run).model == wanted]
-    if trained_from:  # the base answers through any of them: the earliest whose weights a live worker can reach
-        # (the same run each time, so a worker keeps it loaded; a newer run can be elsewhere or still unproven)
-        reachable = [run for run in trained_from if reach_problem(store, run.id) is None]
-        return min(reachable or trained_from, key=lambda run: run.id).id, "base"
+    """(run id, side) for `model`: a finished run's id, else a base model, else a run's name (`jobs.models.served_names`)."""
+    found = served_model(store, name, lambda run_id: reach_problem(store, run_id) is None)
+    if found is not None:
+        return found
     raise ApiError(
         404,
         f"The model `{name}` does not exist: name a finished run's id or name, or a base model one was trained "
@@ -383,18 +376,5 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
 
 
 def model_list(store: Store) -> list[dict[str, Any]]:
-    """Every finished run (by id, with its name), then each base model they trained from."""
-    out: list[dict[str, Any]] = []
-    bases: dict[str, float] = {}
-    for run in store.list_runs(status=RunStatus.SUCCEEDED):
-        spec = spec_of(run)
-        out.append(
-            {"id": str(run.id), "object": "model", "created": int(run.created_at), "owned_by": "tunedeck"}
-            | {"name": run.name, "root": spec.model, "parent": spec.model}
-        )
-        bases.setdefault(spec.model, run.created_at)
-    out += [
-        {"id": base, "object": "model", "created": int(created), "owned_by": "tunedeck", "root": base}
-        for base, created in bases.items()
-    ]
-    return out
+    """Every finished run (by id, with its name where it answers to it), then each base model they trained from."""
+    return served_models(store)

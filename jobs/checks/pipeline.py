@@ -23,6 +23,9 @@ being found again:
    (`jobs.checks.answers`): refused when most rows are, a warning when some are;
 8. a grpo `reward_model_run`: a finished reward run in the store;
 9. `report_to`: each tracker's package imports here (`jobs.checks.trackers`), checked with the fields.
+10. `run_name`: not one that reads as a run id (`3`, `#3`, `run:3`) or names a base model the dashboard
+   serves (a built-in, the spec's model, another run's model), which /v1 reads first
+   (`jobs.models.served_names`).
 
 No step swallows an unexpected error: a bug in a check fails the call instead of hiding a refusal.
 
@@ -51,6 +54,7 @@ from jobs.config.moe import moe_notes, moe_problems
 from jobs.data.bench_tasks import task_problems, watched_task_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
+from jobs.models.served_names import run_name_problems
 from jobs.spec.job import JobSpec, SpecError
 from storage.roles import CheckReader
 
@@ -125,6 +129,7 @@ def _check_spec(
     problems = policy.problems(spec) + field_problems
     valid = not problems  # the spec itself is sound: its prediction means something
     problems += tracker_problems(spec)  # a missing package does not change what the run would need
+    problems += run_name_problems(spec, store)  # a name that reads as an id or a base model: /v1 would not reach it
     # Loaded at most once per check, and only from files on this machine; code shipped with the model
     # runs only where this server allows it.
     tokenizer = LocalTokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)

@@ -17,6 +17,14 @@ from collections.abc import Set as AbstractSet
 from enum import Enum
 from typing import Any, get_args, get_origin
 
+# Bounds every numeric field keeps, beside the ones it declares (`jobs.spec.parse.bounds_problems` reads them):
+# a whole number without a bound of its own on a side stays within a signed 64-bit integer (what JSON
+# readers such as orjson, SQLite and torch hold); a number field declares its own upper bound (a float's is
+# finite). Step counts and the seed declare these shared ones next to the field.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+STEP_COUNT_MAX = 10**9  # optimizer steps: a run of more would never end (max_steps, warmup_steps, logging_steps, ...)
+SEED_MAX = 2**32 - 1  # numpy's seed range; transformers' set_seed seeds numpy with it
+
 
 class Group(str, Enum):
     """The form's sections (and those of the field table in docs/spec.md): where a field is shown."""

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 
 from jobs.errors import Problem
 from jobs.spec.columns import columns_text
-from jobs.spec.field import unwrap_optional
+from jobs.spec.field import INT64_MAX, INT64_MIN, unwrap_optional
 from jobs.spec.trackers import report_to_text
 
 
@@ -111,7 +111,8 @@ def coerce(name: str, raw: Any, tp: Any) -> tuple[Any, Problem | None]:
 
 
 def bounds_problems(f: dataclasses.Field[Any], value: Any) -> list[Problem]:
-    """The field's value outside the ge/gt/le declared with it (or not finite), as a problem."""
+    """The field's value outside the ge/gt/le declared with it (or not finite), as a problem; a whole number
+    also within a 64-bit integer on a side the field declares no bound (`jobs.spec.field.INT64_MAX`)."""
     if value is None or isinstance(value, (bool, str, Enum)):
         return []
     m = f.metadata
@@ -122,6 +123,15 @@ def bounds_problems(f: dataclasses.Field[Any], value: Any) -> list[Problem]:
     if (ge is not None and value < ge) or (gt is not None and value <= gt) or (le is not None and value > le):
         rng = " and ".join(x for x in (lo, f"<= {_num(le)}" if le is not None else None) if x)
         return [Problem(f.name, f"{_num(value)} is out of range", f"use a value {rng}")]
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:  # a side the field leaves open
+        low = lo or f">= {INT64_MIN}"
+        return [
+            Problem(
+                f.name,
+                f"{value} is out of range (past a 64-bit integer)",
+                f"use a value {low} and <= {le if le is not None else INT64_MAX}",
+            )
+        ]
     return []
 
 

@@ -24,6 +24,7 @@ class EvaluationFields:
         Group.TRAINING,
         "How much the watched metric must improve over the best so far to count as better (0: any improvement).",
         ge=0.0,
+        le=1e6,
         label="Early-stopping threshold",
         advanced=True,
     )

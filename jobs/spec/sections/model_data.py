@@ -19,7 +19,11 @@ class ModelDataFields:
     """Which model learns from which rows, and is evaluated on which."""
 
     run_name: str | None = spec_field(
-        None, Group.RUN, "A name to find the run by; defaults to model + method.", label="Run name"
+        None,
+        Group.RUN,
+        "A name to find the run by; defaults to model + method. Not one that reads as a run id (3, #3, run:3) or "
+        "names a base model the dashboard serves (tiny-llama): the API reads those first, so they are refused.",
+        label="Run name",
     )
     # --- Model
     model: str = spec_field(
@@ -63,6 +67,7 @@ class ModelDataFields:
         Group.DATA,
         "Hold out rows of the training file for evaluation when there is no eval_dataset: a fraction (0.1 = 10%) or a row count (50). Eval loss (and perplexity for sft) is graphed.",
         gt=0.0,
+        le=1e9,
         label="Held-out share",
         advanced=True,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec.enums import Scheduler
-from jobs.spec.field import Group, spec_field
+from jobs.spec.field import SEED_MAX, STEP_COUNT_MAX, Group, spec_field
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,13 @@ class TrainingFields:
         advanced=True,
     )
     warmup_steps: int = spec_field(
-        0, Group.TRAINING, "Optimizer steps of linear warm-up.", ge=0, label="Warm-up steps", advanced=True
+        0,
+        Group.TRAINING,
+        "Optimizer steps of linear warm-up.",
+        ge=0,
+        le=STEP_COUNT_MAX,
+        label="Warm-up steps",
+        advanced=True,
     )
     num_train_epochs: float = spec_field(
         1.0,
@@ -43,6 +49,7 @@ class TrainingFields:
         Group.TRAINING,
         "Stop after this many optimizer steps; -1 trains for num_train_epochs.",
         ge=-1,
+        le=STEP_COUNT_MAX,
         label="Max steps",
     )
     weight_decay: float = spec_field(
@@ -53,6 +60,7 @@ class TrainingFields:
         Group.TRAINING,
         "Gradient clipping norm; 0 turns clipping off.",
         ge=0.0,
+        le=1e6,
         label="Gradient clipping",
         advanced=True,
     )
@@ -67,13 +75,20 @@ class TrainingFields:
         advanced=True,
     )
     logging_steps: int = spec_field(
-        1, Group.TRAINING, "Log metrics every N optimizer steps.", ge=1, label="Log every N steps", advanced=True
+        1,
+        Group.TRAINING,
+        "Log metrics every N optimizer steps.",
+        ge=1,
+        le=STEP_COUNT_MAX,
+        label="Log every N steps",
+        advanced=True,
     )
     eval_steps: int | None = spec_field(
         None,
         Group.TRAINING,
         "Evaluate every N steps (empty: only at the end, when there is eval data).",
         ge=1,
+        le=STEP_COUNT_MAX,
         label="Evaluate every N steps",
         advanced=True,
     )
@@ -82,6 +97,7 @@ class TrainingFields:
         Group.TRAINING,
         "Save a resumable checkpoint every N steps (empty: none).",
         ge=1,
+        le=STEP_COUNT_MAX,
         label="Checkpoint every N steps",
         advanced=True,
     )
@@ -90,6 +106,7 @@ class TrainingFields:
         Group.TRAINING,
         "Also save a resumable checkpoint every N minutes of training, so a crash loses at most that (empty: off).",
         gt=0.0,
+        le=1e6,
         label="Checkpoint every N minutes",
         advanced=True,
     )
@@ -102,5 +119,11 @@ class TrainingFields:
         advanced=True,
     )
     seed: int = spec_field(
-        42, Group.TRAINING, "Random seed for data order and initialisation.", ge=0, label="Seed", advanced=True
+        42,
+        Group.TRAINING,
+        "Random seed for data order and initialisation.",
+        ge=0,
+        le=SEED_MAX,
+        label="Seed",
+        advanced=True,
     )
