@@ -2,7 +2,8 @@
 
 The HF Trainer writes `output/checkpoint-N/` file by file (weights or adapter, optimizer.pt,
 scheduler.pt, rng_state.pth, trainer_state.json) and then calls `on_save`; `StoreCallback`
-writes `COMPLETE_MARKER` there at that moment. A process killed mid-save (SIGKILL, disk full)
+writes the metric rows it buffered to the store and then `COMPLETE_MARKER`, so a complete checkpoint
+also means the store has every step's metrics up to it. A process killed mid-save (SIGKILL, disk full)
 leaves a folder without the marker: it is never resumed from and is removed at the next start.
 
 optimizer.pt / scheduler.pt / rng_state.pth are torch pickles, but ours: written by this run's

@@ -98,6 +98,8 @@ class MetricSink(Protocol):
 
     def run_control(self, run_id: int) -> RunControl | None: ...
 
+    def metric_names_at(self, run_id: int, step: int) -> list[str]: ...
+
 
 class MetricReader(RunReader, Protocol):
     """A run's recorded series, read back for figures and tables."""

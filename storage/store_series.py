@@ -106,6 +106,12 @@ class SeriesMixin(StoreCore):
         with self._read() as s:
             return [MetricPoint(st, n, _nan_if_none(v), t) for st, n, v, t in s.execute(q)]
 
+    def metric_names_at(self, run_id: int, step: int) -> list[str]:
+        """The names a run has rows for at one step (what a run resumed at that step must not write again)."""
+        q = select(m.Metric.name).where(m.Metric.run_id == run_id, m.Metric.step == step).distinct()
+        with self._read() as s:
+            return list(s.scalars(q))
+
     def metric_names(self, run_id: int) -> list[str]:
         with self._read() as s:
             return list(s.scalars(select(m.Metric.name).where(m.Metric.run_id == run_id).distinct()))

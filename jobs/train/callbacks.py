@@ -23,7 +23,11 @@ well under 2% of training time:
   end, before the run's status changes) waits for them and writes the rest itself.
 A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
 cancelled run can be resumed; every saved checkpoint gets a completeness marker
-(`jobs.train.checkpoints`). A non-finite training loss stops training at once, without saving, and
+(`jobs.train.checkpoints`), written only once every row logged up to it is in the store (`on_save`
+flushes first, on the training thread): a process killed at any moment leaves no complete checkpoint
+whose steps' metrics are missing, since a resume redoes only the steps after it. A resumed run does not
+write again the rows the store already has at its checkpoint's step (the end-of-training figures or an
+evaluation of the attempt that was killed). A non-finite training loss stops training at once, without saving, and
 is reported as `nonfinite_step` (trl hides NaN/inf from the log unless
 `logging_nan_inf_filter=False`, which `jobs.config.mapping` sets). The logged loss is the mean over the
 steps since the previous log, so a NaN in any of them shows; and every step that saves a
@@ -113,6 +117,9 @@ class StoreCallback(TrainerCallback):
         self._max_steps: int | None = None
         self._progress_step = -1
         self._step = 0
+        self._held_back = False  # the store kept the last rows back for its next write (a locked database)
+        self._resumed_at = -1  # the step training (re)started at, and the names the store had there
+        self._stored_at_resume: frozenset[str] = frozenset()
 
     @property
     def step(self) -> int:
@@ -131,6 +138,9 @@ class StoreCallback(TrainerCallback):
         self._prev_tokens = 0.0  # trl counts num_tokens from zero in each trainer
         self._max_steps = state.max_steps if state.max_steps and state.max_steps > 0 else None
         self._step = state.global_step
+        if state.global_step > 0:  # resumed from checkpoint-N: what the store holds at step N is not written again
+            self._resumed_at = state.global_step
+            self._stored_at_resume = frozenset(self.store.metric_names_at(self.run_id, state.global_step))
         self.flush(force_progress=True)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -178,6 +188,8 @@ class StoreCallback(TrainerCallback):
         for name, value in logs.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
+            if step == self._resumed_at and name in self._stored_at_resume:
+                continue  # the killed attempt wrote it already (after its last checkpoint)
             self._metrics.append(MetricPoint(step, name, float(value), wall))  # the store keeps NaN/inf as NULL
         loss = logs.get("loss")
         if isinstance(loss, (int, float)) and not math.isfinite(loss) and self.nonfinite_step is None:
@@ -194,15 +206,23 @@ class StoreCallback(TrainerCallback):
             self._flush_soon()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        """The trainer finished writing checkpoint-N: mark it complete (resumable)."""
+        """The trainer finished writing checkpoint-N: write every buffered row, then mark it complete (resumable).
+
+        In that order: the marker says the store has every step's metrics up to N, so a resume from it
+        loses none. Rows a locked database kept back leave the checkpoint unmarked (a resume takes the
+        previous one); they go with the next write."""
         from pathlib import Path
 
         from jobs.train.checkpoints import mark_complete
 
         self._last_save = self._clock()
         folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
+        if not folder.is_dir():
+            return
+        if self._flush_for_checkpoint():
             mark_complete(folder, state.global_step)
+        else:
+            log.warning("%s not marked complete: the database kept its metric rows back (still locked)", folder)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -248,6 +268,13 @@ class StoreCallback(TrainerCallback):
             self._writer.drain()
         self._write(batch)
 
+    def _flush_for_checkpoint(self) -> bool:
+        """Write everything buffered now; False while the store still keeps rows back for a later write."""
+        self.flush()
+        if self._held_back:  # one more try for the rows kept back (`add_metrics` writes those first)
+            self._held_back = self.store.add_metrics(self.run_id, []) == 0
+        return not self._held_back
+
     def _flush_soon(self) -> None:
         """The periodic flush: hand the batch to the writer thread and go back to training."""
         batch = self._take(False)
@@ -275,8 +302,9 @@ class StoreCallback(TrainerCallback):
         """One batch to the store (metrics and progress in one transaction); times it against the budget."""
         start = self._clock()
         try:
-            if batch.metrics:
-                self.store.add_metrics(self.run_id, batch.metrics, progress=batch.progress)  # one commit for both
+            if batch.metrics:  # one commit for both; 0 written: kept back by the store for its next write
+                written = self.store.add_metrics(self.run_id, batch.metrics, progress=batch.progress)
+                self._held_back = written == 0
             elif batch.progress is not None:
                 self.store.set_progress(self.run_id, *batch.progress)
             if batch.memory:
