@@ -220,3 +220,21 @@ def test_a_shared_dashboard_refuses_an_untrusted_judge_endpoint_at_submit(
 def test_what_is_no_endpoint_is_no_egress_problem() -> None:
     for judge in (None, "", "smollm2-135m-instruct", "run:3", "/models/judge"):
         assert endpoint_problem(judge, "judge") is None
+
+
+def test_other_fields_that_could_name_a_url_fetch_nothing_from_it(attacker: Recorder, key: str) -> None:
+    """The audit's other fields: a model, data sets or an image named by a URL are refused at submit, and the
+    attacker's server never hears from the dashboard or a worker."""
+    from jobs.checks.pipeline import check
+    from jobs.data.images import resolve_image
+
+    spec = JobSpec(
+        model=f"{attacker.url}/org/model",
+        dataset=f"{attacker.url}/rows.jsonl",
+        eval_dataset=f"{attacker.url}/held-out.jsonl",
+        max_steps=1,
+    )
+    fields = {p.field for p in check(spec).problems}
+    assert {"model", "dataset", "eval_dataset"} <= fields
+    assert resolve_image(f"{attacker.url}/cat.png", None)[1] is not None  # a web image is never fetched
+    assert attacker.seen == []
