@@ -74,10 +74,11 @@ def test_a_prefix_without_a_path_trusts_the_whole_origin_and_bad_entries_trust_n
 
 # ---------------------------------------------------------------------- a real endpoint that records what it got
 class Recorder(ThreadingHTTPServer):
-    def __init__(self, redirect_to: str | None = None) -> None:
+    def __init__(self, redirect_to: str | None = None, status: int = 200) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.seen: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers)
         self.redirect_to = redirect_to
+        self.status = status
 
     @property
     def url(self) -> str:
@@ -98,7 +99,7 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "A, it is better"}}]}).encode()
-        self.send_response(200)
+        self.send_response(self.server.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -172,6 +173,17 @@ def test_a_trusted_endpoint_that_redirects_elsewhere_does_not_pass_the_key_on(
     assert [(m, p) for m, p, _ in attacker.seen] == [("GET", "/stolen")] and authorizations(attacker) == [None]
 
 
+def test_an_untrusted_endpoint_that_wants_a_key_says_why_none_was_sent(key: str) -> None:
+    with serving(Recorder(status=401)) as locked:
+        with pytest.raises(SpecError) as refused:
+            endpoint_asker(f"{locked.url}/v1#gpt-judge")("q")
+        locked.shutdown()
+    (problem,) = refused.value.problems
+    assert problem.field == "judge" and f"`{locked.url}/v1/chat/completions` answered 401" in problem.problem
+    assert "called without the worker's key" in problem.problem and TRUSTED_ENV in problem.fix
+    assert authorizations(locked) == [None]
+
+
 # ---------------------------------------------------------------------- refused at submit on a shared dashboard
 def _finished_run(store: Store, model: Path) -> int:
     from training_helpers import tiny_spec
@@ -190,6 +202,7 @@ def test_a_shared_dashboard_refuses_an_untrusted_judge_endpoint_at_submit(
 ) -> None:
     from app import api
     from app.ui import evaluate as ui_evaluate
+    from jobs.checks.pipeline import check
     from jobs.queue.submit import submit
 
     monkeypatch.delenv(TRUSTED_ENV, raising=False)
@@ -211,8 +224,14 @@ def test_a_shared_dashboard_refuses_an_untrusted_judge_endpoint_at_submit(
     text, ids = ui_evaluate.request_judging(store, shared, run_id, judge)
     assert ids == [] and "is not an endpoint this server trusts" in text and TRUSTED_ENV in text
     assert store.run_tasks(run_id) == []
-    # a local dashboard (no login) and the command line queue it: the endpoint is then called without a key
+    # a local dashboard (no login) and the command line queue it, with a warning: it is called without a key
     assert AccessPolicy.for_server(login=False).problems(spec) == [] and AccessPolicy.open().problems(spec) == []
+    checked = check(spec, policy=AccessPolicy.for_server(login=False))
+    assert checked.problems == []
+    assert [w for w in checked.warnings if w.startswith("judge:")] == [
+        f"judge: `https://judge.evil.example/v1` is not in {TRUSTED_ENV}, so the workers call it without their keys "
+        "(fine for an endpoint that needs none; else ask the operator to add it)"
+    ]
     monkeypatch.setenv(TRUSTED_ENV, "https://judge.evil.example/v1")
     assert AccessPolicy.for_server(login=True).problems(spec) == []
 

@@ -12,9 +12,10 @@ names compared in lower case) and its path starts with the entry's path by whole
 `https://api.x.com.evil/v1` nor `https://api.x.com:8443/v1`. A URL with user-info (`https://api.x.com@evil`),
 a `.`/`..` segment, an encoded dot, slash or backslash (`%2e`, `%2f`, `%5c`), a backslash, whitespace or a
 control character is never trusted, whatever the list says. Every other URL from a spec is called
-WITHOUT a key (`key_headers` returns none), and a shared dashboard (an `AccessPolicy` with a login)
-refuses it at submit (`endpoint_problem`), naming the field and the fix. A redirect is followed with
-the key only when its target is trusted too (`opener`).
+WITHOUT a key (`key_headers` returns none; a 401/403 it answers then says so: `unkeyed_refusal`), a local
+dashboard and the command line warn at submit (`endpoint_warning`), and a shared dashboard (an `AccessPolicy`
+with a login) refuses it at submit (`endpoint_problem`), naming the field and the fix. A redirect is followed
+with the key only when its target is trusted too (`opener`).
 
 Audit of every outbound call a spec can cause (kept here so the next field that names a URL adds itself):
 - judge `URL#MODEL` (`jobs.evaluate.judge.endpoint_asker`): the one field that is a URL; the key only when
@@ -135,6 +136,27 @@ def endpoint_problem(ref: str | None, field: str) -> Problem | None:
         "no endpoint its users name",
         f"ask the operator to add its address to {TRUSTED_ENV} (where the dashboard and workers run), or pick a "
         "built-in model, a folder or run:N as the judge",
+    )
+
+
+def endpoint_warning(ref: str | None, field: str) -> str | None:
+    """What a local dashboard or the command line says at submit about an untrusted endpoint (it still runs)."""
+    url = (ref or "").strip().partition("#")[0]
+    if not url.lower().startswith(("http://", "https://")) or is_trusted(url):
+        return None
+    return (
+        f"{field}: `{_origin(url)}` is not in {TRUSTED_ENV}, so the workers call it without their keys "
+        "(fine for an endpoint that needs none; else ask the operator to add it)"
+    )
+
+
+def unkeyed_refusal(url: str, status: int, field: str) -> Problem:
+    """An endpoint called without a key refused it (401/403): say why no key was sent."""
+    return Problem(
+        field,
+        f"`{_origin(url)}` answered {status}: it was called without the worker's key, as it is not in {TRUSTED_ENV}",
+        f"ask the operator to add its address to {TRUSTED_ENV} where the workers run, or use an endpoint that "
+        "needs no key",
     )
 
 

@@ -198,9 +198,10 @@ def asker(store: Evaluations, judge: str) -> AskAll:
 def endpoint_asker(ref: str) -> Ask:
     """An OpenAI-compatible chat-completions endpoint, `URL#MODEL`; the worker's OPENAI_API_KEY is sent only when
     the operator trusts the endpoint (`jobs.checks.egress`), redirects included."""
+    import urllib.error
     import urllib.request
 
-    from jobs.checks.egress import key_headers, opener
+    from jobs.checks.egress import key_headers, opener, unkeyed_refusal
 
     url, _, model = ref.partition("#")
     if not model:
@@ -212,8 +213,13 @@ def endpoint_asker(ref: str) -> Ask:
     def ask(prompt: str) -> str:
         body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
         request = urllib.request.Request(address, data=json.dumps(body).encode(), headers=headers)
-        with client.open(request, timeout=120) as response:
-            reply = json.load(response)
+        try:
+            with client.open(request, timeout=120) as response:
+                reply = json.load(response)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403) and "Authorization" not in headers:
+                raise SpecError([unkeyed_refusal(address, exc.code, "judge")]) from exc
+            raise
         return str(reply["choices"][0]["message"]["content"])
 
     return ask
