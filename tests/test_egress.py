@@ -202,6 +202,7 @@ def test_a_shared_dashboard_refuses_an_untrusted_judge_endpoint_at_submit(
 ) -> None:
     from app import api
     from app.ui import evaluate as ui_evaluate
+    from app.ui import form as ui_form
     from jobs.checks.pipeline import check
     from jobs.queue.submit import submit
 
@@ -214,6 +215,8 @@ def test_a_shared_dashboard_refuses_an_untrusted_judge_endpoint_at_submit(
     (problem,) = refused.value.problems
     assert problem.field == "judge" and "`https://judge.evil.example/v1` is not an endpoint" in problem.problem
     assert TRUSTED_ENV in problem.fix
+    errors, queued = ui_form.launch(store, *ui_form.form_values(spec), policy=shared)  # the launch form
+    assert queued is None and "judge" in errors and TRUSTED_ENV in errors
     out = api.submit_yaml(store, spec.to_yaml(), shared)
     assert out["run_id"] is None and [p["field"] for p in out["problems"]] == ["judge"]
     assert store.count_runs() == 0
