@@ -81,7 +81,7 @@ def parse_endpoint(url: str) -> Endpoint | None:
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
         return None
-    segments = tuple(s for s in parts.path.split("/"))
+    segments = tuple(parts.path.split("/"))
     if any(s in (".", "..") for s in segments):
         return None
     segments = tuple(segments[1:]) if segments and segments[0] == "" else segments  # the path's leading "/"
