@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     j.add_argument(
         "--judge",
         required=True,
-        help="a built-in model, a local folder, run:N, or an OpenAI-compatible endpoint URL#MODEL (key: OPENAI_API_KEY)",
+        help="a built-in model, a local folder, run:N, or an OpenAI-compatible endpoint URL#MODEL (key: OPENAI_API_KEY, sent only to TUNEDECK_TRUSTED_ENDPOINTS)",
     )
     add_flag(j)
     j.set_defaults(func=cmd_judge)

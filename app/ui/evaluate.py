@@ -61,7 +61,7 @@ def build() -> EvaluatePanel:
         with gr.Row():
             judge = gr.Textbox(
                 label="Judge (--judge)",
-                placeholder="a built-in model, a folder, run:N, or URL#MODEL (key: the worker's OPENAI_API_KEY)",
+                placeholder="a built-in model, a folder, run:N, or URL#MODEL (key: the worker's OPENAI_API_KEY, trusted endpoints only)",
                 scale=4,
                 elem_id="eval-judge",
             )
@@ -103,7 +103,7 @@ def request_judging(store: Store, policy: AccessPolicy | None, run_id: Any, judg
     judge = (judge or "").strip()
     if not judge:
         return "judge: none named. Fix: name a built-in model, a folder, run:N or URL#MODEL.", []
-    return _queue(store, policy, run_id, JobSpec(), lambda rid: request_judge(store, rid, judge))
+    return _queue(store, policy, run_id, JobSpec(judge=judge), lambda rid: request_judge(store, rid, judge))
 
 
 def unfinished_evaluations(store: Store, run_id: Any) -> list[TaskRecord]:

@@ -14,6 +14,8 @@ with the server's administrator:
   `:`), by default `$TUNEDECK_HOME/datasets` (shared data an administrator puts there) and the
   uploads folder; a path is judged after resolving `..` and symbolic links, and before anything
   is read, so a refusal says nothing about whether a file exists.
+- an endpoint a spec names (the judge's `URL#MODEL`) must be one the operator trusts with the workers' keys
+  (`jobs.checks.egress`, TUNEDECK_TRUSTED_ENDPOINTS); elsewhere an untrusted one is called without a key.
 
     policy = AccessPolicy.for_server(login=True)
     policy.problems(spec)      # [] or Problems naming the field and the fix
@@ -26,6 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.checks.egress import endpoint_problem
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec
 from jobs.spec.mixture import parse_sources
@@ -131,6 +134,8 @@ class AccessPolicy:
             if p is not None
         ]
         out += self._task_problems(spec.eval_tasks)
+        if self.restricted:
+            out += [p for p in (endpoint_problem(spec.judge, "judge"),) if p is not None]
         if spec.trust_remote_code and not self.allow_remote_code:
             out.append(
                 Problem(

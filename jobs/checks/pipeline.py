@@ -22,8 +22,11 @@ being found again:
    from the same lengths, the rows whose whole answer `max_length` cuts away
    (`jobs.checks.answers`): refused when most rows are, a warning when some are;
 8. a grpo `reward_model_run`: a finished reward run in the store;
-9. `report_to`: each tracker's package imports here (`jobs.checks.trackers`), checked with the fields.
-10. `run_name`: not one that reads as a run id (`3`, `#3`, `run:3`) or names a base model the dashboard
+9. `report_to`: each tracker can start (`jobs.checks.trackers`: its package, MLflow's store, W&B's key),
+   checked with the fields;
+10. endpoints a spec names (the judge's URL#MODEL): refused on a shared dashboard by the access policy, a
+   warning elsewhere when the workers would call it without their keys (`jobs.checks.egress`);
+11. `run_name`: not one that reads as a run id (`3`, `#3`, `run:3`) or names a base model the dashboard
    serves (a built-in, the spec's model, another run's model), which /v1 reads first
    (`jobs.models.served_names`).
 
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.checks.access import AccessPolicy
 from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
+from jobs.checks.egress import endpoint_warning
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.template import assistant_only_problems
 from jobs.checks.trackers import tracker_problems
@@ -169,6 +173,7 @@ def _check_spec(
     warnings = capability_warnings(spec, capability) + moe_notes(spec, moe)
     warnings += [w for info in infos.values() for w in info.warnings]
     warnings += answer_warnings
+    warnings += [w for w in (endpoint_warning(spec.judge, "judge"),) if w]  # a shared dashboard refused it above
     taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None
     warnings += [taken] if taken else []
     return Checked(spec, _unique(problems), facts, infos, memory, warnings)

@@ -1,7 +1,7 @@
 """A judge's win rate of a run against its base, on the prompts of its before/after samples.
 
     result = judge_run(store, run_id, "smollm2-135m-instruct")     # or a folder, "run:7", or an endpoint:
-    result = judge_run(store, run_id, "https://api.example.com/v1#gpt-4o-mini")   # key: OPENAI_API_KEY
+    result = judge_run(store, run_id, "https://api.example.com/v1#gpt-4o-mini")   # key: OPENAI_API_KEY, if trusted
     result.wins, result.ties, result.losses, result.unparsed, result.win_rate
 
 The pairs are the run's before/after samples (`jobs.train.before_after`): each held-out prompt with
@@ -15,7 +15,9 @@ uncertain, never wrong in one direction. The verdicts and reasons are kept in th
 
 The judge is a model the worker can load (a built-in name, a local folder, a hub id where the hub is
 reachable, or `run:N`, another run's result) or an OpenAI-compatible chat-completions endpoint,
-written `URL#MODEL`, with its key in the worker's environment (OPENAI_API_KEY): never in a request.
+written `URL#MODEL`, with its key in the worker's environment (OPENAI_API_KEY): never in a request. The key
+goes only to an endpoint the worker's operator trusts (TUNEDECK_TRUSTED_ENDPOINTS, `jobs.checks.egress`); any
+other endpoint is called without it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -195,23 +196,30 @@ def asker(store: Evaluations, judge: str) -> AskAll:
 
 
 def endpoint_asker(ref: str) -> Ask:
-    """An OpenAI-compatible chat-completions endpoint, `URL#MODEL`; the key from the worker's OPENAI_API_KEY."""
+    """An OpenAI-compatible chat-completions endpoint, `URL#MODEL`; the worker's OPENAI_API_KEY is sent only when
+    the operator trusts the endpoint (`jobs.checks.egress`), redirects included."""
+    import urllib.error
     import urllib.request
+
+    from jobs.checks.egress import key_headers, opener, unkeyed_refusal
 
     url, _, model = ref.partition("#")
     if not model:
         raise SpecError([Problem("judge", f"{ref!r} names no model", "write the endpoint as URL#MODEL")])
-    key = os.environ.get(KEY_ENV, "")
+    address = url.rstrip("/") + "/chat/completions"
+    headers = {"Content-Type": "application/json", **key_headers(address, KEY_ENV)}
+    client = opener()
 
     def ask(prompt: str) -> str:
         body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        request = urllib.request.Request(
-            url.rstrip("/") + "/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})},
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - the user's own endpoint
-            reply = json.load(response)
+        request = urllib.request.Request(address, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with client.open(request, timeout=120) as response:
+                reply = json.load(response)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403) and "Authorization" not in headers:
+                raise SpecError([unkeyed_refusal(address, exc.code, "judge")]) from exc
+            raise
         return str(reply["choices"][0]["message"]["content"])
 
     return ask

@@ -9,11 +9,13 @@ own worker, plus `/?run=N`).
 
 Credentials and destinations come from the worker's environment, read by each library itself
 (WANDB_API_KEY, WANDB_MODE=offline, WANDB_PROJECT, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME,
-TRACKIO_DIR, ...); the dashboard never sees them. TensorBoard event files and W&B's local files go to
-the run's folder (`tensorboard/`, `wandb/`) unless WANDB_DIR says otherwise.
+TRACKIO_DIR, ...); the dashboard never sees them. Without MLFLOW_TRACKING_URI, MLflow's store is
+`sqlite:///$TUNEDECK_HOME/mlflow.db` (`jobs.checks.trackers.mlflow_tracking_uri`). TensorBoard event files
+and W&B's local files go to the run's folder (`tensorboard/`, `wandb/`) unless WANDB_DIR says otherwise.
 
-A tracker that cannot start fails the run before it trains (a wrong key shows at once, not after
-hours); one that fails while logging is logged and training goes on, like a slow store write.
+What can be known before the run queues is checked at submit (`jobs.checks.trackers`: the package, MLflow's
+store, W&B's key). A tracker that still cannot start fails the run before it trains (a wrong key shows at
+once, not after hours); one that fails while logging is logged and training goes on, like a slow store write.
 
     mirrors = Mirrors.open(spec, run_id, store.run_dir(run_id))
     mirrors.log([MetricPoint(1, "loss", 2.3, time.time())])
@@ -126,7 +128,11 @@ class _Mlflow:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient()  # MLFLOW_TRACKING_URI from the environment
+        from jobs.checks.trackers import mlflow_tracking_uri
+
+        # MLFLOW_TRACKING_URI, else sqlite:///$TUNEDECK_HOME/mlflow.db: never MLflow's own default, a mlflow.db
+        # in whatever folder the worker was started in
+        self.client = MlflowClient(tracking_uri=mlflow_tracking_uri())
         experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
         experiment = self.client.get_experiment_by_name(experiment_name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(experiment_name)

@@ -45,7 +45,7 @@ class EvaluationFields:
     judge: str | None = spec_field(
         None,
         Group.RUN,
-        "A judge that compares the result's before/after answers with its base model's when training ends, each held-out prompt shown in both orders, and gives the run's win rate (wins, ties, losses): a built-in model name such as smollm2-135m-instruct, a local model folder, a hub id, run:N (another run's result), or an OpenAI-compatible endpoint written URL#MODEL (its key from the worker's OPENAI_API_KEY). Needs before/after samples (sample_count above 0). Empty: none.",
+        "A judge that compares the result's before/after answers with its base model's when training ends, each held-out prompt shown in both orders, and gives the run's win rate (wins, ties, losses): a built-in model name such as smollm2-135m-instruct, a local model folder, a hub id, run:N (another run's result), or an OpenAI-compatible endpoint written URL#MODEL (the worker's OPENAI_API_KEY is sent only to endpoints its operator lists in TUNEDECK_TRUSTED_ENDPOINTS; any other is called without a key, and a dashboard with a login refuses it). Needs before/after samples (sample_count above 0). Empty: none.",
         label="Judge",
         advanced=True,
     )

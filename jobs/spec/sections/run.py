@@ -65,8 +65,10 @@ class RunFields:
         "Experiment trackers that also receive the run's metrics (every row the run page graphs), the spec as "
         "config and the run's tunedeck address, comma-separated (in YAML also a list): wandb, mlflow, tensorboard, "
         "trackio. Each reads its credentials and address from the worker's environment (WANDB_API_KEY, "
-        "WANDB_MODE=offline, MLFLOW_TRACKING_URI, TRACKIO_DIR, ...); TensorBoard event files go to the run's "
-        "folder. Empty: tunedeck's own graphs only.",
+        "WANDB_MODE=offline, MLFLOW_TRACKING_URI, TRACKIO_DIR, ...); MLflow's store is "
+        "sqlite:///$TUNEDECK_HOME/mlflow.db without MLFLOW_TRACKING_URI; TensorBoard event files go to the run's "
+        "folder; a tracker that could not start (no W&B key online, an MLflow store it cannot open) is refused at "
+        "submit. Empty: tunedeck's own graphs only.",
         label="Report to",
         advanced=True,
     )
