@@ -8,7 +8,8 @@ Each call opens a short session and closes it. On SQLite every connection gets W
 timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a claim is one
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
-`Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, claims and
+`Store` is composed of small parts, all inside this package: run rows in `store_runs.py` (every status
+change of a run or a task is a move of `lifecycle.py`'s table), claims and
 device leases (one run per device, or several sharing it) in `store_leases.py`, runs handed to a
 cluster's scheduler in `store_engine.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
