@@ -26,7 +26,7 @@ own guarded writes in `storage.store_chat`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -158,7 +158,7 @@ def _move(
     row_id: int,
     move: Move,
     db_now: ColumnElement[float],
-    only_from: Collection[str] | None,
+    only_from: set[str] | None,
     values: dict[str, Any],
 ) -> bool:
     taken = {"status", *move.stamps} & values.keys()
@@ -182,7 +182,7 @@ def move_run(
     change: RunChange,
     db_now: ColumnElement[float],
     *,
-    only_from: Collection[RunStatus] | None = None,
+    only_from: Iterable[RunStatus] | None = None,
     **values: Any,
 ) -> bool:
     """Apply `change` to run `run_id` in the session's transaction, with the caller's `values`; True when it moved."""
@@ -196,7 +196,7 @@ def move_task(
     change: TaskChange,
     db_now: ColumnElement[float],
     *,
-    only_from: Collection[TaskStatus] | None = None,
+    only_from: Iterable[TaskStatus] | None = None,
     **values: Any,
 ) -> bool:
     """Apply `change` to task `task_id` in the session's transaction, with the caller's `values`; True when it moved."""
