@@ -96,39 +96,36 @@ def _engine_settles() -> ColumnElement[bool]:
     )
 
 
-Q, R, S, F, C, I = (  # noqa: E741 (I: interrupted, as in the table below)
-    RunStatus.QUEUED,
-    RunStatus.RUNNING,
-    RunStatus.SUCCEEDED,
-    RunStatus.FAILED,
-    RunStatus.CANCELLED,
-    RunStatus.INTERRUPTED,
-)
 _ENDED = {"finished_at": NOW}
-_SETTLED_FROM = _runs(R, I, C)
+_SETTLED_FROM = _runs(RunStatus.RUNNING, RunStatus.INTERRUPTED, RunStatus.CANCELLED)
+_CLAIMED = {"started_at": NOW, "heartbeat_at": DB_NOW, "progress_at": CLEARED, "finished_at": CLEARED}
 
 RUN_MOVES: dict[RunChange, Move] = {
-    RunChange.CLAIM: Move(
-        _runs(Q),
-        R.value,
-        {"started_at": NOW, "heartbeat_at": DB_NOW, "progress_at": CLEARED, "finished_at": CLEARED},
+    RunChange.CLAIM: Move(_runs(RunStatus.QUEUED), RunStatus.RUNNING.value, _CLAIMED),
+    RunChange.SUCCEED: Move(_runs(RunStatus.RUNNING), RunStatus.SUCCEEDED.value, _ENDED),
+    RunChange.FAIL: Move(_runs(RunStatus.RUNNING, RunStatus.QUEUED), RunStatus.FAILED.value, _ENDED),
+    RunChange.CANCEL: Move(_runs(RunStatus.RUNNING, RunStatus.QUEUED), RunStatus.CANCELLED.value, _ENDED),
+    RunChange.INTERRUPT: Move(_runs(RunStatus.RUNNING), RunStatus.INTERRUPTED.value, _ENDED),
+    RunChange.REQUEUE: Move(
+        _runs(RunStatus.INTERRUPTED, RunStatus.CANCELLED, RunStatus.FAILED),
+        RunStatus.QUEUED.value,
+        {"queue_order": NOW, "finished_at": CLEARED},  # the end of the queue
     ),
-    RunChange.SUCCEED: Move(_runs(R), S.value, _ENDED),
-    RunChange.FAIL: Move(_runs(R, Q), F.value, _ENDED),
-    RunChange.CANCEL: Move(_runs(R, Q), C.value, _ENDED),
-    RunChange.INTERRUPT: Move(_runs(R), I.value, _ENDED),
-    RunChange.REQUEUE: Move(_runs(I, C, F), Q.value, {"queue_order": NOW, "finished_at": CLEARED}),
-    RunChange.REQUEUE_ALONE: Move(_runs(R), Q.value, {"finished_at": CLEARED}),  # keeps its place: the head
-    RunChange.SETTLE_FAILED: Move(_SETTLED_FROM, F.value, _ENDED, _engine_settles),
-    RunChange.SETTLE_CANCELLED: Move(_SETTLED_FROM, C.value, _ENDED, _engine_settles),
-    RunChange.SETTLE_INTERRUPTED: Move(_SETTLED_FROM, I.value, _ENDED, _engine_settles),
+    RunChange.REQUEUE_ALONE: Move(
+        _runs(RunStatus.RUNNING),
+        RunStatus.QUEUED.value,
+        {"finished_at": CLEARED},  # keeps its place: the head
+    ),
+    RunChange.SETTLE_FAILED: Move(_SETTLED_FROM, RunStatus.FAILED.value, _ENDED, _engine_settles),
+    RunChange.SETTLE_CANCELLED: Move(_SETTLED_FROM, RunStatus.CANCELLED.value, _ENDED, _engine_settles),
+    RunChange.SETTLE_INTERRUPTED: Move(_SETTLED_FROM, RunStatus.INTERRUPTED.value, _ENDED, _engine_settles),
 }
 
 # The engine's word by the status it names (`Store.settle_engine_run`).
 SETTLE: dict[RunStatus, RunChange] = {
-    F: RunChange.SETTLE_FAILED,
-    C: RunChange.SETTLE_CANCELLED,
-    I: RunChange.SETTLE_INTERRUPTED,
+    RunStatus.FAILED: RunChange.SETTLE_FAILED,
+    RunStatus.CANCELLED: RunChange.SETTLE_CANCELLED,
+    RunStatus.INTERRUPTED: RunChange.SETTLE_INTERRUPTED,
 }
 
 TASK_MOVES: dict[TaskChange, Move] = {
