@@ -51,6 +51,7 @@ class RunChange(str, Enum):
     SUCCEED = "succeed"
     FAIL = "fail"
     CANCEL = "cancel"  # the worker stopped it at the user's word (or the user withdrew it while queued)
+    ASK_TO_STOP = "ask_to_stop"  # the user's cancel of a running run: it stays running, flagged for its worker
     INTERRUPT = "interrupt"  # it stopped without finishing: a worker's shutdown, a lost worker
     REQUEUE = "requeue"  # the user puts an ended run back at the end of the queue
     REQUEUE_ALONE = "requeue_alone"  # it outgrew its share of a device: back to the queue, to run alone
@@ -66,11 +67,13 @@ class TaskChange(str, Enum):
     SUCCEED = "succeed"
     FAIL = "fail"
     CANCEL = "cancel"
+    ASK_TO_STOP = "ask_to_stop"  # the user's cancel of a running task: flagged for the worker carrying it out
 
 
 @dataclass(frozen=True)
 class Move:
-    """One allowed change: from any of `from_` to `to`, writing `stamps` (column -> NOW, DB_NOW or CLEARED).
+    """One allowed change: from any of `from_` to `to`, writing `stamps` (column -> NOW, DB_NOW or CLEARED)
+    and `flags` (column -> value).
 
     `guard`, when set, is a further condition on the row (an SQL expression), part of the same UPDATE."""
 
@@ -78,6 +81,7 @@ class Move:
     to: str
     stamps: Mapping[str, str] = field(default_factory=dict)
     guard: Callable[[], ColumnElement[bool]] | None = None
+    flags: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _runs(*statuses: RunStatus) -> frozenset[str]:
@@ -105,6 +109,7 @@ RUN_MOVES: dict[RunChange, Move] = {
     RunChange.SUCCEED: Move(_runs(RunStatus.RUNNING), RunStatus.SUCCEEDED.value, _ENDED),
     RunChange.FAIL: Move(_runs(RunStatus.RUNNING, RunStatus.QUEUED), RunStatus.FAILED.value, _ENDED),
     RunChange.CANCEL: Move(_runs(RunStatus.RUNNING, RunStatus.QUEUED), RunStatus.CANCELLED.value, _ENDED),
+    RunChange.ASK_TO_STOP: Move(_runs(RunStatus.RUNNING), RunStatus.RUNNING.value, {}, flags={"cancel_requested": 1}),
     RunChange.INTERRUPT: Move(_runs(RunStatus.RUNNING), RunStatus.INTERRUPTED.value, _ENDED),
     RunChange.REQUEUE: Move(
         _runs(RunStatus.INTERRUPTED, RunStatus.CANCELLED, RunStatus.FAILED),
@@ -135,6 +140,9 @@ TASK_MOVES: dict[TaskChange, Move] = {
     TaskChange.SUCCEED: Move(_tasks(TaskStatus.RUNNING), TaskStatus.SUCCEEDED.value, _ENDED),
     TaskChange.FAIL: Move(_tasks(TaskStatus.RUNNING, TaskStatus.QUEUED), TaskStatus.FAILED.value, _ENDED),
     TaskChange.CANCEL: Move(_tasks(TaskStatus.RUNNING, TaskStatus.QUEUED), TaskStatus.CANCELLED.value, _ENDED),
+    TaskChange.ASK_TO_STOP: Move(
+        _tasks(TaskStatus.RUNNING), TaskStatus.RUNNING.value, {}, flags={"cancel_requested": 1}
+    ),
 }
 
 # The change that ends a task in each finished status (`Store.finish_task`).
@@ -158,13 +166,15 @@ def _move(
     only_from: set[str] | None,
     values: dict[str, Any],
 ) -> bool:
-    taken = {"status", *move.stamps} & values.keys()
+    taken = {"status", *move.stamps, *move.flags} & values.keys()
     assert not taken, f"the lifecycle writes {sorted(taken)} itself"
     allowed = move.from_ if only_from is None else move.from_ & set(only_from)
     statement = (
         update(table)
         .where(table.id == row_id, table.status.in_(sorted(allowed)))
-        .values(status=move.to, **{col: _stamp(rule, db_now) for col, rule in move.stamps.items()}, **values)
+        .values(
+            status=move.to, **{col: _stamp(rule, db_now) for col, rule in move.stamps.items()}, **move.flags, **values
+        )
     )
     if move.guard is not None:
         statement = statement.where(move.guard())

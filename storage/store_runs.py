@@ -168,11 +168,7 @@ class RunsMixin(StoreCore):
         with self._tx() as s:
             if move_run(s, run_id, RunChange.CANCEL, self._db_now(), only_from=[RunStatus.QUEUED]):
                 return RunStatus.CANCELLED
-            s.execute(
-                update(m.Run)
-                .where(m.Run.id == run_id, m.Run.status == RunStatus.RUNNING.value)
-                .values(cancel_requested=1)
-            )
+            move_run(s, run_id, RunChange.ASK_TO_STOP, self._db_now())
             status = s.scalar(select(m.Run.status).where(m.Run.id == run_id))
             return RunStatus(status) if status is not None else None
 

@@ -188,11 +188,7 @@ class TasksMixin(StoreCore):
         ):
             return TaskStatus.CANCELLED
         with self._tx() as s:
-            s.execute(
-                update(m.Task)
-                .where(m.Task.id == task_id, m.Task.status == TaskStatus.RUNNING.value)
-                .values(cancel_requested=1)
-            )
+            move_task(s, task_id, TaskChange.ASK_TO_STOP, self._db_now())
             row = s.get(m.Task, task_id)
             return TaskStatus(row.status) if row is not None else None
 

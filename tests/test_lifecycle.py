@@ -68,6 +68,7 @@ def test_every_run_change_from_every_status(store: Store) -> None:
                 assert after["status"] == move.to and after["error_summary"] == "why", (change, status)
                 for column, rule in move.stamps.items():
                     assert (after[column] is None) == (rule == "cleared"), (change, status, column)
+                assert all(after[column] == value for column, value in move.flags.items()), (change, status)
                 moved += 1
             else:
                 assert not done and after == before, (change, status)
@@ -89,6 +90,7 @@ def test_every_task_change_from_every_status(store: Store) -> None:
             if status.value in move.from_:
                 assert done and after["status"] == move.to and after["error"] == "why", (change, status)
                 assert all(after[column] is not None for column in move.stamps), (change, status)
+                assert all(after[column] == value for column, value in move.flags.items()), (change, status)
             else:
                 assert not done and after == before, (change, status)
 
@@ -107,6 +109,7 @@ def test_the_stores_methods_follow_the_table(store: Store) -> None:
     # a user's cancel is the user's: the engine's word does not replace it
     cancelled = _run_in(store, RunStatus.RUNNING)
     assert store.request_cancel(cancelled) is RunStatus.RUNNING  # a running run is flagged
+    assert store.run_control(cancelled).cancel_requested
     assert store.mark_cancelled(cancelled)
     assert not store.settle_engine_run(cancelled, RunStatus.FAILED, "Slurm: TIMEOUT")
     with pytest.raises(ValueError, match="status: an engine run is settled as"):
@@ -116,7 +119,8 @@ def test_the_stores_methods_follow_the_table(store: Store) -> None:
     assert not store.finish_task(task, TaskStatus.SUCCEEDED, only_if=[TaskStatus.QUEUED])
     assert store.get_task(task).status is TaskStatus.QUEUED
     assert set(SETTLE) == {RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED}
-    assert set(TASK_ENDS.values()) == set(TaskChange) - {TaskChange.CLAIM}
+    assert set(TASK_ENDS.values()) == {TaskChange.SUCCEED, TaskChange.FAIL, TaskChange.CANCEL}
+    assert all(TaskStatus(TASK_MOVES[change].to) is status for status, change in TASK_ENDS.items())
 
 
 # ------------------------------------------------------------------ nothing else writes a status
