@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,16 @@ def test_a_broken_constraint_is_a_conflict(store: Store) -> None:
 def test_a_database_that_cannot_be_opened_is_unavailable(data_home: Path) -> None:
     with pytest.raises(DatabaseUnavailable, match="unable to open database file") as caught:
         Store(f"sqlite:///{data_home / 'no such folder' / 'tunedeck.db'}")
+    assert isinstance(caught.value.__cause__, OperationalError)
+
+
+def test_a_database_server_that_does_not_answer_is_unavailable(data_home: Path) -> None:
+    pytest.importorskip("psycopg")
+    with socket.socket() as sock:  # a port nothing listens on: bound here, never listening
+        sock.bind(("127.0.0.1", 0))
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{sock.getsockname()[1]}/tunedeck"
+        with pytest.raises(DatabaseUnavailable) as caught:
+            Store(url)
     assert isinstance(caught.value.__cause__, OperationalError)
 
 
