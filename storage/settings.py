@@ -53,6 +53,14 @@ def sqlite_database_file() -> Path | None:
     return None if os.environ.get("TUNEDECK_DATABASE_URL") else data_dir() / DATABASE_FILE
 
 
+def missing_sqlite_database(url: str) -> bool:
+    """True when `url` names an SQLite database whose file does not exist (an in-memory one counts as missing)."""
+    from sqlalchemy.engine import make_url  # lazily: a command that needs no store stays light
+
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and not (parsed.database and Path(parsed.database).is_file())
+
+
 def runs_dir() -> Path:
     """Where run folders live: `runs/<database id>/<run>/` (`Store.run_dir`, `storage.identity`)."""
     path = data_dir() / "runs"

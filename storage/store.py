@@ -8,12 +8,13 @@ Each call opens a short session and closes it. On SQLite every connection gets W
 timeout and foreign keys; write transactions start with BEGIN IMMEDIATE so a claim is one
 serialised transaction, reads use a plain deferred BEGIN and never wait for writers.
 
-`Store` is composed of small parts, all inside this package: run rows in `store_runs.py`, claims and
+`Store` is composed of small parts, all inside this package: run rows in `store_runs.py` (every status
+change of a run or a task is a move of `lifecycle.py`'s table), claims and
 device leases (one run per device, or several sharing it) in `store_leases.py`, runs handed to a
 cluster's scheduler in `store_engine.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
 tags, notes and deletion in `store_manage.py`, tasks for workers (exports, pushes) in `store_tasks.py`, chat sessions and replies in `store_chat.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
-migrations in `migrations.py`, lock retries in `retry.py`; what the mixins share of `Store` is
+migrations in `migrations.py`, the store's errors and lock retries in `errors.py`; what the mixins share of `Store` is
 and its engines and sessions are in `store_core.py`. Every name is importable from here.
 """
 
@@ -26,10 +27,10 @@ from pathlib import Path
 from sqlalchemy import select
 
 from storage import models as m
+from storage.errors import Conflict, DatabaseUnavailable, StorageError, is_locked_error, translated
 from storage.identity import RunFolderError, claim_folder, ensure_identity
 from storage.migrations import MIGRATIONS, migrate
 from storage.records import ArtifactRecord, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint, RunControl, RunRecord
-from storage.retry import is_locked_error
 from storage.rollups import MEMORY_LEVELS, METRIC_LEVELS
 from storage.settings import data_dir, database_url
 from storage.store_chat import ChatMessageRecord, ChatMixin, ChatSessionRecord
@@ -49,6 +50,8 @@ __all__ = [
     "BUSY_TIMEOUT_MS",
     "ChatMessageRecord",
     "ChatSessionRecord",
+    "Conflict",
+    "DatabaseUnavailable",
     "DeviceShare",
     "MEMORY_LEVELS",
     "METRIC_LEVELS",
@@ -64,6 +67,7 @@ __all__ = [
     "Score",
     "ScoreRecord",
     "Store",
+    "StorageError",
     "TaskControl",
     "TaskRecord",
     "WRITE_RETRY_S",
@@ -93,7 +97,8 @@ class Store(
 
     def _migrate(self) -> None:
         """Create tables, bring an older database up to SCHEMA_VERSION, and read (or write) its identity."""
-        m.Base.metadata.create_all(self._write_engine)
+        with translated():
+            m.Base.metadata.create_all(self._write_engine)
         with self._tx() as s:
             migrate(s, self.url)
             self.database_id, self._runs_folder = ensure_identity(s)

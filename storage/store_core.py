@@ -2,7 +2,8 @@
 
 `StoreCore` opens the engines (`_connect`: on SQLite WAL, a busy timeout, foreign keys, and BEGIN
 IMMEDIATE for writes) and gives the mixins their plumbing: `_tx()` (one write transaction), `_read()`
-(a read session), `_db_now()` (the database's clock) and `_retrying()` (lock retries). It is the
+(a read session), `_plain_read()` (a plain connection), which raise the store's errors
+(`storage.errors`) for SQLAlchemy's, `_db_now()` (the database's clock) and `_retrying()` (lock retries). It is the
 base of every mixin, so the mixins call down into it, never up into `store.py`. Two methods come
 from sibling mixins and are declared here only (`_unused_run_id` from `ManageMixin`, `set_progress`
 from `RunsMixin`): the real definitions come first in `Store`'s MRO, so those bodies never run.
@@ -17,11 +18,11 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import Float, create_engine, event, func
-from sqlalchemy.engine import CursorResult, Engine, Result
+from sqlalchemy.engine import Connection, CursorResult, Engine, Result
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
-from storage.retry import call_retrying
+from storage.errors import call_retrying, translated
 
 T = TypeVar("T")
 log = logging.getLogger("storage.store")
@@ -47,8 +48,8 @@ class StoreCore:
 
     url: str
     _sqlite: bool  # SQLite (one process-wide writer, BEGIN IMMEDIATE) rather than PostgreSQL
-    _read: sessionmaker[Session]  # read sessions: plain deferred BEGIN, never wait for writers
-    _read_engine: Engine  # what `_read` sessions bind to (a plain connection for the cheapest reads)
+    _read_sessions: sessionmaker[Session]  # read sessions: plain deferred BEGIN, never wait for writers
+    _read_engine: Engine  # what read sessions bind to (a plain connection for the cheapest reads)
     _unwritten: list[tuple[int, list[dict[str, Any]]]]  # metric rows kept after lock retries ran out
     _buffer_lock: threading.Lock  # guards `_unwritten`
 
@@ -61,7 +62,7 @@ class StoreCore:
         self.lock_retries = 0  # how often a write met 'database is locked' and was retried
         self._unwritten = []
         self._buffer_lock = threading.Lock()
-        self._read = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(self._read_engine, expire_on_commit=False)
 
     def _make_engine(self, immediate: bool) -> Engine:
         kwargs: dict[str, Any] = {}
@@ -86,11 +87,26 @@ class StoreCore:
 
         return engine
 
+    # The store's session boundary: every session and connection is opened by one of these three, and
+    # each raises SQLAlchemy's errors as the store's own (`storage.errors`), so callers outside
+    # storage/ catch `StorageError` and never import sqlalchemy.
     @contextmanager
     def _tx(self) -> Iterator[Session]:
         """One write session inside one transaction (BEGIN IMMEDIATE on SQLite)."""
-        with self._write() as session, session.begin():
+        with translated(), self._write() as session, session.begin():
             yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """One read session (a plain deferred BEGIN: it never waits for writers)."""
+        with translated(), self._read_sessions() as session:
+            yield session
+
+    @contextmanager
+    def _plain_read(self) -> Iterator[Connection]:
+        """A plain connection for the cheapest reads (no ORM session)."""
+        with translated(), self._read_engine.connect() as conn:
+            yield conn
 
     def _db_now(self) -> ColumnElement[float]:
         """The database server's clock as epoch seconds (an SQL expression): one clock for every host."""

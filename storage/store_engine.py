@@ -19,11 +19,10 @@ succeeded, failed by itself, or was cancelled by the user keeps its status.
 
 from __future__ import annotations
 
-import time
-
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import select, update
 
 from storage import models as m
+from storage.lifecycle import SETTLE, RunChange, move_run
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.store_core import StoreCore, rowcount
@@ -44,24 +43,19 @@ class EngineRunsMixin(StoreCore):
             ).first()
             if candidate is None:
                 return None
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
-                .values(
-                    status=RunStatus.RUNNING.value,
-                    worker_id=worker_id,
-                    worker_pid=None,
-                    child_pid=None,
-                    started_at=time.time(),
-                    heartbeat_at=self._db_now(),
-                    progress_at=None,
-                    finished_at=None,
-                    engine=engine[:16],
-                    engine_job_id=None,
-                    engine_state="submitting",
-                )
+            claimed_now = move_run(
+                s,
+                candidate,
+                RunChange.CLAIM,
+                self._db_now(),
+                worker_id=worker_id,
+                worker_pid=None,
+                child_pid=None,
+                engine=engine[:16],
+                engine_job_id=None,
+                engine_state="submitting",
             )
-            if rowcount(result) != 1:  # taken or cancelled since it was read
+            if not claimed_now:  # taken or cancelled since it was read
                 return None
             claimed = s.get(m.Run, candidate)
             assert claimed is not None  # updated just above, in this transaction
@@ -105,22 +99,19 @@ class EngineRunsMixin(StoreCore):
 
         Replaces running, interrupted (the job's side, on the engine's SIGTERM) and cancelled without the
         user's cancel (the training child's answer to that signal); `status` CANCELLED also replaces them."""
-        ours = or_(
-            m.Run.status.in_([RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value]),
-            and_(m.Run.status == RunStatus.CANCELLED.value, m.Run.cancel_requested == 0),
-        )
-        with self._tx() as s:
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == run_id, m.Run.engine.is_not(None), ours)
-                .values(
-                    status=status.value,
-                    finished_at=time.time(),
-                    error_summary=summary[:2000] if summary else None,
-                    error_detail=detail,
-                )
+        if status not in SETTLE:
+            raise ValueError(
+                f"status: an engine run is settled as {', '.join(s.value for s in SETTLE)}, not {status.value}"
             )
-            return rowcount(result) == 1
+        with self._tx() as s:
+            return move_run(
+                s,
+                run_id,
+                SETTLE[status],
+                self._db_now(),
+                error_summary=summary[:2000] if summary else None,
+                error_detail=detail,
+            )
 
     def add_engine_reason(self, run_id: int, reason: str) -> bool:
         """Put the engine's reason in front of a failed engine run's summary (once); False if it is not one."""

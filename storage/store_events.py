@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from storage import models as m
-from storage.models import RunStatus
+from storage.lifecycle import new_run
 from storage.store_core import StoreCore
 
 
@@ -87,11 +87,10 @@ class EventsMixin(StoreCore):
             sweep_id = int(s.scalar(select(func.coalesce(func.max(m.SweepRun.sweep_id), 0))) or 0) + 1
             ids = []
             for i, (trick, note, name, spec_json) in enumerate(probes):
-                row = m.Run(
+                row = new_run(
                     id=self._unused_run_id(s),
                     name=name,
                     spec_json=spec_json,
-                    status=RunStatus.QUEUED.value,
                     created_at=now,
                     queue_order=now + i * 1e-6,
                     cancel_requested=0,

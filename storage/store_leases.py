@@ -34,14 +34,15 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select, true, update
+from sqlalchemy import or_, select, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from storage import models as m
+from storage.lifecycle import RunChange, move_run
 from storage.models import RunStatus
 from storage.records import RunRecord
-from storage.store_core import StoreCore, rowcount
+from storage.store_core import StoreCore
 
 
 @dataclass(frozen=True)
@@ -151,20 +152,15 @@ class LeasesMixin(StoreCore):
             candidate = _next_queued(s, host, device, skip)
             if candidate is None or not _admits(holder, worker_id, candidate, share):
                 return None
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == candidate, m.Run.status == RunStatus.QUEUED.value)
-                .values(
-                    status=RunStatus.RUNNING.value,
-                    worker_id=worker_id,
-                    worker_pid=worker_pid if worker_pid is not None else os.getpid(),
-                    started_at=now,
-                    heartbeat_at=self._db_now(),
-                    progress_at=None,
-                    finished_at=None,
-                )
+            claimed_now = move_run(
+                s,
+                candidate,
+                RunChange.CLAIM,
+                self._db_now(),
+                worker_id=worker_id,
+                worker_pid=worker_pid if worker_pid is not None else os.getpid(),
             )
-            if rowcount(result) != 1:  # taken or cancelled since it was read: nothing claimed
+            if not claimed_now:  # taken or cancelled since it was read: nothing claimed
                 return None
             held = lease_runs(holder) if share is not None else []
             runs = [*held, {"run_id": candidate, "bytes": share.reserve.get(candidate) if share else None}]
@@ -203,17 +199,14 @@ class LeasesMixin(StoreCore):
         It keeps its id and history, is flagged `run_alone` (never shared again) and its summary says why;
         False when it was no longer running."""
         with self._tx() as s:
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == run_id, m.Run.status == RunStatus.RUNNING.value)
-                .values(
-                    status=RunStatus.QUEUED.value,
-                    run_alone=1,
-                    cancel_requested=0,
-                    finished_at=None,
-                    exit_code=None,
-                    child_pid=None,
-                    error_summary=summary[:2000],
-                )
+            return move_run(
+                s,
+                run_id,
+                RunChange.REQUEUE_ALONE,
+                self._db_now(),
+                run_alone=1,
+                cancel_requested=0,
+                exit_code=None,
+                child_pid=None,
+                error_summary=summary[:2000],
             )
-            return rowcount(result) == 1

@@ -1,5 +1,5 @@
 """Run rows for `storage.store.Store`: queue, status changes, queue order, worker presence (claims and
-device leases: `storage.store_leases`).
+device leases: `storage.store_leases`). Every status change is a move of `storage.lifecycle`.
 
 A mixin: it uses the store's `_tx`, `_read` and `_retrying`, and keeps all of its SQL here.
 """
@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from sqlalchemy import delete, func, select, update
 
 from storage import models as m
+from storage.lifecycle import RunChange, move_run, new_run
 from storage.models import RunStatus
 from storage.records import RunControl, RunRecord
 from storage.rollups import rebuild_metric_rollups
@@ -54,11 +55,10 @@ class RunsMixin(StoreCore):
         """Queue spec JSON as it is (`create_run` validates first; tests store older/odd specs)."""
         now = time.time()
         with self._tx() as s:
-            row = m.Run(
+            row = new_run(
                 id=self._unused_run_id(s),
                 name=name,
                 spec_json=spec_json,
-                status=RunStatus.QUEUED.value,
                 pin_host=pin_host or None,
                 pin_device=pin_device or None,
                 created_at=now,
@@ -141,40 +141,24 @@ class RunsMixin(StoreCore):
                 row.peak_memory_bytes = int(peak_bytes)
                 row.peak_memory_source = source
 
-    def _finish(self, run_id: int, status: RunStatus, only_if: Iterable[RunStatus], **values: Any) -> bool:
+    def _move(self, run_id: int, change: RunChange, **values: Any) -> bool:
         with self._tx() as s:
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == run_id, m.Run.status.in_([st.value for st in only_if]))
-                .values(status=status.value, finished_at=time.time(), **values)
-            )
-            return rowcount(result) == 1
+            return move_run(s, run_id, change, self._db_now(), **values)
 
     def mark_succeeded(self, run_id: int, final_metrics: dict[str, float]) -> bool:
-        return self._finish(
-            run_id,
-            RunStatus.SUCCEEDED,
-            [RunStatus.RUNNING],
-            final_metrics_json=json.dumps(final_metrics),
-            error_summary=None,
-        )
+        return self._move(run_id, RunChange.SUCCEED, final_metrics_json=json.dumps(final_metrics), error_summary=None)
 
     def mark_failed(self, run_id: int, summary: str, detail: str | None = None, exit_code: int | None = None) -> bool:
-        """Fail a running run; returns False when it had already finished (first word wins)."""
-        return self._finish(
-            run_id,
-            RunStatus.FAILED,
-            [RunStatus.RUNNING, RunStatus.QUEUED],
-            error_summary=summary[:2000],
-            error_detail=detail,
-            exit_code=exit_code,
+        """Fail a running (or queued) run; returns False when it had already finished (first word wins)."""
+        return self._move(
+            run_id, RunChange.FAIL, error_summary=summary[:2000], error_detail=detail, exit_code=exit_code
         )
 
     def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool:
-        return self._finish(run_id, RunStatus.CANCELLED, [RunStatus.RUNNING, RunStatus.QUEUED], exit_code=exit_code)
+        return self._move(run_id, RunChange.CANCEL, exit_code=exit_code)
 
     def mark_interrupted(self, run_id: int, summary: str) -> bool:
-        return self._finish(run_id, RunStatus.INTERRUPTED, [RunStatus.RUNNING], error_summary=summary)
+        return self._move(run_id, RunChange.INTERRUPT, error_summary=summary)
 
     def set_exit_code(self, run_id: int, exit_code: int) -> None:
         self._set(run_id, exit_code=exit_code)
@@ -182,15 +166,11 @@ class RunsMixin(StoreCore):
     def request_cancel(self, run_id: int) -> RunStatus | None:
         """Cancel a queued run at once; flag a running one for its worker. Returns the new status."""
         with self._tx() as s:
-            row = s.get(m.Run, run_id)
-            if row is None:
-                return None
-            if row.status == RunStatus.QUEUED.value:
-                row.status = RunStatus.CANCELLED.value
-                row.finished_at = time.time()
-            elif row.status == RunStatus.RUNNING.value:
-                row.cancel_requested = 1
-            return RunStatus(row.status)
+            if move_run(s, run_id, RunChange.CANCEL, self._db_now(), only_from=[RunStatus.QUEUED]):
+                return RunStatus.CANCELLED
+            move_run(s, run_id, RunChange.ASK_TO_STOP, self._db_now())
+            status = s.scalar(select(m.Run.status).where(m.Run.id == run_id))
+            return RunStatus(status) if status is not None else None
 
     def stale_running(self, older_than_s: float) -> list[RunRecord]:
         """Running runs whose worker has not beaten for `older_than_s`, by the database's clock (hosts' clocks differ)."""
@@ -231,26 +211,21 @@ class RunsMixin(StoreCore):
 
         Its engine job (a cluster's, schema 10) is forgotten: whoever claims it next, a local worker or a
         dispatcher, runs it afresh (the run's events keep the earlier jobs)."""
-        ended = [RunStatus.INTERRUPTED.value, RunStatus.CANCELLED.value, RunStatus.FAILED.value]
         with self._tx() as s:
-            result = s.execute(
-                update(m.Run)
-                .where(m.Run.id == run_id, m.Run.status.in_(ended))
-                .values(
-                    status=RunStatus.QUEUED.value,
-                    queue_order=time.time(),
-                    cancel_requested=0,
-                    finished_at=None,
-                    exit_code=None,
-                    child_pid=None,
-                    error_summary=None,
-                    error_detail=None,
-                    engine=None,
-                    engine_job_id=None,
-                    engine_state=None,
-                )
+            return move_run(
+                s,
+                run_id,
+                RunChange.REQUEUE,
+                self._db_now(),
+                cancel_requested=0,
+                exit_code=None,
+                child_pid=None,
+                error_summary=None,
+                error_detail=None,
+                engine=None,
+                engine_job_id=None,
+                engine_state=None,
             )
-            return rowcount(result) == 1
 
     def truncate_metrics(self, run_id: int, after_step: int) -> int:
         """Delete a run's metric rows with step > after_step (a resume redoes those steps); rebuilds its rollups."""

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
-from sqlalchemy.exc import OperationalError
 
 from storage import models as m
+from storage.errors import LOCK_ERRORS, is_locked_error
 from storage.records import _MEMORY_FIELDS, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint
-from storage.retry import is_locked_error
 from storage.rollups import (
     MEMORY_LEVELS,
     METRIC_LEVELS,
@@ -64,7 +62,7 @@ class SeriesMixin(StoreCore):
                 return 0
             try:
                 self._retrying(lambda: self._insert_metrics(batch, run_id, progress), "add_metrics")
-            except (OperationalError, sqlite3.OperationalError) as exc:
+            except LOCK_ERRORS as exc:  # the store's sessions raise DatabaseUnavailable
                 if not is_locked_error(exc):
                     if rows:  # not a lock: these rows can never be written; keep the older ones
                         self._unwritten.pop()

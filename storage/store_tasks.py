@@ -27,8 +27,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from storage import models as m
+from storage.lifecycle import TASK_ENDS, TaskChange, move_task, new_task
 from storage.models import TaskStatus
-from storage.store_core import StoreCore, rowcount
+from storage.store_core import StoreCore
 from storage.store_leases import _lease_key, _lock_lease, lease_runs
 
 TASK_LOG_LINES = 200  # the newest lines of a task's progress kept in the store
@@ -85,11 +86,10 @@ class TasksMixin(StoreCore):
 
     def create_task(self, run_id: int, kind: str, args: dict[str, Any] | None = None) -> int:
         with self._tx() as s:
-            row = m.Task(
+            row = new_task(
                 run_id=run_id,
                 kind=kind[:32],
                 args_json=json.dumps(args or {}),
-                status=TaskStatus.QUEUED.value,
                 created_at=time.time(),
                 cancel_requested=0,
                 log_text="",
@@ -134,17 +134,7 @@ class TasksMixin(StoreCore):
     def claim_task(self, task_id: int, worker_id: str) -> TaskRecord | None:
         """Move a queued task to running for `worker_id`; None when another worker (or a cancel) was first."""
         with self._tx() as s:
-            result = s.execute(
-                update(m.Task)
-                .where(m.Task.id == task_id, m.Task.status == TaskStatus.QUEUED.value)
-                .values(
-                    status=TaskStatus.RUNNING.value,
-                    worker_id=worker_id[:128],
-                    started_at=time.time(),
-                    heartbeat_at=self._db_now(),
-                )
-            )
-            if rowcount(result) != 1:
+            if not move_task(s, task_id, TaskChange.CLAIM, self._db_now(), worker_id=worker_id[:128]):
                 return None
             row = s.get(m.Task, task_id)
             assert row is not None  # updated just above, in this transaction
@@ -174,20 +164,20 @@ class TasksMixin(StoreCore):
         error: str | None = None,
         only_if: Iterable[TaskStatus] = (TaskStatus.RUNNING,),
     ) -> bool:
-        """End a task (succeeded, failed or cancelled) if it is still in one of `only_if`; True when it was."""
+        """End a task (succeeded, failed or cancelled) if it is still in one of `only_if`; True when it was.
+
+        `only_if` narrows the statuses `storage.lifecycle.TASK_MOVES` lets that end start from."""
         assert status.finished, status
         with self._tx() as s:
-            res = s.execute(
-                update(m.Task)
-                .where(m.Task.id == task_id, m.Task.status.in_([x.value for x in only_if]))
-                .values(
-                    status=status.value,
-                    finished_at=time.time(),
-                    result_json=json.dumps(result) if result is not None else None,
-                    error=error[:4000] if error else None,
-                )
+            return move_task(
+                s,
+                task_id,
+                TASK_ENDS[status],
+                self._db_now(),
+                only_from=only_if,
+                result_json=json.dumps(result) if result is not None else None,
+                error=error[:4000] if error else None,
             )
-            return rowcount(res) == 1
 
     def cancel_task(self, task_id: int) -> TaskStatus | None:
         """Cancel a task: a queued one at once, a running one by asking its worker (it stops the child).
@@ -198,11 +188,7 @@ class TasksMixin(StoreCore):
         ):
             return TaskStatus.CANCELLED
         with self._tx() as s:
-            s.execute(
-                update(m.Task)
-                .where(m.Task.id == task_id, m.Task.status == TaskStatus.RUNNING.value)
-                .values(cancel_requested=1)
-            )
+            move_task(s, task_id, TaskChange.ASK_TO_STOP, self._db_now())
             row = s.get(m.Task, task_id)
             return TaskStatus(row.status) if row is not None else None
 

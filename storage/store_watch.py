@@ -86,7 +86,7 @@ class WatchMixin(StoreCore):
 
         On a plain connection (a read, so no session is needed): ~0.15 ms, against ~1.7 ms for the two
         calls through ORM sessions. No run_id, or no such run: (None, series_stamp())."""
-        with self._read_engine.connect() as conn:
+        with self._plain_read() as conn:
             row = None if run_id is None else conn.execute(_LIVE_STAMPS_Q, {"run_id": run_id}).one_or_none()
             if row is None:
                 metric, memory = conn.execute(_SERIES_STAMP_Q).one()
@@ -127,7 +127,7 @@ class WatchMixin(StoreCore):
     ) -> tuple[dict[str, tuple[int, int] | None], tuple[float, float] | None]:
         """`metric_extent(run_id, name)` of each name and `memory_extent(run_id)` in one SELECT: what the
         run page's charts ask before reading their new buckets (`app.ui.run.RunPageData.rows`)."""
-        with self._read_engine.connect() as conn:
+        with self._plain_read() as conn:
             row = conn.execute(_extents_q(names), {"run_id": run_id}).one()
         metrics = {
             name: None if row[2 * i] is None else (int(row[2 * i]), int(row[2 * i + 1])) for i, name in enumerate(names)

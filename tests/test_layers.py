@@ -142,3 +142,23 @@ def test_the_import_reader_sees_lazy_imports_and_package_modules() -> None:
     assert "app.ui.form" in graph["app.ui.dashboard"]  # `from app.ui import form`
     # a chain of three made-up modules counts three layers
     assert layers({"a": {"b"}, "b": {"c"}, "c": set()})["a"] == 3
+
+
+def sqlalchemy_importers() -> list[str]:
+    """Modules outside storage/ that import sqlalchemy (at the top or inside a function)."""
+    found = []
+    for name, path in module_files().items():
+        if name.split(".")[0] == "storage":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            if any(n.split(".")[0] == "sqlalchemy" for n in names):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_only_storage_imports_sqlalchemy() -> None:
+    """The store raises its own errors (`storage.errors.StorageError` and kin); nothing above it needs the driver's."""
+    assert not sqlalchemy_importers(), sqlalchemy_importers()

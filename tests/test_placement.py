@@ -106,8 +106,9 @@ def test_the_worker_loop_survives_database_errors(store: Store, caplog: pytest.L
     failures = iter([True, True, True])
 
     def flaky(*args, **kwargs):
-        if next(failures, False):
-            raise OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
+        if next(failures, False):  # the driver's error inside the store's session: it leaves as DatabaseUnavailable
+            with store._tx():
+                raise OperationalError("SELECT 1", {}, Exception("server closed the connection unexpectedly"))
         return real(*args, **kwargs)
 
     store.claim_next_on_device = flaky  # type: ignore[method-assign]

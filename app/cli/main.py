@@ -47,7 +47,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -56,7 +55,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from app.cli.usage import EXIT_BAD_INPUT, EXIT_OK, StoreUse, UsageError  # noqa: E402
 from jobs.errors import Problem, ProblemError  # noqa: E402
 from jobs.export.llamacpp import EXPORT_TYPES  # noqa: E402
-from storage.settings import database_url, sqlite_database_file  # noqa: E402
+from storage.settings import database_url, missing_sqlite_database, sqlite_database_file  # noqa: E402
 
 if TYPE_CHECKING:
     from storage.store import Store
@@ -318,12 +317,8 @@ def open_store(use: StoreUse) -> Store | None:
         default = sqlite_database_file()  # without TUNEDECK_DATABASE_URL: no need to parse a URL (SQLAlchemy)
         if default is not None and not default.is_file():
             return None  # a fresh home: nothing to read, and nothing is created
-        if default is None:
-            from sqlalchemy.engine import make_url
-
-            url = make_url(database_url())
-            if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
-                return None
+        if default is None and missing_sqlite_database(database_url()):
+            return None
     from storage.store import Store
 
     return Store()

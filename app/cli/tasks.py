@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from app.cli.usage import EXIT_OK, EXIT_RUN_FAILED, UsageError
 from jobs.errors import Problem
 
-if TYPE_CHECKING:  # the store (sqlalchemy) loads only when a command follows tasks: the parser stays light
+if TYPE_CHECKING:  # the store (its database driver) loads only when a command follows tasks: the parser stays light
     from storage.store import Store
 
 POLL_S = 0.5

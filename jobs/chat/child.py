@@ -134,8 +134,7 @@ def lease_watch(gpu: str) -> Callable[[], str | None] | None:
     """For a process on GPU `gpu`: a check that names the training run holding that GPU's lease, if any."""
     if not gpu:
         return None
-    from sqlalchemy.exc import OperationalError
-
+    from storage.errors import DatabaseUnavailable
     from storage.store import Store
 
     store = Store()
@@ -143,7 +142,7 @@ def lease_watch(gpu: str) -> Callable[[], str | None] | None:
     def taken() -> str | None:
         try:
             problem = busy_problem(store, gpu)
-        except OperationalError as exc:  # the database is away or locked: keep answering, look again later
+        except DatabaseUnavailable as exc:  # the database is away or locked: keep answering, look again later
             log.warning("could not read GPU %s's lease (%s); looking again in %.0f s", gpu, exc, CHECK_EVERY_S)
             return None
         return problem.problem if problem is not None else None

@@ -51,12 +51,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from jobs.cluster.engine import Engine, EngineError, JobState, Phase, Submission
 from jobs.cluster.gpu_types import Pick, facts_of, parse_gpu_types, pick, predicted_on
 from jobs.queue.saved_prediction import load_prediction, predicted_bytes
 from jobs.spec.stored import read_spec, spec_problem
+from storage.errors import StorageError
 from storage.models import RunStatus
 from storage.records import RunControl
 from storage.run_files import log_tail
@@ -145,7 +144,7 @@ class Dispatcher:
                     if burst and not self.tracked:  # and nothing left to claim: the loop above took all it could
                         break
                     delay = 0.0
-                except SQLAlchemyError as exc:  # the database is down or locked: wait, log, go on
+                except StorageError as exc:  # the database is down or locked: wait, log, go on
                     delay = min(max(2 * delay, self.poll_interval), 30.0)
                     log.error("%s: database error (%s); retrying in %.1f s", self.worker_id, exc, delay)
                     self._stop.wait(delay)
@@ -154,7 +153,7 @@ class Dispatcher:
         finally:
             try:
                 self.store.worker_gone(self.worker_id)
-            except SQLAlchemyError:
+            except StorageError:
                 log.exception("could not remove this dispatcher's presence row")
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]

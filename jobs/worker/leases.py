@@ -15,10 +15,9 @@ import logging
 import os
 import threading
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from jobs.worker.outcome import first_line
 from jobs.worker.processes import end_group, group_members, is_training_child, pid_alive
+from storage.errors import StorageError
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
 from storage.store_leases import lease_runs
@@ -42,7 +41,7 @@ def release_device(
         try:
             store.release_device(device, worker_id, host=host, run_id=run_id)
             return
-        except SQLAlchemyError as exc:
+        except StorageError as exc:
             log.error(
                 "worker %s: could not release device %s (%s); retrying in %.1f s",
                 worker_id,

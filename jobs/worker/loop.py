@@ -37,8 +37,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.queue.saved_prediction import add_runtime
@@ -52,6 +50,7 @@ from jobs.worker.pool import RunPool
 from jobs.worker.processes import WATCH_TICK, killpg, open_pidfd, pid_alive, wait_exit, wait_group_gone
 from jobs.worker.services import Factory, Place, any_pending, shared_data, start_all, stop_all
 from jobs.worker.share import SharePolicy, requeue_alone
+from storage.errors import StorageError
 from storage.models import RunStatus
 from storage.settings import data_dir, stop_graces
 from storage.store import RunFolderError, RunRecord, Store
@@ -169,7 +168,7 @@ class Worker:
                         self.store.release_device(self.device, self.worker_id, host=self.host, run_id=run.id)
                         continue
                     delay = 0.0
-                except SQLAlchemyError as exc:  # the database is down or locked: wait, log, go on
+                except StorageError as exc:  # the database is down or locked: wait, log, go on
                     delay = min(max(2 * delay, self.poll_interval), self.db_retry_max_s)
                     log.error(
                         "worker %s: database error (%s); retrying in %.1f s", self.worker_id, first_line(exc), delay
@@ -333,7 +332,7 @@ class Worker:
                 try:
                     self._beat(run_id)
                     current = self.store.run_control(run_id)
-                except SQLAlchemyError as exc:  # bookkeeping failed: the training goes on
+                except StorageError as exc:  # bookkeeping failed: the training goes on
                     log.error("run %s: database error while watching (%s); training goes on", run_id, first_line(exc))
                     time.sleep(WATCH_TICK)
                     continue

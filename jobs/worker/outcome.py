@@ -14,8 +14,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy.exc import SQLAlchemyError
-
+from storage.errors import StorageError
 from storage.models import RunStatus
 from storage.run_files import log_tail
 from storage.store import RunFolderError, Store
@@ -43,7 +42,7 @@ def quietly(fn: Callable[..., object], *args: object) -> None:
     """A bookkeeping write that must not stop the worker: logged when the database fails."""
     try:
         fn(*args)
-    except SQLAlchemyError as exc:
+    except StorageError as exc:
         log.error("%s failed: %s", getattr(fn, "__name__", fn), first_line(exc))
 
 

@@ -31,13 +31,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from jobs.train.parent_watch import STOP_WITH_PARENT_ENV
 from jobs.worker import processes
 from jobs.worker.outcome import first_line
 from jobs.worker.services import Place, run_host, weights_here
 from jobs.worker.tasks import TaskKind, cli_args, describe
+from storage.errors import StorageError
 from storage.models import TaskStatus
 from storage.settings import data_dir
 from storage.store import TaskRecord
@@ -115,7 +114,7 @@ class TaskService:
                     self._stop.wait(self.poll_interval)
                     continue
                 delay = self.poll_interval
-            except SQLAlchemyError as exc:  # the database is down: wait and go on (the worker does too)
+            except StorageError as exc:  # the database is down: wait and go on (the worker does too)
                 log.error("tasks: database error (%s); retrying in %.1f s", first_line(exc), delay)
                 self._stop.wait(delay)
                 delay = min(2 * delay, 30.0)
