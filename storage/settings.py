@@ -61,6 +61,21 @@ def missing_sqlite_database(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and not (parsed.database and Path(parsed.database).is_file())
 
 
+def database_url_problem(url: str) -> tuple[str, str] | None:
+    """Why SQLAlchemy cannot open `url` (another program's database too, such as MLflow's store): ("url", why) when
+    it cannot read the URL, ("driver", module) when the driver is not installed; None when both are fine."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        return "url", str(exc)
+    except ImportError as exc:
+        return "driver", getattr(exc, "name", None) or str(exc)
+    return None
+
+
 def runs_dir() -> Path:
     """Where run folders live: `runs/<database id>/<run>/` (`Store.run_dir`, `storage.identity`)."""
     path = data_dir() / "runs"

@@ -101,20 +101,17 @@ def _database_problem(uri: str, shown: str, other: str) -> Problem | None:
             f"MLflow's database store ({shown}) needs {', '.join(f'`{m}`' for m in missing)}, not installed here",
             f"pip install {names} (on the workers too; tunedeck's trackers extra has them), {other}",
         )
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+    from storage.settings import database_url_problem
 
-    try:
-        make_url(uri).get_dialect().import_dbapi()
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+    problem = database_url_problem(uri)
+    if problem and problem[0] == "url":
         return _problem(
-            f"MLFLOW_TRACKING_URI ({shown}) is not a database URL SQLAlchemy reads ({exc})",
+            f"MLFLOW_TRACKING_URI ({shown}) is not a database URL SQLAlchemy reads ({problem[1]})",
             f"write it as DIALECT[+DRIVER]://USER:PASSWORD@HOST/DATABASE, {other}",
         )
-    except ImportError as exc:
-        driver = getattr(exc, "name", None) or str(exc)
+    if problem:
         return _problem(
-            f"MLflow's database store ({shown}) needs the driver `{driver}`, not installed here",
+            f"MLflow's database store ({shown}) needs the driver `{problem[1]}`, not installed here",
             f"pip install the driver (on the workers too), or name an installed one in the URL (DIALECT+DRIVER), "
             f"{other}",
         )
