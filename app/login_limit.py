@@ -129,7 +129,7 @@ async def password_ok(
     the credential's digest (one scrypt per distinct credential, not per request)."""
     limiter = limiter or LIMITER
     auth = getattr(app, "auth", None)
-    if not callable(auth) or not password:
+    if not callable(auth):
         return False
     client = client_of(request.scope)
     wait = limiter.wait_s(client)
@@ -137,6 +137,8 @@ async def password_ok(
         raise TooManyFailures(request.url.path, wait)
     key = hashlib.sha256(f"{user}:{password}".encode()).digest()
     ok = checked.get(key.hex()) if checked is not None else None
+    if not password:
+        ok = False  # a session token nobody holds: a wrong credential all the same
     if ok is None:
         if inspect.iscoroutinefunction(auth):
             ok = bool(await auth(user, password))

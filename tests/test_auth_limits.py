@@ -11,12 +11,15 @@ uvicorn trusted by default.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import json
 import re
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -24,9 +27,11 @@ import httpx
 import pytest
 from browser_helpers import free_port
 from dashboard_helpers import serve_dashboard, stop_dashboard
+from starlette.requests import Request
 
 from app import auth
 from app.guard import same_site_path
+from app.login_limit import CredentialLimiter, TooManyFailures, password_ok
 from app.server import trusted_proxies
 from jobs.errors import ProblemError
 from storage.store import Store
@@ -132,6 +137,26 @@ def test_the_sixth_wrong_access_token_is_a_429(tokened: str) -> None:
         assert sixth.json()["error"]["code"] == "rate_limit_exceeded"  # OpenAI's shape on /v1
         assert client.get(f"/?token={TOKEN}").status_code == 429
         assert client.get("/tunedeck/health").status_code == 200
+
+
+def test_the_api_check_counts_wrong_passwords_and_session_tokens_even_cached_ones() -> None:
+    limiter, checked = CredentialLimiter(), dict[str, bool]()
+    app = SimpleNamespace(auth=auth.password_check({LOGIN[0]: auth.hash_password(LOGIN[1])}))
+    request = Request({"type": "http", "method": "GET", "path": "/v1/models", "headers": [], "client": ("10.1.1.1", 9)})
+
+    def check(user: str, password: str) -> bool:
+        return asyncio.run(password_ok(app, request, user, password, checked, limiter))
+
+    assert check(*LOGIN) and check(LOGIN[0], "wrong") is False  # ... and the right one is cached
+    assert [check(LOGIN[0], "wrong") for _ in range(3)] == [False] * 3  # one guess, counted once
+    assert check("a-session-token-nobody-holds", "") is False
+    assert check(LOGIN[0], "guess-2") is False and check(LOGIN[0], "guess-3") is False
+    assert check(LOGIN[0], "guess-4") is False
+    with pytest.raises(TooManyFailures) as exc:
+        check(*LOGIN)  # cached as right, yet over the limit: not told
+    answer = exc.value.response()
+    assert answer.status_code == 429 and int(answer.headers["retry-after"]) > 0
+    assert json.loads(answer.body)["error"]["code"] == "rate_limit_exceeded"
 
 
 # ---------------------------------------------------------------------- proxy headers
