@@ -177,6 +177,24 @@ def test_forged_forwarded_for_addresses_count_as_one_client(login: str) -> None:
         assert sixth.status_code == 429, sixth.text
 
 
+def test_behind_a_trusted_proxy_each_forwarded_client_is_counted_apart(tmp_path: Path) -> None:
+    env = {"TUNEDECK_AUTH": ":".join(LOGIN), "TUNEDECK_TRUSTED_PROXIES": "127.0.0.6"}  # not uvicorn's default
+    proc, port = serve_dashboard(tmp_path, tmp_path / "server.log", host="0.0.0.0", **env)
+    try:
+        with _client(f"http://127.0.0.1:{port}", "127.0.0.6") as proxy:
+
+            def attempt(client: str, password: str) -> int:
+                data = {"username": LOGIN[0], "password": password}
+                return proxy.post("/login", data=data, headers={"x-forwarded-for": client}).status_code
+
+            codes = [attempt("10.48.1.7", f"guess-{i}") for i in range(5)]
+            assert all(400 <= c < 429 for c in codes), codes
+            assert attempt("10.48.1.7", "guess-5") == 429
+            assert attempt("10.48.1.8", LOGIN[1]) == 200  # another user behind the same proxy
+    finally:
+        stop_dashboard(proc)
+
+
 def test_trusted_proxies_come_only_from_the_setting() -> None:
     assert trusted_proxies("") == ""  # uvicorn then trusts no one's X-Forwarded-For (its default: loopback)
     assert trusted_proxies("127.0.0.1, 10.0.0.0/8 ::1") == "127.0.0.1,10.0.0.0/8,::1"
