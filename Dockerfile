@@ -43,7 +43,8 @@ EXPOSE 7860
 
 # Off loopback without a login, `serve` makes an access token and prints the URL with it once
 # (`docker logs`); set TUNEDECK_AUTH (or --auth-file) for a login instead, TUNEDECK_TOKEN for a token
-# of your own (docs/deployment.md#security). /tunedeck/health answers without it.
+# of your own (docs/deployment.md#security). /tunedeck/health answers {"status": "ok"} in every mode
+# (loopback, token, login) without credentials: the health check asks it.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/tunedeck/health', timeout=5)"
 CMD ["tunedeck", "serve", "--host", "0.0.0.0"]

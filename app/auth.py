@@ -6,7 +6,8 @@ Credentials come from either
   `tunedeck hash-password` (`scrypt$n$r$p$salt$key`, base64); `#` starts a comment.
 
 `gradio_auth(credentials)` is the callable handed to Gradio's `launch(auth=...)`; it costs one
-scrypt (~50 ms) per login attempt whether or not the user exists, so timing tells nothing.
+scrypt (~50 ms) per login attempt whether or not the user exists, so timing tells nothing, and runs
+it in a worker thread. Attempts are rate-limited per client (app.login_limit).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import anyio.to_thread
 
 from jobs.errors import Problem, ProblemError
 
@@ -136,8 +139,8 @@ def load_credentials(auth_file: str | Path | None = None) -> dict[str, str]:
 _DUMMY_HASH = hash_password(secrets.token_hex(8))
 
 
-def gradio_auth(users: dict[str, str]) -> Callable[[str, str], bool]:
-    """The `auth=` callable for Gradio: same work for unknown users as for wrong passwords."""
+def password_check(users: dict[str, str]) -> Callable[[str, str], bool]:
+    """`check(user, password)`: one scrypt, the same work for unknown users as for wrong passwords."""
 
     def check(username: str, password: str) -> bool:
         encoded = users.get(username or "")
@@ -145,3 +148,15 @@ def gradio_auth(users: dict[str, str]) -> Callable[[str, str], bool]:
         return ok and encoded is not None
 
     return check
+
+
+def gradio_auth(users: dict[str, str]) -> Callable[[str, str], Awaitable[bool]]:
+    """The `auth=` callable for Gradio (its login form awaits it, as `/v1` does through
+    app.login_limit.password_ok): `password_check` in a worker thread, so a check of ~50 ms never
+    holds the event loop, and with it every other request."""
+    check = password_check(users)
+
+    async def login(username: str, password: str) -> bool:
+        return await anyio.to_thread.run_sync(check, username, password)
+
+    return login

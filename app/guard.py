@@ -16,8 +16,13 @@ pass through it many times a minute):
   layer, which sits outside this one; it carries nothing, and the request it announces is refused.)
 - **Token** (only when the server made one: `app.server.access_token`). The request must carry it:
   the `tunedeck-token` cookie (set when `/?token=...` is opened), `Authorization: Bearer TOKEN`, or
-  `?token=TOKEN`. Only the token's SHA-256 is kept. `/tunedeck/health` answers `ok` without it (for
-  container health checks; it says nothing else).
+  `?token=TOKEN`. Only the token's SHA-256 is kept. A wrong token counts as a failed login of the
+  client (app.login_limit, the limiter the login form and `/v1` passwords share): the sixth distinct
+  wrong one within a minute is answered 429. The redirect that moves a `?token=` into the cookie
+  stays on this server (`//host/...` and backslashes in the path cannot send it elsewhere).
+
+`/tunedeck/health` answers `{"status": "ok"}` in every mode (loopback, token, login), without
+credentials, for container health checks; it says nothing else.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+
+from app.login_limit import LIMITER, CredentialLimiter, client_of
+from app.login_limit import refusal as limit_refusal
 
 ALLOWED_HOSTS_ENV = "TUNEDECK_ALLOWED_HOSTS"
 TOKEN_COOKIE = "tunedeck-token"
@@ -144,11 +152,18 @@ async def _answer(send: Any, status: int, body: dict[str, str], extra: Iterable[
     await send({"type": "http.response.body", "body": payload})
 
 
+def same_site_path(path: str) -> str:
+    """`path` as a Location on this server: one leading slash (`//evil.example/x` and `/\\evil/x` name
+    another host to a browser), and whatever a browser might drop or read as a slash (backslashes,
+    tabs, newlines) percent-encoded."""
+    return "/" + quote(path.lstrip("/\\"), safe="/!$&'()*+,;=:@-._~")
+
+
 class Guard:
     """The ASGI middleware (see the module's docstring). `settings`: a GuardSettings."""
 
-    def __init__(self, app: Any, settings: GuardSettings):
-        self.app, self.settings = app, settings
+    def __init__(self, app: Any, settings: GuardSettings, limiter: CredentialLimiter | None = None):
+        self.app, self.settings, self.limiter = app, settings, limiter or LIMITER
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -164,6 +179,10 @@ class Guard:
             await send({"type": "websocket.close", "code": 1008})
         elif refusal == "ok":
             await _answer(send, 200, {"status": "ok"})
+        elif refusal.startswith("429 "):
+            body, answer_headers = limit_refusal(scope.get("path", ""), float(refusal[4:]))
+            await send({"type": "http.response.start", "status": 429, "headers": answer_headers})
+            await send({"type": "http.response.body", "body": body})
         elif refusal == "cookie":
             await self._set_cookie(scope, send, host)
         else:
@@ -171,7 +190,7 @@ class Guard:
             await _answer(send, int(status), {"error": message})
 
     def _refusal(self, scope: Any, headers: dict[bytes, bytes], host: str) -> str | None:
-        """None to pass the request on, else what to answer ("STATUS message", "ok" or "cookie")."""
+        """None to pass the request on, else what to answer ("STATUS message", "429 WAIT_S", "ok" or "cookie")."""
         s = self.settings
         if not s.host_allowed(host):
             return (
@@ -181,19 +200,34 @@ class Guard:
         origin = headers.get(b"origin")
         if origin is not None and not s.origin_allowed(origin.decode("latin-1"), host):
             return f"403 a page from another site ({origin.decode('latin-1')}) may not read or change this dashboard"
-        if s.token_sha256 is None:
-            return None
         path = scope.get("path", "")
         if path == HEALTH_PATH:
             return "ok"
-        if path in TOKEN_FREE_PATHS or s.token_ok(_cookie_token(headers.get(b"cookie"))):
+        if s.token_sha256 is None or path in TOKEN_FREE_PATHS:
             return None
+        return self._token_refusal(scope, headers)
+
+    def _token_refusal(self, scope: Any, headers: dict[bytes, bytes]) -> str | None:
+        """The token check, counted by the limiter: None, "cookie", "429 WAIT_S" or "401 message"."""
+        s = self.settings
+        cookie = _cookie_token(headers.get(b"cookie"))
         auth = headers.get(b"authorization", b"").decode("latin-1")
-        if auth[:7].lower() == "bearer " and s.token_ok(auth[7:].strip()):
-            return None
+        bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else None
         query_token = _query_token(scope)
-        if query_token is not None and s.token_ok(query_token):
+        presented = [t for t in (cookie, bearer, query_token) if t]
+        client = client_of(scope)
+        if presented:
+            wait = self.limiter.wait_s(client)
+            if wait > 0:
+                return f"429 {wait}"
+        if (cookie and s.token_ok(cookie)) or (bearer and s.token_ok(bearer)):
+            self.limiter.record(client, ok=True)
+            return None
+        if query_token and s.token_ok(query_token):
+            self.limiter.record(client, ok=True)
             return "cookie" if scope.get("method") == "GET" and scope["type"] == "http" else None
+        for wrong in presented:
+            self.limiter.record(client, ok=False, key=token_hash(wrong))
         return (
             "401 this dashboard needs its access token: open the URL with ?token=... that `tunedeck serve` "
             "printed, or send `Authorization: Bearer TOKEN`"
@@ -206,7 +240,7 @@ class Guard:
         rest = urlencode(
             [(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1")) if k != "token"]
         )
-        location = (scope.get("root_path", "") + scope.get("path", "/")) + (f"?{rest}" if rest else "")
+        location = same_site_path(scope.get("root_path", "") + scope.get("path", "/")) + (f"?{rest}" if rest else "")
         cookie = f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
         await _answer(
             send,

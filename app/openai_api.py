@@ -21,7 +21,6 @@ TOKEN`, TOKEN being a dashboard user's `user:password` or the access token of a 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 import uuid
@@ -34,6 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from app.login_limit import TooManyFailures, password_ok
 from app.ui.chat import reach_problem
 from jobs.chat.generate import MAX_NEW_TOKENS
 from jobs.models.served_names import served_model, served_models
@@ -301,7 +301,7 @@ async def events(store: Store, ask: Ask, chat: bool) -> AsyncGenerator[str, None
 
 
 # ---------------------------------------------------------------------- access and routes
-def authorized(
+async def authorized(
     app: Any, request: Request, checked: dict[str, bool], page_login: Callable[[Any, Request], bool]
 ) -> bool:
     """No login configured, a logged-in page's cookie (`page_login`: the live route's check), or a Bearer token:
@@ -314,12 +314,8 @@ def authorized(
         return False
     if getattr(app, "tokens", {}).get(token) is not None:
         return True
-    digest = hashlib.sha256(token.encode()).hexdigest()  # one scrypt per distinct token, not per request
-    if digest not in checked:
-        user, _, password = token.partition(":")
-        auth = getattr(app, "auth", None)
-        checked[digest] = bool(callable(auth) and password and auth(user, password))
-    return checked[digest]
+    user, _, password = token.partition(":")
+    return await password_ok(app, request, user, password, checked)  # rate-limited, cached, off the event loop
 
 
 def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request], bool]) -> None:
@@ -327,22 +323,25 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
     whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
     checked: dict[str, bool] = {}
 
-    def denied(request: Request) -> Response | None:
-        if authorized(app, request, checked, page_login):
-            return None
+    async def denied(request: Request) -> Response | None:
+        try:
+            if await authorized(app, request, checked, page_login):
+                return None
+        except TooManyFailures as exc:
+            return exc.response()
         return ApiError(
             401, "this dashboard has a login: send `Authorization: Bearer user:password`", code="invalid_api_key"
         ).response()
 
     async def models(request: Request) -> Response:
-        refused = denied(request)
+        refused = await denied(request)
         if refused is not None:
             return refused
         return JSONResponse({"object": "list", "data": await run_in_threadpool(model_list, store)})
 
     def completions(chat: bool) -> Any:
         async def handle(request: Request) -> Response:
-            refused = denied(request)
+            refused = await denied(request)
             if refused is not None:
                 return refused
             try:

@@ -6,7 +6,10 @@ GPU hang in training never takes the web server down, and it exits with the serv
 
 Safe serving:
 - binds 127.0.0.1 by default; every request passes `app.guard.Guard` (Host allowlist, no
-  cross-site state change, the access token when there is one) and `app.login_limit.LoginLimiter`;
+  cross-site state change, the access token when there is one) and `app.login_limit.LoginLimiter`
+  (one rate limit for the login form, `/v1` passwords and the token, per client address);
+- the client address comes from `X-Forwarded-For` only on connections from the proxies named in
+  TUNEDECK_TRUSTED_PROXIES (none by default: uvicorn would trust loopback's otherwise);
 - a non-loopback address without a login gets a random access token (printed once as a URL, only
   its hash kept); `--insecure-no-login` serves it open, with a loud warning;
 - optional login (`TUNEDECK_AUTH=user:password` or `--auth-file`, see app.auth);
@@ -33,12 +36,14 @@ from types import FrameType
 from typing import Any
 
 from jobs.checks.access import AccessPolicy
+from jobs.errors import Problem, ProblemError
 from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 WORKER_STOP_TIMEOUT_S = 30.0
 TOKEN_ENV = "TUNEDECK_TOKEN"
+TRUSTED_PROXIES_ENV = "TUNEDECK_TRUSTED_PROXIES"
 
 
 def is_loopback(host: str) -> bool:
@@ -82,6 +87,27 @@ def token_notice(host: str, port: int, token: str) -> str:
         f"    http://{shown}:{port}/?token={token}\n"
         "(scripts: `Authorization: Bearer TOKEN`). To use a login instead see docs/deployment.md#security."
     )
+
+
+def trusted_proxies(value: str | None = None) -> str:
+    """uvicorn's `forwarded_allow_ips`: the addresses and networks in TUNEDECK_TRUSTED_PROXIES (comma- or
+    space-separated), "" (trust no one's X-Forwarded-For) when unset; ProblemError naming a bad entry."""
+    raw = os.environ.get(TRUSTED_PROXIES_ENV, "") if value is None else value
+    entries = raw.replace(",", " ").split()
+    bad = []
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            bad.append(entry)
+    if bad:
+        problem = Problem(
+            TRUSTED_PROXIES_ENV,
+            f"{', '.join(repr(b) for b in bad)} is not an IP address or network",
+            "list your reverse proxies' addresses, e.g. TUNEDECK_TRUSTED_PROXIES=127.0.0.1,10.0.0.0/8 (or leave it unset)",
+        )
+        raise ProblemError([problem])
+    return ",".join(entries)
 
 
 def guard_middleware(host: str, allowed_hosts: list[str] | None, token: str | None) -> list[Any]:
@@ -236,6 +262,8 @@ def serve(
     """Run the dashboard until interrupted; returns an exit code."""
     # Before gradio is imported: its upload folder and cache go under the data directory.
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
+    # Gradio starts uvicorn without forwarded_allow_ips, so uvicorn reads this (its default: loopback).
+    os.environ["FORWARDED_ALLOW_IPS"] = trusted_proxies()
     from app.openai_api import add_openai_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, logged_in, page_head_kwargs

@@ -1,6 +1,6 @@
 """The door (issue 32): Host and Origin checks, the access token off loopback, the login rate limit.
 
-Unit tests judge `app.guard.GuardSettings` and `app.login_limit.LoginLimiter` directly; the rest
+Unit tests judge `app.guard.GuardSettings` and `app.login_limit.CredentialLimiter` directly; the rest
 drive the real `tunedeck serve --no-worker` on a free port with forged Host and Origin headers, as
 a DNS-rebinding page or another site's page would send them, and one Chromium test opens a page
 from another origin that tries to change the dashboard.
@@ -9,21 +9,18 @@ from another origin that tries to change the dashboard.
 from __future__ import annotations
 
 import http.server
-import os
 import re
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from browser_helpers import REPO, free_port
+from dashboard_helpers import serve_dashboard as _serve
+from dashboard_helpers import stop_dashboard as _stop
 
 from app.guard import GuardSettings, configured_hosts, token_hash
-from app.login_limit import LoginLimiter
+from app.login_limit import CredentialLimiter
 from app.server import access_token, exposure_warning
 
 TOKEN = "fixed-test-token-3f9a1c7e5b"
@@ -96,7 +93,7 @@ def test_a_token_is_made_off_loopback_only_without_a_login() -> None:
 
 def test_the_login_limiter_refuses_after_five_failures_and_forgets_after_the_window() -> None:
     now = [1000.0]
-    limiter = LoginLimiter(app=None, clock=lambda: now[0])
+    limiter = CredentialLimiter(clock=lambda: now[0])
     for _ in range(4):
         limiter.record("10.0.0.1", ok=False)
     assert limiter.wait_s("10.0.0.1") == 0
@@ -111,39 +108,17 @@ def test_the_login_limiter_refuses_after_five_failures_and_forgets_after_the_win
     assert "10.0.0.1" not in limiter.failures
 
 
+def test_the_same_wrong_credential_again_counts_once() -> None:
+    limiter = CredentialLimiter(clock=lambda: 1000.0)
+    for _ in range(10):
+        limiter.record("10.0.0.1", ok=False, key=b"stale-cookie")  # a browser's old token, sent with each request
+    assert limiter.wait_s("10.0.0.1") == 0
+    for i in range(4):
+        limiter.record("10.0.0.1", ok=False, key=f"guess{i}".encode())
+    assert limiter.wait_s("10.0.0.1") > 0
+
+
 # ---------------------------------------------------------------------- the real server
-def _serve(home: Path, log: Path, host: str = "127.0.0.1", args: tuple[str, ...] = (), **env: str):
-    """`tunedeck serve --no-worker` on a free port; (process, port) once /tunedeck/health answers."""
-    port = free_port()
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEDECK_", "GRADIO_"))}
-    full_env.update(
-        TUNEDECK_HOME=str(home), HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONPATH=str(REPO), **env
-    )
-    command = [sys.executable, "-m", "app.cli.main", "serve", "--no-worker", "--host", host, "--port", str(port)]
-    proc = subprocess.Popen([*command, *args], cwd=home, env=full_env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code in (200, 401):
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    pytest.fail(f"server did not come up in 180 s:\n{log.read_text()}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The default: 127.0.0.1, no login (the one-user dashboard a rebinding page would aim at)."""

@@ -7,6 +7,7 @@ through the store, as it answers the Chat tab.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -61,12 +62,12 @@ def test_a_login_asks_for_a_users_password_or_a_session_token() -> None:
         tokens={"session-token": "ada"},
     )
     checked: dict[str, bool] = {}
-    assert authorized(app, _request("ada:secret"), checked, logged_in)
-    assert authorized(app, _request("session-token"), checked, logged_in)
-    assert not authorized(app, _request("ada:wrong"), checked, logged_in)
-    assert not authorized(app, _request(None), checked, logged_in)
+    assert asyncio.run(authorized(app, _request("ada:secret"), checked, logged_in))
+    assert asyncio.run(authorized(app, _request("session-token"), checked, logged_in))
+    assert not asyncio.run(authorized(app, _request("ada:wrong"), checked, logged_in))
+    assert not asyncio.run(authorized(app, _request(None), checked, logged_in))
     open_app = SimpleNamespace(auth=None, auth_dependency=None)
-    assert authorized(open_app, _request(None), {}, logged_in)
+    assert asyncio.run(authorized(open_app, _request(None), {}, logged_in))
 
 
 def test_a_base_model_answers_through_a_run_a_live_worker_can_reach(store: Any, tiny_model: Any) -> None:

@@ -8,6 +8,7 @@ path-traversal attempt on every route that serves files must get a 4xx without t
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import socket
@@ -42,7 +43,7 @@ def test_password_hash_round_trip_and_salt() -> None:
 def test_auth_file_and_env(tmp_path: Path) -> None:
     good = tmp_path / "users"
     good.write_text(f"# users\nalice:{auth.hash_password('pw-alice-1')}\n\n")
-    check = auth.gradio_auth(auth.load_credentials(good))
+    check = auth.password_check(auth.load_credentials(good))
     assert check("alice", "pw-alice-1")
     assert not check("alice", "wrong") and not check("bob", "pw-alice-1") and not check("", "")
     plain = tmp_path / "plain"
@@ -52,7 +53,7 @@ def test_auth_file_and_env(tmp_path: Path) -> None:
     assert "line 1" in str(exc.value) and "hash-password" in str(exc.value)
     with pytest.raises(auth.AuthError):
         auth.load_credentials(tmp_path / "missing")
-    assert auth.gradio_auth(auth.credentials_from_env("bob:pw-bob-22"))("bob", "pw-bob-22")
+    assert asyncio.run(auth.gradio_auth(auth.credentials_from_env("bob:pw-bob-22"))("bob", "pw-bob-22"))
     assert auth.credentials_from_env("") == {}
     with pytest.raises(auth.AuthError):
         auth.credentials_from_env("no-colon")
