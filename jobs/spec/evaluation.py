@@ -6,7 +6,7 @@ adds them to a spec's own problems, so a spec that cannot stop early is refused 
 after hours of training.
 
     problems = early_stopping_problems(spec, record_for(spec.trainer))   # [] when off or consistent
-    problems = judge_problems(spec)            # [] without a judge, or with samples to judge
+    problems = judge_problems(spec, record_for(spec.trainer))   # [] without a judge, or with samples
 """
 
 from __future__ import annotations
@@ -104,16 +104,18 @@ def greater_is_better(metric: str) -> bool:
     return metric.startswith("eval_task/") or not metric.endswith("loss")
 
 
-class LoggedMetrics(Protocol):
-    """What the trainer logs at evaluation (a `jobs.spec.trainer_records.TrainerRecord` says)."""
+class TrainerFacts(Protocol):
+    """What the trainer logs at evaluation and whether it writes answers (its `jobs.spec.trainer_records.TrainerRecord`)."""
 
     @property
     def eval_loss(self) -> bool: ...
     @property
     def watch(self) -> str: ...
+    @property
+    def score_head(self) -> bool: ...
 
 
-def early_stopping_problems(spec: EvaluatedSpec, logged: LoggedMetrics) -> list[Problem]:
+def early_stopping_problems(spec: EvaluatedSpec, logged: TrainerFacts) -> list[Problem]:
     """Why this spec cannot stop early as asked ([] when it can, or does not ask); `logged`: what its trainer
     logs at evaluation (its record)."""
     if spec.early_stopping_patience is None or spec.early_stopping_patience < 1:
@@ -204,14 +206,14 @@ def _stem(ref: str) -> str:
     return base.rsplit(".", 1)[0] if base.lower().endswith((".jsonl", ".yaml", ".yml")) else base
 
 
-def judge_problems(spec: EvaluatedSpec) -> list[Problem]:
-    """Why this spec's judge could not judge when training ends ([] when it can, or there is none)."""
+def judge_problems(spec: EvaluatedSpec, trained: TrainerFacts) -> list[Problem]:
+    """Why this spec's judge could not judge when training ends ([] when it can, or there is none); `trained`:
+    its trainer's record."""
     judge = (spec.judge or "").strip()
     if not judge:
         return []
     out: list[Problem] = []
-    trainer = getattr(spec.trainer, "value", spec.trainer)
-    if trainer == "reward":
+    if trained.score_head:
         out.append(Problem("judge", "a reward model writes no answers to judge", "leave judge empty"))
     elif spec.sample_count == 0:
         out.append(

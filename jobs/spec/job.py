@@ -169,7 +169,7 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
         )
     out.extend(_eval_split_problems(spec))
     out.extend(early_stopping_problems(spec, record_for(spec.trainer)))
-    out.extend(judge_problems(spec))
+    out.extend(judge_problems(spec, record_for(spec.trainer)))
     if spec.dataset_columns is not None:
         out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
     out.extend(_name_problems(spec))

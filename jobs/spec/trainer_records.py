@@ -67,9 +67,10 @@ class TrainerRecord:
     # how jobs.train.trainers builds it: ref_model=None (the base with the adapter off), its own callbacks
     ref_model_none: bool = False
     callbacks: tuple[str, ...] = ()
-    # what it does with rows: drops those over max_length (else truncated); dpo's image pairs; a row's
+    # what it does with rows: drops those over max_length (else truncated); image chat; dpo's image pairs; a row's
     # `tools` reach the chat template; trl's fused LM head needs the model's backbone
     drops_long_rows: bool = False
+    image_chat: bool = False
     image_pairs: bool = False
     renders_tools: bool = True
     needs_backbone: bool = False
@@ -122,6 +123,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
             kwargs=("packing", "completion_only_loss", "assistant_only_loss", "loss_type"),
             metrics=(("eval perplexity", "eval_perplexity"),),
             callbacks=("perplexity",),  # first: the store callback then records what it added
+            image_chat=True,
             needs_backbone=True,
         ),
         TrainerRecord(

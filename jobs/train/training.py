@@ -285,7 +285,7 @@ def _training_metrics(
                 if k.startswith("eval_") and isinstance(v, (int, float))
             }
         )
-        if "eval_loss" in metrics and spec.trainer.value == "sft":
+        if "eval_loss" in metrics and "perplexity" in record_for(spec.trainer).callbacks:
             metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     tokens = trained_tokens(trainer.state.log_history)
     if tokens is not None and metrics["train_runtime"] > 0:
