@@ -101,6 +101,8 @@ def test_the_facts_pick_the_trainers_they_did() -> None:
     assert trainers_where(renders_tools=False) == (Trainer.ORPO, Trainer.CPO)
     assert trainers_where(generates=True) == (Trainer.GRPO,)
     assert trainers_where(score_head=True) == trainers_where(drops_long_rows=True) == (Trainer.REWARD,)
+    assert trainers_where(image_chat=True) == (Trainer.SFT,) and trainers_where(image_pairs=True) == (Trainer.DPO,)
+    assert trainers_where(min_batch=2) == (Trainer.KTO,) and trainers_where(eval_loss=False) == (Trainer.GRPO,)
     assert [t for t, r in RECORDS.items() if "padding_free" in r.unsupported] == [
         Trainer.KTO,
         Trainer.REWARD,
