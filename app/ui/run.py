@@ -31,6 +31,7 @@ from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, 
 from jobs.queue import commands
 from jobs.queue.commands import RunCommandError, resumable
 from jobs.spec.stored import spec_of, stored_spec
+from jobs.spec.trainer_records import RECORDS
 from jobs.train import figures
 from storage.models import RunStatus
 from storage.store import MetricBucket, RunRecord, Store
@@ -38,21 +39,8 @@ from storage.store import MetricBucket, RunRecord, Store
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
 # what the loss, lr and tokens/s plots draw; best_checkpoint: one point, the step an early-stopped bundle holds
 RUN_METRICS = ("loss", "eval_loss", "best_checkpoint", "learning_rate", "tokens_per_second")
-# The "Trainer metrics" plot: per trainer, {legend label: logged metric name}.
-TRAINER_SERIES: dict[str, dict[str, str]] = {
-    "sft": {"eval perplexity": "eval_perplexity"},
-    "dpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
-    "kto": {"reward margin": "rewards/margins", "KL estimate": "kl"},
-    "reward": {"accuracy": "accuracy", "margin": "margin", "mean reward": "mean_reward"},
-    "orpo": {"reward margin": "rewards/margins", "log odds ratio": "log_odds_ratio"},
-    "cpo": {"reward margin": "rewards/margins", "reward accuracy": "rewards/accuracies"},
-    "grpo": {
-        "reward": "reward",
-        "reward std": "reward_std",
-        "completion length": "completions/mean_length",
-        "KL": "kl",
-    },
-}
+# The "Trainer metrics" plot: per trainer, {legend label: logged metric name} (its record's `metrics`).
+TRAINER_SERIES: dict[str, dict[str, str]] = {t.value: dict(r.metrics) for t, r in RECORDS.items()}
 
 
 def prediction_markdown(store: Store, run: RunRecord) -> str:

@@ -32,8 +32,9 @@ from typing import Any
 
 from jobs.chat.images import has_images, images_of, text_of
 from jobs.errors import Problem
-from jobs.spec.enums import Method, Trainer
+from jobs.spec.enums import Method
 from jobs.spec.job import SpecError
+from jobs.spec.trainer_records import record_for
 from storage.roles import ArtifactReader
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def locate(store: ArtifactReader, run_id: int) -> RunResult:
         raise refuse(*problem)
     assert run is not None  # finished_problem names a missing run
     spec = spec_of(run)
-    if spec.trainer is Trainer.REWARD:
+    if record_for(spec.trainer).score_head:
         raise refuse(
             f"run {run_id} trained a reward model: it scores answers and does not write them",
             "chat with an SFT, DPO, KTO, ORPO or CPO run",

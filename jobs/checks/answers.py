@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from jobs.data.row_numbers import origins_text
 from jobs.errors import Problem
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 if TYPE_CHECKING:
     from jobs.data.tokens.lengths import RowLengths
@@ -35,9 +35,9 @@ REFUSE_SHARE = 0.5  # refused when more than this share of the training rows kee
 def answer_problems(spec: JobSpec, lengths: RowLengths | None) -> tuple[list[Problem], list[str]]:
     """([a max_length problem] when most rows lose their whole answer, [a warning] when some do); nothing
     when the lengths are unknown or the trainer keeps prompts whole (grpo)."""
-    if lengths is None or not lengths.rows or spec.trainer is Trainer.GRPO:
+    if lengths is None or not lengths.rows or record_for(spec.trainer).generates:
         return [], []
-    reward = spec.trainer is Trainer.REWARD
+    reward = record_for(spec.trainer).drops_long_rows
     cut = lengths.answers_cut(spec.max_length, dropped_when_long=reward)
     lost = len(cut.lost)
     if not lost:

@@ -24,7 +24,7 @@ from jobs.checks.images import image_problems
 from jobs.checks.template import template_refusal
 from jobs.checks.tool_template import tools_refusal
 from jobs.errors import Problem
-from jobs.spec.enums import Trainer
+from jobs.spec.enums import DEFAULT_TRAINER, Trainer
 from jobs.spec.job import JobSpec
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def values_problems(values: Mapping[str, Any], bad: set[str], policy: AccessPoli
     from jobs.data.loading import check_sources
     from jobs.data.sources import DataError
 
-    trainer = values.get("trainer", Trainer.SFT.value) if "trainer" not in bad else None
+    trainer = values.get("trainer", DEFAULT_TRAINER.value) if "trainer" not in bad else None
     out: list[Problem] = []
     for field in DATA_FIELDS:
         ref = values.get(field)

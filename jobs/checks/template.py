@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.data.row_formats import RowFormat
 from jobs.errors import Problem
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 if TYPE_CHECKING:
     from jobs.data.inspection import DatasetInfo  # imports `datasets` (seconds): for the types only
@@ -110,7 +110,7 @@ def assistant_only_problems(spec: JobSpec, info: DatasetInfo | None, tokenizer: 
     model's template (`tokenizer()`, asked only for this option) show against assistant_only_loss."""
     from jobs.models.registry import BUILTIN_MODELS
 
-    if not spec.assistant_only_loss or spec.trainer is not Trainer.SFT:
+    if not spec.assistant_only_loss or "assistant_only_loss" not in record_for(spec.trainer).kwargs:
         return []
     out = [p for p in (data_format_problem(spec, info) if info is not None else None,) if p]
     # tunedeck's built-in models ship templates with generation markers: no tokenizer to load for them

@@ -22,6 +22,7 @@ from jobs.data.tool_turns import ToolRows, parse_tools
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 if TYPE_CHECKING:
     from jobs.data.inspection import DatasetInfo  # imports `datasets` (seconds): for the types only
@@ -48,7 +49,6 @@ PROBE_CALL = [
     {"role": "tool", "name": PROBE_TOOL, "content": PROBE_RESULT},
     {"role": "assistant", "content": "Found it."},
 ]
-NO_TOOLS_TRAINERS = (Trainer.ORPO, Trainer.CPO)  # their dataset preparation renders rows without `tools`
 
 
 def ignored_tool_parts(tokenizer: Any) -> list[str]:
@@ -74,10 +74,10 @@ def tools_refusal(spec: JobSpec, field: str, info: DatasetInfo, tokenizer: Calla
     """A problem when `info`'s tool-calling rows would train without their tools: the trainer does not pass
     them, or the model's template (`tokenizer()`: None when its files are not here) ignores them."""
     found = info.tools
-    if not found.count or Trainer(spec.trainer) is Trainer.GRPO:
+    if not found.count or record_for(spec.trainer).generates:
         return None  # grpo takes its tools from the trainer; a row's `tools` goes to the reward functions
     rows = rows_text(found.numbers, found.count)
-    if Trainer(spec.trainer) in NO_TOOLS_TRAINERS:
+    if not record_for(spec.trainer).renders_tools:
         return Problem(
             field,
             f"has tool-calling rows, but trl's {Trainer(spec.trainer).value} trainer renders rows without `tools`: "

@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 
 def family_problems(spec: JobSpec, shape: Any) -> list[Problem]:
     if shape is None:
         return []
     out: list[Problem] = []
-    if spec.trainer is Trainer.SFT and not shape.backbone:
+    if record_for(spec.trainer).needs_backbone and not shape.backbone:
         # trl 1.16 SFT's fused LM head runs `model.base_model` and reads `last_hidden_state`; a model whose
         # base_model_prefix names no attribute (Llama4ForCausalLM: "language_model") returns itself, and the
         # run fails at its first step: "'MoeCausalLMOutputWithPast' object has no attribute 'last_hidden_state'".

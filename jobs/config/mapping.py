@@ -30,8 +30,9 @@ from jobs.config.trainers import (  # noqa: F401
 from jobs.config.tricks import trick_combination_problems, trick_device_problems, trick_kwargs, trick_warnings
 from jobs.devices.facts import Device
 from jobs.errors import Problem
-from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision, Trainer
+from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
@@ -97,60 +98,22 @@ def combination_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
     """Combinations trl/peft/bitsandbytes reject, found by trying each (see tests/test_matrix.py); with the
     model's `shape`, also what the method refuses for that architecture."""
     out: list[Problem] = []
-    if spec.padding_free and spec.trainer is Trainer.SFT and not spec.packing:
+    record = record_for(spec.trainer)
+    if spec.padding_free and "packing" in record.kwargs and not spec.packing:
         # trl: "When `padding_free=True` without packing, `max_length` is not enforced."
         out.append(
             Problem(
                 "padding_free",
-                "needs packing for sft (trl refuses padding-free rows without packing "
+                f"needs packing for {spec.trainer.value} (trl refuses padding-free rows without packing "
                 "because max_length would not be enforced)",
                 "set packing: true (it turns padding-free on by itself), or padding_free: false",
             )
         )
-    if spec.trainer is Trainer.REWARD and spec.method in QUANTIZED_METHODS:
-        # Measured on the CPU (trl 1.16, peft 0.21.2, bitsandbytes 0.50.2): RuntimeError "expected m1 and m2 to
-        # have the same dtype, but got: float != c10::BFloat16" in the first forward of the score head.
-        out.append(
-            Problem(
-                "method",
-                f"{spec.method.value} fails for a reward model (the quantized base and the new "
-                "score head disagree on dtype: 'expected m1 and m2 to have the same dtype')",
-                "use method: lora (or dora, full) for trainer: reward",
-            )
-        )
-    if spec.trainer is Trainer.REWARD and spec.method is Method.PREFIX_TUNING:
-        # peft: "Model does not support past key values which are required for prefix tuning."
-        out.append(
-            Problem(
-                "method",
-                "prefix_tuning needs past key values, which the sequence-classification model of "
-                "a reward model does not return",
-                "use prompt_tuning or p_tuning, or lora, for trainer: reward",
-            )
-        )
-    if spec.trainer in (Trainer.ORPO, Trainer.CPO) and spec.method in (Method.PROMPT_TUNING, Method.P_TUNING):
-        # trl.experimental ORPO/CPO build labels without the virtual tokens: ValueError "Expected input
-        # batch_size (340) to match target batch_size (324)" (tiny Llama, 4 virtual tokens, batch 4).
-        out.append(
-            Problem(
-                "method",
-                f"{spec.method.value} fails with {spec.trainer.value} (its labels leave out the "
-                "virtual tokens: 'Expected input batch_size ... to match target batch_size')",
-                f"use lora, ia3 or prefix_tuning for trainer: {spec.trainer.value}",
-            )
-        )
-    if spec.trainer is Trainer.GRPO and spec.lora_init is LoraInit.EVA:
-        # peft's EVA reads tokenized batches from the trainer's dataloader; GRPO's hold raw prompts (tokenized only
-        # after generation): TypeError "When using `prepare_model_inputs_fn_language_modeling` inputs must be a
-        # dictionary" (tiny Llama, trl 1.16, peft 0.21.2).
-        out.append(
-            Problem(
-                "lora_init",
-                "eva fails with grpo (it initialises from tokenized training batches, and "
-                "grpo's batches are raw prompts: 'inputs must be a dictionary')",
-                "use lora_init: default, pissa or olora for trainer: grpo",
-            )
-        )
+    for refusal in record.refuses:  # what the trainer fails with (each measured: see its record)
+        value = getattr(spec, refusal.field).value
+        if value in refusal.values:
+            words = {"value": value, "trainer": spec.trainer.value}
+            out.append(Problem(refusal.field, refusal.problem.format(**words), refusal.fix.format(**words)))
     if spec.method in LORA_FAMILY and "lm_head" in targets(spec):
         # trl (sft, dpo, kto, grpo): "Applying a PEFT adapter to `lm_head` is not supported: the log-probabilities
         # are computed from `lm_head.weight` directly, so the adapter would never be trained."

@@ -16,7 +16,7 @@ object, a list of turns or plain text) are the answers; for kto the last assista
 included (`jobs.data.tool_turns`); a `tools` column is kept as JSON text (trl's dpo, kto and reward trainers
 pass it to the template).
 
-    conversion = context_conversion({"conversations", "chosen", "rejected"}, first_rows, Trainer.DPO)
+    conversion = context_conversion({"conversations", "chosen", "rejected"}, first_rows, Trainer("dpo"))
     row, problems = conversion.convert(row)        # {"prompt": [...], "chosen": [...], "rejected": [...]}
 """
 
@@ -26,7 +26,8 @@ from typing import Any
 
 from jobs.data.tool_turns import tools_text
 from jobs.data.turns import Conversion, Message, ProblemList, answer_turns, chat_turns, is_sharegpt_turn, with_system
-from jobs.spec.enums import Trainer
+from jobs.spec.enums import RowFormat, Trainer
+from jobs.spec.trainer_records import record_for
 
 CONVERSATION_COLUMNS = ("conversations", "messages")
 ANSWERS = ("chosen", "rejected")
@@ -115,7 +116,7 @@ def context_conversion(cols: set[str], rows: list[dict[str, Any]], trainer: Trai
             ("prompt", "chosen", "rejected"),
             (column, "system", "tools", *ANSWERS),
         )
-    if trainer is Trainer.KTO and "label" in cols and not cols & set(ANSWERS):
+    if RowFormat.UNPAIRED in record_for(trainer).row_formats and "label" in cols and not cols & set(ANSWERS):
         return Conversion(
             source,
             f"`{column}` ({turns} turns){extra} split into the conversational prompt and the last assistant "

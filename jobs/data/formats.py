@@ -31,7 +31,7 @@ from typing import Any
 from jobs.data.context_rows import context_conversion
 from jobs.data.tool_turns import calls_tools, tools_text
 from jobs.data.turns import Conversion, ProblemList, chat_turns, is_sharegpt_turn, with_system
-from jobs.spec.enums import Trainer
+from jobs.spec.enums import DEFAULT_TRAINER, Trainer
 
 SHAREGPT_COLUMNS = ("conversations", "messages")
 
@@ -149,7 +149,7 @@ def _sharegpt_column(columns: set[str], rows: list[dict[str, Any]]) -> str | Non
 
 
 def detect_conversion(
-    columns: Iterable[str], rows: list[dict[str, Any]], trainer: Trainer = Trainer.SFT
+    columns: Iterable[str], rows: list[dict[str, Any]], trainer: Trainer = DEFAULT_TRAINER
 ) -> Conversion | None:
     """The conversion the columns (and, for ShareGPT vs chat, the first rows) call for; None for trl rows.
 

@@ -32,6 +32,7 @@ from jobs.data.embedded_images import embedded_url
 from jobs.data.image_parts import IMAGE_PART_TYPES, shows_image
 from jobs.data.turns import Conversion, ProblemList, chat_turns, with_system
 from jobs.errors import Problem
+from jobs.spec.trainer_records import record_for
 
 IMAGE_TOKEN = "<image>"
 CHAT_COLUMNS = ("messages", "conversations")
@@ -263,12 +264,13 @@ def unread_images_problem(columns: Iterable[str], trainer: str, field_name: str)
     if column is None:
         return None
     chat = next((c for c in CHAT_COLUMNS if c in cols), None)
-    if trainer == "dpo":
+    record = record_for(trainer)
+    if record.image_pairs:
         fix = (
             f"write dpo's image pairs as `prompt` (with one `{IMAGE_TOKEN}` where each image goes), `chosen`, "
             f"`rejected` and `images` (docs/methods-and-data.md, Images)"
         )
-    elif trainer != "sft":
+    elif not record.image_chat:
         fix = (
             f"{trainer} does not train on images yet (sft and dpo do): remove the `{column}` column "
             f"(and any `{IMAGE_TOKEN}`) for a text-only {trainer} run, or train sft or dpo on image rows"

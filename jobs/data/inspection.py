@@ -4,7 +4,7 @@ Alpaca and ShareGPT rows are detected and converted (`jobs.data.formats`), after
 `dataset_columns` renamed the user's columns; each converted row is handed to
 `jobs.data.validation.RowCheck`.
 
-    info = check_dataset("sample:chat-format", Trainer.SFT)     # DatasetInfo, or DataError
+    info = check_dataset("sample:chat-format", Trainer("sft"))     # DatasetInfo, or DataError
 
 Every row is validated before training starts, and problems name the first bad rows
 ("rows 3, 7: `messages` is not a list of {role, content}").
@@ -22,11 +22,13 @@ from jobs.data.files import FileProblem, Rows, file_rows
 from jobs.data.formats import Conversion, detect_conversion, rename_columns, renamed
 from jobs.data.image_pairs import pair_image_conversion
 from jobs.data.images import ImageRows, image_conversion, unread_images_problem
-from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns, trainer_fit
+from jobs.data.row_formats import COLUMNS, FORMS_HINT, RENAMES, RowFormat, detect_format, reward_columns
 from jobs.data.sources import DataError, Source, load_hub, resolve
+from jobs.data.trainer_rows import trainer_fit
 from jobs.data.validation import Checked, Issues, RowCheck
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
+from jobs.spec.trainer_records import record_for
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -78,7 +80,7 @@ def _image_conversion(
     columns: list[str], first: list[dict[str, Any]], base: Path | None, trainer: Trainer
 ) -> Conversion | None:
     """Rows with images: dpo's image pairs (`jobs.data.image_pairs`) for dpo, else image chat (`jobs.data.images`)."""
-    pairs = pair_image_conversion(columns, first, base) if trainer is Trainer.DPO else None
+    pairs = pair_image_conversion(columns, first, base) if record_for(trainer).image_pairs else None
     return pairs or image_conversion(columns, first, base)
 
 
@@ -112,7 +114,7 @@ def inspect_dataset(
     conversion = conversion or detect_conversion(mapped, first, trainer)
     fmt_columns = list(conversion.columns) if conversion else mapped
     fmt = detect_format(fmt_columns)
-    if trainer is Trainer.GRPO and "prompt" in fmt_columns:
+    if record_for(trainer).generates and "prompt" in fmt_columns:
         fmt = RowFormat.PROMPT_ONLY  # grpo generates the answers: only the prompts are read
     if fmt is None:
         raise DataError(issues.problems() + [_no_format_problem(columns, mapped, field_name)])

@@ -3,30 +3,19 @@
 Knows what trl 1.16 accepts: SFTTrainer takes `text`, `messages` or `prompt`/`completion`
 rows (prompt/completion as plain strings or as message lists); DPOTrainer takes
 `prompt`/`chosen`/`rejected` (plain strings or message lists); KTO `prompt`/`completion`/`label`;
-GRPO `prompt` only. Pure: columns in, a format or a problem out.
+GRPO `prompt` only. Pure: columns in, a format out.
 
     fmt = detect_format(["prompt", "completion"])          # RowFormat.PROMPT_COMPLETION
-    problem = trainer_fit(fmt, Trainer.DPO, "dataset")      # None when the trainer can use it
+
+Which trainer takes which format is the trainer's record (`jobs.spec.trainer_records`; `jobs.data.trainer_rows`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import Enum
 from typing import Any
 
-from jobs.errors import Problem
-from jobs.spec.enums import Trainer
-
-
-class RowFormat(str, Enum):
-    TEXT = "text"
-    MESSAGES = "messages"
-    PROMPT_COMPLETION = "prompt_completion"
-    PREFERENCE = "preference"
-    UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
-    PROMPT_ONLY = "prompt_only"  # GRPO: prompt only; the completions are generated
-
+from jobs.spec.enums import RowFormat
 
 COLUMNS: dict[RowFormat, tuple[str, ...]] = {
     RowFormat.TEXT: ("text",),
@@ -35,33 +24,6 @@ COLUMNS: dict[RowFormat, tuple[str, ...]] = {
     RowFormat.PREFERENCE: ("prompt", "chosen", "rejected"),
     RowFormat.UNPAIRED: ("prompt", "completion", "label"),
     RowFormat.PROMPT_ONLY: ("prompt",),
-}
-TRAINER_FORMATS: dict[Trainer, tuple[RowFormat, ...]] = {
-    Trainer.SFT: (RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
-    Trainer.DPO: (RowFormat.PREFERENCE,),
-    Trainer.KTO: (RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself
-    Trainer.REWARD: (RowFormat.PREFERENCE,),
-    Trainer.ORPO: (RowFormat.PREFERENCE,),
-    Trainer.CPO: (RowFormat.PREFERENCE,),
-    Trainer.GRPO: (RowFormat.PROMPT_ONLY,),
-}
-NEEDS = {
-    Trainer.SFT: "text, messages or prompt/completion rows",
-    Trainer.DPO: "prompt/chosen/rejected rows",
-    Trainer.KTO: "prompt/completion/label rows (or prompt/chosen/rejected, which trl unpairs)",
-    Trainer.REWARD: "prompt/chosen/rejected rows",
-    Trainer.ORPO: "prompt/chosen/rejected rows",
-    Trainer.CPO: "prompt/chosen/rejected rows",
-    Trainer.GRPO: "prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)",
-}
-SAMPLE_FOR = {
-    Trainer.SFT: "sample:chat-format",
-    Trainer.DPO: "sample:preference-format",
-    Trainer.KTO: "sample:kto-format",
-    Trainer.REWARD: "sample:preference-format",
-    Trainer.ORPO: "sample:preference-format",
-    Trainer.CPO: "sample:preference-format",
-    Trainer.GRPO: "sample:prompt-format",
 }
 LABELS = {True: True, False: False, "true": True, "false": False, "1": True, "0": False}
 FORMS_HINT = (
@@ -98,26 +60,6 @@ def detect_format(columns: Iterable[str]) -> RowFormat | None:
     if "prompt" in cols:
         return RowFormat.PROMPT_COMPLETION
     return None
-
-
-def trainer_fit(fmt: RowFormat, trainer: Trainer, field_name: str) -> Problem | None:
-    """A Problem when `trainer` cannot train on rows of `fmt`."""
-    if fmt in TRAINER_FORMATS[trainer]:
-        return None
-    if trainer is Trainer.SFT:
-        return Problem(
-            field_name,
-            f"has {fmt.value} rows ({'/'.join(COLUMNS[fmt])}), which the sft trainer cannot use",
-            "set trainer: "
-            + " or ".join(t.value for t, f in TRAINER_FORMATS.items() if fmt in f)
-            + ", or use text/messages/prompt+completion data such as `sample:chat-format`",
-        )
-    fits = [t.value for t, f in TRAINER_FORMATS.items() if fmt in f]
-    return Problem(
-        field_name,
-        f"has {fmt.value} rows, but the {trainer.value} trainer needs {NEEDS[trainer]}",
-        f"use data such as `{SAMPLE_FOR[trainer]}`, or set trainer: {' or '.join(fits)}",
-    )
 
 
 ANSWER_COLUMNS = ("text", "messages", "completion", "chosen", "rejected", "label")

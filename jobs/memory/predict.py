@@ -43,8 +43,9 @@ from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
 from jobs.memory.tricks import Figures, trick_effects
-from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision, Trainer
+from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 from jobs.units import human_bytes
 
 
@@ -105,7 +106,7 @@ def setting(
     batch = lengths.worst_batch(spec) if lengths is not None else worst_case_batch(spec)
     length = batch.length + (spec.num_virtual_tokens if spec.method in PROMPT_FAMILY else 0)
     notes: list[str] = []
-    if spec.trainer is Trainer.GRPO:
+    if record_for(spec.trainer).generates:
         # An approximation: each row is one prompt (its measured length, else max_length; grpo does not
         # truncate prompts) plus one completion of max_completion_length tokens. Generation's KV cache is
         # freed before the training pass, and a reward run's model (reward_model_run) is not counted.
@@ -168,7 +169,8 @@ def weights_term(s: Setting) -> Term:
         # embeddings) still point into that file's mapping, so the pages read stay in the process's RSS.
         weights += float(arch.linear_params * arch.checkpoint_bytes)
         wf += f" + the file pages read to quantize them ({arch.linear_params:,} x {arch.checkpoint_bytes} B, still mapped)"
-    if m is Method.FULL and (spec.trainer is Trainer.DPO or (spec.trainer is Trainer.GRPO and spec.beta > 0)):
+    reference = record_for(spec.trainer).reference
+    if m is Method.FULL and (reference == "always" or (reference == "beta" and spec.beta > 0)):
         weights += 4.0 * n  # trl loads a second copy as the frozen reference, in the model's dtype
         wf += f" + reference model {n:,} x 4 B"
     return Term(weights, wf)
@@ -200,7 +202,7 @@ def optimizer_term(s: Setting) -> tuple[Term, float]:
 # ---------------------------------------------------------------------- docs/memory.md "Logits and loss"
 def logits_term(s: Setting) -> Term:
     rows, arch = s.batch.sequences, s.arch
-    if s.spec.trainer is Trainer.REWARD:
+    if record_for(s.spec.trainer).score_head:
         # A sequence-classification model: one score per row from the last token, no vocabulary logits;
         # the backward's fp32 gradient of the final hidden states is what the head adds.
         return Term(

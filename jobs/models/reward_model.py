@@ -6,6 +6,7 @@ The training process loads it with `jobs.train.reward_model.load_reward_model` (
 whose MoRA loader it needs); this check reads only the store and the run's spec.
 
     problems = reward_run_problems(store, spec)             # [] when the run can serve as a reward
+    problems = reward_problems(store, run_id)               # the same for a run id
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from jobs.errors import Problem
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 from storage.models import RunStatus
 from storage.roles import ArtifactReader
 
@@ -29,16 +30,21 @@ def bundle_folder(store: ArtifactReader, run_id: int) -> Path | None:
 
 def reward_run_problems(store: ArtifactReader, spec: JobSpec) -> list[Problem]:
     """Why `spec.reward_model_run` cannot score completions (none when it is a finished reward run)."""
+    run_id = spec.reward_model_run
+    if run_id is None or not record_for(spec.trainer).generates:
+        return []
+    return reward_problems(store, run_id)
+
+
+def reward_problems(store: ArtifactReader, run_id: int) -> list[Problem]:
+    """Why run `run_id` cannot score completions (none when it is a finished reward run)."""
     from jobs.spec.stored import spec_of
 
-    run_id = spec.reward_model_run
-    if run_id is None or spec.trainer is not Trainer.GRPO:
-        return []
     run = store.get_run(run_id)
     if run is None:
         return [Problem("reward_model_run", f"run {run_id} does not exist", FIX)]
     trainer = spec_of(run).trainer
-    if trainer is not Trainer.REWARD:
+    if not record_for(trainer).score_head:
         return [
             Problem("reward_model_run", f"run {run_id} trained with trainer: {trainer.value}, not a reward model", FIX)
         ]

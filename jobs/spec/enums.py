@@ -1,7 +1,7 @@
 """The closed sets a job spec chooses from: trainers, methods, precisions, ... and their families.
 
 Each enum is a `(str, Enum)` whose values are the spec's YAML/JSON words. The families
-(`LORA_FAMILY`, `TRAINER_LOSSES`, ...) and the applicability sets (`SFT_ONLY`, `GRPO_ONLY`, ...)
+(`LORA_FAMILY`, `DPO_LOSSES`, ...) and the applicability sets (`SFT_ONLY`, `GRPO_ONLY`, ...)
 say which fields and losses go with which trainer or method; `jobs.spec.job.spec_problems` checks them and
 the form (through `FieldInfo.when`) shows fields by them. Imports nothing of the project.
 """
@@ -22,6 +22,21 @@ class Trainer(str, Enum):
     ORPO = "orpo"  # trl.experimental
     CPO = "cpo"  # trl.experimental
     GRPO = "grpo"
+
+
+DEFAULT_TRAINER = Trainer.SFT  # a spec's trainer when it names none (and the data checks' when none parsed)
+# Each trainer's facts (trl classes, row formats, losses, memory, refusals): jobs.spec.trainer_records.
+
+
+class RowFormat(str, Enum):
+    """The row formats trl reads (`jobs.data.row_formats` knows their columns)."""
+
+    TEXT = "text"
+    MESSAGES = "messages"
+    PROMPT_COMPLETION = "prompt_completion"
+    PREFERENCE = "preference"
+    UNPAIRED = "unpaired"  # KTO: prompt, completion, label (true: desirable)
+    PROMPT_ONLY = "prompt_only"  # GRPO: prompt only; the completions are generated
 
 
 class Method(str, Enum):
@@ -182,15 +197,6 @@ class LossType(str, Enum):
 SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
 KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
-TRAINER_LOSSES = {
-    "sft": SFT_LOSSES,
-    "dpo": DPO_LOSSES,
-    "kto": KTO_LOSSES,
-    "reward": set(),
-    "orpo": set(),
-    "cpo": DPO_LOSSES,
-    "grpo": set(),
-}
 
 
 class Scheduler(str, Enum):

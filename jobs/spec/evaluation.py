@@ -5,8 +5,8 @@ Pure, like the rest of `jobs.spec`: the problems name the field and the fix, and
 adds them to a spec's own problems, so a spec that cannot stop early is refused at submit, not
 after hours of training.
 
-    problems = early_stopping_problems(spec)   # [] when early stopping is off or consistent
-    problems = judge_problems(spec)            # [] without a judge, or with samples to judge
+    problems = early_stopping_problems(spec, record_for(spec.trainer))   # [] when off or consistent
+    problems = judge_problems(spec, record_for(spec.trainer))   # [] without a judge, or with samples
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ _METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
 TASK_PREFIX = "task:"  # metric_for_best_model = "task:<eval_tasks name>/<metric>": a benchmark task's score
 TASK_METRICS = ("acc", "exact_match", "regex_match")  # what a .jsonl of questions is scored by (jobs.data.bench_tasks)
 _TASK = re.compile(r"^task:\s*([A-Za-z0-9][\w.-]*)/(\w+)$")
-# Trainers whose evaluation logs no eval_loss (GRPO evaluates rewards of generated answers).
-NO_EVAL_LOSS = ("grpo",)
 
 
 class _Source(Protocol):
@@ -106,8 +104,20 @@ def greater_is_better(metric: str) -> bool:
     return metric.startswith("eval_task/") or not metric.endswith("loss")
 
 
-def early_stopping_problems(spec: EvaluatedSpec) -> list[Problem]:
-    """Why this spec cannot stop early as asked ([] when it can, or does not ask)."""
+class TrainerFacts(Protocol):
+    """What the trainer logs at evaluation and whether it writes answers (its `jobs.spec.trainer_records.TrainerRecord`)."""
+
+    @property
+    def eval_loss(self) -> bool: ...
+    @property
+    def watch(self) -> str: ...
+    @property
+    def score_head(self) -> bool: ...
+
+
+def early_stopping_problems(spec: EvaluatedSpec, logged: TrainerFacts) -> list[Problem]:
+    """Why this spec cannot stop early as asked ([] when it can, or does not ask); `logged`: what its trainer
+    logs at evaluation (its record)."""
     if spec.early_stopping_patience is None or spec.early_stopping_patience < 1:
         return []  # off, or out of range (its bound problem says so)
     field = "early_stopping_patience"
@@ -123,12 +133,12 @@ def early_stopping_problems(spec: EvaluatedSpec) -> list[Problem]:
                 "use eval_loss, or another eval metric the trainer logs (eval_mean_token_accuracy)",
             )
         )
-    elif trainer in NO_EVAL_LOSS and watched_metric(spec) == "eval_loss":
+    elif not logged.eval_loss and watched_metric(spec) == "eval_loss":
         out.append(
             Problem(
                 "metric_for_best_model",
                 f"the {trainer} trainer logs no eval_loss at evaluation",
-                "watch a metric it logs (eval_reward), or leave early_stopping_patience empty",
+                f"watch a metric it logs ({logged.watch}), or leave early_stopping_patience empty",
             )
         )
     if not has_eval_data(spec):
@@ -196,14 +206,14 @@ def _stem(ref: str) -> str:
     return base.rsplit(".", 1)[0] if base.lower().endswith((".jsonl", ".yaml", ".yml")) else base
 
 
-def judge_problems(spec: EvaluatedSpec) -> list[Problem]:
-    """Why this spec's judge could not judge when training ends ([] when it can, or there is none)."""
+def judge_problems(spec: EvaluatedSpec, trained: TrainerFacts) -> list[Problem]:
+    """Why this spec's judge could not judge when training ends ([] when it can, or there is none); `trained`:
+    its trainer's record."""
     judge = (spec.judge or "").strip()
     if not judge:
         return []
     out: list[Problem] = []
-    trainer = getattr(spec.trainer, "value", spec.trainer)
-    if trainer == "reward":
+    if trained.score_head:
         out.append(Problem("judge", "a reward model writes no answers to judge", "leave judge empty"))
     elif spec.sample_count == 0:
         out.append(

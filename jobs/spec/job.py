@@ -29,10 +29,8 @@ from jobs.spec.enums import (
     LORA_FAMILY,
     PREFERENCE_ONLY,
     TARGETED_METHODS,
-    TRAINER_LOSSES,
     LoraInit,
     Method,
-    Trainer,
 )
 from jobs.spec.evaluation import early_stopping_problems, judge_problems
 from jobs.spec.field import plain
@@ -47,6 +45,7 @@ from jobs.spec.sections.run import RunFields
 from jobs.spec.sections.trainers import TrainerFields
 from jobs.spec.sections.training import TrainingFields
 from jobs.spec.trackers import CHOICES, trackers
+from jobs.spec.trainer_records import RECORDS, record_for
 
 
 class SpecError(ProblemError):
@@ -169,8 +168,8 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
             )
         )
     out.extend(_eval_split_problems(spec))
-    out.extend(early_stopping_problems(spec))
-    out.extend(judge_problems(spec))
+    out.extend(early_stopping_problems(spec, record_for(spec.trainer)))
+    out.extend(judge_problems(spec, record_for(spec.trainer)))
     if spec.dataset_columns is not None:
         out.extend(Problem("dataset_columns", problem, fix) for problem, fix in parse_columns(spec.dataset_columns)[1])
     out.extend(_name_problems(spec))
@@ -205,21 +204,21 @@ def _input_problems(spec: JobSpec) -> list[Problem]:
 def _trainer_problems(spec: JobSpec) -> list[Problem]:
     """Options the chosen trainer or method does not take (trl's configs refuse them or train wrongly)."""
     out: list[Problem] = []
-    if spec.packing and spec.trainer is not Trainer.SFT:
+    record = record_for(spec.trainer)
+    if spec.packing and "packing" not in record.kwargs:
         out.append(
             Problem("packing", "is only supported by the SFT trainer", f"set packing: false for {spec.trainer.value}")
         )
-    owner = next((t for t, losses in TRAINER_LOSSES.items() if spec.loss_type in losses), None)
-    if owner is not None and spec.loss_type not in TRAINER_LOSSES[spec.trainer.value]:
+    owner = next((t.value for t, r in RECORDS.items() if spec.loss_type in r.losses), None)
+    if owner is not None and spec.loss_type not in record.losses:
         out.append(
             Problem(
                 "loss_type",
                 f"{spec.loss_type.value} is {'an' if owner == 'sft' else 'a'} {owner.upper()} loss",
-                f"for {spec.trainer.value} use "
-                + ", ".join(["auto"] + sorted(t.value for t in TRAINER_LOSSES[spec.trainer.value])),
+                f"for {spec.trainer.value} use " + ", ".join(["auto"] + sorted(t.value for t in record.losses)),
             )
         )
-    if spec.assistant_only_loss and spec.trainer is not Trainer.SFT:
+    if spec.assistant_only_loss and "assistant_only_loss" not in record.kwargs:
         out.append(
             Problem(
                 "assistant_only_loss",
@@ -227,7 +226,7 @@ def _trainer_problems(spec: JobSpec) -> list[Problem]:
                 f"set assistant_only_loss: false for {spec.trainer.value}",
             )
         )
-    if spec.padding_free and spec.trainer in (Trainer.KTO, Trainer.REWARD, Trainer.ORPO, Trainer.CPO, Trainer.GRPO):
+    if spec.padding_free and "padding_free" in record.unsupported:
         # KTOConfig, RewardConfig, ORPOConfig, CPOConfig, GRPOConfig have no padding_free (TypeError: unexpected keyword).
         out.append(
             Problem(
@@ -236,15 +235,15 @@ def _trainer_problems(spec: JobSpec) -> list[Problem]:
                 f"set padding_free: false for {spec.trainer.value}",
             )
         )
-    if spec.trainer is Trainer.KTO and spec.per_device_train_batch_size < 2:
+    if record.min_batch > 1 and spec.per_device_train_batch_size < record.min_batch:
         # trl: "Actual (not effective) batch size must be > 1. KTO will not work properly because the KL term
         # will be equivalent to the implied reward."
         out.append(
             Problem(
                 "per_device_train_batch_size",
-                "must be at least 2 for kto (its KL estimate pairs each "
+                f"must be at least {record.min_batch} for {spec.trainer.value} (its KL estimate pairs each "
                 "row with another completion of the same micro-batch)",
-                "set per_device_train_batch_size: 2 or more (lower gradient_accumulation_steps to keep memory)",
+                f"set per_device_train_batch_size: {record.min_batch} or more (lower gradient_accumulation_steps to keep memory)",
             )
         )
     if spec.method is Method.PREFIX_TUNING and spec.gradient_checkpointing:
@@ -334,7 +333,7 @@ def _lora_init_problems(spec: JobSpec) -> list[Problem]:
 
 def _grpo_problems(spec: JobSpec) -> list[Problem]:
     """GRPO's rewards and group sizes; reward fields under another trainer (see jobs.spec.rewards)."""
-    grpo = spec.trainer is Trainer.GRPO
+    grpo = record_for(spec.trainer).generates  # the rewards score generated answers
     out: list[Problem] = []
     if spec.beta == 0 and spec.trainer in PREFERENCE_ONLY["trainer"]:
         out.append(

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 from jobs.train.artifacts import LOAD_PROMPT, sha256_of
 from jobs.train.sample_images import IMAGE_TOKEN, flat_turns, keeper, picture_inputs
 from storage.roles import RunArtifacts
@@ -203,7 +203,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def skip_reason(spec: JobSpec) -> str | None:
-    if spec.trainer is Trainer.REWARD:
+    if record_for(spec.trainer).score_head:
         return "a reward model scores text and does not generate it: no answers to compare"
     if spec.sample_count == 0:
         return "sample_count is 0"

@@ -3,7 +3,7 @@
 The run's bundle holds the sequence-classification model (a full fine-tune) or the adapter with the
 trained score head (peft, MoRA included). The adapter is loaded onto the same base and merged, so trl
 scores completions with one plain model in inference mode. Whether the run can serve is checked at
-submit by `jobs.models.reward_model.reward_run_problems`, and again here.
+submit by `jobs.models.reward_model.reward_run_problems`, and again here (`reward_problems`).
 
     model, tokenizer = load_reward_model(store, spec.reward_model_run, torch.bfloat16)
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 from jobs.config.mora import load_mora
 from jobs.models.references import resolve_model
-from jobs.models.reward_model import bundle_folder, reward_run_problems
-from jobs.spec.enums import Method, Trainer
-from jobs.spec.job import JobSpec, SpecError
+from jobs.models.reward_model import bundle_folder, reward_problems
+from jobs.spec.enums import Method
+from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
 from storage.roles import RunArtifacts
 
@@ -26,7 +26,7 @@ def load_reward_model(store: RunArtifacts, run_id: int, dtype: Any = None) -> tu
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     run = store.get_run(run_id)
-    problems = reward_run_problems(store, JobSpec(trainer=Trainer.GRPO, reward_model_run=run_id))
+    problems = reward_problems(store, run_id)
     if problems:
         raise SpecError(problems)
     folder = bundle_folder(store, run_id)

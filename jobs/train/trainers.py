@@ -1,7 +1,8 @@
 """Building the trl trainer a spec asks for, and the trainer-specific metrics it logs.
 
 `jobs.train.child` calls `build_trainer(...)` with the model, the configs from `jobs.config.mapping` and the
-data from `jobs.data.loading`; everything trainer-specific that is not a pure mapping lives here.
+data from `jobs.data.loading`; which trl class, and what it takes besides the common arguments, is the
+trainer's record (`jobs.spec.trainer_records`); the callbacks and reward sources it names live here.
 
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks)
 """
@@ -14,8 +15,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 
 def perplexity(loss: float) -> float:
@@ -61,6 +62,10 @@ def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -
     return funcs, classes
 
 
+# The callbacks a trainer's record names (`callbacks`), put before the run's own.
+CALLBACKS = {"perplexity": PerplexityCallback, "grpo_log": GRPOLogCallback}
+
+
 def build_trainer(
     spec: JobSpec,
     model: Any,
@@ -72,62 +77,28 @@ def build_trainer(
     callbacks: Sequence[Any],
     reward_model: tuple[Any, Any] | None = None,
 ) -> Any:
-    """The spec's trainer (`_trainer`), with LoRA+'s optimizer when the spec asks for it (`jobs.train.loraplus`)."""
+    """The trl trainer the spec's record names, with LoRA+'s optimizer when the spec asks for it
+    (`jobs.train.loraplus`). DPO and KTO take the base with the adapter off as their reference
+    (ref_model=None; without an adapter trl copies the model); a reward model trains a sequence-classification
+    model (`jobs.models.loading.load_model_and_tokenizer(reward_head=True)`); GRPO scores with the spec's
+    rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.train.reward_model`)."""
     from jobs.train.loraplus import attach_loraplus
 
-    trainer = _trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
-    attach_loraplus(trainer, spec)
-    return trainer
-
-
-def _trainer(
-    spec: JobSpec,
-    model: Any,
-    tokenizer: Any,
-    args: Any,
-    train_ds: Any,
-    eval_ds: Any,
-    peft_cfg: Any,
-    callbacks: Sequence[Any],
-    reward_model: tuple[Any, Any] | None = None,
-) -> Any:
-    """SFTTrainer; DPOTrainer or KTOTrainer whose reference is the base with the adapter off (ref_model=None);
-    RewardTrainer on a sequence-classification model (`jobs.models.loading.load_model_and_tokenizer(reward_head=True)`);
-    GRPOTrainer with the spec's rewards (`reward_model`: a reward run's (model, tokenizer), `jobs.train.reward_model`)."""
-    from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer
-
-    common = dict(
+    record = record_for(spec.trainer)
+    kw: dict[str, Any] = dict(
         model=model,
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         peft_config=peft_cfg,
-        callbacks=list(callbacks),
+        callbacks=[*(CALLBACKS[name]() for name in record.callbacks), *callbacks],
     )
-    if spec.trainer is Trainer.DPO:
-        return DPOTrainer(ref_model=None, **common)
-    if spec.trainer is Trainer.KTO:
-        # Without an adapter (full fine-tuning) trl copies the model as the frozen reference.
-        return KTOTrainer(ref_model=None, **common)
-    if spec.trainer is Trainer.REWARD:
-        return RewardTrainer(**common)
-    if spec.trainer is Trainer.GRPO:
-        from trl import GRPOTrainer
-
-        funcs, classes = reward_sources(spec, reward_model)
-        return GRPOTrainer(
-            reward_funcs=funcs,
-            reward_processing_classes=classes,
-            **{**common, "callbacks": [GRPOLogCallback(), *callbacks]},
-        )
-    if spec.trainer is Trainer.ORPO:
-        from trl.experimental.orpo import ORPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
-
-        return ORPOTrainer(**common)
-    if spec.trainer is Trainer.CPO:
-        from trl.experimental.cpo import CPOTrainer  # experimental in trl: pinned, tested in tests/test_orpo_cpo.py
-
-        return CPOTrainer(**common)
-    # The perplexity callback goes first: the store callback then records what it added.
-    return SFTTrainer(**{**common, "callbacks": [PerplexityCallback(), *callbacks]})
+    if record.ref_model_none:
+        kw["ref_model"] = None
+    if record.generates:
+        kw["reward_funcs"], kw["reward_processing_classes"] = reward_sources(spec, reward_model)
+    # ORPO and CPO are experimental in trl: pinned, tested in tests/test_orpo_cpo.py
+    trainer = record.trainer_type()(**kw)
+    attach_loraplus(trainer, spec)
+    return trainer

@@ -35,8 +35,9 @@ from jobs.devices.facts import Device
 from jobs.devices.probe import detect_device
 from jobs.errors import Problem
 from jobs.models.vision import apply_budget, freeze_matching, is_vision_config
-from jobs.spec.enums import Precision, Trainer
+from jobs.spec.enums import Precision
 from jobs.spec.job import JobSpec, SpecError
+from jobs.spec.trainer_records import record_for
 from jobs.train.best import BestCheckpoint, best_checkpoint
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
@@ -102,7 +103,7 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
         torch_dtype=getattr(torch, torch_dtype_name(spec, precision)),
         quantization_config=quantization_config(spec, precision),
         trust_remote_code=spec.trust_remote_code,
-        reward_head=spec.trainer is Trainer.REWARD,
+        reward_head=record_for(spec.trainer).score_head,
     )
     apply_budget(tokenizer, spec.image_min_pixels, spec.image_max_pixels)  # a vision-language model's processor
     return model, tokenizer
@@ -215,7 +216,7 @@ def _check_capabilities(spec: JobSpec, device: Device) -> None:
 
 def _reward_model(spec: JobSpec, device: Device, store: RunArtifacts | None) -> Any:
     """A grpo spec's `reward_model_run`, loaded frozen from `store` (None without one)."""
-    if spec.trainer is not Trainer.GRPO or spec.reward_model_run is None:
+    if not record_for(spec.trainer).generates or spec.reward_model_run is None:
         return None
     import torch
 
@@ -237,7 +238,7 @@ def _reward_model(spec: JobSpec, device: Device, store: RunArtifacts | None) -> 
 
 
 def _refuse_empty_reward_data(spec: JobSpec, trainer: Any) -> None:
-    if spec.trainer is Trainer.REWARD and len(trainer.train_dataset) == 0:
+    if record_for(spec.trainer).drops_long_rows and len(trainer.train_dataset) == 0:
         # trl's RewardTrainer drops rows over max_length; with none left it fails with "num_samples=0".
         raise SpecError(
             [
@@ -284,7 +285,7 @@ def _training_metrics(
                 if k.startswith("eval_") and isinstance(v, (int, float))
             }
         )
-        if "eval_loss" in metrics and spec.trainer.value == "sft":
+        if "eval_loss" in metrics and "perplexity" in record_for(spec.trainer).callbacks:
             metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
     tokens = trained_tokens(trainer.state.log_history)
     if tokens is not None and metrics["train_runtime"] > 0:

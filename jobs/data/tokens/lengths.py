@@ -24,14 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 # The spec fields `RowLengths.worst_batch` reads; how many figures one RowLengths remembers.
 BATCH_FIELDS = ("per_device_train_batch_size", "trainer", "max_length", "packing", "padding_free")
 MEMO_SIZE = 64
-# Trainers that put each row's chosen and rejected sequences in one padded batch.
-PAIRED = frozenset({Trainer.DPO, Trainer.ORPO, Trainer.CPO, Trainer.REWARD})
 
 
 @dataclass(frozen=True)
@@ -188,19 +186,19 @@ class RowLengths:
 
     def _worst_batch(self, spec: JobSpec) -> TokenBatch:
         b = spec.per_device_train_batch_size
-        trainer = spec.trainer
-        if trainer is Trainer.GRPO:  # prompts kept whole; each completion up to max_completion_length
+        record = record_for(spec.trainer)
+        if record.generates:  # prompts kept whole; each completion up to max_completion_length
             longest = int(self.lengths.max()) if self.rows else 0
             return TokenBatch(b, longest, f"longest prompt {longest} tokens (grpo keeps prompts whole)")
         cut = self._cut(spec.max_length)
-        if trainer is Trainer.SFT and spec.packing:
+        if "packing" in record.kwargs and spec.packing:
             # Packing fills blocks of max_length from the rows (flattened, padding-free): at most
             # b blocks, at most every token there is.
             total = int(cut.sum())
             tokens = min(b * spec.max_length, total)
             return TokenBatch(1, tokens, f"packing: {b} blocks of up to max_length {spec.max_length}")
         per_row = cut.max(axis=1)
-        k = 2 if trainer in PAIRED else 1
+        k = 2 if record.paired else 1  # chosen and rejected in one padded batch
         if spec.padding_free:  # one flat row of the batch's tokens: the b rows with the most tokens
             tokens = int(np.sort(cut.sum(axis=1))[-b:].sum())
             return TokenBatch(1, tokens, f"padding-free: the {b} longest rows' {tokens} tokens")
@@ -212,10 +210,11 @@ class RowLengths:
 
 def worst_case_batch(spec: JobSpec) -> TokenBatch:
     """The bound any data up to max_length can reach: every row max_length tokens long."""
-    k = 2 if spec.trainer in PAIRED else 1
+    record = record_for(spec.trainer)
+    k = 2 if record.paired else 1  # chosen and rejected in one padded batch
     b = spec.per_device_train_batch_size
-    if spec.trainer is Trainer.GRPO:
+    if record.generates:
         return TokenBatch(b, spec.max_length, f"prompts taken as max_length {spec.max_length} tokens")
-    if spec.padding_free or (spec.trainer is Trainer.SFT and spec.packing):
+    if spec.padding_free or ("packing" in record.kwargs and spec.packing):
         return TokenBatch(1, b * spec.max_length, f"{b} rows of max_length {spec.max_length}, flattened")
     return TokenBatch(b * k, spec.max_length, f"every row max_length {spec.max_length} tokens")

@@ -36,9 +36,10 @@ from jobs.data.digests import file_digest
 from jobs.data.tokens.lengths import RowLengths
 from jobs.data.tokens.shortcuts import CountMismatch, Shortcuts
 from jobs.data.tool_turns import row_tools
-from jobs.spec.enums import Trainer
+from jobs.spec.enums import DEFAULT_TRAINER, Trainer
 from jobs.spec.job import JobSpec
 from jobs.spec.mixture import DataSource
+from jobs.spec.trainer_records import record_for
 
 if TYPE_CHECKING:
     import datasets
@@ -134,7 +135,7 @@ def sequences(row: dict[str, Any], trainer: Trainer) -> list[str | list[dict[str
         return [row["messages"]]
     if "text" in row:
         return [row["text"]]
-    if trainer is Trainer.GRPO:
+    if record_for(trainer).generates:
         return [row["prompt"]]  # a grpo row is prompt-only: the data checks refuse rows without one
     prompt = row.get("prompt")
     answers = [row[c] for c in ("completion", "chosen", "rejected") if c in row]
@@ -146,7 +147,7 @@ def sequences(row: dict[str, Any], trainer: Trainer) -> list[str | list[dict[str
 def prompt_sequence(row: dict[str, Any], trainer: Trainer) -> str | list[dict[str, Any]] | None:
     """What comes before the answer in the trainer's sequences: the prompt, or a chat's turns before its first
     assistant turn; None where nothing does (text rows, reward pairs without a prompt, grpo)."""
-    if trainer is Trainer.GRPO or "text" in row:
+    if record_for(trainer).generates or "text" in row:
         return None
     if "messages" in row:
         messages = row["messages"]
@@ -257,14 +258,14 @@ def length_warnings(
     tokenizer: Any,
     max_length: int | None,
     sample_size: int = 1000,
-    trainer: Trainer = Trainer.SFT,
+    trainer: Trainer = DEFAULT_TRAINER,
 ) -> list[str]:
     """Warn how many rows exceed `max_length` tokens; measures at most `sample_size` rows (cheap).
 
     The reward trainer drops such rows (trl filters them out) where the others truncate them."""
-    if Trainer(trainer) is Trainer.GRPO:
+    if record_for(trainer).generates:
         return []  # grpo keeps prompts whole (GRPOConfig has no max_length); completions stop at max_completion_length
-    fate = "dropped (the reward trainer filters them out)" if Trainer(trainer) is Trainer.REWARD else "truncated"
+    fate = "dropped (the reward trainer filters them out)" if record_for(trainer).drops_long_rows else "truncated"
     n = len(ds)
     if not n or not max_length:
         return []
