@@ -179,6 +179,25 @@ def test_a_model_folder_outside_reads_the_same_whether_it_exists_or_not(
     assert AccessPolicy.for_server(login=False).model_problem(str(existing)) is None
 
 
+def test_a_hub_shaped_name_is_never_read_as_a_folder_outside(
+    login: AccessPolicy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`org/name` that happens to be a folder under the server's working directory: read as a hub id for a
+    restricted user, so an existing folder and a missing one give the same answer."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "etc" / "found").mkdir(parents=True)
+    (tmp_path / "etc" / "found" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    answers = {
+        name: [
+            (p.field, p.problem.replace(name, "REF"), p.fix.replace(name, "REF"))
+            for p in check(JobSpec(model=name), policy=login).problems
+        ]
+        for name in ("etc/found", "etc/gone")
+    }
+    assert answers["etc/found"] == answers["etc/gone"], answers
+    assert not any("safetensors" in p for _, p, _ in answers["etc/found"])
+
+
 def test_under_folders_resolves_dots_and_links_without_asking_if_the_file_exists(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "a").mkdir(parents=True)

@@ -180,13 +180,16 @@ def preview_with_lengths(
 ) -> tuple[str, pd.DataFrame]:
     """The preview plus how many rows max_length would truncate (when the tokenizer is on disk) and whether the
     model takes images (when its config is on disk)."""
+    policy = policy or AccessPolicy.open()
     text, rows = preview_dataset(ref, trainer, columns, policy)
-    refused = (policy or AccessPolicy.open()).model_problem(model)
+    refused = policy.model_problem(model)
     if refused is not None:  # its folder is not read: no length or image line that would tell what it holds
         return text + f"\n- **model**: {refused.problem}. Fix: {refused.fix}", rows
-    if text.startswith("Detected format") and PARTLY_READ not in text:
-        text += length_warning_text(ref, trainer, model, max_length, columns) + model_images_line(model)
-    elif text.startswith("Detected format"):
+    if not text.startswith("Detected format"):
+        return text, rows
+    with policy.reading():  # model files (and images) from the data folders only, for a restricted user
+        if PARTLY_READ not in text:  # a big file's rows are measured at launch, not read whole here
+            text += length_warning_text(ref, trainer, model, max_length, columns)
         text += model_images_line(model)
     return text, rows
 

@@ -136,12 +136,14 @@ class AccessPolicy:
     @contextmanager
     def reading(self) -> Iterator[None]:
         """The span of a check or preview for this policy's users: paths named inside the data (images in
-        rows) are read only from the data folders (`storage.data_folders.readable`); nothing changes when
-        the policy is not restricted."""
+        rows) are read only from the data folders, and model files only from those and the model cache
+        (`storage.data_folders.readable`); nothing changes when the policy is not restricted."""
         if not self.restricted:
             yield
             return
-        with reading_only_under(self.data_dirs):
+        from storage.settings import models_dir
+
+        with reading_only_under((*self.data_dirs, models_dir())):
             yield
 
     def model_problem(self, model: str | None) -> Problem | None:
