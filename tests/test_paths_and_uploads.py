@@ -331,3 +331,19 @@ def test_a_zip_over_the_unpacked_quota_is_refused_naming_the_variable(
     text, rows = preview_dataset(str(archive), "sft")
     assert "TUNEDECK_MAX_UNPACKED_GB" in text and rows.empty, text
     assert not any((cache_dir() / "zips").rglob("*"))
+
+
+def test_a_hub_shaped_data_name_reads_the_same_whether_a_file_of_that_name_exists_or_not(
+    login: AccessPolicy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `team/notes` that was a file under the server's working directory was refused as outside the
+    data folders, and a missing one was looked up on the hub."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "notes").write_text("a secret")
+    answers = {
+        name: [(p.field, p.problem.replace(name, "REF"), p.fix.replace(name, "REF")) for p in found]
+        for name in ("team/notes", "team/gone")
+        for found in [check(JobSpec(dataset=name), policy=login).problems]
+    }
+    assert answers["team/notes"] == answers["team/gone"], answers

@@ -42,7 +42,7 @@ REMOTE_CODE_ENV = "TUNEDECK_ALLOW_REMOTE_CODE"
 REWARD_FUNCTION_ENV = "TUNEDECK_ALLOW_REWARD_FUNCTION"
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")  # as jobs.models.references
-_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".gz")
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".gz", ".zip")
 
 
 def default_data_dirs() -> tuple[Path, ...]:
@@ -116,10 +116,9 @@ class AccessPolicy:
             or ref.startswith((".", "~"))
             or ref.lower().endswith(_DATA_SUFFIXES)
             or not _HUB_NAME.match(ref)
-            or path.exists()
-        )
+        )  # never whether it exists: that answer would tell
         if not looks_like_path:
-            return None  # a hub data set name: fetched into the hub cache, no server file named
+            return None  # a hub data set name; under `reading()` a file of that name is never read (jobs.data.sources)
         if under_folders(path, self.data_dirs):
             return None
         where = self.folders_text()
