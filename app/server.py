@@ -35,6 +35,7 @@ from typing import Any
 from jobs.checks.access import AccessPolicy
 from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
+from storage.uploads import sweep_partials
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 WORKER_STOP_TIMEOUT_S = 30.0
@@ -236,6 +237,7 @@ def serve(
     """Run the dashboard until interrupted; returns an exit code."""
     # Before gradio is imported: its upload folder and cache go under the data directory.
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
+    sweep_partials(uploads_dir())  # what uploads cut by a killed dashboard left (storage.uploads)
     from app.openai_api import add_openai_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, logged_in, page_head_kwargs

@@ -347,3 +347,47 @@ def test_a_hub_shaped_data_name_reads_the_same_whether_a_file_of_that_name_exist
         for found in [check(JobSpec(dataset=name), policy=login).problems]
     }
     assert answers["team/notes"] == answers["team/gone"], answers
+
+
+def test_a_cut_upload_to_a_real_dashboard_leaves_a_temp_file_that_the_next_start_sweeps(tmp_path: Path) -> None:
+    """Gradio's upload parser keeps the part of an upload whose client went away; such a file, untouched for
+    longer than `storage.uploads.STALE_S`, is removed when the dashboard starts (and at each upload)."""
+    import socket
+    import urllib.parse
+
+    from tests.test_security import _start, _stop
+
+    home = tmp_path / "home"
+    home.mkdir()
+    incoming = home / "uploads" / "incoming"  # the dashboard's GRADIO_TEMP_DIR (app.server.gradio_temp_dir)
+    proc, base, _ = _start(home, tmp_path)
+    try:
+        port = urllib.parse.urlsplit(base).port
+        assert port is not None
+        head = (
+            b'--XyZ\r\nContent-Disposition: form-data; name="files"; filename="big.jsonl"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(
+                b"POST /gradio_api/upload HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: multipart/form-data; boundary=XyZ\r\nContent-Length: 104857600\r\n\r\n"
+                + head
+                + b"x" * 2**18
+            )
+            deadline = time.monotonic() + 60
+            while not any(p.is_file() and p.name.startswith("tmp") for p in incoming.glob("*")):
+                assert time.monotonic() < deadline, "the upload never reached the server"
+                time.sleep(0.1)
+        # the client is gone: the half-written part stays behind
+        left = [p for p in incoming.glob("tmp*") if p.is_file()]
+        assert left
+    finally:
+        _stop(proc)
+    assert all(p.exists() for p in left)
+    hour_ago = time.time() - 3600
+    for path in left:
+        os.utime(path, (hour_ago, hour_ago))
+    proc, _, _ = _start(home, tmp_path)
+    _stop(proc)
+    assert not any(p.exists() for p in left)
