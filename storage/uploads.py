@@ -6,8 +6,8 @@
 The copy is written to a `.partial-*` file beside its final name and renamed into place once whole, so a
 reader never sees half a file; any failure (the cap, a full disk, the process stopped) removes it, and
 partial files left by a killed process (ours, or the temp files of Gradio's own upload parser, which keeps
-a cut upload's part) are swept at the next upload once untouched for `STALE_S`. Memory stays at one chunk
-whatever the file's size.
+a cut upload's part) are swept when the dashboard starts (`app.server.serve`) and at the next upload, once
+untouched for `STALE_S`. Memory stays at one chunk whatever the file's size.
 """
 
 from __future__ import annotations
