@@ -1,13 +1,15 @@
 """Memory of saving (and previewing) a big upload: the old whole-file read against the streamed save.
 
     python bench/upload_memory.py               # ~200 MiB JSONL, generated in a temp folder, removed after
-    python bench/upload_memory.py --mib 50 --old-preview   # also time the old whole-file preview (slow)
+    python bench/upload_memory.py --mib 20 --old-preview   # also the old whole-file preview (slow: ~40 s at 20 MiB)
 
 Each way runs in its own child process (a fresh TUNEDECK_HOME in the temp folder), so its RSS growth is its
-own: the peak resident size (`ru_maxrss`) minus the size before the save. Python's own peak is tracemalloc's.
+own: the peak resident size (`ru_maxrss`) minus the size before. Python's own peak is tracemalloc's.
 "old" is what `app.ui.data.store_upload` did before issue 48 (`read_bytes()` to hash, then `copyfile`); "new"
-is `store_upload` now (`storage.uploads.keep_upload`: 1 MiB chunks, hashed as copied). The preview line is
-`preview_dataset` now (the first 2000 rows) and, with --old-preview, the whole-file check it used to run.
+is `store_upload` now (`storage.uploads.keep_upload`: 1 MiB chunks, hashed as copied). "preview" is the
+form's `preview_with_lengths` now (the first 2000 rows; a big file's lengths are measured at launch);
+"old-preview" (with --old-preview) is what it did before: every row checked, then every row loaded to count
+those over max_length (tiny-llama's tokenizer, built first, outside the measurement).
 Nothing is written outside the temp folder; the generated file is never kept.
 """
 
@@ -68,7 +70,7 @@ def old_save(src: Path) -> Path:
 
 def child(way: str, src: Path) -> None:
     """One measurement in this (fresh) process; prints one JSON line."""
-    from app.ui.data import preview_dataset, store_upload
+    from app.ui.data import preview_with_lengths, store_upload
 
     before = rss_mib()
     tracemalloc.start()
@@ -77,14 +79,20 @@ def child(way: str, src: Path) -> None:
         old_save(src)
     elif way == "new":
         store_upload(str(src))
+    elif way == "tokenizer":
+        from jobs.models.references import ensure_builtin
+
+        ensure_builtin("tiny-llama")
     elif way == "preview":
-        text, _ = preview_dataset(str(src), "sft")
+        text, _ = preview_with_lengths(str(src), "sft", "tiny-llama", 512)
         assert text.startswith("Detected format"), text
-    elif way == "old-preview":
+    elif way == "old-preview":  # every row checked, then every row loaded to measure lengths (a local tokenizer)
+        from app.ui.data import length_warning_text
         from jobs.data.loading import check_sources
         from jobs.spec.enums import Trainer
 
         check_sources(str(src), Trainer.SFT)
+        length_warning_text(str(src), "sft", "tiny-llama", 512)
     seconds = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -96,7 +104,13 @@ def child(way: str, src: Path) -> None:
 
 
 def measure(way: str, src: Path, home: Path) -> dict:
-    env = {**os.environ, "TUNEDECK_HOME": str(home / way), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "TUNEDECK_HOME": str(home / way),
+        "TUNEDECK_MODELS_DIR": str(home / "models"),  # tiny-llama's tokenizer, built once for the old preview
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+    }
     out = subprocess.run(
         [sys.executable, __file__, "--child", way, "--src", str(src)],
         env=env,
@@ -121,6 +135,8 @@ def main() -> None:
         src = generate(Path(tmp) / "big.jsonl", args.mib)
         print(f"{src.stat().st_size / 2**20:.0f} MiB JSONL, each way in a fresh process")
         ways = ["old", "new", "preview"] + (["old-preview"] if args.old_preview else [])
+        if args.old_preview:
+            measure("tokenizer", src, Path(tmp))  # builds tiny-llama before anything is measured
         print(f"{'way':<12} {'tracemalloc peak':>17} {'RSS growth':>11} {'seconds':>8}")
         for way in ways:
             r = measure(way, src, Path(tmp))
