@@ -227,6 +227,37 @@ def test_an_upload_over_the_cap_is_refused_and_leaves_no_file(
     assert list(uploads_dir().iterdir()) == []
 
 
+def test_an_upload_that_grows_past_the_cap_while_copied_is_refused_and_leaves_no_file(
+    data_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size is counted as the copy streams, not only asked of the file first: a pipe says 0 bytes."""
+    import threading
+
+    from app.ui.data import store_upload
+
+    monkeypatch.setenv("TUNEDECK_MAX_UPLOAD_MB", "1")
+    pipe = tmp_path / "growing.jsonl"
+    os.mkfifo(pipe)
+
+    def write() -> None:
+        try:
+            with pipe.open("wb") as fh:
+                for _ in range(3):
+                    fh.write(b"z" * 2**20)
+        except BrokenPipeError:  # the copy stopped reading at the cap
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)  # never left blocking the run if nothing opens the pipe
+    writer.start()
+    try:
+        with pytest.raises(gr.Error) as err:
+            store_upload(str(pipe))
+    finally:
+        writer.join(60)
+    assert "TUNEDECK_MAX_UPLOAD_MB" in str(err.value.message)
+    assert list(uploads_dir().iterdir()) == []
+
+
 def test_a_failed_copy_leaves_no_partial_file(data_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.ui.data import store_upload
 
