@@ -422,3 +422,26 @@ def test_a_cut_upload_to_a_real_dashboard_leaves_a_temp_file_that_the_next_start
     proc, _, _ = _start(home, tmp_path)
     _stop(proc)
     assert not any(p.exists() for p in left)
+
+
+def test_the_form_memory_panel_never_reads_a_model_folder_outside(login: AccessPolicy, tmp_path: Path) -> None:
+    """The launch form's memory panel predicts from the model's config.json: for a restricted user an outside
+    folder gives the same panel whether it exists or not (unguarded, the two differ)."""
+    from app.ui import form as ui_form
+    from app.ui import memory as ui_memory
+    from app.ui.data import policed_specs
+
+    existing = tmp_path / "models" / "private"
+    existing.mkdir(parents=True)
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    config |= {"num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 512}
+    (existing / "config.json").write_text(json.dumps(config))
+    missing = tmp_path / "models" / "gone"
+
+    def panel(read: Any, ref: Path) -> str:
+        return ui_memory.memory_views(read, ui_form.NAMES, *ui_form.form_values(JobSpec(model=str(ref))))[0]
+
+    open_panels = {ref: panel(ui_form.spec_from_form, ref) for ref in (existing, missing)}
+    assert open_panels[existing] != open_panels[missing]  # what an open dashboard shows: the file is read
+    guarded = policed_specs(ui_form.spec_from_form, login)
+    assert panel(guarded, existing) == panel(guarded, missing)

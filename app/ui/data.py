@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ import pandas as pd
 from app.ui.thumbnails import model_images_line, preview_table, with_thumbnails
 from jobs.checks.access import AccessPolicy
 from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec, SpecError
 from storage.settings import uploads_dir
 
 if TYPE_CHECKING:
@@ -205,6 +207,24 @@ def preview_for_form(
     """`preview_with_lengths` for the launch form: its table's image column shows the thumbnails."""
     text, rows = preview_with_lengths(ref, trainer, model, max_length, columns, policy)
     return text, preview_table(rows)
+
+
+def policed_specs(
+    spec_from_values: Callable[[dict[str, Any]], JobSpec], policy: AccessPolicy | None
+) -> Callable[[dict[str, Any]], JobSpec]:
+    """`spec_from_values` refusing (SpecError) a `model:` folder that `policy` keeps users from naming, so that the
+    form's memory panel never reads its config (its answer would tell whether the folder exists)."""
+    if policy is None or not policy.restricted:
+        return spec_from_values
+
+    def read(values: dict[str, Any]) -> JobSpec:
+        spec = spec_from_values(values)
+        refused = policy.model_problem(spec.model)
+        if refused is not None:
+            raise SpecError([refused])
+        return spec
+
+    return read
 
 
 def length_warning_text(
