@@ -39,6 +39,7 @@ from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem, ProblemError
 from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
+from storage.uploads import sweep_partials
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 WORKER_STOP_TIMEOUT_S = 30.0
@@ -264,6 +265,7 @@ def serve(
     os.environ["GRADIO_TEMP_DIR"] = str(gradio_temp_dir())
     # Gradio starts uvicorn without forwarded_allow_ips, so uvicorn reads this (its default: loopback).
     os.environ["FORWARDED_ALLOW_IPS"] = trusted_proxies()
+    sweep_partials(uploads_dir())  # what uploads cut by a killed dashboard left (storage.uploads)
     from app.openai_api import add_openai_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, logged_in, page_head_kwargs

@@ -9,11 +9,10 @@ max_length would cut). Nothing here reaches the network; the launch checks are `
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import re
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ import pandas as pd
 from app.ui.thumbnails import model_images_line, preview_table, with_thumbnails
 from jobs.checks.access import AccessPolicy
 from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec, SpecError
 from storage.settings import uploads_dir
 
 if TYPE_CHECKING:
@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The preview reads only this many rows of each source (a big file is never read whole); the launch checks all.
+PREVIEW_ROWS = 2000
+PARTLY_READ = (
+    f"\n- the preview read only the first {PREVIEW_ROWS} rows of a bigger data set; launching checks every row "
+    "(and measures row lengths against max_length)"
+)
 # longest first; a .zip holds one data file and its images (jobs.data.archive)
 UPLOAD_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".csv", ".parquet", ".zip")
 
@@ -93,24 +99,19 @@ def save_upload(path: str | None) -> Any:
 
 
 def store_upload(path: str) -> Path:
-    """An uploaded data file copied under uploads_dir() (content-addressed name); gr.Error for a bad one."""
+    """An uploaded data file copied under uploads_dir() (content-addressed name), streamed in chunks and capped
+    at TUNEDECK_MAX_UPLOAD_MB (`storage.uploads`); gr.Error for a bad one, and then nothing is kept."""
+    from storage.settings import max_upload_mb
+    from storage.uploads import UploadRefused, keep_upload
+
     src = Path(path)
     suffix = upload_suffix(src.name)
     if suffix is None:
         raise gr.Error(f"{src.name}: expected one of {', '.join(UPLOAD_SUFFIXES)}")
-    from storage.settings import max_upload_mb
-
-    limit = max_upload_mb()
-    if src.stat().st_size > limit * 1024 * 1024:
-        raise gr.Error(
-            f"{src.name} is {src.stat().st_size / 2**20:.0f} MB, over the {limit} MB upload limit "
-            "(raise it with TUNEDECK_MAX_UPLOAD_MB, or point the dataset field at the file's path)"
-        )
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:10]
-    dest = uploads_dir() / f"{safe_stem(src.name[: -len(suffix)])}-{digest}{suffix}"
-    if not dest.exists():
-        shutil.copyfile(src, dest)
-    return dest
+    try:
+        return keep_upload(src, uploads_dir(), safe_stem(src.name[: -len(suffix)]), suffix, max_upload_mb() * 2**20)
+    except UploadRefused as exc:
+        raise gr.Error(str(exc)) from exc
 
 
 def preview_dataset(
@@ -119,14 +120,14 @@ def preview_dataset(
     """(format + conversion + rows + warnings or the row errors, first converted rows) of the chosen data set;
     a file `policy` keeps users from reading is refused before it is opened."""
     from jobs.data.loading import check_sources
-    from jobs.data.mixing import combined
     from jobs.data.sources import DataError
     from jobs.spec.columns import parse_columns
 
     empty = pd.DataFrame()
     if not ref or not ref.strip():
         return "", empty
-    refused = (policy or AccessPolicy.open()).data_problem(ref, "dataset")
+    policy = policy or AccessPolicy.open()
+    refused = policy.data_problem(ref, "dataset")
     if refused is not None:
         return f"**{refused.field}**: {refused.problem}. Fix: {refused.fix}", empty
     column_map, bad = parse_columns(columns) if columns and columns.strip() else ({}, [])
@@ -134,13 +135,24 @@ def preview_dataset(
         lines = "\n".join(f"- **dataset_columns**: {problem}. Fix: {fix}" for problem, fix in bad)
         return f"**Data problems**\n{lines}", empty
     try:
-        pairs = check_sources(ref.strip(), Trainer(trainer or "sft"), column_map)
+        with policy.reading():  # the images the rows name: from the data folders only, for a restricted user
+            pairs = check_sources(ref.strip(), Trainer(trainer or "sft"), column_map, limit=PREVIEW_ROWS)
+            text, rows = _previewed(pairs, ref.strip())
     except DataError as exc:
         lines = "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in exc.problems)
         return f"**Data problems**\n{lines}", empty
     except ValueError as exc:
         return f"**Data problem**: {exc}", empty
-    info = combined(pairs, ref.strip())
+    if any(info.n_rows == PREVIEW_ROWS for _, info in pairs):  # JSON lines and hub data stop there
+        text += PARTLY_READ
+    return text, rows
+
+
+def _previewed(pairs: list[tuple[Any, DatasetInfo]], ref: str) -> tuple[str, pd.DataFrame]:
+    """The preview's text and first rows (thumbnails read under the caller's restriction)."""
+    from jobs.data.mixing import combined
+
+    info = combined(pairs, ref)
     if len(pairs) > 1:  # the mixture in one line, then one line per source: what each holds and became
         text = f"Detected format: **{info.format.value}** · {len(pairs)} data sets mixed and shuffled with the seed · "
         text += f"{info.n_rows} rows in all" + "".join(f"\n- {_describe(part, s.max_rows)}" for s, part in pairs)
@@ -170,9 +182,17 @@ def preview_with_lengths(
 ) -> tuple[str, pd.DataFrame]:
     """The preview plus how many rows max_length would truncate (when the tokenizer is on disk) and whether the
     model takes images (when its config is on disk)."""
+    policy = policy or AccessPolicy.open()
     text, rows = preview_dataset(ref, trainer, columns, policy)
-    if text.startswith("Detected format"):
-        text += length_warning_text(ref, trainer, model, max_length, columns) + model_images_line(model)
+    refused = policy.model_problem(model)
+    if refused is not None:  # its folder is not read: no length or image line that would tell what it holds
+        return text + f"\n- **model**: {refused.problem}. Fix: {refused.fix}", rows
+    if not text.startswith("Detected format"):
+        return text, rows
+    with policy.reading():  # model files (and images) from the data folders only, for a restricted user
+        if PARTLY_READ not in text:  # a big file's rows are measured at launch, not read whole here
+            text += length_warning_text(ref, trainer, model, max_length, columns)
+        text += model_images_line(model)
     return text, rows
 
 
@@ -187,6 +207,24 @@ def preview_for_form(
     """`preview_with_lengths` for the launch form: its table's image column shows the thumbnails."""
     text, rows = preview_with_lengths(ref, trainer, model, max_length, columns, policy)
     return text, preview_table(rows)
+
+
+def policed_specs(
+    spec_from_values: Callable[[dict[str, Any]], JobSpec], policy: AccessPolicy | None
+) -> Callable[[dict[str, Any]], JobSpec]:
+    """`spec_from_values` refusing (SpecError) a `model:` folder that `policy` keeps users from naming, so that the
+    form's memory panel never reads its config (its answer would tell whether the folder exists)."""
+    if policy is None or not policy.restricted:
+        return spec_from_values
+
+    def read(values: dict[str, Any]) -> JobSpec:
+        spec = spec_from_values(values)
+        refused = policy.model_problem(spec.model)
+        if refused is not None:
+            raise SpecError([refused])
+        return spec
+
+    return read
 
 
 def length_warning_text(

@@ -351,6 +351,7 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     conditional = [form.fields[n] for n in CONDITIONAL]
     for comp in deciding:
         comp.change(show_applicable, deciding, conditional, show_progress="hidden", **raw)
+    read_spec = ui_data.policed_specs(spec_from_form, policy)  # a model folder the policy refuses is never read
     if form.memory is not None:  # the verdict text and the bar redraw together, from one prediction
         ui_memory.wire(
             form.memory,
@@ -358,7 +359,7 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
             ins,
             NAMES,
             [form.fields[n] for n in BUDGET_FIELDS],
-            spec_from_form,
+            read_spec,
             form_values,
             device,
             store,

@@ -7,7 +7,9 @@
 
 A converted image row holds each image as a resolved path or a `data:` URL (`jobs.data.images`); each is
 read here, shrunk to `THUMBNAIL_PX` on its longer side and written back as a PNG data URL, so the browser
-gets the small picture inline and never a path on the server.
+gets the small picture inline and never a path on the server. Within a restricted user's preview
+(`AccessPolicy.reading`) a path outside the data folders is not opened (`storage.data_folders.readable`):
+the rows' check refused it already, this is the second lock.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
@@ -27,6 +30,12 @@ def thumbnail_html(ref: str) -> str:
     """One image (a path or a `data:` URL) as an inline 48-pixel `<img>`; '' when it cannot be read."""
     from PIL import Image
 
+    from jobs.data.inspection import own_folders
+    from storage.data_folders import readable
+
+    # A restricted user's preview: the data folders only (and a sample's or an unpacked zip's own folder).
+    if not ref.startswith("data:") and not readable(ref) and not own_folders(Path(ref)):
+        return ""
     try:
         source: Any = io.BytesIO(base64.b64decode(ref.split(",", 1)[1])) if ref.startswith("data:") else ref
         with Image.open(source) as image:

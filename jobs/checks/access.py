@@ -13,7 +13,11 @@ with the server's administrator:
 - data files (benchmark question files too) are read only from allowed folders: `TUNEDECK_DATA_DIRS` (folders separated by
   `:`), by default `$TUNEDECK_HOME/datasets` (shared data an administrator puts there) and the
   uploads folder; a path is judged after resolving `..` and symbolic links, and before anything
-  is read, so a refusal says nothing about whether a file exists.
+  is read, so a refusal says nothing about whether a file exists (`storage.data_folders`, the one rule);
+- so are the images a data set's rows name (`file://` URLs, absolute and `../` paths, links): a check or
+  preview made for such a user runs inside `policy.reading()`, and `jobs.data.images` refuses the others;
+- a model folder (`model:` naming a path, not a built-in or a hub id) is read only from the data folders
+  and the model cache (`TUNEDECK_MODELS_DIR`);
 - an endpoint a spec names (the judge's `URL#MODEL`) must be one the operator trusts with the workers' keys
   (`jobs.checks.egress`, TUNEDECK_TRUSTED_ENDPOINTS); elsewhere an untrusted one is called without a key.
 
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +38,14 @@ from jobs.checks.egress import endpoint_problem
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec
 from jobs.spec.mixture import parse_sources
+from storage.data_folders import reading_only_under, under_folders
 
 DATA_DIRS_ENV = "TUNEDECK_DATA_DIRS"
 REMOTE_CODE_ENV = "TUNEDECK_ALLOW_REMOTE_CODE"
 REWARD_FUNCTION_ENV = "TUNEDECK_ALLOW_REWARD_FUNCTION"
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".gz")
+_HUB_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")  # as jobs.models.references
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".gz", ".zip")
 
 
 def default_data_dirs() -> tuple[Path, ...]:
@@ -111,14 +119,12 @@ class AccessPolicy:
             or ref.startswith((".", "~"))
             or ref.lower().endswith(_DATA_SUFFIXES)
             or not _HUB_NAME.match(ref)
-            or path.exists()
-        )
+        )  # never whether it exists: that answer would tell
         if not looks_like_path:
-            return None  # a hub data set name: fetched into the hub cache, no server file named
-        resolved = path.resolve()
-        if any(resolved.is_relative_to(root) for root in self.data_dirs):
+            return None  # a hub data set name; under `reading()` a file of that name is never read (jobs.data.sources)
+        if under_folders(path, self.data_dirs):
             return None
-        where = ", ".join(str(d) for d in self.data_dirs) or "(none)"
+        where = self.folders_text()
         return Problem(
             field,
             f"this shared server reads data files only from its data folders ({where}), and `{ref}` is not in one",
@@ -126,11 +132,54 @@ class AccessPolicy:
             f"its folder to {DATA_DIRS_ENV}",
         )
 
+    def folders_text(self) -> str:
+        return ", ".join(str(d) for d in self.data_dirs) or "(none)"
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """The span of a check or preview for this policy's users: paths named inside the data (images in
+        rows) are read only from the data folders, and model files only from those and the model cache
+        (`storage.data_folders.readable`); nothing changes when the policy is not restricted."""
+        if not self.restricted:
+            yield
+            return
+        from storage.settings import models_dir
+
+        with reading_only_under((*self.data_dirs, models_dir())):
+            yield
+
+    def model_problem(self, model: str | None) -> Problem | None:
+        """A Problem when `model` names a folder outside the data folders and the model cache (built-in names
+        and hub ids pass); judged on the resolved path, before anything is read, so it is the same message
+        whether the folder exists or not."""
+        ref = (model or "").strip()
+        if not self.restricted or not ref:
+            return None
+        from jobs.models.registry import BUILTIN_MODELS
+
+        if ref in BUILTIN_MODELS or _HUB_MODEL.match(ref):
+            return None
+        from storage.settings import models_dir
+
+        if under_folders(ref, (*self.data_dirs, models_dir())):
+            return None
+        return Problem(
+            "model",
+            f"`{ref}` names a folder outside this shared server's data folders ({self.folders_text()}) "
+            "and its model cache",
+            "pick a built-in model or a hub id (org/name), or ask the administrator to put the model folder "
+            f"under one of the data folders ({DATA_DIRS_ENV}) or the model cache (TUNEDECK_MODELS_DIR)",
+        )
+
     def problems(self, spec: JobSpec) -> list[Problem]:
         """Everything in `spec` that users of this server may not ask for."""
         out = [
             p
-            for p in (self.data_problem(spec.dataset, "dataset"), self.data_problem(spec.eval_dataset, "eval_dataset"))
+            for p in (
+                self.model_problem(spec.model),
+                self.data_problem(spec.dataset, "dataset"),
+                self.data_problem(spec.eval_dataset, "eval_dataset"),
+            )
             if p is not None
         ]
         out += self._task_problems(spec.eval_tasks)

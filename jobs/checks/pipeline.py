@@ -110,12 +110,17 @@ def check(
         except SpecError as exc:  # still check the data sets whose fields parsed, so one answer shows all
             problems = list(exc.problems)
             if isinstance(spec, Mapping):
-                problems += values_problems(spec, {p.field for p in problems}, policy)
+                with policy.reading():  # images in rows: from the data folders only, for a restricted user
+                    problems += values_problems(spec, {p.field for p in problems}, policy)
             return Checked(None, _unique(problems), facts)
         field_problems: list[Problem] = []  # from_dict checked the fields
     else:
         field_problems = spec.problems()
-    return _check_spec(spec, policy, store, facts, note, field_problems)
+    refused_model = policy.model_problem(spec.model)
+    if refused_model is not None:  # nothing reads a folder this user may not name (its files would tell)
+        return Checked(spec, _unique(policy.problems(spec) + field_problems), facts)
+    with policy.reading():
+        return _check_spec(spec, policy, store, facts, note, field_problems)
 
 
 def _check_spec(

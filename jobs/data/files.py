@@ -16,6 +16,7 @@ import gzip
 import io
 import json
 from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -193,12 +194,13 @@ def load_table(path: Path) -> datasets.Dataset:
 
 
 def file_rows(
-    path: Path, ref: str, field_name: str, issues: Issues, keep: bool = False
+    path: Path, ref: str, field_name: str, issues: Issues, keep: bool = False, limit: int | None = None
 ) -> tuple[list[str], Rows, datasets.Dataset | None]:
     """Columns, a fresh iterator over (row number, row), and the Dataset when reading needed it.
 
     JSON lines are parsed again by each iteration (a check holds one row at a time); `keep`: parsed once and
-    held, for a caller that keeps every row anyway (`jobs.data.loading`)."""
+    held, for a caller that keeps every row anyway (`jobs.data.loading`); `limit`: JSON lines are read only up
+    to that many rows (the form's preview of a big file)."""
     kind = file_kind(path) or ""
     empty = Problem(field_name, f"`{ref}` is empty", "add rows to the file: " + FORMS_HINT)
     if path.stat().st_size == 0:
@@ -212,13 +214,13 @@ def file_rows(
                 return listed[0], lambda: iter(listed[1]), None
             # Our own pass over the lines: `datasets` reports a broken line without its number.
             if keep:
-                parsed = list(jsonl_rows(path, issues))
+                parsed = list(islice(jsonl_rows(path, issues), limit))
                 columns, n = columns_of(iter(parsed))
             else:
-                columns, n = columns_of(jsonl_rows(path, issues))
+                columns, n = columns_of(islice(jsonl_rows(path, issues), limit))
             if n == 0 and not issues:
                 raise FileProblem([empty])
-            return columns, (lambda: iter(parsed)) if keep else (lambda: jsonl_rows(path, None)), None
+            return columns, (lambda: iter(parsed)) if keep else (lambda: islice(jsonl_rows(path, None), limit)), None
         if kind == ".csv":
             with path.open(encoding="utf-8-sig", newline="") as fh:
                 if not fh.read(1 << 16).strip():

@@ -10,7 +10,8 @@ Two shapes are read (detected from the columns and the first rows):
 A converted row keeps each turn's text with an `<image>` where its image goes (what the row checks and the
 preview read), `images` (each a resolved path or a `data:` URL) and `image_sizes` ([width, height] of each, read
 from the file's header). Paths are read relative to the data file's folder; `file://` URLs and `data:` URLs are
-accepted, web URLs are not fetched. `trl_row` turns a converted row into what trl's vision collator reads:
+accepted, web URLs are not fetched; for a restricted user (a dashboard with a login) a path is read only from
+the data folders (`storage.data_folders.readable`, asked before the file is opened: `OUTSIDE`). `trl_row` turns a converted row into what trl's vision collator reads:
 content parts with `{"type": "image"}` placeholders and the images as the `images` column.
 
     conversion = image_conversion(columns, first_rows, Path("data"))   # None: no images in these rows
@@ -33,6 +34,7 @@ from jobs.data.image_parts import IMAGE_PART_TYPES, shows_image
 from jobs.data.turns import Conversion, ProblemList, chat_turns, with_system
 from jobs.errors import Problem
 from jobs.spec.trainer_records import record_for
+from storage.data_folders import readable
 
 IMAGE_TOKEN = "<image>"
 CHAT_COLUMNS = ("messages", "conversations")
@@ -41,6 +43,12 @@ PARTS_FIX = (
     '{"type": "image_url", "image_url": {"url": "file or data: URL"}}, and text as {"type": "text", "text": "..."}'
 )
 MISSING_FIX = "put the image files next to the data file (paths are read relative to its folder), or fix the paths"
+OUTSIDE = (
+    "names an image outside this shared server's data folders (a `file://` URL, an absolute or `../` path, "
+    "or a link that leads out)",
+    "upload the images with the data (a .zip of the data file and its images, their paths relative to it), "
+    "or ask the administrator to put them under a data folder (TUNEDECK_DATA_DIRS)",
+)
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,8 @@ def resolve_image(value: Any, base: Path | None) -> tuple[str | None, tuple[str,
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
+    if not readable(path):  # asked before anything is opened: the same answer for a missing and an existing file
+        return None, OUTSIDE
     return str(path.resolve()), None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.data.dataset_info import DatasetInfo
@@ -29,10 +30,9 @@ from jobs.data.validation import Checked, Issues, RowCheck
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.trainer_records import record_for
+from storage.data_folders import also_readable, readable_folders
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import datasets
 
 
@@ -91,16 +91,51 @@ def inspect_dataset(
     max_bad_rows: int,
     column_map: dict[str, str] | None = None,
     keep_rows: bool = False,
+    limit: int | None = None,
 ) -> Inspected:
     """Validate every row of `ref` (after dataset_columns and format conversion); DataError lists all problems.
 
     `keep_rows`: the file is read once and the converted rows are held (`Inspected.rows` iterates over
-    them), for a caller that keeps every row anyway; else each iteration reads the file again."""
-    trainer = Trainer(trainer)
-    column_map = dict(column_map or {})
+    them), for a caller that keeps every row anyway; else each iteration reads the file again. `limit`: only
+    the first rows of a JSON lines file or a hub data set are read (the form's preview of a big file).
+    Images the rows name may also lie in the data file's own folder when it is a bundled sample or the
+    unpacked folder of a zip (`storage.data_folders.also_readable`)."""
     source = resolve(ref, field_name)
+    own = own_folders(source.path) if source.path is not None and readable_folders() is not None else ()
+    with also_readable(own):
+        return _inspect(source, ref, Trainer(trainer), field_name, max_bad_rows, column_map, keep_rows, limit)
+
+
+def own_folders(path: Path) -> tuple[Path, ...]:
+    """The folder a file of a bundled sample or of an unpacked zip lies in (its images are there: readable with
+    it, `storage.data_folders.also_readable`); () for any other file."""
+    from jobs.data.sources import SAMPLES_DIR
+    from storage.data_folders import under_folders
+
+    if under_folders(path, [SAMPLES_DIR]):
+        return (SAMPLES_DIR,)
+    from storage.settings import cache_dir
+
+    zips = cache_dir() / "zips"  # jobs.data.archive unpacks each zip into zips/<key>/
+    if under_folders(path, [zips]):
+        inside = path.resolve().relative_to(zips.resolve()).parts
+        return (zips / inside[0],) if inside else ()
+    return ()
+
+
+def _inspect(
+    source: Source,
+    ref: str,
+    trainer: Trainer,
+    field_name: str,
+    max_bad_rows: int,
+    column_map: dict[str, str] | None,
+    keep_rows: bool,
+    limit: int | None,
+) -> Inspected:
+    column_map = dict(column_map or {})
     issues = Issues(field_name, max_bad_rows)
-    columns, raw, ds = _source_rows(source, ref, field_name, issues, keep_rows)
+    columns, raw, ds = _source_rows(source, ref, field_name, issues, keep_rows, limit)
     mapping_problems = _mapping_problems(columns, column_map, field_name)
     if mapping_problems:
         raise DataError(issues.problems() + mapping_problems)
@@ -155,22 +190,29 @@ def inspect_dataset(
 
 # ---------------------------------------------------------------------- public API
 def check_dataset(
-    ref: str, trainer: Trainer, field: str = "dataset", max_bad_rows: int = 5, column_map: dict[str, str] | None = None
+    ref: str,
+    trainer: Trainer,
+    field: str = "dataset",
+    max_bad_rows: int = 5,
+    column_map: dict[str, str] | None = None,
+    limit: int | None = None,
 ) -> DatasetInfo:
-    """Check every row of `ref` for `trainer`; raises DataError naming the first bad rows."""
-    return inspect_dataset(ref, trainer, field, max_bad_rows, column_map).info
+    """Check every row of `ref` for `trainer` (`limit`: only the first rows); DataError names the first bad rows."""
+    return inspect_dataset(ref, trainer, field, max_bad_rows, column_map, limit=limit).info
 
 
 def _source_rows(
-    source: Source, ref: str, field_name: str, issues: Issues, keep_rows: bool
+    source: Source, ref: str, field_name: str, issues: Issues, keep_rows: bool, limit: int | None = None
 ) -> tuple[list[str], Rows, datasets.Dataset | None]:
     """The columns, the raw rows and the Dataset (when reading made one) of a hub dataset or a file."""
     if source.hub:
         hub = load_hub(source.hub, field_name)
+        if limit is not None and limit < len(hub):
+            hub = hub.select(range(limit))
         return list(hub.column_names), lambda: enumerate(hub, 1), hub
     assert source.path is not None
     try:
-        return file_rows(source.path, ref, field_name, issues, keep=keep_rows)
+        return file_rows(source.path, ref, field_name, issues, keep=keep_rows, limit=limit)
     except FileProblem as exc:
         raise DataError(exc.problems) from exc
 

@@ -234,9 +234,10 @@ def check_sources(
     column_map: dict[str, str] | None = None,
     max_bad_rows: int = 5,
     field: str = "dataset",
+    limit: int | None = None,
 ) -> list[tuple[DataSource, DatasetInfo]]:
-    """Every source of `dataset` (or `eval_dataset`: `field`) checked for `trainer`; DataError listing the problems
-    of all of them."""
+    """Every source of `dataset` (or `eval_dataset`: `field`) checked for `trainer` (`limit`: only each one's first
+    rows, for the form's preview); DataError listing the problems of all of them."""
     sources = sources_of(text, field)
     problems: list[Problem] = []
     pairs: list[tuple[DataSource, DatasetInfo]] = []
@@ -244,7 +245,7 @@ def check_sources(
         label = source_label(source, i, len(sources))
         try:
             mapping = columns_for(source, column_map or {})
-            info = inspection.check_dataset(source.ref, trainer, field, max_bad_rows, mapping)
+            info = inspection.check_dataset(source.ref, trainer, field, max_bad_rows, mapping, limit)
         except DataError as exc:
             problems.extend(labelled(exc.problems, label))
             continue

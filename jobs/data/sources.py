@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from jobs.data.embedded_images import undecoded
 from jobs.data.files import file_kind
 from jobs.errors import Problem, ProblemError
+from storage.data_folders import readable
 
 if TYPE_CHECKING:
     import datasets
@@ -87,18 +88,21 @@ def resolve(ref: str, field_name: str) -> Source:
             )
         return Source(ref, path=path)
     path = Path(ref).expanduser()
-    if path.is_dir():
+    # A restricted user (storage.data_folders): AccessPolicy refused paths outside the data folders already, and
+    # an `org/name` there is a hub name, never a file looked at (whether one exists would tell).
+    look = readable(path)
+    if look and path.is_dir():
         raise DataError(
             [Problem(field_name, f"`{ref}` is a folder", "point at one .jsonl, .json, .csv or .parquet file")]
         )
-    if path.is_file() and path.name.lower().endswith(".zip"):  # a data file and its images (jobs.data.archive)
+    if look and path.is_file() and path.name.lower().endswith(".zip"):  # a data file and its images (jobs.data.archive)
         from jobs.data.archive import ZipProblem, unpacked_data_file
 
         try:
             return Source(ref, path=unpacked_data_file(path, field_name, lambda p: file_kind(p) is not None))
         except ZipProblem as exc:
             raise DataError(exc.problems) from exc
-    if path.is_file():
+    if look and path.is_file():
         if file_kind(path) is None:
             raise DataError(
                 [

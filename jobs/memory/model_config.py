@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from storage.data_folders import readable
+
 # The built-in models' architectures (SmolLM2-135M's published config.json; jobs.models.tiny's model),
 # so a prediction needs neither the GGUF download nor the conversion.
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
@@ -61,7 +63,7 @@ def model_config(ref: str) -> tuple[dict[str, Any] | None, str]:
         return None, ""
     for folder in (Path(ref).expanduser(), models_dir() / ref):
         cfg = folder / "config.json"
-        if cfg.is_file():
+        if readable(cfg) and cfg.is_file():  # a restricted user's check: only the data folders (storage.data_folders)
             return _read_json(cfg), str(cfg)
     if ref in BUILTIN_CONFIGS:
         return dict(BUILTIN_CONFIGS[ref]), f"{ref}'s published config"

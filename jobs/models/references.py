@@ -29,6 +29,7 @@ from jobs.models.registry import (
 )
 from jobs.models.tiny import build_tiny_model
 from storage import settings
+from storage.data_folders import readable
 
 TRUST_FIX = "tick trust_remote_code for this run if you trust the code"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -122,6 +123,8 @@ def _unknown_ref(ref: str) -> ModelError:
 def _local_folder(ref: str) -> Path | None:
     """The folder `ref` names, if it exists on disk."""
     path = Path(ref).expanduser()
+    if not readable(path):  # a restricted user's check: a folder outside the data folders is not looked at
+        return None
     return path.resolve() if path.exists() else None
 
 

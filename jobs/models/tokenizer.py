@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from storage.data_folders import readable
+
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json")
@@ -32,7 +34,7 @@ def tokenizer_files(model: str) -> dict[str, Path | None] | None:
         from storage.settings import models_dir
 
         folder = models_dir() / ref
-    if ref in BUILTIN_MODELS or folder.is_dir():
+    if ref in BUILTIN_MODELS or (readable(folder) and folder.is_dir()):  # readable: storage.data_folders
         return {name: folder / name if (folder / name).is_file() else None for name in TOKENIZER_FILES}
     from huggingface_hub import try_to_load_from_cache  # only for a hub id (~0.5 s of imports a folder skips)
     from huggingface_hub.errors import HFValidationError

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from storage.data_folders import readable
+
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 # Text configs inside a vision-language config: the language model's shape for the memory estimate.
 TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
@@ -35,7 +37,7 @@ def _local_file(model: str, name: str) -> Path | None:
 
     ref = (model or "").strip()
     folder = Path(ref).expanduser()
-    if not folder.is_dir():
+    if not (readable(folder) and folder.is_dir()):  # a restricted user's check: only the data folders
         found = tokenizer_folder(ref)
         if found is None:
             return None
