@@ -29,9 +29,10 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import exc as sa
+if TYPE_CHECKING:  # sqlalchemy is imported when an error is translated: `tunedeck plan` never loads it
+    from sqlalchemy import exc as sa
 
 T = TypeVar("T")
 
@@ -52,15 +53,15 @@ class Conflict(StorageError):
     """A write broke one of the database's constraints (unique key, foreign key, not null)."""
 
 
-_UNAVAILABLE = (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError, sa.TimeoutError)
-
-
 def storage_error(exc: sa.SQLAlchemyError) -> StorageError:
     """The store's error for one of SQLAlchemy's (same message; the driver's error as `orig`)."""
+    from sqlalchemy import exc as sa
+
+    unavailable = (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError, sa.TimeoutError)
     orig = getattr(exc, "orig", None)
     kind = (
         DatabaseUnavailable
-        if isinstance(exc, _UNAVAILABLE)
+        if isinstance(exc, unavailable)
         else Conflict
         if isinstance(exc, sa.IntegrityError)
         else StorageError
@@ -71,20 +72,25 @@ def storage_error(exc: sa.SQLAlchemyError) -> StorageError:
 @contextmanager
 def translated() -> Iterator[None]:
     """Raise SQLAlchemy's errors from the block as the store's (`storage_error`), chained to the original."""
+    from sqlalchemy import exc as sa
+
     try:
         yield
     except sa.SQLAlchemyError as exc:
         raise storage_error(exc) from exc
 
 
-# What 'database is locked' arrives as: SQLAlchemy's error, the driver's, or the store's own.
-LOCK_ERRORS = (sa.OperationalError, sqlite3.OperationalError, DatabaseUnavailable)
+def lock_errors() -> tuple[type[BaseException], ...]:
+    """What 'database is locked' arrives as: SQLAlchemy's error, the driver's, or the store's own."""
+    from sqlalchemy import exc as sa
+
+    return (sa.OperationalError, sqlite3.OperationalError, DatabaseUnavailable)
 
 
 def is_locked_error(exc: BaseException) -> bool:
     """True for SQLite's transient 'database is locked' / 'database is busy' errors."""
     text_ = str(getattr(exc, "orig", None) or exc).lower()
-    return isinstance(exc, LOCK_ERRORS) and ("database is locked" in text_ or "database is busy" in text_)
+    return isinstance(exc, lock_errors()) and ("database is locked" in text_ or "database is busy" in text_)
 
 
 def call_retrying(
@@ -100,7 +106,7 @@ def call_retrying(
     while True:
         try:
             return fn()
-        except LOCK_ERRORS as exc:
+        except lock_errors() as exc:
             if not is_locked_error(exc) or time.monotonic() + delay > deadline:
                 raise
             on_retry()

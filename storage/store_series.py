@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 
 from storage import models as m
-from storage.errors import LOCK_ERRORS, is_locked_error
+from storage.errors import is_locked_error, lock_errors
 from storage.records import _MEMORY_FIELDS, MemoryBucket, MemoryPoint, MetricBucket, MetricPoint
 from storage.rollups import (
     MEMORY_LEVELS,
@@ -62,7 +62,7 @@ class SeriesMixin(StoreCore):
                 return 0
             try:
                 self._retrying(lambda: self._insert_metrics(batch, run_id, progress), "add_metrics")
-            except LOCK_ERRORS as exc:  # the store's sessions raise DatabaseUnavailable
+            except lock_errors() as exc:  # the store's sessions raise DatabaseUnavailable
                 if not is_locked_error(exc):
                     if rows:  # not a lock: these rows can never be written; keep the older ones
                         self._unwritten.pop()

@@ -58,7 +58,6 @@ from jobs.config.moe import moe_notes, moe_problems
 from jobs.data.bench_tasks import task_problems, watched_task_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
-from jobs.models.served_names import run_name_problems
 from jobs.spec.job import JobSpec, SpecError
 from storage.roles import CheckReader
 
@@ -138,7 +137,10 @@ def _check_spec(
     problems = policy.problems(spec) + field_problems
     valid = not problems  # the spec itself is sound: its prediction means something
     problems += tracker_problems(spec)  # a missing package does not change what the run would need
-    problems += run_name_problems(spec, store)  # a name that reads as an id or a base model: /v1 would not reach it
+    if spec.run_name:  # one that reads as an id or a base model: /v1 would not reach it (reads stored runs: lazily)
+        from jobs.models.served_names import run_name_problems
+
+        problems += run_name_problems(spec, store)
     # Loaded at most once per check, and only from files on this machine; code shipped with the model
     # runs only where this server allows it.
     tokenizer = LocalTokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)
