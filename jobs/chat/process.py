@@ -32,6 +32,8 @@ from typing import IO, Any
 
 from jobs.chat.device import DEVICE_ENV, GPU_ENV, busy_problem
 from jobs.chat.generate import ChatError, Conversation, RunResult, Sampling, locate, refuse
+from jobs.chat.images import text_of
+from jobs.chat.limits import prompt_problem
 from jobs.errors import Problem
 from storage.roles import ChatRuns
 
@@ -84,6 +86,12 @@ def log_path() -> Path:
     folder = data_dir() / "logs"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / "chat.log"
+
+
+def prompt_texts(prompt: Conversation, system: str = "") -> list[str]:
+    """The text of a prompt (one, or the turns so far) and its system prompt, as `prompt_problem` counts it."""
+    turns = [prompt] if isinstance(prompt, str) else [text_of(t.get("content") or "") for t in prompt]
+    return [system, *turns]
 
 
 class ChatProcess:
@@ -220,6 +228,9 @@ class ChatProcess:
                 self.close()  # a run started training on our GPU: free it
                 raise
             result = locate(self.store, run_id)
+            too_long = prompt_problem(result, prompt_texts(prompt, system))  # counted before the child is given it
+            if too_long is not None:
+                raise ChatError([too_long])
             proc = self._loaded(result, device)
             self._request(
                 proc,
