@@ -15,6 +15,8 @@ loads). On a machine without a GPU it runs on the CPU.
 The process exits after `TUNEDECK_CHAT_IDLE_SECONDS` (default 300) without a request,
 freeing the model's memory; the next request starts a fresh one. One run's model pair is
 loaded at a time; asking for another run reloads. Its log: `$TUNEDECK_HOME/logs/chat.log`.
+A prompt longer than the run's model reads at once is refused before the child is given it
+(`jobs.chat.limits`): one request cannot grow the child past its model's context.
 """
 
 from __future__ import annotations
