@@ -69,22 +69,25 @@ class ChatView:
         return [self.status, self.base, self.tuned, self.timer]
 
 
-class ChatImage(gr.Image):
-    """The tab's image upload: a decompression bomb (a small file whose header claims billions of pixels) is a
-    clear refusal, not a server error (Gradio opens the upload with PIL before the handler sees it)."""
+def refuse_bombs(image: gr.Image) -> gr.Image:
+    """The tab's image upload with a decompression bomb (a small file whose header claims billions of pixels) a
+    clear refusal, not a server error: Gradio opens the upload with PIL before the handler sees it. (An instance
+    wrapper, not a subclass: Gradio writes a .pyi beside the module of every component subclass.)"""
+    plain = image.preprocess
 
-    is_template = True  # drawn by the frontend's Image component
-
-    def preprocess(self, payload: Any) -> Any:
+    def preprocess(payload: Any) -> Any:
         from PIL import Image
 
         from jobs.chat.images import bomb_size, too_many_pixels
 
         try:
-            return super().preprocess(payload)
+            return plain(payload)
         except Image.DecompressionBombError as exc:
             problem = too_many_pixels("the image", bomb_size(exc))
             raise gr.Error(f"{problem.problem}. Fix: {problem.fix}") from None
+
+    image.preprocess = preprocess  # type: ignore[method-assign]
+    return image
 
 
 def build() -> ChatView:
@@ -108,13 +111,15 @@ def build() -> ChatView:
     status = gr.Markdown(elem_id="chat-status")
     with gr.Row():
         prompt = gr.Textbox(label="Message", lines=2, elem_id="chat-prompt", scale=3)
-        image = ChatImage(
-            type="filepath",
-            label="Image (optional, vision-language runs)",
-            sources=["upload", "clipboard"],
-            elem_id="chat-image",
-            height=120,
-            scale=1,
+        image = refuse_bombs(
+            gr.Image(
+                type="filepath",
+                label="Image (optional, vision-language runs)",
+                sources=["upload", "clipboard"],
+                elem_id="chat-image",
+                height=120,
+                scale=1,
+            )
         )
     with gr.Row():
         send = gr.Button("Send to both", variant="primary", elem_id="chat-send")
