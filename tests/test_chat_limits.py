@@ -87,6 +87,11 @@ def test_a_prompt_over_the_models_context_is_refused_before_it_is_tokenized_whol
     assert "at least" in problem.problem  # refused from its length alone: never tokenized
     tokens, exact = count_tokens(tiny_model, ["the moon " * 300], 1024) or (0, False)
     assert exact and tokens > 1024
+    long = ["the moon " * 30_000]  # 270,000 characters: counted a chunk at a time, stopping past the limit
+    whole, exact = count_tokens(tiny_model, long, 10**7) or (0, False)
+    counted, exact_too = count_tokens(tiny_model, long, 25_000) or (0, True)
+    assert exact and not exact_too and 25_000 < counted < whole
+
     assert f"the prompt is {tokens:,} tokens" in prompt_problem(result, ["the moon " * 300]).problem
     assert prompt_problem(result, ["Be brief.", "Tell me about the moon."]) is None
 

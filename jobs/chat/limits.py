@@ -8,14 +8,14 @@ run is an adapter; else the tokenizer's `model_max_length`). The count is the me
 tokenizer (`tokenizer.json`, the `tokenizers` library: no model, no torch), special-token strings typed in the
 text counted as the text they are (`jobs.chat.template`). A text too long to be within the limit whatever the
 tokenizer does (more characters than the limit times the longest token) is refused uncounted, so a 10 MiB message
-costs no more than reading it. The chat template adds a few tokens of its own: the generation process checks the
+costs no more than reading it; a long text is counted a chunk at a time and the count stops past the limit. The chat template adds a few tokens of its own: the generation process checks the
 templated prompt against the same limit again (`jobs.chat.generate.LoadedPair.inputs`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from jobs.errors import Problem
 
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+CHUNK_CHARS = 65_536  # a long text is counted in pieces of this size, stopping once past the limit
 _NO_LIMIT = 10**8  # a tokenizer's model_max_length at or past this is transformers' "unknown" (1e30)
 
 
@@ -89,9 +90,22 @@ def _tokenizer(folder: str) -> tuple[Any, int] | None:
     return tokenizer, max(longest, 1)
 
 
+def _chunks(text: str) -> Iterator[str]:
+    """`text` in pieces of about CHUNK_CHARS, cut at a space where there is one."""
+    at = 0
+    while at < len(text):
+        end = min(len(text), at + CHUNK_CHARS)
+        if end < len(text):
+            space = text.rfind(" ", at + CHUNK_CHARS // 2, end)
+            end = space if space > at else end
+        yield text[at:end]
+        at = end
+
+
 def count_tokens(folder: str | Path, texts: Sequence[str], limit: int) -> tuple[int, bool] | None:
-    """(the texts' tokens, exact) with the tokenizer saved in `folder`; not exact: a lower bound past `limit`,
-    from their length alone (each token is at most the longest token's characters). None: no tokenizer here."""
+    """(the texts' tokens, exact) with the tokenizer saved in `folder`; None: no tokenizer here. Not exact: at
+    least that many, past `limit`: from their length alone (each token is at most the longest token's
+    characters), or counted a chunk at a time until the count passed the limit (never the whole text at once)."""
     found = _tokenizer(str(folder))
     if found is None:
         return None
@@ -99,7 +113,13 @@ def count_tokens(folder: str | Path, texts: Sequence[str], limit: int) -> tuple[
     at_least = sum(-(-len(t) // longest) for t in texts)  # ceil: each token covers at most `longest` characters
     if at_least > limit:
         return at_least, False
-    return sum(len(e.ids) for e in tokenizer.encode_batch([t for t in texts if t], add_special_tokens=False)), True
+    counted = 0
+    chunks = (chunk for text in texts for chunk in _chunks(text))
+    for chunk in chunks:
+        counted += len(tokenizer.encode(chunk, add_special_tokens=False).ids)
+        if counted > limit:
+            return counted, next(chunks, None) is None  # exact when nothing was left to count
+    return counted, True
 
 
 def prompt_problem(result: Any, texts: Sequence[str]) -> Problem | None:
