@@ -13,10 +13,13 @@ own tokenizing cannot be split per piece: the typed marker gets a word joiner (U
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 JOINER = "\u2060"  # WORD JOINER: invisible, and no special token's text contains it
+PLACEHOLDER = re.compile("(\ue000[0-9a-f]{32}\ue001)")  # a typed text held out of the template (`chat_ids`)
 
 
 def special_texts(tokenizer: Any) -> list[str]:
@@ -27,42 +30,53 @@ def special_texts(tokenizer: Any) -> list[str]:
     return sorted((t for t in texts if len(t) > 1), key=len, reverse=True)  # longest first
 
 
-def _texts(messages: Sequence[dict[str, Any]]) -> list[str]:
+def _each_text(messages: Sequence[dict[str, Any]], change: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The messages with `change` applied to each text: a string content, and each text part's text."""
     out = []
     for message in messages:
         content = message.get("content")
-        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
-        out += [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"]]
+        if isinstance(content, str):
+            content = change(content)
+        elif isinstance(content, list):
+            content = [
+                {**p, "text": change(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+                for p in content
+            ]
+        out.append({**message, "content": content})
     return out
-
-
-def _pieces(text: str, contents: list[str], specials: list[str]) -> list[tuple[str, bool]] | None:
-    """`text` cut into (piece, typed): the messages' text that holds a special token's text is typed; None when a
-    message's text is not found verbatim in the template's output (a template that rewrites the text)."""
-    pieces: list[tuple[str, bool]] = []
-    at = 0
-    for content in contents:
-        if not any(s in content for s in specials):
-            continue
-        found = text.find(content, at)
-        if found < 0:
-            return None
-        pieces += [(text[at:found], False), (content, True)]
-        at = found + len(content)
-    return [p for p in [*pieces, (text[at:], False)] if p[0]]
 
 
 def chat_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], **template: Any) -> list[int]:
     """The token ids of `messages` through the tokenizer's chat template (`template`: e.g.
-    add_generation_prompt=True), special-token texts typed inside the messages split into plain tokens."""
+    add_generation_prompt=True), special-token texts typed inside the messages split into plain tokens.
+
+    A text that types one is held out of the template by a placeholder of its own (private-use characters and
+    a random key: no template writes it), so where it lands is known exactly, even when it repeats the
+    template's own text; a template that drops or repeats a placeholder gets the typed markers escaped."""
     specials = special_texts(tokenizer)
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, **template)
-    pieces = _pieces(text, _texts(messages), specials)
-    if pieces is None:  # the template changed a message's text: escape the typed markers instead
-        return chat_ids(tokenizer, escaped(messages, specials), **template)
+    typed: dict[str, str] = {}
+
+    def hold(text: str) -> str:
+        if not any(s in text for s in specials):
+            return text
+        key = f"\ue000{uuid.uuid4().hex}\ue001"
+        typed[key] = text
+        return key
+
+    text = tokenizer.apply_chat_template(_each_text(messages, hold), tokenize=False, **template)
+    pieces = PLACEHOLDER.split(text)  # outside, key, outside, key, ... outside
+    keys = pieces[1::2]
+    if sorted(keys) != sorted(typed):  # a placeholder dropped or repeated: escape the typed markers instead
+        plain = escaped(messages, specials)
+        if plain == list(messages):
+            raise ValueError("the chat template drops or repeats a message's text that is not a special token")
+        return chat_ids(tokenizer, plain, **template)
     ids: list[int] = []
-    for piece, typed in pieces:
-        ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=typed)["input_ids"]
+    for i, piece in enumerate(pieces):
+        typed_text = i % 2 == 1
+        piece = typed[piece] if typed_text else piece
+        if piece:
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=typed_text)["input_ids"]
     return ids
 
 
@@ -74,15 +88,4 @@ def escaped(messages: Sequence[dict[str, Any]], specials: Sequence[str]) -> list
             text = text.replace(special, special[0] + JOINER + special[1:])
         return text
 
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            content = escape(content)
-        elif isinstance(content, list):
-            content = [
-                {**p, "text": escape(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
-                for p in content
-            ]
-        out.append({**message, "content": content})
-    return out
+    return _each_text(messages, escape)
