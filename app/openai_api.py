@@ -14,7 +14,9 @@ For a vision-language run a user message may carry one `image_url` part with a `
 image is kept in the run's folder for the request, as the Chat tab keeps its images; web URLs are never
 fetched, and an image for a text-only run is refused with the fix.
 `max_tokens`, `temperature`, `top_p`, `seed` and `stop` (cut here, the text before the first stop string is
-the answer) are honoured. When the dashboard has a login, each request needs `Authorization: Bearer
+the answer) are honoured. Every field is typed and bounded, the body capped, the prompt counted against the
+model's context before any worker is given it (`app.openai_fields`). The request's session is of kind "api"
+(never the Chat tab's) and deleted however the request ends, a client gone mid-stream included. When the dashboard has a login, each request needs `Authorization: Bearer
 TOKEN`, TOKEN being a dashboard user's `user:password` or the access token of a logged-in session.
 """
 
@@ -26,50 +28,35 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from app.login_limit import TooManyFailures, password_ok
+from app.openai_fields import (
+    ApiError,
+    Ask,
+    chat_turns,
+    check_prompt,
+    keep_images,
+    prompt_of,
+    read_body,
+    sampling_of,
+    stops_of,
+)
 from app.ui.chat import reach_problem
-from jobs.chat.generate import MAX_NEW_TOKENS
 from jobs.models.served_names import served_model, served_models
 from storage.models import ReplyStatus
 from storage.store import Store
 
 POLL_S = 0.05  # how often a request reads its reply's text from the store
 PENDING_TIMEOUT_S = 600.0  # a reply no worker has claimed by then is given up (the worker may be training)
+STALE_API_S = 86400.0  # a /v1 session older than this was left by a dashboard that stopped mid-request
 
-
-class ApiError(Exception):
-    """An OpenAI-style error: HTTP status, message, type, the parameter at fault and a code."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def response(self) -> JSONResponse:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error"}
-        body = {"message": self.message, "type": kind.get(self.status, "server_error"), "param": self.param}
-        return JSONResponse({"error": body | {"code": self.code}}, status_code=self.status)
-
-
-# ---------------------------------------------------------------------- requests
-@dataclass(frozen=True)
-class Ask:
-    """One request, parsed: what to answer with, the conversation, the sampling and the stop strings."""
-
-    run_id: int
-    side: str  # "run" (the result) or "base"
-    model: str  # as the client named it, echoed back
-    turns: list[dict[str, Any]]  # {"role", "content"}; a user turn's image as "image_bytes" until it is kept
-    system: str
-    sampling: dict[str, Any]
-    stop: list[str] = field(default_factory=list)
-    stream: bool = False
+__all__ = ["ApiError", "Ask", "add_openai_routes", "authorized", "chat_turns", "cut_at_stop", "keep_images", "parse"]
 
 
 def resolve_model(store: Store, name: str) -> tuple[int, str]:
@@ -86,97 +73,6 @@ def resolve_model(store: Store, name: str) -> tuple[int, str]:
     )
 
 
-def _text(content: Any) -> str:
-    """A message's content: a string, or the text parts of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise ApiError(400, "a message's content must be a string or a list of text parts", "messages")
-
-
-def _image(content: Any) -> bytes | None:
-    """The bytes of a message's one `image_url` part (a base64 `data:` URL), or None when it has none."""
-    import base64
-    import binascii
-
-    parts = content if isinstance(content, list) else []
-    urls = [p.get("image_url") for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
-    urls = [u.get("url") if isinstance(u, dict) else u for u in urls]
-    if not urls:
-        return None
-    if len(urls) > 1:
-        raise ApiError(400, "a message can carry one image: send one `image_url` part per user message", "messages")
-    head, _, data = str(urls[0] or "").partition(",")
-    if not (head.startswith("data:image/") and head.endswith(";base64")):
-        raise ApiError(
-            400, "an `image_url` must be a base64 `data:image/...` URL (web URLs are not fetched)", "messages"
-        )
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ApiError(400, "an `image_url` data URL is not valid base64", "messages") from None
-
-
-def chat_turns(messages: Any) -> tuple[str, list[dict[str, Any]]]:
-    """(system prompt, user/assistant turns alternating and ending with the user's) from OpenAI messages."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "`messages` must be a non-empty list", "messages")
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
-    for message in messages:
-        role = message.get("role") if isinstance(message, dict) else None
-        content = message.get("content") or "" if isinstance(message, dict) else ""
-        text, image = _text(content), _image(content)
-        if image is not None and (role != "user" or (turns and turns[-1]["role"] == role)):
-            raise ApiError(
-                400, "an image goes in a user message that follows an assistant's (one per turn)", "messages"
-            )
-        if role in ("system", "developer"):
-            system.append(text)
-        elif role in ("user", "assistant"):
-            if turns and turns[-1]["role"] == role:  # the chat template wants them alternating: join the two
-                turns[-1] = {"role": role, "content": turns[-1]["content"] + "\n\n" + text}
-            elif turns or role == "user":
-                turns.append({"role": role, "content": text} | ({"image_bytes": image} if image else {}))
-        else:
-            raise ApiError(400, f"a message's role `{role}` is not one of system, user, assistant", "messages")
-    if not turns or turns[-1]["role"] != "user":
-        raise ApiError(400, "the last message must be the user's", "messages")
-    return "\n\n".join(system), turns
-
-
-def keep_images(store: Store, ask: Ask) -> Ask:
-    """The request with its images kept as files in the run's folder (their paths in the turns); an image for
-    a run of a text-only model is refused."""
-    import io
-
-    from app.ui.chat import image_refused
-    from jobs.chat.images import keep_image
-
-    if not any("image_bytes" in t for t in ask.turns):
-        return ask
-    turns = []
-    for turn in ask.turns:
-        data = turn.pop("image_bytes", None)
-        if data is not None:
-            problem = image_refused(store, ask.run_id, io.BytesIO(data))
-            if problem is not None:
-                raise ApiError(400, f"{problem.problem}. Fix: {problem.fix}", "messages", "image_refused")
-            turn = {**turn, "image": keep_image(store.run_dir(ask.run_id), io.BytesIO(data))}
-        turns.append(turn)
-    return Ask(ask.run_id, ask.side, ask.model, turns, ask.system, ask.sampling, ask.stop, ask.stream)
-
-
-def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ApiError(400, f"`{name}` must be a number from {low:g} to {high:g}", name)
-    return float(value)
-
-
 def parse(store: Store, body: Any, chat: bool) -> Ask:
     """A request body as an `Ask`; ApiError naming the parameter at fault."""
     if not isinstance(body, dict):
@@ -187,23 +83,8 @@ def parse(store: Store, body: Any, chat: bool) -> Ask:
     if chat:
         system, turns = chat_turns(body.get("messages"))
     else:
-        prompt = body.get("prompt")
-        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
-        if not isinstance(prompt, str):
-            raise ApiError(400, "`prompt` must be a string", "prompt")
-        system, turns = "", [{"role": "user", "content": prompt}]
-    stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
-        raise ApiError(400, "`stop` must be a string or a list of up to 4 strings", "stop")
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    sampling = {
-        "temperature": _number(body, "temperature", 0.0, 0.0, 2.0),
-        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
-        "max_new_tokens": int(_number({"max_tokens": limit}, "max_tokens", 256, 1, MAX_NEW_TOKENS)),
-        "seed": int(_number(body, "seed", 0, 0, 2**31 - 1)),
-        "raw": not chat,
-    }
+        system, turns = "", [{"role": "user", "content": prompt_of(body)}]
+    sampling, stops = sampling_of(body, chat), stops_of(body)
     run_id, side = resolve_model(store, model)
     return Ask(run_id, side, model, turns, system, sampling, stops, bool(body.get("stream")))
 
@@ -216,10 +97,15 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
 
 
 async def replies(store: Store, ask: Ask) -> AsyncGenerator[str, None]:
-    """The reply's text as it grows (each yield the whole text so far), until it is done; ApiError when it fails."""
-    session_id, reply_id = await run_in_threadpool(
-        store.ask_chat_reply, ask.run_id, ask.side, ask.turns, ask.system, ask.sampling
-    )
+    """The reply's text as it grows (each yield the whole text so far), until it is done; ApiError when it fails.
+
+    The request's session is deleted however this ends: answered, failed, closed at a stop string, or cancelled
+    by a client that went away mid-stream (the writes are shielded from that cancellation: an await in a
+    cancelled task is cancelled again at once, and the session would stay)."""
+    with anyio.CancelScope(shield=True):  # written whole and its id kept, or not written
+        session_id, reply_id = await run_in_threadpool(
+            store.ask_chat_reply, ask.run_id, ask.side, ask.turns, ask.system, ask.sampling
+        )
     asked = time.monotonic()
     try:
         shown = None
@@ -238,7 +124,8 @@ async def replies(store: Store, ask: Ask) -> AsyncGenerator[str, None]:
                 raise ApiError(503, f"no worker took the request in {PENDING_TIMEOUT_S:.0f} s", code="no_worker")
             await asyncio.sleep(POLL_S)
     finally:
-        await run_in_threadpool(store.delete_chat, session_id)  # a one-off: the Chat tab never shows it
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(store.delete_chat, session_id)  # a one-off: gone once answered
 
 
 def _envelope(ask: Ask, chat: bool, ident: str, created: int) -> dict[str, Any]:
@@ -322,6 +209,7 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
     """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`; `page_login`:
     whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
     checked: dict[str, bool] = {}
+    store.delete_api_chats(time.time() - STALE_API_S)
 
     async def denied(request: Request) -> Response | None:
         try:
@@ -345,11 +233,9 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
             if refused is not None:
                 return refused
             try:
-                body = await request.json()
-            except ValueError:
-                return ApiError(400, "the request body is not JSON").response()
-            try:
+                body = await read_body(request)
                 ask = await run_in_threadpool(parse, store, body, chat)
+                await run_in_threadpool(check_prompt, store, ask)  # before any worker is given it
                 ask = await run_in_threadpool(keep_images, store, ask)
                 problem = await run_in_threadpool(reach_problem, store, ask.run_id)
                 if problem is not None:

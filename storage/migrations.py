@@ -93,6 +93,8 @@ MIGRATIONS: dict[int, list[Statement]] = {
     ],
     # 11: a chat user turn's attached image (a file in the data folder) for vision-language runs.
     11: ["ALTER TABLE chat_messages ADD COLUMN image_path TEXT"],
+    # 12: whose a chat session is: the Chat tab's ("tab", every older session) or one /v1 request's ("api").
+    12: ["ALTER TABLE chat_sessions ADD COLUMN kind VARCHAR(8) NOT NULL DEFAULT 'tab'"],
 }
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 class RunStatus(str, Enum):
@@ -278,6 +278,13 @@ class ReplyStatus(str, Enum):
     FAILED = "failed"
 
 
+class ChatKind(str, Enum):
+    """Whose a chat session is: the Chat tab's conversation, or one /v1 request's (never shown in the tab)."""
+
+    TAB = "tab"
+    API = "api"
+
+
 class ChatSession(Base):
     """One conversation with a finished run (and its base, side by side): its system prompt and sampling."""
 
@@ -288,6 +295,8 @@ class ChatSession(Base):
     sampling_json: Mapped[str] = mapped_column(Text, default="{}")
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    # ChatKind: "tab" (the Chat tab's conversation) or "api" (one /v1 request's, deleted once it is answered)
+    kind: Mapped[str] = mapped_column(String(8), default="tab", server_default="tab")
 
 
 class ChatMessage(Base):

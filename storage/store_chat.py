@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 
 from storage import models as m
-from storage.models import ReplyStatus
+from storage.models import ChatKind, ReplyStatus
 from storage.store_core import StoreCore, rowcount
 
 SIDES = ("base", "run")
@@ -40,6 +40,7 @@ class ChatSessionRecord:
     sampling: dict[str, Any]
     created_at: float
     updated_at: float
+    kind: ChatKind = ChatKind.TAB
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ class ChatMessageRecord:
 
 
 def _session(row: m.ChatSession) -> ChatSessionRecord:
-    return ChatSessionRecord(
-        row.id, row.run_id, row.system or "", json.loads(row.sampling_json or "{}"), row.created_at, row.updated_at
-    )
+    sampling = json.loads(row.sampling_json or "{}")
+    kind = ChatKind(row.kind or ChatKind.TAB.value)
+    return ChatSessionRecord(row.id, row.run_id, row.system or "", sampling, row.created_at, row.updated_at, kind)
 
 
 def _message(row: m.ChatMessage, run_id: int) -> ChatMessageRecord:
@@ -98,7 +99,12 @@ class ChatMixin(StoreCore):
         now = time.time()
         with self._tx() as s:
             row = m.ChatSession(
-                run_id=run_id, system=system, sampling_json=json.dumps(sampling or {}), created_at=now, updated_at=now
+                run_id=run_id,
+                system=system,
+                sampling_json=json.dumps(sampling or {}),
+                created_at=now,
+                updated_at=now,
+                kind=ChatKind.TAB.value,
             )
             s.add(row)
             s.flush()
@@ -110,8 +116,8 @@ class ChatMixin(StoreCore):
             return None if row is None else _session(row)
 
     def latest_chat(self, run_id: int) -> ChatSessionRecord | None:
-        """The run's most recently used chat session, if it has one."""
-        q = select(m.ChatSession).where(m.ChatSession.run_id == run_id)
+        """The run's most recently used Chat tab session, if it has one (a /v1 request's is never it)."""
+        q = select(m.ChatSession).where(m.ChatSession.run_id == run_id, m.ChatSession.kind == ChatKind.TAB.value)
         with self._read() as s:
             row = s.scalars(q.order_by(m.ChatSession.updated_at.desc(), m.ChatSession.id.desc()).limit(1)).first()
             return None if row is None else _session(row)
@@ -197,13 +203,18 @@ class ChatMixin(StoreCore):
         system: str = "",
         sampling: dict[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """A session of its own holding `turns` (user and assistant alternating, the user's last; a user turn's
+        """A session of its own (kind "api": the Chat tab never shows it) holding `turns` (user and assistant alternating, the user's last; a user turn's
         "image": its image file) as `side`'s conversation, with one pending reply of `side` to the last:
         (session id, reply message id)."""
         now = time.time()
         with self._tx() as s:
             session = m.ChatSession(
-                run_id=run_id, system=system, sampling_json=json.dumps(sampling or {}), created_at=now, updated_at=now
+                run_id=run_id,
+                system=system,
+                sampling_json=json.dumps(sampling or {}),
+                created_at=now,
+                updated_at=now,
+                kind=ChatKind.API.value,
             )
             s.add(session)
             s.flush()
@@ -243,6 +254,27 @@ class ChatMixin(StoreCore):
         with self._tx() as s:
             s.execute(delete(m.ChatMessage).where(m.ChatMessage.session_id == session_id))
             s.execute(delete(m.ChatSession).where(m.ChatSession.id == session_id))
+
+    def chat_sessions(self, run_id: int | None = None, kind: ChatKind | None = None) -> list[ChatSessionRecord]:
+        """Chat sessions, oldest first: of one run and of one kind when given."""
+        q = select(m.ChatSession).order_by(m.ChatSession.id)
+        if run_id is not None:
+            q = q.where(m.ChatSession.run_id == run_id)
+        if kind is not None:
+            q = q.where(m.ChatSession.kind == kind.value)
+        with self._read() as s:
+            return [_session(row) for row in s.scalars(q)]
+
+    def delete_api_chats(self, before: float) -> int:
+        """Delete the /v1 sessions last touched before `before` (left by a dashboard that stopped mid-request);
+        how many went."""
+        q = select(m.ChatSession.id).where(m.ChatSession.kind == ChatKind.API.value, m.ChatSession.updated_at < before)
+        with self._tx() as s:
+            ids = list(s.scalars(q))
+            if ids:
+                s.execute(delete(m.ChatMessage).where(m.ChatMessage.session_id.in_(ids)))
+                s.execute(delete(m.ChatSession).where(m.ChatSession.id.in_(ids)))
+            return len(ids)
 
     # ------------------------------------------------------------------ replies (a worker)
     def pending_chat_replies(self, limit: int = 20) -> list[ChatMessageRecord]:

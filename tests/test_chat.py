@@ -280,6 +280,29 @@ def test_cli_generate_and_chat(home, lora_pair, capsys: pytest.CaptureFixture) -
     assert done.stdout == f"{run_answer}\n{run_answer}\n"
 
 
+def test_a_message_past_the_context_is_refused_before_it_is_written_or_a_child_is_given_it(home) -> None:
+    """The tab refuses it with the limit and writes nothing; a worker's ChatProcess refuses it before starting
+    (or feeding) its generation process, so one message cannot grow the child past its model's context."""
+    from app.ui.chat import send
+
+    _, store, ids = home
+    run_id = ids["full"]
+    session = store.latest_chat(run_id)
+    before = len(store.chat_history(session.id)) if session is not None else 0
+    long = "the moon " * 300  # about 2,700 tokens of the tiny tokenizer: the model reads 1,024
+    status = send(store, None, run_id, "", 0.0, 1.0, 16, long)[0]
+    assert "context of 1,024 tokens (the model's max_position_embeddings)" in status and "Fix:" in status
+    session = store.latest_chat(run_id)
+    assert (len(store.chat_history(session.id)) if session is not None else 0) == before
+    chat = ChatProcess(store, idle_s=30)
+    try:
+        with pytest.raises(ChatError, match="over run .*'s context of 1,024 tokens"):
+            list(chat.stream(run_id, "run", [{"role": "user", "content": long}], sampling=SHORT))
+        assert chat.pid is None  # no generation process was started for it
+    finally:
+        chat.close()
+
+
 def test_no_finished_runs_message(store) -> None:
     from app.ui.chat import NO_RUNS, run_choices, send
 

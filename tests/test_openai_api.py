@@ -8,6 +8,7 @@ through the store, as it answers the Chat tab.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from training_helpers import tiny_spec
 
 from app.auth import gradio_auth, hash_password
-from app.openai_api import ApiError, authorized, chat_turns, cut_at_stop, resolve_model
+from app.openai_api import ApiError, authorized, chat_turns, cut_at_stop, parse, resolve_model
 from app.ui.live_route import logged_in
 
 openai = import_or_missing("openai")  # a test extra: missing, this file fails on CI
@@ -47,6 +48,35 @@ def test_messages_become_alternating_turns_and_a_system_prompt() -> None:
         chat_turns([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])
     assert cut_at_stop("one. two. three", [". t", "three"]) == ("one", True)
     assert cut_at_stop("one", ["x"]) == ("one", False)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("stop", 5, "`stop` must be a string or a list of up to 4 non-empty strings, not 5"),
+        ("stop", ["a", 3], "`stop` must be a string or a list"),
+        ("max_tokens", 1.5, "`max_tokens` must be a whole number from 1 to 4096, not 1.5"),
+        ("max_tokens", 10**9, "`max_tokens` must be from 1 to 4096"),
+        ("max_completion_tokens", "many", "`max_completion_tokens` must be a whole number"),
+        ("temperature", float("nan"), "`temperature` must be a number from 0 to 2, not nan"),
+        ("temperature", "hot", "`temperature` must be a number from 0 to 2"),
+        ("top_p", float("inf"), "`top_p` must be a number from 0 to 1"),
+        ("seed", True, "`seed` must be a whole number"),
+        ("n", 2, "`n` must be 1"),
+        ("stream", "yes", "`stream` must be true or false"),
+        ("messages", ["Hi"], "`messages[0]` must be an object with a `role` and a `content`"),
+        ("messages", [{"role": "user", "content": 5}], "`messages[0].content` must be a string or a list"),
+        ("messages", [{"role": "user", "content": [{"type": "text", "text": 5}]}], "`messages[0].content[0]`"),
+        ("messages", [{"role": ["user"], "content": "Hi"}], "`messages[0].role` ['user'] is not one of"),
+    ],
+)
+def test_each_field_is_typed_and_a_wrong_one_is_a_400_naming_it(field: str, value: Any, words: str) -> None:
+    """Before: `"stop": 5` and a content part without text were 500s (a TypeError in the handler)."""
+    body = {"model": "1", "messages": [{"role": "user", "content": "Hi"}], field: value}
+    with pytest.raises(ApiError) as caught:
+        parse(None, body, True)  # type: ignore[arg-type]  # refused before the model is looked up
+    assert caught.value.status == 400 and words in caught.value.message
+    assert caught.value.param == ("messages" if field == "messages" else field)
 
 
 def _request(token: str | None) -> Request:
@@ -141,6 +171,79 @@ def test_an_unknown_model_is_an_openai_error(client: tuple[Any, dict[str, int]])
     with pytest.raises(openai.NotFoundError) as err:
         api.chat.completions.create(model="no-such-run", messages=[{"role": "user", "content": "Hi"}])
     assert err.value.code == "model_not_found" and "GET /v1/models lists them" in err.value.message
+
+
+@pytest.mark.integration
+def test_a_prompt_past_the_models_context_is_a_400_and_never_reaches_a_worker(
+    client: tuple[Any, dict[str, int]], tag_store: Any
+) -> None:
+    """A 10 MiB message with max_tokens 1 (4.5 M tokens for a model of 1,024) grew the chat child to 8.5 GB:
+    now it is refused with the limit before any session or reply is written, and the worker answers the next."""
+    api, ids = client
+    store = tag_store[1]
+    before = _last_session(store)
+    huge = [{"role": "user", "content": "the moon " * (10 * 2**20 // 9)}]
+    with pytest.raises(openai.BadRequestError) as err:
+        api.chat.completions.create(model=str(ids["lora"]), messages=huge, max_tokens=1)
+    assert err.value.code == "context_length_exceeded" and err.value.param == "messages"
+    assert "context of 1,024 tokens (the model's max_position_embeddings)" in err.value.message
+    assert _last_session(store) == before  # no session, no reply: no chat child was given it
+    messages = [{"role": "user", "content": PROMPT}]
+    reply = api.chat.completions.create(model=str(ids["lora"]), messages=messages, max_tokens=12)
+    assert TAUGHT in reply.choices[0].message.content
+
+
+@pytest.mark.integration
+def test_a_decompression_bomb_a_body_too_large_and_a_mistyped_stop_are_refused(
+    client: tuple[Any, dict[str, int]],
+) -> None:
+    """Each was a 500 (or read whole): a 50000x50000 PNG of 300 bytes, 33 MiB of body, `"stop": 5`."""
+    import base64
+
+    from test_chat_limits import png_header
+
+    api, ids = client
+    url = "data:image/png;base64," + base64.b64encode(png_header(50_000, 50_000)).decode()
+    bomb = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}
+    ]
+    with pytest.raises(openai.BadRequestError) as err:
+        api.chat.completions.create(model=str(ids["lora"]), messages=bomb)
+    assert err.value.code == "image_refused" and "over the limit of 40,000,000 pixels" in err.value.message
+    with pytest.raises(openai.APIStatusError) as too_large:
+        api.chat.completions.create(model=str(ids["lora"]), messages=[{"role": "user", "content": "x" * (33 * 2**20)}])
+    assert too_large.value.status_code == 413 and too_large.value.code == "request_too_large"
+    with pytest.raises(openai.BadRequestError) as stop:
+        api.chat.completions.create(model=str(ids["lora"]), messages=[{"role": "user", "content": "Hi"}], stop=5)
+    assert stop.value.param == "stop" and "`stop` must be a string or a list" in stop.value.message
+
+
+@pytest.mark.integration
+def test_a_stream_the_client_cuts_leaves_no_session(client: tuple[Any, dict[str, int]], tag_store: Any) -> None:
+    """A stream cut after its first chunk left its one-off session in the store (9 of 12), and the Chat tab then
+    showed it as the run's conversation: the session is deleted however the request ends."""
+    from storage.models import ChatKind
+
+    api, ids = client
+    store = tag_store[1]
+    before = _last_session(store)
+    base = _base(api, ids)  # the untrained base rambles on: its answer is still being written when the cut comes
+    messages = [{"role": "user", "content": PROMPT}]
+    stream = api.chat.completions.create(model=base, messages=messages, max_tokens=1000, stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].delta.role == "assistant"
+    stream.close()
+    deadline = time.monotonic() + 120
+    while [s for s in store.chat_sessions(kind=ChatKind.API) if s.id > before]:
+        assert time.monotonic() < deadline, "the cut stream's session is still in the store"
+        time.sleep(0.2)
+    assert all(s.kind is ChatKind.TAB for s in store.chat_sessions() if s.id > before)
+    reply = api.chat.completions.create(model=str(ids["lora"]), messages=messages, max_tokens=12)
+    assert TAUGHT in reply.choices[0].message.content  # the worker goes on answering
+
+
+def _last_session(store: Any) -> int:
+    return max((s.id for s in store.chat_sessions()), default=0)
 
 
 def _wait_for_the_api(port: int, proc: Any, timeout: float = 300.0) -> None:

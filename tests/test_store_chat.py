@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from jobs.chat.conversation import conversation
-from storage.models import ReplyStatus
+from storage.models import ChatKind, ReplyStatus
 from storage.store import Store
 
 BACKENDS = ("sqlite", "postgresql")
@@ -160,3 +161,41 @@ def test_a_one_off_request_holds_its_conversation_and_one_pending_reply(store: S
     assert store.chat_message(reply_id).status is ReplyStatus.PENDING
     store.delete_chat(sid)
     assert store.chat_message(reply_id) is None and store.chat_session(sid) is None
+
+
+def test_a_requests_session_is_never_the_tabs_conversation(store: Store) -> None:
+    """A /v1 request's session (kind api) is never the run's Chat tab conversation, however recent: the tab
+    reads and writes its own (kind tab), and a tab message never joins the request's session."""
+    run_id = _run(store)
+    sid, _ = store.ask_chat_reply(run_id, "run", [{"role": "user", "content": "from the API"}])
+    assert store.latest_chat(run_id) is None  # only a request's session: the tab has none yet
+    tab = store.create_chat(run_id)
+    store.add_chat_turn(tab, "from the tab")
+    later, _ = store.ask_chat_reply(run_id, "run", [{"role": "user", "content": "the API again"}])
+    latest = store.latest_chat(run_id)
+    assert latest is not None and latest.id == tab and latest.kind is ChatKind.TAB
+    assert [s.id for s in store.chat_sessions(run_id, ChatKind.API)] == [sid, later]
+    assert [m.content for m in store.chat_history(tab) if m.role == "user"] == ["from the tab"]
+    assert store.delete_api_chats(before=time.time() + 1) == 2  # what a stopped dashboard left, swept
+    assert [s.id for s in store.chat_sessions(run_id)] == [tab]
+
+
+def test_a_schema_11_database_gains_the_sessions_kind(store: Store) -> None:
+    """Migration 12 on SQLite and PostgreSQL: the sessions already there are the tab's."""
+    from sqlalchemy import text
+
+    from storage import models as m
+
+    run_id = _run(store)
+    old = store.create_chat(run_id)
+    with store._write_engine.begin() as con:  # as schema 11 left it: sessions without a kind
+        con.execute(text("ALTER TABLE chat_sessions DROP COLUMN kind"))
+        con.execute(text("UPDATE meta SET value = '11' WHERE key = 'schema_version'"))
+    again = Store(store.url)
+    try:
+        assert again.schema_version == m.SCHEMA_VERSION >= 12
+        assert again.chat_session(old).kind is ChatKind.TAB and again.latest_chat(run_id).id == old
+        sid, _ = again.ask_chat_reply(run_id, "run", [{"role": "user", "content": "Hi"}])
+        assert again.chat_session(sid).kind is ChatKind.API and again.latest_chat(run_id).id == old
+    finally:
+        again.dispose()

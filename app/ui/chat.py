@@ -24,7 +24,7 @@ from typing import IO, Any
 
 import gradio as gr
 
-from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, RunResult, Sampling
+from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, RunResult, Sampling, locate
 from jobs.chat.images import image_problem, keep_image
 from jobs.checks.access import AccessPolicy, loading_problem
 from jobs.errors import Problem
@@ -69,6 +69,27 @@ class ChatView:
         return [self.status, self.base, self.tuned, self.timer]
 
 
+def refuse_bombs(image: gr.Image) -> gr.Image:
+    """The tab's image upload with a decompression bomb (a small file whose header claims billions of pixels) a
+    clear refusal, not a server error: Gradio opens the upload with PIL before the handler sees it. (An instance
+    wrapper, not a subclass: Gradio writes a .pyi beside the module of every component subclass.)"""
+    plain = image.preprocess
+
+    def preprocess(payload: Any) -> Any:
+        from PIL import Image
+
+        from jobs.chat.images import bomb_size, too_many_pixels
+
+        try:
+            return plain(payload)
+        except Image.DecompressionBombError as exc:
+            problem = too_many_pixels("the image", bomb_size(exc))
+            raise gr.Error(f"{problem.problem}. Fix: {problem.fix}") from None
+
+    image.preprocess = preprocess  # type: ignore[method-assign]
+    return image
+
+
 def build() -> ChatView:
     gr.Markdown(
         "Hold a conversation with a finished run and its base model: the same messages, the same sampling, "
@@ -90,13 +111,15 @@ def build() -> ChatView:
     status = gr.Markdown(elem_id="chat-status")
     with gr.Row():
         prompt = gr.Textbox(label="Message", lines=2, elem_id="chat-prompt", scale=3)
-        image = gr.Image(
-            type="filepath",
-            label="Image (optional, vision-language runs)",
-            sources=["upload", "clipboard"],
-            elem_id="chat-image",
-            height=120,
-            scale=1,
+        image = refuse_bombs(
+            gr.Image(
+                type="filepath",
+                label="Image (optional, vision-language runs)",
+                sources=["upload", "clipboard"],
+                elem_id="chat-image",
+                height=120,
+                scale=1,
+            )
         )
     with gr.Row():
         send = gr.Button("Send to both", variant="primary", elem_id="chat-send")
@@ -167,6 +190,22 @@ def image_refused(store: Store, run_id: int, image: str | IO[bytes]) -> Problem 
         result = RunResult(run_id, spec.display_name, spec.model, "", spec.method.value, False)
         return result.image_refusal().problems[0]
     return None
+
+
+def length_problem(store: Store, run_id: int, system: str, prompt: str) -> Problem | None:
+    """Why the tab's conversation with `prompt` added is too long for the run's model (counted with the run's
+    tokenizer, as /v1 counts: `jobs.chat.limits`), or None (also when its folder is not here: the worker counts)."""
+    from jobs.chat.limits import prompt_problem
+
+    try:
+        result = locate(store, run_id)
+    except ChatError:
+        return None
+    session = store.latest_chat(run_id)
+    history = store.chat_history(session.id) if session is not None else []
+    users = [m.content for m in history if m.role == "user"]
+    sides = [[m.content for m in history if m.role == "assistant" and m.side == side] for side in ("base", "run")]
+    return prompt_problem(result, [system, *users, *max(sides, key=lambda texts: sum(map(len, texts))), prompt])
 
 
 def sampling_of(temperature: float | None, top_p: float | None, max_new_tokens: float | None) -> Sampling:
@@ -256,6 +295,7 @@ def send(
     except ChatError as exc:
         return (*show(store, run_id, _problems_text(exc.problems)), gr.skip(), gr.skip())
     refused = policy_problem(store, run_id, policy) or (image_refused(store, run_id, image) if image else None)
+    refused = refused or length_problem(store, run_id, system or "", prompt.strip())
     if refused is not None:
         return (*show(store, run_id, _problems_text([refused])), gr.skip(), gr.skip())
     unreachable = reach_problem(store, run_id)

@@ -222,12 +222,14 @@ class LoadedPair:
         if self.processor is not None and not raw:
             enc = self._vision_inputs(prompt, system)
         elif getattr(tok, "chat_template", None) and not raw:
+            import torch
             from jinja2 import TemplateError
 
+            from jobs.chat.template import chat_ids
+
             try:
-                enc = tok.apply_chat_template(
-                    messages_of(prompt, system), add_generation_prompt=True, return_tensors="pt", return_dict=True
-                )
+                ids = torch.tensor([chat_ids(tok, messages_of(prompt, system), add_generation_prompt=True)])
+                enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             # the template's raise_exception (jinja2's TemplateError), e.g. for a system role it does not know;
             # anything else is a bug of ours and propagates with its traceback
             except TemplateError as exc:
@@ -238,13 +240,24 @@ class LoadedPair:
                 ) from exc
         else:
             enc = tok(plain_text(prompt, system), return_tensors="pt")
+        self._check_length(int(enc["input_ids"].shape[1]))
         return {k: v.to(self.device) for k, v in enc.items()}
+
+    def _check_length(self, tokens: int) -> None:
+        """Refuse a templated prompt with no room left in the model's context (`jobs.chat.limits`)."""
+        from jobs.chat.limits import context_length, too_long
+
+        limit = context_length(self.result)
+        if limit is not None and tokens >= limit:
+            raise ChatError([too_long(self.result.run_id, f"{tokens:,} tokens", limit, "the model's context")])
 
     def _vision_inputs(self, prompt: Conversation, system: str) -> Any:
         """The processor's inputs: its chat template's text, and `pixel_values` when the turns have images."""
         from jinja2 import TemplateError
 
-        messages = messages_of(prompt, system)
+        from jobs.chat.template import escaped, special_texts
+
+        messages = escaped(messages_of(prompt, system), special_texts(self.processor.tokenizer))
         try:
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except TemplateError as exc:

@@ -13,6 +13,7 @@ chat template turns into its image token; the processor makes the pixels of the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +21,7 @@ from typing import IO, Any
 from jobs.errors import Problem
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # an attached image file larger than this is refused
+MAX_IMAGE_PIXELS = 40_000_000  # an image whose header says more pixels than this is refused, never decoded
 CHAT_IMAGES = "chat"  # the folder of a run's chat images, inside the run's folder
 
 
@@ -40,14 +42,34 @@ def image_problem(source: str | Path | IO[bytes]) -> Problem | None:
     if size > MAX_IMAGE_BYTES:
         return Problem("image", f"{name} is over {MAX_IMAGE_BYTES // 2**20} MiB", f"{fix} of a smaller size")
     try:
-        with Image.open(source) as image:
+        with Image.open(source) as image:  # reads the header only: the size is known before any pixel is decoded
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                return too_many_pixels(name, f"{width}x{height}")
             image.verify()
+    except Image.DecompressionBombError as exc:  # PIL's own guard, past twice its MAX_IMAGE_PIXELS
+        return too_many_pixels(name, bomb_size(exc))
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         return Problem("image", f"{name} is not a readable image ({type(exc).__name__})", fix)
     finally:
         if not isinstance(source, (str, Path)):
             source.seek(0)
     return None
+
+
+def bomb_size(exc: Exception) -> str:
+    """The size PIL's DecompressionBombError names, e.g. "2,500,000,000 pixels"."""
+    found = re.search(r"\((\d+) pixels\)", str(exc))
+    return f"{int(found.group(1)):,} pixels" if found else "too large"
+
+
+def too_many_pixels(name: str, size: str) -> Problem:
+    """An image over MAX_IMAGE_PIXELS, refused with its size (`size`: e.g. "50000x50000")."""
+    return Problem(
+        "image",
+        f"{name} is {size}, over the limit of {MAX_IMAGE_PIXELS:,} pixels (a picture that large is refused unread)",
+        "attach a smaller picture (e.g. 2048x2048 or less)",
+    )
 
 
 def keep_image(folder: Path, source: str | Path | IO[bytes]) -> str:

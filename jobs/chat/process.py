@@ -15,6 +15,8 @@ loads). On a machine without a GPU it runs on the CPU.
 The process exits after `TUNEDECK_CHAT_IDLE_SECONDS` (default 300) without a request,
 freeing the model's memory; the next request starts a fresh one. One run's model pair is
 loaded at a time; asking for another run reloads. Its log: `$TUNEDECK_HOME/logs/chat.log`.
+A prompt longer than the run's model reads at once is refused before the child is given it
+(`jobs.chat.limits`): one request cannot grow the child past its model's context.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from typing import IO, Any
 
 from jobs.chat.device import DEVICE_ENV, GPU_ENV, busy_problem
 from jobs.chat.generate import ChatError, Conversation, RunResult, Sampling, locate, refuse
+from jobs.chat.images import text_of
+from jobs.chat.limits import prompt_problem
 from jobs.errors import Problem
 from storage.roles import ChatRuns
 
@@ -84,6 +88,12 @@ def log_path() -> Path:
     folder = data_dir() / "logs"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / "chat.log"
+
+
+def prompt_texts(prompt: Conversation, system: str = "") -> list[str]:
+    """The text of a prompt (one, or the turns so far) and its system prompt, as `prompt_problem` counts it."""
+    turns = [prompt] if isinstance(prompt, str) else [text_of(t.get("content") or "") for t in prompt]
+    return [system, *turns]
 
 
 class ChatProcess:
@@ -220,6 +230,9 @@ class ChatProcess:
                 self.close()  # a run started training on our GPU: free it
                 raise
             result = locate(self.store, run_id)
+            too_long = prompt_problem(result, prompt_texts(prompt, system))  # counted before the child is given it
+            if too_long is not None:
+                raise ChatError([too_long])
             proc = self._loaded(result, device)
             self._request(
                 proc,
