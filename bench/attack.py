@@ -256,12 +256,6 @@ def stop_typed(d: Dashboard) -> tuple[bool, str]:
     return r.status_code == 400 and "stop" in api_error(r), f"{r.status_code} {api_error(r)}"
 
 
-def prompt_over_context(d: Dashboard) -> tuple[bool, str]:
-    text = "word " * (2 << 20)  # 10 MiB
-    r = chat(d, {"model": str(d.ids["finished"]), "messages": [{"role": "user", "content": text}], "max_tokens": 1})
-    return r.status_code == 400 and "context" in api_error(r).lower(), f"{r.status_code} {api_error(r)}"
-
-
 def image_bomb(d: Dashboard) -> tuple[bool, str]:
     url = "data:image/png;base64," + base64.b64encode(png_header_only(50000, 50000)).decode()
     content = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": url}}]
@@ -345,7 +339,6 @@ CASES = [
     Case("the token redirect stays on the dashboard", MODES, redirect_stays),
     Case("/v1 body over 32 MiB: 413", MODES, body_cap),
     Case('/v1 "stop": 5: 400 naming stop', MODES, stop_typed),
-    Case("/v1 10 MiB prompt: 400 with the context", MODES, prompt_over_context),
     Case("/v1 50000x50000 PNG: 400 on pixels", MODES, image_bomb),
     Case("ids win over names in /v1/models", MODES, ids_win),
     Case("numbers past 64 bits refused at submit", MODES, numbers_bounded),
@@ -395,6 +388,10 @@ def run_mode(mode: str, home: Path, ids: dict[str, int], judge_url: str) -> list
 
 
 HELD_BY_TESTS = [
+    (
+        "a 10 MiB prompt is a 400 on the context before a worker is given it (needs a worker that reaches the run)",
+        "tests/test_openai_api.py::test_a_prompt_past_the_models_context_is_a_400_and_never_reaches_a_worker",
+    ),
     (
         "a cut /v1 stream leaves no session; tab and API chats apart",
         "tests/test_openai_api.py, tests/test_store_chat.py",
