@@ -321,3 +321,52 @@ def test_grpo_trains_with_a_regex_and_an_exact_reward(store, tiny_model: Path, t
     table = pd.read_parquet(logged[-1])
     assert {"prompt", "completion", "regex", "exact", "advantage"} <= set(table.columns)
     assert not any(math.isnan(v) for v in table["regex"])
+
+
+def test_the_dashboard_and_its_api_queue_declared_rewards(data_home: Path, store) -> None:
+    """Declared rewards run no user code: the form and the API queue them under the dashboard's default policy
+    (a `reward_function` stays refused there: tests/test_grpo.py)."""
+    from app import api
+    from app.ui import form as ui_form
+
+    rewards = [{"kind": "regex", "pattern": "^<answer>", "weight": 0.5}, {"kind": "json_valid"}, "think_format"]
+    spec = JobSpec.from_dict(grpo(model="tiny-llama", rewards=rewards, max_steps=1))
+    errors, run_id = ui_form.launch(store, *ui_form.form_values(spec))
+    assert run_id is not None, errors
+    out = api.submit_yaml(store, spec.to_yaml())
+    assert out["run_id"] is not None, out["problems"]
+    from jobs.spec.stored import spec_of
+
+    stored = [spec_of(store.get_run(i)) for i in (run_id, out["run_id"])]
+    assert all(s.declared_rewards == spec.declared_rewards for s in stored)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon_high": 0.28},
+        {"loss_type": "bnpo", "scale_rewards": "batch", "mask_truncated_completions": True},
+        {"loss_type": "dr_grpo", "scale_rewards": "none", "top_entropy_quantile": 0.2},
+    ],
+)
+def test_each_loss_variant_trains_a_step(changes: dict, tiny_model: Path, tmp_path: Path) -> None:
+    from jobs.train.training import train_spec
+
+    spec = tiny_spec(
+        tiny_model,
+        trainer="grpo",
+        dataset="sample:prompt-format",
+        rewards=[{"kind": "length", "target": 4}],
+        max_steps=1,
+        max_train_samples=4,
+        num_generations=2,
+        max_completion_length=8,
+        **changes,
+    )
+    result = train_spec(spec, tmp_path / "out", device=CPU)
+    assert result.metrics["global_step"] == 1
+    args = result.trainer.args
+    assert {k: getattr(args, k) for k in changes} == changes
+    assert math.isfinite(result.metrics["train_loss"])
