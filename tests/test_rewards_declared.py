@@ -370,3 +370,43 @@ def test_each_loss_variant_trains_a_step(changes: dict, tiny_model: Path, tmp_pa
     args = result.trainer.args
     assert {k: getattr(args, k) for k in changes} == changes
     assert math.isfinite(result.metrics["train_loss"])
+
+
+def test_a_trl_grpo_config_imports_with_its_rewards_and_loss_knobs() -> None:
+    from jobs.spec.imports import ImportConfigError, build_spec, import_config
+
+    imported = import_config(
+        {
+            "model_name_or_path": "m",
+            "dataset_name": "d",
+            "reward_funcs": ["think_format_reward", "accuracy_reward"],
+            "reward_weights": [0.5, 2.0],
+            "num_generations": 4,
+            "loss_type": "dr_grpo",
+            "scale_rewards": False,
+            "epsilon_high": 0.28,
+            "importance_sampling_level": "sequence",
+            "mask_truncated_completions": True,
+            "top_entropy_quantile": 0.2,
+        }
+    )
+    spec = build_spec(imported, {"model": "tiny-llama", "dataset": "sample:prompt-format"})
+    assert (spec.trainer.value, spec.loss_type.value, spec.scale_rewards.value, spec.beta) == (
+        "grpo",
+        "dr_grpo",
+        "none",
+        0.0,  # GRPOConfig's default, not tunedeck's
+    )
+    assert (spec.epsilon_high, spec.importance_sampling_level.value, spec.top_entropy_quantile) == (
+        0.28,
+        "sequence",
+        0.2,
+    )
+    assert spec.mask_truncated_completions and spec.max_completion_length == 256
+    assert [(r.kind.value, r.weight) for r in spec.declared_rewards] == [("think_format", 0.5), ("accuracy", 2.0)]
+    with pytest.raises(ImportConfigError) as err:
+        import_config({"model_name_or_path": "m", "reward_funcs": ["my_pkg.score"], "num_generations": 4})
+    assert "reward_funcs: my_pkg.score: code tunedeck does not import" in str(err.value)
+    with pytest.raises(ImportConfigError) as err:
+        import_config({"model_name_or_path": "m", "num_generations": 4, "loss_type": "cispo"})
+    assert "loss_type: `cispo` has no tunedeck equivalent" in str(err.value)
