@@ -115,10 +115,12 @@ def test_cosine_length_scales_accuracy_by_length() -> None:
     assert done == pytest.approx([0.75, -0.75])  # trl's own example: half of max_len
 
 
-def test_a_catastrophic_pattern_is_cut_off_not_left_to_stall_the_worker() -> None:
+def test_a_catastrophic_pattern_is_cut_off_not_left_to_stall_the_worker(caplog: pytest.LogCaptureFixture) -> None:
     """`(a+)+$` backtracks exponentially on a run of a's that ends otherwise; the regex package's timeout ends
     it and the completion scores 0 (without the timeout this call would not return for hours)."""
-    assert score({"kind": "regex", "pattern": "(a+)+$"}, ["a" * 5000 + "!", "aaa"]) == [0.0, 1.0]
+    with caplog.at_level("WARNING", logger="jobs.config.rewards"):
+        assert score({"kind": "regex", "pattern": "(a+)+$"}, ["a" * 5000 + "!", "aaa"]) == [0.0, 1.0]
+    assert "ran out of time" in caplog.text  # the time bound ended it, not the pattern
 
 
 def test_each_reward_logs_under_its_own_name() -> None:
@@ -160,6 +162,14 @@ rewards:
         ([{"kind": "exact", "column": "a", "extract": "(a)(b)"}], "rewards[0].extract: `(a)(b)` has 2 groups"),
         ([{"kind": "json_schema", "schema": {"type": "objekt"}}], "rewards[0].schema: is not a valid JSON Schema"),
         ([{"kind": "json_schema", "schema": "{not json"}], "rewards[0].schema: is not JSON"),
+        (
+            [{"kind": "json_schema", "schema": {"properties": {"a": {"type": "string", "pattern": "(a+)+$"}}}}],
+            "rewards[0].schema: uses `pattern`, whose regular expressions jsonschema runs without a time bound",
+        ),
+        (
+            [{"kind": "json_schema", "schema": {"allOf": [{"$ref": "https://example.com/s.json"}]}}],
+            "rewards[0].schema: refers to `https://example.com/s.json` outside the schema",
+        ),
         ([{"kind": "repetition", "weight": ".nan"}], "rewards[0].weight: `.nan` is not a finite number"),
         ([{"kind": "repetition", "weight": 1e308 * 10}], "rewards[0].weight: `inf` is not a finite number"),
         ([{"kind": "length", "target": 0}], "rewards[0].target: `0` is not a whole number >= 1"),
@@ -329,7 +339,11 @@ def test_the_dashboard_and_its_api_queue_declared_rewards(data_home: Path, store
     from app import api
     from app.ui import form as ui_form
 
-    rewards = [{"kind": "regex", "pattern": "^<answer>", "weight": 0.5}, {"kind": "json_valid"}, "think_format"]
+    rewards = [
+        {"kind": "regex", "pattern": "^<answer>", "weight": 0.5},
+        {"kind": "json_schema", "schema": {"type": "object", "properties": {"pattern": {"type": "string"}}}},
+        "think_format",
+    ]  # a property named `pattern` is no pattern keyword
     spec = JobSpec.from_dict(grpo(model="tiny-llama", rewards=rewards, max_steps=1))
     errors, run_id = ui_form.launch(store, *ui_form.form_values(spec))
     assert run_id is not None, errors
