@@ -1,8 +1,9 @@
 """GRPO's checks across fields: its rewards, its group sizes, and its loss knobs under another trainer.
 
-`jobs.spec.job.spec_problems` calls `grpo_problems` with the trainer record's `generates`; the rewards themselves
-are parsed and checked by `jobs.spec.rewards` (`JobSpec.reward_problems`) (each problem naming `rewards[i].param`), the columns they read with the data
-(`jobs.checks.rewards`). Pure: no file system, no device.
+`jobs.spec.job.spec_problems` calls `grpo_problems` with the trainer record's `generates`. The rewards
+themselves are parsed and checked once by `jobs.spec.rewards` (`JobSpec.reward_problems`, each problem
+naming `rewards[i].param`); the columns they read are checked with the data (`jobs.checks.rewards`).
+Pure: no file system, no device.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ text, form group and bounds next to it; `jobs.spec.parse` reads raw values into 
 this module holds the class that joins them (building, serialising, replacing and validating a
 spec) and the checks across fields below it: what a spec cannot ask for although each of its
 values is fine on its own (bounds first, then the combinations: losses and options of another
-trainer, LoRA initialisations a base cannot take, GRPO's rewards and group sizes, ...), each
-naming the field and the fix. Pure: no file system, no device.
+trainer, LoRA initialisations a base cannot take, GRPO's rewards and group sizes in `jobs.spec.grpo`,
+...), each naming the field and the fix. Pure: no file system, no device.
 
     spec = JobSpec.from_yaml(Path("examples/smollm2-tag-format.yaml").read_text())
     problems = spec.problems()      # [] when the spec is valid on its own
