@@ -23,15 +23,17 @@ import pytest
 
 from jobs.checks.access import AccessPolicy
 from jobs.config.mapping import resolved_config, training_kwargs
+from jobs.config.rewards import reward_functions
 from jobs.config.trainers import reward_weights
 from jobs.data.inspection import check_dataset
 from jobs.data.loading import load_datasets
 from jobs.data.sources import DataError
 from jobs.data.tokens.measurement import length_warnings
 from jobs.devices.facts import CPU
+from jobs.spec.custom_reward import function_ref_problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec, SpecError
-from jobs.spec.rewards import builtin_reward, function_ref_problem, parse_rewards
+from jobs.spec.rewards import RewardKind, parse_rewards
 from storage.models import RunStatus
 from tests.training_helpers import refusal_messages, tiny_spec
 
@@ -93,28 +95,41 @@ def test_other_columns_reach_the_reward_functions(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text,weights,problem",
     [
-        ("think_format", {"think_format": 1.0}, None),
-        ("think_format, repetition=0.5, overlong=-2", {"think_format": 1.0, "repetition": 0.5, "overlong": -2.0}, None),
-        ("accuracy", {}, "`accuracy` is not a built-in reward"),
-        ("repetition=lots", {}, "has no number as its weight"),
-        ("repetition, repetition", {"repetition": 1.0}, "is listed twice"),
-        (" , ", {}, "lists no reward"),
+        ("think_format", {"think_format_reward": 1.0}, None),
+        (
+            "think_format, repetition=0.5, overlong=-2",
+            {"think_format_reward": 1.0, "repetition_penalty_reward": 0.5, "soft_overlong_punishment_reward": -2.0},
+            None,
+        ),
+        ("accuracy", {"accuracy_reward": 1.0}, None),
+        ("regex", {}, "rewards[0].pattern: regex needs it"),
+        ("best", {}, "rewards[0].kind: `best` is not a reward"),
+        ("repetition=lots", {}, "rewards[0].weight: `lots` is not a finite number"),
+        ("repetition, repetition", {"repetition_penalty_reward": 1.0, "repetition_penalty_reward_2": 1.0}, None),
+        ("[{kind: overlong, name: a}, {kind: repetition, name: a}]", {}, "rewards[1].name: `a` is used twice"),
+        (" , ", {}, "rewards: lists no reward"),
     ],
 )
 def test_parse_rewards(text: str, weights: dict, problem: str | None) -> None:
     found, problems = parse_rewards(text)
-    assert found == weights
-    assert (problem is None and not problems) or (problem and problem in problems[0][0])
+    assert {r.name: r.weight for r in found} == weights
+    assert (problem is None and not problems) or (problem and problem in str(problems[0])), problems
 
 
 def test_builtin_rewards_score_as_trl_does() -> None:
-    think = builtin_reward("think_format", 16)
+    think, repetition, overlong = reward_functions(parse_rewards("think_format, repetition, overlong")[0], 16)
     plain = ["<think>\nhm\n</think>\nyes", "no tags"]
     assert think(plain) == [1.0, 0.0]  # plain-text completions are wrapped for trl's chat-only function
     assert think([[{"role": "assistant", "content": c}] for c in plain]) == [1.0, 0.0]
     # 3-grams of five equal tokens: three, one of them unique -> -(1 - 1/3)
-    assert builtin_reward("repetition", 16)(completion_ids=[[1, 2, 3, 4], [5] * 5]) == pytest.approx([0.0, -2 / 3])
-    assert builtin_reward("overlong", 16)(completion_ids=[[1] * 8, [1] * 14, [1] * 17]) == [0.0, -0.5, -1.0]
+    assert repetition(completion_ids=[[1, 2, 3, 4], [5] * 5]) == pytest.approx([0.0, -2 / 3])
+    assert overlong(completion_ids=[[1] * 8, [1] * 14, [1] * 17]) == [0.0, -0.5, -1.0]
+    assert [f.__name__ for f in (think, repetition, overlong)] == [
+        "think_format_reward",
+        "repetition_penalty_reward",
+        "soft_overlong_punishment_reward",
+    ]
+    assert parse_rewards("think_format")[0][0].kind is RewardKind.THINK_FORMAT
 
 
 @pytest.mark.parametrize(
@@ -162,7 +177,8 @@ def test_grpo_mapping(tmp_path: Path) -> None:
         "temperature": 0.7,
     }
     assert kw["per_device_eval_batch_size"] == 4  # the micro-batch rounded up to whole groups for evaluation
-    assert not {"max_length", "padding_free", "packing", "loss_type"} & set(kw)
+    assert not {"max_length", "padding_free", "packing"} & set(kw)
+    assert kw["loss_type"] == "dapo" and kw["log_completions"] is True  # trl's default loss; completions logged
     config = training_config(spec, CPU, str(tmp_path))
     assert isinstance(config, GRPOConfig) and config.generation_batch_size == 6
 
@@ -176,9 +192,12 @@ def test_grpo_mapping(tmp_path: Path) -> None:
         ({"auto_find_batch_size": True}, "auto_find_batch_size: is not supported by grpo"),
         ({"padding_free": True}, "padding_free: is not supported by the GRPO trainer"),
         ({"packing": True}, "packing: is only supported by the SFT trainer"),
-        ({"loss_type": "sigmoid"}, "loss_type: sigmoid is a DPO loss. Fix: for grpo use auto"),
+        (
+            {"loss_type": "sigmoid"},
+            "loss_type: sigmoid is a DPO loss. Fix: for grpo use auto, bnpo, dapo, dr_grpo, grpo",
+        ),
         ({"lora_target_modules": "q_proj,lm_head"}, "lora_target_modules: an adapter on lm_head"),
-        ({"rewards": "accuracy"}, "rewards: `accuracy` is not a built-in reward"),
+        ({"rewards": "best"}, "rewards[0].kind: `best` is not a reward"),
         ({"reward_function": "score"}, "reward_function: `score` is not module:function"),
         ({"num_generations": 1}, "num_generations: 1 is out of range"),
         ({"lora_init": "eva"}, "lora_init: eva fails with grpo"),

@@ -49,6 +49,7 @@ from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.egress import endpoint_warning
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
+from jobs.checks.rewards import reward_column_problems
 from jobs.checks.template import assistant_only_problems
 from jobs.checks.trackers import tracker_problems
 from jobs.checks.tricks import missing_package_problems
@@ -152,7 +153,7 @@ def _check_spec(
     infos: dict[str, DatasetInfo] = {}
     if not any(p.field in DATA_FIELDS for p in problems):
         found, infos = dataset_problems(spec, tokenizer)
-        problems += found
+        problems += found + reward_column_problems(spec, infos)  # a declared reward's column the data lacks
     arch = model_arch(spec.model) if valid or spec.method in MODEL_CHECKED_METHODS else (None, "")
     capability = facts.device()
     problems += [_where(p, note) for p in device_problems(spec, capability)]

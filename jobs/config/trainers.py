@@ -55,7 +55,12 @@ KWARG_VALUES: dict[str, Callable[[JobSpec], Any]] = {
     "max_completion_length": lambda spec: spec.max_completion_length,
     "temperature": lambda spec: spec.temperature,
     "reward_weights": lambda spec: reward_weights(spec),
-    "log_completions": lambda spec: False,
+    "log_completions": lambda spec: True,  # trl prints a table of prompts, completions and rewards at each log
+    "importance_sampling_level": lambda spec: spec.importance_sampling_level.value,
+    "scale_rewards": lambda spec: spec.scale_rewards.value,
+    "epsilon_high": lambda spec: spec.epsilon_high,
+    "mask_truncated_completions": lambda spec: spec.mask_truncated_completions,
+    "top_entropy_quantile": lambda spec: spec.top_entropy_quantile,
     "per_device_eval_batch_size": grpo_eval_batch,
 }
 
@@ -66,11 +71,9 @@ def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:
 
 
 def reward_weights(spec: JobSpec) -> list[float]:
-    """One weight per reward source, in the order jobs.train.trainers passes them: built-ins as listed, then the
-    reward model, then the custom function."""
-    from jobs.spec.rewards import parse_rewards
-
-    weights = list(parse_rewards(spec.rewards)[0].values()) if spec.rewards else []
+    """One weight per reward source, in the order jobs.train.trainers passes them: the declared rewards as
+    listed, then the reward model, then the custom function."""
+    weights = [r.weight for r in spec.declared_rewards]
     if spec.reward_model_run is not None:
         weights.append(spec.reward_model_weight)
     if spec.reward_function is not None:

@@ -192,11 +192,32 @@ class LossType(str, Enum):
     ORPO = "orpo"  # trl.experimental
     CPO = "cpo"  # trl.experimental
     APO_ZERO_UNPAIRED = "apo_zero_unpaired"
+    # GRPO's (trl GRPOConfig.loss_type): how the token losses of a group are summed
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    DAPO = "dapo"
+    BNPO = "bnpo"
 
 
 SFT_LOSSES = {LossType.NLL, LossType.DFT}
 DPO_LOSSES = {LossType.SIGMOID, LossType.HINGE, LossType.IPO}
 KTO_LOSSES = {LossType.KTO, LossType.APO_ZERO_UNPAIRED}
+GRPO_LOSSES = {LossType.GRPO, LossType.DR_GRPO, LossType.DAPO, LossType.BNPO}
+
+
+class ImportanceSamplingLevel(str, Enum):
+    """GRPO's importance ratio: one per token, or one per completion (GSPO)."""
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
+class ScaleRewards(str, Enum):
+    """How GRPO divides the advantages: by the group's reward spread, the batch's, or not at all (Dr. GRPO)."""
+
+    GROUP = "group"
+    BATCH = "batch"
+    NONE = "none"
 
 
 class Scheduler(str, Enum):

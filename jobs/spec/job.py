@@ -6,8 +6,8 @@ text, form group and bounds next to it; `jobs.spec.parse` reads raw values into 
 this module holds the class that joins them (building, serialising, replacing and validating a
 spec) and the checks across fields below it: what a spec cannot ask for although each of its
 values is fine on its own (bounds first, then the combinations: losses and options of another
-trainer, LoRA initialisations a base cannot take, GRPO's rewards and group sizes, ...), each
-naming the field and the fix. Pure: no file system, no device.
+trainer, LoRA initialisations a base cannot take, GRPO's rewards and group sizes in `jobs.spec.grpo`,
+...), each naming the field and the fix. Pure: no file system, no device.
 
     spec = JobSpec.from_yaml(Path("examples/smollm2-tag-format.yaml").read_text())
     problems = spec.problems()      # [] when the spec is valid on its own
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import yaml
@@ -27,16 +28,16 @@ from jobs.spec.enums import (
     DEFAULT_MODEL,
     DEFAULT_SFT_DATASET,
     LORA_FAMILY,
-    PREFERENCE_ONLY,
     TARGETED_METHODS,
     LoraInit,
     Method,
 )
 from jobs.spec.evaluation import early_stopping_problems, judge_problems
 from jobs.spec.field import plain
+from jobs.spec.grpo import grpo_problems
 from jobs.spec.mixture import LIST_FIX, DataSource, parse_sources, sources_text
 from jobs.spec.parse import bounds_problems, parse_values
-from jobs.spec.rewards import function_ref_problem, parse_rewards
+from jobs.spec.rewards import RewardSpec, parse_rewards
 from jobs.spec.sections.evaluation import EvaluationFields
 from jobs.spec.sections.memory import MemoryFields
 from jobs.spec.sections.method import MethodFields, QuantFields
@@ -133,6 +134,20 @@ class JobSpec(
         sources, problems = parse_sources(self.dataset)
         return [] if problems else sources
 
+    @cached_property
+    def _parsed_rewards(self) -> tuple[list[RewardSpec], list[Problem]]:
+        return parse_rewards(self.rewards) if self.rewards is not None else ([], [])
+
+    @property
+    def declared_rewards(self) -> list[RewardSpec]:
+        """`rewards` as typed declared rewards, parsed once per spec; [] when none or unreadable (a spec problem)."""
+        return self._parsed_rewards[0]
+
+    @property
+    def reward_problems(self) -> list[Problem]:
+        """What is wrong with `rewards`, each naming its place (`rewards[1].pattern`)."""
+        return self._parsed_rewards[1]
+
     @property
     def display_name(self) -> str:
         return self.run_name or f"{self.model.rstrip('/').split('/')[-1]}-{self.method.value}-{self.trainer.value}"
@@ -158,7 +173,9 @@ def spec_problems(spec: JobSpec) -> list[Problem]:
     out.extend(_input_problems(spec))
     out.extend(_trainer_problems(spec))
     out.extend(_lora_init_problems(spec))
-    out.extend(p for p in _grpo_problems(spec) if p.field not in {q.field for q in out})  # a bound problem is enough
+    out.extend(
+        p for p in grpo_problems(spec, record_for(spec.trainer).generates) if p.field not in {q.field for q in out}
+    )  # a bound problem is enough
     if spec.max_steps == 0:
         out.append(
             Problem(
@@ -329,66 +346,3 @@ def _lora_init_problems(spec: JobSpec) -> list[Problem]:
             )
         ]
     return []
-
-
-def _grpo_problems(spec: JobSpec) -> list[Problem]:
-    """GRPO's rewards and group sizes; reward fields under another trainer (see jobs.spec.rewards)."""
-    grpo = record_for(spec.trainer).generates  # the rewards score generated answers
-    out: list[Problem] = []
-    if spec.beta == 0 and spec.trainer in PREFERENCE_ONLY["trainer"]:
-        out.append(
-            Problem(
-                "beta",
-                f"0 leaves {spec.trainer.value} without its preference term",
-                "use a value > 0 (0 is only for grpo: no KL penalty)",
-            )
-        )
-    given = [n for n in ("rewards", "reward_model_run", "reward_function") if getattr(spec, n) is not None]
-    if not grpo:
-        return out + [
-            Problem(
-                n,
-                f"is a grpo option; the {spec.trainer.value} trainer has no rewards",
-                f"remove {n}, or set trainer: grpo",
-            )
-            for n in given
-        ]
-    if spec.rewards is not None:
-        out.extend(Problem("rewards", problem, fix) for problem, fix in parse_rewards(spec.rewards)[1])
-    if spec.reward_function is not None:
-        found = function_ref_problem(spec.reward_function)
-        if found:
-            out.append(Problem("reward_function", *found))
-    if not given:
-        out.append(
-            Problem(
-                "rewards",
-                "grpo needs at least one reward to score the completions",
-                "name built-in rewards (e.g. rewards: repetition, overlong), a finished reward run "
-                "(reward_model_run: ID), or a reward_function in a spec file",
-            )
-        )
-    # 0 or less is a bound problem of its own (and 0 would divide by zero).
-    if spec.num_generations > 0 and spec.effective_batch_size % spec.num_generations:
-        # trl: "generation_batch_size (6) must be divisible by num_generations (4)."
-        out.append(
-            Problem(
-                "num_generations",
-                f"{spec.num_generations} does not divide the effective batch "
-                f"({spec.per_device_train_batch_size} x {spec.gradient_accumulation_steps} = "
-                f"{spec.effective_batch_size}); trl generates whole groups of completions per prompt",
-                "make per_device_train_batch_size x gradient_accumulation_steps a multiple of num_generations",
-            )
-        )
-    if spec.auto_find_batch_size:
-        # trl: "auto_find_batch_size is not supported by GRPO, because the generation batch must contain full
-        # prompt groups of num_generations completions"
-        out.append(
-            Problem(
-                "auto_find_batch_size",
-                "is not supported by grpo (a halved batch would split the groups of completions per prompt)",
-                "set auto_find_batch_size: false and lower "
-                "per_device_train_batch_size instead (keep it a multiple of num_generations)",
-            )
-        )
-    return out

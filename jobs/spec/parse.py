@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 from collections.abc import Iterable
 from enum import Enum
@@ -34,6 +35,9 @@ def parse_values(cls: type, data: dict[Any, Any]) -> tuple[dict[str, Any], list[
             raw = "\n".join(str(p).strip() for p in raw)  # a YAML/JSON list -> the stored form, one per line
         if key == "report_to" and isinstance(raw, (list, tuple, str)):
             raw = report_to_text(raw)  # a list, or the libraries' "none" -> the stored form, names joined by commas
+        if key == "rewards" and isinstance(raw, list):
+            # a YAML/JSON list of declared rewards -> the stored form, JSON text (jobs.spec.rewards reads it)
+            raw = json.dumps(raw, default=str)
         if key not in known:
             close = closest(str(key), known)
             fix = f"did you mean `{close}`?" if close else "remove it; see the field table in docs/spec.md"

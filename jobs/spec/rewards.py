@@ -1,122 +1,382 @@
-"""GRPO's rewards: the built-in ones from trl.rewards by the names people use, and custom functions.
+"""GRPO's rewards, declared in the spec: trl.rewards' functions and scorers with parameters, each with a weight.
 
-A spec names its rewards as text (`rewards: "think_format, repetition=0.5"`); this module parses
-that text (pure, no trl import, so `jobs.spec.job` can check it) and builds the callables trl's
-GRPOTrainer calls. A custom function (`reward_function: my_rewards:score` or `path/to/file.py:score`)
-is imported here, in the training process only; `jobs.checks.access` keeps it off the dashboard and its API.
+A spec declares its rewards without code, so every access policy accepts them. The stored form of the
+`rewards` field is one text: the short list of parameterless rewards (`think_format, repetition=0.5`),
+or a YAML/JSON list, which is what a YAML spec's list becomes (JSON text, `jobs.spec.parse`):
 
-    weights, problems = parse_rewards("think_format, repetition=0.5")   # ({...: 1.0, ...: 0.5}, [])
-    funcs = [builtin_reward(name, spec.max_completion_length) for name in weights]
+    rewards: [{kind: regex, pattern: "^<answer>", weight: 0.5}, {kind: exact, column: answer}, think_format]
+
+`parse_rewards` reads that text once into typed `RewardSpec`s and names every problem by its place
+(`rewards[0].pattern: ...`); it compiles each pattern and checks each JSON schema here, so nothing that
+cannot run is queued. What the data must hold (a `column`) is checked with the data
+(`jobs.checks.rewards`); the callables trl calls are built by `jobs.config.rewards`. No trl import.
+A custom function (`reward_function: my_rewards:score`) is code: `jobs.spec.custom_reward`.
+
+    declared, problems = parse_rewards('[{kind: regex, pattern: "^A", weight: 0.5}, think_format]')
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import json
 import math
 import re
-import sys
-from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-# name -> what it rewards (the form's help says the same in short).
-BUILTIN_REWARDS: dict[str, str] = {
-    "think_format": "1.0 when the completion is <think>...</think> followed by the answer, else 0.0 "
-    "(trl.rewards.think_format_reward)",
-    "repetition": "0 for no repeated token 3-grams, down to -1.0 for a fully repetitive completion "
-    "(trl.rewards.get_repetition_penalty_reward)",
-    "overlong": "0 up to max_completion_length minus a quarter of it, then falling linearly to -1.0 at "
-    "max_completion_length (trl.rewards.get_soft_overlong_punishment, DAPO)",
+from jobs.errors import Problem
+
+FIELD = "rewards"
+PATTERN_MAX = 500  # characters of a declared pattern (with the regex module's timeout: jobs.config.rewards)
+WORDS_MAX = 200
+
+
+class RewardKind(str, Enum):
+    # trl.rewards
+    THINK_FORMAT = "think_format"
+    REPETITION = "repetition"
+    OVERLONG = "overlong"
+    ACCURACY = "accuracy"
+    REASONING_ACCURACY = "reasoning_accuracy"
+    COSINE_LENGTH = "cosine_length"
+    # declared scorers
+    REGEX = "regex"
+    EXACT = "exact"
+    NUMERIC = "numeric"
+    CONTAINS = "contains"
+    JSON_VALID = "json_valid"
+    JSON_SCHEMA = "json_schema"
+    LENGTH = "length"
+    REQUIRED_WORDS = "required_words"
+    FORBIDDEN_WORDS = "forbidden_words"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """What a reward kind scores, the parameters it takes (beside `weight` and `name`) and those it needs."""
+
+    help: str
+    params: frozenset[str] = frozenset()
+    required: frozenset[str] = frozenset()
+    metric: str | None = None  # the logged name (rewards/<name>/mean) when it is not the kind's own
+
+
+def _kind(help: str, params: str = "", required: str = "", metric: str | None = None) -> KindInfo:
+    return KindInfo(help, frozenset(params.split()), frozenset(required.split()), metric)
+
+
+_ANSWER = "column (your data's reference answers), extract (a regex whose first group is the answer; else "
+KINDS: dict[RewardKind, KindInfo] = {
+    RewardKind.THINK_FORMAT: _kind(
+        "1 when the completion is <think>...</think> then the answer, else 0 (trl think_format_reward)",
+        metric="think_format_reward",
+    ),
+    RewardKind.REPETITION: _kind(
+        "0 for no repeated token n-grams, down to -1 for a fully repetitive completion; ngram_size (default 3) "
+        "(trl get_repetition_penalty_reward)",
+        "ngram_size",
+        metric="repetition_penalty_reward",
+    ),
+    RewardKind.OVERLONG: _kind(
+        "0 up to max_completion_length minus a quarter, then down to -1 at max_completion_length (trl "
+        "get_soft_overlong_punishment, DAPO)",
+        metric="soft_overlong_punishment_reward",
+    ),
+    RewardKind.ACCURACY: _kind(
+        "1 when the completion's LaTeX answer (\\boxed{} first) equals the column's, by math-verify; rows whose "
+        "reference does not parse are skipped (trl accuracy_reward); column defaults to solution",
+        "column",
+        metric="accuracy_reward",
+    ),
+    RewardKind.REASONING_ACCURACY: _kind(
+        "accuracy of the answer after </think> (0 without it) (trl reasoning_accuracy_reward); column "
+        "defaults to solution",
+        "column",
+        metric="reasoning_accuracy_reward",
+    ),
+    RewardKind.COSINE_LENGTH: _kind(
+        "accuracy scaled by length: correct 1 (short) to 0.5 (max_completion_length), wrong -1 (short) to -0.5 "
+        "(trl get_cosine_scaled_reward); column defaults to solution",
+        "column",
+        metric="cosine_scaled_reward",
+    ),
+    RewardKind.REGEX: _kind(
+        "1 when pattern is found (mode: search, default) or matches at the start (mode: match), else 0; ignore_case",
+        "pattern mode ignore_case",
+        "pattern",
+    ),
+    RewardKind.EXACT: _kind(
+        "1 when the answer equals the row's reference, else 0; " + _ANSWER + "the whole completion), ignore_case",
+        "column extract ignore_case",
+        "column",
+    ),
+    RewardKind.NUMERIC: _kind(
+        "1 when the answer's number is within tolerance (default 0) of the reference's, else 0; "
+        + _ANSWER
+        + "the last number in the completion)",
+        "column extract tolerance",
+        "column",
+    ),
+    RewardKind.CONTAINS: _kind(
+        "1 when the completion contains the row's reference, else 0; column, ignore_case",
+        "column ignore_case",
+        "column",
+    ),
+    RewardKind.JSON_VALID: _kind(
+        "1 when the completion (or extract's first group; a ```json fence is removed) is valid JSON, else 0",
+        "extract",
+    ),
+    RewardKind.JSON_SCHEMA: _kind(
+        "1 when the completion is JSON valid under schema (a JSON Schema, checked at submit), else 0; extract",
+        "schema extract",
+        "schema",
+    ),
+    RewardKind.LENGTH: _kind(
+        "1 at target completion tokens, falling linearly to 0 at 0 and at twice the target",
+        "target",
+        "target",
+    ),
+    RewardKind.REQUIRED_WORDS: _kind(
+        "the share of words (whole words; ignore_case, default true) found in the completion, 0 to 1",
+        "words ignore_case",
+        "words",
+    ),
+    RewardKind.FORBIDDEN_WORDS: _kind(
+        "minus the share of words found in the completion, 0 (none) to -1 (all)",
+        "words ignore_case",
+        "words",
+    ),
 }
-_EXAMPLE = "e.g. think_format, repetition=0.5"
+TRL_KINDS = frozenset(list(RewardKind)[:6])  # the ones trl.rewards scores
+ANSWER_KINDS = frozenset({RewardKind.ACCURACY, RewardKind.REASONING_ACCURACY, RewardKind.COSINE_LENGTH})
+MODES = ("search", "match")
+_COMMON = frozenset({"kind", "weight", "name"})
+_EXAMPLE = '[{kind: regex, pattern: "^<answer>", weight: 0.5}, {kind: exact, column: answer}, think_format]'
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def parse_rewards(text: str) -> tuple[dict[str, float], list[tuple[str, str]]]:
-    """`think_format, repetition=0.5` -> ({name: weight}, [(problem, fix)]); weights default to 1."""
-    weights: dict[str, float] = {}
-    problems: list[tuple[str, str]] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, raw = (x.strip() for x in part.partition("="))
-        if name not in BUILTIN_REWARDS:
-            problems.append((f"`{name}` is not a built-in reward", f"use {', '.join(BUILTIN_REWARDS)} ({_EXAMPLE})"))
-            continue
-        weight = 1.0
-        if sep:
+@dataclass(frozen=True)
+class RewardSpec:
+    """One declared reward: its kind, weight, logged name and the parameters its kind takes."""
+
+    kind: RewardKind
+    weight: float = 1.0
+    name: str = ""  # the metric is rewards/<name>/mean
+    pattern: str | None = None
+    mode: str = "search"
+    column: str | None = None
+    extract: str | None = None
+    tolerance: float = 0.0
+    ignore_case: bool | None = None  # None: the kind's default (words: true, else false)
+    schema: str | None = None  # JSON text of a JSON Schema
+    target: int | None = None
+    words: tuple[str, ...] = ()
+    ngram_size: int = 3
+
+    @property
+    def reference_column(self) -> str | None:
+        """The data column this reward reads, if any (trl's accuracy rewards read `solution` by default)."""
+        return self.column or ("solution" if self.kind in ANSWER_KINDS else None)
+
+
+def parse_rewards(text: str) -> tuple[list[RewardSpec], list[Problem]]:
+    """The stored `rewards` text -> ([declared rewards], [problems, each naming `rewards[i].param`])."""
+    items, problems = _items(text)
+    declared: list[RewardSpec] = []
+    for i, item in enumerate(items):
+        reward, found = _reward(i, item)
+        problems += found
+        if reward is not None:
+            declared.append(reward)
+    declared = _named(declared)
+    seen: set[str] = set()
+    for i, r in enumerate(declared):
+        if r.name in seen:
+            problems.append(Problem(f"{FIELD}[{i}].name", f"`{r.name}` is used twice", "give each reward its own name"))
+        seen.add(r.name)
+    if not items and not problems:
+        problems.append(Problem(FIELD, "lists no reward", f"leave it empty, or declare rewards, e.g. {_EXAMPLE}"))
+    return (declared if not problems else []), problems
+
+
+def _items(text: str) -> tuple[list[Any], list[Problem]]:
+    """The stored text as a list of items: a YAML/JSON list, or names (`name` or `name=weight`) by commas."""
+    if text.lstrip().startswith("["):
+        import yaml
+
+        try:
+            loaded = json.loads(text)  # the stored form
+        except json.JSONDecodeError:
             try:
-                weight = float(raw)
-            except ValueError:
-                weight = math.nan
-            if not math.isfinite(weight):
-                problems.append((f"`{part}` has no number as its weight", f"write name=weight, {_EXAMPLE}"))
-                continue
-        if name in weights:
-            problems.append((f"`{name}` is listed twice", "list each reward once"))
-            continue
-        weights[name] = weight
-    if not weights and not problems:
-        problems.append(("lists no reward", f"leave it empty, or name built-in rewards, {_EXAMPLE}"))
-    return weights, problems
+                loaded = yaml.safe_load(text)  # typed into the form as a YAML flow list
+            except yaml.YAMLError as exc:
+                problem = f"is not a valid list ({str(exc).splitlines()[0]})"
+                return [], [Problem(FIELD, problem, f"write e.g. {_EXAMPLE}")]
+        return (loaded, []) if isinstance(loaded, list) else ([], [Problem(FIELD, "is not a list", _EXAMPLE)])
+    items: list[Any] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            name, sep, weight = (x.strip() for x in part.partition("="))
+            items.append({"kind": name, "weight": weight} if sep else name)
+    return items, []
 
 
-def function_ref_problem(ref: str) -> tuple[str, str] | None:
-    """(problem, fix) when `ref` is not `module:function` or `path.py:function` (no import happens)."""
-    where, sep, name = ref.strip().rpartition(":")
-    fix = "write module:function (importable on the worker) or path/to/rewards.py:function"
-    if not sep or not where or not _IDENT.match(name):
-        return f"`{ref}` is not module:function or file.py:function", fix
-    if not where.endswith(".py") and not _MODULE.match(where):
-        return f"`{where}` is neither a Python module name nor a .py file", fix
+def _reward(i: int, item: Any) -> tuple[RewardSpec | None, list[Problem]]:
+    """One list item (a kind's name, or a mapping with `kind`) as a RewardSpec, or its problems."""
+    where = f"{FIELD}[{i}]"
+    if isinstance(item, str):
+        item = {"kind": item}
+    if not isinstance(item, dict) or "kind" not in item:
+        return None, [Problem(where, "is neither a reward's name nor a mapping with `kind`", f"write e.g. {_EXAMPLE}")]
+    try:
+        kind = RewardKind(str(item["kind"]).strip())
+    except ValueError:
+        choices = ", ".join(k.value for k in RewardKind)
+        return None, [Problem(f"{where}.kind", f"`{item['kind']}` is not a reward", f"use one of: {choices}")]
+    info = KINDS[kind]
+    problems = [
+        Problem(f"{where}.{key}", f"is not a parameter of {kind.value}", _takes(kind))
+        for key in item
+        if key not in _COMMON | info.params
+    ]
+    problems += [
+        Problem(f"{where}.{key}", f"{kind.value} needs it", _takes(kind)) for key in sorted(info.required - set(item))
+    ]
+    values: dict[str, Any] = {}
+    for key, raw in item.items():
+        if key != "kind" and key in _COMMON | info.params:
+            value, problem = _param(key, raw)
+            if problem:
+                problems.append(Problem(f"{where}.{key}", *problem))
+            else:
+                values[key] = value
+    if problems:
+        return None, problems
+    return RewardSpec(kind, **values), []
+
+
+def _takes(kind: RewardKind) -> str:
+    params = sorted(KINDS[kind].params)
+    return f"{kind.value} takes weight, name" + (", " + ", ".join(params) if params else "")
+
+
+def _param(key: str, raw: Any) -> tuple[Any, tuple[str, str] | None]:
+    """A parameter's value, checked on its own: (value, None) or (None, (problem, fix))."""
+    if key == "weight":
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(raw, bool) or not math.isfinite(value) or abs(value) > 100:
+            return None, (f"`{raw}` is not a finite number within -100..100", "write a weight such as 0.5 or -1")
+        return value, None
+    if key in ("pattern", "extract"):
+        return _pattern(raw, key)
+    if key in ("name", "column", "mode"):
+        text = str(raw).strip() if isinstance(raw, (str, int)) and not isinstance(raw, bool) else ""
+        if key == "mode" and text not in MODES:
+            return None, (f"`{raw}` is not a mode", "use search (anywhere) or match (at the start)")
+        if key == "name" and not _IDENT.match(text):
+            return None, (f"`{raw}` is not a name", "use letters, digits and _ (it names the logged metric)")
+        return (text, None) if text else (None, ("is empty", f"give the {key}"))
+    if key in ("ignore_case",):
+        return (
+            (raw, None) if isinstance(raw, bool) else (None, (f"`{raw}` is not true or false", "write true or false"))
+        )
+    if key in ("target", "ngram_size"):
+        ok = isinstance(raw, int) and not isinstance(raw, bool) and 1 <= raw <= 100_000
+        return (raw, None) if ok else (None, (f"`{raw}` is not a whole number >= 1", "write e.g. 64"))
+    if key == "tolerance":
+        ok = isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0
+        return (float(raw), None) if ok else (None, (f"`{raw}` is not a number >= 0", "write e.g. 0.01"))
+    if key == "words":
+        return _words(raw)
+    if key == "schema":
+        return _schema(raw)
+    raise AssertionError(key)  # pragma: no cover - KINDS lists only the parameters handled here
+
+
+def _pattern(raw: Any, key: str) -> tuple[str | None, tuple[str, str] | None]:
+    """A pattern compiled now, with the module that runs it (`regex`), so one that cannot compile is refused."""
+    import regex
+
+    if not isinstance(raw, str) or not raw:
+        return None, ("is not a pattern", 'write a regular expression, e.g. "Answer: (\\d+)"')
+    if len(raw) > PATTERN_MAX:
+        return None, (f"is {len(raw)} characters long", f"keep a pattern within {PATTERN_MAX} characters")
+    try:
+        compiled = regex.compile(raw)
+    except regex.error as exc:
+        return None, (f"`{raw}` does not compile ({exc})", "fix the regular expression (Python `re` syntax)")
+    if key == "extract" and compiled.groups > 1:
+        return None, (f"`{raw}` has {compiled.groups} groups", "keep one group around the answer, (?:...) for others")
+    return raw, None
+
+
+def _words(raw: Any) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
+    words = [raw] if isinstance(raw, str) else raw
+    if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words):
+        return None, ("is not a list of words", "write e.g. [please, thanks]")
+    if len(words) > WORDS_MAX:
+        return None, (f"lists {len(words)} words", f"list at most {WORDS_MAX}")
+    return tuple(w.strip() for w in words), None
+
+
+def _schema(raw: Any) -> tuple[str | None, tuple[str, str] | None]:
+    """A JSON Schema (a mapping, or its JSON text) checked against its metaschema; kept as JSON text."""
+    import jsonschema
+
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return None, (f"is not JSON ({exc})", 'write a JSON Schema, e.g. {type: object, required: ["answer"]}')
+    if not isinstance(raw, (dict, bool)):
+        return None, ("is not a JSON Schema (a mapping)", 'write e.g. {type: object, required: ["answer"]}')
+    try:
+        jsonschema.validators.validator_for(raw).check_schema(raw)
+    except jsonschema.SchemaError as exc:
+        return None, (f"is not a valid JSON Schema ({exc.message})", "fix the schema (https://json-schema.org)")
+    found = _unsafe_keyword(raw)
+    if found is not None:
+        return None, found
+    return json.dumps(raw, sort_keys=True), None
+
+
+def _unsafe_keyword(schema: Any) -> tuple[str, str] | None:
+    """(problem, fix) for a schema keyword that could stall or reach out while scoring: `pattern` and
+    `patternProperties` (jsonschema runs them with `re`, which has no time bound) and a `$ref` outside the
+    schema (it would be fetched)."""
+    if isinstance(schema, list):
+        return next((p for p in map(_unsafe_keyword, schema) if p is not None), None)
+    if not isinstance(schema, dict):
+        return None
+    for key, value in schema.items():
+        if (key == "pattern" and isinstance(value, str)) or (key == "patternProperties" and isinstance(value, dict)):
+            return (
+                f"uses `{key}`, whose regular expressions jsonschema runs without a time bound",
+                "check the pattern with a regex reward (it runs under a time bound) and drop it from the schema",
+            )
+        if key == "$ref" and isinstance(value, str) and not value.startswith("#"):
+            return f"refers to `{value}` outside the schema", "inline the referenced schema (use #/$defs/...)"
+        found = _unsafe_keyword(value)
+        if found is not None:
+            return found
     return None
 
 
-def load_function(ref: str) -> Callable[..., list[float]]:
-    """Import the custom reward function `module:function` or `path.py:function` (runs the user's code)."""
-    where, _, name = ref.strip().rpartition(":")
-    if where.endswith(".py"):
-        path = Path(where).expanduser().resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"reward_function: {path} does not exist on this machine")
-        module_name = f"tunedeck_reward_{path.stem}"
-        loader = importlib.util.spec_from_file_location(module_name, path)
-        assert loader is not None and loader.loader is not None
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[module_name] = module
-        loader.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    func = getattr(module, name, None)
-    if not callable(func):
-        raise AttributeError(f"reward_function: {where} has no function `{name}`")
-    return func
+def _named(declared: list[RewardSpec]) -> list[RewardSpec]:
+    """Each reward with its metric name: the one given, else its kind's (trl's function name for trl's own);
+    a second one of a kind gets _2, a third _3, ..."""
+    import dataclasses
 
-
-class _ChatOrPlain:
-    """trl's think_format_reward reads chat completions ([{'content': ...}]); plain-text prompts give
-    strings, so each string is wrapped as one message first. Keeps trl's function and its name."""
-
-    def __init__(self, func: Callable[..., list[float]]):
-        self.func = func
-        self.__name__ = getattr(func, "__name__", "reward")
-
-    def __call__(self, completions: list[Any], **kwargs: Any) -> list[float]:
-        chats = [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
-        return self.func(chats, **kwargs)
-
-
-def builtin_reward(name: str, max_completion_length: int) -> Callable[..., list[float]]:
-    """The trl.rewards callable behind a built-in reward name."""
-    from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment, think_format_reward
-
-    if name == "think_format":
-        return _ChatOrPlain(think_format_reward)
-    if name == "repetition":
-        return get_repetition_penalty_reward(ngram_size=3, max_penalty=-1.0)
-    if name == "overlong":
-        # The penalty starts a quarter of the budget before the end (at least one token).
-        return get_soft_overlong_punishment(max_completion_length, max(1, max_completion_length // 4))
-    raise ValueError(f"no built-in reward {name!r}")  # pragma: no cover - parse_rewards refuses it first
+    counts: dict[str, int] = {}
+    out = []
+    for r in declared:
+        if r.name:
+            out.append(r)
+            continue
+        base = KINDS[r.kind].metric or r.kind.value
+        counts[base] = counts.get(base, 0) + 1
+        out.append(dataclasses.replace(r, name=base if counts[base] == 1 else f"{base}_{counts[base]}"))
+    return out

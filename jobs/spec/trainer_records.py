@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from jobs.spec.enums import DPO_LOSSES, KTO_LOSSES, SFT_LOSSES, LossType, Method, RowFormat, Trainer
+from jobs.spec.enums import DPO_LOSSES, GRPO_LOSSES, KTO_LOSSES, SFT_LOSSES, LossType, Method, RowFormat, Trainer
 
 PREFERENCE_ROWS = "prompt/chosen/rejected rows"
 
@@ -242,6 +242,8 @@ RECORDS: dict[Trainer, TrainerRecord] = {
             row_formats=(RowFormat.PROMPT_ONLY,),
             rows="prompt rows (a `prompt` string, or chat `prompt` messages ending with the user's turn)",
             sample="sample:prompt-format",
+            losses=frozenset(GRPO_LOSSES),
+            default_loss="dapo",
             kwargs=(
                 "num_generations",
                 "max_completion_length",
@@ -250,6 +252,12 @@ RECORDS: dict[Trainer, TrainerRecord] = {
                 "reward_weights",
                 "log_completions",
                 "per_device_eval_batch_size",
+                "loss_type",
+                "importance_sampling_level",
+                "scale_rewards",
+                "epsilon_high",
+                "mask_truncated_completions",
+                "top_entropy_quantile",
             ),
             unsupported=("padding_free", "max_length"),
             metrics=(

@@ -43,13 +43,11 @@ class GRPOLogCallback(TrainerCallback):
 
 def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -> tuple[list[Any], list[Any]]:
     """GRPO's (reward functions, their processing classes) in `jobs.config.trainers.reward_weights`' order:
-    built-ins as listed, the reward run's model (with its own tokenizer), the custom function."""
-    from jobs.spec.rewards import builtin_reward, load_function, parse_rewards
+    the declared rewards as listed, the reward run's model (with its own tokenizer), the custom function."""
+    from jobs.config.rewards import reward_functions
+    from jobs.spec.custom_reward import load_function
 
-    funcs: list[Any] = [
-        builtin_reward(name, spec.max_completion_length)
-        for name in (parse_rewards(spec.rewards)[0] if spec.rewards else {})
-    ]
+    funcs: list[Any] = list(reward_functions(spec.declared_rewards, spec.max_completion_length))
     classes: list[Any] = [None] * len(funcs)
     if spec.reward_model_run is not None:
         if reward_model is None:

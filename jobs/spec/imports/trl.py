@@ -1,7 +1,8 @@
-"""trl CLI configs (`trl sft --config FILE`, `trl dpo --config FILE`) as spec fields.
+"""trl CLI configs (`trl sft --config FILE`, `trl dpo --config FILE`, `trl grpo --config FILE`) as spec fields.
 
-A trl config does not name its trainer (the command does): a DPO-only key (`beta`, `max_prompt_length`,
-`rpo_alpha`, ...) makes it dpo, else sft; `trainer` in --set changes it. Keys trl's TrainingArguments
+A trl config does not name its trainer (the command does): a GRPO-only key (`num_generations`,
+`reward_funcs`, `epsilon_high`, ...) makes it grpo, a DPO-only key (`beta`, `max_prompt_length`,
+`rpo_alpha`, ...) dpo, else sft; `trainer` in --set changes it. Keys trl's TrainingArguments
 share with LLaMA-Factory's map the same way; absent keys keep trl's defaults where they change the
 training (learning rate 2e-5 for sft and 1e-6 for dpo, 3 epochs, 1024 tokens).
 """
@@ -41,8 +42,32 @@ DPO_KEYS = (
     "reference_free",
     "precompute_ref_log_probs",
 )
-DEFAULTS = {"sft": {"learning_rate": 2e-5}, "dpo": {"learning_rate": 1e-6}}
+GRPO_KEYS = (
+    "num_generations",
+    "max_completion_length",
+    "reward_funcs",
+    "reward_weights",
+    "epsilon_high",
+    "importance_sampling_level",
+    "scale_rewards",
+    "mask_truncated_completions",
+    "top_entropy_quantile",
+)
+# GRPOConfig's defaults where ours differ (beta: trl 0.0, tunedeck 0.1; max_completion_length: 256, 64)
+DEFAULTS = {
+    "sft": {"learning_rate": 2e-5},
+    "dpo": {"learning_rate": 1e-6},
+    "grpo": {"learning_rate": 1e-6, "beta": 0.0, "max_completion_length": 256},
+}
 DPO_LOSSES = {"sigmoid", "hinge", "ipo"}
+GRPO_LOSSES = {"grpo", "dr_grpo", "dapo", "bnpo"}
+# trl's grpo script's reward names -> tunedeck's declared reward kinds
+TRL_REWARDS = {
+    "accuracy_reward": "accuracy",
+    "reasoning_accuracy_reward": "reasoning_accuracy",
+    "think_format_reward": "think_format",
+    "get_soft_overlong_punishment": "overlong",
+}
 
 DROPPED = {
     "env": "tunedeck's worker runs with its own environment: set variables where it runs",
@@ -87,8 +112,9 @@ DROPPED = {
 def import_trl(data: Mapping[str, Any]) -> Imported:
     """A trl CLI config as spec fields; raises ImportConfigError for values with no equivalent."""
     r = Reader(data, TOOL)
-    trainer = "dpo" if any(r.has(k) for k in DPO_KEYS) else "sft"
-    r.put("trainer", trainer, "beta" if trainer == "dpo" else "model_name_or_path")
+    grpo_key = next((k for k in GRPO_KEYS if r.has(k)), None)
+    trainer = "grpo" if grpo_key else "dpo" if any(r.has(k) for k in DPO_KEYS) else "sft"
+    r.put("trainer", trainer, grpo_key or ("beta" if trainer == "dpo" else "model_name_or_path"))
     r.copy("model_name_or_path", "model")
     r.copy("trust_remote_code", "trust_remote_code")
     r.copy("run_name", "run_name")
@@ -161,6 +187,9 @@ def _method(r: Reader) -> None:
 
 
 def _trainer_options(r: Reader, trainer: str) -> None:
+    if trainer == "grpo":
+        _grpo_options(r)
+        return
     loss = r.take("loss_type")
     if trainer == "dpo":
         r.copy("beta", "beta")
@@ -183,3 +212,48 @@ def _trainer_options(r: Reader, trainer: str) -> None:
     r.copy("padding_free", "padding_free")
     r.copy("completion_only_loss", "completion_only_loss")
     r.copy("assistant_only_loss", "assistant_only_loss")
+
+
+def _grpo_options(r: Reader) -> None:
+    """GRPOConfig's sampling, loss knobs and the grpo script's `reward_funcs` (trl.rewards names) with weights."""
+    loss = r.take("loss_type")
+    if loss is not None:
+        if str(loss).strip().lower() in GRPO_LOSSES:
+            r.put("loss_type", str(loss).strip().lower(), "loss_type")
+        else:
+            r.fail(
+                "loss_type", f"`{loss}` has no tunedeck equivalent", "use loss_type: " + ", ".join(sorted(GRPO_LOSSES))
+            )
+    for key in ("beta", "num_generations", "max_completion_length", "temperature", "importance_sampling_level"):
+        r.copy(key, key)
+    for key in ("epsilon_high", "mask_truncated_completions", "top_entropy_quantile"):
+        r.copy(key, key)
+    scale = r.take("scale_rewards")
+    if scale is not None:  # trl reads true as group and false as none
+        r.put("scale_rewards", {True: "group", False: "none"}.get(scale, scale), "scale_rewards")
+    names, weights = r.take("reward_funcs"), r.take("reward_weights")
+    if names is None:
+        if weights is not None:
+            r.note("reward_weights", "no reward_funcs to weigh: declare rewards in the spec")
+        return
+    names = [names] if isinstance(names, str) else list(names)
+    unknown = [str(n) for n in names if n not in TRL_REWARDS]
+    if unknown:
+        r.fail(
+            "reward_funcs",
+            f"{', '.join(unknown)}: code tunedeck does not import",
+            "declare the rewards instead (rewards: [...], docs/methods-and-data.md), or keep " + ", ".join(TRL_REWARDS),
+        )
+        return
+    if weights is not None and not (isinstance(weights, list) and len(weights) == len(names)):
+        r.fail("reward_weights", f"`{weights}` is not one weight per reward_funcs entry", "give one number per reward")
+        return
+    weights = weights or [1.0] * len(names)
+    r.put(
+        "rewards", [{"kind": TRL_REWARDS[n], "weight": w} for n, w in zip(names, weights, strict=True)], "reward_funcs"
+    )
+    if "get_soft_overlong_punishment" in names:
+        r.note(
+            "reward_funcs",
+            "overlong starts its penalty a quarter before max_completion_length (trl's script: 1280/256)",
+        )

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.spec.enums import GRPO_ONLY, KTO_ONLY, PREFERENCE_ONLY, SFT_ONLY, LossType, Trainer
+from jobs.spec.enums import (
+    GRPO_ONLY,
+    KTO_ONLY,
+    PREFERENCE_ONLY,
+    SFT_ONLY,
+    ImportanceSamplingLevel,
+    LossType,
+    ScaleRewards,
+    Trainer,
+)
 from jobs.spec.field import Group, spec_field
 
 
@@ -48,10 +57,13 @@ class TrainerFields:
     rewards: str | None = spec_field(
         None,
         Group.METHOD,
-        "grpo: built-in rewards from trl.rewards, comma-separated, each with an optional weight (name=weight): "
-        "think_format (1 when the answer opens with <think>...</think>), repetition (penalty up to -1 for "
-        "repeated 3-grams), overlong (penalty as completions near max_completion_length).",
-        label="Built-in rewards",
+        "grpo: the rewards that score each completion, declared without code: a list such as "
+        '[{kind: regex, pattern: "^<answer>", weight: 0.5}, {kind: exact, column: answer}, think_format], or '
+        "names with optional weights (think_format, repetition=0.5). Kinds: think_format, repetition, overlong, "
+        "accuracy, reasoning_accuracy, cosine_length (trl.rewards), regex, exact, numeric, contains, json_valid, "
+        "json_schema, length, required_words, forbidden_words; each reward's parameters and scores: "
+        "docs/methods-and-data.md.",
+        label="Rewards",
         when=GRPO_ONLY,
     )
     reward_model_run: int | None = spec_field(
@@ -125,8 +137,57 @@ class TrainerFields:
     loss_type: LossType = spec_field(
         LossType.AUTO,
         Group.METHOD,
-        "auto: trl's default (nll for sft, sigmoid for dpo and cpo, kto for kto). sft: nll or dft. dpo, cpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired.",
+        "auto: trl's default (nll for sft, sigmoid for dpo and cpo, kto for kto, dapo for grpo). sft: nll or dft. dpo, cpo: sigmoid (DPO), hinge (SLiC) or ipo. kto: kto or apo_zero_unpaired. grpo: grpo (each completion's token losses averaged: favours short right answers), dr_grpo (divided by a constant: no length bias), dapo (averaged over the batch's tokens) or bnpo (over the micro-batch's tokens).",
         label="Loss",
+        advanced=True,
+    )
+    importance_sampling_level: ImportanceSamplingLevel = spec_field(
+        ImportanceSamplingLevel.TOKEN,
+        Group.METHOD,
+        "grpo: token: one importance ratio per token (GRPO); sequence: one per completion, the mean of its tokens' "
+        "(GSPO, often steadier).",
+        label="Importance sampling level",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
+    scale_rewards: ScaleRewards = spec_field(
+        ScaleRewards.GROUP,
+        Group.METHOD,
+        "grpo: divide each advantage by the reward spread of its group, of the whole batch, or none (Dr. GRPO: "
+        "no bias towards questions that are too easy or too hard).",
+        label="Scale rewards",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
+    epsilon_high: float | None = spec_field(
+        None,
+        Group.METHOD,
+        "grpo: upper clip of the importance ratio (1 + epsilon_high) when it should differ from the lower one "
+        "(0.2): clip-higher, DAPO uses 0.28, so unlikely tokens can still gain. Empty: 0.2.",
+        ge=0.2,
+        le=1.0,
+        label="Clip-higher epsilon",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
+    mask_truncated_completions: bool = spec_field(
+        False,
+        Group.METHOD,
+        "grpo: leave completions cut at max_completion_length out of the loss (DAPO), so an unfinished answer is "
+        "not punished as a wrong one.",
+        label="Mask truncated completions",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
+    top_entropy_quantile: float = spec_field(
+        1.0,
+        Group.METHOD,
+        "grpo: train only on the share of tokens with the highest entropy (1: every token; the 80/20 paper uses "
+        "0.2: the forking tokens).",
+        ge=0.0,
+        le=1.0,
+        label="Top-entropy token share",
+        when=GRPO_ONLY,
         advanced=True,
     )
     completion_only_loss: bool = spec_field(
