@@ -1,0 +1,58 @@
+"""`dedupe: true`: the training rows without their duplicates, before training (`jobs.data.loading`).
+
+Drops what the audit's duplicate findings name (`jobs.data.audit.duplicates`): every later exact copy of a
+training row, the later rows of each near-duplicate group, and every training row also in the eval data
+(exactly or nearly), keeping the first of each. Rows are compared as trl reads them (`rows.row_key`), so the
+audit and the training drop the same rows. Image rows are kept as they are (two rows with the same words may
+hold different pictures). Logs how many rows were dropped, and why.
+
+    train = deduped(train, eval_ds, RowFormat.MESSAGES)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from jobs.data.audit.duplicates import find
+from jobs.data.audit.rows import key_of, text_of, trl_columns
+from jobs.data.row_formats import COLUMNS, RowFormat
+
+if TYPE_CHECKING:
+    import datasets
+
+log = logging.getLogger(__name__)
+
+
+def _keys_and_texts(ds: datasets.Dataset, fmt: RowFormat) -> tuple[list[bytes], list[str]]:
+    columns = [c for c in (*COLUMNS[fmt], "tools") if c in ds.column_names]
+    keys, texts = [], []
+    for row in ds.select_columns(columns):
+        trl = trl_columns(row, fmt)
+        keys.append(key_of(trl))
+        texts.append(text_of([trl.get(c) for c in COLUMNS[fmt] if c != "label"]))
+    return keys, texts
+
+
+def deduped(train: datasets.Dataset, eval_ds: datasets.Dataset | None, fmt: RowFormat) -> datasets.Dataset:
+    """`train` without its duplicates and without the rows also in `eval_ds`."""
+    if "images" in train.column_names:
+        log.info("dedupe: image rows are kept as they are (not compared)")
+        return train
+    keys, texts = _keys_and_texts(train, fmt)
+    eval_keys, eval_texts = _keys_and_texts(eval_ds, fmt) if eval_ds is not None and len(eval_ds) else ([], [])
+    found = find(keys, texts, eval_keys, eval_texts)
+    dropped = found.dropped()
+    near = len({i for group in found.near for i in group[1:]} - set(found.exact))
+    log.info(
+        "dedupe: dropped %d of %d training rows (%d exact copies, %d near copies, %d also in the eval data)",
+        len(dropped),
+        len(train),
+        len(found.exact),
+        near,
+        len(set(found.overlap) | set(found.near_overlap)),
+    )
+    if not dropped:
+        return train
+    gone = set(dropped)
+    return train.select([i for i in range(len(train)) if i not in gone])
