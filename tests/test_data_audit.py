@@ -184,3 +184,25 @@ def test_cli_data_audit(tmp_path: Path) -> None:
     ]
     bad = subprocess.run([*cmd[:-1], str(tmp_path / "none.yaml")], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)  # fmt: skip
     assert bad.returncode == 2 and "not found" in bad.stderr
+
+
+def test_the_one_check_warns_before_queueing(tmp_path: Path, tiny_model: Path) -> None:
+    """Through `jobs.checks.pipeline.check`, the check every entry point runs: warnings, not problems."""
+    import training_helpers
+
+    from jobs.checks.pipeline import check
+    from jobs.devices.probe import cpu_facts
+
+    train = distinct(6)
+    train.append(train[2])
+    spec = training_helpers.tiny_spec(
+        tiny_model,
+        dataset=jsonl(tmp_path / "t.jsonl", train),
+        eval_dataset=jsonl(tmp_path / "e.jsonl", [train[0], chat("an eval question", "its own answer")]),
+    )
+    checked = check(spec, device=cpu_facts())
+    assert checked.problems == []
+    ours = [w for w in checked.warnings if "dedupe: true" in w]
+    assert len(ours) == 2 and "row 7 of" in ours[0] and "also in the eval data" in ours[1]
+    default = check(training_helpers.tiny_spec(tiny_model), device=cpu_facts())
+    assert not [w for w in default.warnings if "dedupe" in w]

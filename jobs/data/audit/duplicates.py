@@ -75,17 +75,24 @@ def duplicate_findings(data: AuditData) -> list[Finding]:
     out: list[Finding] = []
     n = len(train)
     if found.exact:
-        split = " (with eval_split, copies can land on both sides of the split)" if data.eval_split else ""
-        out.append(_finding("duplicate-rows", found.exact, train, f"training rows repeat an earlier row{split}", n))
+        split = "; with eval_split, copies can land on both sides of the split" if data.eval_split else ""
+        copy = train[found.exact[0]]
+        first = next(r for r in train if r.key == copy.key)
+        example = f"e.g. {_name(copy, data)} repeats {_name(first, data)}{split}"
+        out.append(
+            _finding("duplicate-rows", found.exact, train, f"training rows repeat an earlier row ({example})", n)
+        )
     if found.near:
         later = sorted(i for group in found.near for i in group[1:])
+        group = found.near[0]
+        example = f"e.g. {_name(train[group[1]], data)} and {_name(train[group[0]], data)}"
         out.append(
             _finding(
                 "near-duplicate-rows",
                 later,
                 train,
                 f"training rows nearly repeat an earlier row (about {THRESHOLD:.0%} of their word pairs or more "
-                f"shared; {len(found.near)} groups)",
+                f"shared; {len(found.near)} groups; {example})",
                 n,
             )
         )
@@ -105,6 +112,12 @@ def duplicate_findings(data: AuditData) -> list[Finding]:
             )
         )
     return out
+
+
+def _name(row: Row, data: AuditData) -> str:
+    """'row 7', or 'row 7 of `b.jsonl`' in a mixture."""
+    refs = data.refs.get(row.field, [])
+    return f"row {row.number}" + (f" of `{refs[row.source]}`" if len(refs) > 1 else "")
 
 
 def _finding(code: str, indices: list[int], rows: list[Row], what: str, n: int) -> Finding:
