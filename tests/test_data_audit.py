@@ -206,3 +206,18 @@ def test_the_one_check_warns_before_queueing(tmp_path: Path, tiny_model: Path) -
     assert len(ours) == 2 and "row 7 of" in ours[0] and "also in the eval data" in ours[1]
     default = check(training_helpers.tiny_spec(tiny_model), device=cpu_facts())
     assert not [w for w in default.warnings if "dedupe" in w]
+
+
+def test_the_checks_warnings_follow_the_file(tmp_path: Path) -> None:
+    """Remembered per spec and file state: a file fixed since the last check is read again."""
+    from jobs.checks.duplicates import duplicate_warnings
+    from jobs.data.inspection import check_dataset
+
+    rows = distinct(4)
+    path = tmp_path / "t.jsonl"
+    spec = JobSpec(dataset=jsonl(path, [*rows, rows[0]]))
+    infos = {"dataset": check_dataset(spec.dataset, spec.trainer)}
+    assert len(duplicate_warnings(spec, infos)) == 1
+    assert len(duplicate_warnings(spec, infos)) == 1  # remembered
+    jsonl(path, rows)
+    assert duplicate_warnings(spec, infos) == []

@@ -7,6 +7,9 @@ rows and the fix, `dedupe: true`. Nothing is said when the spec sets `dedupe: tr
 for image rows (not compared).
 
     warnings = duplicate_warnings(spec, infos)     # infos: what the data step read, by field
+
+The warnings are remembered in this process for the fields that choose the rows and the files' sizes and times
+(`MEMO_SIZE` specs): a trick sweep or a plan checks many variants of one spec, and the audit reads every row.
 """
 
 from __future__ import annotations
@@ -19,6 +22,25 @@ if TYPE_CHECKING:
     from jobs.data.inspection import DatasetInfo
 
 CODES = ("duplicate-rows", "near-duplicate-rows", "eval-overlap")
+ROW_FIELDS = ("dataset", "eval_dataset", "dataset_columns", "trainer", "eval_split")  # what chooses the rows read
+MEMO_SIZE = 8
+_MEMO: dict[tuple[object, ...], list[str]] = {}
+
+
+def _memo_key(spec: JobSpec) -> tuple[object, ...]:
+    """The fields that choose the rows, and each local data file's size and modification time."""
+    from pathlib import Path
+
+    from jobs.data.mixing import sources_of
+
+    files = []
+    for text in (spec.dataset, spec.eval_dataset):
+        for source in sources_of(text) if text and text.strip() else []:
+            path = Path(source.ref)
+            if path.is_file():
+                stat = path.stat()
+                files.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
+    return (*(repr(getattr(spec, f)) for f in ROW_FIELDS), tuple(files))
 
 
 def duplicate_warnings(spec: JobSpec, infos: dict[str, DatasetInfo]) -> list[str]:
@@ -30,6 +52,9 @@ def duplicate_warnings(spec: JobSpec, infos: dict[str, DatasetInfo]) -> list[str
     info = infos.get("dataset")
     if spec.dedupe or info is None or info.images.count:
         return []
+    key = _memo_key(spec)
+    if key in _MEMO:
+        return list(_MEMO[key])
     try:
         data = read_rows(spec)
     except DataError:  # the data step named the problem (an eval set it could not read)
@@ -38,4 +63,7 @@ def duplicate_warnings(spec: JobSpec, infos: dict[str, DatasetInfo]) -> list[str
     for found in duplicate_findings(data):
         if found.code in CODES:
             out.append(f"{found.problem} ({found.where(data.refs)}); fix: {found.fix}")
-    return out
+    if len(_MEMO) >= MEMO_SIZE:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[key] = out
+    return list(out)
