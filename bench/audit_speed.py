@@ -9,8 +9,8 @@ exact copies of earlier ones and 2% earlier rows with one word changed, plus an 
 100 are training rows. Then times `jobs.data.audit.report.audit` on a spec naming both, in this process after
 its imports: the reading (`jobs.data.audit.reading.read_rows`: each row read and checked as the checks read it)
 and the findings (duplicates and near-duplicates, eval overlap, the content findings), and prints rows/s,
-seconds and the findings' counts. The machine's load is printed too: the figure is only as good as the idle
-cores it had.
+seconds, the findings' counts and the process's peak RSS. The machine's load is printed too: the figure is
+only as good as the idle cores it had.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -85,6 +86,8 @@ def main() -> None:
         for f in found.findings:
             print(f"  {f.code}: {f.count}")
         print(f"best of {len(times)}: {min(times):.1f} s (goal < 10 s); load after {os.getloadavg()}")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        print(f"peak RSS of this process: {peak:.0f} MiB (the rows of a source are held while it is read)")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def _size(answer: str) -> int:
 
 
 def _repeated_answers(rows: list[Row]) -> list[Finding]:
-    prompts: dict[str, set[str]] = defaultdict(set)
+    prompts: dict[str, set[bytes]] = defaultdict(set)
     holders: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         for a in dict.fromkeys(r.answers):

@@ -27,7 +27,7 @@ class Row:
     number: int  # its number as the checks name it (line number for JSON lines)
     key: bytes  # the row as trl reads it, hashed
     text: str  # every string in it, for the near-duplicate search
-    prompt: str  # the prompt's text (chat turns before the last answer); '' when none
+    prompt: bytes  # the prompt's text (chat turns before the last answer), hashed; b'' when none
     answers: tuple[str, ...]  # the answers: assistant turns, completion, chosen and rejected
     label: bool | None = None  # kto's label
 
@@ -68,6 +68,10 @@ def trl_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
 def row_key(row: dict[str, Any], fmt: RowFormat) -> bytes:
     """A row's identity: two rows with the same key train the same (images compared by their text form)."""
     return key_of(trl_columns(row, fmt))
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
 def key_of(trl: dict[str, Any]) -> bytes:
@@ -118,7 +122,7 @@ def make_row(field_name: str, source: int, number: int, row: dict[str, Any], fmt
         number,
         key_of(trl),
         text_of([trl.get(c) for c in COLUMNS[fmt] if c != "label"]),
-        text_of(prompt),
+        _digest(text_of(prompt)) if prompt is not None else b"",
         answers,
         trl.get("label") if fmt is RowFormat.UNPAIRED else None,
     )
