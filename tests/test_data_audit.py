@@ -221,3 +221,13 @@ def test_the_checks_warnings_follow_the_file(tmp_path: Path) -> None:
     assert len(duplicate_warnings(spec, infos)) == 1  # remembered
     jsonl(path, rows)
     assert duplicate_warnings(spec, infos) == []
+
+
+def test_near_groups_of_rows_without_words() -> None:
+    from jobs.data.audit.near import near_groups
+
+    assert (
+        near_groups(["", " ", ""]) == []
+        and near_groups(["", "...", ""]) == []
+        and near_groups(["a b c", "a b c", ""]) == [[0, 1]]
+    )

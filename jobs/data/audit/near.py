@@ -112,6 +112,8 @@ def near_groups(texts: Sequence[str], threshold: float = THRESHOLD) -> list[list
     sig, has = signatures(texts)
     n_bands, width = bands(threshold)
     index = np.flatnonzero(has)
+    if len(index) < 2:  # rows without words are never near-duplicates
+        return []
     left: list[np.ndarray] = []
     right: list[np.ndarray] = []
     for band in range(n_bands):
