@@ -231,3 +231,19 @@ def test_near_groups_of_rows_without_words() -> None:
         and near_groups(["", "...", ""]) == []
         and near_groups(["a b c", "a b c", ""]) == [[0, 1]]
     )
+
+
+def test_dedupe_keeps_the_copy_the_audit_keeps_in_a_mixture(tmp_path: Path) -> None:
+    """The sources are shuffled together; the copy kept is still the first in file order (source 1's)."""
+    from jobs.data.loading import load_data
+
+    shared = chat("a shared question", "a shared answer that both files hold")
+    a = jsonl(tmp_path / "a.jsonl", [*distinct(4), shared])
+    b = jsonl(tmp_path / "b.jsonl", [shared] + [chat(f"b question {i}", f"b answer {i} v{i}") for i in range(20)])
+    spec = JobSpec(dataset=f"{a}, {b}", seed=2)
+    mixed = [(int(s), int(n)) for s, n in load_data(spec).origins]
+    assert mixed.index((1, 1)) < mixed.index((0, 5))  # the seed shuffles source 2's copy first
+    assert [(f, s, n) for f, s, n in found(spec)["duplicate-rows"].rows] == [("dataset", 1, 1)]
+    loaded = load_data(JobSpec(**{**spec.to_dict(), "dedupe": True}))
+    origins = {(int(s), int(n)) for s, n in loaded.origins}
+    assert len(loaded.train) == 25 and (0, 5) in origins and (1, 1) not in origins

@@ -2,7 +2,8 @@
 
 Drops what the audit's duplicate findings name (`jobs.data.audit.duplicates`): every later exact copy of a
 training row, the later rows of each near-duplicate group, and every training row also in the eval data
-(exactly or nearly), keeping the first of each. Rows are compared as trl reads them (`rows.row_key`), so the
+(exactly or nearly), keeping the first of each in file order (a mixture's rows are compared in the order of
+`dataset`'s sources and their rows, not in the shuffled order). Rows are compared as trl reads them (`rows.row_key`), so the
 audit and the training drop the same rows. Image rows are kept as they are (two rows with the same words may
 hold different pictures). Logs how many rows were dropped, and why.
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from jobs.data.audit.duplicates import find
 from jobs.data.audit.rows import key_of, text_of, trl_columns
@@ -34,6 +37,16 @@ def _keys_and_texts(ds: datasets.Dataset, fmt: RowFormat) -> tuple[list[bytes], 
     return keys, texts
 
 
+def _file_order(ds: datasets.Dataset) -> list[int]:
+    """The rows' indices by (source, row number) when they carry their origins (`jobs.data.mixing`), else as is."""
+    from jobs.data.mixing import origins_of
+
+    origins = origins_of(ds)
+    if origins is None:
+        return list(range(len(ds)))
+    return [int(i) for i in np.lexsort((origins[:, 1], origins[:, 0]))]
+
+
 def deduped(train: datasets.Dataset, eval_ds: datasets.Dataset | None, fmt: RowFormat) -> datasets.Dataset:
     """`train` without its duplicates and without the rows also in `eval_ds`."""
     if "images" in train.column_names:
@@ -41,8 +54,9 @@ def deduped(train: datasets.Dataset, eval_ds: datasets.Dataset | None, fmt: RowF
         return train
     keys, texts = _keys_and_texts(train, fmt)
     eval_keys, eval_texts = _keys_and_texts(eval_ds, fmt) if eval_ds is not None and len(eval_ds) else ([], [])
-    found = find(keys, texts, eval_keys, eval_texts)
-    dropped = found.dropped()
+    order = _file_order(train)  # the first of each in the files, as the audit names them, not in the mixed order
+    found = find([keys[i] for i in order], [texts[i] for i in order], eval_keys, eval_texts)
+    dropped = sorted(order[i] for i in found.dropped())
     near = len({i for group in found.near for i in group[1:]} - set(found.exact))
     log.info(
         "dedupe: dropped %d of %d training rows (%d exact copies, %d near copies, %d also in the eval data)",
