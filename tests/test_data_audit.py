@@ -247,3 +247,25 @@ def test_dedupe_keeps_the_copy_the_audit_keeps_in_a_mixture(tmp_path: Path) -> N
     loaded = load_data(JobSpec(**{**spec.to_dict(), "dedupe": True}))
     origins = {(int(s), int(n)) for s, n in loaded.origins}
     assert len(loaded.train) == 25 and (0, 5) in origins and (1, 1) not in origins
+
+
+def test_cli_histogram_in_tokens_once_measured(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the checks measured the rows' tokens (cached), the histogram is in tokens, against max_length."""
+    from jobs.checks.memory import measured_lengths
+
+    monkeypatch.setenv("TUNEDECK_CACHE_DIR", str(tmp_path / "cache"))
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(f"model: {tiny_model}\ndataset: sample:chat-format\nmax_length: 56\n")
+    from app.cli.usage import load_spec
+
+    lengths = measured_lengths(load_spec(str(spec_file)))
+    assert lengths is not None
+    longer = int((lengths.lengths.max(axis=1) > 56).sum())
+    env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TUNEDECK_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "TUNEDECK_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    cmd = [sys.executable, "-m", "app.cli.main", "data", "audit", str(spec_file)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"lengths of the training rows (tokens; {longer} longer than max_length 56)" in proc.stdout
+    assert "<- max_length" in proc.stdout

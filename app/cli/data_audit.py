@@ -39,18 +39,14 @@ def cmd_data_audit(_store: None, args: argparse.Namespace) -> int:
     print(f"{len(data.train)} training rows, {len(data.eval)} eval rows: {len(found.findings)} finding(s)")
     for line in found.lines():
         print(line)
-    histogram = found.histogram()
+    tokens = found.unit == "tokens"
+    histogram = found.histogram(edge=spec.max_length if tokens else None)
     if histogram:
-        longer = int((found.lengths > spec.max_length).sum()) if found.unit == "tokens" else None
-        cut = f"; {longer} longer than max_length {spec.max_length}" if longer is not None else ""
-        print(f"\nlengths of the training rows ({found.unit}{cut}):")
+        cut = f"; {int((found.lengths > spec.max_length).sum())} longer than max_length {spec.max_length}"
+        print(f"\nlengths of the training rows ({found.unit}{cut if tokens else ''}):")
         top = max(n for _, n in histogram) or 1
         for bound, n in histogram:
-            mark = (
-                "  <- max_length"
-                if found.unit == "tokens" and bound >= spec.max_length > bound - _step(histogram)
-                else ""
-            )
+            mark = "  <- max_length" if tokens and bound == spec.max_length else ""
             print(f"  <= {bound:>7}  {'#' * round(BAR * n / top):<{BAR}} {n}{mark}")
     return EXIT_OK
 
@@ -68,10 +64,6 @@ def token_lengths(found: Audit, spec: JobSpec) -> Audit:
     if measured is None or not measured.rows:
         return found
     return Audit(found.findings, found.data, np.asarray(measured.lengths).max(axis=1), "tokens")
-
-
-def _step(histogram: list[tuple[int, int]]) -> int:
-    return histogram[1][0] - histogram[0][0] if len(histogram) > 1 else histogram[0][0]
 
 
 def add_parsers(data_sub: argparse._SubParsersAction) -> None:

@@ -42,12 +42,20 @@ class Audit:
             "findings": [f.record(self.data.refs) for f in self.findings],
         }
 
-    def histogram(self, bins: int = 10) -> list[tuple[int, int]]:
-        """[(upper bound, rows up to it)] over the training rows' lengths, in `unit`."""
+    def histogram(self, bins: int = 10, edge: int | None = None) -> list[tuple[int, int]]:
+        """[(upper bound, rows above the previous bound up to it)] over the training rows' lengths, in `unit`;
+        `edge` (max_length) is one of the bounds when it falls among the lengths."""
         if not len(self.lengths):
             return []
-        counts, edges = np.histogram(self.lengths, bins=min(bins, max(1, len(np.unique(self.lengths)))))
-        return [(int(np.ceil(hi)), int(n)) for hi, n in zip(edges[1:], counts, strict=True)]
+        low, high = int(self.lengths.min()), int(self.lengths.max())
+        bounds = np.unique(np.ceil(np.linspace(low, high, min(bins, high - low + 1) + 1)).astype(np.int64))
+        if edge is not None and low < edge < high:
+            bounds = np.unique(np.append(bounds, edge))
+        if len(bounds) == 1:  # every row as long
+            return [(int(bounds[0]), len(self.lengths))]
+        counts = np.bincount(np.searchsorted(bounds, self.lengths, side="left"), minlength=len(bounds))
+        counts[1] += counts[0]  # the shortest rows join the first bin
+        return list(zip(bounds[1:].tolist(), counts[1:].tolist(), strict=True))
 
 
 def audit(spec: JobSpec, data: AuditData | None = None) -> Audit:
