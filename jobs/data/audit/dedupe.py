@@ -7,7 +7,7 @@ training row, the later rows of each near-duplicate group, and every training ro
 audit and the training drop the same rows. Image rows are kept as they are (two rows with the same words may
 hold different pictures). Logs how many rows were dropped, and why.
 
-    train = deduped(train, eval_ds, RowFormat.MESSAGES)
+    train = deduped(train, eval_ds, RowFormat.MESSAGES, origins_of(train))
 """
 
 from __future__ import annotations
@@ -37,24 +37,26 @@ def _keys_and_texts(ds: datasets.Dataset, fmt: RowFormat) -> tuple[list[bytes], 
     return keys, texts
 
 
-def _file_order(ds: datasets.Dataset) -> list[int]:
-    """The rows' indices by (source, row number) when they carry their origins (`jobs.data.mixing`), else as is."""
-    from jobs.data.mixing import origins_of
-
-    origins = origins_of(ds)
+def _file_order(n: int, origins: np.ndarray | None) -> list[int]:
+    """The rows' indices by (source, row number) when their origins are known (`jobs.data.mixing`), else as is."""
     if origins is None:
-        return list(range(len(ds)))
+        return list(range(n))
     return [int(i) for i in np.lexsort((origins[:, 1], origins[:, 0]))]
 
 
-def deduped(train: datasets.Dataset, eval_ds: datasets.Dataset | None, fmt: RowFormat) -> datasets.Dataset:
-    """`train` without its duplicates and without the rows also in `eval_ds`."""
+def deduped(
+    train: datasets.Dataset, eval_ds: datasets.Dataset | None, fmt: RowFormat, origins: np.ndarray | None = None
+) -> datasets.Dataset:
+    """`train` without its duplicates and without the rows also in `eval_ds`; `origins`: each training row's
+    (source index, row number), `jobs.data.mixing.origins_of`."""
     if "images" in train.column_names:
         log.info("dedupe: image rows are kept as they are (not compared)")
         return train
     keys, texts = _keys_and_texts(train, fmt)
     eval_keys, eval_texts = _keys_and_texts(eval_ds, fmt) if eval_ds is not None and len(eval_ds) else ([], [])
-    order = _file_order(train)  # the first of each in the files, as the audit names them, not in the mixed order
+    order = _file_order(
+        len(train), origins
+    )  # the first of each in the files, as the audit names them, not in the mixed order
     found = find([keys[i] for i in order], [texts[i] for i in order], eval_keys, eval_texts)
     dropped = sorted(order[i] for i in found.dropped())
     near = len({i for group in found.near for i in group[1:]} - set(found.exact))
