@@ -269,3 +269,21 @@ def test_cli_histogram_in_tokens_once_measured(
     assert proc.returncode == 0, proc.stderr
     assert f"lengths of the training rows (tokens; {longer} longer than max_length 56)" in proc.stdout
     assert "<- max_length" in proc.stdout
+
+
+def test_the_audit_reads_no_data_the_server_refuses(data_home: Path, tmp_path: Path, tiny_model: Path) -> None:
+    """On a shared dashboard a data file outside its data folders is refused, and the audit never reads it:
+    no warning names its rows."""
+    import training_helpers
+
+    from jobs.checks.access import AccessPolicy
+    from jobs.checks.pipeline import check
+    from jobs.devices.probe import cpu_facts
+
+    rows = distinct(4)
+    outside = jsonl(tmp_path / "outside.jsonl", [*rows, rows[0]])
+    spec = training_helpers.tiny_spec(tiny_model, dataset=outside)
+    assert any("dedupe: true" in w for w in check(spec, device=cpu_facts()).warnings)  # the command line reads it
+    refused = check(spec, policy=AccessPolicy.for_server(login=True), device=cpu_facts())
+    assert any(p.field == "dataset" and "data folders" in p.problem for p in refused.problems)
+    assert not any("dedupe" in w or "row 5" in w for w in refused.warnings)
