@@ -287,3 +287,16 @@ def test_the_audit_reads_no_data_the_server_refuses(data_home: Path, tmp_path: P
     refused = check(spec, policy=AccessPolicy.for_server(login=True), device=cpu_facts())
     assert any(p.field == "dataset" and "data folders" in p.problem for p in refused.problems)
     assert not any("dedupe" in w or "row 5" in w for w in refused.warnings)
+
+
+def test_grpo_rows_differ_by_their_reward_columns(tmp_path: Path) -> None:
+    """A grpo prompt asked twice with different reference answers is two rows; the same row twice is a copy."""
+    from jobs.data.loading import load_data
+
+    rows = [{"prompt": f"what is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
+    rows += [{"prompt": "what is 0 + 0?", "answer": "zero"}, rows[1]]
+    spec = JobSpec(dataset=jsonl(tmp_path / "g.jsonl", rows), trainer="grpo")
+    got = found(spec)
+    assert set(got) == {"duplicate-rows"} and [n for _, _, n in got["duplicate-rows"].rows] == [6]
+    kept = load_data(JobSpec(**{**spec.to_dict(), "dedupe": True})).train
+    assert [(r["prompt"], r["answer"]) for r in kept] == [(r["prompt"], r["answer"]) for r in rows[:5]]

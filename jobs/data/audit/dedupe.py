@@ -13,12 +13,13 @@ hold different pictures). Logs how many rows were dropped, and why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jobs.data.audit.duplicates import find
-from jobs.data.audit.rows import key_of, text_of, trl_columns
+from jobs.data.audit.rows import key_of, trl_columns, words_of
 from jobs.data.row_formats import COLUMNS, RowFormat
 
 if TYPE_CHECKING:
@@ -27,13 +28,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _keys_and_texts(ds: datasets.Dataset, fmt: RowFormat) -> tuple[list[bytes], list[str]]:
+def _keys_and_texts(ds: datasets.Dataset, fmt: RowFormat, extra: Sequence[str]) -> tuple[list[bytes], list[str]]:
     columns = [c for c in (*COLUMNS[fmt], "tools") if c in ds.column_names]
+    extra = [c for c in extra if c in ds.column_names]
     keys, texts = [], []
-    for row in ds.select_columns(columns):
-        trl = trl_columns(row, fmt)
+    for row in ds.select_columns(columns + extra):
+        trl = trl_columns(row, fmt, extra)
         keys.append(key_of(trl))
-        texts.append(text_of([trl.get(c) for c in COLUMNS[fmt] if c != "label"]))
+        texts.append(words_of(trl, fmt, extra))
     return keys, texts
 
 
@@ -45,15 +47,19 @@ def _file_order(n: int, origins: np.ndarray | None) -> list[int]:
 
 
 def deduped(
-    train: datasets.Dataset, eval_ds: datasets.Dataset | None, fmt: RowFormat, origins: np.ndarray | None = None
+    train: datasets.Dataset,
+    eval_ds: datasets.Dataset | None,
+    fmt: RowFormat,
+    origins: np.ndarray | None = None,
+    extra: Sequence[str] = (),
 ) -> datasets.Dataset:
     """`train` without its duplicates and without the rows also in `eval_ds`; `origins`: each training row's
-    (source index, row number), `jobs.data.mixing.origins_of`."""
+    (source index, row number), `jobs.data.mixing.origins_of`; `extra`: grpo's reward columns, compared too."""
     if "images" in train.column_names:
         log.info("dedupe: image rows are kept as they are (not compared)")
         return train
-    keys, texts = _keys_and_texts(train, fmt)
-    eval_keys, eval_texts = _keys_and_texts(eval_ds, fmt) if eval_ds is not None and len(eval_ds) else ([], [])
+    keys, texts = _keys_and_texts(train, fmt, extra)
+    eval_keys, eval_texts = _keys_and_texts(eval_ds, fmt, extra) if eval_ds is not None and len(eval_ds) else ([], [])
     order = _file_order(
         len(train), origins
     )  # the first of each in the files, as the audit names them, not in the mixed order

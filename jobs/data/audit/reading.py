@@ -44,6 +44,6 @@ def read_rows(spec: JobSpec) -> AuditData:
             for number, row in checked.rows():
                 if len(out) - before >= limit:
                     break
-                out.append(make_row(field_name, i, number, row, fmt))
+                out.append(make_row(field_name, i, number, row, fmt, checked.info.reward_columns))
             counts.append(len(out) - before)
     return data

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,11 +58,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def trl_columns(row: dict[str, Any], fmt: RowFormat) -> dict[str, Any]:
-    """What trl reads of `row`: its format's columns (labels as bools), tool schemas, and its images."""
+def trl_columns(row: dict[str, Any], fmt: RowFormat, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """What trl reads of `row`: its format's columns (labels as bools), tool schemas, its images, and the `extra`
+    columns grpo hands to its reward functions (two prompts with different reference answers differ)."""
     out = _plain(only_columns(row, fmt, tools=True))
     if row.get("images") is not None:
         out["images"] = row["images"]
+    for c in extra:
+        out[f"extra:{c}"] = row.get(c)
     return out
 
 
@@ -99,6 +103,14 @@ def text_of(value: Any) -> str:
     return " ".join(out)
 
 
+def words_of(trl: dict[str, Any], fmt: RowFormat, extra: Sequence[str] = ()) -> str:
+    """A row's words for the near-duplicate search: its columns' text (not its tool schemas) and its `extra`
+    columns' values."""
+    cells = [trl.get(c) for c in COLUMNS[fmt] if c != "label"]
+    values = [trl.get(f"extra:{c}") for c in extra]
+    return " ".join([text_of(cells), *(v if isinstance(v, str) else json.dumps(v, default=str) for v in values)])
+
+
 def _split(row: dict[str, Any], fmt: RowFormat) -> tuple[Any, tuple[str, ...]]:
     """(the prompt, the answers) of a row in format `fmt`."""
     if fmt is RowFormat.MESSAGES:
@@ -113,15 +125,17 @@ def _split(row: dict[str, Any], fmt: RowFormat) -> tuple[Any, tuple[str, ...]]:
     return None, ()  # text rows and grpo's prompts: no answer to audit
 
 
-def make_row(field_name: str, source: int, number: int, row: dict[str, Any], fmt: RowFormat) -> Row:
-    trl = trl_columns(row, fmt)
+def make_row(
+    field_name: str, source: int, number: int, row: dict[str, Any], fmt: RowFormat, extra: Sequence[str] = ()
+) -> Row:
+    trl = trl_columns(row, fmt, extra)
     prompt, answers = _split(trl, fmt)
     return Row(
         field_name,
         source,
         number,
         key_of(trl),
-        text_of([trl.get(c) for c in COLUMNS[fmt] if c != "label"]),
+        words_of(trl, fmt, extra),
         _digest(text_of(prompt)) if prompt is not None else b"",
         answers,
         trl.get("label") if fmt is RowFormat.UNPAIRED else None,
