@@ -363,6 +363,7 @@ SPEC_FIELDS = [
     "max_train_samples",
     "dataset_columns",
     "eval_split",
+    "dedupe",
     "trainer",
     "method",
     "lora_r",

@@ -28,7 +28,9 @@ being found again:
    warning elsewhere when the workers would call it without their keys (`jobs.checks.egress`);
 11. `run_name`: not one that reads as a run id (`3`, `#3`, `run:3`) or names a base model the dashboard
    serves (a built-in, the spec's model, another run's model), which /v1 reads first
-   (`jobs.models.served_names`).
+   (`jobs.models.served_names`);
+12. duplicates: training rows repeated (exactly or nearly) or also in the eval data, warnings naming the rows and
+   the fix `dedupe: true` (`jobs.checks.duplicates`, by the data audit `jobs.data.audit`).
 
 No step swallows an unexpected error: a bug in a check fails the call instead of hiding a refusal.
 
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.checks.access import AccessPolicy
 from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
+from jobs.checks.duplicates import duplicate_warnings
 from jobs.checks.egress import endpoint_warning
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.rewards import reward_column_problems
@@ -180,6 +183,7 @@ def _check_spec(
         problems += reward_run_problems(store, spec)
     warnings = capability_warnings(spec, capability) + moe_notes(spec, moe)
     warnings += [w for info in infos.values() for w in info.warnings]
+    warnings += duplicate_warnings(spec, infos) if not problems else []  # repeated rows, eval rows in training
     warnings += answer_warnings
     warnings += [w for w in (endpoint_warning(spec.judge, "judge"),) if w]  # a shared dashboard refused it above
     taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None

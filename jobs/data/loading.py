@@ -211,6 +211,10 @@ def _load_data(spec: JobSpec) -> LoadedData:
     assert train is not None
     train_ds, train_info = train
     eval_ds, eval_info = eval_ if eval_ else (None, None)
+    if spec.dedupe:  # before eval_split holds rows out: no copy lands on both sides
+        from jobs.data.audit.dedupe import deduped
+
+        train_ds = deduped(train_ds, eval_ds, train_info.format, origins_of(train_ds), train_info.reward_columns)
     if spec.eval_split is not None:
         n_eval = eval_rows(len(train_ds), spec.eval_split)
         if isinstance(n_eval, Problem):

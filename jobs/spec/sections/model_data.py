@@ -71,6 +71,15 @@ class ModelDataFields:
         label="Held-out share",
         advanced=True,
     )
+    dedupe: bool = spec_field(
+        False,
+        Group.DATA,
+        "Drop duplicate training rows before training: exact copies and near-duplicates (MinHash, about 80% of "
+        "their word pairs shared), keeping the first of each, and training rows that are also in the eval data. "
+        "The log says how many were dropped; `tunedeck data audit SPEC` lists them first.",
+        label="Drop duplicate rows",
+        advanced=True,
+    )
 
     @property
     def column_map(self) -> dict[str, str]:

@@ -1,0 +1,77 @@
+"""What an audit found: one `Finding` per kind of trouble, with its count, its first rows and its fix.
+
+A finding names rows as the user's files number them, per field and source ("rows 2, 5 of `a.jsonl`",
+`jobs.data.row_numbers`). `Severity.WARNING`: the run would learn something the user most likely does not mean
+(duplicates, eval rows in training, empty answers); `Severity.INFO`: worth a look, often meant (short answers,
+a mixture's shares).
+
+    Finding("duplicate-rows", Severity.WARNING, 12, rows, "12 training rows repeat an earlier row", "set dedupe: true")
+    finding.text(refs)               # one line: '[warning] duplicate-rows: ... (rows 4, 9 of `a.jsonl`). Fix: ...'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from jobs.data.row_numbers import origins_text
+
+SHOWN = 5  # rows named per finding and source
+
+
+class Severity(str, Enum):
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One kind of trouble in the rows: `rows` are the first (field, source index, row number) it was seen at."""
+
+    code: str
+    severity: Severity
+    count: int
+    rows: tuple[tuple[str, int, int], ...]
+    problem: str
+    fix: str
+
+    def where(self, refs: dict[str, list[str]]) -> str:
+        """The rows named, per field: 'rows 2, 5 of `a.jsonl`; eval: row 3 of `b.jsonl`'."""
+        parts = []
+        for field in dict.fromkeys(f for f, _, _ in self.rows):
+            origins = [(s, n) for f, s, n in self.rows if f == field]
+            text = origins_text(origins, refs.get(field, []), shown=SHOWN)
+            parts.append(text if field == "dataset" else f"eval data: {text}")
+        return "; ".join(parts)
+
+    def text(self, refs: dict[str, list[str]]) -> str:
+        where = self.where(refs)
+        return (
+            f"[{self.severity.value}] {self.code}: {self.problem}"
+            + (f" ({where})" if where else "")
+            + (f". Fix: {self.fix}" if self.fix else "")
+        )
+
+    def record(self, refs: dict[str, list[str]]) -> dict[str, Any]:
+        """The finding as JSON for the API and `tunedeck data audit --json`."""
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "count": self.count,
+            "rows": [{"field": f, "source": refs.get(f, ["?"])[s], "row": n} for f, s, n in self.rows],
+            "problem": self.problem,
+            "fix": self.fix,
+        }
+
+
+def first_rows(rows: Any, shown: int = SHOWN) -> tuple[tuple[str, int, int], ...]:
+    """The first `shown` rows of each source among `rows` (audit `Row`s), in file order."""
+    seen: dict[tuple[str, int], int] = {}
+    out = []
+    for row in sorted(rows, key=lambda r: (r.field != "dataset", r.source, r.number)):
+        k = (row.field, row.source)
+        if seen.get(k, 0) < shown:
+            seen[k] = seen.get(k, 0) + 1
+            out.append((row.field, row.source, row.number))
+    return tuple(out)
