@@ -43,6 +43,7 @@ JOBS_ORDER = (
     "export",
     "chat",
     "evaluate",
+    "doctor",
     "worker",
 )
 
