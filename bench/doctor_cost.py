@@ -32,7 +32,8 @@ NAMES = ("loss", "grad_norm", "learning_rate", "epoch", "num_tokens", "mean_toke
 def step_rows(step: int, rng: random.Random, now: float) -> list:
     from storage.records import MetricPoint
 
-    loss = 2.0 * math.exp(-step / 2000) + 0.5 + rng.gauss(0, 0.05)
+    smooth = 2.0 * math.exp(-step / 2000) + 0.5
+    loss = smooth + rng.gauss(0, 0.05)
     values = [loss, 1.0 + rng.random(), 2e-4, step / 5000, 4096.0 * step, 0.6 + rng.random() / 10, 1.5]
     rows = [MetricPoint(step, n, v, now) for n, v in zip(NAMES, values)]
     rows += [
@@ -40,7 +41,7 @@ def step_rows(step: int, rng: random.Random, now: float) -> list:
         MetricPoint(step, "tokens_per_second", 3000 + rng.gauss(0, 100), now),
     ]
     if step % 200 == 0:
-        rows.append(MetricPoint(step, "eval_loss", loss + 0.1, now))
+        rows.append(MetricPoint(step, "eval_loss", smooth + 0.1 + rng.gauss(0, 0.005), now))  # a mean over many rows
     return rows
 
 

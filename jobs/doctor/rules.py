@@ -30,6 +30,7 @@ NEAR_ZERO_LOSS = 0.01  # memorising: the recent median training loss below this
 NEAR_ZERO_WINDOW = 10  # the recent points whose median is read
 OVERFIT_MIN_EVALS = 3  # overfitting is judged after this many evaluations
 OVERFIT_RISE = 0.05  # the newest eval loss this share above the best, having risen twice in a row
+OVERFIT_TRAIN_FALL = 0.02  # ... while the training loss fell by at least this share since the previous evaluation
 TRAIN_WINDOW = 5  # the training-loss points (up to an eval's step) whose median stands for it
 
 
@@ -183,26 +184,29 @@ def overfitting(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     if len(evals) < OVERFIT_MIN_EVALS or len(train) < MIN_POINTS or not _new(evals, since):
         return None
     best_i = min(range(len(evals)), key=lambda i: evals[i][1])
-    (best_step, best), (_, prev), (step, now) = evals[best_i], evals[-2], evals[-1]
+    (best_step, best), (prev_step, prev), (step, now) = evals[best_i], evals[-2], evals[-1]
     if best_i >= len(evals) - 2 or not (now > prev > best) or now < best * (1 + OVERFIT_RISE):
         return None
-    then = median([v for s, v in train if s <= best_step][-TRAIN_WINDOW:] or [math.inf])
+    # The training loss at the previous evaluation (after the best one), against now: the watcher keeps
+    # the last TAIL_POINTS of it, so the best step's own may be gone on a long run; this one is recent.
+    then_points = [v for s, v in train if best_step < s <= prev_step][-TRAIN_WINDOW:]
     later = median([v for s, v in train if s <= step][-TRAIN_WINDOW:])
-    if not later < then:
+    if not then_points or not later < (1 - OVERFIT_TRAIN_FALL) * median(then_points):
         return None
+    then = median(then_points)
     return Finding(
         RuleCode.OVERFITTING,
         step,
         Severity.WARNING,
         f"the eval loss rose from {best:.4g} (step {best_step}, the best so far) to {now:.4g} while the training "
-        f"loss fell from {then:.4g} to {later:.4g}: the model is fitting its training rows, not the task",
+        f"loss fell from {then:.4g} (step {prev_step}) to {later:.4g}: the model is fitting its training rows, not the task",
         f"stop at the best step: early_stopping_patience 2 keeps the checkpoint of step {best_step}; or train "
         "fewer steps, or with more data",
         {
             "best_step": best_step,
             "best_eval_loss": best,
             "eval_loss": now,
-            "train_loss_at_best": then,
+            "train_loss_before": then,
             "train_loss": later,
             "curve": [[s, v] for s, v in evals],
         },
