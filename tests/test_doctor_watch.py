@@ -133,3 +133,24 @@ def test_without_doctor_stop_on_the_finding_is_stored_and_the_run_goes_on(store:
     assert run.status is RunStatus.SUCCEEDED, run.error_summary
     (found,) = findings_of(store.run_events(run_id))  # found by the check after the child exited
     assert found.code is RuleCode.LOSS_SPIKE and found.step == 40
+
+
+def test_tunedeck_show_and_the_api_list_the_findings(store: Store) -> None:
+    from app.api import Endpoints
+    from app.cli.show import show_text
+
+    run_id = running_run(store, JobSpec(model="tiny-llama", max_steps=60))
+    store.add_metrics(run_id, losses(1, 60, spike_at=40))
+    store.add_run_event(run_id, "note", "an event of another kind", step=3)
+    Doctor(store, run_id, JobSpec(max_steps=60), interval_s=0.0).check()
+    text = show_text(store, store.get_run(run_id))
+    findings = text[text.index("findings (training doctor):") :].splitlines()
+    assert findings[1].startswith("  step 40  warning  loss_spike: the training loss jumped to 9 at step 40")
+    assert (
+        findings[2].startswith("    fix: lower learning_rate") and "(spec change: learning_rate: 0.0001" in findings[2]
+    )
+    events = text[text.index("\nevents:") :]
+    assert "an event of another kind" in events and "loss_spike" not in events  # shown once, under findings
+    (found,) = Endpoints(store).run(run_id)["findings"]
+    assert found["code"] == "loss_spike" and found["step"] == 40 and found["severity"] == "warning"
+    assert found["spec_change"]["learning_rate"] == 1e-4 and [40, 9.0] in found["evidence"]["curve"]
