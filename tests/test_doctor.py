@@ -183,3 +183,9 @@ def test_doctor_stop_on_names_rule_codes() -> None:
     )
     (problem,) = JobSpec(doctor_stop_on="loss_spike,spikes").problems()
     assert problem.field == "doctor_stop_on" and "`spikes`" in problem.problem and "loss_spike" in problem.fix
+
+
+def test_a_flat_loss_at_a_huge_learning_rate_is_stuck_not_too_slow() -> None:
+    """What a real tiny run at learning_rate 1.0 does: one big jump, then a loss stuck near 6 for good."""
+    stuck = rules.loss_flat({"loss": noisy(60, 6.05, 0.01)}, RunContext(learning_rate=1.0), -1)
+    assert stuck is not None and "lower learning_rate" in stuck.fix and stuck.spec_change == {"learning_rate": 0.01}

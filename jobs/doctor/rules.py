@@ -26,6 +26,7 @@ GRAD_RATIO = 10.0  # a grad-norm explosion: the norm at least this many times it
 FLAT_MIN_POINTS = 50  # a loss is judged flat only after this many points
 FLAT_EDGE = 10  # the points at each end whose medians are compared
 FLAT_REL_DROP = 0.02  # flat: the loss fell by less than this share of its first value
+FLAT_HIGH_LR = 0.05  # ... at a learning rate this high or higher, it is stuck after too large updates, not too small
 NEAR_ZERO_LOSS = 0.01  # memorising: the recent median training loss below this
 NEAR_ZERO_WINDOW = 10  # the recent points whose median is read
 OVERFIT_MIN_EVALS = 3  # overfitting is judged after this many evaluations
@@ -136,6 +137,15 @@ def loss_flat(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
             "the training loss is exactly 0 at every step: no token is trained (every label is masked)",
             "check the mask: train on the answers of rows that have one (the data preview shows the trained tokens)",
             {},
+        )
+    elif first > 0 and (first - last) < FLAT_REL_DROP * first and ctx.learning_rate >= FLAT_HIGH_LR:
+        lr = ctx.learning_rate / 100
+        why, fix, change = (
+            f"the training loss has not moved in {len(points)} logged steps ({first:.4g} then {last:.4g}) at a "
+            f"learning rate of {ctx.learning_rate:.3g}: updates that large knock the model into a state it cannot "
+            "learn from (often the same few tokens for everything)",
+            f"lower learning_rate (to {lr:.3g})",
+            {"learning_rate": lr},
         )
     elif first > 0 and (first - last) < FLAT_REL_DROP * first:
         lr = min(ctx.learning_rate * 10, 1e-3) if ctx.learning_rate < 1e-3 else ctx.learning_rate
