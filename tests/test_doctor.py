@@ -189,3 +189,33 @@ def test_a_flat_loss_at_a_huge_learning_rate_is_stuck_not_too_slow() -> None:
     """What a real tiny run at learning_rate 1.0 does: one big jump, then a loss stuck near 6 for good."""
     stuck = rules.loss_flat({"loss": noisy(60, 6.05, 0.01)}, RunContext(learning_rate=1.0), -1)
     assert stuck is not None and "lower learning_rate" in stuck.fix and stuck.spec_change == {"learning_rate": 0.01}
+
+
+def test_grpo_rules_no_signal_clipped_kl_runaway_and_entropy_collapse() -> None:
+    from jobs.doctor import grpo
+
+    ctx = RunContext(num_generations=4, max_completion_length=64, temperature=0.7, beta=0.0)
+    zero_std = [(s, 0.5 if s < 30 else 1.0) for s in range(1, 61)]
+    (found,) = incrementally({"frac_reward_zero_std": zero_std}, chunk=5, ctx=ctx)
+    assert found.code is RuleCode.GRPO_NO_SIGNAL and found.step == 35 and found.spec_change == {"num_generations": 8}
+    clipped = [(s, 0.95) for s in range(1, 41)]
+    (found,) = incrementally({"completions/clipped_ratio": clipped}, chunk=5, ctx=ctx)
+    assert found.code is RuleCode.COMPLETIONS_CLIPPED and found.step == 20
+    assert found.spec_change == {"max_completion_length": 128}
+    kl = [(s, 0.01 * 1.15**s) for s in range(1, 61)]
+    (found,) = incrementally({"kl": kl}, chunk=5, ctx=ctx)
+    assert found.code is RuleCode.KL_UNBOUNDED and found.spec_change == {"beta": 0.04}
+    assert found.evidence["kl"] >= 2 * found.evidence["kl_before"] and found.evidence["kl"] >= grpo.KL_MIN
+    entropy = [(s, 2.0 * math.exp(-s / 8)) for s in range(1, 61)]
+    reward = [(s, 0.5) for s in range(1, 61)]
+    (found,) = incrementally({"entropy": entropy, "reward": reward}, chunk=5, ctx=ctx)
+    assert found.code is RuleCode.ENTROPY_COLLAPSE and found.spec_change == {"temperature": 1.0}
+    assert incrementally({"entropy": entropy}, ctx=ctx) == []  # an SFT run's entropy: no reward curve, not judged
+    steady = {
+        "frac_reward_zero_std": noisy(80, 0.3, 0.1),
+        "completions/clipped_ratio": noisy(80, 0.2, 0.05),
+        "kl": noisy(80, 0.05, 0.01),
+        "entropy": noisy(80, 1.0, 0.1),
+        "reward": noisy(80, 0.5, 0.2),
+    }
+    assert incrementally(steady, ctx=ctx) == []

@@ -40,6 +40,9 @@ class RunContext:
     num_train_epochs: float = 1.0
     beta: float = 0.1
     total_steps: int | None = None
+    num_generations: int = 4
+    max_completion_length: int = 64
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from jobs.doctor import preference, resources, rules
+from jobs.doctor import grpo, preference, resources, rules
 from jobs.doctor.findings import Curves, Finding, RunContext
 from jobs.spec.doctor_codes import RuleCode
 
@@ -26,6 +26,10 @@ RULES: dict[RuleCode, Rule] = {
     RuleCode.MEMORY_CREEP: resources.memory_creep,
     RuleCode.REWARD_SATURATED: preference.reward_saturated,
     RuleCode.CHOSEN_LOGPS_FALLING: preference.chosen_logps_falling,
+    RuleCode.GRPO_NO_SIGNAL: grpo.grpo_no_signal,
+    RuleCode.COMPLETIONS_CLIPPED: grpo.completions_clipped,
+    RuleCode.KL_UNBOUNDED: grpo.kl_unbounded,
+    RuleCode.ENTROPY_COLLAPSE: grpo.entropy_collapse,
 }
 
 

@@ -66,6 +66,9 @@ def context_of(spec: JobSpec) -> RunContext:
         num_train_epochs=spec.num_train_epochs,
         beta=spec.beta,
         total_steps=spec.max_steps if spec.max_steps > 0 else None,
+        num_generations=spec.num_generations,
+        max_completion_length=spec.max_completion_length,
+        temperature=spec.temperature,
     )
 
 

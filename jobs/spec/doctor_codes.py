@@ -25,6 +25,10 @@ class RuleCode(str, Enum):
     MEMORY_CREEP = "memory_creep"
     REWARD_SATURATED = "reward_saturated"
     CHOSEN_LOGPS_FALLING = "chosen_logps_falling"
+    GRPO_NO_SIGNAL = "grpo_no_signal"
+    COMPLETIONS_CLIPPED = "completions_clipped"
+    KL_UNBOUNDED = "kl_unbounded"
+    ENTROPY_COLLAPSE = "entropy_collapse"
 
 
 RULE_CHOICES = ", ".join(c.value for c in RuleCode)
