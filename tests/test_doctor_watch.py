@@ -154,3 +154,13 @@ def test_tunedeck_show_and_the_api_list_the_findings(store: Store) -> None:
     (found,) = Endpoints(store).run(run_id)["findings"]
     assert found["code"] == "loss_spike" and found["step"] == 40 and found["severity"] == "warning"
     assert found["spec_change"]["learning_rate"] == 1e-4 and [40, 9.0] in found["evidence"]["curve"]
+
+
+def test_the_run_page_events_show_a_finding_with_its_fix(store: Store) -> None:
+    from app.ui.run_text import events_markdown
+
+    run_id = running_run(store, JobSpec(model="tiny-llama", max_steps=60))
+    store.add_metrics(run_id, losses(1, 60, spike_at=40))
+    Doctor(store, run_id, JobSpec(max_steps=60), interval_s=0.0).check()
+    text = events_markdown(store.get_run(run_id), store.run_events(run_id))
+    assert "doctor: loss_spike at step 40 (warning)" in text and "**Fix:** lower learning_rate (to 0.0001)" in text
