@@ -145,9 +145,10 @@ def test_tunedeck_show_and_the_api_list_the_findings(store: Store) -> None:
     Doctor(store, run_id, JobSpec(max_steps=60), interval_s=0.0).check()
     text = show_text(store, store.get_run(run_id))
     findings = text[text.index("findings (training doctor):") :].splitlines()
-    assert findings[1].startswith("  step 40  warning  loss_spike: the training loss jumped to 9 at step 40")
+    assert findings[1].startswith("  1. step 40  warning  loss_spike: the training loss jumped to 9 at step 40")
     assert (
-        findings[2].startswith("    fix: lower learning_rate") and "(spec change: learning_rate: 0.0001" in findings[2]
+        findings[2].startswith("     fix: lower learning_rate")
+        and f"(spec change: learning_rate: 0.0001, max_grad_norm: 1; `tunedeck clone {run_id} --fix 1`)" in findings[2]
     )
     events = text[text.index("\nevents:") :]
     assert "an event of another kind" in events and "loss_spike" not in events  # shown once, under findings
@@ -164,3 +165,22 @@ def test_the_run_page_events_show_a_finding_with_its_fix(store: Store) -> None:
     Doctor(store, run_id, JobSpec(max_steps=60), interval_s=0.0).check()
     text = events_markdown(store.get_run(run_id), store.run_events(run_id))
     assert "doctor: loss_spike at step 40 (warning)" in text and "**Fix:** lower learning_rate (to 0.0001)" in text
+
+
+def test_tunedeck_clone_fix_queues_the_spec_with_the_findings_change(store: Store, capsys) -> None:
+    from app.cli.main import main
+    from jobs.spec.stored import spec_of
+
+    spec = JobSpec(model="tiny-llama", dataset="sample:chat-format", max_steps=60, max_length=64, learning_rate=2e-4)
+    run_id = running_run(store, spec)
+    store.add_metrics(run_id, losses(1, 60, spike_at=40))
+    Doctor(store, run_id, spec, interval_s=0.0).check()
+    assert main(["clone", str(run_id), "--fix", "1"]) == 0
+    new = store.get_run(int(capsys.readouterr().out.strip()))
+    assert new.id != run_id and new.status is RunStatus.QUEUED
+    cloned = spec_of(new)
+    assert cloned.learning_rate == 1e-4 and cloned.max_grad_norm == 1.0 and cloned.max_steps == 60
+    assert main(["clone", str(run_id), "--fix", "2"]) == 2
+    assert f"--fix: run {run_id} has findings 1 to 1, not 2" in capsys.readouterr().err
+    assert main(["clone", str(run_id)]) == 0  # without --fix: the spec as it was
+    assert spec_of(store.get_run(int(capsys.readouterr().out.strip()))).learning_rate == 2e-4

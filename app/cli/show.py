@@ -118,7 +118,7 @@ def show_text(store: Store, run: RunRecord) -> str:
     lines += phase_lines(store, run)
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
     events = store.run_events(run.id)
-    lines += findings_lines(events)
+    lines += findings_lines(events, run.id)
     lines += events_lines(store, run, [e for e in events if e["kind"] != EVENT_KIND])
     lines += score_lines(store, run)
     data = (run.resolved_config or {}).get("data")
@@ -157,14 +157,14 @@ def phase_lines(store: Store, run: RunRecord) -> list[str]:
     return ["", "memory by phase:", *("  " + ln for ln in table_lines(rows)), *("  " + n for n in notes)]
 
 
-def findings_lines(events: list[dict[str, Any]]) -> list[str]:
+def findings_lines(events: list[dict[str, Any]], run_id: int) -> list[str]:
     """The training doctor's findings (`jobs.doctor`): step, severity, diagnosis, and the fix with its spec change."""
     out = []
-    for f in findings_of(events):
+    for n, f in enumerate(findings_of(events), 1):
         change = ", ".join(f"{k}: {_number(v)}" for k, v in f.spec_change.items())
         out += [
-            f"  step {f.step}  {f.severity.value}  {f.code.value}: {f.diagnosis}",
-            f"    fix: {f.fix}" + (f" (spec change: {change})" if change else ""),
+            f"  {n}. step {f.step}  {f.severity.value}  {f.code.value}: {f.diagnosis}",
+            f"     fix: {f.fix}" + (f" (spec change: {change}; `tunedeck clone {run_id} --fix {n}`)" if change else ""),
         ]
     return ["", "findings (training doctor):", *out] if out else []
 
