@@ -11,7 +11,7 @@ import pytest
 from jobs.doctor import preference, resources, rules
 from jobs.doctor.findings import Curves, Finding, RunContext, Severity, findings_of
 from jobs.doctor.rulebook import RULES, examine
-from jobs.spec.doctor_codes import RuleCode, stop_codes
+from jobs.spec.doctor_codes import RuleCode, stop_codes, stop_severities
 from jobs.spec.job import JobSpec
 
 CTX = RunContext(learning_rate=2e-4, warmup_steps=5, max_grad_norm=1.0, num_train_epochs=3.0, beta=0.1)
@@ -178,6 +178,7 @@ def test_every_rule_code_has_a_rule_and_findings_round_trip_through_an_event() -
 
 def test_doctor_stop_on_names_rule_codes() -> None:
     assert stop_codes("loss_spike, NONFINITE_LOSS,loss_spike") == ([RuleCode.LOSS_SPIKE, RuleCode.NONFINITE_LOSS], [])
+    assert stop_codes("fatal, overfitting") == ([RuleCode.OVERFITTING], []) and stop_severities("fatal,x") == {"fatal"}
     assert (
         JobSpec.from_dict({"doctor_stop_on": ["loss_spike", "overfitting"]}).doctor_stop_on == "loss_spike,overfitting"
     )

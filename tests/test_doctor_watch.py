@@ -184,3 +184,13 @@ def test_tunedeck_clone_fix_queues_the_spec_with_the_findings_change(store: Stor
     assert f"--fix: run {run_id} has findings 1 to 1, not 2" in capsys.readouterr().err
     assert main(["clone", str(run_id)]) == 0  # without --fix: the spec as it was
     assert spec_of(store.get_run(int(capsys.readouterr().out.strip()))).learning_rate == 2e-4
+
+
+def test_doctor_stop_on_a_severity_cancels_on_every_finding_of_it(store: Store) -> None:
+    spec = JobSpec(model="tiny-llama", doctor_stop_on="fatal")
+    run_id = running_run(store, spec)
+    doctor = Doctor(store, run_id, spec, interval_s=0.0)
+    store.add_metrics(run_id, losses(1, 60, spike_at=40))  # a warning: it only warns
+    assert [f.code for f in doctor.check()] == [RuleCode.LOSS_SPIKE] and not store.get_run(run_id).cancel_requested
+    store.add_metrics(run_id, [MetricPoint(61, "loss", math.nan, 2000.0)])  # a fatal one: it stops the run
+    assert [f.code for f in doctor.check()] == [RuleCode.NONFINITE_LOSS] and store.get_run(run_id).cancel_requested

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from jobs.doctor.findings import EVENT_KIND, Finding, Point, RunContext, findings_of
 from jobs.doctor.rulebook import examine
-from jobs.spec.doctor_codes import RuleCode, stop_codes
+from jobs.spec.doctor_codes import RuleCode, stop_codes, stop_severities
 from jobs.spec.job import JobSpec
 from storage.models import MemorySource
 from storage.records import MemoryPoint, MetricPoint
@@ -103,6 +103,7 @@ class Doctor:
         self.run_id = run_id
         self.ctx = context_of(spec)
         self.stop_on: set[RuleCode] = set(stop_codes(spec.doctor_stop_on)[0])
+        self.stop_on_severity = stop_severities(spec.doctor_stop_on)
         self.interval_s = interval_s
         self.found: set[RuleCode] | None = None  # read at the first check (inside the worker's error handling)
         self._curves: dict[str, _Curve] = {}
@@ -129,7 +130,7 @@ class Doctor:
         new = examine(curves, self.ctx, since=first_new - 1, found=self.found)
         for finding in new:
             self.found.add(finding.code)
-            stops = finding.code in self.stop_on and not final
+            stops = (finding.code in self.stop_on or finding.severity.value in self.stop_on_severity) and not final
             data = {**finding.event_data(), "stops_run": stops}
             message = finding.message + (" The run stops (doctor_stop_on)." if stops else "")
             self.store.add_run_event(self.run_id, EVENT_KIND, message, step=finding.step, data=data)

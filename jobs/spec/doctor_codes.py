@@ -5,6 +5,7 @@
 `jobs.doctor`, so the spec can check the field without importing the rules. Imports nothing of the project.
 
     stop_codes("loss_spike, nonfinite_loss")   # ([RuleCode.LOSS_SPIKE, RuleCode.NONFINITE_LOSS], [])
+    stop_severities("fatal, loss_spike")       # {"fatal"}: every fatal finding stops the run too
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class RuleCode(str, Enum):
     ENTROPY_COLLAPSE = "entropy_collapse"
 
 
-RULE_CHOICES = ", ".join(c.value for c in RuleCode)
+SEVERITIES = ("info", "warning", "fatal")  # `jobs.doctor.findings.Severity`: a word that stops on every finding of it
+RULE_CHOICES = ", ".join(c.value for c in RuleCode) + "; or a severity: " + ", ".join(SEVERITIES)
 
 
 def stop_on_text(raw: object) -> str | None:
@@ -41,13 +43,18 @@ def stop_on_text(raw: object) -> str | None:
     return ",".join(w for w in words if w) or None
 
 
+def stop_severities(text: str | None) -> set[str]:
+    """The severities named in `text` (each stops the run on every finding of it)."""
+    return {w.strip().lower() for w in (text or "").split(",")} & set(SEVERITIES)
+
+
 def stop_codes(text: str | None) -> tuple[list[RuleCode], list[str]]:
-    """(the rule codes named in `text`, in order and once each; the words that are not a rule code)."""
+    """(the rule codes named in `text`, in order and once each; the words that are neither a rule code nor a severity)."""
     found: list[RuleCode] = []
     unknown: list[str] = []
     for word in (text or "").split(","):
         word = word.strip().lower()
-        if not word:
+        if not word or word in SEVERITIES:
             continue
         try:
             code = RuleCode(word)

@@ -42,7 +42,8 @@ class EvaluationFields:
         "rule codes (in YAML also a list): loss_spike, grad_norm_explosion, nonfinite_loss, loss_flat, loss_near_zero, "
         "overfitting, throughput_drop, memory_creep, reward_saturated, chosen_logps_falling, grpo_no_signal, "
         'completions_clipped, kl_unbounded, entropy_collapse (docs/runs.md, "The training doctor"). Every finding is '
-        "recorded and shown either way. Empty: findings only warn.",
+        "recorded and shown either way. A severity (info, warning, fatal) stops on every finding of it. Empty: findings "
+        "only warn.",
         label="Stop on findings",
         advanced=True,
     )
