@@ -47,7 +47,7 @@ def _new(points: Sequence[Point], since: int) -> bool:
 def loss_spike(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """A step's loss far above its recent median, after warm-up."""
     points = finite(curves.get("loss", ()))
-    for i in range(max(MIN_POINTS, 1), len(points)):
+    for i in range(MIN_POINTS, len(points)):
         step, value = points[i]
         if step <= since or step <= ctx.warmup_steps:
             continue
@@ -70,7 +70,7 @@ def loss_spike(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
 
 
 def grad_norm_explosion(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
-    """The gradient norm far above its recent median (or not a number) while the loss is still finite."""
+    """The gradient norm far above its recent median, or not a number."""
     points = list(curves.get("grad_norm", ()))
     for i in range(MIN_POINTS, len(points)):
         step, value = points[i]
