@@ -194,3 +194,13 @@ def test_doctor_stop_on_a_severity_cancels_on_every_finding_of_it(store: Store) 
     assert [f.code for f in doctor.check()] == [RuleCode.LOSS_SPIKE] and not store.get_run(run_id).cancel_requested
     store.add_metrics(run_id, [MetricPoint(61, "loss", math.nan, 2000.0)])  # a fatal one: it stops the run
     assert [f.code for f in doctor.check()] == [RuleCode.NONFINITE_LOSS] and store.get_run(run_id).cancel_requested
+
+
+def test_findings_of_one_check_are_stored_in_step_order(store: Store) -> None:
+    run_id = running_run(store, JobSpec(model="tiny-llama"))
+    store.add_metrics(run_id, [*losses(1, 79, spike_at=40), MetricPoint(80, "loss", math.nan, 2000.0)])
+    Doctor(store, run_id, JobSpec(), interval_s=0.0).check()
+    assert [(f.code, f.step) for f in findings_of(store.run_events(run_id))] == [
+        (RuleCode.LOSS_SPIKE, 40),
+        (RuleCode.NONFINITE_LOSS, 80),
+    ]

@@ -127,7 +127,7 @@ class Doctor:
         if first_new is None:
             return []
         curves = {name: c.points() for name, c in self._curves.items()}
-        new = examine(curves, self.ctx, since=first_new - 1, found=self.found)
+        new = sorted(examine(curves, self.ctx, since=first_new - 1, found=self.found), key=lambda f: f.step)
         for finding in new:
             self.found.add(finding.code)
             stops = (finding.code in self.stop_on or finding.severity.value in self.stop_on_severity) and not final
