@@ -28,6 +28,7 @@ from gradio.utils import get_function_description
 from app import manage
 from app.manage import RunSummary
 from jobs.checks.access import AccessPolicy
+from jobs.doctor.findings import Finding, findings_of
 from jobs.errors import Problem
 from jobs.queue import commands
 from jobs.queue.commands import RunCommandError
@@ -53,6 +54,16 @@ class Submitted(TypedDict):
     problems: list[ProblemData]
 
 
+class FindingData(TypedDict):
+    code: str
+    step: int
+    severity: str
+    diagnosis: str
+    fix: str
+    spec_change: dict[str, Any]
+    evidence: dict[str, Any]
+
+
 class RunDetail(RunSummary):
     spec: dict[str, Any]
     final_metrics: dict[str, float | None]
@@ -60,6 +71,7 @@ class RunDetail(RunSummary):
     error_detail: str | None
     resumable: bool
     has_bundle: bool
+    findings: list[FindingData]
 
 
 class MetricRow(TypedDict):
@@ -133,7 +145,13 @@ def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
         error_detail=run.error_detail,
         resumable=commands.resumable(store, run),
         has_bundle=bundle_path(store, run.id) is not None,
+        findings=[_finding_data(f) for f in findings_of(store.run_events(run.id))],
     )
+
+
+def _finding_data(finding: Finding) -> FindingData:
+    data = finding.event_data()
+    return FindingData(**{k: data[k] for k in FindingData.__annotations__})  # type: ignore[typeddict-item]
 
 
 def _run(store: Store, run_id: int) -> RunRecord:
@@ -195,7 +213,7 @@ class Endpoints:
         return manage.summaries(self.store, found, self.disk)
 
     def run(self, run_id: int) -> RunDetail:
-        """One run: its summary plus the spec, final metrics, metric names, error detail, and whether it can be resumed or its bundle downloaded.
+        """One run: its summary plus the spec, final metrics, metric names, error detail, whether it can be resumed or its bundle downloaded, and the training doctor's findings.
 
         Parameters:
             run_id: the run's id (from submit or runs).

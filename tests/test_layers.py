@@ -31,6 +31,7 @@ MAX_TREE_LAYERS = 14
 # the root modules `jobs.errors` / `jobs.units`, which import nothing of jobs).
 JOBS_ORDER = (
     "spec",
+    "doctor",
     "devices",
     "data",
     "models",

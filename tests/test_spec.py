@@ -439,6 +439,7 @@ SPEC_FIELDS = [
     "early_stopping_patience",
     "early_stopping_threshold",
     "metric_for_best_model",
+    "doctor_stop_on",
     "eval_tasks",
     "judge",
     "pin_host",

@@ -285,6 +285,11 @@ def _add_run_parsers(sub: argparse._SubParsersAction) -> None:
         s.add_argument("run_id", type=int, metavar="RUN_ID")
         s.set_defaults(func=func)
 
+    s = sub.add_parser("clone", help="queue a run's spec again as a new run; prints its id")
+    s.add_argument("run_id", type=int, metavar="RUN_ID")
+    s.add_argument("--fix", type=int, metavar="N", help="with the spec change of finding N (`tunedeck show`) applied")
+    s.set_defaults(func=_command("app.cli.runs", "cmd_clone"))
+
     s = sub.add_parser("move", help="reorder the queue: move a queued run")
     s.add_argument("run_id", type=int, metavar="RUN_ID")
     where = s.add_mutually_exclusive_group(required=True)

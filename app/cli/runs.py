@@ -155,6 +155,14 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_clone(store: Store, args: argparse.Namespace) -> int:
+    from jobs.queue.commands import clone
+    from jobs.queue.submit import submit
+
+    print(submit(store, clone(store, args.run_id, fix=args.fix)))
+    return EXIT_OK
+
+
 def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
     from jobs.queue.commands import CancelResult, cancel
 

@@ -1,7 +1,7 @@
 """How the command line shows runs: the `tunedeck runs` table and the `tunedeck show` page.
 
     print(runs_table(store, store.list_runs()))   # ID STATUS NAME STEP LOSS CREATED TIME DISK TAGS [SHARES]
-    print(show_text(store, run))                  # status, figures, memory (by phase), error, spec, events, data, metrics, files
+    print(show_text(store, run))                  # status, figures, memory (by phase), error, spec, findings, events, data, metrics, files
 
 Pure reads of the store; `app.cli.runs` prints them.
 """
@@ -9,8 +9,10 @@ Pure reads of the store; `app.cli.runs` prints them.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from app.cli.usage import UsageError
+from jobs.doctor.findings import EVENT_KIND, findings_of
 from jobs.errors import Problem
 from jobs.spec.stored import spec_of
 from jobs.train import figures
@@ -115,7 +117,9 @@ def show_text(store: Store, run: RunRecord) -> str:
         lines.append(f"log:      {run.log_path}")
     lines += phase_lines(store, run)
     lines += ["", "spec:", *("  " + ln for ln in spec_of(run).to_yaml().splitlines())]
-    lines += events_lines(store, run)
+    events = store.run_events(run.id)
+    lines += findings_lines(events, run.id)
+    lines += events_lines(store, run, [e for e in events if e["kind"] != EVENT_KIND])
     lines += score_lines(store, run)
     data = (run.resolved_config or {}).get("data")
     if data:
@@ -153,11 +157,22 @@ def phase_lines(store: Store, run: RunRecord) -> list[str]:
     return ["", "memory by phase:", *("  " + ln for ln in table_lines(rows)), *("  " + n for n in notes)]
 
 
-def events_lines(store: Store, run: RunRecord) -> list[str]:
-    """The run's events (OOM recoveries) and the spec fields it continued with."""
+def findings_lines(events: list[dict[str, Any]], run_id: int) -> list[str]:
+    """The training doctor's findings (`jobs.doctor`): step, severity, diagnosis, and the fix with its spec change."""
+    out = []
+    for n, f in enumerate(findings_of(events), 1):
+        change = ", ".join(f"{k}: {_number(v)}" for k, v in f.spec_change.items())
+        out += [
+            f"  {n}. step {f.step}  {f.severity.value}  {f.code.value}: {f.diagnosis}",
+            f"     fix: {f.fix}" + (f" (spec change: {change}; `tunedeck clone {run_id} --fix {n}`)" if change else ""),
+        ]
+    return ["", "findings (training doctor):", *out] if out else []
+
+
+def events_lines(store: Store, run: RunRecord, events: list[dict[str, Any]]) -> list[str]:
+    """The run's other events (OOM recoveries) and the spec fields it continued with."""
     from jobs.train import oom
 
-    events = store.run_events(run.id)
     if not events:
         return []
     out = ["", "events:", *(f"  {_when(e['time'])}  {e['message']}" for e in events)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from jobs.doctor.findings import finding_from_event
 from jobs.memory.flops import FlopsRate
 from jobs.spec.stored import spec_of
 from jobs.train import figures
@@ -96,7 +97,7 @@ def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
         return ""
     from jobs.train import oom
 
-    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}" for e in events]
+    lines = [f"- {time.strftime('%H:%M:%S', time.localtime(e['time']))} · {e['message']}{_fix(e)}" for e in events]
     changed = oom.changes(spec_of(run), oom.effective_spec_from(events, spec_of(run)))
     if changed:
         lines.append(
@@ -105,6 +106,12 @@ def events_markdown(run: RunRecord, events: list[dict[str, Any]]) -> str:
             + " (the Spec below is as submitted)"
         )
     return "\n\n**Events**\n" + "\n".join(lines)
+
+
+def _fix(event: dict[str, Any]) -> str:
+    """A training doctor's finding (`jobs.doctor`) also says what to change."""
+    found = finding_from_event(event)
+    return f" **Fix:** {found.fix}" if found else ""
 
 
 def samples_markdown(store: Store, run: RunRecord) -> str:

@@ -284,6 +284,25 @@ def tag(
 
 
 # ---------------------------------------------------------------------- clone
-def clone(store: Store, run_id: Any, field: str = "RUN_ID") -> JobSpec:
-    """The run's spec as submitted, to edit in the form or queue again (`submit`): a new run, the old one untouched."""
-    return spec_of(existing_run(store, run_id, field))
+def clone(store: Store, run_id: Any, field: str = "RUN_ID", fix: int | None = None) -> JobSpec:
+    """The run's spec as submitted, to edit in the form or queue again (`submit`): a new run, the old one untouched.
+
+    `fix`: with the spec change of the run's finding number `fix` applied (`jobs.doctor`; 1 = the first
+    `tunedeck show` lists)."""
+    run = existing_run(store, run_id, field)
+    spec = spec_of(run)
+    if fix is None:
+        return spec
+    from jobs.doctor.findings import findings_of
+
+    found = findings_of(store.run_events(run.id))
+    if not 1 <= fix <= len(found):
+        have = f"findings 1 to {len(found)}" if found else "no finding of the training doctor"
+        raise RunCommandError(
+            [Problem("--fix", f"run {run.id} has {have}, not {fix}", f"see `tunedeck show {run.id}`")]
+        )
+    change = found[fix - 1].spec_change
+    if not change:
+        what = f"finding {fix} ({found[fix - 1].code.value}) names no spec change"
+        raise RunCommandError([Problem("--fix", what, f"do what it says ({found[fix - 1].fix}), then submit")])
+    return spec.replace(**change)

@@ -24,6 +24,7 @@ import yaml
 
 from jobs.errors import Problem, ProblemError
 from jobs.spec.columns import parse_columns
+from jobs.spec.doctor_codes import RULE_CHOICES, stop_codes
 from jobs.spec.enums import (
     DEFAULT_MODEL,
     DEFAULT_SFT_DATASET,
@@ -215,6 +216,10 @@ def _input_problems(spec: JobSpec) -> list[Problem]:
         out.append(Problem("lora_target_modules", "is empty", "use `all-linear` or names such as q_proj,v_proj"))
     for word in trackers(spec.report_to)[1]:
         out.append(Problem("report_to", f"`{word}` is not a tracker tunedeck reports to", f"use any of: {CHOICES}"))
+    for word in stop_codes(spec.doctor_stop_on)[1]:
+        out.append(
+            Problem("doctor_stop_on", f"`{word}` is not a rule of the training doctor", f"use any of: {RULE_CHOICES}")
+        )
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 
 from jobs.errors import Problem
 from jobs.spec.columns import columns_text
+from jobs.spec.doctor_codes import stop_on_text
 from jobs.spec.field import INT64_MAX, INT64_MIN, unwrap_optional
 from jobs.spec.trackers import report_to_text
 
@@ -38,6 +39,8 @@ def parse_values(cls: type, data: dict[Any, Any]) -> tuple[dict[str, Any], list[
         if key == "rewards" and isinstance(raw, list):
             # a YAML/JSON list of declared rewards -> the stored form, JSON text (jobs.spec.rewards reads it)
             raw = json.dumps(raw, default=str)
+        elif key == "doctor_stop_on" and isinstance(raw, (list, tuple, str)):
+            raw = stop_on_text(raw)  # a list -> the stored form, codes joined by commas
         if key not in known:
             close = closest(str(key), known)
             fix = f"did you mean `{close}`?" if close else "remove it; see the field table in docs/spec.md"

@@ -16,12 +16,9 @@ worker is taken over by another. SIGTERM/SIGINT stop it warm: no new runs, SIGTE
 child, wait, exit. At start it publishes its device facts (`jobs.devices.facts`) with the training child's
 runtime baseline, measured once per host and cached (`jobs.worker.runtime`). A child that exits with
 `jobs.train.oom.EXIT_OOM_RECOVER` has recorded an out-of-memory recovery: a fresh child continues the run.
-
-The child as a process (spawn, pidfd waits, signals) is `jobs.worker.processes`, leases and stale runs
-`jobs.worker.leases`, how a run ended `jobs.worker.outcome`. With `share` (`tunedeck worker --share N`)
-runs that opted in train side by side while their predicted peaks fit (`jobs.worker.share`,
-`jobs.worker.pool`: one thread per run, each through `execute`). Beside training the worker carries out
-what the dashboard asks for through the store (exports, pushes, chat turns: `jobs.worker.services`).
+The watch runs the training doctor over new metric rows (`jobs.doctor.watch`). The child as a process is
+`jobs.worker.processes`, leases `jobs.worker.leases`, a run's end `jobs.worker.outcome`; `share` (`--share N`):
+`jobs.worker.share`, `jobs.worker.pool`; exports, pushes, chat turns asked through the store: `jobs.worker.services`.
 """
 
 from __future__ import annotations
@@ -39,8 +36,9 @@ from dataclasses import replace
 
 from jobs.devices.facts import DeviceFacts
 from jobs.devices.sampler import GpuProbe, Sampler
+from jobs.doctor.watch import Doctor
 from jobs.queue.saved_prediction import add_runtime
-from jobs.spec.stored import spec_problem
+from jobs.spec.stored import read_spec, spec_problem
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV
 from jobs.worker import leases, processes, runtime
@@ -287,7 +285,7 @@ class Worker:
             quietly(self.store.set_child, run.id, child.pid, str(log_path))
             if self.sampler is not None:
                 self.sampler.set_run(run.id, child.pid)  # sharing: the newest run (per-run telemetry is to come)
-            returncode, why = self._watch(run.id, child)
+            returncode, why = self._watch(run.id, child, Doctor(self.store, run.id, read_spec(run.spec_json)))
         finally:
             killpg(child.pid, signal.SIGKILL)  # nothing of the group outlives its run
             wait_group_gone(child.pid, self.grace_period)
@@ -303,20 +301,21 @@ class Worker:
         finally:
             self._release(run.id)  # the group is gone: the device (or this run's share of it) is free
 
-    def _watch(self, run_id: int, child: subprocess.Popen) -> tuple[int, str | None]:
-        """Wait for the child, heartbeating; returns (returncode, 'cancel'|'stop'|None)."""
+    def _watch(self, run_id: int, child: subprocess.Popen, doctor: Doctor) -> tuple[int, str | None]:
+        """Wait for the child, heartbeating, running the doctor; returns (returncode, 'cancel'|'stop'|None)."""
         pidfd = open_pidfd(child.pid)
         try:
-            return self._watch_loop(run_id, child, pidfd)
+            return self._watch_loop(run_id, child, pidfd, doctor)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+            quietly(doctor.check, True)  # the rows the child wrote last (its NaN's, its end's)
 
-    def _watch_loop(self, run_id: int, child: subprocess.Popen, pidfd: int | None) -> tuple[int, str | None]:
+    def _watch_loop(self, run_id: int, child: subprocess.Popen, fd: int | None, doc: Doctor) -> tuple[int, str | None]:
         next_check = 0.0
         while True:
             now = time.monotonic()
-            returncode = wait_exit(child, max(0.0, next_check - now), self._wake_r, pidfd)
+            returncode = wait_exit(child, max(0.0, next_check - now), self._wake_r, fd)
             if returncode is not None:
                 return returncode, None
             now = time.monotonic()
@@ -331,6 +330,8 @@ class Worker:
                 next_check = now + self.poll_interval
                 try:
                     self._beat(run_id)
+                    if doc.due():  # the new rows (jobs.doctor.watch); a doctor_stop_on finding asks for a cancel
+                        doc.check()
                     current = self.store.run_control(run_id)
                 except StorageError as exc:  # bookkeeping failed: the training goes on
                     log.error("run %s: database error while watching (%s); training goes on", run_id, first_line(exc))

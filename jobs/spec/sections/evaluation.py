@@ -35,6 +35,18 @@ class EvaluationFields:
         label="Watched metric",
         advanced=True,
     )
+    doctor_stop_on: str | None = spec_field(
+        None,
+        Group.TRAINING,
+        "Findings of the training doctor that also stop the run (cancel it, keeping its last checkpoint), comma-separated "
+        "rule codes (in YAML also a list): loss_spike, grad_norm_explosion, nonfinite_loss, loss_flat, loss_near_zero, "
+        "overfitting, throughput_drop, memory_creep, reward_saturated, chosen_logps_falling, grpo_no_signal, "
+        'completions_clipped, kl_unbounded, entropy_collapse (docs/runs.md, "The training doctor"). Every finding is '
+        "recorded and shown either way. A severity (info, warning, fatal) stops on every finding of it. Empty: findings "
+        "only warn.",
+        label="Stop on findings",
+        advanced=True,
+    )
     eval_tasks: str | None = spec_field(
         None,
         Group.RUN,
