@@ -25,6 +25,7 @@
     tunedeck chat RUN_ID [--base] [--image PICTURE] [--system TEXT]  # talk to a finished run (stdin; /exit ends)
     tunedeck generate RUN_ID "prompt" [--base] [--image PICTURE] [--json]  # one answer, for scripts
     tunedeck migrate-data [--from DIR] [--to DIR]   # move an earlier version's ./data to the user data folder
+    tunedeck data show SPEC.yaml [--row N] [--rows K] [--set k=v ...]  # each training token, trained or masked
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -163,7 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
     for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
         add(sub)
+    _add_data_parsers(sub)
     return p
+
+
+def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
+    """The `data` group: each subcommand from its own module (`app.cli.data_show`: show)."""
+    from app.cli.data_show import add_parsers as add_data_show_parsers
+
+    data = sub.add_parser("data", help="look at the job's data as training will see it")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    add_data_show_parsers(data_sub)
 
 
 def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
