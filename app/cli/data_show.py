@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-from app.cli.usage import EXIT_OK, StoreUse
+from app.cli.usage import EXIT_OK, StoreUse, UsageError
 
 GREEN, GREY, RED_STRUCK, BOLD, RESET = "\x1b[32m", "\x1b[90m", "\x1b[9;31m", "\x1b[1m", "\x1b[0m"
 
@@ -26,7 +26,7 @@ def cmd_data_show(_store: None, args: argparse.Namespace) -> int:
     from jobs.data.tokens.viewed_rows import training_views
 
     spec = load_spec(args.spec, args.set)
-    viewed = training_views(spec, numbers=args.row or None, first=args.rows)
+    viewed = training_views(spec, _tokenizer(spec), numbers=args.row or None, first=args.rows)
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     refs = [s.ref for s in spec.dataset_sources] or [spec.dataset]
     out = [legend(colour)]
@@ -40,6 +40,17 @@ def cmd_data_show(_store: None, args: argparse.Namespace) -> int:
         out.append("")
     print("\n".join(out))
     return EXIT_OK
+
+
+def _tokenizer(spec):  # -> the model's tokenizer, or UsageError
+    from jobs.errors import Problem
+    from jobs.models.tokenizer import local_tokenizer
+
+    found = local_tokenizer(spec.model, spec.trust_remote_code)
+    if found is None:
+        fix = f"fetch it once (`tunedeck setup --model {spec.model}` for a built-in, or download the model), then retry"
+        raise UsageError([Problem("model", f"the tokenizer of {spec.model} is not on this machine", fix)])
+    return found
 
 
 def legend(colour: bool) -> str:

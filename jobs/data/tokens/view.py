@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.config.trainers import trainer_kwargs
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 # The SFTConfig/DPOConfig keywords that decide which tokens a row becomes and which of them are trained.
 DATA_KWARGS = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
@@ -111,18 +111,19 @@ def _quiet() -> Iterator[None]:
 
 
 def data_kwargs(spec: JobSpec) -> dict[str, Any]:
-    """The trl config keywords of `spec` that shape the tokens (the same mapping training uses)."""
-    kw = {"max_length": spec.max_length, "padding_free": spec.padding_free, **trainer_kwargs(spec)}
-    return {k: v for k, v in kw.items() if k in DATA_KWARGS}
+    """The trl config keywords of `spec` that shape the tokens: each spec field passed under its own name, as
+    `jobs.config.mapping.training_kwargs` passes them (the trainer's record lists the ones its config takes)."""
+    record = record_for(spec.trainer)
+    keys = [k for k in DATA_KWARGS if k in ("max_length", "padding_free") or k in record.kwargs]
+    return {k: getattr(spec, k) for k in keys if k not in record.unsupported}
 
 
 def _config(spec: JobSpec, **override: Any) -> Any:
     import importlib
     import tempfile
 
-    from jobs.config.trainers import config_class_name, trl_module
-
-    cls = getattr(importlib.import_module(trl_module(spec)), config_class_name(spec))
+    record = record_for(spec.trainer)
+    cls = getattr(importlib.import_module(record.module), record.config_class)
     kw = {**data_kwargs(spec), **override}
     if cls.__name__ != "SFTConfig":
         kw = {k: v for k, v in kw.items() if k in ("max_length",)}

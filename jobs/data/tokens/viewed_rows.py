@@ -3,10 +3,10 @@
 The rows are the ones training sees (`jobs.data.loading.load_data`: columns mapped, formats converted,
 eval_split held out, max_train_samples applied), put back in file order (source, row number) so that
 "the first rows" are the file's first rows that training keeps, and `row N` is line N of the (first)
-data file. The tokenizer is the model's, from this machine's files (`jobs.models.tokenizer`).
+data file. The caller brings the model's tokenizer (`jobs.models.tokenizer.local_tokenizer`).
 
-    viewed = training_views(spec, first=3)           # ViewedRows: views, origins, total
-    viewed = training_views(spec, numbers=[12])      # row 12 of the first data set; DataError if not trained on
+    viewed = training_views(spec, tok, first=3)         # ViewedRows: views, origins, total
+    viewed = training_views(spec, tok, numbers=[12])    # row 12 of the first data set; DataError if not trained on
 """
 
 from __future__ import annotations
@@ -29,15 +29,13 @@ class ViewedRows:
 
 
 def training_views(
-    spec: JobSpec, *, numbers: Sequence[int] | None = None, first: int = 3, tokenizer: Any = None
+    spec: JobSpec, tokenizer: Any, *, numbers: Sequence[int] | None = None, first: int = 3
 ) -> ViewedRows:
-    """The token views of `numbers` (row numbers of the first data set) or of the first `first` training rows.
-
-    DataError when the data does not load, a row is not a training row, or the model's tokenizer is not here."""
+    """The token views of `numbers` (row numbers of the first data set) or of the first `first` training rows,
+    tokenized by `tokenizer` (the model's). DataError when the data does not load or a row is not a training row."""
     from jobs.data.loading import load_data
     from jobs.data.sources import DataError
 
-    tokenizer = tokenizer if tokenizer is not None else _tokenizer(spec)
     loaded = load_data(spec)
     n = len(loaded.train)
     origins = (
@@ -53,25 +51,6 @@ def training_views(
         picked = sorted(range(n), key=lambda i: origins[i])[: max(first, 0)]
     rows = loaded.train.select(picked).to_list() if picked else []
     return ViewedRows(token_views(spec, rows, tokenizer), [origins[i] for i in picked], n, tokenizer)
-
-
-def _tokenizer(spec: JobSpec) -> Any:
-    from jobs.data.sources import DataError
-    from jobs.models.tokenizer import local_tokenizer
-
-    found = local_tokenizer(spec.model, spec.trust_remote_code)
-    if found is None:
-        raise DataError(
-            [
-                Problem(
-                    "model",
-                    f"the tokenizer of {spec.model} is not on this machine",
-                    f"fetch it once (`tunedeck setup --model {spec.model}` for a built-in, or download the model), "
-                    "then show the tokens again",
-                )
-            ]
-        )
-    return found
 
 
 def _not_trained(spec: JobSpec, missing: Sequence[int], total: int) -> Problem:
