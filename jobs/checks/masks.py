@@ -81,6 +81,7 @@ def _cache_path(spec: JobSpec) -> Path | None:
 
 
 def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem], list[str]] | None:
+    from jobs.data.loading import load_data
     from jobs.data.sources import DataError
     from jobs.data.tokens.view import ViewUnavailable
     from jobs.data.tokens.viewed_rows import training_views
@@ -89,7 +90,7 @@ def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem
     if tok is None:
         return None
     try:
-        viewed = training_views(spec, tok, first=CHECKED_ROWS)
+        viewed = training_views(spec, load_data(spec), tok, first=CHECKED_ROWS)
     except (DataError, ViewUnavailable):
         return None
     refs = [s.ref for s in spec.dataset_sources] or [spec.dataset]

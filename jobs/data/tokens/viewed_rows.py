@@ -1,12 +1,12 @@
 """Which training rows the token view shows: the spec's own training rows, named as the user's files number them.
 
-The rows are the ones training sees (`jobs.data.loading.load_data`: columns mapped, formats converted,
+The rows are the ones training sees (the caller's `jobs.data.loading.load_data(spec)`: columns mapped, formats converted,
 eval_split held out, max_train_samples applied), put back in file order (source, row number) so that
 "the first rows" are the file's first rows that training keeps, and `row N` is line N of the (first)
 data file. The caller brings the model's tokenizer (`jobs.models.tokenizer.local_tokenizer`).
 
-    viewed = training_views(spec, tok, first=3)         # ViewedRows: views, origins, total
-    viewed = training_views(spec, tok, numbers=[12])    # row 12 of the first data set; DataError if not trained on
+    viewed = training_views(spec, load_data(spec), tok, first=3)         # ViewedRows: views, origins, total
+    viewed = training_views(spec, loaded, tok, numbers=[12])    # row 12 of the first data set; DataError if not trained on
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ class ViewedRows:
 
 
 def training_views(
-    spec: JobSpec, tokenizer: Any, *, numbers: Sequence[int] | None = None, first: int = 3
+    spec: JobSpec, loaded: Any, tokenizer: Any, *, numbers: Sequence[int] | None = None, first: int = 3
 ) -> ViewedRows:
-    """The token views of `numbers` (row numbers of the first data set) or of the first `first` training rows,
-    tokenized by `tokenizer` (the model's). DataError when the data does not load or a row is not a training row."""
-    from jobs.data.loading import load_data
+    """The token views of `numbers` (row numbers of the first data set) or of the first `first` training rows of
+    `loaded` (`jobs.data.loading.load_data(spec)`: LoadedData), tokenized by `tokenizer` (the model's). DataError when a row is not a training row."""
     from jobs.data.sources import DataError
 
-    loaded = load_data(spec)
     n = len(loaded.train)
     origins = (
         [(int(s), int(r)) for s, r in loaded.origins] if loaded.origins is not None else [(0, i + 1) for i in range(n)]
