@@ -35,6 +35,12 @@ MESSAGES = [
     },
     {"messages": [{"role": "user", "content": "Say yes"}, {"role": "assistant", "content": "Yes."}]},
 ]
+UNPAIRED = [
+    {"prompt": "Pick a fruit.", "completion": " Apple.", "label": True},
+    {"prompt": "Pick a fruit.", "completion": " Rock.", "label": False},
+    {"prompt": "Is water wet? " * 3, "completion": " Yes, it is, in every everyday sense of the word.", "label": True},
+    {"prompt": "Say hi.", "completion": " Bye.", "label": False},
+]
 PREFERENCE = [
     {"prompt": "Pick a fruit.", "chosen": " Apple.", "rejected": " Rock."},
     {"prompt": "Is water wet? " * 3, "chosen": " Yes, it is, in every everyday sense of the word.", "rejected": " No."},
@@ -62,6 +68,9 @@ def real_trainer(spec: JobSpec, rows: list[dict[str, Any]], tmp_path: Path) -> A
 def collator_positions(trainer: Any, example: dict[str, Any]) -> list[list[int]]:
     """Per sequence of one prepared example, the positions the real collator puts in the loss."""
     batch = trainer.data_collator([example])
+    if "completion_ids" in example:  # kto: prompt + completion
+        n = len(example["prompt_ids"]) + len(example["completion_ids"])
+        return [[i for i, b in enumerate(batch["completion_mask"][0].tolist()[:n]) if b]]
     if "completion_mask" in batch:  # dpo: chosen, then rejected
         n = [len(example["prompt_ids"]) + len(example[k]) for k in ("chosen_ids", "rejected_ids")]
         return [[i for i, b in enumerate(batch["completion_mask"][k].tolist()[: n[k]]) if b] for k in (0, 1)]
@@ -86,7 +95,10 @@ def differences(views: list[RowView], trainer: Any) -> list[str]:
     found = []
     theirs: dict[tuple[int, ...], list[int]] = {}
     for example in trainer.train_dataset:
-        if "prompt_ids" in example:
+        if "completion_ids" in example:
+            ids = tuple(example["prompt_ids"] + example["completion_ids"])[: trainer.args.max_length]
+            theirs[ids] = collator_positions(trainer, example)[0]
+        elif "prompt_ids" in example:
             for name, positions in zip(("chosen_ids", "rejected_ids"), collator_positions(trainer, example)):
                 theirs[tuple(example["prompt_ids"] + example[name])[: trainer.args.max_length]] = positions
         elif "seq_lengths" in example:
@@ -135,6 +147,7 @@ def tokenizer(tiny_model: Path) -> Any:
         pytest.param(MESSAGES, {"max_length": 512}, id="sft-messages"),
         pytest.param(PROMPT_COMPLETION, {"max_length": 32, "packing": True}, id="sft-packing"),
         pytest.param(PREFERENCE, {"max_length": 20, "trainer": "dpo"}, id="dpo"),
+        pytest.param(UNPAIRED, {"max_length": 20, "trainer": "kto"}, id="kto"),
     ],
 )
 def test_view_matches_the_real_collator(tiny_model: Path, tokenizer: Any, tmp_path: Path, rows, fields) -> None:

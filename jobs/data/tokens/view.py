@@ -13,6 +13,9 @@ the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageMo
   one trl drops (`dropped`).
 - dpo: the prompt, then the chosen and the rejected answer, each as prompt + answer; in the loss where the
   preference collator's `completion_mask` is 1; a prompt of max_length tokens or more is dropped by trl.
+- kto: prompt + completion with the row's label (desirable or not), in the loss where the unpaired
+  collator's `completion_mask` is 1 (rows of prompt/completion/label; trl unpairs chosen/rejected rows
+  itself, which the view does not show yet).
 
     views = token_views(spec, rows, tokenizer)     # one RowView per row, in order
     views[0].sequences[0].tokens[3].trained          # True: this token is in the loss
@@ -31,7 +34,7 @@ from jobs.spec.trainer_records import record_for
 
 # The SFTConfig/DPOConfig keywords that decide which tokens a row becomes and which of them are trained.
 DATA_KWARGS = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
-VIEWED = (Trainer.SFT, Trainer.DPO)
+VIEWED = (Trainer.SFT, Trainer.DPO, Trainer.KTO)
 
 
 class ViewUnavailable(Exception):
@@ -93,6 +96,8 @@ def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -
     with _quiet():
         if trainer is Trainer.DPO:
             return _dpo_views(spec, list(rows), tokenizer)
+        if trainer is Trainer.KTO:
+            return _kto_views(spec, list(rows), tokenizer)
         return _sft_views(spec, list(rows), tokenizer)
 
 
@@ -244,4 +249,33 @@ def _dpo_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
         dropped = args.max_length is not None and args.truncation_mode == "keep_start" and n_prompt >= args.max_length
         untrained = not example["chosen_ids"] and not example["rejected_ids"]
         out.append(RowView(i, tuple(sequences), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
+    return out
+
+
+# ---------------------------------------------------------------------- kto
+def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    from trl import KTOTrainer
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    if "completion" not in rows[0]:
+        raise ViewUnavailable("the token view shows kto's prompt/completion/label rows, not chosen/rejected pairs")
+    args = _config(spec)
+    trainer = KTOTrainer.__new__(KTOTrainer)
+    trainer._tokenizer, trainer.calculate_KL = tokenizer, False  # the KL pass pairs rows of a batch: not one row's
+    prepared = trainer._prepare_dataset(_dataset(rows), tokenizer, _config(spec, max_length=None), "view")
+    collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length)
+    special = set(tokenizer.all_special_ids)
+    out = []
+    for i, example in enumerate(prepared):
+        mask = collator([example])["completion_mask"][0].tolist()
+        whole = list(example["prompt_ids"]) + list(example["completion_ids"])
+        kept = range(len(whole))[_slice(args.max_length, "keep_start")]  # the collator keeps the start
+        trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
+        tokens = tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
+        label = "desirable" if example["label"] else "undesirable"
+        n_prompt = len(example["prompt_ids"])
+        dropped = args.max_length is not None and n_prompt >= args.max_length
+        untrained = not example["completion_ids"]
+        seq = TokenSequence(f"completion ({label})", tokens)
+        out.append(RowView(i, (seq,), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
     return out
