@@ -201,3 +201,14 @@ def test_data_show_prints_the_masks(tiny_model: Path, tmp_path: Path) -> None:
     assert (
         missing.returncode == 2 and "row 99 of" in missing.stderr and "not among the 4 training rows" in missing.stderr
     )
+
+
+def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(tiny_model: Path, tokenizer: Any) -> None:
+    from jobs.data.tokens.view import ViewUnavailable
+
+    with pytest.raises(ViewUnavailable) as grpo:
+        token_views(spec_of(tiny_model, trainer="grpo"), [{"prompt": "Hi"}], tokenizer)
+    assert grpo.value.problems[0].field == "trainer" and "not grpo" in grpo.value.problems[0].problem
+    with pytest.raises(ViewUnavailable) as images:
+        token_views(spec_of(tiny_model), [{"messages": MESSAGES[1]["messages"], "images": ["a.png"]}], tokenizer)
+    assert "image rows" in images.value.problems[0].problem

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.errors import Problem, ProblemError
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
@@ -37,8 +38,14 @@ DATA_KWARGS = ("max_length", "packing", "completion_only_loss", "assistant_only_
 VIEWED = (Trainer.SFT, Trainer.DPO, Trainer.KTO)
 
 
-class ViewUnavailable(Exception):
-    """The token view cannot show this spec's rows (a trainer it does not cover)."""
+class ViewUnavailable(ProblemError):
+    """The token view cannot show this spec's rows (a trainer or a row format it does not cover yet)."""
+
+    subject = "with the token view"
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        fix = "check the data with `tunedeck submit` (its checks still run), or view an sft, dpo or kto spec"
+        super().__init__([Problem(field_name, problem, fix)])
 
 
 @dataclass(frozen=True)
@@ -88,10 +95,12 @@ def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -
     trainer = Trainer(spec.trainer)
     if trainer not in VIEWED:
         raise ViewUnavailable(
-            f"the token view covers the {', '.join(t.value for t in VIEWED)} trainers, not {trainer.value}"
+            "trainer", f"the token view covers the {', '.join(t.value for t in VIEWED)} trainers, not {trainer.value}"
         )
     if not rows:
         return []
+    if "image" in rows[0] or "images" in rows[0]:  # trl's vision collators build those rows on the fly
+        raise ViewUnavailable("dataset", "the token view does not show image rows yet")
     tokenizer = _with_pad(tokenizer)
     with _quiet():
         if trainer is Trainer.DPO:
@@ -258,7 +267,9 @@ def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
     if "completion" not in rows[0]:
-        raise ViewUnavailable("the token view shows kto's prompt/completion/label rows, not chosen/rejected pairs")
+        raise ViewUnavailable(
+            "dataset", "the token view shows kto's prompt/completion/label rows, not chosen/rejected pairs"
+        )
     args = _config(spec)
     trainer = KTOTrainer.__new__(KTOTrainer)
     trainer._tokenizer, trainer.calculate_KL = tokenizer, False  # the KL pass pairs rows of a batch: not one row's
