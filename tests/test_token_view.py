@@ -212,22 +212,3 @@ def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(tiny_mode
     with pytest.raises(ViewUnavailable) as images:
         token_views(spec_of(tiny_model), [{"messages": MESSAGES[1]["messages"], "images": ["a.png"]}], tokenizer)
     assert "image rows" in images.value.problems[0].problem
-
-
-def test_the_form_panel_marks_each_token(tiny_model: Path, tmp_path: Path) -> None:
-    import json
-
-    from app.ui.form_spec import form_values
-    from app.ui.token_view import tokens_html
-    from jobs.checks.access import AccessPolicy
-
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in PROMPT_COMPLETION))
-    spec = JobSpec(model=str(tiny_model), dataset=str(data), max_length=24)
-    shown = tokens_html(*form_values(spec))
-    assert "row 1 of" in shown and "row 3 of" in shown and "row 4 of" not in shown
-    assert '<span class="tok-masked" title="id' in shown and '<span class="tok-trained tok-special"' in shown
-    assert '<span class="tok-cut' in shown and "trl drops this row" in shown
-    # a shared dashboard reads data only from its data folders: refused before the file is opened
-    refused = tokens_html(*form_values(spec), policy=AccessPolicy(restricted=True, data_dirs=()))
-    assert "<b>dataset</b>" in refused and "tok-" not in refused.replace("<style>", "")

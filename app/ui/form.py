@@ -187,8 +187,6 @@ class LaunchForm:
     yaml_upload: gr.UploadButton
     memory: ui_memory.MemoryPanel | None = None
     config_upload: gr.UploadButton | None = None  # Import config: a LLaMA-Factory/axolotl/trl config (+ its data)
-    tokens_btn: gr.Button | None = None  # the token panel (app.ui.token_view): what the model is trained on
-    tokens_html: gr.HTML | None = None
 
     @property
     def inputs(self) -> list[gr.Component]:
@@ -240,9 +238,6 @@ def build_form() -> LaunchForm:
                             data_info = gr.Markdown(elem_id="data-info")
                         with gr.Accordion("First rows of the data", open=False):
                             data_preview = gr.Dataframe(interactive=False, max_height=240, wrap=True, show_label=False)
-                        with gr.Accordion("Tokens the model learns from", open=False):
-                            tokens_btn = gr.Button("Show the first rows' tokens", size="sm", elem_id="tokens-btn")
-                            tokens_html = gr.HTML(elem_id="token-panel")
                     advanced = [f for f in members if f.advanced]
                     if advanced:
                         with gr.Accordion(f"More: {title.lower()}", open=False):
@@ -290,8 +285,6 @@ def build_form() -> LaunchForm:
         yaml_upload,
         memory,
         config_upload,
-        tokens_btn,
-        tokens_html,
     )
 
 
@@ -381,7 +374,3 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     for name in ("dataset", "trainer", "model", "max_length", "dataset_columns"):
         form.fields[name].change(partial(ui_data.preview_for_form, policy=policy), data_in, data_out, **raw)
     form.upload.upload(ui_data.save_upload, form.upload, form.fields["dataset"], **private)
-    if form.tokens_btn is not None and form.tokens_html is not None:
-        from app.ui.token_view import tokens_html
-
-        form.tokens_btn.click(partial(tokens_html, policy=policy), ins, form.tokens_html, **raw)
