@@ -26,6 +26,7 @@
     tunedeck generate RUN_ID "prompt" [--base] [--image PICTURE] [--json]  # one answer, for scripts
     tunedeck migrate-data [--from DIR] [--to DIR]   # move an earlier version's ./data to the user data folder
     tunedeck data audit SPEC.yaml [--set k=v ...] [--json]  # duplicates, eval overlap, empty answers, ... in the data
+    tunedeck data show SPEC.yaml [--row N] [--rows K] [--set k=v ...]  # each training token, trained or masked
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -169,12 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
-    """The `data` group: each subcommand from its own module (`app.cli.data_audit`: audit)."""
+    """The `data` group: each subcommand from its own module (`app.cli.data_audit`: audit, `app.cli.data_show`: show)."""
     from app.cli.data_audit import add_parsers as add_data_audit_parsers
+    from app.cli.data_show import add_parsers as add_data_show_parsers
 
     data = sub.add_parser("data", help="look at the job's data as training will see it")
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     add_data_audit_parsers(data_sub)
+    add_data_show_parsers(data_sub)
 
 
 def _add_service_parsers(sub: argparse._SubParsersAction) -> None:

@@ -21,6 +21,9 @@ being found again:
    (`memory_problem`, with the cheapest change that fits);
    from the same lengths, the rows whose whole answer `max_length` cuts away
    (`jobs.checks.answers`): refused when most rows are, a warning when some are;
+   the loss masks of the first 200 training rows as trl builds them (`jobs.checks.masks`, the token view):
+   answers that do not end with a token generation stops at (a warning), rows with no token in the loss
+   (refused when all are, or when trl would refuse them; else a warning);
 8. a grpo `reward_model_run`: a finished reward run in the store;
 9. `report_to`: each tracker can start (`jobs.checks.trackers`: its package, MLflow's store, W&B's key),
    checked with the fields;
@@ -51,6 +54,7 @@ from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.duplicates import duplicate_warnings
 from jobs.checks.egress import endpoint_warning
+from jobs.checks.masks import BLOCKING_FIELDS, mask_findings
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.rewards import reward_column_problems
 from jobs.checks.template import assistant_only_problems
@@ -175,6 +179,10 @@ def _check_spec(
     memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
     cut_answers, answer_warnings = answer_problems(spec, lengths)
     problems += cut_answers
+    masked, mask_warnings = (
+        mask_findings(spec, tokenizer) if valid and not any(p.field in BLOCKING_FIELDS for p in problems) else ([], [])
+    )
+    problems += masked
     if not problems:
         problems += [p for p in (memory_problem(spec, memory),) if p is not None]
     if store is not None:
@@ -184,7 +192,7 @@ def _check_spec(
     warnings = capability_warnings(spec, capability) + moe_notes(spec, moe)
     warnings += [w for info in infos.values() for w in info.warnings]
     warnings += duplicate_warnings(spec, infos) if not problems else []  # repeated rows, eval rows in training
-    warnings += answer_warnings
+    warnings += answer_warnings + mask_warnings
     warnings += [w for w in (endpoint_warning(spec.judge, "judge"),) if w]  # a shared dashboard refused it above
     taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None
     warnings += [taken] if taken else []

@@ -14,6 +14,12 @@ Three modules, lowest first (each imports only the ones above it):
   (`cached_lengths`/`save_lengths`, keyed by `cache_key`), and `length_warnings`, the cheap
   "rows over max_length" warning before training.
 
+Beside them, what the tokens teach (not lengths): `view` builds each row's tokens with trl's own dataset
+preparation and collator, each marked trained or masked (`token_views(spec, rows, tokenizer)`), and
+`viewed_rows` picks the training rows to show, named by their files' row numbers (`training_views`).
+Callers: `app.cli.data_show` (`tunedeck data show`) and `jobs.checks.masks` (the stop-token and
+all-masked findings).
+
 Callers: `jobs.checks.memory.measured_lengths` (cache, else measure and save) feeds the memory
 prediction (`jobs.memory.predict`, `jobs.memory.planner`) and the answers check
 (`jobs.checks.answers`); `jobs.checks.datasets.length_warnings_for` gives the form's preview its

@@ -1,0 +1,292 @@
+"""What the model is trained on: each training row as the tokens trl builds, each marked in the loss or masked.
+
+The sequences come from trl's own code, never re-derived: the installed trainer's dataset preparation
+(`SFTTrainer._prepare_dataset`, `DPOTrainer._prepare_dataset`, run on a stand-in trainer that holds only
+what those methods read: the tokenizer, the chat template trl picks and the completion-only choice, set as
+the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageModeling`,
+`DataCollatorForPreference`), on the given rows only, with the tokenizer alone (no model weights).
+
+- sft: the text (EOS added), the prompt/completion join or the rendered conversation; in the loss where the
+  collator's label is not -100 (completion_only_loss, assistant_only_loss, padding-free's first token).
+  Preparation runs without max_length so the tokens past it can be shown: the cut is trl's own slice
+  (`truncation_mode`, or packing's "bfd" which keeps the start), and a row left with nothing trained is
+  one trl drops (`dropped`).
+- dpo: the prompt, then the chosen and the rejected answer, each as prompt + answer; in the loss where the
+  preference collator's `completion_mask` is 1; a prompt of max_length tokens or more is dropped by trl.
+- kto: prompt + completion with the row's label (desirable or not), in the loss where the unpaired
+  collator's `completion_mask` is 1 (rows of prompt/completion/label; trl unpairs chosen/rejected rows
+  itself, which the view does not show yet).
+
+    views = token_views(spec, rows, tokenizer)     # one RowView per row, in order
+    views[0].sequences[0].tokens[3].trained          # True: this token is in the loss
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.errors import Problem, ProblemError
+from jobs.spec.enums import Trainer
+from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
+
+# The SFTConfig/DPOConfig keywords that decide which tokens a row becomes and which of them are trained.
+DATA_KWARGS = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
+VIEWED = (Trainer.SFT, Trainer.DPO, Trainer.KTO)
+
+
+class ViewUnavailable(ProblemError):
+    """The token view cannot show this spec's rows (a trainer or a row format it does not cover yet)."""
+
+    subject = "with the token view"
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        fix = "check the data with `tunedeck submit` (its checks still run), or view an sft, dpo or kto spec"
+        super().__init__([Problem(field_name, problem, fix)])
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # the token's own piece of text, as the tokenizer decodes it alone
+    special: bool  # one of the tokenizer's special tokens (EOS, end-of-turn, BOS, pad)
+    trained: bool  # in the loss: the collator's label is not -100 (dpo: its completion_mask is 1)
+    cut: bool = False  # past max_length: truncation removes it, the model never sees it
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    name: str  # "text" (sft), "chosen", "rejected" (dpo)
+    tokens: tuple[Token, ...]
+
+    @property
+    def kept(self) -> list[Token]:
+        return [t for t in self.tokens if not t.cut]
+
+    @property
+    def trained_positions(self) -> list[int]:
+        """The positions (in the kept sequence) whose token is in the loss."""
+        return [i for i, t in enumerate(self.kept) if t.trained]
+
+    @property
+    def cut_count(self) -> int:
+        return sum(t.cut for t in self.tokens)
+
+
+@dataclass(frozen=True)
+class RowView:
+    index: int  # the row's position in the rows given
+    sequences: tuple[TokenSequence, ...]
+    dropped: bool = False  # trl drops the row: no token of it is left in the loss after truncation
+    untrained: bool = False  # no token of the row is in the loss even before the cut (its masks hide it all)
+    prompt_tokens: int = 0  # dpo: the shared prompt's length
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trained_count(self) -> int:
+        return sum(len(s.trained_positions) for s in self.sequences)
+
+
+def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    """Each of `rows` (training rows as `jobs.data.loading.load_data` gives them) as `spec`'s trainer builds it."""
+    trainer = Trainer(spec.trainer)
+    if trainer not in VIEWED:
+        raise ViewUnavailable(
+            "trainer", f"the token view covers the {', '.join(t.value for t in VIEWED)} trainers, not {trainer.value}"
+        )
+    if not rows:
+        return []
+    if "image" in rows[0] or "images" in rows[0]:  # trl's vision collators build those rows on the fly
+        raise ViewUnavailable("dataset", "the token view does not show image rows yet")
+    tokenizer = _with_pad(tokenizer)
+    with _quiet():
+        if trainer is Trainer.DPO:
+            return _dpo_views(spec, list(rows), tokenizer)
+        if trainer is Trainer.KTO:
+            return _kto_views(spec, list(rows), tokenizer)
+        return _sft_views(spec, list(rows), tokenizer)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """No progress bars for the few rows shown (datasets draws one per preparation step)."""
+    from datasets.utils import logging as datasets_logging
+
+    shown = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets_logging.enable_progress_bar()
+
+
+def data_kwargs(spec: JobSpec) -> dict[str, Any]:
+    """The trl config keywords of `spec` that shape the tokens: each spec field passed under its own name, as
+    `jobs.config.mapping.training_kwargs` passes them (the trainer's record lists the ones its config takes)."""
+    record = record_for(spec.trainer)
+    keys = [k for k in DATA_KWARGS if k in ("max_length", "padding_free") or k in record.kwargs]
+    return {k: getattr(spec, k) for k in keys if k not in record.unsupported}
+
+
+def _config(spec: JobSpec, **override: Any) -> Any:
+    import importlib
+    import tempfile
+
+    record = record_for(spec.trainer)
+    cls = getattr(importlib.import_module(record.module), record.config_class)
+    kw = {**data_kwargs(spec), **override}
+    if cls.__name__ != "SFTConfig":
+        kw = {k: v for k, v in kw.items() if k in ("max_length",)}
+    return cls(output_dir=tempfile.gettempdir(), report_to="none", use_cpu=True, bf16=False, **kw)
+
+
+def _with_pad(tokenizer: Any) -> Any:
+    """trl's collators pad with the tokenizer's pad token, else its EOS (as training's loader sets it)."""
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _dataset(rows: list[dict[str, Any]]) -> Any:
+    import datasets
+
+    return datasets.Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------------- sft
+def _sft_stand_in(args: Any, tokenizer: Any, first: dict[str, Any]) -> Any:
+    """An SFTTrainer holding what `_prepare_dataset` reads, set as its `__init__` sets it (trl 1.x)."""
+    from trl import SFTTrainer
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    trainer = SFTTrainer.__new__(SFTTrainer)
+    trainer._tokenizer = tokenizer
+    if args.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+        trainer.chat_template = get_training_chat_template(tokenizer)
+    else:
+        trainer.chat_template = None
+    if args.completion_only_loss is None:
+        trainer.completion_only_loss = "prompt" in first and "completion" in first
+    else:
+        trainer.completion_only_loss = args.completion_only_loss
+    trainer.padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"})
+    return trainer
+
+
+def _sft_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    args = _config(spec)
+    whole = _config(spec, max_length=None, packing=False, padding_free=False)  # every token, the cut shown by us
+    trainer = _sft_stand_in(args, tokenizer, rows[0])
+    try:
+        prepared: list[dict[str, Any] | None] = list(
+            trainer._prepare_dataset(_dataset(rows), tokenizer, whole, False, None, "view")
+        )
+    except RuntimeError:  # trl refuses rows with no assistant tokens under assistant_only_loss: find which
+        prepared = [_one_sft_row(trainer, tokenizer, whole, row) for row in rows]
+    collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=trainer.padding_free)
+    cut = _slice(args.max_length, "keep_start" if args.packing else args.truncation_mode)
+    special = set(tokenizer.all_special_ids)
+    out = []
+    for i, example in enumerate(prepared):
+        if example is None:
+            out.append(RowView(i, (), dropped=True, untrained=True, notes=["trl refuses it: no assistant tokens"]))
+            continue
+        ids, labels = list(example["input_ids"]), list(example["labels"])
+        kept = range(len(ids))[cut]
+        batch = collator([{"input_ids": ids[cut], "labels": labels[cut]}])
+        trained = {kept[j] for j, label in enumerate(batch["labels"][0].tolist()) if label != -100}
+        tokens = tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(ids))
+        dropped = not trained and not args.packing  # trl filters out rows left fully masked (not when packing)
+        untrained = all(label == -100 for label in labels)
+        out.append(RowView(i, (TokenSequence("text", tokens),), dropped=dropped, untrained=untrained))
+    return out
+
+
+def _one_sft_row(trainer: Any, tokenizer: Any, args: Any, row: dict[str, Any]) -> dict[str, Any] | None:
+    """One row prepared alone; None when trl refuses it (assistant_only_loss and no assistant token)."""
+    try:
+        return next(iter(trainer._prepare_dataset(_dataset([row]), tokenizer, args, False, None, "view")))
+    except RuntimeError:
+        return None
+
+
+def _slice(max_length: int | None, mode: str) -> slice:
+    """trl's truncation (`SFTTrainer._prepare_dataset`, `DataCollatorForPreference`): the first or last tokens."""
+    if max_length is None:
+        return slice(None)
+    return slice(None, max_length) if mode == "keep_start" else slice(-max_length, None)
+
+
+def _token(tokenizer: Any, token_id: int, trained: bool, cut: bool, special: set[int]) -> Token:
+    return Token(int(token_id), tokenizer.decode([int(token_id)]), int(token_id) in special, trained, cut)
+
+
+# ---------------------------------------------------------------------- dpo
+def _dpo_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    from trl import DPOTrainer
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    args = _config(spec)
+    trainer = DPOTrainer.__new__(DPOTrainer)
+    trainer._tokenizer = tokenizer
+    prepared = trainer._prepare_dataset(_dataset(rows), tokenizer, _config(spec, max_length=None), "view")
+    collator = DataCollatorForPreference(
+        pad_token_id=tokenizer.pad_token_id, max_length=args.max_length, truncation_mode=args.truncation_mode
+    )
+    special = set(tokenizer.all_special_ids)
+    out = []
+    for i, example in enumerate(prepared):
+        batch = collator([example])
+        sequences = []
+        for name, k in (("chosen", 0), ("rejected", 1)):
+            whole = list(example["prompt_ids"]) + list(example[f"{name}_ids"])
+            mask = batch["completion_mask"][k].tolist()
+            kept = range(len(whole))[_slice(args.max_length, args.truncation_mode)]
+            trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
+            sequences.append(
+                TokenSequence(
+                    name, tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
+                )
+            )
+        n_prompt = len(example["prompt_ids"])
+        dropped = args.max_length is not None and args.truncation_mode == "keep_start" and n_prompt >= args.max_length
+        untrained = not example["chosen_ids"] and not example["rejected_ids"]
+        out.append(RowView(i, tuple(sequences), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
+    return out
+
+
+# ---------------------------------------------------------------------- kto
+def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    from trl import KTOTrainer
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    if "completion" not in rows[0]:
+        raise ViewUnavailable(
+            "dataset", "the token view shows kto's prompt/completion/label rows, not chosen/rejected pairs"
+        )
+    args = _config(spec)
+    trainer = KTOTrainer.__new__(KTOTrainer)
+    trainer._tokenizer, trainer.calculate_KL = tokenizer, False  # the KL pass pairs rows of a batch: not one row's
+    prepared = trainer._prepare_dataset(_dataset(rows), tokenizer, _config(spec, max_length=None), "view")
+    collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length)
+    special = set(tokenizer.all_special_ids)
+    out = []
+    for i, example in enumerate(prepared):
+        mask = collator([example])["completion_mask"][0].tolist()
+        whole = list(example["prompt_ids"]) + list(example["completion_ids"])
+        kept = range(len(whole))[_slice(args.max_length, "keep_start")]  # the collator keeps the start
+        trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
+        tokens = tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
+        label = "desirable" if example["label"] else "undesirable"
+        n_prompt = len(example["prompt_ids"])
+        dropped = args.max_length is not None and n_prompt >= args.max_length
+        untrained = not example["completion_ids"]
+        seq = TokenSequence(f"completion ({label})", tokens)
+        out.append(RowView(i, (seq,), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
+    return out
