@@ -55,6 +55,22 @@ def test_rows_arriving_in_steps_give_each_finding_once_at_its_step(store: Store)
     assert len(findings_of(store.run_events(run_id))) == 1
 
 
+def test_a_bug_in_a_rule_stops_the_doctor_for_the_run_not_the_training(store: Store, monkeypatch, caplog) -> None:
+    """A diagnosis must never end a run: a rule that raises is logged with its traceback and the doctor rests."""
+    import jobs.doctor.watch as watch
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a rule's bug")
+
+    monkeypatch.setattr(watch, "examine", broken)
+    run_id = running_run(store, JobSpec(model="tiny-llama", max_steps=100))
+    doctor = Doctor(store, run_id, JobSpec(model="tiny-llama", max_steps=100), interval_s=0.0)
+    store.add_metrics(run_id, losses(1, 50, spike_at=40))
+    assert doctor.check() == [] and not doctor.due()
+    assert "the training doctor failed" in caplog.text and "ZeroDivisionError" in caplog.text
+    assert store.get_run(run_id).status is RunStatus.RUNNING
+
+
 def test_an_eval_row_of_the_last_step_seen_arrives_in_a_later_flush_and_is_read(store: Store) -> None:
     run_id = running_run(store, JobSpec(model="tiny-llama"))
     doctor = Doctor(store, run_id, JobSpec(), interval_s=0.0)

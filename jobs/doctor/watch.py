@@ -127,7 +127,12 @@ class Doctor:
         if first_new is None:
             return []
         curves = {name: c.points() for name, c in self._curves.items()}
-        new = sorted(examine(curves, self.ctx, since=first_new - 1, found=self.found), key=lambda f: f.step)
+        try:
+            new = sorted(examine(curves, self.ctx, since=first_new - 1, found=self.found), key=lambda f: f.step)
+        except Exception:  # noqa: BLE001 (a bug in a rule: logged whole; the diagnosis stops, the training goes on)
+            log.exception("run %s: the training doctor failed and stops for this run", self.run_id)
+            self._next = float("inf")
+            return []
         for finding in new:
             self.found.add(finding.code)
             stops = (finding.code in self.stop_on or finding.severity.value in self.stop_on_severity) and not final
