@@ -29,6 +29,7 @@ from jobs.data.row_numbers import origins_text
 from jobs.errors import Problem
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 
 CHECKED_ROWS = 200
 CACHE_VERSION = "1"  # bump when what the findings say changes
@@ -41,9 +42,7 @@ def mask_findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Pro
     not one the token view covers, or the tokenizer or the data is not here (the other steps say why).
     Kept in the cache beside the token lengths, under the same key plus the fields that shape the masks: a
     second check of the same data, tokenizer and masks reads a small file."""
-    from jobs.data.tokens.view import VIEWED
-
-    if Trainer(spec.trainer) not in VIEWED:
+    if not record_for(Trainer(spec.trainer)).token_view:
         return [], []
     path = _cache_path(spec)
     if path is not None and path.is_file():

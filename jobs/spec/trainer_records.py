@@ -74,6 +74,8 @@ class TrainerRecord:
     image_pairs: bool = False
     renders_tools: bool = True
     needs_backbone: bool = False
+    # the token view that shows its rows as trl builds them (jobs.data.tokens.view: sft, dpo, kto); "": none yet
+    token_view: str = ""
     # what it refuses: a micro-batch under min_batch, and field values it fails with
     min_batch: int = 1
     refuses: tuple[Refusal, ...] = ()
@@ -113,6 +115,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         # memory or time; they change what the model learns from.
         TrainerRecord(
             trainer=Trainer.SFT,
+            token_view="sft",
             config_class="SFTConfig",
             trainer_class="SFTTrainer",
             row_formats=(RowFormat.TEXT, RowFormat.MESSAGES, RowFormat.PROMPT_COMPLETION),
@@ -128,6 +131,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         ),
         TrainerRecord(
             trainer=Trainer.DPO,
+            token_view="dpo",
             config_class="DPOConfig",
             trainer_class="DPOTrainer",
             row_formats=(RowFormat.PREFERENCE,),
@@ -147,6 +151,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         # are needed. Without an adapter (full fine-tuning) trl copies the model as the frozen reference.
         TrainerRecord(
             trainer=Trainer.KTO,
+            token_view="kto",
             config_class="KTOConfig",
             trainer_class="KTOTrainer",
             row_formats=(RowFormat.UNPAIRED, RowFormat.PREFERENCE),  # trl unpairs chosen/rejected rows itself

@@ -35,7 +35,6 @@ from jobs.spec.trainer_records import record_for
 
 # The SFTConfig/DPOConfig keywords that decide which tokens a row becomes and which of them are trained.
 DATA_KWARGS = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
-VIEWED = (Trainer.SFT, Trainer.DPO, Trainer.KTO)
 
 
 class ViewUnavailable(ProblemError):
@@ -93,21 +92,18 @@ class RowView:
 def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -> list[RowView]:
     """Each of `rows` (training rows as `jobs.data.loading.load_data` gives them) as `spec`'s trainer builds it."""
     trainer = Trainer(spec.trainer)
-    if trainer not in VIEWED:
-        raise ViewUnavailable(
-            "trainer", f"the token view covers the {', '.join(t.value for t in VIEWED)} trainers, not {trainer.value}"
-        )
+    view = record_for(trainer).token_view
+    if not view:
+        covered = ", ".join(t.value for t in Trainer if record_for(t).token_view)
+        raise ViewUnavailable("trainer", f"the token view covers the {covered} trainers, not {trainer.value}")
     if not rows:
         return []
     if "image" in rows[0] or "images" in rows[0]:  # trl's vision collators build those rows on the fly
         raise ViewUnavailable("dataset", "the token view does not show image rows yet")
     tokenizer = _with_pad(tokenizer)
     with _quiet():
-        if trainer is Trainer.DPO:
-            return _dpo_views(spec, list(rows), tokenizer)
-        if trainer is Trainer.KTO:
-            return _kto_views(spec, list(rows), tokenizer)
-        return _sft_views(spec, list(rows), tokenizer)
+        views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views}[view]
+        return views(spec, list(rows), tokenizer)
 
 
 @contextmanager
