@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from engines import import_or_missing
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from storage.errors import Conflict, DatabaseUnavailable, StorageError, is_locked_error
@@ -30,7 +31,7 @@ def test_a_database_that_cannot_be_opened_is_unavailable(data_home: Path) -> Non
 
 
 def test_a_database_server_that_does_not_answer_is_unavailable(data_home: Path) -> None:
-    pytest.importorskip("psycopg")
+    import_or_missing("psycopg")  # a main dependency: missing under CI=true fails, never skips
     with socket.socket() as sock:  # a port nothing listens on: bound here, never listening
         sock.bind(("127.0.0.1", 0))
         url = f"postgresql+psycopg://postgres@127.0.0.1:{sock.getsockname()[1]}/tunedeck"
