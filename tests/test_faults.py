@@ -25,6 +25,7 @@ import psutil
 import pytest
 import torch
 import training_helpers
+from training_helpers import wait_for
 from transformers import TrainerCallback
 
 from jobs.spec.job import JobSpec
@@ -50,10 +51,6 @@ def _clear_stop_flag():
 
 def tiny_spec(model: Path, **changes: Any) -> JobSpec:
     return training_helpers.tiny_spec(model, **{"max_steps": 8, "max_length": 64, **changes})
-
-
-def wait_for(predicate, timeout: float = 120.0, interval: float = 0.1, what: str = "condition"):
-    return training_helpers.wait_for(predicate, timeout, interval, what)
 
 
 def run_processes(run_id: int, home: Path) -> list[psutil.Process]:

@@ -7,11 +7,11 @@ import hashlib
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from training_helpers import wait_for
 
 from jobs.spec.job import JobSpec
 from jobs.worker.services import Place
@@ -60,16 +60,6 @@ def service(store: Store, argv_of: Callable[[TaskRecord], list[str]], **place: o
     where = dict(store=store, worker_id=f"{HOST}:99", host=HOST, device="cpu", on_cpu=True, shared_data=False)
     where.update(place)
     return TaskService(Place(**where), poll_interval=0.05, beat_interval=0.05, grace_period=2, argv_of=argv_of)  # type: ignore[arg-type]
-
-
-def wait_for(what: Callable[[], object], timeout: float = 30.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting")
 
 
 def test_a_task_runs_as_a_child_its_lines_and_files_come_back(store: Store) -> None:
