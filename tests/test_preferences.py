@@ -76,7 +76,7 @@ def test_the_files_are_dpo_and_kto_data_as_the_checks_read_them(store: Any, chat
 
     for i in range(3):
         _answered(store, chat_run, f"Question {i}?", f"base answer {i}", f"[tag] answer {i}")
-        pick(store, chat_run, "checked", "run")
+        assert "Saved" in pick(store, chat_run, "checked", "run")[0]
         pick(store, chat_run, "checked", "up" if i % 2 else "down")
     for trainer, kind in (("dpo", "dpo"), ("kto", "kto")):
         spec = tiny_spec(tiny_model, trainer=trainer, dataset=str(preferences.path_of("checked", kind)))
@@ -90,6 +90,9 @@ def test_the_files_are_dpo_and_kto_data_as_the_checks_read_them(store: Any, chat
 def test_what_cannot_make_a_row_is_refused_with_the_fix(store: Any, chat_run: int) -> None:
     line, shown = pick(store, chat_run, "set", "run")
     assert "send a message first" in line and shown is not preferences.path_of("set", "dpo")
+    _answered(store, chat_run, "Empty?", "base text", " ")  # the data checks refuse a row with an empty turn
+    assert "**chosen**: the answer is empty" in pick(store, chat_run, "set", "run")[0]
+    assert "**rejected**: the answer is empty" in pick(store, chat_run, "set", "base")[0]
     _answered(store, chat_run, "Same?", "same text", "same text")
     assert "both answers are the same text" in pick(store, chat_run, "set", "run")[0]
     assert "is not a data set name" in pick(store, chat_run, "../etc", "run")[0]
@@ -141,7 +144,10 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             worker_up()
             page = browser.new_page()
             open_chat(page, url, option)
-            page.get_by_label("Max new tokens").fill("8")
+            page.get_by_label("Max new tokens").fill("12")
+            # The tiny base answers greedily with whitespace only, which no pair can hold: sample instead.
+            page.get_by_label("number input for Temperature (0 = greedy)").fill("1")
+            page.get_by_label("number input for Temperature (0 = greedy)").press("Enter")
             page.locator("#chat-clear").click()
             page.locator("#chat-pref").get_by_text("Make preference data").click()
             page.locator("#chat-pref-set textarea").fill("browser-picks")
@@ -150,11 +156,22 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
                 say(page, prompt, turn)
                 page.locator("#chat-pref-run").click()
                 saved = f"holds {turn} pair"
-                wait_for(lambda: saved in status.inner_text(), what=f"pick {turn} saved")  # noqa: B023
+                try:
+                    wait_for(lambda: saved in status.inner_text(), what=f"pick {turn} saved")  # noqa: B023
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; the status reads {status.inner_text()!r}") from None
             path = preferences.path_of("browser-picks", "dpo")
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             assert len(rows) == 3 and rows[2]["prompt"][-1]["content"] == "And the sky?"
-            assert all(r["chosen"][0]["content"].startswith("[tag]") for r in rows)  # the run's taught answers
+            assert [r["prompt"][-1]["content"] for r in rows] == [
+                "Tell me about the moon.",
+                "And the sea?",
+                "And the sky?",
+            ]
+            session = store.latest_chat(lora.id)
+            assert session is not None and session.sampling["temperature"] == 1.0
+            runs_answers = [m.content for m in store.chat_history(session.id) if m.side == "run"]
+            assert [r["chosen"][0]["content"] for r in rows] == runs_answers  # "Run is better": the run's answers
             spec = tiny_spec(tiny_model, trainer="dpo", dataset=str(path), max_steps=2, per_device_train_batch_size=2)
             run_id = submit(store, spec.to_dict())
 
@@ -166,4 +183,7 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             assert done.status is RunStatus.SUCCEEDED, done.error_detail
             assert store.metrics(run_id, ["loss"])
     finally:
+        session = store.latest_chat(ids["lora"])
+        if session is not None:  # the run's sampled session would be the next Chat tab test's settings
+            store.delete_chat(session.id)
         store.dispose()
