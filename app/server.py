@@ -182,7 +182,8 @@ SERVED_ARTIFACTS = {"bundle": ".zip", "export": ".zip", "gguf": ".gguf"}
 
 
 def bundle_files(store: Store) -> list[str]:
-    """The recorded bundle and export zips and GGUF files that are real files inside the data directory (no symlinks)."""
+    """The recorded bundle and export zips and GGUF files that are real files inside the data directory (no symlinks),
+    and the preference sets made in the Chat tab."""
     root = data_dir()
     out = []
     for kind, suffix in SERVED_ARTIFACTS.items():
@@ -193,7 +194,9 @@ def bundle_files(store: Store) -> list[str]:
             resolved = path.resolve()
             if _inside(resolved, root) and resolved.suffix == suffix:
                 out.append(str(resolved))
-    return out
+    from jobs.data.preferences import files as preference_files
+
+    return out + [p for p in preference_files() if not Path(p).is_symlink()]  # the Chat tab's sets, downloadable
 
 
 def blocked_paths() -> list[str]:
@@ -266,6 +269,7 @@ def serve(
     # Gradio starts uvicorn without forwarded_allow_ips, so uvicorn reads this (its default: loopback).
     os.environ["FORWARDED_ALLOW_IPS"] = trusted_proxies()
     sweep_partials(uploads_dir())  # what uploads cut by a killed dashboard left (storage.uploads)
+    from app.mcp_route import add_mcp_route
     from app.openai_api import add_openai_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, logged_in, page_head_kwargs
@@ -289,7 +293,8 @@ def serve(
     # SIGTERM (docker stop, systemd) ends the server like Ctrl-C, so the worker is stopped warm.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        demo = build_ui(store, AccessPolicy.for_server(login=has_login))
+        policy = AccessPolicy.for_server(login=has_login)
+        demo = build_ui(store, policy)
         app, _, _ = demo.launch(
             server_name=host,
             server_port=port,
@@ -300,6 +305,7 @@ def serve(
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
         add_openai_routes(app, store, logged_in)  # /v1: the OpenAI-compatible API (app.openai_api)
+        add_mcp_route(app, store, policy, logged_in)  # /mcp: the tools for agents (app.mcp_tools)
         quiet_queue(demo)
         wait_until_stopped(demo)
     except KeyboardInterrupt:

@@ -27,6 +27,8 @@
     tunedeck migrate-data [--from DIR] [--to DIR]   # move an earlier version's ./data to the user data folder
     tunedeck data audit SPEC.yaml [--set k=v ...] [--json]  # duplicates, eval overlap, empty answers, ... in the data
     tunedeck data show SPEC.yaml [--row N] [--rows K] [--set k=v ...]  # each training token, trained or masked
+    tunedeck mcp [--any-path]                 # tunedeck's tools for agents over stdio (Model Context Protocol)
+    tunedeck pairs [export NAME [--kind dpo|kto] [-o FILE]]  # preference data sets made in the Chat tab
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -153,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.evaluate import add_parser as add_evaluate_parser
     from app.cli.importer import add_parser as add_import_parser
     from app.cli.manage import add_parsers as add_manage_parsers
+    from app.cli.mcp import add_parser as add_mcp_parser
+    from app.cli.pairs import add_parser as add_pairs_parser
     from app.cli.plan import add_parser as add_plan_parser
     from app.cli.push import add_parser as add_push_parser
     from app.cli.sweep import add_parser as add_sweep_parser
@@ -163,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)
     add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
+    add_mcp_parser(sub).set_defaults(func=_command("app.cli.mcp", "cmd_mcp"))
+    add_pairs_parser(sub).set_defaults(func=_command("app.cli.pairs", "cmd_pairs"), store_use=StoreUse.NONE)
     for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
         add(sub)
     _add_data_parsers(sub)

@@ -23,6 +23,7 @@ import gradio as gr
 
 from app import api
 from app.ui import chat as ui_chat
+from app.ui import chat_preferences as ui_chat_preferences
 from app.ui import compare as ui_compare
 from app.ui import evaluate as ui_evaluate
 from app.ui import export as ui_export
@@ -70,6 +71,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
                 sweep_section = ui_sweep.build_section()
             with gr.Tab("Chat", id="chat") as chat_tab:
                 chat = ui_chat.build()
+                chat_preferences = ui_chat_preferences.build()
         ui_form.wire(form, store, policy)
         ui_gpu.wire(gpu, store)
         ui_runs.wire(runs, store)
@@ -79,6 +81,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_export.wire(export_panel, store, page.run_id, policy)
         ui_evaluate.wire(evaluate_panel, store, page.run_id, policy)
         ui_chat.wire(chat, store, chat_tab, policy)
+        ui_chat_preferences.wire(chat_preferences, chat.run, store)
 
         _wire_launch(store, policy, form, page, tabs)
         _wire_select(runs, page, tabs)

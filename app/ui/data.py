@@ -84,7 +84,10 @@ def sample_refs() -> list[str]:
 
 
 def dataset_choices(optional: bool = False) -> list[str]:
-    return ([""] if optional else []) + sample_refs() + uploaded_files()
+    """The bundled samples, the uploads and the preference sets made in the Chat tab (`jobs.data.preferences`)."""
+    from jobs.data.preferences import files as preference_files
+
+    return ([""] if optional else []) + sample_refs() + uploaded_files() + preference_files()
 
 
 def safe_stem(name: str) -> str:
