@@ -47,7 +47,9 @@ from app.openai_fields import (
     sampling_of,
     stops_of,
 )
+from app.openai_tuning import add_tuning_routes
 from app.ui.chat import reach_problem
+from jobs.checks.access import AccessPolicy
 from jobs.models.served_names import served_model, served_models
 from storage.models import ReplyStatus
 from storage.store import Store
@@ -205,9 +207,13 @@ async def authorized(
     return await password_ok(app, request, user, password, checked)  # rate-limited, cached, off the event loop
 
 
-def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request], bool]) -> None:
-    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`; `page_login`:
-    whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
+def add_openai_routes(
+    app: Any, store: Store, page_login: Callable[[Any, Request], bool], policy: AccessPolicy | None = None
+) -> None:
+    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`, and the
+    fine-tuning API (`app.openai_tuning`: `/v1/files`, `/v1/fine_tuning/jobs`); `page_login`: whether a request
+    carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server); `policy`: what
+    the dashboard's users may reach (`AccessPolicy.for_server`), the form's."""
     checked: dict[str, bool] = {}
     store.delete_api_chats(time.time() - STALE_API_S)
 
@@ -255,6 +261,7 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
     app.add_api_route("/v1/models", models, methods=["GET"], include_in_schema=False)
     app.add_api_route("/v1/chat/completions", completions(True), methods=["POST"], include_in_schema=False)
     app.add_api_route("/v1/completions", completions(False), methods=["POST"], include_in_schema=False)
+    add_tuning_routes(app, store, denied, policy or AccessPolicy.dashboard())
     # Gradio's own catch-all routes come first otherwise: put ours ahead of them.
     ours = [r for r in app.router.routes if getattr(r, "path", "").startswith("/v1/")]
     app.router.routes[:] = ours + [r for r in app.router.routes if r not in ours]

@@ -289,7 +289,8 @@ def serve(
     # SIGTERM (docker stop, systemd) ends the server like Ctrl-C, so the worker is stopped warm.
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        demo = build_ui(store, AccessPolicy.for_server(login=has_login))
+        policy = AccessPolicy.for_server(login=has_login)
+        demo = build_ui(store, policy)
         app, _, _ = demo.launch(
             server_name=host,
             server_port=port,
@@ -299,7 +300,7 @@ def serve(
             **options,
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
-        add_openai_routes(app, store, logged_in)  # /v1: the OpenAI-compatible API (app.openai_api)
+        add_openai_routes(app, store, logged_in, policy)  # /v1: the OpenAI-compatible API (app.openai_api)
         quiet_queue(demo)
         wait_until_stopped(demo)
     except KeyboardInterrupt:
