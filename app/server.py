@@ -266,7 +266,8 @@ def serve(
     # Gradio starts uvicorn without forwarded_allow_ips, so uvicorn reads this (its default: loopback).
     os.environ["FORWARDED_ALLOW_IPS"] = trusted_proxies()
     sweep_partials(uploads_dir())  # what uploads cut by a killed dashboard left (storage.uploads)
-    from app.openai_api import add_openai_routes
+    from app.openai_api import access_rule, add_openai_routes
+    from app.openai_tuning.routes import add_tuning_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, logged_in, page_head_kwargs
 
@@ -300,7 +301,8 @@ def serve(
             **options,
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
-        add_openai_routes(app, store, logged_in, policy)  # /v1: the OpenAI-compatible API (app.openai_api)
+        add_openai_routes(app, store, logged_in)  # /v1: the OpenAI-compatible API (app.openai_api)
+        add_tuning_routes(app, store, access_rule(app, logged_in), policy)  # /v1/files, /v1/fine_tuning/jobs
         quiet_queue(demo)
         wait_until_stopped(demo)
     except KeyboardInterrupt:

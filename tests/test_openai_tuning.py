@@ -135,6 +135,33 @@ def test_a_job_request_maps_onto_the_spec_and_a_wrong_field_is_named(store: Any)
         assert caught.value.status == 400 and caught.value.param == param and words in caught.value.message
 
 
+def test_a_finished_run_is_a_model_to_continue_from_when_its_result_is_a_whole_model(
+    store: Any, tiny_model: Path
+) -> None:
+    """A full fine-tune (or an adapter exported merged) trains on from its folder; a bare adapter is refused."""
+    from training_helpers import claim_run, tiny_spec
+
+    from app.openai_tuning.create import job_values
+
+    file_id = _kept(SUPERVISED)
+    runs = {}
+    for method in ("full", "lora"):
+        runs[method] = store.create_run(tiny_spec(tiny_model, method=method, run_name=f"done-{method}"))
+        claim_run(store, runs[method], "w:1", "0")
+        store.mark_succeeded(runs[method], {})
+    folder = store.run_dir(runs["full"]) / "bundle"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    store.add_artifact(runs["full"], "model", str(folder), 2, "0" * 64)
+    for name in (str(runs["full"]), "done-full", f"ft:tiny-llama:x:{runs['full']}"):
+        values, extras = job_values(store, {"model": name, "training_file": file_id})
+        assert values["model"] == str(folder) and extras["model"] == name
+    with pytest.raises(ApiError) as adapter:
+        job_values(store, {"model": "done-lora", "training_file": file_id})
+    assert adapter.value.param == "model" and f"tunedeck export {runs['lora']} --merged" in adapter.value.message
+    assert job_values(store, {"model": str(tiny_model), "training_file": file_id})[0]["model"] == str(tiny_model)
+
+
 def test_the_fine_tuned_model_name_reads_as_its_runs_id() -> None:
     from jobs.models.served_names import run_id_in
 
@@ -244,7 +271,7 @@ def test_a_bad_file_is_refused_before_anything_is_queued(served: tuple[Any, int]
         _upload(client, b'{"messages": [{"role": "user", "content": "Hi"}]}\nnot json\n', "broken.jsonl")
     assert broken.value.param == "file" and broken.value.code == "invalid_file"
     assert "broken.jsonl" in broken.value.message and "row 2: is not valid JSON" in broken.value.message
-    assert broken.value.body["message"] == broken.value.message and broken.value.body["type"] == "invalid_request_error"
+    assert broken.value.body["param"] == "file" and broken.value.body["type"] == "invalid_request_error"
     pairs = _upload(client, PREFERENCE, "pairs.jsonl")  # good preference rows: wrong for a supervised job
     before = [j.id for j in client.fine_tuning.jobs.list(limit=100).data]
     with pytest.raises(openai.BadRequestError) as refused:

@@ -11,9 +11,6 @@ A job is a tunedeck run, queued through the form's and the CLI's one submit path
 policy: `create` maps OpenAI's fields onto the spec (`app.openai_tuning.create`) and refuses, before anything
 is queued, what the check refuses, in OpenAI's error shape naming OpenAI's parameter. Files are kept in the
 uploads folder and checked with tunedeck's data checks (`app.openai_tuning.files`). A run is shown as a job,
-its metrics as events and its checkpoints as checkpoints (`app.openai_tuning.views`).
+its metrics as events and its checkpoints as checkpoints (`app.openai_tuning.views`). The server adds the
+routes: `app.openai_tuning.routes.add_tuning_routes`.
 """
-
-from app.openai_tuning.routes import add_tuning_routes
-
-__all__ = ["add_tuning_routes"]

@@ -146,6 +146,9 @@ def add_tuning_routes(app: Any, store: Store, denied: Denied, policy: AccessPoli
         "GET",
         threaded(lambda request, job: _page(job_checkpoints(store, _run(store, job)), request, 10)),
     )
+    # Gradio's own catch-all routes come first otherwise: put ours ahead of them (as app.openai_api does).
+    ours = [r for r in app.router.routes if getattr(r, "path", "").startswith("/v1/")]
+    app.router.routes[:] = ours + [r for r in app.router.routes if r not in ours]
 
 
 def _page(items: list[dict[str, Any]], request: Request, default: int = 20) -> dict[str, Any]:
