@@ -162,6 +162,40 @@ def test_a_finished_run_is_a_model_to_continue_from_when_its_result_is_a_whole_m
     assert job_values(store, {"model": str(tiny_model), "training_file": file_id})[0]["model"] == str(tiny_model)
 
 
+def test_a_running_job_shows_its_loss_events_and_whole_checkpoints(store: Any, tiny_model: Path) -> None:
+    """Events newest first (the loss by step, cursor pages); only checkpoints saved whole are listed."""
+    from training_helpers import claim_run, tiny_spec
+
+    from app.openai_tuning.views import job_checkpoints, job_events, job_object, page
+    from storage.checkpoints import mark_complete
+    from storage.records import MetricPoint
+
+    run_id = store.create_run(tiny_spec(tiny_model, run_name="moon"))
+    assert job_object(store, store.get_run(run_id))["status"] == "queued"
+    claim_run(store, run_id, "w:1", "0")
+    now = time.time()
+    store.add_metrics(run_id, [MetricPoint(step, "loss", 3.0 - step, now) for step in (1, 2, 3)])
+    output = store.run_dir(run_id) / "output"
+    for step in (2, 3):
+        (output / f"checkpoint-{step}").mkdir(parents=True)
+        (output / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    mark_complete(output / "checkpoint-2", 2)  # checkpoint-3 is still being written
+    run = store.get_run(run_id)
+    job = job_object(store, run)
+    assert job["status"] == "running" and job["fine_tuned_model"] is None and job["trained_tokens"] is None
+    events = job_events(store, run)
+    assert [e["data"]["train_loss"] for e in events if e["type"] == "metrics"] == [0.0, 1.0, 2.0]
+    assert events[-1]["message"] == f"Created fine-tuning job: ftjob-{run_id}"
+    second = page(events, events[0]["id"], 1)
+    assert second["data"] == [events[1]] and second["has_more"]
+    kept = job_checkpoints(store, run)
+    assert [(c["step_number"], c["metrics"]["train_loss"]) for c in kept] == [(2, 1.0)]
+    store.mark_succeeded(run_id, {"num_tokens": 692.0})
+    done = job_object(store, store.get_run(run_id))
+    assert done["status"] == "succeeded" and done["trained_tokens"] == 692
+    assert done["fine_tuned_model"] == f"ft:{tiny_model.name}:tunedeck:{run_id}" and done["finished_at"]
+
+
 def test_the_fine_tuned_model_name_reads_as_its_runs_id() -> None:
     from jobs.models.served_names import run_id_in
 

@@ -19,7 +19,7 @@ from typing import Any
 from jobs.spec.job import JobSpec
 from jobs.spec.stored import spec_of
 from storage.api_files import file_id_of
-from storage.checkpoints import checkpoint_dirs
+from storage.checkpoints import checkpoint_dirs, is_complete
 from storage.models import RunStatus
 from storage.records import RunRecord
 from storage.store import Store
@@ -185,12 +185,14 @@ def job_events(store: Store, run: RunRecord) -> list[dict[str, Any]]:
 
 
 def job_checkpoints(store: Store, run: RunRecord) -> list[dict[str, Any]]:
-    """The run's kept checkpoints, newest first, with the training loss at their step."""
+    """The run's kept checkpoints (those saved whole), newest first, with the training loss at their step."""
     losses = {p.step: p.value for p in store.metrics(run.id, names=["loss"])}
     spec, extras = spec_of(run), extras_of(store, run.id)
     out = []
     for step, folder in sorted(checkpoint_dirs(store.run_path(run.id) / "output"), reverse=True):
         try:
+            if not is_complete(folder):
+                continue  # being written, or left by a process that died while saving it
             created = int(folder.stat().st_mtime)
         except OSError:
             continue  # removed meanwhile (save_total_limit)
