@@ -312,6 +312,7 @@ def test_a_bad_file_is_refused_before_anything_is_queued(served: tuple[Any, int]
         client.fine_tuning.jobs.create(model="tiny-llama", training_file=pairs.id)
     assert refused.value.param == "training_file" and refused.value.code == "invalid_training_file"
     assert "which the sft trainer cannot use" in refused.value.message
+    assert "api-files" not in refused.value.message  # the client's file is named by its id, not its server path
     with pytest.raises(openai.BadRequestError) as method:
         client.fine_tuning.jobs.create(model="tiny-llama", training_file=pairs.id, method={"type": "reinforcement"})
     assert method.value.param == "method" and "reinforcement" in method.value.message

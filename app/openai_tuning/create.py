@@ -197,10 +197,13 @@ def job_values(store: Store, body: Any) -> tuple[dict[str, Any], dict[str, Any]]
     return values, {"model": body["model"].strip(), "suffix": suffix, "metadata": metadata}
 
 
-def refusal(exc: ProblemError) -> ApiError:
-    """Every problem the submit check found, as one 400 naming OpenAI's parameter of the first."""
+def refusal(exc: ProblemError, names: dict[str, str] | None = None) -> ApiError:
+    """Every problem the submit check found, as one 400 naming OpenAI's parameter of the first; `names`: the kept
+    files' paths -> their ids, so the answer names the client's file, never a path on the server."""
     first = exc.problems[0]
     param = PARAMS.get(first.field, first.field)
     code = "invalid_" + param.split(".")[0] if param in ("training_file", "validation_file", "model") else None
     text = "; ".join(f"{PARAMS.get(p.field, p.field)}: {p.problem}. Fix: {p.fix}" for p in exc.problems)
+    for path, ident in (names or {}).items():
+        text = text.replace(path, ident)
     return ApiError(400, text, param, code or "invalid_value")

@@ -52,7 +52,10 @@ def create_job(store: Store, policy: AccessPolicy, body: Any) -> dict[str, Any]:
     try:
         run_id = submit(store, values, policy)
     except ProblemError as exc:
-        raise refusal(exc) from None
+        files = {
+            values.get(k): body.get(f) for k, f in (("dataset", "training_file"), ("eval_dataset", "validation_file"))
+        }
+        raise refusal(exc, {str(path): str(ident) for path, ident in files.items() if path}) from None
     save_extras(store, run_id, extras)
     run = store.get_run(run_id)
     assert run is not None
