@@ -196,6 +196,39 @@ def test_a_running_job_shows_its_loss_events_and_whole_checkpoints(store: Any, t
     assert done["fine_tuned_model"] == f"ft:{tiny_model.name}:tunedeck:{run_id}" and done["finished_at"]
 
 
+def test_an_upload_past_the_limit_is_a_413_and_nothing_is_kept(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from app.openai_tuning.routes import add_tuning_routes
+    from jobs.checks.access import AccessPolicy
+    from storage.api_files import files_dir, keep_api_file
+    from storage.uploads import UploadRefused
+
+    monkeypatch.setenv("TUNEDECK_MAX_UPLOAD_MB", "1")
+    app = FastAPI()
+
+    async def allowed(request: Any) -> None:
+        return None
+
+    add_tuning_routes(app, store, allowed, AccessPolicy.dashboard())
+    client = TestClient(app)
+    big = _jsonl(SUPERVISED) * (2**20 // len(_jsonl(SUPERVISED)) + 100)  # over 1 MiB
+    answer = client.post("/v1/files", files={"file": ("big.jsonl", big)}, data={"purpose": "fine-tune"})
+    error = answer.json()["error"]
+    assert answer.status_code == 413 and error["code"] == "file_too_large" and error["param"] == "file"
+    assert "1 MB upload limit" in error["message"] and "TUNEDECK_MAX_UPLOAD_MB" in error["message"]
+    with pytest.raises(UploadRefused):  # a stream that grows past the cap (no size declared) is cut as it comes
+        keep_api_file(io.BytesIO(big), "big.jsonl", "fine-tune", 2**20)
+    assert not list(files_dir().iterdir())  # nothing kept, no partial file left
+    wrong = client.post("/v1/files", files={"file": ("a.jsonl", _jsonl(SUPERVISED))}, data={"purpose": "batch"})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "purpose"
+    kept = client.post("/v1/files", files={"file": ("a.jsonl", _jsonl(SUPERVISED))}, data={"purpose": "fine-tune"})
+    assert kept.status_code == 200 and kept.json()["filename"] == "a.jsonl"
+
+
 def test_the_fine_tuned_model_name_reads_as_its_runs_id() -> None:
     from jobs.models.served_names import run_id_in
 
