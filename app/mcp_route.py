@@ -21,8 +21,6 @@ from starlette.types import Receive, Scope, Send
 from app.login_limit import TooManyFailures
 from app.openai_api import authorized
 from app.openai_fields import ApiError
-from jobs.checks.access import AccessPolicy
-from storage.store import Store
 
 PATH = "/mcp"
 
@@ -30,13 +28,11 @@ PATH = "/mcp"
 class McpEndpoint:
     """The ASGI endpoint: authorise, then hand the request to the MCP SDK's session manager."""
 
-    def __init__(self, app: Any, store: Store, policy: AccessPolicy, page_login: Callable[[Any, Request], bool]):
+    def __init__(self, app: Any, server: Any, page_login: Callable[[Any, Request], bool]):
         from mcp.server.transport_security import TransportSecuritySettings
 
-        from app.mcp_tools import build
-
         self.app, self.page_login = app, page_login
-        self.server = build(store, policy)
+        self.server = server
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)  # the guard's rules hold
         self.server.streamable_http_app(streamable_http_path=PATH, transport_security=security)
         self.manager = self.server.session_manager
@@ -70,7 +66,8 @@ class McpEndpoint:
         await self.manager.handle_request(scope, receive, send)
 
 
-def add_mcp_route(app: Any, store: Store, policy: AccessPolicy, page_login: Callable[[Any, Request], bool]) -> None:
-    """Serve `/mcp` from Gradio's FastAPI `app`, ahead of Gradio's catch-all routes."""
-    route = Route(PATH, endpoint=McpEndpoint(app, store, policy, page_login), methods=["GET", "POST", "DELETE"])
+def add_mcp_route(app: Any, server: Any, page_login: Callable[[Any, Request], bool]) -> None:
+    """Serve `server` (`app.mcp_tools.build`'s, passed in by the server: this module imports no tools) at `/mcp`
+    from Gradio's FastAPI `app`, ahead of Gradio's catch-all routes."""
+    route = Route(PATH, endpoint=McpEndpoint(app, server, page_login), methods=["GET", "POST", "DELETE"])
     app.router.routes.insert(0, route)

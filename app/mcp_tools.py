@@ -169,6 +169,14 @@ def build(store: Store, policy: AccessPolicy) -> Any:
         ),
     )
 
+    _run_tools(server, api, store, policy)
+    _result_tools(server, api, store)
+    return server
+
+
+def _run_tools(server: Any, api: Any, store: Store, policy: AccessPolicy) -> None:
+    """The tools that read, plan, queue and stop runs."""
+
     @server.tool()
     def runs(status: str = "all", limit: int = 50, search: str = "", tag: str = "") -> list[dict[str, Any]]:
         """List runs, newest first: id, name, status, model, method, trainer, tags, step, last loss, peak memory.
@@ -206,6 +214,10 @@ def build(store: Store, policy: AccessPolicy) -> Any:
         """A run's logged metrics by name ({name: [{step, value, time}]}), oldest first; since_step polls for new points."""
         return dict(_answered(lambda: api.metrics(run_id, names, since_step)))
 
+
+def _result_tools(server: Any, api: Any, store: Store) -> None:
+    """The tools and resources of a run's log and result: log, chat, export, tasks; the spec and log resources."""
+
     @server.tool()
     def log(run_id: int, lines: int = 40) -> str:
         """The last lines (1 to 2000) of a run's training log."""
@@ -242,8 +254,6 @@ def build(store: Store, policy: AccessPolicy) -> Any:
     def run_log(run_id: int) -> str:
         """The last 200 lines of a run's training log."""
         return _answered(lambda: log_text(store, int(run_id), 200))
-
-    return server
 
 
 def export_tasks(store: Store, run_id: int, merged: bool, dtype: str, gguf: list[str]) -> list[TaskData]:

@@ -26,7 +26,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -56,7 +56,17 @@ POLL_S = 0.05  # how often a request reads its reply's text from the store
 PENDING_TIMEOUT_S = 600.0  # a reply no worker has claimed by then is given up (the worker may be training)
 STALE_API_S = 86400.0  # a /v1 session older than this was left by a dashboard that stopped mid-request
 
-__all__ = ["ApiError", "Ask", "add_openai_routes", "authorized", "chat_turns", "cut_at_stop", "keep_images", "parse"]
+__all__ = [
+    "ApiError",
+    "Ask",
+    "access_rule",
+    "add_openai_routes",
+    "authorized",
+    "chat_turns",
+    "cut_at_stop",
+    "keep_images",
+    "parse",
+]
 
 
 def resolve_model(store: Store, name: str) -> tuple[int, str]:
@@ -205,11 +215,12 @@ async def authorized(
     return await password_ok(app, request, user, password, checked)  # rate-limited, cached, off the event loop
 
 
-def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request], bool]) -> None:
-    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`; `page_login`:
-    whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
+def access_rule(
+    app: Any, page_login: Callable[[Any, Request], bool]
+) -> Callable[[Request], Awaitable[Response | None]]:
+    """`denied(request)`: None when the request may use `/v1` (`authorized`), else the 401 (or 429) to answer;
+    every `/v1` route asks it first (the fine-tuning API's too, `app.openai_tuning.routes`)."""
     checked: dict[str, bool] = {}
-    store.delete_api_chats(time.time() - STALE_API_S)
 
     async def denied(request: Request) -> Response | None:
         try:
@@ -220,6 +231,15 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
         return ApiError(
             401, "this dashboard has a login: send `Authorization: Bearer user:password`", code="invalid_api_key"
         ).response()
+
+    return denied
+
+
+def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request], bool]) -> None:
+    """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`; `page_login`:
+    whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
+    store.delete_api_chats(time.time() - STALE_API_S)
+    denied = access_rule(app, page_login)
 
     async def models(request: Request) -> Response:
         refused = await denied(request)

@@ -270,7 +270,9 @@ def serve(
     os.environ["FORWARDED_ALLOW_IPS"] = trusted_proxies()
     sweep_partials(uploads_dir())  # what uploads cut by a killed dashboard left (storage.uploads)
     from app.mcp_route import add_mcp_route
-    from app.openai_api import add_openai_routes
+    from app.mcp_tools import build as build_mcp
+    from app.openai_api import access_rule, add_openai_routes
+    from app.openai_tuning.routes import add_tuning_routes
     from app.ui.dashboard import build_ui
     from app.ui.live_route import add_live_route, logged_in, page_head_kwargs
 
@@ -305,7 +307,8 @@ def serve(
         )
         add_live_route(app, store)  # before the first page can open its stream: the page loads after this
         add_openai_routes(app, store, logged_in)  # /v1: the OpenAI-compatible API (app.openai_api)
-        add_mcp_route(app, store, policy, logged_in)  # /mcp: the tools for agents (app.mcp_tools)
+        add_tuning_routes(app, store, access_rule(app, logged_in), policy)  # /v1/files, /v1/fine_tuning/jobs
+        add_mcp_route(app, build_mcp(store, policy), logged_in)  # /mcp: the tools for agents (app.mcp_tools)
         quiet_queue(demo)
         wait_until_stopped(demo)
     except KeyboardInterrupt:

@@ -47,6 +47,7 @@ class RunLister(Protocol):
         limit: int = 200,
         search: str | None = None,
         tag: str | None = None,
+        before: int | None = None,
     ) -> list[RunRecord]: ...
 
 

@@ -94,9 +94,13 @@ class RunsMixin(StoreCore):
         limit: int = 200,
         search: str | None = None,
         tag: str | None = None,
+        before: int | None = None,
     ) -> list[RunRecord]:
-        """Newest first, optionally filtered by status, a search text (name, tags, note) and a tag."""
+        """Newest first, optionally filtered by status, a search text (name, tags, note), a tag, and to the runs
+        older than run `before` (the next page after it)."""
         q = search_filter(select(m.Run).order_by(m.Run.id.desc()).limit(limit), search, tag)
+        if before is not None:
+            q = q.where(m.Run.id < before)
         if status is not None:
             statuses = [status] if isinstance(status, RunStatus) else list(status)
             q = q.where(m.Run.status.in_([st.value for st in statuses]))

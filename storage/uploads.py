@@ -17,6 +17,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 1 << 20
 PARTIAL_PREFIX = ".partial-"
@@ -37,20 +38,26 @@ def too_big(name: str, size: int, limit_bytes: int) -> UploadRefused:
 
 def keep_upload(src: Path, folder: Path, stem: str, suffix: str, limit_bytes: int) -> Path:
     """`src` copied into `folder` as `<stem>-<first 10 hex of its SHA-256><suffix>` (kept as is when already there)."""
-    sweep_partials(folder)
     size = src.stat().st_size
     if size > limit_bytes:  # refused before a byte is copied
         raise too_big(src.name, size, limit_bytes)
+    with src.open("rb") as reader:
+        return keep_stream(reader, folder, stem, suffix, limit_bytes, src.name)
+
+
+def keep_stream(reader: BinaryIO, folder: Path, stem: str, suffix: str, limit_bytes: int, name: str) -> Path:
+    """What `reader` gives, kept as `keep_upload` keeps a file (`name`: the file's name in a refusal)."""
+    sweep_partials(folder)
     digest = hashlib.sha256()
     fd, partial_name = tempfile.mkstemp(prefix=PARTIAL_PREFIX, dir=folder)
     partial = Path(partial_name)
     try:
         copied = 0
-        with src.open("rb") as reader, os.fdopen(fd, "wb") as writer:
+        with os.fdopen(fd, "wb") as writer:
             while chunk := reader.read(CHUNK):
                 copied += len(chunk)
-                if copied > limit_bytes:  # the file grew while it was read
-                    raise too_big(src.name, copied, limit_bytes)
+                if copied > limit_bytes:  # the file grew while it was read, or a stream ran past the cap
+                    raise too_big(name, copied, limit_bytes)
                 digest.update(chunk)
                 writer.write(chunk)
         dest = folder / f"{stem}-{digest.hexdigest()[:10]}{suffix}"

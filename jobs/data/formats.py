@@ -16,6 +16,8 @@ checks, the preview and the training all see the converted rows.
 - A conversation (ShareGPT or OpenAI-style, e.g. LLaMA-Factory's DPO and KTO demos) with
   `chosen`/`rejected`, or with a `label` for kto -> conversational preference or KTO rows whose
   prompt is the context (`jobs.data.context_rows`).
+- OpenAI's fine-tuning rows (`jobs.data.openai_rows`): preference rows (`input`, `preferred_output`,
+  `non_preferred_output`) and chat with the legacy `functions`/`function_call`.
 - Everything else (trl's own columns; OpenAI-style chat with extra keys, which are dropped)
   passes through unchanged.
 
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jobs.data.context_rows import context_conversion
+from jobs.data.openai_rows import openai_conversion
 from jobs.data.tool_turns import calls_tools, tools_text
 from jobs.data.turns import Conversion, ProblemList, chat_turns, is_sharegpt_turn, with_system
 from jobs.spec.enums import DEFAULT_TRAINER, Trainer
@@ -156,6 +159,9 @@ def detect_conversion(
     A conversation with `chosen`/`rejected` (any trainer), or with a `label` (kto), is a preference or
     KTO row whose context is the prompt (`jobs.data.context_rows`)."""
     cols = set(columns)
+    openai = openai_conversion(cols, rows)  # OpenAI's fine-tuning rows (`jobs.data.openai_rows`)
+    if openai is not None:
+        return openai
     context = context_conversion(cols, rows, Trainer(trainer))
     if context is not None:
         return context

@@ -42,7 +42,7 @@ SPEAKERS = {
 class Conversion:
     """A detected source format and the pure function that turns one of its rows into trl's."""
 
-    source: str  # "alpaca" | "sharegpt" | "chat"
+    source: str  # "alpaca" | "sharegpt" | "chat" | "openai"
     description: str  # what the preview and the resolved config say was done
     convert: Callable[[dict[str, Any]], tuple[dict[str, Any] | None, ProblemList]]
     columns: tuple[str, ...]  # the trl columns the converted rows have

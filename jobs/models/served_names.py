@@ -2,7 +2,7 @@
 
 A client names a model by a finished run's id, by a base model a finished run trained from, or by a
 run's name, and they are read in that order: an id always wins (a run named `1` never hides run 1;
-`3`, `#3` and `run:3` all name run 3), then a base model (a run named `tiny-llama` never hides the
+`3`, `#3`, `run:3` and the fine-tuning API's `ft:<base>:<suffix>:3` all name run 3), then a base model (a run named `tiny-llama` never hides the
 base), then a run's name (the newest finished run of that name). `served_models` lists exactly that:
 each finished run by its id, with its name only where the name answers as that run, then each base.
 `run_name_problems` refuses, before queueing, a run name that looks like an id or is a base model's
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from jobs.spec.job import JobSpec
     from storage.records import RunRecord
 
-# "3", "#3", "run:3", "run 3", "run #3", "Run3": how people write a run's id (the judge's `run:N` too)
-_RUN_ID = re.compile(r"(?:run\s*[:#]?\s*|#\s*)?(\d+)", re.IGNORECASE)
+# "3", "#3", "run:3", "run 3", "run #3", "Run3": how people write a run's id (the judge's `run:N` too); and
+# "ft:tiny-llama:my-suffix:3", the `fine_tuned_model` name the fine-tuning API gives run 3 (`app.openai_tuning`)
+_RUN_ID = re.compile(r"(?:ft:\S*:|run\s*[:#]?\s*|#\s*)?(\d+)", re.IGNORECASE)
 SERVED_RUNS = 200  # the newest finished runs whose names and bases are served (an id reaches any run)
 NAMED_RUNS = 10_000  # the runs whose base models a new run's name is checked against
 
