@@ -82,6 +82,7 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
         return cluster.cmd_dispatch(store, args)  # a cluster's scheduler runs the runs (app.cli.cluster)
     if cluster.problems(args):
         raise UsageError(cluster.problems(args))
+    from jobs.search.driver import SearchService
     from jobs.worker.chat_service import chat_service
     from jobs.worker.loop import Worker
     from jobs.worker.services import Factory
@@ -91,6 +92,7 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     services: list[Factory] = [  # what the dashboard asks of a worker besides training (jobs.worker.services)
         task_service,  # exports and pushes (jobs.worker.task_service)
         chat_service,  # chat replies (jobs.worker.chat_service)
+        lambda place: SearchService(place.store, place.worker_id),  # hyperparameter searches (jobs.search.driver)
     ]
     try:
         share = SharePolicy.parse(args.share, args.share_margin)
