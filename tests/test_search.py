@@ -163,3 +163,24 @@ def test_a_restart_between_ask_and_queue_neither_loses_nor_repeats_a_trial(store
     assert states[lost.number] == "FAIL"
     advance(store, search.id, studies)  # a second turn queues nothing more while it trains
     assert len(store.queued()) == 1 and len(store.search_trials(search.id)) == 1
+
+
+def test_cli_starts_shows_and_refuses_with_the_field_named(
+    store: Any, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli.main import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_base(tiny_model).to_yaml())
+    assert main(["search", str(spec), "--space", "lora_r=[8,0]", "--space", "optim=uniform(0,1)"]) == 2
+    err = capsys.readouterr().err
+    assert "space.lora_r" in err and "space.optim" in err
+    assert store.list_searches() == []  # nothing recorded, nothing queued
+    assert main(["search", str(spec), "--space", "learning_rate=loguniform(1e-4,1e-2)", "--trials", "3"]) == 0
+    [search] = store.list_searches()
+    assert f"search {search.id}:" in capsys.readouterr().out
+    assert main(["search", "show", str(search.id)]) == 0
+    assert "minimize eval_loss" in capsys.readouterr().out
+    assert main(["search", "best", str(search.id)]) == 2  # no complete trial yet
+    assert "no complete trial" in capsys.readouterr().err
+    assert main(["search", "show", "999"]) == 2

@@ -20,6 +20,7 @@
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
     tunedeck export RUN_ID --gguf f16 [q8_0]                   # GGUF files for llama.cpp/Ollama, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
+    tunedeck search SPEC.yaml --space F=VALUES --trials N  # hyperparameter search; show|best|list ID
     tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
     tunedeck import FILE [--from TOOL] [--dataset-dir DIR] [--set k=v ...] [-o SPEC.yaml]  # LLaMA-Factory/axolotl/trl config -> spec
     tunedeck chat RUN_ID [--base] [--image PICTURE] [--system TEXT]  # talk to a finished run (stdin; /exit ends)
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.manage import add_parsers as add_manage_parsers
     from app.cli.plan import add_parser as add_plan_parser
     from app.cli.push import add_parser as add_push_parser
+    from app.cli.search import add_parser as add_search_parser
     from app.cli.sweep import add_parser as add_sweep_parser
 
     add_manage_parsers(sub)
@@ -165,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)
     add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
+    add_search_parser(sub).set_defaults(func=_command("app.cli.search", "search_command"))
     for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
         add(sub)
     _add_data_parsers(sub)
