@@ -6,7 +6,8 @@
     out["run_id"], out["problems"]            # an id, or null and every problem (field, problem, fix)
     client.predict(run_id=1, names=["loss"], since_step=-1, api_name="/metrics")
 
-Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete (`client.view_api()`
+Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete, and a hyperparameter
+search's search, search_show, search_best (`app.api_search`; `client.view_api()`
 lists them with their parameters). Bad input raises an error naming the parameter and the fix
 (`gradio_client.exceptions.AppError`). A login set with `--auth-file`/`TUNEDECK_AUTH` guards
 these routes as it guards the page: pass `auth=(user, password)` to the Client.
@@ -26,6 +27,7 @@ import gradio as gr
 from gradio.utils import get_function_description
 
 from app import manage
+from app.api_search import SEARCH_ENDPOINTS, SearchEndpoints
 from app.manage import RunSummary
 from jobs.checks.access import AccessPolicy
 from jobs.doctor.findings import Finding, findings_of
@@ -39,7 +41,8 @@ from storage.records import RunRecord
 from storage.run_files import DiskUsage
 from storage.store import Store
 
-ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+RUN_ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+ENDPOINTS = RUN_ENDPOINTS + SEARCH_ENDPOINTS  # the searches' are `app.api_search`
 MAX_RUNS = 1000
 
 
@@ -334,7 +337,7 @@ class Endpoints:
 
     def functions(self) -> list[Any]:
         """The endpoints, in ENDPOINTS' order : bound methods, which `publish` recognises by identity, so pass it this very list."""
-        return [getattr(self, name) for name in ENDPOINTS]
+        return [getattr(self, name) for name in RUN_ENDPOINTS] + SearchEndpoints(self.store, self.policy).functions()
 
 
 def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:

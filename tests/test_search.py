@@ -37,6 +37,7 @@ def _base(model: Path | str = "tiny", **changes: Any) -> Any:
         ("optim=[adamw_torch,sgdd]", "space.optim", "sgdd"),
         ("lora_r", "space", "not FIELD=VALUES"),
         ("lora_r=8", "space.lora_r", "neither a range nor a list"),
+        ("model=[tiny, other]", "space.model", "not a numeric, true/false or choice field"),
     ],
 )
 def test_space_refuses_what_the_spec_would(item: str, field: str, words: str) -> None:

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from jobs.checks.access import AccessPolicy
 from jobs.errors import ProblemError
 from jobs.search.plan import SearchPlan
 from jobs.search.study import open_study
@@ -44,8 +45,17 @@ def search_tag(search_id: int) -> str:
     return f"search-{search_id}"
 
 
-def start_search(store: Store, plan: SearchPlan, name: str | None = None) -> Any:
-    """Record a new active search (a worker's search service drives it); its SearchRecord."""
+def start_search(store: Store, plan: SearchPlan, name: str | None = None, policy: AccessPolicy | None = None) -> Any:
+    """Check the base spec once (`policy`: what the caller may reach; every problem but a memory verdict, which
+    the space may change) and record a new active search, which a worker's search service drives; its
+    SearchRecord. SearchError with every problem."""
+    from jobs.checks.pipeline import check
+    from jobs.search.plan import SearchError
+
+    first = plan.trial_spec(plan.base_values() or {}, "search")
+    problems = [p for p in check(first, policy=policy, store=store).problems if p.field != "memory"]
+    if problems:
+        raise SearchError(problems)
     return store.create_search(name or f"search: {plan.base.display_name}", _plan_json(plan))
 
 

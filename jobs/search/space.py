@@ -8,7 +8,10 @@ Forms of one dimension (`FIELD=...` on the command line, `FIELD: ...` in a mappi
 - `loguniform(LOW, HIGH)`: a number between LOW and HIGH, sampled on a log scale (LOW > 0);
 - `uniform(LOW, HIGH)`: a number between LOW and HIGH;
 - `int(LOW, HIGH)`: a whole number from LOW to HIGH (a whole-number field with `uniform`/`loguniform` is one too);
-- `[A, B, C]`: one of the listed values (any field: numbers, choices such as `optim`, true/false).
+- `[A, B, C]`: one of the listed values of a numeric, true/false or choice field (`optim`, `lr_scheduler_type`).
+
+Text fields (the model, the data, paths, endpoints) are never varied: a search reaches only what its base
+spec reaches, which is checked with the caller's access policy when the search starts.
 
 Every field must be a spec field; a range only a numeric one; both ends of a range and every listed value
 must be values the spec itself accepts (its bounds and combinations with the base spec's other fields), so
@@ -22,6 +25,7 @@ import re
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import yaml
@@ -137,6 +141,12 @@ def _dimension(name: str, raw: Any, kind_of: Any) -> Dimension | Problem:
         except yaml.YAMLError:
             raw = None
     if isinstance(raw, list) and raw:
+        if not (numeric or kind_of is bool or isinstance(kind_of, type) and issubclass(kind_of, Enum)):
+            return Problem(
+                where,
+                f"{name} is not a numeric, true/false or choice field",
+                "vary numbers (learning_rate, lora_r, ...) or choices (optim, lr_scheduler_type, ...); set the others in the spec",
+            )
         if len(set(map(str, raw))) != len(raw):
             return Problem(where, "a value is listed twice", "list each value once")
         return Dimension(name, "choice", choices=tuple(raw))
