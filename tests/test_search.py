@@ -51,7 +51,7 @@ def test_space_reads_ranges_and_choices() -> None:
         [
             "learning_rate=loguniform(1e-5, 1e-3)",
             "lora_r=[8,16,32]",
-            "lora_dropout=uniform(0,0.1)",
+            "lora_dropout=[0, 1e-1]",
             "lora_alpha=int(8,64)",
         ],
         _base(),
@@ -60,10 +60,11 @@ def test_space_reads_ranges_and_choices() -> None:
     assert kinds == {
         "learning_rate": ("loguniform", False),
         "lora_r": ("choice", False),
-        "lora_dropout": ("uniform", False),
+        "lora_dropout": ("choice", False),
         "lora_alpha": ("int", True),
     }
     assert space.dimensions[1].choices == (8, 16, 32)
+    assert space.dimensions[2].choices == (0.0, 0.1)  # numbers, though YAML reads 1e-1 as text
 
 
 def test_plan_reports_every_problem_at_once() -> None:

@@ -70,10 +70,13 @@ def test_the_search_page_shows_trials_best_and_importance(home: Path) -> None:
             "() => (document.querySelector('#search-summary') || {innerText: ''}).innerText.includes('Best so far: trial 3')",
             timeout=60_000,
         )
-        rows = page.locator("#search-trials tbody tr")
-        assert rows.count() == 4
-        assert page.locator("#search-trials").inner_text().count("complete") == 4
-        imp = wait_scene(page, "search-importance", lambda s: len(s.points) == 2, timeout=60)
+        page.wait_for_function(
+            "() => document.querySelector('#search-trials').innerText.split('complete').length - 1 === 4",
+            timeout=30_000,
+        )
+        table = page.locator("#search-trials").inner_text()
+        assert "learning_rate=" in table and "lora_r=" in table, table
+        imp = wait_scene(page, "search-importance", lambda s: len(s.lines_by_series()) == 2, timeout=60)
         assert set(imp.legend) == {"learning_rate", "lora_r"}, imp.describe()
         par = wait_scene(page, "search-parallel", lambda s: len(s.drawn_lines()) == 4, timeout=60)
         assert all(n == 3 for n in par.drawn_lines().values()), par.describe()  # lr, rank, eval_loss

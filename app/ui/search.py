@@ -22,16 +22,16 @@ from jobs.spec.stored import spec_of
 from storage.store import Store
 
 GROUP = "search-page"  # the concurrency group of every event that draws the search page's plots
-IMPORTANCE = charts.Chart(
+IMPORTANCE = charts.Chart(  # one bar per parameter: a line from 0 up to its importance, at x = 1, 2, ...
     "search-importance",
     "Parameter importance (Optuna, fANOVA)",
     "parameter",
     "importance",
     "parameter (see the legend)",
     "importance (sums to 1)",
-    kind="point",
+    x_lim=(0.0, None),
     y_lim=(0.0, 1.0),
-    tooltip=(charts.SERIES, "importance"),
+    x_format="d",
 )
 PARALLEL = charts.Chart(
     "search-parallel",
@@ -81,7 +81,7 @@ def build() -> SearchPage:
         trials = gr.Number(8, precision=0, minimum=1, label="Trials", scale=1)
         objective = gr.Textbox("eval_loss", label="Objective (a metric as stored)", scale=1)
         parallel_trials = gr.Number(1, precision=0, minimum=1, label="Trials at once", scale=1)
-        steps = gr.Number(None, precision=0, minimum=1, label="Steps per trial (empty: the spec's)", scale=1)
+        steps = gr.Number(None, precision=0, label="Steps per trial (0: the spec's)", scale=1)
         start = gr.Button("Start search", elem_id="search-start", scale=0)
     started = gr.Markdown(elem_id="search-started")
     gr.Markdown("### Searches")
@@ -139,7 +139,8 @@ def table_frame(report: SearchReport) -> pd.DataFrame:
 
 
 def importance_frame(report: SearchReport) -> pd.DataFrame:
-    return IMPORTANCE.frame((i, value, name) for i, (name, value) in enumerate(report.importances.items()))
+    bars = enumerate(report.importances.items(), start=1)
+    return IMPORTANCE.frame(row for i, (name, value) in bars for row in ((i, 0.0, name), (i, value, name)))
 
 
 def parallel_frame(report: SearchReport) -> pd.DataFrame:

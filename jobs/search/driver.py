@@ -9,7 +9,8 @@ One turn (only the worker holding the search's turn takes it: `Store.take_search
    the pruner's word to stop it goes through the normal cancel path (`Store.request_cancel`) and the trial
    becomes `pruning`; a run that trains past the plan's minutes is stopped the same way;
 2. a trial whose run has ended is told: its objective (complete), pruned (a pruned run ends cancelled),
-   or failed with the run's error; an interrupted run (its worker died) is queued again, the same run;
+   or failed with the run's error; an interrupted run (its worker died) is queued again, the same run (it
+   resumes from its last checkpoint), once its orphaned child has had the stop grace to end (`requeue_after_s`);
 3. new trials are asked while fewer than `parallel` are open and the budget is not spent. Each sampled
    point goes through the one check (`jobs.checks.pipeline.check`: fields, data, the device, the memory
    prediction) before anything is queued: a point that will not fit is told to Optuna as failed, its
@@ -39,6 +40,15 @@ if TYPE_CHECKING:
     from storage.store import RunRecord, Store, TrialRecord
 
 log = logging.getLogger(__name__)
+
+
+def requeue_after_s() -> float:
+    """How long after its interruption a trial's run is queued again: the stop grace a worker gives the orphaned
+    training child of a dead worker (TUNEDECK_CANCEL_GRACE_S, 20 s by default), and 10 s more. Queued sooner, the
+    orphan's own end (it marks its run cancelled) could land on the queued run."""
+    from storage.settings import stop_graces
+
+    return stop_graces(20.0)[0] + 10.0
 
 
 def search_tag(search_id: int) -> str:
@@ -147,8 +157,9 @@ def _follow(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord) -> N
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         return
     last = _report(store, study, plan, trial, run)
-    if run.status is RunStatus.INTERRUPTED:  # its worker stopped or died: the same run trains again
-        store.requeue(run.id)
+    if run.status is RunStatus.INTERRUPTED:  # its worker stopped or died: the same run trains again,
+        if time.time() - (run.finished_at or 0.0) > requeue_after_s():  # once its orphaned child has surely ended
+            store.requeue(run.id)
         return
     if not run.status.finished:
         return

@@ -147,6 +147,11 @@ def _dimension(name: str, raw: Any, kind_of: Any) -> Dimension | Problem:
                 f"{name} is not a numeric, true/false or choice field",
                 "vary numbers (learning_rate, lora_r, ...) or choices (optim, lr_scheduler_type, ...); set the others in the spec",
             )
+        if numeric:  # YAML reads 1e-3 (no dot) as text: numbers are read as numbers here
+            values = [_number(str(v)) for v in raw]
+            if any(v is None for v in values):
+                return Problem(where, f"{name} is numeric and {raw!r} lists a value that is not", "list numbers only")
+            raw = [int(v) if kind_of is int and float(v).is_integer() else v for v in values]  # type: ignore[arg-type]
         if len(set(map(str, raw))) != len(raw):
             return Problem(where, "a value is listed twice", "list each value once")
         return Dimension(name, "choice", choices=tuple(raw))
