@@ -21,13 +21,13 @@ time to type the endpoints.
 """
 
 import math
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import gradio as gr
 from gradio.utils import get_function_description
 
 from app import manage
-from app.api_search import SEARCH_ENDPOINTS, SearchEndpoints
 from app.manage import RunSummary
 from jobs.checks.access import AccessPolicy
 from jobs.doctor.findings import Finding, findings_of
@@ -42,7 +42,8 @@ from storage.run_files import DiskUsage
 from storage.store import Store
 
 RUN_ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
-ENDPOINTS = RUN_ENDPOINTS + SEARCH_ENDPOINTS  # the searches' are `app.api_search`
+SEARCH_ENDPOINTS = ("search", "search_show", "search_best")  # `app.api_search`, which the dashboard passes to wire()
+ENDPOINTS = RUN_ENDPOINTS + SEARCH_ENDPOINTS
 MAX_RUNS = 1000
 
 
@@ -337,13 +338,14 @@ class Endpoints:
 
     def functions(self) -> list[Any]:
         """The endpoints, in ENDPOINTS' order : bound methods, which `publish` recognises by identity, so pass it this very list."""
-        return [getattr(self, name) for name in RUN_ENDPOINTS] + SearchEndpoints(self.store, self.policy).functions()
+        return [getattr(self, name) for name in RUN_ENDPOINTS]
 
 
-def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
+def wire(store: Store, policy: AccessPolicy | None = None, more: Sequence[Any] = ()) -> list[Any]:
     """Declare the API endpoints inside the current gr.Blocks; returns their functions. `policy`: what
-    callers may reach on the server (a dashboard behind a login: data folders only, no remote code)."""
-    functions = Endpoints(store, policy).functions()
+    callers may reach on the server (a dashboard behind a login: data folders only, no remote code).
+    `more`: the searches' endpoints (`app.api_search.SearchEndpoints.functions()`)."""
+    functions = Endpoints(store, policy).functions() + list(more)
     for fn in functions:
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None if fn.__name__ != "submit" else 1)
     return functions

@@ -1,4 +1,4 @@
-"""The scripting API's search endpoints (`app.api` declares them with the others): start, show, best.
+"""The scripting API's search endpoints (the dashboard hands them to `app.api.wire`): start, show, best.
 
     client.predict(spec_yaml=..., space=["learning_rate=loguniform(1e-5,1e-3)"], trials=8, api_name="/search")
     client.predict(search_id=1, api_name="/search_show")      # trials, best, importances
@@ -14,7 +14,7 @@ from jobs.errors import Problem, ProblemError
 from jobs.spec.job import JobSpec
 from storage.store import Store
 
-SEARCH_ENDPOINTS = ("search", "search_show", "search_best")
+SEARCH_ENDPOINTS = ("search", "search_show", "search_best")  # app.api.ENDPOINTS lists them too (publish checks)
 
 
 class SearchStarted(TypedDict):

@@ -22,6 +22,7 @@ from typing import Any
 import gradio as gr
 
 from app import api
+from app.api_search import SearchEndpoints
 from app.ui import chat as ui_chat
 from app.ui import compare as ui_compare
 from app.ui import evaluate as ui_evaluate
@@ -53,7 +54,8 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
-        endpoints = api.wire(store, policy)  # before any UI event, so the API's names are not taken
+        searches = SearchEndpoints(store, policy).functions()  # the searches' endpoints (app.api_search)
+        endpoints = api.wire(store, policy, searches)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
