@@ -186,3 +186,12 @@ def test_cli_starts_shows_and_refuses_with_the_field_named(
     assert main(["search", "best", str(search.id)]) == 2  # no complete trial yet
     assert "no complete trial" in capsys.readouterr().err
     assert main(["search", "show", "999"]) == 2
+
+
+def test_a_cpu_workers_memory_can_be_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.devices.probe import CPU_MEMORY_ENV, cpu_facts
+
+    monkeypatch.setenv(CPU_MEMORY_ENV, "100MiB")
+    assert cpu_facts().total_bytes == 100 * MIB
+    monkeypatch.setenv(CPU_MEMORY_ENV, "")
+    assert cpu_facts().total_bytes > 100 * MIB  # unset: the host's RAM
