@@ -195,3 +195,22 @@ def test_a_cpu_workers_memory_can_be_capped(monkeypatch: pytest.MonkeyPatch) -> 
     assert cpu_facts().total_bytes == 100 * MIB
     monkeypatch.setenv(CPU_MEMORY_ENV, "")
     assert cpu_facts().total_bytes > 100 * MIB  # unset: the host's RAM
+
+
+def test_the_api_starts_a_search_or_names_every_problem(store: Any, tiny_model: Path) -> None:
+    import gradio as gr
+
+    from app.api_search import SearchEndpoints
+
+    api = SearchEndpoints(store)
+    spec_yaml = _base(tiny_model).to_yaml()
+    refused = api.search(spec_yaml, ["lora_r=[8,0]", "model=[a,b]"], trials=0)
+    assert refused["search_id"] is None and store.list_searches() == []
+    assert {p["field"] for p in refused["problems"]} >= {"space.lora_r", "space.model", "trials"}
+    started = api.search(spec_yaml, ["lora_r=[8,16]"], trials=2, sampler="grid")
+    assert started["problems"] == [] and store.get_search(started["search_id"]).state == "active"
+    shown = api.search_show(started["search_id"])
+    assert shown["trials"] == 2 and shown["rows"] == [] and shown["best"] is None
+    assert api.search_best(started["search_id"])["problems"][0]["field"] == "search"
+    with pytest.raises(gr.Error):
+        api.search_show(999)
