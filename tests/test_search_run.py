@@ -26,7 +26,7 @@ from storage.store import Store
 from tests.browser_helpers import REPO, free_port, start_server, stop_server, tunedeck_command
 from tests.training_helpers import tiny_spec, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~4 min on a quiet machine, 15 on a loaded one
 
 MIB = 1024**2
 STEPS = 8
