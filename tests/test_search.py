@@ -18,6 +18,7 @@ from storage.records import MetricPoint
 from tests.training_helpers import claim_run, tiny_spec
 
 MIB = 1024**2
+BACKENDS = ("sqlite", "postgresql")  # the store's tables and Optuna's study in the same database, on each
 
 
 def _base(model: Path | str = "tiny", **changes: Any) -> Any:
@@ -167,6 +168,7 @@ def test_a_restart_between_ask_and_queue_neither_loses_nor_repeats_a_trial(store
     assert len(store.queued()) == 1 and len(store.search_trials(search.id)) == 1
 
 
+@pytest.mark.sqlite_only  # the command line's words; the driver tests hold its SQL on both databases
 def test_cli_starts_shows_and_refuses_with_the_field_named(
     store: Any, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -197,6 +199,7 @@ def test_a_cpu_workers_memory_can_be_capped(monkeypatch: pytest.MonkeyPatch) -> 
     assert cpu_facts().total_bytes > 100 * MIB  # unset: the host's RAM
 
 
+@pytest.mark.sqlite_only
 def test_the_api_starts_a_search_or_names_every_problem(store: Any, tiny_model: Path) -> None:
     import gradio as gr
 
