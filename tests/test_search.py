@@ -217,3 +217,26 @@ def test_the_api_starts_a_search_or_names_every_problem(store: Any, tiny_model: 
     assert api.search_best(started["search_id"])["problems"][0]["field"] == "search"
     with pytest.raises(gr.Error):
         api.search_show(999)
+
+
+@pytest.mark.sqlite_only
+def test_a_schema_12_database_gains_the_search_tables(data_home: Path) -> None:
+    import sqlite3
+
+    from storage import models as m
+    from storage.settings import database_url
+    from storage.store import Store
+
+    old = Store()
+    old.dispose()
+    with sqlite3.connect(database_url().removeprefix("sqlite:///")) as con:
+        con.execute("DROP TABLE search_trials")
+        con.execute("DROP TABLE searches")
+        con.execute("UPDATE meta SET value = '12' WHERE key = 'schema_version'")
+    store = Store()
+    try:
+        assert store.schema_version == m.SCHEMA_VERSION == 13
+        record = store.create_search("s", "{}")
+        assert store.get_search(record.id).study_name == f"tunedeck-search-{record.id}"
+    finally:
+        store.dispose()
