@@ -6,7 +6,8 @@
     out["run_id"], out["problems"]            # an id, or null and every problem (field, problem, fix)
     client.predict(run_id=1, names=["loss"], since_step=-1, api_name="/metrics")
 
-Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete (`client.view_api()`
+Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete, and a hyperparameter
+search's search, search_show, search_best (`app.api_search`; `client.view_api()`
 lists them with their parameters). Bad input raises an error naming the parameter and the fix
 (`gradio_client.exceptions.AppError`). A login set with `--auth-file`/`TUNEDECK_AUTH` guards
 these routes as it guards the page: pass `auth=(user, password)` to the Client.
@@ -20,6 +21,7 @@ time to type the endpoints.
 """
 
 import math
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import gradio as gr
@@ -39,7 +41,9 @@ from storage.records import RunRecord
 from storage.run_files import DiskUsage
 from storage.store import Store
 
-ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+RUN_ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+SEARCH_ENDPOINTS = ("search", "search_show", "search_best")  # `app.api_search`, which the dashboard passes to wire()
+ENDPOINTS = RUN_ENDPOINTS + SEARCH_ENDPOINTS
 MAX_RUNS = 1000
 
 
@@ -334,13 +338,14 @@ class Endpoints:
 
     def functions(self) -> list[Any]:
         """The endpoints, in ENDPOINTS' order : bound methods, which `publish` recognises by identity, so pass it this very list."""
-        return [getattr(self, name) for name in ENDPOINTS]
+        return [getattr(self, name) for name in RUN_ENDPOINTS]
 
 
-def wire(store: Store, policy: AccessPolicy | None = None) -> list[Any]:
+def wire(store: Store, policy: AccessPolicy | None = None, more: Sequence[Any] = ()) -> list[Any]:
     """Declare the API endpoints inside the current gr.Blocks; returns their functions. `policy`: what
-    callers may reach on the server (a dashboard behind a login: data folders only, no remote code)."""
-    functions = Endpoints(store, policy).functions()
+    callers may reach on the server (a dashboard behind a login: data folders only, no remote code).
+    `more`: the searches' endpoints (`app.api_search.SearchEndpoints.functions()`)."""
+    functions = Endpoints(store, policy).functions() + list(more)
     for fn in functions:
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None if fn.__name__ != "submit" else 1)
     return functions

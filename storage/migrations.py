@@ -95,6 +95,9 @@ MIGRATIONS: dict[int, list[Statement]] = {
     11: ["ALTER TABLE chat_messages ADD COLUMN image_path TEXT"],
     # 12: whose a chat session is: the Chat tab's ("tab", every older session) or one /v1 request's ("api").
     12: ["ALTER TABLE chat_sessions ADD COLUMN kind VARCHAR(8) NOT NULL DEFAULT 'tab'"],
+    # 13: hyperparameter searches and their trials (`searches`, `search_trials`): new tables only,
+    # created by create_all; Optuna keeps its own tables (studies, trials, ...) in the same database.
+    13: [],
 }
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 
 class RunStatus(str, Enum):
@@ -227,6 +227,41 @@ class SweepRun(Base):
     sweep_id: Mapped[int] = mapped_column(Integer, index=True)
     trick: Mapped[str] = mapped_column(String(32))
     note: Mapped[str] = mapped_column(Text)
+
+
+class Search(Base):
+    """A hyperparameter search (schema 13): a base spec, its space and budget (`jobs.search.plan`, as JSON),
+    the Optuna study that samples it (kept in this same database) and which worker drives it now."""
+
+    __tablename__ = "searches"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(256))
+    plan_json: Mapped[str] = mapped_column(Text)
+    study_name: Mapped[str] = mapped_column(String(256))
+    state: Mapped[str] = mapped_column(String(16), index=True)  # active, finished, stopped
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    driver_id: Mapped[str | None] = mapped_column(String(128))  # the worker that advances it
+    driver_at: Mapped[float | None] = mapped_column(Float)  # its last turn, on the database's clock
+
+
+class SearchTrial(Base):
+    """One trial of a search: Optuna's trial, its sampled values, its run (none when it was refused before
+    queueing) and its outcome (`state`: asked, running, pruning, complete, pruned, failed, infeasible)."""
+
+    __tablename__ = "search_trials"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    search_id: Mapped[int] = mapped_column(ForeignKey("searches.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)  # Optuna's trial number in the study
+    optuna_trial_id: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"), index=True)
+    params_json: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)  # the objective told to Optuna (or its last report)
+    reported_step: Mapped[int] = mapped_column(Integer, default=-1)  # the last step reported to Optuna
+    reason: Mapped[str | None] = mapped_column(Text)  # why it was refused, pruned or failed
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
 
 
 class TaskStatus(str, Enum):

@@ -13,7 +13,7 @@ change of a run or a task is a move of `lifecycle.py`'s table), claims and
 device leases (one run per device, or several sharing it) in `store_leases.py`, runs handed to a
 cluster's scheduler in `store_engine.py`, metric
 and memory series in `store_series.py`, run events, device facts and sweeps in `store_events.py`,
-tags, notes and deletion in `store_manage.py`, tasks for workers (exports, pushes) in `store_tasks.py`, chat sessions and replies in `store_chat.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
+tags, notes and deletion in `store_manage.py`, tasks for workers (exports, pushes) in `store_tasks.py`, chat sessions and replies in `store_chat.py`, hyperparameter searches in `store_search.py`, change stamps for live pages in `store_watch.py`, records in `records.py`, rollup SQL in `rollups.py`,
 migrations in `migrations.py`, the store's errors and lock retries in `errors.py`; what the mixins share of `Store` is
 and its engines and sessions are in `store_core.py`. Every name is importable from here.
 """
@@ -41,6 +41,7 @@ from storage.store_leases import DeviceShare, LeasesMixin
 from storage.store_manage import ManageMixin, RunningRunError
 from storage.store_runs import RunsMixin
 from storage.store_scores import Score, ScoreRecord, ScoresMixin
+from storage.store_search import SearchMixin, SearchRecord, TrialRecord
 from storage.store_series import SeriesMixin
 from storage.store_tasks import TaskControl, TaskRecord, TasksMixin
 from storage.store_watch import WatchMixin
@@ -66,10 +67,12 @@ __all__ = [
     "RunningRunError",
     "Score",
     "ScoreRecord",
+    "SearchRecord",
     "Store",
     "StorageError",
     "TaskControl",
     "TaskRecord",
+    "TrialRecord",
     "WRITE_RETRY_S",
     "is_locked_error",
 ]
@@ -88,6 +91,7 @@ class Store(
     TasksMixin,
     ChatMixin,
     ScoresMixin,
+    SearchMixin,
 ):
     """All database access for tunedeck. Cheap to create; safe to use from many threads."""
 

@@ -36,6 +36,8 @@ CHECKED_CHARTS = frozenset(
         "run-trainer-plot",
         "compare-tradeoff",
         "compare-loss",
+        "search-importance",  # tests/test_search_browser.py
+        "search-parallel",
     }
 )
 

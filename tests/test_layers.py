@@ -39,6 +39,7 @@ JOBS_ORDER = (
     "memory",
     "checks",
     "queue",
+    "search",
     "cluster",
     "train",
     "export",

@@ -20,6 +20,7 @@
     tunedeck export RUN_ID --merged [--dtype bf16|fp16|fp32]   # adapter merged into its base, checked
     tunedeck export RUN_ID --gguf f16 [q8_0]                   # GGUF files for llama.cpp/Ollama, checked
     tunedeck sweep SPEC.yaml --steps N [--tricks a,b]  # probe runs per memory trick; --show ID: table
+    tunedeck search SPEC.yaml --space F=VALUES --trials N  # hyperparameter search; show|best|list ID
     tunedeck plan SPEC.yaml [--memory 24GiB] [--json] [--fit [24GiB]]  # predicted peak memory; a variant that fits
     tunedeck import FILE [--from TOOL] [--dataset-dir DIR] [--set k=v ...] [-o SPEC.yaml]  # LLaMA-Factory/axolotl/trl config -> spec
     tunedeck chat RUN_ID [--base] [--image PICTURE] [--system TEXT]  # talk to a finished run (stdin; /exit ends)
@@ -84,6 +85,7 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
         return cluster.cmd_dispatch(store, args)  # a cluster's scheduler runs the runs (app.cli.cluster)
     if cluster.problems(args):
         raise UsageError(cluster.problems(args))
+    from jobs.search.driver import SearchService
     from jobs.worker.chat_service import chat_service
     from jobs.worker.loop import Worker
     from jobs.worker.services import Factory
@@ -93,6 +95,7 @@ def cmd_worker(store: Store, args: argparse.Namespace) -> int:
     services: list[Factory] = [  # what the dashboard asks of a worker besides training (jobs.worker.services)
         task_service,  # exports and pushes (jobs.worker.task_service)
         chat_service,  # chat replies (jobs.worker.chat_service)
+        lambda place: SearchService(place.store, place.worker_id),  # hyperparameter searches (jobs.search.driver)
     ]
     try:
         share = SharePolicy.parse(args.share, args.share_margin)
@@ -159,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.pairs import add_parser as add_pairs_parser
     from app.cli.plan import add_parser as add_plan_parser
     from app.cli.push import add_parser as add_push_parser
+    from app.cli.search import add_parser as add_search_parser
     from app.cli.sweep import add_parser as add_sweep_parser
 
     add_manage_parsers(sub)
@@ -169,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
     add_mcp_parser(sub).set_defaults(func=_command("app.cli.mcp", "cmd_mcp"))
     add_pairs_parser(sub).set_defaults(func=_command("app.cli.pairs", "cmd_pairs"), store_use=StoreUse.NONE)
+    add_search_parser(sub).set_defaults(func=_command("app.cli.search", "search_command"))
     for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
         add(sub)
     _add_data_parsers(sub)

@@ -3,7 +3,7 @@
 Views live in their own modules: the launch form (app.ui.form, app.ui.data), the GPU panel
 (app.ui.gpu), the runs table (app.ui.runs), the run page (app.ui.run; its text app.ui.run_text,
 its files app.ui.served_files) with its tags/note/delete panel (app.ui.manage), the compare view
-(app.ui.compare), trick sweeps (app.ui.sweep), the Chat tab (app.ui.chat) and the scripting API
+(app.ui.compare), trick sweeps (app.ui.sweep), hyperparameter searches (app.ui.search), the Chat tab (app.ui.chat) and the scripting API
 (app.api). This module lays them out and wires the events that cross views: launch or select ->
 run page, clone -> form, `?run=N` in the URL -> that run's page after a reload. The UI only reads
 and writes the store. No view runs on a timer: what changes is pushed by the live stream
@@ -22,6 +22,7 @@ from typing import Any
 import gradio as gr
 
 from app import api
+from app.api_search import SearchEndpoints
 from app.ui import chat as ui_chat
 from app.ui import chat_preferences as ui_chat_preferences
 from app.ui import compare as ui_compare
@@ -33,6 +34,7 @@ from app.ui import manage as ui_manage
 from app.ui import memory as ui_memory
 from app.ui import run as ui_run
 from app.ui import runs as ui_runs
+from app.ui import search as ui_search
 from app.ui import sweep as ui_sweep
 from jobs.checks.access import AccessPolicy
 from jobs.queue import commands as run_commands
@@ -53,7 +55,8 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
     page_data = ui_run.RunPageData(store)
     with gr.Blocks(title="tunedeck", analytics_enabled=False, fill_width=True) as demo:
         gr.Markdown("# tunedeck · fine-tune a language model on one GPU")
-        endpoints = api.wire(store, policy)  # before any UI event, so the API's names are not taken
+        searches = SearchEndpoints(store, policy).functions()  # the searches' endpoints (app.api_search)
+        endpoints = api.wire(store, policy, searches)  # before any UI event, so the API's names are not taken
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
@@ -69,6 +72,8 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = ui_compare.build()
                 sweep_section = ui_sweep.build_section()
+            with gr.Tab("Search", id="search") as search_tab:
+                search_page = ui_search.build()
             with gr.Tab("Chat", id="chat") as chat_tab:
                 chat = ui_chat.build()
                 chat_preferences = ui_chat_preferences.build()
@@ -77,6 +82,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_runs.wire(runs, store)
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
+        ui_search.wire(search_page, store, policy, search_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
         ui_export.wire(export_panel, store, page.run_id, policy)
         ui_evaluate.wire(evaluate_panel, store, page.run_id, policy)

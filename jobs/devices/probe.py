@@ -37,17 +37,25 @@ from pathlib import Path
 from typing import Any
 
 from jobs.devices.facts import CPU, Device, DeviceFacts
+from jobs.units import parse_bytes
 from storage.settings import cache_dir
 
 log = logging.getLogger(__name__)
 
 
+CPU_MEMORY_ENV = "TUNEDECK_CPU_MEMORY"  # the memory a CPU worker trains in (e.g. 8GiB); default: the host's RAM
+
+
 def cpu_facts() -> DeviceFacts:
+    """The CPU as a device: the host's RAM, or less when TUNEDECK_CPU_MEMORY says so (a host shared with other
+    work); the memory prediction refuses what will not fit in it."""
     import psutil
 
-    return DeviceFacts(
-        kind="cpu", name="cpu", total_bytes=int(psutil.virtual_memory().total), host=socket.gethostname()
-    )
+    total = int(psutil.virtual_memory().total)
+    budget = parse_bytes(os.environ.get(CPU_MEMORY_ENV) or None)
+    if budget:
+        total = min(total, budget)
+    return DeviceFacts(kind="cpu", name="cpu", total_bytes=total, host=socket.gethostname())
 
 
 def _text(value: Any) -> str:
