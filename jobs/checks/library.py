@@ -17,6 +17,8 @@ skipped with a note saying so; no error of this check is swallowed silently: eac
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from typing import Any
 
@@ -34,12 +36,24 @@ UNRUNNABLE = re.compile(
 
 
 def library_problems(spec: JobSpec) -> tuple[list[Problem], list[str]]:
-    """peft's and transformers' refusals of the spec's model and method, as problems; notes for what was skipped."""
+    """peft's and transformers' refusals of the spec's model and method, as problems; notes for what was skipped.
+    Kept per config.json and spec in this process (a sweep checks many variants of one spec)."""
     from jobs.memory.model_config import model_config
 
     config, _ = model_config(spec.model)
     if config is None or not isinstance(config.get("model_type"), str):
         return [], []  # no config.json here: the model check says why
+    problems, notes = _library_verdict(json.dumps(config, sort_keys=True), spec)
+    return list(problems), list(notes)
+
+
+@functools.lru_cache(maxsize=32)
+def _library_verdict(config_text: str, spec: JobSpec) -> tuple[tuple[Problem, ...], tuple[str, ...]]:
+    problems, notes = _verdict(json.loads(config_text), spec)
+    return tuple(problems), tuple(notes)
+
+
+def _verdict(config: dict[str, Any], spec: JobSpec) -> tuple[list[Problem], list[str]]:
     if isinstance(config.get("vision_config"), dict):
         return [], ["the meta-device check of adapters and one step was skipped: vision-language models are not built"]
     model, why = _meta_model(config)
