@@ -149,3 +149,14 @@ def test_an_mllama_model_is_predicted_and_its_run_keeps_the_prediction(
     assert checked.prediction is not None and checked.prediction.total_bytes > 0
     run_id = enqueue(store, checked)
     assert load_prediction(store, run_id) is not None
+
+
+@pytest.mark.parametrize("method", ["lokr", "loha"])
+def test_a_method_fake_tensors_cannot_run_is_skipped_saying_so_never_refused(tiny_model: Path, method: str) -> None:
+    """LoKr and LoHa read a value back (`.item()`) in their forward: the one-step check cannot run them on shapes
+    alone, so it says it skipped them; the model and method are not refused for it."""
+    from jobs.checks.pipeline import check
+
+    checked = check(JobSpec.from_dict({"model": str(tiny_model), "method": method, "max_length": 64}))
+    assert checked.problems == [], checked.problems
+    assert any("one-step check" in w and "skipped" in w and "reads a tensor's value" in w for w in checked.warnings)

@@ -30,7 +30,7 @@ from jobs.spec.job import JobSpec
 # wrong): the forward is then skipped, with a note.
 UNRUNNABLE = re.compile(
     r"meta tensor|on meta|fake|data.dependent|Expected inputs of BF16|unsupported scalarType|"
-    r"metadata mutating|non-Fake|not implemented|unbacked|symbolic",
+    r"metadata mutating|non-Fake|not implemented|unbacked|symbolic|_local_scalar_dense",
     re.IGNORECASE,
 )
 
@@ -143,7 +143,9 @@ def _step_problems(spec: JobSpec, model: Any, notes: list[str]) -> tuple[list[Pr
             out.loss.backward()
     except Exception as exc:  # noqa: BLE001 - each is a problem or a note, said below
         said = _said(exc)
-        if isinstance(exc, NotImplementedError) or UNRUNNABLE.search(said):
+        if "_local_scalar_dense" in said:
+            said = "the method reads a tensor's value back, which a run of shapes alone cannot"
+        if _unrunnable(exc) or UNRUNNABLE.search(said):
             return [], [*notes, f"the one-step check on the meta device was skipped: it cannot run here ({said})"]
         if not isinstance(exc, (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)):
             raise
@@ -173,6 +175,19 @@ def _to_fake(model: Any) -> None:
         for name, buffer in list(module._buffers.items()):
             if buffer is not None:
                 module._buffers[name] = fake(buffer)
+
+
+def _unrunnable(exc: BaseException) -> bool:
+    """Whether fake tensors cannot run what raised `exc` (a value read back: LoKr's and LoHa's `.item()`, an
+    operator without a meta kernel), rather than the model being wrong."""
+    from torch._subclasses import fake_tensor
+
+    fake_limits = (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+    )
+    return isinstance(exc, (NotImplementedError, *fake_limits)) or isinstance(exc.__cause__, fake_limits)
 
 
 def _keep_one_layer_of_each_kind(model: Any) -> None:
