@@ -14,7 +14,10 @@ being found again:
    published its device, the fix says that the check used this machine's;
 6. combinations: what trl/peft refuse, with the model's layer shapes where the method needs them
    (a mixture-of-experts model's adapter places: `jobs.config.moe`), and the assistant_only_loss needs
-   of rows and template;
+   of rows and template; then the libraries' own verdict (`jobs.checks.library`): peft wraps the model built
+   on the meta device with the spec's adapters, and one micro-batch of max_length tokens runs forward and
+   backward on no memory, so peft's refusals and shapes transformers cannot run are problems here, never
+   failures after queueing (a note says when it cannot run);
 7. memory: the predicted peak on the device (`jobs.checks.memory`) for the worst micro-batch of the
    training rows' measured token lengths (`jobs.data.tokens.measurement`, cached), with the max_length
    worst case kept as the bound; a "will not fit" is a problem only when nothing else is wrong
@@ -54,6 +57,7 @@ from jobs.checks.answers import answer_problems
 from jobs.checks.datasets import DATA_FIELDS, dataset_problems, values_problems
 from jobs.checks.duplicates import duplicate_warnings
 from jobs.checks.egress import endpoint_warning
+from jobs.checks.library import library_problems
 from jobs.checks.masks import BLOCKING_FIELDS, mask_findings
 from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
 from jobs.checks.rewards import reward_column_problems
@@ -171,6 +175,9 @@ def _check_spec(
     unbuildable = moe_problems(spec, moe)  # peft would refuse these adapters: nothing to count or predict
     problems += unbuildable + family_problems(spec, shape)
     valid = valid and not unbuildable
+    refused, library_notes = library_problems(spec) if valid and not problems else ([], [])
+    problems += refused  # peft's and transformers' own refusals: adapters placed, one step on the meta device
+    valid = valid and not refused
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
     if not any(p.field == "eval_tasks" for p in problems):  # a file the server may not read is not opened
         problems += task_problems(spec.eval_tasks)  # benchmark files read like data: rows named, fix given
@@ -192,11 +199,18 @@ def _check_spec(
     warnings = capability_warnings(spec, capability) + moe_notes(spec, moe)
     warnings += [w for info in infos.values() for w in info.warnings]
     warnings += duplicate_warnings(spec, infos) if not problems else []  # repeated rows, eval rows in training
-    warnings += answer_warnings + mask_warnings
+    warnings += answer_warnings + mask_warnings + library_notes
     warnings += [w for w in (endpoint_warning(spec.judge, "judge"),) if w]  # a shared dashboard refused it above
+    warnings += [NO_PREDICTION] if valid and not problems and memory.prediction is None else []
     taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None
     warnings += [taken] if taken else []
     return Checked(spec, _unique(problems), facts, infos, memory, warnings)
+
+
+NO_PREDICTION = (
+    "no memory prediction: this model's config.json is not readable here or transformers has no causal-LM class "
+    "for it, so whether the run fits the device is not known before it starts"
+)
 
 
 def memory_problem(spec: JobSpec, memory: Memory) -> Problem | None:

@@ -32,16 +32,13 @@ class ParamCount:
 
 def counted_by_peft(spec: JobSpec, shape: ModelShape) -> int:
     """Trainable parameters as peft counts them on the model built on the meta device (no weights)."""
-    import torch
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
 
     from jobs.config.peft import peft_config
-    from jobs.memory.shape import transformers_config
+    from jobs.memory.shape import meta_causal_lm, transformers_config
 
     config = transformers_config(shape.config) if isinstance(shape.config, dict) else shape.config  # read back
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_causal_lm(config)
     adapter = peft_config(spec, shape.model_type, shape.moe)
     assert adapter is not None, f"{spec.method.value} trains no adapter: there is nothing for peft to count"
     trainable, _ = get_peft_model(model, adapter).get_nb_trainable_parameters()

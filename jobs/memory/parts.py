@@ -86,13 +86,14 @@ class Arch:
 def arch_from_config(config: Any) -> Arch:
     """Build the model on the meta device from its config and read the shapes (milliseconds to seconds)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from jobs.memory.shape import meta_causal_lm
 
     if isinstance(config, dict):
         data = dict(config)
         config = AutoConfig.for_model(data.pop("model_type"), **data)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_causal_lm(config)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()

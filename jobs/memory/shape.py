@@ -65,25 +65,54 @@ def transformers_config(config: dict[str, Any]) -> Any:
     """The transformers config of a causal LM described by config.json, or None when transformers has no
     causal-LM class for it (an unknown or custom `model_type`: such a model simply has no prediction)."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     data = _special_floats(dict(config))
     try:
         built = AutoConfig.for_model(data.pop("model_type"), **data)
     except ValueError:  # transformers: "Unrecognized model identifier: ..." (custom code, or newer than this install)
         return None
-    return built if type(built) in MODEL_FOR_CAUSAL_LM_MAPPING else None
+    return built if causal_lm_class(built) is not None else None
+
+
+def causal_lm_class(config: Any) -> Any:
+    """transformers' causal-LM class for a config: the auto mapping's, or the listed class whose `config_class` it is
+    (Mllama's text model: `MllamaForCausalLM` takes a `MllamaTextConfig`, which the mapping does not key); None."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    module = type(config).__module__  # transformers.models.mllama.configuration_mllama
+    for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING._model_mapping.items():
+        if module.endswith(f".configuration_{model_type}") and model_type in CONFIG_MAPPING_NAMES:
+            cls = getattr(transformers, class_name, None)
+            if cls is not None and getattr(cls, "config_class", None) is type(config):
+                return cls
+    return None
+
+
+def meta_causal_lm(config: Any) -> Any:
+    """The causal LM of a transformers config built on the meta device (no weights, no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    with torch.device("meta"):
+        if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+            return AutoModelForCausalLM.from_config(config)
+        return causal_lm_class(config)._from_config(config)
 
 
 def model_shape(config: Any) -> ModelShape:
     """Build the model on the meta device from a transformers config (or config dict) and read its shapes."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if isinstance(config, dict):
         config = AutoConfig.for_model(**config)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_causal_lm(config)
     linears = tuple(
         Linear(name, m.in_features, m.out_features)
         for name, m in model.named_modules()

@@ -25,7 +25,9 @@ from jobs.config.peft import VISION_MODULES
 
 
 @functools.lru_cache(maxsize=8)
-def _vision_params(text: str) -> int:
+def _vision_model(text: str) -> tuple[int, bool]:
+    """(the vision tower's and projector's parameters, whether `model.base_model` is the backbone) of the
+    image-text-to-text model a vision-language config builds on the meta device (what training loads)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -34,12 +36,13 @@ def _vision_params(text: str) -> int:
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
     pattern = re.compile(VISION_MODULES)
-    return sum(p.numel() for name, p in model.named_parameters() if pattern.fullmatch(name))
+    backbone = getattr(model, model.base_model_prefix, None) is not None
+    return sum(p.numel() for name, p in model.named_parameters() if pattern.fullmatch(name)), backbone
 
 
 def vision_params(config: dict[str, Any]) -> int:
     """Parameters of a vision-language config's vision tower and projector (built on the meta device)."""
-    return _vision_params(json.dumps(config, sort_keys=True))
+    return _vision_model(json.dumps(config, sort_keys=True))[0]
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -51,9 +54,11 @@ def text_config(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def vision_arch(config: dict[str, Any], text_arch: Any) -> Any:
-    """The text model's Arch with the vision side's weights added (frozen: in `total_params`)."""
-    extra = vision_params(config)
-    return dataclasses.replace(text_arch, total_params=text_arch.total_params + extra, vision_params=extra)
+    """The text model's Arch with the vision side's weights added (frozen: in `total_params`), and its shape's
+    `backbone` the vision-language model's (the model training loads; Mllama's text model alone names none)."""
+    extra, backbone = _vision_model(json.dumps(config, sort_keys=True))
+    shape = dataclasses.replace(text_arch.shape, backbone=backbone)
+    return dataclasses.replace(text_arch, total_params=text_arch.total_params + extra, vision_params=extra, shape=shape)
 
 
 def budgeted_settings(model: str, low: int | None, high: int | None) -> dict[str, Any] | None:

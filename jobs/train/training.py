@@ -34,6 +34,7 @@ from jobs.config.peft import frozen_vision
 from jobs.devices.facts import Device
 from jobs.devices.probe import detect_device
 from jobs.errors import Problem
+from jobs.models.expert_keys import fill_expert_keys
 from jobs.models.vision import apply_budget, freeze_matching, is_vision_config
 from jobs.spec.enums import Precision
 from jobs.spec.job import JobSpec, SpecError
@@ -346,10 +347,14 @@ def prepare_vision(spec: JobSpec, model: Any) -> bool:
 
 
 def moe_layout_of(model: Any) -> Any:
-    """Where the loaded model keeps its experts (`jobs.models.moe_layout`), or None for a dense model."""
+    """Where the loaded model keeps its experts (`jobs.models.moe_layout`), or None for a dense model; the expert
+    keys trl's load-balancing loss reads are set on its config from it where the family has none
+    (`jobs.models.expert_keys`: GraniteMoE-hybrid's config has no `num_experts`)."""
     from jobs.models.moe_layout import moe_layout
 
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "get_output_embeddings"):
         return None
-    return moe_layout(model, config.get_text_config() if hasattr(config, "get_text_config") else config)
+    layout = moe_layout(model, config.get_text_config() if hasattr(config, "get_text_config") else config)
+    fill_expert_keys(model, layout)
+    return layout
