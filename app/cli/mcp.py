@@ -12,9 +12,10 @@ environment allows it as it does for `tunedeck serve`.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from storage.store import Store
+if TYPE_CHECKING:  # the parser is built for every command: no store imported for it
+    from storage.store import Store
 
 
 def cmd_mcp(store: Store, args: argparse.Namespace) -> int:

@@ -120,7 +120,9 @@ def cmd_plan(store, args: argparse.Namespace) -> int:
     memory = parse_size(args.memory, "--memory") if args.memory else None
     target = parse_size(args.fit, "--fit") if args.fit not in (None, "") else None
     device = device_for(memory if memory is not None else target, store)
-    checked = check(spec, store=store, device=device)  # the one check submit runs: its prediction, its problems
+    # The one check submit runs (its prediction, its problems); peft's and transformers' own step (it imports
+    # torch: seconds) only with --check-libraries, so a plan stays quick; submit always runs it.
+    checked = check(spec, store=store, device=device, libraries=args.check_libraries)
     prediction = checked.prediction
     if prediction is None:
         raise UsageError(
@@ -186,6 +188,11 @@ def add_parser(sub) -> None:
     s.add_argument("spec", metavar="SPEC.yaml")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     s.add_argument("--json", action="store_true", help="print JSON for scripts")
+    s.add_argument(
+        "--check-libraries",
+        action="store_true",
+        help="also place the adapters with peft and run one step on the meta device, as submit does (imports torch)",
+    )
     s.add_argument("--memory", default=None, metavar="SIZE", help="predict against a GPU of this size (e.g. 24GiB)")
     s.add_argument(
         "--fit",

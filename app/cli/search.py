@@ -13,11 +13,13 @@ trials as ordinary runs tagged `search-<id>`, prunes the weak ones and refuses a
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.errors import Problem
 from jobs.spec.job import SpecError
-from storage.store import Store
+
+if TYPE_CHECKING:  # the parser is built for every command: no store imported for it
+    from storage.store import Store
 
 ACTIONS = ("show", "best", "list", "stop")
 

@@ -107,12 +107,15 @@ def check(
     policy: AccessPolicy | None = None,
     store: CheckReader | None = None,
     device: DeviceFacts | None = None,
+    libraries: bool = True,
 ) -> Checked:
     """Every problem with `spec` (a JobSpec, or plain values still to parse), its model, its data and the device.
 
     `policy`: what the caller may reach (default: everything, the command line's). `device`: the facts to
     check against; default: the workers' published device when `store` is given, else this machine's.
-    `store` also enables the checks that read it (a grpo reward_model_run)."""
+    `store` also enables the checks that read it (a grpo reward_model_run). `libraries`: also ask peft and
+    transformers themselves (`jobs.checks.library`: imports torch, so `tunedeck plan` leaves it to submit unless
+    asked); submit always does."""
     policy = policy or AccessPolicy.open()
     facts, note = _device(store, device)
     if not isinstance(spec, JobSpec):
@@ -131,7 +134,7 @@ def check(
     if refused_model is not None:  # nothing reads a folder this user may not name (its files would tell)
         return Checked(spec, _unique(policy.problems(spec) + field_problems), facts)
     with policy.reading():
-        return _check_spec(spec, policy, store, facts, note, field_problems)
+        return _check_spec(spec, policy, store, facts, note, field_problems, libraries)
 
 
 def _check_spec(
@@ -141,6 +144,7 @@ def _check_spec(
     facts: DeviceFacts,
     note: str | None,
     field_problems: list[Problem],
+    libraries: bool = True,
 ) -> Checked:
     from jobs.models.references import check_model
     from jobs.models.registry import ModelError
@@ -175,7 +179,7 @@ def _check_spec(
     unbuildable = moe_problems(spec, moe)  # peft would refuse these adapters: nothing to count or predict
     problems += unbuildable + family_problems(spec, shape)
     valid = valid and not unbuildable
-    refused, library_notes = library_problems(spec) if valid and not problems else ([], [])
+    refused, library_notes = library_problems(spec) if libraries and valid and not problems else ([], [])
     problems += refused  # peft's and transformers' own refusals: adapters placed, one step on the meta device
     valid = valid and not refused
     problems += assistant_only_problems(spec, infos.get("dataset"), tokenizer)
