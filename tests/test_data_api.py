@@ -91,3 +91,27 @@ def test_a_shared_server_reads_none_of_the_files_it_keeps_from_users(store, tiny
             call()
         assert "dataset: this shared server reads data files only from its data folders" in str(refused.value)
         assert "model: " in str(refused.value) and "Paris" not in str(refused.value)
+
+
+def test_the_form_panels_show_the_same_tokens_and_findings(tiny_model: Path, data: Path) -> None:
+    """The launch form's panels (app.ui.data_panels) render the API's records: one span per token, classed by
+    trained/masked/special/cut, the ✂ before the cut; findings with their rows and fixes; problems by field."""
+    from app.ui.data_panels import audit_html, token_spans, tokens_html
+    from app.ui.form_spec import form_values
+    from jobs.checks.shown_data import tokens_record
+    from jobs.spec.job import JobSpec
+
+    spec = JobSpec(model=str(tiny_model), dataset=str(data), max_length=24)
+    shown = tokens_html(2, *form_values(spec))
+    assert "row 2 of" in shown and "row 1 of" not in shown and shown.count('class="tok-cut-mark"') == 1
+    record = tokens_record(spec, [2])
+    assert shown.count('class="tok-trained') == record["rows"][0]["trained"]
+    assert shown.count('class="tok-cut') == record["rows"][0]["cut"] + 1  # the cut tokens and the ✂ mark
+    audit = audit_html(*form_values(spec))
+    assert "<b>duplicate-rows</b>" in audit and "(rows 4)" in audit and "dedupe: true" in audit
+    assert "audit-bar" in audit
+    refused = tokens_html(0, *form_values(spec), policy=AccessPolicy(restricted=True, data_dirs=()))
+    assert "<b>dataset</b>" in refused and "tok-" not in refused
+    assert "<b>row</b>" in tokens_html(-3, *form_values(spec))
+    image = [{"id": 9, "text": "<image>", "special": True, "trained": False, "cut": False}] * 64
+    assert token_spans(image).count("<span") == 1 and "[image × 64]" in token_spans(image)
