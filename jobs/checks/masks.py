@@ -9,6 +9,8 @@ trl's own dataset preparation and collator, tokenizer only), and two pitfalls ar
   the answers end with and the fix. Answers cut by max_length are left to the answers step.
 - rows whose reasoning (`<think>` blocks, reasoning fields) the chat template leaves out while `thinking` is
   unset: a warning (the user most likely meant it trained).
+- the template pitfalls of `jobs.checks.template_fit` (another family's template, a system prompt or earlier
+  turns the template drops): warnings.
 - rows with no token in the loss: trl refuses the run when assistant_only_loss finds a row without
   assistant tokens (refused here, before queueing); otherwise refused when every checked row is so,
   a warning when some are.
@@ -34,7 +36,7 @@ from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
 
 CHECKED_ROWS = 200
-CACHE_VERSION = "2"  # bump when what the findings say changes
+CACHE_VERSION = "3"  # bump when what the findings say changes
 # Problems with these fields leave nothing sound to build tokens from: the step waits for their fix.
 BLOCKING_FIELDS = frozenset(("model", "dataset", "assistant_only_loss", "completion_only_loss", "packing", "trainer"))
 
@@ -82,6 +84,7 @@ def _cache_path(spec: JobSpec) -> Path | None:
 
 
 def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem], list[str]] | None:
+    from jobs.checks.template_fit import dropped_turns, foreign_markers
     from jobs.data.loading import load_data
     from jobs.data.sources import DataError
     from jobs.data.tokens.view import ViewUnavailable
@@ -99,6 +102,7 @@ def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem
     problems, warnings = _untrained(spec, viewed.views, viewed.origins, refs, checked)
     warnings += _no_stop(spec, viewed.views, viewed.origins, refs, tok, checked)
     warnings += _thinking_dropped(spec, viewed, refs, tok, checked)
+    warnings += foreign_markers(spec, tok) + dropped_turns(viewed, refs, tok, checked)
     return problems, warnings
 
 
