@@ -145,3 +145,23 @@ def test_a_template_that_drops_the_reasoning_is_a_warning_while_thinking_is_unse
     assert not [w for w in mask_findings(chosen, LocalTokenizer(str(model)))[1] if "carry reasoning" in w]
     kept = JobSpec(model=str(tiny_model), dataset=data, max_length=96)  # the tiny model's template keeps it
     assert not [w for w in mask_findings(kept, LocalTokenizer(str(tiny_model)))[1] if "carry reasoning" in w]
+
+
+@pytest.mark.integration
+def test_a_real_trainer_trains_on_thinking_rows_with_enable_thinking(tiny_model: Path, tmp_path: Path) -> None:
+    """The rows as loaded (reasoning folded, `chat_template_kwargs` per row) go through a real SFTTrainer step."""
+    from jobs.config.mapping import training_config
+    from jobs.data.loading import load_data
+    from jobs.devices.facts import CPU
+    from jobs.train.trainers import build_trainer
+    from jobs.train.training import load_model
+
+    data = str(jsonl(tmp_path / "chat.jsonl", REASONING_CHAT))
+    spec = JobSpec(model=str(tiny_model), dataset=data, max_length=64, max_steps=1, per_device_train_batch_size=2,
+                   thinking=Thinking("train"))  # fmt: skip
+    model, tokenizer = load_model(spec, CPU)
+    args = training_config(spec, CPU, str(tmp_path / "out"))
+    trainer = build_trainer(spec, model, tokenizer, args, load_data(spec).train, None, None, [])
+    first = trainer.train_dataset[0]
+    assert "three and three are six" in tokenizer.decode(first["input_ids"])
+    assert trainer.train().global_step == 1
