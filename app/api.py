@@ -6,9 +6,10 @@
     out["run_id"], out["problems"]            # an id, or null and every problem (field, problem, fix)
     client.predict(run_id=1, names=["loss"], since_step=-1, api_name="/metrics")
 
-Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete, and a hyperparameter
-search's search, search_show, search_best (`app.api_search`; `client.view_api()`
-lists them with their parameters). Bad input raises an error naming the parameter and the fix
+Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete; for a spec's data before
+launch: tokens (a row's tokens, each trained or masked) and audit; and a hyperparameter search's search,
+search_show, search_best (`app.api_search`; `client.view_api()` lists them with their parameters). Bad input
+raises an error naming the parameter and the fix
 (`gradio_client.exceptions.AppError`). A login set with `--auth-file`/`TUNEDECK_AUTH` guards
 these routes as it guards the page: pass `auth=(user, password)` to the Client.
 
@@ -28,6 +29,7 @@ import gradio as gr
 from gradio.utils import get_function_description
 
 from app import manage
+from app.api_data import DataEndpoints, _fail
 from app.manage import RunSummary
 from jobs.checks.access import AccessPolicy
 from jobs.doctor.findings import Finding, findings_of
@@ -41,9 +43,23 @@ from storage.records import RunRecord
 from storage.run_files import DiskUsage
 from storage.store import Store
 
-RUN_ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+RUN_ENDPOINTS = (
+    "submit",
+    "runs",
+    "run",
+    "metrics",
+    "memory",
+    "cancel",
+    "resume",
+    "bundle",
+    "tag",
+    "delete",
+    "tokens",
+    "audit",
+)
 SEARCH_ENDPOINTS = ("search", "search_show", "search_best")  # `app.api_search`, which the dashboard passes to wire()
 ENDPOINTS = RUN_ENDPOINTS + SEARCH_ENDPOINTS
+SERIAL = ("submit", "tokens", "audit")  # one call at a time each: they read the data and the tokenizer
 MAX_RUNS = 1000
 
 
@@ -105,10 +121,6 @@ def problem_data(problems: list[Problem]) -> list[ProblemData]:
     return [ProblemData(field=p.field, problem=p.problem, fix=p.fix) for p in problems]
 
 
-def _fail(problems: list[Problem]) -> gr.Error:
-    return gr.Error("; ".join(str(p) for p in problems), title="tunedeck: bad input")
-
-
 def _number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
@@ -165,7 +177,7 @@ def _run(store: Store, run_id: int) -> RunRecord:
         raise _fail(exc.problems) from None
 
 
-class Endpoints:
+class Endpoints(DataEndpoints):
     """The API's endpoints over one store, each a method (Gradio types an endpoint from its signature and
     documents it from its docstring). `policy`: what callers may reach on the server (a dashboard behind
     a login: data folders only, no remote code)."""
@@ -347,7 +359,7 @@ def wire(store: Store, policy: AccessPolicy | None = None, more: Sequence[Any] =
     `more`: the searches' endpoints (`app.api_search.SearchEndpoints.functions()`)."""
     functions = Endpoints(store, policy).functions() + list(more)
     for fn in functions:
-        gr.api(fn, api_name=fn.__name__, concurrency_limit=None if fn.__name__ != "submit" else 1)
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=1 if fn.__name__ in SERIAL else None)
     return functions
 
 

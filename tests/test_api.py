@@ -22,7 +22,19 @@ from gradio_client.exceptions import AppError
 from training_helpers import wait_for
 
 USER, PASSWORD = "alice", "pw-alice-12345"
-ENDPOINTS = {"/submit", "/runs", "/run", "/metrics", "/memory", "/cancel", "/resume", "/bundle", "/tag", "/delete"} | {
+ENDPOINTS = {
+    "/submit",
+    "/runs",
+    "/run",
+    "/metrics",
+    "/memory",
+    "/cancel",
+    "/resume",
+    "/bundle",
+    "/tag",
+    "/delete",
+    "/tokens",
+    "/audit",
     "/search",
     "/search_show",
     "/search_best",
@@ -99,6 +111,30 @@ def test_only_the_named_endpoints_are_public_and_documented(server: dict, client
     public = {d["api_name"] for d in deps if d.get("api_visibility") == "public"}
     assert public == {e.strip("/") for e in ENDPOINTS}
     assert any(d["api_name"] == "launch" and d["api_visibility"] == "private" for d in deps)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_tokens_and_audit_of_a_spec_s_data_behind_the_login(server: dict, client: Client, tiny_model: Path) -> None:
+    """A row's tokens and the audit, through the login, of data and a model in the server's data folders; a file
+    outside them is refused by field before it is read."""
+    import json
+    import shutil
+
+    shared = server["home"] / "datasets"
+    shutil.copytree(tiny_model, shared / "tiny-model", dirs_exist_ok=True)
+    rows = [{"prompt": f"Question {i}?", "completion": f" Answer {i}."} for i in range(3)]
+    (shared / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, rows[0]]))
+    spec = f"model: {shared / 'tiny-model'}\ndataset: {shared / 'qa.jsonl'}\nmax_length: 32\n"
+    out = client.predict(spec_yaml=spec, row=2, api_name="/tokens")
+    (row,) = out["rows"]
+    assert row["row"] == 2 and row["trained"] == sum(t["trained"] for t in row["sequences"][0]["tokens"]) > 0
+    audit = client.predict(spec_yaml=spec, api_name="/audit")
+    assert [f["rows"] for f in audit["findings"] if f["code"] == "duplicate-rows"] == [
+        [{"field": "dataset", "source": str(shared / "qa.jsonl"), "row": 4}]
+    ]
+    with pytest.raises(AppError, match=r"dataset: this shared server reads data files only from its data folders"):
+        client.predict(spec_yaml=spec.replace(str(shared / "qa.jsonl"), "/etc/passwd.jsonl"), api_name="/audit")
 
 
 @pytest.mark.integration

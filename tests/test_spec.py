@@ -364,6 +364,7 @@ SPEC_FIELDS = [
     "dataset_columns",
     "eval_split",
     "dedupe",
+    "thinking",
     "trainer",
     "method",
     "lora_r",

@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
 
 from app.cli.usage import EXIT_OK, StoreUse
-
-if TYPE_CHECKING:
-    from jobs.data.audit.report import Audit
-    from jobs.spec.job import JobSpec
 
 BAR = 40  # characters of the longest bar
 
 
 def cmd_data_audit(_store: None, args: argparse.Namespace) -> int:
     from app.cli.usage import load_spec
+    from jobs.checks.shown_data import token_lengths
     from jobs.data.audit.report import audit
 
     spec = load_spec(args.spec, args.set)
@@ -49,21 +45,6 @@ def cmd_data_audit(_store: None, args: argparse.Namespace) -> int:
             mark = "  <- max_length" if tokens and bound == spec.max_length else ""
             print(f"  <= {bound:>7}  {'#' * round(BAR * n / top):<{BAR}} {n}{mark}")
     return EXIT_OK
-
-
-def token_lengths(found: Audit, spec: JobSpec) -> Audit:
-    """`found` with the training rows' token lengths when the checks measured them already (a cache read, no
-    tokenizing: `jobs.data.tokens.measurement`); else as it was (characters)."""
-    import numpy as np
-
-    from jobs.data.audit.report import Audit
-    from jobs.data.tokens.measurement import cached_lengths
-    from jobs.models.tokenizer import tokenizer_folder
-
-    measured = cached_lengths(spec, tokenizer_folder(spec.model))
-    if measured is None or not measured.rows:
-        return found
-    return Audit(found.findings, found.data, np.asarray(measured.lengths).max(axis=1), "tokens")
 
 
 def add_parsers(data_sub: argparse._SubParsersAction) -> None:

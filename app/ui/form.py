@@ -25,6 +25,7 @@ import gradio as gr
 
 from app.ui import data as ui_data
 from app.ui import memory as ui_memory
+from app.ui.data_panels import DataPanels, build_panels, wire_panels
 from app.ui.form_spec import (  # noqa: F401 - the form's edge, used here and by the dashboard
     CONDITIONAL,
     DECIDING,
@@ -187,6 +188,7 @@ class LaunchForm:
     yaml_upload: gr.UploadButton
     memory: ui_memory.MemoryPanel | None = None
     config_upload: gr.UploadButton | None = None  # Import config: a LLaMA-Factory/axolotl/trl config (+ its data)
+    panels: DataPanels | None = None  # tokens the model learns from, data audit (app.ui.data_panels)
 
     @property
     def inputs(self) -> list[gr.Component]:
@@ -238,6 +240,7 @@ def build_form() -> LaunchForm:
                             data_info = gr.Markdown(elem_id="data-info")
                         with gr.Accordion("First rows of the data", open=False):
                             data_preview = gr.Dataframe(interactive=False, max_height=240, wrap=True, show_label=False)
+                        panels = build_panels()
                     advanced = [f for f in members if f.advanced]
                     if advanced:
                         with gr.Accordion(f"More: {title.lower()}", open=False):
@@ -285,6 +288,7 @@ def build_form() -> LaunchForm:
         yaml_upload,
         memory,
         config_upload,
+        panels,
     )
 
 
@@ -375,3 +379,5 @@ def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> 
     for name in ("dataset", "trainer", "model", "max_length", "dataset_columns"):
         form.fields[name].change(partial(ui_data.preview_for_form, policy=policy), data_in, data_out, **raw)
     form.upload.upload(ui_data.save_upload, form.upload, form.fields["dataset"], **private)
+    if form.panels is not None:
+        wire_panels(form.panels, ins, policy, **raw)

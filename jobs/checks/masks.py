@@ -7,6 +7,10 @@ trl's own dataset preparation and collator, tokenizer only), and two pitfalls ar
   generation_config.json `eos_token_id`s; trl adds the tokenizer's EOS to the trained model's generation
   config): the model never learns to stop, and the exported model rambles on. A warning, with the token
   the answers end with and the fix. Answers cut by max_length are left to the answers step.
+- rows whose reasoning (`<think>` blocks, reasoning fields) the chat template leaves out while `thinking` is
+  unset: a warning (the user most likely meant it trained).
+- the template pitfalls of `jobs.checks.template_fit` (another family's template, a system prompt or earlier
+  turns the template drops): warnings.
 - rows with no token in the loss: trl refuses the run when assistant_only_loss finds a row without
   assistant tokens (refused here, before queueing); otherwise refused when every checked row is so,
   a warning when some are.
@@ -32,7 +36,7 @@ from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
 
 CHECKED_ROWS = 200
-CACHE_VERSION = "1"  # bump when what the findings say changes
+CACHE_VERSION = "3"  # bump when what the findings say changes
 # Problems with these fields leave nothing sound to build tokens from: the step waits for their fix.
 BLOCKING_FIELDS = frozenset(("model", "dataset", "assistant_only_loss", "completion_only_loss", "packing", "trainer"))
 
@@ -80,6 +84,7 @@ def _cache_path(spec: JobSpec) -> Path | None:
 
 
 def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem], list[str]] | None:
+    from jobs.checks.template_fit import dropped_turns, foreign_markers
     from jobs.data.loading import load_data
     from jobs.data.sources import DataError
     from jobs.data.tokens.view import ViewUnavailable
@@ -96,7 +101,32 @@ def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem
     checked = len(viewed.views)
     problems, warnings = _untrained(spec, viewed.views, viewed.origins, refs, checked)
     warnings += _no_stop(spec, viewed.views, viewed.origins, refs, tok, checked)
+    warnings += _thinking_dropped(spec, viewed, refs, tok, checked)
+    warnings += foreign_markers(spec, tok) + dropped_turns(viewed, refs, tok, checked)
     return problems, warnings
+
+
+def _thinking_dropped(spec: JobSpec, viewed: Any, refs: list[str], tok: Any, checked: int) -> list[str]:
+    """Rows whose reasoning the chat template leaves out of the tokens (templates that drop `<think>` blocks
+    of some turns), while `thinking` is unset: the user most likely meant it trained."""
+    from jobs.data.thinking import reasoning_texts
+
+    if spec.thinking is not None:
+        return []
+    dropped = []
+    for row, view, origin in zip(viewed.rows, viewed.views, viewed.origins):
+        built = " ".join(tok.decode([t.id for t in seq.tokens]) for seq in view.sequences)
+        if any(text[:40] not in built for text in reasoning_texts(row)):
+            dropped.append(origin)
+    if not dropped:
+        return []
+    return [
+        f"{origins_text(dropped, refs)}, {len(dropped)} of the first {checked} training rows, carry reasoning "
+        f"(<think> blocks or a reasoning field) that {spec.model}'s chat template leaves out of what is trained "
+        "(`tunedeck data show SPEC --row N` shows it). Fix: set thinking: strip to train the answers alone on "
+        "purpose, thinking: answer_only with prompt/completion rows to keep the reasoning in view but masked, or "
+        "use a chat template that keeps each assistant turn's reasoning"
+    ]
 
 
 def _untrained(spec: JobSpec, views: list[Any], origins: list[Any], refs: list[str], checked: int):

@@ -215,6 +215,8 @@ def _load_data(spec: JobSpec) -> LoadedData:
         from jobs.data.audit.dedupe import deduped
 
         train_ds = deduped(train_ds, eval_ds, train_info.format, origins_of(train_ds), train_info.reward_columns)
+    train_ds = _with_thinking(spec, train_ds)
+    eval_ds = _with_thinking(spec, eval_ds) if eval_ds is not None else None
     if spec.eval_split is not None:
         n_eval = eval_rows(len(train_ds), spec.eval_split)
         if isinstance(n_eval, Problem):
@@ -230,6 +232,18 @@ def _load_data(spec: JobSpec) -> LoadedData:
     if eval_ds is not None and spec.eval_split is not None:
         eval_ds = without_origins(eval_ds)
     return LoadedData(without_origins(train_ds), eval_ds, train_info, eval_info, origins)
+
+
+def _with_thinking(spec: JobSpec, ds: datasets.Dataset) -> datasets.Dataset:
+    """The spec's `thinking` choice applied (`jobs.data.thinking`); chat rows carry `enable_thinking` for the
+    chat template (trl reads each row's `chat_template_kwargs`)."""
+    from jobs.data.thinking import apply_thinking, template_kwargs
+
+    ds = apply_thinking(ds, spec.thinking)
+    kwargs = template_kwargs(spec.thinking)
+    if kwargs is not None and "messages" in ds.column_names:  # chat rows: sft's alone
+        ds = ds.add_column("chat_template_kwargs", [kwargs] * len(ds))
+    return ds
 
 
 def check_sources(

@@ -97,8 +97,20 @@ def only_columns(row: dict[str, Any], fmt: RowFormat, tools: bool = False) -> di
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
+    m = folded(m)  # a reasoning field becomes a <think> block, never dropped with the field
     out = {"role": m.get("role"), "content": m.get("content")}
     for key in ("tool_calls", "name"):
         if m.get(key) is not None:
             out[key] = m[key]
     return out
+
+
+REASONING_FIELDS = ("reasoning_content", "thinking")  # OpenAI-style, DeepSeek/Anthropic-style
+
+
+def folded(message: dict[str, Any]) -> dict[str, Any]:
+    """`message` with its reasoning field (if any) as a `<think>` block before its content."""
+    reasoning = next((message[k] for k in REASONING_FIELDS if isinstance(message.get(k), str) and message[k]), None)
+    if reasoning is None or "<think>" in (message.get("content") or ""):
+        return message
+    return {**message, "content": f"<think>\n{reasoning.strip()}\n</think>\n\n{message.get('content') or ''}"}

@@ -128,6 +128,14 @@ class VisionTrain(str, Enum):
     ALL = "language+projector+vision"
 
 
+class Thinking(str, Enum):
+    """What is trained of the rows' reasoning (`<think>` blocks, reasoning fields): `jobs.data.thinking`."""
+
+    TRAIN = "train"
+    ANSWER_ONLY = "answer_only"
+    STRIP = "strip"
+
+
 class MoraType(str, Enum):
     ROPE = "rope"
     SHARING = "sharing"

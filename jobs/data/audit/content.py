@@ -9,7 +9,8 @@ characters that are not text, and each source's share of a mixture.
 - KTO's labels: one kind missing, or one kind over `KTO_RATIO` times the other (trl's KTO docs advise
   desirable_weight * desirable rows / (undesirable_weight * undesirable rows) within 1 to 4/3);
 - control characters (besides tab and newline) and U+FFFD, the mark a broken encoding leaves;
-- a mixture: each source's share of the training rows, after its max_rows.
+- a mixture: each source's share of the training rows, after its max_rows;
+- rows carrying reasoning (`<think>` blocks, reasoning fields: `jobs.data.thinking`), and what `thinking` trains of them.
 
     findings = content_findings(data, spec)
 """
@@ -21,6 +22,7 @@ from collections import defaultdict
 
 from jobs.data.audit.findings import Finding, Severity, first_rows
 from jobs.data.audit.rows import AuditData, Row
+from jobs.spec.enums import Thinking
 from jobs.spec.job import JobSpec
 
 SHORT_ANSWER = 3  # characters: answers shorter than this are named (info)
@@ -35,8 +37,34 @@ NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 def content_findings(data: AuditData, spec: JobSpec) -> list[Finding]:
     rows = data.train
     out = _answer_findings(rows) + _repeated_answers(rows) + _preference_findings(rows)
-    out += _kto_findings(rows, spec) + _not_text(rows + data.eval) + _shares(data)
+    out += _kto_findings(rows, spec) + _not_text(rows + data.eval) + _shares(data) + _thinking(rows, spec)
     return out
+
+
+def _thinking(rows: list[Row], spec: JobSpec) -> list[Finding]:
+    """How many rows carry reasoning, and what `thinking` makes of it."""
+    from jobs.data.thinking import has_thinking
+
+    found = [r for r in rows if has_thinking(r.answers)]
+    if not found:
+        return []
+    choice = Thinking(spec.thinking).value if spec.thinking else None
+    trained = {
+        None: "trained as they are (all of it; `thinking` is unset)",
+        "train": "trained in full (thinking: train)",
+        "answer_only": "masked: only the answers are trained (thinking: answer_only)",
+        "strip": "removed before training (thinking: strip)",
+    }[choice]
+    return [
+        Finding(
+            "thinking-rows",
+            Severity.INFO,
+            len(found),
+            first_rows(found),
+            f"{len(found)} of {len(rows)} training rows carry reasoning (<think> blocks or a reasoning field): {trained}",
+            "" if choice else "set thinking: train, answer_only (masked) or strip to choose what is trained",
+        )
+    ]
 
 
 def _answer_findings(rows: list[Row]) -> list[Finding]:

@@ -3,7 +3,7 @@
 found = audit(spec)                        # DataError when the data does not read (the checks name why)
 for line in found.lines(): print(line)     # one line per finding, warnings first
 found.histogram()                          # [(upper bound, rows)] of the training rows' characters
-token_lengths(found, spec).histogram()     # ... of their tokens, when the checks measured them already
+jobs.checks.shown_data.token_lengths(found, spec).histogram()   # ... of their tokens, once measured
 """
 
 from __future__ import annotations

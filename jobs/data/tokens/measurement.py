@@ -53,7 +53,7 @@ BATCH_ROWS = 2048
 # With the shortcuts (`Shortcuts`), every this-many-th sequence is also measured the library's way, as a check.
 VERIFY_EVERY = 256
 # The spec fields that decide which rows training sees and how they are turned into sequences.
-ROW_FIELDS = ("dataset", "dataset_columns", "eval_split", "seed", "max_train_samples", "trainer", "dedupe")
+ROW_FIELDS = ("dataset", "dataset_columns", "eval_split", "seed", "max_train_samples", "trainer", "dedupe", "thinking")
 
 
 def cached_lengths(spec: JobSpec, tokenizer_dir: Path | None, cache: Path | None = None) -> RowLengths | None:

@@ -12,7 +12,7 @@ data file. The caller brings the model's tokenizer (`jobs.models.tokenizer.local
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.data.tokens.view import RowView, token_views
@@ -26,6 +26,7 @@ class ViewedRows:
     origins: list[tuple[int, int]]  # each view's (source index in `dataset`, row number there)
     total: int  # training rows in all
     tokenizer: Any
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the training rows viewed, as trl reads them
 
 
 def training_views(
@@ -48,7 +49,7 @@ def training_views(
     else:
         picked = sorted(range(n), key=lambda i: origins[i])[: max(first, 0)]
     rows = loaded.train.select(picked).to_list() if picked else []
-    return ViewedRows(token_views(spec, rows, tokenizer), [origins[i] for i in picked], n, tokenizer)
+    return ViewedRows(token_views(spec, rows, tokenizer), [origins[i] for i in picked], n, tokenizer, rows)
 
 
 def _not_trained(spec: JobSpec, missing: Sequence[int], total: int) -> Problem:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec.columns import parse_columns
-from jobs.spec.enums import DEFAULT_MODEL, DEFAULT_SFT_DATASET
+from jobs.spec.enums import DEFAULT_MODEL, DEFAULT_SFT_DATASET, Thinking
 from jobs.spec.field import Group, spec_field
 
 
@@ -78,6 +78,18 @@ class ModelDataFields:
         "their word pairs shared), keeping the first of each, and training rows that are also in the eval data. "
         "The log says how many were dropped; `tunedeck data audit SPEC` lists them first.",
         label="Drop duplicate rows",
+        advanced=True,
+    )
+
+    thinking: Thinking | None = spec_field(
+        None,
+        Group.DATA,
+        "What is trained of rows with reasoning (`<think>...</think>` in an answer, or a turn's `reasoning_content` "
+        "/ `thinking` field, folded into its content as a `<think>` block): train (all of it), answer_only (the "
+        "reasoning moves into the prompt and is masked; prompt/completion rows of text) or strip (removed). Chat "
+        "templates that take `enable_thinking` (Qwen3 and its kind) get it, false for strip. Empty: the rows as "
+        "they are; `tunedeck data audit` counts the rows that carry reasoning.",
+        label="Reasoning (thinking)",
         advanced=True,
     )
 
