@@ -33,15 +33,15 @@ ALLOWED: dict[str, tuple[str, set[str]]] = {
     ),
     "use_liger_kernel": ("liger.py", SPEC | {"jobs/spec/imports/trl.py"}),  # trl's key of the same name
     "torch_compile": ("compile.py", SPEC),
-    # Not yet moved behind their homes (the CPU allocator's environment, the planner's variants, the predictor's
-    # architecture-dependent part): a ratchet, so no new reader appears.
+    # Not yet moved behind their homes (the CPU allocator's environment, the predictor's architecture-dependent
+    # part): a ratchet, so no new reader appears.
     "activation_offloading": (
         "offloading.py",
-        SPEC | {"jobs/spec/enums.py", "jobs/memory/planner.py", "jobs/memory/trick_effects.py"},
+        SPEC | {"jobs/spec/enums.py", "jobs/memory/trick_effects.py"},
     ),
     "cpu_return_freed_memory": (
         "cpu_allocator.py",
-        SPEC | {"jobs/memory/planner.py", "jobs/memory/trick_effects.py", "jobs/worker/processes.py"},
+        SPEC | {"jobs/memory/trick_effects.py", "jobs/worker/processes.py"},
     ),
     "neftune_noise_alpha": ("neftune.py", {"jobs/spec/sections/training.py"} | IMPORTERS),
     "loraplus_lr_ratio": (

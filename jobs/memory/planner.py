@@ -23,7 +23,7 @@ from jobs.memory.parts import Arch
 from jobs.memory.predict import predict
 from jobs.spec.enums import OFFLOADING_ONLY, Method, Optim, Precision
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks import checkpointing
+from jobs.spec.tricks import checkpointing, cpu_allocator, offloading
 from jobs.spec.tricks.registry import SPEEDS, speed_fields
 
 MARGIN = 0.90  # a pick must leave 10% of the target free (the "tight" verdict starts there)
@@ -136,7 +136,7 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
     # The device's own memory trick: on CUDA, offloaded checkpointing (the checkpointed layer inputs in host
     # RAM: small, so the unknown host RAM holds them; offloading every activation could need more RAM than the
     # host has); on the CPU, the allocator that returns freed memory.
-    name = "activation_offloading" if device.kind == "cuda" else "cpu_return_freed_memory"
+    name = offloading.FIELD if device.kind == "cuda" else cpu_allocator.FIELD
     offers = device.kind != "cuda" or spec.trainer in OFFLOADING_ONLY["trainer"]
     extras = sorted({getattr(spec, name), True}) if offers else [getattr(spec, name)]
     out = []
@@ -146,7 +146,7 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
                 for ckpt in ckpts:
                     for b in batches:
                         for extra in extras:
-                            if extra and name == "activation_offloading" and not ckpt:
+                            if extra and name == offloading.FIELD and not ckpt:
                                 continue
                             out.append(
                                 spec.replace(
@@ -175,8 +175,8 @@ def describe_changes(old: JobSpec, new: JobSpec) -> tuple[str, ...]:
         "precision",
         "optim",
         "method",
-        "activation_offloading",
-        "cpu_return_freed_memory",
+        offloading.FIELD,
+        cpu_allocator.FIELD,
     ):
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
