@@ -216,7 +216,7 @@ def shape_jobs(lora: dict[str, Any]) -> list[Job]:
 
 
 def trick_jobs(lora: dict[str, Any]) -> list[Job]:
-    """The memory tricks that run on a CPU (jobs/config/tricks.py), and the CPU allocator both ways."""
+    """The memory tricks that run on a CPU (jobs/spec/tricks/), and the CPU allocator both ways."""
     return [
         Job(
             "galore-tiny",

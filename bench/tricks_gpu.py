@@ -85,7 +85,7 @@ TRICKS = [
     Trick("paged-adamw-8bit", "paged 8-bit AdamW", {"optim": "paged_adamw_8bit"}),
     Trick("lora+ckpt+bf16", "LoRA + checkpointing + bf16", {**LORA, "gradient_checkpointing": True}),
     Trick("qlora+ckpt", "QLoRA + checkpointing", {**LORA, "method": "qlora", "gradient_checkpointing": True}),
-    # The newer tricks (jobs/config/tricks.py), each alone on the baseline, and the presets' combinations.
+    # The newer tricks (jobs/spec/tricks/), each alone on the baseline, and the presets' combinations.
     Trick("liger", "Liger kernels (Triton)", {"use_liger_kernel": True}),
     Trick("offload", "activation offloading to host RAM", {"activation_offloading": True}),
     Trick("offload+ckpt", "offloaded checkpointing", {"activation_offloading": True, "gradient_checkpointing": True}),
@@ -169,7 +169,7 @@ def base_spec(model_dir: Path, data_file: Path, steps: int, seq_len: int) -> Job
 
 def skip_reason(spec: JobSpec, cuda: bool) -> str | None:
     """Why this device cannot honestly run `spec` (tunedeck's own capability checks), or None."""
-    from jobs.checks.tricks import missing_package_problems
+    from jobs.checks.trick_packages import missing_package_problems
     from jobs.config.mapping import PAGED_OPTIMS, capability_problems
     from jobs.devices.facts import CPU, Device
 

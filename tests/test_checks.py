@@ -93,7 +93,7 @@ def test_an_api_submit_runs_each_check_once(store, tiny_model: Path, monkeypatch
 def test_a_cli_submit_and_a_sweep_run_each_check_once(store, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from jobs.queue.submit import submit
     from jobs.queue.sweep import queue_sweep
-    from jobs.spec.tricks import Trick
+    from jobs.spec.tricks.registry import Trick
 
     spec = a_spec(tiny_model)
     calls = count_calls(monkeypatch)

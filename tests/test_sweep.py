@@ -14,7 +14,7 @@ from jobs.devices.facts import CPU, DeviceFacts
 from jobs.queue.sweep import plan_probes, sweep_table
 from jobs.spec.job import JobSpec
 from jobs.spec.stored import spec_of
-from jobs.spec.tricks import Trick
+from jobs.spec.tricks.registry import Trick
 from storage.models import RunStatus
 from storage.store import Store
 

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from jobs.config.mapping import capability_problems, capability_warnings, training_kwargs
-from jobs.config.tricks import loraplus_kwargs, package_problems, trick_kwargs
 from jobs.devices.facts import CPU, Device, DeviceFacts
 from jobs.memory.model_config import arch_for
 from jobs.memory.planner import fit
 from jobs.memory.predict import predict
-from jobs.memory.tricks import low_rank_targets
+from jobs.memory.trick_effects import low_rank_targets
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks.loraplus import loraplus_kwargs
+from jobs.spec.tricks.registry import package_problems, trick_kwargs
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -1,6 +1,6 @@
 """`tunedeck sweep`: queue short probe runs of a spec's memory tricks, or print a sweep's table.
 
-    tunedeck sweep SPEC.yaml --steps 10 --tricks baseline,gradient_checkpointing,accumulation
+    tunedeck sweep SPEC.yaml --steps 10 --tricks baseline,accumulation,optim_8bit
     tunedeck sweep --show 3        # peak memory and s/step per trick, relative to the baseline
     tunedeck sweep --list          # sweeps, newest first
 
@@ -19,7 +19,7 @@ from storage.roles import Sweeps
 
 
 def _tricks(text: str) -> list[Any]:
-    from jobs.spec.tricks import Trick
+    from jobs.spec.tricks.registry import Trick
 
     out, bad = [], []
     for name in (t.strip() for t in text.split(",") if t.strip()):
@@ -73,7 +73,7 @@ def sweep_command(store: Sweeps, args: argparse.Namespace, spec: JobSpec | None)
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register `sweep` on the CLI's subparsers; app.cli.main sets its function."""
     from jobs.queue.sweep import DEFAULT_STEPS
-    from jobs.spec.tricks import Trick
+    from jobs.spec.tricks.registry import Trick
 
     s = sub.add_parser("sweep", help="queue short probe runs of memory tricks; --show N prints their table")
     s.add_argument("spec", nargs="?", metavar="SPEC.yaml")

@@ -47,6 +47,7 @@ from jobs.spec.field_info import FieldInfo
 from jobs.spec.job import SpecError
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
 from jobs.spec.trackers import Tracker, trackers
+from jobs.spec.tricks import checkpointing
 from storage.store import Store
 
 BUDGET_FIELDS = (
@@ -59,7 +60,7 @@ BUDGET_FIELDS = (
     "optim",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
-    "gradient_checkpointing",
+    *checkpointing.FIELDS,
     "max_length",
     "trainer",
     "bnb_4bit_use_double_quant",
@@ -314,7 +315,7 @@ def choose_preset(name: str, *args: Any, device: ui_memory.DeviceSource | None =
         values = preset(name).plain_values()
         note = f"{name} set {', '.join(info(n).title for n in PRESET_FIELDS)}; {len(exc.problems)} problem(s) remain."
         return [values[n] for n in PRESET_FIELDS] + [note]
-    from jobs.checks.tricks import installed_modules
+    from jobs.checks.trick_packages import installed_modules
 
     new, changes = apply_preset(spec, name, device().kind == "cuda" if device else None, installed_modules())
     d = new.to_dict()

@@ -147,7 +147,7 @@ def verdict_markdown(spec: JobSpec, memory: Memory) -> str:
 
 
 def _trick_lines(prediction: Any) -> list[str]:
-    """The host figure of offloaded activations and what the prediction leaves unmodelled (jobs.memory.tricks)."""
+    """The host figure of offloaded activations and what the prediction leaves unmodelled (jobs.memory.trick_effects)."""
     from jobs.units import human_bytes
 
     lines = []

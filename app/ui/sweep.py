@@ -17,7 +17,7 @@ import pandas as pd
 from jobs.queue.sweep import DEFAULT_STEPS, DEFAULT_TRICKS, queue_sweep, sweep_table
 from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
-from jobs.spec.tricks import TRICK_HELP, Trick
+from jobs.spec.tricks.registry import TRICK_HELP, Trick
 from storage.store import Store
 
 COLUMNS = ["trick", "run", "status", "peak memory (GiB)", "memory vs baseline", "s/step", "time vs baseline", "change"]

@@ -63,7 +63,7 @@ from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, 
 from jobs.checks.rewards import reward_column_problems
 from jobs.checks.template import assistant_only_problems
 from jobs.checks.trackers import tracker_problems
-from jobs.checks.tricks import missing_package_problems
+from jobs.checks.trick_packages import missing_package_problems
 from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.config.moe import moe_notes, moe_problems

@@ -27,12 +27,13 @@ from jobs.config.trainers import (  # noqa: F401
     trainer_kwargs,
     trl_module,
 )
-from jobs.config.tricks import trick_combination_problems, trick_device_problems, trick_kwargs, trick_warnings
 from jobs.devices.facts import Device
 from jobs.errors import Problem
 from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision
 from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
+from jobs.spec.tricks import checkpointing
+from jobs.spec.tricks.registry import trick_combination_problems, trick_device_problems, trick_kwargs, trick_warnings
 
 PAGED_OPTIMS = {Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT}
 QUANTIZED_METHODS = {Method.QLORA, Method.LORA_8BIT}
@@ -217,8 +218,8 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # Gradient checkpointing keeps only each layer's input and recomputes the rest in the
         # backward pass: activation memory drops from O(layers x everything) to ~O(layers x
         # hidden), for roughly one extra forward (~20-30% slower). trl turns it on by default.
-        # transformers 5 calls it activation_checkpointing (gradient_checkpointing is the old alias).
-        "activation_checkpointing": spec.gradient_checkpointing,
+        # transformers 5 calls it activation_checkpointing (jobs.spec.tricks.checkpointing).
+        **checkpointing.training_flag(spec),
         # Set explicitly: trl's configs default to bf16, which fails (or lies) on some devices.
         "bf16": precision is Precision.BF16,
         "fp16": precision is Precision.FP16,
@@ -251,8 +252,7 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
         # or stored. With trl's default "bfd" packing it is on whatever this flag says.
         "padding_free": spec.padding_free,
     }
-    if spec.gradient_checkpointing:
-        kw["activation_checkpointing_kwargs"] = {"use_reentrant": False}  # works with frozen bases
+    kw.update(checkpointing.training_options(spec))  # non-reentrant: works with frozen bases
     if spec.save_steps is not None:
         kw["save_steps"] = spec.save_steps
     # Rotation applies to every checkpoint, also the timed ones (`save_minutes`, jobs.train.callbacks).
@@ -260,7 +260,7 @@ def training_kwargs(spec: JobSpec, device: Device, output_dir: str, *, has_eval:
     kw.update(early_stopping_kwargs(spec, has_eval=has_eval))  # the best checkpoint kept (jobs.config.evaluation)
     if kw["eval_strategy"] == "steps":
         kw["eval_steps"] = spec.eval_steps
-    kw.update(trick_kwargs(spec))  # Liger, offloading, GaLore/APOLLO, NEFTune, compile (jobs.config.tricks)
+    kw.update(trick_kwargs(spec))  # Liger, offloading, GaLore/APOLLO, NEFTune, compile (jobs.spec.tricks.registry)
     kw.update(trainer_kwargs(spec))  # packing, loss masks, beta, loss_type, ... (jobs.config.trainers)
     return drop_unsupported(spec, kw)
 

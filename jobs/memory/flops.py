@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.spec.tricks import checkpointing
+
 # Dense (no 2:4 sparsity) peak tensor throughput in TFLOP/s for bf16 / fp16 with fp32
 # accumulation, and plain fp32 (no TF32: PyTorch leaves TF32 matmuls off by default), as
 # printed on NVIDIA's product datasheets; the datasheets' headline figures for Hopper, Ada and
@@ -86,7 +88,7 @@ class FlopsRate:
         total, trainable = resolved.get("total_params"), resolved.get("trainable_params")
         if not total or trainable is None:
             return None
-        recompute = bool(resolved.get("trainer_config", {}).get("gradient_checkpointing"))
+        recompute = checkpointing.recomputes_in(resolved.get("trainer_config", {}))
         device = resolved.get("device") or {}
         precision = resolved.get("precision", "fp32")
         peak = peak_tflops(str(device.get("name", "")), precision) if device.get("cuda") else None

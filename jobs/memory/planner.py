@@ -23,24 +23,17 @@ from jobs.memory.parts import Arch
 from jobs.memory.predict import predict
 from jobs.spec.enums import OFFLOADING_ONLY, Method, Optim, Precision
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks import checkpointing, cpu_allocator, offloading
+from jobs.spec.tricks.registry import SPEEDS, speed_fields
 
 MARGIN = 0.90  # a pick must leave 10% of the target free (the "tight" verdict starts there)
 # Relative matmul throughput by precision on a GPU (fp32 without TF32 runs on CUDA cores).
 GPU_PRECISION_SPEED = {Precision.BF16: 1.0, Precision.FP16: 1.0, Precision.FP32: 0.1}
 QUANTIZED_SLOWDOWN = {Method.QLORA: 0.75, Method.LORA_8BIT: 0.6}  # de-quantizing each layer per matmul
 HALF_EFFICIENCY_TOKENS = 512  # a micro-batch of this many tokens runs at half the device's best rate (a guess)
-# Tokens/s of a trick relative to without it: (field, applies on "cuda"/"cpu", factor, source).
-TRICK_SPEED = (
-    ("cpu_return_freed_memory", "cpu", 0.80, "measured: bench/overhead.py --sides bare,bare-malloc, 0.78-0.84x"),
-    (
-        "activation_offloading",
-        "cuda",
-        0.85,
-        "published range 0.7-1.0x (transfers hidden by streams when compute dominates)",
-    ),
-    ("use_liger_kernel", "cuda", 1.20, "published: +20% on Llama-3-8B"),
-    ("torch_compile", "cuda", 1.27, "published: torchtune +27% on a 3B"),
-)
+# Tokens/s of a trick relative to without it: (field, applies on "cuda"/"cpu", factor, source), each trick's
+# `speed` in its module (jobs.spec.tricks).
+TRICK_SPEED = tuple((s.field, s.kind, s.factor, s.source) for s in SPEEDS)
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,7 @@ def flops_per_token(spec: JobSpec, arch: Arch, trainable: int) -> float:
     gradients for it); +2N when checkpointing recomputes the forward."""
     n = arch.total_params
     flops = 6.0 * n if spec.method is Method.FULL else 4.0 * n + 6.0 * trainable
-    if spec.gradient_checkpointing:
+    if checkpointing.on(spec):
         flops += 2.0 * n
     return flops
 
@@ -81,17 +74,13 @@ def relative_speed(spec: JobSpec, arch: Arch, prediction: Prediction) -> float:
 SPEED_FIELDS = (
     "method",
     "per_device_train_batch_size",
-    "gradient_checkpointing",
     "precision",
     "optim",
     "max_length",
     "packing",
     "lora_r",
     "trainer",
-    "cpu_return_freed_memory",
-    "activation_offloading",
-    "use_liger_kernel",
-    "torch_compile",
+    *speed_fields(),  # checkpointing, the CPU allocator, offloading, Liger, compile (jobs.spec.tricks)
 )
 
 
@@ -135,11 +124,7 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
     """Every combination of the memory tricks the planner may change."""
     effective = spec.effective_batch_size
     batches = _divisors_down(spec.per_device_train_batch_size, effective)
-    ckpts = (
-        [spec.gradient_checkpointing]
-        if spec.method is Method.PREFIX_TUNING
-        else sorted({spec.gradient_checkpointing, True})
-    )
+    ckpts = checkpointing.fit_choices(spec)
     precisions = [spec.precision]
     if device.kind == "cuda":
         half = Precision.BF16 if device.bf16 else Precision.FP16
@@ -151,7 +136,7 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
     # The device's own memory trick: on CUDA, offloaded checkpointing (the checkpointed layer inputs in host
     # RAM: small, so the unknown host RAM holds them; offloading every activation could need more RAM than the
     # host has); on the CPU, the allocator that returns freed memory.
-    name = "activation_offloading" if device.kind == "cuda" else "cpu_return_freed_memory"
+    name = offloading.FIELD if device.kind == "cuda" else cpu_allocator.FIELD
     offers = device.kind != "cuda" or spec.trainer in OFFLOADING_ONLY["trainer"]
     extras = sorted({getattr(spec, name), True}) if offers else [getattr(spec, name)]
     out = []
@@ -161,14 +146,14 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
                 for ckpt in ckpts:
                     for b in batches:
                         for extra in extras:
-                            if extra and name == "activation_offloading" and not ckpt:
+                            if extra and name == offloading.FIELD and not ckpt:
                                 continue
                             out.append(
                                 spec.replace(
                                     method=method,
                                     precision=precision,
                                     optim=optim,
-                                    gradient_checkpointing=ckpt,
+                                    **checkpointing.with_choice(ckpt),
                                     per_device_train_batch_size=b,
                                     gradient_accumulation_steps=effective // b,
                                     **{name: extra},
@@ -186,12 +171,12 @@ def describe_changes(old: JobSpec, new: JobSpec) -> tuple[str, ...]:
             f"with gradient_accumulation_steps {new.gradient_accumulation_steps} (same effective batch)"
         )
     for name in (
-        "gradient_checkpointing",
+        *checkpointing.FIELDS,
         "precision",
         "optim",
         "method",
-        "activation_offloading",
-        "cpu_return_freed_memory",
+        offloading.FIELD,
+        cpu_allocator.FIELD,
     ):
         a, b = getattr(old, name), getattr(new, name)
         if a != b:

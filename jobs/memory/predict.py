@@ -42,10 +42,12 @@ from jobs.memory.mixers import (
 from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
-from jobs.memory.tricks import Figures, trick_effects
+from jobs.memory.trick_effects import Figures, trick_effects
 from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision
 from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
+from jobs.spec.tricks import checkpointing
+from jobs.spec.tricks.registry import memory_notes
 from jobs.units import human_bytes
 
 
@@ -230,11 +232,11 @@ def activations_term(s: Setting, logits: float) -> Term:
         per_block += routed * moe.moe_layers / arch.layers
         if adapted_experts(spec, arch):
             weight_bytes = 4 if spec.method in QUANTIZED_METHODS or not s.half else 2
-            folded = folded_expert_bytes(moe, weight_bytes, spec.gradient_checkpointing)
+            folded = folded_expert_bytes(moe, weight_bytes, checkpointing.on(spec))
     # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32), on top of its block's figure.
     delta = delta_net_dims(arch.shape.config)
     delta_layer = delta_net_bytes(delta, s.batch.sequences, s.length) if delta is not None else 0.0
-    if spec.gradient_checkpointing:
+    if checkpointing.on(spec):
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
         acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block + delta_layer - logits)
@@ -250,7 +252,7 @@ def activations_term(s: Setting, logits: float) -> Term:
     mamba2 = mamba2_dims(arch.shape.config)
     if mamba2 is not None:  # docs/memory.md "Activations": the state-space layers' chunked scan
         per_layer = mixer_bytes(mamba2, s.batch.sequences, s.length, elem)
-        acts += per_layer * (1 if spec.gradient_checkpointing else mamba2.layers)
+        acts += per_layer * (1 if checkpointing.on(spec) else mamba2.layers)
         formula += mixer_formula(mamba2, per_layer)
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
     if folded:
@@ -303,8 +305,8 @@ def predict(
     optimizer, opt_temp = optimizer_term(s)
     logits = logits_term(s)
     acts = activations_term(s, logits.bytes)
-    # The newer tricks change some of these figures (jobs/memory/tricks.py).
-    per_layer = s.tokens * arch.hidden * s.elem if spec.gradient_checkpointing else acts.bytes / arch.layers
+    # The newer tricks change some of these figures (jobs/memory/trick_effects.py).
+    per_layer = s.tokens * arch.hidden * s.elem if checkpointing.on(spec) else acts.bytes / arch.layers
     largest_act = s.tokens * max(arch.intermediate, arch.q_dim) * s.elem
     figures = Figures(grads, optimizer.bytes, opt_temp, optimizer.formula, acts.bytes, acts.formula, logits.bytes,
                       per_layer, largest_act)  # fmt: skip
@@ -312,6 +314,7 @@ def predict(
     grads, opt_temp = fx.figures.grads, fx.figures.opt_temp
     optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)
     notes.extend(fx.notes)
+    notes.extend(memory_notes(spec))  # the tricks whose effect is not modelled (Liger, torch.compile)
     fixed = weights.bytes + adapter.bytes + optimizer.bytes
     # The peak: in the backward (activations alive) or at the optimizer step (all gradients alive).
     accumulated = grads if spec.gradient_accumulation_steps > 1 else 0.0
@@ -330,7 +333,7 @@ def predict(
         notes.append("the peak is at the optimizer step: activations are freed by then")
     o, a, lg = held
     overhead = overhead_term(s, weights.bytes + adapter.bytes + gradients.bytes + o.bytes + a.bytes + lg.bytes)
-    if not s.cuda and fx.heap_bytes:  # glibc's retained heap on the CPU (jobs/memory/tricks.py)
+    if not s.cuda and fx.heap_bytes:  # glibc's retained heap on the CPU (jobs/memory/trick_effects.py)
         overhead = Term(fx.heap_bytes, fx.heap_formula)
     runtime = runtime_term(s)
     # The first optimizer step, as the training child measures it (docs/memory.md "Phases"): no optimizer

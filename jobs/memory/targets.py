@@ -88,7 +88,7 @@ def optimizer_bytes(
     def largest() -> int:  # the biggest tensor: not needed by CUDA's AdamW (the form's planner asks ~200 times)
         return max((_numel(s) for s in shapes), default=0)
 
-    if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT) or optim in LOW_RANK_OPTIMS:  # low rank: jobs.memory.tricks
+    if optim in (Optim.ADAMW, Optim.PAGED_ADAMW_32BIT) or optim in LOW_RANK_OPTIMS:  # low rank: trick_effects
         # torch AdamW keeps two moments in the parameters' dtype. On CUDA it updates all tensors at
         # once (foreach): one temporary per parameter; on the CPU it loops tensor by tensor: two
         # temporaries of the largest tensor.

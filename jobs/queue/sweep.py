@@ -1,6 +1,6 @@
 """Trick sweeps: short probe runs of one spec with one memory trick each, and their comparison table.
 
-`queue_sweep` applies each chosen trick (`jobs.spec.tricks`) to the spec, shortens every probe to
+`queue_sweep` applies each chosen trick (`jobs.spec.tricks.registry`) to the spec, shortens every probe to
 `steps` optimizer steps (no checkpoints; `on_oom: fail`, so a probe measures the trick as asked
 instead of recovering into another), and queues them as one sweep. `sweep_table` then answers
 "what does each trick cost me in memory and time on my model and my device": peak memory and
@@ -23,9 +23,9 @@ from typing import Any
 
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem
-from jobs.spec import tricks
 from jobs.spec.job import JobSpec, SpecError
-from jobs.spec.tricks import Trick
+from jobs.spec.tricks.record import NotApplicable
+from jobs.spec.tricks.registry import Trick, apply
 from storage.roles import MetricReader, Sweeps
 
 # Every trick but torch.compile, whose compile (a minute or more) would dominate a short probe: ask for it.
@@ -53,14 +53,14 @@ def plan_probes(
     """(probes to queue as (trick, note, spec), skipped as (trick, reason)); the baseline always comes first.
 
     `device`: the capability view (`jobs.devices.facts.Device`) of the device the probes will run on."""
-    from jobs.checks.tricks import missing_package_problems
+    from jobs.checks.trick_packages import missing_package_problems
     from jobs.config.mapping import capability_problems
 
     order = [Trick.BASELINE] + [t for t in dict.fromkeys(chosen) if t is not Trick.BASELINE]
     probes, skipped = [], []
     for trick in order:
-        found = tricks.apply(trick, spec, cuda=device.cuda, bf16=device.bf16)
-        if isinstance(found, tricks.NotApplicable):
+        found = apply(trick, spec, cuda=device.cuda, bf16=device.bf16)
+        if isinstance(found, NotApplicable):
             skipped.append((trick.value, found.reason))
             continue
         probe = probe_spec(found.spec, trick, steps)

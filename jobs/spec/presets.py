@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from jobs.spec.enums import OFFLOADING_ONLY, Method, Optim
+from jobs.spec.enums import Method, Optim
 from jobs.spec.field_info import field_infos
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks import checkpointing, liger, offloading, registry
+from jobs.spec.tricks.cpu_allocator import FIELD as CPU_ALLOCATOR
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ class Preset:
         return {k: v.value if isinstance(v, Enum) else v for k, v in self.values.items()}
 
 
-# Every preset sets these device tricks (off unless its on_cuda/on_cpu turns one on), so none lingers.
-DEVICE_TRICKS = {"activation_offloading": False, "use_liger_kernel": False, "cpu_return_freed_memory": False}
-NEEDS = {"use_liger_kernel": "liger_kernel"}  # the module a device trick needs installed
+# Every preset sets these device tricks (off unless its on_cuda/on_cpu turns one on), so none lingers
+# (jobs.spec.tricks.registry); NEEDS: the module a device trick needs installed.
+DEVICE_TRICKS, NEEDS = registry.DEVICE_TRICKS, registry.PRESET_MODULES
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ PRESETS: tuple[Preset, ...] = (
             "num_train_epochs": 1.0,
             "per_device_train_batch_size": 4,
             "gradient_accumulation_steps": 1,
-            "gradient_checkpointing": False,
+            **checkpointing.preset_value("Quick test"),
             "optim": Optim.ADAMW,
             "max_length": 256,
             **DEVICE_TRICKS,
@@ -88,13 +90,13 @@ PRESETS: tuple[Preset, ...] = (
             "num_train_epochs": 1.0,
             "per_device_train_batch_size": 1,
             "gradient_accumulation_steps": 8,
-            "gradient_checkpointing": True,
+            **checkpointing.preset_value("Low memory"),
             "optim": Optim.ADAMW_8BIT,
             "max_length": 512,
             **DEVICE_TRICKS,
         },
-        on_cuda={"activation_offloading": True},
-        on_cpu={"cpu_return_freed_memory": True},
+        on_cuda={offloading.FIELD: True},
+        on_cpu={CPU_ALLOCATOR: True},
     ),
     # Liger's Triton kernels where the worker has a GPU and the package; glibc's faster allocator on a CPU.
     Preset(
@@ -109,12 +111,12 @@ PRESETS: tuple[Preset, ...] = (
             "num_train_epochs": 1.0,
             "per_device_train_batch_size": 16,
             "gradient_accumulation_steps": 1,
-            "gradient_checkpointing": False,
+            **checkpointing.preset_value("Fast"),
             "optim": Optim.ADAMW,
             "max_length": 512,
             **DEVICE_TRICKS,
         },
-        on_cuda={"use_liger_kernel": True},
+        on_cuda={liger.FIELD: True},
     ),
     Preset(
         "Balanced",
@@ -128,7 +130,7 @@ PRESETS: tuple[Preset, ...] = (
             "num_train_epochs": 1.0,
             "per_device_train_batch_size": 8,
             "gradient_accumulation_steps": 1,
-            "gradient_checkpointing": False,
+            **checkpointing.preset_value("Balanced"),
             "optim": Optim.ADAMW,
             "max_length": 512,
             **DEVICE_TRICKS,
@@ -147,7 +149,7 @@ PRESETS: tuple[Preset, ...] = (
             "num_train_epochs": 3.0,
             "per_device_train_batch_size": 8,
             "gradient_accumulation_steps": 2,
-            "gradient_checkpointing": True,
+            **checkpointing.preset_value("Best quality"),
             "optim": Optim.ADAMW,
             "max_length": 1024,
             **DEVICE_TRICKS,
@@ -171,8 +173,8 @@ def apply_preset(
     """The spec with the preset's values (`Preset.values_for` the worker's device), and the fields whose value
     this changed (in spec order)."""
     values = preset(name).values_for(cuda, modules)
-    if spec.trainer not in OFFLOADING_ONLY["trainer"]:
-        values["activation_offloading"] = False  # that trainer has none (trl)
+    if spec.trainer not in offloading.TRAINERS:
+        values[offloading.FIELD] = False  # that trainer has none (trl)
     after = spec.replace(**values)
     before_d, after_d = spec.to_dict(), after.to_dict()
     order = [f.name for f in field_infos()]

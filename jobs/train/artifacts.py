@@ -20,6 +20,7 @@ from typing import Any
 from jobs.data.digests import hash_file
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks import checkpointing
 from jobs.train.figures import FIGURES, format_figure
 from storage.roles import RunArtifacts
 
@@ -144,8 +145,8 @@ def _tricks(spec: JobSpec) -> list[str]:
         f"optimizer {spec.optim.value}",
         f"max_length {spec.max_length}",
     ]
-    if spec.gradient_checkpointing:
-        out.append("gradient checkpointing")
+    if (words := checkpointing.described(spec)) is not None:
+        out.append(words)
     if spec.packing:
         out.append("packing")
     if spec.method is Method.QLORA:

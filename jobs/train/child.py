@@ -48,6 +48,7 @@ from jobs.memory.flops import FlopsRate
 from jobs.spec.evaluation import evaluation_tasks
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
+from jobs.spec.tricks import checkpointing
 from jobs.train import before_after, figures, oom, phases, share_cap
 from jobs.train.best import EVENT_KIND as BEST_EVENT
 from jobs.train.best import BestCheckpoint
@@ -74,7 +75,7 @@ def setup_logging() -> None:
     logging.basicConfig(
         stream=sys.stdout, level=logging.INFO, force=True, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=checkpointing.DEPRECATION_WARNING, category=FutureWarning)
     import datasets
     import transformers
 

@@ -13,6 +13,7 @@ import errno
 from jobs.errors import ProblemError
 from jobs.spec.enums import Method, Precision
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks import checkpointing
 
 
 class NonFiniteLoss(RuntimeError):
@@ -31,8 +32,8 @@ def oom_advice(spec: JobSpec) -> str:
             f"per_device_train_batch_size {spec.per_device_train_batch_size} -> "
             f"{max(1, spec.per_device_train_batch_size // 2)} with gradient_accumulation_steps x2"
         )
-    if not spec.gradient_checkpointing and spec.method is not Method.PREFIX_TUNING:
-        tips.append("gradient_checkpointing: true")
+    if (tip := checkpointing.oom_tip(spec)) is not None:
+        tips.append(tip)
     tips.append(f"a shorter max_length (now {spec.max_length})")
     if spec.method is Method.FULL:
         tips.append("method: lora (or qlora)")

@@ -2,7 +2,7 @@
 
 peft's `create_loraplus_optimizer` needs the peft model, which trl creates inside the trainer, so the
 optimizer is made after the trainer and handed to it before training (the Trainer makes its own only
-when it has none). The arguments are the pure mapping `jobs.config.tricks.loraplus_kwargs`.
+when it has none). The arguments are the pure mapping `jobs.spec.tricks.loraplus.loraplus_kwargs`.
 
     attach_loraplus(trainer, spec)      # nothing when loraplus_lr_ratio is empty
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.config.tricks import loraplus_kwargs
 from jobs.spec.enums import Optim
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks.loraplus import loraplus_kwargs
 
 
 def optimizer_class(optim: Optim) -> Any:

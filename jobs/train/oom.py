@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.spec import tricks
 from jobs.spec.enums import OnOom
 from jobs.spec.job import JobSpec
+from jobs.spec.tricks import accumulation, checkpointing, optimizer_8bit
+from jobs.spec.tricks.record import Applied
 from storage.roles import RunEvents
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 MAX_RECOVERIES = 3
 EXIT_OOM_RECOVER = 75  # the child's exit code: "out of memory, recorded a change, start me again"
 EVENT_KIND = "oom_recovery"
-LADDER = (tricks.smaller_micro_batch, tricks.checkpointing, tricks.optimizer_8bit)
+LADDER = (accumulation.smaller_micro_batch, checkpointing.step, optimizer_8bit.optimizer_8bit)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def next_recovery(spec: JobSpec, done: int, last_rung: int = -1) -> Recovery | N
         return None
     for rung in range(last_rung + 1, len(LADDER)):
         found = LADDER[rung](spec)
-        if isinstance(found, tricks.Applied):
+        if isinstance(found, Applied):
             return Recovery(found.spec, found.note, rung, fresh_optimizer=found.spec.optim is not spec.optim)
     return None
 

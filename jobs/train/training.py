@@ -39,6 +39,7 @@ from jobs.models.vision import apply_budget, freeze_matching, is_vision_config
 from jobs.spec.enums import Precision
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.trainer_records import record_for
+from jobs.spec.tricks import checkpointing
 from jobs.train.best import BestCheckpoint, best_checkpoint
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
@@ -163,11 +164,7 @@ def train_spec(
         # Casts norms/embeddings to fp32 and freezes the quantized base; trl does not do it itself.
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=spec.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        model = prepare_model_for_kbit_training(model, **checkpointing.kbit_kwargs(spec))
     reward_model = _reward_model(spec, device, store)
     callbacks = _with_early_stopping(spec, callbacks, has_eval=has_eval)
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)

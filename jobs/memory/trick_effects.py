@@ -1,5 +1,8 @@
 """What the newer memory tricks change in a prediction, as named parts (docs/memory.md "The memory tricks").
 
+The tricks themselves live in `jobs.spec.tricks` (one module each); this is the part of the prediction that
+needs the model's architecture, which the tricks' package (below `jobs.memory`) cannot see.
+
 `jobs.memory.predict.predict` computes the figures of a plain step and hands them here once
 (`trick_effects`); each trick changes the figures it touches and says so in their formulas:
 
@@ -10,7 +13,8 @@
   device's figure to a host figure the worker's RAM must hold (`host_bytes`).
 - the CPU allocator: without `cpu_return_freed_memory`, glibc's heap keeps freed activation-sized blocks
   resident (the `overhead` part on the CPU); with it, nothing.
-- Liger kernels and torch.compile: their savings are not modelled (labelled in the notes, not guessed);
+- Liger kernels and torch.compile: their savings are not modelled (labelled in the notes, not guessed: each
+  trick's `memory_note`, which `jobs.memory.predict` adds after these);
   trl's own fused LM head already never materialises the logits. NEFTune and LoRA+ change no memory.
 """
 
@@ -75,10 +79,6 @@ def trick_effects(spec: JobSpec, arch: Arch, cuda: bool, rss: bool, fig: Figures
             actf=fig.actf + f" - {arch.layers - keep} layers' saved activations offloaded to host memory",
         )
         notes.append(f"activation offloading: {host / 2**30:.2f} GiB of activations in the worker's host RAM")
-    if spec.use_liger_kernel:
-        notes.append("Liger kernels: their smaller layer temporaries are not modelled (predicted at the unfused size)")
-    if spec.torch_compile:
-        notes.append("torch.compile: the compiler's workspace and fused buffers are not modelled")
     if rss and not cuda and not spec.cpu_return_freed_memory:
         heap, heap_f = _glibc_heap(fig)
     return TrickEffect(fig, host, heap, heap_f, tuple(notes))
