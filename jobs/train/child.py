@@ -44,6 +44,7 @@ from types import FrameType
 from typing import Any
 
 from jobs.devices.probe import detect_device
+from jobs.doctor.findings import findings_of
 from jobs.memory.flops import FlopsRate
 from jobs.spec.evaluation import evaluation_tasks
 from jobs.spec.job import JobSpec, SpecError
@@ -136,6 +137,7 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
         return _train(store, run_id, spec, callbacks, mirrors)
     finally:
         ended = store.get_run(run_id)
+        mirrors.note(findings_of(store.run_events(run_id)))  # the doctor's findings the worker stored so far
         mirrors.close(ended.status.value if ended is not None else "failed")
 
 
