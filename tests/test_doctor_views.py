@@ -113,3 +113,23 @@ def test_events_of_runs_reads_one_kind_of_several_runs(store: Store) -> None:
     got = store.events_of_runs([a, b], "finding")
     assert list(got) == [a] and got[a][0]["data"]["code"] == "loss_spike"
     assert store.events_of_runs([], "finding") == {}
+
+
+def test_no_rule_runs_in_the_dashboards_views(store: Store, monkeypatch) -> None:
+    """The dashboard only reads stored findings: with every rule broken, the views still show them."""
+    run_id = spiked_run(store)
+    import jobs.doctor.rulebook as rulebook
+    import jobs.doctor.watch as watch
+
+    def no_rules(*args, **kwargs):
+        raise AssertionError("a rule ran in the dashboard")
+
+    monkeypatch.setattr(rulebook, "examine", no_rules)
+    monkeypatch.setattr(watch, "examine", no_rules)
+    for code in list(rulebook.RULES):
+        monkeypatch.setitem(rulebook.RULES, code, no_rules)
+    assert "loss_spike" in str(page_values(store, run_id)["findings"])
+    assert RunPageData(store).rows(run_id, "sft")[1]
+    assert "⚠️ loss_spike@40" in set(ui_runs.runs_frame(store)["doctor"])
+    run = store.get_run(run_id)
+    assert run is not None and ui_compare.summarize_run(store, run).findings == "⚠️ loss_spike@40"
