@@ -180,7 +180,7 @@ def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequenc
             resume_from=resume_from,
             on_ready=ready,
             store=store,
-            before_training=lambda m, t, ev: _before_training(store, run_id, spec, m, t, ev, held_out),
+            before_training=lambda m, t, ev: _before_training(store, run_id, spec, m, t, ev, held_out, mirrors),
         )
         callback.flush()  # eval metrics and the last steps land before the status changes
         if spec.auto_find_batch_size:  # the record gains the micro-batch training ended with
@@ -193,7 +193,7 @@ def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequenc
         _add_run_figures(store, run_id, result, callback.flops, resumed=resume_from is not None)
         if result.best is not None:  # why training ended where it did, and which step the bundle holds
             _record_best(store, run_id, result.best)
-        _succeed(store, run_id, spec, result, held_out.get("eval"))
+        _succeed(store, run_id, spec, result, held_out.get("eval"), mirrors)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the run row
         return _failed(store, run_id, spec, exc, callback, output_dir, training=bool(training))
@@ -238,16 +238,31 @@ def _record_best(store: TrainingRecord, run_id: int, best: BestCheckpoint) -> No
 
 
 def _before_training(
-    store: TrainingRecord, run_id: int, spec: JobSpec, model: Any, tokenizer: Any, eval_ds: Any, held_out: dict
+    store: TrainingRecord,
+    run_id: int,
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    eval_ds: Any,
+    held_out: dict,
+    mirrors: Mirrors,
 ) -> None:
     """The base model's before/after answers and its forgetting-meter figures (step 0); keeps the eval rows."""
     before_after.record_before(store.run_dir(run_id), spec, model, tokenizer, eval_ds)
     held_out["eval"] = eval_ds
     if not record_for(spec.trainer).score_head and not store.metrics(run_id, [forgetting.GENERAL]):
-        forgetting.record(store, run_id, 0, model, tokenizer, eval_ds)  # a resumed run keeps its base figures
+        # a resumed run keeps its base figures; the trackers get the rows as they get every other
+        mirrors.log(forgetting.record(store, run_id, 0, model, tokenizer, eval_ds))
 
 
-def _succeed(store: TrainingRecord, run_id: int, spec: JobSpec, result: TrainResult, eval_ds: Any = None) -> None:
+def _succeed(
+    store: TrainingRecord,
+    run_id: int,
+    spec: JobSpec,
+    result: TrainResult,
+    eval_ds: Any = None,
+    mirrors: Mirrors | None = None,
+) -> None:
     """The bundle and its before/after samples written, the run marked succeeded, its benchmarks queued."""
     from jobs.train.artifacts import write_artifacts
 
@@ -256,7 +271,9 @@ def _succeed(store: TrainingRecord, run_id: int, spec: JobSpec, result: TrainRes
     if store.metrics(run_id, [forgetting.GENERAL]):  # the base was measured: now the result
         run = store.get_run(run_id)
         step = max(1, run.current_step if run is not None else 1)
-        forgetting.record(store, run_id, step, result.model, result.tokenizer, eval_ds)
+        points = forgetting.record(store, run_id, step, result.model, result.tokenizer, eval_ds)
+        if mirrors is not None:
+            mirrors.log(points)
         meter = forgetting.read(store, run_id)
     parts = before_after.bundle_parts(samples)
     parts["card_extra"] = parts.get("card_extra", "") + forgetting.card_section(meter)

@@ -118,18 +118,22 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
     return total / count if count else math.nan
 
 
-def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_ds: Any) -> None:
-    """Measure the general text (and the eval rows) on `model`; store them as metric rows at `step`. Never raises."""
+def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_ds: Any) -> list[MetricPoint]:
+    """Measure the general text (and the eval rows) on `model`; store them as metric rows at `step`; the rows
+    stored (none after an error: never raises)."""
     try:
         started = time.monotonic()
         points = [MetricPoint(step, GENERAL, mean_loss(model, tokenizer, general_texts(tokenizer)), time.time())]
         task = task_texts(eval_ds, tokenizer)
         if task:
             points.append(MetricPoint(step, TASK, mean_loss(model, tokenizer, task), time.time()))
-        store.add_metrics(run_id, [p for p in points if math.isfinite(p.value)])
+        points = [p for p in points if math.isfinite(p.value)]
+        store.add_metrics(run_id, points)
         log.info("forgetting meter at step %d: %s in %.1f s", step, points, time.monotonic() - started)
+        return points
     except Exception:  # noqa: BLE001 - a display: the run goes on without it
         log.exception("forgetting meter: measuring at step %d failed; the run goes on", step)
+        return []
 
 
 @dataclass(frozen=True)
