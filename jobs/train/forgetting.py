@@ -11,7 +11,7 @@ token loss is measured on the base before training and on the result after, as m
 `general_loss`; beside it, `task_loss` is the same measure over (at most MAX_TASK_ROWS) held-out eval rows:
 the job's own text. The rows live with the run's other metrics, so the training doctor reads them
 (`jobs.doctor.rules.forgetting`: a finding when the general perplexity rose past FORGET_RISE) and every view
-reads one home. Costs two forward passes over ~2,000 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows).
+reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows).
 Never fails a run: an error is logged and the meter is left out.
 """
 
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 GENERAL = "general_loss"  # metric rows: mean token loss on the shipped general text
 TASK = "task_loss"  # ... and on the run's held-out eval rows, measured the same way
 RESOURCES = Path(__file__).resolve().parents[1] / "resources" / "general"
-GENERAL_SAMPLE = 128  # the sentences measured: an evenly spaced, fixed choice of them (seconds on a CPU)
-MAX_TASK_ROWS = 32  # the eval rows measured (the first ones)
+GENERAL_SAMPLE = 64  # the sentences measured: an evenly spaced, fixed choice of them (seconds on a CPU)
+MAX_TASK_ROWS = 16  # the eval rows measured (the first ones)
 MAX_TOKENS = 96  # each text is cut to this many tokens
 BATCH = 32
 
