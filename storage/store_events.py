@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import func, select
@@ -52,6 +53,25 @@ class EventsMixin(StoreCore):
                 }
                 for e in s.scalars(q)
             ]
+
+    def events_of_runs(self, run_ids: Sequence[int], kind: str) -> dict[int, list[dict[str, Any]]]:
+        """The events of one kind of several runs in one read, oldest first: {run_id: [{step, message, data}]}
+        (the runs table's and Compare's doctor column)."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        if not run_ids:
+            return out
+        q = (
+            select(m.RunEvent)
+            .where(m.RunEvent.run_id.in_(list(run_ids)), m.RunEvent.kind == kind)
+            .order_by(m.RunEvent.id)
+        )
+        with self._read() as s:
+            for e in s.scalars(q):
+                data = json.loads(e.data_json) if e.data_json else {}
+                out.setdefault(e.run_id, []).append(
+                    {"kind": e.kind, "step": e.step, "message": e.message, "data": data}
+                )
+        return out
 
     # ------------------------------------------------------------------ worker devices
     def publish_device(self, worker_id: str, host: str, facts: dict[str, Any]) -> None:

@@ -1,5 +1,8 @@
-"""The training doctor on real tiny runs (integration): a NaN run gets its fatal finding at the step it
-stopped, with the diagnosis; a normal run long enough for every rule to read it gets no warning."""
+"""The training doctor on real tiny runs (integration), each driven into one failure: a NaN run, a learning
+rate far too high (a loss spike), a learning rate of about zero (a flat loss), a tiny repeated data set
+trained for many epochs with evaluation (overfitting), a GRPO run whose reward cannot vary; each gets its
+finding at the step the failure shows, with its fix. A normal run long enough for every rule to read it,
+and the examples, get no warning."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import pytest
 import training_helpers
 from test_faults import AtStep, poison
+from transformers import TrainerCallback
 
 from jobs.doctor.findings import Severity, findings_of
 from jobs.doctor.watch import Doctor
@@ -50,3 +54,58 @@ def test_a_normal_real_run_gets_no_warning(store: Store, tiny_model: Path) -> No
     assert len(store.metrics(run_id, ["loss"])) == 50
     # tokens/s (info) depends on what else the machine runs; nothing about the training itself is wrong
     assert [f.message for f in found if f.severity is not Severity.INFO] == []
+
+
+class RaiseLearningRate(TrainerCallback):
+    """At the end of optimizer step `step`, the learning rate becomes `lr` (the scheduler's base too): the
+    next update is taken far too large, and the loss logged at the step after it shows it."""
+
+    def __init__(self, step: int, lr: float):
+        self.step, self.lr = step, lr
+
+    def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if state.global_step == self.step:
+            lr_scheduler.base_lrs = [self.lr] * len(lr_scheduler.base_lrs)
+            for group in optimizer.param_groups:
+                group["lr"] = self.lr
+
+
+def _trained(store: Store, spec, callbacks=()) -> tuple[int, list]:
+    """Train `spec` in this process; (run id, the warnings and fatal findings of the doctor's final check)."""
+    from jobs.train.child import run
+
+    run_id = store.create_run(spec)
+    store.claim_next_on_device("test", "0")
+    run(run_id, store, callbacks=list(callbacks))
+    found = Doctor(store, run_id, spec, interval_s=0.0).check(final=True)
+    return run_id, [f for f in found if f.severity is not Severity.INFO]
+
+
+@pytest.mark.integration
+@pytest.mark.sqlite_only
+def test_a_learning_rate_far_too_high_gets_a_loss_spike_at_its_step(store: Store, tiny_model: Path) -> None:
+    """Full fine-tuning of the tiny model on 4 rows: the loss falls steadily to ~1 by step 31; the learning rate
+    raised to 1.0 after step 30 makes step 31's update far too large, and step 32's loss is ~20x its median.
+    The gradient norm of that step explodes as well (the same event, seen in a second curve), and the result
+    reads ordinary text far worse than its base (the forgetting meter, measured at the run's end)."""
+    spec = training_helpers.tiny_spec(tiny_model, max_steps=32, learning_rate=3e-3, max_train_samples=4, method="full")
+    _, found = _trained(store, spec, [RaiseLearningRate(30, 1.0)])
+    assert {(f.code, f.step) for f in found} == {
+        (RuleCode.LOSS_SPIKE, 32),
+        (RuleCode.GRAD_NORM_EXPLOSION, 32),
+        (RuleCode.FORGETTING, 32),
+    }
+    spike = next(f for f in found if f.code is RuleCode.LOSS_SPIKE)
+    assert spike.evidence["ratio"] > 2 and [32, spike.evidence["value"]] in spike.evidence["curve"]
+    assert spike.spec_change == {"learning_rate": pytest.approx(1.5e-3), "max_grad_norm": 1.0}
+
+
+@pytest.mark.integration
+@pytest.mark.sqlite_only
+def test_a_learning_rate_of_about_zero_gets_a_flat_loss_at_step_50(store: Store, tiny_model: Path) -> None:
+    """lr 1e-9 on the same 4 rows every step: the loss does not move; judged once 50 points are logged."""
+    spec = training_helpers.tiny_spec(tiny_model, max_steps=50, learning_rate=1e-9, max_train_samples=4)
+    _, found = _trained(store, spec)
+    assert [(f.code, f.step) for f in found] == [(RuleCode.LOSS_FLAT, 50)]
+    assert "learning rate is too low" in found[0].diagnosis
+    assert found[0].spec_change == {"learning_rate": pytest.approx(1e-8)}

@@ -112,3 +112,24 @@ def test_default_example_ends_scored_against_its_base(store, smollm2_run: tuple[
     lines = score_lines(store, store.get_run(run_id))
     assert any(ln.strip().startswith("tag-format-questions") and ln.count("±") == 2 for ln in lines), lines
     assert lines[-1].startswith("judge: judge smollm2-135m-instruct: the run won ") and "win rate" in lines[-1]
+
+
+def test_default_example_shows_base_against_run_and_gets_no_doctor_warning(
+    store, smollm2_run: tuple[Path, int]
+) -> None:
+    """The forgetting meter on the default example: the base and the result both read the general text (and the
+    held-out rows), shown on the run page and in `tunedeck show`; the training doctor found nothing wrong."""
+    from app.cli.show import show_text
+    from app.ui.run_text import samples_markdown
+    from jobs.doctor.findings import Severity, findings_of
+    from jobs.train import forgetting
+
+    run_id = smollm2_run[1]
+    meter = forgetting.read(store, run_id)
+    assert meter is not None and meter.task_change is not None and meter.task_change < 0  # it learned its task
+    assert [p.step for p in store.metrics(run_id, [forgetting.GENERAL])] == [0, 30]
+    run = store.get_run(run_id)
+    assert run is not None and meter.text() in samples_markdown(store, run)
+    assert any(ln.startswith("forgetting:") and meter.text() in ln for ln in show_text(store, run).splitlines())
+    found = findings_of(store.run_events(run_id))
+    assert [f.message for f in found if f.severity is not Severity.INFO] == []

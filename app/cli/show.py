@@ -15,7 +15,7 @@ from app.cli.usage import UsageError
 from jobs.doctor.findings import EVENT_KIND, findings_of
 from jobs.errors import Problem
 from jobs.spec.stored import spec_of
-from jobs.train import figures
+from jobs.train import figures, forgetting
 from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.store import RunRecord, Store
@@ -108,6 +108,9 @@ def show_text(store: Store, run: RunRecord) -> str:
     )
     if predicted:
         lines.append(f"{'memory:':<13}{predicted}")
+    meter = forgetting.read(store, run.id)
+    if meter is not None:
+        lines.append(f"{'forgetting:':<13}{meter.text()} ({meter.detail()})")
     others = sharing(store).get(run.id) if run.status is RunStatus.RUNNING else None
     if others:
         lines.append(f"{'device:':<13}shared with run(s) {', '.join(map(str, others))} (worker {run.worker_id})")

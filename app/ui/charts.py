@@ -47,6 +47,7 @@ SERIES_COLORS = {
     "train": "#4e79a7",
     "eval": "#f28e2b",
 }
+MARK, MARK_COLOR = "doctor: ", "#d62728"  # a training doctor's finding marked on a curve (app.ui.findings_view)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def color_map(names: list[str]) -> dict[str, str]:
     """A colour per series: fixed ones from SERIES_COLORS, the others from PALETTE in order."""
     taken = {SERIES_COLORS[n] for n in names if n in SERIES_COLORS}
     free = cycle([c for c in PALETTE if c not in taken] or PALETTE)
-    return {name: SERIES_COLORS.get(name) or next(free) for name in names}
+    return {name: SERIES_COLORS.get(name) or (MARK_COLOR if name.startswith(MARK) else next(free)) for name in names}
 
 
 def round_up(x: float) -> float:

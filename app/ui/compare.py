@@ -2,7 +2,7 @@
 
 Pick several runs; the view shows
 - one table: a row per spec field whose value differs between the picked runs, then the
-  measured results (status, the figures of jobs.train.figures: peak memory and its source, tokens/s,
+  measured results (status, the training doctor's findings, the figures of jobs.train.figures: peak memory and its source, tokens/s,
   step time, loss; the memory prediction's error, for the whole run and per phase where the run
   recorded its phases (jobs.train.phases); then final eval loss, trainable parameters, runtime; then
   each benchmark and judge score a run has, the run's beside its base's: jobs.evaluate), one column per run;
@@ -25,6 +25,7 @@ import gradio as gr
 import pandas as pd
 
 from app.ui import charts, series
+from app.ui.findings_view import icon_text
 from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.train.phases import PHASES, PhaseRow, load_phases, phase_rows
@@ -35,6 +36,7 @@ _GIB = 1024**3
 FIGURE_ROWS = (figures.PEAK_MEMORY, figures.TOKENS_PER_SECOND, figures.STEP_TIME, figures.LOSS)
 RESULT_ROWS = [
     "status",
+    "doctor",
     *(f.label for f in FIGURE_ROWS),
     "predicted peak (error)",
     *(f"{name} memory (error)" for name in PHASES),
@@ -61,6 +63,7 @@ class RunSummary:
     predicted: str = ""  # the memory prediction saved at submit against the measured peak (jobs.memory.predict)
     phases: tuple[PhaseRow, ...] = ()  # per phase, predicted against measured (jobs.train.phases); () unrecorded
     scores: tuple[tuple[str, str], ...] = ()  # ("task: metric", "run ± stderr (base ...)") per benchmark score
+    findings: str = ""  # the training doctor's findings: "⚠️ loss_spike@40" (app.ui.findings_view.icon_text)
 
     @property
     def label(self) -> str:
@@ -128,6 +131,7 @@ def summarize_run(store: Store, run: RunRecord, now: float | None = None) -> Run
         predicted,
         tuple(phase_rows(saved, load_phases(store, run.id))),
         score_cells(store, run.id),
+        icon_text(store.run_events(run.id)),
     )
 
 
@@ -161,6 +165,7 @@ def result_values(s: RunSummary) -> list[str]:
             params += f" ({100 * s.trainable_params / s.total_params:.2f}%)"
     return [
         s.status,
+        s.findings,
         *(s.figures.text(f) for f in FIGURE_ROWS),
         s.predicted,
         *(r.summary() for r in s.phases or [PhaseRow(name, None, None) for name in PHASES]),

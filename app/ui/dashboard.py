@@ -172,6 +172,18 @@ def _wire_clone(store: Store, form: ui_form.LaunchForm, page: ui_run.RunPage, ta
 
     page.clone.click(clone, page.run_id, form.inputs + [tabs], api_visibility="private")
 
+    def clone_with_fix(run_id: float | None, fix: Any) -> list[Any]:
+        """The form filled as Clone does, with the chosen finding's spec change applied (`tunedeck clone ID --fix N`)."""
+        if run_id is None or fix is None:
+            raise gr.Error("Open a run with a finding of the training doctor first.")
+        try:
+            spec = run_commands.clone(store, run_id, "run", fix=int(fix))
+        except run_commands.RunCommandError as exc:
+            raise gr.Error(str(exc)) from None
+        return ui_form.form_values(spec) + [gr.Tabs(selected="launch")]
+
+    page.clone_fix.click(clone_with_fix, [page.run_id, page.fix], form.inputs + [tabs], api_visibility="private")
+
 
 def _wire_load(
     demo: gr.Blocks, store: Store, policy: AccessPolicy, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs

@@ -1,4 +1,5 @@
-"""One run's page: status, progress and ETA, live graphs, memory by phase, log tail, spec, cancel, resume, download, clone.
+"""One run's page: status, progress and ETA, the doctor's findings, live graphs, memory by phase, log tail, spec, cancel,
+resume, download, clone (with a finding's fix).
 
 Nothing here runs on a timer. The graphs are canvas charts the page draws from its live stream
 (`app.ui.live`: only new points are sent, nothing for a finished run); the text is redrawn by
@@ -18,6 +19,7 @@ import gradio as gr
 import pandas as pd
 
 from app.ui import charts, series
+from app.ui.findings_view import findings_html, fix_choices, marked_rows
 from app.ui.run_text import (
     events_markdown,
     header_markdown,
@@ -28,6 +30,7 @@ from app.ui.run_text import (
     throughput_markdown,
 )
 from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, unreachable_files_note
+from jobs.doctor.findings import findings_of
 from jobs.queue import commands
 from jobs.queue.commands import RunCommandError, resumable
 from jobs.spec.stored import spec_of, stored_spec
@@ -78,6 +81,9 @@ class RunPage:
     phases: gr.Markdown  # memory by phase, predicted against measured (jobs.train.phases)
     poll: gr.Button  # hidden; pressed by the page when its live stream says the run moved
     graphs: dict[str, gr.HTML]  # chart elem_id -> the block the page draws it in (GRAPHS)
+    findings: gr.HTML  # the training doctor's banner and list (app.ui.findings_view)
+    fix: gr.Dropdown  # which finding's spec change "Clone with fix" applies
+    clone_fix: gr.Button
 
     @property
     def outputs(self) -> list[gr.Component]:
@@ -94,11 +100,14 @@ class RunPage:
             self.log,
             self.spec,
             self.resume,
+            self.findings,
+            self.fix,
+            self.clone_fix,
             self.drawn,
         ]
 
 
-OUTPUTS = 12  # len(RunPage.outputs)
+OUTPUTS = 15  # len(RunPage.outputs)
 
 
 def build() -> RunPage:
@@ -112,6 +121,10 @@ def build() -> RunPage:
     header = gr.Markdown("Select a run in the Runs tab, or launch one.", elem_id="run-header")
     progress = gr.HTML()
     error = gr.Markdown(elem_id="run-error")
+    findings = gr.HTML(elem_id="run-findings-block")
+    with gr.Row():
+        fix = gr.Dropdown(label="finding to fix", choices=[], visible=False, scale=3, elem_id="run-fix-choice")
+        clone_fix = gr.Button("Clone with fix", visible=False, scale=0, elem_id="clone-with-fix")
     graphs: dict[str, gr.HTML] = {}
     for row in ((charts.RUN_MEMORY, charts.RUN_LOSS), (charts.RUN_LR, charts.RUN_TOKENS), (charts.RUN_TRAINER,)):
         with gr.Row():
@@ -140,6 +153,9 @@ def build() -> RunPage:
         phases,
         poll,
         graphs,
+        findings,
+        fix,
+        clone_fix,
     )
 
 
@@ -182,7 +198,7 @@ class RunPageData:
         memory = with_predicted_line(series.memory_rows(mem, origin), load_prediction(self.store, run_id))
         loss = series.metric_rows(
             {"train": get("loss"), "eval": get("eval_loss"), "best (in the bundle)": get("best_checkpoint")}
-        )
+        ) + marked_rows(findings_of(self.store.run_events(run_id)))  # the stretch each loss finding saw
         lr = series.metric_rows({"learning rate": get("learning_rate")})
         tps = series.metric_rows({"tokens/s": get("tokens_per_second")})
         own = series.metric_rows({label: get(name) for label, name in names.items()})
@@ -219,6 +235,7 @@ class RunPageData:
             return (
                 [f"No run {rid}.", "", hidden, gr.DownloadButton(visible=False), gr.Dataframe(visible=False)]
                 + [""] * 5
+                + [gr.Button(visible=False), "", gr.Dropdown(choices=[], value=None, visible=False)]
                 + [gr.Button(visible=False)]
             )
         bundle = bundle_path(self.store, rid) if run.status is RunStatus.SUCCEEDED else None
@@ -236,7 +253,10 @@ class RunPageData:
             error = unreachable_files_note(self.store, rid)
         cancel = gr.Button(visible=run.status in (RunStatus.QUEUED, RunStatus.RUNNING))
         resume = gr.Button(visible=resumable(self.store, run))
-        events = events_markdown(run, self.store.run_events(rid))
+        all_events = self.store.run_events(rid)
+        events = events_markdown(run, all_events)
+        found = findings_of(all_events)
+        choices = fix_choices(found)
         measured = figures.run_figures(self.store, run)
         header = (
             header_markdown(run, measured)
@@ -256,6 +276,9 @@ class RunPageData:
             log_tail(run),
             spec_yaml(run.spec_json),
             resume,
+            findings_html(found),
+            gr.Dropdown(choices=choices, value=choices[0][1] if choices else None, visible=bool(choices)),
+            gr.Button(visible=bool(choices)),
         ]
 
     def cancel(self, run_id: float | None) -> None:

@@ -129,7 +129,17 @@ def samples_markdown(store: Store, run: RunRecord) -> str:
         else ""
     )
     verdict = f"**Judge**: {judge_line(judged)}." if judged else ""
-    return "### Before / after\n" + "\n\n".join(x for x in (line, verdict, table) if x)
+    return "### Before / after\n" + "\n\n".join(x for x in (meter_line(store, run), line, verdict, table) if x)
+
+
+def meter_line(store: Store, run: RunRecord) -> str:
+    """The forgetting meter (jobs.train.forgetting): base against result on tunedeck's general text."""
+    from jobs.train import forgetting
+
+    meter = forgetting.read(store, run.id)
+    if meter is None:
+        return ""
+    return f"<span id='run-forgetting'>**Forgetting meter**: {meter.text()}</span> ({meter.detail()})."
 
 
 def phases_markdown(store: Store, run: RunRecord) -> str:

@@ -1,5 +1,6 @@
 """The runs table: one row per run with its status, progress and figures (jobs.train.figures).
 
+The "doctor" column shows the training doctor's findings (the gravest one's icon, then code@step).
 Selecting a row opens that run's page (wired in app.ui.dashboard); a status filter and a search box (name,
 tags or note) narrow the list. Each row shows the run's tags and disk use; a line below the
 table gives the disk use of all runs (re-measured at most every TOTAL_EVERY_S seconds).
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import gradio as gr
 import pandas as pd
 
+from app.ui.findings_view import icon_text
+from jobs.doctor.findings import EVENT_KIND
 from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.units import human_bytes
@@ -30,6 +33,7 @@ COLUMNS = [
     "model",
     "method",
     "status",
+    "doctor",
     "progress",
     "tags",
     "disk",
@@ -52,6 +56,7 @@ def runs_frame(
     runs = store.list_runs(None if status in (ALL, "", None) else RunStatus(status), limit=limit, search=search or None)
     disk = disk or DiskUsage(store)
     measured = figures.figures_of_runs(store, runs)
+    found = store.events_of_runs([r.id for r in runs], EVENT_KIND)  # one read for the doctor column
     rows = [
         [
             r.id,
@@ -59,6 +64,7 @@ def runs_frame(
             spec_of(r).model,
             spec_of(r).method.value,
             r.status.value,
+            icon_text(found.get(r.id, [])),
             progress_text(r),
             ", ".join(r.tags),
             human_bytes(disk.of(r)),

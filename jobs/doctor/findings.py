@@ -22,6 +22,16 @@ Point = tuple[int, float]  # (step, value); NaN where training logged NaN or inf
 Curves = Mapping[str, Sequence[Point]]  # metric name -> its points, oldest step first
 
 
+# The metric each finding's evidence curve is of, for the rules the run page marks on its loss chart.
+LOSS_CHART_METRIC: dict[RuleCode, str] = {
+    RuleCode.LOSS_SPIKE: "loss",
+    RuleCode.NONFINITE_LOSS: "loss",
+    RuleCode.LOSS_FLAT: "loss",
+    RuleCode.LOSS_NEAR_ZERO: "loss",
+    RuleCode.OVERFITTING: "eval_loss",
+}
+
+
 class Severity(str, Enum):
     """How much a finding matters: `fatal` the run cannot recover, `warning` it is going wrong, `info` worth a look."""
 
@@ -113,3 +123,9 @@ def _json_safe(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_json_safe(v) for v in x]
     return x
+
+
+def worst(findings: Sequence[Finding]) -> Severity | None:
+    """The gravest severity among `findings` (None for none)."""
+    order = list(Severity)
+    return max((f.severity for f in findings), key=order.index, default=None)

@@ -30,6 +30,7 @@ RULES: dict[RuleCode, Rule] = {
     RuleCode.COMPLETIONS_CLIPPED: grpo.completions_clipped,
     RuleCode.KL_UNBOUNDED: grpo.kl_unbounded,
     RuleCode.ENTROPY_COLLAPSE: grpo.entropy_collapse,
+    RuleCode.FORGETTING: rules.forgetting,
 }
 
 

@@ -32,6 +32,7 @@ NEAR_ZERO_WINDOW = 10  # the recent points whose median is read
 OVERFIT_MIN_EVALS = 3  # overfitting is judged after this many evaluations
 OVERFIT_RISE = 0.05  # the newest eval loss this share above the best, having risen twice in a row
 OVERFIT_TRAIN_FALL = 0.02  # ... while the training loss fell by at least this share since the previous evaluation
+FORGET_RISE = 0.10  # forgetting: the general text's perplexity at least this share above the base's
 TRAIN_WINDOW = 5  # the training-loss points (up to an eval's step) whose median stands for it
 
 
@@ -221,4 +222,34 @@ def overfitting(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
             "curve": [[s, v] for s, v in evals],
         },
         {"early_stopping_patience": 2},
+    )
+
+
+def forgetting(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
+    """The shipped general text's perplexity rose past FORGET_RISE from the base to the result (`jobs.train.forgetting`:
+    `general_loss` at step 0 and at the last step; `task_loss` beside it)."""
+    general = finite(curves.get("general_loss", ()))
+    if len(general) < 2 or not _new(general, since):
+        return None
+    (_, before), (step, after) = general[0], general[-1]
+    rise = math.exp(after - before) - 1
+    if rise < FORGET_RISE:
+        return None
+    task = finite(curves.get("task_loss", ()))
+    beside = ""
+    if len(task) >= 2 and task[0][1] > 0:
+        moved = task[-1][1] / task[0][1] - 1
+        beside = f" while the eval loss {'fell' if moved < 0 else 'rose'} {abs(100 * moved):.0f}%"
+    epochs = ctx.num_train_epochs
+    change = {"num_train_epochs": max(1.0, epochs / 2)} if epochs > 1 else {"learning_rate": ctx.learning_rate / 2}
+    return Finding(
+        RuleCode.FORGETTING,
+        step,
+        Severity.WARNING,
+        f"the perplexity of ordinary text rose {100 * rise:.0f}% from the base model's{beside}: the fine-tune made "
+        "the model worse at what it knew",
+        "train less (fewer epochs or steps, a lower learning_rate), use LoRA with a smaller rank, or mix some "
+        "general data into the training set",
+        {"general_loss_before": before, "general_loss_after": after, "perplexity_rise": rise},
+        change,
     )

@@ -30,6 +30,7 @@ class RuleCode(str, Enum):
     COMPLETIONS_CLIPPED = "completions_clipped"
     KL_UNBOUNDED = "kl_unbounded"
     ENTROPY_COLLAPSE = "entropy_collapse"
+    FORGETTING = "forgetting"
 
 
 SEVERITIES = ("info", "warning", "fatal")  # `jobs.doctor.findings.Severity`: a word that stops on every finding of it

@@ -44,12 +44,14 @@ from types import FrameType
 from typing import Any
 
 from jobs.devices.probe import detect_device
+from jobs.doctor.findings import findings_of
 from jobs.memory.flops import FlopsRate
 from jobs.spec.evaluation import evaluation_tasks
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.stored import read_spec, unreadable_summary
+from jobs.spec.trainer_records import record_for
 from jobs.spec.tricks import checkpointing
-from jobs.train import before_after, figures, oom, phases, share_cap
+from jobs.train import before_after, figures, forgetting, oom, phases, share_cap
 from jobs.train.best import EVENT_KIND as BEST_EVENT
 from jobs.train.best import BestCheckpoint
 from jobs.train.callbacks import STOP_REQUESTED, StoreCallback
@@ -137,6 +139,7 @@ def run(run_id: int, store: TrainingRecord | None = None, callbacks: Sequence[An
         return _train(store, run_id, spec, callbacks, mirrors)
     finally:
         ended = store.get_run(run_id)
+        mirrors.note(findings_of(store.run_events(run_id)))  # the doctor's findings the worker stored so far
         mirrors.close(ended.status.value if ended is not None else "failed")
 
 
@@ -155,6 +158,7 @@ def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequenc
     )
     output_dir = store.run_dir(run_id) / "output"
     training = []  # set once the trainer is built: an OOM after that is one a smaller step can avoid
+    held_out: dict[str, Any] = {}  # the eval rows, kept for the forgetting meter's "after" (jobs.train.forgetting)
 
     def ready(cfg: dict[str, Any]) -> None:
         store.set_resolved_config(run_id, cfg)
@@ -177,7 +181,7 @@ def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequenc
             resume_from=resume_from,
             on_ready=ready,
             store=store,
-            before_training=lambda m, t, ev: before_after.record_before(store.run_dir(run_id), spec, m, t, ev),
+            before_training=lambda m, t, ev: _before_training(store, run_id, spec, m, t, ev, held_out, mirrors),
         )
         callback.flush()  # eval metrics and the last steps land before the status changes
         if spec.auto_find_batch_size:  # the record gains the micro-batch training ended with
@@ -190,7 +194,7 @@ def _train(store: TrainingRecord, run_id: int, spec: JobSpec, callbacks: Sequenc
         _add_run_figures(store, run_id, result, callback.flops, resumed=resume_from is not None)
         if result.best is not None:  # why training ended where it did, and which step the bundle holds
             _record_best(store, run_id, result.best)
-        _succeed(store, run_id, spec, result)
+        _succeed(store, run_id, spec, result, held_out.get("eval"), mirrors)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the run row
         return _failed(store, run_id, spec, exc, callback, output_dir, training=bool(training))
@@ -234,14 +238,47 @@ def _record_best(store: TrainingRecord, run_id: int, best: BestCheckpoint) -> No
         store.add_metrics(run_id, [MetricPoint(best.step, BEST_EVENT, best.value, time.time())])
 
 
-def _succeed(store: TrainingRecord, run_id: int, spec: JobSpec, result: TrainResult) -> None:
+def _before_training(
+    store: TrainingRecord,
+    run_id: int,
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    eval_ds: Any,
+    held_out: dict,
+    mirrors: Mirrors,
+) -> None:
+    """The base model's before/after answers and its forgetting-meter figures (step 0); keeps the eval rows."""
+    before_after.record_before(store.run_dir(run_id), spec, model, tokenizer, eval_ds)
+    held_out["eval"] = eval_ds
+    if not record_for(spec.trainer).score_head and not store.metrics(run_id, [forgetting.GENERAL]):
+        # a resumed run keeps its base figures; the trackers get the rows as they get every other
+        mirrors.log(forgetting.record(store, run_id, 0, model, tokenizer, eval_ds))
+
+
+def _succeed(
+    store: TrainingRecord,
+    run_id: int,
+    spec: JobSpec,
+    result: TrainResult,
+    eval_ds: Any = None,
+    mirrors: Mirrors | None = None,
+) -> None:
     """The bundle and its before/after samples written, the run marked succeeded, its benchmarks queued."""
     from jobs.train.artifacts import write_artifacts
 
     samples = before_after.record_after(store, run_id, spec, result.model, result.tokenizer)
-    write_artifacts(
-        store, run_id, spec, result.model, result.tokenizer, result.metrics, **before_after.bundle_parts(samples)
-    )
+    meter = None
+    if store.metrics(run_id, [forgetting.GENERAL]):  # the base was measured: now the result
+        run = store.get_run(run_id)
+        step = max(1, run.current_step if run is not None else 1)
+        points = forgetting.record(store, run_id, step, result.model, result.tokenizer, eval_ds)
+        if mirrors is not None:
+            mirrors.log(points)
+        meter = forgetting.read(store, run_id)
+    parts = before_after.bundle_parts(samples)
+    parts["card_extra"] = parts.get("card_extra", "") + forgetting.card_section(meter)
+    write_artifacts(store, run_id, spec, result.model, result.tokenizer, result.metrics, **parts)
     store.mark_succeeded(run_id, result.metrics)
     log.info("run %s succeeded: %s", run_id, result.metrics)
     for kind, args in evaluation_tasks(spec):  # benchmarks and a judge, base vs result: a worker's task

@@ -19,6 +19,7 @@ once, not after hours); one that fails while logging is logged and training goes
 
     mirrors = Mirrors.open(spec, run_id, store.run_dir(run_id))
     mirrors.log([MetricPoint(1, "loss", 2.3, time.time())])
+    mirrors.note(findings)   # the training doctor's findings stored so far: tags / notes / text (at the run's end)
     mirrors.close("succeeded")
 """
 
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from jobs.doctor.findings import Finding
 from jobs.spec.job import JobSpec
 from jobs.spec.trackers import Tracker
 from storage.records import MetricPoint
@@ -37,6 +39,7 @@ from storage.records import MetricPoint
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:7860"
+TAG_PREFIX = "doctor:"  # a finding's tag: "doctor:loss_spike" (W&B tag; MLflow tag tunedeck.doctor:loss_spike)
 PROJECT = "tunedeck"  # the W&B project, MLflow experiment and trackio project unless the environment names one
 
 
@@ -57,6 +60,7 @@ def by_step(points: Sequence[MetricPoint]) -> list[tuple[int, dict[str, float], 
 
 class Mirror(Protocol):
     def log(self, points: Sequence[MetricPoint]) -> None: ...
+    def note(self, findings: Sequence[Finding]) -> None: ...
     def close(self, status: str) -> None: ...
 
 
@@ -90,6 +94,16 @@ class Mirrors:
             except Exception:  # a tracker's error is logged; training and the other trackers go on
                 log.exception("mirroring %d metric rows to %s failed", len(points), tracker.value)
 
+    def note(self, findings: Sequence[Finding]) -> None:
+        """The training doctor's findings (`jobs.doctor`) as each tracker's tags or notes."""
+        if not findings:
+            return
+        for tracker, mirror in self.mirrors.items():
+            try:
+                mirror.note(findings)
+            except Exception:
+                log.exception("noting %d findings in %s failed", len(findings), tracker.value)
+
     def close(self, status: str) -> None:
         """Finish each tracker's run with tunedeck's final status (succeeded, failed, cancelled)."""
         for tracker, mirror in self.mirrors.items():
@@ -118,6 +132,10 @@ class _Wandb:
     def log(self, points: Sequence[MetricPoint]) -> None:
         for step, values, _wall in by_step(points):
             self.run.log(values, step=step)
+
+    def note(self, findings: Sequence[Finding]) -> None:
+        self.run.tags = (*(self.run.tags or ()), *(TAG_PREFIX + f.code.value for f in findings))
+        self.run.notes = "\n".join([self.run.notes or "", *(f.message for f in findings)]).strip()
 
     def close(self, status: str) -> None:
         self.run.finish(exit_code=0 if status == "succeeded" else 1)
@@ -150,6 +168,10 @@ class _Mlflow:
         for start in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
             self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
+    def note(self, findings: Sequence[Finding]) -> None:
+        for f in findings:
+            self.client.set_tag(self.run_id, f"tunedeck.{TAG_PREFIX}{f.code.value}", f"{f.message} Fix: {f.fix}"[:5000])
+
     def close(self, status: str) -> None:
         final = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(status, "FAILED")
         self.client.set_terminated(self.run_id, status=final)
@@ -168,6 +190,11 @@ class _TensorBoard:
     def log(self, points: Sequence[MetricPoint]) -> None:
         for p in points:
             self.writer.add_scalar(p.name, p.value, global_step=p.step, walltime=p.time)
+        self.writer.flush()
+
+    def note(self, findings: Sequence[Finding]) -> None:
+        for f in findings:
+            self.writer.add_text(f"doctor/{f.code.value}", f"{f.message} Fix: {f.fix}", f.step)
         self.writer.flush()
 
     def close(self, status: str) -> None:
@@ -191,6 +218,11 @@ class _Trackio:
     def log(self, points: Sequence[MetricPoint]) -> None:
         for step, values, _wall in by_step(points):
             self.run.log(values, step=step)
+
+    def note(self, findings: Sequence[Finding]) -> None:
+        """trackio has neither tags nor notes: each finding is a logged `doctor/<code>` of 1 at its step."""
+        for f in findings:
+            self.run.log({f"doctor/{f.code.value}": 1.0}, step=f.step)
 
     def close(self, status: str) -> None:
         self.run.finish()

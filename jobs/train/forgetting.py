@@ -1,0 +1,193 @@
+"""The forgetting meter: did the fine-tune make the model worse at ordinary text?
+
+    record(store, run_id, 0, model, tokenizer, eval_ds)        # the base, before training (step 0)
+    record(store, run_id, step, model, tokenizer, eval_ds)     # the result, after training (its last step)
+    meter = read(store, run_id)   # Forgetting(general_before, general_after, task_before, task_after)
+    meter.text()                  # "general perplexity +4% while eval loss fell 31%"
+
+The general text ships with tunedeck (`jobs/resources/general/`: a few hundred short sentences of general
+knowledge and everyday language, and a few general prompts with short answers, written for it). Its mean
+token loss is measured on the base before training and on the result after, as metric rows
+`general_loss`; beside it, `task_loss` is the same measure over (at most MAX_TASK_ROWS) held-out eval rows:
+the job's own text. The rows live with the run's other metrics, so the training doctor reads them
+(`jobs.doctor.rules.forgetting`: a finding when the general perplexity rose past FORGET_RISE) and every view
+reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows).
+Never fails a run: an error is logged and the meter is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from storage.records import MetricPoint
+
+log = logging.getLogger(__name__)
+
+GENERAL = "general_loss"  # metric rows: mean token loss on the shipped general text
+TASK = "task_loss"  # ... and on the run's held-out eval rows, measured the same way
+RESOURCES = Path(__file__).resolve().parents[1] / "resources" / "general"
+GENERAL_SAMPLE = 64  # the sentences measured: an evenly spaced, fixed choice of them (seconds on a CPU)
+MAX_TASK_ROWS = 16  # the eval rows measured (the first ones)
+MAX_TOKENS = 96  # each text is cut to this many tokens
+BATCH = 32
+
+
+@lru_cache(maxsize=1)
+def general_sentences() -> tuple[str, ...]:
+    return tuple(s for s in (RESOURCES / "sentences.txt").read_text(encoding="utf-8").splitlines() if s.strip())
+
+
+@lru_cache(maxsize=1)
+def general_prompts() -> tuple[tuple[str, str], ...]:
+    lines = (RESOURCES / "prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    return tuple((row["prompt"], row["answer"]) for row in map(json.loads, filter(str.strip, lines)))
+
+
+def _chat(tokenizer: Any, turns: list[dict[str, str]]) -> str:
+    """A conversation as the model reads it: its chat template, else the turns' text on their own lines."""
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template(turns, tokenize=False))
+    return "\n".join(t["content"] for t in turns)
+
+
+def general_texts(tokenizer: Any) -> list[str]:
+    """GENERAL_SAMPLE of the sentences (the same ones every time), then each general prompt and its answer as a
+    conversation."""
+    chats = [
+        _chat(tokenizer, [{"role": "user", "content": p}, {"role": "assistant", "content": a}])
+        for p, a in general_prompts()
+    ]
+    sentences = general_sentences()
+    stride = max(1, len(sentences) // GENERAL_SAMPLE)
+    return [*sentences[::stride][:GENERAL_SAMPLE], *chats]
+
+
+def row_text(row: dict[str, Any], tokenizer: Any) -> str | None:
+    """An eval row's text: chat turns through the template, prompt + completion, or plain text; None otherwise."""
+    messages = row.get("messages")
+    if isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+        return _chat(tokenizer, messages)
+    prompt, completion = row.get("prompt"), row.get("completion")
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return prompt + completion
+    text = row.get("text")
+    return text if isinstance(text, str) else None
+
+
+def task_texts(eval_ds: Any, tokenizer: Any) -> list[str]:
+    if eval_ds is None:
+        return []
+    rows = (eval_ds[i] for i in range(min(len(eval_ds), MAX_TASK_ROWS)))
+    return [t for t in (row_text(r, tokenizer) for r in rows) if t]
+
+
+def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
+    """The mean next-token loss (nats per token) of `model` over `texts`, every token counted once."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total, count = 0.0, 0
+    encoded = sorted(
+        (x for x in (tokenizer(t, add_special_tokens=False)["input_ids"][:MAX_TOKENS] for t in texts) if len(x) >= 2),
+        key=len,
+    )  # by length: each batch pads little
+    try:
+        with torch.no_grad():
+            for start in range(0, len(encoded), BATCH):
+                ids = encoded[start : start + BATCH]
+                width = max(map(len, ids))
+                input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device)
+                mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device)
+                logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
+                targets, keep = input_ids[:, 1:], mask[:, 1:].bool()
+                nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+                total += float(nll[keep].sum())
+                count += int(keep.sum())
+    finally:
+        model.train(was_training)
+    return total / count if count else math.nan
+
+
+def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_ds: Any) -> list[MetricPoint]:
+    """Measure the general text (and the eval rows) on `model`; store them as metric rows at `step`; the rows
+    stored (none after an error: never raises)."""
+    try:
+        started = time.monotonic()
+        points = [MetricPoint(step, GENERAL, mean_loss(model, tokenizer, general_texts(tokenizer)), time.time())]
+        task = task_texts(eval_ds, tokenizer)
+        if task:
+            points.append(MetricPoint(step, TASK, mean_loss(model, tokenizer, task), time.time()))
+        points = [p for p in points if math.isfinite(p.value)]
+        store.add_metrics(run_id, points)
+        log.info("forgetting meter at step %d: %s in %.1f s", step, points, time.monotonic() - started)
+        return points
+    except Exception:  # noqa: BLE001 - a display: the run goes on without it
+        log.exception("forgetting meter: measuring at step %d failed; the run goes on", step)
+        return []
+
+
+@dataclass(frozen=True)
+class Forgetting:
+    """The meter's figures: mean token loss before (the base) and after (the result)."""
+
+    general_before: float
+    general_after: float
+    task_before: float | None = None
+    task_after: float | None = None
+
+    @property
+    def general_change(self) -> float:
+        """The general perplexity's relative change (+0.04 = 4% higher)."""
+        return math.exp(self.general_after - self.general_before) - 1
+
+    @property
+    def task_change(self) -> float | None:
+        """The eval loss's relative change (-0.31 = fell 31%)."""
+        if self.task_before is None or self.task_after is None or self.task_before <= 0:
+            return None
+        return self.task_after / self.task_before - 1
+
+    def text(self) -> str:
+        line = f"general perplexity {100 * self.general_change:+.0f}%"
+        task = self.task_change
+        if task is not None:
+            line += f" while eval loss {'fell' if task < 0 else 'rose'} {abs(100 * task):.0f}%"
+        return line
+
+    def detail(self) -> str:
+        """The figures behind `text`: perplexities and losses."""
+        out = f"general perplexity {math.exp(self.general_before):.4g} (base) -> {math.exp(self.general_after):.4g}"
+        if self.task_before is not None and self.task_after is not None:
+            out += f"; eval loss {self.task_before:.4g} (base) -> {self.task_after:.4g}"
+        return out
+
+
+def from_rows(general: list[MetricPoint], task: list[MetricPoint]) -> Forgetting | None:
+    """The meter from its rows: the first (the base) and the last (the result); None before both are measured."""
+    if len(general) < 2:
+        return None
+    task_pair = (task[0].value, task[-1].value) if len(task) >= 2 else (None, None)
+    return Forgetting(general[0].value, general[-1].value, *task_pair)
+
+
+def read(store: Any, run_id: int) -> Forgetting | None:
+    """A run's meter (None: not measured, or not yet after training)."""
+    rows = store.metrics(run_id, [GENERAL, TASK])
+    return from_rows([p for p in rows if p.name == GENERAL], [p for p in rows if p.name == TASK])
+
+
+def card_section(meter: Forgetting | None) -> str:
+    """The model card's lines (empty without a meter)."""
+    if meter is None:
+        return ""
+    return f"\n## Forgetting\n{meter.text()} ({meter.detail()}), on tunedeck's general text and held-out rows.\n"
