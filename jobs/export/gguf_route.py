@@ -4,9 +4,9 @@
     problems = family_problems(store, run_id)   # [] or the refusal before queueing, naming the family
 
 tunedeck's own writer (`jobs.export.gguf_writer`) keeps the models it describes (Llama and Qwen2 with a byte-level
-BPE tokenizer): measured against llama.cpp's converter on them (bench/gguf_reference.py) it writes the same tensors,
-faster, and its files are also checked through transformers' GGUF loader. Every other family goes
-to llama.cpp's converter (`jobs.export.converter`) when the converter registers its architecture, and is refused
+BPE tokenizer): measured against llama.cpp's converter on them (bench/gguf_reference.py, SmolLM2-135M: 272 of 272
+tensors byte-equal; f16 38 s against 67 s, q8_0 9 s against 45 s) it writes the same tensors, faster, and its
+files are also checked through transformers' GGUF loader. Every other family goes to llama.cpp's converter (`jobs.export.converter`) when the converter registers its architecture, and is refused
 before queueing, naming the family, when it does not.
 
 A converted file is checked by llama.cpp alone (`jobs.export.gguf_checks.check_with_llama_cpp`).
