@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from engines import engine_missing, import_or_missing
-from training_helpers import tiny_spec
+from training_helpers import claim_run, tiny_spec
 
 from jobs.export.gguf import K_FORCED_AGREEMENT, Q8_0_FORCED_AGREEMENT, TOKENIZER_TEXTS, export_gguf
 from jobs.export.gguf_writer import GgufUnsupported, gguf_plan, write_gguf
@@ -62,10 +62,21 @@ def _converter() -> None:
         engine_missing(f"llama.cpp's converter is not in this venv: {CONVERTER_FIX}")
 
 
+def _finished_by_hand(store, folder: Path) -> int:
+    """A run recorded as a finished full fine-tune whose model folder is `folder` (no training needed)."""
+    run_id = store.create_run(tiny_spec(folder, method="full", run_name="tiny export"))
+    claim_run(store, run_id, "test-worker", f"fake-{run_id}")
+    store.mark_succeeded(run_id, {})
+    store.add_artifact(run_id, "model", str(folder), 1, "0" * 64)
+    return run_id
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """One store with finished runs, trained once for the module: LoRA and full on the tiny Llama, LoRA on a
-    tiny PhiMoE (a family neither tunedeck's GGUF writer nor llama.cpp's converter knows)."""
+    tiny PhiMoE recorded as finished by hand (a family neither tunedeck's GGUF writer nor llama.cpp's converter
+    knows)."""
+    from jobs.models.zoo import build_zoo_model
     from jobs.worker.loop import Worker
     from storage.store import Store
 
@@ -74,15 +85,12 @@ def trained(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
         patch.setenv("TUNEDECK_HOME", str(home))
         patch.delenv("TUNEDECK_DATABASE_URL", raising=False)
         store = Store()
-        phimoe = _tiny_variant(
-            tiny_model, home / "tiny-phimoe", "PhimoeConfig", num_local_experts=4, num_experts_per_tok=2
-        )
         ids = {
             "lora": store.create_run(tiny_spec(tiny_model, max_steps=6)),
             "full": store.create_run(tiny_spec(tiny_model, method="full", learning_rate=1e-3, max_steps=2)),
-            "phimoe": store.create_run(tiny_spec(phimoe, max_steps=1)),
         }
         Worker(store, poll_interval=0.1).work(burst=True)
+        ids["phimoe"] = _finished_by_hand(store, build_zoo_model(home / "tiny-phimoe", "phimoe"))
         for name, run_id in ids.items():
             assert store.get_run(run_id).status is RunStatus.SUCCEEDED, (name, store.get_run(run_id).error_detail)
         yield store, ids, home

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from engines import import_or_missing
 from test_gguf_export import _converter as _converter_installed
-from training_helpers import claim_run, tiny_spec
+from test_gguf_export import _finished_by_hand
 
 from jobs.export.gguf import K_FORCED_AGREEMENT, export_gguf
 from jobs.export.gguf_checks import F16_FORCED_AGREEMENT
@@ -62,11 +62,7 @@ def family_folder(dest: Path, family: str) -> Path:
 
 def finished_full_run(store: Any, folder: Path) -> int:
     """A run recorded as a finished full fine-tune of `folder`, its model folder `folder` itself."""
-    run_id = store.create_run(tiny_spec(folder, method="full", run_name="tiny export"))  # general.name of the file
-    claim_run(store, run_id, "test-worker", f"fake-{run_id}")
-    store.mark_succeeded(run_id, {})
-    store.add_artifact(run_id, "model", str(folder), 1, "0" * 64)
-    return run_id
+    return _finished_by_hand(store, folder)
 
 
 @pytest.fixture
@@ -160,3 +156,28 @@ def test_a_converted_family_that_does_not_agree_is_refused_with_its_figures(stor
     assert "does not answer like the model" in str(err.value) and "next-token agreement" in str(err.value)
     assert "file was deleted" in str(err.value)
     assert not [a for a in store.artifacts(run_id) if a.kind == "gguf"]
+
+
+def test_a_converted_family_is_exported_by_the_worker_task(store: Any, tmp_path: Path) -> None:
+    """The export task (`tunedeck export ID --gguf f16` in a child process, as a worker carries it out) converts a
+    family tunedeck's writer does not describe, checks it and records the file."""
+    _converter()
+    import socket
+
+    from jobs.worker.services import Place
+    from jobs.worker.task_service import TaskService
+    from jobs.worker.tasks import request_export
+    from storage.models import TaskStatus
+
+    run_id = finished_full_run(store, family_folder(tmp_path / "qwen3", "qwen3"))
+    (task_id,) = request_export(store, run_id, merged=False, dtype="fp32", gguf=["f16"])
+    host = socket.gethostname()
+    place = Place(store=store, worker_id=f"{host}:99", host=host, device="cpu", on_cpu=True, shared_data=True)
+    tasks = TaskService(place, poll_interval=0.05)
+    task = tasks.take()
+    assert task is not None and task.id == task_id
+    assert tasks.carry_out(task) is TaskStatus.SUCCEEDED, store.get_task(task_id).error
+    ((kind, path),) = [(f["kind"], f["path"]) for f in store.get_task(task_id).result["files"]]
+    assert kind == "gguf" and Path(path).is_file() and path.endswith("-f16.gguf")
+    check = json.loads(Path(path.replace(".gguf", ".check.json")).read_text())
+    assert check["passed"] and check["rule"].startswith("read by llama.cpp"), check
