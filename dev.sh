@@ -12,7 +12,8 @@
 #   ./dev.sh check          ruff (lint and format) and mypy only
 #   ./dev.sh venv           only create/update the virtual environment
 #   ./dev.sh gguf           also build llama.cpp's Python binding (llama-cpp-python, from source: minutes)
-#                           for the K-quant GGUF exports and llama.cpp's read-back check (`test` does it too)
+#                           for the K-quant GGUF exports and llama.cpp's read-back check, and keep llama.cpp's
+#                           converter from the same source in the venv (share/tunedeck/llama.cpp; `test` does it too)
 #
 # Plain `.venv/bin/python -m pytest` runs the fast tier only (see pyproject.toml).
 #
@@ -40,7 +41,7 @@ STAMP="$VENV/.tunedeck-stamp"
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 
 usage() {
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -114,16 +115,47 @@ LLAMA_CPP_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EX
 -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=OFF -DCMAKE_BUILD_TYPE=Release \
 -DCMAKE_C_FLAGS_RELEASE='-O1 -DNDEBUG' -DCMAKE_CXX_FLAGS_RELEASE='-O1 -DNDEBUG'"
 
+# llama.cpp's own converter (convert_hf_to_gguf.py, its `conversion` package and gguf-py), the one every GGUF export of
+# a family tunedeck's writer does not describe runs (jobs.export.converter): taken from the same sdist pip builds the
+# binding from, so one llama.cpp version serves both, kept in the venv, and nothing is fetched when an export runs.
+LLAMA_CPP_CONVERTER="share/tunedeck/llama.cpp"
+# Its Python dependencies beyond tunedeck's own (torch, numpy, transformers, gguf): the `gguf` extra lists them too.
+LLAMA_CPP_CONVERTER_REQS=("sentencepiece>=0.1.98,<0.3.0")
+
 ensure_llama_cpp() {
-    local want="${LLAMA_CPP_REQ#*==}"
+    local want="${LLAMA_CPP_REQ#*==}" dest="$VENV/$LLAMA_CPP_CONVERTER" have_binding=0
     if "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != sys.argv[1])' \
         "$want" 2>/dev/null; then
+        have_binding=1
+    fi
+    if ((have_binding)) && [[ -f "$dest/.version" && "$(cat "$dest/.version")" == "$want" ]] \
+        && "$VENV/bin/python" -c 'import sentencepiece' 2>/dev/null; then
         return 0
     fi
-    log "building $LLAMA_CPP_REQ from source (llama.cpp's library only, on $(nproc) cores: minutes)"
-    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" \
-        "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-cache-dir "$LLAMA_CPP_REQ"
+    local sdist_dir
+    sdist_dir="$(mktemp -d)"
+    # One download: the sdist the binding is built from is also where the converter comes from.
+    log "fetching the $LLAMA_CPP_REQ source distribution"
+    "$VENV/bin/python" -m pip download --disable-pip-version-check -q --no-cache-dir --no-deps \
+        --no-binary llama-cpp-python -d "$sdist_dir" "$LLAMA_CPP_REQ"
+    local sdist
+    sdist="$(ls "$sdist_dir"/llama_cpp_python-"$want".tar.gz)"
+    if ! ((have_binding)); then
+        log "building $LLAMA_CPP_REQ from source (llama.cpp's library only, on $(nproc) cores: minutes)"
+        CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" \
+            "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-cache-dir "$sdist"
+    fi
+    local top="llama_cpp_python-$want/vendor/llama.cpp"
+    rm -rf "$dest" && mkdir -p "$dest"
+    tar -xzf "$sdist" -C "$dest" --strip-components=3 "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py" \
+        "$top/LICENSE" "$top/requirements/requirements-convert_hf_to_gguf.txt" \
+        "$top/requirements/requirements-convert_legacy_llama.txt"
+    echo "$want" > "$dest/.version"
+    rm -rf "$sdist_dir"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q "${LLAMA_CPP_CONVERTER_REQS[@]}"
     "$VENV/bin/python" -c 'import llama_cpp; print("dev.sh: llama.cpp", llama_cpp.__version__, "ready")' >&2
+    "$VENV/bin/python" "$dest/convert_hf_to_gguf.py" --print-supported-models 2>&1 | grep -c '^  - ' \
+        | xargs -I{} printf 'dev.sh: llama.cpp converter in %s (%s architectures)\n' "$dest" {} >&2
 }
 
 run_checks() {

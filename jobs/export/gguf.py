@@ -31,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
-from jobs.export.gguf_writer import GgufUnsupported, folder_plan, gguf_plan, tokenizer_json, write_gguf
+from jobs.export.converter import ConvertFailed, architecture, convert
+from jobs.export.gguf_checks import (
+    K_FORCED_AGREEMENT,
+    Q8_0_FORCED_AGREEMENT,
+    TOKENIZER_TEXTS,
+    GgufCheck,
+    check_with_llama_cpp,
+)
+from jobs.export.gguf_route import Route, gguf_route, run_config
+from jobs.export.gguf_writer import GgufUnsupported, write_gguf
 from jobs.export.llamacpp import (
     EXPORT_TYPES,
     K_QUANTS,
@@ -47,7 +56,6 @@ from jobs.export.merged import (
     CHECK_PROMPTS,
     ExportError,
     _refuse,
-    adapter_folder,
     finished_spec,
     token_agreement,
 )
@@ -59,40 +67,6 @@ from jobs.train.before_after import encode, greedy
 from storage.roles import RunArtifacts
 
 log = logging.getLogger("jobs.export.merged")
-
-K_FORCED_AGREEMENT = 0.75  # K-quants (4 to 6 bits), measured on SmolLM2-135M as shipped (bench/gguf_quants.py),
-# transformers / llama.cpp: q4_k_m 86.4% / 86.4%, q5_k_m 83.8% / 83.1%, q6_k 98.1% / 95.5% (q8_0: 98.7% / 97.4%)
-Q8_0_FORCED_AGREEMENT = 0.9  # measured on SmolLM2-135M: 98.7% as shipped, 96.8% after a 2-step LoRA run (their
-# free-running answers: 73% and 70% of positions); a misplaced tensor or a wrong rotary layout gives far less
-TOKENIZER_TEXTS = (
-    "Tell me about volcanoes.",
-    "Prices: 12345 or 3.14, maybe 1,000,000?",
-    "  two  spaces,\ttabs\nand\n\nnew lines  ",
-    "café, naïve, Straße, 東京, emoji 🙂",
-    "<|im_start|>user\nHi<|im_end|>\n",
-)
-
-
-@dataclass
-class GgufCheck:
-    """The GGUF file loaded back vs the model it was written from."""
-
-    gguf_type: str
-    rule: str
-    prompts: list[str]
-    source_answers: list[str]
-    gguf_answers: list[str]
-    token_agreement: float  # free-running: share of answer positions holding the same token
-    forced_agreement: (
-        float  # fed the source's answers: share of positions where the GGUF model picks the same next token
-    )
-    max_logit_diff: float
-    tokenizer_texts: list[str]
-    tokenizer_mismatches: list[str]  # texts (and the chat prompts) whose ids differ
-    chat_template_equal: bool
-    passed: bool
-    tensor_types: dict[str, int]  # storage type -> tensors of the file (llama.cpp falls back on short rows)
-    llama_cpp: dict[str, Any] | None = None  # the file read back by llama.cpp itself (None: not installed here)
 
 
 @dataclass
@@ -213,17 +187,10 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     if vision := gguf_problems(store, run_id, [gguf_type]):  # a vision-language model: llama.cpp's --mmproj
         raise ExportError(vision)
     try:
-        if spec.method is not Method.FULL:  # known before merging: the base's config, the run's tokenizer
-            from transformers import AutoConfig
-
-            from jobs.models.references import resolve_model
-
-            _, adapter = adapter_folder(store, run_id)
-            base = resolve_model(spec.model, trust_remote_code=spec.trust_remote_code).path
-            config = AutoConfig.from_pretrained(base, trust_remote_code=spec.trust_remote_code).to_dict()
-            gguf_plan(config, tokenizer_json(adapter))
+        gguf_route(*run_config(store, run_id))  # known before merging: the base's config, the run's tokenizer
         source = source_folder(store, run_id, spec)
-        folder_plan(source)
+        source_config = json.loads((source / "config.json").read_text())
+        route = gguf_route(source_config, _tokenizer_or_none(source))
     except GgufUnsupported as exc:
         problem, _, fix = str(exc).partition("; ")
         raise ExportError([Problem("model", problem, fix)]) from exc
@@ -233,13 +200,25 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     final, partial = folder / f"{stem}.gguf", folder / f".{stem}.partial.gguf"
     log.info("export run %s: writing %s GGUF from %s", run_id, gguf_type, source)
     try:
-        write_file(source, partial, gguf_type, spec.display_name)
+        write_file(source, partial, gguf_type, spec.display_name, route)
         log.info(
-            "export run %s: loading the GGUF back with transformers and answering %d check prompts",
+            "export run %s: loading the GGUF back with %s and answering %d check prompts",
             run_id,
+            "transformers" if route.writer == "writer" else "llama.cpp",
             len(CHECK_PROMPTS),
         )
-        check = check_round_trip(source, partial, gguf_type)
+        if route.writer == "writer":
+            check = check_round_trip(source, partial, gguf_type)
+        else:
+            check = check_with_llama_cpp(source, partial, gguf_type)
+    except ConvertFailed as exc:
+        partial.unlink(missing_ok=True)
+        family = f"{source_config.get('model_type', '?')} ({architecture(source_config)})"
+        raise _refuse(
+            f"llama.cpp's converter failed on this {family} model: {exc}",
+            "export the merged safetensors (`--merged`) instead",
+            "gguf",
+        ) from exc
     except BaseException:  # cleanup only, and re-raised: no half-written file is left, whatever stopped it (Ctrl-C too)
         partial.unlink(missing_ok=True)
         raise
@@ -279,18 +258,32 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     return GgufExport(final, digest, gguf_type, source, check)
 
 
-def write_file(source: Path, dest: Path, gguf_type: str, name: str) -> None:
-    """tunedeck's writer for f16 and q8_0; for a K-quant, its f16 file quantized by llama.cpp (then deleted)."""
+def write_file(source: Path, dest: Path, gguf_type: str, name: str, route: Route | None = None) -> None:
+    """f16 and q8_0 by tunedeck's writer or llama.cpp's converter (`route`); for a K-quant, the f16 file quantized
+    by llama.cpp (then deleted)."""
+    route = route or Route("writer", None)
+
+    def write(dest: Path, gguf_type: str) -> None:
+        if route.writer == "writer":
+            write_gguf(source, dest, gguf_type, name)
+        else:
+            convert(source, dest, gguf_type, route.pre_tokenizer, name=name)
+
     if gguf_type not in K_QUANTS:
-        write_gguf(source, dest, gguf_type, name)
+        write(dest, gguf_type)
         return
     f16 = dest.with_name(dest.name + ".f16")
     try:
-        write_gguf(source, f16, "f16", name)
+        write(f16, "f16")
         log.info("quantizing to %s with llama.cpp", gguf_type)
         quantize(f16, dest, gguf_type)
     finally:
         f16.unlink(missing_ok=True)
+
+
+def _tokenizer_or_none(folder: Path) -> dict[str, Any] | None:
+    path = folder / "tokenizer.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def write_modelfile(source: Path, path: Path, gguf_name: str) -> None:
@@ -330,7 +323,7 @@ def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
             for p, a, b in zip(check["prompts"], check["source_answers"], check["gguf_answers"])
         )
         parts.append(
-            f"## {gguf_file}\nChecked by loading it back with transformers' GGUF loader: {check['rule']}: "
+            f"## {gguf_file}\n{_checked_by(check)}: {check['rule']}: "
             f"passed. Answer token agreement {check['token_agreement']:.1%}; next-token agreement on the "
             f"source's answers {check['forced_agreement']:.1%}; largest logit difference "
             f"{check['max_logit_diff']:.3g}; tokenizer ids equal on {len(check['tokenizer_texts'])} texts "
@@ -347,6 +340,12 @@ def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
         "The checks above are what tunedeck ran; Ollama itself was not run on these files.\n"
     )
     return "\n".join(parts) + provenance_note(spec)
+
+
+def _checked_by(check: dict[str, Any]) -> str:
+    if check["rule"].startswith("read by llama.cpp"):
+        return "Written by llama.cpp's convert_hf_to_gguf.py and checked by loading it back with llama.cpp"
+    return "Checked by loading it back with transformers' GGUF loader"
 
 
 def _llama_line(check: dict[str, Any]) -> str:

@@ -71,18 +71,31 @@ class LlamaReadBack:
     version: str
     tokenizer_mismatches: list[str]  # texts whose ids llama.cpp's tokenizer gives differently
     forced_agreement: float  # fed the source's answers: share of positions where llama.cpp picks the same token
+    answers: list[list[int]] | None = None  # llama.cpp's own greedy answers (asked with `new_tokens`)
+    max_logit_diff: float | None = None  # against `reference` logits of the same positions (when given)
 
 
 def llama_read_back(
-    path: Path, tokenizer: Any, texts: list[str], prompts: list[list[int]], answers: list[list[int]]
+    path: Path,
+    tokenizer: Any,
+    texts: list[str],
+    prompts: list[list[int]],
+    answers: list[list[int]],
+    new_tokens: int = 0,
+    reference: list[Any] | None = None,
 ) -> LlamaReadBack:
     """Load `path` in llama.cpp; tokenize `texts` with it; feed each prompt + the source's answer and count the
-    positions where its next token is the answer's (`prompts`: token ids as the source model was fed them)."""
+    positions where its next token is the answer's (`prompts`: token ids as the source model was fed them); with
+    `new_tokens`, also answer each prompt greedily; with `reference` (per prompt, the source's logits at the answer's
+    positions), the largest difference from llama.cpp's."""
     import llama_cpp
     import numpy as np
 
     longest = max((len(p) + len(a) for p, a in zip(prompts, answers)), default=1)
+    longest = max(longest, max((len(p) for p in prompts), default=0) + new_tokens)
     llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=max(64, longest + 8), verbose=False, seed=0)
+    greedy: list[list[int]] = []
+    diff = 0.0
     try:
         mismatches = [
             t
@@ -91,7 +104,9 @@ def llama_read_back(
             != tokenizer(t, add_special_tokens=False)["input_ids"]
         ]
         agree = total = 0
-        for prompt, answer in zip(prompts, answers):
+        for i, (prompt, answer) in enumerate(zip(prompts, answers)):
+            if new_tokens:
+                greedy.append(_greedy(llm, prompt, new_tokens))
             if not answer:
                 continue
             llm.reset()
@@ -100,6 +115,32 @@ def llama_read_back(
             scores = np.asarray(llm.scores[start : start + len(answer)])
             agree += int((scores.argmax(-1) == np.asarray(answer)).sum())
             total += len(answer)
+            if reference is not None:
+                ref = np.asarray(reference[i])
+                n, w = min(len(ref), len(scores)), min(ref.shape[-1], scores.shape[-1])
+                diff = max(diff, float(np.abs(ref[:n, :w] - scores[:n, :w]).max()))
     finally:
         llm.close()
-    return LlamaReadBack(llama_cpp.__version__, mismatches, agree / total if total else 1.0)
+    return LlamaReadBack(
+        llama_cpp.__version__,
+        mismatches,
+        agree / total if total else 1.0,
+        greedy if new_tokens else None,
+        diff if reference is not None else None,
+    )
+
+
+def _greedy(llm: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """llama.cpp's greedy answer to `prompt` (token ids), stopping at its end-of-generation token."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(prompt)
+    out: list[int] = []
+    for _ in range(new_tokens):
+        token = int(np.asarray(llm.scores[llm.n_tokens - 1]).argmax())
+        out.append(token)  # like transformers' generate: the end-of-sequence token ends the answer, included
+        if token == llm.token_eos():
+            break
+        llm.eval([token])
+    return out

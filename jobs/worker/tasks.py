@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from jobs.errors import Problem
+from jobs.export.gguf_route import family_problems
 from jobs.export.llamacpp import EXPORT_TYPES, LLAMA_CPP_FIX, llama_cpp_problem
 from jobs.export.merged import DTYPES, ExportError
 from jobs.export.vision import gguf_problems
@@ -85,6 +86,8 @@ def request_export(store: Store, run_id: int, merged: bool, dtype: str, gguf: Se
         problems.append(Problem("gguf", f"{', '.join(unknown)} not one of {', '.join(GGUF_TYPES)}", "pick one of them"))
     problems += [Problem("gguf", problem, LLAMA_CPP_FIX) for t in gguf if (problem := llama_cpp_problem(t))]
     problems += gguf_problems(store, run_id, gguf)  # a vision-language run: refused with llama.cpp's way out
+    if gguf and not problems:
+        problems += family_problems(store, run_id)  # a family neither GGUF writer knows, named
     if not merged and not gguf:
         problems.append(Problem("merged", "nothing chosen", "tick 'Merged model' and/or a GGUF type"))
     if problems:
