@@ -6,7 +6,8 @@
     out["run_id"], out["problems"]            # an id, or null and every problem (field, problem, fix)
     client.predict(run_id=1, names=["loss"], since_step=-1, api_name="/metrics")
 
-Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete (`client.view_api()`
+Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete, try_rewards, task
+(`app.api_tasks`: a grpo spec's rewards tried on base samples by a worker, and any task followed) (`client.view_api()`
 lists them with their parameters). Bad input raises an error naming the parameter and the fix
 (`gradio_client.exceptions.AppError`). A login set with `--auth-file`/`TUNEDECK_AUTH` guards
 these routes as it guards the page: pass `auth=(user, password)` to the Client.
@@ -26,6 +27,7 @@ import gradio as gr
 from gradio.utils import get_function_description
 
 from app import manage
+from app.api_tasks import TaskData, TrialQueued, queue_trial, task_data
 from app.manage import RunSummary
 from jobs.checks.access import AccessPolicy
 from jobs.doctor.findings import Finding, findings_of
@@ -39,7 +41,10 @@ from storage.records import RunRecord
 from storage.run_files import DiskUsage
 from storage.store import Store
 
-ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete")
+ENDPOINTS = ("submit", "runs", "run", "metrics", "memory", "cancel", "resume", "bundle", "tag", "delete") + (
+    "try_rewards",  # app.api_tasks
+    "task",
+)
 MAX_RUNS = 1000
 
 
@@ -331,6 +336,29 @@ class Endpoints:
             raise _fail(exc.problems) from None
         self.disk.forget(report.run_id)
         return Outcome(run_id=report.run_id, status="deleted", message=report.message)
+
+    def try_rewards(self, spec_yaml: str, prompts: int = 4) -> TrialQueued:
+        """Ask a worker to try a grpo spec's rewards: sample num_generations completions for the first prompts from
+        the base model, score each with every reward, compute trl's advantages and flag groups with no learning signal.
+
+        Parameters:
+            spec_yaml: the grpo job spec as YAML text (checked as submit checks it; nothing is trained).
+            prompts: how many training prompts to try (1 to 16).
+        Returns:
+            task_id: follow it with /task (its result: groups, share_teaching), or null; problems: every problem as {field, problem, fix}.
+        """
+        from jobs.queue.trial import request_try_rewards
+
+        policy = self.policy or AccessPolicy.dashboard()
+        return queue_trial(lambda: request_try_rewards(self.store, spec_values(spec_yaml), int(prompts), policy))
+
+    def task(self, task_id: int) -> TaskData:
+        """A task's status, newest log lines, result (a finished try_rewards: its groups and share_teaching) and error.
+
+        Parameters:
+            task_id: the id a request returned (try_rewards).
+        """
+        return task_data(self.store, task_id)
 
     def functions(self) -> list[Any]:
         """The endpoints, in ENDPOINTS' order : bound methods, which `publish` recognises by identity, so pass it this very list."""

@@ -22,7 +22,20 @@ from gradio_client.exceptions import AppError
 from training_helpers import wait_for
 
 USER, PASSWORD = "alice", "pw-alice-12345"
-ENDPOINTS = {"/submit", "/runs", "/run", "/metrics", "/memory", "/cancel", "/resume", "/bundle", "/tag", "/delete"}
+ENDPOINTS = {
+    "/submit",
+    "/runs",
+    "/run",
+    "/metrics",
+    "/memory",
+    "/cancel",
+    "/resume",
+    "/bundle",
+    "/tag",
+    "/delete",
+    "/try_rewards",
+    "/task",
+}
 QUICK = (
     "model: tiny-llama\ndataset: sample:chat-format\nmethod: lora\nlora_r: 4\nmax_length: 48\n"
     "per_device_train_batch_size: 4\nmax_train_samples: 16\nlearning_rate: 5.0e-3\nlogging_steps: 1\n"

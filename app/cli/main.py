@@ -27,6 +27,7 @@
     tunedeck migrate-data [--from DIR] [--to DIR]   # move an earlier version's ./data to the user data folder
     tunedeck data audit SPEC.yaml [--set k=v ...] [--json]  # duplicates, eval overlap, empty answers, ... in the data
     tunedeck data show SPEC.yaml [--row N] [--rows K] [--set k=v ...]  # each training token, trained or masked
+    tunedeck grpo try SPEC.yaml [--prompts N] [--set k=v ...] [--json]  # a grpo spec's rewards on base samples
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.chat import add_parser as add_chat_parsers
     from app.cli.data_home import add_parser as add_migrate_parser
     from app.cli.evaluate import add_parser as add_evaluate_parser
+    from app.cli.grpo import add_parser as add_grpo_parser
     from app.cli.importer import add_parser as add_import_parser
     from app.cli.manage import add_parsers as add_manage_parsers
     from app.cli.plan import add_parser as add_plan_parser
@@ -163,7 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="smollm2-135m-instruct")
     s.set_defaults(func=_command("app.cli.export", "cmd_setup"), store_use=StoreUse.NONE)
     add_sweep_parser(sub).set_defaults(func=_command("app.cli.runs", "cmd_sweep"))
-    for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
+    for add in (
+        add_plan_parser,
+        add_grpo_parser,
+        add_import_parser,
+        add_chat_parsers,
+        add_push_parser,
+        add_migrate_parser,
+    ):
         add(sub)
     _add_data_parsers(sub)
     return p

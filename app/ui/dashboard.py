@@ -30,6 +30,7 @@ from app.ui import form as ui_form
 from app.ui import gpu as ui_gpu
 from app.ui import manage as ui_manage
 from app.ui import memory as ui_memory
+from app.ui import reward_trial as ui_trial
 from app.ui import run as ui_run
 from app.ui import runs as ui_runs
 from app.ui import sweep as ui_sweep
@@ -56,7 +57,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
-                form = ui_form.build_form()
+                form = ui_form.build_form(method_panel=ui_trial.build_panel)
             with gr.Tab("Runs", id="runs"):
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
@@ -71,6 +72,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
             with gr.Tab("Chat", id="chat") as chat_tab:
                 chat = ui_chat.build()
         ui_form.wire(form, store, policy)
+        ui_trial.wire(form.trial, form.inputs, form.fields["trainer"], _form_values, store, policy)
         ui_gpu.wire(gpu, store)
         ui_runs.wire(runs, store)
         ui_compare.wire(compare, store, compare_tab)
@@ -88,6 +90,11 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         _wire_load(demo, store, policy, form, page, tabs)
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
+
+
+def _form_values(args: Any) -> Any:
+    """The form's values as the checks read them (what Launch hands to submit)."""
+    return ui_form.form_data(ui_form.values_of(tuple(args)))
 
 
 def _wire_launch(

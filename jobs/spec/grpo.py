@@ -14,6 +14,9 @@ from jobs.errors import Problem
 from jobs.spec.custom_reward import function_ref_problem
 from jobs.spec.enums import PREFERENCE_ONLY, Trainer
 
+TRY_REWARDS_TASK = "try_rewards"  # the worker task that tries a spec's rewards (`jobs.queue.trial`)
+TRIAL_PROMPTS_MAX = 16  # prompts one "try rewards" samples at most (each num_generations completions)
+
 # GRPOConfig's loss knobs (loss_type is shared with the other trainers and checked with them).
 LOSS_KNOBS = (
     "importance_sampling_level",
