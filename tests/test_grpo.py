@@ -302,9 +302,16 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
     max_completion_length: overlong gives each -1 and repetition 0 (no spread, nothing learnt; the
     reward-model test below checks learning)."""
     from app.ui.run import RunPageData
+    from jobs.train.completions import completion_steps, read_step
 
-    run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition=0.5, overlong=2"))
+    run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition=0.5, overlong=2", completions_every=2))
     run = store.get_run(run_id)
+    assert completion_steps(store.run_path(run_id)) == [2, 3]  # every 2nd logged step, and the last
+    kept = read_step(store.run_path(run_id), 2)
+    assert (
+        kept["rewards"] == ["repetition_penalty_reward", "soft_overlong_punishment_reward"] and len(kept["rows"]) == 4
+    )
+    assert {r["scores"]["soft_overlong_punishment_reward"] for r in kept["rows"]} == {-1.0}
     assert run.resolved_config["trainer_config_class"] == "GRPOConfig"
     assert run.resolved_config["trainer_config"]["reward_weights"] == [0.5, 2.0]
     names = set(store.metric_names(run_id))
@@ -324,6 +331,10 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
         "reward std",
         "completion length",
         "KL",
+        "zero-spread groups",
+        "truncated",
+        "clip ratio",
+        "entropy",
     }
 
     def values(name: str) -> list[float]:

@@ -24,6 +24,7 @@ import gradio as gr
 from app import api
 from app.ui import chat as ui_chat
 from app.ui import compare as ui_compare
+from app.ui import completions as ui_completions
 from app.ui import evaluate as ui_evaluate
 from app.ui import export as ui_export
 from app.ui import form as ui_form
@@ -62,6 +63,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
+                completions_panel = ui_completions.build()
                 sweep_controls = ui_sweep.build_controls()
                 export_panel = ui_export.build()
                 evaluate_panel = ui_evaluate.build()
@@ -78,6 +80,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
+        ui_completions.wire(completions_panel, store, page.run_id, page.poll)
         ui_export.wire(export_panel, store, page.run_id, policy)
         ui_evaluate.wire(evaluate_panel, store, page.run_id, policy)
         ui_chat.wire(chat, store, chat_tab, policy)
