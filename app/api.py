@@ -7,7 +7,8 @@
     client.predict(run_id=1, names=["loss"], since_step=-1, api_name="/metrics")
 
 Endpoints: submit, runs, run, metrics, memory, cancel, resume, bundle, tag, delete; for a spec's data before
-launch: tokens (a row's tokens, each trained or masked) and audit; and a hyperparameter search's search,
+launch: tokens (a row's tokens, each trained or masked) and audit; try_rewards and task (`app.api_tasks`: a grpo
+spec's rewards tried on base samples by a worker, and any task followed); and a hyperparameter search's search,
 search_show, search_best (`app.api_search`; `client.view_api()` lists them with their parameters). Bad input
 raises an error naming the parameter and the fix
 (`gradio_client.exceptions.AppError`). A login set with `--auth-file`/`TUNEDECK_AUTH` guards
@@ -30,13 +31,15 @@ from gradio.utils import get_function_description
 
 from app import manage
 from app.api_data import DataEndpoints, _fail
+from app.api_tasks import TaskEndpoints
 from app.manage import RunSummary
+from app.spec_text import spec_values
 from jobs.checks.access import AccessPolicy
 from jobs.doctor.findings import Finding, findings_of
 from jobs.errors import Problem
 from jobs.queue import commands
 from jobs.queue.commands import RunCommandError
-from jobs.spec.job import JobSpec, SpecError
+from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.records import RunRecord
@@ -56,6 +59,8 @@ RUN_ENDPOINTS = (
     "delete",
     "tokens",
     "audit",
+    "try_rewards",  # app.api_tasks
+    "task",
 )
 SEARCH_ENDPOINTS = ("search", "search_show", "search_best")  # `app.api_search`, which the dashboard passes to wire()
 ENDPOINTS = RUN_ENDPOINTS + SEARCH_ENDPOINTS
@@ -125,19 +130,6 @@ def _number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def spec_values(spec_yaml: str) -> Any:
-    """The YAML text as plain values for the checks (which parse them, reporting every problem at once);
-    SpecError when it is not YAML at all."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(spec_yaml or "")
-    except yaml.YAMLError:
-        JobSpec.from_yaml(spec_yaml)  # raises the spec's own SpecError naming the line
-        raise
-    return {} if data is None else data
-
-
 def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None) -> Submitted:
     """Check a YAML spec as the form does (one `jobs.checks.pipeline.check`, through submit) and queue it."""
     from jobs.queue.submit import submit
@@ -177,15 +169,18 @@ def _run(store: Store, run_id: int) -> RunRecord:
         raise _fail(exc.problems) from None
 
 
-class Endpoints(DataEndpoints):
+class Endpoints(DataEndpoints, TaskEndpoints):
     """The API's endpoints over one store, each a method (Gradio types an endpoint from its signature and
     documents it from its docstring). `policy`: what callers may reach on the server (a dashboard behind
     a login: data folders only, no remote code)."""
 
     def __init__(self, store: Store, policy: AccessPolicy | None = None) -> None:
+        from jobs.queue.trial import request_try_rewards
+
         self.store = store
         self.policy = policy
         self.disk = DiskUsage(store)
+        self.request_trial = request_try_rewards  # the task endpoints' (app.api_tasks) queueing, one layer down
 
     def submit(self, spec_yaml: str) -> Submitted:
         """Check a job spec and queue it. Nothing is queued unless every check passes (fields, model, data, device).

@@ -79,7 +79,7 @@ def _whole_number(value: Any, field: str, low: int, high: int) -> int:
 
 def plan_data(store: Store, spec_yaml: str, policy: AccessPolicy) -> PlanData:
     """The memory prediction submit would make for `spec_yaml`, with every problem submit would refuse it for."""
-    from app.api import spec_values
+    from app.spec_text import spec_values
     from jobs.checks.pipeline import check
     from jobs.spec.job import SpecError
 

@@ -98,6 +98,26 @@ MIGRATIONS: dict[int, list[Statement]] = {
     # 13: hyperparameter searches and their trials (`searches`, `search_trials`): new tables only,
     # created by create_all; Optuna keeps its own tables (studies, trials, ...) in the same database.
     13: [],
+    # 14: tasks.run_id nullable (a task on a spec before any run exists: "try rewards"); SQLite rebuilds
+    # the table (ids kept), PostgreSQL drops the NOT NULL in place.
+    14: [
+        {
+            "sqlite": "CREATE TABLE tasks_v14 (id INTEGER NOT NULL, run_id INTEGER, kind VARCHAR(32) NOT NULL, "
+            "args_json TEXT NOT NULL, status VARCHAR(16) NOT NULL, worker_id VARCHAR(128), created_at FLOAT NOT NULL, "
+            "started_at FLOAT, finished_at FLOAT, heartbeat_at FLOAT, cancel_requested INTEGER NOT NULL, "
+            "log_text TEXT NOT NULL, log_count INTEGER NOT NULL, result_json TEXT, error TEXT, PRIMARY KEY (id), "
+            "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)",
+            "postgresql": "ALTER TABLE tasks ALTER COLUMN run_id DROP NOT NULL",
+        },
+        {
+            "sqlite": "INSERT INTO tasks_v14 SELECT id, run_id, kind, args_json, status, worker_id, created_at, "
+            "started_at, finished_at, heartbeat_at, cancel_requested, log_text, log_count, result_json, error FROM tasks"
+        },
+        {"sqlite": "DROP TABLE tasks"},
+        {"sqlite": "ALTER TABLE tasks_v14 RENAME TO tasks"},
+        {"sqlite": "CREATE INDEX ix_tasks_status ON tasks (status)"},
+        {"sqlite": "CREATE INDEX ix_tasks_run_id ON tasks (run_id)"},
+    ],
 }
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 
 class RunStatus(str, Enum):
@@ -284,11 +284,12 @@ class Task(Base):
     `kind` and `args_json` mean something to the worker only (`jobs.worker.tasks`); the store keeps
     them as text. `log_text` holds the newest lines of its progress (`storage.store_tasks.TASK_LOG_LINES`),
     `log_count` counts every line ever written (what a page compares to see that something moved).
-    A new table: `create_all` makes it in an existing database, no migration needed."""
+    A task with no run (`run_id` NULL, schema 13) is on a spec before training: "try rewards"."""
 
     __tablename__ = "tasks"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    # NULL: a task on a spec before any run exists ("try rewards"; its spec is in args_json)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(32))
     args_json: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), index=True)

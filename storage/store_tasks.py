@@ -39,7 +39,7 @@ _LINE_CHARS = 2000  # one line longer than this is cut (a progress bar without n
 @dataclass(frozen=True)
 class TaskRecord:
     id: int
-    run_id: int
+    run_id: int | None  # None: a task on a spec, before any run (its spec in `args`)
     kind: str
     args: dict[str, Any]
     status: TaskStatus
@@ -84,7 +84,7 @@ class TaskControl:
 class TasksMixin(StoreCore):
     """Store methods over the `tasks` table (and a GPU task's hold on the device lease)."""
 
-    def create_task(self, run_id: int, kind: str, args: dict[str, Any] | None = None) -> int:
+    def create_task(self, run_id: int | None, kind: str, args: dict[str, Any] | None = None) -> int:
         with self._tx() as s:
             row = new_task(
                 run_id=run_id,
@@ -211,7 +211,7 @@ class TasksMixin(StoreCore):
         return failed
 
     def hold_device_for_task(
-        self, device: str, holder: str, host: str, run_id: int, task_id: int, pid: int
+        self, device: str, holder: str, host: str, run_id: int | None, task_id: int, pid: int
     ) -> dict[str, Any]:
         """Take (host, device)'s lease for a task, under `holder` (not the worker's own id, so its training
         claims wait). Returns {} when taken, else the lease that holds the device now (nothing changed)."""

@@ -38,6 +38,8 @@ ENDPOINTS = {
     "/search",
     "/search_show",
     "/search_best",
+    "/try_rewards",
+    "/task",
 }
 QUICK = (
     "model: tiny-llama\ndataset: sample:chat-format\nmethod: lora\nlora_r: 4\nmax_length: 48\n"

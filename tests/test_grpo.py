@@ -302,9 +302,16 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
     max_completion_length: overlong gives each -1 and repetition 0 (no spread, nothing learnt; the
     reward-model test below checks learning)."""
     from app.ui.run import RunPageData
+    from jobs.train.completions import completion_steps, read_step
 
-    run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition=0.5, overlong=2"))
+    run_id = _train(store, _grpo_spec(tiny_model, rewards="repetition=0.5, overlong=2", completions_every=2))
     run = store.get_run(run_id)
+    assert completion_steps(store.run_path(run_id)) == [2, 3]  # every 2nd logged step, and the last
+    kept = read_step(store.run_path(run_id), 2)
+    assert (
+        kept["rewards"] == ["repetition_penalty_reward", "soft_overlong_punishment_reward"] and len(kept["rows"]) == 4
+    )
+    assert {r["scores"]["soft_overlong_punishment_reward"] for r in kept["rows"]} == {-1.0}
     assert run.resolved_config["trainer_config_class"] == "GRPOConfig"
     assert run.resolved_config["trainer_config"]["reward_weights"] == [0.5, 2.0]
     names = set(store.metric_names(run_id))
@@ -324,6 +331,10 @@ def test_grpo_trains_with_a_builtin_reward_through_the_worker(store, tiny_model:
         "reward std",
         "completion length",
         "KL",
+        "zero-spread groups",
+        "truncated",
+        "clip ratio",
+        "entropy",
     }
 
     def values(name: str) -> list[float]:
@@ -446,6 +457,37 @@ def test_methods_that_generate_differently_train(changes: dict, tiny_model: Path
     assert result.metrics["global_step"] == 1 and result.resolved["trainer_config_class"] == "GRPOConfig"
     if changes["method"] == "full":
         assert result.trainer.ref_model is not None  # beta > 0 without an adapter to switch off
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"loss_type": "grpo"},
+        {"loss_type": "dr_grpo", "scale_rewards": "none"},
+        {"loss_type": "dapo", "epsilon_high": 0.28, "mask_truncated_completions": True},
+        {"loss_type": "bnpo", "scale_rewards": "batch"},
+        {"loss_type": "grpo", "importance_sampling_level": "sequence"},  # GSPO
+    ],
+    ids=["grpo", "dr_grpo", "dapo", "bnpo", "gspo"],
+)
+def test_every_loss_variant_trains(changes: dict, tiny_model: Path, tmp_path: Path) -> None:
+    """One optimizer step of each loss variant on the tiny model, with a reward whose scores vary (short
+    completions score 1), so the loss has advantages to weigh; trl's trainer takes each knob as set."""
+    from jobs.train.training import train_spec
+
+    short = '[{kind: regex, pattern: "^.{0,22}$", mode: match, name: short}]'
+    result = train_spec(
+        _grpo_spec(tiny_model, max_steps=1, rewards=short, eval_split=None, beta=0.0, **changes),
+        tmp_path / "out",
+        device=CPU,
+    )
+    assert result.metrics["global_step"] == 1
+    config = result.resolved["trainer_config"]
+    assert {k: config[k] for k in changes} == changes
+    assert result.trainer.loss_type == changes["loss_type"]
+    assert result.trainer.importance_sampling_level == changes.get("importance_sampling_level", "token")
 
 
 def test_memory_prediction_for_grpo_is_an_approximation_that_says_so() -> None:

@@ -114,3 +114,42 @@ def test_a_gpu_task_and_a_training_run_never_hold_one_device_together(store: Sto
     # ... and takes it once the task lets go.
     assert store.release_device("0", "host:1#task", host="host")
     assert store.claim_next_on_device("host:1", "0", host="host").id == second
+
+
+def test_a_schema_12_database_gains_tasks_without_a_run(store: Store) -> None:
+    """Migration 13 on SQLite (a rebuilt table, ids kept) and PostgreSQL: the tasks already there stay with their
+    run; a task on a spec ("try rewards") has none."""
+    from sqlalchemy import text
+
+    run_id = store.create_run(SPEC)
+    old = store.create_task(run_id, "merged", {"dtype": "fp32"})
+    with store._write_engine.begin() as con:  # as schema 12 left it: every task belongs to a run
+        if store.url.startswith("sqlite"):
+            con.execute(text("ALTER TABLE tasks RENAME TO tasks_v12"))
+            con.execute(text("DROP INDEX ix_tasks_status"))
+            con.execute(text("DROP INDEX ix_tasks_run_id"))
+            con.execute(text(_SCHEMA_12_SQLITE))
+            con.execute(text("INSERT INTO tasks SELECT * FROM tasks_v12"))
+            con.execute(text("DROP TABLE tasks_v12"))
+        else:
+            con.execute(text("ALTER TABLE tasks ALTER COLUMN run_id SET NOT NULL"))
+        con.execute(text("UPDATE meta SET value = '12' WHERE key = 'schema_version'"))
+    assert store.get_task(old).run_id == run_id
+    again = Store(store.url)
+    try:
+        assert again.schema_version == m.SCHEMA_VERSION >= 13
+        assert again.get_task(old).run_id == run_id and again.get_task(old).args == {"dtype": "fp32"}
+        spec_task = again.create_task(None, "try_rewards", {"prompts": 2})
+        assert again.get_task(spec_task).run_id is None and spec_task > old
+        assert [t.id for t in again.run_tasks(run_id)] == [old]
+    finally:
+        again.dispose()
+
+
+_SCHEMA_12_SQLITE = (
+    "CREATE TABLE tasks (id INTEGER NOT NULL, run_id INTEGER NOT NULL, kind VARCHAR(32) NOT NULL, "
+    "args_json TEXT NOT NULL, status VARCHAR(16) NOT NULL, worker_id VARCHAR(128), created_at FLOAT NOT NULL, "
+    "started_at FLOAT, finished_at FLOAT, heartbeat_at FLOAT, cancel_requested INTEGER NOT NULL, "
+    "log_text TEXT NOT NULL, log_count INTEGER NOT NULL, result_json TEXT, error TEXT, PRIMARY KEY (id), "
+    "FOREIGN KEY(run_id) REFERENCES runs (id) ON DELETE CASCADE)"
+)

@@ -30,6 +30,7 @@
     tunedeck data show SPEC.yaml [--row N] [--rows K] [--set k=v ...]  # each training token, trained or masked
     tunedeck mcp [--any-path]                 # tunedeck's tools for agents over stdio (Model Context Protocol)
     tunedeck pairs [export NAME [--kind dpo|kto] [-o FILE]]  # preference data sets made in the Chat tab
+    tunedeck grpo try SPEC.yaml [--prompts N] [--set k=v ...] [--json]  # a grpo spec's rewards on base samples
 
 `run` follows the run in the database. When no worker has announced itself in the last few
 seconds it runs one inside this process (burst mode, stopping after this run); runs queued
@@ -128,25 +129,6 @@ def cmd_serve(_store: None, args: argparse.Namespace) -> int:
     )
 
 
-def cmd_hash_password(_store: None, args: argparse.Namespace) -> int:
-    """Print a `user:HASH` line (or the hash alone) for an --auth-file; the password is read from stdin."""
-    import getpass
-
-    from app.auth import hash_password
-
-    if sys.stdin.isatty():
-        password = getpass.getpass("password: ")
-        if getpass.getpass("again: ") != password:
-            raise UsageError([Problem("password", "the two entries differ", "type the same password twice")])
-    else:
-        password = sys.stdin.readline().rstrip("\r\n")
-    if len(password) < 8:
-        raise UsageError([Problem("password", "is shorter than 8 characters", "choose a longer password")])
-    encoded = hash_password(password)
-    print(f"{args.user}:{encoded}" if args.user else encoded)
-    return EXIT_OK
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Every command: the dashboard and worker here, the others from their modules (each adds its own)."""
     p = argparse.ArgumentParser(prog="tunedeck", description="Fine-tune a language model on one GPU.")
@@ -156,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli.chat import add_parser as add_chat_parsers
     from app.cli.data_home import add_parser as add_migrate_parser
     from app.cli.evaluate import add_parser as add_evaluate_parser
+    from app.cli.grpo import add_parser as add_grpo_parser
     from app.cli.importer import add_parser as add_import_parser
     from app.cli.manage import add_parsers as add_manage_parsers
     from app.cli.mcp import add_parser as add_mcp_parser
@@ -174,7 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_mcp_parser(sub).set_defaults(func=_command("app.cli.mcp", "cmd_mcp"))
     add_pairs_parser(sub).set_defaults(func=_command("app.cli.pairs", "cmd_pairs"), store_use=StoreUse.NONE)
     add_search_parser(sub).set_defaults(func=_command("app.cli.search", "search_command"))
-    for add in (add_plan_parser, add_import_parser, add_chat_parsers, add_push_parser, add_migrate_parser):
+    for add in (
+        add_plan_parser,
+        add_grpo_parser,
+        add_import_parser,
+        add_chat_parsers,
+        add_push_parser,
+        add_migrate_parser,
+    ):
         add(sub)
     _add_data_parsers(sub)
     return p
@@ -231,7 +221,7 @@ def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("hash-password", help="hash a password (read from stdin) for serve --auth-file")
     s.add_argument("--user", default=None, help="print a complete `user:HASH` line")
-    s.set_defaults(func=cmd_hash_password, store_use=StoreUse.NONE)
+    s.set_defaults(func=_command("app.cli.passwords", "cmd_hash_password"), store_use=StoreUse.NONE)
 
     s = sub.add_parser("worker", help="take queued runs and train them, one at a time")
     s.add_argument(

@@ -26,12 +26,14 @@ from app.api_search import SearchEndpoints
 from app.ui import chat as ui_chat
 from app.ui import chat_preferences as ui_chat_preferences
 from app.ui import compare as ui_compare
+from app.ui import completions as ui_completions
 from app.ui import evaluate as ui_evaluate
 from app.ui import export as ui_export
 from app.ui import form as ui_form
 from app.ui import gpu as ui_gpu
 from app.ui import manage as ui_manage
 from app.ui import memory as ui_memory
+from app.ui import reward_trial as ui_trial
 from app.ui import run as ui_run
 from app.ui import runs as ui_runs
 from app.ui import search as ui_search
@@ -60,11 +62,12 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         gpu = ui_gpu.build_panel()
         with gr.Tabs(selected="launch") as tabs:
             with gr.Tab("Launch", id="launch"):
-                form = ui_form.build_form()
+                form = ui_form.build_form(method_panel=ui_trial.build_panel)
             with gr.Tab("Runs", id="runs"):
                 runs = ui_runs.build()
             with gr.Tab("Run", id="run"):
                 page = ui_run.build()
+                completions_panel = ui_completions.build()
                 sweep_controls = ui_sweep.build_controls()
                 export_panel = ui_export.build()
                 evaluate_panel = ui_evaluate.build()
@@ -78,12 +81,14 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
                 chat = ui_chat.build()
                 chat_preferences = ui_chat_preferences.build()
         ui_form.wire(form, store, policy)
+        ui_trial.wire(form.trial, form.inputs, form.fields["trainer"], _form_values, store, policy)
         ui_gpu.wire(gpu, store)
         ui_runs.wire(runs, store)
         ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_search.wire(search_page, store, policy, search_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
+        ui_completions.wire(completions_panel, store, page.run_id, page.poll)
         ui_export.wire(export_panel, store, page.run_id, policy)
         ui_evaluate.wire(evaluate_panel, store, page.run_id, policy)
         ui_chat.wire(chat, store, chat_tab, policy)
@@ -97,6 +102,11 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         _wire_load(demo, store, policy, form, page, tabs)
     api.publish(demo, endpoints)  # the named endpoints are the whole API; UI events stay private
     return demo
+
+
+def _form_values(args: Any) -> Any:
+    """The form's values as the checks read them (what Launch hands to submit)."""
+    return ui_form.form_data(ui_form.values_of(tuple(args)))
 
 
 def _wire_launch(

@@ -17,6 +17,7 @@ helpers (choices, uploads, preview) live in `app.ui.data`; the spec YAML buttons
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -190,6 +191,7 @@ class LaunchForm:
     memory: ui_memory.MemoryPanel | None = None
     config_upload: gr.UploadButton | None = None  # Import config: a LLaMA-Factory/axolotl/trl config (+ its data)
     panels: DataPanels | None = None  # tokens the model learns from, data audit (app.ui.data_panels)
+    trial: Any = None  # what `build_form(method_panel=...)` laid out under the Method section (Try rewards)
 
     @property
     def inputs(self) -> list[gr.Component]:
@@ -214,15 +216,22 @@ def _memory_slot() -> gr.Markdown:
     return gr.Markdown(elem_id="budget")
 
 
-def build_form() -> LaunchForm:
-    """Lay out the generated form; call inside a gr.Blocks context."""
-    comps: dict[str, FieldComponent] = {}
-    shown = visibility({f.name: f.default for f in INFOS})
+def _presets_row() -> tuple[dict[str, gr.Button], gr.Markdown]:
+    """The presets' buttons in a row, and the line that says what each does."""
     with gr.Row(elem_id="presets"):
         presets = {
             p.name: gr.Button(p.name, size="sm", elem_id=f"preset-{p.name.lower().replace(' ', '-')}") for p in PRESETS
         }
-    preset_note = gr.Markdown(" · ".join(f"**{p.name}**: {p.summary}" for p in PRESETS), elem_id="preset-note")
+    return presets, gr.Markdown(" · ".join(f"**{p.name}**: {p.summary}" for p in PRESETS), elem_id="preset-note")
+
+
+def build_form(method_panel: Callable[[], Any] | None = None) -> LaunchForm:
+    """Lay out the generated form; call inside a gr.Blocks context. `method_panel` lays out a panel under the
+    Method section (the dashboard's Try rewards, `app.ui.reward_trial`; wired by the dashboard)."""
+    comps: dict[str, FieldComponent] = {}
+    shown = visibility({f.name: f.default for f in INFOS})
+    presets, preset_note = _presets_row()
+    trial = None
     with gr.Row(equal_height=False):
         with gr.Column(scale=7, elem_id="form-fields"):
             for title, members in _sections():
@@ -246,6 +255,8 @@ def build_form() -> LaunchForm:
                     if advanced:
                         with gr.Accordion(f"More: {title.lower()}", open=False):
                             _fields(advanced, comps, shown)
+                    if method_panel is not None and any(f.group is Group.METHOD for f in members):
+                        trial = method_panel()
         with gr.Column(scale=3, elem_id="launch-side"):
             with gr.Column(elem_id="memory-slot") as memory_slot:
                 budget_md = _memory_slot()
@@ -290,6 +301,7 @@ def build_form() -> LaunchForm:
         memory,
         config_upload,
         panels,
+        trial,
     )
 
 

@@ -31,6 +31,7 @@ from app.ui import charts, gpu
 from app.ui.run import GRAPHS, RunPageData
 from app.ui.series import Row
 from jobs.spec.evaluation import task_series
+from jobs.spec.rewards import reward_series
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.store import Store
@@ -254,7 +255,8 @@ class Feed:
                 if run is None:
                     return out
                 spec = spec_of(run)
-                self._trainer, self._watched = spec.trainer.value, task_series(spec.metric_for_best_model)
+                self._trainer = spec.trainer.value
+                self._watched = {**task_series(spec.metric_for_best_model), **reward_series(spec.declared_rewards)}
             rows = self.page_data.rows(run_id, self._trainer, self._watched)
             payload = {
                 chart.elem_id: update

@@ -14,6 +14,9 @@ from jobs.errors import Problem
 from jobs.spec.custom_reward import function_ref_problem
 from jobs.spec.enums import PREFERENCE_ONLY, Trainer
 
+TRY_REWARDS_TASK = "try_rewards"  # the worker task that tries a spec's rewards (`jobs.queue.trial`)
+TRIAL_PROMPTS_MAX = 16  # prompts one "try rewards" samples at most (each num_generations completions)
+
 # GRPOConfig's loss knobs (loss_type is shared with the other trainers and checked with them).
 LOSS_KNOBS = (
     "importance_sampling_level",
@@ -22,6 +25,8 @@ LOSS_KNOBS = (
     "mask_truncated_completions",
     "top_entropy_quantile",
 )
+GRPO_OPTIONS = (*LOSS_KNOBS, "completions_every")  # refused under another trainer when changed
+COMPLETIONS_KEPT = 100  # steps of completions a run keeps at most (`jobs.train.completions`)
 
 
 class GrpoSpec(Protocol):
@@ -66,7 +71,7 @@ def grpo_problems(spec: GrpoSpec, generates: bool) -> list[Problem]:
     given = [n for n in ("rewards", "reward_model_run", "reward_function") if getattr(spec, n) is not None]
     if not grpo:
         # a spec dataclass's class attribute is the field's default
-        knobs = [n for n in LOSS_KNOBS if getattr(spec, n) != getattr(type(spec), n)]
+        knobs = [n for n in GRPO_OPTIONS if getattr(spec, n) != getattr(type(spec), n)]
         return (
             out
             + [

@@ -380,3 +380,9 @@ def _named(declared: list[RewardSpec]) -> list[RewardSpec]:
         counts[base] = counts.get(base, 0) + 1
         out.append(dataclasses.replace(r, name=base if counts[base] == 1 else f"{base}_{counts[base]}"))
     return out
+
+
+def reward_series(declared: list[RewardSpec]) -> dict[str, str]:
+    """{chart label: logged metric} of each declared reward's mean (trl logs `rewards/<name>/mean`), for the run
+    page's trainer-metrics chart: one curve per reward function."""
+    return {f"reward {r.name}": f"rewards/{r.name}/mean" for r in declared}

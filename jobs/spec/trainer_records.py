@@ -270,6 +270,10 @@ RECORDS: dict[Trainer, TrainerRecord] = {
                 ("reward std", "reward_std"),
                 ("completion length", "completions/mean_length"),
                 ("KL", "kl"),
+                ("zero-spread groups", "frac_reward_zero_std"),
+                ("truncated", "completions/clipped_ratio"),
+                ("clip ratio", "clip_ratio/region_mean"),
+                ("entropy", "entropy"),
             ),
             eval_loss=False,  # it evaluates the rewards of generated answers
             watch="eval_reward",

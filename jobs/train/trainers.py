@@ -95,7 +95,10 @@ def build_trainer(
     if record.ref_model_none:
         kw["ref_model"] = None
     if record.generates:
+        from jobs.train.completions import CompletionsKeeper
+
         kw["reward_funcs"], kw["reward_processing_classes"] = reward_sources(spec, reward_model)
+        kw["callbacks"].append(CompletionsKeeper(spec.completions_every))  # trl's completion files, kept bounded
     # ORPO and CPO are experimental in trl: pinned, tested in tests/test_orpo_cpo.py
     trainer = record.trainer_type()(**kw)
     attach_loraplus(trainer, spec)

@@ -21,6 +21,7 @@ heartbeat, and any worker's service fails that task within `stale_after` seconds
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -39,7 +40,7 @@ from jobs.worker.tasks import TaskKind, cli_args, describe
 from storage.errors import StorageError
 from storage.models import TaskStatus
 from storage.settings import data_dir
-from storage.store import TaskRecord
+from storage.store import Store, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,9 @@ class TaskService:
                 self._stop.wait(self.poll_interval)
 
     # ------------------------------------------------------------------ one task
-    def reachable(self, run_id: int) -> bool:
+    def reachable(self, run_id: int | None) -> bool:
+        if run_id is None:  # a task on a spec (try rewards): any worker can load its base and data
+            return True
         run = self.store.get_run(run_id)
         if run is None:
             return False
@@ -185,9 +188,8 @@ class TaskService:
     def _run_child(self, task: TaskRecord, release: Callable[[], None]) -> TaskStatus:
         """Spawn the task's command and follow it; `release` frees the GPU once its group is gone, before the
         end is recorded (a task shown finished no longer holds the device)."""
-        folder = self.store.run_dir(task.run_id) / "tasks"
-        folder.mkdir(parents=True, exist_ok=True)
-        log_path = folder / f"{task.id}-{task.kind}.log"
+        log_path = task_file(self.store, task, "log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.argv_of(task)
         begun = time.time()
         self.store.task_progress(task.id, [f"$ tunedeck {' '.join(cli_args(task))}   (on {self.place.worker_id})"])
@@ -241,6 +243,9 @@ class TaskService:
 
     def result(self, task: TaskRecord, begun: float) -> dict:
         """What the task made: the files its command recorded (path, size, sha256), or the hub address of a push."""
+        if task.run_id is None:  # a task on a spec: the result its command wrote next to its log
+            path = task_file(self.store, task, "json")
+            return json.loads(path.read_text()) if path.is_file() else {}
         if TaskKind(task.kind) is TaskKind.PUSH:
             pushes = [e for e in self.store.run_events(task.run_id) if e["kind"] == "push" and e["time"] >= begun]
             data = pushes[-1]["data"] if pushes else {}
@@ -272,6 +277,13 @@ class TaskService:
         elif processes.is_gpu_id(self.place.device):
             env["CUDA_VISIBLE_DEVICES"] = self.place.device  # the GPU whose lease it holds, and no other
         return env
+
+
+def task_file(store: Store, task: TaskRecord, suffix: str) -> Path:
+    """A task's file (its log, a spec task's result): in its run's folder, or the data folder's `tasks/` for a
+    task on a spec (no run yet)."""
+    folder = store.run_dir(task.run_id) / "tasks" if task.run_id is not None else data_dir() / "tasks"
+    return folder / f"{task.id}-{task.kind}.{suffix}"
 
 
 def task_service(place: Place) -> TaskService:

@@ -23,6 +23,7 @@ from jobs.export.llamacpp import EXPORT_TYPES, LLAMA_CPP_FIX, llama_cpp_problem
 from jobs.export.merged import DTYPES, ExportError
 from jobs.export.vision import gguf_problems
 from jobs.spec.evaluation import EVALUATE_TASK, JUDGE_TASK, evaluate_args
+from jobs.spec.grpo import TRY_REWARDS_TASK
 from jobs.worker.services import SHARED_DATA_ENV, run_host, shared_data
 from storage.store import RunRecord, Store, TaskRecord
 
@@ -36,6 +37,7 @@ class TaskKind(str, Enum):
     PUSH = "push"  # `tunedeck push RUN --repo R --what W [--private]`
     EVALUATE = EVALUATE_TASK  # `tunedeck evaluate RUN --tasks T` (benchmarks on the run and its base)
     JUDGE = JUDGE_TASK  # `tunedeck judge RUN --judge J` (a judge's win rate against the base)
+    TRY_REWARDS = TRY_REWARDS_TASK  # `tunedeck grpo try --task ID` (a grpo spec's rewards on base samples; no run)
 
     @property
     def uses_gpu(self) -> bool:
@@ -49,6 +51,8 @@ EVALUATION_KINDS = (TaskKind.EVALUATE.value, TaskKind.JUDGE.value)  # the run pa
 def cli_args(task: TaskRecord) -> list[str]:
     """The `tunedeck` arguments that carry the task out (what a user would type)."""
     kind, a, rid = TaskKind(task.kind), task.args, str(task.run_id)
+    if kind is TaskKind.TRY_REWARDS:
+        return ["grpo", "try", "--task", str(task.id)]
     if kind is TaskKind.MERGED:
         return ["export", rid, "--merged", "--dtype", str(a["dtype"])]
     if kind is TaskKind.GGUF:
@@ -73,6 +77,8 @@ def describe(task: TaskRecord) -> str:
         return f"benchmarks {task.args.get('tasks')}{judged}"
     if kind is TaskKind.JUDGE:
         return f"judged by {task.args.get('judge')}"
+    if kind is TaskKind.TRY_REWARDS:
+        return f"try rewards on {task.args.get('prompts')} prompts"
     return f"push {task.args.get('what', 'bundle')} to {task.args.get('repo')}"
 
 

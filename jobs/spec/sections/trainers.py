@@ -190,6 +190,17 @@ class TrainerFields:
         when=GRPO_ONLY,
         advanced=True,
     )
+    completions_every: int = spec_field(
+        1,
+        Group.METHOD,
+        "grpo: keep the completions of every N-th logged step (each prompt, completion, reward score and "
+        "advantage, for the run page's inspector); at most 100 steps are kept, thinned evenly over the run.",
+        ge=1,
+        le=100000,
+        label="Keep completions every N steps",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
     completion_only_loss: bool = spec_field(
         True,
         Group.METHOD,
