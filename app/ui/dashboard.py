@@ -23,6 +23,7 @@ import gradio as gr
 
 from app import api
 from app.api_search import SearchEndpoints
+from app.ui import charts as ui_charts
 from app.ui import chat as ui_chat
 from app.ui import chat_preferences as ui_chat_preferences
 from app.ui import compare as ui_compare
@@ -84,7 +85,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_trial.wire(form.trial, form.inputs, form.fields["trainer"], _form_values, store, policy)
         ui_gpu.wire(gpu, store)
         ui_runs.wire(runs, store)
-        ui_compare.wire(compare, store, compare_tab)
+        compare_data = ui_compare.wire(compare, store, compare_tab)
         ui_sweep.wire(sweep_controls, sweep_section, store, page.run_id, compare_tab)
         ui_search.wire(search_page, store, policy, search_tab)
         ui_manage.wire(manage_panel, store, page.run_id)
@@ -94,6 +95,7 @@ def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
         ui_chat.wire(chat, store, chat_tab, policy)
         ui_chat_preferences.wire(chat_preferences, chat.run, store)
 
+        _wire_search_compare(store, search_page, compare, compare_data, tabs)
         _wire_launch(store, policy, form, page, tabs)
         _wire_select(runs, page, tabs)
         _wire_run_page(page_data, page)
@@ -121,6 +123,27 @@ def _wire_launch(
         return "", run_id, gr.Tabs(selected="run")
 
     form.launch_btn.click(launch, form.inputs, [form.errors, page.run_id, tabs], api_name="launch", **ui_form.UNCHECKED)
+
+
+def _wire_search_compare(
+    store: Store, search_page: ui_search.SearchPage, view: ui_compare.CompareView, data: Any, tabs: gr.Tabs
+) -> None:
+    """ "Compare the trials": the search's trial runs picked in the Compare tab, which opens and draws them."""
+
+    def pick(search_id: Any) -> tuple[Any, Any]:
+        ids = ui_search.trial_runs(store, search_id)
+        if not ids:
+            return gr.skip(), gr.skip()
+        choices = [ui_compare.run_choice(r) for r in store.list_runs(limit=200)]
+        known = {value for _, value in choices}
+        choices += [ui_compare.run_choice(r) for r in (store.get_run(i) for i in ids if i not in known) if r]
+        return gr.Dropdown(choices=choices, value=ids), gr.Tabs(selected="compare")
+
+    hidden: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+    shown = search_page.compare.click(pick, search_page.search, [view.runs, tabs], **hidden).then(
+        data.compare, view.runs, view.outputs, concurrency_id=ui_compare.GRAPHS, concurrency_limit=1, **hidden
+    )
+    ui_charts.redraw_after(shown, view.plots, view.styles, ui_compare.GRAPHS)
 
 
 def _wire_select(runs: ui_runs.RunsView, page: ui_run.RunPage, tabs: gr.Tabs) -> None:

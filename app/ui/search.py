@@ -56,6 +56,7 @@ class SearchPage:
     styles: gr.State
     launch_best: gr.Button
     launched: gr.Markdown
+    compare: gr.Button
     start_run: gr.Number
     space: gr.Textbox
     trials: gr.Number
@@ -96,9 +97,10 @@ def build() -> SearchPage:
     styles = gr.State({})
     with gr.Row():
         launch_best = gr.Button("Launch the best settings in full", elem_id="search-launch-best", scale=0)
+        compare = gr.Button("Compare the trials", elem_id="search-compare", scale=0)
         launched = gr.Markdown(elem_id="search-launched")
     return SearchPage(
-        search, refresh, summary, table, importance, parallel, styles, launch_best, launched,
+        search, refresh, summary, table, importance, parallel, styles, launch_best, launched, compare,
         start_run, space, trials, objective, parallel_trials, steps, start, started,
     )  # fmt: skip
 
@@ -180,6 +182,15 @@ def draw(store: Store, search_id: int | None) -> tuple[Any, ...]:
     imp, par = importance_frame(report), parallel_frame(report)
     styles = {IMPORTANCE.elem_id: IMPORTANCE.style(imp), PARALLEL.elem_id: PARALLEL.style(par)}
     return summary_markdown(report), table_frame(report), IMPORTANCE.update(imp), PARALLEL.update(par), styles
+
+
+def trial_runs(store: Store, search_id: Any) -> list[int]:
+    """The run ids of a search's queued trials, in trial order (what Compare shows side by side)."""
+    from jobs.search.report import search_report
+
+    if search_id in (None, ""):
+        return []
+    return [r["run_id"] for r in search_report(store, int(search_id), importance=False).rows if r["run_id"]]
 
 
 def start_from_run(store: Store, policy: AccessPolicy, run_id: Any, space: str, *numbers: Any) -> str:
