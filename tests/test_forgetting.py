@@ -43,7 +43,7 @@ def test_the_rule_fires_past_its_threshold_at_the_last_step_and_not_below() -> N
     assert forgetting(curves(below), RunContext(), -1) is None
     found = forgetting(curves(2.0 + math.log(1.5)), RunContext(learning_rate=2e-4), -1)
     assert found is not None and found.code is RuleCode.FORGETTING and found.step == 30
-    assert found.severity is Severity.WARNING and "rose 50%" in found.diagnosis and "fell 50%" in found.diagnosis
+    assert found.severity is Severity.INFO and "rose 50%" in found.diagnosis and "fell 50%" in found.diagnosis
     assert found.spec_change == {"learning_rate": 1e-4}
     by_epochs = forgetting(curves(2.0 + math.log(1.5)), RunContext(num_train_epochs=6), -1)
     assert by_epochs is not None and by_epochs.spec_change == {"num_train_epochs": 3.0}
