@@ -205,8 +205,15 @@ def test_run_tiny_model_end_to_end(data_home: Path, tmp_path: Path, tiny_model: 
 @pytest.mark.integration
 def test_run_failing_spec_exits_1(data_home: Path, tmp_path: Path, tiny_model: Path) -> None:
     pytest.importorskip("jobs.train.child")
-    # Valid on its own, but the child cannot train it: the run fails and `run` says why.
-    spec = write(tmp_path, f"model: {tiny_model}\nmax_steps: 2\nmax_length: 64\nlora_target_modules: no_such_proj\n")
+    # Valid at submit (config, tokenizer, adapters and one meta-device step all pass), but its weights file is
+    # cut short: the child cannot load it, the run fails and `run` says why.
+    import shutil
+
+    broken = tmp_path / "broken-weights"
+    shutil.copytree(tiny_model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    spec = write(tmp_path, f"model: {broken}\nmax_steps: 2\nmax_length: 64\n")
     proc = subprocess.run(
         [sys.executable, "-m", "app.cli.main", "run", str(spec)], capture_output=True, text=True, timeout=600
     )

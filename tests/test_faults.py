@@ -588,7 +588,7 @@ def test_resume_button_shows_for_resumable_runs_and_requeues(store: Store) -> No
 
     page = RunPageData(store)
     run_id = store.create_run(JobSpec(model="tiny-llama", max_steps=5))
-    resume_button = lambda: page.refresh(run_id, None)[-2]  # noqa: E731 - the last output before `drawn`
+    resume_button = lambda: page.refresh(run_id, None)[10]  # noqa: E731 - RunPage.outputs: `resume` is the 11th
     assert resume_button().visible is False  # queued
     store.claim_next_on_device("w", "0")
     store.mark_interrupted(run_id, "worker gone")
