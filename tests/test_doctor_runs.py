@@ -86,14 +86,13 @@ def _trained(store: Store, spec, callbacks=()) -> tuple[int, list]:
 def test_a_learning_rate_far_too_high_gets_a_loss_spike_at_its_step(store: Store, tiny_model: Path) -> None:
     """Full fine-tuning of the tiny model on 4 rows: the loss falls steadily to ~1 by step 31; the learning rate
     raised to 1.0 after step 30 makes step 31's update far too large, and step 32's loss is ~20x its median.
-    The gradient norm of that step explodes as well (the same event, seen in a second curve), and the result
-    reads ordinary text far worse than its base (the forgetting meter, measured at the run's end)."""
+    The gradient norm of that step explodes as well (the same event, seen in a second curve); the forgetting
+    meter's rise at the run's end is a note (severity info), not a warning."""
     spec = training_helpers.tiny_spec(tiny_model, max_steps=32, learning_rate=3e-3, max_train_samples=4, method="full")
     _, found = _trained(store, spec, [RaiseLearningRate(30, 1.0)])
-    assert {(f.code, f.step) for f in found} == {
+    assert {(f.code, f.step) for f in found} == {  # the forgetting meter's rise is a note (info): not counted
         (RuleCode.LOSS_SPIKE, 32),
         (RuleCode.GRAD_NORM_EXPLOSION, 32),
-        (RuleCode.FORGETTING, 32),
     }
     spike = next(f for f in found if f.code is RuleCode.LOSS_SPIKE)
     assert spike.evidence["ratio"] > 2 and [32, spike.evidence["value"]] in spike.evidence["curve"]

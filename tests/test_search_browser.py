@@ -76,8 +76,12 @@ def test_the_search_page_shows_trials_best_and_importance(home: Path) -> None:
         )
         table = page.locator("#search-trials").inner_text()
         assert "learning_rate=" in table and "lora_r=" in table, table
-        imp = wait_scene(page, "search-importance", lambda s: len(s.lines_by_series()) == 2, timeout=60)
-        assert set(imp.legend) == {"learning_rate", "lora_r"}, imp.describe()
+        # The data is drawn first, its colour map and legend a step later (charts.redraw_after): wait for both.
+        names = {"learning_rate", "lora_r"}
+        imp = wait_scene(
+            page, "search-importance", lambda s: len(s.lines_by_series()) == 2 and set(s.legend) == names, timeout=60
+        )
+        assert set(imp.legend) == names, imp.describe()
         par = wait_scene(page, "search-parallel", lambda s: len(s.drawn_lines()) == 4, timeout=60)
         assert all(n == 3 for n in par.drawn_lines().values()), par.describe()  # lr, rank, eval_loss
         ARTIFACTS.mkdir(exist_ok=True)
