@@ -163,8 +163,8 @@ def _follow(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord) -> N
         return
     if not run.status.finished:
         return
-    if trial.state == "pruning":
-        if store.update_trial(trial.id, state="pruned"):
+    if trial.state == "pruning" and run.status is not RunStatus.SUCCEEDED:  # a run the cancel reached too late
+        if store.update_trial(trial.id, state="pruned"):  # ran to its end: it is told complete below
             study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)
         return
     value = run.final_metrics.get(plan.objective, last) if run.status is RunStatus.SUCCEEDED else None
