@@ -212,6 +212,15 @@ def test_measured_history_reads_succeeded_runs_of_the_model_on_the_device(store)
     assert [(s.model, tps) for s, tps in history] == [("tiny-llama", 100.0 + done)]
 
 
+def test_fit_never_offers_a_micro_batch_the_trainer_refuses(qwen7b):
+    """kto pairs each row with another of its micro-batch: Fit to GPU never goes under 2 (it once built a spec of 1,
+    and `plan --fit` failed on its own pick with a SpecError)."""
+    spec = S(model=str(QWEN7B), trainer="kto", per_device_train_batch_size=4, max_length=2048)
+    plan = fit(spec, qwen7b, GPU24)
+    assert plan and {c.spec.per_device_train_batch_size for c in plan} <= {2, 4}
+    assert {c.spec.effective_batch_size for c in plan} == {4}
+
+
 def test_nothing_fits_a_tiny_device(qwen7b):
     assert fit(S(model=str(QWEN7B)), qwen7b, replace(GPU24, total_bytes=GIB)) == []
 

@@ -23,6 +23,7 @@ from jobs.memory.parts import Arch
 from jobs.memory.predict import predict
 from jobs.spec.enums import OFFLOADING_ONLY, Method, Optim, Precision
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 from jobs.spec.tricks import checkpointing, cpu_allocator, offloading
 from jobs.spec.tricks.registry import SPEEDS, speed_fields
 
@@ -115,15 +116,16 @@ def measured_history(store: object, model: str, device: DeviceFacts, limit: int 
     return out
 
 
-def _divisors_down(batch: int, effective: int) -> list[int]:
-    """Micro-batches from `batch` down to 1 that divide the effective batch."""
-    return [b for b in range(min(batch, effective), 0, -1) if effective % b == 0]
+def _divisors_down(batch: int, effective: int, least: int = 1) -> list[int]:
+    """Micro-batches from `batch` down to `least` (the trainer's smallest: kto pairs rows within one) that divide
+    the effective batch."""
+    return [b for b in range(min(batch, effective), least - 1, -1) if effective % b == 0]
 
 
 def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> list[JobSpec]:
     """Every combination of the memory tricks the planner may change."""
     effective = spec.effective_batch_size
-    batches = _divisors_down(spec.per_device_train_batch_size, effective)
+    batches = _divisors_down(spec.per_device_train_batch_size, effective, record_for(spec.trainer).min_batch)
     ckpts = checkpointing.fit_choices(spec)
     precisions = [spec.precision]
     if device.kind == "cuda":
