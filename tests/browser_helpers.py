@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,6 +88,30 @@ def start_server(
             time.sleep(0.3)
     stop_server(proc)
     raise RuntimeError(f"tunedeck serve did not come up on port {port}; its output:\n{log.read_text()[-8000:]}")
+
+
+def wait_for_route(port: int, path: str, proc: subprocess.Popen, post: bool = False, timeout: float = 300.0) -> None:
+    """Until `path` answers anything but 404: `serve` answers its page before it adds its routes (/v1, /mcp) beside it.
+
+    `post` sends an empty JSON body (a Streamable HTTP endpoint answers a GET with a stream that never ends).
+    """
+    deadline = time.monotonic() + timeout
+    data = b"{}" if post else None
+    while True:
+        assert proc.poll() is None, f"the server exited ({proc.poll()}) before {path} came up"
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+        if post:
+            request.add_header("Content-Type", "application/json")
+        try:
+            urllib.request.urlopen(request, timeout=30).read()
+            return
+        except urllib.error.HTTPError as err:
+            if err.code != 404:
+                return  # the route is there: it answered something other than "no such route"
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{path} never came up on port {port}"
+        time.sleep(0.2)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

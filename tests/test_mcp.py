@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from browser_helpers import REPO, free_port, start_server, stop_server
+from browser_helpers import REPO, free_port, start_server, stop_server, wait_for_route
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -154,23 +154,10 @@ def served(tag_home: tuple[Path, dict[str, int]], tiny_model: Path, tmp_path_fac
     env = {"TUNEDECK_AUTH": f"{USER}:{PASSWORD}", "TUNEDECK_DATA_DIRS": dirs}
     proc = start_server(folder, port, log, extra_env=env)
     try:
-        _wait_for_the_route(port, proc)
+        wait_for_route(port, "/mcp", proc, post=True)
         yield port, ids, tiny_model
     finally:
         stop_server(proc)
-
-
-def _wait_for_the_route(port: int, proc: Any, timeout: float = 300.0) -> None:
-    """The page answers before `serve` has added `/mcp` beside it: wait for that state (any answer but 404)."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.post(f"http://127.0.0.1:{port}/mcp", json={}, timeout=30).status_code != 404:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"/mcp never came up on port {port} (server exit code {proc.poll()})")
 
 
 def _http_client(port: int, credentials: str | None) -> Any:

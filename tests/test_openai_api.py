@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from browser_helpers import free_port, start_server, stop_server
+from browser_helpers import free_port, start_server, stop_server, wait_for_route
 from chat_helpers import PROMPT, TAUGHT
 from engines import import_or_missing
 from starlette.requests import Request
@@ -124,7 +124,7 @@ def client(tag_store: tuple[Any, Any, dict[str, int]]) -> Iterator[tuple[Any, di
     port = free_port()
     proc = start_server(folder, port, folder / "openai-server.log")
     try:
-        _wait_for_the_api(port, proc)
+        wait_for_route(port, "/v1/models", proc)
         _wait_for_its_worker(store, ids["lora"], proc)
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0), ids
     finally:
@@ -244,26 +244,6 @@ def test_a_stream_the_client_cuts_leaves_no_session(client: tuple[Any, dict[str,
 
 def _last_session(store: Any) -> int:
     return max((s.id for s in store.chat_sessions()), default=0)
-
-
-def _wait_for_the_api(port: int, proc: Any, timeout: float = 300.0) -> None:
-    """The server answers its page before `serve` has added the /v1 routes beside it: wait for that state."""
-    import time
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30).read()
-            return
-        except urllib.error.HTTPError as err:
-            if err.code != 404:
-                return  # the route is there (it answered something other than "no such route")
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"/v1/models never came up on port {port} (server exit code {proc.poll()})")
 
 
 def _wait_for_its_worker(store: Any, run_id: int, proc: Any, timeout: float = 600.0) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_helpers import free_port, start_server, stop_server
+from browser_helpers import free_port, start_server, stop_server, wait_for_route
 from engines import import_or_missing
 
 from app.openai_fields import ApiError
@@ -244,30 +244,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, int]
     port = free_port()
     proc = start_server(home, port, home / "server.log", extra_env={"TUNEDECK_AUTH": ":".join(LOGIN)})
     try:
-        _wait_for_the_routes(port, proc)
+        wait_for_route(port, "/v1/fine_tuning/jobs", proc)
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key=":".join(LOGIN), timeout=600, max_retries=0
         )
         yield client, port
     finally:
         stop_server(proc)
-
-
-def _wait_for_the_routes(port: int, proc: Any, timeout: float = 300.0) -> None:
-    """The page answers before `serve` has added the /v1 routes beside it: wait until ours answer (401 here)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"the server exited ({proc.poll()})"
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs", timeout=30).read()
-            return
-        except urllib.error.HTTPError as err:
-            if err.code != 404:
-                return  # the route is there (it answered something other than "no such route")
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"/v1/fine_tuning/jobs never came up on port {port}"
-        time.sleep(0.2)
 
 
 def _upload(client: Any, rows: list[dict[str, Any]] | bytes, name: str = "train.jsonl") -> Any:
