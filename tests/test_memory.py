@@ -351,3 +351,20 @@ def test_a_saved_prediction_reads_back_typed_and_takes_the_runtime(tiny_model) -
     assert saved["total_bytes"] == p.total_bytes + 300 * 2**20
     assert saved["phases"]["optimizer"] == p.phases["optimizer"] + 300 * 2**20
     assert saved["device"]["runtime_bytes"] == 300 * 2**20 and "worker w1" in saved["formulas"]["runtime"]
+
+
+def test_gpt2s_conv1d_layers_are_its_linears_so_qlora_is_predicted():
+    """GPT-2 keeps its linears as transformers' `Conv1D` (weight stored in x out): read as linears, they give the
+    block its four layers, and QLoRA's de-quantized-weight term has a largest one (an empty block crashed it)."""
+    from jobs.memory.parts import arch_from_config
+
+    arch = arch_from_config(dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=512))
+    assert [(x.name, x.in_features, x.out_features) for x in arch.block_linears] == [
+        ("c_attn", 64, 192),
+        ("c_proj", 64, 64),
+        ("c_fc", 64, 256),
+        ("c_proj", 256, 64),
+    ]
+    qlora = predict(S(model="gpt2-shaped", method="qlora"), arch, H200)
+    lora = predict(S(model="gpt2-shaped", method="lora"), arch, H200)
+    assert qlora.total_bytes > 0 and lora.total_bytes > 0

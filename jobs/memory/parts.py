@@ -103,14 +103,15 @@ def arch_from_config(config: Any) -> Arch:
     linears: list[LayerLinear] = []
     linear_w = linear_b = 0
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and id(module) not in head_ids:
+        dims = _linear_dims(module)
+        if dims is not None and id(module) not in head_ids:
             linear_w += module.weight.numel()
             linear_b += module.bias.numel() if module.bias is not None else 0
             parts = name.split(".")
             prefix = next((".".join(parts[: i + 1]) for i, p in enumerate(parts) if p.isdigit()), None)
             block_prefix = block_prefix or prefix
             if prefix is not None and prefix == block_prefix:
-                linears.append(LayerLinear(parts[-1], module.in_features, module.out_features, module.bias is not None))
+                linears.append(LayerLinear(parts[-1], *dims, module.bias is not None))
     hidden = int(text.hidden_size)
     heads = int(text.num_attention_heads)
     kv = getattr(text, "num_key_value_heads", None) or heads
@@ -142,6 +143,18 @@ def arch_from_config(config: Any) -> Arch:
         shape=model_shape(config),
         checkpoint_bytes=_dtype_bytes(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)),
     )
+
+
+def _linear_dims(module: Any) -> tuple[int, int] | None:
+    """(in, out) features of a linear layer: torch's, or transformers' `Conv1D` (GPT-2's fused c_attn and its MLP:
+    a linear whose weight is stored transposed, which peft adapts as one); None for any other module."""
+    import torch
+
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nx") and hasattr(module, "nf"):
+        return int(module.nx), int(module.nf)
+    return None
 
 
 def _dtype_bytes(dtype: Any) -> int:
