@@ -85,7 +85,6 @@ class Arch:
 
 def arch_from_config(config: Any) -> Arch:
     """Build the model on the meta device from its config and read the shapes (milliseconds to seconds)."""
-    import torch
     from transformers import AutoConfig
 
     from jobs.memory.shape import meta_causal_lm
