@@ -29,16 +29,16 @@ from typing import Any, TypedDict
 import gradio as gr
 from gradio.utils import get_function_description
 
-from app import manage
+from app import run_summaries
 from app.api_data import DataEndpoints, _fail
 from app.api_tasks import TaskEndpoints
-from app.manage import RunSummary
+from app.run_summaries import RunSummary
 from app.spec_text import spec_values
 from jobs.checks.access import AccessPolicy
 from jobs.doctor.findings import Finding, findings_of
 from jobs.errors import Problem
-from jobs.queue import commands
-from jobs.queue.commands import RunCommandError
+from jobs.queue import run_actions
+from jobs.queue.run_actions import RunCommandError
 from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
@@ -144,14 +144,14 @@ def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None
 def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
     from app.ui.served_files import bundle_path
 
-    (summary,) = manage.summaries(store, [run], disk)
+    (summary,) = run_summaries.summaries(store, [run], disk)
     return RunDetail(
         **summary,
         spec=spec_of(run).to_dict(),
         final_metrics={k: _number(v) for k, v in run.final_metrics.items()},
         metric_names=sorted(store.metric_names(run.id)),
         error_detail=run.error_detail,
-        resumable=commands.resumable(store, run),
+        resumable=run_actions.resumable(store, run),
         has_bundle=bundle_path(store, run.id) is not None,
         findings=[_finding_data(f) for f in findings_of(store.run_events(run.id))],
     )
@@ -164,7 +164,7 @@ def _finding_data(finding: Finding) -> FindingData:
 
 def _run(store: Store, run_id: int) -> RunRecord:
     try:
-        return commands.existing_run(store, run_id, "run_id")
+        return run_actions.existing_run(store, run_id, "run_id")
     except RunCommandError as exc:
         raise _fail(exc.problems) from None
 
@@ -221,7 +221,7 @@ class Endpoints(DataEndpoints, TaskEndpoints):
             search=search or None,
             tag=tag or None,
         )
-        return manage.summaries(self.store, found, self.disk)
+        return run_summaries.summaries(self.store, found, self.disk)
 
     def run(self, run_id: int) -> RunDetail:
         """One run: its summary plus the spec, final metrics, metric names, error detail, whether it can be resumed or its bundle downloaded, and the training doctor's findings.
@@ -272,7 +272,7 @@ class Endpoints(DataEndpoints, TaskEndpoints):
             run_id: the run's id.
         """
         try:
-            done = commands.cancel(self.store, run_id, "run_id")
+            done = run_actions.cancel(self.store, run_id, "run_id")
         except RunCommandError as exc:
             raise _fail(exc.problems) from None
         return Outcome(run_id=done.run_id, status=done.status.value, message=done.message)
@@ -284,7 +284,7 @@ class Endpoints(DataEndpoints, TaskEndpoints):
             run_id: the run's id.
         """
         try:
-            done = commands.resume(self.store, run_id, "run_id")
+            done = run_actions.resume(self.store, run_id, "run_id")
         except RunCommandError as exc:  # the problem is the whole answer; a traceback is noise for a caller
             raise _fail(exc.problems) from None
         return Outcome(run_id=done.run_id, status=RunStatus.QUEUED.value, message=done.message)
@@ -325,10 +325,10 @@ class Endpoints(DataEndpoints, TaskEndpoints):
             note: the run's new note; null keeps it, "" removes it.
         """
         try:
-            changed = commands.tag(self.store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
+            changed = run_actions.tag(self.store, run_id, add=add or [], remove=remove or [], note=note, field="run_id")
         except RunCommandError as exc:
             raise _fail(exc.problems) from None
-        return manage.summaries(self.store, [changed], self.disk)[0]
+        return run_summaries.summaries(self.store, [changed], self.disk)[0]
 
     def delete(self, run_id: int) -> Outcome:
         """Delete a run with its files (metrics, memory samples, log, checkpoints, bundle). A running run is refused: cancel it first.
@@ -337,7 +337,7 @@ class Endpoints(DataEndpoints, TaskEndpoints):
             run_id: the run's id.
         """
         try:
-            report = commands.delete(self.store, run_id, field="run_id")
+            report = run_actions.delete(self.store, run_id, field="run_id")
         except RunCommandError as exc:
             raise _fail(exc.problems) from None
         self.disk.forget(report.run_id)

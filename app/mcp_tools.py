@@ -101,7 +101,7 @@ def plan_data(store: Store, spec_yaml: str, policy: AccessPolicy) -> PlanData:
 
 
 def log_text(store: Store, run_id: int, lines: int) -> str:
-    from jobs.queue.commands import existing_run
+    from jobs.queue.run_actions import existing_run
     from storage.run_files import log_tail
 
     run = existing_run(store, run_id, "run_id")
@@ -109,7 +109,7 @@ def log_text(store: Store, run_id: int, lines: int) -> str:
 
 
 def spec_text(store: Store, run_id: int) -> str:
-    from jobs.queue.commands import existing_run
+    from jobs.queue.run_actions import existing_run
     from jobs.spec.stored import spec_of
 
     return spec_of(existing_run(store, run_id, "run_id")).to_yaml()
@@ -146,7 +146,7 @@ async def chat_answer(store: Store, run_id: int, prompt: str, system: str, base:
 
 def _model_name(store: Store, run_id: int, base: bool) -> str:
     """The `/v1` model name of a run's result, or of the base model it was trained from."""
-    from jobs.queue.commands import existing_run
+    from jobs.queue.run_actions import existing_run
     from jobs.spec.stored import spec_of
 
     run = existing_run(store, run_id, "run_id")
@@ -259,7 +259,7 @@ def _result_tools(server: Any, api: Any, store: Store) -> None:
 def export_tasks(store: Store, run_id: int, merged: bool, dtype: str, gguf: list[str]) -> list[TaskData]:
     """The export tasks of one request, refused as the Export tab refuses it (nothing queued on a problem)."""
     from jobs.export.merged import finished_spec
-    from jobs.queue.commands import existing_run
+    from jobs.queue.run_actions import existing_run
     from jobs.worker.tasks import reach_problem, request_export
 
     run = existing_run(store, run_id, "run_id")

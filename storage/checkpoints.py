@@ -10,7 +10,7 @@ optimizer.pt / scheduler.pt / rng_state.pth are torch pickles, but ours: written
 own trainer, and transformers 5.24 reads them with `torch.load(..., weights_only=True)`.
 
 Files only, no store and no torch: the training child writes the marker (`jobs.train.callbacks`), the
-worker and the run commands (`jobs.queue.commands.resume`) read which checkpoint is the last whole one.
+worker and the run commands (`jobs.queue.run_actions.resume`) read which checkpoint is the last whole one.
 """
 
 from __future__ import annotations

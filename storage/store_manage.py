@@ -95,7 +95,7 @@ class ManageMixin(StoreCore):
             return True
 
     def change_tags(self, run_id: int, add: Iterable[str] = (), remove: Iterable[str] = ()) -> tuple[str, ...] | None:
-        """Add and remove tags of a run (already valid: see app.manage); its tags after, None if no such run."""
+        """Add and remove tags of a run (already valid: see app.run_summaries); its tags after, None if no such run."""
         with self._tx() as s:
             if s.scalar(select(m.Run.id).where(m.Run.id == run_id)) is None:
                 return None

@@ -105,7 +105,7 @@ def test_a_run_answers_held_out_prompts_before_and_after(
 def test_a_resumed_run_keeps_its_first_before_answers(store: Any, tiny_model: Path) -> None:
     from test_faults import AtStep
 
-    from jobs.queue.commands import resume
+    from jobs.queue.run_actions import resume
     from jobs.train.child import run
 
     run_id = store.create_run(tiny_spec(tiny_model, max_steps=6, sample_count=2, sample_new_tokens=4))

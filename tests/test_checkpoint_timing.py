@@ -11,7 +11,7 @@ from training_helpers import tiny_spec, wait_for  # noqa: E402
 
 from jobs.spec.job import JobSpec
 from jobs.train.callbacks import StoreCallback
-from jobs.train.checkpoints import is_complete
+from storage.checkpoints import is_complete
 from storage.models import RunStatus
 from storage.store import Store
 

@@ -18,10 +18,10 @@ import pytest
 from test_worker import make_worker
 from training_helpers import tiny_spec
 
-from jobs.queue.commands import resume
+from jobs.queue.run_actions import resume
 from jobs.train.callbacks import StoreCallback
-from jobs.train.checkpoints import is_complete, last_complete
 from jobs.worker.loop import Worker
+from storage.checkpoints import is_complete, last_complete
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
 
@@ -88,7 +88,7 @@ def test_on_save_writes_the_buffered_rows_before_marking_the_checkpoint(store: S
     cb = StoreCallback(store, run_id, flush_interval=3600.0, cancel_interval=None, cuda=False)
     seen_when_marked: list[list[int]] = []
 
-    import jobs.train.checkpoints as checkpoints
+    import storage.checkpoints as checkpoints
 
     real_mark = checkpoints.mark_complete
 

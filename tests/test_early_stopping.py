@@ -219,7 +219,7 @@ class StopAtFirstSetback(TrainerCallback):  # type: ignore[misc]
 def test_a_resumed_run_keeps_its_best_and_its_patience_count(store: Any, tiny_model: Path, tmp_path: Path) -> None:
     """Cancelled one evaluation into its patience and resumed, the run stops exactly `patience` evaluations
     after its best: the count went on from the checkpoint (a fresh count would train one evaluation longer)."""
-    from jobs.queue.commands import resume
+    from jobs.queue.run_actions import resume
     from jobs.train.callbacks import STOP_REQUESTED
     from jobs.train.child import run
 

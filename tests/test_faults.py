@@ -30,9 +30,9 @@ from transformers import TrainerCallback
 
 from jobs.spec.job import JobSpec
 from jobs.train.callbacks import STOP_REQUESTED
-from jobs.train.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last_complete
 from jobs.worker.loop import Worker
 from jobs.worker.processes import group_members, pid_alive
+from storage.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete, last_complete
 from storage.models import RunStatus
 from storage.store import MetricPoint, Store
 
@@ -309,7 +309,7 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(
 def test_resume_continues_with_optimizer_scheduler_and_rng_state(store: Store, tiny_model: Path) -> None:
     """A run cancelled at step 3 and resumed gives the same losses as one that was never stopped;
     a half-written newer checkpoint is skipped."""
-    from jobs.queue.commands import resume
+    from jobs.queue.run_actions import resume
     from jobs.train.child import run
     from jobs.train.training import train_spec
 
@@ -601,7 +601,7 @@ def test_resume_button_shows_for_resumable_runs_and_requeues(store: Store) -> No
     folder = store.run_dir(run_id) / "output" / "checkpoint-2"
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text("{}")
-    from jobs.train.checkpoints import mark_complete
+    from storage.checkpoints import mark_complete
 
     mark_complete(folder, 2)
     assert resume_button().visible is True

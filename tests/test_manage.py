@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli.main import main
-from jobs.queue import commands
+from jobs.queue import run_actions
 from jobs.spec.job import JobSpec
 from storage import models as m
 from storage.models import RunStatus
@@ -65,7 +65,7 @@ def test_delete_removes_one_run_and_nothing_else(store: Store, data_home: Path) 
     freed = run_bytes(store, b)
     assert freed >= 9000
 
-    report = commands.delete(store, b)
+    report = run_actions.delete(store, b)
 
     assert report.freed_bytes == freed and f"deleted run {b} (b)" in report.message
     assert store.get_run(b) is None and not (store.run_path(b)).exists()
@@ -81,8 +81,8 @@ def test_a_running_run_is_refused_until_cancelled(store: Store) -> None:
     run_id = store.create_run(JobSpec())
     store.run_dir(run_id).joinpath("train.log").write_text("training\n")
     store.claim_next_on_device("w", "cpu")
-    with pytest.raises(commands.RunCommandError) as exc:
-        commands.delete(store, run_id)
+    with pytest.raises(run_actions.RunCommandError) as exc:
+        run_actions.delete(store, run_id)
     (problem,) = exc.value.problems
     assert problem.field == "RUN_ID" and "is running" in problem.problem and "cancel" in problem.fix
     with pytest.raises(RunningRunError):  # the store itself refuses, inside its write transaction
@@ -90,7 +90,7 @@ def test_a_running_run_is_refused_until_cancelled(store: Store) -> None:
     assert store.get_run(run_id) is not None and store.run_dir(run_id).joinpath("train.log").exists()
     store.request_cancel(run_id)
     store.mark_cancelled(run_id)
-    commands.delete(store, run_id)
+    run_actions.delete(store, run_id)
     assert store.get_run(run_id) is None
 
 
@@ -106,9 +106,9 @@ def test_deleted_ids_are_never_handed_out_again(store: Store) -> None:
 def test_tags_notes_and_search(store: Store) -> None:
     a = store.create_run(JobSpec(run_name="Qwen sweep 50%"))
     b = store.create_run(JobSpec(run_name="llama baseline"))
-    run = commands.tag(store, a, add="lr-sweep, fast", note="  the good one  ")
+    run = run_actions.tag(store, a, add="lr-sweep, fast", note="  the good one  ")
     assert run.tags == ("fast", "lr-sweep") and run.note == "the good one"
-    commands.tag(store, b, add=["baseline"])
+    run_actions.tag(store, b, add=["baseline"])
     assert [r.id for r in store.list_runs(search="qwen")] == [a]  # case-insensitive
     assert [r.id for r in store.list_runs(search="50%")] == [a]  # % is literal, not a wildcard
     assert [r.id for r in store.list_runs(search="%")] == [a]
@@ -117,13 +117,13 @@ def test_tags_notes_and_search(store: Store) -> None:
     assert [r.id for r in store.list_runs(tag="fast")] == [a]
     assert store.list_runs(tag="las") == []  # a tag filter is exact
     assert [r.id for r in store.list_runs(search=str(b))] == [b]
-    run = commands.tag(store, a, remove=["fast"], note="")
+    run = run_actions.tag(store, a, remove=["fast"], note="")
     assert run.tags == ("lr-sweep",) and run.note is None
 
 
 def test_bad_tags_and_notes_name_the_field_and_the_fix(store: Store) -> None:
-    with pytest.raises(commands.RunCommandError) as exc:
-        commands.tag(store, 99, add="ok, -dash, way-too-long-" + "x" * 70, note="n" * 10_001)
+    with pytest.raises(run_actions.RunCommandError) as exc:
+        run_actions.tag(store, 99, add="ok, -dash, way-too-long-" + "x" * 70, note="n" * 10_001)
     fields = [p.field for p in exc.value.problems]
     assert fields == ["RUN_ID", "tags", "tags", "note"]
     assert all(p.fix for p in exc.value.problems)

@@ -528,7 +528,7 @@ def test_a_lost_node_requeues_the_run_and_it_resumes_from_its_checkpoint(
     """The only node with the FAKE GPU type dies mid-run; a new one joins; the run resumes there."""
     from training_helpers import wait_for
 
-    from jobs.train.checkpoints import last_complete
+    from storage.checkpoints import last_complete
     from storage.models import RunStatus
 
     began = time.monotonic()

@@ -1,4 +1,4 @@
-"""What can be done to a run has one home (jobs.queue.commands): typed outcomes, refusals as problems, and
+"""What can be done to a run has one home (jobs.queue.run_actions): typed outcomes, refusals as problems, and
 front ends that only translate (delete and tag are covered in depth by tests/test_manage.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.queue import commands
-from jobs.queue.commands import CancelResult, RunCommandError
+from jobs.queue import run_actions
+from jobs.queue.run_actions import CancelResult, RunCommandError
 from jobs.spec.job import JobSpec
 from storage.checkpoints import COMPLETE_MARKER
 from storage.models import RunStatus
@@ -28,24 +28,24 @@ def running(store: Store) -> int:
 
 def test_cancel_says_what_happened_for_each_status(store: Store) -> None:
     queued = store.create_run(SPEC)
-    done = commands.cancel(store, queued)
+    done = run_actions.cancel(store, queued)
     assert (done.result, done.status) == (CancelResult.CANCELLED, RunStatus.CANCELLED)
     assert done.message == f"run {queued}: cancelled"
     assert store.get_run(queued).status is RunStatus.CANCELLED
 
-    again = commands.cancel(store, queued)
+    again = run_actions.cancel(store, queued)
     assert again.result is CancelResult.ALREADY_FINISHED
     assert again.message == f"run {queued} already cancelled; nothing to cancel"
 
     live = running(store)
-    asked = commands.cancel(store, live)
+    asked = run_actions.cancel(store, live)
     assert (asked.result, asked.status) == (CancelResult.REQUESTED, RunStatus.RUNNING)
     assert store.run_control(live).cancel_requested
 
 
 @pytest.mark.parametrize("bad", [999, 0, -1, 1.5, True, "x"])
 def test_a_missing_or_malformed_run_id_is_refused_naming_the_field(store: Store, bad: object) -> None:
-    for command in (commands.cancel, commands.resume, commands.delete, commands.clone):
+    for command in (run_actions.cancel, run_actions.resume, run_actions.delete, run_actions.clone):
         with pytest.raises(RunCommandError) as exc:
             command(store, bad, "run_id")
         (problem,) = exc.value.problems
@@ -66,8 +66,8 @@ def test_resume_requeues_from_the_last_complete_checkpoint(store: Store) -> None
     store.mark_cancelled(run_id)
     _checkpoint(store, run_id, 2)
     _checkpoint(store, run_id, 4, complete=False)  # half written: never resumed from
-    done = commands.resume(store, run_id)
-    assert done == commands.Resumed(run_id, 2)
+    done = run_actions.resume(store, run_id)
+    assert done == run_actions.Resumed(run_id, 2)
     assert done.message == f"run {run_id} queued again; it resumes from its checkpoint at step 2"
     assert store.get_run(run_id).status is RunStatus.QUEUED
 
@@ -79,15 +79,15 @@ def test_resume_refuses_a_succeeded_run_and_a_failed_one_without_checkpoint(stor
     store.mark_failed(failed, "boom")
     for run_id, status in ((ok, "succeeded"), (failed, "failed")):
         with pytest.raises(RunCommandError, match=f"run {run_id} is {status}: only interrupted or cancelled"):
-            commands.resume(store, run_id)
+            run_actions.resume(store, run_id)
     _checkpoint(store, failed, 3)
-    assert commands.resumable(store, store.get_run(failed))
-    assert commands.resume(store, failed).from_step == 3
+    assert run_actions.resumable(store, store.get_run(failed))
+    assert run_actions.resume(store, failed).from_step == 3
 
 
 def test_clone_gives_the_spec_and_leaves_the_run_alone(store: Store) -> None:
     run_id = store.create_run(SPEC)
-    assert commands.clone(store, run_id) == SPEC
+    assert run_actions.clone(store, run_id) == SPEC
     assert store.count_runs() == 1
 
 
@@ -102,4 +102,4 @@ def test_the_front_ends_only_translate() -> None:
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if STATE_CHANGES.search(line)
     ]
-    assert not found, f"call jobs.queue.commands instead: {found}"
+    assert not found, f"call jobs.queue.run_actions instead: {found}"

@@ -25,8 +25,8 @@ from training_helpers import tiny_spec, wait_for
 from jobs.cluster.dispatch import Dispatcher
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
 from jobs.cluster.slurm import SlurmEngine, SlurmSettings, parse_job, phase_of, sbatch_argv, state_of
-from jobs.train.checkpoints import last_complete
 from jobs.worker.engine_job import gpu_environment
+from storage.checkpoints import last_complete
 from storage.models import RunStatus
 from storage.store import Store
 

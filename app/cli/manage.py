@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def cmd_rm(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.commands import RunCommandError, check_deletable, delete
+    from jobs.queue.run_actions import RunCommandError, check_deletable, delete
     from storage.run_files import run_bytes
 
     runs = check_deletable(store, list(dict.fromkeys(args.run_ids)))
@@ -52,7 +52,7 @@ def describe(tags: tuple[str, ...], note: str | None) -> str:
 
 
 def cmd_tag(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.commands import tag
+    from jobs.queue.run_actions import tag
 
     run = tag(store, args.run_id, add=args.tags, remove=args.remove, note=args.note)
     print(f"run {run.id}: {run.name}\n{describe(run.tags, run.note)}")

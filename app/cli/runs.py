@@ -136,7 +136,7 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
     if args.json:
         import json
 
-        from app.manage import summaries
+        from app.run_summaries import summaries
 
         print(json.dumps(summaries(store, runs), indent=2))
         return EXIT_OK
@@ -156,7 +156,7 @@ def cmd_show(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_clone(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.commands import clone
+    from jobs.queue.run_actions import clone
     from jobs.queue.submit import submit
 
     print(submit(store, clone(store, args.run_id, fix=args.fix)))
@@ -164,7 +164,7 @@ def cmd_clone(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.commands import CancelResult, cancel
+    from jobs.queue.run_actions import CancelResult, cancel
 
     done = cancel(store, args.run_id)
     requested = done.result is CancelResult.REQUESTED
@@ -173,7 +173,7 @@ def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_resume(store: Store, args: argparse.Namespace) -> int:
-    from jobs.queue.commands import resume
+    from jobs.queue.run_actions import resume
 
     print(resume(store, args.run_id).message)
     return EXIT_OK

@@ -1,7 +1,7 @@
 """The routes of `/v1/files` and `/v1/fine_tuning/jobs`, behind the same login or token as every route.
 
 Each handler checks access first (`denied`: the `/v1` rule of `app.openai_api`), then parses, calls the
-store or the one submit path (`jobs.queue.submit`, `jobs.queue.commands`), and answers; an ApiError becomes
+store or the one submit path (`jobs.queue.submit`, `jobs.queue.run_actions`), and answers; an ApiError becomes
 OpenAI's error shape `{"error": {"message", "type", "param", "code"}}`.
 """
 
@@ -20,7 +20,7 @@ from app.openai_tuning.create import job_values, refusal
 from app.openai_tuning.views import job_checkpoints, job_events, job_id, job_object, page, run_id_of, save_extras
 from jobs.checks.access import AccessPolicy
 from jobs.errors import ProblemError
-from jobs.queue import commands
+from jobs.queue import run_actions
 from jobs.queue.submit import submit
 from storage.records import RunRecord
 from storage.store import Store
@@ -89,10 +89,10 @@ def _has(job: dict[str, Any], wanted: dict[str, str]) -> bool:
 def cancel_job(store: Store, ident: str) -> dict[str, Any]:
     run = _run(store, ident)
     try:
-        done = commands.cancel(store, run.id, "fine_tuning_job_id")
+        done = run_actions.cancel(store, run.id, "fine_tuning_job_id")
     except ProblemError as exc:
         raise refusal(exc) from None
-    if done.result is commands.CancelResult.ALREADY_FINISHED:
+    if done.result is run_actions.CancelResult.ALREADY_FINISHED:
         raise ApiError(
             400, f"{job_id(run.id)} already {done.status.value}: there is nothing to cancel", "fine_tuning_job_id"
         )

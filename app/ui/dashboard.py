@@ -40,7 +40,7 @@ from app.ui import runs as ui_runs
 from app.ui import search as ui_search
 from app.ui import sweep as ui_sweep
 from jobs.checks.access import AccessPolicy
-from jobs.queue import commands as run_commands
+from jobs.queue import run_actions as run_commands
 from storage.store import Store
 
 RUN_PAGE = "run-page"  # the concurrency group of every event that draws the run page's text

@@ -2,7 +2,7 @@
 
 Delete asks first ("Delete run 5 ... and its 120 MiB of files?"); the confirmation deletes the
 run it named, even if the page moved to another run meanwhile. A running run is refused with
-the way out (cancel it, wait, delete). Checks and deletion are `app.manage`'s, shared with the
+the way out (cancel it, wait, delete). Checks and deletion are `app.run_summaries`'s, shared with the
 CLI and the API. Laid out under the run page by app.ui.dashboard and fed by the page's run id.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from jobs.errors import Problem
-from jobs.queue import commands
+from jobs.queue import run_actions
 from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.run_files import run_bytes
@@ -83,11 +83,11 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
         if run is None:
             return [gr.skip(), gr.skip(), "Open a run first."]
         try:
-            wanted = commands.parse_tags(tags)
-            changed = commands.tag(
+            wanted = run_actions.parse_tags(tags)
+            changed = run_actions.tag(
                 store, run.id, add=wanted, remove=[t for t in run.tags if t not in wanted], note=note or "", field="run"
             )
-        except commands.RunCommandError as exc:
+        except run_actions.RunCommandError as exc:
             return [gr.skip(), gr.skip(), "**Not saved**\n" + _problems(exc.problems)]
         return [", ".join(changed.tags), changed.note or "", f"Saved the tags and note of run {changed.id}."]
 
@@ -112,8 +112,8 @@ def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
         if asked is None:
             return [gr.Group(visible=False), None, ""]
         try:
-            report = commands.delete(store, int(asked), field="run")
-        except commands.RunCommandError as exc:
+            report = run_actions.delete(store, int(asked), field="run")
+        except run_actions.RunCommandError as exc:
             return [gr.Group(visible=False), None, "**Not deleted**\n" + _problems(exc.problems)]
         return [gr.Group(visible=False), None, report.message[0].upper() + report.message[1:] + "."]
 

@@ -31,8 +31,8 @@ from app.ui.run_text import (
 )
 from app.ui.served_files import LOG_LINES, bundle_files, bundle_path, log_tail, unreachable_files_note
 from jobs.doctor.findings import findings_of
-from jobs.queue import commands
-from jobs.queue.commands import RunCommandError, resumable
+from jobs.queue import run_actions
+from jobs.queue.run_actions import RunCommandError, resumable
 from jobs.spec.stored import spec_of, stored_spec
 from jobs.spec.trainer_records import RECORDS
 from jobs.train import figures
@@ -285,7 +285,7 @@ class RunPageData:
         if run_id is None:
             return
         try:
-            done = commands.cancel(self.store, run_id, "run")
+            done = run_actions.cancel(self.store, run_id, "run")
         except RunCommandError as exc:
             raise gr.Error(str(exc)) from None
         gr.Info(done.message[0].upper() + done.message[1:] + ".")
@@ -295,6 +295,6 @@ class RunPageData:
         if run_id is None:
             raise gr.Error("Open a run first.")
         try:
-            gr.Info(commands.resume(self.store, run_id, "run").message)
+            gr.Info(run_actions.resume(self.store, run_id, "run").message)
         except RunCommandError as exc:
             raise gr.Error(str(exc)) from None

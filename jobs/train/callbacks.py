@@ -23,7 +23,7 @@ well under 2% of training time:
   end, before the run's status changes) waits for them and writes the rest itself.
 A stop (signal or cancel) also asks the trainer for a checkpoint at that step boundary, so a
 cancelled run can be resumed; every saved checkpoint gets a completeness marker
-(`jobs.train.checkpoints`), written only once every row logged up to it is in the store (`on_save`
+(`storage.checkpoints`), written only once every row logged up to it is in the store (`on_save`
 flushes first, on the training thread): a process killed at any moment leaves no complete checkpoint
 whose steps' metrics are missing, since a resume redoes only the steps after it. A resumed run does not
 write again the rows the store already has at its checkpoint's step (the end-of-training figures or an
@@ -163,7 +163,7 @@ class StoreCallback(TrainerCallback):
                 log.info("cancel requested: stopping after step %s", state.global_step)
         if self.stop_reason is not None:
             control.should_training_stop = True
-            control.should_save = True  # a checkpoint to resume from (jobs.train.checkpoints)
+            control.should_save = True  # a checkpoint to resume from (storage.checkpoints)
         elif self.save_interval_s and now - self._last_save >= self.save_interval_s:
             control.should_save = True  # timed: a crash loses at most save_interval_s of training
         if control.should_save:
@@ -213,7 +213,7 @@ class StoreCallback(TrainerCallback):
         previous one); they go with the next write."""
         from pathlib import Path
 
-        from jobs.train.checkpoints import mark_complete
+        from storage.checkpoints import mark_complete
 
         self._last_save = self._clock()
         folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"

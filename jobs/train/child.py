@@ -12,7 +12,7 @@ a few held-out prompts with the base (before training) and the result (after:
 succeeded; any exception marks it failed with a one-line summary and the traceback (exit 1).
 SIGTERM stops training at the next step boundary, saves a checkpoint there and marks the run
 cancelled (exit 0). A run put back in the queue (`tunedeck resume`) continues from its last
-complete checkpoint (`jobs.train.checkpoints`) with optimizer, scheduler and RNG state; its metric
+complete checkpoint (`storage.checkpoints`) with optimizer, scheduler and RNG state; its metric
 rows after that step are deleted first, so none is duplicated. A non-finite loss fails the run
 ("non-finite loss at step N") and keeps the last good checkpoint; a full disk while saving
 fails it with the folder named and the half-written checkpoint removed. A CUDA out-of-memory
@@ -87,7 +87,7 @@ def setup_logging() -> None:
 
 def resume_point(store: RunLifecycle, run_id: int, output_dir: Path) -> str | None:
     """The checkpoint to continue from (None: start afresh); drops metric rows the resume redoes."""
-    from jobs.train.checkpoints import last_complete, remove_incomplete
+    from storage.checkpoints import last_complete, remove_incomplete
 
     for folder in remove_incomplete(output_dir):
         log.warning("removed incomplete checkpoint %s", folder)
@@ -298,7 +298,7 @@ def _failed(
 ) -> int:
     """How the run ended on `exc` (called while it is being handled), recorded; the exit code.
     `training`: the trainer was built (an OOM after that is one a smaller step can avoid)."""
-    from jobs.train.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
+    from storage.checkpoints import checkpoint_dirs, is_complete, remove_incomplete
 
     try:
         callback.flush()

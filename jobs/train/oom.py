@@ -137,7 +137,7 @@ def scheduler_restorer(resume_from: str | None) -> Any | None:
 
 def handle(store: RunEvents, run_id: int, spec: JobSpec, step: int, output_dir: Path) -> bool:
     """After an OOM: record the next change and return True (exit EXIT_OOM_RECOVER), or False (fail)."""
-    from jobs.train.checkpoints import last_complete
+    from storage.checkpoints import last_complete
 
     past = recoveries(store, run_id)
     last_rung = past[-1]["data"]["rung"] if past else -1

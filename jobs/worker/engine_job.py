@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from types import FrameType
 
 from jobs.devices.sampler import GpuProbe, Sampler
-from jobs.train.checkpoints import last_complete
 from jobs.train.parent_watch import STOP_WITH_PARENT_ENV
 from jobs.worker.loop import Worker
 from jobs.worker.outcome import quietly
+from storage.checkpoints import last_complete
 from storage.models import RunStatus
 from storage.store import Store
 

@@ -70,7 +70,7 @@ def record_end(store: Store, run_id: int, returncode: int, why: str | None, log_
 
 def saving_checkpoint(store: Store, run_id: int) -> bool:
     """Whether the run has a checkpoint folder that is not complete yet (being written)."""
-    from jobs.train.checkpoints import checkpoint_dirs, is_complete
+    from storage.checkpoints import checkpoint_dirs, is_complete
 
     try:
         return any(not is_complete(path) for _, path in checkpoint_dirs(store.run_dir(run_id) / "output"))

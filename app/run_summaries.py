@@ -1,6 +1,6 @@
 """Runs as plain data, shared by `tunedeck runs --json`, the run page and the API.
 
-What can be done to a run (submit, cancel, resume, delete, tag, clone) lives in `jobs.queue.commands`;
+What can be done to a run (submit, cancel, resume, delete, tag, clone) lives in `jobs.queue.run_actions`;
 this module describes runs for the front ends, so the three of them show the same fields.
 
     summaries(store, store.list_runs())          # JSON-ready dicts (id, status, tags, disk_bytes, ...)
