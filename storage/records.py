@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from storage import models as m
 from storage.models import RunStatus
@@ -167,3 +167,20 @@ class ArtifactRecord:
 
 
 _MEMORY_FIELDS = [f for f in MemoryPoint.__dataclass_fields__]
+
+
+class QueueableSpec(Protocol):
+    """What the store needs of a job spec (`jobs.spec.job.JobSpec`): it stores the JSON, never parses it."""
+
+    @property
+    def display_name(self) -> str: ...
+
+    @property
+    def pin_host(self) -> str | None: ...
+
+    @property
+    def pin_device(self) -> str | None: ...
+
+    def validate(self) -> Any: ...
+
+    def to_json(self) -> str: ...

@@ -26,10 +26,12 @@ if TYPE_CHECKING:  # annotations only: a module that asks for a role must not im
         MemoryPoint,
         MetricBucket,
         MetricPoint,
+        QueueableSpec,
         RunControl,
         RunRecord,
     )
     from storage.store_scores import Score, ScoreRecord
+    from storage.store_search import SearchRecord, TrialRecord
 
 
 class RunReader(Protocol):
@@ -139,7 +141,7 @@ class RunLifecycle(RunReader, Protocol):
 class TaskQueue(Protocol):
     """Queues a task for a run (an export, a push, an evaluation) that a worker carries out."""
 
-    def create_task(self, run_id: int, kind: str, args: dict[str, Any] | None = None) -> int: ...
+    def create_task(self, run_id: int | None, kind: str, args: dict[str, Any] | None = None) -> int: ...
 
 
 class TrainingRecord(MetricSink, MetricReader, RunLifecycle, RunArtifacts, RunEvents, RunFolders, TaskQueue, Protocol):
@@ -200,3 +202,74 @@ class ChatRuns(Leases, ArtifactReader, Protocol):
 
 class TerminalChat(ChatRuns, RunFolders, Protocol):
     """`tunedeck chat`/`generate`: the chat process's reads, and the run's folder that keeps a prompt's picture."""
+
+
+class Submitting(CheckReader, RunFolders, Protocol):
+    """Submit (`jobs.queue.submit`): the check pipeline's reads, the new queued run, its saved prediction."""
+
+    def create_run(self, spec: QueueableSpec) -> int: ...
+
+
+class CheckTasks(CheckReader, TaskQueue, Protocol):
+    """A task checked like a run and queued without one (`jobs.queue.trial`: "Try rewards")."""
+
+
+class RunActing(Submitting, RunEvents, TaskQueue, Protocol):
+    """What can be done to a run (`jobs.queue.run_actions`): cancel, resume, delete, tag, clone."""
+
+    def request_cancel(self, run_id: int) -> RunStatus | None: ...
+
+    def requeue(self, run_id: int) -> bool: ...
+
+    def delete_run(self, run_id: int) -> bool: ...
+
+    def change_tags(
+        self, run_id: int, add: Iterable[str] = (), remove: Iterable[str] = ()
+    ) -> tuple[str, ...] | None: ...
+
+    def set_note(self, run_id: int, note: str | None) -> bool: ...
+
+
+class SearchReader(RunReader, Protocol):
+    """A search's row and its trials (`jobs.search.report`)."""
+
+    def get_search(self, search_id: int) -> SearchRecord | None: ...
+
+    def search_trials(self, search_id: int) -> list[TrialRecord]: ...
+
+
+class StudyHome(Protocol):
+    """Where Optuna keeps a search's study: the store's own database (`jobs.search.study`)."""
+
+    @property
+    def study_url(self) -> str: ...
+
+    def study_engine_kwargs(self) -> dict[str, Any]: ...
+
+
+class SearchDriving(SearchReader, StudyHome, RunActing, MetricReader, Protocol):
+    """The search driver's turn (`jobs.search.driver`): ask, check and queue trials, follow their runs, end it."""
+
+    def create_search(self, name: str, plan_json: str) -> SearchRecord: ...
+
+    def active_search_ids(self) -> list[int]: ...
+
+    def end_search(self, search_id: int, state: str) -> bool: ...
+
+    def take_search_turn(self, search_id: int, driver_id: str, stale_after_s: float) -> bool: ...
+
+    def release_search(self, search_id: int, driver_id: str) -> None: ...
+
+    def add_trial(
+        self,
+        search_id: int,
+        number: int,
+        optuna_trial_id: int,
+        params: dict[str, Any],
+        state: str = "asked",
+        reason: str | None = None,
+    ) -> int: ...
+
+    def queue_trial(self, trial_id: int, spec_json: str, name: str, tag: str) -> int | None: ...
+
+    def update_trial(self, trial_id: int, *, only_from: tuple[str, ...] = ..., **values: Any) -> bool: ...

@@ -179,4 +179,5 @@ def _plays_every_role(store: Store) -> None:
     more: tuple[r.MetricReader, r.RunLifecycle, r.TrainingRecord, r.CheckReader, r.Sweeps] = (store,) * 5
     rest: tuple[r.WorkerDirectory, r.Leases, r.ChatRuns, r.RunLister, r.TaskQueue] = (store,) * 5
     scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
-    del played, more, rest, scores
+    queue: tuple[r.Submitting, r.RunActing, r.CheckTasks, r.SearchReader, r.StudyHome, r.SearchDriving] = (store,) * 6
+    del played, more, rest, scores, queue

@@ -10,34 +10,17 @@ import json
 import math
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
 from storage import models as m
 from storage.lifecycle import RunChange, move_run, new_run
 from storage.models import RunStatus
-from storage.records import RunControl, RunRecord
+from storage.records import QueueableSpec, RunControl, RunRecord
 from storage.rollups import rebuild_metric_rollups
 from storage.store_core import StoreCore, rowcount
 from storage.store_manage import search_filter
-
-
-class QueueableSpec(Protocol):
-    """What the store needs of a job spec (`jobs.spec.job.JobSpec`): it stores the JSON, never parses it."""
-
-    @property
-    def display_name(self) -> str: ...
-
-    @property
-    def pin_host(self) -> str | None: ...
-
-    @property
-    def pin_device(self) -> str | None: ...
-
-    def validate(self) -> Any: ...
-
-    def to_json(self) -> str: ...
 
 
 class RunsMixin(StoreCore):

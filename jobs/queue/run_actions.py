@@ -31,8 +31,9 @@ from jobs.units import human_bytes
 from storage.checkpoints import last_complete
 from storage.models import RunStatus
 from storage.records import RunRecord
+from storage.roles import RunActing
 from storage.run_files import remove_run_folder, run_bytes
-from storage.store import RunningRunError, Store
+from storage.store import RunningRunError
 
 __all__ = [
     "CancelResult",
@@ -62,7 +63,7 @@ class RunCommandError(ProblemError):
     """A run command refused: every problem, each with its field and fix. Nothing was changed."""
 
 
-def existing_run(store: Store, run_id: Any, field: str = "RUN_ID") -> RunRecord:
+def existing_run(store: RunActing, run_id: Any, field: str = "RUN_ID") -> RunRecord:
     """The run, or RunCommandError saying how to find one."""
     whole = isinstance(run_id, int) or (isinstance(run_id, float) and run_id.is_integer())
     if isinstance(run_id, bool) or not whole or int(run_id) < 1:
@@ -103,7 +104,7 @@ class Cancelled:
         return f"run {self.run_id}: {self.result.value}"
 
 
-def cancel(store: Store, run_id: Any, field: str = "RUN_ID") -> Cancelled:
+def cancel(store: RunActing, run_id: Any, field: str = "RUN_ID") -> Cancelled:
     """Cancel a queued run at once, or ask a running run's worker to stop it; a finished run is left alone."""
     run = existing_run(store, run_id, field)
     if run.status.finished:
@@ -129,14 +130,14 @@ class Resumed:
         return f"run {self.run_id} queued again; it resumes from its checkpoint at step {self.from_step}"
 
 
-def resumable(store: Store, run: RunRecord) -> bool:
+def resumable(store: RunActing, run: RunRecord) -> bool:
     """Interrupted and cancelled runs resume (from a checkpoint, or afresh); failed ones only from a checkpoint."""
     if run.status in (RunStatus.INTERRUPTED, RunStatus.CANCELLED):
         return True
     return run.status is RunStatus.FAILED and last_complete(store.run_dir(run.id) / "output") is not None
 
 
-def resume(store: Store, run_id: Any, field: str = "RUN_ID") -> Resumed:
+def resume(store: RunActing, run_id: Any, field: str = "RUN_ID") -> Resumed:
     """Queue the run again under the same id; its child continues from the last complete checkpoint."""
     run = existing_run(store, run_id, field)
     fix = "resume an interrupted or cancelled run (or a failed one with a checkpoint), or submit it again"
@@ -182,7 +183,7 @@ def _running_problem(run_id: int, field: str) -> Problem:
     )
 
 
-def check_deletable(store: Store, run_ids: Sequence[Any], field: str = "RUN_ID") -> list[RunRecord]:
+def check_deletable(store: RunActing, run_ids: Sequence[Any], field: str = "RUN_ID") -> list[RunRecord]:
     """The runs, when every one exists and none is running; else RunCommandError with every problem."""
     problems, runs = [], []
     for run_id in run_ids:
@@ -199,7 +200,7 @@ def check_deletable(store: Store, run_ids: Sequence[Any], field: str = "RUN_ID")
     return runs
 
 
-def delete(store: Store, run_id: Any, field: str = "RUN_ID") -> DeleteReport:
+def delete(store: RunActing, run_id: Any, field: str = "RUN_ID") -> DeleteReport:
     """Delete a run's rows (metrics, memory, artifacts, tags) and then its folder; refuses a running run."""
     (run,) = check_deletable(store, [run_id], field)
     freed = run_bytes(store, run.id)
@@ -258,7 +259,7 @@ def check_note(note: str | None, field: str = "note") -> str | None:
 
 
 def tag(
-    store: Store, run_id: Any, add: Any = (), remove: Any = (), note: str | None = None, field: str = "RUN_ID"
+    store: RunActing, run_id: Any, add: Any = (), remove: Any = (), note: str | None = None, field: str = "RUN_ID"
 ) -> RunRecord:
     """Add and remove tags and (when `note` is not None) replace the note; every problem at once."""
     problems: list[Problem] = []
@@ -284,7 +285,7 @@ def tag(
 
 
 # ---------------------------------------------------------------------- clone
-def clone(store: Store, run_id: Any, field: str = "RUN_ID", fix: int | None = None) -> JobSpec:
+def clone(store: RunActing, run_id: Any, field: str = "RUN_ID", fix: int | None = None) -> JobSpec:
     """The run's spec as submitted, to edit in the form or queue again (`submit`): a new run, the old one untouched.
 
     `fix`: with the spec change of the run's finding number `fix` applied (`jobs.doctor`; 1 = the first

@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any
 from jobs.memory.breakdown import Prediction
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from storage.roles import RunFolders
 
 PREDICTION_FILE = "prediction.json"
 
 
-def save_prediction(store: Store, run_id: int, prediction: Prediction | None) -> None:
+def save_prediction(store: RunFolders, run_id: int, prediction: Prediction | None) -> None:
     """Keep `prediction` (None: nothing to keep) with the run."""
     if prediction is not None:
         (store.run_dir(run_id) / PREDICTION_FILE).write_text(prediction.to_json())
 
 
-def load_prediction(store: Store, run_id: int) -> dict | None:
+def load_prediction(store: RunFolders, run_id: int) -> dict | None:
     """The prediction saved at submit, or None."""
     try:
         return json.loads((store.run_path(run_id) / PREDICTION_FILE).read_text())
@@ -48,7 +48,7 @@ def with_runtime(saved: dict[str, Any], runtime_bytes: int, worker: str) -> dict
     return Prediction.from_dict(saved).with_runtime(runtime_bytes, f"worker {worker}").to_dict()
 
 
-def add_runtime(store: Store, run_id: int, runtime_bytes: int, worker: str) -> bool:
+def add_runtime(store: RunFolders, run_id: int, runtime_bytes: int, worker: str) -> bool:
     """Complete a run's saved CPU prediction with the claiming worker's runtime baseline when it lacks one
     (submitted before any worker on this host had measured it); True when the prediction changed."""
     saved = load_prediction(store, run_id)

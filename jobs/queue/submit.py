@@ -19,16 +19,16 @@ from jobs.checks.access import AccessPolicy
 from jobs.checks.pipeline import Checked, check
 from jobs.queue.saved_prediction import save_prediction
 from jobs.spec.job import JobSpec
-from storage.store import Store
+from storage.roles import Submitting
 
 
-def submit(store: Store, spec: JobSpec | Mapping[str, Any], policy: AccessPolicy | None = None) -> int:
+def submit(store: Submitting, spec: JobSpec | Mapping[str, Any], policy: AccessPolicy | None = None) -> int:
     """Check the spec (or values still to parse) against the workers' device and queue it; raises SpecError
     with every problem."""
     return enqueue(store, check(spec, policy=policy, store=store))
 
 
-def enqueue(store: Store, checked: Checked) -> int:
+def enqueue(store: Submitting, checked: Checked) -> int:
     """Queue a checked spec and keep its prediction (the run page compares it with the measured peak);
     SpecError when the check found problems."""
     run_id = store.create_run(checked.accepted())

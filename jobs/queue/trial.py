@@ -18,10 +18,10 @@ from jobs.errors import Problem
 from jobs.spec.grpo import TRIAL_PROMPTS_MAX, TRY_REWARDS_TASK
 from jobs.spec.job import SpecError
 from jobs.spec.trainer_records import record_for
-from storage.store import Store
+from storage.roles import CheckTasks
 
 
-def request_try_rewards(store: Store, spec: Any, prompts: int, policy: AccessPolicy | None = None) -> int:
+def request_try_rewards(store: CheckTasks, spec: Any, prompts: int, policy: AccessPolicy | None = None) -> int:
     """Queue the task for `spec` (a JobSpec or values to parse); SpecError with every problem when it cannot run."""
     if not isinstance(prompts, int) or isinstance(prompts, bool) or not 1 <= prompts <= TRIAL_PROMPTS_MAX:
         raise SpecError(

@@ -37,7 +37,8 @@ from storage.errors import StorageError
 from storage.models import RunStatus
 
 if TYPE_CHECKING:
-    from storage.store import RunRecord, Store, TrialRecord
+    from storage.roles import SearchDriving
+    from storage.store import RunRecord, TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ def search_tag(search_id: int) -> str:
     return f"search-{search_id}"
 
 
-def start_search(store: Store, plan: SearchPlan, name: str | None = None, policy: AccessPolicy | None = None) -> Any:
+def start_search(
+    store: SearchDriving, plan: SearchPlan, name: str | None = None, policy: AccessPolicy | None = None
+) -> Any:
     """Check the base spec once (`policy`: what the caller may reach; every problem but a memory verdict, which
     the space may change) and record a new active search, which a worker's search service drives; its
     SearchRecord. SearchError with every problem."""
@@ -75,7 +78,7 @@ def _plan_json(plan: SearchPlan) -> str:
     return json.dumps(plan.to_dict())
 
 
-def advance(store: Store, search_id: int, studies: dict[int, Any]) -> bool:
+def advance(store: SearchDriving, search_id: int, studies: dict[int, Any]) -> bool:
     """One turn of the search; True while it is still active. `studies` caches each search's open study."""
     search = store.get_search(search_id)
     if search is None or search.state != "active":
@@ -113,7 +116,7 @@ def _tell_unrecorded(study: Any, trials: list[TrialRecord]) -> None:
             study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
 
 
-def _ask(store: Store, study: Any, plan: SearchPlan, search_id: int) -> None:
+def _ask(store: SearchDriving, study: Any, plan: SearchPlan, search_id: int) -> None:
     from jobs.search.space import suggest
 
     trial = study.ask()
@@ -123,7 +126,7 @@ def _ask(store: Store, study: Any, plan: SearchPlan, search_id: int) -> None:
     _queue(store, study, plan, record)
 
 
-def _queue(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord) -> None:
+def _queue(store: SearchDriving, study: Any, plan: SearchPlan, trial: TrialRecord) -> None:
     """Check the trial's spec (memory prediction included) and queue its run, or refuse it as infeasible."""
     from optuna.trial import TrialState
 
@@ -145,7 +148,7 @@ def _queue(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord) -> No
         save_prediction(store, run_id, checked.prediction)
 
 
-def _follow(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord) -> None:
+def _follow(store: SearchDriving, study: Any, plan: SearchPlan, trial: TrialRecord) -> None:
     from optuna.trial import TrialState
 
     if trial.state == "asked":  # recorded, then the turn ended before its check: check and queue it now
@@ -181,7 +184,7 @@ def _follow(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord) -> N
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
 
 
-def _report(store: Store, study: Any, plan: SearchPlan, trial: TrialRecord, run: RunRecord) -> float | None:
+def _report(store: SearchDriving, study: Any, plan: SearchPlan, trial: TrialRecord, run: RunRecord) -> float | None:
     """Report the objective's new values to Optuna; stop the run when the pruner (or the time budget) says so.
     The last value reported (None when there is none)."""
     import optuna
@@ -221,7 +224,7 @@ class SearchService:
 
     name = "search"
 
-    def __init__(self, store: Store, worker_id: str, interval: float = 2.0, stale_after: float = 30.0):
+    def __init__(self, store: SearchDriving, worker_id: str, interval: float = 2.0, stale_after: float = 30.0):
         self.store = store
         self.worker_id = worker_id
         self.interval = interval

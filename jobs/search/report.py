@@ -19,7 +19,7 @@ from jobs.search.plan import SearchPlan
 
 if TYPE_CHECKING:
     from jobs.spec.job import JobSpec
-    from storage.store import Store
+    from storage.roles import SearchReader
 
 
 class SearchNotFound(ProblemError):
@@ -52,14 +52,14 @@ class SearchReport:
         }
 
 
-def _search(store: Store, search_id: int) -> Any:
+def _search(store: SearchReader, search_id: int) -> Any:
     search = store.get_search(search_id)
     if search is None:
         raise SearchNotFound([Problem("search", f"no search {search_id}", "list searches: tunedeck search list")])
     return search
 
 
-def search_report(store: Store, search_id: int, importance: bool = True) -> SearchReport:
+def search_report(store: SearchReader, search_id: int, importance: bool = True) -> SearchReport:
     search = _search(store, search_id)
     plan = SearchPlan.from_dict(search.plan)
     rows: list[dict[str, Any]] = []
@@ -83,7 +83,7 @@ def search_report(store: Store, search_id: int, importance: bool = True) -> Sear
     return SearchReport(search.id, search.name, search.state, plan, rows, best, found)
 
 
-def param_importances(store: Store, search: Any) -> dict[str, float]:
+def param_importances(store: SearchReader, search: Any) -> dict[str, float]:
     """optuna.importance's figures for the search's study ({} when Optuna cannot tell yet: too few trials,
     or a space of one value)."""
     import optuna
@@ -99,7 +99,7 @@ def param_importances(store: Store, search: Any) -> dict[str, float]:
     return {name: float(value) for name, value in found.items()}
 
 
-def best_spec(store: Store, search_id: int) -> JobSpec:
+def best_spec(store: SearchReader, search_id: int) -> JobSpec:
     """The base spec with the best trial's values, trained in full (the base's own max_steps); SearchNotFound
     when no trial has completed yet."""
     report = search_report(store, search_id, importance=False)

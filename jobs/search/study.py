@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from jobs.search.plan import SearchPlan
 
 if TYPE_CHECKING:
-    from storage.store import SearchRecord, Store
+    from storage.roles import StudyHome
+    from storage.store import SearchRecord
 
 
 def grid_points(plan: SearchPlan) -> list[dict[str, Any]]:
@@ -49,13 +50,13 @@ def _pruner(plan: SearchPlan) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def rdb_storage(store: Store) -> Any:
+def rdb_storage(store: StudyHome) -> Any:
     import optuna
 
     return optuna.storages.RDBStorage(store.study_url, engine_kwargs=store.study_engine_kwargs())
 
 
-def open_study(store: Store, search: SearchRecord, plan: SearchPlan) -> Any:
+def open_study(store: StudyHome, search: SearchRecord, plan: SearchPlan) -> Any:
     """The search's study (an optuna.Study) with its sampler and pruner; created with the base point enqueued.
 
     The sampler's seed is the plan's plus the trials the study holds, so a study reopened after a restart
@@ -83,7 +84,7 @@ def open_study(store: Store, search: SearchRecord, plan: SearchPlan) -> Any:
     return study
 
 
-def study_trials(store: Store, search: SearchRecord) -> list[Any]:
+def study_trials(store: StudyHome, search: SearchRecord) -> list[Any]:
     """The study's FrozenTrials (for the importance and the report); [] when it has none yet."""
     import optuna
 
