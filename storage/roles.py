@@ -273,3 +273,53 @@ class SearchDriving(SearchReader, StudyHome, RunActing, MetricReader, Protocol):
     def queue_trial(self, trial_id: int, spec_json: str, name: str, tag: str) -> int | None: ...
 
     def update_trial(self, trial_id: int, *, only_from: tuple[str, ...] = ..., **values: Any) -> bool: ...
+
+
+class RunEnding(RunReader, RunFolders, Protocol):
+    """How the worker records a training child's end (`jobs.worker.outcome`): its exit code and final status."""
+
+    def set_exit_code(self, run_id: int, exit_code: int) -> None: ...
+
+    def mark_failed(
+        self, run_id: int, summary: str, detail: str | None = None, exit_code: int | None = None
+    ) -> bool: ...
+
+    def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool: ...
+
+
+class StaleRuns(Leases, RunLister, RunReader, Protocol):
+    """A worker's clean-up of runs whose worker died (`jobs.worker.leases`): find them, interrupt, free the device."""
+
+    def stale_running(self, older_than_s: float) -> list[RunRecord]: ...
+
+    def mark_interrupted(self, run_id: int, summary: str) -> bool: ...
+
+    def release_device(
+        self, device: str, worker_id: str, host: str | None = None, run_id: int | None = None
+    ) -> bool: ...
+
+
+class ShareRequeue(Protocol):
+    """A run that outgrew its share of a device goes back to the head of the queue to run alone."""
+
+    def requeue_alone(self, run_id: int, summary: str) -> bool: ...
+
+
+class QueueReader(Protocol):
+    """The queued runs, in the order a worker takes them."""
+
+    def queued(self) -> list[RunRecord]: ...
+
+
+class QueueNotes(QueueReader, RunEvents, RunFolders, Protocol):
+    """What the fit check of queued runs reads (their saved predictions) and notes (`jobs.worker.fit`)."""
+
+
+class MemoryRecord(Protocol):
+    """The memory sampler's writes (`jobs.devices.sampler`): samples, a run's peak, idle samples thinned."""
+
+    def add_memory_samples(self, samples: Iterable[MemoryPoint]) -> int: ...
+
+    def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None: ...
+
+    def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int: ...

@@ -180,4 +180,5 @@ def _plays_every_role(store: Store) -> None:
     rest: tuple[r.WorkerDirectory, r.Leases, r.ChatRuns, r.RunLister, r.TaskQueue] = (store,) * 5
     scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
     queue: tuple[r.Submitting, r.RunActing, r.CheckTasks, r.SearchReader, r.StudyHome, r.SearchDriving] = (store,) * 6
-    del played, more, rest, scores, queue
+    worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
+    del played, more, rest, scores, queue, worker

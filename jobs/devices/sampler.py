@@ -27,8 +27,9 @@ import psutil
 
 from jobs.devices.visible import nvml_uuids, visible_indices
 from storage.models import MemorySource
+from storage.roles import MemoryRecord
 from storage.settings import idle_memory_retention_s
-from storage.store import MemoryPoint, Store
+from storage.store import MemoryPoint
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class Sampler(threading.Thread):
 
     def __init__(
         self,
-        store: Store,
+        store: MemoryRecord,
         probe: GpuProbe | None = None,
         interval: float = 1.0,
         idle_interval: float = 5.0,

@@ -25,7 +25,8 @@ from jobs.devices.room import DeviceRoom, own_pids, read_room
 from jobs.queue.saved_prediction import load_prediction, predicted_bytes
 from jobs.units import human_bytes
 from jobs.worker.share import SharePolicy, wants_share
-from storage.store import RunRecord, Store
+from storage.roles import QueueNotes
+from storage.store import RunRecord
 
 log = logging.getLogger(__name__)
 EVENT_KIND = "waiting"
@@ -65,7 +66,7 @@ class FitGate:
     `facts`: the worker's device (set once it is probed; until then nothing is judged); `room`: how the
     memory taken on it is read (NVML by default; tests pass device facts of their own)."""
 
-    store: Store
+    store: QueueNotes
     worker_id: str
     policy: SharePolicy = field(default_factory=SharePolicy)
     facts: DeviceFacts | None = None

@@ -19,14 +19,15 @@ from jobs.worker.outcome import first_line
 from jobs.worker.processes import end_group, group_members, is_training_child, pid_alive
 from storage.errors import StorageError
 from storage.models import RunStatus
-from storage.store import RunRecord, Store
+from storage.roles import StaleRuns
+from storage.store import RunRecord
 from storage.store_leases import lease_runs
 
 log = logging.getLogger(__name__)
 
 
 def release_device(
-    store: Store,
+    store: StaleRuns,
     device: str,
     worker_id: str,
     host: str,
@@ -54,7 +55,7 @@ def release_device(
             delay = min(2 * delay, max_delay)
 
 
-def cleanup_stale(store: Store, host: str, stale_after: float, grace_period: float) -> list[int]:
+def cleanup_stale(store: StaleRuns, host: str, stale_after: float, grace_period: float) -> list[int]:
     """Mark running runs interrupted whose worker is gone; kill their orphaned children. Returns their ids."""
     marked = []
     stale = {r.id: r for r in store.stale_running(stale_after)}
@@ -75,7 +76,7 @@ def cleanup_stale(store: Store, host: str, stale_after: float, grace_period: flo
     return marked
 
 
-def take_over_device(store: Store, device: str, worker_id: str, host: str, grace_period: float) -> None:
+def take_over_device(store: StaleRuns, device: str, worker_id: str, host: str, grace_period: float) -> None:
     """Free this host's lease of `device` when the worker holding it is dead and its run's processes are gone."""
     lease = store.device_lease(device, host=host)
     holder, pid = lease.get("worker_id"), lease.get("pid")

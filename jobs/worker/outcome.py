@@ -16,8 +16,9 @@ from pathlib import Path
 
 from storage.errors import StorageError
 from storage.models import RunStatus
+from storage.roles import RunEnding
 from storage.run_files import log_tail
-from storage.store import RunFolderError, Store
+from storage.store import RunFolderError
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,13 @@ def quietly(fn: Callable[..., object], *args: object) -> None:
         log.error("%s failed: %s", getattr(fn, "__name__", fn), first_line(exc))
 
 
-def run_status(store: Store, run_id: int) -> RunStatus:
+def run_status(store: RunEnding, run_id: int) -> RunStatus:
     """The run's status now (a deleted run counts as failed)."""
     current = store.get_run(run_id)
     return current.status if current else RunStatus.FAILED
 
 
-def record_end(store: Store, run_id: int, returncode: int, why: str | None, log_path: Path) -> RunStatus:
+def record_end(store: RunEnding, run_id: int, returncode: int, why: str | None, log_path: Path) -> RunStatus:
     """Record the child's exit: its code; `why` "cancel" marks the run cancelled; a run still running failed."""
     store.set_exit_code(run_id, returncode)
     if why == "cancel":
@@ -68,7 +69,7 @@ def record_end(store: Store, run_id: int, returncode: int, why: str | None, log_
     return status
 
 
-def saving_checkpoint(store: Store, run_id: int) -> bool:
+def saving_checkpoint(store: RunEnding, run_id: int) -> bool:
     """Whether the run has a checkpoint folder that is not complete yet (being written)."""
     from storage.checkpoints import checkpoint_dirs, is_complete
 

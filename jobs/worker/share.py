@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from jobs.queue.saved_prediction import load_prediction, predicted_bytes
 from jobs.units import parse_bytes
-from storage.store import RunRecord, Store
+from storage.roles import RunFolders, ShareRequeue
+from storage.store import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def wants_share(run: RunRecord) -> bool:
         return False
 
 
-def reserves(store: Store, runs: Iterable[RunRecord], policy: SharePolicy) -> dict[int, int]:
+def reserves(store: RunFolders, runs: Iterable[RunRecord], policy: SharePolicy) -> dict[int, int]:
     """{run_id: bytes reserved} for the runs that may share; the others are left out (they run alone)."""
     out = {}
     for run in runs:
@@ -111,7 +112,7 @@ def memory_fraction(reserved: int, total: int) -> float:
     return min(1.0, reserved / total)
 
 
-def requeue_alone(store: Store, run_id: int) -> bool:
+def requeue_alone(store: ShareRequeue, run_id: int) -> bool:
     """A shared run ran out of memory within its cap, recovery spent: back to the queue, to run alone."""
     why = "ran out of memory within its share of the device; queued again to run alone"
     if not store.requeue_alone(run_id, why):
