@@ -92,3 +92,15 @@ def test_every_tricks_field_is_a_spec_field() -> None:
     names = {f.name for f in field_infos()}
     assert {f for t in registry.TRICKS for f in t.fields} <= names
     assert {s.field for s in registry.SPEEDS} <= names
+
+
+def test_the_docs_table_of_tricks_is_the_registrys() -> None:
+    """docs/memory.md's table of tricks is rendered from each trick's record (`registry.docs_table`): a trick added
+    to the registry, or a figure changed in its module, fails here until the page shows it."""
+    page = (ROOT / "docs" / "memory.md").read_text().splitlines()
+    start = page.index("| trick | field | memory | speed | source |")
+    end = next(i for i in range(start, len(page)) if not page[i].startswith("|"))
+    shown = "\n".join(page[start:end])
+    assert shown == registry.docs_table(), "paste registry.docs_table() over the table in docs/memory.md"
+    covered = {t.name for t in registry.TRICKS if t.docs}
+    assert covered == {t.name for t in registry.TRICKS} - {"adapters"}  # the adapters have their own page

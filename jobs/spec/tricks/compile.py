@@ -8,7 +8,7 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import Applied, NotApplicable, Speed, TrickRecord, flag_step
+from jobs.spec.tricks.record import Applied, DocsRow, NotApplicable, Speed, TrickRecord, flag_step
 
 FIELD = "torch_compile"
 FIELDS = (FIELD,)
@@ -51,6 +51,16 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
     ]
 
 
+DOCS = (
+    DocsRow(
+        "torch.compile",
+        "`torch_compile`",
+        "-15%",
+        "+27% tokens/s",
+        "published (torchtune, a 3B)",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
 TRICK = TrickRecord(
     FIELD,
     FIELDS,
@@ -59,4 +69,5 @@ TRICK = TrickRecord(
     combination_problems=combination_problems,
     speed=Speed(FIELD, "cuda", 1.27, "published: torchtune +27% on a 3B"),
     memory_note="torch.compile: the compiler's workspace and fused buffers are not modelled",
+    docs=DOCS,
 )

@@ -6,7 +6,7 @@ sets is `jobs.devices` (`cpu_allocator_env`)."""
 from __future__ import annotations
 
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import Applied, HasCuda, NotApplicable, Speed, TrickRecord, flag_step
+from jobs.spec.tricks.record import Applied, DocsRow, HasCuda, NotApplicable, Speed, TrickRecord, flag_step
 
 FIELD = "cpu_return_freed_memory"
 FIELDS = (FIELD,)
@@ -29,10 +29,21 @@ def warnings(spec: JobSpec, device: HasCuda) -> list[str]:
     return []
 
 
+DOCS = (
+    DocsRow(
+        "CPU allocator",
+        "`cpu_return_freed_memory`",
+        "0.84x peak RSS (SmolLM2 LoRA)",
+        "0.78-0.84x tokens/s",
+        "measured here (`bench/overhead.py`)",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
 TRICK = TrickRecord(
     FIELD,
     FIELDS,
     SUMMARY,
     warnings=warnings,
     speed=Speed(FIELD, "cpu", 0.80, "measured: bench/overhead.py --sides bare,bare-malloc, 0.78-0.84x"),
+    docs=DOCS,
 )

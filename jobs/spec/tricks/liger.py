@@ -11,7 +11,7 @@ from typing import Any
 
 from jobs.errors import Problem
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import Applied, HasCuda, NotApplicable, Packages, Speed, TrickRecord, flag_step
+from jobs.spec.tricks.record import Applied, DocsRow, HasCuda, NotApplicable, Packages, Speed, TrickRecord, flag_step
 
 FIELD = "use_liger_kernel"
 FIELDS = (FIELD,)
@@ -48,6 +48,23 @@ def packages(spec: JobSpec) -> dict[str, Packages]:
     return {FIELD: PACKAGES} if spec.use_liger_kernel else {}
 
 
+DOCS = (
+    DocsRow(
+        "Liger kernels",
+        "`use_liger_kernel`",
+        "-60% (with its fused loss; trl keeps its own)",
+        "+20% tokens/s",
+        "published (Liger, Llama-3-8B)",
+    ),
+    DocsRow(
+        "cut cross-entropy",
+        "(trl's fused LM head)",
+        "logits never materialised",
+        "-",
+        "published (CCE paper); trl 1.16 does it already",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
 TRICK = TrickRecord(
     FIELD,
     FIELDS,
@@ -58,4 +75,5 @@ TRICK = TrickRecord(
     installs=PACKAGES,
     speed=Speed(FIELD, "cuda", 1.20, "published: +20% on Llama-3-8B"),
     memory_note="Liger kernels: their smaller layer temporaries are not modelled (predicted at the unfused size)",
+    docs=DOCS,
 )

@@ -8,7 +8,7 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.spec.enums import LORA_FAMILY, Optim
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import TrickRecord
+from jobs.spec.tricks.record import DocsRow, TrickRecord
 
 FIELD = "loraplus_lr_ratio"
 FIELDS = (FIELD,)
@@ -48,4 +48,14 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
     return out
 
 
-TRICK = TrickRecord(FIELD, FIELDS, SUMMARY, combination_problems=combination_problems, speed_field=False)
+DOCS = (
+    DocsRow(
+        "LoRA+",
+        "`loraplus_lr_ratio`",
+        "none",
+        "up to 2x fewer steps",
+        "published (LoRA+ paper)",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
+TRICK = TrickRecord(FIELD, FIELDS, SUMMARY, combination_problems=combination_problems, speed_field=False, docs=DOCS)

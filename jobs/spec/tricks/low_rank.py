@@ -14,7 +14,7 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.spec.enums import LAYERWISE_OPTIMS, LOW_RANK_OPTIMS, Method, Optim
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import Applied, HasCuda, NotApplicable, Packages, TrickRecord
+from jobs.spec.tricks.record import Applied, DocsRow, HasCuda, NotApplicable, Packages, TrickRecord
 
 FIELDS = ("optim", "optim_target_modules", "optim_rank", "optim_update_proj_gap")
 SUMMARY = "GaLore: low-rank optimizer state (full fine-tuning)"
@@ -101,6 +101,23 @@ def step(spec: JobSpec) -> Applied[JobSpec] | NotApplicable:
     return Applied(spec.replace(optim=Optim.GALORE_ADAMW), f"optimizer {spec.optim.value} -> galore_adamw")
 
 
+DOCS = (
+    DocsRow(
+        "GaLore",
+        "`optim: galore_adamw*`",
+        "a 7B full fine-tune on one 24 GB GPU",
+        "an SVD every `optim_update_proj_gap` steps",
+        "published (GaLore paper)",
+    ),
+    DocsRow(
+        "APOLLO",
+        "`optim: apollo_adamw*`",
+        "SGD-like state at AdamW quality",
+        "~AdamW",
+        "published (APOLLO paper)",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
 TRICK = TrickRecord(
     "galore",
     FIELDS,
@@ -112,4 +129,5 @@ TRICK = TrickRecord(
     packages=packages,
     installs=PACKAGES["galore"] + PACKAGES["apollo"],
     speed_field=False,  # optim is a speed field already (jobs.memory.planner)
+    docs=DOCS,
 )

@@ -13,7 +13,7 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.spec.enums import OFFLOADING_ONLY
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import Applied, HasCuda, NotApplicable, Speed, TrickRecord, flag_step
+from jobs.spec.tricks.record import Applied, DocsRow, HasCuda, NotApplicable, Speed, TrickRecord, flag_step
 
 FIELD = "activation_offloading"
 FIELDS = (FIELD,)
@@ -60,6 +60,23 @@ def combination_problems(spec: JobSpec) -> list[Problem]:
     return []
 
 
+DOCS = (
+    DocsRow(
+        "activation offloading",
+        "`activation_offloading`",
+        "activations -> host RAM",
+        "~0.7-1.0x (an assumption: 0.85 in Fit)",
+        "published range",
+    ),
+    DocsRow(
+        "offloaded checkpointing",
+        "`activation_offloading` + `gradient_checkpointing`",
+        "a further ~30%, longer context",
+        "slower than checkpointing alone",
+        "published (Unsloth)",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
 TRICK = TrickRecord(
     FIELD,
     FIELDS,
@@ -68,4 +85,5 @@ TRICK = TrickRecord(
     device_problems=device_problems,
     combination_problems=combination_problems,
     speed=Speed(FIELD, "cuda", 0.85, "published range 0.7-1.0x (transfers hidden by streams when compute dominates)"),
+    docs=DOCS,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from jobs.spec.enums import Optim
 from jobs.spec.job import JobSpec
-from jobs.spec.tricks.record import Applied, NotApplicable, TrickRecord
+from jobs.spec.tricks.record import Applied, DocsRow, NotApplicable, TrickRecord
 
 FIELDS = ("optim",)
 SUMMARY = "8-bit AdamW (bitsandbytes)"
@@ -21,4 +21,14 @@ def optimizer_8bit(spec: JobSpec) -> Applied[JobSpec] | NotApplicable:
     return Applied(spec.replace(optim=target), f"optimizer {spec.optim.value} -> {target.value}")
 
 
-TRICK = TrickRecord("optim_8bit", FIELDS, SUMMARY, speed_field=False)
+DOCS = (
+    DocsRow(
+        "8-bit AdamW",
+        "`optim: adamw_bnb_8bit`",
+        "state 8 -> ~2 B/param",
+        "about the same",
+        "published (bitsandbytes)",
+    ),
+)  # docs/memory.md's table of tricks (tests/test_trick_homes.py keeps them equal)
+
+TRICK = TrickRecord("optim_8bit", FIELDS, SUMMARY, speed_field=False, docs=DOCS)

@@ -70,6 +70,17 @@ class Speed:
 
 
 @dataclass(frozen=True)
+class DocsRow:
+    """One row of docs/memory.md's table of tricks (`jobs.spec.tricks.registry.docs_table` renders them)."""
+
+    trick: str  # in words: "gradient checkpointing"
+    field: str  # the spec setting that turns it on, as the docs write it: "`optim: adamw_bnb_8bit`"
+    memory: str  # what it saves
+    speed: str  # what it costs or gains
+    source: str  # "published (who, on what)" or "measured here (which bench)"
+
+
+@dataclass(frozen=True)
 class TrickRecord:
     """One memory trick, as the form, the checks, the mapping, the predictor, the planner and the docs read it."""
 
@@ -85,6 +96,7 @@ class TrickRecord:
     memory_note: str = ""  # said under the prediction when the trick is on and its effect is not modelled
     installs: Packages = ()  # every package some setting of it needs (what the checks look up)
     speed_field: bool = True  # its fields decide a run's speed (runs that differ in it are not the same setup)
+    docs: tuple[DocsRow, ...] = ()  # its rows in docs/memory.md's table of tricks, figures with their source
 
 
 def flag_step(spec: S, name: str) -> Applied[S] | NotApplicable:

@@ -57,6 +57,7 @@ def _first(*records: TrickRecord) -> tuple[TrickRecord, ...]:
 
 COMBINATION_ORDER = _first(low_rank.TRICK)  # GaLore's refusals came before offloading's
 WARNING_ORDER = _first(cpu_allocator.TRICK)  # the allocator's warning came before GaLore's
+DOCS_ORDER = _first(accumulation.TRICK)  # docs/memory.md's table opens with the oldest trick
 # Fit to GPU's speed factors, multiplied in this order (a float product: the order is kept).
 SPEEDS: tuple[Speed, ...] = tuple(s for t in (cpu_allocator.TRICK, offloading.TRICK, liger.TRICK, compile.TRICK) if (s := t.speed))  # fmt: skip
 # The tricks only one kind of device runs: every preset sets them (off unless its device's list turns one
@@ -188,3 +189,11 @@ def memory_notes(spec: JobSpec) -> list[str]:
 def speed_fields() -> tuple[str, ...]:
     """The tricks' fields that decide a run's speed (Fit to GPU's "same setup")."""
     return tuple(f for t in TRICKS if t.speed_field for f in t.fields)
+
+
+def docs_table() -> str:
+    """docs/memory.md's table of the tricks, each row from its trick's record (tests/test_trick_homes.py holds
+    the page to it: a changed figure is changed in the trick's module and pasted from here)."""
+    lines = ["| trick | field | memory | speed | source |", "|---|---|---|---|---|"]
+    lines += [f"| {r.trick} | {r.field} | {r.memory} | {r.speed} | {r.source} |" for t in DOCS_ORDER for r in t.docs]
+    return "\n".join(lines)
