@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from storage import models as m
-from storage.models import RunStatus
+from storage.models import RunStatus, TaskStatus
 
 
 @dataclass(frozen=True)
@@ -184,3 +184,48 @@ class QueueableSpec(Protocol):
     def validate(self) -> Any: ...
 
     def to_json(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    id: int
+    run_id: int | None  # None: a task on a spec, before any run (its spec in `args`)
+    kind: str
+    args: dict[str, Any]
+    status: TaskStatus
+    worker_id: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    cancel_requested: bool
+    log: list[str]
+    log_count: int
+    result: dict[str, Any] | None
+    error: str | None
+
+    @classmethod
+    def from_row(cls, row: m.Task) -> TaskRecord:
+        return cls(
+            id=row.id,
+            run_id=row.run_id,
+            kind=row.kind,
+            args=json.loads(row.args_json or "{}"),
+            status=TaskStatus(row.status),
+            worker_id=row.worker_id,
+            created_at=row.created_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+            cancel_requested=bool(row.cancel_requested),
+            log=row.log_text.split("\n") if row.log_text else [],
+            log_count=row.log_count or 0,
+            result=json.loads(row.result_json) if row.result_json else None,
+            error=row.error,
+        )
+
+
+@dataclass(frozen=True)
+class TaskControl:
+    """What the worker carrying a task out needs to know after each progress write."""
+
+    status: TaskStatus
+    cancel_requested: bool

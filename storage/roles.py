@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # annotations only: a module that asks for a role must not im
         QueueableSpec,
         RunControl,
         RunRecord,
+        TaskRecord,
     )
+    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
     from storage.store_scores import Score, ScoreRecord
     from storage.store_search import SearchRecord, TrialRecord
 
@@ -323,3 +325,75 @@ class MemoryRecord(Protocol):
     def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None: ...
 
     def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int: ...
+
+
+class SeriesReader(Protocol):
+    """Charts' series, read in buckets with their extents (`app.ui.series`)."""
+
+    def metric_series(self, run_id: int, name: str, width: int, from_step: int = 0) -> list[MetricBucket]: ...
+
+    def metric_extent(self, run_id: int, name: str) -> tuple[int, int] | None: ...
+
+    def memory_series(self, run_id: int, width: float, from_time: float = 0.0) -> list[MemoryBucket]: ...
+
+    def memory_extent(self, run_id: int | None = None) -> tuple[float, float] | None: ...
+
+
+class DeviceMemory(WorkerDirectory, Protocol):
+    """The GPU tab: the workers, their devices and the memory samples in buckets (`app.ui.gpu`)."""
+
+    def memory_buckets(
+        self,
+        run_id: int | None,
+        origin: float,
+        width: float,
+        after: float | None = None,
+        worker_id: str | None = None,
+        device_index: int | None = None,
+    ) -> list[MemoryBucket]: ...
+
+
+class LastMetric(Protocol):
+    """A run's last value of a metric."""
+
+    def last_metric(self, run_id: int, name: str) -> MetricPoint | None: ...
+
+
+class RunText(LastMetric, ScoreReader, RunArtifacts, RunFolders, Protocol):
+    """The run page's text panels: throughput, samples, phases, scores (`app.ui.run_text`)."""
+
+
+class RunCounts(RunLister, MetricReader, RunFolders, Protocol):
+    """The runs table: runs by status or search text, their count, events, figures and disk use (`app.ui.runs`)."""
+
+    def count_runs(self) -> int: ...
+
+    def events_of_runs(self, run_ids: Sequence[int], kind: str) -> dict[int, list[dict[str, Any]]]: ...
+
+
+class ChatHistory(Protocol):
+    """A run's chat sessions and turns, read back (`app.ui.chat_preferences`)."""
+
+    def chat_history(self, session_id: int) -> list[ChatMessageRecord]: ...
+
+    def latest_chat(self, run_id: int) -> ChatSessionRecord | None: ...
+
+
+class TaskReader(Protocol):
+    """A task's row (an export, a trial), for its progress."""
+
+    def get_task(self, task_id: int) -> TaskRecord | None: ...
+
+
+class CompareReader(RunText, RunCounts, RunEvents, SeriesReader, Protocol):
+    """Compare: the picked runs' rows, summaries, scores, events and series (`app.ui.compare`)."""
+
+
+class SearchPages(SearchDriving, Protocol):
+    """The Search tab: the searches, a search's trials and runs; a search started or its best launched."""
+
+    def list_searches(self, limit: int = 50) -> list[SearchRecord]: ...
+
+
+class RewardTrials(CheckTasks, TaskReader, Protocol):
+    """The form's "Try rewards" panel: the task queued, its row followed, the live workers asked."""

@@ -181,4 +181,6 @@ def _plays_every_role(store: Store) -> None:
     scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
     queue: tuple[r.Submitting, r.RunActing, r.CheckTasks, r.SearchReader, r.StudyHome, r.SearchDriving] = (store,) * 6
     worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
-    del played, more, rest, scores, queue, worker
+    pages: tuple[r.SeriesReader, r.DeviceMemory, r.RunText, r.RunCounts, r.ChatHistory, r.TaskReader] = (store,) * 6
+    tabs: tuple[r.CompareReader, r.SearchPages, r.RewardTrials] = (store,) * 3
+    del played, more, rest, scores, queue, worker, pages, tabs

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -29,56 +28,12 @@ from sqlalchemy import func, select, update
 from storage import models as m
 from storage.lifecycle import TASK_ENDS, TaskChange, move_task, new_task
 from storage.models import TaskStatus
+from storage.records import TaskControl, TaskRecord
 from storage.store_core import StoreCore
 from storage.store_leases import _lease_key, _lock_lease, lease_runs
 
 TASK_LOG_LINES = 200  # the newest lines of a task's progress kept in the store
 _LINE_CHARS = 2000  # one line longer than this is cut (a progress bar without newlines)
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    id: int
-    run_id: int | None  # None: a task on a spec, before any run (its spec in `args`)
-    kind: str
-    args: dict[str, Any]
-    status: TaskStatus
-    worker_id: str | None
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    cancel_requested: bool
-    log: list[str]
-    log_count: int
-    result: dict[str, Any] | None
-    error: str | None
-
-    @classmethod
-    def from_row(cls, row: m.Task) -> TaskRecord:
-        return cls(
-            id=row.id,
-            run_id=row.run_id,
-            kind=row.kind,
-            args=json.loads(row.args_json or "{}"),
-            status=TaskStatus(row.status),
-            worker_id=row.worker_id,
-            created_at=row.created_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            cancel_requested=bool(row.cancel_requested),
-            log=row.log_text.split("\n") if row.log_text else [],
-            log_count=row.log_count or 0,
-            result=json.loads(row.result_json) if row.result_json else None,
-            error=row.error,
-        )
-
-
-@dataclass(frozen=True)
-class TaskControl:
-    """What the worker carrying a task out needs to know after each progress write."""
-
-    status: TaskStatus
-    cancel_requested: bool
 
 
 class TasksMixin(StoreCore):

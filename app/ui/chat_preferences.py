@@ -18,7 +18,8 @@ from jobs.data import preferences
 from jobs.data.preferences import Turn
 from jobs.errors import Problem, ProblemError
 from storage.models import ReplyStatus
-from storage.store import ChatMessageRecord, Store
+from storage.roles import ChatHistory
+from storage.store import ChatMessageRecord
 
 
 @dataclass
@@ -49,7 +50,7 @@ def build() -> PreferenceView:
     return PreferenceView(name, base_better, run_better, thumb_up, thumb_down, status, download)
 
 
-def last_turn(store: Store, run_id: Any) -> tuple[list[Turn], str, str]:
+def last_turn(store: ChatHistory, run_id: Any) -> tuple[list[Turn], str, str]:
     """(the conversation up to the last user message, the base's last answer, the run's last answer)."""
     session = None if run_id in (None, "") else store.latest_chat(int(run_id))
     history = store.chat_history(session.id) if session is not None else []
@@ -75,7 +76,7 @@ def _answer(replies: list[ChatMessageRecord], side: str) -> str:
     return reply.content
 
 
-def pick(store: Store, run_id: Any, name: str, choice: str) -> tuple[str, Any]:
+def pick(store: ChatHistory, run_id: Any, name: str, choice: str) -> tuple[str, Any]:
     """Append the pick (`base` or `run` better, `up` or `down` on the run's answer); (status line, file to show)."""
     try:
         set_name = preferences.check_name(name)
@@ -92,7 +93,7 @@ def pick(store: Store, run_id: Any, name: str, choice: str) -> tuple[str, Any]:
     return f"Saved: `{set_name}` holds {what} (`{path}`).", str(path)
 
 
-def wire(view: PreferenceView, run: gr.Dropdown, store: Store) -> None:
+def wire(view: PreferenceView, run: gr.Dropdown, store: ChatHistory) -> None:
     quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
     for button, choice in (
         (view.base_better, "base"),

@@ -16,7 +16,7 @@ from typing import Any
 
 import gradio as gr
 
-from storage.store import Store
+from storage.roles import RunText
 
 
 @dataclass
@@ -38,7 +38,7 @@ def build() -> CompletionsPanel:
     return CompletionsPanel(box, slider, summary, table)
 
 
-def kept_steps(store: Store, run_id: Any) -> list[int]:
+def kept_steps(store: RunText, run_id: Any) -> list[int]:
     """The steps whose completions run `run_id` kept ([] for none or no such run)."""
     from jobs.train.completions import completion_steps
 
@@ -55,7 +55,7 @@ def nearest(steps: list[int], value: Any) -> int | None:
     return min(reversed(steps), key=lambda s: abs(s - wanted))
 
 
-def step_view(store: Store, run_id: Any, value: Any) -> tuple[str, dict[str, Any]]:
+def step_view(store: RunText, run_id: Any, value: Any) -> tuple[str, dict[str, Any]]:
     """(summary markdown, table) of the kept step nearest `value`."""
     from jobs.train.completions import read_step
 
@@ -81,7 +81,7 @@ def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def opened(store: Store, run_id: Any) -> tuple[Any, Any, str, Any]:
+def opened(store: RunText, run_id: Any) -> tuple[Any, Any, str, Any]:
     """(accordion, slider, summary, table) for a run: hidden without kept completions, else at its last step."""
     steps = kept_steps(store, run_id)
     if not steps:
@@ -92,7 +92,7 @@ def opened(store: Store, run_id: Any) -> tuple[Any, Any, str, Any]:
     return gr.update(visible=True), slider, text, gr.update(value=table)
 
 
-def wire(panel: CompletionsPanel, store: Store, run_id: gr.Number, poll: gr.Button) -> None:
+def wire(panel: CompletionsPanel, store: RunText, run_id: gr.Number, poll: gr.Button) -> None:
     """Open a run (or see it move) -> the slider and the last kept step; the slider -> that step."""
     private: dict[str, Any] = {"api_visibility": "private"}
     outs = [panel.box, panel.slider, panel.summary, panel.table]

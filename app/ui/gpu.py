@@ -19,13 +19,13 @@ import gradio as gr
 
 from app.ui import charts, series
 from jobs.devices import probe
-from storage.store import Store
+from storage.roles import DeviceMemory
 
 WINDOW_S = charts.GPU_WINDOW_S
 NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"
 
 
-def device_markdown(store: Store | None = None) -> str:
+def device_markdown(store: DeviceMemory | None = None) -> str:
     """The workers' device as they published it (`jobs.devices.target`); without a store, this machine's."""
     if store is not None:
         from jobs.devices.target import target
@@ -44,7 +44,7 @@ def device_markdown(store: Store | None = None) -> str:
     return " · ".join(lines) + f" · NVIDIA driver {info.driver}"
 
 
-def device_choices(store: Store) -> list[tuple[str, str]]:
+def device_choices(store: DeviceMemory) -> list[tuple[str, str]]:
     """(label, worker id) of every running worker's device, the largest GPU first (`jobs.devices.facts`)."""
     from jobs.devices.facts import DeviceFacts
     from jobs.devices.target import LIVE_WITHIN_S
@@ -57,7 +57,7 @@ def device_choices(store: Store) -> list[tuple[str, str]]:
     return [(f"{facts.summary()} · worker {worker}", worker) for facts, worker in rows]
 
 
-def worker_device(store: Store, worker_id: str | None) -> int | None:
+def worker_device(store: DeviceMemory, worker_id: str | None) -> int | None:
     """The CUDA index a worker published (None: a CPU worker, or unknown)."""
     for p in store.published_devices():
         if p["worker_id"] == worker_id:
@@ -65,7 +65,7 @@ def worker_device(store: Store, worker_id: str | None) -> int | None:
     return None
 
 
-def device_picker(store: Store, current: str | None) -> Any:
+def device_picker(store: DeviceMemory, current: str | None) -> Any:
     """The device dropdown: running workers' devices; shown only when there is more than one."""
     choices = device_choices(store)
     ids = [worker for _, worker in choices]
@@ -74,7 +74,7 @@ def device_picker(store: Store, current: str | None) -> Any:
 
 
 def live_rows(
-    store: Store, worker_id: str | None, now: float, window_s: float = WINDOW_S, width: float = 1.0
+    store: DeviceMemory, worker_id: str | None, now: float, window_s: float = WINDOW_S, width: float = 1.0
 ) -> tuple[list[series.Row], list[series.Row]]:
     """(memory GiB, utilization %) rows over the last window for the page's live charts (`app.ui.live`):
     x is the clock time, buckets aligned on multiples of `width`, so a tick changes only the newest."""
@@ -88,7 +88,7 @@ class LiveWindow:
     older points (`app.ui.live.ChartState`). Reading, comparing and sending all 300 buckets a second,
     per open panel, was about a quarter of a live page's server cost. Make a new one when the worker changes."""
 
-    def __init__(self, store: Store, worker_id: str | None, window_s: float = WINDOW_S, width: float = 1.0):
+    def __init__(self, store: DeviceMemory, worker_id: str | None, window_s: float = WINDOW_S, width: float = 1.0):
         self.store, self.worker_id, self.window_s, self.width = store, worker_id, window_s, width
         self.device = worker_device(store, worker_id) if worker_id is not None else None  # read once, not per tick
         self._newest: float | None = None  # the newest sample time read
@@ -133,7 +133,7 @@ def build_panel() -> GpuPanel:
     return GpuPanel(info, device, memory, utilization, poll)
 
 
-def wire(panel: GpuPanel, store: Store) -> None:
+def wire(panel: GpuPanel, store: DeviceMemory) -> None:
     """The device line and the device choices follow the workers' published facts (a worker may
     start after the page, or stop): read when the page's stream says they changed."""
     panel.poll.click(

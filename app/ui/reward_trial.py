@@ -20,7 +20,7 @@ import gradio as gr
 
 from jobs.checks.access import AccessPolicy
 from jobs.spec.job import SpecError
-from storage.store import Store
+from storage.roles import RewardTrials
 
 TICK_S = 1.0
 HELP = (
@@ -103,7 +103,7 @@ def _num(value: float | None) -> str:
 
 
 def ask(
-    store: Store, spec_of: Callable[[Sequence[Any]], Any], policy: AccessPolicy | None, prompts: Any, *form: Any
+    store: RewardTrials, spec_of: Callable[[Sequence[Any]], Any], policy: AccessPolicy | None, prompts: Any, *form: Any
 ) -> tuple[str, int | None]:
     """Queue the task for the form's spec; (status markdown, task id or None)."""
     from app.ui.form_spec import problems_markdown
@@ -123,7 +123,7 @@ def ask(
     return f"Trying rewards: task {task_id}, {waiting}…", task_id
 
 
-def follow(store: Store, task_id: int | None) -> tuple[str, Any, bool]:
+def follow(store: RewardTrials, task_id: int | None) -> tuple[str, Any, bool]:
     """(status markdown, table update, whether the task is still unfinished) of the task this page follows."""
     task = store.get_task(task_id) if task_id is not None else None
     if task is None:
@@ -141,7 +141,7 @@ def wire(
     inputs: list[Any],
     trainer: Any,
     spec_of: Callable[[Sequence[Any]], Any],
-    store: Store,
+    store: RewardTrials,
     policy: AccessPolicy | None,
 ) -> None:
     """Connect the button, the timer and the panel's visibility (grpo only); none is a public API."""

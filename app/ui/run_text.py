@@ -17,7 +17,8 @@ from jobs.memory.flops import FlopsRate
 from jobs.spec.stored import spec_of
 from jobs.train import figures
 from storage.models import RunStatus
-from storage.store import RunRecord, Store
+from storage.roles import RunText
+from storage.store import RunRecord
 
 
 def eta_text(run: RunRecord, now: float | None = None, step_time: float | None = None) -> str:
@@ -77,7 +78,7 @@ def engine_text(run: RunRecord) -> str:
     return f" · {run.engine.capitalize()} {job}: <span id='run-engine'>{run.engine_state or '?'}</span>"
 
 
-def throughput_markdown(store: Store, run: RunRecord) -> str:
+def throughput_markdown(store: RunText, run: RunRecord) -> str:
     """' · 1.23 TFLOP/s achieved · MFU 4.5% of H200 bf16 989 TFLOP/s' from the latest logged values (jobs.memory.flops)."""
     achieved = store.last_metric(run.id, "tflops")
     if achieved is None:
@@ -114,7 +115,7 @@ def _fix(event: dict[str, Any]) -> str:
     return f" **Fix:** {found.fix}" if found else ""
 
 
-def samples_markdown(store: Store, run: RunRecord) -> str:
+def samples_markdown(store: RunText, run: RunRecord) -> str:
     """The "Before / after" section: prompt | base | this run, or a line saying why there is none."""
     from jobs.evaluate.card import judge_line
     from jobs.evaluate.judge import judge_file, verdict_cells
@@ -132,7 +133,7 @@ def samples_markdown(store: Store, run: RunRecord) -> str:
     return "### Before / after\n" + "\n\n".join(x for x in (meter_line(store, run), line, verdict, table) if x)
 
 
-def meter_line(store: Store, run: RunRecord) -> str:
+def meter_line(store: RunText, run: RunRecord) -> str:
     """The forgetting meter (jobs.train.forgetting): base against result on tunedeck's general text."""
     from jobs.train import forgetting
 
@@ -142,7 +143,7 @@ def meter_line(store: Store, run: RunRecord) -> str:
     return f"<span id='run-forgetting'>**Forgetting meter**: {meter.text()}</span> ({meter.detail()})."
 
 
-def phases_markdown(store: Store, run: RunRecord) -> str:
+def phases_markdown(store: RunText, run: RunRecord) -> str:
     """The "Memory by phase" section: predicted against measured per phase (jobs.train.phases), or why not."""
     from jobs.queue.saved_prediction import load_prediction
     from jobs.train.phases import load_phases, phase_notes, phase_rows, table_markdown
@@ -155,7 +156,7 @@ def phases_markdown(store: Store, run: RunRecord) -> str:
     return "\n\n".join(["### Memory by phase", *([table_markdown(rows)] if rows else []), *notes])
 
 
-def scores_markdown(store: Store, run: RunRecord) -> str:
+def scores_markdown(store: RunText, run: RunRecord) -> str:
     """The "Benchmarks" section: each task's metrics, base beside run, with standard errors ("" without scores;
     the judge's verdict is beside the samples)."""
     from jobs.evaluate.card import benchmark_markdown

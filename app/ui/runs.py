@@ -21,8 +21,9 @@ from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.units import human_bytes
 from storage.models import RunStatus
+from storage.roles import RunCounts
 from storage.run_files import DiskUsage, total_bytes
-from storage.store import RunRecord, Store
+from storage.store import RunRecord
 
 ALL = "all"
 STATUS_FILTER = [ALL] + [s.value for s in RunStatus]
@@ -50,7 +51,7 @@ def progress_text(run: RunRecord) -> str:
 
 
 def runs_frame(
-    store: Store, status: str = ALL, limit: int = 200, search: str = "", disk: DiskUsage | None = None
+    store: RunCounts, status: str = ALL, limit: int = 200, search: str = "", disk: DiskUsage | None = None
 ) -> pd.DataFrame:
     """The table's rows, newest first."""
     runs = store.list_runs(None if status in (ALL, "", None) else RunStatus(status), limit=limit, search=search or None)
@@ -83,7 +84,7 @@ class TotalDisk:
         self.every_s = every_s
         self._at, self._bytes = -math.inf, 0
 
-    def text(self, store: Store) -> str:
+    def text(self, store: RunCounts) -> str:
         now = time.monotonic()
         if now - self._at >= self.every_s:
             self._at, self._bytes = now, total_bytes(store)
@@ -112,7 +113,7 @@ def build() -> RunsView:
     return RunsView(status, search, refresh, table, total)
 
 
-def wire(view: RunsView, store: Store) -> None:
+def wire(view: RunsView, store: RunCounts) -> None:
     """The table is read on a filter change, on Refresh, and when the page's live stream says a run
     was added or moved (it presses Refresh; only while the Runs tab is shown: `app.ui.live`)."""
     disk, total = DiskUsage(store), TotalDisk()

@@ -19,7 +19,7 @@ from jobs.checks.access import AccessPolicy
 from jobs.errors import ProblemError
 from jobs.search.report import SearchReport
 from jobs.spec.stored import spec_of
-from storage.store import Store
+from storage.roles import SearchPages
 
 GROUP = "search-page"  # the concurrency group of every event that draws the search page's plots
 IMPORTANCE = charts.Chart(  # one bar per parameter: a line from 0 up to its importance, at x = 1, 2, ...
@@ -167,7 +167,7 @@ def parallel_frame(report: SearchReport) -> pd.DataFrame:
     )
 
 
-def draw(store: Store, search_id: int | None) -> tuple[Any, ...]:
+def draw(store: SearchPages, search_id: int | None) -> tuple[Any, ...]:
     from jobs.search.report import search_report
 
     if search_id is None:
@@ -184,7 +184,7 @@ def draw(store: Store, search_id: int | None) -> tuple[Any, ...]:
     return summary_markdown(report), table_frame(report), IMPORTANCE.update(imp), PARALLEL.update(par), styles
 
 
-def trial_runs(store: Store, search_id: Any) -> list[int]:
+def trial_runs(store: SearchPages, search_id: Any) -> list[int]:
     """The run ids of a search's queued trials, in trial order (what Compare shows side by side)."""
     from jobs.search.report import search_report
 
@@ -193,7 +193,7 @@ def trial_runs(store: Store, search_id: Any) -> list[int]:
     return [r["run_id"] for r in search_report(store, int(search_id), importance=False).rows if r["run_id"]]
 
 
-def start_from_run(store: Store, policy: AccessPolicy, run_id: Any, space: str, *numbers: Any) -> str:
+def start_from_run(store: SearchPages, policy: AccessPolicy, run_id: Any, space: str, *numbers: Any) -> str:
     from jobs.search.driver import start_search
     from jobs.search.plan import SearchPlan
 
@@ -217,7 +217,7 @@ def start_from_run(store: Store, policy: AccessPolicy, run_id: Any, space: str, 
     return f"Search {search.id} started: a worker runs its trials (pick it below and Refresh)."
 
 
-def launch_best(store: Store, policy: AccessPolicy, search_id: Any) -> str:
+def launch_best(store: SearchPages, policy: AccessPolicy, search_id: Any) -> str:
     from jobs.queue.submit import submit
     from jobs.search.report import best_spec
 
@@ -230,7 +230,7 @@ def launch_best(store: Store, policy: AccessPolicy, search_id: Any) -> str:
     return f"Queued run {run_id}: the best settings of search {search_id}, trained in full."
 
 
-def wire(page: SearchPage, store: Store, policy: AccessPolicy, tab: gr.Tab | None = None) -> None:
+def wire(page: SearchPage, store: SearchPages, policy: AccessPolicy, tab: gr.Tab | None = None) -> None:
     hidden: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
     outputs = [page.summary, page.table, page.importance, page.parallel, page.styles]
     plots = [(IMPORTANCE, page.importance), (PARALLEL, page.parallel)]

@@ -21,7 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from storage.store import MemoryBucket, MetricBucket, Store
+from storage.roles import SeriesReader
+from storage.store import MemoryBucket, MetricBucket
 
 MAX_POINTS = 2000
 _CACHE_KEYS = 128
@@ -93,7 +94,7 @@ def _memory_key(b: MemoryBucket, width: float) -> tuple[int, str]:
 class MetricSeriesCache:
     """Downsampled metric series per (run, name); refreshes read only new rows."""
 
-    def __init__(self, store: Store, max_points: int = MAX_POINTS):
+    def __init__(self, store: SeriesReader, max_points: int = MAX_POINTS):
         self.store = store
         self.max_buckets = max(1, max_points // 2)
         self._lock = threading.Lock()
@@ -136,7 +137,7 @@ class MetricSeriesCache:
 class MemorySeriesCache:
     """Downsampled memory timeline per run; refreshes read only new samples."""
 
-    def __init__(self, store: Store, max_points: int = MAX_POINTS):
+    def __init__(self, store: SeriesReader, max_points: int = MAX_POINTS):
         self.store = store
         self.max_buckets = max(1, max_points // 2)
         self._lock = threading.Lock()
