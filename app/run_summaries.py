@@ -14,8 +14,8 @@ from typing import TypedDict
 
 from jobs.spec.stored import spec_of
 from storage.records import RunRecord
+from storage.roles_pages import RunCounts
 from storage.run_files import DiskUsage
-from storage.store import Store
 
 
 # ---------------------------------------------------------------------- plain data
@@ -47,7 +47,7 @@ class RunSummary(TypedDict):
     error_summary: str | None
 
 
-def summaries(store: Store, runs: Sequence[RunRecord], disk: DiskUsage | None = None) -> list[RunSummary]:
+def summaries(store: RunCounts, runs: Sequence[RunRecord], disk: DiskUsage | None = None) -> list[RunSummary]:
     """One JSON-ready summary per run."""
     usage = disk or DiskUsage(store)
     loss = store.last_metric_values([r.id for r in runs], "loss")

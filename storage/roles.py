@@ -3,7 +3,7 @@
 `Store` has over a hundred public methods; a module that reads a run's artifacts, or a training
 callback that writes metric rows, needs three of them. Typing the parameter by its role says what the
 module does with the store, lets mypy check the calls, and lets a test hand in anything that plays
-the role. `Store` plays every role (mypy checks it: `storage.store._plays_every_role`).
+the role. `Store` plays every role (mypy checks it: `storage.roles_played`).
 
     def bundle_folder(store: RunArtifacts, run_id: int) -> Path | None: ...
     StoreCallback(sink: MetricSink, run_id)        # the training child's metrics, progress, memory, cancel flag
@@ -26,14 +26,10 @@ if TYPE_CHECKING:  # annotations only: a module that asks for a role must not im
         MemoryPoint,
         MetricBucket,
         MetricPoint,
-        QueueableSpec,
         RunControl,
         RunRecord,
-        TaskRecord,
     )
-    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
     from storage.store_scores import Score, ScoreRecord
-    from storage.store_search import SearchRecord, TrialRecord
 
 
 class RunReader(Protocol):
@@ -206,77 +202,6 @@ class TerminalChat(ChatRuns, RunFolders, Protocol):
     """`tunedeck chat`/`generate`: the chat process's reads, and the run's folder that keeps a prompt's picture."""
 
 
-class Submitting(CheckReader, RunFolders, Protocol):
-    """Submit (`jobs.queue.submit`): the check pipeline's reads, the new queued run, its saved prediction."""
-
-    def create_run(self, spec: QueueableSpec) -> int: ...
-
-
-class CheckTasks(CheckReader, TaskQueue, Protocol):
-    """A task checked like a run and queued without one (`jobs.queue.trial`: "Try rewards")."""
-
-
-class RunActing(Submitting, RunEvents, TaskQueue, Protocol):
-    """What can be done to a run (`jobs.queue.run_actions`): cancel, resume, delete, tag, clone."""
-
-    def request_cancel(self, run_id: int) -> RunStatus | None: ...
-
-    def requeue(self, run_id: int) -> bool: ...
-
-    def delete_run(self, run_id: int) -> bool: ...
-
-    def change_tags(
-        self, run_id: int, add: Iterable[str] = (), remove: Iterable[str] = ()
-    ) -> tuple[str, ...] | None: ...
-
-    def set_note(self, run_id: int, note: str | None) -> bool: ...
-
-
-class SearchReader(RunReader, Protocol):
-    """A search's row and its trials (`jobs.search.report`)."""
-
-    def get_search(self, search_id: int) -> SearchRecord | None: ...
-
-    def search_trials(self, search_id: int) -> list[TrialRecord]: ...
-
-
-class StudyHome(Protocol):
-    """Where Optuna keeps a search's study: the store's own database (`jobs.search.study`)."""
-
-    @property
-    def study_url(self) -> str: ...
-
-    def study_engine_kwargs(self) -> dict[str, Any]: ...
-
-
-class SearchDriving(SearchReader, StudyHome, RunActing, MetricReader, Protocol):
-    """The search driver's turn (`jobs.search.driver`): ask, check and queue trials, follow their runs, end it."""
-
-    def create_search(self, name: str, plan_json: str) -> SearchRecord: ...
-
-    def active_search_ids(self) -> list[int]: ...
-
-    def end_search(self, search_id: int, state: str) -> bool: ...
-
-    def take_search_turn(self, search_id: int, driver_id: str, stale_after_s: float) -> bool: ...
-
-    def release_search(self, search_id: int, driver_id: str) -> None: ...
-
-    def add_trial(
-        self,
-        search_id: int,
-        number: int,
-        optuna_trial_id: int,
-        params: dict[str, Any],
-        state: str = "asked",
-        reason: str | None = None,
-    ) -> int: ...
-
-    def queue_trial(self, trial_id: int, spec_json: str, name: str, tag: str) -> int | None: ...
-
-    def update_trial(self, trial_id: int, *, only_from: tuple[str, ...] = ..., **values: Any) -> bool: ...
-
-
 class RunEnding(RunReader, RunFolders, Protocol):
     """How the worker records a training child's end (`jobs.worker.outcome`): its exit code and final status."""
 
@@ -325,75 +250,3 @@ class MemoryRecord(Protocol):
     def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None: ...
 
     def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int: ...
-
-
-class SeriesReader(Protocol):
-    """Charts' series, read in buckets with their extents (`app.ui.series`)."""
-
-    def metric_series(self, run_id: int, name: str, width: int, from_step: int = 0) -> list[MetricBucket]: ...
-
-    def metric_extent(self, run_id: int, name: str) -> tuple[int, int] | None: ...
-
-    def memory_series(self, run_id: int, width: float, from_time: float = 0.0) -> list[MemoryBucket]: ...
-
-    def memory_extent(self, run_id: int | None = None) -> tuple[float, float] | None: ...
-
-
-class DeviceMemory(WorkerDirectory, Protocol):
-    """The GPU tab: the workers, their devices and the memory samples in buckets (`app.ui.gpu`)."""
-
-    def memory_buckets(
-        self,
-        run_id: int | None,
-        origin: float,
-        width: float,
-        after: float | None = None,
-        worker_id: str | None = None,
-        device_index: int | None = None,
-    ) -> list[MemoryBucket]: ...
-
-
-class LastMetric(Protocol):
-    """A run's last value of a metric."""
-
-    def last_metric(self, run_id: int, name: str) -> MetricPoint | None: ...
-
-
-class RunText(LastMetric, ScoreReader, RunArtifacts, RunFolders, Protocol):
-    """The run page's text panels: throughput, samples, phases, scores (`app.ui.run_text`)."""
-
-
-class RunCounts(RunLister, MetricReader, RunFolders, Protocol):
-    """The runs table: runs by status or search text, their count, events, figures and disk use (`app.ui.runs`)."""
-
-    def count_runs(self) -> int: ...
-
-    def events_of_runs(self, run_ids: Sequence[int], kind: str) -> dict[int, list[dict[str, Any]]]: ...
-
-
-class ChatHistory(Protocol):
-    """A run's chat sessions and turns, read back (`app.ui.chat_preferences`)."""
-
-    def chat_history(self, session_id: int) -> list[ChatMessageRecord]: ...
-
-    def latest_chat(self, run_id: int) -> ChatSessionRecord | None: ...
-
-
-class TaskReader(Protocol):
-    """A task's row (an export, a trial), for its progress."""
-
-    def get_task(self, task_id: int) -> TaskRecord | None: ...
-
-
-class CompareReader(RunText, RunCounts, RunEvents, SeriesReader, Protocol):
-    """Compare: the picked runs' rows, summaries, scores, events and series (`app.ui.compare`)."""
-
-
-class SearchPages(SearchDriving, Protocol):
-    """The Search tab: the searches, a search's trials and runs; a search started or its best launched."""
-
-    def list_searches(self, limit: int = 50) -> list[SearchRecord]: ...
-
-
-class RewardTrials(CheckTasks, TaskReader, Protocol):
-    """The form's "Try rewards" panel: the task queued, its row followed, the live workers asked."""

@@ -168,19 +168,3 @@ class Store(
             return [
                 ArtifactRecord(a.id, a.run_id, a.kind, a.path, a.size, a.sha256, a.created_at) for a in s.scalars(q)
             ]
-
-
-def _plays_every_role(store: Store) -> None:
-    """Never called: mypy checks here that `Store` satisfies each role of `storage.roles`, so a changed
-    signature fails `./dev.sh check` instead of a module that asks for the role."""
-    from storage import roles as r
-
-    played: tuple[r.RunReader, r.RunFolders, r.ArtifactReader, r.RunArtifacts, r.RunEvents, r.MetricSink] = (store,) * 6
-    more: tuple[r.MetricReader, r.RunLifecycle, r.TrainingRecord, r.CheckReader, r.Sweeps] = (store,) * 5
-    rest: tuple[r.WorkerDirectory, r.Leases, r.ChatRuns, r.RunLister, r.TaskQueue] = (store,) * 5
-    scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
-    queue: tuple[r.Submitting, r.RunActing, r.CheckTasks, r.SearchReader, r.StudyHome, r.SearchDriving] = (store,) * 6
-    worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
-    pages: tuple[r.SeriesReader, r.DeviceMemory, r.RunText, r.RunCounts, r.ChatHistory, r.TaskReader] = (store,) * 6
-    tabs: tuple[r.CompareReader, r.SearchPages, r.RewardTrials] = (store,) * 3
-    del played, more, rest, scores, queue, worker, pages, tabs

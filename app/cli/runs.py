@@ -24,12 +24,15 @@ from jobs.errors import Problem
 from jobs.train.artifacts import bundle_of
 from jobs.units import human_bytes
 from storage.models import RunStatus
+from storage.roles import QueueReader
+from storage.roles_pages import RunReport
+from storage.roles_queue import QueueOrder, RunActing, Submitting
 from storage.store import RunRecord, Store
 
 WORKER_SEEN_WITHIN_S = 10.0
 
 
-def cmd_submit(store: Store, args: argparse.Namespace) -> int:
+def cmd_submit(store: Submitting, args: argparse.Namespace) -> int:
     from jobs.queue.submit import submit
 
     run_id = submit(store, load_spec(args.spec, args.set))
@@ -117,12 +120,12 @@ def follow(
             time.sleep(interval)
 
 
-def _queue_position(store: Store, run_id: int) -> int:
+def _queue_position(store: QueueReader, run_id: int) -> int:
     ids = [r.id for r in store.queued()]
     return ids.index(run_id) + 1 if run_id in ids else 0
 
 
-def cmd_runs(store: Store, args: argparse.Namespace) -> int:
+def cmd_runs(store: RunReport, args: argparse.Namespace) -> int:
     status = None
     if args.status:
         try:
@@ -150,12 +153,12 @@ def cmd_runs(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_show(store: Store, args: argparse.Namespace) -> int:
+def cmd_show(store: RunReport, args: argparse.Namespace) -> int:
     print(show_text(store, run_or_fail(store, args.run_id)))
     return EXIT_OK
 
 
-def cmd_clone(store: Store, args: argparse.Namespace) -> int:
+def cmd_clone(store: RunActing, args: argparse.Namespace) -> int:
     from jobs.queue.run_actions import clone
     from jobs.queue.submit import submit
 
@@ -163,7 +166,7 @@ def cmd_clone(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
+def cmd_cancel(store: RunActing, args: argparse.Namespace) -> int:
     from jobs.queue.run_actions import CancelResult, cancel
 
     done = cancel(store, args.run_id)
@@ -172,14 +175,14 @@ def cmd_cancel(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_resume(store: Store, args: argparse.Namespace) -> int:
+def cmd_resume(store: RunActing, args: argparse.Namespace) -> int:
     from jobs.queue.run_actions import resume
 
     print(resume(store, args.run_id).message)
     return EXIT_OK
 
 
-def cmd_move(store: Store, args: argparse.Namespace) -> int:
+def cmd_move(store: QueueOrder, args: argparse.Namespace) -> int:
     run = run_or_fail(store, args.run_id)
     position = 0 if args.first else (args.to or 1) - 1
     if not store.move_queued(run.id, position):

@@ -18,10 +18,12 @@ from jobs.spec.stored import spec_of
 from jobs.train import figures, forgetting
 from jobs.units import human_bytes
 from storage.models import RunStatus
-from storage.store import RunRecord, Store
+from storage.roles import RunReader
+from storage.roles_pages import RunReport
+from storage.store import RunRecord
 
 
-def run_or_fail(store: Store, run_id: int) -> RunRecord:
+def run_or_fail(store: RunReader, run_id: int) -> RunRecord:
     """The run, or a UsageError naming RUN_ID when there is none."""
     run = store.get_run(run_id)
     if run is None:
@@ -46,7 +48,7 @@ def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
 
 
-def sharing(store: Store) -> dict[int, list[int]]:
+def sharing(store: RunReport) -> dict[int, list[int]]:
     """Running runs that share a device: {run_id: the other runs training with it}. A worker owns one device,
     so the runs one worker trains at once share it (`tunedeck worker --share N`)."""
     by_worker: dict[str, list[int]] = {}
@@ -57,7 +59,7 @@ def sharing(store: Store) -> dict[int, list[int]]:
     return {i: sorted(set(ids) - {i}) for ids in by_worker.values() if len(ids) > 1 for i in ids}
 
 
-def runs_table(store: Store, runs: list[RunRecord]) -> str:
+def runs_table(store: RunReport, runs: list[RunRecord]) -> str:
     from storage.run_files import DiskUsage
 
     shares = sharing(store)
@@ -86,7 +88,7 @@ def runs_table(store: Store, runs: list[RunRecord]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows))
 
 
-def show_text(store: Store, run: RunRecord) -> str:
+def show_text(store: RunReport, run: RunRecord) -> str:
     lines = [
         f"run {run.id}: {run.name}",
         f"status:   {run.status.value}",
@@ -147,7 +149,7 @@ def show_text(store: Store, run: RunRecord) -> str:
     return "\n".join(lines)
 
 
-def phase_lines(store: Store, run: RunRecord) -> list[str]:
+def phase_lines(store: RunReport, run: RunRecord) -> list[str]:
     """The "memory by phase" section: predicted against measured per phase (jobs.train.phases), or why not."""
     from jobs.queue.saved_prediction import load_prediction
     from jobs.train.phases import load_phases, phase_notes, phase_rows, table_lines
@@ -172,7 +174,7 @@ def findings_lines(events: list[dict[str, Any]], run_id: int) -> list[str]:
     return ["", "findings (training doctor):", *out] if out else []
 
 
-def events_lines(store: Store, run: RunRecord, events: list[dict[str, Any]]) -> list[str]:
+def events_lines(store: RunReport, run: RunRecord, events: list[dict[str, Any]]) -> list[str]:
     """The run's other events (OOM recoveries) and the spec fields it continued with."""
     from jobs.train import oom
 
@@ -189,7 +191,7 @@ def events_lines(store: Store, run: RunRecord, events: list[dict[str, Any]]) -> 
     return out
 
 
-def score_lines(store: Store, run: RunRecord) -> list[str]:
+def score_lines(store: RunReport, run: RunRecord) -> list[str]:
     """Benchmark scores, base beside run, each with its standard error, then the judge's verdict (`jobs.evaluate`)."""
     from jobs.evaluate.card import JUDGE_TASK, judge_line, scores_table
     from jobs.evaluate.judge import judge_file

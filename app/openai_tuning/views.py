@@ -22,7 +22,7 @@ from storage.api_files import file_id_of
 from storage.checkpoints import checkpoint_dirs, is_complete
 from storage.models import RunStatus
 from storage.records import RunRecord
-from storage.store import Store
+from storage.roles_pages import RunReport
 
 EXTRAS_FILE = "openai-job.json"
 JOB_PREFIX = "ftjob-"
@@ -48,11 +48,11 @@ def run_id_of(ident: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def save_extras(store: Store, run_id: int, extras: dict[str, Any]) -> None:
+def save_extras(store: RunReport, run_id: int, extras: dict[str, Any]) -> None:
     (store.run_dir(run_id) / EXTRAS_FILE).write_text(json.dumps(extras))
 
 
-def extras_of(store: Store, run_id: int) -> dict[str, Any]:
+def extras_of(store: RunReport, run_id: int) -> dict[str, Any]:
     """What the client asked that the spec does not hold ({} for a run made elsewhere)."""
     try:
         found = json.loads((store.run_path(run_id) / EXTRAS_FILE).read_text())
@@ -91,7 +91,7 @@ def _method(spec: JobSpec) -> dict[str, Any] | None:
     return {"type": kind, kind: {"hyperparameters": _hyperparameters(spec)}}
 
 
-def _trained_tokens(store: Store, run: RunRecord) -> int | None:
+def _trained_tokens(store: RunReport, run: RunRecord) -> int | None:
     if run.status is not RunStatus.SUCCEEDED:
         return None
     found = run.final_metrics.get("num_tokens")
@@ -110,7 +110,7 @@ def _error(run: RunRecord) -> dict[str, Any] | None:
     return None
 
 
-def job_object(store: Store, run: RunRecord) -> dict[str, Any]:
+def job_object(store: RunReport, run: RunRecord) -> dict[str, Any]:
     """The run as the `openai` client's FineTuningJob."""
     spec, extras = spec_of(run), extras_of(store, run.id)
     done = run.status is RunStatus.SUCCEEDED
@@ -145,7 +145,7 @@ def _event(ident: str, when: float, message: str, level: str = "info", **more: A
     return event | {"message": message, "type": "message", "data": None} | more
 
 
-def _metric_events(store: Store, run: RunRecord) -> list[dict[str, Any]]:
+def _metric_events(store: RunReport, run: RunRecord) -> list[dict[str, Any]]:
     """One `metrics` event per logged step: the training loss (and the eval loss where it was measured)."""
     points = store.metrics(run.id, names=["loss", "eval_loss"])
     evals = {p.step: p.value for p in points if p.name == "eval_loss"}
@@ -163,7 +163,7 @@ def _metric_events(store: Store, run: RunRecord) -> list[dict[str, Any]]:
     return out
 
 
-def job_events(store: Store, run: RunRecord) -> list[dict[str, Any]]:
+def job_events(store: RunReport, run: RunRecord) -> list[dict[str, Any]]:
     """The job's events, newest first: created, started, the run's own events, the loss by step, the end."""
     ident = job_id(run.id)
     events = [_event(f"ftevent-{run.id}-created", run.created_at, f"Created fine-tuning job: {ident}")]
@@ -184,7 +184,7 @@ def job_events(store: Store, run: RunRecord) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: (e["created_at"], order[e["id"]]), reverse=True)
 
 
-def job_checkpoints(store: Store, run: RunRecord) -> list[dict[str, Any]]:
+def job_checkpoints(store: RunReport, run: RunRecord) -> list[dict[str, Any]]:
     """The run's kept checkpoints (those saved whole), newest first, with the training loss at their step."""
     losses = {p.step: p.value for p in store.metrics(run.id, names=["loss"])}
     spec, extras = spec_of(run), extras_of(store, run.id)

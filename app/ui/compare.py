@@ -30,7 +30,7 @@ from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.train.phases import PHASES, PhaseRow, load_phases, phase_rows
 from jobs.units import human_count
-from storage.roles import CompareReader
+from storage.roles_pages import RunReport
 from storage.store import RunRecord
 
 _GIB = 1024**3
@@ -103,7 +103,7 @@ def _final(run: RunRecord, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def summarize_run(store: CompareReader, run: RunRecord, now: float | None = None) -> RunSummary:
+def summarize_run(store: RunReport, run: RunRecord, now: float | None = None) -> RunSummary:
     """Measured results of `run`: its figures (jobs.train.figures), then final metrics or what its rows say so far."""
     last_eval = store.last_metric(run.id, "eval_loss")
     eval_loss = (
@@ -136,7 +136,7 @@ def summarize_run(store: CompareReader, run: RunRecord, now: float | None = None
     )
 
 
-def score_cells(store: CompareReader, run_id: int) -> tuple[tuple[str, str], ...]:
+def score_cells(store: RunReport, run_id: int) -> tuple[tuple[str, str], ...]:
     """The run's benchmark and judge scores as compare rows: the run's value, its base's beside it."""
     from jobs.evaluate.card import scores_rows
 
@@ -259,7 +259,7 @@ def build() -> CompareView:
 class CompareData:
     """The view's values from the store."""
 
-    def __init__(self, store: CompareReader, limit: int = 200):
+    def __init__(self, store: RunReport, limit: int = 200):
         self.store = store
         self.limit = limit
         self.metrics = series.MetricSeriesCache(store)
@@ -287,7 +287,7 @@ class CompareData:
         ]
 
 
-def wire(view: CompareView, store: CompareReader, tab: gr.Tab | None = None) -> CompareData:
+def wire(view: CompareView, store: RunReport, tab: gr.Tab | None = None) -> CompareData:
     """Fill the choices on refresh (and when the tab opens); redraw on every change of selection."""
     data = CompareData(store)
     opens = [view.refresh.click] + ([tab.select] if tab is not None else [])

@@ -16,7 +16,7 @@ from typing import Any
 
 import gradio as gr
 
-from storage.roles import RunText
+from storage.roles_pages import RunText
 
 
 @dataclass

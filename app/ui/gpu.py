@@ -19,7 +19,7 @@ import gradio as gr
 
 from app.ui import charts, series
 from jobs.devices import probe
-from storage.roles import DeviceMemory
+from storage.roles_pages import DeviceMemory
 
 WINDOW_S = charts.GPU_WINDOW_S
 NO_GPU_NOTE = "No NVIDIA GPU found: showing host memory of the training process"

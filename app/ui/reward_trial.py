@@ -20,7 +20,7 @@ import gradio as gr
 
 from jobs.checks.access import AccessPolicy
 from jobs.spec.job import SpecError
-from storage.roles import RewardTrials
+from storage.roles_pages import RewardTrials
 
 TICK_S = 1.0
 HELP = (

@@ -17,7 +17,7 @@ from jobs.memory.flops import FlopsRate
 from jobs.spec.stored import spec_of
 from jobs.train import figures
 from storage.models import RunStatus
-from storage.roles import RunText
+from storage.roles_pages import RunText
 from storage.store import RunRecord
 
 

@@ -21,7 +21,7 @@ from jobs.spec.stored import spec_of
 from jobs.train import figures
 from jobs.units import human_bytes
 from storage.models import RunStatus
-from storage.roles import RunCounts
+from storage.roles_pages import RunCounts
 from storage.run_files import DiskUsage, total_bytes
 from storage.store import RunRecord
 

@@ -19,7 +19,7 @@ from jobs.checks.access import AccessPolicy
 from jobs.errors import ProblemError
 from jobs.search.report import SearchReport
 from jobs.spec.stored import spec_of
-from storage.roles import SearchPages
+from storage.roles_queue import SearchPages
 
 GROUP = "search-page"  # the concurrency group of every event that draws the search page's plots
 IMPORTANCE = charts.Chart(  # one bar per parameter: a line from 0 up to its importance, at x = 1, 2, ...

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from storage.roles import SeriesReader
+from storage.roles_pages import SeriesReader
 from storage.store import MemoryBucket, MetricBucket
 
 MAX_POINTS = 2000

@@ -31,7 +31,7 @@ from jobs.units import human_bytes
 from storage.checkpoints import last_complete
 from storage.models import RunStatus
 from storage.records import RunRecord
-from storage.roles import RunActing
+from storage.roles_queue import RunActing
 from storage.run_files import remove_run_folder, run_bytes
 from storage.store import RunningRunError
 

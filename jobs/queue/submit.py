@@ -19,7 +19,7 @@ from jobs.checks.access import AccessPolicy
 from jobs.checks.pipeline import Checked, check
 from jobs.queue.saved_prediction import save_prediction
 from jobs.spec.job import JobSpec
-from storage.roles import Submitting
+from storage.roles_queue import Submitting
 
 
 def submit(store: Submitting, spec: JobSpec | Mapping[str, Any], policy: AccessPolicy | None = None) -> int:

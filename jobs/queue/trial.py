@@ -18,7 +18,7 @@ from jobs.errors import Problem
 from jobs.spec.grpo import TRIAL_PROMPTS_MAX, TRY_REWARDS_TASK
 from jobs.spec.job import SpecError
 from jobs.spec.trainer_records import record_for
-from storage.roles import CheckTasks
+from storage.roles_queue import CheckTasks
 
 
 def request_try_rewards(store: CheckTasks, spec: Any, prompts: int, policy: AccessPolicy | None = None) -> int:

@@ -37,7 +37,7 @@ from storage.errors import StorageError
 from storage.models import RunStatus
 
 if TYPE_CHECKING:
-    from storage.roles import SearchDriving
+    from storage.roles_queue import SearchDriving
     from storage.store import RunRecord, TrialRecord
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from jobs.search.plan import SearchPlan
 
 if TYPE_CHECKING:
     from jobs.spec.job import JobSpec
-    from storage.roles import SearchReader
+    from storage.roles_queue import SearchReader
 
 
 class SearchNotFound(ProblemError):

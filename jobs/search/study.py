@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.search.plan import SearchPlan
 
 if TYPE_CHECKING:
-    from storage.roles import StudyHome
+    from storage.roles_queue import StudyHome
     from storage.store import SearchRecord
 
 

@@ -1,0 +1,27 @@
+"""That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue` and `storage.roles_pages`.
+
+Nothing imports this module: mypy reads it (`./dev.sh check`), so a role whose signature drifts from the store's
+method fails there. It lives apart from `storage.store` so that the store imports no role (the roles stay leaves
+of the import graph, tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+from storage import roles as r
+from storage import roles_pages as p
+from storage import roles_queue as q
+from storage.store import Store
+
+
+def plays_every_role(store: Store) -> None:
+    """Never called: mypy checks here that `Store` satisfies each role, so a changed signature fails
+    `./dev.sh check` instead of a module that asks for the role."""
+    played: tuple[r.RunReader, r.RunFolders, r.ArtifactReader, r.RunArtifacts, r.RunEvents, r.MetricSink] = (store,) * 6
+    more: tuple[r.MetricReader, r.RunLifecycle, r.TrainingRecord, r.CheckReader, r.Sweeps] = (store,) * 5
+    rest: tuple[r.WorkerDirectory, r.Leases, r.ChatRuns, r.RunLister, r.TaskQueue] = (store,) * 5
+    scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
+    queue: tuple[q.Submitting, q.RunActing, q.CheckTasks, q.SearchReader, q.StudyHome, q.SearchDriving] = (store,) * 6
+    worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
+    pages: tuple[p.SeriesReader, p.DeviceMemory, p.RunText, p.RunCounts, p.ChatHistory, p.TaskReader] = (store,) * 6
+    tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, q.QueueOrder] = (store,) * 4
+    del played, more, rest, scores, queue, worker, pages, tabs
