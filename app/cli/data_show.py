@@ -23,7 +23,7 @@ GREEN, GREY, RED_STRUCK, BOLD, RESET = "\x1b[32m", "\x1b[90m", "\x1b[9;31m", "\x
 
 def cmd_data_show(_store: None, args: argparse.Namespace) -> int:
     from app.cli.usage import load_spec
-    from jobs.data.tokens.viewed_rows import views_of
+    from jobs.data.tokens.streamed_rows import views_of
 
     spec = load_spec(args.spec, args.set)
     viewed = views_of(spec, _tokenizer(spec), numbers=args.row or None, first=args.rows)

@@ -54,7 +54,7 @@ def tokens_record(
 ) -> dict[str, Any]:
     """The token view of `rows` (row numbers of the first data set, as its file numbers them) or of the first
     `first` training rows: each token with its text, id and whether it is special, trained or cut."""
-    from jobs.data.tokens.viewed_rows import views_of
+    from jobs.data.tokens.streamed_rows import views_of
 
     policy = policy or AccessPolicy.open()
     if len(rows) > MAX_SHOWN or first > MAX_SHOWN:

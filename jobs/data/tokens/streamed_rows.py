@@ -7,9 +7,10 @@ file: the first rows shown are its first rows, and row N is trained when it lies
 then validated as the checks validate it, one row at a time (a DataError as `load_data` raises it, the eval data's
 included), and only the rows up to the last one shown are read again and shaped as `load_data` shapes them
 (`jobs.data.loading`: trl's columns and types, `thinking` applied). Any other spec: None, and the caller loads the
-data (`viewed_rows.views_of` does both).
+data (`views_of` does both).
 
     picked = streamed_rows(spec, numbers=[12])       # Picked: rows, origins, total; or None
+    viewed = views_of(spec, tokenizer, first=3)      # viewed_rows.ViewedRows, the data loaded only where it must be
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.errors import Problem
+from jobs.data.tokens.view import token_views
+from jobs.data.tokens.viewed_rows import ViewedRows, not_trained, training_views
 from jobs.spec.job import JobSpec
 
 
@@ -73,13 +75,12 @@ def streamed_rows(spec: JobSpec, numbers: Sequence[int] | None = None, first: in
     return Picked(rows, [(0, numbers_read[i]) for i in picked], total)
 
 
-def not_trained(spec: JobSpec, missing: Sequence[int], total: int) -> Problem:
-    from jobs.data.row_numbers import rows_text
+def views_of(spec: JobSpec, tokenizer: Any, *, numbers: Sequence[int] | None = None, first: int = 3) -> ViewedRows:
+    """`training_views` of `spec`'s data: the rows shown read alone where the spec allows it
+    (`jobs.data.tokens.streamed_rows`: a big file is not loaded to show three rows), else from `load_data(spec)`."""
+    from jobs.data.loading import load_data
 
-    first = spec.dataset_sources[0].ref if spec.dataset_sources else spec.dataset
-    return Problem(
-        "row",
-        f"{rows_text(list(missing)[:5], len(missing))} of {first} {'is' if len(missing) == 1 else 'are'} not among "
-        f"the {total} training rows (held out by eval_split, past max_train_samples, or not in the file)",
-        "pick a row number the file has (JSON lines: its line number), or show the first rows without --row",
-    )
+    picked = streamed_rows(spec, numbers, first)
+    if picked is None:
+        return training_views(spec, load_data(spec), tokenizer, numbers=numbers, first=first)
+    return ViewedRows(token_views(spec, picked.rows, tokenizer), picked.origins, picked.total, tokenizer, picked.rows)

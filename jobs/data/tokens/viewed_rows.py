@@ -7,7 +7,7 @@ data file. The caller brings the model's tokenizer (`jobs.models.tokenizer.local
 
     viewed = training_views(spec, load_data(spec), tok, first=3)         # ViewedRows: views, origins, total
     viewed = training_views(spec, loaded, tok, numbers=[12])    # row 12 of the first data set; DataError if not trained on
-    viewed = views_of(spec, tok, first=3)         # the same, without loading the data where the spec allows
+    viewed = views_of(spec, tok, first=3)         # `jobs.data.tokens.streamed_rows`: without loading the data where it can
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.data.tokens.view import RowView, token_views
+from jobs.errors import Problem
 from jobs.spec.job import JobSpec
 
 
@@ -35,7 +36,6 @@ def training_views(
     """The token views of `numbers` (row numbers of the first data set) or of the first `first` training rows of
     `loaded` (`jobs.data.loading.load_data(spec)`: LoadedData), tokenized by `tokenizer` (the model's). DataError when a row is not a training row."""
     from jobs.data.sources import DataError
-    from jobs.data.tokens.streamed_rows import not_trained
 
     n = len(loaded.train)
     origins = (
@@ -53,13 +53,13 @@ def training_views(
     return ViewedRows(token_views(spec, rows, tokenizer), [origins[i] for i in picked], n, tokenizer, rows)
 
 
-def views_of(spec: JobSpec, tokenizer: Any, *, numbers: Sequence[int] | None = None, first: int = 3) -> ViewedRows:
-    """`training_views` of `spec`'s data: the rows shown read alone where the spec allows it
-    (`jobs.data.tokens.streamed_rows`: a big file is not loaded to show three rows), else from `load_data(spec)`."""
-    from jobs.data.loading import load_data
-    from jobs.data.tokens.streamed_rows import streamed_rows
+def not_trained(spec: JobSpec, missing: Sequence[int], total: int) -> Problem:
+    from jobs.data.row_numbers import rows_text
 
-    picked = streamed_rows(spec, numbers, first)
-    if picked is None:
-        return training_views(spec, load_data(spec), tokenizer, numbers=numbers, first=first)
-    return ViewedRows(token_views(spec, picked.rows, tokenizer), picked.origins, picked.total, tokenizer, picked.rows)
+    first = spec.dataset_sources[0].ref if spec.dataset_sources else spec.dataset
+    return Problem(
+        "row",
+        f"{rows_text(list(missing)[:5], len(missing))} of {first} {'is' if len(missing) == 1 else 'are'} not among "
+        f"the {total} training rows (held out by eval_split, past max_train_samples, or not in the file)",
+        "pick a row number the file has (JSON lines: its line number), or show the first rows without --row",
+    )
