@@ -66,22 +66,10 @@ class Finding:
         }
 
 
-def first_rows(rows: Any, shown: int = SHOWN) -> tuple[tuple[str, int, int], ...]:
-    """The first `shown` rows of each source among `rows` (audit `Row`s), in file order."""
-    seen: dict[tuple[str, int], int] = {}
-    out = []
-    for row in sorted(rows, key=lambda r: (r.field != "dataset", r.source, r.number)):
-        k = (row.field, row.source)
-        if seen.get(k, 0) < shown:
-            seen[k] = seen.get(k, 0) + 1
-            out.append((row.field, row.source, row.number))
-    return tuple(out)
-
-
 @dataclass
 class Shown:
-    """A count of rows and the rows `first_rows` would name among them, kept as the rows come (in any order):
-    the `shown` lowest row numbers of each (field, source), nothing else."""
+    """A count of rows and the first of them a finding names, kept as the rows come (in any order): the `shown`
+    lowest row numbers of each (field, source), nothing else."""
 
     count: int = 0
     shown: int = SHOWN
@@ -97,6 +85,6 @@ class Shown:
             insort(kept, number)
 
     def rows(self) -> tuple[tuple[str, int, int], ...]:
-        """As `first_rows` names them: by field (training first), source and row number."""
+        """The rows named: by field (training first), source and row number."""
         places = sorted(self._numbers, key=lambda k: (k[0] != "dataset", k[1]))
         return tuple((f, s, n) for f, s in places for n in self._numbers[(f, s)])
