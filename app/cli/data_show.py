@@ -23,11 +23,10 @@ GREEN, GREY, RED_STRUCK, BOLD, RESET = "\x1b[32m", "\x1b[90m", "\x1b[9;31m", "\x
 
 def cmd_data_show(_store: None, args: argparse.Namespace) -> int:
     from app.cli.usage import load_spec
-    from jobs.data.loading import load_data
-    from jobs.data.tokens.viewed_rows import training_views
+    from jobs.data.tokens.streamed_rows import views_of
 
     spec = load_spec(args.spec, args.set)
-    viewed = training_views(spec, load_data(spec), _tokenizer(spec), numbers=args.row or None, first=args.rows)
+    viewed = views_of(spec, _tokenizer(spec), numbers=args.row or None, first=args.rows)
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     refs = [s.ref for s in spec.dataset_sources] or [spec.dataset]
     out = [legend(colour)]

@@ -54,8 +54,7 @@ def tokens_record(
 ) -> dict[str, Any]:
     """The token view of `rows` (row numbers of the first data set, as its file numbers them) or of the first
     `first` training rows: each token with its text, id and whether it is special, trained or cut."""
-    from jobs.data.loading import load_data
-    from jobs.data.tokens.viewed_rows import training_views
+    from jobs.data.tokens.streamed_rows import views_of
 
     policy = policy or AccessPolicy.open()
     if len(rows) > MAX_SHOWN or first > MAX_SHOWN:
@@ -63,7 +62,7 @@ def tokens_record(
     _allowed(spec, policy)
     with policy.reading():
         tokenizer = tokenizer_of(spec, policy)
-        viewed = training_views(spec, load_data(spec), tokenizer, numbers=list(rows) or None, first=first)
+        viewed = views_of(spec, tokenizer, numbers=list(rows) or None, first=first)
     refs = [s.ref for s in spec.dataset_sources] or [spec.dataset]
     out = []
     for view, (source, number) in zip(viewed.views, viewed.origins, strict=True):

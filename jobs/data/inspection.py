@@ -12,7 +12,7 @@ Every row is validated before training starts, and problems name the first bad r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -34,6 +34,9 @@ from storage.data_folders import also_readable, readable_folders
 
 if TYPE_CHECKING:
     import datasets
+
+
+Visit = Callable[[int, dict[str, Any], RowFormat, list[str]], None]  # (row number, row, its format, reward columns)
 
 
 @dataclass
@@ -92,18 +95,21 @@ def inspect_dataset(
     column_map: dict[str, str] | None = None,
     keep_rows: bool = False,
     limit: int | None = None,
+    visit: Visit | None = None,
 ) -> Inspected:
     """Validate every row of `ref` (after dataset_columns and format conversion); DataError lists all problems.
 
     `keep_rows`: the file is read once and the converted rows are held (`Inspected.rows` iterates over
     them), for a caller that keeps every row anyway; else each iteration reads the file again. `limit`: only
-    the first rows of a JSON lines file or a hub data set are read (the form's preview of a big file).
+    the first rows of a JSON lines file or a hub data set are read (the form's preview of a big file). `visit`:
+    called with each converted row as it is validated, while no row has a problem (the audit reads a file in
+    this one pass and holds none of it; a problem means a DataError at the end).
     Images the rows name may also lie in the data file's own folder when it is a bundled sample or the
     unpacked folder of a zip (`storage.data_folders.also_readable`)."""
     source = resolve(ref, field_name)
     own = own_folders(source.path) if source.path is not None and readable_folders() is not None else ()
     with also_readable(own):
-        return _inspect(source, ref, Trainer(trainer), field_name, max_bad_rows, column_map, keep_rows, limit)
+        return _inspect(source, ref, Trainer(trainer), field_name, max_bad_rows, column_map, keep_rows, limit, visit)
 
 
 def own_folders(path: Path) -> tuple[Path, ...]:
@@ -132,6 +138,7 @@ def _inspect(
     column_map: dict[str, str] | None,
     keep_rows: bool,
     limit: int | None,
+    visit: Visit | None = None,
 ) -> Inspected:
     column_map = dict(column_map or {})
     issues = Issues(field_name, max_bad_rows)
@@ -154,6 +161,7 @@ def _inspect(
     if fmt is None:
         raise DataError(issues.problems() + [_no_format_problem(columns, mapped, field_name)])
     rows: Rows = lambda: _converted(raw, column_map, conversion, None)  # noqa: E731
+    passed = reward_columns(mapped) if fmt is RowFormat.PROMPT_ONLY and conversion is None else []
     check = RowCheck(fmt, issues)
     kept: list[tuple[int, dict[str, Any]]] = []
     sizes: list[tuple[int, int, int]] = []
@@ -162,13 +170,14 @@ def _inspect(
         sizes += [(number, int(w), int(h)) for w, h in row.get("image_sizes") or ()]
         if keep_rows:
             kept.append((number, row))
+        if visit is not None and not issues:
+            visit(number, row, fmt, passed)
     if keep_rows:
         rows = lambda: iter(kept)  # noqa: E731
     checked = check.result()
     problems = _checked_problems(checked, fmt, fmt_columns, ref, trainer, field_name)
     if problems:
         raise DataError(problems)
-    passed = reward_columns(mapped) if fmt is RowFormat.PROMPT_ONLY and conversion is None else []
     warnings = _column_warnings(checked, fmt, conversion, mapped, passed, trainer)
     info = DatasetInfo(
         ref,

@@ -65,10 +65,10 @@ def _load(
 ) -> tuple[datasets.Dataset, DatasetInfo, list[int] | None]:
     """The checked, converted data set with trl's columns only, its info, and each row's number as the checks
     name it (None: 1, 2, 3, ... as for tables and hub data)."""
-    return _shaped(inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True), field_name)
+    return shaped(inspect_dataset(ref, trainer, field_name, 5, column_map, keep_rows=True), field_name)
 
 
-def _shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Dataset, DatasetInfo, list[int] | None]:
+def shaped(checked: inspection.Inspected, field_name: str) -> tuple[datasets.Dataset, DatasetInfo, list[int] | None]:
     import datasets
 
     info, ds = checked.info, checked.ds
@@ -141,9 +141,12 @@ def _from_rows(rows: list[dict[str, Any]], features: Any, extra: list[str], fiel
         ) from exc
 
 
-def _default_eval(spec: JobSpec) -> str | None:
-    """A single sample's own eval split (several sources have no default eval data)."""
-    return default_eval_ref(spec)
+def eval_ref_of(spec: JobSpec) -> str | None:
+    """The eval data `spec` reads: its `eval_dataset`, else a single sample's own eval split (several sources
+    have no default eval data); None with `eval_split` (rows held out instead)."""
+    if spec.eval_split is not None:
+        return None
+    return spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else default_eval_ref(spec)
 
 
 def _load_sources(spec: JobSpec, text: str, field: str) -> tuple[datasets.Dataset, DatasetInfo]:
@@ -200,8 +203,8 @@ def _load_data(spec: JobSpec) -> LoadedData:
         train = _load_sources(spec, spec.dataset, "dataset")
     except DataError as exc:
         problems.extend(exc.problems)
-    eval_ref = spec.eval_dataset.strip() if spec.eval_dataset and spec.eval_dataset.strip() else _default_eval(spec)
-    if eval_ref and spec.eval_split is None:  # eval_split holds out rows instead of a sample's eval split
+    eval_ref = eval_ref_of(spec)
+    if eval_ref:  # eval_split holds out rows instead of a sample's eval split
         try:
             eval_ = _load_sources(spec, eval_ref, "eval_dataset")
         except DataError as exc:
@@ -215,8 +218,8 @@ def _load_data(spec: JobSpec) -> LoadedData:
         from jobs.data.audit.dedupe import deduped
 
         train_ds = deduped(train_ds, eval_ds, train_info.format, origins_of(train_ds), train_info.reward_columns)
-    train_ds = _with_thinking(spec, train_ds)
-    eval_ds = _with_thinking(spec, eval_ds) if eval_ds is not None else None
+    train_ds = with_thinking(spec, train_ds)
+    eval_ds = with_thinking(spec, eval_ds) if eval_ds is not None else None
     if spec.eval_split is not None:
         n_eval = eval_rows(len(train_ds), spec.eval_split)
         if isinstance(n_eval, Problem):
@@ -234,7 +237,7 @@ def _load_data(spec: JobSpec) -> LoadedData:
     return LoadedData(without_origins(train_ds), eval_ds, train_info, eval_info, origins)
 
 
-def _with_thinking(spec: JobSpec, ds: datasets.Dataset) -> datasets.Dataset:
+def with_thinking(spec: JobSpec, ds: datasets.Dataset) -> datasets.Dataset:
     """The spec's `thinking` choice applied (`jobs.data.thinking`); chat rows carry `enable_thinking` for the
     chat template (trl reads each row's `chat_template_kwargs`)."""
     from jobs.data.thinking import apply_thinking, template_kwargs

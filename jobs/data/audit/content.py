@@ -12,41 +12,36 @@ characters that are not text, and each source's share of a mixture.
 - a mixture: each source's share of the training rows, after its max_rows;
 - rows carrying reasoning (`<think>` blocks, reasoning fields: `jobs.data.thinking`), and what `thinking` trains of them.
 
+Each is counted as the rows stream past (`jobs.data.audit.tallies.ContentTally`); here the counts become findings.
+
     findings = content_findings(data, spec)
 """
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
-
-from jobs.data.audit.findings import Finding, Severity, first_rows
-from jobs.data.audit.rows import AuditData, Row
+from jobs.data.audit.findings import Finding, Severity, Shown
+from jobs.data.audit.scanned import AuditData
+from jobs.data.audit.tallies import REPEATED_ANSWER, REPEATED_PROMPTS, SHORT_ANSWER, ContentTally
 from jobs.spec.enums import Thinking
 from jobs.spec.job import JobSpec
 
-SHORT_ANSWER = 3  # characters: answers shorter than this are named (info)
-REPEATED_ANSWER = 20  # characters: shorter answers ("Yes") may well answer several prompts
-REPEATED_PROMPTS = 5  # prompts one answer is given to: fewer are often paraphrases of one question
+__all__ = ["REPEATED_ANSWER", "REPEATED_PROMPTS", "SHORT_ANSWER", "content_findings"]
+
 KTO_RATIO = 4 / 3
 KTO_LOW = 0.9  # trl's lower bound is 1: a row or two short of even is no finding
-WORD = re.compile(r"[^\W_]")  # a letter or digit: an answer without one ("", "...", "-") says nothing
-NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
 def content_findings(data: AuditData, spec: JobSpec) -> list[Finding]:
-    rows = data.train
-    out = _answer_findings(rows) + _repeated_answers(rows) + _preference_findings(rows)
-    out += _kto_findings(rows, spec) + _not_text(rows + data.eval) + _shares(data) + _thinking(rows, spec)
+    n, tally = len(data.train), data.content
+    out = _answer_findings(tally, n) + _repeated_answers(data) + _preference_findings(tally, n)
+    out += _kto_findings(tally, spec) + _not_text(tally) + _shares(data) + _thinking(tally, n, spec)
     return out
 
 
-def _thinking(rows: list[Row], spec: JobSpec) -> list[Finding]:
+def _thinking(tally: ContentTally, n: int, spec: JobSpec) -> list[Finding]:
     """How many rows carry reasoning, and what `thinking` makes of it."""
-    from jobs.data.thinking import has_thinking
-
-    found = [r for r in rows if has_thinking(r.answers)]
-    if not found:
+    found = tally.thinking
+    if not found.count:
         return []
     choice = Thinking(spec.thinking).value if spec.thinking else None
     trained = {
@@ -59,106 +54,93 @@ def _thinking(rows: list[Row], spec: JobSpec) -> list[Finding]:
         Finding(
             "thinking-rows",
             Severity.INFO,
-            len(found),
-            first_rows(found),
-            f"{len(found)} of {len(rows)} training rows carry reasoning (<think> blocks or a reasoning field): {trained}",
+            found.count,
+            found.rows(),
+            f"{found.count} of {n} training rows carry reasoning (<think> blocks or a reasoning field): {trained}",
             "" if choice else "set thinking: train, answer_only (masked) or strip to choose what is trained",
         )
     ]
 
 
-def _answer_findings(rows: list[Row]) -> list[Finding]:
-    empty = [r for r in rows if any(not WORD.search(a) for a in r.answers)]
-    blank = {id(r) for r in empty}
-    short = [r for r in rows if id(r) not in blank and r.answers and min(map(_size, r.answers)) < SHORT_ANSWER]
+def _answer_findings(tally: ContentTally, n: int) -> list[Finding]:
+    empty, short = tally.empty, tally.short
     out = []
-    if empty:
+    if empty.count:
         out.append(
             Finding(
                 "empty-answers",
                 Severity.WARNING,
-                len(empty),
-                first_rows(empty),
-                f"{len(empty)} of {len(rows)} training rows have an answer without a letter or digit: the model learns "
+                empty.count,
+                empty.rows(),
+                f"{empty.count} of {n} training rows have an answer without a letter or digit: the model learns "
                 "to say nothing",
                 "fill in or remove those rows (a chat row: its assistant turns)",
             )
         )
-    if short:
+    if short.count:
         out.append(
             Finding(
                 "short-answers",
                 Severity.INFO,
-                len(short),
-                first_rows(short),
-                f"{len(short)} of {len(rows)} training rows have an answer under {SHORT_ANSWER} characters",
+                short.count,
+                short.rows(),
+                f"{short.count} of {n} training rows have an answer under {SHORT_ANSWER} characters",
                 "check that those answers are whole (a cut-off export looks like this)",
             )
         )
     return out
 
 
-def _size(answer: str) -> int:
-    return len(answer.strip())
-
-
-def _repeated_answers(rows: list[Row]) -> list[Finding]:
-    prompts: dict[str, set[bytes]] = defaultdict(set)
-    holders: dict[str, list[Row]] = defaultdict(list)
-    for r in rows:
-        for a in dict.fromkeys(r.answers):
-            if _size(a) >= REPEATED_ANSWER and r.prompt:
-                prompts[a].add(r.prompt)
-                holders[a].append(r)
-    repeated = [a for a, ps in prompts.items() if len(ps) >= REPEATED_PROMPTS]
-    if not repeated:
+def _repeated_answers(data: AuditData) -> list[Finding]:
+    found = data.content.repeated()
+    if found is None:
         return []
-    hit = sorted({id(r): r for a in repeated for r in holders[a]}.values(), key=lambda r: (r.source, r.number))
-    top = max(repeated, key=lambda a: len(prompts[a]))
+    hit = Shown()
+    for i in found.rows.tolist():
+        hit.add(*data.place("dataset", i))
     return [
         Finding(
             "repeated-answers",
             Severity.WARNING,
-            len(hit),
-            first_rows(hit),
-            f"{len(hit)} of {len(rows)} training rows give one of {len(repeated)} answers that also answer other "
-            f"prompts (the most: {len(prompts[top])} prompts, {top[:60]!r})",
+            hit.count,
+            hit.rows(),
+            f"{hit.count} of {len(data.train)} training rows give one of {found.answers} answers that also answer "
+            f"other prompts (the most: {found.top_prompts} prompts, {found.top!r})",
             "check that the answer fits each prompt (a canned or mis-joined answer teaches the model to repeat it)",
         )
     ]
 
 
-def _preference_findings(rows: list[Row]) -> list[Finding]:
-    same = [r for r in rows if len(r.answers) == 2 and r.label is None and r.answers[0] == r.answers[1]]
-    if not same:
+def _preference_findings(tally: ContentTally, n: int) -> list[Finding]:
+    same = tally.same
+    if not same.count:
         return []
     return [
         Finding(
             "chosen-equals-rejected",
             Severity.WARNING,
-            len(same),
-            first_rows(same),
-            f"{len(same)} of {len(rows)} preference rows have chosen identical to rejected: nothing to learn from them",
+            same.count,
+            same.rows(),
+            f"{same.count} of {n} preference rows have chosen identical to rejected: nothing to learn from them",
             "give each pair two different answers, or remove those rows",
         )
     ]
 
 
-def _kto_findings(rows: list[Row], spec: JobSpec) -> list[Finding]:
-    labelled = [r for r in rows if r.label is not None]
+def _kto_findings(tally: ContentTally, spec: JobSpec) -> list[Finding]:
+    labelled, good = tally.labelled, tally.good
     if not labelled:
         return []
-    good = sum(1 for r in labelled if r.label)
-    bad = len(labelled) - good
+    bad = labelled - good
     if not good or not bad:
         kind = "desirable (true)" if not good else "undesirable (false)"
         return [
             Finding(
                 "kto-labels",
                 Severity.WARNING,
-                len(labelled),
+                labelled,
                 (),
-                f"all {len(labelled)} kto rows have one label: no {kind} rows to learn from",
+                f"all {labelled} kto rows have one label: no {kind} rows to learn from",
                 f"add {kind} rows",
             )
         ]
@@ -173,7 +155,7 @@ def _kto_findings(rows: list[Row], spec: JobSpec) -> list[Finding]:
         Finding(
             "kto-labels",
             Severity.INFO,
-            len(labelled),
+            labelled,
             (),
             f"{good} desirable and {bad} undesirable kto rows (weighted ratio {ratio:.2f}; trl advises 1 to 4/3)",
             f"set {weight}: {target} (or balance the rows)",
@@ -181,18 +163,17 @@ def _kto_findings(rows: list[Row], spec: JobSpec) -> list[Finding]:
     ]
 
 
-def _not_text(rows: list[Row]) -> list[Finding]:
-    bad = [r for r in rows if NOT_TEXT.search(r.text)]
-    if not bad:
+def _not_text(tally: ContentTally) -> list[Finding]:
+    bad = tally.not_text
+    if not bad.count:
         return []
-    broken = sum(1 for r in bad if "\ufffd" in r.text)
     return [
         Finding(
             "not-text",
             Severity.WARNING,
-            len(bad),
-            first_rows(bad),
-            f"{len(bad)} rows hold control characters or U+FFFD ({broken} with U+FFFD, the mark of a broken "
+            bad.count,
+            bad.rows(),
+            f"{bad.count} rows hold control characters or U+FFFD ({tally.broken} with U+FFFD, the mark of a broken "
             "encoding): the model learns them as text",
             "re-export the file as UTF-8 and strip control characters",
         )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jobs.data.audit.duplicates import find
+from jobs.data.audit.copies import find
 from jobs.data.audit.rows import key_of, trl_columns, words_of
 from jobs.data.row_formats import COLUMNS, RowFormat
 

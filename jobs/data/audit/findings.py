@@ -11,7 +11,8 @@ a mixture's shares).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import insort
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -39,10 +40,10 @@ class Finding:
     def where(self, refs: dict[str, list[str]]) -> str:
         """The rows named, per field: 'rows 2, 5 of `a.jsonl`; eval: row 3 of `b.jsonl`'."""
         parts = []
-        for field in dict.fromkeys(f for f, _, _ in self.rows):
-            origins = [(s, n) for f, s, n in self.rows if f == field]
-            text = origins_text(origins, refs.get(field, []), shown=SHOWN)
-            parts.append(text if field == "dataset" else f"eval data: {text}")
+        for name in dict.fromkeys(f for f, _, _ in self.rows):
+            origins = [(s, n) for f, s, n in self.rows if f == name]
+            text = origins_text(origins, refs.get(name, []), shown=SHOWN)
+            parts.append(text if name == "dataset" else f"eval data: {text}")
         return "; ".join(parts)
 
     def text(self, refs: dict[str, list[str]]) -> str:
@@ -65,13 +66,25 @@ class Finding:
         }
 
 
-def first_rows(rows: Any, shown: int = SHOWN) -> tuple[tuple[str, int, int], ...]:
-    """The first `shown` rows of each source among `rows` (audit `Row`s), in file order."""
-    seen: dict[tuple[str, int], int] = {}
-    out = []
-    for row in sorted(rows, key=lambda r: (r.field != "dataset", r.source, r.number)):
-        k = (row.field, row.source)
-        if seen.get(k, 0) < shown:
-            seen[k] = seen.get(k, 0) + 1
-            out.append((row.field, row.source, row.number))
-    return tuple(out)
+@dataclass
+class Shown:
+    """A count of rows and the first of them a finding names, kept as the rows come (in any order): the `shown`
+    lowest row numbers of each (field, source), nothing else."""
+
+    count: int = 0
+    shown: int = SHOWN
+    _numbers: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    def add(self, field_name: str, source: int, number: int) -> None:
+        self.count += 1
+        kept = self._numbers.setdefault((field_name, source), [])
+        if len(kept) < self.shown:
+            insort(kept, number)
+        elif number < kept[-1]:
+            kept.pop()
+            insort(kept, number)
+
+    def rows(self) -> tuple[tuple[str, int, int], ...]:
+        """The rows named: by field (training first), source and row number."""
+        places = sorted(self._numbers, key=lambda k: (k[0] != "dataset", k[1]))
+        return tuple((f, s, n) for f, s in places for n in self._numbers[(f, s)])

@@ -17,7 +17,7 @@ from jobs.data.audit.content import content_findings
 from jobs.data.audit.duplicates import duplicate_findings
 from jobs.data.audit.findings import Finding, Severity
 from jobs.data.audit.reading import read_rows
-from jobs.data.audit.rows import AuditData
+from jobs.data.audit.scanned import AuditData
 from jobs.spec.job import JobSpec
 
 
@@ -63,5 +63,4 @@ def audit(spec: JobSpec, data: AuditData | None = None) -> Audit:
     data = data if data is not None else read_rows(spec)
     found = duplicate_findings(data) + content_findings(data, spec)
     found.sort(key=lambda f: f.severity is not Severity.WARNING)
-    lengths = np.fromiter((len(r.text) for r in data.train), dtype=np.int64, count=len(data.train))
-    return Audit(found, data, lengths)
+    return Audit(found, data, data.lengths())

@@ -4,7 +4,7 @@ A row keeps its place as the checks name it: (field, source index, row number), 
 its key (the row as trl reads it, as canonical JSON, hashed), its text (every string in it), its prompt and its
 answers. Pure: rows in, `Row`s out; training's `dedupe` (`jobs.data.audit.dedupe`) keys rows the same way.
 
-    make_row("dataset", 0, 7, row, RowFormat.MESSAGES)
+    make_row("dataset", 0, 7, row, RowFormat.MESSAGES)   # looked at by `jobs.data.audit.scanned.AuditData.add`, not kept
     row_key(row, fmt)                  # the same key for a checked row and a `datasets` row (`jobs.data.audit.dedupe`)
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jobs.data.row_formats import COLUMNS, RowFormat, only_columns
@@ -37,16 +38,22 @@ class Row:
         return self.source, self.number
 
 
-@dataclass
-class AuditData:
-    """The rows of a spec's data sets, in file order per source, each source cut to its `max_rows`."""
+class Places:
+    """Each row's (source index, row number), two compact columns: what a finding names a row by."""
 
-    format: RowFormat | None = None
-    train: list[Row] = field(default_factory=list)
-    eval: list[Row] = field(default_factory=list)
-    refs: dict[str, list[str]] = field(default_factory=dict)  # each field's source refs, by index
-    per_source: dict[str, list[int]] = field(default_factory=dict)  # each field's rows per source, after the caps
-    eval_split: bool = False  # eval rows are held out of the training rows at load time
+    def __init__(self) -> None:
+        self._sources = array("i")
+        self._numbers = array("q")
+
+    def __len__(self) -> int:
+        return len(self._numbers)
+
+    def append(self, source: int, number: int) -> None:
+        self._sources.append(source)
+        self._numbers.append(number)
+
+    def at(self, index: int) -> tuple[int, int]:
+        return self._sources[index], self._numbers[index]
 
 
 def _plain(value: Any) -> Any:

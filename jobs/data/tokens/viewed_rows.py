@@ -7,6 +7,7 @@ data file. The caller brings the model's tokenizer (`jobs.models.tokenizer.local
 
     viewed = training_views(spec, load_data(spec), tok, first=3)         # ViewedRows: views, origins, total
     viewed = training_views(spec, loaded, tok, numbers=[12])    # row 12 of the first data set; DataError if not trained on
+    viewed = views_of(spec, tok, first=3)         # `jobs.data.tokens.streamed_rows`: without loading the data where it can
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def training_views(
         where = {o: i for i, o in enumerate(origins)}
         missing = [k for k in numbers if (0, k) not in where]
         if missing:
-            raise DataError([_not_trained(spec, missing, n)])
+            raise DataError([not_trained(spec, missing, n)])
         picked = [where[(0, k)] for k in numbers]
     else:
         picked = sorted(range(n), key=lambda i: origins[i])[: max(first, 0)]
@@ -52,7 +53,7 @@ def training_views(
     return ViewedRows(token_views(spec, rows, tokenizer), [origins[i] for i in picked], n, tokenizer, rows)
 
 
-def _not_trained(spec: JobSpec, missing: Sequence[int], total: int) -> Problem:
+def not_trained(spec: JobSpec, missing: Sequence[int], total: int) -> Problem:
     from jobs.data.row_numbers import rows_text
 
     first = spec.dataset_sources[0].ref if spec.dataset_sources else spec.dataset
