@@ -117,3 +117,29 @@ def test_an_imatrix_q4_k_m_is_calibrated_on_the_training_rows_and_checked(store,
     assert "importance matrix of the run's 16 training rows" in (result.path.parent / "README.md").read_text()
     assert [Path(a.path).name for a in store.artifacts(run_id) if a.kind == "gguf"] == [result.path.name]
     assert not [p.name for p in result.path.parent.iterdir() if p.name.startswith((".", "imatrix-"))]
+
+
+def test_a_tool_still_running_when_the_export_stops_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or any exception) while llama-imatrix runs ends it too; a cancelled task's SIGTERM reaches it
+    anyway, in the task's process group."""
+    import subprocess
+
+    from jobs.export import imatrix
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-imatrix").write_text("#!/bin/sh\nexec sleep 600\n")
+    (tmp_path / "bin" / "llama-imatrix").chmod(stat.S_IRWXU)
+    monkeypatch.setenv(CONVERTER_ENV, str(tmp_path))
+    children: list[subprocess.Popen[bytes]] = []
+    real_wait = subprocess.Popen.wait
+
+    def interrupted(self: subprocess.Popen[bytes], timeout: float | None = None) -> int:
+        children.append(self)
+        if len(children) == 1:
+            raise KeyboardInterrupt  # while the tool runs
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        imatrix._run(["llama-imatrix", "-m", "model.gguf"])
+    assert children[0].returncode is not None and children[0].returncode < 0  # killed by a signal, and reaped

@@ -254,7 +254,7 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
         return progress_text(tasks), [t.id for t in tasks], gr.Timer(active=True)
 
     def started(
-        current: list[int], rid: Any, merged: bool, dtype: str, gguf: list[str], imatrix: bool
+        current: list[int], rid: Any, merged: bool, dtype: str, gguf: list[str], imatrix: bool = False
     ) -> tuple[Any, ...]:
         return followed(current, *request(store, policy, rid, merged, dtype, gguf, imatrix))
 

@@ -183,12 +183,7 @@ def export_gguf(
 ) -> GgufExport:
     """Write run `run_id` as a `gguf_type` GGUF file, check its round trip, record it; with `imatrix` (always for an
     IQ type) quantized with an importance matrix of `calibration` (a text file; default: the run's training rows)."""
-    if gguf_type not in EXPORT_TYPES:
-        raise _refuse(f"GGUF type {gguf_type!r} is not one of {', '.join(EXPORT_TYPES)}", "pick one of them", "gguf")
-    if problem := llama_cpp_problem(gguf_type):
-        raise _refuse(problem, LLAMA_CPP_FIX, "gguf")
-    if refused := request_problems([gguf_type], imatrix, calibration):
-        raise ExportError([Problem(*p) for p in refused])
+    _refuse_type(gguf_type, imatrix, calibration)
     weighted = uses_imatrix(gguf_type, imatrix)
     spec = finished_spec(store, run_id)
     if vision := gguf_problems(store, run_id, [gguf_type]):  # a vision-language model: llama.cpp's --mmproj
@@ -250,20 +245,7 @@ def export_gguf(
     )
     if not check.passed:
         partial.unlink(missing_ok=True)
-        what = (
-            f"tokenizer differs on {check.tokenizer_mismatches}"
-            if check.tokenizer_mismatches
-            else "chat template differs"
-            if not check.chat_template_equal
-            else f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
-            f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}"
-        )
-        raise _refuse(
-            f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
-            f"({check.rule} not met: {what}); the file was deleted",
-            "use the merged safetensors export, or try --gguf f16 (no quantization)",
-            "gguf",
-        )
+        raise _not_agreeing(check, gguf_type)
     check.imatrix = weights
     os.replace(partial, final)
     (folder / f"{stem}.check.json").write_text(json.dumps(asdict(check), indent=2, ensure_ascii=False))
@@ -273,6 +255,34 @@ def export_gguf(
     (folder / "README.md").write_text(gguf_card(spec, run_id, folder))
     log.info("export run %s: wrote %s (%s)", run_id, final, digest)
     return GgufExport(final, digest, gguf_type, source, check)
+
+
+def _refuse_type(gguf_type: str, imatrix: bool, calibration: str | None) -> None:
+    """Refuse, before anything loads, a type that is unknown or cannot be made here."""
+    if gguf_type not in EXPORT_TYPES:
+        raise _refuse(f"GGUF type {gguf_type!r} is not one of {', '.join(EXPORT_TYPES)}", "pick one of them", "gguf")
+    if problem := llama_cpp_problem(gguf_type):
+        raise _refuse(problem, LLAMA_CPP_FIX, "gguf")
+    if refused := request_problems([gguf_type], imatrix, calibration):
+        raise ExportError([Problem(*p) for p in refused])
+
+
+def _not_agreeing(check: GgufCheck, gguf_type: str) -> ExportError:
+    """The refusal of a file whose check failed, with the measured figures."""
+    what = (
+        f"tokenizer differs on {check.tokenizer_mismatches}"
+        if check.tokenizer_mismatches
+        else "chat template differs"
+        if not check.chat_template_equal
+        else f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
+        f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}"
+    )
+    return _refuse(
+        f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
+        f"({check.rule} not met: {what}); the file was deleted",
+        "use the merged safetensors export, or try --gguf f16 (no quantization)",
+        "gguf",
+    )
 
 
 def write_file(
