@@ -241,13 +241,11 @@ def _result_tools(server: Any, api: Any, store: Store) -> None:
         dtype: str = "bf16",
         gguf: list[str] | None = None,
         imatrix: bool = False,
-        calibration: str | None = None,
     ) -> list[TaskData]:
         """Ask a worker to export a succeeded run: the adapter merged into its base (dtype bf16, fp16 or fp32)
         and/or GGUF files (gguf: e.g. ["f16", "q4_k_m"]), each checked; imatrix: the quantized types made with an
-        importance matrix of calibration (a text file on the worker's machine; default: the run's training rows).
-        Returns the tasks; follow them with `tasks`."""
-        return _answered(lambda: export_tasks(store, run_id, merged, dtype, gguf or [], imatrix, calibration))
+        importance matrix of the run's training rows. Returns the tasks; follow them with `tasks`."""
+        return _answered(lambda: export_tasks(store, run_id, merged, dtype, gguf or [], imatrix))
 
     @server.tool()
     def tasks(task_ids: list[int]) -> list[TaskData]:
@@ -272,9 +270,10 @@ def export_tasks(
     dtype: str,
     gguf: list[str],
     imatrix: bool = False,
-    calibration: str | None = None,
 ) -> list[TaskData]:
-    """The export tasks of one request, refused as the Export tab refuses it (nothing queued on a problem)."""
+    """The export tasks of one request, refused as the Export tab refuses it (nothing queued on a problem); an
+    importance matrix calibrates on the run's own rows: a file of the worker's machine is named only by its
+    command line (`tunedeck export --calibration`), never by a remote agent."""
     from jobs.export.merged import finished_spec
     from jobs.queue.commands import existing_run
     from jobs.worker.tasks import reach_problem, request_export
@@ -284,7 +283,7 @@ def export_tasks(
     problem = reach_problem(store, run)
     if problem is not None:
         raise ProblemError([problem])
-    ids = request_export(store, run.id, merged, dtype, gguf, imatrix, calibration)
+    ids = request_export(store, run.id, merged, dtype, gguf, imatrix)
     return [task_data(t) for t in store.tasks_of(ids)]
 
 

@@ -143,3 +143,14 @@ def test_a_tool_still_running_when_the_export_stops_is_killed(tmp_path: Path, mo
     with pytest.raises(KeyboardInterrupt):
         imatrix._run(["llama-imatrix", "-m", "model.gguf"])
     assert children[0].returncode is not None and children[0].returncode < 0  # killed by a signal, and reaped
+
+
+def test_remote_agents_ask_for_an_importance_matrix_but_never_name_a_file_of_the_worker() -> None:
+    """The MCP tool (and the dashboard's checkbox) calibrate on the run's own rows; a calibration file is a path on
+    the worker's machine, named only on its command line."""
+    import inspect
+
+    from app.mcp_tools import export_tasks
+
+    params = inspect.signature(export_tasks).parameters
+    assert "imatrix" in params and "calibration" not in params
