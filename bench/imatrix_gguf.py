@@ -60,7 +60,7 @@ def main() -> int:
     questions = [json.loads(line)["question"] for line in QUESTIONS.read_text().splitlines() if line.strip()]
     prompts = [encode(tokenizer, q)["input_ids"][0].tolist() for q in [*questions, *CHECK_PROMPTS]]
     print(f"model {source.name}; calibration: {calibration.source}; {len(prompts)} held-out prompts")
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         f16 = Path(tmp, "bench-f16.gguf")
         write_file(source, f16, "f16", "bench")
         reference = llama_read_back(f16, tokenizer, [], prompts, [[] for _ in prompts], args.new_tokens).answers or []
