@@ -12,8 +12,9 @@
 #   ./dev.sh check          ruff (lint and format) and mypy only
 #   ./dev.sh venv           only create/update the virtual environment
 #   ./dev.sh gguf           also build llama.cpp's Python binding (llama-cpp-python, from source: minutes)
-#                           for the K-quant GGUF exports and llama.cpp's read-back check, and keep llama.cpp's
-#                           converter from the same source in the venv (share/tunedeck/llama.cpp; `test` does it too)
+#                           for the K-quant GGUF exports and llama.cpp's read-back check, keep llama.cpp's
+#                           converter from the same source in the venv (share/tunedeck/llama.cpp) and build its
+#                           llama-imatrix and llama-quantize there (bin/: importance-matrix quants; `test` does it too)
 #
 # Plain `.venv/bin/python -m pytest` runs the fast tier only (see pyproject.toml).
 #
@@ -122,14 +123,54 @@ LLAMA_CPP_CONVERTER="share/tunedeck/llama.cpp"
 # Its Python dependencies beyond tunedeck's own (torch, numpy, transformers, gguf): the `gguf` extra lists them too.
 LLAMA_CPP_CONVERTER_REQS=("sentencepiece>=0.1.98,<0.3.0")
 
+# llama.cpp's llama-imatrix and llama-quantize (jobs.export.imatrix: importance-matrix quants), built from the same
+# sdist's llama.cpp: CPU only, those two targets and what they link (statically), no curl/openssl/server/tests/examples,
+# -O1 like the binding, on every core; kept in the converter's bin/ and rebuilt only when the pinned version changes.
+LLAMA_CPP_TOOLS=(llama-imatrix llama-quantize)
+LLAMA_CPP_TOOLS_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_OPENMP=OFF -DLLAMA_OPENSSL=OFF
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON
+    "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG" "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
+
+llama_tools_ready() {
+    local bin="$1" want="$2" tool
+    [[ -f "$bin/.version" && "$(cat "$bin/.version")" == "$want" ]] || return 1
+    for tool in "${LLAMA_CPP_TOOLS[@]}"; do [[ -x "$bin/$tool" ]] || return 1; done
+}
+
+build_llama_tools() {
+    local sdist="$1" want="$2" bin="$3" work start
+    if ! command -v cmake >/dev/null 2>&1; then
+        log "cmake not found: llama-imatrix and llama-quantize not built (importance-matrix GGUF quants are refused)"
+        return 0
+    fi
+    work="$(mktemp -d)"
+    start=$SECONDS
+    log "building llama.cpp's ${LLAMA_CPP_TOOLS[*]} (CPU, on $(nproc) cores: minutes)"
+    tar -xzf "$sdist" -C "$work" --strip-components=2 "llama_cpp_python-$want/vendor/llama.cpp"
+    cmake -S "$work/llama.cpp" -B "$work/build" "${LLAMA_CPP_TOOLS_CMAKE_ARGS[@]}" >"$work/cmake.log" 2>&1 \
+        || { tail -20 "$work/cmake.log" >&2; rm -rf "$work"; return 1; }
+    cmake --build "$work/build" --target "${LLAMA_CPP_TOOLS[@]}" -j"$(nproc)" >"$work/build.log" 2>&1 \
+        || { tail -20 "$work/build.log" >&2; rm -rf "$work"; return 1; }
+    rm -rf "$bin" && mkdir -p "$bin"
+    local tool
+    for tool in "${LLAMA_CPP_TOOLS[@]}"; do cp "$work/build/bin/$tool" "$bin/"; done
+    echo "$want" > "$bin/.version"
+    rm -rf "$work"
+    log "llama.cpp's ${LLAMA_CPP_TOOLS[*]} in $bin ($((SECONDS - start)) s)"
+}
+
 ensure_llama_cpp() {
-    local want="${LLAMA_CPP_REQ#*==}" dest="$VENV/$LLAMA_CPP_CONVERTER" have_binding=0
+    local want="${LLAMA_CPP_REQ#*==}" dest="$VENV/$LLAMA_CPP_CONVERTER" have_binding=0 have_converter=0
     if "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != sys.argv[1])' \
         "$want" 2>/dev/null; then
         have_binding=1
     fi
-    if ((have_binding)) && [[ -f "$dest/.version" && "$(cat "$dest/.version")" == "$want" ]] \
+    if [[ -f "$dest/.version" && "$(cat "$dest/.version")" == "$want" ]] \
         && "$VENV/bin/python" -c 'import sentencepiece' 2>/dev/null; then
+        have_converter=1
+    fi
+    if ((have_binding && have_converter)) && llama_tools_ready "$dest/bin" "$want"; then
         return 0
     fi
     local sdist_dir
@@ -145,8 +186,15 @@ ensure_llama_cpp() {
         CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" \
             "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-cache-dir "$sdist"
     fi
+    if ! llama_tools_ready "$dest/bin" "$want"; then
+        build_llama_tools "$sdist" "$want" "$dest/bin"
+    fi
+    if ((have_converter)); then
+        rm -rf "$sdist_dir"
+        return 0
+    fi
     local top="llama_cpp_python-$want/vendor/llama.cpp"
-    rm -rf "$dest" && mkdir -p "$dest"
+    mkdir -p "$dest" && find "$dest" -mindepth 1 -maxdepth 1 ! -name bin -exec rm -rf {} +
     tar -xzf "$sdist" -C "$dest" --strip-components=3 "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py" \
         "$top/LICENSE" "$top/requirements/requirements-convert_hf_to_gguf.txt" \
         "$top/requirements/requirements-convert_legacy_llama.txt"

@@ -235,10 +235,17 @@ def _result_tools(server: Any, api: Any, store: Store) -> None:
             raise refused(exc.problems) from None
 
     @server.tool()
-    def export(run_id: int, merged: bool = True, dtype: str = "bf16", gguf: list[str] | None = None) -> list[TaskData]:
+    def export(
+        run_id: int,
+        merged: bool = True,
+        dtype: str = "bf16",
+        gguf: list[str] | None = None,
+        imatrix: bool = False,
+    ) -> list[TaskData]:
         """Ask a worker to export a succeeded run: the adapter merged into its base (dtype bf16, fp16 or fp32)
-        and/or GGUF files (gguf: e.g. ["f16", "q4_k_m"]), each checked. Returns the tasks; follow them with `tasks`."""
-        return _answered(lambda: export_tasks(store, run_id, merged, dtype, gguf or []))
+        and/or GGUF files (gguf: e.g. ["f16", "q4_k_m"]), each checked; imatrix: the quantized types made with an
+        importance matrix of the run's training rows. Returns the tasks; follow them with `tasks`."""
+        return _answered(lambda: export_tasks(store, run_id, merged, dtype, gguf or [], imatrix))
 
     @server.tool()
     def tasks(task_ids: list[int]) -> list[TaskData]:
@@ -256,8 +263,17 @@ def _result_tools(server: Any, api: Any, store: Store) -> None:
         return _answered(lambda: log_text(store, int(run_id), 200))
 
 
-def export_tasks(store: Store, run_id: int, merged: bool, dtype: str, gguf: list[str]) -> list[TaskData]:
-    """The export tasks of one request, refused as the Export tab refuses it (nothing queued on a problem)."""
+def export_tasks(
+    store: Store,
+    run_id: int,
+    merged: bool,
+    dtype: str,
+    gguf: list[str],
+    imatrix: bool = False,
+) -> list[TaskData]:
+    """The export tasks of one request, refused as the Export tab refuses it (nothing queued on a problem); an
+    importance matrix calibrates on the run's own rows: a file of the worker's machine is named only by its
+    command line (`tunedeck export --calibration`), never by a remote agent."""
     from jobs.export.merged import finished_spec
     from jobs.queue.run_actions import existing_run
     from jobs.worker.tasks import reach_problem, request_export
@@ -267,7 +283,7 @@ def export_tasks(store: Store, run_id: int, merged: bool, dtype: str, gguf: list
     problem = reach_problem(store, run)
     if problem is not None:
         raise ProblemError([problem])
-    ids = request_export(store, run.id, merged, dtype, gguf)
+    ids = request_export(store, run.id, merged, dtype, gguf, imatrix)
     return [task_data(t) for t in store.tasks_of(ids)]
 
 

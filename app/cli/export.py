@@ -50,13 +50,15 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
         from jobs.export.gguf import export_gguf
 
         for gguf_type in dict.fromkeys(args.gguf):
-            gguf = export_gguf(store, args.run_id, gguf_type)
+            gguf = export_gguf(store, args.run_id, gguf_type, args.imatrix, args.calibration)
             print(f"run {args.run_id}: {gguf_type} GGUF from {gguf.source}")
             print(
                 f"check ({gguf.check.rule}): passed; answer token agreement {gguf.check.token_agreement:.1%}, "
                 f"next-token agreement {gguf.check.forced_agreement:.1%}, "
                 f"largest logit difference {gguf.check.max_logit_diff:.3g}"
             )
+            if gguf.check.imatrix:
+                print(f"importance matrix: {gguf.check.imatrix}")
             print(f"download: {gguf.path}  sha256 {gguf.sha256}")
     return EXIT_OK
 
@@ -69,7 +71,9 @@ def export_on_worker(store: Store, args: argparse.Namespace) -> int:
 
     finished_spec(store, args.run_id)  # a run that cannot be exported is refused here, not on the worker
     check_reachable(store, args.run_id)
-    ids = request_export(store, args.run_id, bool(args.merged), args.dtype, args.gguf or [])
+    ids = request_export(
+        store, args.run_id, bool(args.merged), args.dtype, args.gguf or [], args.imatrix, args.calibration
+    )
     print(f"run {args.run_id}: asked a worker for task(s) {', '.join(map(str, ids))}; following")
     return follow(store, ids)
 

@@ -314,9 +314,16 @@ def _add_run_parsers(sub: argparse._SubParsersAction) -> None:
         choices=EXPORT_TYPES,
         metavar="TYPE",
         help="also (or only) write GGUF files for llama.cpp/Ollama: f16, q8_0 (tunedeck's writer), q4_k_m, "
-        "q5_k_m, q6_k (llama.cpp's quantizer: needs llama-cpp-python); each is loaded back and checked against "
-        "the merged model",
+        "q5_k_m, q6_k (llama.cpp's quantizer: needs llama-cpp-python), iq4_xs (with an importance matrix); each is "
+        "loaded back and checked against the merged model",
     )
+    s.add_argument(
+        "--imatrix",
+        action="store_true",
+        help="quantize the K-quant types with an importance matrix (llama.cpp's llama-imatrix over calibration "
+        "text: the run's training rows, or --calibration; built by `./dev.sh gguf`)",
+    )
+    s.add_argument("--calibration", metavar="FILE", help="the importance matrix's calibration text (UTF-8)")
     from app.cli.tasks import add_flag as add_on_worker_flag
 
     add_on_worker_flag(s)

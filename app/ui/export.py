@@ -60,6 +60,7 @@ class ExportPanel:
     merged: gr.Checkbox
     dtype: gr.Radio
     gguf: gr.CheckboxGroup
+    imatrix: gr.Checkbox
     start: gr.Button
     stop: gr.Button
     log: gr.Textbox
@@ -85,6 +86,11 @@ def build() -> ExportPanel:
             merged = gr.Checkbox(label="Merged model (--merged)", value=True, elem_id="export-merged")
             dtype = gr.Radio(list(DTYPES), value="bf16", label="Merged dtype (--dtype)", elem_id="export-dtype")
             gguf = gr.CheckboxGroup(list(GGUF_TYPES), value=[], label="GGUF (--gguf)", elem_id="export-gguf")
+            imatrix = gr.Checkbox(
+                label="K-quants with an importance matrix of the training rows (--imatrix)",
+                value=False,
+                elem_id="export-imatrix",
+            )
             start = gr.Button("Export", variant="primary", scale=0, elem_id="export-start")
             stop = gr.Button("Stop", variant="stop", scale=0, elem_id="export-stop")
         with gr.Row():
@@ -105,7 +111,7 @@ def build() -> ExportPanel:
         )
         tasks = gr.State([])
         timer = gr.Timer(TICK_S, active=False)
-    return ExportPanel(merged, dtype, gguf, start, stop, log, files, repo, what, private, push, tasks, timer)
+    return ExportPanel(merged, dtype, gguf, imatrix, start, stop, log, files, repo, what, private, push, tasks, timer)
 
 
 def export_files(store: Store, run_id: int) -> list[str]:
@@ -148,13 +154,19 @@ def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: Ac
 
 
 def request(
-    store: Store, policy: AccessPolicy | None, run_id: Any, merged: bool, dtype: str, gguf: list[str]
+    store: Store,
+    policy: AccessPolicy | None,
+    run_id: Any,
+    merged: bool,
+    dtype: str,
+    gguf: list[str],
+    imatrix: bool = False,
 ) -> tuple[str, list[int]]:
     """Queue the export's tasks for a worker: (what the log shows now, their ids); ([]: refused, and why)."""
     refused = refusal(store, run_id, merged, gguf or [], policy)
     if refused:
         return refused, []
-    ids = request_export(store, int(run_id), merged, dtype, gguf or [])
+    ids = request_export(store, int(run_id), merged, dtype, gguf or [], bool(imatrix))
     return progress_text(store.tasks_of(ids)), ids
 
 
@@ -241,8 +253,10 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
         tasks = [t for t in store.tasks_of([*current, *ids]) if t.id in new or not t.status.finished]
         return progress_text(tasks), [t.id for t in tasks], gr.Timer(active=True)
 
-    def started(current: list[int], rid: Any, merged: bool, dtype: str, gguf: list[str]) -> tuple[Any, ...]:
-        return followed(current, *request(store, policy, rid, merged, dtype, gguf))
+    def started(
+        current: list[int], rid: Any, merged: bool, dtype: str, gguf: list[str], imatrix: bool = False
+    ) -> tuple[Any, ...]:
+        return followed(current, *request(store, policy, rid, merged, dtype, gguf, imatrix))
 
     def pushed(current: list[int], rid: Any, repo: str, what: str, private: bool) -> tuple[Any, ...]:
         return followed(current, *request_push_of(store, rid, repo, what, private))
@@ -268,7 +282,8 @@ def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPoli
     }
     run_id.change(opened, run_id, [panel.files, panel.tasks, panel.log, panel.timer], **quiet)
     following = [panel.log, panel.tasks, panel.timer]
-    panel.start.click(started, [panel.tasks, run_id, panel.merged, panel.dtype, panel.gguf], following, **quiet)
+    chosen = [panel.tasks, run_id, panel.merged, panel.dtype, panel.gguf, panel.imatrix]
+    panel.start.click(started, chosen, following, **quiet)
     panel.push.click(pushed, [panel.tasks, run_id, panel.repo, panel.what, panel.private], following, **quiet)
     panel.timer.tick(ticked, [panel.tasks, panel.log], [panel.log, panel.timer, panel.files], **quiet)
     panel.stop.click(stopped, panel.tasks, None, **quiet)

@@ -41,10 +41,11 @@ from jobs.export.gguf_checks import (
 )
 from jobs.export.gguf_route import Route, gguf_route, run_config
 from jobs.export.gguf_writer import GgufUnsupported, write_gguf
+from jobs.export.imatrix import TOOLS_FIX, ImatrixFailed, ImatrixPlan, imatrix_plan, request_problems, uses_imatrix
 from jobs.export.llamacpp import (
     EXPORT_TYPES,
-    K_QUANTS,
     LLAMA_CPP_FIX,
+    QUANTS,
     llama_cpp_installed,
     llama_cpp_problem,
     llama_read_back,
@@ -130,7 +131,7 @@ def check_round_trip(source: Path, gguf_path: Path, gguf_type: str) -> GgufCheck
     diff = max(float((x - y).abs().max()) for x, y in zip(logits_a, logits_b))
     texts_a = [str(tokenizer.decode(a, skip_special_tokens=True)).strip() for a in ids_a]
     texts_b = [str(gguf_tokenizer.decode(b, skip_special_tokens=True)).strip() for b in ids_b]
-    least = K_FORCED_AGREEMENT if gguf_type in K_QUANTS else Q8_0_FORCED_AGREEMENT
+    least = K_FORCED_AGREEMENT if gguf_type in QUANTS else Q8_0_FORCED_AGREEMENT
     if gguf_type == "f16":
         rule, answers_ok = "greedy answers equal", ids_a == ids_b
     else:
@@ -177,12 +178,13 @@ def forced_agreement(model: Any, tokenizer: Any, answers: list[list[int]]) -> fl
     return agree / total if total else 1.0
 
 
-def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> GgufExport:
-    """Write run `run_id` as a `gguf_type` GGUF file, check its round trip, record it."""
-    if gguf_type not in EXPORT_TYPES:
-        raise _refuse(f"GGUF type {gguf_type!r} is not one of {', '.join(EXPORT_TYPES)}", "pick one of them", "gguf")
-    if problem := llama_cpp_problem(gguf_type):
-        raise _refuse(problem, LLAMA_CPP_FIX, "gguf")
+def export_gguf(
+    store: RunArtifacts, run_id: int, gguf_type: str = "f16", imatrix: bool = False, calibration: str | None = None
+) -> GgufExport:
+    """Write run `run_id` as a `gguf_type` GGUF file, check its round trip, record it; with `imatrix` (always for an
+    IQ type) quantized with an importance matrix of `calibration` (a text file; default: the run's training rows)."""
+    _refuse_type(gguf_type, imatrix, calibration)
+    weighted = uses_imatrix(gguf_type, imatrix)
     spec = finished_spec(store, run_id)
     if vision := gguf_problems(store, run_id, [gguf_type]):  # a vision-language model: llama.cpp's --mmproj
         raise ExportError(vision)
@@ -194,13 +196,17 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     except GgufUnsupported as exc:
         problem, _, fix = str(exc).partition("; ")
         raise ExportError([Problem("model", problem, fix)]) from exc
+    try:
+        plan = imatrix_plan(spec, source, calibration) if weighted else None
+    except ValueError as exc:
+        raise _refuse(str(exc), "give a calibration file (`--calibration FILE`)", "calibration") from exc
     folder = store.run_dir(run_id) / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{safe_name(spec.display_name)}-{gguf_type}"
+    stem = f"{safe_name(spec.display_name)}-{gguf_type}{'-imatrix' * weighted}"
     final, partial = folder / f"{stem}.gguf", folder / f".{stem}.partial.gguf"
     log.info("export run %s: writing %s GGUF from %s", run_id, gguf_type, source)
     try:
-        write_file(source, partial, gguf_type, spec.display_name, route)
+        weights = write_file(source, partial, gguf_type, spec.display_name, route, plan)
         log.info(
             "export run %s: loading the GGUF back with %s and answering %d check prompts",
             run_id,
@@ -219,6 +225,11 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
             "export the merged safetensors (`--merged`) instead",
             "gguf",
         ) from exc
+    except ImatrixFailed as exc:
+        partial.unlink(missing_ok=True)
+        raise _refuse(
+            f"the importance-matrix quant failed: {exc}", f"export {gguf_type} without it, or {TOOLS_FIX}", "imatrix"
+        ) from exc
     except BaseException:  # cleanup only, and re-raised: no half-written file is left, whatever stopped it (Ctrl-C too)
         partial.unlink(missing_ok=True)
         raise
@@ -234,20 +245,8 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     )
     if not check.passed:
         partial.unlink(missing_ok=True)
-        what = (
-            f"tokenizer differs on {check.tokenizer_mismatches}"
-            if check.tokenizer_mismatches
-            else "chat template differs"
-            if not check.chat_template_equal
-            else f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
-            f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}"
-        )
-        raise _refuse(
-            f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
-            f"({check.rule} not met: {what}); the file was deleted",
-            "use the merged safetensors export, or try --gguf f16 (no quantization)",
-            "gguf",
-        )
+        raise _not_agreeing(check, gguf_type)
+    check.imatrix = weights
     os.replace(partial, final)
     (folder / f"{stem}.check.json").write_text(json.dumps(asdict(check), indent=2, ensure_ascii=False))
     write_modelfile(source, folder / f"{stem}.Modelfile", final.name)
@@ -258,9 +257,39 @@ def export_gguf(store: RunArtifacts, run_id: int, gguf_type: str = "f16") -> Ggu
     return GgufExport(final, digest, gguf_type, source, check)
 
 
-def write_file(source: Path, dest: Path, gguf_type: str, name: str, route: Route | None = None) -> None:
+def _refuse_type(gguf_type: str, imatrix: bool, calibration: str | None) -> None:
+    """Refuse, before anything loads, a type that is unknown or cannot be made here."""
+    if gguf_type not in EXPORT_TYPES:
+        raise _refuse(f"GGUF type {gguf_type!r} is not one of {', '.join(EXPORT_TYPES)}", "pick one of them", "gguf")
+    if problem := llama_cpp_problem(gguf_type):
+        raise _refuse(problem, LLAMA_CPP_FIX, "gguf")
+    if refused := request_problems([gguf_type], imatrix, calibration):
+        raise ExportError([Problem(*p) for p in refused])
+
+
+def _not_agreeing(check: GgufCheck, gguf_type: str) -> ExportError:
+    """The refusal of a file whose check failed, with the measured figures."""
+    what = (
+        f"tokenizer differs on {check.tokenizer_mismatches}"
+        if check.tokenizer_mismatches
+        else "chat template differs"
+        if not check.chat_template_equal
+        else f"next-token agreement {check.forced_agreement:.1%}, answer token agreement "
+        f"{check.token_agreement:.1%}, largest logit difference {check.max_logit_diff:.3g}"
+    )
+    return _refuse(
+        f"the {gguf_type} GGUF loaded back does not answer like the model it was written from "
+        f"({check.rule} not met: {what}); the file was deleted",
+        "use the merged safetensors export, or try --gguf f16 (no quantization)",
+        "gguf",
+    )
+
+
+def write_file(
+    source: Path, dest: Path, gguf_type: str, name: str, route: Route | None = None, imatrix: ImatrixPlan | None = None
+) -> dict[str, Any] | None:
     """f16 and q8_0 by tunedeck's writer or llama.cpp's converter (`route`); for a K-quant, the f16 file quantized
-    by llama.cpp (then deleted)."""
+    by llama.cpp (then deleted), weighted by an importance matrix with `imatrix` (what it was made of: returned)."""
     route = route or Route("writer", None)
 
     def write(dest: Path, gguf_type: str) -> None:
@@ -269,14 +298,17 @@ def write_file(source: Path, dest: Path, gguf_type: str, name: str, route: Route
         else:
             convert(source, dest, gguf_type, route.pre_tokenizer, name=name)
 
-    if gguf_type not in K_QUANTS:
+    if gguf_type not in QUANTS:
         write(dest, gguf_type)
-        return
+        return None
     f16 = dest.with_name(dest.name + ".f16")
     try:
         write(f16, "f16")
+        if imatrix is not None:
+            return imatrix.write_with(f16, dest, gguf_type)
         log.info("quantizing to %s with llama.cpp", gguf_type)
         quantize(f16, dest, gguf_type)
+        return None
     finally:
         f16.unlink(missing_ok=True)
 
@@ -352,6 +384,11 @@ def _llama_line(check: dict[str, Any]) -> str:
     """The card's words on the file's tensor types and on llama.cpp's own reading of it."""
     types = ", ".join(f"{n} {t}" for t, n in check.get("tensor_types", {}).items())
     line = f" Tensors: {types}." if types else ""
+    if weights := check.get("imatrix"):
+        line += (
+            f" Quantized with an importance matrix of {weights['calibration']} ({weights['chunks']} chunks of "
+            f"{weights['context']} tokens, llama.cpp's llama-imatrix)."
+        )
     llama = check.get("llama_cpp")
     if llama is None:
         return line + " llama.cpp itself was not run on it (llama-cpp-python is not installed where it was made)."

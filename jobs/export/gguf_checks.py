@@ -48,6 +48,7 @@ class GgufCheck:
     passed: bool
     tensor_types: dict[str, int]  # storage type -> tensors of the file (llama.cpp falls back on short rows)
     llama_cpp: dict[str, Any] | None = None  # the file read back by llama.cpp itself (None: not installed here)
+    imatrix: dict[str, Any] | None = None  # what its importance matrix was made of (`jobs.export.imatrix`), if any
 
 
 def gguf_metadata(path: Path) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def check_with_llama_cpp(source: Path, gguf_path: Path, gguf_type: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from jobs.export.llamacpp import K_QUANTS, llama_read_back, tensor_types
+    from jobs.export.llamacpp import QUANTS, llama_read_back, tensor_types
     from jobs.export.merged import CHECK_NEW_TOKENS, CHECK_PROMPTS, token_agreement
     from jobs.train.before_after import encode, greedy
 
@@ -98,7 +99,7 @@ def check_with_llama_cpp(source: Path, gguf_path: Path, gguf_type: str) -> Any:
         )
     least = (
         K_FORCED_AGREEMENT
-        if gguf_type in K_QUANTS
+        if gguf_type in QUANTS
         else {"f16": F16_FORCED_AGREEMENT}.get(gguf_type, Q8_0_FORCED_AGREEMENT)
     )
     rule = (

@@ -26,7 +26,9 @@ from typing import Any
 
 # tunedeck's name -> llama.cpp's file type (LLAMA_FTYPE_MOSTLY_<name>)
 K_QUANTS = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}
-EXPORT_TYPES = ("f16", "q8_0", *K_QUANTS)  # what `--gguf` takes: tunedeck's own writer's two, then llama.cpp's
+IQ_QUANTS = {"iq4_xs": "IQ4_XS"}  # always made with an importance matrix (`jobs.export.imatrix`)
+QUANTS = {**K_QUANTS, **IQ_QUANTS}  # every type llama.cpp's quantizer makes from an f16 file
+EXPORT_TYPES = ("f16", "q8_0", *QUANTS)  # what `--gguf` takes: tunedeck's own writer's two, then llama.cpp's
 LLAMA_CPP_FIX = (
     "install llama.cpp's Python binding where the worker runs: `./dev.sh gguf` builds llama-cpp-python from "
     "source (no GPU needed; minutes), or pick f16 or q8_0, which need no llama.cpp"
@@ -39,7 +41,7 @@ def llama_cpp_installed() -> bool:
 
 def llama_cpp_problem(gguf_type: str) -> str | None:
     """Why `gguf_type` cannot be written here (None: it can)."""
-    if gguf_type in K_QUANTS and not llama_cpp_installed():
+    if gguf_type in QUANTS and not llama_cpp_installed():
         return f"GGUF {gguf_type} is made by llama.cpp's quantizer, and llama-cpp-python is not installed here"
     return None
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from jobs.errors import Problem
 from jobs.export.gguf_route import family_problems
+from jobs.export.imatrix import request_problems, uses_imatrix
 from jobs.export.llamacpp import EXPORT_TYPES, LLAMA_CPP_FIX, llama_cpp_problem
 from jobs.export.merged import DTYPES, ExportError
 from jobs.export.vision import gguf_problems
@@ -56,7 +57,10 @@ def cli_args(task: TaskRecord) -> list[str]:
     if kind is TaskKind.MERGED:
         return ["export", rid, "--merged", "--dtype", str(a["dtype"])]
     if kind is TaskKind.GGUF:
-        return ["export", rid, "--gguf", str(a["gguf_type"])]
+        weighted = ["--imatrix"] if a.get("imatrix") else []
+        return ["export", rid, "--gguf", str(a["gguf_type"]), *weighted] + (
+            ["--calibration", str(a["calibration"])] if a.get("calibration") else []
+        )
     if kind is TaskKind.EVALUATE:
         return ["evaluate", rid, "--tasks", str(a["tasks"])] + (["--judge", str(a["judge"])] if a.get("judge") else [])
     if kind is TaskKind.JUDGE:
@@ -71,7 +75,7 @@ def describe(task: TaskRecord) -> str:
     if kind is TaskKind.MERGED:
         return f"merged {task.args.get('dtype')}"
     if kind is TaskKind.GGUF:
-        return f"GGUF {task.args.get('gguf_type')}"
+        return f"GGUF {task.args.get('gguf_type')}" + (" (importance matrix)" if task.args.get("imatrix") else "")
     if kind is TaskKind.EVALUATE:
         judged = f", judged by {task.args['judge']}" if task.args.get("judge") else ""
         return f"benchmarks {task.args.get('tasks')}{judged}"
@@ -82,8 +86,18 @@ def describe(task: TaskRecord) -> str:
     return f"push {task.args.get('what', 'bundle')} to {task.args.get('repo')}"
 
 
-def request_export(store: Store, run_id: int, merged: bool, dtype: str, gguf: Sequence[str]) -> list[int]:
-    """Queue the export tasks of one request: the merged model first, then each GGUF type (in GGUF_TYPES order)."""
+def request_export(
+    store: Store,
+    run_id: int,
+    merged: bool,
+    dtype: str,
+    gguf: Sequence[str],
+    imatrix: bool = False,
+    calibration: str | None = None,
+) -> list[int]:
+    """Queue the export tasks of one request: the merged model first, then each GGUF type (in GGUF_TYPES order);
+    `imatrix`: its quantized types made with an importance matrix of `calibration` (a text file on the worker's
+    machine; default: the run's training rows)."""
     problems = []
     if merged and dtype not in DTYPES:
         problems.append(Problem("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}", "pick bf16, fp16 or fp32"))
@@ -91,6 +105,7 @@ def request_export(store: Store, run_id: int, merged: bool, dtype: str, gguf: Se
     if unknown:
         problems.append(Problem("gguf", f"{', '.join(unknown)} not one of {', '.join(GGUF_TYPES)}", "pick one of them"))
     problems += [Problem("gguf", problem, LLAMA_CPP_FIX) for t in gguf if (problem := llama_cpp_problem(t))]
+    problems += [Problem(*p) for p in request_problems(list(gguf), imatrix, calibration)]
     problems += gguf_problems(store, run_id, gguf)  # a vision-language run: refused with llama.cpp's way out
     if gguf and not problems:
         problems += family_problems(store, run_id)  # a family neither GGUF writer knows, named
@@ -99,8 +114,26 @@ def request_export(store: Store, run_id: int, merged: bool, dtype: str, gguf: Se
     if problems:
         raise ExportError(problems)
     ids = [store.create_task(run_id, TaskKind.MERGED.value, {"dtype": dtype})] if merged else []
-    ids += [store.create_task(run_id, TaskKind.GGUF.value, {"gguf_type": t}) for t in GGUF_TYPES if t in gguf]
+    ids += [
+        store.create_task(run_id, TaskKind.GGUF.value, _gguf_args(t, imatrix, calibration))
+        for t in GGUF_TYPES
+        if t in gguf
+    ]
     return ids
+
+
+def _gguf_args(gguf_type: str, imatrix: bool, calibration: str | None) -> dict[str, Any]:
+    """One GGUF task's arguments: its type, and the importance matrix it is made with (the calibration file's
+    absolute path)."""
+    if not uses_imatrix(gguf_type, imatrix):
+        return {"gguf_type": gguf_type}
+    from pathlib import Path
+
+    return {
+        "gguf_type": gguf_type,
+        "imatrix": True,
+        "calibration": str(Path(calibration).resolve()) if calibration else None,
+    }
 
 
 def request_push(store: Store, run_id: int, repo: str, what: str = "bundle", private: bool = False) -> int:
