@@ -1,4 +1,4 @@
-"""GRPO's predicted vs measured peak memory: real CPU runs through the worker, one optimizer step each.
+"""GRPO's predicted vs measured peak memory: real CPU runs through the worker, two optimizer steps each.
 
     python bench/grpo_memory.py                       # every case (SmolLM2-135M, the example's shape; ~20 min)
     python bench/grpo_memory.py --list
@@ -28,7 +28,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.memory_runs import SMOLLM2, WITHIN, Job, Result, format_row, random_llama, run_grid  # noqa: E402
+from bench.memory_runs import (  # noqa: E402
+    SMOLLM2,
+    WITHIN,
+    Job,
+    Result,
+    format_row,
+    random_llama,
+    read_result,
+    run_grid,
+)
 
 # A random-weight Llama big enough that generation's KV cache, the reference pass and a reward model are a
 # visible share of the peak beside the runtime (~0.6 GiB), small enough for a CPU step in a minute or two:
@@ -74,11 +83,11 @@ REWARD_RUN = Job(
 
 
 def cases(model: str) -> list[Job]:
-    """The GRPO cases, each one optimizer step (generation, scoring and training all run in it). `model`: a
+    """The GRPO cases (each optimizer step generates, scores and trains). `model`: a
     model reference (a folder), or SMOLLM2 for the built-in one."""
 
     def job(name: str, about: str, **changes: Any) -> Job:
-        return Job(name, about, {**GRPO, **model_field(model), **changes}, model=SMOLLM2, max_steps=1)
+        return Job(name, about, {**GRPO, **model_field(model), **changes}, model=SMOLLM2)
 
     return [
         job("lora-beta", "the example: LoRA, beta 0.04 (reference pass with the adapter off)"),
@@ -92,13 +101,12 @@ def cases(model: str) -> list[Job]:
         ),  # fmt: skip
         job(
             "lora-long",
-            "LoRA, beta 0, 16 completions of 256 tokens generated at once, trained one at a time: "
-            "generation's KV cache",
+            "LoRA, beta 0, 8 completions of 128 tokens generated at once, trained one at a time: generation's KV cache",
             beta=0.0,
-            num_generations=16,
+            num_generations=8,
             per_device_train_batch_size=1,
-            gradient_accumulation_steps=16,
-            max_completion_length=256,
+            gradient_accumulation_steps=8,
+            max_completion_length=128,
         ),  # fmt: skip
     ]
 
@@ -114,8 +122,19 @@ def with_reward_model(model: str, run_id: int) -> Job:
         f"the example scored by reward run {run_id} too (its model loaded beside the policy)",
         {**GRPO, **model_field(model), "rewards": "repetition", "reward_model_run": run_id},
         model=SMOLLM2,
-        max_steps=1,
     )
+
+
+def settled(results: list[Result]) -> list[Result]:
+    """Each run read again once every worker has exited: the sampler may raise a run's recorded peak after the
+    next run has started (the figure `tunedeck show` prints is the final one)."""
+    from storage.store import Store
+
+    store = Store()  # run_grid left TUNEDECK_HOME pointing at the work folder
+    try:
+        return [read_result(store, r.job, r.run_id) if r.run_id is not None else r for r in results]
+    finally:
+        store.dispose()
 
 
 def ratio_line(r: Result) -> str:
@@ -131,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="predicted parts and phases, measured phases")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument(
+        "--steps", type=int, default=2, help="optimizer steps a case (the second generates with the optimizer's state)"
+    )
     ns = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tunedeck-grpo-memory-")) if not ns.list else Path()
     model = str(random_llama(work / "models" / MID, MID_SHAPE)) if ns.model == MID and not ns.list else ns.model
@@ -140,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         for j in [*jobs, with_reward_model(model, 0)]:
             print(f"{j.name:20s} {j.about}")
         return 0
-    grid_ns = argparse.Namespace(device="cpu", steps=1, verbose=ns.verbose, timeout=ns.timeout)
+    grid_ns = argparse.Namespace(device="cpu", steps=ns.steps, verbose=ns.verbose, timeout=ns.timeout)
     results = run_grid([j for j in jobs if j.name in names], grid_ns, work)
     if "lora-reward-model" in names:
         reward_job = Job(REWARD_RUN.name, REWARD_RUN.about, {**REWARD_RUN.fields, **model_field(model)}, max_steps=1)
         reward = run_grid([reward_job], grid_ns, work)[0]
         if reward.run_id is not None and reward.problem is None:
             results += run_grid([with_reward_model(model, reward.run_id)], grid_ns, work)
+    results = settled(results)
     print("\ncase                 predicted / measured")
     for r in results:
         print(ratio_line(r))

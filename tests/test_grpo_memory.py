@@ -138,3 +138,26 @@ def test_other_trainers_keep_their_eight_parts(arch) -> None:
     assert set(sft.phases) == {"load", "forward", "backward", "optimizer"}
     names = [p.name for p in predict(grpo(), arch, CPU).parts]
     assert names == [*PART_NAMES[:6], *GENERATION_PARTS, *PART_NAMES[6:]]
+
+
+def test_the_bench_cases_are_valid_grpo_specs(arch) -> None:
+    """bench/grpo_memory.py's cases parse with its settings and cover LoRA, full, beta 0 and > 0, a long
+    generation batch and a reward-model run (no training here: the bench trains)."""
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench.grpo_memory import cases, with_reward_model
+    from bench.memory_runs import FAST
+
+    jobs = [*cases("smollm2-135m-instruct"), with_reward_model("smollm2-135m-instruct", 1)]
+    specs = {j.name: JobSpec.from_dict({**j.fields, **FAST, "max_steps": 2}) for j in jobs}
+    assert {s.method.value for s in specs.values()} >= {"lora", "full"}
+    assert {s.beta > 0 for s in specs.values()} == {True, False}
+    assert specs["lora-reward-model"].reward_model_run == 1
+    assert (
+        predict(specs["lora-long"], arch, CPU).phases["generation"]
+        > predict(specs["lora-beta0"], arch, CPU).phases["generation"]
+    )
