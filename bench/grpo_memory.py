@@ -1,9 +1,9 @@
 """GRPO's predicted vs measured peak memory: real CPU runs through the worker, two optimizer steps each.
 
-    python bench/grpo_memory.py                       # every case (SmolLM2-135M, the example's shape; ~20 min)
+    python bench/grpo_memory.py                       # every case on MID_SHAPE (random weights; ~45 min busy)
     python bench/grpo_memory.py --list
     python bench/grpo_memory.py --only lora-beta0,full-beta --verbose
-    python bench/grpo_memory.py --model small         # the 4-layer random Llama of bench/memory_runs.py
+    python bench/grpo_memory.py --model smollm2 --steps 1 --only lora-reward-model   # the example's model
 
 The same path as `bench/memory_runs.py` (its `run_grid`: a fresh data folder, a burst worker publishes its
 device facts and runtime baseline, each spec goes through `jobs.queue.submit.submit`, whose prediction is
@@ -14,6 +14,11 @@ long completions from many generations (the KV cache's case) and, after a one-st
 finished, the example scored by that run's model (its weights stay loaded beside the policy). Each line:
 predicted (the data figure), measured, the error and the ratio predicted / measured; the last lines say how
 many are within 15%.
+
+Measured 2026-12-05 on a busy 2-core CPU (load 10-25), MID_SHAPE, 2 steps: lora-beta -3.8%, lora-beta0 -2.3%,
+full-beta0 -1.8%, full-beta -4.7%, lora-long -14.2%, lora-reward-model -4.6% (-13.7% before the reward model
+was counted); SmolLM2 lora-reward-model, 1 step: +17.6% (the CPU retained-heap part; docs/memory.md "How well
+it predicts").
 """
 
 from __future__ import annotations
