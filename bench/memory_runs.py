@@ -542,8 +542,10 @@ def summary(results: list[Result]) -> list[str]:
 def run_grid(jobs: list[Job], ns: argparse.Namespace, work: Path) -> list[Result]:
     """Publish, submit, drain; prints each row as its run settles."""
     home = work / "home"
-    models = Path(os.environ.get("TUNEDECK_MODELS_DIR") or "")
-    if not str(models):  # the user's model cache, so the built-in SmolLM2 is converted once, not per bench
+    given = os.environ.get("TUNEDECK_MODELS_DIR")
+    if given:
+        models = Path(given)
+    else:  # the user's model cache, so the built-in SmolLM2 is converted once, not per bench (Path("") is ".")
         from storage.settings import models_dir
 
         models = models_dir()

@@ -31,6 +31,8 @@ COLORS = {
     "optimizer": "#e15759",
     "activations": "#76b7b2",
     "logits": "#edc948",
+    "generation": "#9c755f",
+    "reward_model": "#ff9da7",
     "overhead": "#bab0ac",
     "runtime": "#d4a6c8",
 }

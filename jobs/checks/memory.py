@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from jobs.memory.breakdown import Prediction
     from jobs.memory.parts import Arch
     from storage.records import RunRecord
-    from storage.roles import RunLister
+    from storage.roles import RunLister, RunReader
 
 
 @dataclass(frozen=True)
@@ -88,20 +88,41 @@ def measured_lengths(spec: JobSpec, tokenizer: Callable[[], Any] | None = None) 
 
 
 def predict_memory(
-    spec: JobSpec, facts: DeviceFacts, arch: tuple[Any, str] | None = None, lengths: RowLengths | None = None
+    spec: JobSpec,
+    facts: DeviceFacts,
+    arch: tuple[Any, str] | None = None,
+    lengths: RowLengths | None = None,
+    reward_arch: Arch | None = None,
 ) -> Memory:
     """The spec's predicted peak on `facts`, for the rows in `lengths` when measured (with the worst case
-    kept next to it); `arch`: the model's (Arch, source) when already read."""
+    kept next to it); `arch`: the model's (Arch, source) when already read; `reward_arch`: a grpo
+    reward_model_run's model (`reward_model_arch`; None: the policy's shape stands in for it)."""
     from jobs.memory.predict import predict
 
     found, source = arch if arch is not None else model_arch(spec.model)
     if found is None:
         return NO_MEMORY
-    worst = predict(spec, found, facts)
+    worst = predict(spec, found, facts, reward_arch=reward_arch)
     if lengths is None or not lengths.rows:
         return Memory(worst, found, source)
-    data = replace(predict(spec, found, facts, lengths), worst_case_bytes=worst.total_bytes)
+    data = replace(predict(spec, found, facts, lengths, reward_arch=reward_arch), worst_case_bytes=worst.total_bytes)
     return Memory(data, found, source, lengths)
+
+
+def reward_model_arch(store: RunReader | None, spec: JobSpec) -> Arch | None:
+    """The shape of a grpo spec's reward_model_run's model, whose weights stay loaded beside the policy (None: no
+    reward run, none in `store`, or its model's config is not readable here)."""
+    from jobs.spec.trainer_records import record_for
+
+    if store is None or spec.reward_model_run is None or not record_for(spec.trainer).generates:
+        return None
+    run = store.get_run(spec.reward_model_run)
+    if run is None:
+        return None
+    from jobs.spec.stored import spec_of
+
+    found, _ = model_arch(spec_of(run).model)
+    return found
 
 
 def taken_memory_warning(prediction: Any, facts: DeviceFacts, store: RunLister | None = None) -> str | None:

@@ -59,7 +59,15 @@ from jobs.checks.duplicates import duplicate_warnings
 from jobs.checks.egress import endpoint_warning
 from jobs.checks.library import library_problems
 from jobs.checks.masks import BLOCKING_FIELDS, mask_findings
-from jobs.checks.memory import NO_MEMORY, Memory, measured_lengths, model_arch, predict_memory, taken_memory_warning
+from jobs.checks.memory import (
+    NO_MEMORY,
+    Memory,
+    measured_lengths,
+    model_arch,
+    predict_memory,
+    reward_model_arch,
+    taken_memory_warning,
+)
 from jobs.checks.rewards import reward_column_problems
 from jobs.checks.template import assistant_only_problems
 from jobs.checks.trackers import tracker_problems
@@ -187,7 +195,8 @@ def _check_spec(
         problems += task_problems(spec.eval_tasks)  # benchmark files read like data: rows named, fix given
         problems += watched_task_problems(spec.metric_for_best_model, spec.eval_tasks)  # early stopping's task score
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
-    memory = predict_memory(spec, facts, arch, lengths) if valid else NO_MEMORY
+    reward = reward_model_arch(store, spec) if valid else None  # a grpo reward run's model, loaded beside the policy
+    memory = predict_memory(spec, facts, arch, lengths, reward) if valid else NO_MEMORY
     cut_answers, answer_warnings = answer_problems(spec, lengths)
     problems += cut_answers
     masked, mask_warnings = (

@@ -20,6 +20,9 @@ from jobs.devices.facts import DeviceFacts
 from jobs.units import human_bytes
 
 PART_NAMES = ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead", "runtime")
+# A generating trainer's (grpo) two more, before "overhead": its generation or scoring phase's own bytes when the
+# peak is there, and a reward model's weights (jobs.memory.rollout).
+GENERATION_PARTS = ("generation", "reward_model")
 PHASES = ("load", "forward", "backward", "optimizer")  # the named points the training child measures
 TIGHT_ABOVE = 0.90  # share of the device's memory above which the verdict is "tight"
 GIB = 1024**3
@@ -58,7 +61,7 @@ class Prediction:
     """A predicted peak: parts that add up to it, the phase it happens in, the device it is for."""
 
     parts: tuple[Part, ...]
-    phase: str  # "backward" (activations alive) or "optimizer step" (all gradients alive)
+    phase: str  # "backward" (activations alive), "optimizer step" (all gradients alive), grpo: "generation", "scoring"
     device: DeviceFacts
     trainable_params: int
     total_params: int
@@ -190,6 +193,8 @@ PLAIN_NAMES = {
     "optimizer": "the optimizer state",
     "activations": "the activations kept for the backward pass",
     "logits": "the output layer's scoring of the vocabulary",
+    "generation": "sampling completions (the KV cache) or scoring them",
+    "reward_model": "the reward model's weights",
     "overhead": "the CUDA context and allocator",
     "runtime": "the Python runtime and libraries",
 }

@@ -41,6 +41,8 @@ from jobs.memory.mixers import (
 )
 from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
+from jobs.memory.peak import Term, peak_phase
+from jobs.memory.rollout import NO_ROLLOUT, rollout
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
 from jobs.memory.trick_effects import Figures, trick_effects
 from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision
@@ -49,14 +51,6 @@ from jobs.spec.trainer_records import record_for
 from jobs.spec.tricks import checkpointing
 from jobs.spec.tricks.registry import memory_notes
 from jobs.units import human_bytes
-
-
-@dataclass(frozen=True)
-class Term:
-    """One part's bytes (unrounded, so the phases add up exactly) and the formula that produced them."""
-
-    bytes: float
-    formula: str
 
 
 @dataclass(frozen=True)
@@ -77,6 +71,10 @@ class Setting:
     @property
     def cuda(self) -> bool:
         return self.device.kind == "cuda"
+
+    @property
+    def generates(self) -> bool:
+        return record_for(self.spec.trainer).generates
 
     @property
     def half(self) -> bool:
@@ -109,17 +107,12 @@ def setting(
     length = batch.length + (spec.num_virtual_tokens if spec.method in PROMPT_FAMILY else 0)
     notes: list[str] = []
     if record_for(spec.trainer).generates:
-        # An approximation: each row is one prompt (its measured length, else max_length; grpo does not
-        # truncate prompts) plus one completion of max_completion_length tokens. Generation's KV cache is
-        # freed before the training pass, and a reward run's model (reward_model_run) is not counted.
+        # Each training row is one prompt (its measured length, else max_length; grpo does not truncate
+        # prompts) plus one completion of max_completion_length tokens; generation and scoring: jobs.memory.rollout.
         length += spec.max_completion_length
-        elem = 2 if precision in (Precision.BF16, Precision.FP16) else 4
-        kv = 2 * arch.layers * arch.kv_dim * elem * spec.effective_batch_size * length
         notes.append(
             f"grpo: rows taken as {'the longest prompt' if lengths is not None else 'max_length prompt'} + "
-            "max_completion_length tokens; generation's KV cache "
-            f"(~{kv / 2**20:,.0f} MiB for {spec.effective_batch_size} completions) and any reward model "
-            "are not counted"
+            "max_completion_length tokens"
         )
     return Setting(
         spec,
@@ -291,13 +284,20 @@ def runtime_term(s: Setting) -> Term:
 
 # ---------------------------------------------------------------------- the peak
 def predict(
-    spec: JobSpec, arch: Arch, device: DeviceFacts, lengths: RowLengths | None = None, *, resident: bool | None = None
+    spec: JobSpec,
+    arch: Arch,
+    device: DeviceFacts,
+    lengths: RowLengths | None = None,
+    *,
+    resident: bool | None = None,
+    reward_arch: Arch | None = None,
 ) -> Prediction:
     """The predicted peak of one training step of `spec` on `device` (see docs/memory.md): for the worst
     micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None.
 
     `resident`: count what a host process keeps resident (its RSS: what a CPU worker measures) instead of
-    what is allocated (torch's figure); default: resident on the CPU, allocated on CUDA."""
+    what is allocated (torch's figure); default: resident on the CPU, allocated on CUDA. `reward_arch`: a grpo
+    spec's reward_model_run's model (jobs.memory.rollout; None: the policy's shape stands in)."""
     s = setting(spec, arch, device, lengths, resident)
     p, notes = s.count.trainable, list(s.notes)
     weights, adapter = weights_term(s), adapter_term(s)
@@ -315,46 +315,39 @@ def predict(
     optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)
     notes.extend(fx.notes)
     notes.extend(memory_notes(spec))  # the tricks whose effect is not modelled (Liger, torch.compile)
-    fixed = weights.bytes + adapter.bytes + optimizer.bytes
-    # The peak: in the backward (activations alive) or at the optimizer step (all gradients alive).
+    roll = rollout(spec, arch, reward_arch, s.batch.length, s.elem, s.cuda, s.rss) if s.generates else NO_ROLLOUT
+    notes.extend(roll.notes)
+    held_all = weights.bytes + adapter.bytes + roll.reward_bytes  # in every phase, from loading on
+    fixed = held_all + optimizer.bytes
     accumulated = grads if spec.gradient_accumulation_steps > 1 else 0.0
     backward = fixed + acts.bytes + logits.bytes + accumulated
     step = fixed + grads + opt_temp
-    if backward >= step:
-        phase = "backward"
-        gf = (
-            "earlier micro-batches' gradients, " if accumulated else "none yet; "
-        ) + f"{p:,} x 4 B once the backward ends"
-        gradients, held = Term(accumulated, gf), (optimizer, acts, logits)
-    else:
-        phase = "optimizer step"
-        gradients = Term(grads, f"{p:,} trainable params x 4 B (fp32)")
-        held = (Term(optimizer.bytes + opt_temp, optimizer.formula), Term(0.0, acts.formula), Term(0.0, logits.formula))
-        notes.append("the peak is at the optimizer step: activations are freed by then")
-    o, a, lg = held
-    overhead = overhead_term(s, weights.bytes + adapter.bytes + gradients.bytes + o.bytes + a.bytes + lg.bytes)
+    peak = peak_phase(p, fixed, (backward, step, grads, opt_temp, accumulated), (optimizer, acts, logits), roll)
+    notes.extend(peak.notes)
+    o, a, lg, before = peak.held
+    subtotal = held_all + peak.gradients.bytes + o.bytes + a.bytes + lg.bytes + before.bytes
+    overhead = overhead_term(s, subtotal)
     if not s.cuda and fx.heap_bytes:  # glibc's retained heap on the CPU (jobs/memory/trick_effects.py)
         overhead = Term(fx.heap_bytes, fx.heap_formula)
     runtime = runtime_term(s)
     # The first optimizer step, as the training child measures it (docs/memory.md "Phases"): no optimizer
-    # state exists before it, so the backward's figure is the peak of later steps less that state.
-    first = {
-        "load": weights.bytes + adapter.bytes,
-        "forward": weights.bytes + adapter.bytes + acts.bytes + logits.bytes,
-        "backward": backward - optimizer.bytes - accumulated,
-        "optimizer": step,
-    }
+    # state exists before it, so the backward's figure is the peak of later steps less that state; a
+    # generating trainer generates and scores before its forward.
+    first = {"load": held_all}
+    if s.generates:
+        first.update(generation=held_all + roll.generation_bytes, scoring=held_all + roll.scoring_bytes)
+    first.update(forward=held_all + acts.bytes + logits.bytes, backward=backward - optimizer.bytes - accumulated)
+    first["optimizer"] = step
     phases = {name: int(v + overhead_at(v, device) + runtime.bytes) for name, v in first.items()}
     if spec.optim in (Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT) and s.cuda:
         notes.append("paged optimizer: its state can move to CPU RAM under pressure, so the peak may be lower")
-    named = zip(
-        ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead", "runtime"),
-        (weights, adapter, gradients, o, a, lg, overhead, runtime),
-        strict=True,
-    )
+    named = [("weights", weights), ("adapter", adapter), ("gradients", peak.gradients), ("optimizer", o),
+             ("activations", a), ("logits", lg), ("overhead", overhead), ("runtime", runtime)]  # fmt: skip
+    if s.generates:  # docs/memory.md "Generation and scoring"
+        named[6:6] = [("generation", before), ("reward_model", Term(roll.reward_bytes, roll.reward_formula))]
     return Prediction(
         tuple(Part(name, int(t.bytes), t.formula) for name, t in named),
-        phase,
+        peak.phase,
         device,
         p,
         s.count.total if spec.method is not Method.FULL else arch.total_params,

@@ -1,0 +1,119 @@
+"""A generating trainer's phases before its training step (GRPO): generation and scoring, and a reward
+model's weights held beside the policy throughout. docs/memory.md "Generation and scoring".
+
+trl 1.16's GRPOTrainer forms one generation batch per optimizer step: generation_batch_size =
+per_device_train_batch_size x steps_per_generation, and steps_per_generation defaults to
+gradient_accumulation_steps, so a batch holds `spec.effective_batch_size` completions (each prompt
+repeated num_generations times). Per batch, in order:
+
+1. generation: `model.generate` over the whole batch at once (no grad, gradient checkpointing off): a
+   KV cache that grows to prompt + max_completion_length tokens per completion (transformers'
+   DynamicCache concatenates a layer's keys and values per token, so one layer's copy is briefly
+   doubled), the prefill's transients (one block at a time) and the sampled position's fp32 logits
+   (`logits_to_keep=1`) with the sampler's copies of them;
+2. scoring: with beta != 0 the reference log-probs, per micro-batch under no_grad (a peft model with
+   its adapter disabled; a full fine-tune's second model, whose weights the weights part holds),
+   through trl's fused LM head; each reward model scores every completion of the batch at once
+   under inference_mode;
+3. training: the micro-batch's forward and backward (`jobs.memory.predict`).
+
+The reward model (a finished reward run: `jobs.train.reward_model`) is loaded before training in the
+run's compute precision and stays: its weights count in every phase. Its shape is its own model's
+(`reward` below); without one (the run is not readable where the prediction is made) the policy's
+shape stands in and a note says so.
+
+    r = rollout(spec, arch, reward_arch, sequences_prompt=longest_prompt, elem=4, cuda=False)
+    r.reward_bytes, r.generation_bytes, r.scoring_bytes     # and each one's formula
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobs.memory.parts import Arch, head_bytes
+from jobs.spec.job import JobSpec
+from jobs.units import human_bytes
+
+SAMPLER_COPIES = 4  # the sampled position's logits: fp32 upcast, temperature-scaled, softmax, the sampler's draw
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Bytes of the generation and scoring phases beyond what every phase holds, and the reward model's weights."""
+
+    reward_bytes: float
+    reward_formula: str
+    generation_bytes: float
+    generation_formula: str
+    scoring_bytes: float
+    scoring_formula: str
+    notes: tuple[str, ...] = ()
+
+
+def kv_cache_bytes(arch: Arch, sequences: int, tokens: int, elem: int) -> float:
+    """Keys and values of every layer for `sequences` x `tokens` positions."""
+    return 2.0 * arch.layers * arch.kv_dim * elem * sequences * tokens
+
+
+def block_transient(arch: Arch, tokens: int, elem: int) -> float:
+    """The most a block holds at once in a forward without grad: the residual stream and its normed copy, and
+    the larger of the attention's q, k, v with their rotated copies and the output, or a (gated) MLP's
+    intermediates (gate's activation, up and their product)."""
+    attention = 2 * arch.q_dim + 4 * arch.kv_dim + arch.hidden
+    mlp = (3 if arch.gated_mlp else 2) * arch.intermediate
+    return float(tokens * (2 * arch.hidden + max(attention, mlp)) * elem)
+
+
+def reward_params(arch: Arch) -> int:
+    """A sequence-classification model of `arch`: its LM head (when untied) replaced by a one-output score."""
+    return arch.total_params - arch.head_params + arch.hidden
+
+
+def rollout(
+    spec: JobSpec, arch: Arch, reward_arch: Arch | None, prompt: int, elem: int, cuda: bool, resident: bool
+) -> Rollout:
+    """The generation and scoring figures of `spec` whose prompts are `prompt` tokens long (the longest)."""
+    batch = spec.effective_batch_size  # one generation batch: every completion of an optimizer step
+    length = prompt + spec.max_completion_length
+    notes: list[str] = []
+    # 1. generation
+    kv = kv_cache_bytes(arch, batch, length, elem)
+    kv_growth = kv / arch.layers  # one layer's keys and values copied as the cache grows by a token
+    prefill = block_transient(arch, batch * prompt, elem)
+    sampled = batch * arch.vocab * 4.0 * SAMPLER_COPIES
+    generation = kv + kv_growth + prefill + sampled
+    generation_formula = (
+        f"KV cache 2 x {arch.layers} layers x {arch.kv_dim} x {elem} B x {batch} completions x ({prompt} prompt + "
+        f"{spec.max_completion_length} completion) tokens {human_bytes(kv)} + one layer's copy as it grows "
+        f"+ the prefill's block transient {human_bytes(prefill)} + the sampled position's logits "
+        f"{batch}x{arch.vocab}x4 B x {SAMPLER_COPIES}"
+    )
+    # 2. scoring: the reference pass per micro-batch, then each reward model over the whole batch
+    passes: list[tuple[float, str]] = []
+    if spec.beta != 0:
+        rows = spec.per_device_train_batch_size * length
+        head, _ = head_bytes(arch, rows, elem, 1 if cuda else elem, False, cuda, resident)
+        head -= rows * arch.hidden * 4  # a forward: no hidden-state gradient
+        ref = block_transient(arch, rows, elem) + head
+        passes.append(
+            (ref, f"reference log-probs of {spec.per_device_train_batch_size} completions {human_bytes(ref)}")
+        )
+    reward, reward_formula = 0.0, "none (no reward model run)"
+    if spec.reward_model_run is not None:
+        shape = reward_arch if reward_arch is not None else arch
+        if reward_arch is None:
+            notes.append(
+                f"reward_model_run {spec.reward_model_run}: its model is not readable here, so its weights are "
+                "counted at the policy's shape"
+            )
+        n = reward_params(shape)
+        reward = float(n * elem)
+        reward_formula = f"reward run {spec.reward_model_run}'s model: {n:,} params x {elem} B (run's precision)"
+        scored = block_transient(shape, batch * length, elem) + batch * length * shape.hidden * elem
+        passes.append((scored, f"reward model scoring {batch} completions {human_bytes(scored)}"))
+    scoring = max((b for b, _ in passes), default=0.0)
+    scoring_formula = " or ".join(f for _, f in passes) if passes else "no reference pass (beta 0), no reward model"
+    return Rollout(reward, reward_formula, generation, generation_formula, scoring, scoring_formula, tuple(notes))
+
+
+NO_ROLLOUT = Rollout(0.0, "", 0.0, "", 0.0, "")  # a trainer that does not generate
