@@ -30,6 +30,10 @@ WITHIN, FAR_UNDER = 0.15, 0.15
 
 def repredict(work: Path) -> list[tuple[str, int | None, int | None, int | None, str]]:
     """(run name, saved data prediction, new data prediction, measured peak, status) per run of the grid."""
+    if not os.environ.get("TUNEDECK_MODELS_DIR"):  # the model cache memory_runs gave its worker (the user's)
+        from storage.settings import models_dir
+
+        os.environ["TUNEDECK_MODELS_DIR"] = str(models_dir())
     os.environ["TUNEDECK_HOME"] = str(work / "home")
     os.environ.pop("TUNEDECK_DATABASE_URL", None)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -43,9 +47,8 @@ def repredict(work: Path) -> list[tuple[str, int | None, int | None, int | None,
     facts = target(store).facts
     out = []
     for run_id in range(1, 10_000):
-        try:
-            run = store.get_run(run_id)
-        except Exception:  # noqa: BLE001 - past the last run
+        run = store.get_run(run_id)
+        if run is None:  # past the last run
             break
         spec = stored_spec(run.spec_json)
         saved = load_prediction(store, run_id) or {}

@@ -34,9 +34,9 @@ OFFLOAD_DEVICE_LAYERS = 2
 # glibc's heap on the CPU (its default, dynamic mmap threshold): blocks under the threshold, which rises to at most
 # 32 MiB after the first large free, come from the heap, and a freed one stays resident. Read per phase with
 # glibc's own counters (mallinfo2: the heap's size against its bytes in use; bench/heap_phases.py) through real
-# LoRA steps, the forward's freed temporaries stranded between the blocks it saves leave the heap 0.38-0.58x
+# LoRA steps, the forward's freed temporaries stranded between the blocks it saves leave the heap 0.38-0.82x
 # the saved activations larger than its bytes in use at the peak (SmolLM2 8 x 43 tokens 0.38-0.46, a 4-layer
-# Llama 8 x 500 0.58): taken as 0.5. It is the one measured constant here: no formula derives glibc's
+# Llama 8 x 500 0.58, 8 x 256 0.77-0.82): taken as 0.5. It is the one measured constant here: no formula derives glibc's
 # fragmentation from the op sequence yet.
 GLIBC_HOLES = 0.5
 GLIBC_MMAP_MAX = 32 * 2**20  # glibc's dynamic mmap threshold stops here: larger blocks are always returned
