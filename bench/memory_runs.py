@@ -37,10 +37,10 @@ outside are over-predictions, the reward model +16% and DPO with long chosen ans
 the CPU child's fixed malloc threshold and the resident-page rules (b1d0e2f): 75% within 15%, QLoRA
 -33%. `--only` runs a few jobs (the small-model ones take ~10-30 s each).
 
-2026-12-05 at 47d63bc (a machine loaded ~10x its 2 cores: 12 of the 26 runs, 1-15 min each): 67% within 15%
+2026-12-05 at 47d63bc (a machine loaded ~10x its 2 cores: 18 of the 26 runs, 1-15 min each): 78% within 15%
 (the glibc heap counted as every activation and LM-head byte once more); predicted again for the same runs
 with the heap's holes and checkpointing's recomputed block (`bench/memory_repredict.py`, docs/memory.md):
-12 of 12 within 15%, worst -12.0%, most over +12.4%.
+17 of 18 within 15%, most over +12.4%, one more than 15% under (checkpointing at micro-batch 1, -15.9%).
 
 The memory tricks' rows (galore-tiny, galore-layerwise-tiny, apollo-tiny, loraplus, neftune and
 ckpt-off-b8-exact, the allocator that returns freed memory beside ckpt-off-b8 with glibc's), 2026-12-02
