@@ -212,9 +212,10 @@ def logits_term(s: Setting) -> Term:
 
 
 # ---------------------------------------------------------------------- docs/memory.md "Activations"
-def activations_term(s: Setting, logits: float) -> Term:
+def activations_term(s: Setting, logits: float) -> tuple[Term, float]:
     """What the blocks keep for the backward (and a MoE block's routed experts, peft's folded expert copies,
-    a quantized base's de-quantized weight)."""
+    a quantized base's de-quantized weight), and with checkpointing the bytes of the recomputed block that
+    the head's transient absorbs (the allocator may keep both: `jobs.memory.trick_effects`)."""
     spec, arch, plan, tokens, elem = s.spec, s.arch, s.plan, s.tokens, s.elem
     per_block = block_elements(arch, plan, s.mask_bytes, elem)
     moe, folded = arch.shape.moe, 0.0
@@ -229,9 +230,11 @@ def activations_term(s: Setting, logits: float) -> Term:
     # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32), on top of its block's figure.
     delta = delta_net_dims(arch.shape.config)
     delta_layer = delta_net_bytes(delta, s.batch.sequences, s.length) if delta is not None else 0.0
+    absorbed = 0.0
     if checkpointing.on(spec):
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
+        absorbed = min(tokens * per_block + delta_layer, logits)
         acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block + delta_layer - logits)
         formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
@@ -255,7 +258,7 @@ def activations_term(s: Setting, logits: float) -> Term:
         big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
         acts += big * elem * 2  # one de-quantized weight (and its transpose) at a time
         formula += " + one de-quantized weight"
-    return Term(acts, formula)
+    return Term(acts, formula), absorbed
 
 
 # ---------------------------------------------------------------------- docs/memory.md "Overhead"
@@ -304,12 +307,12 @@ def predict(
     grads = gradient_bytes(s)
     optimizer, opt_temp = optimizer_term(s)
     logits = logits_term(s)
-    acts = activations_term(s, logits.bytes)
+    acts, absorbed = activations_term(s, logits.bytes)
     # The newer tricks change some of these figures (jobs/memory/trick_effects.py).
     per_layer = s.tokens * arch.hidden * s.elem if checkpointing.on(spec) else acts.bytes / arch.layers
     largest_act = s.tokens * max(arch.intermediate, arch.q_dim) * s.elem
     figures = Figures(grads, optimizer.bytes, opt_temp, optimizer.formula, acts.bytes, acts.formula, logits.bytes,
-                      per_layer, largest_act)  # fmt: skip
+                      per_layer, largest_act, absorbed)  # fmt: skip
     fx = trick_effects(spec, arch, s.cuda, s.rss, figures)
     grads, opt_temp = fx.figures.grads, fx.figures.opt_temp
     optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)
