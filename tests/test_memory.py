@@ -370,3 +370,15 @@ def test_gpt2s_conv1d_layers_are_its_linears_so_qlora_is_predicted():
     qlora = predict(S(model="gpt2-shaped", method="qlora"), arch, H200)
     lora = predict(S(model="gpt2-shaped", method="lora"), arch, H200)
     assert qlora.total_bytes > 0 and lora.total_bytes > 0
+
+
+def test_a_cpu_predictions_overhead_is_not_called_a_cuda_context(qwen7b):
+    """On the CPU the overhead part is the freed memory glibc keeps; `explain` said "the CUDA context" there too."""
+    from jobs.memory.breakdown import Part, Prediction
+
+    p = predict(S(model=str(QWEN7B), max_length=64), qwen7b, cpu_facts())
+    overhead_first = replace(
+        p, parts=tuple(Part(x.name, 10**12 if x.name == "overhead" else x.bytes, x.formula) for x in p.parts)
+    )
+    assert isinstance(overhead_first, Prediction) and "glibc" in explain(overhead_first)
+    assert "CUDA" not in explain(overhead_first)

@@ -198,6 +198,7 @@ PLAIN_NAMES = {
     "overhead": "the CUDA context and allocator",
     "runtime": "the Python runtime and libraries",
 }
+CPU_OVERHEAD = "the freed memory glibc's allocator keeps"  # a CPU run's overhead part: no CUDA context there
 
 
 def explain(prediction: Prediction) -> str:
@@ -214,7 +215,10 @@ def explain(prediction: Prediction) -> str:
         f"(above {TIGHT_ABOVE:.0%}: fragmentation or a longer row may tip it over).",
         Verdict.WILL_NOT_FIT: f"Will not fit: {human_bytes(total)} needed, {100 * prediction.share:.0f}% of {where}.",
     }[prediction.verdict]
-    return f"{head} The largest part is {PLAIN_NAMES[biggest.name]} ({share}); the peak is in the {prediction.phase}."
+    plain = (
+        CPU_OVERHEAD if biggest.name == "overhead" and prediction.device.kind != "cuda" else PLAIN_NAMES[biggest.name]
+    )
+    return f"{head} The largest part is {plain} ({share}); the peak is in the {prediction.phase}."
 
 
 def prediction_error_text(
