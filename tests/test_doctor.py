@@ -124,6 +124,16 @@ def test_overfitting_names_the_best_step_so_far() -> None:
     assert rules.overfitting({"loss": noisy(200, 2.0, 0.01), "eval_loss": evals[:4]}, CTX, -1) is None
 
 
+def test_overfitting_read_in_one_check_is_found_at_its_evaluation() -> None:
+    """A check that reads several evaluations at once (the worker's last one, after a run's final stretch) finds
+    the rise at the evaluation that showed it, though the eval loss turned down again after it."""
+    evals = [(40, 1.8), (80, 1.5), (120, 1.6), (160, 1.75), (180, 1.7), (200, 1.65)]
+    found = rules.overfitting({"loss": decreasing(200), "eval_loss": evals}, CTX, -1)
+    assert found is not None and found.step == 160 and found.evidence["best_step"] == 80
+    assert found.evidence["curve"] == [[s, v] for s, v in evals[:4]]  # the curve as of its step
+    assert rules.overfitting({"loss": decreasing(200), "eval_loss": evals}, CTX, 160) is None  # judged already
+
+
 def test_tokens_per_second_dropping() -> None:
     tps = noisy(100, 3000.0, 200.0)
     tps[70:] = noisy(30, 1200.0, 100.0)

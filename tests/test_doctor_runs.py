@@ -108,3 +108,32 @@ def test_a_learning_rate_of_about_zero_gets_a_flat_loss_at_step_50(store: Store,
     assert [(f.code, f.step) for f in found] == [(RuleCode.LOSS_FLAT, 50)]
     assert "learning rate is too low" in found[0].diagnosis
     assert found[0].spec_change == {"learning_rate": pytest.approx(1e-8)}
+
+
+@pytest.mark.integration
+@pytest.mark.sqlite_only
+def test_a_tiny_repeated_data_set_trained_many_epochs_gets_overfitting_naming_its_best_step(
+    store: Store, tiny_model: Path
+) -> None:
+    """Full fine-tuning on 4 rows of the chat sample, one step an epoch for 28 epochs, evaluated every 3 steps on
+    the sample's held-out rows: the eval loss is best at step 18 (3.81) and rises at 21, 24 and 27 (4.05, 6% above
+    its best) while the training loss keeps falling. The finding comes at step 27 (step 24's rise, 4%, is within
+    OVERFIT_RISE), names step 18, and its fix (early stopping) is what `tunedeck clone --fix` applies."""
+    from jobs.queue.commands import clone
+
+    spec = training_helpers.tiny_spec(
+        tiny_model,
+        max_steps=-1,
+        num_train_epochs=28,
+        max_train_samples=4,
+        method="full",
+        learning_rate=1e-2,
+        eval_steps=3,
+        sample_count=0,
+    )
+    run_id, found = _trained(store, spec)
+    assert [(f.code, f.step) for f in found] == [(RuleCode.OVERFITTING, 27)]
+    assert found[0].evidence["best_step"] == 18 and "(step 18, the best so far)" in found[0].diagnosis
+    assert found[0].spec_change == {"early_stopping_patience": 2} and "fewer steps" in found[0].fix
+    number = [f.code for f in findings_of(store.run_events(run_id))].index(RuleCode.OVERFITTING) + 1
+    assert clone(store, run_id, fix=number).early_stopping_patience == 2
