@@ -230,3 +230,22 @@ def test_grpo_rules_no_signal_clipped_kl_runaway_and_entropy_collapse() -> None:
         "reward": noisy(80, 0.5, 0.2),
     }
     assert incrementally(steady, ctx=ctx) == []
+
+
+def test_a_grpo_runs_surrogate_loss_is_not_read_as_a_fit() -> None:
+    """GRPO's logged loss is a policy-gradient surrogate: ~0 (the advantages average 0) plus beta times the KL, so
+    on a normal run it starts at ~0 and rises as the policy moves. Read as a fit it looks flat, or spiking; the
+    loss rules leave a generating trainer's loss alone (the GRPO rules read its own metrics)."""
+    from jobs.doctor.watch import context_of
+
+    rng = random.Random(3)
+    loss = [(s, 0.04 * (0.002 * s + abs(rng.gauss(0, 0.0005)))) for s in range(1, 61)]
+    curves: Curves = {"loss": loss, "reward": [(s, -1 + s / 60) for s in range(1, 61)]}
+    as_sft = {f.code for f in examine(curves, RunContext(learning_rate=5e-4))}
+    assert {RuleCode.LOSS_FLAT, RuleCode.LOSS_SPIKE} & as_sft  # what a surrogate loss read as a fit gives
+    grpo = context_of(
+        JobSpec.from_dict({"trainer": "grpo", "dataset": "sample:prompt-format", "rewards": "repetition"})
+    )
+    assert grpo.loss_is_surrogate and examine(curves, grpo) == []
+    sft = context_of(JobSpec.from_dict({"trainer": "sft"}))
+    assert not sft.loss_is_surrogate
