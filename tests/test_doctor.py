@@ -124,6 +124,16 @@ def test_overfitting_names_the_best_step_so_far() -> None:
     assert rules.overfitting({"loss": noisy(200, 2.0, 0.01), "eval_loss": evals[:4]}, CTX, -1) is None
 
 
+def test_overfitting_read_in_one_check_is_found_at_its_evaluation() -> None:
+    """A check that reads several evaluations at once (the worker's last one, after a run's final stretch) finds
+    the rise at the evaluation that showed it, though the eval loss turned down again after it."""
+    evals = [(40, 1.8), (80, 1.5), (120, 1.6), (160, 1.75), (180, 1.7), (200, 1.65)]
+    found = rules.overfitting({"loss": decreasing(200), "eval_loss": evals}, CTX, -1)
+    assert found is not None and found.step == 160 and found.evidence["best_step"] == 80
+    assert found.evidence["curve"] == [[s, v] for s, v in evals[:4]]  # the curve as of its step
+    assert rules.overfitting({"loss": decreasing(200), "eval_loss": evals}, CTX, 160) is None  # judged already
+
+
 def test_tokens_per_second_dropping() -> None:
     tps = noisy(100, 3000.0, 200.0)
     tps[70:] = noisy(30, 1200.0, 100.0)
@@ -220,3 +230,22 @@ def test_grpo_rules_no_signal_clipped_kl_runaway_and_entropy_collapse() -> None:
         "reward": noisy(80, 0.5, 0.2),
     }
     assert incrementally(steady, ctx=ctx) == []
+
+
+def test_a_grpo_runs_surrogate_loss_is_not_read_as_a_fit() -> None:
+    """GRPO's logged loss is a policy-gradient surrogate: ~0 (the advantages average 0) plus beta times the KL, so
+    on a normal run it starts at ~0 and rises as the policy moves. Read as a fit it looks flat, or spiking; the
+    loss rules leave a generating trainer's loss alone (the GRPO rules read its own metrics)."""
+    from jobs.doctor.watch import context_of
+
+    rng = random.Random(3)
+    loss = [(s, 0.04 * (0.002 * s + abs(rng.gauss(0, 0.0005)))) for s in range(1, 61)]
+    curves: Curves = {"loss": loss, "reward": [(s, -1 + s / 60) for s in range(1, 61)]}
+    as_sft = {f.code for f in examine(curves, RunContext(learning_rate=5e-4))}
+    assert {RuleCode.LOSS_FLAT, RuleCode.LOSS_SPIKE} & as_sft  # what a surrogate loss read as a fit gives
+    grpo = context_of(
+        JobSpec.from_dict({"trainer": "grpo", "dataset": "sample:prompt-format", "rewards": "repetition"})
+    )
+    assert grpo.loss_is_surrogate and examine(curves, grpo) == []
+    sft = context_of(JobSpec.from_dict({"trainer": "sft"}))
+    assert not sft.loss_is_surrogate

@@ -108,3 +108,87 @@ def test_a_learning_rate_of_about_zero_gets_a_flat_loss_at_step_50(store: Store,
     assert [(f.code, f.step) for f in found] == [(RuleCode.LOSS_FLAT, 50)]
     assert "learning rate is too low" in found[0].diagnosis
     assert found[0].spec_change == {"learning_rate": pytest.approx(1e-8)}
+
+
+@pytest.mark.integration
+@pytest.mark.sqlite_only
+def test_a_tiny_repeated_data_set_trained_many_epochs_gets_overfitting_naming_its_best_step(
+    store: Store, tiny_model: Path
+) -> None:
+    """Full fine-tuning on 4 rows of the chat sample, one step an epoch for 28 epochs, evaluated every 3 steps on
+    the sample's held-out rows: the eval loss is best at step 18 (3.81) and rises at 21, 24 and 27 (4.05, 6% above
+    its best) while the training loss keeps falling. The finding comes at step 27 (step 24's rise, 4%, is within
+    OVERFIT_RISE), names step 18, and its fix (early stopping) is what `tunedeck clone --fix` applies."""
+    from jobs.queue.commands import clone
+
+    spec = training_helpers.tiny_spec(
+        tiny_model,
+        max_steps=-1,
+        num_train_epochs=28,
+        max_train_samples=4,
+        method="full",
+        learning_rate=1e-2,
+        eval_steps=3,
+        sample_count=0,
+    )
+    run_id, found = _trained(store, spec)
+    assert [(f.code, f.step) for f in found] == [(RuleCode.OVERFITTING, 27)]
+    assert found[0].evidence["best_step"] == 18 and "(step 18, the best so far)" in found[0].diagnosis
+    assert found[0].spec_change == {"early_stopping_patience": 2} and "fewer steps" in found[0].fix
+    number = [f.code for f in findings_of(store.run_events(run_id))].index(RuleCode.OVERFITTING) + 1
+    assert clone(store, run_id, fix=number).early_stopping_patience == 2
+
+
+def _model_that_stops(tiny_model: Path, dest: Path) -> Path:
+    """A copy of the tiny model that ends its answers within a few tokens, as a trained model does (the random one
+    never writes its end token, so every completion would be cut at max_completion_length). Dimension 0 of the
+    residual stream is held at 1 (every embedding has 1 there and no layer writes to it), and the end token's
+    (tied) embedding has 1.5: its logit is about 4 above every other token's, ~1 in 3 by sampling."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shutil.copytree(tiny_model, dest)
+    eos = AutoTokenizer.from_pretrained(dest).eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(dest)
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        embedding[:, 0] = 1.0
+        embedding[eos, 0] = 1.5
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+    model.save_pretrained(dest)
+    return dest
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.sqlite_only
+def test_a_grpo_reward_that_cannot_vary_gets_no_learning_signal_and_nothing_else(
+    store: Store, tiny_model: Path, tmp_path: Path
+) -> None:
+    """GRPO whose only reward is a regex that matches nothing ("(?!)"): every completion scores 0, so every group's
+    spread is 0 (frac_reward_zero_std 1.0 at each step) and nothing is learnt (loss and KL stay 0). Judged once
+    MIN_POINTS (20) steps are logged. The completions end by themselves (`_model_that_stops`), so the only finding
+    is the missing signal, with its fix: more completions per prompt."""
+    spec = training_helpers.tiny_spec(
+        _model_that_stops(tiny_model, tmp_path / "stops"),
+        trainer="grpo",
+        dataset="sample:prompt-format",
+        rewards='[{"kind": "regex", "pattern": "(?!)"}]',
+        max_steps=20,
+        max_train_samples=8,
+        num_generations=2,
+        max_completion_length=8,
+        per_device_train_batch_size=4,
+        beta=0.1,
+        eval_split=None,
+        sample_count=0,
+    )
+    run_id, found = _trained(store, spec)
+    assert store.get_run(run_id).status is RunStatus.SUCCEEDED
+    assert [(f.code, f.step) for f in found] == [(RuleCode.GRPO_NO_SIGNAL, 20)]
+    assert found[0].evidence["frac_reward_zero_std"] == 1.0 and "num_generations 4" in found[0].fix
+    assert found[0].spec_change == {"num_generations": 4}

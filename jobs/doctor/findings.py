@@ -53,6 +53,9 @@ class RunContext:
     num_generations: int = 4
     max_completion_length: int = 64
     temperature: float = 1.0
+    # the trainer generates its completions (GRPO): its loss is a policy-gradient surrogate near 0 that rises
+    # with the KL term, not a measure of fit, so the loss-curve rules (spike, flat, ~0) leave it alone
+    loss_is_surrogate: bool = False
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ def _new(points: Sequence[Point], since: int) -> bool:
 
 def loss_spike(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """A step's loss far above its recent median, after warm-up."""
+    if ctx.loss_is_surrogate:
+        return None
     points = finite(curves.get("loss", ()))
     for i in range(MIN_POINTS, len(points)):
         step, value = points[i]
@@ -127,6 +129,8 @@ def nonfinite_loss(curves: Curves, ctx: RunContext, since: int) -> Finding | Non
 
 def loss_flat(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """A loss that does not move: a learning rate too low, or no token trained (all masked)."""
+    if ctx.loss_is_surrogate:
+        return None
     points = finite(curves.get("loss", ()))
     if len(points) < FLAT_MIN_POINTS or not _new(points, since):
         return None
@@ -164,6 +168,8 @@ def loss_flat(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
 
 def loss_near_zero(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """The training loss fell to ~0: the model recites its training set (memorising), it no longer learns from it."""
+    if ctx.loss_is_surrogate:
+        return None
     points = finite(curves.get("loss", ()))
     if len(points) < MIN_POINTS or not _new(points, since):
         return None
@@ -189,19 +195,32 @@ def loss_near_zero(curves: Curves, ctx: RunContext, since: int) -> Finding | Non
 
 
 def overfitting(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
-    """The eval loss rising while the training loss falls; names the best step so far."""
+    """The eval loss rising while the training loss falls; names the best step so far. Each evaluation after
+    `since` is judged as of its own step (a check may read several at once: the last may have turned down again)."""
     evals = finite(curves.get("eval_loss", ()))
     train = finite(curves.get("loss", ()))
-    if len(evals) < OVERFIT_MIN_EVALS or len(train) < MIN_POINTS or not _new(evals, since):
+    for i in range(OVERFIT_MIN_EVALS - 1, len(evals)):
+        if evals[i][0] > since:
+            found = _overfit_at(evals[: i + 1], train)
+            if found is not None:
+                return found
+    return None
+
+
+def _overfit_at(evals: Sequence[Point], train: Sequence[Point]) -> Finding | None:
+    """The overfitting finding as of the newest of `evals` (the training points up to its step read), or None."""
+    (prev_step, prev), (step, now) = evals[-2], evals[-1]
+    train = [p for p in train if p[0] <= step]
+    if len(train) < MIN_POINTS:
         return None
     best_i = min(range(len(evals)), key=lambda i: evals[i][1])
-    (best_step, best), (prev_step, prev), (step, now) = evals[best_i], evals[-2], evals[-1]
+    best_step, best = evals[best_i]
     if best_i >= len(evals) - 2 or not (now > prev > best) or now < best * (1 + OVERFIT_RISE):
         return None
     # The training loss at the previous evaluation (after the best one), against now: the watcher keeps
     # the last TAIL_POINTS of it, so the best step's own may be gone on a long run; this one is recent.
     then_points = [v for s, v in train if best_step < s <= prev_step][-TRAIN_WINDOW:]
-    later = median([v for s, v in train if s <= step][-TRAIN_WINDOW:])
+    later = median([v for _, v in train][-TRAIN_WINDOW:])
     if not then_points or not later < (1 - OVERFIT_TRAIN_FALL) * median(then_points):
         return None
     then = median(then_points)

@@ -26,6 +26,7 @@ from jobs.doctor.findings import EVENT_KIND, Finding, Point, RunContext, finding
 from jobs.doctor.rulebook import examine
 from jobs.spec.doctor_codes import RuleCode, stop_codes, stop_severities
 from jobs.spec.job import JobSpec
+from jobs.spec.trainer_records import record_for
 from storage.models import MemorySource
 from storage.records import MemoryPoint, MetricPoint
 
@@ -69,6 +70,7 @@ def context_of(spec: JobSpec) -> RunContext:
         num_generations=spec.num_generations,
         max_completion_length=spec.max_completion_length,
         temperature=spec.temperature,
+        loss_is_surrogate=record_for(spec.trainer).generates,
     )
 
 
