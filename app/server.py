@@ -254,6 +254,13 @@ def stop_worker(proc: subprocess.Popen, timeout: float = WORKER_STOP_TIMEOUT_S) 
     return proc.wait()
 
 
+def import_before_threads() -> None:
+    """Import transformers once, on this thread, before any request thread can: its lazy top-level module is not
+    thread-safe on a first import (two request threads that import from it at once both fail with "cannot import
+    name 'AutoConfig' from 'transformers'": seen when the run page's Export and Push were clicked together)."""
+    import transformers  # noqa: F401
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 7860,
@@ -269,6 +276,7 @@ def serve(
     # Gradio starts uvicorn without forwarded_allow_ips, so uvicorn reads this (its default: loopback).
     os.environ["FORWARDED_ALLOW_IPS"] = trusted_proxies()
     sweep_partials(uploads_dir())  # what uploads cut by a killed dashboard left (storage.uploads)
+    import_before_threads()
     from app.mcp_route import add_mcp_route
     from app.mcp_tools import build as build_mcp
     from app.openai_api import access_rule, add_openai_routes
