@@ -16,6 +16,11 @@ the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageMo
 - kto: prompt + completion with the row's label (desirable or not), in the loss where the unpaired
   collator's `completion_mask` is 1 (rows of prompt/completion/label; trl unpairs chosen/rejected rows
   itself, which the view does not show yet).
+- grpo: the prompt the model completes, as the trainer's own `GRPOTrainer._tokenize_prompts` tokenizes it (chat
+  prompts through the chat template with the generation prompt and the config's `chat_template_kwargs`; string
+  prompts by the tokenizer, its special tokens added), whole: trl 1.16 has no prompt truncation. Every token is
+  masked: the loss is on the completions sampled from it (at most max_completion_length tokens each), scored by
+  the rewards, which no row holds.
 
     views = token_views(spec, rows, tokenizer)     # one RowView per row, in order
     views[0].sequences[0].tokens[3].trained          # True: this token is in the loss
@@ -43,7 +48,7 @@ class ViewUnavailable(ProblemError):
     subject = "with the token view"
 
     def __init__(self, field_name: str, problem: str) -> None:
-        fix = "check the data with `tunedeck submit` (its checks still run), or view an sft, dpo or kto spec"
+        fix = "check the data with `tunedeck submit` (its checks still run), or view an sft, dpo, kto or grpo spec"
         super().__init__([Problem(field_name, problem, fix)])
 
 
@@ -58,7 +63,7 @@ class Token:
 
 @dataclass(frozen=True)
 class TokenSequence:
-    name: str  # "text" (sft), "chosen", "rejected" (dpo)
+    name: str  # "text" (sft), "chosen", "rejected" (dpo), "completion (desirable)" (kto), "prompt" (grpo)
     tokens: tuple[Token, ...]
 
     @property
@@ -102,7 +107,7 @@ def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -
         raise ViewUnavailable("dataset", "the token view does not show image rows yet")
     tokenizer = _with_pad(tokenizer)
     with _quiet():
-        views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views}[view]
+        views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views, "grpo": _grpo_views}[view]
         return views(spec, list(rows), tokenizer)
 
 
@@ -285,4 +290,27 @@ def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
         untrained = not example["completion_ids"]
         seq = TokenSequence(f"completion ({label})", tokens)
         out.append(RowView(i, (seq,), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
+    return out
+
+
+# ---------------------------------------------------------------------- grpo
+def _grpo_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    """Each row's prompt as GRPO generates from it, every token masked (the loss is on the sampled completions)."""
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # what `_tokenize_prompts` reads, as `__init__` sets it
+    trainer.processing_class, trainer._tokenizer, trainer._is_vlm = tokenizer, tokenizer, False
+    trainer.environment_factories, trainer.chat_template = None, None
+    trainer.tools = []  # tunedeck passes no tools (trl renders `tools or None`)
+    trainer.chat_template_kwargs = _config(spec).chat_template_kwargs or {}
+    special = set(tokenizer.all_special_ids)
+    note = (
+        f"GRPO samples completions of at most {spec.max_completion_length} tokens after this prompt and trains on "
+        "them as the rewards score them: no token of the row itself is in the loss"
+    )
+    out = []
+    for i, row in enumerate(rows):
+        ids = [int(t) for t in trainer._tokenize_prompts([row["prompt"]])[0][0]]
+        tokens = tuple(_token(tokenizer, t, False, False, special) for t in ids)
+        out.append(RowView(i, (TokenSequence("prompt", tokens),), prompt_tokens=len(ids), notes=[note]))
     return out
