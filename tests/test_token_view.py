@@ -235,6 +235,7 @@ def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(tiny_mode
     with pytest.raises(ViewUnavailable) as reward:
         token_views(spec_of(tiny_model, trainer="reward"), PREFERENCE, tokenizer)
     assert reward.value.problems[0].field == "trainer" and "not reward" in reward.value.problems[0].problem
+    pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's image rows are shown (tests/test_token_view_images.py)
     with pytest.raises(ViewUnavailable) as images:
-        token_views(spec_of(tiny_model), [{"messages": MESSAGES[1]["messages"], "images": ["a.png"]}], tokenizer)
-    assert "image rows" in images.value.problems[0].problem
+        token_views(spec_of(tiny_model, trainer="dpo"), [pair], tokenizer)
+    assert "sft's image rows, not dpo's" in images.value.problems[0].problem
