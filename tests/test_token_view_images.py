@@ -111,3 +111,22 @@ def test_image_rows_without_the_processor_are_refused_by_name(tiny_vlm: Path, tm
     with pytest.raises(ViewUnavailable) as refused:
         token_views(spec, rows, AutoTokenizer.from_pretrained(str(tiny_vlm)))  # the tokenizer alone: no images
     assert refused.value.problems[0].field == "model" and "processor" in refused.value.problems[0].problem
+
+
+def test_data_show_shows_an_image_row_with_its_block(tiny_vlm: Path, tmp_path: Path) -> None:
+    """`tunedeck data show` loads the model's processor for image rows (jobs.models.vision.local_processing_class)."""
+    import os
+    import subprocess
+    import sys
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(f"model: {tiny_vlm}\ndataset: {image_data(tmp_path)}\nassistant_only_loss: true\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HUB_OFFLINE": "1"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "data", "show", str(spec_file), "--row", "2"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "(1 image(s): 16 image tokens)" in shown.stdout
+    assert "[masked]<|im_start|>user\n[image × 16]What colour is it?" in shown.stdout
+    assert "[/masked]blue<|im_end|>" in shown.stdout
