@@ -1,6 +1,7 @@
 """The token view (jobs.data.tokens.view) against a REAL trl trainer's prepared data and collator, position by
 position: the view's trained positions must equal the positions where the trainer's collator gives a label
-(sft: labels != -100; dpo: completion_mask == 1), for sft completion-only, assistant-only, packing, and dpo.
+(sft: labels != -100; dpo: completion_mask == 1), for sft completion-only, assistant-only, packing, and dpo;
+grpo's view is the prompt ids a real GRPOTrainer generates from, none trained.
 A view whose mask is shifted by one token must fail the same comparison."""
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def collator_positions(trainer: Any, example: dict[str, Any]) -> list[list[int]]
         n = len(example["prompt_ids"]) + len(example["completion_ids"])
         return [[i for i, b in enumerate(batch["completion_mask"][0].tolist()[:n]) if b]]
     if "completion_mask" in batch:  # dpo: chosen, then rejected
-        n = [len(example["prompt_ids"]) + len(example[k]) for k in ("chosen_ids", "rejected_ids")]
-        return [[i for i, b in enumerate(batch["completion_mask"][k].tolist()[: n[k]]) if b] for k in (0, 1)]
+        ends = [len(example["prompt_ids"]) + len(example[k]) for k in ("chosen_ids", "rejected_ids")]
+        return [[i for i, b in enumerate(batch["completion_mask"][k].tolist()[: ends[k]]) if b] for k in (0, 1)]
     labels = batch["labels"][0].tolist()
     if "seq_lengths" in example:  # packed: one list per packed row
         out, start = [], 0
@@ -203,12 +204,38 @@ def test_data_show_prints_the_masks(tiny_model: Path, tmp_path: Path) -> None:
     )
 
 
+PROMPTS: list[dict[str, Any]] = [
+    {"prompt": "Write a haiku about the sea."},
+    {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]},
+    {"prompt": [{"role": "user", "content": "Two plus two?"}]},
+]
+
+
+def test_grpo_view_is_the_prompt_trl_generates_from(tiny_model: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """Per row, the view's tokens are the prompt ids a real GRPOTrainer generates from (its `_tokenize_prompts` on
+    the batch of its own train_dataset's prompts), all masked, with the completion's bound noted."""
+    for rows in (PROMPTS[:1], PROMPTS[1:]):  # string prompts, then chat prompts (one format per data set)
+        spec = spec_of(tiny_model, trainer="grpo", num_generations=2, max_completion_length=16, rewards="repetition")
+        trainer = real_trainer(spec, rows, tmp_path)
+        theirs = [list(ids) for ids in trainer._tokenize_prompts([r["prompt"] for r in trainer.train_dataset])[0]]
+        views = token_views(spec, rows, tokenizer)
+        assert [[t.id for t in v.sequences[0].tokens] for v in views] == theirs
+        assert all(v.trained_count == 0 and not v.dropped and not v.untrained for v in views)
+        assert all("at most 16 tokens" in v.notes[0] for v in views)
+    chat = views[0].sequences[0].tokens
+    assert "".join(t.text for t in chat).endswith("<|im_start|>assistant\n")  # the generation prompt, shown
+    without = tokenizer.apply_chat_template(PROMPTS[1]["prompt"], add_generation_prompt=False, tokenize=True)
+    without = list(without["input_ids"] if hasattr(without, "keys") else without)
+    assert without == theirs[0][: len(without)] != theirs[0]  # a view without the generation prompt is caught
+
+
 def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(tiny_model: Path, tokenizer: Any) -> None:
     from jobs.data.tokens.view import ViewUnavailable
 
-    with pytest.raises(ViewUnavailable) as grpo:
-        token_views(spec_of(tiny_model, trainer="grpo"), [{"prompt": "Hi"}], tokenizer)
-    assert grpo.value.problems[0].field == "trainer" and "not grpo" in grpo.value.problems[0].problem
+    with pytest.raises(ViewUnavailable) as reward:
+        token_views(spec_of(tiny_model, trainer="reward"), PREFERENCE, tokenizer)
+    assert reward.value.problems[0].field == "trainer" and "not reward" in reward.value.problems[0].problem
+    pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's image rows are shown (tests/test_token_view_images.py)
     with pytest.raises(ViewUnavailable) as images:
-        token_views(spec_of(tiny_model), [{"messages": MESSAGES[1]["messages"], "images": ["a.png"]}], tokenizer)
-    assert "image rows" in images.value.problems[0].problem
+        token_views(spec_of(tiny_model, trainer="dpo"), [pair], tokenizer)
+    assert "sft's image rows, not dpo's" in images.value.problems[0].problem

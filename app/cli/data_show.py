@@ -36,7 +36,7 @@ def cmd_data_show(_store: None, args: argparse.Namespace) -> int:
         for seq in view.sequences:
             if len(view.sequences) > 1:
                 out.append(f"-- {seq.name}:")
-            out.append(render_tokens(seq.tokens, colour))
+            out.append(render_tokens(seq.tokens, colour, seq.image_blocks))
         out.append("")
     print("\n".join(out))
     return EXIT_OK
@@ -44,9 +44,9 @@ def cmd_data_show(_store: None, args: argparse.Namespace) -> int:
 
 def _tokenizer(spec):  # -> the model's tokenizer, or UsageError
     from jobs.errors import Problem
-    from jobs.models.tokenizer import local_tokenizer
+    from jobs.models.vision import local_processing_class
 
-    found = local_tokenizer(spec.model, spec.trust_remote_code)
+    found = local_processing_class(spec.model, spec.trust_remote_code, spec.image_min_pixels, spec.image_max_pixels)
     if found is None:
         fix = f"fetch it once (`tunedeck setup --model {spec.model}` for a built-in, or download the model), then retry"
         raise UsageError([Problem("model", f"the tokenizer of {spec.model} is not on this machine", fix)])
@@ -73,21 +73,31 @@ def header(where: str, view, max_length: int | None) -> str:  # view: jobs.data.
     return text + "".join(f" ({note})" for note in view.notes)
 
 
-def render_tokens(tokens: Iterable, colour: bool) -> str:  # tokens: jobs.data.tokens.view.Token
-    """The tokens' text, marked: ANSI colours (`colour`) or bracketed spans of masked and cut tokens."""
+def render_tokens(tokens: Iterable, colour: bool, image_blocks: Iterable[tuple[int, int]] = ()) -> str:
+    """The tokens' text (jobs.data.tokens.view.Token), marked: ANSI colours (`colour`) or bracketed spans of masked
+    and cut tokens; each of `image_blocks` (first position, length) one `[image × N]` piece, as the form shows it,
+    marked as its first token."""
+    blocks = dict(image_blocks)
     parts: list[str] = []
     state = ""  # "", "masked" or "cut": the open plain span
-    for token in tokens:
+    skip = 0
+    for n, token in enumerate(tokens):
+        if skip:
+            skip -= 1
+            continue
+        text = token.text
+        if n in blocks:
+            text, skip = f"[image × {blocks[n]}]", blocks[n] - 1
         kind = "cut" if token.cut else "" if token.trained else "masked"
         if colour:
             if kind == "cut" and state != "cut":
                 parts.append(f"{RESET}✂")
             style = RED_STRUCK if kind == "cut" else GREEN if kind == "" else GREY
-            parts.append(f"{style}{BOLD if token.special else ''}{token.text}{RESET}")
+            parts.append(f"{style}{BOLD if token.special else ''}{text}{RESET}")
         else:
             if kind != state:
                 parts.append((f"[/{state}]" if state else "") + (f"[{kind}]" if kind else ""))
-            parts.append(token.text)
+            parts.append(text)
         state = kind
     if not colour and state:
         parts.append(f"[/{state}]")

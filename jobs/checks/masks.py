@@ -36,6 +36,8 @@ from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
 
 CHECKED_ROWS = 200
+# The views with tokens in the loss: grpo's shows the prompt only (its loss is on the sampled completions).
+LOSS_VIEWS = frozenset(("sft", "dpo", "kto"))
 CACHE_VERSION = "3"  # bump when what the findings say changes
 # Problems with these fields leave nothing sound to build tokens from: the step waits for their fix.
 BLOCKING_FIELDS = frozenset(("model", "dataset", "assistant_only_loss", "completion_only_loss", "packing", "trainer"))
@@ -43,10 +45,10 @@ BLOCKING_FIELDS = frozenset(("model", "dataset", "assistant_only_loss", "complet
 
 def mask_findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem], list[str]]:
     """([problems], [warnings]) about the loss masks of the first training rows; nothing when the trainer is
-    not one the token view covers, or the tokenizer or the data is not here (the other steps say why).
+    not one whose token view shows trained tokens, or the tokenizer or the data is not here (the other steps say why).
     Kept in the cache beside the token lengths, under the same key plus the fields that shape the masks: a
     second check of the same data, tokenizer and masks reads a small file."""
-    if not record_for(Trainer(spec.trainer)).token_view:
+    if record_for(Trainer(spec.trainer)).token_view not in LOSS_VIEWS:
         return [], []
     path = _cache_path(spec)
     if path is not None and path.is_file():
@@ -94,7 +96,10 @@ def _findings(spec: JobSpec, tokenizer: Callable[[], Any]) -> tuple[list[Problem
     if tok is None:
         return None
     try:
-        viewed = training_views(spec, load_data(spec), tok, first=CHECKED_ROWS)
+        loaded = load_data(spec)
+        if loaded.train_info.images.count:  # image rows: shown by the token view, not checked here yet
+            return None
+        viewed = training_views(spec, loaded, tok, first=CHECKED_ROWS)
     except (DataError, ViewUnavailable):
         return None
     refs = [s.ref for s in spec.dataset_sources] or [spec.dataset]

@@ -39,10 +39,12 @@ def _allowed(spec: JobSpec, policy: AccessPolicy) -> None:
 
 
 def tokenizer_of(spec: JobSpec, policy: AccessPolicy) -> Any:
-    """The model's tokenizer from this machine's files; Refused when it is not here."""
-    from jobs.models.tokenizer import local_tokenizer
+    """The model's tokenizer (a vision-language model's processor) from this machine's files; Refused when it is
+    not here."""
+    from jobs.models.vision import local_processing_class
 
-    found = local_tokenizer(spec.model, spec.trust_remote_code and policy.allow_remote_code)
+    remote = spec.trust_remote_code and policy.allow_remote_code
+    found = local_processing_class(spec.model, remote, spec.image_min_pixels, spec.image_max_pixels)
     if found is None:
         fix = f"fetch it once (`tunedeck setup --model {spec.model}` for a built-in, or download the model), then retry"
         raise Refused([Problem("model", f"the tokenizer of {spec.model} is not on this server", fix)])
@@ -79,6 +81,7 @@ def tokens_record(
                 "sequences": [
                     {
                         "name": seq.name,
+                        "image_blocks": [list(block) for block in seq.image_blocks],
                         "tokens": [
                             {"id": t.id, "text": t.text, "special": t.special, "trained": t.trained, "cut": t.cut}
                             for t in seq.tokens

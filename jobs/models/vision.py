@@ -200,3 +200,26 @@ def image_tokens(settings: dict[str, Any], width: int, height: int) -> int | Non
         full = settings.get("vision_feature_select_strategy") == "full"
         return n + (int(settings.get("num_additional_image_tokens", 0)) if full else 0)
     return None
+
+
+def local_processing_class(
+    model: str, trust_remote_code: bool = False, low: int | None = None, high: int | None = None
+) -> Any | None:
+    """What training tokenizes the model's rows with: a vision-language model's processor (its pixel budget,
+    `image_min_pixels`/`image_max_pixels`, set as training sets it), else the tokenizer (`local_tokenizer`);
+    None when the files are not here or will not load."""
+    from jobs.models.tokenizer import local_tokenizer, tokenizer_folder
+
+    folder = tokenizer_folder(model)
+    if not vision_model(model) or folder is None:
+        return local_tokenizer(model, trust_remote_code)
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(
+            str(folder), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception:  # noqa: BLE001 - any processor class's own load error: "not here", as local_tokenizer says it
+        return None
+    apply_budget(processor, low, high)
+    return processor

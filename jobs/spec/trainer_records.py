@@ -74,7 +74,7 @@ class TrainerRecord:
     image_pairs: bool = False
     renders_tools: bool = True
     needs_backbone: bool = False
-    # the token view that shows its rows as trl builds them (jobs.data.tokens.view: sft, dpo, kto); "": none yet
+    # the token view that shows its rows as trl builds them (jobs.data.tokens.view: sft, dpo, kto, grpo); "": none yet
     token_view: str = ""
     # what it refuses: a micro-batch under min_batch, and field values it fails with
     min_batch: int = 1
@@ -242,6 +242,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         # GRPOConfig has no max_length: prompts are kept whole, completions end at max_completion_length.
         TrainerRecord(
             trainer=Trainer.GRPO,
+            token_view="grpo",
             config_class="GRPOConfig",
             trainer_class="GRPOTrainer",
             row_formats=(RowFormat.PROMPT_ONLY,),

@@ -16,6 +16,14 @@ the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageMo
 - kto: prompt + completion with the row's label (desirable or not), in the loss where the unpaired
   collator's `completion_mask` is 1 (rows of prompt/completion/label; trl unpairs chosen/rejected rows
   itself, which the view does not show yet).
+- sft image rows (`image`/`images`): trl's `DataCollatorForVisionLanguageModeling` run on the row with the
+  model's processor, as SFTTrainer sets it up; in the loss where its label is not -100. Each image's run of
+  placeholder tokens (the processor expands the image token to one per image feature) is one `image_blocks` entry.
+- grpo: the prompt the model completes, as the trainer's own `GRPOTrainer._tokenize_prompts` tokenizes it (chat
+  prompts through the chat template with the generation prompt and the config's `chat_template_kwargs`; string
+  prompts by the tokenizer, its special tokens added), whole: trl 1.16 has no prompt truncation. Every token is
+  masked: the loss is on the completions sampled from it (at most max_completion_length tokens each), scored by
+  the rewards, which no row holds.
 
     views = token_views(spec, rows, tokenizer)     # one RowView per row, in order
     views[0].sequences[0].tokens[3].trained          # True: this token is in the loss
@@ -25,68 +33,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.errors import Problem, ProblemError
+from jobs.data.tokens.marks import RowView, Token, TokenSequence, ViewUnavailable, token_of
 from jobs.spec.enums import Trainer
 from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
 
+__all__ = ["RowView", "Token", "TokenSequence", "ViewUnavailable", "data_kwargs", "token_views"]
+
 # The SFTConfig/DPOConfig keywords that decide which tokens a row becomes and which of them are trained.
 DATA_KWARGS = ("max_length", "packing", "completion_only_loss", "assistant_only_loss", "padding_free")
-
-
-class ViewUnavailable(ProblemError):
-    """The token view cannot show this spec's rows (a trainer or a row format it does not cover yet)."""
-
-    subject = "with the token view"
-
-    def __init__(self, field_name: str, problem: str) -> None:
-        fix = "check the data with `tunedeck submit` (its checks still run), or view an sft, dpo or kto spec"
-        super().__init__([Problem(field_name, problem, fix)])
-
-
-@dataclass(frozen=True)
-class Token:
-    id: int
-    text: str  # the token's own piece of text, as the tokenizer decodes it alone
-    special: bool  # one of the tokenizer's special tokens (EOS, end-of-turn, BOS, pad)
-    trained: bool  # in the loss: the collator's label is not -100 (dpo: its completion_mask is 1)
-    cut: bool = False  # past max_length: truncation removes it, the model never sees it
-
-
-@dataclass(frozen=True)
-class TokenSequence:
-    name: str  # "text" (sft), "chosen", "rejected" (dpo)
-    tokens: tuple[Token, ...]
-
-    @property
-    def kept(self) -> list[Token]:
-        return [t for t in self.tokens if not t.cut]
-
-    @property
-    def trained_positions(self) -> list[int]:
-        """The positions (in the kept sequence) whose token is in the loss."""
-        return [i for i, t in enumerate(self.kept) if t.trained]
-
-    @property
-    def cut_count(self) -> int:
-        return sum(t.cut for t in self.tokens)
-
-
-@dataclass(frozen=True)
-class RowView:
-    index: int  # the row's position in the rows given
-    sequences: tuple[TokenSequence, ...]
-    dropped: bool = False  # trl drops the row: no token of it is left in the loss after truncation
-    untrained: bool = False  # no token of the row is in the loss even before the cut (its masks hide it all)
-    prompt_tokens: int = 0  # dpo: the shared prompt's length
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def trained_count(self) -> int:
-        return sum(len(s.trained_positions) for s in self.sequences)
 
 
 def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -> list[RowView]:
@@ -98,11 +55,16 @@ def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -
         raise ViewUnavailable("trainer", f"the token view covers the {covered} trainers, not {trainer.value}")
     if not rows:
         return []
-    if "image" in rows[0] or "images" in rows[0]:  # trl's vision collators build those rows on the fly
-        raise ViewUnavailable("dataset", "the token view does not show image rows yet")
-    tokenizer = _with_pad(tokenizer)
+    images = "image" in rows[0] or "images" in rows[0]  # trl's vision collators build those rows on the fly
+    if images and view != "sft":
+        raise ViewUnavailable("dataset", f"the token view shows sft's image rows, not {trainer.value}'s")
     with _quiet():
-        views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views}[view]
+        if images:
+            from jobs.data.tokens.image_view import image_views
+
+            return image_views(spec, list(rows), tokenizer)
+        tokenizer = _with_pad(getattr(tokenizer, "tokenizer", tokenizer))  # a processor's own tokenizer for text rows
+        views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views, "grpo": _grpo_views}[view]
         return views(spec, list(rows), tokenizer)
 
 
@@ -197,7 +159,7 @@ def _sft_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
         kept = range(len(ids))[cut]
         batch = collator([{"input_ids": ids[cut], "labels": labels[cut]}])
         trained = {kept[j] for j, label in enumerate(batch["labels"][0].tolist()) if label != -100}
-        tokens = tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(ids))
+        tokens = tuple(token_of(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(ids))
         dropped = not trained and not args.packing  # trl filters out rows left fully masked (not when packing)
         untrained = all(label == -100 for label in labels)
         out.append(RowView(i, (TokenSequence("text", tokens),), dropped=dropped, untrained=untrained))
@@ -217,10 +179,6 @@ def _slice(max_length: int | None, mode: str) -> slice:
     if max_length is None:
         return slice(None)
     return slice(None, max_length) if mode == "keep_start" else slice(-max_length, None)
-
-
-def _token(tokenizer: Any, token_id: int, trained: bool, cut: bool, special: set[int]) -> Token:
-    return Token(int(token_id), tokenizer.decode([int(token_id)]), int(token_id) in special, trained, cut)
 
 
 # ---------------------------------------------------------------------- dpo
@@ -247,7 +205,8 @@ def _dpo_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
             trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
             sequences.append(
                 TokenSequence(
-                    name, tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
+                    name,
+                    tuple(token_of(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole)),
                 )
             )
         n_prompt = len(example["prompt_ids"])
@@ -278,11 +237,34 @@ def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
         whole = list(example["prompt_ids"]) + list(example["completion_ids"])
         kept = range(len(whole))[_slice(args.max_length, "keep_start")]  # the collator keeps the start
         trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
-        tokens = tuple(_token(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
+        tokens = tuple(token_of(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
         label = "desirable" if example["label"] else "undesirable"
         n_prompt = len(example["prompt_ids"])
         dropped = args.max_length is not None and n_prompt >= args.max_length
         untrained = not example["completion_ids"]
         seq = TokenSequence(f"completion ({label})", tokens)
         out.append(RowView(i, (seq,), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
+    return out
+
+
+# ---------------------------------------------------------------------- grpo
+def _grpo_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    """Each row's prompt as GRPO generates from it, every token masked (the loss is on the sampled completions)."""
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # what `_tokenize_prompts` reads, as `__init__` sets it
+    trainer.processing_class, trainer._tokenizer, trainer._is_vlm = tokenizer, tokenizer, False
+    trainer.environment_factories, trainer.chat_template = None, None
+    trainer.tools = []  # tunedeck passes no tools (trl renders `tools or None`)
+    trainer.chat_template_kwargs = _config(spec).chat_template_kwargs or {}
+    special = set(tokenizer.all_special_ids)
+    note = (
+        f"GRPO samples completions of at most {spec.max_completion_length} tokens after this prompt and trains on "
+        "them as the rewards score them: no token of the row itself is in the loss"
+    )
+    out = []
+    for i, row in enumerate(rows):
+        ids = [int(t) for t in trainer._tokenize_prompts([row["prompt"]])[0][0]]
+        tokens = tuple(token_of(tokenizer, t, False, False, special) for t in ids)
+        out.append(RowView(i, (TokenSequence("prompt", tokens),), prompt_tokens=len(ids), notes=[note]))
     return out
