@@ -119,7 +119,7 @@ def test_a_tiny_repeated_data_set_trained_many_epochs_gets_overfitting_naming_it
     the sample's held-out rows: the eval loss is best at step 18 (3.81) and rises at 21, 24 and 27 (4.05, 6% above
     its best) while the training loss keeps falling. The finding comes at step 27 (step 24's rise, 4%, is within
     OVERFIT_RISE), names step 18, and its fix (early stopping) is what `tunedeck clone --fix` applies."""
-    from jobs.queue.commands import clone
+    from jobs.queue.run_actions import clone
 
     spec = training_helpers.tiny_spec(
         tiny_model,
