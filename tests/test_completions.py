@@ -98,3 +98,20 @@ def test_the_inspector_shows_the_nearest_kept_step(data_home, store) -> None:
     assert text.startswith("**Step 4**: 2 completions, 0 with advantage 0")
     assert table["headers"] == ["prompt", "completion", "short", "advantage"]
     assert table["data"][0] == ["What is 2+2?", "Answer: 4 (step 4)", "1.000", "0.707"]
+
+
+def test_a_refresh_keeps_the_step_the_user_moved_back_to_and_follows_the_newest(data_home, store) -> None:
+    """The run page's poll redraws the inspector: it reset the slider to the newest step, undoing the user's move
+    (seen in Chromium under load). A slider moved back stays; one at the newest follows the next kept step."""
+    from app.ui.completions import opened
+
+    run_id = store.create_run(JobSpec.from_dict({"trainer": "grpo", "rewards": "repetition", "model": "tiny-llama"}))
+    folder = store.run_path(run_id) / "output" / "completions"
+    for step in (2, 4):
+        write_step(folder, step)
+    assert opened(store, run_id)[1]["value"] == 4 and opened(store, run_id)[4] == 4  # opened: the newest
+    assert opened(store, run_id, 2, 4)[1]["value"] == 2  # moved back to 2: a refresh keeps it
+    write_step(folder, 8)
+    kept, followed = opened(store, run_id, 2, 4), opened(store, run_id, 4, 4)
+    assert kept[1]["value"] == 2 and "Step 2" in kept[2] and kept[4] == 8
+    assert followed[1]["value"] == 8 and "Step 8" in followed[2]

@@ -25,6 +25,7 @@ class CompletionsPanel:
     slider: gr.Slider
     summary: gr.Markdown
     table: gr.Dataframe
+    latest: gr.State  # the newest kept step when the view was last drawn: a slider there follows new steps
 
 
 def build() -> CompletionsPanel:
@@ -35,7 +36,7 @@ def build() -> CompletionsPanel:
         table = gr.Dataframe(
             interactive=False, wrap=True, max_height=480, show_label=False, elem_id="completions-table"
         )
-    return CompletionsPanel(box, slider, summary, table)
+    return CompletionsPanel(box, slider, summary, table, gr.State(None))
 
 
 def kept_steps(store: RunText, run_id: Any) -> list[int]:
@@ -81,23 +82,33 @@ def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def opened(store: RunText, run_id: Any) -> tuple[Any, Any, str, Any]:
-    """(accordion, slider, summary, table) for a run: hidden without kept completions, else at its last step."""
+def opened(store: RunText, run_id: Any, shown: Any = None, latest: Any = None) -> tuple[Any, Any, str, Any, Any]:
+    """(accordion, slider, summary, table, newest step) for a run: hidden without kept completions, else at its
+    last step; on a refresh (`latest`: the newest step when last drawn) a slider the user moved back to an earlier
+    step stays there, while one at the newest follows the run to its next kept step."""
     steps = kept_steps(store, run_id)
     if not steps:
-        return gr.update(visible=False), gr.update(), "", gr.update()
-    text, table = step_view(store, run_id, steps[-1])
+        return gr.update(visible=False), gr.update(), "", gr.update(), None
+    stays = latest is not None and shown is not None and float(shown) < float(latest)
+    step = nearest(steps, shown) if stays else steps[-1]
+    text, table = step_view(store, run_id, step)
     low, high = steps[0], steps[-1]
-    slider = gr.update(minimum=low, maximum=max(high, low + 1), value=high, step=1, interactive=len(steps) > 1)
-    return gr.update(visible=True), slider, text, gr.update(value=table)
+    slider = gr.update(minimum=low, maximum=max(high, low + 1), value=step, step=1, interactive=len(steps) > 1)
+    return gr.update(visible=True), slider, text, gr.update(value=table), high
 
 
 def wire(panel: CompletionsPanel, store: RunText, run_id: gr.Number, poll: gr.Button) -> None:
     """Open a run (or see it move) -> the slider and the last kept step; the slider -> that step."""
     private: dict[str, Any] = {"api_visibility": "private"}
-    outs = [panel.box, panel.slider, panel.summary, panel.table]
-    for trigger in (run_id.change, poll.click):
-        trigger(lambda rid: opened(store, rid), run_id, outs, show_progress="hidden", **private)
+    outs = [panel.box, panel.slider, panel.summary, panel.table, panel.latest]
+    run_id.change(lambda rid: opened(store, rid), run_id, outs, show_progress="hidden", **private)
+    poll.click(
+        lambda rid, shown, latest: opened(store, rid, shown, latest),
+        [run_id, panel.slider, panel.latest],
+        outs,
+        show_progress="hidden",
+        **private,
+    )
 
     def moved(rid: Any, value: Any) -> tuple[str, Any]:
         text, table = step_view(store, rid, value)
