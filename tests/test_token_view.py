@@ -229,12 +229,20 @@ def test_grpo_view_is_the_prompt_trl_generates_from(tiny_model: Path, tokenizer:
     assert without == theirs[0][: len(without)] != theirs[0]  # a view without the generation prompt is caught
 
 
-def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(tiny_model: Path, tokenizer: Any) -> None:
-    from jobs.data.tokens.view import ViewUnavailable
+def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(
+    tiny_model: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
 
-    with pytest.raises(ViewUnavailable) as reward:
+    from jobs.data.tokens.view import ViewUnavailable
+    from jobs.spec.trainer_records import RECORDS, record_for
+
+    assert all(record.token_view for record in RECORDS.values())  # every trainer's text rows are shown
+    monkeypatch.setitem(RECORDS, record_for("reward").trainer, replace(record_for("reward"), token_view=""))
+    with pytest.raises(ViewUnavailable) as reward:  # a trainer added without a view is refused by name
         token_views(spec_of(tiny_model, trainer="reward"), PREFERENCE, tokenizer)
     assert reward.value.problems[0].field == "trainer" and "not reward" in reward.value.problems[0].problem
+    monkeypatch.undo()
     pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's image rows are shown (tests/test_token_view_images.py)
     with pytest.raises(ViewUnavailable) as images:
         token_views(spec_of(tiny_model, trainer="dpo"), [pair], tokenizer)

@@ -24,6 +24,11 @@ the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageMo
   prompts by the tokenizer, its special tokens added), whole: trl 1.16 has no prompt truncation. Every token is
   masked: the loss is on the completions sampled from it (at most max_completion_length tokens each), scored by
   the rewards, which no row holds.
+- orpo, cpo, reward (`jobs.data.tokens.pair_views`): the chosen and the rejected side as the trainer's own
+  tokenization builds them. orpo/cpo: `tokenize_row` (the answer cut to fit max_length, the prompt kept whole), in
+  the loss where its labels are not -100, and for orpo the whole chosen sequence (its NLL term); reward: the ids
+  `RewardTrainer._prepare_dataset` gives, none trained (a reward model has no token labels), a row with a side
+  over max_length dropped as trl filters it.
 
     views = token_views(spec, rows, tokenizer)     # one RowView per row, in order
     views[0].sequences[0].tokens[3].trained          # True: this token is in the loss
@@ -64,6 +69,10 @@ def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -
 
             return image_views(spec, list(rows), tokenizer)
         tokenizer = _with_pad(getattr(tokenizer, "tokenizer", tokenizer))  # a processor's own tokenizer for text rows
+        if view in ("orpo", "cpo", "reward"):
+            from jobs.data.tokens.pair_views import pair_views
+
+            return pair_views(spec, list(rows), tokenizer, _config(spec))
         views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views, "grpo": _grpo_views}[view]
         return views(spec, list(rows), tokenizer)
 
