@@ -243,7 +243,10 @@ def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(
         token_views(spec_of(tiny_model, trainer="reward"), PREFERENCE, tokenizer)
     assert reward.value.problems[0].field == "trainer" and "not reward" in reward.value.problems[0].problem
     monkeypatch.undo()
-    pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's image rows are shown (tests/test_token_view_images.py)
+    pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's and dpo's are shown (tests/test_token_view_images.py)
     with pytest.raises(ViewUnavailable) as images:
+        token_views(spec_of(tiny_model, trainer="orpo"), [pair], tokenizer)
+    assert "sft's image rows and dpo's pairs, not orpo's" in images.value.problems[0].problem
+    with pytest.raises(ViewUnavailable) as text_only:  # dpo's pairs need the model's processor
         token_views(spec_of(tiny_model, trainer="dpo"), [pair], tokenizer)
-    assert "sft's image rows, not dpo's" in images.value.problems[0].problem
+    assert text_only.value.problems[0].field == "model" and "processor" in text_only.value.problems[0].problem
