@@ -8,6 +8,7 @@ filters out at max_length dropped. A mask shifted by one token, or a max_length 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,37 @@ def test_the_api_shows_the_new_trainers_rows(tiny_model: Path, tmp_path: Path) -
         first = shown["rows"][0]
         assert [s["name"] for s in first["sequences"]] == ["chosen", "rejected"]
         assert (first["trained"] > 0) is trained and bool(first["notes"]) is noted
+
+
+CHAT_PAIRS = [
+    {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Pick a fruit."}],
+        "chosen": [{"role": "assistant", "content": "Apple."}],
+        "rejected": [{"role": "assistant", "content": "Rock, a long answer that goes on past the limit."}],
+    },
+    {
+        "prompt": [{"role": "user", "content": "Say hi."}],
+        "chosen": [{"role": "assistant", "content": "Hi!"}],
+        "rejected": [{"role": "assistant", "content": "Bye."}],
+    },
+]
+
+
+@pytest.mark.parametrize("trainer_name", ["orpo", "cpo", "reward"])
+def test_chat_pairs_match_the_real_trainer_too(
+    tiny_model: Path, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer_name: str
+) -> None:
+    """Conversational pairs go through the chat template as each trainer renders them (orpo/cpo: trl's
+    `maybe_apply_chat_template`; reward: its `_prepare_dataset`), compared as above."""
+    spec = spec_of(tiny_model, trainer=trainer_name, max_length=40)
+    views = token_views(spec, CHAT_PAIRS, tokenizer)
+    trainer = real_trainer(spec, CHAT_PAIRS, tmp_path)
+    if trainer_name == "reward":
+        assert reward_differences(views, trainer) == []
+        assert [v.dropped for v in views] == [True, False]  # the long rejected answer: over max_length
+        assert reward_differences([replace(v, dropped=False) for v in views], trainer) != []  # a row kept: caught
+        return
+    assert pair_differences(views, trainer, monkeypatch) == []
+    assert pair_differences(shifted(views), trainer, monkeypatch) != []
+    assert views[0].sequences[1].cut_count > 0  # the long rejected answer, cut at max_length
+    assert "<|im_start|>assistant" in "".join(t.text for t in views[1].sequences[0].kept)
