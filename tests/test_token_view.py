@@ -229,13 +229,24 @@ def test_grpo_view_is_the_prompt_trl_generates_from(tiny_model: Path, tokenizer:
     assert without == theirs[0][: len(without)] != theirs[0]  # a view without the generation prompt is caught
 
 
-def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(tiny_model: Path, tokenizer: Any) -> None:
-    from jobs.data.tokens.view import ViewUnavailable
+def test_trainers_and_rows_the_view_does_not_cover_are_refused_by_name(
+    tiny_model: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
 
-    with pytest.raises(ViewUnavailable) as reward:
+    from jobs.data.tokens.view import ViewUnavailable
+    from jobs.spec.trainer_records import RECORDS, record_for
+
+    assert all(record.token_view for record in RECORDS.values())  # every trainer's text rows are shown
+    monkeypatch.setitem(RECORDS, record_for("reward").trainer, replace(record_for("reward"), token_view=""))
+    with pytest.raises(ViewUnavailable) as reward:  # a trainer added without a view is refused by name
         token_views(spec_of(tiny_model, trainer="reward"), PREFERENCE, tokenizer)
     assert reward.value.problems[0].field == "trainer" and "not reward" in reward.value.problems[0].problem
-    pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's image rows are shown (tests/test_token_view_images.py)
+    monkeypatch.undo()
+    pair = {**PREFERENCE[0], "images": ["a.png"]}  # sft's and dpo's are shown (tests/test_token_view_images.py)
     with pytest.raises(ViewUnavailable) as images:
+        token_views(spec_of(tiny_model, trainer="orpo"), [pair], tokenizer)
+    assert "sft's image rows and dpo's pairs, not orpo's" in images.value.problems[0].problem
+    with pytest.raises(ViewUnavailable) as text_only:  # dpo's pairs need the model's processor
         token_views(spec_of(tiny_model, trainer="dpo"), [pair], tokenizer)
-    assert "sft's image rows, not dpo's" in images.value.problems[0].problem
+    assert text_only.value.problems[0].field == "model" and "processor" in text_only.value.problems[0].problem

@@ -130,3 +130,54 @@ def test_data_show_shows_an_image_row_with_its_block(tiny_vlm: Path, tmp_path: P
     assert "(1 image(s): 16 image tokens)" in shown.stdout
     assert "[masked]<|im_start|>user\n[image × 16]What colour is it?" in shown.stdout
     assert "[/masked]blue<|im_end|>" in shown.stdout
+
+
+@pytest.mark.parametrize("max_length", [512, 36], ids=["whole", "cut"])  # the prompt: 34 tokens
+def test_dpo_image_pairs_view_matches_the_vision_preference_collator(
+    tiny_vlm: Path, tmp_path: Path, max_length: int
+) -> None:
+    """dpo's image pairs: per side, the view's kept ids and trained positions equal a real DPOTrainer's vision
+    preference collator's (attention_mask, completion_mask == 1), the image one block; one token off fails."""
+    from test_vision_dpo import dpo, part_pairs, write_rows
+
+    from jobs.config.mapping import training_config
+    from jobs.data.loading import load_data
+    from jobs.models.vision import local_processing_class
+    from jobs.train.trainers import build_trainer
+    from jobs.train.training import load_model
+
+    spec = dpo(str(tiny_vlm), write_rows(tmp_path / "pairs.jsonl", part_pairs(tmp_path, 3)), max_length=max_length,
+               max_steps=1, per_device_train_batch_size=1)  # fmt: skip
+    loaded = load_data(spec)
+    views = token_views(spec, loaded.train.to_list(), local_processing_class(str(tiny_vlm)))
+    model, processor = load_model(spec, CPU)
+    trainer = build_trainer(spec, model, processor, training_config(spec, CPU, str(tmp_path / "out")), loaded.train,
+                            None, None, [])  # fmt: skip
+    theirs = []
+    for i in range(len(trainer.train_dataset)):
+        batch = trainer.data_collator([trainer.train_dataset[i]])
+        for k in (0, 1):  # chosen, then rejected
+            n = int(batch["attention_mask"][k].sum())
+            mask = batch["completion_mask"][k].tolist()[:n]
+            theirs.append((batch["input_ids"][k].tolist()[:n], [j for j, bit in enumerate(mask) if bit]))
+    ours = [([t.id for t in s.kept], s.trained_positions) for v in views for s in v.sequences]
+    assert ours == theirs
+    assert [s.trained_positions for v in shifted_pairs(views) for s in v.sequences] != [p for _, p in theirs]
+    for view in views:
+        assert [s.name for s in view.sequences] == ["chosen", "rejected"]
+        assert all(len(s.image_blocks) == 1 and s.image_blocks[0][1] == 16 for s in view.sequences)
+        assert view.trained_count > 0 and "1 image(s): 16 image tokens" in view.notes[0]
+    if max_length == 36:
+        assert all(len(s.kept) == 36 and len(s.trained_positions) == 2 for v in views for s in v.sequences)
+        assert any(s.cut_count for v in views for s in v.sequences)
+
+
+def shifted_pairs(views: list[RowView]) -> list[RowView]:
+    out = []
+    for v in views:
+        seqs = []
+        for s in v.sequences:
+            marks = [False, *[t.trained for t in s.tokens][:-1]]
+            seqs.append(replace(s, tokens=tuple(replace(t, trained=m) for t, m in zip(s.tokens, marks))))
+        out.append(replace(v, sequences=tuple(seqs)))
+    return out

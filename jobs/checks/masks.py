@@ -36,7 +36,9 @@ from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
 
 CHECKED_ROWS = 200
-# The views with tokens in the loss: grpo's shows the prompt only (its loss is on the sampled completions).
+# The views with tokens in the loss: grpo's shows the prompt only (its loss is on the sampled completions), the
+# reward trainer's trains no token; orpo's and cpo's always train each answer and end it with the EOS trl appends
+# (`tokenize_row`), so their rows have nothing for these findings.
 LOSS_VIEWS = frozenset(("sft", "dpo", "kto"))
 CACHE_VERSION = "3"  # bump when what the findings say changes
 # Problems with these fields leave nothing sound to build tokens from: the step waits for their fix.

@@ -74,7 +74,7 @@ class TrainerRecord:
     image_pairs: bool = False
     renders_tools: bool = True
     needs_backbone: bool = False
-    # the token view that shows its rows as trl builds them (jobs.data.tokens.view: sft, dpo, kto, grpo); "": none yet
+    # the token view that shows its rows as trl builds them (jobs.data.tokens.view: sft, dpo, kto, grpo, orpo, cpo, reward)
     token_view: str = ""
     # what it refuses: a micro-batch under min_batch, and field values it fails with
     min_batch: int = 1
@@ -171,6 +171,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         # answers score above rejected ones; one forward per answer, no reference model.
         TrainerRecord(
             trainer=Trainer.REWARD,
+            token_view="reward",
             config_class="RewardConfig",
             trainer_class="RewardTrainer",
             row_formats=(RowFormat.PREFERENCE,),
@@ -205,6 +206,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         # reference pass, so it costs about what SFT on chosen+rejected costs.
         TrainerRecord(
             trainer=Trainer.ORPO,
+            token_view="orpo",
             config_class="ORPOConfig",
             trainer_class="ORPOTrainer",
             module="trl.experimental.orpo",
@@ -221,6 +223,7 @@ RECORDS: dict[Trainer, TrainerRecord] = {
         # CPO: a DPO-style loss without the reference model plus a behaviour-cloning term on the chosen answer.
         TrainerRecord(
             trainer=Trainer.CPO,
+            token_view="cpo",
             config_class="CPOConfig",
             trainer_class="CPOTrainer",
             module="trl.experimental.cpo",

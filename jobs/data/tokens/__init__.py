@@ -16,7 +16,8 @@ Three modules, lowest first (each imports only the ones above it):
 
 Beside them, what the tokens teach (not lengths): `view` builds each row's tokens with trl's own dataset
 preparation and collator, each marked trained or masked (`token_views(spec, rows, tokenizer)`; the marks'
-types in `marks`, sft's image rows in `image_view`, by trl's vision collator and the model's processor), and
+types in `marks`, sft's image rows in `image_view`, by trl's vision collator and the model's processor, orpo's,
+cpo's and the reward trainer's pairs in `pair_views`), and
 `viewed_rows` picks the training rows to show, named by their files' row numbers (`training_views`).
 Callers: `app.cli.data_show` (`tunedeck data show`) and `jobs.checks.masks` (the stop-token and
 all-masked findings).

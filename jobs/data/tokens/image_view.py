@@ -1,4 +1,4 @@
-"""The token view of sft's image rows: what trl's vision collator builds from a row, each token marked.
+"""The token view of image rows (sft's image chat, dpo's image pairs): what trl's vision collator builds, marked.
 
 trl builds image rows on the fly, in its collator (`DataCollatorForVisionLanguageModeling`): the processor applies
 the chat template to the row's content parts, expands each image token to one token per image feature, and
@@ -8,7 +8,11 @@ SFTTrainer sets it (max_length, assistant_only_loss, completion_only_loss, the t
 model's processor (the caller's, its pixel budget set as training sets it): once without max_length, to show the tokens the cut removes, and once as training runs it,
 whose labels mark the trained tokens. Each image's run of placeholder tokens is one block (`image_blocks`).
 
+dpo's image pairs go through `DataCollatorForVisionPreference` the same way (`image_pair_views`): the chosen and
+the rejected sequence, trained where its completion_mask is 1.
+
     views = image_views(spec, rows, processor)   # rows with `images` (or `image`) and `messages`
+    views = image_pair_views(spec, rows, processor)   # dpo: prompt/chosen/rejected rows with `images`
 """
 
 from __future__ import annotations
@@ -61,6 +65,40 @@ def image_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> li
         seq = TokenSequence("text", tokens, image_blocks=blocks)
         untrained = all(label == -100 for label in built["labels"][0].tolist())  # trl drops no image row
         out.append(RowView(i, (seq,), untrained=untrained, notes=notes))
+    return out
+
+
+def image_pair_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    """Each dpo image pair as trl's `DataCollatorForVisionPreference` builds it with the model's processor: the
+    prompt (its images expanded) then the chosen, and then the rejected, answer; trained where its completion_mask
+    is 1. Run once without max_length (every token) and once as training runs it (the start kept, as trl requires
+    for images)."""
+    from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
+
+    if not hasattr(tokenizer, "image_processor"):
+        raise ViewUnavailable(
+            "model", f"image pairs are built by a vision-language model's processor, and {spec.model} has none here"
+        )
+    whole = DataCollatorForVisionPreference(processor=tokenizer, max_length=None)
+    trained_run = DataCollatorForVisionPreference(processor=tokenizer, max_length=spec.max_length)
+    text = tokenizer.tokenizer
+    special = set(text.all_special_ids)
+    image_id = getattr(tokenizer, "image_token_id", None)
+    out = []
+    for i, row in enumerate(rows):
+        example = _decoded(row)
+        built, run = whole([copy.deepcopy(example)]), trained_run([copy.deepcopy(example)])
+        sequences = []
+        for k, side in enumerate(("chosen", "rejected")):  # the collator's rows: chosen, then rejected
+            ids = built["input_ids"][k][: int(built["attention_mask"][k].sum())].tolist()
+            kept = int(run["attention_mask"][k].sum())
+            trained = {j for j, bit in enumerate(run["completion_mask"][k].tolist()[:kept]) if bit}
+            tokens = tuple(token_of(text, t, n in trained, n >= kept, special) for n, t in enumerate(ids))
+            sequences.append(TokenSequence(side, tokens, image_blocks=_blocks(ids, image_id)))
+        blocks = sequences[0].image_blocks
+        notes = [f"{len(blocks)} image(s): {', '.join(str(n) for _, n in blocks)} image tokens"] if blocks else []
+        n_prompt = int(built["attention_mask"][0].sum() - built["completion_mask"][0].sum())
+        out.append(RowView(i, tuple(sequences), prompt_tokens=n_prompt, notes=notes))
     return out
 
 

@@ -17,7 +17,7 @@ class ViewUnavailable(ProblemError):
     subject = "with the token view"
 
     def __init__(self, field_name: str, problem: str) -> None:
-        fix = "check the data with `tunedeck submit` (its checks still run), or view an sft, dpo, kto or grpo spec"
+        fix = "check the data with `tunedeck submit` (its checks still run); the view shows text rows and sft's image rows"
         super().__init__([Problem(field_name, problem, fix)])
 
 
@@ -32,7 +32,7 @@ class Token:
 
 @dataclass(frozen=True)
 class TokenSequence:
-    name: str  # "text" (sft), "chosen", "rejected" (dpo), "completion (desirable)" (kto), "prompt" (grpo)
+    name: str  # "text" (sft), "chosen", "rejected" (dpo, orpo, cpo, reward), "completion (desirable)" (kto), "prompt"
     tokens: tuple[Token, ...]
     image_blocks: tuple[tuple[int, int], ...] = ()  # sft image rows: (first position, length) of each image's tokens
 
@@ -56,7 +56,7 @@ class RowView:
     sequences: tuple[TokenSequence, ...]
     dropped: bool = False  # trl drops the row: no token of it is left in the loss after truncation
     untrained: bool = False  # no token of the row is in the loss even before the cut (its masks hide it all)
-    prompt_tokens: int = 0  # dpo: the shared prompt's length
+    prompt_tokens: int = 0  # dpo, kto, orpo, cpo, grpo: the prompt's length
     notes: list[str] = field(default_factory=list)
 
     @property

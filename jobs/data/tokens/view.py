@@ -19,11 +19,18 @@ the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageMo
 - sft image rows (`image`/`images`): trl's `DataCollatorForVisionLanguageModeling` run on the row with the
   model's processor, as SFTTrainer sets it up; in the loss where its label is not -100. Each image's run of
   placeholder tokens (the processor expands the image token to one per image feature) is one `image_blocks` entry.
+- dpo image pairs: trl's `DataCollatorForVisionPreference` run on the row with the model's processor, the chosen and
+  the rejected sequence, in the loss where its `completion_mask` is 1 (`image_view.image_pair_views`).
 - grpo: the prompt the model completes, as the trainer's own `GRPOTrainer._tokenize_prompts` tokenizes it (chat
   prompts through the chat template with the generation prompt and the config's `chat_template_kwargs`; string
   prompts by the tokenizer, its special tokens added), whole: trl 1.16 has no prompt truncation. Every token is
   masked: the loss is on the completions sampled from it (at most max_completion_length tokens each), scored by
   the rewards, which no row holds.
+- orpo, cpo, reward (`jobs.data.tokens.pair_views`): the chosen and the rejected side as the trainer's own
+  tokenization builds them. orpo/cpo: `tokenize_row` (the answer cut to fit max_length, the prompt kept whole), in
+  the loss where its labels are not -100, and for orpo the whole chosen sequence (its NLL term); reward: the ids
+  `RewardTrainer._prepare_dataset` gives, none trained (a reward model has no token labels), a row with a side
+  over max_length dropped as trl filters it.
 
     views = token_views(spec, rows, tokenizer)     # one RowView per row, in order
     views[0].sequences[0].tokens[3].trained          # True: this token is in the loss
@@ -56,14 +63,20 @@ def token_views(spec: JobSpec, rows: Sequence[dict[str, Any]], tokenizer: Any) -
     if not rows:
         return []
     images = "image" in rows[0] or "images" in rows[0]  # trl's vision collators build those rows on the fly
-    if images and view != "sft":
-        raise ViewUnavailable("dataset", f"the token view shows sft's image rows, not {trainer.value}'s")
+    if images and view != "sft" and not record_for(trainer).image_pairs:
+        raise ViewUnavailable(
+            "dataset", f"the token view shows sft's image rows and dpo's pairs, not {trainer.value}'s"
+        )
     with _quiet():
         if images:
-            from jobs.data.tokens.image_view import image_views
+            from jobs.data.tokens.image_view import image_pair_views, image_views
 
-            return image_views(spec, list(rows), tokenizer)
+            return (image_views if view == "sft" else image_pair_views)(spec, list(rows), tokenizer)
         tokenizer = _with_pad(getattr(tokenizer, "tokenizer", tokenizer))  # a processor's own tokenizer for text rows
+        if view in ("orpo", "cpo", "reward"):
+            from jobs.data.tokens.pair_views import pair_views
+
+            return pair_views(spec, list(rows), tokenizer, _config(spec))
         views = {"sft": _sft_views, "dpo": _dpo_views, "kto": _kto_views, "grpo": _grpo_views}[view]
         return views(spec, list(rows), tokenizer)
 
