@@ -1,4 +1,4 @@
-"""That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue` and `storage.roles_pages`.
+"""That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue`, `storage.roles_pages` and `storage.roles_chat`.
 
 Nothing imports this module: mypy reads it (`./dev.sh check`), so a role whose signature drifts from the store's
 method fails there. It lives apart from `storage.store` so that the store imports no role (the roles stay leaves
@@ -8,6 +8,7 @@ of the import graph, tests/test_layers.py).
 from __future__ import annotations
 
 from storage import roles as r
+from storage import roles_chat as c
 from storage import roles_pages as p
 from storage import roles_queue as q
 from storage.store import Store
@@ -24,4 +25,6 @@ def plays_every_role(store: Store) -> None:
     worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
     pages: tuple[p.SeriesReader, p.DeviceMemory, p.RunText, p.RunCounts, p.ChatHistory, p.TaskReader] = (store,) * 6
     tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, q.QueueOrder] = (store,) * 4
-    del played, more, rest, scores, queue, worker, pages, tabs
+    chat: tuple[c.ChatReach, c.ChatImages, c.ChatReading, c.ChatLength, c.ChatWriting, c.ChatTurnActions] = (store,) * 6
+    chat_api: tuple[c.ChatTab, c.ModelNames, c.ChatRequests, c.OpenAIChat] = (store,) * 4
+    del played, more, rest, scores, queue, worker, pages, tabs, chat, chat_api
