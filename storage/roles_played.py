@@ -1,4 +1,5 @@
-"""That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue`, `storage.roles_pages` and `storage.roles_chat`.
+"""That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue`, `storage.roles_pages`,
+`storage.roles_chat` and `storage.roles_tasks`.
 
 Nothing imports this module: mypy reads it (`./dev.sh check`), so a role whose signature drifts from the store's
 method fails there. It lives apart from `storage.store` so that the store imports no role (the roles stay leaves
@@ -11,6 +12,7 @@ from storage import roles as r
 from storage import roles_chat as c
 from storage import roles_pages as p
 from storage import roles_queue as q
+from storage import roles_tasks as t
 from storage.store import Store
 
 
@@ -27,4 +29,11 @@ def plays_every_role(store: Store) -> None:
     tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, q.QueueOrder] = (store,) * 4
     chat: tuple[c.ChatReach, c.ChatImages, c.ChatReading, c.ChatLength, c.ChatWriting, c.ChatTurnActions] = (store,) * 6
     chat_api: tuple[c.ChatTab, c.ModelNames, c.ChatRequests, c.OpenAIChat] = (store,) * 4
-    del played, more, rest, scores, queue, worker, pages, tabs, chat, chat_api
+    tasks: tuple[t.TaskReach, t.TaskFollowing, t.RunTasks, t.TaskOnWorker, t.ExportRequests, t.EvaluationRequests] = (
+        store,
+    ) * 6
+    task_uses: tuple[t.ExportOnWorker, t.EvaluationOnWorker, t.ExportTasks, t.EvaluationTasks, t.Exporting] = (
+        store,
+    ) * 5
+    reports: tuple[t.ScoreReport, t.Evaluating] = (store,) * 2
+    del played, more, rest, scores, queue, worker, pages, tabs, chat, chat_api, tasks, task_uses, reports
