@@ -77,7 +77,12 @@ class ChatRequests(Protocol):
     def delete_chat(self, session_id: int) -> None: ...
 
 
-class OpenAIChat(ModelNames, ChatRequests, ChatImages, ArtifactReader, Protocol):
+class ChatAnswers(ModelNames, ChatRequests, ArtifactReader, Protocol):
+    """One question answered as /v1 answers it: the model resolved, the prompt counted against it, the reply asked
+    and followed (`app.mcp_tools.chat_answer`)."""
+
+
+class OpenAIChat(ChatAnswers, ChatImages, Protocol):
     """The `/v1` chat and completions routes (`app.openai_api.add_openai_routes`): the model resolved, the prompt
     counted, images kept, the reply asked and followed; sessions left by a stopped dashboard deleted at start."""
 

@@ -51,7 +51,7 @@ class RunText(LastMetric, ScoreReader, RunArtifacts, RunFolders, Protocol):
     """The run page's text panels: throughput, samples, phases, scores (`app.ui.run_text`)."""
 
 
-class RunCounts(RunLister, MetricReader, RunFolders, Protocol):
+class RunCounts(MetricReader, RunLister, RunFolders, Protocol):
     """The runs table: runs by status or search text, their count, events, figures and disk use (`app.ui.runs`)."""
 
     def count_runs(self) -> int: ...

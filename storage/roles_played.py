@@ -1,5 +1,5 @@
 """That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue`, `storage.roles_pages`,
-`storage.roles_chat` and `storage.roles_tasks`.
+`storage.roles_chat`, `storage.roles_tasks` and `storage.roles_api`.
 
 Nothing imports this module: mypy reads it (`./dev.sh check`), so a role whose signature drifts from the store's
 method fails there. It lives apart from `storage.store` so that the store imports no role (the roles stay leaves
@@ -9,6 +9,7 @@ of the import graph, tests/test_layers.py).
 from __future__ import annotations
 
 from storage import roles as r
+from storage import roles_api as a
 from storage import roles_chat as c
 from storage import roles_pages as p
 from storage import roles_queue as q
@@ -28,7 +29,7 @@ def plays_every_role(store: Store) -> None:
     pages: tuple[p.SeriesReader, p.DeviceMemory, p.RunText, p.RunCounts, p.ChatHistory, p.TaskReader] = (store,) * 6
     tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, q.QueueOrder] = (store,) * 4
     chat: tuple[c.ChatReach, c.ChatImages, c.ChatReading, c.ChatLength, c.ChatWriting, c.ChatTurnActions] = (store,) * 6
-    chat_api: tuple[c.ChatTab, c.ModelNames, c.ChatRequests, c.OpenAIChat] = (store,) * 4
+    chat_api: tuple[c.ChatTab, c.ModelNames, c.ChatRequests, c.ChatAnswers, c.OpenAIChat] = (store,) * 5
     tasks: tuple[t.TaskReach, t.TaskFollowing, t.RunTasks, t.TaskOnWorker, t.ExportRequests, t.EvaluationRequests] = (
         store,
     ) * 6
@@ -36,4 +37,6 @@ def plays_every_role(store: Store) -> None:
         store,
     ) * 5
     reports: tuple[t.ScoreReport, t.Evaluating] = (store,) * 2
-    del played, more, rest, scores, queue, worker, pages, tabs, chat, chat_api, tasks, task_uses, reports
+    api: tuple[a.RunDetails, a.ApiEndpoints, a.McpResults, a.McpTools] = (store,) * 4
+    tuning: tuple[a.TuningModels, a.JobSubmitting, a.TuningJobs] = (store,) * 3
+    del api, tuning, played, more, rest, scores, queue, worker, pages, tabs, chat, chat_api, tasks, task_uses, reports

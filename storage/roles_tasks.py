@@ -57,11 +57,11 @@ class EvaluationRequests(Evaluations, TaskQueue, Protocol):
     (`jobs.worker.tasks.request_evaluate`, `request_judge`)."""
 
 
-class ExportOnWorker(ExportRequests, TaskOnWorker, Protocol):
+class ExportOnWorker(TaskOnWorker, ExportRequests, Protocol):
     """An export or a push asked of a worker and followed (`tunedeck export --on-worker`, the Export panel's buttons)."""
 
 
-class EvaluationOnWorker(EvaluationRequests, TaskOnWorker, Protocol):
+class EvaluationOnWorker(TaskOnWorker, EvaluationRequests, Protocol):
     """A benchmark or judge task asked of a worker and followed (`--on-worker`, the Evaluate panel's buttons); or
     carried out here (`tunedeck judge`)."""
 
