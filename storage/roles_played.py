@@ -1,5 +1,5 @@
 """That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue`, `storage.roles_pages`,
-`storage.roles_chat`, `storage.roles_tasks` and `storage.roles_api`.
+`storage.roles_chat`, `storage.roles_tasks`, `storage.roles_api` and `storage.roles_dashboard`.
 
 Nothing imports this module: mypy reads it (`./dev.sh check`), so a role whose signature drifts from the store's
 method fails there. It lives apart from `storage.store` so that the store imports no role (the roles stay leaves
@@ -11,6 +11,7 @@ from __future__ import annotations
 from storage import roles as r
 from storage import roles_api as a
 from storage import roles_chat as c
+from storage import roles_dashboard as d
 from storage import roles_pages as p
 from storage import roles_queue as q
 from storage import roles_tasks as t
@@ -39,4 +40,22 @@ def plays_every_role(store: Store) -> None:
     reports: tuple[t.ScoreReport, t.Evaluating] = (store,) * 2
     api: tuple[a.RunDetails, a.ApiEndpoints, a.McpResults, a.McpTools] = (store,) * 4
     tuning: tuple[a.TuningModels, a.JobSubmitting, a.TuningJobs] = (store,) * 3
-    del api, tuning, played, more, rest, scores, queue, worker, pages, tabs, chat, chat_api, tasks, task_uses, reports
+    page: tuple[d.LiveStamps, d.LiveFeed, d.RunPageReads, d.LivePages, d.FormDevice, d.BundlePaths] = (store,) * 6
+    del (
+        page,
+        api,
+        tuning,
+        played,
+        more,
+        rest,
+        scores,
+        queue,
+        worker,
+        pages,
+        tabs,
+        chat,
+        chat_api,
+        tasks,
+        task_uses,
+        reports,
+    )
