@@ -7,7 +7,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from storage.roles import MetricReader, RunArtifacts, RunEvents, RunFolders, RunLister, ScoreReader, WorkerDirectory
+from storage.roles import (
+    MetricReader,
+    QueueReader,
+    RunArtifacts,
+    RunEvents,
+    RunFolders,
+    RunLister,
+    RunReader,
+    ScoreReader,
+    WorkerDirectory,
+)
 from storage.roles_queue import CheckTasks
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
@@ -79,3 +89,7 @@ class RunReport(RunText, RunCounts, RunEvents, SeriesReader, Protocol):
 
 class RewardTrials(CheckTasks, TaskReader, Protocol):
     """The form's "Try rewards" panel: the task queued, its row followed, the live workers asked."""
+
+
+class RunFollowing(LastMetric, QueueReader, RunReader, Protocol):
+    """A run followed to its end (`tunedeck run`'s progress bar): its row, its place in the queue, its last loss."""

@@ -1,5 +1,6 @@
 """That the whole `Store` plays every role of `storage.roles`, `storage.roles_queue`, `storage.roles_pages`,
-`storage.roles_chat`, `storage.roles_tasks`, `storage.roles_api` and `storage.roles_dashboard`.
+`storage.roles_chat`, `storage.roles_tasks`, `storage.roles_api`, `storage.roles_dashboard`
+and `storage.roles_worker`.
 
 Nothing imports this module: mypy reads it (`./dev.sh check`), so a role whose signature drifts from the store's
 method fails there. It lives apart from `storage.store` so that the store imports no role (the roles stay leaves
@@ -15,6 +16,7 @@ from storage import roles_dashboard as d
 from storage import roles_pages as p
 from storage import roles_queue as q
 from storage import roles_tasks as t
+from storage import roles_worker as w
 from storage.store import Store
 
 
@@ -41,7 +43,9 @@ def plays_every_role(store: Store) -> None:
     api: tuple[a.RunDetails, a.ApiEndpoints, a.McpResults, a.McpTools] = (store,) * 4
     tuning: tuple[a.TuningModels, a.JobSubmitting, a.TuningJobs] = (store,) * 3
     page: tuple[d.LiveStamps, d.LiveFeed, d.RunPageReads, d.LivePages, d.FormDevice, d.BundlePaths] = (store,) * 6
+    parts: tuple[w.DeviceClaims, w.WorkerPresence, w.EngineRuns, w.Dispatching, p.RunFollowing] = (store,) * 5
     del (
+        parts,
         page,
         api,
         tuning,
