@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # annotations only: a module that asks for a role must not im
         RunControl,
         RunRecord,
     )
+    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
     from storage.store_scores import Score, ScoreRecord
 
 
@@ -250,3 +251,11 @@ class MemoryRecord(Protocol):
     def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None: ...
 
     def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int: ...
+
+
+class ChatHistory(Protocol):
+    """A run's chat sessions and turns, read back (`app.ui.chat_preferences`)."""
+
+    def chat_history(self, session_id: int) -> list[ChatMessageRecord]: ...
+
+    def latest_chat(self, run_id: int) -> ChatSessionRecord | None: ...

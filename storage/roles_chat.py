@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from storage.roles import ArtifactReader, RunFolders, RunLister, RunReader
-from storage.roles_pages import ChatHistory
+from storage.roles import ArtifactReader, ChatHistory, ChatRuns, RunFolders, RunLister, RunReader
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
-    from storage.store_chat import ChatMessageRecord
+    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
 
 
 class ChatReach(RunReader, Protocol):
@@ -87,3 +86,26 @@ class OpenAIChat(ChatAnswers, ChatImages, Protocol):
     counted, images kept, the reply asked and followed; sessions left by a stopped dashboard deleted at start."""
 
     def delete_api_chats(self, before: float) -> int: ...
+
+
+class ChatServing(ChatRuns, ChatHistory, Protocol):
+    """A worker's chat service (`jobs.worker.chat_service`): its presence, the pending replies it can reach, each
+    claimed, streamed and finished or failed; the run's result loaded and the device's lease respected."""
+
+    def chat_service_beat(self, worker_id: str, host: str, shared_data: bool) -> None: ...
+
+    def chat_service_gone(self, worker_id: str) -> None: ...
+
+    def pending_chat_replies(self, limit: int = 20) -> list[ChatMessageRecord]: ...
+
+    def chat_session(self, session_id: int) -> ChatSessionRecord | None: ...
+
+    def claim_chat_reply(self, message_id: int, worker_id: str, note: str | None = None) -> bool: ...
+
+    def stream_chat_reply(self, message_id: int, worker_id: str, content: str, note: str | None = None) -> bool: ...
+
+    def finish_chat_reply(self, message_id: int, worker_id: str, content: str) -> bool: ...
+
+    def fail_chat_reply(self, message_id: int, worker_id: str, error: str) -> bool: ...
+
+    def fail_stale_chat_replies(self, within_s: float = 20.0) -> list[int]: ...

@@ -22,7 +22,6 @@ from storage.roles_queue import CheckTasks
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
     from storage.records import MemoryBucket, MetricBucket, MetricPoint, TaskRecord
-    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
 
 
 class SeriesReader(Protocol):
@@ -67,14 +66,6 @@ class RunCounts(MetricReader, RunLister, RunFolders, Protocol):
     def count_runs(self) -> int: ...
 
     def events_of_runs(self, run_ids: Sequence[int], kind: str) -> dict[int, list[dict[str, Any]]]: ...
-
-
-class ChatHistory(Protocol):
-    """A run's chat sessions and turns, read back (`app.ui.chat_preferences`)."""
-
-    def chat_history(self, session_id: int) -> list[ChatMessageRecord]: ...
-
-    def latest_chat(self, run_id: int) -> ChatSessionRecord | None: ...
 
 
 class TaskReader(Protocol):

@@ -29,7 +29,7 @@ def plays_every_role(store: Store) -> None:
     scores: tuple[r.ScoreSink, r.Evaluations] = (store,) * 2
     queue: tuple[q.Submitting, q.RunActing, q.CheckTasks, q.SearchReader, q.StudyHome, q.SearchDriving] = (store,) * 6
     worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
-    pages: tuple[p.SeriesReader, p.DeviceMemory, p.RunText, p.RunCounts, p.ChatHistory, p.TaskReader] = (store,) * 6
+    pages: tuple[p.SeriesReader, p.DeviceMemory, p.RunText, p.RunCounts, r.ChatHistory, p.TaskReader] = (store,) * 6
     tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, q.QueueOrder] = (store,) * 4
     chat: tuple[c.ChatReach, c.ChatImages, c.ChatReading, c.ChatLength, c.ChatWriting, c.ChatTurnActions] = (store,) * 6
     chat_api: tuple[c.ChatTab, c.ModelNames, c.ChatRequests, c.ChatAnswers, c.OpenAIChat] = (store,) * 5
@@ -44,7 +44,9 @@ def plays_every_role(store: Store) -> None:
     tuning: tuple[a.TuningModels, a.JobSubmitting, a.TuningJobs] = (store,) * 3
     page: tuple[d.LiveStamps, d.LiveFeed, d.RunPageReads, d.LivePages, d.FormDevice, d.BundlePaths] = (store,) * 6
     parts: tuple[w.DeviceClaims, w.WorkerPresence, w.EngineRuns, w.Dispatching, p.RunFollowing] = (store,) * 5
+    services: tuple[c.ChatServing, t.TaskServing, w.WorkerServices] = (store,) * 3
     del (
+        services,
         parts,
         page,
         api,

@@ -5,13 +5,14 @@ The smaller roles they combine are in `storage.roles`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.roles import (
     ArtifactReader,
     Evaluations,
     RunArtifacts,
+    RunEvents,
     RunFolders,
     RunReader,
     ScoreReader,
@@ -21,7 +22,7 @@ from storage.roles import (
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
     from storage.models import TaskStatus
-    from storage.records import TaskRecord
+    from storage.records import TaskControl, TaskRecord
 
 
 class TaskReach(RunReader, WorkerDirectory, Protocol):
@@ -87,3 +88,40 @@ class Evaluating(EvaluationOnWorker, ScoreReport, RunTasks, Protocol):
     which claims its tasks) or followed on a worker, then the scores printed."""
 
     def claim_task(self, task_id: int, worker_id: str) -> TaskRecord | None: ...
+
+
+class TaskServing(ArtifactReader, RunFolders, RunEvents, Protocol):
+    """A worker's task service (`jobs.worker.task_service`): the queued tasks it can reach claimed, a GPU task's
+    device lease held and released, its progress and end recorded, stale tasks failed; the child gets the
+    database's address."""
+
+    @property
+    def url(self) -> str: ...
+
+    def queued_tasks(self, kinds: Sequence[str], limit: int = 50) -> list[TaskRecord]: ...
+
+    def get_task(self, task_id: int) -> TaskRecord | None: ...
+
+    def claim_task(self, task_id: int, worker_id: str) -> TaskRecord | None: ...
+
+    def task_progress(self, task_id: int, lines: Sequence[str] = ()) -> TaskControl | None: ...
+
+    def finish_task(
+        self,
+        task_id: int,
+        status: TaskStatus,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+        only_if: Iterable[TaskStatus] = ...,
+    ) -> bool: ...
+
+    def fail_stale_tasks(self, older_than_s: float) -> list[int]: ...
+
+    def hold_device_for_task(
+        self, device: str, holder: str, host: str, run_id: int | None, task_id: int, pid: int
+    ) -> dict[str, Any]: ...
+
+    def release_device(
+        self, device: str, worker_id: str, host: str | None = None, run_id: int | None = None
+    ) -> bool: ...

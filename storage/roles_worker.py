@@ -9,6 +9,9 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.roles import QueueReader, RunEvents, RunFolders, RunReader, WorkerDirectory
+from storage.roles_chat import ChatServing
+from storage.roles_queue import SearchDriving
+from storage.roles_tasks import TaskServing
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
     from storage.models import RunStatus
@@ -82,3 +85,8 @@ class Dispatching(EngineRuns, WorkerPresence, RunReader, WorkerDirectory, RunEve
     def requeue(self, run_id: int) -> bool: ...
 
     def move_queued(self, run_id: int, position: int) -> bool: ...
+
+
+class WorkerServices(ChatServing, TaskServing, SearchDriving, Protocol):
+    """What a worker hands its services (`jobs.worker.services.Place`): the chat service's, the task service's and
+    the search driver's roles (`app.cli.main`'s worker runs all three)."""

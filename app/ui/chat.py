@@ -31,9 +31,8 @@ from jobs.errors import Problem
 from jobs.spec.stored import spec_of
 from jobs.worker.services import SHARED_DATA_ENV, run_host
 from storage.models import ReplyStatus, RunStatus
-from storage.roles import RunLister, RunReader
+from storage.roles import ChatHistory, RunLister, RunReader
 from storage.roles_chat import ChatLength, ChatReach, ChatReading, ChatTab, ChatTurnActions, ChatWriting
-from storage.roles_pages import ChatHistory
 from storage.store import ChatMessageRecord
 
 NO_RUNS = "No finished runs yet: launch one in the Launch tab; once it succeeds it can be picked here."

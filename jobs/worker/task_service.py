@@ -40,6 +40,7 @@ from jobs.worker.tasks import TaskKind, cli_args, describe
 from storage.errors import StorageError
 from storage.models import TaskStatus
 from storage.roles import RunFolders
+from storage.roles_tasks import TaskServing
 from storage.settings import data_dir
 from storage.store import TaskRecord
 
@@ -73,7 +74,7 @@ class TaskService:
         argv_of: Callable[[TaskRecord], list[str]] = default_argv,
     ) -> None:
         self.place = place
-        self.store = place.store
+        self.store: TaskServing = place.store
         self.poll_interval = poll_interval
         self.beat_interval = beat_interval
         self.stale_after = stale_after
