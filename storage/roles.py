@@ -215,7 +215,7 @@ class RunEnding(RunReader, RunFolders, Protocol):
     def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool: ...
 
 
-class StaleRuns(Leases, RunLister, RunReader, Protocol):
+class StaleRuns(Leases, RunReader, RunLister, Protocol):
     """A worker's clean-up of runs whose worker died (`jobs.worker.leases`): find them, interrupt, free the device."""
 
     def stale_running(self, older_than_s: float) -> list[RunRecord]: ...
@@ -239,7 +239,7 @@ class QueueReader(Protocol):
     def queued(self) -> list[RunRecord]: ...
 
 
-class QueueNotes(QueueReader, RunEvents, RunFolders, Protocol):
+class QueueNotes(QueueReader, RunFolders, RunEvents, Protocol):
     """What the fit check of queued runs reads (their saved predictions) and notes (`jobs.worker.fit`)."""
 
 

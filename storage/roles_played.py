@@ -44,7 +44,7 @@ def plays_every_role(store: Store) -> None:
     tuning: tuple[a.TuningModels, a.JobSubmitting, a.TuningJobs] = (store,) * 3
     page: tuple[d.LiveStamps, d.LiveFeed, d.RunPageReads, d.LivePages, d.FormDevice, d.BundlePaths] = (store,) * 6
     parts: tuple[w.DeviceClaims, w.WorkerPresence, w.EngineRuns, w.Dispatching, p.RunFollowing] = (store,) * 5
-    services: tuple[c.ChatServing, t.TaskServing, w.WorkerServices] = (store,) * 3
+    services: tuple[c.ChatServing, t.TaskServing, w.WorkerServices, w.Working] = (store,) * 4
     del (
         services,
         parts,

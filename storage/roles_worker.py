@@ -8,14 +8,25 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from storage.roles import QueueReader, RunEvents, RunFolders, RunReader, WorkerDirectory
+from storage.roles import (
+    MemoryRecord,
+    QueueNotes,
+    QueueReader,
+    RunEnding,
+    RunEvents,
+    RunFolders,
+    RunReader,
+    ShareRequeue,
+    StaleRuns,
+    WorkerDirectory,
+)
 from storage.roles_chat import ChatServing
 from storage.roles_queue import SearchDriving
 from storage.roles_tasks import TaskServing
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
     from storage.models import RunStatus
-    from storage.records import RunControl, RunRecord
+    from storage.records import MemoryPoint, RunControl, RunRecord
     from storage.store_leases import DeviceShare
 
 
@@ -90,3 +101,22 @@ class Dispatching(EngineRuns, WorkerPresence, RunReader, WorkerDirectory, RunEve
 class WorkerServices(ChatServing, TaskServing, SearchDriving, Protocol):
     """What a worker hands its services (`jobs.worker.services.Place`): the chat service's, the task service's and
     the search driver's roles (`app.cli.main`'s worker runs all three)."""
+
+
+class Working(
+    WorkerServices, StaleRuns, RunEnding, ShareRequeue, QueueNotes, MemoryRecord, DeviceClaims, WorkerPresence, Protocol
+):
+    """A worker (`jobs.worker.loop.Worker`): its presence and device, stale runs cleaned up, the next run claimed and
+    trained in a child given the database's address (its pid, cancel flag, doctor, memory samples, end recorded),
+    and its services handed their roles."""
+
+    @property
+    def url(self) -> str: ...
+
+    def set_child(self, run_id: int, pid: int | None, log_path: str | None = None) -> None: ...
+
+    def run_control(self, run_id: int) -> RunControl | None: ...
+
+    def memory_samples(
+        self, run_id: int | None = None, since: float | None = None, source: str | None = None, limit: int | None = None
+    ) -> list[MemoryPoint]: ...
