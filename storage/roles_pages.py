@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from storage.roles import (
+    CheckReader,
     MetricReader,
     QueueReader,
     RunArtifacts,
@@ -84,3 +85,8 @@ class RewardTrials(CheckTasks, TaskReader, Protocol):
 
 class RunFollowing(LastMetric, QueueReader, RunReader, Protocol):
     """A run followed to its end (`tunedeck run`'s progress bar): its row, its place in the queue, its last loss."""
+
+
+class RewardTrying(CheckReader, TaskReader, RunFolders, Protocol):
+    """`tunedeck grpo try` (`app.cli.grpo`): the spec checked (a grpo `reward_model_run`'s files), or a worker's
+    Try rewards task read and its result written next to the task's log."""

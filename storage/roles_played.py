@@ -30,7 +30,7 @@ def plays_every_role(store: Store) -> None:
     queue: tuple[q.Submitting, q.RunActing, q.CheckTasks, q.SearchReader, q.StudyHome, q.SearchDriving] = (store,) * 6
     worker: tuple[r.RunEnding, r.StaleRuns, r.ShareRequeue, r.QueueNotes, r.MemoryRecord] = (store,) * 5
     pages: tuple[p.SeriesReader, p.DeviceMemory, p.RunText, p.RunCounts, r.ChatHistory, p.TaskReader] = (store,) * 6
-    tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, q.QueueOrder] = (store,) * 4
+    tabs: tuple[p.RunReport, q.SearchPages, p.RewardTrials, p.RewardTrying, q.QueueOrder] = (store,) * 5
     chat: tuple[c.ChatReach, c.ChatImages, c.ChatReading, c.ChatLength, c.ChatWriting, c.ChatTurnActions] = (store,) * 6
     chat_api: tuple[c.ChatTab, c.ModelNames, c.ChatRequests, c.ChatAnswers, c.OpenAIChat] = (store,) * 5
     tasks: tuple[t.TaskReach, t.TaskFollowing, t.RunTasks, t.TaskOnWorker, t.ExportRequests, t.EvaluationRequests] = (
