@@ -43,8 +43,10 @@ from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
 from storage.records import RunRecord
+from storage.roles import RunReader
+from storage.roles_api import ApiEndpoints, RunDetails
+from storage.roles_queue import Submitting
 from storage.run_files import DiskUsage
-from storage.store import Store
 
 RUN_ENDPOINTS = (
     "submit",
@@ -130,7 +132,7 @@ def _number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None) -> Submitted:
+def submit_yaml(store: Submitting, spec_yaml: str, policy: AccessPolicy | None = None) -> Submitted:
     """Check a YAML spec as the form does (one `jobs.checks.pipeline.check`, through submit) and queue it."""
     from jobs.queue.submit import submit
 
@@ -141,7 +143,7 @@ def submit_yaml(store: Store, spec_yaml: str, policy: AccessPolicy | None = None
         return Submitted(run_id=None, problems=problem_data(exc.problems))
 
 
-def detail(store: Store, run: RunRecord, disk: DiskUsage) -> RunDetail:
+def detail(store: RunDetails, run: RunRecord, disk: DiskUsage) -> RunDetail:
     from app.ui.served_files import bundle_path
 
     (summary,) = run_summaries.summaries(store, [run], disk)
@@ -162,7 +164,7 @@ def _finding_data(finding: Finding) -> FindingData:
     return FindingData(**{k: data[k] for k in FindingData.__annotations__})  # type: ignore[typeddict-item]
 
 
-def _run(store: Store, run_id: int) -> RunRecord:
+def _run(store: RunReader, run_id: int) -> RunRecord:
     try:
         return run_actions.existing_run(store, run_id, "run_id")
     except RunCommandError as exc:
@@ -174,7 +176,9 @@ class Endpoints(DataEndpoints, TaskEndpoints):
     documents it from its docstring). `policy`: what callers may reach on the server (a dashboard behind
     a login: data folders only, no remote code)."""
 
-    def __init__(self, store: Store, policy: AccessPolicy | None = None) -> None:
+    store: ApiEndpoints
+
+    def __init__(self, store: ApiEndpoints, policy: AccessPolicy | None = None) -> None:
         from jobs.queue.trial import request_try_rewards
 
         self.store = store
@@ -348,7 +352,7 @@ class Endpoints(DataEndpoints, TaskEndpoints):
         return [getattr(self, name) for name in RUN_ENDPOINTS]
 
 
-def wire(store: Store, policy: AccessPolicy | None = None, more: Sequence[Any] = ()) -> list[Any]:
+def wire(store: ApiEndpoints, policy: AccessPolicy | None = None, more: Sequence[Any] = ()) -> list[Any]:
     """Declare the API endpoints inside the current gr.Blocks; returns their functions. `policy`: what
     callers may reach on the server (a dashboard behind a login: data folders only, no remote code).
     `more`: the searches' endpoints (`app.api_search.SearchEndpoints.functions()`)."""

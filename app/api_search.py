@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem, ProblemError
 from jobs.spec.job import JobSpec
-from storage.store import Store
+from storage.roles_queue import SearchDriving
 
 SEARCH_ENDPOINTS = ("search", "search_show", "search_best")  # app.api.ENDPOINTS lists them too (publish checks)
 
@@ -33,7 +33,7 @@ def _problems(problems: list[Problem]) -> list[dict[str, str]]:
 
 
 class SearchEndpoints:
-    def __init__(self, store: Store, policy: AccessPolicy | None = None) -> None:
+    def __init__(self, store: SearchDriving, policy: AccessPolicy | None = None) -> None:
         self.store = store
         self.policy = policy
 

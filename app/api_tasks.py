@@ -15,7 +15,7 @@ from app.spec_text import spec_values
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem
 from jobs.spec.job import SpecError
-from storage.store import Store
+from storage.roles_pages import RewardTrials, TaskReader
 
 
 class TrialQueued(TypedDict):
@@ -44,7 +44,7 @@ def queue_trial(request: Callable[[], int]) -> TrialQueued:
     return TrialQueued(task_id=task_id, problems=[])
 
 
-def task_data(store: Store, task_id: int) -> TaskData:
+def task_data(store: TaskReader, task_id: int) -> TaskData:
     """A task as the API shows it; gr.Error naming task_id when there is none."""
     task = store.get_task(int(task_id))
     if task is None:
@@ -64,7 +64,7 @@ def task_data(store: Store, task_id: int) -> TaskData:
 class TaskEndpoints:
     """The API's task endpoints (mixed into `app.api.Endpoints`, which holds `store` and `policy`)."""
 
-    store: Store
+    store: RewardTrials
     policy: AccessPolicy | None
     request_trial: Callable[..., int]  # `jobs.queue.trial.request_try_rewards`, handed in by `app.api.Endpoints`
 

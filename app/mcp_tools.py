@@ -24,7 +24,10 @@ from typing_extensions import TypedDict  # pydantic (the MCP SDK's schemas) need
 
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem, ProblemError
-from storage.store import Store
+from storage.roles import CheckReader, RunReader
+from storage.roles_api import McpResults, McpTools
+from storage.roles_chat import ChatAnswers
+from storage.roles_tasks import ExportOnWorker
 
 NAME = "tunedeck"
 LOG_LINES_MAX = 2000
@@ -77,7 +80,7 @@ def _whole_number(value: Any, field: str, low: int, high: int) -> int:
     return value
 
 
-def plan_data(store: Store, spec_yaml: str, policy: AccessPolicy) -> PlanData:
+def plan_data(store: CheckReader, spec_yaml: str, policy: AccessPolicy) -> PlanData:
     """The memory prediction submit would make for `spec_yaml`, with every problem submit would refuse it for."""
     from app.spec_text import spec_values
     from jobs.checks.pipeline import check
@@ -100,7 +103,7 @@ def plan_data(store: Store, spec_yaml: str, policy: AccessPolicy) -> PlanData:
     )
 
 
-def log_text(store: Store, run_id: int, lines: int) -> str:
+def log_text(store: RunReader, run_id: int, lines: int) -> str:
     from jobs.queue.run_actions import existing_run
     from storage.run_files import log_tail
 
@@ -108,7 +111,7 @@ def log_text(store: Store, run_id: int, lines: int) -> str:
     return log_tail(run.log_path, lines) or f"run {run.id} has no training log yet ({run.status.value})"
 
 
-def spec_text(store: Store, run_id: int) -> str:
+def spec_text(store: RunReader, run_id: int) -> str:
     from jobs.queue.run_actions import existing_run
     from jobs.spec.stored import spec_of
 
@@ -121,7 +124,7 @@ def task_data(task: Any) -> TaskData:
     )
 
 
-async def chat_answer(store: Store, run_id: int, prompt: str, system: str, base: bool, max_tokens: int) -> str:
+async def chat_answer(store: ChatAnswers, run_id: int, prompt: str, system: str, base: bool, max_tokens: int) -> str:
     """One answer from a finished run (or its base), through the worker's chat service as `/v1` asks it."""
     from starlette.concurrency import run_in_threadpool
 
@@ -144,7 +147,7 @@ async def chat_answer(store: Store, run_id: int, prompt: str, system: str, base:
     return str(answer["choices"][0]["message"]["content"])
 
 
-def _model_name(store: Store, run_id: int, base: bool) -> str:
+def _model_name(store: RunReader, run_id: int, base: bool) -> str:
     """The `/v1` model name of a run's result, or of the base model it was trained from."""
     from jobs.queue.run_actions import existing_run
     from jobs.spec.stored import spec_of
@@ -153,7 +156,7 @@ def _model_name(store: Store, run_id: int, base: bool) -> str:
     return spec_of(run).model if base else str(run.id)
 
 
-def build(store: Store, policy: AccessPolicy) -> Any:
+def build(store: McpTools, policy: AccessPolicy) -> Any:
     """The MCP server (`mcp.server.mcpserver.MCPServer`) of tunedeck's tools over `store`, under `policy`."""
     from mcp.server.mcpserver import MCPServer
 
@@ -174,7 +177,7 @@ def build(store: Store, policy: AccessPolicy) -> Any:
     return server
 
 
-def _run_tools(server: Any, api: Any, store: Store, policy: AccessPolicy) -> None:
+def _run_tools(server: Any, api: Any, store: CheckReader, policy: AccessPolicy) -> None:
     """The tools that read, plan, queue and stop runs."""
 
     @server.tool()
@@ -215,7 +218,7 @@ def _run_tools(server: Any, api: Any, store: Store, policy: AccessPolicy) -> Non
         return dict(_answered(lambda: api.metrics(run_id, names, since_step)))
 
 
-def _result_tools(server: Any, api: Any, store: Store) -> None:
+def _result_tools(server: Any, api: Any, store: McpResults) -> None:
     """The tools and resources of a run's log and result: log, chat, export, tasks; the spec and log resources."""
 
     @server.tool()
@@ -264,7 +267,7 @@ def _result_tools(server: Any, api: Any, store: Store) -> None:
 
 
 def export_tasks(
-    store: Store,
+    store: ExportOnWorker,
     run_id: int,
     merged: bool,
     dtype: str,
@@ -287,6 +290,6 @@ def export_tasks(
     return [task_data(t) for t in store.tasks_of(ids)]
 
 
-def serve_stdio(store: Store, policy: AccessPolicy) -> None:
+def serve_stdio(store: McpTools, policy: AccessPolicy) -> None:
     """`tunedeck mcp`: serve the tools on stdin/stdout until the agent closes them."""
     asyncio.run(build(store, policy).run_stdio_async())

@@ -48,9 +48,9 @@ from app.openai_fields import (
     stops_of,
 )
 from app.ui.chat import reach_problem
-from jobs.models.served_names import served_model, served_models
+from jobs.models.served_names import ServedRuns, served_model, served_models
 from storage.models import ReplyStatus
-from storage.store import Store
+from storage.roles_chat import ChatRequests, ModelNames, OpenAIChat
 
 POLL_S = 0.05  # how often a request reads its reply's text from the store
 PENDING_TIMEOUT_S = 600.0  # a reply no worker has claimed by then is given up (the worker may be training)
@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-def resolve_model(store: Store, name: str) -> tuple[int, str]:
+def resolve_model(store: ModelNames, name: str) -> tuple[int, str]:
     """(run id, side) for `model`: a finished run's id, else a base model, else a run's name (`jobs.models.served_names`)."""
     found = served_model(store, name, lambda run_id: reach_problem(store, run_id) is None)
     if found is not None:
@@ -83,7 +83,7 @@ def resolve_model(store: Store, name: str) -> tuple[int, str]:
     )
 
 
-def parse(store: Store, body: Any, chat: bool) -> Ask:
+def parse(store: ModelNames, body: Any, chat: bool) -> Ask:
     """A request body as an `Ask`; ApiError naming the parameter at fault."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -106,7 +106,7 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(found)], True) if found else (text, False)
 
 
-async def replies(store: Store, ask: Ask) -> AsyncGenerator[str, None]:
+async def replies(store: ChatRequests, ask: Ask) -> AsyncGenerator[str, None]:
     """The reply's text as it grows (each yield the whole text so far), until it is done; ApiError when it fails.
 
     The request's session is deleted however this ends: answered, failed, closed at a stop string, or cancelled
@@ -143,7 +143,7 @@ def _envelope(ask: Ask, chat: bool, ident: str, created: int) -> dict[str, Any]:
     return {"id": ident, "object": kind, "created": created, "model": ask.model}
 
 
-async def whole(store: Store, ask: Ask, chat: bool) -> dict[str, Any]:
+async def whole(store: ChatRequests, ask: Ask, chat: bool) -> dict[str, Any]:
     text = ""
     async with aclosing(replies(store, ask)) as texts:  # closed at once on a stop string: the session is deleted
         async for text in texts:
@@ -159,7 +159,7 @@ async def whole(store: Store, ask: Ask, chat: bool) -> dict[str, Any]:
     return head | {"choices": [choice]}
 
 
-async def events(store: Store, ask: Ask, chat: bool) -> AsyncGenerator[str, None]:
+async def events(store: ChatRequests, ask: Ask, chat: bool) -> AsyncGenerator[str, None]:
     """Server-sent events: one chunk per new piece of text, then the finish chunk and `[DONE]`."""
     head = _envelope(ask, chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
     head["object"] = "chat.completion.chunk" if chat else "text_completion"
@@ -235,7 +235,7 @@ def access_rule(
     return denied
 
 
-def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request], bool]) -> None:
+def add_openai_routes(app: Any, store: OpenAIChat, page_login: Callable[[Any, Request], bool]) -> None:
     """Serve `/v1/models`, `/v1/chat/completions` and `/v1/completions` from Gradio's FastAPI `app`; `page_login`:
     whether a request carries a logged-in page's cookie (`app.ui.live_route.logged_in`, passed in by the server)."""
     store.delete_api_chats(time.time() - STALE_API_S)
@@ -280,6 +280,6 @@ def add_openai_routes(app: Any, store: Store, page_login: Callable[[Any, Request
     app.router.routes[:] = ours + [r for r in app.router.routes if r not in ours]
 
 
-def model_list(store: Store) -> list[dict[str, Any]]:
+def model_list(store: ServedRuns) -> list[dict[str, Any]]:
     """Every finished run (by id, with its name where it answers to it), then each base model they trained from."""
     return served_models(store)

@@ -26,7 +26,8 @@ from starlette.responses import JSONResponse
 
 from jobs.chat.generate import MAX_NEW_TOKENS, ChatError, locate
 from jobs.chat.limits import prompt_problem
-from storage.store import Store
+from storage.roles import ArtifactReader
+from storage.roles_chat import ChatImages
 
 MAX_BODY_BYTES = 32 * 2**20  # a request body past this is refused (413) before it is read whole
 MAX_STOPS = 4
@@ -217,7 +218,7 @@ def stops_of(body: dict[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- what the run can take
-def check_prompt(store: Store, ask: Ask) -> None:
+def check_prompt(store: ArtifactReader, ask: Ask) -> None:
     """400 when the prompt has more tokens than the run's model reads at once (counted with the run's tokenizer
     when its folder is here; else the worker counts before its generation process is given it)."""
     try:
@@ -230,7 +231,7 @@ def check_prompt(store: Store, ask: Ask) -> None:
         raise ApiError(400, f"{problem.problem}. Fix: {problem.fix}", param, "context_length_exceeded")
 
 
-def keep_images(store: Store, ask: Ask) -> Ask:
+def keep_images(store: ChatImages, ask: Ask) -> Ask:
     """The request with its images kept as files in the run's folder (their paths in the turns); an image that is
     not a readable picture, has more pixels than allowed, or goes to a run of a text-only model is refused."""
     from app.ui.chat import image_refused

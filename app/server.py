@@ -37,6 +37,7 @@ from typing import Any
 
 from jobs.checks.access import AccessPolicy
 from jobs.errors import Problem, ProblemError
+from storage.roles_dashboard import BundlePaths
 from storage.settings import data_dir, max_upload_mb, models_dir, runs_dir, uploads_dir
 from storage.store import Store
 from storage.uploads import sweep_partials
@@ -181,7 +182,7 @@ class LiveList(list):
 SERVED_ARTIFACTS = {"bundle": ".zip", "export": ".zip", "gguf": ".gguf"}
 
 
-def bundle_files(store: Store) -> list[str]:
+def bundle_files(store: BundlePaths) -> list[str]:
     """The recorded bundle and export zips and GGUF files that are real files inside the data directory (no symlinks),
     and the preference sets made in the Chat tab."""
     root = data_dir()
@@ -216,12 +217,12 @@ def blocked_paths() -> list[str]:
     return [str(p) for p in blocked]
 
 
-def bundle_allow_list(store: Store) -> LiveList:
+def bundle_allow_list(store: BundlePaths) -> LiveList:
     """Gradio's `allowed_paths`: only the runs' bundle zips, re-read from the store at each check."""
     return LiveList(lambda: bundle_files(store))
 
 
-def launch_options(store: Store, auth_file: str | None = None) -> dict[str, Any]:
+def launch_options(store: BundlePaths, auth_file: str | None = None) -> dict[str, Any]:
     """Gradio launch() keyword arguments for safe serving (login, file access, upload cap) and page CSS."""
     from app.auth import gradio_auth, load_credentials
     from app.ui.form import FORM_CSS

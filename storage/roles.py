@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # annotations only: a module that asks for a role must not im
         RunControl,
         RunRecord,
     )
+    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
     from storage.store_scores import Score, ScoreRecord
 
 
@@ -214,7 +215,7 @@ class RunEnding(RunReader, RunFolders, Protocol):
     def mark_cancelled(self, run_id: int, exit_code: int | None = None) -> bool: ...
 
 
-class StaleRuns(Leases, RunLister, RunReader, Protocol):
+class StaleRuns(Leases, RunReader, RunLister, Protocol):
     """A worker's clean-up of runs whose worker died (`jobs.worker.leases`): find them, interrupt, free the device."""
 
     def stale_running(self, older_than_s: float) -> list[RunRecord]: ...
@@ -238,7 +239,7 @@ class QueueReader(Protocol):
     def queued(self) -> list[RunRecord]: ...
 
 
-class QueueNotes(QueueReader, RunEvents, RunFolders, Protocol):
+class QueueNotes(QueueReader, RunFolders, RunEvents, Protocol):
     """What the fit check of queued runs reads (their saved predictions) and notes (`jobs.worker.fit`)."""
 
 
@@ -250,3 +251,11 @@ class MemoryRecord(Protocol):
     def set_peak_memory(self, run_id: int, peak_bytes: int, source: str) -> None: ...
 
     def thin_idle_memory(self, older_than: float, keep_every: float = 60.0) -> int: ...
+
+
+class ChatHistory(Protocol):
+    """A run's chat sessions and turns, read back (`app.ui.chat_preferences`)."""
+
+    def chat_history(self, session_id: int) -> list[ChatMessageRecord]: ...
+
+    def latest_chat(self, run_id: int) -> ChatSessionRecord | None: ...

@@ -7,12 +7,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from storage.roles import MetricReader, RunArtifacts, RunEvents, RunFolders, RunLister, ScoreReader, WorkerDirectory
+from storage.roles import (
+    CheckReader,
+    MetricReader,
+    QueueReader,
+    RunArtifacts,
+    RunEvents,
+    RunFolders,
+    RunLister,
+    RunReader,
+    ScoreReader,
+    WorkerDirectory,
+)
 from storage.roles_queue import CheckTasks
 
 if TYPE_CHECKING:  # annotations only (a module that asks for a role must not import the database layer)
     from storage.records import MemoryBucket, MetricBucket, MetricPoint, TaskRecord
-    from storage.store_chat import ChatMessageRecord, ChatSessionRecord
 
 
 class SeriesReader(Protocol):
@@ -51,20 +61,12 @@ class RunText(LastMetric, ScoreReader, RunArtifacts, RunFolders, Protocol):
     """The run page's text panels: throughput, samples, phases, scores (`app.ui.run_text`)."""
 
 
-class RunCounts(RunLister, MetricReader, RunFolders, Protocol):
+class RunCounts(MetricReader, RunLister, RunFolders, Protocol):
     """The runs table: runs by status or search text, their count, events, figures and disk use (`app.ui.runs`)."""
 
     def count_runs(self) -> int: ...
 
     def events_of_runs(self, run_ids: Sequence[int], kind: str) -> dict[int, list[dict[str, Any]]]: ...
-
-
-class ChatHistory(Protocol):
-    """A run's chat sessions and turns, read back (`app.ui.chat_preferences`)."""
-
-    def chat_history(self, session_id: int) -> list[ChatMessageRecord]: ...
-
-    def latest_chat(self, run_id: int) -> ChatSessionRecord | None: ...
 
 
 class TaskReader(Protocol):
@@ -79,3 +81,12 @@ class RunReport(RunText, RunCounts, RunEvents, SeriesReader, Protocol):
 
 class RewardTrials(CheckTasks, TaskReader, Protocol):
     """The form's "Try rewards" panel: the task queued, its row followed, the live workers asked."""
+
+
+class RunFollowing(LastMetric, QueueReader, RunReader, Protocol):
+    """A run followed to its end (`tunedeck run`'s progress bar): its row, its place in the queue, its last loss."""
+
+
+class RewardTrying(CheckReader, TaskReader, RunFolders, Protocol):
+    """`tunedeck grpo try` (`app.cli.grpo`): the spec checked (a grpo `reward_model_run`'s files), or a worker's
+    Try rewards task read and its result written next to the task's log."""

@@ -4,7 +4,9 @@
 - inside `jobs/`, packages keep their own one-way order (`config/` never imports `train/`,
   `checks/` never the worker, ...), listed in `JOBS_ORDER`;
 - no module is over 400 lines and no function (nested ones included) over 80; the longest import chain inside jobs/ is at most 10 modules, and
-  the whole tree's (the app's composition on top) at most 14.
+  the whole tree's (the app's composition on top) at most 14;
+- app/ and jobs/ name `Store` as a type only where a process assembles itself from it (at most 8 annotations):
+  everything else asks for a role of `storage.roles*`.
 
 Imports are read from the source (ast), lazy imports inside functions included, so a cycle or a
 long chain that only shows at run time is caught here too. `bench/architecture.py` prints the
@@ -164,3 +166,34 @@ def sqlalchemy_importers() -> list[str]:
 def test_only_storage_imports_sqlalchemy() -> None:
     """The store raises its own errors (`storage.errors.StorageError` and kin); nothing above it needs the driver's."""
     assert not sqlalchemy_importers(), sqlalchemy_importers()
+
+
+# Where a process makes the store and assembles itself from it (issue 42): the CLI's open_store and its command
+# dispatch (two annotations), `tunedeck worker`, `tunedeck run`'s in-process worker, the engine job's run_job, the
+# dashboard's build_ui. Everything else asks for a role (`storage.roles*`); 115 annotations named Store at 05da12e.
+MAX_STORE_ANNOTATIONS = 8
+
+
+def store_annotations() -> list[str]:
+    """Parameter, return and attribute annotations in app/ and jobs/ that name `Store` ("path:line")."""
+    found = []
+    for name, path in module_files().items():
+        if name.split(".")[0] == "storage":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                notes = [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.annotation]
+                notes += [node.returns] if node.returns else []
+            elif isinstance(node, ast.AnnAssign):
+                notes = [node.annotation]
+            else:
+                continue
+            if any(isinstance(n, ast.Name) and n.id == "Store" for note in notes for n in ast.walk(note)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_store_is_named_only_where_a_process_assembles_it() -> None:
+    found = store_annotations()
+    assert len(found) <= MAX_STORE_ANNOTATIONS, found

@@ -20,7 +20,7 @@ from app.cli.usage import EXIT_OK, UsageError
 from jobs.errors import Problem
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from storage.roles_worker import Dispatching
 
 EXECUTORS = ("local", "slurm", "ray")
 SLURM_OPTIONS = ("partition", "account", "time_limit", "qos")
@@ -124,7 +124,7 @@ def engine_of(args: argparse.Namespace) -> Any:
         raise UsageError([Problem("--ray-address", str(exc), fix)]) from exc
 
 
-def cmd_dispatch(store: Store, args: argparse.Namespace) -> int:
+def cmd_dispatch(store: Dispatching, args: argparse.Namespace) -> int:
     """`tunedeck worker --executor slurm|ray`: the dispatcher until SIGTERM (or, with --burst, until nothing is left)."""
     found = problems(args)
     if found:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from app.cli.usage import EXIT_OK
 
 if TYPE_CHECKING:  # the parser is built for every command: `plan` must not import the database layer
-    from storage.store import Store
+    from storage.roles_tasks import Evaluating, EvaluationOnWorker, ScoreReport, TaskOnWorker
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return s
 
 
-def _on_worker(store: Store, run_id: int, request: Callable[[], int]) -> int:
+def _on_worker(store: TaskOnWorker, run_id: int, request: Callable[[], int]) -> int:
     """Queue the task `request` makes for a worker that reaches the run, and follow it to its end."""
     from app.cli.tasks import check_reachable, follow
 
@@ -67,7 +67,7 @@ def _on_worker(store: Store, run_id: int, request: Callable[[], int]) -> int:
     return follow(store, [task_id])
 
 
-def cmd_judge(store: Store, args: argparse.Namespace) -> int:
+def cmd_judge(store: EvaluationOnWorker, args: argparse.Namespace) -> int:
     from jobs.evaluate.judge import judge_run
 
     if getattr(args, "on_worker", False):
@@ -82,7 +82,7 @@ def cmd_judge(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
+def cmd_evaluate(store: Evaluating, args: argparse.Namespace) -> int:
     from jobs.evaluate.harness import evaluate_run
 
     if getattr(args, "on_worker", False):
@@ -97,7 +97,7 @@ def cmd_evaluate(store: Store, args: argparse.Namespace) -> int:
     return code
 
 
-def _print_scores(store: Store, run_id: int) -> None:
+def _print_scores(store: ScoreReport, run_id: int) -> None:
     """The run's benchmark table, base beside run, and the judge's line, as `tunedeck show` ends."""
     from app.cli.show import run_or_fail, score_lines
 
@@ -105,7 +105,7 @@ def _print_scores(store: Store, run_id: int) -> None:
         print(line)
 
 
-def evaluations_after_run(store: Store, run_id: int, worker: Any = None) -> int:
+def evaluations_after_run(store: Evaluating, run_id: int, worker: Any = None) -> int:
     """`tunedeck run`'s ending: the benchmark and judge tasks the run queued (eval_tasks, judge), followed to their
     end and their scores printed, base beside run, then the judge's win rate. `worker`: the run's in-process
     worker, when no other runs; its task service carries them out here, in a thread, as `tunedeck worker` would.

@@ -15,10 +15,10 @@ import logging
 
 from app.cli.usage import EXIT_OK, UsageError
 from jobs.errors import Problem
-from storage.store import Store
+from storage.roles_tasks import Exporting, ExportOnWorker
 
 
-def cmd_export(store: Store, args: argparse.Namespace) -> int:
+def cmd_export(store: Exporting, args: argparse.Namespace) -> int:
     from jobs.export.merged import export_merged
 
     if not args.merged and not args.gguf:
@@ -63,7 +63,7 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def export_on_worker(store: Store, args: argparse.Namespace) -> int:
+def export_on_worker(store: ExportOnWorker, args: argparse.Namespace) -> int:
     """`--on-worker`: the tasks of this export queued for a worker that can reach the run, followed here."""
     from app.cli.tasks import check_reachable, follow
     from jobs.export.merged import finished_spec
@@ -78,7 +78,7 @@ def export_on_worker(store: Store, args: argparse.Namespace) -> int:
     return follow(store, ids)
 
 
-def cmd_setup(_store: Store | None, args: argparse.Namespace) -> int:
+def cmd_setup(_store: object, args: argparse.Namespace) -> int:
     from jobs.models import references as models
 
     print(f"preparing built-in model {args.model} (first time: download and convert, may take a minute)...")

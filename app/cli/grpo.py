@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from app.cli.usage import EXIT_OK, StoreUse, UsageError
 from jobs.errors import Problem
 
+if TYPE_CHECKING:  # the parser is built for every command: no store imported for it
+    from storage.roles_pages import RewardTrying
+
 EXIT_NO_SIGNAL = 1
 
 
-def cmd_grpo_try(store, args: argparse.Namespace) -> int:  # store: storage.store.Store
+def cmd_grpo_try(store: RewardTrying, args: argparse.Namespace) -> int:
     from jobs.train.reward_trial import trial_table, try_rewards
 
     if args.task is not None:
@@ -47,7 +51,7 @@ def cmd_grpo_try(store, args: argparse.Namespace) -> int:  # store: storage.stor
     return EXIT_OK if result["teaching"] else EXIT_NO_SIGNAL
 
 
-def _carry_out(store, task_id: int) -> int:
+def _carry_out(store: RewardTrying, task_id: int) -> int:
     """A worker's task: the spec and prompt count from the task, the result as JSON next to its log."""
     from jobs.spec.job import JobSpec
     from jobs.train.reward_trial import trial_table, try_rewards

@@ -18,10 +18,10 @@ from jobs.errors import Problem
 from jobs.units import human_bytes
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from storage.roles_queue import RunActing
 
 
-def cmd_rm(store: Store, args: argparse.Namespace) -> int:
+def cmd_rm(store: RunActing, args: argparse.Namespace) -> int:
     from jobs.queue.run_actions import RunCommandError, check_deletable, delete
     from storage.run_files import run_bytes
 
@@ -51,7 +51,7 @@ def describe(tags: tuple[str, ...], note: str | None) -> str:
     return f"tags: {', '.join(tags) if tags else '-'}\nnote: {note if note else '-'}"
 
 
-def cmd_tag(store: Store, args: argparse.Namespace) -> int:
+def cmd_tag(store: RunActing, args: argparse.Namespace) -> int:
     from jobs.queue.run_actions import tag
 
     run = tag(store, args.run_id, add=args.tags, remove=args.remove, note=args.note)

@@ -15,10 +15,10 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the parser is built for every command: no store imported for it
-    from storage.store import Store
+    from storage.roles_api import McpTools
 
 
-def cmd_mcp(store: Store, args: argparse.Namespace) -> int:
+def cmd_mcp(store: McpTools, args: argparse.Namespace) -> int:
     from app.cli.usage import EXIT_OK
     from app.mcp_tools import serve_stdio
     from jobs.checks.access import AccessPolicy

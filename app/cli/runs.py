@@ -24,8 +24,8 @@ from jobs.errors import Problem
 from jobs.train.artifacts import bundle_of
 from jobs.units import human_bytes
 from storage.models import RunStatus
-from storage.roles import QueueReader
-from storage.roles_pages import RunReport
+from storage.roles import QueueReader, Sweeps
+from storage.roles_pages import RunFollowing, RunReport
 from storage.roles_queue import QueueOrder, RunActing, Submitting
 from storage.store import RunRecord, Store
 
@@ -87,7 +87,7 @@ def cmd_run(store: Store, args: argparse.Namespace) -> int:
 
 
 def follow(
-    store: Store, run_id: int, worker_thread: threading.Thread | None = None, interval: float = 0.5
+    store: RunFollowing, run_id: int, worker_thread: threading.Thread | None = None, interval: float = 0.5
 ) -> RunRecord:
     """Show a progress bar until the run finishes; prints each status change."""
     from tqdm import tqdm
@@ -192,7 +192,7 @@ def cmd_move(store: QueueOrder, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_sweep(store: Store, args: argparse.Namespace) -> int:
+def cmd_sweep(store: Sweeps, args: argparse.Namespace) -> int:
     from app.cli.sweep import sweep_command
 
     queueing = args.spec and args.show is None and not args.list

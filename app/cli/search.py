@@ -19,12 +19,12 @@ from jobs.errors import Problem
 from jobs.spec.job import SpecError
 
 if TYPE_CHECKING:  # the parser is built for every command: no store imported for it
-    from storage.store import Store
+    from storage.roles_queue import SearchDriving, SearchPages
 
 ACTIONS = ("show", "best", "list", "stop")
 
 
-def search_command(store: Store, args: argparse.Namespace) -> int:
+def search_command(store: SearchPages, args: argparse.Namespace) -> int:
     from jobs.search.report import best_spec, format_report, search_report
 
     if args.target == "list":
@@ -51,7 +51,7 @@ def search_command(store: Store, args: argparse.Namespace) -> int:
     return _start(store, args)
 
 
-def _start(store: Store, args: argparse.Namespace) -> int:
+def _start(store: SearchDriving, args: argparse.Namespace) -> int:
     from app.cli.usage import load_spec
     from jobs.search.driver import start_search
     from jobs.search.plan import SearchPlan

@@ -20,6 +20,7 @@ from jobs.units import human_bytes
 from storage.models import RunStatus
 from storage.roles import RunReader
 from storage.roles_pages import RunReport
+from storage.roles_tasks import ScoreReport
 from storage.store import RunRecord
 
 
@@ -191,7 +192,7 @@ def events_lines(store: RunReport, run: RunRecord, events: list[dict[str, Any]])
     return out
 
 
-def score_lines(store: RunReport, run: RunRecord) -> list[str]:
+def score_lines(store: ScoreReport, run: RunRecord) -> list[str]:
     """Benchmark scores, base beside run, each with its standard error, then the judge's verdict (`jobs.evaluate`)."""
     from jobs.evaluate.card import JUDGE_TASK, judge_line, scores_table
     from jobs.evaluate.judge import judge_file

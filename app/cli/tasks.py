@@ -17,7 +17,7 @@ from app.cli.usage import EXIT_OK, EXIT_RUN_FAILED, UsageError
 from jobs.errors import Problem
 
 if TYPE_CHECKING:  # the store (its database driver) loads only when a command follows tasks: the parser stays light
-    from storage.store import Store
+    from storage.roles_tasks import TaskFollowing, TaskReach
 
 POLL_S = 0.5
 
@@ -31,7 +31,7 @@ def add_flag(parser) -> None:
     )
 
 
-def check_reachable(store: Store, run_id: int) -> None:
+def check_reachable(store: TaskReach, run_id: int) -> None:
     """UsageError when the run does not exist or no running worker can reach its weights."""
     from jobs.worker.tasks import reach_problem
 
@@ -43,7 +43,7 @@ def check_reachable(store: Store, run_id: int) -> None:
         raise UsageError([problem])
 
 
-def follow(store: Store, task_ids: list[int], poll_s: float = POLL_S) -> int:
+def follow(store: TaskFollowing, task_ids: list[int], poll_s: float = POLL_S) -> int:
     """Print the tasks' new log lines until they end; the exit code (0: all succeeded)."""
     from jobs.worker.tasks import describe
     from storage.models import TaskStatus

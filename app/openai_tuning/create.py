@@ -23,7 +23,7 @@ from jobs.models.served_names import served_model
 from jobs.spec.job import JobSpec
 from jobs.spec.stored import result_folder, spec_of
 from storage.api_files import api_file
-from storage.store import Store
+from storage.roles_api import TuningModels
 
 FIELDS = {"model", "training_file", "validation_file", "suffix", "seed", "method", "hyperparameters", "metadata"}
 FIELDS_OFF = {"integrations": "tunedeck reports to trackers with the spec's `report_to` (set in the form or CLI)"}
@@ -66,7 +66,7 @@ def _file(body: dict[str, Any], name: str) -> str | None:
     return str(found.path)
 
 
-def _model(store: Store, body: dict[str, Any]) -> str:
+def _model(store: TuningModels, body: dict[str, Any]) -> str:
     """The spec's `model`: the name as given, or a finished run's whole-model folder."""
     name = body.get("model")
     if not isinstance(name, str) or not name.strip() or len(name) > 4096:
@@ -172,7 +172,7 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return dict(value)
 
 
-def job_values(store: Store, body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def job_values(store: TuningModels, body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the spec's values, what is kept beside the run: the model as named, suffix, metadata)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

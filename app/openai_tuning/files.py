@@ -23,8 +23,8 @@ from jobs.checks.access import AccessPolicy
 from jobs.errors import ProblemError
 from storage.api_files import ApiFile, api_file, api_files, delete_api_file, keep_api_file
 from storage.models import RunStatus
+from storage.roles import RunLister
 from storage.settings import max_upload_mb
-from storage.store import Store
 from storage.uploads import UploadRefused
 
 PURPOSE = "fine-tune"
@@ -168,7 +168,7 @@ def content(file_id: str) -> Response:
     return FileResponse(found.path, media_type="application/octet-stream", filename=found.filename)
 
 
-def delete(store: Store, file_id: str) -> Response:
+def delete(store: RunLister, file_id: str) -> Response:
     found = _found(file_id)
     path = str(found.path)
     for run in store.list_runs(status=[RunStatus.QUEUED, RunStatus.RUNNING], limit=10_000):

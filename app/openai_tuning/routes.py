@@ -23,7 +23,9 @@ from jobs.errors import ProblemError
 from jobs.queue import run_actions
 from jobs.queue.submit import submit
 from storage.records import RunRecord
-from storage.store import Store
+from storage.roles import RunReader
+from storage.roles_api import JobSubmitting, TuningJobs
+from storage.roles_pages import RunReport
 
 Denied = Callable[[Request], Awaitable[Response | None]]
 MAX_PAGE = 100
@@ -36,7 +38,7 @@ def _limit(request: Request, default: int = 20) -> int:
     return int(text)
 
 
-def _run(store: Store, ident: str) -> RunRecord:
+def _run(store: RunReader, ident: str) -> RunRecord:
     run_id = run_id_of(ident)
     run = store.get_run(run_id) if run_id is not None else None
     if run is None:
@@ -46,7 +48,7 @@ def _run(store: Store, ident: str) -> RunRecord:
     return run
 
 
-def create_job(store: Store, policy: AccessPolicy, body: Any) -> dict[str, Any]:
+def create_job(store: JobSubmitting, policy: AccessPolicy, body: Any) -> dict[str, Any]:
     """Parse, check and queue through the one submit path; the job as it is then."""
     values, extras = job_values(store, body)
     try:
@@ -62,7 +64,7 @@ def create_job(store: Store, policy: AccessPolicy, body: Any) -> dict[str, Any]:
     return job_object(store, run)
 
 
-def list_jobs(store: Store, request: Request) -> dict[str, Any]:
+def list_jobs(store: RunReport, request: Request) -> dict[str, Any]:
     """Newest first, `limit` after the job `after`, optionally only those whose `metadata[k]` is `v`."""
     limit = _limit(request)
     after = request.query_params.get("after")
@@ -86,7 +88,7 @@ def _has(job: dict[str, Any], wanted: dict[str, str]) -> bool:
     return all(metadata.get(k) == v for k, v in wanted.items())
 
 
-def cancel_job(store: Store, ident: str) -> dict[str, Any]:
+def cancel_job(store: TuningJobs, ident: str) -> dict[str, Any]:
     run = _run(store, ident)
     try:
         done = run_actions.cancel(store, run.id, "fine_tuning_job_id")
@@ -100,7 +102,7 @@ def cancel_job(store: Store, ident: str) -> dict[str, Any]:
     return job_object(store, fresh or run)
 
 
-def add_tuning_routes(app: Any, store: Store, denied: Denied, policy: AccessPolicy) -> None:
+def add_tuning_routes(app: Any, store: TuningJobs, denied: Denied, policy: AccessPolicy) -> None:
     """Serve `/v1/files` and `/v1/fine_tuning/jobs` from Gradio's FastAPI `app`."""
 
     def route(path: str, method: str, answer: Callable[..., Awaitable[Response]]) -> None:

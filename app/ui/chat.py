@@ -31,7 +31,9 @@ from jobs.errors import Problem
 from jobs.spec.stored import spec_of
 from jobs.worker.services import SHARED_DATA_ENV, run_host
 from storage.models import ReplyStatus, RunStatus
-from storage.store import ChatMessageRecord, Store
+from storage.roles import ChatHistory, RunLister, RunReader
+from storage.roles_chat import ChatLength, ChatReach, ChatReading, ChatTab, ChatTurnActions, ChatWriting
+from storage.store import ChatMessageRecord
 
 NO_RUNS = "No finished runs yet: launch one in the Launch tab; once it succeeds it can be picked here."
 TICK_S = 0.2  # how often the tab reads a session while one of its replies is pending or streaming
@@ -145,7 +147,7 @@ def build() -> ChatView:
     )
 
 
-def run_choices(store: Store) -> list[tuple[str, int]]:
+def run_choices(store: RunLister) -> list[tuple[str, int]]:
     """Succeeded runs, newest first, as (label, id)."""
     return [
         (f"{r.id} · {r.name} ({spec_of(r).method.value}, {spec_of(r).trainer.value})", r.id)
@@ -153,13 +155,13 @@ def run_choices(store: Store) -> list[tuple[str, int]]:
     ]
 
 
-def policy_problem(store: Store, run_id: int, policy: AccessPolicy | None) -> Problem | None:
+def policy_problem(store: RunReader, run_id: int, policy: AccessPolicy | None) -> Problem | None:
     """Loading a run whose model ships its own code needs the server's permission, as training does."""
     run = store.get_run(run_id)
     return None if run is None else loading_problem(spec_of(run), run_id, policy, "chat with it")
 
 
-def reach_problem(store: Store, run_id: int) -> str | None:
+def reach_problem(store: ChatReach, run_id: int) -> str | None:
     """Why no live worker can answer run `run_id` (none on its host, none sharing the data folder), or None."""
     run = store.get_run(run_id)
     if run is None:
@@ -176,7 +178,7 @@ def reach_problem(store: Store, run_id: int) -> str | None:
     )
 
 
-def image_refused(store: Store, run_id: int, image: str | IO[bytes]) -> Problem | None:
+def image_refused(store: RunReader, run_id: int, image: str | IO[bytes]) -> Problem | None:
     """Why `image` cannot go with a turn to run `run_id`: not a readable image, or a run known to be text-only
     (its base model's config, when it is on this machine; else the worker decides and refuses the same way)."""
     from jobs.models.vision import vision_model
@@ -192,7 +194,7 @@ def image_refused(store: Store, run_id: int, image: str | IO[bytes]) -> Problem 
     return None
 
 
-def length_problem(store: Store, run_id: int, system: str, prompt: str) -> Problem | None:
+def length_problem(store: ChatLength, run_id: int, system: str, prompt: str) -> Problem | None:
     """Why the tab's conversation with `prompt` added is too long for the run's model (counted with the run's
     tokenizer, as /v1 counts: `jobs.chat.limits`), or None (also when its folder is not here: the worker counts)."""
     from jobs.chat.limits import prompt_problem
@@ -250,7 +252,7 @@ def _open(history: list[ChatMessageRecord]) -> bool:
     return any(m.status in OPEN for m in history)
 
 
-def show(store: Store, run_id: Any, status: str | None = None) -> tuple[Any, ...]:
+def show(store: ChatReading, run_id: Any, status: str | None = None) -> tuple[Any, ...]:
     """The run's latest session as (status, base column, run column, timer): the timer on while a reply is open."""
     if run_id in (None, ""):
         return status or "", [], [], gr.Timer(active=False)
@@ -265,14 +267,14 @@ def show(store: Store, run_id: Any, status: str | None = None) -> tuple[Any, ...
     return status or line, base, tuned, gr.Timer(active=pending)
 
 
-def tick(store: Store, run_id: Any) -> tuple[Any, ...]:
+def tick(store: ChatTurnActions, run_id: Any) -> tuple[Any, ...]:
     """A timer tick while a reply is open: fail replies of workers gone away, then show the session."""
     store.fail_stale_chat_replies()
     return show(store, run_id)
 
 
 def send(
-    store: Store,
+    store: ChatWriting,
     policy: AccessPolicy | None,
     run_id: Any,
     system: str,
@@ -310,7 +312,7 @@ def send(
     return (*show(store, run_id), "", None)
 
 
-def regenerate(store: Store, run_id: Any) -> tuple[Any, ...]:
+def regenerate(store: ChatTurnActions, run_id: Any) -> tuple[Any, ...]:
     """The last turn's two replies asked again."""
     session = None if run_id in (None, "") else store.latest_chat(int(run_id))
     if session is None or store.regenerate_chat_turn(session.id) is None:
@@ -319,14 +321,14 @@ def regenerate(store: Store, run_id: Any) -> tuple[Any, ...]:
     return show(store, run_id, unreachable)
 
 
-def clear(store: Store, run_id: Any) -> tuple[Any, ...]:
+def clear(store: ChatTurnActions, run_id: Any) -> tuple[Any, ...]:
     session = None if run_id in (None, "") else store.latest_chat(int(run_id))
     if session is not None:
         store.clear_chat(session.id)
     return show(store, run_id, "Cleared." if session is not None else "Nothing to clear yet.")
 
 
-def load_settings(store: Store, run_id: Any) -> tuple[Any, ...]:
+def load_settings(store: ChatHistory, run_id: Any) -> tuple[Any, ...]:
     """The run's session's system prompt and sampling, or the defaults (a run without a session)."""
     session = None if run_id in (None, "") else store.latest_chat(int(run_id))
     if session is None:
@@ -335,7 +337,7 @@ def load_settings(store: Store, run_id: Any) -> tuple[Any, ...]:
     return session.system, s.get("temperature", 0.0), s.get("top_p", 1.0), s.get("max_new_tokens", 128)
 
 
-def wire(view: ChatView, store: Store, tab: gr.Tab | None = None, policy: AccessPolicy | None = None) -> None:
+def wire(view: ChatView, store: ChatTab, tab: gr.Tab | None = None, policy: AccessPolicy | None = None) -> None:
     """Wire the tab's events. They share one queue (`EVENTS`, one at a time, first come first served): a pick of
     a run still being drawn would otherwise land after a Clear or a Send made just after it, and put back
     the picked run's older columns and a stopped timer (seen: a cleared tab whose status went blank)."""

@@ -18,7 +18,7 @@ from jobs.data import preferences
 from jobs.data.preferences import Turn
 from jobs.errors import Problem, ProblemError
 from storage.models import ReplyStatus
-from storage.roles_pages import ChatHistory
+from storage.roles import ChatHistory
 from storage.store import ChatMessageRecord
 
 

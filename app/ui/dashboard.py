@@ -41,6 +41,8 @@ from app.ui import search as ui_search
 from app.ui import sweep as ui_sweep
 from jobs.checks.access import AccessPolicy
 from jobs.queue import run_actions as run_commands
+from storage.roles import WorkerDirectory
+from storage.roles_queue import RunActing, SearchPages, Submitting
 from storage.store import Store
 
 RUN_PAGE = "run-page"  # the concurrency group of every event that draws the run page's text
@@ -52,7 +54,8 @@ _SET_URL_JS = """(id) => { if (id !== null && id !== undefined && id !== '') {
 
 
 def build_ui(store: Store, policy: AccessPolicy | None = None) -> gr.Blocks:
-    """The whole dashboard, wired to `store`; `policy`: what its users may reach on the server
+    """The whole dashboard, wired to `store` (the whole `Store` the server made: each tab is handed its role, and
+    together they use nearly all of it); `policy`: what its users may reach on the server
     (`jobs.checks.access`: a dashboard behind a login reads data only from its data folders)."""
     policy = policy or AccessPolicy.dashboard()  # no custom reward function from any dashboard
     page_data = ui_run.RunPageData(store)
@@ -112,7 +115,7 @@ def _form_values(args: Any) -> Any:
 
 
 def _wire_launch(
-    store: Store, policy: AccessPolicy, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs
+    store: Submitting, policy: AccessPolicy, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs
 ) -> None:
     """Launch: the form's problems, or the new run's page."""
 
@@ -126,7 +129,7 @@ def _wire_launch(
 
 
 def _wire_search_compare(
-    store: Store, search_page: ui_search.SearchPage, view: ui_compare.CompareView, data: Any, tabs: gr.Tabs
+    store: SearchPages, search_page: ui_search.SearchPage, view: ui_compare.CompareView, data: Any, tabs: gr.Tabs
 ) -> None:
     """ "Compare the trials": the search's trial runs picked in the Compare tab, which opens and draws them."""
 
@@ -191,7 +194,7 @@ def _wire_scores_redraw(
     )
 
 
-def _wire_clone(store: Store, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs) -> None:
+def _wire_clone(store: RunActing, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs) -> None:
     """Clone: the run's spec back into the Launch form."""
 
     def clone(run_id: float | None) -> list[Any]:
@@ -219,7 +222,12 @@ def _wire_clone(store: Store, form: ui_form.LaunchForm, page: ui_run.RunPage, ta
 
 
 def _wire_load(
-    demo: gr.Blocks, store: Store, policy: AccessPolicy, form: ui_form.LaunchForm, page: ui_run.RunPage, tabs: gr.Tabs
+    demo: gr.Blocks,
+    store: WorkerDirectory,
+    policy: AccessPolicy,
+    form: ui_form.LaunchForm,
+    page: ui_run.RunPage,
+    tabs: gr.Tabs,
 ) -> None:
     """What a page load does: open `?run=N`, and fill the Launch form's prediction and preview."""
 

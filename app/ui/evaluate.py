@@ -25,7 +25,8 @@ from jobs.errors import ProblemError
 from jobs.spec.job import JobSpec
 from jobs.spec.stored import spec_of
 from jobs.worker.tasks import EVALUATION_KINDS, reach_problem, request_evaluate, request_judge
-from storage.store import Store, TaskRecord
+from storage.roles_tasks import EvaluationOnWorker, EvaluationTasks, RunTasks, TaskOnWorker
+from storage.store import TaskRecord
 
 EVENTS = "evaluate-panel"  # the concurrency group of the panel's events (as the export panel's)
 
@@ -74,7 +75,7 @@ def build() -> EvaluatePanel:
 
 
 def _queue(
-    store: Store, policy: AccessPolicy | None, run_id: Any, asked: JobSpec, request: Callable[[int], int]
+    store: TaskOnWorker, policy: AccessPolicy | None, run_id: Any, asked: JobSpec, request: Callable[[int], int]
 ) -> tuple[str, list[int]]:
     """Queue one task through `request` (run id -> task id): (what the log shows now, [its id]); ([]: why not)."""
     run, refused = finished_run(store, run_id, "evaluate")
@@ -92,13 +93,17 @@ def _queue(
     return progress_text(store.tasks_of([task_id])), [task_id]
 
 
-def request_tasks(store: Store, policy: AccessPolicy | None, run_id: Any, tasks: str) -> tuple[str, list[int]]:
+def request_tasks(
+    store: EvaluationOnWorker, policy: AccessPolicy | None, run_id: Any, tasks: str
+) -> tuple[str, list[int]]:
     """Queue benchmark tasks on the run and its base (`tunedeck evaluate --on-worker`'s task)."""
     tasks = (tasks or "").strip()
     return _queue(store, policy, run_id, JobSpec(eval_tasks=tasks), lambda rid: request_evaluate(store, rid, tasks))
 
 
-def request_judging(store: Store, policy: AccessPolicy | None, run_id: Any, judge: str) -> tuple[str, list[int]]:
+def request_judging(
+    store: EvaluationOnWorker, policy: AccessPolicy | None, run_id: Any, judge: str
+) -> tuple[str, list[int]]:
     """Queue a judge's win rate of the run against its base (`tunedeck judge --on-worker`'s task)."""
     judge = (judge or "").strip()
     if not judge:
@@ -106,13 +111,13 @@ def request_judging(store: Store, policy: AccessPolicy | None, run_id: Any, judg
     return _queue(store, policy, run_id, JobSpec(judge=judge), lambda rid: request_judge(store, rid, judge))
 
 
-def unfinished_evaluations(store: Store, run_id: Any) -> list[TaskRecord]:
+def unfinished_evaluations(store: RunTasks, run_id: Any) -> list[TaskRecord]:
     """The run's unfinished benchmark and judge tasks, oldest first (what a reopened page follows again)."""
     tasks = store.run_tasks(int(run_id)) if run_id is not None else []
     return [t for t in reversed(tasks) if t.kind in EVALUATION_KINDS and not t.status.finished]
 
 
-def wire(panel: EvaluatePanel, store: Store, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
+def wire(panel: EvaluatePanel, store: EvaluationTasks, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
     def opened(rid: Any) -> tuple[Any, ...]:
         """A run opened: its unfinished evaluations followed again (a reload mid-evaluation)."""
         following = unfinished_evaluations(store, rid)

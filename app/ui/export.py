@@ -47,7 +47,9 @@ from jobs.worker.tasks import (
     request_push,
 )
 from storage.models import TaskStatus
-from storage.store import RunRecord, Store, TaskRecord
+from storage.roles import ArtifactReader, RunReader
+from storage.roles_tasks import ExportOnWorker, ExportTasks, RunTasks, TaskFollowing, TaskReach
+from storage.store import RunRecord, TaskRecord
 
 EXPORT_KINDS = ("export", "gguf")  # what the server serves of an export (app.server.SERVED_ARTIFACTS)
 LOG_LINES = 30
@@ -114,7 +116,7 @@ def build() -> ExportPanel:
     return ExportPanel(merged, dtype, gguf, imatrix, start, stop, log, files, repo, what, private, push, tasks, timer)
 
 
-def export_files(store: Store, run_id: int) -> list[str]:
+def export_files(store: ArtifactReader, run_id: int) -> list[str]:
     """The run's recorded export files that exist inside the data folder (the ones the server serves)."""
     from app.ui.served_files import inside_data_dir
 
@@ -122,12 +124,12 @@ def export_files(store: Store, run_id: int) -> list[str]:
     return list(dict.fromkeys(str(p) for p in found if p is not None))
 
 
-def files_update(store: Store, run_id: Any) -> Any:
+def files_update(store: ArtifactReader, run_id: Any) -> Any:
     paths = export_files(store, int(run_id)) if run_id is not None else []
     return gr.File(value=paths or None, visible=bool(paths))
 
 
-def finished_run(store: Store, run_id: Any, doing: str) -> tuple[RunRecord | None, str | None]:
+def finished_run(store: RunReader, run_id: Any, doing: str) -> tuple[RunRecord | None, str | None]:
     """(the run, None) when it has a result to `doing`; else (None, why): none picked, no such run, not finished
     (the command's own check, `finished_problem`)."""
     if run_id is None:
@@ -143,7 +145,7 @@ def words(problem: Problem | None) -> str | None:
     return f"{problem.problem}. Fix: {problem.fix}" if problem else None
 
 
-def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
+def refusal(store: TaskReach, run_id: Any, merged: bool, gguf: list[str], policy: AccessPolicy | None) -> str | None:
     """Why the export cannot be asked for (in words, with the fix), or None."""
     run, refused = finished_run(store, run_id, "export")
     if run is None:
@@ -154,7 +156,7 @@ def refusal(store: Store, run_id: Any, merged: bool, gguf: list[str], policy: Ac
 
 
 def request(
-    store: Store,
+    store: ExportOnWorker,
     policy: AccessPolicy | None,
     run_id: Any,
     merged: bool,
@@ -170,7 +172,7 @@ def request(
     return progress_text(store.tasks_of(ids)), ids
 
 
-def request_push_of(store: Store, run_id: Any, repo: str, what: str, private: bool) -> tuple[str, list[int]]:
+def request_push_of(store: ExportOnWorker, run_id: Any, repo: str, what: str, private: bool) -> tuple[str, list[int]]:
     """Queue a push for a worker: (what the log shows now, [its id]); ([]: refused, and why, naming the field)."""
     run, refused = finished_run(store, run_id, "push")
     if run is not None:
@@ -221,7 +223,7 @@ def progress_text(tasks: list[TaskRecord]) -> str:
     return "\n".join(lines[-LOG_LINES:])
 
 
-def cancel_unfinished(store: Store, ids: list[int]) -> None:
+def cancel_unfinished(store: TaskFollowing, ids: list[int]) -> None:
     """Stop: cancel the followed tasks that have not ended (the export and evaluate panels' Stop)."""
     for task in store.tasks_of(ids):
         if not task.status.finished:
@@ -232,13 +234,13 @@ def unfinished(tasks: list[TaskRecord]) -> bool:
     return any(not t.status.finished for t in tasks)
 
 
-def unfinished_exports(store: Store, run_id: Any) -> list[TaskRecord]:
+def unfinished_exports(store: RunTasks, run_id: Any) -> list[TaskRecord]:
     """The run's unfinished exports and pushes, oldest first (the Evaluate panel follows the evaluations)."""
     tasks = store.run_tasks(int(run_id)) if run_id is not None else []
     return [t for t in reversed(tasks) if t.kind not in EVALUATION_KINDS and not t.status.finished]
 
 
-def wire(panel: ExportPanel, store: Store, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
+def wire(panel: ExportPanel, store: ExportTasks, run_id: gr.Number, policy: AccessPolicy | None = None) -> None:
     def opened(rid: Any) -> tuple[Any, ...]:
         """A run opened: its files, and its unfinished tasks followed again (a reload mid-export)."""
         following = unfinished_exports(store, rid)

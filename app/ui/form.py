@@ -49,7 +49,8 @@ from jobs.spec.job import SpecError
 from jobs.spec.presets import PRESET_FIELDS, PRESETS, apply_preset, describe, preset
 from jobs.spec.trackers import Tracker, trackers
 from jobs.spec.tricks import checkpointing
-from storage.store import Store
+from storage.roles_dashboard import FormDevice
+from storage.roles_queue import Submitting
 
 BUDGET_FIELDS = (
     "model",
@@ -306,7 +307,7 @@ def build_form(method_panel: Callable[[], Any] | None = None) -> LaunchForm:
 
 
 # ---------------------------------------------------------------------- handlers
-def launch(store: Store, *args: Any, policy: AccessPolicy | None = None) -> tuple[str, int | None]:
+def launch(store: Submitting, *args: Any, policy: AccessPolicy | None = None) -> tuple[str, int | None]:
     """Check everything once (`jobs.checks.pipeline`, through submit) and queue; (error markdown, new run id or None)."""
     from jobs.queue.submit import submit
 
@@ -351,7 +352,7 @@ def budget_text(*args: Any, device: ui_memory.DeviceSource | None = None) -> str
     return memory_views(*args, device=device)[0]
 
 
-def wire(form: LaunchForm, store: Store, policy: AccessPolicy | None = None) -> None:
+def wire(form: LaunchForm, store: FormDevice, policy: AccessPolicy | None = None) -> None:
     """Connect the form's own events (launch and clone are wired by app.ui.dashboard); none is a public API."""
     ins = form.inputs
     device = ui_memory.worker_device(store)  # predictions are for the workers' device, not this machine

@@ -34,7 +34,7 @@ from jobs.spec.evaluation import task_series
 from jobs.spec.rewards import reward_series
 from jobs.spec.stored import spec_of
 from storage.models import RunStatus
-from storage.store import Store
+from storage.roles_dashboard import LiveFeed
 
 RUN_TICK_S = 0.25  # a live run's page: a new point is on screen ~0.13 s (0.25 s at most) after its write, plus the draw
 SLOW_TICK_S = 1.0  # the GPU panel, the runs table and a page with nothing live
@@ -189,7 +189,7 @@ class ChartState:
 class Feed:
     """One page's stream: call `poll()` every `interval` seconds; stop when `done`."""
 
-    def __init__(self, store: Store, topics: Topics, page_data: RunPageData):
+    def __init__(self, store: LiveFeed, topics: Topics, page_data: RunPageData):
         self.store, self.topics, self.page_data = store, topics, page_data
         self.done = topics.empty
         self._run_stamp: Any = object()

@@ -27,7 +27,7 @@ from starlette.datastructures import Headers, MutableHeaders
 
 from app.ui.live import Feed, Topics
 from app.ui.run import RunPageData
-from storage.store import Store
+from storage.roles_dashboard import LivePages
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def logged_in(app: Any, request: Request) -> bool:
     return app.tokens.get(token) is not None
 
 
-def add_live_route(app: Any, store: Store) -> None:
+def add_live_route(app: Any, store: LivePages) -> None:
     """Serve the stream from `app` (the FastAPI app Gradio's launch returned), for pages of `store`."""
     page_data = RunPageData(store)  # one set of series caches for every page of this server
 

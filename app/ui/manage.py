@@ -17,8 +17,9 @@ from jobs.errors import Problem
 from jobs.queue import run_actions
 from jobs.units import human_bytes
 from storage.models import RunStatus
+from storage.roles import RunFolders
+from storage.roles_queue import RunActing
 from storage.run_files import run_bytes
-from storage.store import Store
 
 
 @dataclass
@@ -67,11 +68,11 @@ def _problems(problems: list[Problem]) -> str:
     return "\n".join(f"- **{p.field}**: {p.problem}. Fix: {p.fix}" for p in problems)
 
 
-def disk_text(store: Store, run_id: int) -> str:
+def disk_text(store: RunFolders, run_id: int) -> str:
     return f"Files of this run: **{human_bytes(run_bytes(store, run_id))}** on disk."
 
 
-def wire(panel: ManagePanel, store: Store, run_id: gr.Number) -> None:
+def wire(panel: ManagePanel, store: RunActing, run_id: gr.Number) -> None:
     def load(rid: float | None) -> list[Any]:
         run = store.get_run(int(rid)) if rid is not None else None
         if run is None:

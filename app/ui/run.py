@@ -37,7 +37,9 @@ from jobs.spec.stored import spec_of, stored_spec
 from jobs.spec.trainer_records import RECORDS
 from jobs.train import figures
 from storage.models import RunStatus
-from storage.store import MetricBucket, RunRecord, Store
+from storage.roles import RunFolders
+from storage.roles_dashboard import RunPageReads
+from storage.store import MetricBucket, RunRecord
 
 GRAPHS = (charts.RUN_MEMORY, charts.RUN_LOSS, charts.RUN_LR, charts.RUN_TOKENS, charts.RUN_TRAINER)  # `graphs`' order
 # what the loss, lr and tokens/s plots draw; best_checkpoint: one point, the step an early-stopped bundle holds
@@ -46,7 +48,7 @@ RUN_METRICS = ("loss", "eval_loss", "best_checkpoint", "learning_rate", "tokens_
 TRAINER_SERIES: dict[str, dict[str, str]] = {t.value: dict(r.metrics) for t, r in RECORDS.items()}
 
 
-def prediction_markdown(store: Store, run: RunRecord) -> str:
+def prediction_markdown(store: RunFolders, run: RunRecord) -> str:
     """' · memory: predicted 1.2 GiB, measured 1.1 GiB (-8%)' from the prediction saved at submit (jobs.memory.predict)."""
     from jobs.memory.breakdown import prediction_error_text
     from jobs.queue.saved_prediction import load_prediction
@@ -176,7 +178,7 @@ def signature(value: Any) -> str:
 class RunPageData:
     """Builds the page's values from the store; holds the series caches shared by all tabs."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: RunPageReads):
         self.store = store
         self.metrics = series.MetricSeriesCache(store)
         self.memory = series.MemorySeriesCache(store)

@@ -15,8 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from jobs.units import human_bytes
+from storage.roles import RunArtifacts
 from storage.settings import data_dir
-from storage.store import RunRecord, Store
+from storage.store import RunRecord
 
 LOG_LINES = 50
 
@@ -36,14 +37,14 @@ def log_tail(run: RunRecord, lines: int = LOG_LINES) -> str:
     return tail_of(inside_data_dir(run.log_path), lines) or ""
 
 
-def bundle_path(store: Store, run_id: int) -> Path | None:
+def bundle_path(store: RunArtifacts, run_id: int) -> Path | None:
     """The run's zip bundle (adapter or model), if recorded and inside the data directory."""
     from jobs.train.artifacts import bundle_of
 
     return inside_data_dir(bundle_of(store, run_id))
 
 
-def unreachable_files_note(store: Store, run_id: int) -> str:
+def unreachable_files_note(store: RunArtifacts, run_id: int) -> str:
     """Why a finished run's recorded bundle cannot be downloaded from this dashboard ("" when it can).
 
     Artifact paths are stored as absolute paths: on many hosts the data folder must be one shared

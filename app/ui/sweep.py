@@ -18,7 +18,7 @@ from jobs.queue.sweep import DEFAULT_STEPS, DEFAULT_TRICKS, queue_sweep, sweep_t
 from jobs.spec.job import SpecError
 from jobs.spec.stored import spec_of
 from jobs.spec.tricks.registry import TRICK_HELP, Trick
-from storage.store import Store
+from storage.roles import Sweeps
 
 COLUMNS = ["trick", "run", "status", "peak memory (GiB)", "memory vs baseline", "s/step", "time vs baseline", "change"]
 
@@ -91,7 +91,7 @@ def build_section() -> SweepSection:
     return SweepSection(sweep, refresh, table)
 
 
-def queue_from_run(store: Store, run_id: float | None, chosen: list[str], steps: float | None) -> str:
+def queue_from_run(store: Sweeps, run_id: float | None, chosen: list[str], steps: float | None) -> str:
     """Queue a sweep of the open run's submitted spec; returns what was queued and skipped."""
     run = store.get_run(int(run_id)) if run_id is not None else None
     if run is None:
@@ -108,7 +108,7 @@ def queue_from_run(store: Store, run_id: float | None, chosen: list[str], steps:
 
 
 def wire(
-    controls: SweepControls, section: SweepSection, store: Store, run_id: gr.Number, compare_tab: gr.Tab | None = None
+    controls: SweepControls, section: SweepSection, store: Sweeps, run_id: gr.Number, compare_tab: gr.Tab | None = None
 ) -> None:
     def choices() -> Any:
         ids = store.sweep_ids()

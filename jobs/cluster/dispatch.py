@@ -58,9 +58,10 @@ from jobs.spec.stored import read_spec, spec_problem
 from storage.errors import StorageError
 from storage.models import RunStatus
 from storage.records import RunControl
+from storage.roles_worker import Dispatching
 from storage.run_files import log_tail
 from storage.settings import CANCEL_GRACE_ENV, SAVE_GRACE_ENV, data_dir, stop_graces
-from storage.store import RunFolderError, RunRecord, Store
+from storage.store import RunFolderError, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        store: Store,
+        store: Dispatching,
         engine: Engine,
         *,
         worker_id: str | None = None,

@@ -31,6 +31,7 @@ from jobs.units import human_bytes
 from storage.checkpoints import last_complete
 from storage.models import RunStatus
 from storage.records import RunRecord
+from storage.roles import RunFolders, RunReader
 from storage.roles_queue import RunActing
 from storage.run_files import remove_run_folder, run_bytes
 from storage.store import RunningRunError
@@ -63,7 +64,7 @@ class RunCommandError(ProblemError):
     """A run command refused: every problem, each with its field and fix. Nothing was changed."""
 
 
-def existing_run(store: RunActing, run_id: Any, field: str = "RUN_ID") -> RunRecord:
+def existing_run(store: RunReader, run_id: Any, field: str = "RUN_ID") -> RunRecord:
     """The run, or RunCommandError saying how to find one."""
     whole = isinstance(run_id, int) or (isinstance(run_id, float) and run_id.is_integer())
     if isinstance(run_id, bool) or not whole or int(run_id) < 1:
@@ -130,7 +131,7 @@ class Resumed:
         return f"run {self.run_id} queued again; it resumes from its checkpoint at step {self.from_step}"
 
 
-def resumable(store: RunActing, run: RunRecord) -> bool:
+def resumable(store: RunFolders, run: RunRecord) -> bool:
     """Interrupted and cancelled runs resume (from a checkpoint, or afresh); failed ones only from a checkpoint."""
     if run.status in (RunStatus.INTERRUPTED, RunStatus.CANCELLED):
         return True

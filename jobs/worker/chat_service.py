@@ -28,6 +28,7 @@ from jobs.chat.device import DEVICE_ENV
 from jobs.chat.generate import ChatError, Sampling
 from jobs.chat.process import ChatProcess
 from jobs.worker.services import Place, weights_here
+from storage.roles_chat import ChatServing
 from storage.store import ChatMessageRecord
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class ChatService:
 
     def __init__(self, place: Place, chat: ChatProcess | None = None, poll_s: float = POLL_S):
         self.place = place
-        self.store = place.store
+        self.store: ChatServing = place.store
         # TUNEDECK_CHAT_DEVICE picks another device of this host; else the worker's own (its GPU's lease rules)
         device = os.environ.get(DEVICE_ENV, "").strip() or ("cpu" if place.on_cpu else place.device)
         self.chat = chat or ChatProcess(place.store, host=place.host, device=device)

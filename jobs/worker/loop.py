@@ -3,22 +3,21 @@
     tunedeck worker            # serve the queue until SIGTERM / Ctrl-C
     tunedeck worker --burst    # drain the queue, then exit (tests, benchmarks)
 
-One device, one running run (unless runs share it): a worker claims (`Store.claim_next_on_device`, one
-transaction) only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"), so two
-workers and two launches at once give one running run and one queued; the queue is FIFO unless reordered
-(`Store.move_queued`). Each run gets `python -m jobs.train.child --run-id N` in its own session (process
-group), its output in `runs/<id>/train.log`. The child marks its run succeeded or failed itself; the worker
-records what the child cannot: a child that dies while its run is still `running` fails the run with the
-signal or exit code and the end of the log. Cancel: SIGTERM to the group, SIGKILL after `grace_period`,
-then `cancelled`. At start, and every `stale_after / 2` s while it waits, the worker marks runs
-interrupted whose heartbeat is stale or whose worker process on this host is dead, so a run of a SIGKILLed
-worker is taken over by another. SIGTERM/SIGINT stop it warm: no new runs, SIGTERM forwarded to the
-child, wait, exit. At start it publishes its device facts (`jobs.devices.facts`) with the training child's
-runtime baseline, measured once per host and cached (`jobs.worker.runtime`). A child that exits with
-`jobs.train.oom.EXIT_OOM_RECOVER` has recorded an out-of-memory recovery: a fresh child continues the run.
-The watch runs the training doctor over new metric rows (`jobs.doctor.watch`). The child as a process is
-`jobs.worker.processes`, leases `jobs.worker.leases`, a run's end `jobs.worker.outcome`; `share` (`--share N`):
-`jobs.worker.share`, `jobs.worker.pool`; exports, pushes, chat turns asked through the store: `jobs.worker.services`.
+One device, one running run (unless runs share it): a worker claims (`Store.claim_next_on_device`, one transaction)
+only while no other run holds its device (`device`, default TUNEDECK_DEVICE or "0"), so two workers and two launches
+at once give one running run and one queued; the queue is FIFO unless reordered (`Store.move_queued`). Each run gets
+`python -m jobs.train.child --run-id N` in its own session (process group), its output in `runs/<id>/train.log`. The
+child marks its run succeeded or failed itself; the worker records what the child cannot: a child that dies while its
+run is still `running` fails the run with the signal or exit code and the end of the log. Cancel: SIGTERM to the
+group, SIGKILL after `grace_period`, then `cancelled`. At start, and every `stale_after / 2` s while it waits, the
+worker marks runs interrupted whose heartbeat is stale or whose worker process on this host is dead, so a run of a
+SIGKILLed worker is taken over by another. SIGTERM/SIGINT stop it warm: no new runs, SIGTERM forwarded to the child,
+wait, exit. At start it publishes its device facts (`jobs.devices.facts`) with the training child's runtime baseline,
+measured once per host and cached (`jobs.worker.runtime`). A child that exits with `jobs.train.oom.EXIT_OOM_RECOVER`
+has recorded an out-of-memory recovery: a fresh child continues the run. The watch runs the training doctor over new
+metric rows (`jobs.doctor.watch`). The child as a process is `jobs.worker.processes`, leases `jobs.worker.leases`, a
+run's end `jobs.worker.outcome`; `share` (`--share N`): `jobs.worker.share`, `jobs.worker.pool`; exports, pushes, chat
+turns asked through the store: `jobs.worker.services`.
 """
 
 from __future__ import annotations
@@ -50,8 +49,9 @@ from jobs.worker.services import Factory, Place, any_pending, shared_data, start
 from jobs.worker.share import SharePolicy, requeue_alone
 from storage.errors import StorageError
 from storage.models import RunStatus
+from storage.roles_worker import Working
 from storage.settings import data_dir, stop_graces
-from storage.store import RunFolderError, RunRecord, Store
+from storage.store import RunFolderError, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Worker:
 
     def __init__(
         self,
-        store: Store,
+        store: Working,
         worker_id: str | None = None,
         poll_interval: float = 1.0,
         heartbeat_interval: float = 2.0,

@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable, Collection
 
 from jobs.worker.share import SharePolicy, memory_fraction, reserves
-from storage.store import DeviceShare, RunRecord, Store
+from storage.roles_worker import DeviceClaims
+from storage.store import DeviceShare, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class RunPool:
         return len(self.active) >= self.policy.limit
 
     def claim(
-        self, store: Store, worker_id: str, device: str, pid: int, host: str, skip: Collection[int] = ()
+        self, store: DeviceClaims, worker_id: str, device: str, pid: int, host: str, skip: Collection[int] = ()
     ) -> RunRecord | None:
         """The next queued run not in `skip`, when it fits on the device next to the runs already there (one
         transaction)."""

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from storage.store import RunRecord, Store
+from storage.roles_worker import WorkerServices
+from storage.store import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ SHARED_DATA_ENV = "TUNEDECK_SHARED_DATA"
 class Place:
     """Where a worker is: what a service needs to know to pick requests it can carry out."""
 
-    store: Store
+    store: WorkerServices  # what the services do with the store, all of them (the worker has the whole `Store`)
     worker_id: str
     host: str
     device: str  # the worker's device name (a GPU index or UUID, or a CPU stand-in)

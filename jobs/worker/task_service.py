@@ -39,8 +39,10 @@ from jobs.worker.services import Place, run_host, weights_here
 from jobs.worker.tasks import TaskKind, cli_args, describe
 from storage.errors import StorageError
 from storage.models import TaskStatus
+from storage.roles import RunFolders
+from storage.roles_tasks import TaskServing
 from storage.settings import data_dir
-from storage.store import Store, TaskRecord
+from storage.store import TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,7 @@ class TaskService:
         argv_of: Callable[[TaskRecord], list[str]] = default_argv,
     ) -> None:
         self.place = place
-        self.store = place.store
+        self.store: TaskServing = place.store
         self.poll_interval = poll_interval
         self.beat_interval = beat_interval
         self.stale_after = stale_after
@@ -279,7 +281,7 @@ class TaskService:
         return env
 
 
-def task_file(store: Store, task: TaskRecord, suffix: str) -> Path:
+def task_file(store: RunFolders, task: TaskRecord, suffix: str) -> Path:
     """A task's file (its log, a spec task's result): in its run's folder, or the data folder's `tasks/` for a
     task on a spec (no run yet)."""
     folder = store.run_dir(task.run_id) / "tasks" if task.run_id is not None else data_dir() / "tasks"

@@ -26,7 +26,9 @@ from jobs.export.vision import gguf_problems
 from jobs.spec.evaluation import EVALUATE_TASK, JUDGE_TASK, evaluate_args
 from jobs.spec.grpo import TRY_REWARDS_TASK
 from jobs.worker.services import SHARED_DATA_ENV, run_host, shared_data
-from storage.store import RunRecord, Store, TaskRecord
+from storage.roles import WorkerDirectory
+from storage.roles_tasks import EvaluationRequests, ExportRequests
+from storage.store import RunRecord, TaskRecord
 
 GGUF_TYPES = EXPORT_TYPES
 WORKER_LIVE_S = 15.0  # a worker that beat within this long is running (idle workers beat every ~2 s)
@@ -87,7 +89,7 @@ def describe(task: TaskRecord) -> str:
 
 
 def request_export(
-    store: Store,
+    store: ExportRequests,
     run_id: int,
     merged: bool,
     dtype: str,
@@ -136,7 +138,7 @@ def _gguf_args(gguf_type: str, imatrix: bool, calibration: str | None) -> dict[s
     }
 
 
-def request_push(store: Store, run_id: int, repo: str, what: str = "bundle", private: bool = False) -> int:
+def request_push(store: ExportRequests, run_id: int, repo: str, what: str = "bundle", private: bool = False) -> int:
     """Queue a push (checked as `tunedeck push` checks it, before anything is queued)."""
     from jobs.export.push import check_repo_id, push_folder
 
@@ -145,7 +147,7 @@ def request_push(store: Store, run_id: int, repo: str, what: str = "bundle", pri
     return store.create_task(run_id, TaskKind.PUSH.value, {"repo": repo, "what": what, "private": bool(private)})
 
 
-def request_evaluate(store: Store, run_id: int, tasks: str, judge: str | None = None) -> int:
+def request_evaluate(store: EvaluationRequests, run_id: int, tasks: str, judge: str | None = None) -> int:
     """Queue benchmark tasks on a finished run and its base (the task files checked first, rows named); `judge`:
     judged against its base by the same task (refused now when it has no samples)."""
     from jobs.data.bench_tasks import task_problems, task_refs
@@ -165,7 +167,7 @@ def request_evaluate(store: Store, run_id: int, tasks: str, judge: str | None = 
     return store.create_task(run_id, TaskKind.EVALUATE.value, evaluate_args(tasks, judge))
 
 
-def request_judge(store: Store, run_id: int, judge: str) -> int:
+def request_judge(store: EvaluationRequests, run_id: int, judge: str) -> int:
     """Queue a judge's win rate of a finished run against its base (refused now when it has no samples)."""
     from jobs.evaluate.judge import sample_pairs
 
@@ -173,7 +175,7 @@ def request_judge(store: Store, run_id: int, judge: str) -> int:
     return store.create_task(run_id, TaskKind.JUDGE.value, {"judge": judge.strip()})
 
 
-def reach_problem(store: Store, run: RunRecord) -> Problem | None:
+def reach_problem(store: WorkerDirectory, run: RunRecord) -> Problem | None:
     """Why no running worker can carry out a task of `run` (its weights are on its host), or None."""
     workers = store.live_workers(within_s=WORKER_LIVE_S)
     host = run_host(run)
