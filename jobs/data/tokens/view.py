@@ -269,7 +269,7 @@ def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
             sequences.append(TokenSequence(name, tokens))
             dropped.append(args.max_length is not None and len(example["prompt_ids"]) >= args.max_length)
         if paired:
-            notes.append("kto trains the chosen and the rejected answer as two rows (trl unpairs the pair)")
+            notes.append("kto trains the chosen and the rejected answer as two rows: trl unpairs the pair")
         if any(dropped) and not all(dropped):
             side = sequences[dropped.index(True)].name
             notes.append(f"trl drops the {side} row: its prompt alone fills max_length {args.max_length}")
