@@ -1,6 +1,7 @@
 """The token view (jobs.data.tokens.view) against a REAL trl trainer's prepared data and collator, position by
 position: the view's trained positions must equal the positions where the trainer's collator gives a label
-(sft: labels != -100; dpo: completion_mask == 1), for sft completion-only, assistant-only, packing, and dpo;
+(sft: labels != -100; dpo, kto: completion_mask == 1), for sft completion-only, assistant-only, packing, dpo and
+kto (its prompt/chosen/rejected pairs as the two rows the trainer's own unpairing makes of each);
 grpo's view is the prompt ids a real GRPOTrainer generates from, none trained.
 A view whose mask is shifted by one token must fail the same comparison."""
 
@@ -46,6 +47,19 @@ PREFERENCE = [
     {"prompt": "Pick a fruit.", "chosen": " Apple.", "rejected": " Rock."},
     {"prompt": "Is water wet? " * 3, "chosen": " Yes, it is, in every everyday sense of the word.", "rejected": " No."},
     {"prompt": "Say hi.", "chosen": " Hi!", "rejected": " Bye."},
+]
+
+CHAT_PREFERENCE = [
+    {
+        "prompt": [{"role": "user", "content": "Pick a fruit."}],
+        "chosen": [{"role": "assistant", "content": "Apple."}],
+        "rejected": [{"role": "assistant", "content": "A rock, which is not a fruit at all, whatever you say."}],
+    },
+    {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}],
+        "chosen": [{"role": "assistant", "content": "Hi!"}],
+        "rejected": [{"role": "assistant", "content": "Bye."}],
+    },
 ]
 
 
@@ -149,6 +163,8 @@ def tokenizer(tiny_model: Path) -> Any:
         pytest.param(PROMPT_COMPLETION, {"max_length": 32, "packing": True}, id="sft-packing"),
         pytest.param(PREFERENCE, {"max_length": 20, "trainer": "dpo"}, id="dpo"),
         pytest.param(UNPAIRED, {"max_length": 20, "trainer": "kto"}, id="kto"),
+        pytest.param(PREFERENCE, {"max_length": 20, "trainer": "kto"}, id="kto-pairs"),  # trl unpairs them
+        pytest.param(CHAT_PREFERENCE, {"max_length": 40, "trainer": "kto"}, id="kto-chat-pairs"),
     ],
 )
 def test_view_matches_the_real_collator(tiny_model: Path, tokenizer: Any, tmp_path: Path, rows, fields) -> None:
@@ -159,6 +175,28 @@ def test_view_matches_the_real_collator(tiny_model: Path, tokenizer: Any, tmp_pa
     assert any(v.trained_count for v in views)
     assert differences(views, trainer) == []
     assert differences(shifted(views), trainer) != []  # a mask one token off is caught
+
+
+def test_kto_pairs_are_the_two_rows_trl_unpairs_them_into(tiny_model: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """A prompt/chosen/rejected row under kto is one view of two sequences, the chosen answer desirable and the
+    rejected one undesirable, as a real KTOTrainer's unpaired, prepared rows hold them (ids and label); a pair whose
+    prompt fills max_length is dropped, as the trainer drops both its halves."""
+    rows = PREFERENCE  # the second pair's prompt alone fills max_length 20
+    spec = spec_of(tiny_model, max_length=20, trainer="kto")
+    trainer = real_trainer(spec, rows, tmp_path)
+    theirs = {tuple(e["prompt_ids"] + e["completion_ids"])[:20]: bool(e["label"]) for e in trainer.train_dataset}
+    views = token_views(spec, rows, tokenizer)
+    assert [v.index for v in views] == [0, 1, 2]
+    assert all([s.name for s in v.sequences] == ["chosen (desirable)", "rejected (undesirable)"] for v in views)
+    ours = {
+        tuple(t.id for t in s.kept): s.name.startswith("chosen") for v in views if not v.dropped for s in v.sequences
+    }
+    assert ours == theirs and len(theirs) == 4  # two pairs kept, each as a desirable and an undesirable row
+    swapped = {ids: not label for ids, label in ours.items()}
+    assert swapped != theirs  # a view with the labels the wrong way round is caught
+    assert [v.dropped for v in views] == [False, True, False]
+    answer = "".join(t.text for t in views[0].sequences[1].tokens if t.trained)
+    assert answer == " Rock." + tokenizer.eos_token  # the rejected answer, EOS added as for unpaired rows
 
 
 def test_the_cut_and_the_dropped_row_are_marked(tiny_model: Path, tokenizer: Any) -> None:

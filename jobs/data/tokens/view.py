@@ -1,10 +1,11 @@
 """What the model is trained on: each training row as the tokens trl builds, each marked in the loss or masked.
 
 The sequences come from trl's own code, never re-derived: the installed trainer's dataset preparation
-(`SFTTrainer._prepare_dataset`, `DPOTrainer._prepare_dataset`, run on a stand-in trainer that holds only
-what those methods read: the tokenizer, the chat template trl picks and the completion-only choice, set as
-the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageModeling`,
-`DataCollatorForPreference`), on the given rows only, with the tokenizer alone (no model weights).
+(`SFTTrainer._prepare_dataset`, `DPOTrainer._prepare_dataset`, `KTOTrainer._prepare_dataset`, run on a stand-in
+trainer that holds only what those methods read: the tokenizer, the chat template trl picks and the completion-only
+choice, set as the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageModeling`,
+`DataCollatorForPreference`, `DataCollatorForUnpairedPreference`), on the given rows only, with the tokenizer
+alone (no model weights).
 
 - sft: the text (EOS added), the prompt/completion join or the rendered conversation; in the loss where the
   collator's label is not -100 (completion_only_loss, assistant_only_loss, padding-free's first token).
@@ -14,8 +15,9 @@ the trainer's `__init__` sets them) and its collator (`DataCollatorForLanguageMo
 - dpo: the prompt, then the chosen and the rejected answer, each as prompt + answer; in the loss where the
   preference collator's `completion_mask` is 1; a prompt of max_length tokens or more is dropped by trl.
 - kto: prompt + completion with the row's label (desirable or not), in the loss where the unpaired
-  collator's `completion_mask` is 1 (rows of prompt/completion/label; trl unpairs chosen/rejected rows
-  itself, which the view does not show yet).
+  collator's `completion_mask` is 1. A prompt/chosen/rejected row is shown as the two rows trl's own
+  unpairing (`unpair_preference_dataset`, inside `KTOTrainer._prepare_dataset`) makes of it: the chosen
+  answer desirable, the rejected one undesirable, each prepared and collated as an unpaired row.
 - sft image rows (`image`/`images`): trl's `DataCollatorForVisionLanguageModeling` run on the row with the
   model's processor, as SFTTrainer sets it up; in the loss where its label is not -100. Each image's run of
   placeholder tokens (the processor expands the image token to one per image feature) is one `image_blocks` entry.
@@ -230,33 +232,50 @@ def _dpo_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> lis
 
 
 # ---------------------------------------------------------------------- kto
+VIEW_ROW = (
+    "__view_row"  # each row's position, carried through trl's preparation (its unpairing copies it to both halves)
+)
+
+
 def _kto_views(spec: JobSpec, rows: list[dict[str, Any]], tokenizer: Any) -> list[RowView]:
+    """Each row as KTOTrainer prepares it: a prompt/completion/label row is one sequence; a prompt/chosen/rejected
+    row is the two rows trl's `unpair_preference_dataset` makes of it (chosen: label True, rejected: False), each
+    prepared as an unpaired row."""
     from trl import KTOTrainer
     from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
-    if "completion" not in rows[0]:
-        raise ViewUnavailable(
-            "dataset", "the token view shows kto's prompt/completion/label rows, not chosen/rejected pairs"
-        )
     args = _config(spec)
     trainer = KTOTrainer.__new__(KTOTrainer)
     trainer._tokenizer, trainer.calculate_KL = tokenizer, False  # the KL pass pairs rows of a batch: not one row's
-    prepared = trainer._prepare_dataset(_dataset(rows), tokenizer, _config(spec, max_length=None), "view")
+    marked = _dataset([{**row, VIEW_ROW: i} for i, row in enumerate(rows)])
+    halves: dict[int, list[dict[str, Any]]] = {}
+    for example in trainer._prepare_dataset(marked, tokenizer, _config(spec, max_length=None), "view"):
+        halves.setdefault(int(example[VIEW_ROW]), []).append(example)
     collator = DataCollatorForUnpairedPreference(pad_token_id=tokenizer.pad_token_id, max_length=args.max_length)
     special = set(tokenizer.all_special_ids)
+    paired = "chosen" in rows[0] and "rejected" in rows[0]  # as `_prepare_dataset` decides to unpair
     out = []
-    for i, example in enumerate(prepared):
-        mask = collator([example])["completion_mask"][0].tolist()
-        whole = list(example["prompt_ids"]) + list(example["completion_ids"])
-        kept = range(len(whole))[_slice(args.max_length, "keep_start")]  # the collator keeps the start
-        trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
-        tokens = tuple(token_of(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
-        label = "desirable" if example["label"] else "undesirable"
-        n_prompt = len(example["prompt_ids"])
-        dropped = args.max_length is not None and n_prompt >= args.max_length
-        untrained = not example["completion_ids"]
-        seq = TokenSequence(f"completion ({label})", tokens)
-        out.append(RowView(i, (seq,), dropped=dropped, untrained=untrained, prompt_tokens=n_prompt))
+    for i in range(len(rows)):
+        examples = sorted(halves[i], key=lambda e: not e["label"])  # the desirable (chosen) half first
+        sequences, dropped, notes = [], [], []
+        for example in examples:
+            mask = collator([example])["completion_mask"][0].tolist()
+            whole = list(example["prompt_ids"]) + list(example["completion_ids"])
+            kept = range(len(whole))[_slice(args.max_length, "keep_start")]  # the collator keeps the start
+            trained = {kept[j] for j, bit in enumerate(mask[: len(kept)]) if bit}
+            tokens = tuple(token_of(tokenizer, t, n in trained, n not in kept, special) for n, t in enumerate(whole))
+            label = "desirable" if example["label"] else "undesirable"
+            name = f"{'chosen' if example['label'] else 'rejected'} ({label})" if paired else f"completion ({label})"
+            sequences.append(TokenSequence(name, tokens))
+            dropped.append(args.max_length is not None and len(example["prompt_ids"]) >= args.max_length)
+        if paired:
+            notes.append("kto trains the chosen and the rejected answer as two rows: trl unpairs the pair")
+        if any(dropped) and not all(dropped):
+            side = sequences[dropped.index(True)].name
+            notes.append(f"trl drops the {side} row: its prompt alone fills max_length {args.max_length}")
+        untrained = not any(e["completion_ids"] for e in examples)
+        n_prompt = len(examples[0]["prompt_ids"])
+        out.append(RowView(i, tuple(sequences), all(dropped), untrained, prompt_tokens=n_prompt, notes=notes))
     return out
 
 
