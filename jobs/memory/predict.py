@@ -212,10 +212,11 @@ def logits_term(s: Setting) -> Term:
 
 
 # ---------------------------------------------------------------------- docs/memory.md "Activations"
-def activations_term(s: Setting, logits: float) -> tuple[Term, float]:
+def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
     """What the blocks keep for the backward (and a MoE block's routed experts, peft's folded expert copies,
-    a quantized base's de-quantized weight), and with checkpointing the bytes of the recomputed block that
-    the head's transient absorbs (the allocator may keep both: `jobs.memory.trick_effects`)."""
+    a quantized base's de-quantized weight) and, with checkpointing, the bytes of the recomputed block that
+    the head's transient absorbs and the bytes the no-grad forward frees (what it would have saved): the
+    allocator may keep both resident (`jobs.memory.trick_effects`)."""
     spec, arch, plan, tokens, elem = s.spec, s.arch, s.plan, s.tokens, s.elem
     per_block = block_elements(arch, plan, s.mask_bytes, elem)
     moe, folded = arch.shape.moe, 0.0
@@ -230,8 +231,9 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float]:
     # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32), on top of its block's figure.
     delta = delta_net_dims(arch.shape.config)
     delta_layer = delta_net_bytes(delta, s.batch.sequences, s.length) if delta is not None else 0.0
-    absorbed = 0.0
+    absorbed = freed = 0.0
     if checkpointing.on(spec):
+        freed = tokens * arch.layers * per_block + delta_layer * (delta.layers if delta is not None else 0)
         # Only each block's input stays; one block is recomputed at a time, after the head's
         # backward has finished, so the larger of the two transients counts, not both.
         absorbed = min(tokens * per_block + delta_layer, logits)
@@ -258,7 +260,7 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float]:
         big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
         acts += big * elem * 2  # one de-quantized weight (and its transpose) at a time
         formula += " + one de-quantized weight"
-    return Term(acts, formula), absorbed
+    return Term(acts, formula), absorbed, freed
 
 
 # ---------------------------------------------------------------------- docs/memory.md "Overhead"
@@ -307,12 +309,12 @@ def predict(
     grads = gradient_bytes(s)
     optimizer, opt_temp = optimizer_term(s)
     logits = logits_term(s)
-    acts, absorbed = activations_term(s, logits.bytes)
+    acts, absorbed, freed = activations_term(s, logits.bytes)
     # The newer tricks change some of these figures (jobs/memory/trick_effects.py).
     per_layer = s.tokens * arch.hidden * s.elem if checkpointing.on(spec) else acts.bytes / arch.layers
     largest_act = s.tokens * max(arch.intermediate, arch.q_dim) * s.elem
     figures = Figures(grads, optimizer.bytes, opt_temp, optimizer.formula, acts.bytes, acts.formula, logits.bytes,
-                      per_layer, largest_act, absorbed)  # fmt: skip
+                      per_layer, largest_act, absorbed, freed)  # fmt: skip
     fx = trick_effects(spec, arch, s.cuda, s.rss, figures)
     grads, opt_temp = fx.figures.grads, fx.figures.opt_temp
     optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)

@@ -57,6 +57,7 @@ class Figures:
     per_layer: float  # the saved activations of one layer (what offloading moves per layer)
     largest_activation: float  # bytes of the biggest single activation tensor (tokens x intermediate x elem)
     recompute_absorbed: float = 0.0  # checkpointing: the recomputed block's bytes the head's transient absorbs
+    forward_freed: float = 0.0  # checkpointing: what the no-grad forward frees (a plain forward's saved bytes)
 
 
 @dataclass(frozen=True)
@@ -93,17 +94,27 @@ def _glibc_heap(fig: Figures) -> tuple[float, str]:
     """What glibc's heap keeps resident beyond the live tensors at the peak (docs/memory.md "The memory tricks").
 
     - the holes: freed temporaries stranded between the saved activations (GLIBC_HOLES x those bytes);
+    - with checkpointing, the no-grad forward frees every block's temporaries (what a plain forward would
+      have saved) under the block's output, the next saved input, allocated after them: the same holes, on
+      those bytes (GLIBC_HOLES x `forward_freed`);
     - with checkpointing, the recomputed block: its blocks, freed in the previous step's backward, stay in the
-      heap while the head's tiles (each over the 32 MiB limit: mmapped) peak, so the two transients add up
-      instead of the larger one counting (the allocated figure's rule).
+      heap while the head's tiles peak, so the two transients add up instead of the larger one counting (the
+      allocated figure's rule) whenever a tile is larger than the largest activation block: a tile then fits
+      in none of the freed blocks, whether it is mmapped (over 32 MiB) or taken from the heap's top.
+    Measured (bench/heap_phases.py --checkpointing --batch 1 --length 505, the grid's small model, 2026-12-05):
+    before the second step's head the heap held 59 MiB free beside 201 MiB in use (these terms: 54 MiB; before
+    this, 1.5), and the head's 16 MiB tiles grew the heap by 150 MiB on top of it, reusing none.
     The LM head's own temporaries are not counted again: they are alive at the peak they would add to."""
     if fig.largest_activation >= GLIBC_MMAP_MAX:
         return 0.0, "CPU allocator (glibc): the activation blocks are over its 32 MiB mmap limit (returned when freed)"
-    recompute = fig.recompute_absorbed if fig.logits / HEAD_TEMPORARIES >= GLIBC_MMAP_MAX else 0.0
-    heap = GLIBC_HOLES * (fig.acts + recompute) + recompute
+    tile = fig.logits / HEAD_TEMPORARIES
+    recompute = fig.recompute_absorbed if tile > fig.largest_activation else 0.0
+    heap = GLIBC_HOLES * (fig.acts + fig.forward_freed + recompute) + recompute
     formula = f"CPU allocator (glibc): freed temporaries between the saved activations x{GLIBC_HOLES:g}"
+    if fig.forward_freed:
+        formula += " + the checkpointed forward's freed block temporaries (holes)"
     if recompute:
-        formula += " + the recomputed block (and its holes), resident beside the head's mmapped tiles"
+        formula += " + the recomputed block (and its holes), resident beside the head's tiles"
     return heap, formula + " (cpu_return_freed_memory: true returns them)"
 
 
