@@ -7,6 +7,8 @@ average-pooled to 2x2: 4 tokens an image), a tiny Gemma 3 language model, the by
 resized to 32x32) and the chat template of `jobs.models.tiny_vlm` with `<start_of_image>` for each
 image (which the processor expands to a blank line, the begin-of-image token, the image tokens, the
 end-of-image token and a blank line). It loads with `AutoProcessor` and `AutoModelForImageTextToText`.
+Its attention scale is the head width (`query_pre_attn_scalar` 16), as in the released Gemma 3 models and as
+llama.cpp reads them (its GGUF export agrees with it only so).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from jobs.models.tiny import build_folder_atomically, train_tokenizer, write_seeded_model
 from jobs.models.tiny_vlm import CHAT_TEMPLATE as LLAVA_TEMPLATE
 
-BUILDER_VERSION = "tiny-gemma3-2"
+BUILDER_VERSION = "tiny-gemma3-3"
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -54,8 +56,8 @@ def _write_tiny_gemma3(out: Path) -> None:
     text = {
         "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 1024,
-        "sliding_window": 64, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
+        "sliding_window": 64, "query_pre_attn_scalar": 16, "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
     }  # fmt: skip
     vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
               "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE}  # fmt: skip
