@@ -61,3 +61,64 @@ def test_gemma3_lora_run_trains_the_language_model_only(tmp_path: Path, tiny_gem
     assert trainable and all("lora_" in n for n in trainable)
     assert any("language_model" in n for n in trainable)
     assert not [n for n in trainable if "vision_tower" in n or "multi_modal_projector" in n]
+
+
+@pytest.mark.integration
+def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_llama_cpp_reads(
+    store, tmp_path: Path, tiny_gemma3: Path
+) -> None:
+    """A 2-step LoRA run of the tiny Gemma 3, exported by the worker's export task to f16 and Q4_K_M: each language
+    model file read back by llama.cpp agreeing with the merged model, the projector (mmproj) file beside them read
+    back by gguf-py holding the model's vision tensors, and each Modelfile and the card naming the pair."""
+    import json
+    import socket
+
+    from engines import import_or_missing
+    from test_gguf_export import _converter
+
+    from jobs.export.gguf import K_FORCED_AGREEMENT
+    from jobs.export.gguf_checks import F16_FORCED_AGREEMENT
+    from jobs.worker.loop import Worker
+    from jobs.worker.services import Place
+    from jobs.worker.task_service import TaskService
+    from jobs.worker.tasks import request_export
+    from storage.models import RunStatus, TaskStatus
+
+    import_or_missing("llama_cpp", fix="./dev.sh gguf")
+    _converter()
+    spec = JobSpec.from_dict(
+        {"model": str(tiny_gemma3), "dataset": str(image_rows(tmp_path)), "max_steps": 2, "learning_rate": 1e-2,
+         "per_device_train_batch_size": 2, "sample_count": 0, "run_name": "tiny gemma3"}
+    )  # fmt: skip
+    run_id = store.create_run(spec)
+    Worker(store, poll_interval=0.1).work(burst=True)
+    assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_detail
+    host = socket.gethostname()
+    place = Place(store=store, worker_id=f"{host}:99", host=host, device="cpu", on_cpu=True, shared_data=True)
+    tasks = TaskService(place, poll_interval=0.05)
+    folder = store.run_dir(run_id) / "gguf"
+    mmproj = folder / "tiny-gemma3-mmproj-f16.gguf"
+    for task_id, (gguf_type, least) in zip(
+        request_export(store, run_id, merged=False, dtype="fp32", gguf=["f16", "q4_k_m"]),
+        [("f16", F16_FORCED_AGREEMENT), ("q4_k_m", K_FORCED_AGREEMENT)],
+    ):
+        task = tasks.take()
+        assert task is not None and task.id == task_id
+        assert tasks.carry_out(task) is TaskStatus.SUCCEEDED, store.get_task(task_id).error
+        check = json.loads((folder / f"tiny-gemma3-{gguf_type}.check.json").read_text())
+        assert check["passed"] and check["rule"].startswith("read by llama.cpp"), check
+        assert check["forced_agreement"] >= least and not check["tokenizer_mismatches"], check
+        projector = check["mmproj"]
+        assert projector["file"] == mmproj.name and projector["projector_type"] == "gemma3", projector
+        assert projector["vision"] == {"clip.vision.image_size": 32, "clip.vision.patch_size": 8,
+                                       "clip.vision.embedding_length": 32, "clip.vision.block_count": 2}  # fmt: skip
+        assert projector["tensors_equal"] == projector["tensors"] - len(projector["corrected"]) > 30, projector
+        assert projector["problems"] == [] and "GGUFReader" in projector["read_by"]
+        modelfile = (folder / f"tiny-gemma3-{gguf_type}.Modelfile").read_text().splitlines()
+        assert modelfile[:2] == [f"FROM ./tiny-gemma3-{gguf_type}.gguf", f"FROM ./{mmproj.name}"]
+    recorded = {Path(a.path).name: a for a in store.artifacts(run_id) if a.kind == "gguf"}
+    assert set(recorded) == {"tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", mmproj.name}  # the pair, once each
+    assert recorded[mmproj.name].size == mmproj.stat().st_size
+    card = (folder / "README.md").read_text()
+    assert f"llama-mtmd-cli -m tiny-gemma3-q4_k_m.gguf --mmproj {mmproj.name}" in card
+    assert not list(folder.glob(".*partial*"))
