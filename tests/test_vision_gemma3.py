@@ -122,3 +122,40 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
     card = (folder / "README.md").read_text()
     assert f"llama-mtmd-cli -m tiny-gemma3-q4_k_m.gguf --mmproj {mmproj.name}" in card
     assert not list(folder.glob(".*partial*"))
+
+
+@pytest.mark.integration
+def test_gemma3_projector_read_back_fails_on_a_model_it_was_not_written_from(tmp_path: Path, tiny_gemma3: Path) -> None:
+    """The projector's check is not vacuous: the file written from the tiny Gemma 3 passes against it, and fails
+    against a copy whose vision tower's weights and depth differ (and a failed write leaves no file)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from test_gguf_export import _converter
+
+    from jobs.export import projector as projector_module
+    from jobs.export.projector import read_back, write_projector
+
+    _converter()
+    dest = tmp_path / "out" / "tiny-mmproj-f16.gguf"
+    dest.parent.mkdir()
+    check = write_projector(tiny_gemma3, dest)
+    assert check.passed and dest.is_file() and check.file == dest.name, check
+    other = tmp_path / "other"
+    shutil.copytree(tiny_gemma3, other)
+    weights = load_file(str(other / "model.safetensors"))
+    save_file(
+        {k: v * 2 if "vision_tower.encoder" in k else v for k, v in weights.items()}, str(other / "model.safetensors")
+    )
+    config = json.loads((other / "config.json").read_text())
+    config["vision_config"]["num_hidden_layers"] = 3
+    (other / "config.json").write_text(json.dumps(config))
+    failed = read_back(other, dest)
+    assert not failed.passed and failed.tensors_equal < check.tensors_equal, failed
+    assert "clip.vision.block_count is 2, the model's vision_config.num_hidden_layers 3" in failed.problems
+    assert any("tensors differ from the model's vision tensors" in p for p in failed.problems), failed.problems
+    with pytest.MonkeyPatch.context() as mp:  # a check that fails keeps no file, not even the partial one
+        mp.setattr(projector_module, "read_back", lambda source, path: failed)
+        assert not write_projector(tiny_gemma3, tmp_path / "out" / "again.gguf").passed
+    assert sorted(p.name for p in dest.parent.iterdir()) == [dest.name]
