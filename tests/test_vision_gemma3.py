@@ -65,17 +65,19 @@ def test_gemma3_lora_run_trains_the_language_model_only(tmp_path: Path, tiny_gem
 
 @pytest.mark.integration
 def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_llama_cpp_reads(
-    store, tmp_path: Path, tiny_gemma3: Path
+    store, tmp_path: Path, tiny_gemma3: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """A 2-step LoRA run of the tiny Gemma 3, exported by the worker's export task to f16 and Q4_K_M: each language
-    model file read back by llama.cpp agreeing with the merged model, the projector (mmproj) file beside them read
-    back by gguf-py holding the model's vision tensors, and each Modelfile and the card naming the pair."""
+    """A 2-step LoRA run of the tiny Gemma 3, exported to f16 by `tunedeck export --gguf` and to Q4_K_M by the
+    worker's export task: each language model file read back by llama.cpp agreeing with the merged model, the
+    projector (mmproj) file beside them read back by gguf-py holding the model's vision tensors, and each Modelfile,
+    the card and the CLI naming the pair."""
     import json
     import socket
 
     from engines import import_or_missing
     from test_gguf_export import _converter
 
+    from app.cli.main import main
     from jobs.export.gguf import K_FORCED_AGREEMENT
     from jobs.export.gguf_checks import F16_FORCED_AGREEMENT
     from jobs.worker.loop import Worker
@@ -93,18 +95,21 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
     run_id = store.create_run(spec)
     Worker(store, poll_interval=0.1).work(burst=True)
     assert store.get_run(run_id).status is RunStatus.SUCCEEDED, store.get_run(run_id).error_detail
+    folder = store.run_dir(run_id) / "gguf"
+    mmproj = folder / "tiny-gemma3-mmproj-f16.gguf"
+    capsys.readouterr()
+    assert main(["export", str(run_id), "--gguf", "f16"]) == 0
+    out = capsys.readouterr().out
+    assert f"vision projector: {mmproj} (gguf-py's GGUFReader" in out, out
+    assert f"llama.cpp: llama-mtmd-cli -m tiny-gemma3-f16.gguf --mmproj {mmproj.name}" in out, out
     host = socket.gethostname()
     place = Place(store=store, worker_id=f"{host}:99", host=host, device="cpu", on_cpu=True, shared_data=True)
     tasks = TaskService(place, poll_interval=0.05)
-    folder = store.run_dir(run_id) / "gguf"
-    mmproj = folder / "tiny-gemma3-mmproj-f16.gguf"
-    for task_id, (gguf_type, least) in zip(
-        request_export(store, run_id, merged=False, dtype="fp32", gguf=["f16", "q4_k_m"]),
-        [("f16", F16_FORCED_AGREEMENT), ("q4_k_m", K_FORCED_AGREEMENT)],
-    ):
-        task = tasks.take()
-        assert task is not None and task.id == task_id
-        assert tasks.carry_out(task) is TaskStatus.SUCCEEDED, store.get_task(task_id).error
+    (task_id,) = request_export(store, run_id, merged=False, dtype="fp32", gguf=["q4_k_m"])
+    task = tasks.take()
+    assert task is not None and task.id == task_id
+    assert tasks.carry_out(task) is TaskStatus.SUCCEEDED, store.get_task(task_id).error
+    for gguf_type, least in [("f16", F16_FORCED_AGREEMENT), ("q4_k_m", K_FORCED_AGREEMENT)]:
         check = json.loads((folder / f"tiny-gemma3-{gguf_type}.check.json").read_text())
         assert check["passed"] and check["rule"].startswith("read by llama.cpp"), check
         assert check["forced_agreement"] >= least and not check["tokenizer_mismatches"], check
@@ -117,7 +122,8 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
         modelfile = (folder / f"tiny-gemma3-{gguf_type}.Modelfile").read_text().splitlines()
         assert modelfile[:2] == [f"FROM ./tiny-gemma3-{gguf_type}.gguf", f"FROM ./{mmproj.name}"]
     recorded = {Path(a.path).name: a for a in store.artifacts(run_id) if a.kind == "gguf"}
-    assert set(recorded) == {"tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", mmproj.name}  # the pair, once each
+    assert set(recorded) == {"tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", mmproj.name}
+    assert len([a for a in store.artifacts(run_id) if a.path == str(mmproj)]) == 1  # rewritten, not recorded twice
     assert recorded[mmproj.name].size == mmproj.stat().st_size
     card = (folder / "README.md").read_text()
     assert f"llama-mtmd-cli -m tiny-gemma3-q4_k_m.gguf --mmproj {mmproj.name}" in card
