@@ -36,6 +36,7 @@ PROJECTOR_TYPE = "f16"
 TOWERS = {"LlavaForConditionalGeneration": ("pixtral",)}
 # tensors the converter writes changed (Gemma 3's projector norm is stored as 1 + weight, as llama.cpp applies it)
 CORRECTED = ("soft_emb_norm",)
+LANGUAGE_PARTS = ("language_model.", "text_model.", "lm_head")  # the language model's tensors: not compared
 VISION_KEYS = {  # the file's key -> the source's vision_config key
     "clip.vision.image_size": "image_size",
     "clip.vision.patch_size": "patch_size",
@@ -159,17 +160,21 @@ def read_back(source: Path, path: Path) -> ProjectorCheck:
 
 
 def _equal_tensors(source: Path, tensors: list[Any]) -> int:
-    """How many of the file's `tensors` hold the values of one of the source's vision/projector tensors."""
+    """How many of the file's `tensors` hold the values of one of the source's tensors outside its language model
+    (the vision tower and projector, whatever the family names them: `vision_tower`, `visual`, `connector`...)."""
+    import math
+
     import numpy as np
     from safetensors import safe_open
 
+    sizes = {int(math.prod(int(n) for n in t.shape)) for t in tensors}
     theirs: dict[int, list[Any]] = {}
     for shard in sorted(source.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if "vision" in key or "projector" in key:
-                    values = np.sort(f.get_tensor(key).float().numpy().ravel())
-                    theirs.setdefault(values.size, []).append(values)
+                size = math.prod(f.get_slice(key).get_shape())
+                if size in sizes and not any(part in key for part in LANGUAGE_PARTS):
+                    theirs.setdefault(size, []).append(np.sort(f.get_tensor(key).float().numpy().ravel()))
     equal = 0
     for tensor in tensors:
         values = np.sort(np.asarray(tensor.data, dtype=np.float32).ravel())
