@@ -53,3 +53,15 @@ def test_a_template_that_does_not_cut_into_pieces_gets_no_template(tiny_model: P
     assert template_pieces(tokenizer) is None
     text, templated = modelfile(tokenizer, "x.gguf")
     assert not templated and "TEMPLATE" not in text and "PARAMETER stop" in text
+
+
+def test_a_vision_language_models_modelfile_names_its_projector_in_a_second_from(tiny_model: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    text, templated = modelfile(tokenizer, "run-1-q4_k_m.gguf", projector="run-1-mmproj-f16.gguf")
+    assert templated and text.splitlines()[:3] == [
+        "FROM ./run-1-q4_k_m.gguf",
+        "FROM ./run-1-mmproj-f16.gguf",
+        text.splitlines()[2],
+    ]
+    assert text.splitlines()[2].startswith("TEMPLATE ") and text.count("FROM ") == 2
+    assert modelfile(tokenizer, "run-1-q4_k_m.gguf")[0].count("FROM ") == 1  # a text model: one file

@@ -30,18 +30,26 @@ def finished_run(store, spec: JobSpec) -> int:
 
 
 # ---------------------------------------------------------------------- GGUF: refused before queueing
-def test_gguf_of_a_vision_run_is_refused_before_queueing(store, tmp_path: Path, tiny_vlm: Path) -> None:
+def test_gguf_of_a_vision_family_without_a_projector_writer_is_refused_before_queueing(
+    store, tmp_path: Path, tiny_vlm: Path
+) -> None:
+    """The tiny LLaVA has LLaVA 1.5's CLIP tower: llama.cpp's converter registers LlavaForConditionalGeneration
+    for Pixtral's tower only (its LlavaVisionModel raises "Unsupported model type" for CLIP's)."""
+    from test_gguf_export import _converter
+
     from jobs.export.gguf import export_gguf
     from jobs.export.merged import ExportError
     from jobs.worker.tasks import request_export
 
+    _converter()
     run_id = finished_run(store, vlm_spec(tiny_vlm, write_rows(tmp_path / "d.jsonl", parts_rows(tmp_path, 2))))
     with pytest.raises(ExportError) as caught:
         request_export(store, run_id, merged=True, dtype="fp32", gguf=["f16"])
     [problem] = caught.value.problems
     assert problem.field == "gguf" and f"run {run_id} is a vision-language model" in problem.problem
-    assert "mmproj" in problem.problem
-    assert "convert_hf_to_gguf.py" in problem.fix and "--mmproj" in problem.fix
+    assert "writes no vision projector (mmproj)" in problem.problem
+    assert "llava (LlavaForConditionalGeneration) with a clip_vision_model vision tower" in problem.problem
+    assert "--merged" in problem.fix
     assert store.run_tasks(run_id) == []  # nothing reached a worker
     with pytest.raises(ExportError) as direct:  # `tunedeck export RUN --gguf f16` says the same
         export_gguf(store, run_id, "f16")

@@ -48,6 +48,7 @@ def cmd_export(store: Exporting, args: argparse.Namespace) -> int:
         print(f"download: {result.archive}  sha256 {result.sha256}")
     if args.gguf:
         from jobs.export.gguf import export_gguf
+        from jobs.export.projector import pair_command
 
         for gguf_type in dict.fromkeys(args.gguf):
             gguf = export_gguf(store, args.run_id, gguf_type, args.imatrix, args.calibration)
@@ -60,6 +61,9 @@ def cmd_export(store: Exporting, args: argparse.Namespace) -> int:
             if gguf.check.imatrix:
                 print(f"importance matrix: {gguf.check.imatrix}")
             print(f"download: {gguf.path}  sha256 {gguf.sha256}")
+            if projector := gguf.check.mmproj:  # a vision-language run: the pair llama.cpp loads
+                print(f"vision projector: {gguf.path.with_name(projector['file'])} ({projector['read_by']})")
+                print(f"llama.cpp: {pair_command(gguf.path.name, projector['file'])}")
     return EXIT_OK
 
 

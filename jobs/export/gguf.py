@@ -18,7 +18,11 @@ In order, logging each step (no fixed timeout: a large model takes minutes):
 4. on success the file takes its name `<name>-<type>.gguf`, the check goes beside it
    (`<name>-<type>.check.json`) and into the folder's README.md, and the file is recorded as
    an artifact (kind "gguf", with its sha256) that the dashboard serves; on failure the file is
-   deleted and the export refused with the measured figures.
+   deleted and the export refused with the measured figures;
+5. a vision-language run's file goes with its vision tower and projector: `<name>-mmproj-f16.gguf`, written by
+   llama.cpp's converter (`--mmproj`) once the language model's check passes, read back and recorded beside it
+   (`jobs.export.projector`), named by its Modelfile and card; a family whose projector the converter cannot
+   write is refused before queueing (`jobs.export.vision.gguf_problems`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from jobs.errors import Problem
 from jobs.export.converter import ConvertFailed, architecture, convert
+from jobs.export.gguf_card import gguf_card, write_modelfile
 from jobs.export.gguf_checks import (
     K_FORCED_AGREEMENT,
     Q8_0_FORCED_AGREEMENT,
@@ -60,7 +65,8 @@ from jobs.export.merged import (
     finished_spec,
     token_agreement,
 )
-from jobs.export.vision import gguf_problems
+from jobs.export.projector import mmproj_name, write_projector
+from jobs.export.vision import GGUF_WAY_OUT, gguf_problems, vision_run
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
 from jobs.train.artifacts import safe_name, sha256_of
@@ -186,7 +192,7 @@ def export_gguf(
     _refuse_type(gguf_type, imatrix, calibration)
     weighted = uses_imatrix(gguf_type, imatrix)
     spec = finished_spec(store, run_id)
-    if vision := gguf_problems(store, run_id, [gguf_type]):  # a vision-language model: llama.cpp's --mmproj
+    if vision := gguf_problems(store, run_id, [gguf_type]):  # a vision-language family without llama.cpp's mmproj
         raise ExportError(vision)
     try:
         gguf_route(*run_config(store, run_id))  # known before merging: the base's config, the run's tokenizer
@@ -217,6 +223,8 @@ def export_gguf(
             check = check_round_trip(source, partial, gguf_type)
         else:
             check = check_with_llama_cpp(source, partial, gguf_type)
+        if check.passed and vision_run(store, run_id):  # its vision tower and projector: llama.cpp's --mmproj
+            check.mmproj = _projector(store, run_id, source, folder, spec.display_name)
     except ConvertFailed as exc:
         partial.unlink(missing_ok=True)
         family = f"{source_config.get('model_type', '?')} ({architecture(source_config)})"
@@ -249,12 +257,28 @@ def export_gguf(
     check.imatrix = weights
     os.replace(partial, final)
     (folder / f"{stem}.check.json").write_text(json.dumps(asdict(check), indent=2, ensure_ascii=False))
-    write_modelfile(source, folder / f"{stem}.Modelfile", final.name)
+    write_modelfile(source, folder / f"{stem}.Modelfile", final.name, (check.mmproj or {}).get("file"))
     digest = sha256_of(final)
     store.add_artifact(run_id, "gguf", str(final), final.stat().st_size, digest)
     (folder / "README.md").write_text(gguf_card(spec, run_id, folder))
     log.info("export run %s: wrote %s (%s)", run_id, final, digest)
     return GgufExport(final, digest, gguf_type, source, check)
+
+
+def _projector(store: RunArtifacts, run_id: int, source: Path, folder: Path, name: str) -> dict[str, Any]:
+    """Write, check and record the vision tower and projector of a vision-language model as its mmproj file."""
+    dest = folder / mmproj_name(safe_name(name))
+    log.info("export run %s: writing the vision projector (mmproj) with llama.cpp's converter", run_id)
+    projector = write_projector(source, dest, name)
+    if not projector.passed:
+        raise _refuse(
+            f"the vision projector (mmproj) written by llama.cpp's converter does not hold the model's vision tower "
+            f"({'; '.join(projector.problems)}); the files were deleted",
+            GGUF_WAY_OUT,
+            "gguf",
+        )
+    store.rewrite_artifact(run_id, "gguf", str(dest), dest.stat().st_size, sha256_of(dest))
+    return asdict(projector)
 
 
 def _refuse_type(gguf_type: str, imatrix: bool, calibration: str | None) -> None:
@@ -316,83 +340,3 @@ def write_file(
 def _tokenizer_or_none(folder: Path) -> dict[str, Any] | None:
     path = folder / "tokenizer.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def write_modelfile(source: Path, path: Path, gguf_name: str) -> None:
-    """The Ollama Modelfile beside the GGUF (`jobs.export.modelfile`): the run's template, stops, sampling defaults
-    (the model's generation_config.json when it samples, else greedy like tunedeck's Chat)."""
-    from transformers import AutoTokenizer, GenerationConfig
-
-    from jobs.export.modelfile import modelfile
-
-    generation: dict[str, float] = {}
-    if (source / "generation_config.json").is_file():
-        config = GenerationConfig.from_pretrained(str(source))
-        if config.do_sample:
-            names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
-            names["repetition_penalty"] = "repeat_penalty"
-            generation = {o: float(v) for n, o in names.items() if (v := getattr(config, n, None)) is not None}
-    text, templated = modelfile(AutoTokenizer.from_pretrained(str(source)), gguf_name, generation)
-    path.write_text(text)
-    log.info("wrote %s (%s)", path, "with the chat template" if templated else "without a TEMPLATE")
-
-
-def gguf_card(spec: JobSpec, run_id: int, folder: Path) -> str:
-    """README.md of the run's GGUF folder: each file, its round-trip check, how to use it."""
-    from jobs.train.artifacts import provenance_note
-
-    parts = [
-        f"# {spec.display_name} (GGUF)\n\nRun {run_id} of tunedeck ({spec.method.value} on `{spec.model}`) "
-        "as GGUF files for llama.cpp, Ollama and other GGUF readers.\n"
-    ]
-    for check_file in sorted(folder.glob("*.check.json")):
-        check = json.loads(check_file.read_text())
-        gguf_file = check_file.name.replace(".check.json", ".gguf")
-        if not (folder / gguf_file).is_file():
-            continue
-        rows = "\n".join(
-            f"| {p} | {a!r} | {'same' if a == b else repr(b)} |"
-            for p, a, b in zip(check["prompts"], check["source_answers"], check["gguf_answers"])
-        )
-        parts.append(
-            f"## {gguf_file}\n{_checked_by(check)}: {check['rule']}: "
-            f"passed. Answer token agreement {check['token_agreement']:.1%}; next-token agreement on the "
-            f"source's answers {check['forced_agreement']:.1%}; largest logit difference "
-            f"{check['max_logit_diff']:.3g}; tokenizer ids equal on {len(check['tokenizer_texts'])} texts "
-            f"and the chat prompts.{_llama_line(check)}\n\n| prompt | source model | GGUF |\n|---|---|---|\n{rows}\n"
-        )
-    parts.append(
-        "## How to use\n```bash\nllama-cli -m FILE.gguf -cnv            # llama.cpp, chat with the file's template\n"
-        "ollama create my-model -f FILE.Modelfile && ollama run my-model   # Ollama: template, stops, sampling\n```\n"
-        "Each `FILE.Modelfile` carries the run's chat template as Ollama's TEMPLATE (checked against the "
-        "template's own rendering of a conversation), its stop tokens and greedy sampling like tunedeck's Chat.\n"
-        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-        'model = AutoModelForCausalLM.from_pretrained(".", gguf_file="FILE.gguf")\n'
-        'tokenizer = AutoTokenizer.from_pretrained(".", gguf_file="FILE.gguf")\n```\n'
-        "The checks above are what tunedeck ran; Ollama itself was not run on these files.\n"
-    )
-    return "\n".join(parts) + provenance_note(spec)
-
-
-def _checked_by(check: dict[str, Any]) -> str:
-    if check["rule"].startswith("read by llama.cpp"):
-        return "Written by llama.cpp's convert_hf_to_gguf.py and checked by loading it back with llama.cpp"
-    return "Checked by loading it back with transformers' GGUF loader"
-
-
-def _llama_line(check: dict[str, Any]) -> str:
-    """The card's words on the file's tensor types and on llama.cpp's own reading of it."""
-    types = ", ".join(f"{n} {t}" for t, n in check.get("tensor_types", {}).items())
-    line = f" Tensors: {types}." if types else ""
-    if weights := check.get("imatrix"):
-        line += (
-            f" Quantized with an importance matrix of {weights['calibration']} ({weights['chunks']} chunks of "
-            f"{weights['context']} tokens, llama.cpp's llama-imatrix)."
-        )
-    llama = check.get("llama_cpp")
-    if llama is None:
-        return line + " llama.cpp itself was not run on it (llama-cpp-python is not installed where it was made)."
-    return line + (
-        f" Read back by llama.cpp {llama['version']}: next-token agreement on the source's answers "
-        f"{llama['forced_agreement']:.1%}, its tokenizer's ids equal on the same texts."
-    )

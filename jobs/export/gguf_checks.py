@@ -49,6 +49,9 @@ class GgufCheck:
     tensor_types: dict[str, int]  # storage type -> tensors of the file (llama.cpp falls back on short rows)
     llama_cpp: dict[str, Any] | None = None  # the file read back by llama.cpp itself (None: not installed here)
     imatrix: dict[str, Any] | None = None  # what its importance matrix was made of (`jobs.export.imatrix`), if any
+    mmproj: dict[str, Any] | None = (
+        None  # a vision-language model's projector file, read back (`jobs.export.projector`)
+    )
 
 
 def gguf_metadata(path: Path) -> dict[str, Any]:

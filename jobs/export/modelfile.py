@@ -121,12 +121,15 @@ def _quoted(text: str) -> str:
     return '"""' + text.replace('"""', '\\"\\"\\"') + '"""'
 
 
-def modelfile(tokenizer: Any, gguf_name: str, generation: dict[str, Any] | None = None) -> tuple[str, bool]:
+def modelfile(
+    tokenizer: Any, gguf_name: str, generation: dict[str, Any] | None = None, projector: str | None = None
+) -> tuple[str, bool]:
     """(the Modelfile's text, whether it carries the chat template as TEMPLATE).
 
-    `generation`: sampling defaults (temperature, top_p, top_k, repeat_penalty); default greedy, like tunedeck's Chat."""
+    `generation`: sampling defaults (temperature, top_p, top_k, repeat_penalty); default greedy, like tunedeck's Chat.
+    `projector`: a vision-language model's mmproj file, a second FROM (Ollama reads a `clip` GGUF as a projector)."""
     pieces = template_pieces(tokenizer) if getattr(tokenizer, "chat_template", None) else None
-    lines = [f"FROM ./{gguf_name}"]
+    lines = [f"FROM ./{gguf_name}", *([f"FROM ./{projector}"] if projector else [])]
     if pieces is not None:
         lines.append(f"TEMPLATE {_quoted(ollama_template(pieces))}")
         if pieces.default_system:

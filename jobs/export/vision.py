@@ -1,7 +1,7 @@
-"""Exports of a vision-language run: the merged model's image check, and why GGUF is refused.
+"""Exports of a vision-language run: the merged model's image check, and which GGUF requests are refused.
 
     vision_run(store, run_id)                    # True when the run's model takes images
-    gguf_problems(store, run_id, ["f16"])        # [Problem("gguf", ...)] for a vision-language run, else []
+    gguf_problems(store, run_id, ["f16"])        # [Problem("gguf", ...)] when no projector can be written, else []
     ids, logits = image_greedy(model, processor, CHECK_NEW_TOKENS)   # the answer to the check image
 
 The merged export of a vision-language run is checked like a text one (the built-in prompts) and
@@ -9,10 +9,10 @@ also on one image prompt: a drawn picture (`check_image`) and `IMAGE_QUESTION`, 
 the adapter and by the merged model. The merged folder keeps the run's processor, so it reloads with
 `AutoProcessor` and `AutoModelForImageTextToText`.
 
-tunedeck's GGUF writer writes text-only language models; llama.cpp reads a vision-language model as
-two files (the language model, and the vision tower with its projector as an `mmproj` file), which
-its own converter writes. A GGUF request for such a run is refused before anything is queued, with
-that way out (`GGUF_WAY_OUT`).
+llama.cpp reads a vision-language model as two files, the language model and the vision tower with
+its projector as an `mmproj` file, both written by its own converter (`jobs.export.projector`). A GGUF
+request for a run whose family the converter writes no projector for is refused before anything is
+queued, naming the family, with the merged export as the way out (`GGUF_WAY_OUT`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ IMAGE_QUESTION = "Describe the image."
 CHECK_IMAGE_SIZE = 64
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 GGUF_WAY_OUT = (
-    "export the merged model (safetensors) and convert it with llama.cpp's convert_hf_to_gguf.py twice: "
-    "once for the language model (`python convert_hf_to_gguf.py merged-fp32 --outfile model.gguf`) and "
-    "once with --mmproj for the vision projector (`python convert_hf_to_gguf.py merged-fp32 --mmproj "
-    "--outfile mmproj.gguf`); llama.cpp's llama-mtmd-cli and llama-server take both (-m and --mmproj)"
+    "export the merged model (safetensors, `--merged`) instead: it loads with transformers' "
+    "AutoModelForImageTextToText and AutoProcessor"
 )
 
 
@@ -55,17 +53,23 @@ def vision_run(store: ArtifactReader, run_id: int) -> bool:
 
 
 def gguf_problems(store: ArtifactReader, run_id: int, gguf: Sequence[str]) -> list[Problem]:
-    """The refusal of GGUF types asked for a vision-language run (none asked, or a text run: no problem)."""
+    """The refusal of GGUF types asked for a vision-language run whose projector llama.cpp's converter cannot
+    write (none asked, a text run, or a family it writes: no problem; a run whose model cannot be read here: the
+    export task says why)."""
+    from jobs.export.converter import CONVERTER_FIX
+    from jobs.export.gguf_route import run_config
+    from jobs.export.projector import projector_problem
+
     if not gguf or not vision_run(store, run_id):
         return []
-    return [
-        Problem(
-            "gguf",
-            f"run {run_id} is a vision-language model: tunedeck's GGUF export writes text-only language models, "
-            "and llama.cpp needs the vision tower and projector as a separate mmproj file",
-            GGUF_WAY_OUT,
-        )
-    ]
+    try:
+        config, _ = run_config(store, run_id)
+    except (OSError, ValueError):
+        return []
+    if (problem := projector_problem(config)) is None:
+        return []
+    fix = CONVERTER_FIX if "not installed" in problem else GGUF_WAY_OUT
+    return [Problem("gguf", f"run {run_id} is a vision-language model, and {problem}", fix)]
 
 
 def check_image() -> Any:

@@ -7,6 +7,9 @@ average-pooled to 2x2: 4 tokens an image), a tiny Gemma 3 language model, the by
 resized to 32x32) and the chat template of `jobs.models.tiny_vlm` with `<start_of_image>` for each
 image (which the processor expands to a blank line, the begin-of-image token, the image tokens, the
 end-of-image token and a blank line). It loads with `AutoProcessor` and `AutoModelForImageTextToText`.
+Its image projection is random (transformers starts it at zeros: every image would look alike). Its
+attention scale is the head width (`query_pre_attn_scalar` 16), as in the released Gemma 3 models and as
+llama.cpp reads them (its GGUF export agrees with it only so).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from jobs.models.tiny import build_folder_atomically, train_tokenizer, write_seeded_model
 from jobs.models.tiny_vlm import CHAT_TEMPLATE as LLAVA_TEMPLATE
 
-BUILDER_VERSION = "tiny-gemma3-2"
+BUILDER_VERSION = "tiny-gemma3-4"
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -36,7 +39,6 @@ def _write_tiny_gemma3(out: Path) -> None:
     from transformers import (
         AutoTokenizer,
         Gemma3Config,
-        Gemma3ForConditionalGeneration,
         Gemma3Processor,
     )
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
@@ -54,8 +56,8 @@ def _write_tiny_gemma3(out: Path) -> None:
     text = {
         "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 1024,
-        "sliding_window": 64, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
+        "sliding_window": 64, "query_pre_attn_scalar": 16, "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
     }  # fmt: skip
     vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
               "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE}  # fmt: skip
@@ -67,7 +69,19 @@ def _write_tiny_gemma3(out: Path) -> None:
         eoi_token_index=_id(tokenizer, EOI),
         image_token_index=_id(tokenizer, IMAGE),
     )
-    write_seeded_model(out, Gemma3ForConditionalGeneration, config, tokenizer, "jobs.models.tiny_gemma3", processor)
+    write_seeded_model(out, _with_projection, config, tokenizer, "jobs.models.tiny_gemma3", processor)
+
+
+def _with_projection(config: Any) -> Any:
+    """Gemma 3 with a random image projection: transformers starts `mm_input_projection_weight` at zeros, which
+    would make every image the same to the language model (and a projector's check blind)."""
+    import torch
+    from transformers import Gemma3ForConditionalGeneration
+
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.05)
+    return model
 
 
 def build_tiny_gemma3(dest: Path) -> Path:
