@@ -204,8 +204,9 @@ def test_a_flat_loss_at_a_huge_learning_rate_is_stuck_not_too_slow() -> None:
 
 def test_grpo_rules_no_signal_clipped_kl_runaway_and_entropy_collapse() -> None:
     from jobs.doctor import grpo
+    from jobs.doctor.watch import context_of
 
-    ctx = RunContext(num_generations=4, max_completion_length=64, temperature=0.7, beta=0.0)
+    ctx = RunContext(num_generations=4, max_completion_length=64, temperature=0.7, beta=0.0, generates=True)
     zero_std = [(s, 0.5 if s < 30 else 1.0) for s in range(1, 61)]
     (found,) = incrementally({"frac_reward_zero_std": zero_std}, chunk=5, ctx=ctx)
     assert found.code is RuleCode.GRPO_NO_SIGNAL and found.step == 35 and found.spec_change == {"num_generations": 8}
@@ -217,6 +218,9 @@ def test_grpo_rules_no_signal_clipped_kl_runaway_and_entropy_collapse() -> None:
     (found,) = incrementally({"kl": kl}, chunk=5, ctx=ctx)
     assert found.code is RuleCode.KL_UNBOUNDED and found.spec_change == {"beta": 0.04}
     assert found.evidence["kl"] >= 2 * found.evidence["kl_before"] and found.evidence["kl"] >= grpo.KL_MIN
+    # KTO's `kl` (its loss's reference point) rises as it learns: what examples/smollm2-kto.yaml logged, 17 to 36
+    kto = context_of(JobSpec.from_dict({"trainer": "kto", "dataset": "sample:kto-format"}))
+    assert not kto.generates and incrementally({"kl": kl}, chunk=5, ctx=kto) == []
     entropy = [(s, 2.0 * math.exp(-s / 8)) for s in range(1, 61)]
     reward = [(s, 0.5) for s in range(1, 61)]
     (found,) = incrementally({"entropy": entropy, "reward": reward}, chunk=5, ctx=ctx)
@@ -246,6 +250,6 @@ def test_a_grpo_runs_surrogate_loss_is_not_read_as_a_fit() -> None:
     grpo = context_of(
         JobSpec.from_dict({"trainer": "grpo", "dataset": "sample:prompt-format", "rewards": "repetition"})
     )
-    assert grpo.loss_is_surrogate and examine(curves, grpo) == []
+    assert grpo.generates and examine(curves, grpo) == []
     sft = context_of(JobSpec.from_dict({"trainer": "sft"}))
-    assert not sft.loss_is_surrogate
+    assert not sft.generates

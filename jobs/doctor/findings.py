@@ -54,8 +54,9 @@ class RunContext:
     max_completion_length: int = 64
     temperature: float = 1.0
     # the trainer generates its completions (GRPO): its loss is a policy-gradient surrogate near 0 that rises
-    # with the KL term, not a measure of fit, so the loss-curve rules (spike, flat, ~0) leave it alone
-    loss_is_surrogate: bool = False
+    # with the KL term, not a measure of fit, so the loss-curve rules (spike, flat, ~0) leave it alone; and its
+    # `kl` is the policy's distance from its base, which the KL rule guards (KTO logs a `kl` of its own: below)
+    generates: bool = False
 
 
 @dataclass(frozen=True)

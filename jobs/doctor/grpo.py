@@ -2,7 +2,10 @@
 
 Same shape as `jobs.doctor.rules`. They read what trl's GRPO trainer logs (`frac_reward_zero_std`,
 `completions/clipped_ratio`, `kl`, `entropy`, `reward`); a run of another method has none of the first
-three, and the entropy rule waits for a `reward` curve, so an SFT run's entropy is left alone.
+two, the KL rule reads only a generating trainer's `kl` (KTO logs a `kl` too: its batch estimate of the KL
+between the policy and the reference on mismatched pairs, the reference point of its loss, which rises as any
+KTO run learns: read as a runaway it was a false alarm on examples/smollm2-kto.yaml, 17 to 36 over 10 steps),
+and the entropy rule waits for a `reward` curve, so an SFT run's entropy is left alone.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ def completions_clipped(curves: Curves, ctx: RunContext, since: int) -> Finding 
 
 def kl_unbounded(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """The KL to the base model growing without bound: the policy runs away from the model it started as."""
+    if not ctx.generates:  # KTO's `kl` is its loss's reference point, not a distance to guard (module docstring)
+        return None
     got = _recent(curves, "kl", since)
     if got is None or len(got[0]) < 2 * GRPO_WINDOW:
         return None

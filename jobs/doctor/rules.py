@@ -47,7 +47,7 @@ def _new(points: Sequence[Point], since: int) -> bool:
 
 def loss_spike(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """A step's loss far above its recent median, after warm-up."""
-    if ctx.loss_is_surrogate:
+    if ctx.generates:
         return None
     points = finite(curves.get("loss", ()))
     for i in range(MIN_POINTS, len(points)):
@@ -129,7 +129,7 @@ def nonfinite_loss(curves: Curves, ctx: RunContext, since: int) -> Finding | Non
 
 def loss_flat(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """A loss that does not move: a learning rate too low, or no token trained (all masked)."""
-    if ctx.loss_is_surrogate:
+    if ctx.generates:
         return None
     points = finite(curves.get("loss", ()))
     if len(points) < FLAT_MIN_POINTS or not _new(points, since):
@@ -168,7 +168,7 @@ def loss_flat(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
 
 def loss_near_zero(curves: Curves, ctx: RunContext, since: int) -> Finding | None:
     """The training loss fell to ~0: the model recites its training set (memorising), it no longer learns from it."""
-    if ctx.loss_is_surrogate:
+    if ctx.generates:
         return None
     points = finite(curves.get("loss", ()))
     if len(points) < MIN_POINTS or not _new(points, since):

@@ -70,7 +70,7 @@ def context_of(spec: JobSpec) -> RunContext:
         num_generations=spec.num_generations,
         max_completion_length=spec.max_completion_length,
         temperature=spec.temperature,
-        loss_is_surrogate=record_for(spec.trainer).generates,
+        generates=record_for(spec.trainer).generates,
     )
 
 
