@@ -89,7 +89,14 @@ def task_texts(eval_ds: Any, tokenizer: Any) -> list[str]:
 
 
 def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
-    """The mean next-token loss (nats per token) of `model` over `texts`, every token counted once."""
+    """The mean next-token loss (nats per token) of `model` over `texts`, every token counted once.
+
+    Bounded memory (issue #49): full [batch, seq, vocab] logits are never kept. The LM head (the module
+    `get_output_embeddings()` returns) is given only the last position in the model's forward, and is applied
+    here to the tokens' hidden states LOGIT_BUDGET elements at a time (`_head_losses`). A model whose logits
+    are not that head's plain output (a soft-cap, a scale: `_head_is_plain`, or the check of the last position
+    against the forward's own logits) is read through its forward instead, in batches of at most LOGIT_BUDGET
+    logits (one row at least: its logits are then seq x vocab)."""
     import torch
 
     was_training = model.training
@@ -103,19 +110,97 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
     )  # by length: each batch pads little
     try:
         with torch.no_grad():
-            for start in range(0, len(encoded), BATCH):
-                ids = encoded[start : start + BATCH]
+            for ids in _batches(encoded, BATCH):
                 width = max(map(len, ids))
                 input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device)
                 mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device)
-                logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
-                targets, keep = input_ids[:, 1:], mask[:, 1:].bool()
-                nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-                total += float(nll[keep].sum())
-                count += int(keep.sum())
+                nll = _head_losses(model, input_ids, mask)
+                if nll is None:  # not a plain head: the forward's own logits, a few rows at a time
+                    nll = _forward_losses(model, input_ids, mask)
+                total += float(nll.sum())
+                count += int(nll.numel())
     finally:
         model.train(was_training)
     return total / count if count else math.nan
+
+
+LOGIT_BUDGET = 2**22  # the most logits (elements) the meter holds at once: 16 MiB in fp32, whatever the vocabulary
+SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _batches(encoded: list[list[int]], rows: int) -> list[list[list[int]]]:
+    return [encoded[start : start + rows] for start in range(0, len(encoded), rows)]
+
+
+def _text_config(model: Any) -> Any:
+    config: Any = getattr(model, "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _head_is_plain(model: Any) -> bool:
+    """No known transform between the head's output and the model's logits (Gemma 2/3's soft-cap, Cohere's
+    logit_scale, Granite's logits_scaling...): anything else is caught by `_head_losses`' check."""
+    config: Any = getattr(model, "config", None)
+    for c in (x for x in (config, _text_config(model)) if x is not None):
+        for name in SCALED_LOGITS:
+            value = getattr(c, name, None)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):
+                return False
+    return True
+
+
+def _head_losses(model: Any, input_ids: Any, mask: Any) -> Any:
+    """Each kept target's loss through the LM head in chunks of LOGIT_BUDGET // vocab tokens; None where the
+    model's logits are not that head's output (then the caller reads them through the forward)."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Module) or not _head_is_plain(model):
+        return None
+    seen: list[Any] = []
+
+    def last_only(_: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        seen.append(args[0] if args else None)  # called more than once: not a plain head (checked below)
+        if len(seen) > 1 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
+            return None
+        return (args[0][:1, -1:], *args[1:])  # the first row's last position: one row of logits
+
+    handle = head.register_forward_pre_hook(last_only)
+    try:
+        logits = model(input_ids=input_ids, attention_mask=mask).logits
+    except (RuntimeError, ValueError, IndexError):  # a forward that needs every row's logits: read it whole
+        return None
+    finally:
+        handle.remove()
+    hidden = seen[0] if len(seen) == 1 else None
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or tuple(logits.shape[:2]) != (1, 1):
+        return None
+    if not torch.allclose(head(hidden[:1, -1:]).float(), logits.float(), rtol=1e-4, atol=1e-5):
+        return None  # the forward changes the head's output: not a plain head
+    keep = mask[:, 1:].bool()
+    states, targets = hidden[:, :-1][keep], input_ids[:, 1:][keep]
+    step = max(1, LOGIT_BUDGET // max(1, int(logits.shape[-1])))
+    losses = [
+        torch.nn.functional.cross_entropy(head(states[i : i + step]).float(), targets[i : i + step], reduction="none")
+        for i in range(0, len(targets), step)
+    ]
+    return torch.cat(losses) if losses else targets.float()
+
+
+def _forward_losses(model: Any, input_ids: Any, mask: Any) -> Any:
+    """Each kept target's loss from the model's own logits, in batches of at most LOGIT_BUDGET logits."""
+    import torch
+
+    vocab = getattr(_text_config(model), "vocab_size", None)
+    rows = max(1, LOGIT_BUDGET // (int(input_ids.shape[1]) * vocab)) if isinstance(vocab, int) and vocab > 0 else 1
+    out = []
+    for start in range(0, int(input_ids.shape[0]), rows):
+        ids, m = input_ids[start : start + rows], mask[start : start + rows]
+        logits = model(input_ids=ids, attention_mask=m).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        out.append(nll[m[:, 1:].bool()])
+        del logits, nll
+    return torch.cat(out)
 
 
 def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_ds: Any) -> list[MetricPoint]:
