@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ def test_a_run_trained_to_forget_shows_the_rise_and_gets_the_finding(store, tiny
     )
 
 
-def full_logits_loss(model, tokenizer, texts: list[str]) -> float:  # type: ignore[no-untyped-def]
+def full_logits_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
     """The meter's figure as it was computed before issue #49: full [batch, seq, vocab] logits, 32 rows a batch."""
     import torch
 
@@ -104,14 +105,14 @@ def full_logits_loss(model, tokenizer, texts: list[str]) -> float:  # type: igno
 
 
 @pytest.fixture
-def tiny_lm(tiny_model: Path):  # type: ignore[no-untyped-def]
+def tiny_lm(tiny_model: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     return model, AutoTokenizer.from_pretrained(tiny_model)
 
 
-def largest_head_output(model) -> list[int]:  # type: ignore[no-untyped-def]
+def largest_head_output(model: Any) -> list[int]:
     """The largest number of logits the LM head returned at once, kept up to date by a hook."""
     largest = [0]
     model.get_output_embeddings().register_forward_hook(
@@ -120,7 +121,9 @@ def largest_head_output(model) -> list[int]:  # type: ignore[no-untyped-def]
     return largest
 
 
-def test_the_meter_reads_the_same_loss_through_a_bounded_slice_of_logits(tiny_lm, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_meter_reads_the_same_loss_through_a_bounded_slice_of_logits(
+    tiny_lm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue #49: the meter held a 32-row batch's full logits (32 x 96 x vocab: ~320 MiB on SmolLM2, uncounted
     by the memory prediction); now the head gets at most LOGIT_BUDGET logits at once, whatever the batch, with
     the same mean token loss."""
@@ -134,12 +137,14 @@ def test_the_meter_reads_the_same_loss_through_a_bounded_slice_of_logits(tiny_lm
     assert 0 < largest[0] <= budget
 
 
-def test_a_model_whose_logits_are_not_the_heads_output_is_read_in_small_batches(tiny_lm, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_model_whose_logits_are_not_the_heads_output_is_read_in_small_batches(
+    tiny_lm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A forward that changes the head's output (here doubled; Gemma's soft-cap, Cohere's logit_scale) is read
     through its own logits, a row or a few at a time: the same figure, the logits still bounded by a row's."""
     model, tokenizer = tiny_lm
 
-    def doubled(_m, _a, out) -> None:  # type: ignore[no-untyped-def]
+    def doubled(_m: Any, _a: Any, out: Any) -> None:
         out.logits.mul_(2)
 
     model.register_forward_hook(doubled)
