@@ -137,23 +137,46 @@ def test_the_meter_reads_the_same_loss_through_a_bounded_slice_of_logits(
     assert 0 < largest[0] <= budget
 
 
-def test_a_model_whose_logits_are_not_the_heads_output_is_read_in_small_batches(
+def test_logits_the_forward_changes_are_soft_capped_as_the_config_says_or_read_in_small_batches(
     tiny_lm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A forward that changes the head's output (here doubled; Gemma's soft-cap, Cohere's logit_scale) is read
-    through its own logits, a row or a few at a time: the same figure, the logits still bounded by a row's."""
+    """A forward that soft-caps its head's output as its config says (Gemma 2/3's final_logit_softcapping) is
+    read through the head in chunks, capped the same; one that changes it otherwise (here doubled) is read
+    through its own logits, a row or a few at a time: the same figure either way, the logits still bounded."""
+    import torch
+
     model, tokenizer = tiny_lm
+    texts = meter.general_texts(tokenizer)
+    monkeypatch.setattr(meter, "LOGIT_BUDGET", 16 * model.config.vocab_size, raising=False)
+    largest = largest_head_output(model)
+    forward_reads: list[int] = []
+    read_whole = getattr(meter, "_forward_losses", None)
+
+    def counted(*args: Any) -> Any:
+        forward_reads.append(1)
+        return read_whole(*args)  # type: ignore[misc]
+
+    if read_whole is not None:
+        monkeypatch.setattr(meter, "_forward_losses", counted)
+
+    def soft_capped(_m: Any, _a: Any, out: Any) -> None:
+        out.logits.copy_(torch.tanh(out.logits / 0.05) * 0.05)  # a cap low enough to change every figure
+
+    capping = model.register_forward_hook(soft_capped)
+    model.config.final_logit_softcapping = 0.05
+    expected = full_logits_loss(model, tokenizer, texts)
+    largest[0] = 0
+    assert meter.mean_loss(model, tokenizer, texts) == pytest.approx(expected, rel=1e-5)
+    assert 0 < largest[0] <= 16 * model.config.vocab_size and not forward_reads  # through the head, capped
+
+    capping.remove()
+    model.config.final_logit_softcapping = None
 
     def doubled(_m: Any, _a: Any, out: Any) -> None:
         out.logits.mul_(2)
 
     model.register_forward_hook(doubled)
-    texts = meter.general_texts(tokenizer)
     expected = full_logits_loss(model, tokenizer, texts)
-    monkeypatch.setattr(meter, "LOGIT_BUDGET", 16 * model.config.vocab_size, raising=False)
-    largest = largest_head_output(model)
+    largest[0] = 0
     assert meter.mean_loss(model, tokenizer, texts) == pytest.approx(expected, rel=1e-5)
-    assert 0 < largest[0] <= meter.MAX_TOKENS * model.config.vocab_size  # one row's logits at most
-    model.config.final_logit_softcapping = 30.0  # a known transform: straight to the forward's logits
-    assert meter._head_is_plain(model) is False
-    assert meter.mean_loss(model, tokenizer, texts) == pytest.approx(expected, rel=1e-5)
+    assert 0 < largest[0] <= meter.MAX_TOKENS * model.config.vocab_size and forward_reads  # one row's at most

@@ -11,7 +11,10 @@ token loss is measured on the base before training and on the result after, as m
 `general_loss`; beside it, `task_loss` is the same measure over (at most MAX_TASK_ROWS) held-out eval rows:
 the job's own text. The rows live with the run's other metrics, so the training doctor reads them
 (`jobs.doctor.rules.forgetting`: a finding when the general perplexity rose past FORGET_RISE) and every view
-reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows).
+reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows),
+BATCH rows at a time, and little memory whatever the vocabulary (issue #49): the logits are never a batch's
+whole [batch, seq, vocab] but at most LOGIT_BUDGET at once (`mean_loss`), so the meter, which runs before
+training and which the memory prediction does not count, stays below a training step's peak.
 Never fails a run: an error is logged and the meter is left out.
 """
 
@@ -37,6 +40,7 @@ GENERAL_SAMPLE = 64  # the sentences measured: an evenly spaced, fixed choice of
 MAX_TASK_ROWS = 16  # the eval rows measured (the first ones)
 MAX_TOKENS = 96  # each text is cut to this many tokens
 BATCH = 32
+LOGIT_BUDGET = 2**20  # the most logits (elements) the meter holds at once: 4 MiB in fp32, whatever the vocabulary
 
 
 @lru_cache(maxsize=1)
@@ -93,10 +97,10 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
 
     Bounded memory (issue #49): full [batch, seq, vocab] logits are never kept. The LM head (the module
     `get_output_embeddings()` returns) is given only the last position in the model's forward, and is applied
-    here to the tokens' hidden states LOGIT_BUDGET elements at a time (`_head_losses`). A model whose logits
-    are not that head's plain output (a soft-cap, a scale: `_head_is_plain`, or the check of the last position
-    against the forward's own logits) is read through its forward instead, in batches of at most LOGIT_BUDGET
-    logits (one row at least: its logits are then seq x vocab)."""
+    here to the tokens' hidden states LOGIT_BUDGET logits at a time (`_head_losses`), with what the forward does
+    after the head where the config says (a scale, Gemma's soft-cap: `_logit_map`), checked against the
+    forward's own logits at one position. A model that fails the check is read through its forward instead, in
+    batches of at most LOGIT_BUDGET logits (one row at least: MAX_TOKENS x vocab)."""
     import torch
 
     was_training = model.training
@@ -115,17 +119,13 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
                 input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device)
                 mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device)
                 nll = _head_losses(model, input_ids, mask)
-                if nll is None:  # not a plain head: the forward's own logits, a few rows at a time
+                if nll is None:  # the head's check failed: the forward's own logits, a few rows at a time
                     nll = _forward_losses(model, input_ids, mask)
                 total += float(nll.sum())
                 count += int(nll.numel())
     finally:
         model.train(was_training)
     return total / count if count else math.nan
-
-
-LOGIT_BUDGET = 2**22  # the most logits (elements) the meter holds at once: 16 MiB in fp32, whatever the vocabulary
-SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
 def _batches(encoded: list[list[int]], rows: int) -> list[list[list[int]]]:
@@ -137,26 +137,41 @@ def _text_config(model: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _head_is_plain(model: Any) -> bool:
-    """No known transform between the head's output and the model's logits (Gemma 2/3's soft-cap, Cohere's
-    logit_scale, Granite's logits_scaling...): anything else is caught by `_head_losses`' check."""
-    config: Any = getattr(model, "config", None)
-    for c in (x for x in (config, _text_config(model)) if x is not None):
-        for name in SCALED_LOGITS:
-            value = getattr(c, name, None)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):
-                return False
-    return True
+def _number(config: Any, name: str) -> float | None:
+    value = getattr(config, name, None)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value else None
+
+
+def _logit_map(model: Any) -> Any:
+    """What the model's forward does to its head's output, where its config says (Cohere's logit_scale, Granite's
+    logits_scaling, Gemma 2/3's final_logit_softcapping), in the forward's order; `_head_losses` checks it."""
+    import torch
+
+    config = _text_config(model)
+    scale, divisor, cap = (_number(config, n) for n in ("logit_scale", "logits_scaling", "final_logit_softcapping"))
+
+    def apply(logits: Any) -> Any:
+        if scale is not None:
+            logits = logits * scale
+        if divisor is not None:
+            logits = logits / divisor
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return apply
 
 
 def _head_losses(model: Any, input_ids: Any, mask: Any) -> Any:
-    """Each kept target's loss through the LM head in chunks of LOGIT_BUDGET // vocab tokens; None where the
-    model's logits are not that head's output (then the caller reads them through the forward)."""
+    """Each kept target's loss through the LM head (and `_logit_map`) in chunks of LOGIT_BUDGET // vocab tokens.
+    The forward runs with the head given only the first row's last position, whose logits then check the map;
+    None where they differ, or the head is not called once (the caller then reads the forward's own logits)."""
     import torch
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if not isinstance(head, torch.nn.Module) or not _head_is_plain(model):
+    if not isinstance(head, torch.nn.Module):
         return None
+    to_logits = _logit_map(model)
     seen: list[Any] = []
 
     def last_only(_: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -175,13 +190,15 @@ def _head_losses(model: Any, input_ids: Any, mask: Any) -> Any:
     hidden = seen[0] if len(seen) == 1 else None
     if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or tuple(logits.shape[:2]) != (1, 1):
         return None
-    if not torch.allclose(head(hidden[:1, -1:]).float(), logits.float(), rtol=1e-4, atol=1e-5):
-        return None  # the forward changes the head's output: not a plain head
+    if not torch.allclose(to_logits(head(hidden[:1, -1:])).float(), logits.float(), rtol=1e-4, atol=1e-5):
+        return None  # the forward does more to the head's output than `_logit_map` knows
     keep = mask[:, 1:].bool()
     states, targets = hidden[:, :-1][keep], input_ids[:, 1:][keep]
     step = max(1, LOGIT_BUDGET // max(1, int(logits.shape[-1])))
     losses = [
-        torch.nn.functional.cross_entropy(head(states[i : i + step]).float(), targets[i : i + step], reduction="none")
+        torch.nn.functional.cross_entropy(
+            to_logits(head(states[i : i + step])).float(), targets[i : i + step], reduction="none"
+        )
         for i in range(0, len(targets), step)
     ]
     return torch.cat(losses) if losses else targets.float()
