@@ -8,8 +8,10 @@ hide the second's rise): the model is loaded (float32, as the CPU trains it), on
 runtime, the process's peak RSS is reset (/proc/self/clear_refs 5), then `mean_loss` reads the meter's texts:
 the general text (GENERAL_SAMPLE sentences and the prompts) and MAX_TASK_ROWS eval rows of MAX_TOKENS tokens, as
 `jobs.train.forgetting.record` does before training. Printed: the rise of the peak (VmHWM) over the RSS before,
-both figures (the same up to float rounding), and old / new; `body` is the floor: the same batches through the
-decoder alone (`get_decoder()`), no head and no loss.
+both figures (the same up to float rounding), and old / new, each rise the median of --repeat processes (the
+RSS of one varies by tens of MiB); `body` is the floor: the same batches through the
+decoder alone (`get_decoder()`, no KV cache, as the product runs it), no head and no loss. The old way keeps the
+KV cache the model builds by default, as the meter did before #49.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,7 +82,7 @@ def body_only(model: Any, tokenizer: Any, texts: list[str]) -> float:
             width = max(map(len, ids))
             input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
             mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-            model.get_decoder()(input_ids=input_ids, attention_mask=mask)
+            model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False)
     return float("nan")
 
 
@@ -125,6 +128,7 @@ def measure(name: str, way: str, budget: int | None) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small", choices=("small", "smollm2"))
+    parser.add_argument("--repeat", type=int, default=3, help="fresh processes per way (the RSS varies: the median)")
     parser.add_argument("--budget", type=int, help="the product's LOGIT_BUDGET for the new way (default: its own)")
     parser.add_argument("--one", choices=("old", "new", "body"), help=argparse.SUPPRESS)  # a child's single measure
     ns = parser.parse_args()
@@ -132,16 +136,23 @@ def main() -> int:
         print(json.dumps(measure(ns.model, ns.one, ns.budget)))
         return 0
     model_path(ns.model)  # built once, before the children race for it
-    out = {}
+    out, rises = {}, {}
+    budget = ["--budget", str(ns.budget)] if ns.budget else []
     for way in ("old", "new", "body"):
-        budget = ["--budget", str(ns.budget)] if ns.budget else []
-        run = subprocess.run([sys.executable, __file__, "--model", ns.model, "--one", way, *budget],
-                             capture_output=True, text=True, check=True)  # fmt: skip
-        out[way] = json.loads(run.stdout.strip().splitlines()[-1])
+        rows = []
+        for _ in range(ns.repeat):
+            run = subprocess.run([sys.executable, __file__, "--model", ns.model, "--one", way, *budget],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            rows.append(json.loads(run.stdout.strip().splitlines()[-1]))
+        rises[way] = sorted(r["rise_mib"] for r in rows)
+        out[way] = {**rows[0], "rise_mib": statistics.median(rises[way])}
     old, new = out["old"], out["new"]
-    print(f"model {ns.model} (vocab {old['vocab']:,}): the meter's peak RSS rise over the RSS before it")
+    print(f"model {ns.model} (vocab {old['vocab']:,}): the meter's peak RSS rise over the RSS before it, median of")
+    print(f"{ns.repeat} fresh processes (range)")
     for way, row in out.items():
-        print(f"  {way}: {row['rise_mib']:7.1f} MiB   general_loss {row['general']:.6f}   task_loss {row['task']:.6f}")
+        spread = f"({rises[way][0]:.0f}-{rises[way][-1]:.0f})"
+        print(f"  {way}: {row['rise_mib']:7.1f} MiB {spread:>11s}   general_loss {row['general']:.6f}   "
+              f"task_loss {row['task']:.6f}")  # fmt: skip
     print(f"  old / new: {old['rise_mib'] / max(new['rise_mib'], 0.1):.1f}x (body: the decoder alone, the floor)")
     return 0
 

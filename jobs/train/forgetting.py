@@ -182,7 +182,7 @@ def _head_losses(model: Any, input_ids: Any, mask: Any) -> Any:
 
     handle = head.register_forward_pre_hook(last_only)
     try:
-        logits = model(input_ids=input_ids, attention_mask=mask).logits
+        logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # no KV cache to keep
     except (RuntimeError, ValueError, IndexError):  # a forward that needs every row's logits: read it whole
         return None
     finally:
@@ -213,7 +213,7 @@ def _forward_losses(model: Any, input_ids: Any, mask: Any) -> Any:
     out = []
     for start in range(0, int(input_ids.shape[0]), rows):
         ids, m = input_ids[start : start + rows], mask[start : start + rows]
-        logits = model(input_ids=ids, attention_mask=m).logits[:, :-1].float()
+        logits = model(input_ids=ids, attention_mask=m, use_cache=False).logits[:, :-1].float()
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         out.append(nll[m[:, 1:].bool()])
         del logits, nll
