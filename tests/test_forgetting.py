@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,101 @@ def test_a_run_trained_to_forget_shows_the_rise_and_gets_the_finding(store, tiny
         for p in [card, *bundle_cards]
         if p.exists()
     )
+
+
+def full_logits_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
+    """The meter's figure as it was computed before issue #49: full [batch, seq, vocab] logits, 32 rows a batch."""
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    encoded = sorted((tokenizer(t, add_special_tokens=False)["input_ids"][: meter.MAX_TOKENS] for t in texts), key=len)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(encoded), 32):
+            ids = [x for x in encoded[start : start + 32] if len(x) >= 2]
+            width = max(map(len, ids))
+            input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+            mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+            logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")
+            total += float(nll[mask[:, 1:].bool()].sum())
+            count += int(mask[:, 1:].sum())
+    return total / count
+
+
+@pytest.fixture
+def tiny_lm(tiny_model: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_model)
+
+
+def largest_head_output(model: Any) -> list[int]:
+    """The largest number of logits the LM head returned at once, kept up to date by a hook."""
+    largest = [0]
+    model.get_output_embeddings().register_forward_hook(
+        lambda _m, _a, out: largest.__setitem__(0, max(largest[0], out.numel()))
+    )
+    return largest
+
+
+def test_the_meter_reads_the_same_loss_through_a_bounded_slice_of_logits(
+    tiny_lm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #49: the meter held a 32-row batch's full logits (32 x 96 x vocab: ~320 MiB on SmolLM2, uncounted
+    by the memory prediction); now the head gets at most LOGIT_BUDGET logits at once, whatever the batch, with
+    the same mean token loss."""
+    model, tokenizer = tiny_lm
+    texts = meter.general_texts(tokenizer)
+    expected = full_logits_loss(model, tokenizer, texts)
+    budget = 16 * model.config.vocab_size  # 16 tokens' logits: far below a 32-row batch's
+    monkeypatch.setattr(meter, "LOGIT_BUDGET", budget, raising=False)
+    largest = largest_head_output(model)
+    assert meter.mean_loss(model, tokenizer, texts) == pytest.approx(expected, rel=1e-5)
+    assert 0 < largest[0] <= budget
+
+
+def test_logits_the_forward_changes_are_soft_capped_as_the_config_says_or_read_in_small_batches(
+    tiny_lm: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward that soft-caps its head's output as its config says (Gemma 2/3's final_logit_softcapping) is
+    read through the head in chunks, capped the same; one that changes it otherwise (here doubled) is read
+    through its own logits, a row or a few at a time: the same figure either way, the logits still bounded."""
+    import torch
+
+    model, tokenizer = tiny_lm
+    texts = meter.general_texts(tokenizer)
+    monkeypatch.setattr(meter, "LOGIT_BUDGET", 16 * model.config.vocab_size, raising=False)
+    largest = largest_head_output(model)
+    forward_reads: list[int] = []
+    read_whole = getattr(meter, "_forward_losses", None)
+
+    def counted(*args: Any) -> Any:
+        forward_reads.append(1)
+        return read_whole(*args)  # type: ignore[misc]
+
+    if read_whole is not None:
+        monkeypatch.setattr(meter, "_forward_losses", counted)
+
+    def soft_capped(_m: Any, _a: Any, out: Any) -> None:
+        out.logits.copy_(torch.tanh(out.logits / 0.05) * 0.05)  # a cap low enough to change every figure
+
+    capping = model.register_forward_hook(soft_capped)
+    model.config.final_logit_softcapping = 0.05
+    expected = full_logits_loss(model, tokenizer, texts)
+    largest[0] = 0
+    assert meter.mean_loss(model, tokenizer, texts) == pytest.approx(expected, rel=1e-5)
+    assert 0 < largest[0] <= 16 * model.config.vocab_size and not forward_reads  # through the head, capped
+
+    capping.remove()
+    model.config.final_logit_softcapping = None
+
+    def doubled(_m: Any, _a: Any, out: Any) -> None:
+        out.logits.mul_(2)
+
+    model.register_forward_hook(doubled)
+    expected = full_logits_loss(model, tokenizer, texts)
+    largest[0] = 0
+    assert meter.mean_loss(model, tokenizer, texts) == pytest.approx(expected, rel=1e-5)
+    assert 0 < largest[0] <= meter.MAX_TOKENS * model.config.vocab_size and forward_reads  # one row's at most

@@ -11,7 +11,10 @@ token loss is measured on the base before training and on the result after, as m
 `general_loss`; beside it, `task_loss` is the same measure over (at most MAX_TASK_ROWS) held-out eval rows:
 the job's own text. The rows live with the run's other metrics, so the training doctor reads them
 (`jobs.doctor.rules.forgetting`: a finding when the general perplexity rose past FORGET_RISE) and every view
-reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows).
+reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows),
+BATCH rows at a time, and little memory whatever the vocabulary (issue #49): the logits are never a batch's
+whole [batch, seq, vocab] but at most LOGIT_BUDGET at once (`mean_loss`), so the meter, which runs before
+training and which the memory prediction does not count, stays below a training step's peak.
 Never fails a run: an error is logged and the meter is left out.
 """
 
@@ -37,6 +40,7 @@ GENERAL_SAMPLE = 64  # the sentences measured: an evenly spaced, fixed choice of
 MAX_TASK_ROWS = 16  # the eval rows measured (the first ones)
 MAX_TOKENS = 96  # each text is cut to this many tokens
 BATCH = 32
+LOGIT_BUDGET = 2**20  # the most logits (elements) the meter holds at once: 4 MiB in fp32, whatever the vocabulary
 
 
 @lru_cache(maxsize=1)
@@ -89,7 +93,14 @@ def task_texts(eval_ds: Any, tokenizer: Any) -> list[str]:
 
 
 def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
-    """The mean next-token loss (nats per token) of `model` over `texts`, every token counted once."""
+    """The mean next-token loss (nats per token) of `model` over `texts`, every token counted once.
+
+    Bounded memory (issue #49): full [batch, seq, vocab] logits are never kept. The LM head (the module
+    `get_output_embeddings()` returns) is given only the last position in the model's forward, and is applied
+    here to the tokens' hidden states LOGIT_BUDGET logits at a time (`_head_losses`), with what the forward does
+    after the head where the config says (a scale, Gemma's soft-cap: `_logit_map`), checked against the
+    forward's own logits at one position. A model that fails the check is read through its forward instead, in
+    batches of at most LOGIT_BUDGET logits (one row at least: MAX_TOKENS x vocab)."""
     import torch
 
     was_training = model.training
@@ -103,19 +114,110 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
     )  # by length: each batch pads little
     try:
         with torch.no_grad():
-            for start in range(0, len(encoded), BATCH):
-                ids = encoded[start : start + BATCH]
+            for ids in _batches(encoded, BATCH):
                 width = max(map(len, ids))
                 input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device)
                 mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device)
-                logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
-                targets, keep = input_ids[:, 1:], mask[:, 1:].bool()
-                nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-                total += float(nll[keep].sum())
-                count += int(keep.sum())
+                nll = _head_losses(model, input_ids, mask)
+                if nll is None:  # the head's check failed: the forward's own logits, a few rows at a time
+                    nll = _forward_losses(model, input_ids, mask)
+                total += float(nll.sum())
+                count += int(nll.numel())
     finally:
         model.train(was_training)
     return total / count if count else math.nan
+
+
+def _batches(encoded: list[list[int]], rows: int) -> list[list[list[int]]]:
+    return [encoded[start : start + rows] for start in range(0, len(encoded), rows)]
+
+
+def _text_config(model: Any) -> Any:
+    config: Any = getattr(model, "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _number(config: Any, name: str) -> float | None:
+    value = getattr(config, name, None)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value else None
+
+
+def _logit_map(model: Any) -> Any:
+    """What the model's forward does to its head's output, where its config says (Cohere's logit_scale, Granite's
+    logits_scaling, Gemma 2/3's final_logit_softcapping), in the forward's order; `_head_losses` checks it."""
+    import torch
+
+    config = _text_config(model)
+    scale, divisor, cap = (_number(config, n) for n in ("logit_scale", "logits_scaling", "final_logit_softcapping"))
+
+    def apply(logits: Any) -> Any:
+        if scale is not None:
+            logits = logits * scale
+        if divisor is not None:
+            logits = logits / divisor
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return apply
+
+
+def _head_losses(model: Any, input_ids: Any, mask: Any) -> Any:
+    """Each kept target's loss through the LM head (and `_logit_map`) in chunks of LOGIT_BUDGET // vocab tokens.
+    The forward runs with the head given only the first row's last position, whose logits then check the map;
+    None where they differ, or the head is not called once (the caller then reads the forward's own logits)."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Module):
+        return None
+    to_logits = _logit_map(model)
+    seen: list[Any] = []
+
+    def last_only(_: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        seen.append(args[0] if args else None)  # called more than once: not a plain head (checked below)
+        if len(seen) > 1 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
+            return None
+        return (args[0][:1, -1:], *args[1:])  # the first row's last position: one row of logits
+
+    handle = head.register_forward_pre_hook(last_only)
+    try:
+        logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # no KV cache to keep
+    except (RuntimeError, ValueError, IndexError):  # a forward that needs every row's logits: read it whole
+        return None
+    finally:
+        handle.remove()
+    hidden = seen[0] if len(seen) == 1 else None
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or tuple(logits.shape[:2]) != (1, 1):
+        return None
+    if not torch.allclose(to_logits(head(hidden[:1, -1:])).float(), logits.float(), rtol=1e-4, atol=1e-5):
+        return None  # the forward does more to the head's output than `_logit_map` knows
+    keep = mask[:, 1:].bool()
+    states, targets = hidden[:, :-1][keep], input_ids[:, 1:][keep]
+    step = max(1, LOGIT_BUDGET // max(1, int(logits.shape[-1])))
+    losses = [
+        torch.nn.functional.cross_entropy(
+            to_logits(head(states[i : i + step])).float(), targets[i : i + step], reduction="none"
+        )
+        for i in range(0, len(targets), step)
+    ]
+    return torch.cat(losses) if losses else targets.float()
+
+
+def _forward_losses(model: Any, input_ids: Any, mask: Any) -> Any:
+    """Each kept target's loss from the model's own logits, in batches of at most LOGIT_BUDGET logits."""
+    import torch
+
+    vocab = getattr(_text_config(model), "vocab_size", None)
+    rows = max(1, LOGIT_BUDGET // (int(input_ids.shape[1]) * vocab)) if isinstance(vocab, int) and vocab > 0 else 1
+    out = []
+    for start in range(0, int(input_ids.shape[0]), rows):
+        ids, m = input_ids[start : start + rows], mask[start : start + rows]
+        logits = model(input_ids=ids, attention_mask=m, use_cache=False).logits[:, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        out.append(nll[m[:, 1:].bool()])
+        del logits, nll
+    return torch.cat(out)
 
 
 def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_ds: Any) -> list[MetricPoint]:
