@@ -20,7 +20,8 @@ In order, logging each step (no fixed timeout: a large model takes minutes):
    an artifact (kind "gguf", with its sha256) that the dashboard serves; on failure the file is
    deleted and the export refused with the measured figures;
 5. a vision-language run's file goes with its vision tower and projector: `<name>-mmproj-f16.gguf`, written by
-   llama.cpp's converter (`--mmproj`) once the language model's check passes, read back and recorded beside it
+   llama.cpp's converter (`--mmproj`) once the language model's check passes, read back (gguf-py, and llama.cpp's
+   llama-mtmd-cli with the language model file: `jobs.export.mtmd`) and recorded beside it
    (`jobs.export.projector`), named by its Modelfile and card; a family whose projector the converter cannot
    write is refused before queueing (`jobs.export.vision.gguf_problems`).
 """
