@@ -14,7 +14,8 @@
 #   ./dev.sh gguf           also build llama.cpp's Python binding (llama-cpp-python, from source: minutes)
 #                           for the K-quant GGUF exports and llama.cpp's read-back check, keep llama.cpp's
 #                           converter from the same source in the venv (share/tunedeck/llama.cpp) and build its
-#                           llama-imatrix and llama-quantize there (bin/: importance-matrix quants; `test` does it too)
+#                           llama-imatrix, llama-quantize and llama-mtmd-cli there (bin/: importance-matrix quants,
+#                           the vision GGUF pair's read-back; `test` does it too)
 #
 # Plain `.venv/bin/python -m pytest` runs the fast tier only (see pyproject.toml).
 #
@@ -42,7 +43,7 @@ STAMP="$VENV/.tunedeck-stamp"
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -123,10 +124,12 @@ LLAMA_CPP_CONVERTER="share/tunedeck/llama.cpp"
 # Its Python dependencies beyond tunedeck's own (torch, numpy, transformers, gguf): the `gguf` extra lists them too.
 LLAMA_CPP_CONVERTER_REQS=("sentencepiece>=0.1.98,<0.3.0")
 
-# llama.cpp's llama-imatrix and llama-quantize (jobs.export.imatrix: importance-matrix quants), built from the same
-# sdist's llama.cpp: CPU only, those two targets and what they link (statically), no curl/openssl/server/tests/examples,
-# -O1 like the binding, on every core; kept in the converter's bin/ and rebuilt only when the pinned version changes.
-LLAMA_CPP_TOOLS=(llama-imatrix llama-quantize)
+# llama.cpp's llama-imatrix and llama-quantize (jobs.export.imatrix: importance-matrix quants) and llama-mtmd-cli
+# (jobs.export.mtmd: the read-back of a vision run's language-model + projector GGUF pair), built from the same sdist's
+# llama.cpp: CPU only, those targets and what they link (statically: libllama, ggml, libmtmd), no
+# curl/openssl/server/tests/examples, -O1 like the binding, on every core; kept in the converter's bin/ and rebuilt
+# only when the pinned version changes or a tool is missing.
+LLAMA_CPP_TOOLS=(llama-imatrix llama-quantize llama-mtmd-cli)
 LLAMA_CPP_TOOLS_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_OPENMP=OFF -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON
@@ -141,7 +144,8 @@ llama_tools_ready() {
 build_llama_tools() {
     local sdist="$1" want="$2" bin="$3" work start
     if ! command -v cmake >/dev/null 2>&1; then
-        log "cmake not found: llama-imatrix and llama-quantize not built (importance-matrix GGUF quants are refused)"
+        log "cmake not found: ${LLAMA_CPP_TOOLS[*]} not built (importance-matrix GGUF quants are refused;"
+        log "a vision GGUF pair is checked by gguf-py alone)"
         return 0
     fi
     work="$(mktemp -d)"

@@ -3,9 +3,10 @@
     MTMD_CPP_LIB=DIR .venv/bin/python bench/vision_gguf_pair.py                # the tiny Gemma 3, built offline
     MTMD_CPP_LIB=DIR .venv/bin/python bench/vision_gguf_pair.py --model PATH   # a merged vision-language folder
 
-The export's own read-back of the projector is gguf-py's (`jobs.export.projector`): the pinned llama-cpp-python is
-built without llama.cpp's mtmd library (`./dev.sh`: LLAVA_BUILD=OFF). This script runs llama.cpp's image encoder
-itself on the two files, written as an export writes them (`jobs.export.converter.convert` for the language model
+The export reads the pair back with llama.cpp's llama-mtmd-cli (`jobs.export.mtmd`: the first answer token to the
+check image, as text, against transformers') besides gguf-py's GGUFReader; the pinned llama-cpp-python binding is
+built without llama.cpp's mtmd library (`./dev.sh`: LLAVA_BUILD=OFF). This script goes further, through the
+library: it runs llama.cpp's image encoder on the two files, written as an export writes them (`jobs.export.converter.convert` for the language model
 in f16, `jobs.export.projector.write_projector` for the mmproj), through the binding's `llama_cpp.mtmd_cpp` with a
 libmtmd.so given by MTMD_CPP_LIB, built from the same sdist's tools/mtmd sources against the binding's libllama
 (the library's .cpp files of tools/mtmd/CMakeLists.txt and vendor/hash, `-std=c++17 -fPIC -DLLAMA_SHARED
@@ -74,8 +75,8 @@ def main() -> int:
 
     from jobs.export.converter import convert
     from jobs.export.gguf_route import _pre_name
+    from jobs.export.image_check import IMAGE_QUESTION, check_image, image_inputs
     from jobs.export.projector import write_projector
-    from jobs.export.vision import IMAGE_QUESTION, check_image, image_inputs
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, help="a vision-language model folder (default: the tiny Gemma 3)")

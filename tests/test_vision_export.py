@@ -94,8 +94,9 @@ def test_merged_export_of_a_vision_run_reloads_and_answers_about_an_image(vlm_ru
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from jobs.export.image_check import IMAGE_QUESTION, check_image, image_inputs
     from jobs.export.merged import CHECK_NEW_TOKENS, CHECK_PROMPTS, export_merged
-    from jobs.export.vision import IMAGE_QUESTION, check_image, image_greedy, image_inputs
+    from jobs.export.vision import image_greedy
 
     store, run_id = vlm_run
     result = export_merged(store, run_id, "fp32")

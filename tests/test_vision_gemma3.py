@@ -69,8 +69,9 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
 ) -> None:
     """A 2-step LoRA run of the tiny Gemma 3, exported to f16 by `tunedeck export --gguf` and to Q4_K_M by the
     worker's export task: each language model file read back by llama.cpp agreeing with the merged model, the
-    projector (mmproj) file beside them read back by gguf-py holding the model's vision tensors, and each Modelfile,
-    the card and the CLI naming the pair."""
+    projector (mmproj) file beside them read back by gguf-py holding the model's vision tensors and, with each
+    language model file, by llama.cpp's llama-mtmd-cli answering the check image with the merged model's first
+    token, and each Modelfile, the card and the CLI naming the pair."""
     import json
     import socket
 
@@ -88,6 +89,7 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
 
     import_or_missing("llama_cpp", fix="./dev.sh gguf")
     _converter()
+    _mtmd()
     spec = JobSpec.from_dict(
         {"model": str(tiny_gemma3), "dataset": str(image_rows(tmp_path)), "max_steps": 2, "learning_rate": 1e-2,
          "per_device_train_batch_size": 2, "sample_count": 0, "run_name": "tiny gemma3"}
@@ -100,7 +102,7 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
     capsys.readouterr()
     assert main(["export", str(run_id), "--gguf", "f16"]) == 0
     out = capsys.readouterr().out
-    assert f"vision projector: {mmproj} (gguf-py's GGUFReader" in out, out
+    assert f"vision projector: {mmproj} (gguf-py's GGUFReader and llama.cpp's llama-mtmd-cli" in out, out
     assert f"llama.cpp: llama-mtmd-cli -m tiny-gemma3-f16.gguf --mmproj {mmproj.name}" in out, out
     host = socket.gethostname()
     place = Place(store=store, worker_id=f"{host}:99", host=host, device="cpu", on_cpu=True, shared_data=True)
@@ -119,6 +121,9 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
                                        "clip.vision.embedding_length": 32, "clip.vision.block_count": 2}  # fmt: skip
         assert projector["tensors_equal"] == projector["tensors"] - len(projector["corrected"]) > 30, projector
         assert projector["problems"] == [] and "GGUFReader" in projector["read_by"]
+        pair = projector["llama_cpp"]  # llama.cpp's own image encoder read the pair and answered the check image
+        assert pair["tool"] == "llama-mtmd-cli" and pair["llama_cpp"], projector
+        assert pair["agrees"] or gguf_type != "f16", projector
         modelfile = (folder / f"tiny-gemma3-{gguf_type}.Modelfile").read_text().splitlines()
         assert modelfile[:2] == [f"FROM ./tiny-gemma3-{gguf_type}.gguf", f"FROM ./{mmproj.name}"]
     recorded = {Path(a.path).name: a for a in store.artifacts(run_id) if a.kind == "gguf"}
@@ -128,6 +133,53 @@ def test_gemma3_lora_run_exports_its_language_model_and_projector_as_gguf_that_l
     card = (folder / "README.md").read_text()
     assert f"llama-mtmd-cli -m tiny-gemma3-q4_k_m.gguf --mmproj {mmproj.name}" in card
     assert not list(folder.glob(".*partial*"))
+
+
+def _mtmd() -> None:
+    """llama.cpp's llama-mtmd-cli: `./dev.sh gguf` builds it (CI has it; a venv without it fails under CI)."""
+    from engines import engine_missing
+
+    from jobs.export.mtmd import mtmd_problem
+
+    if problem := mtmd_problem():
+        engine_missing(problem)
+
+
+@pytest.mark.integration
+def test_gemma3_pair_read_by_llama_cpp_refuses_a_pair_it_cannot_load_and_notes_a_missing_tool(
+    tmp_path: Path, tiny_gemma3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pair's llama.cpp read-back is not vacuous: the projector given with a language model file it does not
+    go with (here: itself) is refused with llama-mtmd-cli's words and leaves no file; the right pair answers the
+    check image as transformers does; where llama-mtmd-cli is not built, the check says so and keeps gguf-py's."""
+    import json
+
+    from test_gguf_export import _converter
+
+    from jobs.export.converter import CONVERTER_ENV, convert, converter_dir
+    from jobs.export.gguf_route import _pre_name
+    from jobs.export.projector import READ_BY, write_projector
+
+    _converter()
+    _mtmd()
+    lm = tmp_path / "tiny-f16.gguf"
+    convert(tiny_gemma3, lm, "f16", _pre_name(json.loads((tiny_gemma3 / "tokenizer.json").read_text())))
+    out = tmp_path / "out"
+    out.mkdir()
+    check = write_projector(tiny_gemma3, out / "tiny-mmproj-f16.gguf", model=lm)
+    assert check.passed and check.llama_cpp is not None and check.llama_cpp["agrees"], check
+    wrong = write_projector(tiny_gemma3, out / "wrong-mmproj-f16.gguf", model=out / "tiny-mmproj-f16.gguf")
+    assert not wrong.passed and wrong.problems[0].startswith("llama.cpp did not read the pair: llama-mtmd-cli exited")
+    assert sorted(p.name for p in out.iterdir()) == ["tiny-mmproj-f16.gguf"]
+    bare = tmp_path / "converter"  # the converter without its bin/ (no llama-mtmd-cli): gguf-py's check only, said so
+    bare.mkdir()
+    for item in converter_dir().iterdir():
+        if item.name != "bin":
+            (bare / item.name).symlink_to(item)
+    monkeypatch.setenv(CONVERTER_ENV, str(bare))
+    alone = write_projector(tiny_gemma3, out / "alone-mmproj-f16.gguf", model=lm)
+    assert alone.passed and alone.read_by == READ_BY and alone.llama_cpp is None, alone
+    assert alone.notes and "llama-mtmd-cli is not built here" in alone.notes[0], alone.notes
 
 
 @pytest.mark.integration
@@ -165,3 +217,13 @@ def test_gemma3_projector_read_back_fails_on_a_model_it_was_not_written_from(tmp
         mp.setattr(projector_module, "read_back", lambda source, path: failed)
         assert not write_projector(tiny_gemma3, tmp_path / "out" / "again.gguf").passed
     assert sorted(p.name for p in dest.parent.iterdir()) == [dest.name]
+
+
+def test_llama_mtmd_cli_answer_is_read_from_its_output() -> None:
+    """llama-mtmd-cli prints its marker, a blank line, the answer token's text, a blank line (seen from the real
+    binary on the tiny Gemma 3); an end-of-generation token prints as a lone newline: an empty answer."""
+    from jobs.export.mtmd import MARK, answer_of
+
+    assert answer_of(f"log line\n{MARK}\n\nkeep\n\n") == "keep"
+    assert answer_of(f"{MARK}\n\n the\n\n") == " the"
+    assert answer_of(f"{MARK}\n\n\n\n\n") == ""

@@ -63,6 +63,11 @@ def cmd_export(store: Exporting, args: argparse.Namespace) -> int:
             print(f"download: {gguf.path}  sha256 {gguf.sha256}")
             if projector := gguf.check.mmproj:  # a vision-language run: the pair llama.cpp loads
                 print(f"vision projector: {gguf.path.with_name(projector['file'])} ({projector['read_by']})")
+                if pair := projector.get("llama_cpp"):
+                    print(f"llama.cpp's first token to the check image: {pair['llama_cpp']!r} (transformers:"
+                          f" {pair['transformers']!r})")  # fmt: skip
+                for note in projector.get("notes") or []:
+                    print(f"note: {note}")
                 print(f"llama.cpp: {pair_command(gguf.path.name, projector['file'])}")
     return EXIT_OK
 

@@ -20,7 +20,8 @@ In order, logging each step (no fixed timeout: a large model takes minutes):
    an artifact (kind "gguf", with its sha256) that the dashboard serves; on failure the file is
    deleted and the export refused with the measured figures;
 5. a vision-language run's file goes with its vision tower and projector: `<name>-mmproj-f16.gguf`, written by
-   llama.cpp's converter (`--mmproj`) once the language model's check passes, read back and recorded beside it
+   llama.cpp's converter (`--mmproj`) once the language model's check passes, read back (gguf-py, and llama.cpp's
+   llama-mtmd-cli with the language model file: `jobs.export.mtmd`) and recorded beside it
    (`jobs.export.projector`), named by its Modelfile and card; a family whose projector the converter cannot
    write is refused before queueing (`jobs.export.vision.gguf_problems`).
 """
@@ -65,7 +66,7 @@ from jobs.export.merged import (
     finished_spec,
     token_agreement,
 )
-from jobs.export.projector import mmproj_name, write_projector
+from jobs.export.projector import PAIR_STRICT, mmproj_name, write_projector
 from jobs.export.vision import GGUF_WAY_OUT, gguf_problems, vision_run
 from jobs.spec.enums import Method
 from jobs.spec.job import JobSpec
@@ -224,7 +225,7 @@ def export_gguf(
         else:
             check = check_with_llama_cpp(source, partial, gguf_type)
         if check.passed and vision_run(store, run_id):  # its vision tower and projector: llama.cpp's --mmproj
-            check.mmproj = _projector(store, run_id, source, folder, spec.display_name)
+            check.mmproj = _projector(store, run_id, source, folder, spec.display_name, partial, gguf_type)
     except ConvertFailed as exc:
         partial.unlink(missing_ok=True)
         family = f"{source_config.get('model_type', '?')} ({architecture(source_config)})"
@@ -265,14 +266,18 @@ def export_gguf(
     return GgufExport(final, digest, gguf_type, source, check)
 
 
-def _projector(store: RunArtifacts, run_id: int, source: Path, folder: Path, name: str) -> dict[str, Any]:
-    """Write, check and record the vision tower and projector of a vision-language model as its mmproj file."""
+def _projector(
+    store: RunArtifacts, run_id: int, source: Path, folder: Path, name: str, model: Path, gguf_type: str
+) -> dict[str, Any]:
+    """Write, check (with the `gguf_type` language model file `model`, by llama.cpp where it can: its first token to
+    the check image must be the merged model's for f16 and q8_0) and record the vision tower and projector of a
+    vision-language model as its mmproj file."""
     dest = folder / mmproj_name(safe_name(name))
     log.info("export run %s: writing the vision projector (mmproj) with llama.cpp's converter", run_id)
-    projector = write_projector(source, dest, name)
+    projector = write_projector(source, dest, name, model, strict=gguf_type in PAIR_STRICT)
     if not projector.passed:
         raise _refuse(
-            f"the vision projector (mmproj) written by llama.cpp's converter does not hold the model's vision tower "
+            f"the vision projector (mmproj) written by llama.cpp's converter failed its read-back "
             f"({'; '.join(projector.problems)}); the files were deleted",
             GGUF_WAY_OUT,
             "gguf",

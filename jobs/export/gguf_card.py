@@ -114,6 +114,16 @@ def _projector_line(gguf_file: str, check: dict[str, Any]) -> str:
         f"\n\nIts vision tower and projector: `{projector['file']}` ({projector['projector_type']} projector; "
         f"{vision}), read back by {projector['read_by']}: {projector['tensors_equal']} of {projector['tensors']} "
         f"tensors hold the model's own vision weights (not compared, changed by the converter on purpose: "
-        f"{', '.join(projector['corrected']) or 'none'}). The pair, in llama.cpp:\n"
+        f"{', '.join(projector['corrected']) or 'none'}).{_pair_words(projector)} The pair, in llama.cpp:\n"
         f"```bash\n{pair_command(gguf_file, projector['file'])}\n```"
     )
+
+
+def _pair_words(projector: dict[str, Any]) -> str:
+    """What llama.cpp answered from the pair (llama-mtmd-cli on the check image), or why it was not asked."""
+    if pair := projector.get("llama_cpp"):
+        return (
+            f" From this language model file, llama.cpp's {pair['tool']} answered the export's check image with the "
+            f"first token {pair['llama_cpp']!r} (the merged model in transformers: {pair['transformers']!r})."
+        )
+    return "".join(f" {note}." for note in projector.get("notes") or [])

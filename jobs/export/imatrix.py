@@ -10,7 +10,7 @@ inputs, measured by running the f16 model over calibration text) llama.cpp's qua
 activations are small. IQ types (`iq4_xs`) are always made with one.
 
 The two programs are built by `./dev.sh gguf` (and `./dev.sh test`) from the llama.cpp source the pinned
-llama-cpp-python vendors (CPU only, those two targets), into `bin/` beside the converter
+llama-cpp-python vendors (CPU only, those two targets and llama-mtmd-cli, `jobs.export.mtmd`), into `bin/` beside the converter
 (`share/tunedeck/llama.cpp/bin` in the venv, or under $TUNEDECK_LLAMA_CPP_CONVERTER), once per pinned version.
 Each runs as a child process of the export task: in its process group, so cancelling the task ends it, and killed
 here too when the export stops for any other reason.

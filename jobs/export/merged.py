@@ -145,7 +145,8 @@ def export_merged(store: RunArtifacts, run_id: int, dtype: str = "bf16") -> Merg
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from jobs.export.vision import IMAGE_QUESTION, image_greedy
+    from jobs.export.image_check import IMAGE_QUESTION
+    from jobs.export.vision import image_greedy
     from jobs.models.loading import load_model_and_tokenizer
     from jobs.models.references import resolve_model
     from jobs.models.vision import is_vision_config

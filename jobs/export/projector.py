@@ -1,7 +1,7 @@
 """A vision-language run's vision tower and projector as llama.cpp's mmproj GGUF, beside its language model's file.
 
     problem = projector_problem(config)              # None, or why the converter writes no projector for it
-    check = write_projector(source, dest)            # ProjectorCheck: the file read back, compared with `source`
+    check = write_projector(source, dest, model=lm)  # ProjectorCheck: the file read back, compared with `source`
     pair_command("model-f16.gguf", "model-mmproj-f16.gguf")    # llama-mtmd-cli -m ... --mmproj ...
 
 llama.cpp reads a vision-language model as two files: the language model (written and checked like a text
@@ -9,8 +9,11 @@ model's GGUF) and the vision tower with its projector (`convert_hf_to_gguf.py --
 and llama-server take together (`-m` and `--mmproj`). The projector stays in f16 whatever the language model's
 type (llama.cpp's own releases ship their mmproj files so).
 
-The projector file is read back with gguf-py's GGUFReader, not by llama.cpp's image encoder: the pinned
-llama-cpp-python is built without its mtmd library (`./dev.sh`: LLAVA_BUILD=OFF). The check holds the file to
+The projector file is read back twice. By llama.cpp itself, with the language model file `model` (`lm`):
+llama-mtmd-cli loads the pair, encodes the check image and answers the check question, and its first token must
+be the merged model's in transformers (`jobs.export.mtmd`); where `./dev.sh gguf` could not build llama-mtmd-cli
+the check says so in its `notes` and the file is read by gguf-py alone (the pinned llama-cpp-python binding has
+no mtmd library: `./dev.sh`, LLAVA_BUILD=OFF). And by gguf-py's GGUFReader, which holds the file to
 the model it was written from: a `clip` mmproj file with a vision encoder and a projector type, the tower's
 image size, patch size, width and depth, and each tensor's values equal to one of the source's vision tensors
 (compared sorted, so the converter's transposes and head permutations do not matter; f16 rounding allowed),
@@ -43,9 +46,11 @@ VISION_KEYS = {  # the file's key -> the source's vision_config key
     "clip.vision.embedding_length": "hidden_size",
     "clip.vision.block_count": "num_hidden_layers",
 }
-READ_BY = (
-    "gguf-py's GGUFReader (llama.cpp's image encoder was not run: the pinned llama-cpp-python has no mtmd library)"
-)
+# language model types whose pair must answer the check image with the merged model's first token (llama-mtmd-cli);
+# a quantized one's other first token is recorded, not refused (its own check allows some disagreement)
+PAIR_STRICT = ("f16", "q8_0")
+READ_BY = "gguf-py's GGUFReader"
+READ_BY_PAIR = "gguf-py's GGUFReader and llama.cpp's llama-mtmd-cli (with the language model file, on the check image)"
 
 
 @dataclass
@@ -61,6 +66,8 @@ class ProjectorCheck:
     corrected: list[str]  # tensors the converter changes on purpose (`CORRECTED`), not compared
     tensor_types: dict[str, int]
     problems: list[str] = field(default_factory=list)
+    llama_cpp: dict[str, Any] | None = None  # llama-mtmd-cli's answer to the check image (`jobs.export.mtmd`)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -92,13 +99,19 @@ def mmproj_name(stem: str) -> str:
     return f"{stem}-mmproj-{PROJECTOR_TYPE}.gguf"
 
 
-def write_projector(source: Path, dest: Path, name: str = "") -> ProjectorCheck:
+def write_projector(
+    source: Path, dest: Path, name: str = "", model: Path | None = None, strict: bool = True
+) -> ProjectorCheck:
     """Write the vision tower and projector of the model folder `source` as the mmproj file `dest`, under a
-    temporary name until its check passes (a failed check leaves no file: the returned check says why)."""
+    temporary name until its check passes (a failed check leaves no file: the returned check says why); with
+    `model`, the language model's GGUF file, the pair is also read back by llama.cpp (`read_pair`; `strict`: its
+    first token must be the merged model's, else it is recorded only)."""
     partial = dest.with_name(f".{dest.stem}.partial.gguf")
     try:
         convert(source, partial, PROJECTOR_TYPE, mmproj=True, name=name)
         check = read_back(source, partial)
+        if model is not None and check.passed:
+            read_pair(check, source, model, partial, strict)
     except BaseException:  # cleanup only, and re-raised (Ctrl-C and a cancelled task too)
         partial.unlink(missing_ok=True)
         raise
@@ -116,6 +129,28 @@ def write_projector(source: Path, dest: Path, name: str = "") -> ProjectorCheck:
     else:
         partial.unlink(missing_ok=True)
     return check
+
+
+def read_pair(check: ProjectorCheck, source: Path, model: Path, mmproj: Path, strict: bool = True) -> None:
+    """llama-mtmd-cli's answer to the check image from `model` + `mmproj`, against the merged model `source`'s, in
+    `check` (a load failure, or with `strict` another first token: a problem; no llama-mtmd-cli here, or another
+    first token from a quantized language model: a note)."""
+    from jobs.export.mtmd import PairFailed, mtmd_problem, pair_check
+
+    if problem := mtmd_problem():
+        check.notes.append(problem)
+        return
+    check.read_by = READ_BY_PAIR
+    try:
+        pair = pair_check(source, model, mmproj)
+    except PairFailed as exc:
+        check.problems.append(f"llama.cpp did not read the pair: {exc}")
+        return
+    check.llama_cpp = pair.record()
+    if not pair.agrees:
+        differs = f"llama.cpp's first token to the check image is {pair.llama_cpp!r}, the merged model's "
+        differs += repr(pair.transformers)
+        (check.problems if strict else check.notes).append(differs if strict else f"{differs} (a quantized model)")
 
 
 def read_back(source: Path, path: Path) -> ProjectorCheck:

@@ -4,6 +4,8 @@
     gguf_problems(store, run_id, ["f16"])        # [Problem("gguf", ...)] when no projector can be written, else []
     ids, logits = image_greedy(model, processor, CHECK_NEW_TOKENS)   # the answer to the check image
 
+(The check image and its prompt are `jobs.export.image_check`'s, shared with llama.cpp's read-back of the GGUF pair.)
+
 The merged export of a vision-language run is checked like a text one (the built-in prompts) and
 also on one image prompt: a drawn picture (`check_image`) and `IMAGE_QUESTION`, answered greedily by
 the adapter and by the merged model. The merged folder keeps the run's processor, so it reloads with
@@ -22,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from jobs.errors import Problem
+from jobs.export.image_check import check_image, image_inputs
 from storage.roles import ArtifactReader
 
-IMAGE_QUESTION = "Describe the image."
-CHECK_IMAGE_SIZE = 64
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 GGUF_WAY_OUT = (
     "export the merged model (safetensors, `--merged`) instead: it loads with transformers' "
@@ -70,25 +71,6 @@ def gguf_problems(store: ArtifactReader, run_id: int, gguf: Sequence[str]) -> li
         return []
     fix = CONVERTER_FIX if "not installed" in problem else GGUF_WAY_OUT
     return [Problem("gguf", f"run {run_id} is a vision-language model, and {problem}", fix)]
-
-
-def check_image() -> Any:
-    """The image of the merged export's check: a drawn, fixed picture (colour blocks), the same every time."""
-    from PIL import Image, ImageDraw
-
-    size = CHECK_IMAGE_SIZE
-    image = Image.new("RGB", (size, size), (200, 40, 40))
-    draw = ImageDraw.Draw(image)
-    draw.rectangle((size // 2, 0, size - 1, size // 2), fill=(40, 40, 200))
-    draw.ellipse((size // 8, size // 2, size // 2, size - size // 8), fill=(240, 240, 240))
-    return image
-
-
-def image_inputs(processor: Any, image: Any, question: str = IMAGE_QUESTION) -> dict[str, Any]:
-    """The model inputs of one image and a question, through the processor's chat template."""
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    return dict(processor(images=[image], text=text, return_tensors="pt"))
 
 
 def image_greedy(model: Any, processor: Any, max_new_tokens: int) -> tuple[list[int], Any]:
