@@ -107,7 +107,7 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
     model.eval()
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    total, count = 0.0, 0
+    total, count, through_head = 0.0, 0, True
     encoded = sorted(
         (x for x in (tokenizer(t, add_special_tokens=False)["input_ids"][:MAX_TOKENS] for t in texts) if len(x) >= 2),
         key=len,
@@ -118,8 +118,9 @@ def mean_loss(model: Any, tokenizer: Any, texts: list[str]) -> float:
                 width = max(map(len, ids))
                 input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device)
                 mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device)
-                nll = _head_losses(model, input_ids, mask)
-                if nll is None:  # the head's check failed: the forward's own logits, a few rows at a time
+                nll = _head_losses(model, input_ids, mask) if through_head else None
+                if nll is None:  # the head's check failed (for this model: every later batch too, so it is not
+                    through_head = False  # tried again): the forward's own logits, a few rows at a time
                     nll = _forward_losses(model, input_ids, mask)
                 total += float(nll.sum())
                 count += int(nll.numel())
