@@ -73,7 +73,6 @@ def conversation(url: str, option: str, prompts: list[str], new_tokens: int, sho
     with chromium() as browser:
         page = browser.new_page()
         open_chat(page, url, option)
-        page.get_by_label("Max new tokens").fill(str(new_tokens))
         # The tab continues the run's latest session (other tests of the session share these runs): clear it.
         page.locator("#chat-clear").click()
         status = page.locator("#chat-status")
@@ -83,6 +82,9 @@ def conversation(url: str, option: str, prompts: list[str], new_tokens: int, sho
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the tab's status reads {status.inner_text().strip()!r}") from None
         assert columns(page) == ([], [])
+        # After the Clear has answered: the pick's load of the session's settings (queued before it) has landed
+        # and cannot overwrite this.
+        page.get_by_label("Max new tokens").fill(str(new_tokens))
         shown = [say(page, prompt, i + 1) for i, prompt in enumerate(prompts)]
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url))

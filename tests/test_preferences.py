@@ -25,6 +25,7 @@ from jobs.data.preferences import Turn
 from jobs.errors import ProblemError
 
 # The browser test's messages, in order; it needs three pairs and asks again while a sampled turn cannot make one.
+TEMPERATURE = 0.1  # the browser test's sampling (see there)
 PROMPTS = ("Tell me about the moon.", "And the sea?", "And the sky?", "And the stars?", "And the wind?", "And rain?")
 
 
@@ -148,11 +149,22 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             worker_up()
             page = browser.new_page()
             open_chat(page, url, option)
-            page.get_by_label("Max new tokens").fill("12")
-            # The tiny base answers greedily with whitespace only, which no pair can hold: sample instead.
-            page.get_by_label("number input for Temperature (0 = greedy)").fill("1")
-            page.get_by_label("number input for Temperature (0 = greedy)").press("Enter")
+            # The pick loads the run's latest session's settings (an earlier test's greedy one) into the sliders.
+            # Events run one at a time in order, so once the Clear after it has answered, that load has landed:
+            # only then set the sampling, or the load can put temperature 0 back (seen in CI: six blank turns).
             page.locator("#chat-clear").click()
+            cleared = ("Cleared.", "Nothing to clear yet.")
+            wait_for(lambda: page.locator("#chat-status").inner_text().strip() in cleared, what="the cleared tab")
+            assert page.locator("#chat-run-choice input").input_value() == option  # no late load moved the pick
+            page.get_by_label("Max new tokens").fill("12")
+            # The tiny base answers greedily with whitespace only, which no pair can hold: sample instead, but
+            # cold. Its random logits are nearly flat, so from 0.3 up every turn is the same draw (the seed is the
+            # session's), the base's and the run's alike, but for a token or two (CI saw six equal pairs). At
+            # 0.1 the base says "\n\n\nepep..." and the run its learned "[tag] ...".
+            temperature = page.get_by_label("number input for Temperature (0 = greedy)")
+            temperature.fill(str(TEMPERATURE))
+            temperature.press("Enter")
+            wait_for(lambda: float(temperature.input_value() or 0) == TEMPERATURE, what="the temperature in the tab")
             page.locator("#chat-pref").get_by_text("Make preference data").click()
             page.locator("#chat-pref-set textarea").fill("browser-picks")
             status = page.locator("#chat-pref-status")
@@ -160,11 +172,17 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             # product refuses such a pair (the fast tests above check that). A user asks again; so does the test.
             asked: list[str] = []
             picked: list[int] = []  # the indices in `asked` of the turns a pair was saved from
+            unpicked: list[tuple[str, str]] = []  # (base, run) answers of the turns that could not make a pair
             while len(picked) < 3:
-                assert len(asked) < len(PROMPTS), f"only {len(picked)} of {len(asked)} turns could be picked"
+                assert len(asked) < len(PROMPTS), (
+                    f"only {len(picked)} of {len(asked)} turns could be picked: {unpicked}"
+                )
                 asked.append(PROMPTS[len(asked)])
                 base, tuned = say(page, asked[-1], len(asked))
+                session = store.latest_chat(lora.id)
+                assert session is not None and session.sampling["temperature"] == TEMPERATURE, session
                 if BLANK in (base[-1], tuned[-1]) or base[-1] == tuned[-1]:
+                    unpicked.append((base[-1], tuned[-1]))
                     continue
                 page.locator("#chat-pref-run").click()
                 saved = f"holds {len(picked) + 1} pair"
@@ -177,7 +195,7 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             assert [r["prompt"][-1]["content"] for r in rows] == [asked[i] for i in picked]
             session = store.latest_chat(lora.id)
-            assert session is not None and session.sampling["temperature"] == 1.0
+            assert session is not None and session.sampling["temperature"] == TEMPERATURE
             runs_answers = [m.content for m in store.chat_history(session.id) if m.side == "run"]
             assert len(runs_answers) == len(asked)
             # "Run is better": each pair's chosen answer is the run's answer to its turn
