@@ -4,6 +4,7 @@
     python bench/zoo_table.py --write               # ... and regenerates docs/models.md
     python bench/zoo_table.py --only mixtral,qwen3_moe --methods lora
     python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe   # docs/models.md
+    python bench/zoo_table.py --only llama,mixtral,bamba --methods lora --max-length 2048 --checkpointing
 
 Each family is a tiny random-weight model of `jobs.models.zoo.FAMILIES`. Each (family, method) goes through
 tunedeck's one check (`jobs.checks.pipeline.check`, on this machine's CPU): a refusal prints its problems;
@@ -49,14 +50,15 @@ class Outcome:
         return (self.predicted - self.measured) / self.measured if self.measured else None
 
 
-def zoo_spec(model: Path, data: Path, method: str) -> JobSpec:
+def zoo_spec(model: Path, data: Path, method: str, length: int = 64, checkpointing: bool = False) -> JobSpec:
     return JobSpec.from_dict(
         {
             "model": str(model),
             "dataset": str(data),
             "method": method,
             "max_steps": 2,
-            "max_length": 64,
+            "max_length": length,
+            "gradient_checkpointing": checkpointing,
             "per_device_train_batch_size": 2,
             "logging_steps": 1,
             "learning_rate": 1e-4,
@@ -66,13 +68,15 @@ def zoo_spec(model: Path, data: Path, method: str) -> JobSpec:
     )
 
 
-def try_one(family: str, method: str, model: Path, data: Path, out: Path) -> Outcome:
+def try_one(
+    family: str, method: str, model: Path, data: Path, out: Path, length: int = 64, checkpointing: bool = False
+) -> Outcome:
     from jobs.checks.pipeline import check
     from jobs.devices.probe import cpu_facts
     from jobs.memory.parts import arch_from_config
     from jobs.memory.predict import predict
 
-    spec = zoo_spec(model, data, method)
+    spec = zoo_spec(model, data, method, length, checkpointing)
     facts = cpu_facts()
     checked = check(spec, device=facts)
     problems = [p for p in checked.problems if p.field != "memory"]
@@ -97,6 +101,8 @@ def run(
     log=sys.stdout,
     write: bool = False,
     more: dict[str, list[str]] | None = None,
+    length: int = 64,
+    checkpointing: bool = False,
 ) -> list[Outcome]:
     """Each family with each of `methods`, and the families in `more` with their extra methods too. Each outcome
     is kept in `work`/outcomes.jsonl as it comes: a later run in the same folder resumes after the last one."""
@@ -110,7 +116,8 @@ def run(
             o = done.get((family, method))
             if o is None:
                 model = build_zoo_model(work / family, family)
-                o = try_one(family, method, model, build_data(work, model, "sft", 64), work / "out")
+                data = build_data(work, model, "sft", length)
+                o = try_one(family, method, model, data, work / "out", length, checkpointing)
                 with kept.open("a") as fh:
                     fh.write(json.dumps(asdict(o)) + "\n")
             outcomes.append(o)
@@ -186,13 +193,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subset", default="", help="comma-separated families that also get the --more methods")
     ap.add_argument("--work", default=None, help="folder for the models (default: a temporary one)")
     ap.add_argument("--write", action="store_true", help="regenerate docs/models.md")
+    ap.add_argument("--max-length", type=int, default=64, help="tokens a row (the data's rows are all this long)")
+    ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
     ns = ap.parse_args(argv)
     quiet()
     families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="tunedeck-zoo-"))
     extra = [m for m in ns.more.split(",") if m]
     more = {f: extra for f in ns.subset.split(",") if f}
-    outcomes = run(families, ns.methods.split(","), work, write=ns.write, more=more)
+    if ns.write and (ns.max_length != 64 or ns.checkpointing):
+        ap.error("--write keeps docs/models.md's table at its 64 tokens without checkpointing")
+    outcomes = run(
+        families,
+        ns.methods.split(","),
+        work,
+        write=ns.write,
+        more=more,
+        length=ns.max_length,
+        checkpointing=ns.checkpointing,
+    )
     print(summary(outcomes))
     if ns.write:
         print(f"wrote {DOC}")

@@ -229,29 +229,32 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
             weight_bytes = 4 if spec.method in QUANTIZED_METHODS or not s.half else 2
             folded = folded_expert_bytes(moe, weight_bytes, checkpointing.on(spec))
     # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32), on top of its block's figure.
-    delta = delta_net_dims(arch.shape.config)
+    # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32) and a Mamba-2 layer's chunked
+    # scan, on top of their blocks' figure.
+    delta, mamba2 = delta_net_dims(arch.shape.config), mamba2_dims(arch.shape.config)
     delta_layer = delta_net_bytes(delta, s.batch.sequences, s.length) if delta is not None else 0.0
+    mixer_layer = mixer_bytes(mamba2, s.batch.sequences, s.length, elem) if mamba2 is not None else 0.0
+    mixers = delta_layer * (delta.layers if delta is not None else 0) + mixer_layer * (mamba2.layers if mamba2 else 0)
     absorbed = freed = 0.0
     if checkpointing.on(spec):
-        freed = tokens * arch.layers * per_block + delta_layer * (delta.layers if delta is not None else 0)
-        # Only each block's input stays; one block is recomputed at a time, after the head's
-        # backward has finished, so the larger of the two transients counts, not both.
-        absorbed = min(tokens * per_block + delta_layer, logits)
-        acts = tokens * arch.layers * arch.hidden * elem + max(0.0, tokens * per_block + delta_layer - logits)
+        freed = tokens * arch.layers * per_block + mixers
+        # Only each block's input stays; one block (its mixer's scan included) is recomputed at a time, after
+        # the head's backward has finished, so the larger of the two transients counts, not both.
+        recomputed = tokens * per_block + max(delta_layer, mixer_layer)
+        absorbed = min(recomputed, logits)
+        acts = tokens * arch.layers * arch.hidden * elem + max(0.0, recomputed - logits)
         formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
-            f"+ one recomputed block ({per_block:,.0f} B/token) beyond the head's transient"
+            f"+ one recomputed block ({per_block:,.0f} B/token"
+            f"{' and its mixer' if mixers else ''}) beyond the head's transient"
         )
     else:
-        acts = tokens * arch.layers * per_block + delta_layer * (delta.layers if delta is not None else 0)
+        acts = tokens * arch.layers * per_block + mixers
         formula = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
     if delta is not None:
         formula += delta_net_formula(delta, delta_layer)
-    mamba2 = mamba2_dims(arch.shape.config)
-    if mamba2 is not None:  # docs/memory.md "Activations": the state-space layers' chunked scan
-        per_layer = mixer_bytes(mamba2, s.batch.sequences, s.length, elem)
-        acts += per_layer * (1 if checkpointing.on(spec) else mamba2.layers)
-        formula += mixer_formula(mamba2, per_layer)
+    if mamba2 is not None:
+        formula += mixer_formula(mamba2, mixer_layer)
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
     if folded:
         acts += folded
