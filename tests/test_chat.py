@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,10 @@ def test_system_prompt_goes_through_the_chat_template(lora_pair) -> None:
 def test_sampling_is_reproducible_with_its_seed_and_checked(lora_pair) -> None:
     hot = Sampling(temperature=1.5, top_p=0.95, max_new_tokens=16, seed=7)
     assert lora_pair.answer("base", PROMPT, sampling=hot) == lora_pair.answer("base", PROMPT, sampling=hot)
+    # the tab's Regenerate moves the session to the next seed: a different draw
+    assert lora_pair.answer("base", PROMPT, sampling=replace(hot, seed=8)) != lora_pair.answer(
+        "base", PROMPT, sampling=hot
+    )
     assert Sampling().generate_kwargs()["do_sample"] is False and hot.generate_kwargs()["do_sample"] is True
     with pytest.raises(ChatError) as err:
         Sampling(temperature=-1, top_p=0, max_new_tokens=0).checked()

@@ -304,7 +304,7 @@ def send(
     if unreachable is not None:
         return (*show(store, run_id, unreachable), gr.skip(), gr.skip())
     session = store.latest_chat(run_id)
-    settings = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
+    settings = session_sampling(sampling, session.sampling if session is not None else {})
     sid = session.id if session is not None else store.create_chat(run_id, system or "", settings)
     store.update_chat(sid, system or "", settings)
     kept = keep_image(store.run_dir(run_id), image) if image else None
@@ -312,9 +312,20 @@ def send(
     return (*show(store, run_id), "", None)
 
 
-def regenerate(store: ChatTurnActions, run_id: Any) -> tuple[Any, ...]:
-    """The last turn's two replies asked again."""
+def session_sampling(sampling: Sampling, stored: dict[str, Any]) -> dict[str, Any]:
+    """The tab's sampling as the session keeps it, with the session's seed (Regenerate's last draw) kept."""
+    settings = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
+    return {**settings, "seed": int(stored["seed"])} if "seed" in stored else settings
+
+
+def regenerate(store: ChatTab, run_id: Any) -> tuple[Any, ...]:
+    """The last turn's two replies asked again, with the session's next seed: a sampled answer is drawn anew
+    (the same seed would draw the same answer again); a greedy one (temperature 0) comes back the same."""
     session = None if run_id in (None, "") else store.latest_chat(int(run_id))
+    if session is not None:  # before the replies are pending again, so no worker answers with the old seed
+        store.update_chat(
+            session.id, session.system, {**session.sampling, "seed": int(session.sampling.get("seed", 0)) + 1}
+        )
     if session is None or store.regenerate_chat_turn(session.id) is None:
         return show(store, run_id, "Nothing to regenerate yet: send a message first.")
     unreachable = reach_problem(store, int(run_id))
