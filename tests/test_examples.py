@@ -84,3 +84,57 @@ def test_default_example_ends_scored_against_its_base(monkeypatch: pytest.Monkey
     assert spec.eval_tasks == questions and spec.sample_count > 0
     assert evaluation_tasks(spec) == [("evaluate", {"tasks": questions, "judge": "smollm2-135m-instruct"})]
     assert task_problems(spec.eval_tasks) == []
+
+
+def test_arithmetic_questions_are_what_make_arithmetic_writes() -> None:
+    """examples/arithmetic-questions.jsonl is bench/make_arithmetic.py's deterministic output, with its answers."""
+    import json
+    import runpy
+
+    text = runpy.run_path(str(EXAMPLES.parent / "bench" / "make_arithmetic.py"))["text"]()
+    assert (EXAMPLES / "arithmetic-questions.jsonl").read_text() == text, "stale: rerun bench/make_arithmetic.py"
+    for row in map(json.loads, text.splitlines()):
+        question = row["prompt"][0]["content"]
+        a, op, b = question.removeprefix("What is ").split("?")[0].split()
+        assert int(row["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)), question
+
+
+def test_grpo_arithmetic_example_passes_the_data_and_reward_checks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The GRPO example's file is found beside it; its rows are grpo prompts whose `answer` column the numeric
+    reward reads (the check run before queueing)."""
+    from app.cli.usage import load_spec
+    from jobs.checks.datasets import dataset_problems
+    from jobs.checks.rewards import reward_column_problems
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(str(EXAMPLES / "smollm2-grpo-arithmetic.yaml"))
+    assert spec.trainer is Trainer.GRPO and spec.method is Method.LORA
+    assert spec.dataset == str(EXAMPLES / "arithmetic-questions.jsonl")
+    problems, infos = dataset_problems(spec, lambda: None)
+    assert problems == []
+    assert "answer" in infos["dataset"].reward_columns
+    assert reward_column_problems(spec, infos) == []
+
+
+def test_grpo_arithmetic_rewards_score_hand_written_answers() -> None:
+    """The example's two declared rewards: `format` (ends with `Answer: <number>`) and `correct` (that number is
+    the row's answer)."""
+    from jobs.config.rewards import reward_functions
+
+    spec = _load("smollm2-grpo-arithmetic.yaml")
+    assert [r.name for r in spec.declared_rewards] == ["format", "correct"]
+    fmt, correct = reward_functions(spec.declared_rewards, spec.max_completion_length)
+    answers = [
+        "9 + 3 = 12. Answer: 12",  # the habit, right
+        "Answer: 12.",  # a trailing full stop still ends it
+        "Answer: 13",  # the habit, wrong number
+        "9 + 3 = 12",  # right, without the habit
+        "Answer: 12, I think.",  # the number is read, but the reply does not end with it
+        "The answer is 12.",
+    ]
+    completions = [[{"role": "assistant", "content": a}] for a in answers]
+    refs = ["12"] * len(answers)
+    assert fmt(completions, answer=refs) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert correct(completions, answer=refs) == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
