@@ -120,9 +120,11 @@ def examples() -> list[Job]:
     """Every bundled example, its max_steps capped by --steps (see `build_specs`)."""
     import yaml
 
+    from app.cli.usage import files_beside
+
     out = []
     for path in sorted((REPO / "examples").glob("*.yaml")):
-        values = yaml.safe_load(path.read_text())
+        values = files_beside(yaml.safe_load(path.read_text()), path.parent)  # its data file, found beside it
         values.pop("run_name", None)
         model = TINY if values.get("model") == "tiny-llama" else SMOLLM2
         values.pop("model", None)

@@ -48,3 +48,12 @@ def test_the_grid_separates_the_data_length_from_max_length() -> None:
         longest[jobs["packing-on"].data] * jobs["packing-on"].rows_per_sequence
         > jobs["packing-on"].fields["max_length"]
     )
+
+
+def test_an_example_job_finds_its_data_file_beside_the_example(monkeypatch, tmp_path: Path) -> None:
+    """examples/smollm2-grpo-arithmetic.yaml names `arithmetic-questions.jsonl`, beside it, as `tunedeck run` finds it."""
+    from bench.memory_runs import examples
+
+    monkeypatch.chdir(tmp_path)
+    job = next(j for j in examples() if j.name == "ex:smollm2-grpo-arithmetic")
+    assert Path(str(job.fields["dataset"])).is_file()

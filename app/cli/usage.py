@@ -51,13 +51,13 @@ def load_spec(path: str, overrides: Sequence[str] = ()) -> JobSpec:
         ) from exc
     if not isinstance(data, dict):
         return JobSpec.from_dict(data)  # reports the "expected a mapping" problem
-    return JobSpec.from_dict({**_files_beside(data, file.parent), **parse_overrides(overrides)})
+    return JobSpec.from_dict({**files_beside(data, file.parent), **parse_overrides(overrides)})
 
 
 FILE_FIELDS = ("dataset", "eval_dataset", "eval_tasks")  # fields whose text may name local files
 
 
-def _files_beside(data: dict[str, object], folder: Path) -> dict[str, object]:
+def files_beside(data: dict[str, object], folder: Path) -> dict[str, object]:
     """The spec with each relative file named in FILE_FIELDS that is not found from the current folder but is
     beside the spec file taken from there (`tunedeck run examples/x.yaml` works from any folder); the rest as is."""
 
