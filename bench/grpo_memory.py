@@ -19,6 +19,10 @@ Measured 2026-12-05 on a busy 2-core CPU (load 10-25), MID_SHAPE, 2 steps: lora-
 full-beta0 -1.8%, full-beta -4.7%, lora-long -14.2%, lora-reward-model -4.6% (-13.7% before the reward model
 was counted); SmolLM2 lora-reward-model, 1 step: +17.6% (the CPU retained-heap part; docs/memory.md "How well
 it predicts").
+Again at 8141530 (after the CPU retained-heap rule changed to the holes between saved activations; load about 4):
+lora-beta -14.5%, lora-beta0 -12.6%, full-beta0 -11.6%, full-beta -10.6%, lora-long -24.8%, lora-reward-model
+-13.4%, 5 of 6 within 15%. The same runs predicted by the rule before (`bench/memory_repredict.py` at 63f43ba):
+-4.1%, -1.9%, -3.0%, -2.8%, -18.0%, -4.0% (docs/memory.md "Re-measured on later code").
 """
 
 from __future__ import annotations
