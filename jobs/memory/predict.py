@@ -228,13 +228,14 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
         if adapted_experts(spec, arch):
             weight_bytes = 4 if spec.method in QUANTIZED_METHODS or not s.half else 2
             folded = folded_expert_bytes(moe, weight_bytes, checkpointing.on(spec))
-    # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32), on top of its block's figure.
     # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32) and a Mamba-2 layer's chunked
     # scan, on top of their blocks' figure.
     delta, mamba2 = delta_net_dims(arch.shape.config), mamba2_dims(arch.shape.config)
     delta_layer = delta_net_bytes(delta, s.batch.sequences, s.length) if delta is not None else 0.0
     mixer_layer = mixer_bytes(mamba2, s.batch.sequences, s.length, elem) if mamba2 is not None else 0.0
-    mixers = delta_layer * (delta.layers if delta is not None else 0) + mixer_layer * (mamba2.layers if mamba2 else 0)
+    mixers = (delta_layer * delta.layers if delta is not None else 0.0) + (
+        mixer_layer * mamba2.layers if mamba2 is not None else 0.0
+    )
     absorbed = freed = 0.0
     if checkpointing.on(spec):
         freed = tokens * arch.layers * per_block + mixers
