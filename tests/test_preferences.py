@@ -151,7 +151,7 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             open_chat(page, url, option)
             # The pick loads the run's latest session's settings (an earlier test's greedy one) into the sliders.
             # Events run one at a time in order, so once the Clear after it has answered, that load has landed:
-            # only then set the sampling, or the load can put temperature 0 back (seen in CI: six blank turns).
+            # only then set the sampling, or the load could put temperature 0 back (a blank base every turn).
             page.locator("#chat-clear").click()
             cleared = ("Cleared.", "Nothing to clear yet.")
             wait_for(lambda: page.locator("#chat-status").inner_text().strip() in cleared, what="the cleared tab")
@@ -159,7 +159,7 @@ def test_three_picks_in_the_chat_tab_become_a_set_a_dpo_run_trains_on(
             page.get_by_label("Max new tokens").fill("12")
             # The tiny base answers greedily with whitespace only, which no pair can hold: sample instead, but
             # cold. Its random logits are nearly flat, so from 0.3 up every turn is the same draw (the seed is the
-            # session's), the base's and the run's alike, but for a token or two (CI saw six equal pairs). At
+            # session's), the base's and the run's alike but for a token or two (or none, on another run). At
             # 0.1 the base says "\n\n\nepep..." and the run its learned "[tag] ...".
             temperature = page.get_by_label("number input for Temperature (0 = greedy)")
             temperature.fill(str(TEMPERATURE))
