@@ -144,7 +144,7 @@ def callback_seconds(spec) -> tuple[float, float]:
     return ours, total
 
 
-def bare_in_process(spec, out: Path) -> float:
+def bare_in_fresh_process(spec, out: Path) -> float:
     """`bare_side` in a fresh interpreter (this script with --bare-only): its steps/s."""
     cmd = [sys.executable, __file__, "--bare-only", spec.model, "--steps", str(spec.max_steps), "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -182,10 +182,10 @@ def main() -> None:
         ratios = []
         for i in range(args.rounds):
             # alternating which side goes first: a machine whose load drifts favours neither side
-            first_bare = i % 2 == 0
-            bare = bare_in_process(spec, Path(tmp) / f"bare-{i}") if first_bare else None
-            ours = worker_side(spec)
-            bare = bare if bare is not None else bare_in_process(spec, Path(tmp) / f"bare-{i}")
+            if i % 2 == 0:
+                bare, ours = bare_in_fresh_process(spec, Path(tmp) / f"bare-{i}"), worker_side(spec)
+            else:
+                ours, bare = worker_side(spec), bare_in_fresh_process(spec, Path(tmp) / f"bare-{i}")
             ratios.append(ours / bare)
             print(f"{i + 1:<7}{bare:>14.4f}{ours:>18.4f}{ours / bare:>8.3f}{os.getloadavg()[0]:>7.2f}")
         print(
