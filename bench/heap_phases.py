@@ -3,13 +3,21 @@
     python bench/heap_phases.py                                  # bench/memory_runs.py's small model, 8 x 500
     python bench/heap_phases.py --model smollm2-135m-instruct --length 54 --batch 8
     python bench/heap_phases.py --checkpointing                  # the recomputed block beside the head
+    python bench/heap_phases.py --grpo --all                     # bench/grpo_memory.py's GRPO case, MID_SHAPE
 
 Run it with glibc's default allocator (no MALLOC_MMAP_THRESHOLD_ in the environment: what a run gets without
 `cpu_return_freed_memory`). Each step is marked at each decoder block's forward and backward, the final norm's,
 and the optimizer step, with glibc's own counters (mallinfo2): `heap` its size (arena), `in use` its allocated
 bytes (uordblks), `mmap` the blocks mapped on their own (hblkhd), and the process's RSS. The last lines: the
 holes ratio of each step after the first, (the heap's largest size - its bytes in use at the forward's end) /
-(the bytes in use the forward added: the saved activations), and the process's peak RSS (VmHWM).
+(the bytes in use the forward added: the saved activations), and the process's peak RSS (VmHWM). With `--grpo`
+the rollout (generation, rewards, the reference pass; `--beta 0`: none) is marked too.
+
+Read with `--grpo` on 2026-12-05 (MID_SHAPE, 4 completions of 32 tokens on prompts up to 38): the RSS grows
+~135 MiB during the first rollout outside glibc's heap (no module is imported then: the weights' file-backed
+pages, first touched by generation; the prediction's weights part), and the heap's peak over its bytes in use
+at the step's start varied from +176 MiB to +376 MiB between two runs of the same spec (completions of other
+lengths each step: the freed blocks of one step's shapes do not fit the next's).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import random
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 for path in (REPO, REPO / "bench"):
@@ -69,19 +78,19 @@ class Marks:
         return out[1:]
 
 
-def write_rows(tokenizer: object, dest: Path, rows: int, length: int) -> None:
+def write_rows(tokenizer: Any, dest: Path, rows: int, length: int) -> None:
     rng = random.Random(0)
     words = "the of and to in is was it for on with as they be at one have this from".split()
     with dest.open("w") as fh:
         for _ in range(rows):
             ids = tokenizer(" ".join(rng.choice(words) for _ in range(2 * length)), add_special_tokens=False)
-            fh.write(json.dumps({"text": tokenizer.decode(ids["input_ids"][: length - 4])}) + "\n")  # type: ignore[attr-defined]
+            fh.write(json.dumps({"text": tokenizer.decode(ids["input_ids"][: length - 4])}) + "\n")
 
 
 def train(ns: argparse.Namespace, marks: Marks) -> None:
-    from memory_runs import SMALL_SHAPE, random_llama  # type: ignore[import-not-found]
     from transformers import AutoTokenizer, TrainerCallback
 
+    from bench.memory_runs import SMALL_SHAPE, random_llama
     from jobs.config.mapping import peft_config, training_config
     from jobs.data.loading import load_datasets
     from jobs.devices.facts import CPU
@@ -91,14 +100,21 @@ def train(ns: argparse.Namespace, marks: Marks) -> None:
     from jobs.train.training import load_model, moe_layout_of
 
     work = Path(tempfile.mkdtemp(prefix="heap-phases-"))
-    model = str(random_llama(work / "small", SMALL_SHAPE)) if ns.model == "small" else ns.model
-    data = work / "rows.jsonl"
-    write_rows(AutoTokenizer.from_pretrained(resolve_model(model).path), data, ns.batch * ns.steps, ns.length)
-    spec = JobSpec.from_dict(
-        {"model": model, "dataset": str(data), "max_steps": ns.steps, "max_train_samples": ns.batch * ns.steps,
-         "method": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_modules": "all-linear", "sample_count": 0,
-         "max_length": ns.length, "per_device_train_batch_size": ns.batch, "gradient_checkpointing": ns.checkpointing}
-    )  # fmt: skip
+    if ns.grpo:
+        from bench.grpo_memory import GRPO, MID_SHAPE
+
+        model = str(random_llama(work / "mid", MID_SHAPE))
+        spec = JobSpec.from_dict({**GRPO, "model": model, "max_steps": ns.steps, "sample_count": 0, "beta": ns.beta})
+    else:
+        model = str(random_llama(work / "small", SMALL_SHAPE)) if ns.model == "small" else ns.model
+        data = work / "rows.jsonl"
+        write_rows(AutoTokenizer.from_pretrained(resolve_model(model).path), data, ns.batch * ns.steps, ns.length)
+        spec = JobSpec.from_dict(
+            {"model": model, "dataset": str(data), "max_steps": ns.steps, "max_train_samples": ns.batch * ns.steps,
+             "method": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_modules": "all-linear",
+             "sample_count": 0, "max_length": ns.length, "per_device_train_batch_size": ns.batch,
+             "gradient_checkpointing": ns.checkpointing}
+        )  # fmt: skip
     loaded, tokenizer = load_model(spec, CPU)
     train_ds, _ = load_datasets(spec)
 
@@ -118,6 +134,16 @@ def train(ns: argparse.Namespace, marks: Marks) -> None:
         block.register_full_backward_hook(lambda *_, i=i: marks(f"backward {i}"))
     inner.norm.register_forward_hook(lambda *_: marks("norm_forward"))
     inner.norm.register_full_backward_hook(lambda *_: marks("norm_backward"))
+    if ns.grpo:  # the rollout (generation, rewards, the reference pass) before each step's forward
+        rollout = trainer._generate_and_score_completions
+
+        def marked(*args: object, **kwargs: object) -> object:
+            marks("rollout_begin")
+            out = rollout(*args, **kwargs)
+            marks("rollout_end")
+            return out
+
+        trainer._generate_and_score_completions = marked
     trainer.train()
 
 
@@ -129,6 +155,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--all", action="store_true", help="every mark, not only the step's phases")
+    parser.add_argument("--grpo", action="store_true", help="bench/grpo_memory.py's GRPO example on its MID_SHAPE")
+    parser.add_argument("--beta", type=float, default=0.04, help="with --grpo: the KL weight (0: no reference pass)")
     ns = parser.parse_args()
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         parser.error("MALLOC_MMAP_THRESHOLD_ is set: this measures glibc's default (dynamic) threshold")

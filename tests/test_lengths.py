@@ -57,6 +57,16 @@ def test_each_trainer_measures_the_sequences_it_builds() -> None:
     assert sequences({"prompt": "p"}, Trainer.GRPO) == ["p"]
 
 
+def test_a_generating_trainers_prompt_is_measured_as_it_generates_from_it() -> None:
+    """GRPO renders a chat prompt with the generation prompt (the assistant's header its completion follows) and
+    tokenizes a text prompt without EOS: its rows are that long, the header included (it was left out: a
+    templated prompt came out 6 tokens short on SmolLM2's template)."""
+    tok = WordTokenizer()
+    chat = [{"prompt": [{"role": "user", "content": words(3)}]}]
+    assert measure(chat, tok, Trainer.GRPO).lengths.tolist() == [[4]]  # 3 words + " A:"
+    assert measure([{"prompt": words(3)}], tok, Trainer.GRPO).lengths.tolist() == [[4]]  # + the special, no EOS
+
+
 def test_the_worst_micro_batch_pads_the_longest_rows_and_truncates_at_max_length() -> None:
     lengths = RowLengths.of([[30], [50], [700], [10]])
     spec = JobSpec(per_device_train_batch_size=2, max_length=512)

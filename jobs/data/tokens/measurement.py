@@ -4,7 +4,7 @@ The rows are the ones training will see (`jobs.data.loading.load_data`: columns 
 ShareGPT converted, eval_split held out, max_train_samples applied), each turned into the sequence(s)
 its trainer tokenizes (`sequences`: sft the text, prompt+completion or the rendered conversation,
 plus EOS; dpo, orpo, cpo, reward prompt+chosen and prompt+rejected; kto prompt+completion; grpo the
-prompt) and tokenized in batches, untruncated, with the shortcuts of `jobs.data.tokens.shortcuts`
+prompt as it generates from it: with the template's generation prompt, without EOS) and tokenized in batches, untruncated, with the shortcuts of `jobs.data.tokens.shortcuts`
 where they apply. Each row's prompt (`prompt_sequence`) is measured too. The result is cached in
 `$TUNEDECK_HOME/cache/lengths/` (`TUNEDECK_CACHE_DIR` moves it) under a key made of the data files'
 contents, the spec fields that choose the rows, and the tokenizer's files, so a second check (another
@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # bump when what a cached length means changes (2: each row's prompt length kept too; 3: tools rendered;
-# 4: each row's origin kept too; 5: image rows count each image's tokens, jobs.memory.vision)
-CACHE_VERSION = "5"
+# 4: each row's origin kept too; 5: image rows count each image's tokens, jobs.memory.vision; 6: a generating
+# trainer's prompts counted as it tokenizes them, with the generation prompt and no EOS)
+CACHE_VERSION = "6"
 BATCH_ROWS = 2048
 # With the shortcuts (`Shortcuts`), every this-many-th sequence is also measured the library's way, as a check.
 VERIFY_EVERY = 256
@@ -109,6 +110,7 @@ def _measure_rows(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer) 
 
 def _measure(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer, fast: Shortcuts | None) -> RowLengths:
     eos = getattr(tokenizer, "eos_token", None) or ""
+    generates = record_for(trainer).generates  # its sequences are prompts, which it renders for generation
     out: list[list[int]] = []
     prompts: list[int] = []
     for start in range(0, len(rows), BATCH_ROWS):
@@ -116,7 +118,9 @@ def _measure(rows: list[dict[str, Any]], tokenizer: Any, trainer: Trainer, fast:
         chunk = [sequences(row, trainer) for row in batch]
         tools = [row_tools(row) for row in batch]  # each row's tool schemas go to the template with its turns
         flat = [seq for row in chunk for seq in row]
-        counts = _count(flat, tokenizer, eos, fast, tools=[t for row, t in zip(chunk, tools) for _ in row])
+        counts = _count(
+            flat, tokenizer, eos, fast, prompts=generates, tools=[t for row, t in zip(chunk, tools) for _ in row]
+        )
         i = 0
         for row in chunk:
             out.append(counts[i : i + len(row)])
