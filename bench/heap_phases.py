@@ -104,7 +104,8 @@ def train(ns: argparse.Namespace, marks: Marks) -> None:
         from bench.grpo_memory import GRPO, MID_SHAPE
 
         model = str(random_llama(work / "mid", MID_SHAPE))
-        spec = JobSpec.from_dict({**GRPO, "model": model, "max_steps": ns.steps, "sample_count": 0, "beta": ns.beta})
+        fields = {**GRPO, "model": model, "max_steps": ns.steps, "sample_count": 0, "beta": ns.beta}
+        spec = JobSpec.from_dict({**fields, **dict(json.loads(v) for v in ns.set)})
     else:
         model = str(random_llama(work / "small", SMALL_SHAPE)) if ns.model == "small" else ns.model
         data = work / "rows.jsonl"
@@ -157,6 +158,9 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="every mark, not only the step's phases")
     parser.add_argument("--grpo", action="store_true", help="bench/grpo_memory.py's GRPO example on its MID_SHAPE")
     parser.add_argument("--beta", type=float, default=0.04, help="with --grpo: the KL weight (0: no reference pass)")
+    parser.add_argument(
+        "--set", action="append", default=[], help="with --grpo: a spec field, e.g. --set '[\"num_generations\", 8]'"
+    )
     ns = parser.parse_args()
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         parser.error("MALLOC_MMAP_THRESHOLD_ is set: this measures glibc's default (dynamic) threshold")
