@@ -342,14 +342,16 @@ def test_only_the_expected_failures_mean_no_prediction(tmp_path: Path, tiny_mode
 
 def test_a_saved_prediction_reads_back_typed_and_takes_the_runtime(tiny_model) -> None:
     """The saved JSON round-trips to the same typed Prediction; the worker's runtime is added on it, not on a dict."""
+    from jobs.devices.facts import RuntimeBaseline
     from jobs.memory.breakdown import Prediction
     from jobs.queue.saved_prediction import with_runtime
 
     arch = arch_for(str(tiny_model))
-    p = predict(S(model=str(tiny_model)), arch, replace(cpu_facts(), runtime_bytes=0))
+    spec = S(model=str(tiny_model))
+    p = predict(spec, arch, replace(cpu_facts(), runtime_bytes=0))
     back = Prediction.from_dict(p.to_dict())
     assert back.to_dict() == p.to_dict()
-    saved = with_runtime(p.to_dict(), 300 * 2**20, "w1")
+    saved = with_runtime(p.to_dict(), RuntimeBaseline(300 * 2**20), spec.trainer, "w1")
     assert saved["total_bytes"] == p.total_bytes + 300 * 2**20
     assert saved["phases"]["optimizer"] == p.phases["optimizer"] + 300 * 2**20
     assert saved["device"]["runtime_bytes"] == 300 * 2**20 and "worker w1" in saved["formulas"]["runtime"]

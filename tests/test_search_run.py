@@ -38,7 +38,7 @@ def _measure_runtime(env: dict[str, str]) -> int:
     reads it back."""
     code = (
         "from jobs.worker import processes, runtime; import os; "
-        "print(runtime.runtime_bytes(processes.baseline_argv(), dict(os.environ)))"
+        "print(runtime.baseline(processes.baseline_argv(), dict(os.environ)).runtime_bytes)"
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -2,7 +2,9 @@
 worker publishes to the store for everyone else to read (`DeviceFacts`).
 
 Nothing here asks the machine: `jobs.devices.probe` detects the facts, `jobs.devices.target` reads
-the ones workers published, and the worker measures `runtime_bytes` (`jobs.worker.runtime`). Both are plain data so the mapping and the checks stay testable.
+the ones workers published, and the worker measures the runtime baseline (`RuntimeBaseline`:
+`runtime_bytes` and `trainer_bytes`, `jobs.worker.runtime`). All are plain data so the mapping and the checks stay
+testable.
 
     facts = DeviceFacts.from_json(text)       # DeviceFacts(kind="cuda", name="NVIDIA H200", ...)
     facts.device()                            # Device(cuda=True, bf16=True, (9, 0), "NVIDIA H200")
@@ -11,7 +13,7 @@ the ones workers published, and the worker measures `runtime_bytes` (`jobs.worke
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -26,6 +28,41 @@ class Device:
 
 
 CPU = Device(cuda=False, bf16=False, compute_capability=None, name="cpu")
+
+
+def trainer_bytes_of(value: Any) -> dict[str, int] | None:
+    """`value` as a `trainer_bytes` map ({trainer: bytes >= 0}); None when it is not one."""
+    if not isinstance(value, dict):
+        return None
+    if not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in value.items()
+    ):
+        return None
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class RuntimeBaseline:
+    """What `python -m jobs.train.baseline` measures: the training child's RSS before it loads a model
+    (`runtime_bytes`) and, per trainer, the RSS its own trl classes add on top (`trainer_bytes`, {"grpo": N}; a
+    trainer whose classes the common figure already holds is not listed: it adds nothing)."""
+
+    runtime_bytes: int
+    trainer_bytes: dict[str, int] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RuntimeBaseline | None:
+        """The baseline in `data` (the JSON the baseline prints, or a cache entry); None when it holds none.
+        Missing `trainer_bytes` reads as none listed (a stand-in baseline that prints only its runtime)."""
+        if not isinstance(data, dict):
+            return None
+        runtime, trainers = data.get("runtime_bytes"), trainer_bytes_of(data.get("trainer_bytes", {}))
+        if not isinstance(runtime, int) or isinstance(runtime, bool) or runtime <= 0 or trainers is None:
+            return None
+        return cls(runtime, trainers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runtime_bytes": self.runtime_bytes, "trainer_bytes": dict(self.trainer_bytes)}
 
 
 @dataclass(frozen=True)
@@ -43,6 +80,9 @@ class DeviceFacts:
     # pools: `jobs.train.baseline`), measured once per host by the worker; 0 = unknown. On the CPU
     # the measured memory curve is the child's RSS, which includes it; on CUDA it is not part of it.
     runtime_bytes: int = 0
+    # What each trainer's own trl classes add to it when imported ({"grpo": N}, measured with it; a trainer not
+    # listed adds nothing). Facts published before it was measured have none. Not hashed: a dict.
+    trainer_bytes: dict[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def cuda(self) -> bool:
@@ -58,11 +98,20 @@ class DeviceFacts:
     def from_dict(cls, data: dict[str, Any]) -> DeviceFacts:
         """Facts from plain data; keys a newer tunedeck added are ignored."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        kept = {k: v for k, v in data.items() if k in known}
+        if "trainer_bytes" in kept:  # anything but a {trainer: bytes} map counts as none measured
+            kept["trainer_bytes"] = trainer_bytes_of(kept["trainer_bytes"]) or {}
+        return cls(**kept)
 
     @classmethod
     def from_json(cls, text: str) -> DeviceFacts:
         return cls.from_dict(json.loads(text))
+
+    def with_baseline(self, baseline: RuntimeBaseline | None) -> DeviceFacts:
+        """These facts with the runtime baseline measured on their host (None: as they are)."""
+        if baseline is None:
+            return self
+        return replace(self, runtime_bytes=baseline.runtime_bytes, trainer_bytes=dict(baseline.trainer_bytes))
 
     def device(self) -> Device:
         """The capability view of this device (what the mapping's checks take)."""

@@ -4,12 +4,13 @@
   needs no CUDA context, so the worker process does not claim GPU memory for itself. torch is
   asked only where NVML is missing and the process has already imported torch (the training child,
   not the worker). `local_facts()` is the same, detected once per process, with the runtime baseline
-  this host's worker measured, when it is cached (`cached_runtime_bytes`; the check path never
+  this host's worker measured, when it is cached (`cached_baseline`; the check path never
   spawns the measurement).
-- `runtime_key()` / `cached_runtime_bytes()` / `remember_runtime_bytes(n)`: the cache of the training
-  child's runtime baseline (`jobs.train.baseline`, measured by `jobs.worker.runtime`), one JSON file
-  `$TUNEDECK_HOME/cache/runtime.json` with an entry per host and interpreter, valid while the versions
-  of python, torch, transformers, trl, peft, datasets and tunedeck stay the same.
+- `runtime_key()` / `cached_baseline()` / `remember_baseline(b)`: the cache of the training
+  child's runtime baseline (`jobs.train.baseline`, measured by `jobs.worker.runtime`: its runtime_bytes and
+  trainer_bytes), one JSON file `$TUNEDECK_HOME/cache/runtime.json` with an entry per host and interpreter,
+  valid while the versions of python, torch, transformers, trl, peft, datasets and tunedeck stay the same. An
+  entry written before the baseline measured each trainer's own classes (no trainer_bytes) is measured again.
 - `detect_device()`: the capability view (`Device`) of the device the training process uses, from
   torch itself (bf16 support as torch reports it); only the training child calls it.
 - `gpu_info()` / `has_cuda()`: every visible NVIDIA GPU (NVML, through `jobs.devices.sampler`), or
@@ -31,12 +32,11 @@ import os
 import platform
 import socket
 import sys
-from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from jobs.devices.facts import CPU, Device, DeviceFacts
+from jobs.devices.facts import CPU, Device, DeviceFacts, RuntimeBaseline
 from jobs.units import parse_bytes
 from storage.settings import cache_dir
 
@@ -138,7 +138,7 @@ def detect(index: int | None = None) -> DeviceFacts:
 @functools.lru_cache(maxsize=1)
 def local_facts() -> DeviceFacts:
     """This process's device, detected once (the dashboard asks every second), with the cached runtime baseline."""
-    return replace(detect(), runtime_bytes=cached_runtime_bytes())
+    return detect().with_baseline(cached_baseline())
 
 
 # What the baseline depends on: an upgrade of any of these measures it again. Edits to tunedeck
@@ -176,17 +176,21 @@ def _runtime_entries(path: Path) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
-def cached_runtime_bytes(key: dict[str, str] | None = None) -> int:
-    """The cached baseline measured with `key` (default: this host and interpreter now); 0 when there is none."""
+def cached_baseline(key: dict[str, str] | None = None) -> RuntimeBaseline | None:
+    """The cached baseline measured with `key` (default: this host and interpreter now); None when there is none.
+
+    An entry without trainer_bytes was written by a tunedeck whose baseline did not measure each trainer's own
+    trl classes: it counts as none, so the worker measures again (seconds, once) rather than leave them unknown."""
     key = key or runtime_key()
     for entry in _runtime_entries(runtime_cache_path()):
-        value = entry.get("runtime_bytes")
-        if entry.get("key") == key and isinstance(value, int) and value > 0:
-            return value
-    return 0
+        if entry.get("key") == key and "trainer_bytes" in entry:
+            found = RuntimeBaseline.from_dict(entry)
+            if found is not None:
+                return found
+    return None
 
 
-def remember_runtime_bytes(runtime_bytes: int, key: dict[str, str] | None = None) -> None:
+def remember_baseline(baseline: RuntimeBaseline, key: dict[str, str] | None = None) -> None:
     """Cache a measured baseline; it replaces the entry of the same host and interpreter (older versions)."""
     key = key or runtime_key()
     path = runtime_cache_path()
@@ -194,7 +198,7 @@ def remember_runtime_bytes(runtime_bytes: int, key: dict[str, str] | None = None
     kept = [e for e in _runtime_entries(path) if {k: (e.get("key") or {}).get(k) for k in same} != same]
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # written whole, then renamed: readers never see half
-    partial.write_text(json.dumps({"entries": [*kept, {"key": key, "runtime_bytes": int(runtime_bytes)}]}, indent=1))
+    partial.write_text(json.dumps({"entries": [*kept, {"key": key, **baseline.to_dict()}]}, indent=1))
     os.replace(partial, path)
 
 

@@ -11,12 +11,14 @@ the run page and Compare read it (stored with a run as `prediction.json`, `Predi
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from jobs.data.tokens.lengths import LengthStats, TokenBatch
-from jobs.devices.facts import DeviceFacts
+from jobs.devices.facts import DeviceFacts, RuntimeBaseline
+from jobs.spec.enums import Trainer
+from jobs.spec.trainer_records import record_for
 from jobs.units import human_bytes
 
 PART_NAMES = ("weights", "adapter", "gradients", "optimizer", "activations", "logits", "overhead", "runtime")
@@ -38,9 +40,6 @@ CUDA_CONTEXT_BYTES: dict[str, int] = {
 }
 # torch's caching allocator rounds blocks and keeps freed ones: reserved runs a few % above allocated.
 ALLOCATOR_SLACK = 0.05
-
-
-DEVICE_FIELDS = {f.name for f in fields(DeviceFacts)}
 
 
 class Verdict(str, Enum):
@@ -113,7 +112,7 @@ class Prediction:
             "parts": self.parts_dict(),
             "verdict": self.verdict.value,
             "phase": self.phase,
-            "device": asdict(self.device),
+            "device": self.device.to_dict(),
             "trainable_params": self.trainable_params,
             "total_params": self.total_params,
             "active_params": self.active_params,
@@ -135,7 +134,7 @@ class Prediction:
         parts = tuple(
             Part(name, int(value), formulas.get(name, "")) for name, value in (data.get("parts") or {}).items()
         )
-        device = DeviceFacts(**{k: v for k, v in (data.get("device") or {}).items() if k in DEVICE_FIELDS})
+        device = DeviceFacts.from_dict(data.get("device") or {})
         lengths = data.get("lengths")
         return cls(
             parts,
@@ -153,22 +152,33 @@ class Prediction:
             not_modelled=tuple(data.get("not_modelled") or ()),
         )
 
-    def with_runtime(self, runtime_bytes: int, who: str) -> Prediction:
-        """This prediction with its runtime part set to `runtime_bytes` (measured by `who`, after the
-        prediction was made): the total, the worst case and every phase grow by the difference."""
-        extra = runtime_bytes - self.part("runtime") if any(p.name == "runtime" for p in self.parts) else runtime_bytes
-        part = Part("runtime", runtime_bytes, f"the training process before the model, measured by {who}")
+    def with_runtime(self, baseline: RuntimeBaseline, trainer: Trainer, who: str) -> Prediction:
+        """This prediction with its runtime part set to `baseline`'s runtime plus what `trainer`'s own trl classes
+        add (measured by `who`, after the prediction was made): the total, the worst case and every phase grow by
+        the difference."""
+        own = baseline.trainer_bytes.get(trainer.value, 0)
+        runtime = baseline.runtime_bytes + own
+        extra = runtime - self.part("runtime") if any(p.name == "runtime" for p in self.parts) else runtime
+        formula = f"the training process before the model, measured by {who}" + trainer_import_text(
+            record_for(trainer).trainer_class, own
+        )
+        part = Part("runtime", runtime, formula)
         parts = tuple(part if p.name == "runtime" else p for p in self.parts)
         if all(p.name != "runtime" for p in parts):
             parts += (part,)
         return replace(
             self,
             parts=parts,
-            device=replace(self.device, runtime_bytes=runtime_bytes),
+            device=self.device.with_baseline(baseline),
             phases={name: value + extra for name, value in self.phases.items()},
             worst_case_bytes=self.worst_case_bytes + extra if self.worst_case_bytes is not None else None,
             notes=(*self.notes, f"runtime part added when {who} claimed the run (no worker had measured it at submit)"),
         )
+
+
+def trainer_import_text(trainer_class: str, added: int) -> str:
+    """The runtime formula's words for what a trainer's own trl classes add ('' when nothing)."""
+    return f" + trl's {trainer_class} {human_bytes(added)} (imported by this trainer only)" if added else ""
 
 
 def context_bytes(device: DeviceFacts) -> int:

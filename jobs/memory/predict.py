@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.tokens.lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
-from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at
+from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at, trainer_import_text
 from jobs.memory.mixers import (
     DELTA_NET_CLASS_SUFFIX,
     MIXER_CLASS_SUFFIX,
@@ -284,10 +284,13 @@ def runtime_term(s: Setting) -> Term:
     runtime = s.device.runtime_bytes
     if not runtime:
         return Term(0.0, "not measured yet (no worker has published its runtime baseline): tensors only")
+    # The trl classes only this trainer imports (GRPO's), measured with the baseline: 0 for the common set's.
+    record = record_for(s.spec.trainer)
+    own = s.device.trainer_bytes.get(s.spec.trainer.value, 0)
     return Term(
-        float(runtime),
+        float(runtime + own),
         f"the training process before the model: Python, torch, transformers, trl ({human_bytes(runtime)}, "
-        "measured by the worker)",
+        "measured by the worker)" + trainer_import_text(record.trainer_class, own),
     )
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from jobs.devices.facts import RuntimeBaseline
 from jobs.memory.breakdown import Prediction
+from jobs.spec.enums import Trainer
 
 if TYPE_CHECKING:
     from storage.roles import RunFolders
@@ -42,19 +44,21 @@ def predicted_bytes(saved: dict | None) -> int | None:
     return int(value) if value else None
 
 
-def with_runtime(saved: dict[str, Any], runtime_bytes: int, worker: str) -> dict[str, Any]:
+def with_runtime(saved: dict[str, Any], baseline: RuntimeBaseline, trainer: Trainer, worker: str) -> dict[str, Any]:
     """`saved` (a CPU prediction made while no worker had measured its runtime baseline) with the runtime part
-    filled in: every figure (total, data, worst case, phases) grows by `runtime_bytes` (`Prediction.with_runtime`)."""
-    return Prediction.from_dict(saved).with_runtime(runtime_bytes, f"worker {worker}").to_dict()
+    filled in: the baseline's runtime plus what `trainer`'s own trl classes add (`trainer_bytes`); every figure
+    (total, data, worst case, phases) grows by as much (`Prediction.with_runtime`)."""
+    return Prediction.from_dict(saved).with_runtime(baseline, trainer, f"worker {worker}").to_dict()
 
 
-def add_runtime(store: RunFolders, run_id: int, runtime_bytes: int, worker: str) -> bool:
+def add_runtime(store: RunFolders, run_id: int, baseline: RuntimeBaseline, trainer: Trainer, worker: str) -> bool:
     """Complete a run's saved CPU prediction with the claiming worker's runtime baseline when it lacks one
-    (submitted before any worker on this host had measured it); True when the prediction changed."""
+    (submitted before any worker on this host had measured it); `trainer`: the run's. True when it changed."""
     saved = load_prediction(store, run_id)
-    if not saved or runtime_bytes <= 0 or (saved.get("device") or {}).get("kind") != "cpu":
+    if not saved or baseline.runtime_bytes <= 0 or (saved.get("device") or {}).get("kind") != "cpu":
         return False
     if int((saved.get("parts") or {}).get("runtime", 0)):
         return False
-    (store.run_dir(run_id) / PREDICTION_FILE).write_text(json.dumps(with_runtime(saved, runtime_bytes, worker)))
+    changed = with_runtime(saved, baseline, trainer, worker)
+    (store.run_dir(run_id) / PREDICTION_FILE).write_text(json.dumps(changed))
     return True

@@ -1,6 +1,8 @@
 """The training child's runtime baseline: how much memory it holds before it loads a model.
 
-    python -m jobs.train.baseline      # one JSON line: {"runtime_bytes": 1187000320, "libraries": [...]}
+    python -m jobs.train.baseline      # one JSON line: {"runtime_bytes": 601595904,
+                                       #   "trainer_bytes": {"orpo": 122880, "cpo": 159744, "grpo": 56508416},
+                                       #   "libraries": [...]}
 
 On the CPU a run's measured memory curve is the RSS of its training process tree, and that holds
 more than the tensors the prediction counts (`jobs/memory/predict.py`): the interpreter, the
@@ -23,6 +25,15 @@ Not included, because it depends on the run: the model's own modeling module (tr
 `modeling_llama` and the like when it loads one), the weights, the tokenizer and its vocabulary,
 the data, the database connection, and the allocator's slack around the run's tensors. On CUDA the
 run's curve is torch's reserved memory, which has none of this.
+
+Per trainer (`trainer_bytes`): the common figure holds the trl trainers most runs use (SFT, DPO, KTO,
+Reward); a trainer whose classes it does not hold (GRPO, and trl.experimental's ORPO and CPO) imports more
+once its model is loaded. After reading the common figure, this process imports each trainer's trl classes
+as `build_trainer` does (`TrainerRecord.config_type()`, `.trainer_type()`) and records the RSS they add. A
+trainer whose import loads no new module (the common set's) adds nothing and is not listed. They are imported
+one after another in the records' order, so a later trainer's figure leaves out what an earlier one already
+loaded; measured here, GRPO's is the same alone and after ORPO's and CPO's (53.9 MiB), theirs a few
+hundred KiB.
 """
 
 from __future__ import annotations
@@ -57,15 +68,32 @@ def prepare() -> None:
     (x @ x).sum().backward()
 
 
+def trainer_bytes() -> dict[str, int]:
+    """The RSS each trainer's own trl classes add, imported now as `build_trainer` imports them ({"grpo": N});
+    a trainer whose import loads no new module (the common set's, `prepare`) adds nothing and is left out."""
+    import psutil
+
+    from jobs.spec.trainer_records import RECORDS
+
+    process, added = psutil.Process(), {}
+    for trainer, record in RECORDS.items():
+        modules, before = len(sys.modules), process.memory_info().rss
+        record.config_type()
+        record.trainer_type()
+        grown = int(process.memory_info().rss) - before
+        if len(sys.modules) > modules and grown > 0:
+            added[trainer.value] = grown
+    return added
+
+
 def measure() -> dict[str, Any]:
-    """This process's RSS once prepared, and which of the libraries it has imported."""
+    """This process's RSS once prepared, which of the libraries it has imported, then each trainer's own increment."""
     import psutil
 
     prepare()
-    return {
-        "runtime_bytes": int(psutil.Process().memory_info().rss),
-        "libraries": [name for name in LIBRARIES if name in sys.modules],
-    }
+    runtime = int(psutil.Process().memory_info().rss)
+    libraries = [name for name in LIBRARIES if name in sys.modules]
+    return {"runtime_bytes": runtime, "trainer_bytes": trainer_bytes(), "libraries": libraries}
 
 
 def main() -> int:

@@ -31,13 +31,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
-from jobs.devices.facts import DeviceFacts
+from jobs.devices.facts import DeviceFacts, RuntimeBaseline
 from jobs.devices.sampler import GpuProbe, Sampler
 from jobs.doctor.watch import Doctor
 from jobs.queue.saved_prediction import add_runtime
-from jobs.spec.stored import read_spec, spec_problem
+from jobs.spec.stored import read_spec, spec_problem, stored_spec
 from jobs.train.oom import EXIT_OOM_RECOVER, MAX_RECOVERIES
 from jobs.train.share_cap import EXIT_OUTGREW_SHARE, MEMORY_FRACTION_ENV
 from jobs.worker import leases, processes, runtime
@@ -89,8 +88,8 @@ class Worker:
         self.grace_period, self.save_grace = stop_graces(grace_period, save_grace)
         self.child_argv = child_argv or processes.default_child_argv  # tests swap in a fake child
         # The runtime baseline is the real training child's: a stand-in child (tests) has none
-        # unless the caller gives the command that measures one (it prints {"runtime_bytes": N}).
-        self.runtime_bytes = 0  # this host's runtime baseline once publish_device has measured it
+        # unless the caller gives the command that measures one (it prints {"runtime_bytes": N, "trainer_bytes": {}}).
+        self.measured: RuntimeBaseline | None = None  # this host's runtime baseline once publish_device has measured it
         self.trains_on_cpu = False  # known once publish_device has probed the device
         self._baseline: threading.Thread | None = None  # the runtime baseline's measurement, while it runs
         self.baseline_argv = baseline_argv or (None if child_argv else processes.baseline_argv())
@@ -214,9 +213,9 @@ class Worker:
         argv, env = self.baseline_argv, self.child_env()
 
         def measure() -> None:
-            self.runtime_bytes = runtime.runtime_bytes(argv, env)
-            if self.runtime_bytes:
-                self._publish(replace(facts, runtime_bytes=self.runtime_bytes))
+            self.measured = runtime.baseline(argv, env)
+            if self.measured is not None:
+                self._publish(facts.with_baseline(self.measured))
 
         self._baseline = threading.Thread(target=measure, name="runtime-baseline", daemon=True)
         self._baseline.start()
@@ -248,7 +247,8 @@ class Worker:
         A child that ran out of memory and recorded a recovery (`jobs.train.oom`) exits with
         EXIT_OOM_RECOVER: the run is still ours and running, so a fresh child continues it."""
         self.baseline_known()
-        if self.runtime_bytes and add_runtime(self.store, run.id, self.runtime_bytes, self.worker_id):
+        trainer = stored_spec(run.spec_json).trainer  # whose own trl classes the runtime part adds
+        if self.measured is not None and add_runtime(self.store, run.id, self.measured, trainer, self.worker_id):
             log.info("run %s: its prediction now counts this host's runtime baseline", run.id)
         for attempt in range(MAX_RECOVERIES + 1):
             status = self._execute_once(run, may_restart=attempt < MAX_RECOVERIES)
