@@ -14,8 +14,11 @@ at submit), the new one, the measured peak and both errors; the last lines as me
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,8 +31,11 @@ MIB = 2**20
 WITHIN, FAR_UNDER = 0.15, 0.15
 
 
-def repredict(work: Path) -> list[tuple[str, int | None, int | None, int | None, str]]:
-    """(run name, saved data prediction, new data prediction, measured peak, status) per run of the grid."""
+def repredict(
+    work: Path, trainer_bytes: dict[str, int] | None = None
+) -> list[tuple[str, int | None, int | None, int | None, str]]:
+    """(run name, saved data prediction, new data prediction, measured peak, status) per run of the grid;
+    `trainer_bytes`: the trainers' own runtime increments, where the grid's worker published none."""
     if not os.environ.get("TUNEDECK_MODELS_DIR"):  # the model cache memory_runs gave its worker (the user's)
         from storage.settings import models_dir
 
@@ -45,6 +51,8 @@ def repredict(work: Path) -> list[tuple[str, int | None, int | None, int | None,
 
     store = Store()
     facts = target(store).facts
+    if trainer_bytes is not None and not facts.trainer_bytes:
+        facts = replace(facts, trainer_bytes=trainer_bytes)
     out = []
     for run_id in range(1, 10_000):
         run = store.get_run(run_id)
@@ -60,12 +68,25 @@ def repredict(work: Path) -> list[tuple[str, int | None, int | None, int | None,
     return out
 
 
+def measured_trainer_bytes() -> dict[str, int]:
+    """The trainers' own runtime increments, measured in a fresh process as the worker does."""
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.train.baseline"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]).get("trainer_bytes", {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("work", help="the work folder memory_runs kept (--keep)")
     parser.add_argument("--names", default=None, help="comma-separated job names in run order (memory_runs --list)")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="a grid kept before the trainers' runtime increments: measure them here (jobs.train.baseline)",
+    )
     ns = parser.parse_args(argv)
-    rows = repredict(Path(ns.work))
+    rows = repredict(Path(ns.work), measured_trainer_bytes() if ns.baseline else None)
     names = ns.names.split(",") if ns.names else [r[0] for r in rows]
     print(f"{'job':22s} {'saved':>8s} {'new':>8s} {'measured':>9s} {'old err':>8s} {'new err':>8s}  (MiB)")
     errors: dict[str, list[float]] = {"old": [], "new": []}
