@@ -169,6 +169,25 @@ def test_submit_refuses_with_nothing_queued(
     assert store.count_runs() == 0
 
 
+def test_a_prompt_longer_than_vllms_context_is_refused(tiny_model: Path, vllm_installed) -> None:
+    """grpo keeps prompts whole, and vLLM's context is max_length + max_completion_length: the data's measured
+    longest prompt decides, before queueing."""
+    from jobs.checks.pipeline import check
+
+    vllm_installed(True)
+    fields = dict(trainer="grpo", dataset="sample:prompt-format", rewards="repetition", num_generations=2,
+                  max_completion_length=8, max_steps=1, precision="fp32")  # fmt: skip
+    refused = check(tiny_spec(tiny_model, use_vllm=True, max_length=8, **fields), device=H200)
+    (problem,) = refused.problems
+    assert problem.field == "max_length" and "vLLM's context is max_length + max_completion_length (16 tokens)" in (
+        problem.problem
+    )
+    longest = int(problem.problem.split("has ")[1].split(" tokens")[0])
+    assert longest > 8 and problem.fix.startswith(f"set max_length: {longest} or more")
+    assert check(tiny_spec(tiny_model, use_vllm=True, max_length=longest, **fields), device=H200).problems == []
+    assert check(tiny_spec(tiny_model, max_length=8, **fields), device=H200).problems == []  # generate: no limit
+
+
 def test_the_form_refuses_it_on_a_cpu_worker(store: Any, tiny_model: Path) -> None:
     """The launch form has the checkbox and the share (a slider), and its launch goes through the same check."""
     import gradio as gr

@@ -22,6 +22,7 @@ model again from its name or folder (`LLM(model=model.name_or_path, ...)`), and 
 
     problems = vllm_device_problems(spec, device) + vllm_method_problems(spec)   # jobs.config.mapping's checks
     vllm_package_problems(spec, device, installed)                              # jobs.checks.trick_packages
+    vllm_length_problems(spec, longest_prompt)                                  # jobs.checks.pipeline, measured
 """
 
 from __future__ import annotations
@@ -95,5 +96,22 @@ def vllm_method_problems(spec: JobSpec) -> list[Problem]:
             "use_vllm",
             f"cannot sample for method: {spec.method.value}: {why}",
             f"use method: lora (or another adapter that merges into the weights, or full), or {TURN_OFF}",
+        )
+    ]
+
+
+def vllm_length_problems(spec: JobSpec, longest_prompt: int | None) -> list[Problem]:
+    """A training prompt longer than max_length with use_vllm: grpo keeps prompts whole, and vLLM's context is
+    max_length + max_completion_length (`jobs.config.trainers.vllm_max_model_length`), so vLLM would refuse it
+    at generation. `longest_prompt`: the data's longest prompt in tokens (None: not measured)."""
+    if not _applies(spec) or longest_prompt is None or longest_prompt <= spec.max_length:
+        return []
+    context = spec.max_length + spec.max_completion_length
+    return [
+        Problem(
+            "max_length",
+            f"the longest training prompt has {longest_prompt} tokens; with use_vllm, vLLM's context is max_length "
+            f"+ max_completion_length ({context} tokens) and it refuses a longer prompt when it generates",
+            f"set max_length: {longest_prompt} or more, or drop the longest prompts",
         )
     ]
