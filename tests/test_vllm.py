@@ -237,6 +237,17 @@ def test_vllms_share_is_its_own_part_and_replaces_the_kv_cache(arch, share: floa
     assert "vLLM's correction" in on.to_dict()["formulas"]["generation"]
 
 
+def test_fit_to_gpu_does_not_offer_qlora_with_vllm() -> None:
+    """The planner's variants leave out what use_vllm refuses (a 4-bit base)."""
+    from jobs.memory.planner import variants
+
+    def methods(**changes: Any) -> set[str]:
+        return {v.method.value for v in variants(JobSpec.from_dict(grpo(**changes)), H200)}
+
+    assert methods() == {"lora", "qlora"}
+    assert methods(use_vllm=True) == {"lora"}
+
+
 def test_without_a_known_gpu_total_no_share_is_counted(arch) -> None:
     from dataclasses import replace
 
