@@ -88,6 +88,7 @@ def test_use_vllm_maps_to_colocate_mode_with_its_share_and_context(tmp_path: Pat
     )
     config = training_config(on, GPU, str(tmp_path))
     assert {k: getattr(config, k) for k in keys} == dict(zip(keys, (True, "colocate", 0.45, 256), strict=True))
+    assert config.vllm_server_base_url is None  # no server: nothing of the spec names one
     off = training_config(JobSpec.from_dict(grpo()), CPU, str(tmp_path))
     assert {k: getattr(off, k) for k in keys} == dict(zip(keys, (False, "colocate", 0.3, None), strict=True))
 

@@ -17,6 +17,11 @@ repeated num_generations times). Per batch, in order:
    under inference_mode;
 3. training: the micro-batch's forward and backward (`jobs.memory.predict`).
 
+With use_vllm (trl's colocate mode, `jobs.config.vllm`) vLLM samples instead of `model.generate`, in the share of
+the GPU it reserved when the trainer started (`vllm_share`: the prediction's `vllm` part, held in every phase):
+generation adds nothing in the training process, and scoring gains the policy's own log-probs per micro-batch,
+which trl recomputes to correct for vLLM's sampling (the size of the reference pass).
+
 The reward model (a finished reward run: `jobs.train.reward_model`) is loaded before training in the
 run's compute precision and stays: its weights count in every phase. Its shape is its own model's
 (`reward` below); without one (the run is not readable where the prediction is made) the policy's
