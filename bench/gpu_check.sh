@@ -24,6 +24,9 @@
 #   newtricks  bench/tricks_gpu.py on the newer tricks and the presets' combinations, predicted vs
 #              measured per row (Liger, offloading, offloaded checkpointing, GaLore, APOLLO, LoRA+,
 #              NEFTune, compile, "Low memory" and "Fast" on CUDA): run it with --only newtricks
+#   vllm       bench/vllm_gpu.py: GRPO with use_vllm (colocate) vs transformers' generate, 2 steps each,
+#              predicted vs measured peak; "skipped" with the reason when vllm is not installed on the
+#              machine (its wheel is too large to carry): run it with --only vllm
 #
 # After every section the report is rewritten, so a call cut short still returns what was done:
 # $OUT/gpu_check.md (OUT defaults to ./gpu-check-out), with cuda_constants.json, oom_check.json and
@@ -42,11 +45,11 @@ WORK=${GPU_CHECK_WORK:-/tmp/tunedeck-gpu-check}
 SITE=$WORK/site
 LOGS=$WORK/logs
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
-SECTIONS=(install facts constants oom pytest memtruth memruns tricks newtricks)
+SECTIONS=(install facts constants oom pytest memtruth memruns tricks newtricks vllm)
 # name: own timeout (s), least time worth starting it with (s), title
-declare -A OWN=([install]=90 [facts]=45 [constants]=110 [oom]=130 [pytest]=150 [memtruth]=100 [memruns]=80 [tricks]=120 [newtricks]=300)
+declare -A OWN=([install]=90 [facts]=45 [constants]=110 [oom]=130 [pytest]=150 [memtruth]=100 [memruns]=80 [tricks]=120 [newtricks]=300 [vllm]=300)
 for pair in ${GPU_CHECK_TIMEOUTS:+${GPU_CHECK_TIMEOUTS//,/ }}; do OWN[${pair%%=*}]=${pair#*=}; done  # e.g. GPU_CHECK_TIMEOUTS=oom=200,tricks=60
-declare -A LEAST=([install]=20 [facts]=10 [constants]=40 [oom]=60 [pytest]=60 [memtruth]=40 [memruns]=30 [tricks]=45 [newtricks]=60)
+declare -A LEAST=([install]=20 [facts]=10 [constants]=40 [oom]=60 [pytest]=60 [memtruth]=40 [memruns]=30 [tricks]=45 [newtricks]=60 [vllm]=30)
 declare -A TITLE=(
   [install]="Install the carried wheels"
   [facts]="Machine facts"
@@ -57,12 +60,13 @@ declare -A TITLE=(
   [memruns]="Memory of real runs (bench/memory_runs.py --device cuda)"
   [tricks]="Memory tricks (bench/tricks_gpu.py, short)"
   [newtricks]="Newer memory tricks and presets, predicted vs measured (bench/tricks_gpu.py)"
+  [vllm]="GRPO with vLLM (colocate), predicted vs measured (bench/vllm_gpu.py)"
 )
 MEMTRUTH_ONLY="qwen2.5-0.5b lora sft b4,qwen2.5-0.5b full sft b2,qwen2.5-0.5b qlora sft b4,qwen2.5-0.5b lora dpo"
 TRICKS_ONLY="baseline,checkpointing,fp16,lora,qlora,paged-adamw-8bit"
 NEWTRICKS_ONLY="baseline,liger,offload,offload+ckpt,galore,galore-layerwise,galore-8bit,apollo,loraplus,neftune,compile,preset-low-memory,preset-fast"
 MEMRUNS_ONLY="default,short-2048,truncated-256,qlora,full-tiny,ckpt-off-b8"
-REQUIRED=(bench/gpu_env.py bench/cuda_constants.py bench/oom_gpu.py bench/memory_truth.py bench/tricks_gpu.py
+REQUIRED=(bench/gpu_env.py bench/cuda_constants.py bench/oom_gpu.py bench/memory_truth.py bench/tricks_gpu.py bench/vllm_gpu.py
   tests/conftest.py tests/training_helpers.py tests/chat_helpers.py)
 
 DRY=0
@@ -181,6 +185,11 @@ step_newtricks() {
   x "$PY" bench/tricks_gpu.py --workdir "$WORK" --steps 6 --warmup 2 --timeout 40 --only "$NEWTRICKS_ONLY"
 }
 
+step_vllm() {
+  local t=${GPU_CHECK_STEP_TIMEOUT:-${OWN[vllm]}}
+  x "$PY" bench/vllm_gpu.py --steps 2 --timeout $((t > 60 ? t - 30 : 30)) --workdir "$WORK/vllm"
+}
+
 if [ -n "$STEP" ]; then
   "step_$STEP"
   exit
@@ -262,6 +271,7 @@ key_figures() {  # one line for the summary table
     pytest) grep -E '(passed|failed|error|skipped).* in [0-9.]+s' "$out" | tail -1 | tr -d '=' | sed 's/^ *//' ;;
     memtruth) grep 'configs within' "$out" | tail -1 ;;
     memruns) grep -E 'within [0-9]+%' "$out" | tail -2 | paste -sd';' ;;
+    vllm) grep -E '^(skipped:|grpo-)' "$out" | sed 's/  */ /g' | paste -sd';' ;;
     tricks)
       rows=$(grep -c '^| [a-z0-9]' "$out" 2>/dev/null); failed=$(grep -c '^| .*FAILED' "$out" 2>/dev/null)
       [ "${rows:-0}" -gt 0 ] && echo "$((rows - 1)) configurations, ${failed:-0} failed" ;;

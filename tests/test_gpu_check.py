@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import cuda_constants  # noqa: E402
 import gpu_env  # noqa: E402
 
-SECTIONS = ("install", "facts", "constants", "oom", "pytest", "memtruth", "memruns", "tricks")
+SECTIONS = ("install", "facts", "constants", "oom", "pytest", "memtruth", "memruns", "tricks", "vllm")
 
 
 def fake_wheels(folder: Path, missing: str | None = None) -> Path:
@@ -48,7 +48,8 @@ def test_dry_run_prints_every_section_and_finds_every_file(tmp_path: Path) -> No
     out = done.stdout
     for name in SECTIONS:
         assert f"[{name}]" in out
-    for script in ("cuda_constants.py", "oom_gpu.py", "memory_truth.py --device cuda", "tricks_gpu.py", "-m gpu"):
+    scripts = ("cuda_constants.py", "oom_gpu.py", "memory_truth.py --device cuda", "tricks_gpu.py", "-m gpu")
+    for script in (*scripts, "vllm_gpu.py --steps 2"):
         assert script in out
     assert "MISSING" not in out and "test_training.py" in out
     assert not (tmp_path / "out").exists()  # a dry run writes no report

@@ -33,6 +33,7 @@ COLORS = {
     "logits": "#edc948",
     "generation": "#9c755f",
     "reward_model": "#ff9da7",
+    "vllm": "#b07aa1",
     "overhead": "#bab0ac",
     "runtime": "#d4a6c8",
 }

@@ -20,7 +20,8 @@ being found again:
    failures after queueing (a note says when it cannot run);
 7. memory: the predicted peak on the device (`jobs.checks.memory`) for the worst micro-batch of the
    training rows' measured token lengths (`jobs.data.tokens.measurement`, cached), with the max_length
-   worst case kept as the bound; a "will not fit" is a problem only when nothing else is wrong
+   worst case kept as the bound (with grpo's use_vllm, a prompt longer than max_length is refused: vLLM's
+   context, `jobs.config.vllm`); a "will not fit" is a problem only when nothing else is wrong
    (`memory_problem`, with the cheapest change that fits);
    from the same lengths, the rows whose whole answer `max_length` cuts away
    (`jobs.checks.answers`): refused when most rows are, a warning when some are;
@@ -75,6 +76,7 @@ from jobs.checks.trick_packages import missing_package_problems
 from jobs.config.families import family_problems
 from jobs.config.mapping import MODEL_CHECKED_METHODS, capability_warnings, combination_problems, device_problems
 from jobs.config.moe import moe_notes, moe_problems
+from jobs.config.vllm import vllm_length_problems
 from jobs.data.bench_tasks import task_problems, watched_task_problems
 from jobs.devices.facts import DeviceFacts
 from jobs.errors import Problem
@@ -195,6 +197,8 @@ def _check_spec(
         problems += task_problems(spec.eval_tasks)  # benchmark files read like data: rows named, fix given
         problems += watched_task_problems(spec.metric_for_best_model, spec.eval_tasks)  # early stopping's task score
     lengths = measured_lengths(spec, tokenizer) if valid and not problems and arch[0] is not None else None
+    # grpo: the worst batch is sized by the longest prompt, which vLLM's context must hold whole
+    problems += vllm_length_problems(spec, lengths.worst_batch(spec).length if lengths is not None else None)
     reward = reward_model_arch(store, spec) if valid else None  # a grpo reward run's model, loaded beside the policy
     memory = predict_memory(spec, facts, arch, lengths, reward) if valid else NO_MEMORY
     cut_answers, answer_warnings = answer_problems(spec, lengths)

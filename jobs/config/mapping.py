@@ -27,6 +27,7 @@ from jobs.config.trainers import (  # noqa: F401
     trainer_kwargs,
     trl_module,
 )
+from jobs.config.vllm import vllm_device_problems, vllm_method_problems
 from jobs.devices.facts import Device
 from jobs.errors import Problem
 from jobs.spec.enums import LORA_FAMILY, ComputeDtype, LoraInit, Method, Optim, Precision
@@ -92,7 +93,7 @@ def device_problems(spec: JobSpec, device: Device) -> list[Problem]:
                 "use lora_init: default or eva on this machine, or run on a GPU worker",
             )
         )
-    return out + trick_device_problems(spec, device)
+    return out + trick_device_problems(spec, device) + vllm_device_problems(spec, device)
 
 
 def combination_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
@@ -127,7 +128,7 @@ def combination_problems(spec: JobSpec, shape: Any = None) -> list[Problem]:
             )
         )
     out.extend(method_problems(spec, shape))
-    return out + trick_combination_problems(spec)
+    return out + trick_combination_problems(spec) + vllm_method_problems(spec)
 
 
 def capability_warnings(spec: JobSpec, device: Device) -> list[str]:

@@ -62,7 +62,18 @@ KWARG_VALUES: dict[str, Callable[[JobSpec], Any]] = {
     "mask_truncated_completions": lambda spec: spec.mask_truncated_completions,
     "top_entropy_quantile": lambda spec: spec.top_entropy_quantile,
     "per_device_eval_batch_size": grpo_eval_batch,
+    "use_vllm": lambda spec: spec.use_vllm,
+    "vllm_mode": lambda spec: "colocate",  # always: vLLM inside the training process (jobs.config.vllm)
+    "vllm_gpu_memory_utilization": lambda spec: spec.vllm_gpu_memory_utilization,
+    "vllm_max_model_length": lambda spec: vllm_max_model_length(spec),
 }
+
+
+def vllm_max_model_length(spec: JobSpec) -> int | None:
+    """vLLM's context with use_vllm (None without): the prompt bound (max_length, as the predictor takes it) plus
+    every completion token. Without it vLLM takes the model's whole context and may find no room in its share for
+    one sequence's KV cache."""
+    return spec.max_length + spec.max_completion_length if spec.use_vllm else None
 
 
 def trainer_kwargs(spec: JobSpec) -> dict[str, Any]:

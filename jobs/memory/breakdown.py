@@ -25,6 +25,7 @@ PART_NAMES = ("weights", "adapter", "gradients", "optimizer", "activations", "lo
 # A generating trainer's (grpo) two more, before "overhead": its generation or scoring phase's own bytes when the
 # peak is there, and a reward model's weights (jobs.memory.rollout).
 GENERATION_PARTS = ("generation", "reward_model")
+VLLM_PART = "vllm"  # grpo with use_vllm, after those two: vLLM's reserved share of the GPU (jobs.memory.rollout)
 PHASES = ("load", "forward", "backward", "optimizer")  # the named points the training child measures
 TIGHT_ABOVE = 0.90  # share of the device's memory above which the verdict is "tight"
 GIB = 1024**3
@@ -205,6 +206,7 @@ PLAIN_NAMES = {
     "logits": "the output layer's scoring of the vocabulary",
     "generation": "sampling completions (the KV cache) or scoring them",
     "reward_model": "the reward model's weights",
+    "vllm": "vLLM's reserved share of the GPU",
     "overhead": "the CUDA context and allocator",
     "runtime": "the Python runtime and libraries",
 }

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from jobs.config import vllm
 from jobs.data.tokens.lengths import RowLengths
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import Prediction
@@ -133,7 +134,13 @@ def variants(spec: JobSpec, device: DeviceFacts, allow_qlora: bool = True) -> li
         precisions = list(dict.fromkeys([spec.precision, half]))
     optims = list(dict.fromkeys([spec.optim, Optim.ADAMW_8BIT]))
     methods = [spec.method]
-    if allow_qlora and spec.method in (Method.LORA, Method.DORA) and device.kind == "cuda":
+    refused = vllm.REFUSED_METHODS if spec.use_vllm else {}  # what vLLM's generation cannot run with
+    if (
+        allow_qlora
+        and spec.method in (Method.LORA, Method.DORA)
+        and device.kind == "cuda"
+        and Method.QLORA not in refused
+    ):
         methods.append(Method.QLORA)
     # The device's own memory trick: on CUDA, offloaded checkpointing (the checkpointed layer inputs in host
     # RAM: small, so the unknown host RAM holds them; offloading every activation could need more RAM than the

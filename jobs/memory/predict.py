@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.tokens.lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
-from jobs.memory.breakdown import ALLOCATOR_SLACK, Part, Prediction, context_bytes, overhead_at, trainer_import_text
+from jobs.memory.breakdown import (
+    ALLOCATOR_SLACK,
+    VLLM_PART,
+    Part,
+    Prediction,
+    context_bytes,
+    overhead_at,
+    trainer_import_text,
+)
 from jobs.memory.mixers import (
     DELTA_NET_CLASS_SUFFIX,
     MIXER_CLASS_SUFFIX,
@@ -327,9 +335,10 @@ def predict(
     optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)
     notes.extend(fx.notes)
     notes.extend(memory_notes(spec))  # the tricks whose effect is not modelled (Liger, torch.compile)
-    roll = rollout(spec, arch, reward_arch, s.batch.length, s.elem, s.cuda, s.rss) if s.generates else NO_ROLLOUT
+    roll = rollout(spec, arch, reward_arch, s.batch.length, s.elem, device, s.rss) if s.generates else NO_ROLLOUT
     notes.extend(roll.notes)
-    held_all = weights.bytes + adapter.bytes + roll.reward_bytes  # in every phase, from loading on
+    # in every phase, from loading on; vLLM's share is one block of its own: no allocator slack on it
+    held_all = weights.bytes + adapter.bytes + roll.reward_bytes + roll.vllm_bytes
     fixed = held_all + optimizer.bytes
     accumulated = grads if spec.gradient_accumulation_steps > 1 else 0.0
     backward = fixed + acts.bytes + logits.bytes + accumulated
@@ -338,7 +347,7 @@ def predict(
     notes.extend(peak.notes)
     o, a, lg, before = peak.held
     subtotal = held_all + peak.gradients.bytes + o.bytes + a.bytes + lg.bytes + before.bytes
-    overhead = overhead_term(s, subtotal)
+    overhead = overhead_term(s, subtotal - roll.vllm_bytes)
     if not s.cuda and fx.heap_bytes:  # glibc's retained heap on the CPU (jobs/memory/trick_effects.py)
         overhead = Term(fx.heap_bytes, fx.heap_formula)
     runtime = runtime_term(s)
@@ -350,13 +359,15 @@ def predict(
         first.update(generation=held_all + roll.generation_bytes, scoring=held_all + roll.scoring_bytes)
     first.update(forward=held_all + acts.bytes + logits.bytes, backward=backward - optimizer.bytes - accumulated)
     first["optimizer"] = step
-    phases = {name: int(v + overhead_at(v, device) + runtime.bytes) for name, v in first.items()}
+    phases = {name: int(v + overhead_at(v - roll.vllm_bytes, device) + runtime.bytes) for name, v in first.items()}
     if spec.optim in (Optim.PAGED_ADAMW_8BIT, Optim.PAGED_ADAMW_32BIT) and s.cuda:
         notes.append("paged optimizer: its state can move to CPU RAM under pressure, so the peak may be lower")
     named = [("weights", weights), ("adapter", adapter), ("gradients", peak.gradients), ("optimizer", o),
              ("activations", a), ("logits", lg), ("overhead", overhead), ("runtime", runtime)]  # fmt: skip
     if s.generates:  # docs/memory.md "Generation and scoring"
         named[6:6] = [("generation", before), ("reward_model", Term(roll.reward_bytes, roll.reward_formula))]
+    if roll.vllm_formula:  # use_vllm (docs/memory.md "Generation with vLLM")
+        named[8:8] = [(VLLM_PART, Term(roll.vllm_bytes, roll.vllm_formula))]
     return Prediction(
         tuple(Part(name, int(t.bytes), t.formula) for name, t in named),
         peak.phase,

@@ -17,19 +17,26 @@ repeated num_generations times). Per batch, in order:
    under inference_mode;
 3. training: the micro-batch's forward and backward (`jobs.memory.predict`).
 
+With use_vllm (trl's colocate mode, `jobs.config.vllm`) vLLM samples instead of `model.generate`, in the share of
+the GPU it reserved when the trainer started (`vllm_share`: the prediction's `vllm` part, held in every phase):
+generation adds nothing in the training process, and scoring gains the policy's own log-probs per micro-batch,
+which trl recomputes to correct for vLLM's sampling (the size of the reference pass).
+
 The reward model (a finished reward run: `jobs.train.reward_model`) is loaded before training in the
 run's compute precision and stays: its weights count in every phase. Its shape is its own model's
 (`reward` below); without one (the run is not readable where the prediction is made) the policy's
 shape stands in and a note says so.
 
-    r = rollout(spec, arch, reward_arch, sequences_prompt=longest_prompt, elem=4, cuda=False)
+    r = rollout(spec, arch, reward_arch, prompt=longest_prompt, elem=4, device=facts, resident=True)
     r.reward_bytes, r.generation_bytes, r.scoring_bytes     # and each one's formula
+    r.vllm_bytes                                            # use_vllm: vLLM's share of the GPU
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobs.devices.facts import DeviceFacts
 from jobs.memory.parts import Arch, head_bytes
 from jobs.spec.job import JobSpec
 from jobs.units import human_bytes
@@ -48,6 +55,23 @@ class Rollout:
     scoring_bytes: float
     scoring_formula: str
     notes: tuple[str, ...] = ()
+    vllm_bytes: float = 0.0  # use_vllm: vLLM's reserved share of the GPU, held from the trainer's start on
+    vllm_formula: str = ""
+
+
+def vllm_share(fraction: float, device: DeviceFacts) -> tuple[float, str]:
+    """What vLLM reserves in colocate mode when the trainer starts: `fraction` of the GPU's total memory, for its
+    own copy of the weights, its activations and its KV cache (`jobs.config.vllm`); none off CUDA (refused)."""
+    head = f"vLLM (colocate, {fraction:.0%} of GPU)"
+    if not device.cuda:
+        return 0.0, f"{head}: none, vLLM runs on CUDA GPUs only (refused at submit)"
+    if not device.total_bytes:
+        return 0.0, f"{head}: the GPU's total memory is not known, so its share is not counted"
+    share = fraction * device.total_bytes
+    return share, (
+        f"{head}: {fraction:g} x {human_bytes(device.total_bytes)} ({device.name}) reserved when the trainer "
+        "starts for its copy of the weights and its KV cache"
+    )
 
 
 def kv_cache_bytes(arch: Arch, sequences: int, tokens: int, elem: int) -> float:
@@ -70,11 +94,13 @@ def reward_params(arch: Arch) -> int:
 
 
 def rollout(
-    spec: JobSpec, arch: Arch, reward_arch: Arch | None, prompt: int, elem: int, cuda: bool, resident: bool
+    spec: JobSpec, arch: Arch, reward_arch: Arch | None, prompt: int, elem: int, device: DeviceFacts, resident: bool
 ) -> Rollout:
-    """The generation and scoring figures of `spec` whose prompts are `prompt` tokens long (the longest)."""
+    """The generation and scoring figures of `spec` whose prompts are `prompt` tokens long (the longest) on
+    `device` (its total memory sizes vLLM's share with use_vllm)."""
     batch = spec.effective_batch_size  # one generation batch: every completion of an optimizer step
     length = prompt + spec.max_completion_length
+    cuda = device.cuda
     notes: list[str] = []
     # 1. generation
     kv = kv_cache_bytes(arch, batch, length, elem)
@@ -88,15 +114,23 @@ def rollout(
         f"+ the prefill's block transient {human_bytes(prefill)} + the sampled position's logits "
         f"{batch}x{arch.vocab}x4 B x {SAMPLER_COPIES}"
     )
+    vllm, vllm_formula = 0.0, ""
+    if spec.use_vllm:  # vLLM samples in its own share (the `vllm` part): transformers' generate never runs
+        vllm, vllm_formula = vllm_share(spec.vllm_gpu_memory_utilization, device)
+        generation = 0.0
+        generation_formula = "none here: vLLM samples the completions in its reserved share (the vllm part)"
     # 2. scoring: the reference pass per micro-batch, then each reward model over the whole batch
     passes: list[tuple[float, str]] = []
+    rows = spec.per_device_train_batch_size * length
+    head, _ = head_bytes(arch, rows, elem, 1 if cuda else elem, False, cuda, resident)
+    head -= rows * arch.hidden * 4  # a forward: no hidden-state gradient
+    forward = block_transient(arch, rows, elem) + head  # one micro-batch's log-probs without gradients
+    n = spec.per_device_train_batch_size
     if spec.beta != 0:
-        rows = spec.per_device_train_batch_size * length
-        head, _ = head_bytes(arch, rows, elem, 1 if cuda else elem, False, cuda, resident)
-        head -= rows * arch.hidden * 4  # a forward: no hidden-state gradient
-        ref = block_transient(arch, rows, elem) + head
+        passes.append((forward, f"reference log-probs of {n} completions {human_bytes(forward)}"))
+    if spec.use_vllm:  # trl recomputes the policy's log-probs to correct for vLLM's sampling (importance sampling)
         passes.append(
-            (ref, f"reference log-probs of {spec.per_device_train_batch_size} completions {human_bytes(ref)}")
+            (forward, f"the policy's log-probs of {n} completions (vLLM's correction) {human_bytes(forward)}")
         )
     reward, reward_formula = 0.0, "none (no reward model run)"
     if spec.reward_model_run is not None:
@@ -106,14 +140,24 @@ def rollout(
                 f"reward_model_run {spec.reward_model_run}: its model is not readable here, so its weights are "
                 "counted at the policy's shape"
             )
-        n = reward_params(shape)
-        reward = float(n * elem)
-        reward_formula = f"reward run {spec.reward_model_run}'s model: {n:,} params x {elem} B (run's precision)"
+        params = reward_params(shape)
+        reward = float(params * elem)
+        reward_formula = f"reward run {spec.reward_model_run}'s model: {params:,} params x {elem} B (run's precision)"
         scored = block_transient(shape, batch * length, elem) + batch * length * shape.hidden * elem
         passes.append((scored, f"reward model scoring {batch} completions {human_bytes(scored)}"))
     scoring = max((b for b, _ in passes), default=0.0)
     scoring_formula = " or ".join(f for _, f in passes) if passes else "no reference pass (beta 0), no reward model"
-    return Rollout(reward, reward_formula, generation, generation_formula, scoring, scoring_formula, tuple(notes))
+    return Rollout(
+        reward,
+        reward_formula,
+        generation,
+        generation_formula,
+        scoring,
+        scoring_formula,
+        tuple(notes),
+        vllm,
+        vllm_formula,
+    )
 
 
 NO_ROLLOUT = Rollout(0.0, "", 0.0, "", 0.0, "")  # a trainer that does not generate

@@ -25,7 +25,9 @@ LOSS_KNOBS = (
     "mask_truncated_completions",
     "top_entropy_quantile",
 )
-GRPO_OPTIONS = (*LOSS_KNOBS, "completions_every")  # refused under another trainer when changed
+# vLLM generation (`jobs.config.vllm`): always trl's colocate mode
+VLLM_OPTIONS = ("use_vllm", "vllm_gpu_memory_utilization")
+GRPO_OPTIONS = (*LOSS_KNOBS, "completions_every", *VLLM_OPTIONS)  # refused under another trainer when changed
 COMPLETIONS_KEPT = 100  # steps of completions a run keeps at most (`jobs.train.completions`)
 
 
@@ -54,6 +56,10 @@ class GrpoSpec(Protocol):
     def gradient_accumulation_steps(self) -> int: ...
     @property
     def auto_find_batch_size(self) -> bool: ...
+    @property
+    def use_vllm(self) -> bool: ...
+    @property
+    def vllm_gpu_memory_utilization(self) -> float: ...
 
 
 def grpo_problems(spec: GrpoSpec, generates: bool) -> list[Problem]:
@@ -112,6 +118,14 @@ def grpo_problems(spec: GrpoSpec, generates: bool) -> list[Problem]:
                 f"({spec.per_device_train_batch_size} x {spec.gradient_accumulation_steps} = "
                 f"{spec.effective_batch_size}); trl generates whole groups of completions per prompt",
                 "make per_device_train_batch_size x gradient_accumulation_steps a multiple of num_generations",
+            )
+        )
+    if not spec.use_vllm and spec.vllm_gpu_memory_utilization != type(spec).vllm_gpu_memory_utilization:
+        out.append(
+            Problem(
+                "vllm_gpu_memory_utilization",
+                "is vLLM's share of the GPU, and use_vllm is off: nothing would read it",
+                "set use_vllm: true, or remove vllm_gpu_memory_utilization",
             )
         )
     if spec.auto_find_batch_size:

@@ -267,6 +267,11 @@ RECORDS: dict[Trainer, TrainerRecord] = {
                 "epsilon_high",
                 "mask_truncated_completions",
                 "top_entropy_quantile",
+                # generation through vLLM in the training process (jobs.config.vllm)
+                "use_vllm",
+                "vllm_mode",
+                "vllm_gpu_memory_utilization",
+                "vllm_max_model_length",
             ),
             unsupported=("padding_free", "max_length"),
             metrics=(

@@ -52,6 +52,7 @@ GRPO_KEYS = (
     "scale_rewards",
     "mask_truncated_completions",
     "top_entropy_quantile",
+    "use_vllm",
 )
 # GRPOConfig's defaults where ours differ (beta: trl 0.0, tunedeck 0.1; max_completion_length: 256, 64)
 DEFAULTS = {
@@ -68,6 +69,16 @@ TRL_REWARDS = {
     "think_format_reward": "think_format",
     "get_soft_overlong_punishment": "overlong",
 }
+
+# trl's vLLM server mode: a server started apart, on GPUs of its own (tunedeck runs vLLM colocated: jobs.config.vllm)
+VLLM_SERVER_KEYS = (
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_group_port",
+)
+NO_VLLM_SERVER = "tunedeck runs vLLM inside the training process (colocate): it talks to no vLLM server"
 
 DROPPED = {
     "env": "tunedeck's worker runs with its own environment: set variables where it runs",
@@ -106,6 +117,9 @@ DROPPED = {
     "max_prompt_length": "tunedeck bounds the whole row by max_length",
     "neftune_noise_alpha": "NEFTune noise has no tunedeck equivalent",
     "bnb_4bit_quant_storage": "tunedeck stores the 4-bit weights in bitsandbytes' default type",
+    **dict.fromkeys(VLLM_SERVER_KEYS, NO_VLLM_SERVER),
+    "vllm_max_model_length": "tunedeck sets vLLM's context to max_length + max_completion_length",
+    "vllm_enable_sleep_mode": "tunedeck keeps vLLM's share reserved for the whole run (no sleep mode)",
 }
 
 
@@ -228,6 +242,7 @@ def _grpo_options(r: Reader) -> None:
         r.copy(key, key)
     for key in ("epsilon_high", "mask_truncated_completions", "top_entropy_quantile"):
         r.copy(key, key)
+    _vllm(r)
     scale = r.take("scale_rewards")
     if scale is not None:  # trl reads true as group and false as none
         r.put("scale_rewards", {True: "group", False: "none"}.get(scale, scale), "scale_rewards")
@@ -257,3 +272,25 @@ def _grpo_options(r: Reader) -> None:
             "reward_funcs",
             "overlong starts its penalty a quarter before max_completion_length (trl's script: 1280/256)",
         )
+
+
+def _vllm(r: Reader) -> None:
+    """use_vllm in colocate mode (trl's default) with its share of the GPU; server mode is refused."""
+    mode, on = r.take("vllm_mode"), r.true("use_vllm")
+    if not on:
+        if mode is not None:
+            r.note("vllm_mode", "use_vllm is off: trl reads no vLLM mode")
+        if r.has("vllm_gpu_memory_utilization"):
+            r.drop("vllm_gpu_memory_utilization", "use_vllm is off: nothing reserves a share for vLLM")
+        return
+    if mode is not None and str(mode).strip().lower() != "colocate":
+        r.fail(
+            "vllm_mode",
+            f"`{mode}` has no tunedeck equivalent: server mode sends generation to a vLLM server started apart on "
+            "GPUs of its own (`trl vllm-serve`), and tunedeck's workers start none; tunedeck runs vLLM inside the "
+            "training process (colocate)",
+            "use vllm_mode: colocate (it shares the training GPU: vllm_gpu_memory_utilization), or remove use_vllm",
+        )
+        return
+    r.put("use_vllm", True, "use_vllm")
+    r.copy("vllm_gpu_memory_utilization", "vllm_gpu_memory_utilization")

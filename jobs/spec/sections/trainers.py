@@ -201,6 +201,27 @@ class TrainerFields:
         when=GRPO_ONLY,
         advanced=True,
     )
+    use_vllm: bool = spec_field(
+        False,
+        Group.METHOD,
+        "grpo on a CUDA GPU: sample the completions with vLLM inside the training process (trl's colocate mode) "
+        "instead of transformers' generate: faster sampling, for a fixed share of the GPU's memory "
+        "(vllm_gpu_memory_utilization) that training cannot use. Needs pip install 'tunedeck[vllm]' on the worker.",
+        label="Generate with vLLM",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
+    vllm_gpu_memory_utilization: float = spec_field(
+        0.3,
+        Group.METHOD,
+        "grpo with use_vllm: the share of the GPU's memory vLLM reserves when it starts, for its copy of the "
+        "weights and its KV cache; training gets the rest.",
+        gt=0.0,
+        le=0.95,
+        label="vLLM share of GPU memory",
+        when=GRPO_ONLY,
+        advanced=True,
+    )
     completion_only_loss: bool = spec_field(
         True,
         Group.METHOD,
