@@ -4,7 +4,7 @@ The baseline (`jobs.train.baseline`) holds the trl trainers most runs use; GRPO'
 `trl.GRPOTrainer`, measured here at 53.9 MiB more, so every GRPO run on the CPU was predicted that much low from
 its load on. The baseline now measures each trainer's own increment (`trainer_bytes`), the worker caches and
 publishes it with the runtime (`DeviceFacts.trainer_bytes`), and the prediction's runtime part adds the run's own,
-at submit (`runtime_term`) and at the claim (`Prediction.with_runtime`).
+at submit (`jobs.memory.breakdown.runtime_part`) and at the claim (`Prediction.with_runtime`).
 """
 
 from __future__ import annotations

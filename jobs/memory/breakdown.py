@@ -177,6 +177,21 @@ class Prediction:
         )
 
 
+def runtime_part(device: DeviceFacts, trainer: Trainer, cuda: bool) -> tuple[float, str]:
+    """The runtime part at submit (docs/memory.md "Overhead"): the worker's measured baseline and what `trainer`'s own
+    trl classes add (GRPO's; 0 for the common set's), both measured with the baseline."""
+    if cuda:
+        return 0.0, "host memory, not in torch's reserved figure (on CUDA)"
+    runtime = device.runtime_bytes
+    if not runtime:
+        return 0.0, "not measured yet (no worker has published its runtime baseline): tensors only"
+    own = device.trainer_bytes.get(trainer.value, 0)
+    return float(runtime + own), (
+        f"the training process before the model: Python, torch, transformers, trl ({human_bytes(runtime)}, "
+        "measured by the worker)" + trainer_import_text(record_for(trainer).trainer_class, own)
+    )
+
+
 def trainer_import_text(trainer_class: str, added: int) -> str:
     """The runtime formula's words for what a trainer's own trl classes add ('' when nothing)."""
     return f" + trl's {trainer_class} {human_bytes(added)} (imported by this trainer only)" if added else ""

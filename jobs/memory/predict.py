@@ -4,7 +4,7 @@ Input: a `JobSpec`, the model's config (never its weights), the `DeviceFacts` of
 that will run it and, when measured, the training rows' token lengths (`RowLengths`: the
 activations and logits are sized by the worst micro-batch those rows can form; without them, by
 every row at max_length, the worst case). Output: a typed `Prediction` (`jobs.memory.breakdown`) with
-eight parts whose sum is the predicted peak, each with the formula that produced it, and the predicted
+parts whose sum is the predicted peak (eight; a generating trainer's generation, reward model and vLLM too), each with the formula that produced it, and the predicted
 figure at each phase of a step. One function per part, each named after its docs/memory.md section:
 
     weights_term        "Weights"
@@ -12,7 +12,7 @@ figure at each phase of a step. One function per part, each named after its docs
     optimizer_term      "Optimizer state"
     activations_term    "Activations" (and "Mixture of experts")
     logits_term         "Logits and loss"
-    overhead_term       "Overhead" (with runtime_term)
+    overhead_term       "Overhead" (the runtime part: `jobs.memory.breakdown.runtime_part`)
 
 `bench/memory_truth.py` checks the prediction against counted (CPU) or measured (CUDA) peaks.
 
@@ -28,15 +28,7 @@ from dataclasses import dataclass
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.tokens.lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
-from jobs.memory.breakdown import (
-    ALLOCATOR_SLACK,
-    VLLM_PART,
-    Part,
-    Prediction,
-    context_bytes,
-    overhead_at,
-    trainer_import_text,
-)
+from jobs.memory.breakdown import ALLOCATOR_SLACK, VLLM_PART, Part, Prediction, context_bytes, overhead_at, runtime_part
 from jobs.memory.mixers import (
     DELTA_NET_CLASS_SUFFIX,
     MIXER_CLASS_SUFFIX,
@@ -286,22 +278,6 @@ def overhead_term(s: Setting, subtotal: float) -> Term:
     )
 
 
-def runtime_term(s: Setting) -> Term:
-    if s.cuda:
-        return Term(0.0, "host memory, not in torch's reserved figure (on CUDA)")
-    runtime = s.device.runtime_bytes
-    if not runtime:
-        return Term(0.0, "not measured yet (no worker has published its runtime baseline): tensors only")
-    # The trl classes only this trainer imports (GRPO's), measured with the baseline: 0 for the common set's.
-    record = record_for(s.spec.trainer)
-    own = s.device.trainer_bytes.get(s.spec.trainer.value, 0)
-    return Term(
-        float(runtime + own),
-        f"the training process before the model: Python, torch, transformers, trl ({human_bytes(runtime)}, "
-        "measured by the worker)" + trainer_import_text(record.trainer_class, own),
-    )
-
-
 # ---------------------------------------------------------------------- the peak
 def predict(
     spec: JobSpec,
@@ -350,7 +326,7 @@ def predict(
     overhead = overhead_term(s, subtotal - roll.vllm_bytes)
     if not s.cuda and fx.heap_bytes:  # glibc's retained heap on the CPU (jobs/memory/trick_effects.py)
         overhead = Term(fx.heap_bytes, fx.heap_formula)
-    runtime = runtime_term(s)
+    runtime = Term(*runtime_part(device, spec.trainer, s.cuda))
     # The first optimizer step, as the training child measures it (docs/memory.md "Phases"): no optimizer
     # state exists before it, so the backward's figure is the peak of later steps less that state; a
     # generating trainer generates and scores before its forward.
