@@ -130,3 +130,30 @@ def test_the_store_and_a_tracker_receive_the_same_rows_through_one_interface(sto
     assert {("loss", 1), ("loss", 3), ("learning_rate", 2)} <= set(stored)
     assert set(mirrored) == set(stored)
     assert all(math.isclose(mirrored[key], value, rel_tol=1e-6) for key, value in stored.items())
+
+
+def test_the_spec_is_parsed_once_the_last_oom_recoverys_in_place_of_the_submitted_one(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an OOM recovery the child trains the spec that recovery recorded: it parses that one, once (it used to
+    parse the submitted one too); a recorded spec it cannot read fails the run naming the field."""
+    from jobs.train import oom
+    from jobs.train.recipe import load_spec
+
+    submitted = JobSpec(model="tiny-llama", per_device_train_batch_size=8)
+    run_id = store.create_run(submitted)
+    store.claim_next_on_device("w", "0")
+    recovered = {**submitted.to_dict(), "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
+    store.add_run_event(run_id, oom.EVENT_KIND, "OOM at step 3", step=3, data={"spec": recovered, "rung": 0})
+    parsed: list[Any] = []
+    from_dict = JobSpec.from_dict.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        JobSpec, "from_dict", classmethod(lambda cls, data: parsed.append(data) or from_dict(cls, data))
+    )
+    spec = load_spec(store, run_id)
+    assert spec is not None and (spec.per_device_train_batch_size, spec.gradient_accumulation_steps) == (4, 2)
+    assert len(parsed) == 1
+    store.add_run_event(run_id, oom.EVENT_KIND, "OOM at step 5", step=5, data={"spec": {**recovered, "lora_r": -1}})
+    assert load_spec(store, run_id) is None
+    run = store.get_run(run_id)
+    assert run.status is RunStatus.FAILED and "lora_r" in (run.error_summary or "")
