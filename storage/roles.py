@@ -146,7 +146,7 @@ class TaskQueue(Protocol):
 
 
 class TrainingRecord(MetricSink, MetricReader, RunLifecycle, RunArtifacts, RunEvents, RunFolders, TaskQueue, Protocol):
-    """Everything the training child (`jobs.train.child.run`) does with the store, role by role."""
+    """Everything the training child (`jobs.train.child.run`, its `jobs.train.recipe`) does with the store, role by role."""
 
 
 class WorkerDirectory(Protocol):

@@ -34,6 +34,7 @@ KILLED_IN_SAVE = """
 import functools
 from transformers import TrainerCallback
 import jobs.train.child as child
+import jobs.train.recipe as recipe
 
 class KillInSave(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
@@ -41,7 +42,7 @@ class KillInSave(TrainerCallback):
             print("killing myself in on_save at step 2", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-child.StoreCallback = functools.partial(child.StoreCallback, flush_interval=3600.0)
+recipe.StoreCallback = functools.partial(recipe.StoreCallback, flush_interval=3600.0)
 child.setup_logging()
 sys.exit(child.run(run_id, callbacks=[KillInSave()]))
 """

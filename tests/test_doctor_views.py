@@ -1,6 +1,6 @@
 """Where the training doctor's findings show: the run page's banner, list and "Clone with fix" choices, the
 stretch of curve marked on its loss chart, the runs table's icon, Compare's row, and the trackers' tags
-and notes (`app.ui.findings_view`, `jobs.train.mirrors.Mirrors.note`). The findings are stored by the
+and notes (`app.ui.findings_view`, `jobs.train.mirrors.TrackerSink.note`). The findings are stored by the
 worker's doctor (`jobs.doctor.watch`); the dashboard only reads them."""
 
 from __future__ import annotations
@@ -83,19 +83,19 @@ def test_the_runs_table_and_compare_carry_the_icon(store: Store) -> None:
 
 
 def test_findings_are_tensorboard_text_and_mlflow_tags(store: Store, tmp_path: Path, monkeypatch) -> None:
-    """The trackers the run mirrors to get each finding (`Mirrors.note`, called by the training child at its end)."""
+    """The trackers the run mirrors to get each finding (`TrackerSink.note`, called by the training recipe's cleanup)."""
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from jobs.train.mirrors import Mirrors
+    from jobs.train.mirrors import open_trackers
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     found = findings_of(store.run_events(spiked_run(store)))
     spec = JobSpec(model="tiny-llama", report_to="tensorboard,mlflow")
-    mirrors = Mirrors.open(spec, 7, tmp_path)
-    mirrors.note(found)
-    mirrors.close("succeeded")
+    for sink in open_trackers(spec, 7, tmp_path):
+        sink.note(found)
+        sink.close("succeeded")
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     (text,) = events.Tensors("doctor/loss_spike/text_summary")

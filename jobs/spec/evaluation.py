@@ -17,8 +17,8 @@ from typing import Protocol
 
 from jobs.errors import Problem
 
-EVALUATE_TASK = "evaluate"  # the worker task that scores eval_tasks (jobs.worker.tasks, queued by jobs.train.child)
-JUDGE_TASK = "judge"  # the worker task that judges the run against its base (queued by jobs.train.child for `judge`)
+EVALUATE_TASK = "evaluate"  # the worker task that scores eval_tasks (jobs.worker.tasks, queued by jobs.train.recipe)
+JUDGE_TASK = "judge"  # the worker task that judges the run against its base (queued by jobs.train.recipe for `judge`)
 
 _METRIC = re.compile(r"^[A-Za-z_][\w/.-]*$")
 TASK_PREFIX = "task:"  # metric_for_best_model = "task:<eval_tasks name>/<metric>": a benchmark task's score

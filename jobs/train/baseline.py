@@ -7,14 +7,14 @@
 On the CPU a run's measured memory curve is the RSS of its training process tree, and that holds
 more than the tensors the prediction counts (`jobs/memory/predict.py`): the interpreter, the
 libraries as imported, the tunedeck modules, torch's thread pools. This process does what
-`python -m jobs.train.child` does before it loads a model, by importing the child's own modules and
+`python -m jobs.train.child` does before it loads a model, by importing what the child imports and
 calling its own set-up, and prints its RSS (psutil, the figure the sampler adds up for the curve).
 The worker runs it once per host and interpreter with the child's environment, caches the figure
 (`jobs.worker.runtime`) and publishes it as `DeviceFacts.runtime_bytes`; see docs/memory.md,
 "Overhead".
 
-Included: the interpreter; `jobs.train.child` and what it imports (`jobs.train.training`, the
-callbacks, the pure mapping: torch, transformers, peft, accelerate, bitsandbytes); the child's
+Included: the interpreter; what `jobs.train.child` imports (`jobs.train.recipe`, `jobs.train.training`,
+the callbacks, the pure mapping: torch, transformers, peft, accelerate, bitsandbytes); the child's
 `setup_logging` (datasets, transformers' logging); the modules it imports lazily before the model
 and for the whole run (the store and SQLAlchemy, the data and model loaders, trl's trainers, which
 `jobs.train.trainers.build_trainer` imports once the model is loaded but which stay for the run);
@@ -48,9 +48,10 @@ LIBRARIES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "
 
 def prepare() -> None:
     """Do what the training child does before it loads a model (imports and one-off set-up)."""
-    from jobs.train import child  # the child's module and everything it imports at its start
+    import jobs.train.parent_watch  # noqa: F401 - with the recipe, everything the child's module imports at its start
+    from jobs.train import recipe
 
-    child.setup_logging()  # as `child.main` does first: datasets, transformers' logging (to stdout)
+    recipe.setup_logging()  # as `child.main` does first: datasets, transformers' logging (to stdout)
     # What `run` and `train_spec` import lazily before (or, for trl, right after) the model loads.
     from trl import DPOTrainer, KTOTrainer, RewardTrainer, SFTTrainer  # noqa: F401 - as build_trainer does
 
@@ -58,8 +59,9 @@ def prepare() -> None:
     import jobs.models.loading  # noqa: F401
     import jobs.models.references  # noqa: F401
     import storage.store  # noqa: F401
+    from jobs.devices.probe import detect_device
 
-    child.detect_device()  # as the child asks torch for its device (on a GPU host, torch initialises CUDA here)
+    detect_device()  # as the recipe asks torch for its device (on a GPU host, torch initialises CUDA here)
     import torch
 
     # Thread pools and the autograd engine start on first use, whatever the model: a 64 x 64 step

@@ -3,7 +3,7 @@
 transformers keeps the best evaluation in the trainer's state (`best_global_step`, `best_metric`,
 `best_model_checkpoint`) and reloads that checkpoint at the end (`jobs.config.evaluation`);
 `EarlyStoppingCallback` counts the evaluations without improvement. This module reads both after
-training and words the outcome for the run's events (`jobs.train.child`):
+training and words the outcome for the run's events (`jobs.train.recipe`):
 
     "eval loss did not improve for 3 evaluations after step 120 (best 1.234); training stopped at
      step 180; the bundle holds step 120"

@@ -1,6 +1,6 @@
 """The training callback that feeds the store: metrics rows, progress, torch memory, cancel.
 
-`StoreCallback(store, run_id)` is added to the trl trainer by `jobs.train.child`. It is built to cost
+`StoreCallback(store, run_id)` is added to the trl trainer by the training recipe (`jobs.train.recipe`). It is built to cost
 well under 2% of training time:
 - logged values are buffered and written in one transaction at most every `flush_interval`
   (1 s) and at train end, never one transaction per scalar; and the writes keep to a budget
@@ -16,8 +16,9 @@ well under 2% of training time:
   never, for a child a worker watches, since the worker relays a cancel as SIGTERM), while a
   SIGTERM flag (a `threading.Event`) is checked at every step for free;
 - progress rides in the metrics' transaction: one commit per flush;
-- the rows of each written batch also go to the `report_to` trackers (`jobs.train.mirrors`), on the
-  same thread, after the store has them: the trackers receive exactly the rows the run page graphs;
+- each flushed batch goes to every metrics sink in turn (`jobs.train.sinks`): the store first, then the
+  `report_to` trackers (`jobs.train.mirrors`), on the same thread, so the trackers receive exactly the rows
+  the run page graphs;
 - the periodic flushes run on a writer thread (`_Writer`), in order: on a GPU the training
   thread waits for the device most of the time, so the writes cost it nothing; `flush()` (train
   end, before the run's status changes) waits for them and writes the rest itself.
@@ -43,19 +44,16 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from jobs.memory.flops import FlopsRate
+from jobs.train.sinks import MetricsSink, Rows, StoreSink
 from storage.models import MemorySource
 from storage.records import MemoryPoint, MetricPoint
 from storage.roles import MetricSink
-
-if TYPE_CHECKING:
-    from jobs.train.mirrors import Mirrors
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ class StoreCallback(TrainerCallback):
         write_budget: float = 0.005,
         max_flush_interval: float = 5.0,
         worker_id: str | None = None,
-        mirrors: Mirrors | None = None,
+        trackers: Sequence[MetricsSink] = (),
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.store = store
@@ -95,8 +93,9 @@ class StoreCallback(TrainerCallback):
         self._writer: _Writer | None = None
         self.cancel_interval = cancel_interval
         self.save_interval_s = save_interval_s  # a checkpoint at least this often (spec.save_minutes)
-        self.worker_id = worker_id  # the worker whose device the torch samples are of (jobs.train.child passes it)
-        self.mirrors = mirrors  # report_to's trackers: each written batch of rows goes to them too
+        self.worker_id = worker_id  # the worker whose device the torch samples are of (jobs.train.recipe passes it)
+        self.store_sink = StoreSink(store, run_id)
+        self.sinks: list[MetricsSink] = [self.store_sink, *trackers]  # report_to's trackers after the store
         self._last_save = 0.0
         if cuda is None:
             import torch
@@ -106,7 +105,7 @@ class StoreCallback(TrainerCallback):
         self.stop_reason: str | None = None  # "signal" | "cancel" once training was asked to stop
         self.nonfinite_step: int | None = None  # the step whose training loss was NaN or inf
         self.tokens_per_second: list[float] = []
-        self.flops: FlopsRate | None = None  # set by jobs.train.child once the model is built: adds tflops / mfu
+        self.flops: FlopsRate | None = None  # set by jobs.train.recipe once the model is built: adds tflops / mfu
         self.num_tokens: float | None = None
         self._metrics: list[MetricPoint] = []
         self._memory: list[MemoryPoint] = []
@@ -117,7 +116,6 @@ class StoreCallback(TrainerCallback):
         self._max_steps: int | None = None
         self._progress_step = -1
         self._step = 0
-        self._held_back = False  # the store kept the last rows back for its next write (a locked database)
         self._resumed_at = -1  # the step training (re)started at, and the names the store had there
         self._stored_at_resume: frozenset[str] = frozenset()
 
@@ -261,7 +259,7 @@ class StoreCallback(TrainerCallback):
     def flush(self, force_progress: bool = False) -> None:
         """Write everything buffered now, in this thread, after any write still in the background.
 
-        What jobs.train.child calls before it changes the run's status: the rows are in the store
+        What jobs.train.recipe calls before it changes the run's status: the rows are in the store
         when this returns, and a failure to write them raises here."""
         batch = self._take(force_progress)
         if self._writer is not None:
@@ -271,9 +269,7 @@ class StoreCallback(TrainerCallback):
     def _flush_for_checkpoint(self) -> bool:
         """Write everything buffered now; False while the store still keeps rows back for a later write."""
         self.flush()
-        if self._held_back:  # one more try for the rows kept back (`add_metrics` writes those first)
-            self._held_back = self.store.add_metrics(self.run_id, []) == 0
-        return not self._held_back
+        return self.store_sink.retry()  # one more try for the rows kept back
 
     def _flush_soon(self) -> None:
         """The periodic flush: hand the batch to the writer thread and go back to training."""
@@ -287,7 +283,7 @@ class StoreCallback(TrainerCallback):
         """Seconds between flushes now: flush_interval, or longer while flushes are slow."""
         return self._flush_every
 
-    def _take(self, force_progress: bool) -> _Batch:
+    def _take(self, force_progress: bool) -> Rows:
         """Empty the buffers into one batch (and the progress, when it moved)."""
         self._last_flush = self._clock()
         metrics, self._metrics = self._metrics, []
@@ -296,38 +292,25 @@ class StoreCallback(TrainerCallback):
         if force_progress or self._step != self._progress_step:
             self._progress_step = self._step
             progress = (self._step, self._max_steps)
-        return _Batch(metrics, memory, progress)
+        return Rows(metrics, progress, memory)
 
-    def _write(self, batch: _Batch) -> None:
-        """One batch to the store (metrics and progress in one transaction); times it against the budget."""
-        start = self._clock()
-        try:
-            if batch.metrics:  # one commit for both; 0 written: kept back by the store for its next write
-                written = self.store.add_metrics(self.run_id, batch.metrics, progress=batch.progress)
-                self._held_back = written == 0
-            elif batch.progress is not None:
-                self.store.set_progress(self.run_id, *batch.progress)
-            if batch.memory:
-                self.store.add_memory_samples(batch.memory)
-        finally:
-            took = self._clock() - start
-            # A slow write counts at once; fast ones bring the estimate down gradually.
-            cost = self._flush_cost
-            self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
-            self._flush_every = min(
-                self.max_flush_interval, max(self.flush_interval, self._flush_cost / self.write_budget)
-            )
-        if self.mirrors is not None:  # the rows the store now holds, no others (never raises)
-            self.mirrors.log(batch.metrics)
+    def _write(self, batch: Rows) -> None:
+        """One batch to every sink in turn, the store first: a failed store write raises, so no tracker gets
+        rows the store lacks (a tracker never raises). The store's write is timed against the budget."""
+        for sink in self.sinks:
+            start = self._clock()
+            try:
+                sink.log(batch)
+            finally:
+                if sink is self.store_sink:
+                    self._count_write(self._clock() - start)
 
-
-@dataclass(frozen=True)
-class _Batch:
-    """What one flush writes."""
-
-    metrics: list[MetricPoint]
-    memory: list[MemoryPoint]
-    progress: tuple[int, int | None] | None
+    def _count_write(self, took: float) -> None:
+        """The flush interval after a store write of `took` seconds: a slow write counts at once; fast ones
+        bring the estimate down gradually."""
+        cost = self._flush_cost
+        self._flush_cost = took if cost is None or took > cost else 0.7 * cost + 0.3 * took
+        self._flush_every = min(self.max_flush_interval, max(self.flush_interval, self._flush_cost / self.write_budget))
 
 
 class _Writer(threading.Thread):
@@ -340,10 +323,10 @@ class _Writer(threading.Thread):
     def __init__(self, write: Any) -> None:
         super().__init__(name="tunedeck-metrics-writer", daemon=True)
         self._write = write
-        self._queue: queue.Queue[_Batch] = queue.Queue()
+        self._queue: queue.Queue[Rows] = queue.Queue()
         self.start()
 
-    def submit(self, batch: _Batch) -> None:
+    def submit(self, batch: Rows) -> None:
         self._queue.put(batch)
 
     def drain(self) -> None:
@@ -358,7 +341,7 @@ class _Writer(threading.Thread):
             # a thread boundary: a failed periodic write (any of the store's errors) is logged with its
             # traceback and training goes on; the final flush runs on the training thread and raises
             except Exception:
-                log.exception("writing %d metric rows failed; training goes on", len(batch.metrics))
+                log.exception("writing %d metric rows failed; training goes on", len(batch.points))
             finally:
                 self._queue.task_done()
 

@@ -3,7 +3,7 @@
     summarize(exc, spec)   # 'CUDA out of memory. To use less memory try: ...', 'non-finite loss at step 7: ...'
     disk_full(exc)         # True for 'no space left on device', however torch or safetensors reported it
 
-`jobs.train.child` writes the summary to the run row (the run page and `tunedeck show` print it).
+The training recipe (`jobs.train.recipe`) writes the summary to the run row (the run page and `tunedeck show` print it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The forgetting meter: did the fine-tune make the model worse at ordinary text?
 
-    record(store, run_id, 0, model, tokenizer, eval_ds)        # the base, before training (step 0)
-    record(store, run_id, step, model, tokenizer, eval_ds)     # the result, after training (its last step)
+    record(sinks, 0, model, tokenizer, eval_ds)       # the base, before training (step 0)
+    record(sinks, step, model, tokenizer, eval_ds)    # the result, after training (its last step)
     meter = read(store, run_id)   # Forgetting(general_before, general_after, task_before, task_after)
     meter.text()                  # "general perplexity +4% while eval loss fell 31%"
 
@@ -9,7 +9,8 @@ The general text ships with tunedeck (`jobs/resources/general/`: a few hundred s
 knowledge and everyday language, and a few general prompts with short answers, written for it). Its mean
 token loss is measured on the base before training and on the result after, as metric rows
 `general_loss`; beside it, `task_loss` is the same measure over (at most MAX_TASK_ROWS) held-out eval rows:
-the job's own text. The rows live with the run's other metrics, so the training doctor reads them
+the job's own text. The rows go to the run's metrics sinks (`jobs.train.sinks`: the store, then each
+`report_to` tracker) and live with the run's other metrics, so the training doctor reads them
 (`jobs.doctor.rules.forgetting`: a finding when the general perplexity rose past FORGET_RISE) and every view
 reads one home. Costs two forward passes over ~1,500 tokens (GENERAL_SAMPLE sentences, the prompts, the eval rows),
 BATCH rows at a time, and little memory whatever the vocabulary (issue #49): the logits are never a batch's
@@ -24,11 +25,13 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from jobs.train.sinks import MetricsSink, Rows
 from storage.records import MetricPoint
 
 log = logging.getLogger(__name__)
@@ -221,9 +224,9 @@ def _forward_losses(model: Any, input_ids: Any, mask: Any) -> Any:
     return torch.cat(out)
 
 
-def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_ds: Any) -> list[MetricPoint]:
-    """Measure the general text (and the eval rows) on `model`; store them as metric rows at `step`; the rows
-    stored (none after an error: never raises)."""
+def record(sinks: Sequence[MetricsSink], step: int, model: Any, tokenizer: Any, eval_ds: Any) -> list[MetricPoint]:
+    """Measure the general text (and the eval rows) on `model`; log them to each of `sinks` (the store first)
+    as metric rows at `step`; the rows logged (none after an error: never raises)."""
     try:
         started = time.monotonic()
         points = [MetricPoint(step, GENERAL, mean_loss(model, tokenizer, general_texts(tokenizer)), time.time())]
@@ -231,7 +234,8 @@ def record(store: Any, run_id: int, step: int, model: Any, tokenizer: Any, eval_
         if task:
             points.append(MetricPoint(step, TASK, mean_loss(model, tokenizer, task), time.time()))
         points = [p for p in points if math.isfinite(p.value)]
-        store.add_metrics(run_id, points)
+        for sink in sinks:
+            sink.log(Rows(points))
         log.info("forgetting meter at step %d: %s in %.1f s", step, points, time.monotonic() - started)
         return points
     except Exception:  # noqa: BLE001 - a display: the run goes on without it

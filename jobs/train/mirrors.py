@@ -2,8 +2,9 @@
 
 Why not transformers' own `report_to`: its integrations log what the trainer logs, while the run page
 graphs more (tokens/s, step time, TFLOP/s, MFU, computed by `jobs.train.callbacks.StoreCallback`). Here
-the callback hands every batch of rows it writes to the store to `Mirrors.log` as well, so each tracker
-receives exactly the rows tunedeck records, at the same steps. Each tracker also gets the spec as its
+each tracker is a metrics sink beside the store's (`TrackerSink`, `jobs.train.sinks`): the callback hands
+every batch of rows to the store's sink, then to each tracker's, so each tracker receives exactly the rows
+tunedeck records, at the same steps. Each tracker also gets the spec as its
 config and the run's tunedeck address (`run_url`: `TUNEDECK_URL`, which `tunedeck serve` sets for its
 own worker, plus `/?run=N`).
 
@@ -17,10 +18,10 @@ What can be known before the run queues is checked at submit (`jobs.checks.track
 store, W&B's key). A tracker that still cannot start fails the run before it trains (a wrong key shows at
 once, not after hours); one that fails while logging is logged and training goes on, like a slow store write.
 
-    mirrors = Mirrors.open(spec, run_id, store.run_dir(run_id))
-    mirrors.log([MetricPoint(1, "loss", 2.3, time.time())])
-    mirrors.note(findings)   # the training doctor's findings stored so far: tags / notes / text (at the run's end)
-    mirrors.close("succeeded")
+    trackers = open_trackers(spec, run_id, store.run_dir(run_id))    # one TrackerSink per tracker
+    trackers[0].log(Rows([MetricPoint(1, "loss", 2.3, time.time())]))
+    trackers[0].note(findings)   # the training doctor's findings stored so far: tags / notes / text (at the run's end)
+    trackers[0].close("succeeded")
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 from jobs.doctor.findings import Finding
 from jobs.spec.job import JobSpec
 from jobs.spec.trackers import Tracker
+from jobs.train.sinks import Rows
 from storage.records import MetricPoint
 
 log = logging.getLogger(__name__)
@@ -59,59 +61,61 @@ def by_step(points: Sequence[MetricPoint]) -> list[tuple[int, dict[str, float], 
 
 
 class Mirror(Protocol):
+    """One tracker's own client (below): it may raise; `TrackerSink` keeps its errors from training."""
+
     def log(self, points: Sequence[MetricPoint]) -> None: ...
     def note(self, findings: Sequence[Finding]) -> None: ...
     def close(self, status: str) -> None: ...
 
 
-class Mirrors:
-    """The run's open trackers; `log` and `close` reach each, and one failing does not stop the others."""
+class TrackerSink:
+    """One open tracker as a metrics sink (`jobs.train.sinks.MetricsSink`): its errors are logged, never raised,
+    so training and the other sinks go on."""
 
-    def __init__(self, mirrors: dict[Tracker, Mirror]):
-        self.mirrors = mirrors
+    def __init__(self, tracker: Tracker, mirror: Mirror) -> None:
+        self.tracker = tracker
+        self.mirror = mirror
 
-    @classmethod
-    def open(cls, spec: JobSpec, run_id: int, folder: Path) -> Mirrors:
-        """Start each tracker in spec.report_to (raises when one cannot start: the run fails before training)."""
-        name = f"{run_id}-{spec.display_name}"
-        config = {**spec.to_dict(), "tunedeck_run_id": run_id, "tunedeck_url": run_url(run_id)}
-        opened: dict[Tracker, Mirror] = {}
-        try:
-            for tracker in spec.tracker_list:
-                opened[tracker] = OPENERS[tracker](name, config, folder)
-                log.info("mirroring metrics to %s", tracker.value)
-        except BaseException:
-            cls(opened).close("failed")
-            raise
-        return cls(opened)
-
-    def log(self, points: Sequence[MetricPoint]) -> None:
-        if not points:
+    def log(self, rows: Rows) -> None:
+        if not rows.points:
             return
-        for tracker, mirror in self.mirrors.items():
-            try:
-                mirror.log(points)
-            except Exception:  # a tracker's error is logged; training and the other trackers go on
-                log.exception("mirroring %d metric rows to %s failed", len(points), tracker.value)
+        try:
+            self.mirror.log(rows.points)
+        except Exception:  # a tracker's error is logged; training and the other trackers go on
+            log.exception("mirroring %d metric rows to %s failed", len(rows.points), self.tracker.value)
 
     def note(self, findings: Sequence[Finding]) -> None:
-        """The training doctor's findings (`jobs.doctor`) as each tracker's tags or notes."""
+        """The training doctor's findings (`jobs.doctor`) as the tracker's tags or notes."""
         if not findings:
             return
-        for tracker, mirror in self.mirrors.items():
-            try:
-                mirror.note(findings)
-            except Exception:
-                log.exception("noting %d findings in %s failed", len(findings), tracker.value)
+        try:
+            self.mirror.note(findings)
+        except Exception:
+            log.exception("noting %d findings in %s failed", len(findings), self.tracker.value)
 
     def close(self, status: str) -> None:
-        """Finish each tracker's run with tunedeck's final status (succeeded, failed, cancelled)."""
-        for tracker, mirror in self.mirrors.items():
-            try:
-                mirror.close(status)
-            except Exception:
-                log.exception("closing the %s run failed", tracker.value)
-        self.mirrors = {}
+        """Finish the tracker's run with tunedeck's final status (succeeded, failed, cancelled)."""
+        try:
+            self.mirror.close(status)
+        except Exception:
+            log.exception("closing the %s run failed", self.tracker.value)
+
+
+def open_trackers(spec: JobSpec, run_id: int, folder: Path) -> list[TrackerSink]:
+    """Start each tracker in spec.report_to (raises when one cannot start, after closing those started:
+    the run fails before training)."""
+    name = f"{run_id}-{spec.display_name}"
+    config = {**spec.to_dict(), "tunedeck_run_id": run_id, "tunedeck_url": run_url(run_id)}
+    opened: list[TrackerSink] = []
+    try:
+        for tracker in spec.tracker_list:
+            opened.append(TrackerSink(tracker, OPENERS[tracker](name, config, folder)))
+            log.info("mirroring metrics to %s", tracker.value)
+    except BaseException:
+        for sink in opened:
+            sink.close("failed")
+        raise
+    return opened
 
 
 # ---------------------------------------------------------------------- the trackers

@@ -1,6 +1,6 @@
 """Recovery from CUDA out-of-memory errors (`on_oom: recover`, the default).
 
-When a training step runs out of GPU memory, the training child (`jobs.train.child`) asks
+When a training step runs out of GPU memory, the training child (`jobs.train.recipe`) asks
 `next_recovery` for the next rung of a fixed ladder, cheapest in speed first:
 
 1. a smaller micro-batch with more accumulation steps (16 x 1 -> 8 x 2: same effective batch,
@@ -12,7 +12,7 @@ When a training step runs out of GPU memory, the training child (`jobs.train.chi
 A rung that does not apply (micro-batch already 1, checkpointing already on) is skipped. The
 child records the change as a run event whose data holds the spec to continue with, then exits
 with `EXIT_OOM_RECOVER`; the worker starts a fresh child (a clean CUDA context, no fragmented
-allocator) for the same run, which reads that effective spec (`effective_spec`) and resumes from
+allocator) for the same run, which reads that effective spec (`recovered_spec_data`) and resumes from
 the last complete checkpoint, or starts over when there is none. At most `MAX_RECOVERIES`
 changes per run; after that, or with `on_oom: fail`, the run fails with advice as before.
 
@@ -88,8 +88,15 @@ def effective_spec(store: RunEvents, run_id: int, original: JobSpec) -> JobSpec:
 
 def effective_spec_from(events: list[dict[str, Any]], original: JobSpec) -> JobSpec:
     """effective_spec over events already read."""
+    recovered = recovered_spec_data(events)
+    return JobSpec.from_dict(recovered) if recovered is not None else original
+
+
+def recovered_spec_data(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The spec the last recovery among `events` continues with, as stored (None: no recovery); the training
+    child parses it, in place of the submitted one (`jobs.train.recipe.load_spec`)."""
     found = [e for e in events if e["kind"] == EVENT_KIND]
-    return JobSpec.from_dict(found[-1]["data"]["spec"]) if found else original
+    return dict(found[-1]["data"]["spec"]) if found else None
 
 
 SET_ASIDE = "optimizer.pt.before-oom-recovery"

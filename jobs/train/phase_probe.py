@@ -25,7 +25,7 @@ written once per phase, four times in all.
 
 Resetting the peak counters also resets what the whole-run figure reads (`max_memory_reserved`; on
 Linux the reset lowers getrusage's ru_maxrss too), so `MemoryMeter` keeps every peak it erases and
-`run_peaks()` gives the whole run's (`jobs.train.training.peak_memory` reads it).
+`run_peaks()` gives the whole run's (`jobs.train.results.peak_memory` reads it).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class PhaseProbe(TrainerCallback):
 
     def __init__(self, cuda: bool, on_record: Callable[[dict[str, Any]], None] | None = None):
         self.meter = MemoryMeter(cuda)
-        self.on_record = on_record  # gets `record()` after each phase (jobs.train.child: phases.json)
+        self.on_record = on_record  # gets `record()` after each phase (jobs.train.recipe: phases.json)
         self.phases: dict[str, dict[str, int]] = {}
         self.done = False  # the first optimizer step was measured: nothing more to do
         self._notes: list[str] = []

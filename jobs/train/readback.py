@@ -4,7 +4,7 @@ trl and transformers change some of what they are given: packing with trl's defa
 strategy turns padding-free on whatever `padding_free` said (the trainer keeps its own
 `padding_free`, not the config's), `auto_find_batch_size` shrinks the micro-batch after an
 out-of-memory error, and deprecated names are mirrored onto new ones. A run record must say what
-ran, so `jobs.train.child` replaces the requested trainer kwargs with this read-back and keeps the
+ran, so `jobs.train.training.prepare` replaces the requested trainer kwargs with this read-back and keeps the
 differences beside it:
 
     effective, changed = trainer_readback(trainer, requested_kwargs)

@@ -212,7 +212,7 @@ def try_rewards(spec: JobSpec, prompts: int = DEFAULT_PROMPTS, store: Any = None
     from jobs.data.loading import load_datasets
     from jobs.devices.facts import CPU
     from jobs.train.trainers import reward_sources
-    from jobs.train.training import _reward_model, load_model
+    from jobs.train.training import load_model, reward_model_of
 
     set_seed(seed)
     train, _ = load_datasets(spec)
@@ -222,7 +222,7 @@ def try_rewards(spec: JobSpec, prompts: int = DEFAULT_PROMPTS, store: Any = None
     model.eval()
     if torch.cuda.is_available():
         model.to("cuda")
-    funcs, classes = reward_sources(spec, _reward_model(spec, device, store))
+    funcs, classes = reward_sources(spec, reward_model_of(spec, device, store))
     chosen = [r["prompt"] for r in rows]
     completions, ids, truncated = sample(model, tokenizer, spec, chosen)
     g = spec.num_generations

@@ -1,6 +1,6 @@
 """Building the trl trainer a spec asks for, and the trainer-specific metrics it logs.
 
-`jobs.train.child` calls `build_trainer(...)` with the model, the configs from `jobs.config.mapping` and the
+`jobs.train.training.prepare` calls `build_trainer(...)` with the model, the configs from `jobs.config.mapping` and the
 data from `jobs.data.loading`; which trl class, and what it takes besides the common arguments, is the
 trainer's record (`jobs.spec.trainer_records`); the callbacks and reward sources it names live here.
 

@@ -3,18 +3,24 @@
     result = train_spec(spec, "out/")      # loads model and data, builds the trl trainer, trains, evaluates
     result.metrics["train_loss"], result.resolved["trainer_config"]
 
-It checks the spec against the device (`jobs.config.mapping.capability_problems`), loads the model
-(quantized when the method asks) and the data, maps the spec to trl/peft/bitsandbytes configs with
-the pure `jobs.config.mapping`, builds the trainer (`jobs.train.trainers`), trains, evaluates and
-measures peak memory, tokens and step time. `jobs.train.child` calls it for a stored run; tests
-and benches call it directly.
+In two steps, which a stored run's recipe (`jobs.train.recipe`) takes apart:
+
+    prepared = prepare(spec, "out/", callbacks, device=device, store=store)   # everything before training
+    result = fit(prepared, resume_from=None)                                   # trains, evaluates, measures
+
+`prepare` checks the spec against the device (`jobs.config.mapping.capability_problems`), loads the model
+(quantized when the method asks) and the data, maps the spec to trl/peft/bitsandbytes configs with the pure
+`jobs.config.mapping`, loads a grpo spec's reward model, adds early stopping's callbacks to the caller's and
+builds the trainer (`jobs.train.trainers`) with every trainer `jobs.spec.trainer_records` knows, and the
+adapter. `fit` trains, evaluates and measures peak memory, tokens and step time (`jobs.train.results`).
+`train_spec` is both in one call, for tests and benches.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,55 +46,38 @@ from jobs.spec.enums import Precision
 from jobs.spec.job import JobSpec, SpecError
 from jobs.spec.trainer_records import record_for
 from jobs.spec.tricks import checkpointing
-from jobs.train.best import BestCheckpoint, best_checkpoint
+from jobs.train.best import best_checkpoint
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
-from jobs.train.phase_probe import MemoryMeter, PhaseProbe
-from jobs.train.readback import final_micro_batch, trainer_readback
+from jobs.train.readback import trainer_readback
+from jobs.train.results import (
+    TrainResult,
+    add_memory_metrics,
+    add_trainer_figures,
+    count_params,
+    record_final_batch,
+    training_metrics,
+)
 from jobs.train.task_watch import close_watches, task_watch_callback
-from jobs.train.trainers import build_trainer, perplexity
+from jobs.train.trainers import build_trainer
 from storage.roles import RunArtifacts
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainResult:
-    """What a finished (or stopped) training produced."""
+class Prepared:
+    """Everything set up for training: the trainer built over the model, the data, the configs, the adapter."""
 
-    model: Any
-    tokenizer: Any
+    spec: JobSpec
+    device: Device
     trainer: Any
-    metrics: dict[str, float]
-    resolved: dict[str, Any]
-    stopped: bool = False
-    log_history: list[dict[str, Any]] = field(default_factory=list)
-    best: BestCheckpoint | None = None  # with early stopping: the checkpoint the model was reloaded from
-
-
-def peak_memory(device: Device, meter: MemoryMeter | None = None) -> tuple[int, str]:
-    """Peak torch reserved memory on CUDA, else the process's peak RSS: (bytes, source).
-
-    `meter`: the phase probe's, whose resets of the peak counters it undoes (jobs.train.phase_probe)."""
-    peaks = (meter or MemoryMeter(device.cuda)).run_peaks()
-    return (peaks["reserved"], "torch") if device.cuda else (peaks["rss"], "host")
-
-
-def count_params(model: Any) -> tuple[int, int]:
-    """(trainable, total) parameters; peft counts 4-bit weights at their real element count."""
-    if hasattr(model, "get_nb_trainable_parameters"):
-        trainable, total = model.get_nb_trainable_parameters()
-        return int(trainable), int(total)
-    params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
-
-
-def trained_tokens(log_history: Sequence[dict[str, Any]]) -> float | None:
-    """Non-pad tokens trained, as counted by trl (`num_tokens` of the last training log)."""
-    for entry in reversed(log_history):
-        if "num_tokens" in entry and "eval_loss" not in entry:
-            return float(entry["num_tokens"])
-    return None
+    tokenizer: Any
+    callbacks: list[Any]  # the caller's, with early stopping's around them: the trainer's, in its order
+    resolved: dict[str, Any]  # the resolved config as the trainer holds it (`jobs.config.mapping.resolved_config`)
+    has_eval: bool
+    trainable: int
+    total: int
 
 
 def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
@@ -111,31 +100,17 @@ def load_model(spec: JobSpec, device: Device) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _checkpoint_step(resume_from: str | None) -> int:
-    """The step of a `checkpoint-N` folder (0 without one)."""
-    name = Path(resume_from).name if resume_from else ""
-    return int(name.split("-")[-1]) if name.startswith("checkpoint-") and name.split("-")[-1].isdigit() else 0
-
-
-def train_spec(
+def prepare(
     spec: JobSpec,
     output_dir: Path | str,
     callbacks: Sequence[Any] = (),
     *,
     device: Device | None = None,
-    on_ready: Callable[[dict[str, Any]], None] | None = None,
     model_and_tokenizer: tuple[Any, Any] | None = None,
-    resume_from: str | None = None,
     before_training: Callable[[Any, Any, Any], None] | None = None,
     store: RunArtifacts | None = None,
-) -> TrainResult:
-    """Train `spec` with trl, no store involved; `on_ready` gets the resolved config before training.
-
-    `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
-    `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
-    before any adapter or trainer touches it (the "before" samples).
-    `store`: where a grpo spec's `reward_model_run` is looked up (a run's artifacts); the caller passes it
-    (`jobs.train.child` its own store): this function never opens one."""
+) -> Prepared:
+    """Load, map and build everything training `spec` needs, no store involved (see `train_spec`)."""
     from jobs.data.loading import load_data
 
     device = device or detect_device()
@@ -165,7 +140,7 @@ def train_spec(
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, **checkpointing.kbit_kwargs(spec))
-    reward_model = _reward_model(spec, device, store)
+    reward_model = reward_model_of(spec, device, store)
     callbacks = _with_early_stopping(spec, callbacks, has_eval=has_eval)
     trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
     _refuse_empty_reward_data(spec, trainer)
@@ -178,21 +153,63 @@ def train_spec(
     trainable, total = count_params(trainer.model)
     resolved["trainable_params"], resolved["total_params"] = trainable, total
     log.info("trainable parameters: %d of %d (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
-    if on_ready is not None:
-        on_ready(resolved)
+    return Prepared(spec, device, trainer, tokenizer, callbacks, resolved, has_eval, trainable, total)
+
+
+def fit(prepared: Prepared, resume_from: str | None = None) -> TrainResult:
+    """Train the prepared trainer (from `resume_from`, a checkpoint folder, when given), evaluate, measure.
+
+    Raises NonFiniteLoss when a callback saw a NaN/inf training loss; a stop (signal, cancel, early stopping's
+    watched task) returns with `stopped` set and no final evaluation."""
+    spec, trainer, callbacks, resolved = prepared.spec, prepared.trainer, prepared.callbacks, prepared.resolved
     output = trainer.train(resume_from_checkpoint=resume_from)
-    final_batch = _record_final_batch(spec, trainer, resolved)
+    final_batch = record_final_batch(spec, trainer, resolved)
     nonfinite = [cb.nonfinite_step for cb in callbacks if getattr(cb, "nonfinite_step", None) is not None]
     if nonfinite:
         raise NonFiniteLoss(nonfinite[0])
     stopped = STOP_REQUESTED.is_set() or any(getattr(cb, "stop_reason", None) for cb in callbacks)
     best = best_checkpoint(trainer)
-    metrics = _training_metrics(spec, trainer, output, trainable, total, evaluate=eval_ds is not None and not stopped)
+    evaluate = prepared.has_eval and not stopped
+    metrics = training_metrics(spec, trainer, output, prepared.trainable, prepared.total, evaluate=evaluate)
     close_watches(callbacks)  # a watched task's folder, kept through the final evaluation
-    _add_memory_metrics(device, callbacks, metrics, resolved)
-    _add_run_figures(metrics, resolved, resume_from, final_batch, best)
+    add_memory_metrics(prepared.device, callbacks, metrics, resolved)
+    add_trainer_figures(metrics, resolved, resume_from, final_batch, best)
     history = list(trainer.state.log_history)
-    return TrainResult(trainer.model, tokenizer, trainer, metrics, resolved, stopped, history, best)
+    return TrainResult(trainer.model, prepared.tokenizer, trainer, metrics, resolved, stopped, history, best)
+
+
+def train_spec(
+    spec: JobSpec,
+    output_dir: Path | str,
+    callbacks: Sequence[Any] = (),
+    *,
+    device: Device | None = None,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    model_and_tokenizer: tuple[Any, Any] | None = None,
+    resume_from: str | None = None,
+    before_training: Callable[[Any, Any, Any], None] | None = None,
+    store: RunArtifacts | None = None,
+) -> TrainResult:
+    """Train `spec` with trl, no store involved: `prepare`, then `fit`; `on_ready` gets the resolved config
+    before training.
+
+    `resume_from`: a checkpoint folder to continue from (optimizer, scheduler, RNG, step count).
+    `before_training(model, tokenizer, eval_ds)`: called with the base model once the data is loaded,
+    before any adapter or trainer touches it (the "before" samples).
+    `store`: where a grpo spec's `reward_model_run` is looked up (a run's artifacts); the caller passes it
+    (a stored run's recipe its own store): this function never opens one."""
+    prepared = prepare(
+        spec,
+        output_dir,
+        callbacks,
+        device=device,
+        model_and_tokenizer=model_and_tokenizer,
+        before_training=before_training,
+        store=store,
+    )
+    if on_ready is not None:
+        on_ready(prepared.resolved)
+    return fit(prepared, resume_from)
 
 
 def _with_early_stopping(spec: JobSpec, callbacks: Sequence[Any], *, has_eval: bool) -> list[Any]:
@@ -212,7 +229,7 @@ def _check_capabilities(spec: JobSpec, device: Device) -> None:
         log.warning("%s", warning)
 
 
-def _reward_model(spec: JobSpec, device: Device, store: RunArtifacts | None) -> Any:
+def reward_model_of(spec: JobSpec, device: Device, store: RunArtifacts | None) -> Any:
     """A grpo spec's `reward_model_run`, loaded frozen from `store` (None without one)."""
     if not record_for(spec.trainer).generates or spec.reward_model_run is None:
         return None
@@ -248,87 +265,6 @@ def _refuse_empty_reward_data(spec: JobSpec, trainer: Any) -> None:
                 )
             ]
         )
-
-
-def _record_final_batch(spec: JobSpec, trainer: Any, resolved: dict[str, Any]) -> int | None:
-    """The micro-batch the auto_find_batch_size loop ended with (None when off); `resolved` records it."""
-    final_batch = final_micro_batch(trainer) if spec.auto_find_batch_size else None
-    if final_batch is not None and final_batch != spec.per_device_train_batch_size:
-        # the loop halved the micro-batch after an out-of-memory error: the record says what ran
-        resolved["trainer_config"]["per_device_train_batch_size"] = final_batch
-        resolved["library_changes"]["per_device_train_batch_size"] = {
-            "requested": spec.per_device_train_batch_size,
-            "effective": final_batch,
-        }
-    return final_batch
-
-
-def _training_metrics(
-    spec: JobSpec, trainer: Any, output: Any, trainable: int, total: int, *, evaluate: bool
-) -> dict[str, float]:
-    """The run's figures from trl's output: loss, runtime, steps, parameters, the eval set's (when
-    `evaluate`) and the tokens trained."""
-    metrics: dict[str, float] = {
-        "train_loss": float(output.training_loss),
-        "train_runtime": float(output.metrics.get("train_runtime", 0.0)),
-        "global_step": float(output.global_step),
-        "trainable_params": float(trainable),
-        "total_params": float(total),
-    }
-    if evaluate:
-        metrics.update(
-            {
-                k: float(v)
-                for k, v in trainer.evaluate().items()
-                if k.startswith("eval_") and isinstance(v, (int, float))
-            }
-        )
-        if "eval_loss" in metrics and "perplexity" in record_for(spec.trainer).callbacks:
-            metrics["eval_perplexity"] = perplexity(metrics["eval_loss"])
-    tokens = trained_tokens(trainer.state.log_history)
-    if tokens is not None and metrics["train_runtime"] > 0:
-        metrics["num_tokens"] = tokens
-        metrics["tokens_per_second"] = tokens / metrics["train_runtime"]
-    return metrics
-
-
-def _add_memory_metrics(
-    device: Device, callbacks: Sequence[Any], metrics: dict[str, float], resolved: dict[str, Any]
-) -> None:
-    """The run's peak memory (from the phase probe's meter when one ran) into `metrics`, its source into `resolved`."""
-    probe = next((cb for cb in callbacks if isinstance(cb, PhaseProbe)), None)
-    meter = probe.meter if probe is not None else MemoryMeter(device.cuda)
-    peak, source = peak_memory(device, meter)
-    metrics["peak_memory_bytes"] = float(peak)
-    resolved["peak_memory_source"] = source
-    if device.cuda:
-        peaks = meter.run_peaks()
-        metrics["peak_torch_allocated_bytes"] = float(peaks["allocated"])
-        metrics["peak_torch_reserved_bytes"] = float(peaks["reserved"])
-    else:
-        metrics["peak_rss_bytes"] = float(peak)
-
-
-def _add_run_figures(
-    metrics: dict[str, float],
-    resolved: dict[str, Any],
-    resume_from: str | None,
-    final_batch: int | None,
-    best: BestCheckpoint | None,
-) -> None:
-    """The mean step time, the micro-batch the run ended with and its best checkpoint, into `metrics`."""
-    # A resumed trainer only timed the steps after its checkpoint: the mean is over those.
-    timed_steps = metrics["global_step"] - _checkpoint_step(resume_from)
-    if timed_steps > 0 and metrics["train_runtime"] > 0:
-        # seconds per optimizer step from trl's clock; `run` replaces this and tokens_per_second with the
-        # figures of jobs.train.figures (the store-less callers, benches and tests, keep these).
-        metrics["step_time_mean"] = metrics["train_runtime"] / timed_steps
-    if final_batch is not None:  # the micro-batch accelerate ended with after halving on OOM
-        metrics["per_device_train_batch_size_final"] = float(final_batch)
-        resolved["per_device_train_batch_size_final"] = final_batch
-    if best is not None:
-        metrics["best_step"] = float(best.step)
-        metrics["best_metric"] = best.value
 
 
 def prepare_vision(spec: JobSpec, model: Any) -> bool:
