@@ -21,8 +21,10 @@ was counted); SmolLM2 lora-reward-model, 1 step: +17.6% (the CPU retained-heap p
 it predicts").
 Again at 8141530 (after the CPU retained-heap rule changed to the holes between saved activations; load about 4):
 lora-beta -14.5%, lora-beta0 -12.6%, full-beta0 -11.6%, full-beta -10.6%, lora-long -24.8%, lora-reward-model
--13.4%, 5 of 6 within 15%. The same runs predicted by the rule before (`bench/memory_repredict.py` at 63f43ba):
--4.1%, -1.9%, -3.0%, -2.8%, -18.0%, -4.0% (docs/memory.md "Re-measured on later code").
+-13.4%, 5 of 6 within 15%. The causes were GRPO's own trl import (~54 MiB, not in the runtime baseline) and the
+prompt measured without the template's generation prompt; after both fixes (2026-12-05, same cases): -8.5%,
+-6.4%, -6.6%, -5.7%, -17.6% (lora-long: its peak is in the evaluation, 8 completions in one pass, which the
+prediction does not model), -6.1% (docs/memory.md "Re-measured on later code").
 """
 
 from __future__ import annotations
