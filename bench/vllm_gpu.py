@@ -28,25 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.grpo_memory import GRPO as GRPO_CASE  # noqa: E402
 from bench.memory_runs import SMOLLM2, Job  # noqa: E402
 
 # The GRPO example's LoRA run (bench/grpo_memory.py's "lora-beta"), in bf16 on the GPU.
-GRPO = {
-    "trainer": "grpo",
-    "dataset": "sample:prompt-format",
-    "rewards": "repetition, overlong",
-    "num_generations": 4,
-    "max_completion_length": 32,
-    "max_length": 64,
-    "beta": 0.04,
-    "method": "lora",
-    "lora_r": 16,
-    "lora_alpha": 32,
-    "lora_target_modules": "all-linear",
-    "learning_rate": 5e-4,
-    "per_device_train_batch_size": 4,
-    "precision": "auto",
-}
+GRPO = dict(GRPO_CASE)
 
 
 def jobs(share: float) -> list[Job]:
