@@ -28,11 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.grpo_memory import GRPO as GRPO_CASE  # noqa: E402
+from bench.grpo_memory import GRPO  # noqa: E402 - the GRPO example's LoRA run (its "lora-beta")
 from bench.memory_runs import SMOLLM2, Job  # noqa: E402
-
-# The GRPO example's LoRA run (bench/grpo_memory.py's "lora-beta"), in bf16 on the GPU.
-GRPO = dict(GRPO_CASE)
 
 
 def jobs(share: float) -> list[Job]:
