@@ -58,9 +58,9 @@ CASES = [
     ),
     (
         {"kind": "numeric", "column": "answer", "extract": "Answer: (\\S+)"},
-        ["7 then Answer: 12", "Answer: 7 then 12"],
-        {"answer": ["12", "12"]},
-        [1.0, 0.0],
+        ["7 then Answer: 12", "Answer: 7 then 12", "Answer: 7, no: Answer: 12"],
+        {"answer": ["12", "12", "12"]},
+        [1.0, 0.0, 1.0],  # the last match counts (tests/test_reward_mutations.py)
     ),
     ({"kind": "contains", "column": "city"}, ["It is Paris.", "It is paris."], {"city": ["Paris", "Paris"]}, [1, 0]),
     ({"kind": "json_valid"}, ['{"a": 1}', "```json\n[1, 2]\n```", "{a: 1}", ""], {}, [1.0, 1.0, 0.0, 0.0]),
