@@ -47,7 +47,8 @@ def _folded(self: rewards.Scorer, text: str, ref: Any, n: int | None) -> float |
 
 def _exactly(self: rewards.Scorer, text: str, ref: Any, n: int | None) -> float | None:
     """A numeric match with no tolerance."""
-    got = rewards._number(self.answer(text) if self.extract else text)
+    answer = self.answer(text) if self.extract else text
+    got = rewards._number(answer) if answer is not None else None
     expected = rewards._number(str(ref))
     return None if expected is None else float(got == expected)
 
@@ -77,8 +78,8 @@ SCORED = [k for k in RewardKind if k in SPECIFIC or k in (RewardKind.JSON_VALID,
 MUTANTS = [(kind, name, mutant) for kind in SCORED for name, mutant in {**GENERIC, **SPECIFIC.get(kind, {})}.items()]
 
 
-def cases_of(kind: RewardKind) -> list[tuple[dict, list, dict, list]]:
-    return [case for case in CASES if case[0]["kind"] == kind.value]
+def cases_of(kind: RewardKind) -> list[tuple[Any, ...]]:
+    return [case for case in CASES if dict(case[0])["kind"] == kind.value]
 
 
 def caught(kind: RewardKind) -> bool:
