@@ -79,7 +79,8 @@ MUTANTS = [(kind, name, mutant) for kind in SCORED for name, mutant in {**GENERI
 
 
 def cases_of(kind: RewardKind) -> list[tuple[Any, ...]]:
-    return [case for case in CASES if dict(case[0])["kind"] == kind.value]
+    found: list[tuple[Any, ...]] = [case for case in CASES if case[0]["kind"] == kind.value]  # type: ignore[index]
+    return found
 
 
 def caught(kind: RewardKind) -> bool:
