@@ -229,3 +229,18 @@ def test_a_local_judge_s_weights_count_in_the_reward_model_part_and_an_endpoint_
     assert local[0] == arch.total_params * 4  # fp32 on the CPU
     assert f"reward judge {tiny_model}'s model: {arch.total_params:,} params" in local[1]
     assert local[2] > plain[2]  # its weights and its generation while scoring
+
+
+# ---------------------------------------------------------------------- "try rewards" asks the judge too
+def test_try_rewards_scores_with_a_local_judge(tiny_model: Path) -> None:
+    from jobs.train.reward_trial import try_rewards
+
+    rewards = [judge_reward(str(tiny_model), name="polite"), {"kind": "length", "target": 4}]
+    spec = JobSpec.from_dict(
+        grpo(model=str(tiny_model), rewards=rewards, num_generations=2, max_completion_length=6, max_steps=1)
+    )
+    result = try_rewards(spec, prompts=1)
+    assert result["rewards"] == ["polite", "length"]
+    (group,) = result["groups"]
+    judged = [c["scores"]["polite"] for c in group["completions"]]
+    assert len(judged) == 2 and all(s is None or 0.0 <= s <= 1.0 for s in judged)
