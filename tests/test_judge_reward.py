@@ -140,6 +140,21 @@ def test_a_local_judge_model_scores_completions_in_one_batch_loaded_once(tiny_mo
 
 
 # ---------------------------------------------------------------------- refused before queueing
+def test_a_judge_reward_round_trips_through_the_stored_text() -> None:
+    text = f"""
+trainer: grpo
+dataset: sample:prompt-format
+rewards:
+  - {{kind: judge, judge: run:7, rubric: "{RUBRIC}", scale: 5, weight: 0.5}}
+  - think_format
+"""
+    spec = JobSpec.from_yaml(text)
+    again = JobSpec.from_dict(spec.to_dict())
+    (judged, _) = again.declared_rewards
+    assert again == spec and (judged.judge, judged.rubric, judged.scale, judged.weight) == ("run:7", RUBRIC, 5, 0.5)
+    assert judged.name == "judge" and judged.local_judge == "run:7"
+
+
 @pytest.mark.parametrize(
     "rewards,message",
     [
@@ -180,6 +195,15 @@ def test_a_judge_that_does_not_resolve_is_refused_at_submit_with_nothing_queued(
     assert "is not an endpoint this server trusts" in by_field["rewards[3].judge"].problem
     assert TRUSTED_ENV in by_field["rewards[3].judge"].fix
     assert store.count_runs() == 0
+    # a local dashboard queues an untrusted endpoint judge, saying it is called without the workers' keys
+    from jobs.checks.pipeline import check
+
+    local = check(JobSpec.from_dict(grpo(rewards=rewards[3:], max_steps=1)), policy=AccessPolicy.dashboard())
+    assert not [p for p in local.problems if p.field.startswith("rewards")], local.problems
+    assert [w for w in local.warnings if w.startswith("rewards[0].judge:")] == [
+        f"rewards[0].judge: `https://judge.evil.example/v1` is not in {TRUSTED_ENV}, so the workers call it without "
+        "their keys (fine for an endpoint that needs none; else ask the operator to add it)"
+    ]
 
 
 def test_a_shared_dashboard_reads_no_judge_folder_outside_its_data_folders(
