@@ -354,7 +354,7 @@ CASES = [
 # ---------------------------------------------------------------------- the worker's egress, and the run
 def egress_case(judge_url: str) -> tuple[bool, str]:
     """The worker's judge client, pointed at the recorder from a spec: the key must not arrive."""
-    from jobs.evaluate.judge import endpoint_asker
+    from jobs.train.judges import endpoint_asker
 
     _Recorder.seen.clear()
     os.environ["OPENAI_API_KEY"] = "sk-worker-secret"

@@ -17,8 +17,8 @@ import pytest
 
 from jobs.checks.access import AccessPolicy
 from jobs.checks.egress import TRUSTED_ENV, endpoint_problem, is_trusted, trusted_endpoints
-from jobs.evaluate.judge import KEY_ENV, endpoint_asker
 from jobs.spec.job import JobSpec, SpecError
+from jobs.train.judges import KEY_ENV, endpoint_asker
 from storage.store import Store
 
 BACKENDS = ("sqlite",)  # only the checks in front of the store are tested here
@@ -74,11 +74,12 @@ def test_a_prefix_without_a_path_trusts_the_whole_origin_and_bad_entries_trust_n
 
 # ---------------------------------------------------------------------- a real endpoint that records what it got
 class Recorder(ThreadingHTTPServer):
-    def __init__(self, redirect_to: str | None = None, status: int = 200) -> None:
+    def __init__(self, redirect_to: str | None = None, status: int = 200, content: str = "A, it is better") -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.seen: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers)
         self.redirect_to = redirect_to
         self.status = status
+        self.content = content  # the reply's message
 
     @property
     def url(self) -> str:
@@ -98,7 +99,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "A, it is better"}}]}).encode()
+        body = json.dumps({"choices": [{"message": {"role": "assistant", "content": self.server.content}}]}).encode()
         self.send_response(self.server.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from jobs.evaluate.judge import judge_pairs, one_by_one, parse_verdict
+from jobs.evaluate.judge import judge_pairs, parse_verdict
+from jobs.train.judges import one_by_one
 
 
 @pytest.mark.parametrize(

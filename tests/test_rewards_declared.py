@@ -176,7 +176,7 @@ rewards:
         ([{"kind": "required_words", "words": []}], "rewards[0].words: is not a list of words"),
         ([{"kind": "numeric", "column": "a", "tolerance": -1}], "rewards[0].tolerance: `-1` is not a number >= 0"),
         ([{"weight": 1}], "rewards[0]: is neither a reward's name nor a mapping with `kind`"),
-        ([{"kind": "judge"}], "rewards[0].kind: `judge` is not a reward"),
+        ([{"kind": "vibes"}], "rewards[0].kind: `vibes` is not a reward"),
         ("[{kind: regex", "rewards: is not a valid list"),
         ("regex", "rewards[0].pattern: regex needs it"),
     ],

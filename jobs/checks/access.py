@@ -183,6 +183,7 @@ class AccessPolicy:
             if p is not None
         ]
         out += self._task_problems(spec.eval_tasks)
+        out += self._judge_reward_problems(spec)
         if self.restricted:
             out += [p for p in (endpoint_problem(spec.judge, "judge"),) if p is not None]
         if spec.trust_remote_code and not self.allow_remote_code:
@@ -206,6 +207,21 @@ class AccessPolicy:
                     f"--allow-reward-function ({REWARD_FUNCTION_ENV}=1)",
                 )
             )
+        return out
+
+    def _judge_reward_problems(self, spec: JobSpec) -> list[Problem]:
+        """A judge reward's judge: an endpoint as the eval judge's (refused on a shared dashboard unless trusted), a
+        model folder as the model's (read only from the allowed folders)."""
+        out: list[Problem] = []
+        for i, reward in enumerate(spec.declared_rewards):
+            ref, field = (reward.judge or "").strip(), f"rewards[{i}].judge"
+            if not ref or ref.lower().startswith("run:"):
+                continue
+            if ref.lower().startswith(("http://", "https://")):
+                found = endpoint_problem(ref, field) if self.restricted else None
+            else:
+                found = self.model_problem(ref)
+            out += [Problem(field, found.problem, found.fix)] if found is not None else []
         return out
 
     def _task_problems(self, eval_tasks: str | None) -> list[Problem]:

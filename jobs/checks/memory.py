@@ -19,7 +19,7 @@ The verdict as a problem, and the cheapest change that fits, are the pipeline's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from jobs.memory.breakdown import Prediction
     from jobs.memory.parts import Arch
     from storage.records import RunRecord
-    from storage.roles import RunLister, RunReader
+    from storage.roles import ArtifactReader, RunLister, RunReader
 
 
 @dataclass(frozen=True)
@@ -93,19 +93,22 @@ def predict_memory(
     arch: tuple[Any, str] | None = None,
     lengths: RowLengths | None = None,
     reward_arch: Arch | None = None,
+    judge_archs: Mapping[str, Arch] | None = None,
 ) -> Memory:
     """The spec's predicted peak on `facts`, for the rows in `lengths` when measured (with the worst case
     kept next to it); `arch`: the model's (Arch, source) when already read; `reward_arch`: a grpo
-    reward_model_run's model (`reward_model_arch`; None: the policy's shape stands in for it)."""
+    reward_model_run's model (`reward_model_arch`; None: the policy's shape stands in for it); `judge_archs`: its
+    judge rewards' local models (`judge_reward_archs`)."""
     from jobs.memory.predict import predict
 
     found, source = arch if arch is not None else model_arch(spec.model)
     if found is None:
         return NO_MEMORY
-    worst = predict(spec, found, facts, reward_arch=reward_arch)
+    worst = predict(spec, found, facts, reward_arch=reward_arch, judge_archs=judge_archs)
     if lengths is None or not lengths.rows:
         return Memory(worst, found, source)
-    data = replace(predict(spec, found, facts, lengths, reward_arch=reward_arch), worst_case_bytes=worst.total_bytes)
+    data = predict(spec, found, facts, lengths, reward_arch=reward_arch, judge_archs=judge_archs)
+    data = replace(data, worst_case_bytes=worst.total_bytes)
     return Memory(data, found, source, lengths)
 
 
@@ -123,6 +126,29 @@ def reward_model_arch(store: RunReader | None, spec: JobSpec) -> Arch | None:
 
     found, _ = model_arch(spec_of(run).model)
     return found
+
+
+def judge_reward_archs(store: ArtifactReader | None, spec: JobSpec) -> dict[str, Arch]:
+    """The shapes of a grpo spec's judge rewards' local judge models by reference, read from their configs without
+    their weights (`run:N`: its base's, which its adapter does not change; needs `store`); one not readable here is
+    left out (the policy's shape stands in)."""
+    from jobs.spec.trainer_records import record_for
+
+    out: dict[str, Arch] = {}
+    if not record_for(spec.trainer).generates:
+        return out
+    for ref in dict.fromkeys(r.local_judge for r in spec.declared_rewards if r.local_judge):
+        assert ref is not None
+        model: str | None = ref
+        if ref.lower().startswith("run:"):
+            run = store.get_run(int(ref[4:])) if store is not None else None
+            from jobs.spec.stored import spec_of
+
+            model = spec_of(run).model if run is not None else None
+        found = model_arch(model)[0] if model else None
+        if found is not None:
+            out[ref] = found
+    return out
 
 
 def taken_memory_warning(prediction: Any, facts: DeviceFacts, store: RunLister | None = None) -> str | None:

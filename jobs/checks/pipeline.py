@@ -63,13 +63,14 @@ from jobs.checks.masks import BLOCKING_FIELDS, mask_findings
 from jobs.checks.memory import (
     NO_MEMORY,
     Memory,
+    judge_reward_archs,
     measured_lengths,
     model_arch,
     predict_memory,
     reward_model_arch,
     taken_memory_warning,
 )
-from jobs.checks.rewards import reward_column_problems
+from jobs.checks.rewards import judge_reward_problems, reward_column_problems
 from jobs.checks.template import assistant_only_problems
 from jobs.checks.trackers import tracker_problems
 from jobs.checks.trick_packages import missing_package_problems
@@ -161,6 +162,7 @@ def _check_spec(
     from jobs.models.tokenizer import LocalTokenizer
 
     problems = policy.problems(spec) + field_problems
+    problems += judge_reward_problems(spec, store, {p.field for p in problems})  # a judge that does not resolve
     valid = not problems  # the spec itself is sound: its prediction means something
     problems += tracker_problems(spec)  # a missing package does not change what the run would need
     if spec.run_name:  # one that reads as an id or a base model: /v1 would not reach it (reads stored runs: lazily)
@@ -200,7 +202,8 @@ def _check_spec(
     # grpo: the worst batch is sized by the longest prompt, which vLLM's context must hold whole
     problems += vllm_length_problems(spec, lengths.worst_batch(spec).length if lengths is not None else None)
     reward = reward_model_arch(store, spec) if valid else None  # a grpo reward run's model, loaded beside the policy
-    memory = predict_memory(spec, facts, arch, lengths, reward) if valid else NO_MEMORY
+    judge_archs = judge_reward_archs(store, spec) if valid else {}  # a judge reward's local model, held beside it
+    memory = predict_memory(spec, facts, arch, lengths, reward, judge_archs) if valid else NO_MEMORY
     cut_answers, answer_warnings = answer_problems(spec, lengths)
     problems += cut_answers
     masked, mask_warnings = (
@@ -217,7 +220,8 @@ def _check_spec(
     warnings += [w for info in infos.values() for w in info.warnings]
     warnings += duplicate_warnings(spec, infos) if not problems else []  # repeated rows, eval rows in training
     warnings += answer_warnings + mask_warnings + library_notes
-    warnings += [w for w in (endpoint_warning(spec.judge, "judge"),) if w]  # a shared dashboard refused it above
+    judged = [(spec.judge, "judge")] + [(r.judge, f"rewards[{i}].judge") for i, r in enumerate(spec.declared_rewards)]
+    warnings += [w for w in (endpoint_warning(*j) for j in judged) if w]  # a shared dashboard refused them above
     warnings += [NO_PREDICTION] if valid and not problems and memory.prediction is None else []
     taken = taken_memory_warning(memory.prediction, facts, store) if not problems else None
     warnings += [taken] if taken else []

@@ -1,9 +1,12 @@
 """Declared rewards (`jobs.spec.rewards.RewardSpec`) as the callables trl's GRPOTrainer calls, and their weights.
 
-Pure: a declared reward in, a reward function out (no I/O, nothing loaded). trl calls each as
+Pure: a declared reward in, a reward function out (no I/O, nothing loaded here). trl calls each as
 `func(prompts=..., completions=..., completion_ids=..., <the data's other columns>=...)` and logs its
 scores as `rewards/<func.__name__>/mean`, so each callable carries its reward's name. Completions come
 as text (plain prompts) or as one assistant message (chat prompts); `text_of` reads both.
+
+A judge reward (kind `judge`) asks a judge model or endpoint, handed in as `judge_for` (`jobs.train.judges`):
+nothing is loaded until its first call.
 
 Patterns run under the `regex` package's timeout (`PATTERN_TIMEOUT_S` per completion): a pattern that
 backtracks catastrophically scores 0 for that completion instead of stalling the worker.
@@ -27,6 +30,13 @@ log = logging.getLogger(__name__)
 PATTERN_TIMEOUT_S = 0.25
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:[.,]\d+)*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_SCORE = re.compile(r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)")
+JUDGE_PROMPT = (
+    "You score an answer to a question by this rubric:\n{rubric}\n\nQuestion:\n{prompt}\n\nAnswer:\n{completion}\n\n"
+    "Reply with a score from 0 to {scale} (higher is better by the rubric), then one sentence of reason.\n\nScore:"
+)
+AskAll = Callable[[list[str]], list[str]]  # a judge: every prompt at once -> its replies (`jobs.train.judges`)
+JudgeFor = Callable[[str], AskAll]  # a judge reference -> that judge, made on first use and held
 
 
 def text_of(completion: Any) -> str:
@@ -48,12 +58,16 @@ def timed_search(pattern: Any, text: str, how: str = "search") -> Any:
 
 
 class Scorer:
-    """One declared reward as a trl reward function: scores each completion with `score(text, row)`."""
+    """One declared reward as a trl reward function: scores each completion with `score(text, row)`; a judge reward
+    asks its judge (`judge_for(reward.judge)`, on the first call) about every completion at once."""
 
-    def __init__(self, reward: RewardSpec):
+    def __init__(self, reward: RewardSpec, judge_for: JudgeFor | None = None):
         import regex
 
         self.reward = reward
+        self.judge_for = judge_for
+        self.ask_all: AskAll | None = None
+        self.unparsed = 0  # judge replies without a score, over every call
         self.__name__ = reward.name
         flags = regex.IGNORECASE if reward.ignore_case else 0
         self.pattern = regex.compile(reward.pattern, flags) if reward.pattern else None
@@ -68,6 +82,8 @@ class Scorer:
     def __call__(
         self, completions: list[Any], completion_ids: Sequence[Sequence[int]] | None = None, **kw: Any
     ) -> list[float | None]:
+        if self.reward.kind is RewardKind.JUDGE:
+            return self.judged(kw.get("prompts") or [""] * len(completions), completions)
         column = self.reward.column
         refs = kw.get(column) if column else None
         if column and refs is None:  # checked at submit (jobs.checks.rewards); a data set changed since
@@ -77,6 +93,26 @@ class Scorer:
             n_tokens = len(completion_ids[i]) if completion_ids is not None else None
             out.append(self.score(text_of(completion), refs[i] if refs is not None else None, n_tokens))
         return out
+
+    def judged(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[float | None]:
+        """The judge's score of each completion as score/scale; None (skipped) for a reply that gives none."""
+        if self.ask_all is None:
+            if self.judge_for is None:
+                raise ValueError(f"reward {self.__name__}: a judge reward needs judge_for (reward_functions' judges)")
+            self.ask_all = self.judge_for(str(self.reward.judge))
+        scale = self.reward.scale
+        asked = [
+            JUDGE_PROMPT.format(rubric=self.reward.rubric, prompt=text_of(p), completion=text_of(c), scale=scale)
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+        scores = [judge_score(reply, scale) for reply in self.ask_all(asked)]
+        missing = sum(s is None for s in scores)
+        self.unparsed += missing
+        if missing:
+            log.warning(
+                "reward %s: %d of %d judge replies gave no score (skipped)", self.__name__, missing, len(scores)
+            )
+        return scores
 
     def answer(self, text: str) -> str | None:
         """The answer part of a completion: extract's first group (or whole match) of its last match, else None;
@@ -129,6 +165,14 @@ class Scorer:
         import jsonschema
 
         return float(jsonschema.validators.validator_for(self.schema)(self.schema).is_valid(value))
+
+
+def judge_score(reply: str, scale: int) -> float | None:
+    """The first number of a judge's reply, clamped to 0..scale, as a share of scale; None when it has none."""
+    found = _SCORE.search(reply)
+    if found is None:
+        return None
+    return min(max(float(found.group(0)), 0.0), float(scale)) / scale
 
 
 def _fold(text: str, ignore_case: bool | None) -> str:
@@ -193,8 +237,11 @@ def trl_reward(reward: RewardSpec, max_completion_length: int) -> Callable[..., 
     return func
 
 
-def reward_functions(declared: Sequence[RewardSpec], max_completion_length: int) -> list[Callable[..., list[Any]]]:
-    """One trl reward function per declared reward, in order (their weights: `[r.weight for r in declared]`)."""
+def reward_functions(
+    declared: Sequence[RewardSpec], max_completion_length: int, judge_for: JudgeFor | None = None
+) -> list[Callable[..., list[Any]]]:
+    """One trl reward function per declared reward, in order (their weights: `[r.weight for r in declared]`);
+    `judge_for`: the judges of judge rewards by reference (`jobs.train.judges.reward_judges`), asked on first use."""
     from jobs.spec.rewards import TRL_KINDS
 
-    return [trl_reward(r, max_completion_length) if r.kind in TRL_KINDS else Scorer(r) for r in declared]
+    return [trl_reward(r, max_completion_length) if r.kind in TRL_KINDS else Scorer(r, judge_for) for r in declared]

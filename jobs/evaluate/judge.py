@@ -36,22 +36,17 @@ from typing import Any
 from jobs.errors import Problem
 from jobs.evaluate.card import JUDGE_TASK, refresh_card
 from jobs.spec.job import SpecError
+from jobs.train.judges import AskAll, endpoint_asker, in_batches, one_by_one
 from storage.roles import Evaluations
 from storage.store import Score
 
 TASK = JUDGE_TASK  # the scores' task name
-KEY_ENV = "OPENAI_API_KEY"
-MAX_VERDICT_TOKENS = 48
 PROMPT = (
     "You compare two answers to the same question. Reply with the better answer's letter, A or B, or with "
     "tie, then one sentence of reason.\n\nQuestion:\n{prompt}\n\nAnswer A:\n{a}\n\nAnswer B:\n{b}\n\nVerdict:"
 )
 # "A", "Verdict: A", "answer: b", and the way small models lead with it: "The answer is A", "The better answer is B".
 _VERDICT = re.compile(r"^\W*(?:verdict\W*|(?:the\s+)?(?:better\s+)?answer(?:\s+is)?\W*)?(a|b|tie)\b", re.IGNORECASE)
-
-Ask = Callable[[str], str]  # one prompt -> the judge's reply (an endpoint)
-AskAll = Callable[[list[str]], list[str]]  # every prompt at once -> their replies (a model, in batches)
-BATCH = 8  # verdict prompts a loaded judge model answers at once
 
 
 @dataclass
@@ -118,11 +113,6 @@ def parse_verdict(reply: str) -> str | None:
         return None
     word = found.group(1).lower()
     return "tie" if word == "tie" else word.upper()
-
-
-def one_by_one(ask: Ask) -> AskAll:
-    """A one-prompt judge asked about each prompt in turn."""
-    return lambda prompts: [ask(p) for p in prompts]
 
 
 def judge_pairs(judge: str, ask_all: AskAll, pairs: Sequence[tuple[str, str, str]]) -> JudgeResult:
@@ -195,36 +185,6 @@ def asker(store: Evaluations, judge: str) -> AskAll:
     return model_asker(store, judge)
 
 
-def endpoint_asker(ref: str) -> Ask:
-    """An OpenAI-compatible chat-completions endpoint, `URL#MODEL`; the worker's OPENAI_API_KEY is sent only when
-    the operator trusts the endpoint (`jobs.checks.egress`), redirects included."""
-    import urllib.error
-    import urllib.request
-
-    from jobs.checks.egress import key_headers, opener, unkeyed_refusal
-
-    url, _, model = ref.partition("#")
-    if not model:
-        raise SpecError([Problem("judge", f"{ref!r} names no model", "write the endpoint as URL#MODEL")])
-    address = url.rstrip("/") + "/chat/completions"
-    headers = {"Content-Type": "application/json", **key_headers(address, KEY_ENV)}
-    client = opener()
-
-    def ask(prompt: str) -> str:
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        request = urllib.request.Request(address, data=json.dumps(body).encode(), headers=headers)
-        try:
-            with client.open(request, timeout=120) as response:
-                reply = json.load(response)
-        except urllib.error.HTTPError as exc:
-            if exc.code in (401, 403) and "Authorization" not in headers:
-                raise SpecError([unkeyed_refusal(address, exc.code, "judge")]) from exc
-            raise
-        return str(reply["choices"][0]["message"]["content"])
-
-    return ask
-
-
 def model_asker(store: Evaluations, judge: str) -> AskAll:
     """A judge model loaded here: `run:N` (another run's result), a built-in name, a folder or a hub id."""
     if judge.startswith("run:") and judge[4:].strip().isdigit():
@@ -245,20 +205,6 @@ def model_asker(store: Evaluations, judge: str) -> AskAll:
     return in_batches(lambda: contextlib.nullcontext(model), tokenizer)
 
 
-def in_batches(model: Callable[[], AbstractContextManager[Any]], tokenizer: Any) -> AskAll:
-    """A loaded judge model asked BATCH prompts at a time (`model()`: a context giving the model to ask)."""
-
-    def ask_all(prompts: list[str]) -> list[str]:
-        with model() as judge:
-            return [
-                r
-                for i in range(0, len(prompts), BATCH)
-                for r in batch_replies(judge, tokenizer, prompts[i : i + BATCH])
-            ]
-
-    return ask_all
-
-
 def base_asker(judge: str, base_ref: str, base: Callable[[], AbstractContextManager[Any]]) -> AskAll | None:
     """The run's base model already loaded (`base()`: a context giving it; `base_ref`: the run's model reference) as
     the judge, with the judge's own tokenizer, when `judge` names that same model; None otherwise (the judge is then
@@ -277,34 +223,6 @@ def base_asker(judge: str, base_ref: str, base: Callable[[], AbstractContextMana
     from transformers import AutoTokenizer
 
     return in_batches(base, AutoTokenizer.from_pretrained(path))
-
-
-def batch_replies(
-    model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int = MAX_VERDICT_TOKENS
-) -> list[str]:
-    """Greedy replies to typed prompts (through the chat template), generated together: left-padded, masked."""
-    import torch
-    from transformers import ProcessorMixin
-
-    from jobs.train.before_after import encode
-
-    tokenizer = tokenizer.tokenizer if isinstance(tokenizer, ProcessorMixin) else tokenizer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rows = [encode(tokenizer, p)["input_ids"][0].tolist() for p in prompts]
-    width = max(len(r) for r in rows)
-    device = next(model.parameters()).device
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad
-            )
-    finally:
-        model.train(training)
-    return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out.tolist()]
 
 
 WORDS = {"run": "run better", "base": "base better", "tie": "tie", "unparsed": "no verdict"}

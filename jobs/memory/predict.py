@@ -23,6 +23,7 @@ figure at each phase of a step. One function per part, each named after its docs
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
@@ -42,7 +43,7 @@ from jobs.memory.mixers import (
 from jobs.memory.params import ParamCount, trainable_params
 from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
 from jobs.memory.peak import Term, peak_phase
-from jobs.memory.rollout import NO_ROLLOUT, rollout
+from jobs.memory.rollout import NO_ROLLOUT, Rollout, rollout
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
 from jobs.memory.trick_effects import Figures, trick_effects
 from jobs.spec.enums import PROMPT_FAMILY, Method, Optim, Precision
@@ -279,6 +280,20 @@ def overhead_term(s: Setting, subtotal: float) -> Term:
 
 
 # ---------------------------------------------------------------------- the peak
+def _rollout(
+    s: Setting,
+    spec: JobSpec,
+    arch: Arch,
+    device: DeviceFacts,
+    reward_arch: Arch | None,
+    judge_archs: Mapping[str, Arch] | None,
+) -> Rollout:
+    """A generating trainer's generation and scoring figures (`jobs.memory.rollout`); none for the others."""
+    if not s.generates:
+        return NO_ROLLOUT
+    return rollout(spec, arch, reward_arch, s.batch.length, s.elem, device, s.rss, judge_archs)
+
+
 def predict(
     spec: JobSpec,
     arch: Arch,
@@ -287,13 +302,14 @@ def predict(
     *,
     resident: bool | None = None,
     reward_arch: Arch | None = None,
+    judge_archs: Mapping[str, Arch] | None = None,
 ) -> Prediction:
     """The predicted peak of one training step of `spec` on `device` (see docs/memory.md): for the worst
     micro-batch of the rows measured in `lengths`, or for rows of max_length tokens when None.
 
-    `resident`: count what a host process keeps resident (its RSS: what a CPU worker measures) instead of
-    what is allocated (torch's figure); default: resident on the CPU, allocated on CUDA. `reward_arch`: a grpo
-    spec's reward_model_run's model (jobs.memory.rollout; None: the policy's shape stands in)."""
+    `resident`: count what a host process keeps resident (its RSS: what a CPU worker measures) instead of what is
+    allocated (torch's figure); default: resident on the CPU, allocated on CUDA. `reward_arch`, `judge_archs`: a grpo
+    reward_model_run's model, its judge rewards' by reference (jobs.memory.rollout; missing: the policy's shape)."""
     s = setting(spec, arch, device, lengths, resident)
     p, notes = s.count.trainable, list(s.notes)
     weights, adapter = weights_term(s), adapter_term(s)
@@ -310,9 +326,8 @@ def predict(
     grads, opt_temp = fx.figures.grads, fx.figures.opt_temp
     optimizer, acts = Term(fx.figures.opt_state, fx.figures.of), Term(fx.figures.acts, fx.figures.actf)
     notes.extend(fx.notes)
-    notes.extend(memory_notes(spec))  # the tricks whose effect is not modelled (Liger, torch.compile)
-    roll = rollout(spec, arch, reward_arch, s.batch.length, s.elem, device, s.rss) if s.generates else NO_ROLLOUT
-    notes.extend(roll.notes)
+    roll = _rollout(s, spec, arch, device, reward_arch, judge_archs)
+    notes.extend([*memory_notes(spec), *roll.notes])  # memory_notes: tricks whose effect is not modelled (Liger, ...)
     # in every phase, from loading on; vLLM's share is one block of its own: no allocator slack on it
     held_all = weights.bytes + adapter.bytes + roll.reward_bytes + roll.vllm_bytes
     fixed = held_all + optimizer.bytes

@@ -25,7 +25,9 @@ which trl recomputes to correct for vLLM's sampling (the size of the reference p
 The reward model (a finished reward run: `jobs.train.reward_model`) is loaded before training in the
 run's compute precision and stays: its weights count in every phase. Its shape is its own model's
 (`reward` below); without one (the run is not readable where the prediction is made) the policy's
-shape stands in and a note says so.
+shape stands in and a note says so. A judge reward's local judge model (`jobs.train.judges`: loaded on the first
+scoring, held for the run) counts the same way in the `reward_model` part, its generation (a few tokens for each of
+JUDGE_BATCH prompts at a time) in the scoring phase; an endpoint judge adds nothing.
 
     r = rollout(spec, arch, reward_arch, prompt=longest_prompt, elem=4, device=facts, resident=True)
     r.reward_bytes, r.generation_bytes, r.scoring_bytes     # and each one's formula
@@ -34,11 +36,13 @@ shape stands in and a note says so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.parts import Arch, head_bytes
 from jobs.spec.job import JobSpec
+from jobs.spec.rewards import JUDGE_BATCH, JUDGE_REPLY_TOKENS
 from jobs.units import human_bytes
 
 SAMPLER_COPIES = 4  # the sampled position's logits: fp32 upcast, temperature-scaled, softmax, the sampler's draw
@@ -93,11 +97,53 @@ def reward_params(arch: Arch) -> int:
     return arch.total_params - arch.head_params + arch.hidden
 
 
+JUDGE_TEMPLATE_TOKENS = 64  # the judge prompt's own words around the rubric, the prompt and the completion
+
+
+def judges(
+    spec: JobSpec, arch: Arch, judge_archs: Mapping[str, Arch], length: int, elem: int
+) -> tuple[float, list[str], float, str, list[str]]:
+    """The local judge models of `spec`'s judge rewards (each loaded once, held for the run: `jobs.train.judges`):
+    (their weights' bytes, one formula each, the largest one's generation transient while scoring, its formula,
+    notes); an endpoint judge adds nothing. `judge_archs`: each judge's shape by reference (missing: the policy's)."""
+    weights, formulas, notes = 0.0, [], []
+    transient, transient_formula = 0.0, ""
+    refs = dict.fromkeys(r.local_judge for r in spec.declared_rewards if r.local_judge)
+    for ref in refs:
+        assert ref is not None
+        shape = judge_archs.get(ref)
+        if shape is None:
+            notes.append(f"reward judge {ref}: its model is not readable here, so it is counted at the policy's shape")
+            shape = arch
+        weights += shape.total_params * elem
+        formulas.append(f"reward judge {ref}'s model: {shape.total_params:,} params x {elem} B")
+        rubric = max(len(r.rubric or "") for r in spec.declared_rewards if r.local_judge == ref) // 3
+        tokens = length + rubric + JUDGE_TEMPLATE_TOKENS + JUDGE_REPLY_TOKENS  # rubric: ~3 characters a token
+        kv = kv_cache_bytes(shape, JUDGE_BATCH, tokens, elem)
+        scored = kv + kv / shape.layers + block_transient(shape, JUDGE_BATCH * tokens, elem)
+        scored += JUDGE_BATCH * shape.vocab * 4.0 * SAMPLER_COPIES
+        if scored > transient:
+            transient = scored
+            transient_formula = (
+                f"reward judge {ref} answering {JUDGE_BATCH} prompts of {tokens} tokens: KV cache {human_bytes(kv)} "
+                f"+ its block transient + the sampled logits {human_bytes(scored)}"
+            )
+    return weights, formulas, transient, transient_formula, notes
+
+
 def rollout(
-    spec: JobSpec, arch: Arch, reward_arch: Arch | None, prompt: int, elem: int, device: DeviceFacts, resident: bool
+    spec: JobSpec,
+    arch: Arch,
+    reward_arch: Arch | None,
+    prompt: int,
+    elem: int,
+    device: DeviceFacts,
+    resident: bool,
+    judge_archs: Mapping[str, Arch] | None = None,
 ) -> Rollout:
     """The generation and scoring figures of `spec` whose prompts are `prompt` tokens long (the longest) on
-    `device` (its total memory sizes vLLM's share with use_vllm)."""
+    `device` (its total memory sizes vLLM's share with use_vllm); `judge_archs`: its judge rewards' local models'
+    shapes by reference (`judges`)."""
     batch = spec.effective_batch_size  # one generation batch: every completion of an optimizer step
     length = prompt + spec.max_completion_length
     cuda = device.cuda
@@ -145,6 +191,12 @@ def rollout(
         reward_formula = f"reward run {spec.reward_model_run}'s model: {params:,} params x {elem} B (run's precision)"
         scored = block_transient(shape, batch * length, elem) + batch * length * shape.hidden * elem
         passes.append((scored, f"reward model scoring {batch} completions {human_bytes(scored)}"))
+    judged, judge_formulas, judging, judging_formula, judge_notes = judges(spec, arch, judge_archs or {}, length, elem)
+    if judged:
+        reward += judged
+        reward_formula = " + ".join(([reward_formula] if spec.reward_model_run is not None else []) + judge_formulas)
+        notes += judge_notes
+        passes.append((judging, judging_formula))
     scoring = max((b for b, _ in passes), default=0.0)
     scoring_formula = " or ".join(f for _, f in passes) if passes else "no reference pass (beta 0), no reward model"
     return Rollout(

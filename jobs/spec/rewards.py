@@ -29,6 +29,10 @@ from jobs.errors import Problem
 FIELD = "rewards"
 PATTERN_MAX = 500  # characters of a declared pattern (with the regex module's timeout: jobs.config.rewards)
 WORDS_MAX = 200
+RUBRIC_MAX = 4000  # characters of a judge's rubric
+SCALE_MAX = 1000
+JUDGE_BATCH = 8  # prompts a loaded judge model answers at once (`jobs.train.judges`)
+JUDGE_REPLY_TOKENS = 16  # a judge reward's reply: its score first, so a few tokens
 
 
 class RewardKind(str, Enum):
@@ -49,6 +53,7 @@ class RewardKind(str, Enum):
     LENGTH = "length"
     REQUIRED_WORDS = "required_words"
     FORBIDDEN_WORDS = "forbidden_words"
+    JUDGE = "judge"
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,13 @@ KINDS: dict[RewardKind, KindInfo] = {
         "words ignore_case",
         "words",
     ),
+    RewardKind.JUDGE: _kind(
+        "a judge model's score of the completion under rubric: it replies with a score from 0 to scale (default "
+        "10), the reward is score/scale (0 to 1); a reply without a score is skipped; judge: a built-in model, a "
+        "folder, run:N, or an OpenAI-compatible endpoint URL#MODEL",
+        "judge rubric scale",
+        "judge rubric",
+    ),
 }
 TRL_KINDS = frozenset(list(RewardKind)[:6])  # the ones trl.rewards scores
 ANSWER_KINDS = frozenset({RewardKind.ACCURACY, RewardKind.REASONING_ACCURACY, RewardKind.COSINE_LENGTH})
@@ -172,6 +184,16 @@ class RewardSpec:
     target: int | None = None
     words: tuple[str, ...] = ()
     ngram_size: int = 3
+    judge: str | None = None  # a built-in model, a folder, run:N, or an endpoint URL#MODEL
+    rubric: str | None = None
+    scale: int = 10
+
+    @property
+    def local_judge(self) -> str | None:
+        """The judge model this reward loads in the training process (a built-in, a folder, run:N); None for an
+        endpoint judge and for other kinds."""
+        ref = (self.judge or "").strip()
+        return ref if self.kind is RewardKind.JUDGE and ref and not ref.startswith(("http://", "https://")) else None
 
     @property
     def reference_column(self) -> str | None:
@@ -291,8 +313,12 @@ def _param(key: str, raw: Any) -> tuple[Any, tuple[str, str] | None]:
         return (float(raw), None) if ok else (None, (f"`{raw}` is not a number >= 0", "write e.g. 0.01"))
     if key == "words":
         return _words(raw)
+    if key in ("judge", "rubric", "scale"):
+        return _judging(key, raw)
     if key == "schema":
-        return _schema(raw)
+        from jobs.spec.reward_schema import checked_schema
+
+        return checked_schema(raw)
     raise AssertionError(key)  # pragma: no cover - KINDS lists only the parameters handled here
 
 
@@ -313,6 +339,29 @@ def _pattern(raw: Any, key: str) -> tuple[str | None, tuple[str, str] | None]:
     return raw, None
 
 
+def _judging(key: str, raw: Any) -> tuple[Any, tuple[str, str] | None]:
+    """A judge reward's parameter: the judge's reference (its form only; whether it resolves is checked with the
+    models and runs, `jobs.checks.rewards`), the rubric, the scale."""
+    if key == "scale":
+        ok = isinstance(raw, int) and not isinstance(raw, bool) and 1 <= raw <= SCALE_MAX
+        return (raw, None) if ok else (None, (f"`{raw}` is not a whole number from 1 to {SCALE_MAX}", "write e.g. 10"))
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not text:
+        what = "what a good completion is, e.g. 'Polite, correct and brief'" if key == "rubric" else _JUDGE_FORMS
+        return None, ("is empty" if isinstance(raw, str) else f"`{raw}` is not text", f"write {what}")
+    if key == "rubric":
+        ok = len(text) <= RUBRIC_MAX
+        return (text, None) if ok else (None, (f"is {len(text)} characters long", f"keep it within {RUBRIC_MAX}"))
+    if text.startswith(("http://", "https://")) and not text.partition("#")[2].strip():
+        return None, (f"`{text}` names no model", "write the endpoint as URL#MODEL, e.g. https://host/v1#gpt-4o-mini")
+    if text.lower().startswith("run:") and not text[4:].strip().isdigit():
+        return None, (f"`{text}` names no run", "write run:N with a finished run's id, e.g. run:7")
+    return text, None
+
+
+_JUDGE_FORMS = "a built-in model's name, a model folder, run:N, or an OpenAI-compatible endpoint URL#MODEL"
+
+
 def _words(raw: Any) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
     words = [raw] if isinstance(raw, str) else raw
     if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words):
@@ -320,49 +369,6 @@ def _words(raw: Any) -> tuple[tuple[str, ...] | None, tuple[str, str] | None]:
     if len(words) > WORDS_MAX:
         return None, (f"lists {len(words)} words", f"list at most {WORDS_MAX}")
     return tuple(w.strip() for w in words), None
-
-
-def _schema(raw: Any) -> tuple[str | None, tuple[str, str] | None]:
-    """A JSON Schema (a mapping, or its JSON text) checked against its metaschema; kept as JSON text."""
-    import jsonschema
-
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            return None, (f"is not JSON ({exc})", 'write a JSON Schema, e.g. {type: object, required: ["answer"]}')
-    if not isinstance(raw, (dict, bool)):
-        return None, ("is not a JSON Schema (a mapping)", 'write e.g. {type: object, required: ["answer"]}')
-    try:
-        jsonschema.validators.validator_for(raw).check_schema(raw)
-    except jsonschema.SchemaError as exc:
-        return None, (f"is not a valid JSON Schema ({exc.message})", "fix the schema (https://json-schema.org)")
-    found = _unsafe_keyword(raw)
-    if found is not None:
-        return None, found
-    return json.dumps(raw, sort_keys=True), None
-
-
-def _unsafe_keyword(schema: Any) -> tuple[str, str] | None:
-    """(problem, fix) for a schema keyword that could stall or reach out while scoring: `pattern` and
-    `patternProperties` (jsonschema runs them with `re`, which has no time bound) and a `$ref` outside the
-    schema (it would be fetched)."""
-    if isinstance(schema, list):
-        return next((p for p in map(_unsafe_keyword, schema) if p is not None), None)
-    if not isinstance(schema, dict):
-        return None
-    for key, value in schema.items():
-        if (key == "pattern" and isinstance(value, str)) or (key == "patternProperties" and isinstance(value, dict)):
-            return (
-                f"uses `{key}`, whose regular expressions jsonschema runs without a time bound",
-                "check the pattern with a regex reward (it runs under a time bound) and drop it from the schema",
-            )
-        if key == "$ref" and isinstance(value, str) and not value.startswith("#"):
-            return f"refers to `{value}` outside the schema", "inline the referenced schema (use #/$defs/...)"
-        found = _unsafe_keyword(value)
-        if found is not None:
-            return found
-    return None
 
 
 def _named(declared: list[RewardSpec]) -> list[RewardSpec]:

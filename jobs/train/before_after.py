@@ -23,13 +23,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
 from jobs.train.artifacts import LOAD_PROMPT, sha256_of
+from jobs.train.prompt_ids import Prompt, as_prompt, encode
 from jobs.train.sample_images import IMAGE_TOKEN, flat_turns, keeper, picture_inputs
 from storage.roles import RunArtifacts
 
@@ -44,27 +45,6 @@ BUILT_IN_PROMPTS = (
     "Why is the sky blue?",
     "Write one sentence about rivers.",
 )
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt: the text shown, and the chat turns the model sees (None: `text` is continued as is); a
-    vision-language run's held-out image row keeps its pictures (`jobs.train.sample_images`)."""
-
-    text: str
-    messages: tuple[tuple[str, str], ...] | None = None  # (role, content) turns ending before the answer
-    images: tuple[str, ...] = ()  # PNGs in the run's samples/ folder, one per `<image>` in the turns, in order
-
-    @classmethod
-    def typed(cls, text: str) -> Prompt:
-        return cls(text, (("user", text),))
-
-    def chat(self) -> list[dict[str, str]] | None:
-        return [{"role": r, "content": c} for r, c in self.messages] if self.messages is not None else None
-
-
-def _as_prompt(value: Any) -> Prompt:
-    return value if isinstance(value, Prompt) else Prompt.typed(str(value))
 
 
 def _turns(messages: Any) -> tuple[tuple[str, str], ...] | None:
@@ -119,16 +99,6 @@ def pick_prompts(spec: JobSpec, eval_ds: Any, keep: Callable[[Any], str] | None 
 
 
 # ---------------------------------------------------------------------- greedy answers
-def encode(tokenizer: Any, prompt: Prompt | str) -> dict[str, Any]:
-    """Token ids of a prompt: chat turns through the chat template (with the generation prompt), else raw text."""
-    prompt = _as_prompt(prompt)
-    chat = prompt.chat()
-    if chat is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    text = "\n".join(c for _, c in prompt.messages) if prompt.messages else prompt.text
-    return tokenizer(text, return_tensors="pt")
-
-
 def _inputs(tokenizer: Any, processor: Any, prompt: Prompt) -> dict[str, Any]:
     if not prompt.images:
         return dict(encode(tokenizer, prompt))
@@ -157,7 +127,7 @@ def greedy(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     try:
         for prompt in prompts:
-            inputs = _inputs(tokenizer, processor, _as_prompt(prompt))
+            inputs = _inputs(tokenizer, processor, as_prompt(prompt))
             inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
             with torch.no_grad():
                 if with_logits:

@@ -204,15 +204,16 @@ def _until_eos(row: list[int], eos: int | list[int] | None) -> list[int]:
 def try_rewards(spec: JobSpec, prompts: int = DEFAULT_PROMPTS, store: Any = None, seed: int = 0) -> dict[str, Any]:
     """Sample, score and summarise the first `prompts` training prompts (see the module docstring).
 
-    `store`: where a `reward_model_run` is found (the CLI's or the worker's store)."""
+    `store`: where a `reward_model_run` or a judge reward's `run:N` is found (the CLI's or the worker's store)."""
     import torch
     from transformers import set_seed
 
     from jobs.config.trainers import reward_weights
     from jobs.data.loading import load_datasets
     from jobs.devices.facts import CPU
+    from jobs.train.judges import reward_judges
     from jobs.train.trainers import reward_sources
-    from jobs.train.training import load_model, reward_model_of
+    from jobs.train.training import compute_dtype, load_model, reward_model_of
 
     set_seed(seed)
     train, _ = load_datasets(spec)
@@ -222,7 +223,8 @@ def try_rewards(spec: JobSpec, prompts: int = DEFAULT_PROMPTS, store: Any = None
     model.eval()
     if torch.cuda.is_available():
         model.to("cuda")
-    funcs, classes = reward_sources(spec, reward_model_of(spec, device, store))
+    judges = reward_judges(store, lambda: next(model.parameters()).device, compute_dtype(spec, device))
+    funcs, classes = reward_sources(spec, reward_model_of(spec, device, store), judges)
     chosen = [r["prompt"] for r in rows]
     completions, ids, truncated = sample(model, tokenizer, spec, chosen)
     g = spec.num_generations

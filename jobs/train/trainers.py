@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 from jobs.spec.job import JobSpec
 from jobs.spec.trainer_records import record_for
+
+if TYPE_CHECKING:
+    from jobs.config.rewards import JudgeFor
 
 
 def perplexity(loss: float) -> float:
@@ -41,13 +44,16 @@ class GRPOLogCallback(TrainerCallback):
             logs["grpo_step_time"] = logs.pop("step_time")
 
 
-def reward_sources(spec: JobSpec, reward_model: tuple[Any, Any] | None = None) -> tuple[list[Any], list[Any]]:
+def reward_sources(
+    spec: JobSpec, reward_model: tuple[Any, Any] | None = None, judges: JudgeFor | None = None
+) -> tuple[list[Any], list[Any]]:
     """GRPO's (reward functions, their processing classes) in `jobs.config.trainers.reward_weights`' order:
-    the declared rewards as listed, the reward run's model (with its own tokenizer), the custom function."""
+    the declared rewards as listed, the reward run's model (with its own tokenizer), the custom function.
+    `judges`: the judge rewards' judges (`jobs.train.judges.reward_judges`)."""
     from jobs.config.rewards import reward_functions
     from jobs.spec.custom_reward import load_function
 
-    funcs: list[Any] = list(reward_functions(spec.declared_rewards, spec.max_completion_length))
+    funcs: list[Any] = list(reward_functions(spec.declared_rewards, spec.max_completion_length, judges))
     classes: list[Any] = [None] * len(funcs)
     if spec.reward_model_run is not None:
         if reward_model is None:
@@ -74,6 +80,7 @@ def build_trainer(
     peft_cfg: Any,
     callbacks: Sequence[Any],
     reward_model: tuple[Any, Any] | None = None,
+    judges: JudgeFor | None = None,
 ) -> Any:
     """The trl trainer the spec's record names, with LoRA+'s optimizer when the spec asks for it
     (`jobs.train.loraplus`). DPO and KTO take the base with the adapter off as their reference
@@ -97,7 +104,7 @@ def build_trainer(
     if record.generates:
         from jobs.train.completions import CompletionsKeeper
 
-        kw["reward_funcs"], kw["reward_processing_classes"] = reward_sources(spec, reward_model)
+        kw["reward_funcs"], kw["reward_processing_classes"] = reward_sources(spec, reward_model, judges)
         kw["callbacks"].append(CompletionsKeeper(spec.completions_every))  # trl's completion files, kept bounded
     # ORPO and CPO are experimental in trl: pinned, tested in tests/test_orpo_cpo.py
     trainer = record.trainer_type()(**kw)

@@ -49,6 +49,7 @@ from jobs.spec.tricks import checkpointing
 from jobs.train.best import best_checkpoint
 from jobs.train.callbacks import STOP_REQUESTED
 from jobs.train.failure import NonFiniteLoss
+from jobs.train.judges import reward_judges
 from jobs.train.readback import trainer_readback
 from jobs.train.results import (
     TrainResult,
@@ -142,7 +143,8 @@ def prepare(
         model = prepare_model_for_kbit_training(model, **checkpointing.kbit_kwargs(spec))
     reward_model = reward_model_of(spec, device, store)
     callbacks = _with_early_stopping(spec, callbacks, has_eval=has_eval)
-    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model)
+    judges = reward_judges(store, lambda: next(model.parameters()).device, compute_dtype(spec, device))
+    trainer = build_trainer(spec, model, tokenizer, args, train_ds, eval_ds, peft_cfg, callbacks, reward_model, judges)
     _refuse_empty_reward_data(spec, trainer)
     # Record what the trainer resolved (trl turns padding-free on with packing, for one), not what it was asked.
     resolved["trainer_config"], resolved["library_changes"] = trainer_readback(trainer, resolved["trainer_config"])
@@ -229,12 +231,20 @@ def _check_capabilities(spec: JobSpec, device: Device) -> None:
         log.warning("%s", warning)
 
 
+def compute_dtype(spec: JobSpec, device: Device) -> Any:
+    """The torch dtype of the run's compute precision: what a model that only scores (a reward model, a judge)
+    is loaded in."""
+    import torch
+
+    return {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
+        resolve_precision(spec, device), torch.float32
+    )
+
+
 def reward_model_of(spec: JobSpec, device: Device, store: RunArtifacts | None) -> Any:
     """A grpo spec's `reward_model_run`, loaded frozen from `store` (None without one)."""
     if not record_for(spec.trainer).generates or spec.reward_model_run is None:
         return None
-    import torch
-
     from jobs.train.reward_model import load_reward_model
 
     if store is None:
@@ -244,10 +254,7 @@ def reward_model_of(spec: JobSpec, device: Device, store: RunArtifacts | None) -
         )
 
     # The reward model only scores (frozen): it takes the run's compute precision.
-    dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
-        resolve_precision(spec, device), torch.float32
-    )
-    reward_model = load_reward_model(store, spec.reward_model_run, dtype)
+    reward_model = load_reward_model(store, spec.reward_model_run, compute_dtype(spec, device))
     log.info("reward model: run %s", spec.reward_model_run)
     return reward_model
 

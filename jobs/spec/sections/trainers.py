@@ -61,7 +61,8 @@ class TrainerFields:
         '[{kind: regex, pattern: "^<answer>", weight: 0.5}, {kind: exact, column: answer}, think_format], or '
         "names with optional weights (think_format, repetition=0.5). Kinds: think_format, repetition, overlong, "
         "accuracy, reasoning_accuracy, cosine_length (trl.rewards), regex, exact, numeric, contains, json_valid, "
-        "json_schema, length, required_words, forbidden_words; each reward's parameters and scores: "
+        "json_schema, length, required_words, forbidden_words, judge (a judge model or an OpenAI-compatible "
+        "endpoint scoring with a rubric); each reward's parameters and scores: "
         "docs/methods-and-data.md.",
         label="Rewards",
         when=GRPO_ONLY,
