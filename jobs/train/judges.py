@@ -28,7 +28,6 @@ from storage.roles import RunArtifacts
 log = logging.getLogger(__name__)
 KEY_ENV = "OPENAI_API_KEY"
 MAX_VERDICT_TOKENS = 48
-BATCH = JUDGE_BATCH  # prompts a loaded judge model answers at once
 
 Ask = Callable[[str], str]  # one prompt -> the judge's reply (an endpoint)
 AskAll = Callable[[list[str]], list[str]]  # every prompt at once -> their replies (a model, in batches)
@@ -74,15 +73,17 @@ def endpoint_asker(ref: str, field: str = "judge") -> Ask:
 
 
 def in_batches(model: Callable[[], AbstractContextManager[Any]], tokenizer: Any, max_new_tokens: int = 0) -> AskAll:
-    """A loaded judge model asked BATCH prompts at a time (`model()`: a context giving the model to ask;
+    """A loaded judge model asked JUDGE_BATCH prompts at a time (`model()`: a context giving the model to ask;
     `max_new_tokens`: each reply's bound, MAX_VERDICT_TOKENS when 0)."""
 
     def ask_all(prompts: list[str]) -> list[str]:
         with model() as judge:
             return [
                 r
-                for i in range(0, len(prompts), BATCH)
-                for r in batch_replies(judge, tokenizer, prompts[i : i + BATCH], max_new_tokens or MAX_VERDICT_TOKENS)
+                for i in range(0, len(prompts), JUDGE_BATCH)
+                for r in batch_replies(
+                    judge, tokenizer, prompts[i : i + JUDGE_BATCH], max_new_tokens or MAX_VERDICT_TOKENS
+                )
             ]
 
     return ask_all
