@@ -116,8 +116,8 @@ DATA: dict[str, dict[str, int]] = {
 }
 
 
-def examples() -> list[Job]:
-    """Every bundled example, its max_steps capped by --steps (see `build_specs`)."""
+def examples(grpo_steps: int = 1) -> list[Job]:
+    """Every bundled example, its max_steps capped by --steps (see `build_specs`); GRPO's by `grpo_steps`."""
     import yaml
 
     from app.cli.usage import files_beside
@@ -130,8 +130,8 @@ def examples() -> list[Job]:
         values.pop("model", None)
         for scoring in ("eval_tasks", "judge"):  # after training: nothing of the training's memory
             values.pop(scoring, None)
-        # GRPO generates its group of answers each step (~2 min a step here): one step.
-        cap = 1 if values.get("trainer") == "grpo" else None
+        # GRPO generates its group of answers each step (~2-5 min a step here): one step unless --grpo-steps.
+        cap = grpo_steps if values.get("trainer") == "grpo" else None
         out.append(Job(f"ex:{path.stem}", f"examples/{path.name}", values, model, max_steps=cap))
     return out
 
@@ -145,11 +145,11 @@ LORA = {
 }
 
 
-def grid() -> list[Job]:
+def grid(grpo_steps: int = 1) -> list[Job]:
     """The jobs, in the order they run."""
     return [
         Job("default", "the form's default job: JobSpec() but for max_steps, the row limit and FAST", {}),
-        *examples(),
+        *examples(grpo_steps),
         *shape_jobs(LORA),
         *trick_jobs(LORA),
     ]
@@ -627,12 +627,18 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="optimizer steps per job (the second holds the optimizer state and the activations: the steady peak)",
     )
+    parser.add_argument(
+        "--grpo-steps",
+        type=int,
+        default=1,
+        help="optimizer steps of the GRPO examples (each generates first; one step leaves out the second step's heap)",
+    )
     parser.add_argument("--json", default=None, help="write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
     parser.add_argument("--verbose", action="store_true", help="predicted parts and phases, measured phases")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole grid's training")
     ns = parser.parse_args(argv)
-    jobs = grid()
+    jobs = grid(ns.grpo_steps)
     if ns.list:
         for job in jobs:
             print(f"{job.name:22s} {job.about}")

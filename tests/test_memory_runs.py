@@ -57,3 +57,14 @@ def test_an_example_job_finds_its_data_file_beside_the_example(monkeypatch, tmp_
     monkeypatch.chdir(tmp_path)
     job = next(j for j in examples() if j.name == "ex:smollm2-grpo-arithmetic")
     assert Path(str(job.fields["dataset"])).is_file()
+
+
+def test_grpo_steps_lifts_the_one_step_cap_of_the_grpo_examples() -> None:
+    """One GRPO step leaves out the heap a second step keeps (`--grpo-steps 2` measures it); other jobs keep theirs."""
+    from bench.memory_runs import grid
+
+    capped = {j.name: j.max_steps for j in grid()}
+    lifted = {j.name: j.max_steps for j in grid(2)}
+    grpo = {name for name in capped if name.startswith("ex:smollm2-grpo")}
+    assert grpo and all(capped[name] == 1 and lifted[name] == 2 for name in grpo)
+    assert {n: s for n, s in capped.items() if n not in grpo} == {n: s for n, s in lifted.items() if n not in grpo}
