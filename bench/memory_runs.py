@@ -42,6 +42,16 @@ the CPU child's fixed malloc threshold and the resident-page rules (b1d0e2f): 75
 with the heap's holes and checkpointing's recomputed block (`bench/memory_repredict.py`, docs/memory.md):
 17 of 18 within 15%, most over +12.4%, one more than 15% under (checkpointing at micro-batch 1, -15.9%).
 
+2026-12-05 at 4a420f7, the whole grid on the current code (27 runs in two `--only` parts, 1,350 s and
+1,376 s; the 2 cores shared with two other sessions, load 6-7): **27 of 27 within 15%, none under by more
+than 7.6%** (packing on); most over: the SmolLM2 reward example +14.6% (a score-head model of an fp32 file
+reads only the embedding rows of the tokens it saw: ~104 of SmolLM2's 108 MiB stay unread in two steps,
+which a long run would read), the SmolLM2 GRPO example +13.5% (one step: the heap part is a later step's;
+at `--grpo-steps 2` -2.4%, the arithmetic example -5.3%) and DPO with long chosen answers +13.1%. The runs
+never measured before: CPO +4.6%, ORPO +3.2%, KTO +3.4%, reward +14.6%, tag-format -4.7%, GRPO +13.5%,
+GRPO arithmetic -3.4%, tiny-llama-quick -5.9%, short-2048 -3.2%. No prediction changed for these figures.
+The table is in docs/memory.md ("How well it predicts").
+
 The memory tricks' rows (galore-tiny, galore-layerwise-tiny, apollo-tiny, loraplus, neftune and
 ckpt-off-b8-exact, the allocator that returns freed memory beside ckpt-off-b8 with glibc's), 2026-12-02
 with the other small jobs: 100% of 10 within 15%, worst -3.5% (layer-wise GaLore), most over +7.5%.
