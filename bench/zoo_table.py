@@ -5,6 +5,7 @@
     python bench/zoo_table.py --only mixtral,qwen3_moe --methods lora
     python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe   # docs/models.md
     python bench/zoo_table.py --only llama,mixtral,bamba --methods lora --max-length 2048 --checkpointing
+    python bench/zoo_table.py --shapes --write       # ... and the shape grid (`SHAPE_FAMILIES` x `shape_grid()`)
 
 Each family is a tiny random-weight model of `jobs.models.zoo.FAMILIES`. Each (family, method) goes through
 tunedeck's one check (`jobs.checks.pipeline.check`, on this machine's CPU): a refusal prints its problems;
@@ -73,8 +74,6 @@ def try_one(
 ) -> Outcome:
     from jobs.checks.pipeline import check
     from jobs.devices.probe import cpu_facts
-    from jobs.memory.parts import arch_from_config
-    from jobs.memory.predict import predict
 
     spec = zoo_spec(model, data, method, length, checkpointing)
     facts = cpu_facts()
@@ -82,16 +81,26 @@ def try_one(
     problems = [p for p in checked.problems if p.field != "memory"]
     if problems:
         return Outcome(family, method, "refused", "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in problems))
-    from transformers import AutoConfig
-
-    prediction = predict(spec, arch_from_config(AutoConfig.from_pretrained(model)), facts, resident=False)
+    total = predicted_bytes(spec, model)
     try:
         measured = measure_cpu(spec, out)
     except Exception as exc:  # noqa: BLE001 - a failure after the checks accepted it: what the table must show
         traceback.print_exc(file=sys.stderr)
         return Outcome(family, method, "fails", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    total = prediction.total_bytes - prediction.part("overhead") - prediction.part("runtime")
     return Outcome(family, method, "works", "", total, measured["peak"])
+
+
+def predicted_bytes(spec: JobSpec, model: Path) -> int:
+    """The predicted allocated peak of `spec` on this CPU (no overhead, no runtime baseline): the counted side's
+    match. The counted peak does not depend on it, so a kept outcome can be predicted again (`--repredict`)."""
+    from transformers import AutoConfig
+
+    from jobs.devices.probe import cpu_facts
+    from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
+
+    prediction = predict(spec, arch_from_config(AutoConfig.from_pretrained(model)), cpu_facts(), resident=False)
+    return prediction.total_bytes - prediction.part("overhead") - prediction.part("runtime")
 
 
 def run(
@@ -179,8 +188,16 @@ def document(outcomes: list[Outcome]) -> str:
         "not counted.",
         "",
     ]
-    kept = DOC.read_text().partition(GGUF_HEADING)[2] if DOC.is_file() else ""  # bench/gguf_families.py's section
-    return "\n".join(lines) + (f"\n{GGUF_HEADING}{kept}" if kept else "")
+    from bench.zoo_shapes import HEADING
+
+    old = DOC.read_text() if DOC.is_file() else ""
+    kept = old.partition(GGUF_HEADING)[2]  # bench/gguf_families.py's section
+    shapes = old.partition(HEADING)[2].partition(GGUF_HEADING)[0]  # bench/zoo_shapes.py's section
+    return (
+        "\n".join(lines)
+        + (f"\n{HEADING}{shapes.rstrip()}\n" if shapes else "")
+        + (f"\n{GGUF_HEADING}{kept}" if kept else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,10 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="regenerate docs/models.md")
     ap.add_argument("--max-length", type=int, default=64, help="tokens a row (the data's rows are all this long)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
+    ap.add_argument("--shapes", action="store_true", help="the shape grid of bench/zoo_shapes.py instead")
+    ap.add_argument("--full-grid", action="store_true", help="with --shapes: every combination, not the half")
+    ap.add_argument(
+        "--repredict", action="store_true", help="with --shapes: predict the rows kept in --work again, no training"
+    )
     ns = ap.parse_args(argv)
     quiet()
-    families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="tunedeck-zoo-"))
+    if ns.shapes:
+        return shapes_main(ns.only, work, ns.write, ns.full_grid, ns.repredict)
+    families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     extra = [m for m in ns.more.split(",") if m]
     more = {f: extra for f in ns.subset.split(",") if f}
     if ns.write and (ns.max_length != 64 or ns.checkpointing):
@@ -214,6 +238,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(summary(outcomes))
     if ns.write:
+        print(f"wrote {DOC}")
+    return 0
+
+
+def shapes_main(only: str, work: Path, write: bool, full: bool = False, repredict: bool = False) -> int:
+    from bench import zoo_shapes
+
+    families = [f for f in only.split(",") if f] or zoo_shapes.all_families()
+    if repredict:
+        outcomes = zoo_shapes.repredict(work)
+        families = sorted({o.family for o in outcomes})
+        write = False
+    else:
+        outcomes = zoo_shapes.run_shapes(families, work, full=full)
+    print("\n".join(zoo_shapes.shape_summary(outcomes)))
+    if write:
+        DOC.write_text(zoo_shapes.splice(DOC.read_text(), zoo_shapes.section(outcomes), GGUF_HEADING))
         print(f"wrote {DOC}")
     return 0
 
