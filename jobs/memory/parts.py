@@ -116,7 +116,7 @@ def arch_from_config(config: Any) -> Arch:
     kv = getattr(text, "num_key_value_heads", None) or heads
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     names = {lin.name for lin in linears}
-    inter = int(getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden)
+    inter = _intermediate(text, hidden)
     params = list(model.parameters())
     return Arch(
         model_type=str(config.model_type),
@@ -142,6 +142,14 @@ def arch_from_config(config: Any) -> Arch:
         shape=model_shape(config),
         checkpoint_bytes=_dtype_bytes(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)),
     )
+
+
+def _intermediate(text: Any, hidden: int) -> int:
+    """The MLP's width as the model builds it: a config with `n_inner` (GPT-2 and its kin) means `n_inner` or
+    4 x hidden, whatever other `intermediate_size` attribute it carries; the others name `intermediate_size`."""
+    if "n_inner" in text.to_dict():
+        return int(text.n_inner or 4 * hidden)
+    return int(getattr(text, "intermediate_size", None) or 4 * hidden)
 
 
 def _linear_dims(module: Any) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.tokens.lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import ALLOCATOR_SLACK, VLLM_PART, Part, Prediction, context_bytes, overhead_at, runtime_part
+from jobs.memory.elementwise import elementwise_bytes
 from jobs.memory.mixers import (
     DELTA_NET_CLASS_SUFFIX,
     MIXER_CLASS_SUFFIX,
@@ -220,6 +221,8 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
     allocator may keep both resident (`jobs.memory.trick_effects`)."""
     spec, arch, plan, tokens, elem = s.spec, s.arch, s.plan, s.tokens, s.elem
     per_block = block_elements(arch, plan, s.mask_bytes, elem)
+    extra = elementwise_bytes(arch, s.length, elem, s.mask_bytes, s.cuda)
+    per_block += extra.per_layer  # the config's dropout layers and composed activation (jobs.memory.elementwise)
     moe, folded = arch.shape.moe, 0.0
     if moe is not None:  # docs/memory.md "Mixture of experts": routed top-k activations instead of a dense MLP
         from jobs.memory.moe_parts import dense_mlp_per_token, folded_expert_bytes, routed_bytes_per_token
@@ -238,32 +241,40 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
         mixer_layer * mamba2.layers if mamba2 is not None else 0.0
     )
     absorbed = freed = 0.0
+    dequantized = 0.0
+    if spec.method in (Method.QLORA, Method.LORA_8BIT):
+        big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
+        dequantized = big * elem * 2.0  # one de-quantized weight (and its transpose) at a time
     if checkpointing.on(spec):
         freed = tokens * arch.layers * per_block + mixers
-        # Only each block's input stays; one block (its mixer's scan included) is recomputed at a time, after
-        # the head's backward has finished, so the larger of the two transients counts, not both.
-        recomputed = tokens * per_block + max(delta_layer, mixer_layer)
+        # Only each block's input stays; one block (its mixer's scan, peft's folded expert copy and its gradient,
+        # a de-quantized weight included) is recomputed at a time, after the head's backward has finished, so
+        # the larger of the two transients counts, not both.
+        recomputed = tokens * (per_block + extra.backward) + max(delta_layer, mixer_layer) + folded + dequantized
         absorbed = min(recomputed, logits)
         acts = tokens * arch.layers * arch.hidden * elem + max(0.0, recomputed - logits)
         formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
             f"+ one recomputed block ({per_block:,.0f} B/token"
-            f"{' and its mixer' if mixers else ''}) beyond the head's transient"
+            f"{' and its mixer' if mixers else ''}{', folded expert copy' if folded else ''}"
+            f"{', de-quantized weight' if dequantized else ''}) beyond the head's transient"
         )
-    else:
-        acts = tokens * arch.layers * per_block + mixers
+        folded = dequantized = 0.0  # counted in the recomputed block
+    else:  # the last block's backward transient (attention dropout's) counts beyond the head's, like a recomputed one
+        acts = tokens * arch.layers * per_block + mixers + max(0.0, tokens * extra.backward - logits)
         formula = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
     if delta is not None:
         formula += delta_net_formula(delta, delta_layer)
     if mamba2 is not None:
         formula += mixer_formula(mamba2, mixer_layer)
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
+    acts += tokens * extra.once
+    formula += f" (with {extra.words})" if extra.words else ""
     if folded:
         acts += folded
         formula += f" + peft's folded expert weights (W + BA) kept for the backward {human_bytes(folded)}"
-    if spec.method in (Method.QLORA, Method.LORA_8BIT):
-        big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
-        acts += big * elem * 2  # one de-quantized weight (and its transpose) at a time
+    if dequantized:
+        acts += dequantized
         formula += " + one de-quantized weight"
     return Term(acts, formula), absorbed, freed
 
