@@ -257,6 +257,11 @@ def block_elements(arch: Arch, plan: ActivationPlan, mask_bytes: float, elem: fl
     return byte_total
 
 
+def dequantized_bytes(arch: Arch, elem: float) -> float:
+    """A quantized layer's matmul de-quantizes one weight at a time (and its transpose): the largest one's bytes."""
+    return max(lin.in_features * lin.out_features for lin in arch.block_linears) * elem * 2.0
+
+
 # ---------------------------------------------------------------------- logits (docs/memory.md "Logits and loss")
 def head_bytes(
     arch: Arch,
