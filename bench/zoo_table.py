@@ -3,7 +3,7 @@
     python bench/zoo_table.py                       # all families, lora/qlora/dora/full; prints the table
     python bench/zoo_table.py --write               # ... and regenerates docs/models.md
     python bench/zoo_table.py --only mixtral,qwen3_moe --methods lora
-    python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe   # docs/models.md
+    python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe,granitemoehybrid:qlora
     python bench/zoo_table.py --only llama,mixtral,bamba --methods lora --max-length 2048 --checkpointing
     python bench/zoo_table.py --shapes --write       # ... and the shape grid (`SHAPE_FAMILIES` x `shape_grid()`)
 
@@ -22,7 +22,7 @@ import json
 import sys
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,24 +207,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated families (default: all)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--more", default="", help="extra methods for the --subset families")
-    ap.add_argument("--subset", default="", help="comma-separated families that also get the --more methods")
+    ap.add_argument(
+        "--subset", default="", help="comma-separated families that also get the --more methods (family:m1+m2: those)"
+    )
     ap.add_argument("--work", default=None, help="folder for the models (default: a temporary one)")
     ap.add_argument("--write", action="store_true", help="regenerate docs/models.md")
     ap.add_argument("--max-length", type=int, default=64, help="tokens a row (the data's rows are all this long)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
     ap.add_argument("--shapes", action="store_true", help="the shape grid of bench/zoo_shapes.py instead")
     ap.add_argument("--full-grid", action="store_true", help="with --shapes: every combination, not the half")
-    ap.add_argument(
-        "--repredict", action="store_true", help="with --shapes: predict the rows kept in --work again, no training"
-    )
+    ap.add_argument("--repredict", action="store_true", help="predict the rows kept in --work again, no training")
     ns = ap.parse_args(argv)
     quiet()
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="tunedeck-zoo-"))
     if ns.shapes:
         return shapes_main(ns.only, work, ns.write, ns.full_grid, ns.repredict)
+    if ns.repredict:
+        return repredict_main(work, ns.write)
     families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     extra = [m for m in ns.more.split(",") if m]
-    more = {f: extra for f in ns.subset.split(",") if f}
+    more = {
+        f.partition(":")[0]: f.partition(":")[2].split("+") if ":" in f else extra for f in ns.subset.split(",") if f
+    }
     if ns.write and (ns.max_length != 64 or ns.checkpointing):
         ap.error("--write keeps docs/models.md's table at its 64 tokens without checkpointing")
     outcomes = run(
@@ -239,6 +243,25 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(outcomes))
     if ns.write:
         print(f"wrote {DOC}")
+    return 0
+
+
+def repredict_main(work: Path, write: bool) -> int:
+    """The family rows kept in `work`/outcomes.jsonl predicted again (their counted peaks kept), in their order."""
+    from bench.memory_truth import build_data
+    from jobs.models.zoo import build_zoo_model
+
+    outcomes = []
+    for o in map(_outcome, (work / "outcomes.jsonl").read_text().splitlines()):
+        if o.status == "works":
+            model = build_zoo_model(work / o.family, o.family)
+            spec = zoo_spec(model, build_data(work, model, "sft", 64), o.method)
+            was, o = o.error, replace(o, predicted=predicted_bytes(spec, model))
+            print(f"{row(o)} (kept: {100 * (was or 0):+.1f}%, now {100 * (o.error or 0):+.1f}%)")
+        outcomes.append(o)
+    print(summary(outcomes))
+    if write:
+        DOC.write_text(document(outcomes))
     return 0
 
 

@@ -1,22 +1,31 @@
-"""What a model's own dropout layers and a composed activation keep for the backward (docs/memory.md
-"Activations": dropout and composed activations), beyond `jobs.memory.parts.block_elements`.
+"""What a model's attention probabilities, dropout layers and composed activation keep for the backward
+(docs/memory.md "Activations"), beyond `jobs.memory.parts.block_elements` (which counts SDPA's fused kernels).
 
 Most families train with every dropout at 0 (their configs' default). Those that keep it on (GPT-2's
 `attn_pdrop`, `resid_pdrop` and `embd_pdrop` are 0.1) keep more, counted from what autograd saves in a
 GPT-2 block (2 x 1,024 tokens, 8 heads: 105 MiB without dropout, 305 MiB with it, all of the difference
 below):
 
-- attention dropout: where the attention kernel cannot apply dropout itself (PyTorch's fused CPU kernel
-  cannot: SDPA falls back to its math path), the probabilities are materialised per head, length x length
-  per row, and three such tensors stay: the softmax output, the dropout mask (in the input's dtype on the
-  CPU) and the dropped probabilities. On CUDA the fused kernels draw the mask from a seed: nothing stays.
-  The block's backward then holds one more at a time beside them: the dropped probabilities' gradient (the
-  matmul's backward makes it while the three are alive), then the probabilities' gradient (the dropout's
-  backward, once the dropped probabilities are freed), then the scores' gradient (the softmax's): a transient
-  of the block being back-propagated, on top of the saved tensors of the blocks not reached yet.
+- attention probabilities, heads x length per token a layer, kept where the kernel materialises them: an
+  "eager" attention (the implementation transformers picks for Gemma-2 and gpt-oss) keeps the softmax's output
+  (1 tensor; its soft-capping's tanh output a second; a dropout's mask and result two more); SDPA with
+  attention dropout where its fused kernel cannot apply it (PyTorch's fused CPU kernel cannot: SDPA falls
+  back to its math path) keeps three (the probabilities, the mask in the input's dtype, the dropped
+  probabilities). On CUDA the fused kernels draw the mask from a seed and keep none of them.
+  The block's backward then holds one more at a time beside them: the gradient of the last tensor kept
+  (made by the matmul's backward while the kept ones are alive), then of the one before, ...: a transient
+  of the block being back-propagated, on top of the saved tensors of the blocks not reached yet (counted
+  like a recomputed block: only what exceeds the LM head's own transient).
 - residual dropout (after the attention and after the MLP): each keeps its mask (bool on CUDA, the input's
   dtype on the CPU), hidden wide.
 - embedding dropout: one mask, hidden wide, once.
+- an eager attention's masks: transformers builds one float length x length mask a row per kind of attention
+  layer (full, sliding) for the whole model; with gradient checkpointing every checkpointed block keeps it
+  as an input of its recomputation, so it lives until the last block's backward (without, it dies with the
+  forward: not counted). SDPA is given none for unpadded rows.
+
+Counted against what autograd saves: a Gemma-2 block of hidden 512, 8 heads, keeps 2 x 8 x length x 4 B a
+token more than the block formula (the probabilities and the tanh; 1 x without soft-capping).
 
 A composed activation: `gelu_new` (GPT-2's, transformers' `NewGELUActivation`) is written as torch ops,
 `0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`, and autograd keeps the tanh's output, `0.5 * x` and
@@ -30,27 +39,8 @@ in a GPT-2 block of hidden 512, 3 x 1,536 at hidden 256, against `gelu_pytorch_t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from jobs.memory.parts import Arch
-
-ATTENTION_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
-RESIDUAL_KEYS = ("resid_pdrop", "hidden_dropout")
-EMBEDDING_KEYS = ("embd_pdrop",)
-ACTIVATION_KEYS = ("hidden_act", "activation_function")
-COMPOSED_ACTIVATIONS = {"gelu_new": 3}  # intermediate-wide tensors kept beyond a one-op activation
-
-
-def _get(config: Any, key: str) -> Any:
-    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
-
-
-def _rate(config: Any, keys: tuple[str, ...]) -> float:
-    for key in keys:
-        value = _get(config, key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
 
 
 @dataclass(frozen=True)
@@ -61,27 +51,31 @@ class Elementwise:
     once: float = 0.0
     backward: float = 0.0
     words: str = ""
+    checkpointed: float = 0.0  # kept only with checkpointing: the float attention masks each block is given
 
 
 def elementwise_bytes(arch: Arch, length: int, elem: float, mask_bytes: float, cuda: bool) -> Elementwise:
-    """What the config's dropout layers and composed activation keep (`Elementwise`)."""
-    config = arch.shape.config
-    if config is None:
-        return Elementwise()
-    per_layer = once = backward = 0.0
+    """What the model's attention kernel, dropout layers and composed activation keep (`Elementwise`)."""
+    attention, residual, embedding = (rate > 0 for rate in arch.dropouts)
+    per_layer = once = backward = masks = 0.0
     words = []
-    if _rate(config, ATTENTION_KEYS) > 0 and not cuda:
-        per_layer += arch.heads * length * (2 * elem + mask_bytes)
+    probabilities = 0.0  # bytes per (head x length) value a token keeps per layer
+    if arch.attention == "eager":  # the softmax's output, the soft-capping's tanh, a dropout's mask and result
+        probabilities = (1 + arch.attn_softcap + attention) * elem + attention * mask_bytes
+        masks = arch.mask_kinds * length * elem  # one float length x length mask a row per kind of layer
+    elif attention and not cuda:  # SDPA's math path: probabilities, the mask (input dtype), dropped probabilities
+        probabilities = 2 * elem + mask_bytes
+    if probabilities:
+        per_layer += arch.heads * length * probabilities
         backward = arch.heads * length * elem
-        words.append(f"attention dropout: {arch.heads} heads x {length} x (2 x {elem:g} + {mask_bytes:g}) B")
-    if _rate(config, RESIDUAL_KEYS) > 0:
+        words.append(f"{arch.attention} attention keeps {arch.heads} heads x {length} x {probabilities:g} B")
+    if residual:
         per_layer += 2 * arch.hidden * mask_bytes
         words.append(f"residual dropout masks 2 x {arch.hidden} x {mask_bytes:g} B")
-    if _rate(config, EMBEDDING_KEYS) > 0:
+    if embedding:
         once += arch.hidden * mask_bytes
         words.append(f"embedding dropout mask {arch.hidden} x {mask_bytes:g} B")
-    act = next((v for k in ACTIVATION_KEYS if isinstance(v := _get(config, k), str)), "")
-    if act in COMPOSED_ACTIVATIONS:
-        per_layer += COMPOSED_ACTIVATIONS[act] * arch.intermediate * elem
-        words.append(f"{act} keeps {COMPOSED_ACTIVATIONS[act]} x {arch.intermediate} x {elem:g} B more")
-    return Elementwise(per_layer, once, backward, "; ".join(words))
+    if arch.composed_activation:
+        per_layer += arch.composed_activation * arch.intermediate * elem
+        words.append(f"its activation keeps {arch.composed_activation} x {arch.intermediate} x {elem:g} B more")
+    return Elementwise(per_layer, once, backward, "; ".join(words), masks)

@@ -259,7 +259,7 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
             tokens * (per_block + extra.backward) + max(delta_layer, mixer_layer) + folded + folded_grad + dequantized
         )
         absorbed = min(recomputed, logits)
-        acts = tokens * arch.layers * arch.hidden * elem + max(0.0, recomputed - logits)
+        acts = tokens * (arch.layers * arch.hidden * elem + extra.checkpointed) + max(0.0, recomputed - logits)
         formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
             f"+ one recomputed block ({per_block:,.0f} B/token"
