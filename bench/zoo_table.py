@@ -170,6 +170,7 @@ def document(outcomes: list[Outcome]) -> str:
         "is the predicted peak against the live tensor bytes counted (`jobs.memory.count.LiveBytes`).",
         "`refused` means `tunedeck submit` refuses it before queueing, with the reason and the fix shown.",
         "Mixture-of-experts families train their experts by default (`moe_targets: attention+experts`).",
+        'The same check at other sizes, lengths, with checkpointing and QLoRA is in "Shapes" below.',
         "",
         "| family | structure |",
         "|---|---|",
@@ -269,10 +270,9 @@ def shapes_main(only: str, work: Path, write: bool, full: bool = False, repredic
     from bench import zoo_shapes
 
     families = [f for f in only.split(",") if f] or zoo_shapes.all_families()
-    if repredict:
-        outcomes = zoo_shapes.repredict(work)
-        families = sorted({o.family for o in outcomes})
-        write = False
+    if repredict:  # in the grid's order, the rows it has not reached yet left out
+        kept = {o.key: o for o in zoo_shapes.repredict(work)}
+        outcomes = [kept[key] for key in zoo_shapes.shape_grid(families, full) if key in kept]
     else:
         outcomes = zoo_shapes.run_shapes(families, work, full=full)
     print("\n".join(zoo_shapes.shape_summary(outcomes)))

@@ -160,3 +160,13 @@ def test_checkpointed_blocks_keep_an_eager_attentions_masks() -> None:
     arch = _arch("gemma2", "tiny")
     ckpt = _activations(arch, max_length=1024, gradient_checkpointing=True)
     assert ckpt == _block_inputs(arch, 2 * 1024) + 2 * 2 * 1024 * 1024 * 4
+
+
+def test_adapters_on_fused_experts_keep_no_dropout_copies() -> None:
+    """LoRA on fused experts makes peft's dropout 0 (tunedeck says so at submit): the attention adapters then share
+    their inputs and keep no dropped copies. Counting them put the zoo's qwen3_moe of hidden 512 at +16%."""
+    arch = _arch("qwen3_moe")
+    spec = {"max_length": 1024, "moe_targets": "attention+experts"}
+    assert _activations(arch, **spec, lora_dropout=0.1) == _activations(arch, **spec, lora_dropout=0.0)
+    kept = {"max_length": 1024, "moe_targets": "attention"}  # no expert adapters: the dropout stays, and is counted
+    assert _activations(arch, **kept, lora_dropout=0.1) > _activations(arch, **kept, lora_dropout=0.0)
