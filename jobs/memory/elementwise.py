@@ -11,7 +11,10 @@ below):
   (1 tensor; its soft-capping's tanh output a second; a dropout's mask and result two more); SDPA with
   attention dropout where its fused kernel cannot apply it (PyTorch's fused CPU kernel cannot: SDPA falls
   back to its math path) keeps three (the probabilities, the mask in the input's dtype, the dropped
-  probabilities). On CUDA the fused kernels draw the mask from a seed and keep none of them.
+  probabilities); so does SDPA on the CPU when the query/key heads are not as wide as the value heads
+  (DeepSeek's latent attention: 32 + 16 against 64 in the zoo), keeping the probabilities (one tensor;
+  counted: a DeepSeek-V3 of hidden 512 at 2 x 1,024 tokens keeps 4 x 64 MiB of them). On CUDA the fused
+  kernels draw the mask from a seed and take unequal widths: none of them is kept.
   The block's backward then holds one more at a time beside them: the gradient of the last tensor kept
   (made by the matmul's backward while the kept ones are alive), then of the one before, ...: a transient
   of the block being back-propagated, on top of the saved tensors of the blocks not reached yet (counted
@@ -65,6 +68,8 @@ def elementwise_bytes(arch: Arch, length: int, elem: float, mask_bytes: float, c
         masks = arch.mask_kinds * length * elem  # one float length x length mask a row per kind of layer
     elif attention and not cuda:  # SDPA's math path: probabilities, the mask (input dtype), dropped probabilities
         probabilities = 2 * elem + mask_bytes
+    elif arch.unequal_head_dims and not cuda:  # SDPA's math path too (the CPU kernel wants equal head widths)
+        probabilities = elem
     if probabilities:
         per_layer += arch.heads * length * probabilities
         backward = arch.heads * length * elem

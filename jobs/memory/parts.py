@@ -79,6 +79,7 @@ class Arch:
     logit_softcap: bool = False  # final logits soft-capped (one more tile temporary in the head)
     dropouts: tuple[float, float, float] = (0.0, 0.0, 0.0)  # attention, residual, embedding dropout rates
     composed_activation: int = 0  # tensors its activation keeps beyond a one-op one (gelu_new: 3)
+    unequal_head_dims: bool = False  # query/key heads wider or narrower than value heads (multi-head latent attention)
 
     @property
     def kv_dim(self) -> int:
@@ -154,6 +155,7 @@ def arch_from_config(config: Any) -> Arch:
         logit_softcap=getattr(text, "final_logit_softcapping", None) is not None,
         dropouts=tuple(_rate(text, keys) for keys in DROPOUT_KEYS),  # type: ignore[arg-type]
         composed_activation=COMPOSED_ACTIVATIONS.get(_activation(text), 0),
+        unequal_head_dims=_unequal_head_dims(text),
     )
 
 
@@ -180,6 +182,14 @@ def _rate(config: Any, keys: tuple[str, ...]) -> float:
 
 def _activation(config: Any) -> str:
     return next((v for k in ("hidden_act", "activation_function") if isinstance(v := _get(config, k), str)), "")
+
+
+def _unequal_head_dims(text: Any) -> bool:
+    """Whether the query/key heads' width differs from the value heads' (DeepSeek's latent attention: no-rope +
+    rope parts against v_head_dim)."""
+    v = _get(text, "v_head_dim")
+    qk = _get(text, "qk_head_dim") or ((_get(text, "qk_nope_head_dim") or 0) + (_get(text, "qk_rope_head_dim") or 0))
+    return isinstance(v, int) and bool(qk) and qk != v
 
 
 def _mask_kinds(layer_types: Any) -> int:
