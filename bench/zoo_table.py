@@ -3,8 +3,9 @@
     python bench/zoo_table.py                       # all families, lora/qlora/dora/full; prints the table
     python bench/zoo_table.py --write               # ... and regenerates docs/models.md
     python bench/zoo_table.py --only mixtral,qwen3_moe --methods lora
-    python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe   # docs/models.md
+    python bench/zoo_table.py --methods lora --more qlora,dora,full --subset mixtral,qwen3_moe,granitemoehybrid:qlora
     python bench/zoo_table.py --only llama,mixtral,bamba --methods lora --max-length 2048 --checkpointing
+    python bench/zoo_table.py --shapes --write       # ... and the shape grid (`SHAPE_FAMILIES` x `shape_grid()`)
 
 Each family is a tiny random-weight model of `jobs.models.zoo.FAMILIES`. Each (family, method) goes through
 tunedeck's one check (`jobs.checks.pipeline.check`, on this machine's CPU): a refusal prints its problems;
@@ -21,7 +22,7 @@ import json
 import sys
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,8 +74,6 @@ def try_one(
 ) -> Outcome:
     from jobs.checks.pipeline import check
     from jobs.devices.probe import cpu_facts
-    from jobs.memory.parts import arch_from_config
-    from jobs.memory.predict import predict
 
     spec = zoo_spec(model, data, method, length, checkpointing)
     facts = cpu_facts()
@@ -82,16 +81,26 @@ def try_one(
     problems = [p for p in checked.problems if p.field != "memory"]
     if problems:
         return Outcome(family, method, "refused", "; ".join(f"{p.field}: {p.problem} ({p.fix})" for p in problems))
-    from transformers import AutoConfig
-
-    prediction = predict(spec, arch_from_config(AutoConfig.from_pretrained(model)), facts, resident=False)
+    total = predicted_bytes(spec, model)
     try:
         measured = measure_cpu(spec, out)
     except Exception as exc:  # noqa: BLE001 - a failure after the checks accepted it: what the table must show
         traceback.print_exc(file=sys.stderr)
         return Outcome(family, method, "fails", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    total = prediction.total_bytes - prediction.part("overhead") - prediction.part("runtime")
     return Outcome(family, method, "works", "", total, measured["peak"])
+
+
+def predicted_bytes(spec: JobSpec, model: Path) -> int:
+    """The predicted allocated peak of `spec` on this CPU (no overhead, no runtime baseline): the counted side's
+    match. The counted peak does not depend on it, so a kept outcome can be predicted again (`--repredict`)."""
+    from transformers import AutoConfig
+
+    from jobs.devices.probe import cpu_facts
+    from jobs.memory.parts import arch_from_config
+    from jobs.memory.predict import predict
+
+    prediction = predict(spec, arch_from_config(AutoConfig.from_pretrained(model)), cpu_facts(), resident=False)
+    return prediction.total_bytes - prediction.part("overhead") - prediction.part("runtime")
 
 
 def run(
@@ -161,6 +170,7 @@ def document(outcomes: list[Outcome]) -> str:
         "is the predicted peak against the live tensor bytes counted (`jobs.memory.count.LiveBytes`).",
         "`refused` means `tunedeck submit` refuses it before queueing, with the reason and the fix shown.",
         "Mixture-of-experts families train their experts by default (`moe_targets: attention+experts`).",
+        'The same check at other sizes, lengths, with checkpointing and QLoRA is in "Shapes" below.',
         "",
         "| family | structure |",
         "|---|---|",
@@ -179,8 +189,16 @@ def document(outcomes: list[Outcome]) -> str:
         "not counted.",
         "",
     ]
-    kept = DOC.read_text().partition(GGUF_HEADING)[2] if DOC.is_file() else ""  # bench/gguf_families.py's section
-    return "\n".join(lines) + (f"\n{GGUF_HEADING}{kept}" if kept else "")
+    from bench.zoo_shapes import HEADING
+
+    old = DOC.read_text() if DOC.is_file() else ""
+    kept = old.partition(GGUF_HEADING)[2]  # bench/gguf_families.py's section
+    shapes = old.partition(HEADING)[2].partition(GGUF_HEADING)[0]  # bench/zoo_shapes.py's section
+    return (
+        "\n".join(lines)
+        + (f"\n{HEADING}{shapes.rstrip()}\n" if shapes else "")
+        + (f"\n{GGUF_HEADING}{kept}" if kept else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,17 +208,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated families (default: all)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--more", default="", help="extra methods for the --subset families")
-    ap.add_argument("--subset", default="", help="comma-separated families that also get the --more methods")
+    ap.add_argument(
+        "--subset", default="", help="comma-separated families that also get the --more methods (family:m1+m2: those)"
+    )
     ap.add_argument("--work", default=None, help="folder for the models (default: a temporary one)")
     ap.add_argument("--write", action="store_true", help="regenerate docs/models.md")
     ap.add_argument("--max-length", type=int, default=64, help="tokens a row (the data's rows are all this long)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
+    ap.add_argument("--shapes", action="store_true", help="the shape grid of bench/zoo_shapes.py instead")
+    ap.add_argument("--full-grid", action="store_true", help="with --shapes: every combination, not the half")
+    ap.add_argument("--repredict", action="store_true", help="predict the rows kept in --work again, no training")
     ns = ap.parse_args(argv)
     quiet()
-    families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     work = Path(ns.work) if ns.work else Path(tempfile.mkdtemp(prefix="tunedeck-zoo-"))
+    if ns.shapes:
+        return shapes_main(ns.only, work, ns.write, ns.full_grid, ns.repredict)
+    if ns.repredict:
+        return repredict_main(work, ns.write)
+    families = [f for f in ns.only.split(",") if f] or list(FAMILIES)
     extra = [m for m in ns.more.split(",") if m]
-    more = {f: extra for f in ns.subset.split(",") if f}
+    more = {
+        f.partition(":")[0]: f.partition(":")[2].split("+") if ":" in f else extra for f in ns.subset.split(",") if f
+    }
     if ns.write and (ns.max_length != 64 or ns.checkpointing):
         ap.error("--write keeps docs/models.md's table at its 64 tokens without checkpointing")
     outcomes = run(
@@ -214,6 +243,41 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(summary(outcomes))
     if ns.write:
+        print(f"wrote {DOC}")
+    return 0
+
+
+def repredict_main(work: Path, write: bool) -> int:
+    """The family rows kept in `work`/outcomes.jsonl predicted again (their counted peaks kept), in their order."""
+    from bench.memory_truth import build_data
+    from jobs.models.zoo import build_zoo_model
+
+    outcomes = []
+    for o in map(_outcome, (work / "outcomes.jsonl").read_text().splitlines()):
+        if o.status == "works":
+            model = build_zoo_model(work / o.family, o.family)
+            spec = zoo_spec(model, build_data(work, model, "sft", 64), o.method)
+            was, o = o.error, replace(o, predicted=predicted_bytes(spec, model))
+            print(f"{row(o)} (kept: {100 * (was or 0):+.1f}%, now {100 * (o.error or 0):+.1f}%)")
+        outcomes.append(o)
+    print(summary(outcomes))
+    if write:
+        DOC.write_text(document(outcomes))
+    return 0
+
+
+def shapes_main(only: str, work: Path, write: bool, full: bool = False, repredict: bool = False) -> int:
+    from bench import zoo_shapes
+
+    families = [f for f in only.split(",") if f] or zoo_shapes.all_families()
+    if repredict:  # in the grid's order, the rows it has not reached yet left out
+        kept = {o.key: o for o in zoo_shapes.repredict(work)}
+        outcomes = [kept[key] for key in zoo_shapes.shape_grid(families, full) if key in kept]
+    else:
+        outcomes = zoo_shapes.run_shapes(families, work, full=full)
+    print("\n".join(zoo_shapes.shape_summary(outcomes)))
+    if write:
+        DOC.write_text(zoo_shapes.splice(DOC.read_text(), zoo_shapes.section(outcomes), GGUF_HEADING))
         print(f"wrote {DOC}")
     return 0
 

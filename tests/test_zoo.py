@@ -34,6 +34,18 @@ def test_docs_list_every_family() -> None:
     assert not missing, f"docs/models.md lacks {missing}: run python bench/zoo_table.py --write"
 
 
+def test_docs_list_the_shape_grid() -> None:
+    """docs/models.md's "Shapes" section holds every family of the grid at both sizes, with its summary lines
+    (`python bench/zoo_table.py --shapes --write`)."""
+    from bench.zoo_shapes import HEADING, SIZES, all_families
+
+    doc = (REPO / "docs" / "models.md").read_text()
+    section = doc.partition(HEADING)[2].partition("\n## ")[0]
+    missing = [(f, size) for f in all_families() for size in SIZES if f"| {f} | {size} |" not in section]
+    assert not missing, f"docs/models.md lacks {missing}: run python bench/zoo_table.py --shapes --write"
+    assert "Checkpointing at 768-2,048 tokens, dense" in section
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("family", TRAINED)
 def test_family_trains_with_lora_and_is_predicted(family: str, zoo_home: Path, data_home: Path) -> None:

@@ -93,6 +93,7 @@ def arch_from_json(data: dict[str, Any], config: dict[str, Any]) -> Arch:
     fields = dict(data)
     fields["param_shapes"] = tuple(tuple(s) for s in data["param_shapes"])
     fields["block_linears"] = tuple(LayerLinear(**lin) for lin in data["block_linears"])
+    fields["dropouts"] = tuple(data.get("dropouts", (0.0, 0.0, 0.0)))
     fields["shape"] = ModelShape(**shape, config=config)
     return Arch(**fields)
 

@@ -18,7 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.memory.parts import Arch, LayerLinear, _dtype_bytes
+from jobs.memory.parts import (
+    COMPOSED_ACTIVATIONS,
+    DROPOUT_KEYS,
+    Arch,
+    LayerLinear,
+    _activation,
+    _dtype_bytes,
+    _mask_kinds,
+    _rate,
+)
 from jobs.memory.shape import Linear, ModelShape
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -36,6 +45,7 @@ REQUIRED = (
 )
 PRE_POST = ("input_layernorm", "post_attention_layernorm")
 FOUR_NORMS = PRE_POST + ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+_ALTERNATING = ("sliding_attention", "full_attention")  # Gemma-2's layer_types when its config has none
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class DenseFamily:
     qkv_bias: bool = False  # q/k/v always have biases (Qwen2)
     qk_norm: str = ""  # "head": q/k norms of head_dim; "full": of heads x head_dim and kv heads x head_dim
     norms: tuple[str, ...] = PRE_POST  # a block's norms, in order
+    attention: str = "sdpa"  # the attention implementation transformers picks for the family
+    softcaps: tuple[float | None, float | None] = (None, None)  # the class's attention and final logit soft-capping
 
 
 FAMILIES: dict[str, DenseFamily] = {
@@ -59,7 +71,7 @@ FAMILIES: dict[str, DenseFamily] = {
     "qwen3": DenseFamily(head_dim=128, qk_norm="head"),
     "olmo2": DenseFamily(qk_norm="full", norms=("post_attention_layernorm", "post_feedforward_layernorm")),
     "gemma": DenseFamily(head_dim=256, tied=True),
-    "gemma2": DenseFamily(head_dim=256, tied=True, norms=FOUR_NORMS),
+    "gemma2": DenseFamily(head_dim=256, tied=True, norms=FOUR_NORMS, attention="eager", softcaps=(50.0, 30.0)),
     "gemma3_text": DenseFamily(head_dim=256, tied=True, qk_norm="head", norms=FOUR_NORMS),
 }
 
@@ -125,6 +137,14 @@ def dense_arch(config: dict[str, Any]) -> Arch | None:
         block_linears=block_linears,
         shape=shape,
         checkpoint_bytes=_dtype_bytes(config.get("dtype") or config.get("torch_dtype")),
+        attention=family.attention,
+        mask_kinds=_mask_kinds(config.get("layer_types") or _ALTERNATING[: dims.layers])
+        if family.attention == "eager"
+        else 1,
+        attn_softcap=config.get("attn_logit_softcapping", family.softcaps[0]) is not None,
+        logit_softcap=config.get("final_logit_softcapping", family.softcaps[1]) is not None,
+        dropouts=tuple(_rate(config, keys) for keys in DROPOUT_KEYS),  # type: ignore[arg-type]
+        composed_activation=COMPOSED_ACTIVATIONS.get(_activation(config), 0),
     )
 
 

@@ -175,3 +175,13 @@ def delta_net_formula(d: DeltaNet, per_layer: float) -> str:
         f" + {d.layers} gated delta-net layers' chunked rule ({d.value_heads} value heads, chunks of {DELTA_CHUNK}: "
         f"{per_layer:,.0f} B each)"
     )
+
+
+def modelled_out(shape: Any) -> tuple[str, ...]:
+    """The model's layer kinds no formula describes (Mamba-2 mixers and gated delta-nets are described here)."""
+    described: tuple[str, ...] = ()
+    if mamba2_dims(shape.config) is not None:
+        described += MIXER_CLASS_SUFFIX
+    if delta_net_dims(shape.config) is not None:
+        described += (DELTA_NET_CLASS_SUFFIX,)
+    return tuple(k for k in shape.unmodelled if not k.endswith(described))

@@ -4,7 +4,8 @@ A MoE block keeps, per token, the activations of the top-k experts it was routed
 and not of a dense MLP of `intermediate_size`), plus the router's scores. LoRA on the fused experts (peft's
 `ParamWrapper`) folds `W + scale * B A` into a full-size copy of each targeted expert stack for the forward,
 in the weights' dtype, which autograd keeps for the backward: one such copy per MoE layer until the backward
-reaches it (one layer at a time with gradient checkpointing), and its gradient while that layer's backward runs.
+reaches it (one layer at a time with gradient checkpointing), and its gradient while that layer's backward runs
+(a transient of that block's backward, which the LM head's own transient is no longer beside).
 
     routed_bytes_per_token(arch, moe, elem)   # one MoE layer's routed activations, per token
     folded_expert_bytes(moe, weight_bytes, checkpointing)
@@ -36,9 +37,18 @@ def routed_bytes_per_token(arch: Arch, moe: MoeLayout, elem: float, experts_trai
     return moe.top_k * per_expert * elem + 2 * moe.experts * 4
 
 
-def folded_expert_bytes(moe: MoeLayout, weight_bytes: float, checkpointing: bool) -> float:
-    """peft's folded expert copies (W + scale B A, the weights' dtype) kept for the backward, plus one layer's
-    gradient of that copy during its backward."""
+def folded_expert_bytes(moe: MoeLayout, weight_bytes: float, checkpointing: bool) -> tuple[float, float]:
+    """(peft's folded expert copies (W + scale B A, the weights' dtype) kept for the backward, the gradient of one
+    layer's copy while that layer's backward runs). The gradient is a transient of a block's backward: it is
+    never alive beside the LM head's transient (the head's backward has finished before any block's starts)."""
     per_layer = moe.expert_param_count / max(1, moe.moe_layers) * weight_bytes
     kept = per_layer if checkpointing else per_layer * moe.moe_layers
-    return kept + per_layer
+    return kept, per_layer
+
+
+def active_params(arch: Arch) -> int | None:
+    """Parameters one token passes through (top-k of the experts, every other weight); None for a dense model."""
+    moe = arch.shape.moe
+    if moe is None:
+        return None
+    return int(arch.total_params - moe.expert_param_count * (1 - moe.active_param_share))

@@ -73,6 +73,13 @@ class Arch:
     shape: ModelShape  # for the trainable-parameter count (jobs.memory.params)
     checkpoint_bytes: int = 2  # bytes per parameter in the model's files (its config's dtype)
     vision_params: int = 0  # a vision-language model's vision tower and projector (in total_params; jobs.memory.vision)
+    attention: str = "sdpa"  # the attention implementation transformers picks for it ("eager": probabilities kept)
+    mask_kinds: int = 1  # eager: the float masks it builds, one per kind of attention layer (full, sliding)
+    attn_softcap: bool = False  # attention logits soft-capped (a tanh's output kept; jobs.memory.elementwise)
+    logit_softcap: bool = False  # final logits soft-capped (one more tile temporary in the head)
+    dropouts: tuple[float, float, float] = (0.0, 0.0, 0.0)  # attention, residual, embedding dropout rates
+    composed_activation: int = 0  # tensors its activation keeps beyond a one-op one (gelu_new: 3)
+    unequal_head_dims: bool = False  # query/key heads wider or narrower than value heads (multi-head latent attention)
 
     @property
     def kv_dim(self) -> int:
@@ -116,7 +123,8 @@ def arch_from_config(config: Any) -> Arch:
     kv = getattr(text, "num_key_value_heads", None) or heads
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     names = {lin.name for lin in linears}
-    inter = int(getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden)
+    attention = str(getattr(model.config, "_attn_implementation", None) or "sdpa")
+    inter = _intermediate(text, hidden)
     params = list(model.parameters())
     return Arch(
         model_type=str(config.model_type),
@@ -141,7 +149,60 @@ def arch_from_config(config: Any) -> Arch:
         block_linears=tuple(linears),
         shape=model_shape(config),
         checkpoint_bytes=_dtype_bytes(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)),
+        attention=attention,
+        mask_kinds=_mask_kinds(getattr(text, "layer_types", None)) if attention == "eager" else 1,
+        attn_softcap=getattr(text, "attn_logit_softcapping", None) is not None,
+        logit_softcap=getattr(text, "final_logit_softcapping", None) is not None,
+        dropouts=tuple(_rate(text, keys) for keys in DROPOUT_KEYS),  # type: ignore[arg-type]
+        composed_activation=COMPOSED_ACTIVATIONS.get(_activation(text), 0),
+        unequal_head_dims=_unequal_head_dims(text),
     )
+
+
+# The config keys of a model's dropout rates (attention, residual, embedding) and of its activation.
+DROPOUT_KEYS = (
+    ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
+    ("resid_pdrop", "hidden_dropout"),
+    ("embd_pdrop",),
+)
+COMPOSED_ACTIVATIONS = {"gelu_new": 3}  # intermediate-wide tensors kept beyond a one-op activation
+
+
+def _get(config: Any, key: str) -> Any:
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def _rate(config: Any, keys: tuple[str, ...]) -> float:
+    for key in keys:
+        value = _get(config, key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
+
+
+def _activation(config: Any) -> str:
+    return next((v for k in ("hidden_act", "activation_function") if isinstance(v := _get(config, k), str)), "")
+
+
+def _unequal_head_dims(text: Any) -> bool:
+    """Whether the query/key heads' width differs from the value heads' (DeepSeek's latent attention: no-rope +
+    rope parts against v_head_dim)."""
+    v = _get(text, "v_head_dim")
+    qk = _get(text, "qk_head_dim") or ((_get(text, "qk_nope_head_dim") or 0) + (_get(text, "qk_rope_head_dim") or 0))
+    return isinstance(v, int) and bool(qk) and qk != v
+
+
+def _mask_kinds(layer_types: Any) -> int:
+    """The kinds of attention layer in a config's layer_types (full, sliding, ...): one float mask each."""
+    return max(1, len({str(t) for t in layer_types or () if str(t).endswith("attention")}))
+
+
+def _intermediate(text: Any, hidden: int) -> int:
+    """The MLP's width as the model builds it: a config with `n_inner` (GPT-2 and its kin) means `n_inner` or
+    4 x hidden, whatever other `intermediate_size` attribute it carries; the others name `intermediate_size`."""
+    if "n_inner" in text.to_dict():
+        return int(text.n_inner or 4 * hidden)
+    return int(getattr(text, "intermediate_size", None) or 4 * hidden)
 
 
 def _linear_dims(module: Any) -> tuple[int, int] | None:
@@ -249,6 +310,11 @@ def block_elements(arch: Arch, plan: ActivationPlan, mask_bytes: float, elem: fl
     return byte_total
 
 
+def dequantized_bytes(arch: Arch, elem: float) -> float:
+    """A quantized layer's matmul de-quantizes one weight at a time (and its transpose): the largest one's bytes."""
+    return max(lin.in_features * lin.out_features for lin in arch.block_linears) * elem * 2.0
+
+
 # ---------------------------------------------------------------------- logits (docs/memory.md "Logits and loss")
 def head_bytes(
     arch: Arch,
@@ -271,12 +337,13 @@ def head_bytes(
     v = min(arch.vocab, HEAD_VOCAB_TILE)
     width = v if resident else HEAD_VOCAB_TILE
     buffer = n * width * compute_elem
-    temps = 0.0 if fused_kernel else n * v * (7 * 4 + 1)
+    softcap = int(arch.logit_softcap)  # a final logit soft-capping's tanh: one more fp32 temporary
+    temps = 0.0 if fused_kernel else n * v * ((7 + softcap) * 4 + 1)
     grad_hidden = rows_tokens * arch.hidden * 4
     grad_weight = arch.vocab * arch.hidden * 4 if head_trains else 0
     formula = (
         f"tile {n}x{width}x{compute_elem:g} B{' (written part)' if resident and width < HEAD_VOCAB_TILE else ''}"
-        + ("" if fused_kernel else f" + 7 fp32 + 1 bool temporaries {n}x{v}")
+        + ("" if fused_kernel else f" + {7 + softcap} fp32 + 1 bool temporaries {n}x{v}")
         + f" + fp32 hidden grad {rows_tokens}x{arch.hidden}"
         + (f" + fp32 head grad {arch.vocab}x{arch.hidden}" if head_trains else "")
     )

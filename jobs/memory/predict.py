@@ -30,18 +30,27 @@ from jobs.config.mapping import QUANTIZED_METHODS, resolve_precision
 from jobs.data.tokens.lengths import RowLengths, TokenBatch, worst_case_batch
 from jobs.devices.facts import DeviceFacts
 from jobs.memory.breakdown import ALLOCATOR_SLACK, VLLM_PART, Part, Prediction, context_bytes, overhead_at, runtime_part
+from jobs.memory.elementwise import elementwise_bytes
 from jobs.memory.mixers import (
-    DELTA_NET_CLASS_SUFFIX,
-    MIXER_CLASS_SUFFIX,
     delta_net_bytes,
     delta_net_dims,
     delta_net_formula,
     mamba2_dims,
     mixer_bytes,
     mixer_formula,
+    modelled_out,
 )
+from jobs.memory.moe_parts import active_params as moe_active_params
 from jobs.memory.params import ParamCount, trainable_params
-from jobs.memory.parts import ActivationPlan, Arch, block_elements, head_bytes, int8_bytes, nf4_bytes_per_param
+from jobs.memory.parts import (
+    ActivationPlan,
+    Arch,
+    block_elements,
+    dequantized_bytes,
+    head_bytes,
+    int8_bytes,
+    nf4_bytes_per_param,
+)
 from jobs.memory.peak import Term, peak_phase
 from jobs.memory.rollout import NO_ROLLOUT, Rollout, rollout
 from jobs.memory.targets import activation_plan, adapted_experts, optimizer_bytes, trainable_shapes
@@ -220,7 +229,9 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
     allocator may keep both resident (`jobs.memory.trick_effects`)."""
     spec, arch, plan, tokens, elem = s.spec, s.arch, s.plan, s.tokens, s.elem
     per_block = block_elements(arch, plan, s.mask_bytes, elem)
-    moe, folded = arch.shape.moe, 0.0
+    extra = elementwise_bytes(arch, s.length, elem, s.mask_bytes, s.cuda)
+    per_block += extra.per_layer  # the config's dropout layers and composed activation (jobs.memory.elementwise)
+    moe, folded, folded_grad = arch.shape.moe, 0.0, 0.0
     if moe is not None:  # docs/memory.md "Mixture of experts": routed top-k activations instead of a dense MLP
         from jobs.memory.moe_parts import dense_mlp_per_token, folded_expert_bytes, routed_bytes_per_token
 
@@ -228,7 +239,7 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
         per_block += routed * moe.moe_layers / arch.layers
         if adapted_experts(spec, arch):
             weight_bytes = 4 if spec.method in QUANTIZED_METHODS or not s.half else 2
-            folded = folded_expert_bytes(moe, weight_bytes, checkpointing.on(spec))
+            folded, folded_grad = folded_expert_bytes(moe, weight_bytes, checkpointing.on(spec))
     # docs/memory.md "Activations": a gated delta-net layer's chunked rule (fp32) and a Mamba-2 layer's chunked
     # scan, on top of their blocks' figure.
     delta, mamba2 = delta_net_dims(arch.shape.config), mamba2_dims(arch.shape.config)
@@ -238,32 +249,40 @@ def activations_term(s: Setting, logits: float) -> tuple[Term, float, float]:
         mixer_layer * mamba2.layers if mamba2 is not None else 0.0
     )
     absorbed = freed = 0.0
+    dequantized = dequantized_bytes(arch, elem) if spec.method in (Method.QLORA, Method.LORA_8BIT) else 0.0
     if checkpointing.on(spec):
         freed = tokens * arch.layers * per_block + mixers
-        # Only each block's input stays; one block (its mixer's scan included) is recomputed at a time, after
-        # the head's backward has finished, so the larger of the two transients counts, not both.
-        recomputed = tokens * per_block + max(delta_layer, mixer_layer)
+        # Only each block's input stays; one block (its mixer's scan, peft's folded expert copy and its gradient,
+        # a de-quantized weight included) is recomputed at a time, after the head's backward has finished, so
+        # the larger of the two transients counts, not both.
+        recomputed = (
+            tokens * (per_block + extra.backward) + max(delta_layer, mixer_layer) + folded + folded_grad + dequantized
+        )
         absorbed = min(recomputed, logits)
-        acts = tokens * arch.layers * arch.hidden * elem + max(0.0, recomputed - logits)
+        acts = tokens * (arch.layers * arch.hidden * elem + extra.checkpointed) + max(0.0, recomputed - logits)
         formula = (
             f"{tokens:,} tokens x {arch.layers} block inputs x {arch.hidden} x {elem} B "
             f"+ one recomputed block ({per_block:,.0f} B/token"
-            f"{' and its mixer' if mixers else ''}) beyond the head's transient"
+            f"{' and its mixer' if mixers else ''}{', folded expert copy' if folded else ''}"
+            f"{', de-quantized weight' if dequantized else ''}) beyond the head's transient"
         )
-    else:
-        acts = tokens * arch.layers * per_block + mixers
+        folded = dequantized = 0.0  # counted in the recomputed block
+    else:  # the last block's backward transient (attention dropout's, a folded copy's gradient) counts beyond the
+        # head's, like a recomputed block
+        acts = tokens * arch.layers * per_block + mixers + max(0.0, tokens * extra.backward + folded_grad - logits)
         formula = f"{tokens:,} tokens x {arch.layers} layers x {per_block:,.0f} B/token/layer"
     if delta is not None:
         formula += delta_net_formula(delta, delta_layer)
     if mamba2 is not None:
         formula += mixer_formula(mamba2, mixer_layer)
     acts += tokens * arch.hidden * (3 if plan.weights_train else 2) * elem  # final norm and the head's input copy
+    acts += tokens * extra.once
+    formula += f" (with {extra.words})" if extra.words else ""
     if folded:
         acts += folded
         formula += f" + peft's folded expert weights (W + BA) kept for the backward {human_bytes(folded)}"
-    if spec.method in (Method.QLORA, Method.LORA_8BIT):
-        big = max(lin.in_features * lin.out_features for lin in arch.block_linears)
-        acts += big * elem * 2  # one de-quantized weight (and its transpose) at a time
+    if dequantized:
+        acts += dequantized
         formula += " + one de-quantized weight"
     return Term(acts, formula), absorbed, freed
 
@@ -370,26 +389,7 @@ def predict(
         batch=s.batch,
         phases=phases,
         lengths=lengths.stats(spec.max_length) if lengths is not None else None,
-        active_params=active_params(arch),
-        not_modelled=modelled_out(arch),
+        active_params=moe_active_params(arch),
+        not_modelled=modelled_out(arch.shape),
         host_bytes=int(fx.host_bytes),
     )
-
-
-def modelled_out(arch: Arch) -> tuple[str, ...]:
-    """The model's layer kinds no formula describes (Mamba-2 mixers and gated delta-nets are described by
-    jobs.memory.mixers)."""
-    described: tuple[str, ...] = ()
-    if mamba2_dims(arch.shape.config) is not None:
-        described += MIXER_CLASS_SUFFIX
-    if delta_net_dims(arch.shape.config) is not None:
-        described += (DELTA_NET_CLASS_SUFFIX,)
-    return tuple(k for k in arch.shape.unmodelled if not k.endswith(described))
-
-
-def active_params(arch: Arch) -> int | None:
-    """Parameters one token passes through (top-k of the experts, every other weight); None for a dense model."""
-    moe = arch.shape.moe
-    if moe is None:
-        return None
-    return int(arch.total_params - moe.expert_param_count * (1 - moe.active_param_share))

@@ -51,7 +51,7 @@ def activation_plan(spec: JobSpec, arch: Arch) -> ActivationPlan:
             weights_train=False,
             adapters=tuple(x for x in arch.block_linears if x.name in targets),
             lora_r=spec.lora_r,
-            dropout=spec.lora_dropout > 0,
+            dropout=kwargs["lora_dropout"] > 0,  # as peft gets it: 0 when the adapters reach fused experts
             dora=m is Method.DORA,
             adapter_elem=2 if m in (Method.QLORA, Method.LORA_8BIT) else None,
         )

@@ -12,6 +12,7 @@ linear-attention / state-space layers, fused qkv, biases, tied and untied heads,
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,53 @@ BASE: dict[str, Any] = dict(
     max_position_embeddings=1024,
 )
 MOE: dict[str, Any] = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# The zoo's second size: wider, deeper, more heads and experts, positions for 2,048 tokens. Each family's own
+# fields that name a width (gpt2's n_embd, the Mamba-2 heads, ...) are scaled with it in `SIZE_FIELDS`.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": dict(
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        num_experts=8,
+        num_local_experts=8,
+        n_routed_experts=8,
+        moe_intermediate_size=256,
+        head_dim=64,
+    ),
+}
+SIZE_FIELDS: dict[str, dict[str, dict[str, Any]]] = {
+    "small": {
+        "gpt2": dict(n_embd=512, n_layer=4, n_head=8, n_positions=2048),
+        "bamba": dict(mamba_n_heads=16, mamba_d_head=64, attn_layer_indices=[1, 3]),
+        "granitemoehybrid": dict(
+            mamba_n_heads=16,
+            mamba_d_head=64,
+            shared_intermediate_size=512,
+            layer_types=["linear_attention", "full_attention"] * 2,
+        ),
+        "deepseek_v3": dict(
+            num_key_value_heads=8,
+            kv_lora_rank=64,
+            q_lora_rank=128,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=32,
+            v_head_dim=64,
+        ),
+        "qwen3_next": dict(
+            linear_num_key_heads=4,
+            linear_num_value_heads=8,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            shared_expert_intermediate_size=512,
+        ),
+        "qwen2_moe": dict(shared_expert_intermediate_size=512),
+        "llama4_text": dict(intermediate_size_mlp=1024),
+    },
+}
 MLA: dict[str, Any] = dict(
     kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4
 )
@@ -132,8 +180,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def zoo_config(family: str, tokenizer: Any) -> Any:
-    """The family's tiny transformers config, with the tokenizer's vocabulary and special tokens."""
+def zoo_config(family: str, tokenizer: Any, size: str = "tiny") -> Any:
+    """The family's transformers config at `size` (`SIZES`), with the tokenizer's vocabulary and special tokens."""
     from transformers import AutoConfig
 
     fam = FAMILIES[family]
@@ -143,11 +191,13 @@ def zoo_config(family: str, tokenizer: Any) -> Any:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return AutoConfig.for_model(fam.model_type, **{**BASE, **ids, **fam.config})
+    sized = {k: v for k, v in SIZES[size].items() if k in BASE or (fam.moe and k in MOE) or k in fam.config}
+    fields = {**BASE, **ids, **fam.config, **sized, **SIZE_FIELDS.get(size, {}).get(family, {})}
+    return AutoConfig.for_model(fam.model_type, **fields)
 
 
-def build_zoo_model(dest: Path, family: str) -> Path:
-    """The family's tiny model folder at `dest`, built once (seeded random weights, the tiny tokenizer)."""
+def build_zoo_model(dest: Path, family: str, size: str = "tiny") -> Path:
+    """The family's model folder at `dest` at `size`, built once (seeded random weights, the tiny tokenizer)."""
 
     def write(out: Path) -> None:
         import torch
@@ -158,9 +208,21 @@ def build_zoo_model(dest: Path, family: str) -> Path:
         tokenizer = train_tokenizer()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
-            model = AutoModelForCausalLM.from_config(zoo_config(family, tokenizer))
+            model = AutoModelForCausalLM.from_config(zoo_config(family, tokenizer, size))
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        (out / "tunedeck.json").write_text(json.dumps({"builder": "jobs.models.zoo", "family": family}) + "\n")
+        (out / "tunedeck.json").write_text(
+            json.dumps({"builder": "jobs.models.zoo", "family": family, **({"size": size} if size != "tiny" else {})})
+            + "\n"
+        )
 
-    return build_folder_atomically(Path(dest), write, version=ZOO_VERSION)
+    return build_folder_atomically(Path(dest), write, version=zoo_version(size))
+
+
+def zoo_version(size: str) -> str:
+    """The folder version of a zoo model at `size`: the tiny one's is `ZOO_VERSION`; another size's names its
+    fields' digest too, so that a folder built at an older definition of the size is rebuilt."""
+    if size == "tiny":
+        return ZOO_VERSION
+    fields = json.dumps([SIZES[size], SIZE_FIELDS.get(size, {})], sort_keys=True)
+    return f"{ZOO_VERSION}-{size}-{hashlib.sha256(fields.encode()).hexdigest()[:8]}"
