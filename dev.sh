@@ -43,7 +43,7 @@ TORCH_REQ="${TUNEDECK_TORCH:-torch==2.13.0}"
 TORCH_INDEX="${TUNEDECK_TORCH_INDEX:-}"
 STAMP="$VENV/.tunedeck-stamp"
 
-log() { printf 'dev.sh: %s\n' "$*" >&2; }
+log() { printf 'dev.sh [%ss]: %s\n' "$SECONDS" "$*" >&2; }
 
 usage() {
     sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
