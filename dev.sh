@@ -5,7 +5,8 @@
 #                           (http://127.0.0.1:7860, with its worker)
 #   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose / PostgreSQL when root), then
 #                           the checks below and every test tier: pytest -m "" [args]
-#                           (TUNEDECK_TEST_WORKERS=2: two xdist workers, a test file per worker)
+#                           (two xdist workers, whole test files each, one thread a process;
+#                           TUNEDECK_TEST_WORKERS=0: serial)
 #   ./dev.sh test --loaded  the same set-up, then the integration and browser tiers (not the SmolLM2 one)
 #                           with a CPU hog on one core, in a random order (seed printed;
 #                           TUNEDECK_TEST_SEED=N replays it)
@@ -27,6 +28,8 @@
 #                         (PyPI's Linux x86_64 wheel is a CUDA build).
 #   TUNEDECK_TORCH_INDEX  a wheel index for torch only, e.g. https://download.pytorch.org/whl/cu128
 #   TUNEDECK_HOME         the data folder of `serve` (default ./data); the tests use a throw-away one
+#   TUNEDECK_BUILD_CACHE  where llama.cpp's builds (and mypy's cache) are kept between checkouts
+#                         (default ~/.cache/tunedeck/build)
 #
 # The venv is re-installed only when pyproject.toml, this file or the torch settings change
 # (a stamp file in the venv holds their hash), so a second call takes about a second.
@@ -40,10 +43,10 @@ TORCH_REQ="${TUNEDECK_TORCH:-torch==2.13.0}"
 TORCH_INDEX="${TUNEDECK_TORCH_INDEX:-}"
 STAMP="$VENV/.tunedeck-stamp"
 
-log() { printf 'dev.sh: %s\n' "$*" >&2; }
+log() { printf 'dev.sh [%ss]: %s\n' "$SECONDS" "$*" >&2; }
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -164,6 +167,16 @@ build_llama_tools() {
     log "llama.cpp's ${LLAMA_CPP_TOOLS[*]} in $bin ($((SECONDS - start)) s)"
 }
 
+# What the llama.cpp builds above produce (the binding's wheel, the tools' bin/) is kept per version and build flags
+# in the user's cache, as pip keeps the wheels it builds, so a new checkout or venv on the same machine installs
+# them in seconds; TUNEDECK_BUILD_CACHE moves it, and an empty folder builds again.
+llama_build_cache() {
+    local flags
+    flags="$(printf '%s\n' "$LLAMA_CPP_CMAKE_ARGS" "${LLAMA_CPP_TOOLS_CMAKE_ARGS[*]}" "${LLAMA_CPP_TOOLS[*]}" \
+        "$("$VENV/bin/python" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)"
+    printf '%s/llama.cpp-%s-%s' "${TUNEDECK_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tunedeck/build}" "$1" "$flags"
+}
+
 ensure_llama_cpp() {
     local want="${LLAMA_CPP_REQ#*==}" dest="$VENV/$LLAMA_CPP_CONVERTER" have_binding=0 have_converter=0
     if "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != sys.argv[1])' \
@@ -185,13 +198,25 @@ ensure_llama_cpp() {
         --no-binary llama-cpp-python -d "$sdist_dir" "$LLAMA_CPP_REQ"
     local sdist
     sdist="$(ls "$sdist_dir"/llama_cpp_python-"$want".tar.gz)"
+    local cache
+    cache="$(llama_build_cache "$want")"
     if ! ((have_binding)); then
-        log "building $LLAMA_CPP_REQ from source (llama.cpp's library only, on $(nproc) cores: minutes)"
-        CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" \
-            "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-cache-dir "$sdist"
+        if ! compgen -G "$cache/llama_cpp_python-$want-*.whl" >/dev/null; then
+            log "building $LLAMA_CPP_REQ from source (llama.cpp's library only, on $(nproc) cores: minutes)"
+            mkdir -p "$cache"
+            CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" \
+                "$VENV/bin/python" -m pip wheel --disable-pip-version-check -q --no-cache-dir --no-deps \
+                -w "$cache" "$sdist"
+        fi
+        "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$cache"/llama_cpp_python-"$want"-*.whl
     fi
     if ! llama_tools_ready "$dest/bin" "$want"; then
-        build_llama_tools "$sdist" "$want" "$dest/bin"
+        if llama_tools_ready "$cache/bin" "$want"; then
+            mkdir -p "$dest" && rm -rf "$dest/bin" && cp -a "$cache/bin" "$dest/bin"
+        else
+            build_llama_tools "$sdist" "$want" "$dest/bin"
+            if llama_tools_ready "$dest/bin" "$want"; then rm -rf "$cache/bin" && cp -a "$dest/bin" "$cache/bin"; fi
+        fi
     fi
     if ((have_converter)); then
         rm -rf "$sdist_dir"
@@ -215,7 +240,9 @@ run_checks() {
     log "ruff check, ruff format --check, mypy"
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
-    "$VENV/bin/mypy"
+    # mypy's cache beside llama.cpp's builds: a fresh checkout re-checks only what changed (it compares each file).
+    MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${TUNEDECK_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tunedeck/build}/mypy}" \
+        "$VENV/bin/mypy"
 }
 
 run_loaded() {
@@ -265,13 +292,18 @@ case "$cmd" in
         wait "$apt_pid" || { log "installing the system packages failed (see above)"; exit 1; }
         wait "$llama_pid" || { log "building llama-cpp-python failed (see above)"; exit 1; }
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
-        # TUNEDECK_TEST_WORKERS=2: two workers, each taking whole test files (module fixtures: a served
-        # dashboard, a trained run). Serial by default: on the 2-core CI machine a full run on two workers
-        # passed but took 2,560 s against ~1,900 s serial, because two training children at once
-        # oversubscribe the cores (the SmolLM2 GGUF export test alone went from minutes to 1,239 s).
-        workers="${TUNEDECK_TEST_WORKERS:-0}"
+        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial), each taking whole test files (module
+        # fixtures: a served dashboard, a trained run); files sharing a costly session fixture or a daemon go to
+        # one worker together (tests/conftest.py's groups). Every torch and llama.cpp process of the run gets one
+        # thread: two workers whose training children each spun two threads oversubscribed the 2 cores (a full
+        # run with loadfile and default threads took 2,560 s against ~1,900 s serial, the SmolLM2 GGUF export
+        # alone 1,239 s, the SmolLM2 run trained twice, once per worker).
+        workers="${TUNEDECK_TEST_WORKERS:-2}"
         xdist=()
-        if [[ "$workers" != "0" ]]; then xdist=(-n "$workers" --dist loadfile); fi
+        if [[ "$workers" != "0" ]]; then
+            xdist=(-n "$workers" --dist loadgroup)
+            export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+        fi
         if [[ "${1:-}" == "--loaded" ]]; then
             shift
             run_loaded "${xdist[@]}" "$@"

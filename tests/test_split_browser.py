@@ -57,24 +57,25 @@ def _mapped_weights(pid: int) -> set[str]:
 
 
 def _export(page: Any, url: str, run_id: int) -> str:
-    """Ask the run page's panel for a merged fp32 model and a GGUF f16, and then a push of the bundle (the
-    worker is offline: it refuses); the progress text once all three ended."""
+    """Ask the run page's panel for a merged fp32 model and a GGUF f16, wait for both to end, then for a push of
+    the bundle (the worker is offline: it refuses); the progress text of each. One after the other, as a person
+    would: two clicks in a row may reach the server's queue in either order (seen under load: the push first, and
+    its quick refusal no longer followed once the export was asked for)."""
     page.goto(f"{url}/?run={run_id}")
     page.get_by_text("Export: merged model, GGUF, push to the hub").click()
     page.locator("#export-dtype").get_by_text("fp32").click()
     page.locator("#export-gguf").get_by_text("f16").click()
     page.locator("#export-start").click()
+    log = page.locator("#export-log textarea")
+    ended = "el => {}.every(t => new RegExp(t + ': (done|failed|cancelled)').test(el.value))"
+    page.wait_for_function(ended.format("['GGUF f16', 'merged fp32']"), arg=log.element_handle(), timeout=900_000)
+    page.locator("#export-files").get_by_text(".gguf").first.wait_for(timeout=30_000)
+    exported = log.input_value()
     page.get_by_label("Hub repository (--repo)").fill("alice/tag-adapter")
     page.locator("#push-start").click()
-    log = page.locator("#export-log textarea")
-    page.wait_for_function(
-        "el => ['GGUF f16', 'merged fp32', 'push bundle to alice/tag-adapter']"
-        ".every(t => new RegExp(t + ': (done|failed|cancelled)').test(el.value))",
-        arg=log.element_handle(),
-        timeout=900_000,
-    )
-    page.locator("#export-files").get_by_text(".gguf").first.wait_for(timeout=30_000)
-    return log.input_value()
+    pushed = "['push bundle to alice/tag-adapter']"
+    page.wait_for_function(ended.format(pushed), arg=log.element_handle(), timeout=900_000)
+    return exported + "\n" + log.input_value()
 
 
 @pytest.mark.slow
