@@ -25,7 +25,7 @@ import psutil
 import pytest
 import torch
 import training_helpers
-from training_helpers import wait_for
+from training_helpers import LONG, wait_for
 from transformers import TrainerCallback
 
 from jobs.spec.job import JobSpec
@@ -213,7 +213,7 @@ def test_queued_runs_reorder_and_cancel(store: Store, data_home: Path, capsys: p
 # ---------------------------------------------------------------------- 2. cancel
 @pytest.mark.integration
 def test_cancel_saves_a_checkpoint_and_leaves_no_process(store: Store, tiny_model: Path, data_home: Path) -> None:
-    run_id = store.create_run(tiny_spec(tiny_model, max_steps=400, max_length=48))
+    run_id = store.create_run(tiny_spec(tiny_model, max_steps=LONG, max_length=48))
     worker = Worker(store, poll_interval=0.2, heartbeat_interval=0.5, grace_period=30.0)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True})
     thread.start()
@@ -263,7 +263,7 @@ def test_sigkilled_worker_run_is_interrupted_orphan_ended_then_resumed(
 ) -> None:
     from app.cli.main import main
 
-    spec = tiny_spec(tiny_model, max_steps=2000, max_length=48)
+    spec = tiny_spec(tiny_model, max_steps=LONG, max_length=48)
     run_id = store.create_run(spec)
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli.main", "worker"],

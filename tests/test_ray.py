@@ -21,6 +21,7 @@ import pytest
 from cluster_helpers import all_running, dispatchers, explain, quick_spec
 from engines import engine_missing
 from ray_helpers import RayCluster, free_port, ray_missing
+from training_helpers import LONG
 
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
 from jobs.cluster.ray_engine import (
@@ -454,7 +455,7 @@ def test_cancel_in_tunedeck_and_ray_job_stop_from_outside(
 
     from storage.models import RunStatus
 
-    cancelled, stopped = (store.create_run(quick_spec(tiny_model, max_steps=2000)) for _ in range(2))
+    cancelled, stopped = (store.create_run(quick_spec(tiny_model, max_steps=LONG)) for _ in range(2))
     d = dispatch(max_jobs=2)
     _training(store, cancelled)
     _training(store, stopped)
@@ -503,7 +504,7 @@ def test_a_killed_job_fails_the_run_with_the_signal(store, tiny_model: Path, dis
 
     from storage.models import RunStatus
 
-    run_id = store.create_run(quick_spec(tiny_model, max_steps=2000))
+    run_id = store.create_run(quick_spec(tiny_model, max_steps=LONG))
     d = dispatch()
     _training(store, run_id)
     job = _job_process(run_id)

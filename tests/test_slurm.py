@@ -20,7 +20,7 @@ import pytest
 from cluster_helpers import all_running, dispatchers, explain, quick_spec
 from engines import engine_missing
 from slurm_helpers import SlurmCluster, slurm_missing
-from training_helpers import tiny_spec, wait_for
+from training_helpers import LONG, tiny_spec, wait_for
 
 from jobs.cluster.dispatch import Dispatcher
 from jobs.cluster.engine import EngineError, JobState, Phase, Submission
@@ -584,7 +584,7 @@ def test_restart_adopts_jobs_then_cancel_and_scancel_from_outside(
 ) -> None:
     """A restarted dispatcher follows the jobs it finds instead of submitting them again; then one run is
     cancelled from tunedeck (cancelled) and the other's job is scancelled from outside (failed, saying so)."""
-    cancelled, scancelled = (store.create_run(quick_spec(tiny_model, max_steps=2000)) for _ in range(2))
+    cancelled, scancelled = (store.create_run(quick_spec(tiny_model, max_steps=LONG)) for _ in range(2))
     first = dispatch(max_jobs=2)
     for i in (cancelled, scancelled):
         _training(store, i)

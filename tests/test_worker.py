@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from training_helpers import wait_for
+from training_helpers import LONG, wait_for
 
 from jobs.devices.sampler import GpuProbe, ProcessTree, Sampler
 from jobs.spec.job import JobSpec
@@ -288,7 +288,7 @@ def test_worker_samples_child_memory(store: Store) -> None:
 def test_real_training_child_sigkilled_then_next_run(store: Store, tiny_model: Path) -> None:
     """The real `python -m jobs.train.child` child, killed mid-run; the next run still trains."""
     pytest.importorskip("jobs.train.child")
-    spec = JobSpec(model=str(tiny_model), max_steps=400, max_length=64, per_device_train_batch_size=2, logging_steps=1)
+    spec = JobSpec(model=str(tiny_model), max_steps=LONG, max_length=64, per_device_train_batch_size=2, logging_steps=1)
     first = store.create_run(spec)
     second = store.create_run(spec.replace(max_steps=3))
     worker = Worker(store, poll_interval=0.2, heartbeat_interval=0.5, grace_period=5.0)

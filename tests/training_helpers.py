@@ -43,6 +43,12 @@ def claim_run(store: Any, run_id: int, worker_id: str, device: str, host: str | 
     return claimed
 
 
+# max_steps for a run a test stops mid-training (cancel, kill, scancel): one that never ends by itself first. The
+# tiny model trains ~50 steps a second on one thread (the suite runs with OMP_NUM_THREADS=1), so "2,000 steps"
+# was over before a loaded test got to its kill.
+LONG = 100_000
+
+
 def wait_for(
     predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "condition"
 ) -> Any:
