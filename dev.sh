@@ -5,7 +5,7 @@
 #                           (http://127.0.0.1:7860, with its worker)
 #   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose / PostgreSQL when root), then
 #                           the checks below and every test tier: pytest -m "" [args]
-#                           (two xdist workers, whole test files each, one thread a process;
+#                           (two xdist workers, one thread a process;
 #                           TUNEDECK_TEST_WORKERS=0: serial)
 #   ./dev.sh test --loaded  the same set-up, then the integration and browser tiers (not the SmolLM2 one)
 #                           with a CPU hog on one core, in a random order (seed printed;
@@ -292,12 +292,12 @@ case "$cmd" in
         wait "$apt_pid" || { log "installing the system packages failed (see above)"; exit 1; }
         wait "$llama_pid" || { log "building llama-cpp-python failed (see above)"; exit 1; }
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
-        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial), each taking whole test files (module
-        # fixtures: a served dashboard, a trained run); files sharing a costly session fixture or a daemon go to
-        # one worker together (tests/conftest.py's groups). Every torch and llama.cpp process of the run gets one
-        # thread: two workers whose training children each spun two threads oversubscribed the 2 cores (a full
-        # run with loadfile and default threads took 2,560 s against ~1,900 s serial, the SmolLM2 GGUF export
-        # alone 1,239 s, the SmolLM2 run trained twice, once per worker).
+        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial). Each test is handed to whichever worker is
+        # free (`--dist loadgroup` with no groups: pytest 9.2 ignores the id suffix xdist 3.8 marks a group with, so
+        # tests are not kept together by file; a module or session fixture is built once per worker that needs it,
+        # the SmolLM2 run included). Every torch and llama.cpp process of the run gets one thread: two workers whose
+        # training children each spun two threads oversubscribed the 2 cores (a full run with default threads took
+        # 2,560 s against ~1,900 s serial; with one thread, 1,614 s against 2,203 s serial on 2026-12-05).
         workers="${TUNEDECK_TEST_WORKERS:-2}"
         xdist=()
         if [[ "$workers" != "0" ]]; then

@@ -33,39 +33,6 @@ settings.register_profile("explore", derandomize=False, deadline=None, print_blo
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# Under xdist (`./dev.sh test` runs two workers, `--dist loadgroup`) each worker is a session of its own, so a
-# session fixture is built once per worker that needs it. Whole files go to one worker (their module fixtures:
-# a served dashboard, a trained run), and files that share something too costly to build twice, or a daemon
-# that two sessions must not start at once, go to one worker together.
-SHARED_BY_FILES = {
-    "smollm2_run": "smollm2",  # the default SmolLM2 job, trained and scored once (minutes)
-}
-ONE_WORKER_FILES = {
-    # Slurm's daemons with munge, Ray's head node, docker-compose: one at a time on this machine.
-    "test_slurm.py": "engines",
-    "test_ray.py": "engines",
-    "test_engines.py": "engines",
-    "test_compose.py": "engines",
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's xdist group: its file's, or the shared group of a file that uses a costly session fixture."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
-    groups: dict[Path, str] = {}
-    for item in items:
-        path = Path(str(item.path))
-        fixtures = getattr(item, "fixturenames", ())
-        shared = next((group for name, group in SHARED_BY_FILES.items() if name in fixtures), None)
-        if shared:
-            groups[path] = shared
-        else:
-            groups.setdefault(path, ONE_WORKER_FILES.get(path.name, path.name))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.path))]))
-
-
 @pytest.fixture
 def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh TUNEDECK_HOME (database, runs, uploads) for one test."""
