@@ -52,13 +52,14 @@ class Mamba2:
         return 2 * self.heads * self.head_dim + 2 * self.groups * self.state + self.heads
 
 
-def _get(config: Any, key: str) -> Any:
+def config_field(config: Any, key: str) -> Any:
+    """A config's key, whether the config is a transformers config or its dict (None when it has none)."""
     return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
 
 
 def _first(config: Any, keys: tuple[str, ...]) -> int | None:
     for key in keys:
-        value = _get(config, key)
+        value = config_field(config, key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
@@ -68,13 +69,13 @@ def mamba_layer_count(config: Any, layers: int) -> int:
     """The Mamba layers among `layers`: from the config's layer-type list (`layers_block_type`, `layer_types`,
     nemotron_h's `hybrid_override_pattern`), or every layer but `attn_layer_indices`."""
     for key in ("layers_block_type", "layer_types"):
-        kinds = _get(config, key)
+        kinds = config_field(config, key)
         if isinstance(kinds, (list, tuple)) and kinds:
             return sum(1 for k in kinds if str(k).lower() in MAMBA_TYPES)
-    pattern = _get(config, "hybrid_override_pattern")
+    pattern = config_field(config, "hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         return pattern.count("M")
-    attention = _get(config, "attn_layer_indices")
+    attention = config_field(config, "attn_layer_indices")
     return layers - len(attention) if isinstance(attention, (list, tuple)) else layers
 
 
@@ -85,10 +86,10 @@ def mamba2_dims(config: Any) -> Mamba2 | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if _first(text, KEYS["state"]) is None or _first(text, KEYS["chunk"]) is None:
         return None
-    layers = int(_get(text, "num_hidden_layers") or 0)
-    hidden = int(_get(text, "hidden_size") or 0)
+    layers = int(config_field(text, "num_hidden_layers") or 0)
+    hidden = int(config_field(text, "hidden_size") or 0)
     head_dim = _first(text, KEYS["head_dim"]) or 64
-    heads = _first(text, KEYS["heads"]) or (int(_get(text, "mamba_expand") or 2) * hidden) // head_dim
+    heads = _first(text, KEYS["heads"]) or (int(config_field(text, "mamba_expand") or 2) * hidden) // head_dim
     count = mamba_layer_count(text, layers)
     if count == 0 or heads <= 0:
         return None
@@ -150,7 +151,7 @@ def delta_net_dims(config: Any) -> DeltaNet | None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     sizes = [_first(text, (key,)) for key in ("linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")]
-    kinds = _get(text, "layer_types")
+    kinds = config_field(text, "layer_types")
     layers = sum(1 for k in kinds if k == "linear_attention") if isinstance(kinds, (list, tuple)) else 0
     if layers == 0 or not all(isinstance(v, int) and v > 0 for v in sizes):
         return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.memory.mixers import config_field
 from jobs.memory.shape import ModelShape, model_shape
 
 # trl's fused LM head (trl/kernels/chunked_logprob.py) scores at most this many tokens x vocabulary
@@ -168,27 +169,25 @@ DROPOUT_KEYS = (
 COMPOSED_ACTIVATIONS = {"gelu_new": 3}  # intermediate-wide tensors kept beyond a one-op activation
 
 
-def _get(config: Any, key: str) -> Any:
-    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
-
-
 def _rate(config: Any, keys: tuple[str, ...]) -> float:
     for key in keys:
-        value = _get(config, key)
+        value = config_field(config, key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return 0.0
 
 
 def _activation(config: Any) -> str:
-    return next((v for k in ("hidden_act", "activation_function") if isinstance(v := _get(config, k), str)), "")
+    return next((v for k in ("hidden_act", "activation_function") if isinstance(v := config_field(config, k), str)), "")
 
 
 def _unequal_head_dims(text: Any) -> bool:
     """Whether the query/key heads' width differs from the value heads' (DeepSeek's latent attention: no-rope +
     rope parts against v_head_dim)."""
-    v = _get(text, "v_head_dim")
-    qk = _get(text, "qk_head_dim") or ((_get(text, "qk_nope_head_dim") or 0) + (_get(text, "qk_rope_head_dim") or 0))
+    v = config_field(text, "v_head_dim")
+    qk = config_field(text, "qk_head_dim") or (
+        (config_field(text, "qk_nope_head_dim") or 0) + (config_field(text, "qk_rope_head_dim") or 0)
+    )
     return isinstance(v, int) and bool(qk) and qk != v
 
 
