@@ -292,16 +292,16 @@ case "$cmd" in
         wait "$apt_pid" || { log "installing the system packages failed (see above)"; exit 1; }
         wait "$llama_pid" || { log "building llama-cpp-python failed (see above)"; exit 1; }
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
-        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial). Each test is handed to whichever worker is
-        # free (`--dist loadgroup` with no groups: pytest 9.2 ignores the id suffix xdist 3.8 marks a group with, so
-        # tests are not kept together by file; a module or session fixture is built once per worker that needs it,
-        # the SmolLM2 run included). Every torch and llama.cpp process of the run gets one thread: two workers whose
-        # training children each spun two threads oversubscribed the 2 cores (a full run with default threads took
-        # 2,560 s against ~1,900 s serial; with one thread, 1,614 s against 2,203 s serial on 2026-12-05).
+        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial), handed whole test files, costliest first
+        # (`--dist loadfile` with tests/scheduling.py's scheduler), the files sharing the SmolLM2 run as one unit: a
+        # module fixture, and the SmolLM2 run, is built once. Every torch and llama.cpp process of the run gets one
+        # thread: two workers whose training children each spun two threads oversubscribed the 2 cores (a full run
+        # with default threads took 2,560 s against ~1,900 s serial; with one thread, 1,614 s against 2,203 s serial
+        # on 2026-12-05).
         workers="${TUNEDECK_TEST_WORKERS:-2}"
         xdist=()
         if [[ "$workers" != "0" ]]; then
-            xdist=(-n "$workers" --dist loadgroup)
+            xdist=(-n "$workers" --dist loadfile)
             export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
         fi
         if [[ "${1:-}" == "--loaded" ]]; then

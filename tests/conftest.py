@@ -33,6 +33,17 @@ settings.register_profile("explore", derandomize=False, deadline=None, print_blo
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` (what `./dev.sh test` asks for): whole files, the SmolLM2 run's files as one unit, costliest
+    first (tests/scheduling.py). Any other mode is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from scheduling import make_scheduler
+
+    return make_scheduler(config, log)
+
+
 @pytest.fixture
 def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh TUNEDECK_HOME (database, runs, uploads) for one test."""

@@ -1,0 +1,103 @@
+"""How `./dev.sh test` shares the suite between its xdist workers: by file, costliest first.
+
+xdist's `--dist loadfile` hands each worker whole test files, so a module fixture (a server, a trained run) is built
+once. This scheduler refines it in two ways:
+
+- Files that share an expensive *session* fixture are one unit (`SHARED`), so that fixture is built by one worker
+  only: the SmolLM2 run (about four minutes of training and scoring) would otherwise be trained by both.
+- Units go out costliest first (`tests/file_seconds.json`, seconds per file measured on a full two-worker run), the
+  longest-processing-time-first rule: the long units overlap at the start and the cheap files fill the end, so both
+  workers finish close together. A file missing from the table counts as `DEFAULT_SECONDS`.
+
+The table only orders work; a stale one costs minutes, never a result. Refresh it after a full run with
+`--junitxml=J.xml`: `.venv/bin/python tests/scheduling.py J.xml`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+TABLE = Path(__file__).with_name("file_seconds.json")
+DEFAULT_SECONDS = 5.0
+
+# Test files that read one session fixture costly enough to build once per run, not once per worker.
+SHARED: dict[str, tuple[str, ...]] = {
+    "smollm2_run": (
+        "tests/test_smollm2.py",
+        "tests/test_chat_browser.py",
+        "tests/test_gguf_export.py",
+        "tests/test_chat_service.py",
+    ),
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit a test is scheduled with: its file, or the `SHARED` group its file belongs to."""
+    path = nodeid.split("::", 1)[0]
+    for group, files in SHARED.items():
+        if path in files:
+            return group
+    return path
+
+
+def unit_seconds(scopes: list[str], table: dict[str, float]) -> dict[str, float]:
+    """Each unit's expected seconds: its files' measured seconds summed."""
+    seconds: dict[str, float] = {}
+    for scope in scopes:
+        files = SHARED.get(scope, (scope,))
+        seconds[scope] = sum(table.get(f, DEFAULT_SECONDS) for f in files)
+    return seconds
+
+
+def load_table(path: Path = TABLE) -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadFileScheduling
+
+    class CostliestFirst(LoadFileScheduling):
+        """`loadfile` with the `SHARED` groups as units, handed out costliest first."""
+
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:
+                seconds = unit_seconds(list(self.workqueue), load_table())
+                for scope in sorted(self.workqueue, key=lambda s: seconds[s]):
+                    self.workqueue.move_to_end(scope, last=False)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return CostliestFirst(config, log)
+
+
+def file_seconds_from_junit(report: Path) -> dict[str, float]:
+    """Seconds per test file from a JUnit XML report (`pytest --junitxml`)."""
+    import xml.etree.ElementTree as ET
+
+    seconds: dict[str, float] = defaultdict(float)
+    for case in ET.parse(report).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        # classname is "tests.test_x" or "tests.test_x.TestClass"
+        depth = next((i for i, part in enumerate(module) if part.startswith("test_")), len(module) - 1)
+        seconds["/".join(module[: depth + 1]) + ".py"] += float(case.get("time", "0"))
+    return {f: round(s, 1) for f, s in sorted(seconds.items())}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/scheduling.py REPORT.xml  (a --junitxml report of a full run)")
+    TABLE.write_text(json.dumps(file_seconds_from_junit(Path(sys.argv[1])), indent=1) + "\n")
+    print(f"wrote {TABLE}")

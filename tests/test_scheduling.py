@@ -1,0 +1,58 @@
+"""The suite's xdist scheduler (tests/scheduling.py): its units, its order and its cost table."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from scheduling import DEFAULT_SECONDS, SHARED, TABLE, file_seconds_from_junit, scope_of, unit_seconds
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_file_that_reads_a_shared_fixture_is_in_its_group() -> None:
+    for fixture, files in SHARED.items():
+        readers = {
+            f"tests/{p.name}"
+            for p in (ROOT / "tests").glob("test_*.py")
+            if re.search(rf"def \w+\([^)]*\b{fixture}\b", p.read_text())  # a test or fixture asks for it
+        }
+        assert readers, f"no test file reads {fixture}: drop its group"
+        assert readers == set(files), f"{fixture} is read by {sorted(readers)}, its group lists {sorted(files)}"
+
+
+def test_a_test_is_scheduled_with_its_file_or_its_group() -> None:
+    assert scope_of("tests/test_store.py::test_x[sqlite]") == "tests/test_store.py"
+    assert scope_of("tests/test_store.py::TestRuns::test_y") == "tests/test_store.py"
+    assert scope_of("tests/test_gguf_export.py::test_q8") == "smollm2_run"
+    assert scope_of("tests/test_smollm2.py::test_a") == "smollm2_run"
+
+
+def test_a_group_costs_its_files_summed_and_an_unknown_file_the_default() -> None:
+    table = {"tests/test_smollm2.py": 100.0, "tests/test_chat_browser.py": 50.0, "tests/test_a.py": 7.0}
+    seconds = unit_seconds(["smollm2_run", "tests/test_a.py", "tests/test_new.py"], table)
+    assert seconds["tests/test_a.py"] == 7.0
+    assert seconds["tests/test_new.py"] == DEFAULT_SECONDS
+    assert seconds["smollm2_run"] == 150.0 + 2 * DEFAULT_SECONDS  # two of its four files are not in the table
+
+
+def test_the_table_is_made_from_a_junit_report(tmp_path: Path) -> None:
+    report = tmp_path / "j.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_a" name="t1" time="1.5"/>'
+        '<testcase classname="tests.test_a" name="t2" time="2.0"/>'
+        '<testcase classname="tests.test_b.TestX" name="t3" time="4.25"/>'
+        "</testsuite></testsuites>"
+    )
+    assert file_seconds_from_junit(report) == {"tests/test_a.py": 3.5, "tests/test_b.py": 4.2}
+
+
+def test_the_committed_table_names_only_files_that_exist() -> None:
+    table = json.loads(TABLE.read_text())
+    missing = [f for f in table if not (ROOT / f).is_file()]
+    assert not missing, (
+        f"tests/file_seconds.json names files that are gone: {missing}; refresh it (tests/scheduling.py)"
+    )
+    assert all(isinstance(v, (int, float)) and v >= 0 for v in table.values())
