@@ -29,7 +29,8 @@ from tests.training_helpers import tiny_spec, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~4 min on a quiet machine, 15 on a loaded one
 
 MIB = 1024**2
-STEPS = 48  # long enough that a trial pruned at its first evaluations is stopped before its end (8 raced the cancel)
+STEPS = 240  # so a trial pruned at its first evaluations is stopped before its end: with one thread the tiny model
+# trains ~50 steps a second, and 48 steps raced the search's 2-second turn (a full two-worker run saw no trial pruned)
 SPACE = ["learning_rate=[1e-3, 5e-3, 2e-3, 1e-5]", "lora_r=[8, 4096]"]
 
 
