@@ -7,7 +7,8 @@ once. This scheduler refines it in two ways:
   only: the SmolLM2 run (about four minutes of training and scoring) would otherwise be trained by both.
 - Units go out costliest first (`tests/file_seconds.json`, seconds per file measured on a full two-worker run), the
   longest-processing-time-first rule: the long units overlap at the start and the cheap files fill the end, so both
-  workers finish close together. A file missing from the table counts as `DEFAULT_SECONDS`.
+  workers finish close together. A file missing from the table counts as `DEFAULT_SECONDS`. A run shuffled by
+  pytest-random-order (`./dev.sh test --loaded`) keeps its seed's order instead.
 
 The table only orders work; a stale one costs minutes, never a result. Refresh it after a full run with
 `--junitxml=J.xml`: `.venv/bin/python tests/scheduling.py J.xml`.
@@ -19,6 +20,7 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 
@@ -61,13 +63,28 @@ def load_table(path: Path = TABLE) -> dict[str, float]:
         return {}
 
 
+class Options(Protocol):
+    def getoption(self, name: str, default: Any = ...) -> Any: ...
+
+
+def shuffled(config: Options) -> bool:
+    """Whether pytest-random-order shuffles this run (`./dev.sh test --loaded`): its seed's module order is kept."""
+    if config.getoption("random_order_enabled", False):
+        return True
+    return any(
+        not str(config.getoption(name, "default:")).startswith("default:")
+        for name in ("random_order_bucket", "random_order_seed")
+    )
+
+
 def make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class CostliestFirst(LoadFileScheduling):
-        """`loadfile` with the `SHARED` groups as units, handed out costliest first."""
+        """`loadfile` with the `SHARED` groups as units, handed out costliest first (in a shuffled run, in the
+        shuffled order)."""
 
-        _ordered = False
+        _ordered = shuffled(config)
 
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)

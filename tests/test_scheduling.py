@@ -56,3 +56,20 @@ def test_the_committed_table_names_only_files_that_exist() -> None:
         f"tests/file_seconds.json names files that are gone: {missing}; refresh it (tests/scheduling.py)"
     )
     assert all(isinstance(v, (int, float)) and v >= 0 for v in table.values())
+
+
+def test_a_shuffled_run_keeps_its_seeds_order() -> None:
+    from scheduling import shuffled
+
+    class Options:
+        def __init__(self, **given: object) -> None:
+            self.given = given
+
+        def getoption(self, name: str, default: object = None) -> object:
+            return self.given.get(name, default)
+
+    assert not shuffled(Options(random_order_bucket="default:module", random_order_seed="default:123"))
+    assert not shuffled(Options())
+    assert shuffled(Options(random_order_bucket="module", random_order_seed="default:123"))
+    assert shuffled(Options(random_order_seed="42"))
+    assert shuffled(Options(random_order_enabled=True))
