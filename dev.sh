@@ -293,8 +293,8 @@ case "$cmd" in
         wait "$llama_pid" || { log "building llama-cpp-python failed (see above)"; exit 1; }
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
         # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial), handed whole test files, costliest first
-        # (`--dist loadfile` with tests/scheduling.py's scheduler), the files sharing the SmolLM2 run as one unit: a
-        # module fixture, and the SmolLM2 run, is built once. Every torch and llama.cpp process of the run gets one
+        # (`--dist loadfile` with tests/scheduling.py's scheduler), the files reading the session's trained runs as one
+        # unit: a module fixture, and the SmolLM2 run, is built once. Every torch and llama.cpp process of the run gets one
         # thread: two workers whose training children each spun two threads oversubscribed the 2 cores (a full run
         # with default threads took 2,560 s against ~1,900 s serial; with one thread, 1,614 s against 2,203 s serial
         # on 2026-12-05).

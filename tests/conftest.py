@@ -35,8 +35,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`--dist loadfile` (what `./dev.sh test` asks for): whole files, the SmolLM2 run's files as one unit, costliest
-    first (tests/scheduling.py). Any other mode is xdist's own."""
+    """`--dist loadfile` (what `./dev.sh test` asks for): whole files, those reading the session's trained runs as one
+    unit, costliest first (tests/scheduling.py). Any other mode is xdist's own."""
     if config.getvalue("dist") != "loadfile":
         return None
     from scheduling import make_scheduler

@@ -3,8 +3,9 @@
 xdist's `--dist loadfile` hands each worker whole test files, so a module fixture (a server, a trained run) is built
 once. This scheduler refines it in two ways:
 
-- Files that share an expensive *session* fixture are one unit (`SHARED`), so that fixture is built by one worker
-  only: the SmolLM2 run (about four minutes of training and scoring) would otherwise be trained by both.
+- The files that read an expensive *session* fixture (`SHARED_FIXTURES`) are one unit (`SHARED_FILES`), so each is
+  built by one worker only: the SmolLM2 run (about four minutes of training and scoring) would otherwise be trained
+  by both.
 - Units go out costliest first (`tests/file_seconds.json`, seconds per file measured on a full two-worker run), the
   longest-processing-time-first rule: the long units overlap at the start and the cheap files fill the end, so both
   workers finish close together. A file missing from the table counts as `DEFAULT_SECONDS`. A run shuffled by
@@ -27,31 +28,37 @@ import pytest
 TABLE = Path(__file__).with_name("file_seconds.json")
 DEFAULT_SECONDS = 5.0
 
-# Test files that read one session fixture costly enough to build once per run, not once per worker.
-SHARED: dict[str, tuple[str, ...]] = {
-    "smollm2_run": (
-        "tests/test_smollm2.py",
-        "tests/test_chat_browser.py",
-        "tests/test_gguf_export.py",
-        "tests/test_chat_service.py",
-    ),
-}
+# The session fixtures costly enough to build once per run, not once per worker (conftest): the SmolLM2 run (about
+# four minutes of training and scoring) and the tag-format runs (half a minute). The files that read them, one unit.
+SHARED_FIXTURES = ("smollm2_run", "tag_home", "tag_store")
+SHARED = "session runs"
+SHARED_FILES = (
+    "tests/test_smollm2.py",
+    "tests/test_chat_browser.py",
+    "tests/test_gguf_export.py",
+    "tests/test_chat_service.py",
+    "tests/test_mcp.py",
+    "tests/test_preferences.py",
+    "tests/test_split_browser.py",
+    "tests/test_benchmarks.py",
+    "tests/test_chat.py",
+    "tests/test_export.py",
+    "tests/test_judge.py",
+    "tests/test_openai_api.py",
+)
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit a test is scheduled with: its file, or the `SHARED` group its file belongs to."""
+    """The unit a test is scheduled with: its file, or `SHARED` for the files that read the shared fixtures."""
     path = nodeid.split("::", 1)[0]
-    for group, files in SHARED.items():
-        if path in files:
-            return group
-    return path
+    return SHARED if path in SHARED_FILES else path
 
 
 def unit_seconds(scopes: list[str], table: dict[str, float]) -> dict[str, float]:
     """Each unit's expected seconds: its files' measured seconds summed."""
     seconds: dict[str, float] = {}
     for scope in scopes:
-        files = SHARED.get(scope, (scope,))
+        files = SHARED_FILES if scope == SHARED else (scope,)
         seconds[scope] = sum(table.get(f, DEFAULT_SECONDS) for f in files)
     return seconds
 
@@ -81,7 +88,7 @@ def make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class CostliestFirst(LoadFileScheduling):
-        """`loadfile` with the `SHARED` groups as units, handed out costliest first (in a shuffled run, in the
+        """`loadfile` with the `SHARED_FILES` as one unit, handed out costliest first (in a shuffled run, in the
         shuffled order)."""
 
         _ordered = shuffled(config)

@@ -6,35 +6,48 @@ import json
 import re
 from pathlib import Path
 
-from scheduling import DEFAULT_SECONDS, SHARED, TABLE, file_seconds_from_junit, scope_of, unit_seconds
+from scheduling import (
+    DEFAULT_SECONDS,
+    SHARED,
+    SHARED_FILES,
+    SHARED_FIXTURES,
+    TABLE,
+    file_seconds_from_junit,
+    scope_of,
+    unit_seconds,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_every_file_that_reads_a_shared_fixture_is_in_its_group() -> None:
-    for fixture, files in SHARED.items():
-        readers = {
+def test_the_files_that_read_a_shared_fixture_are_the_shared_unit() -> None:
+    readers: set[str] = set()
+    for fixture in SHARED_FIXTURES:
+        found = {
             f"tests/{p.name}"
             for p in (ROOT / "tests").glob("test_*.py")
             if re.search(rf"def \w+\([^)]*\b{fixture}\b", p.read_text())  # a test or fixture asks for it
         }
-        assert readers, f"no test file reads {fixture}: drop its group"
-        assert readers == set(files), f"{fixture} is read by {sorted(readers)}, its group lists {sorted(files)}"
+        assert found, f"no test file reads {fixture}: drop it from SHARED_FIXTURES"
+        readers |= found
+    assert readers == set(SHARED_FILES), (
+        f"files reading {SHARED_FIXTURES}: {sorted(readers)}; SHARED_FILES lists {sorted(SHARED_FILES)}"
+    )
 
 
 def test_a_test_is_scheduled_with_its_file_or_its_group() -> None:
     assert scope_of("tests/test_store.py::test_x[sqlite]") == "tests/test_store.py"
     assert scope_of("tests/test_store.py::TestRuns::test_y") == "tests/test_store.py"
-    assert scope_of("tests/test_gguf_export.py::test_q8") == "smollm2_run"
-    assert scope_of("tests/test_smollm2.py::test_a") == "smollm2_run"
+    assert scope_of("tests/test_gguf_export.py::test_q8") == SHARED
+    assert scope_of("tests/test_chat.py::test_a") == SHARED
 
 
 def test_a_group_costs_its_files_summed_and_an_unknown_file_the_default() -> None:
     table = {"tests/test_smollm2.py": 100.0, "tests/test_chat_browser.py": 50.0, "tests/test_a.py": 7.0}
-    seconds = unit_seconds(["smollm2_run", "tests/test_a.py", "tests/test_new.py"], table)
+    seconds = unit_seconds([SHARED, "tests/test_a.py", "tests/test_new.py"], table)
     assert seconds["tests/test_a.py"] == 7.0
     assert seconds["tests/test_new.py"] == DEFAULT_SECONDS
-    assert seconds["smollm2_run"] == 150.0 + 2 * DEFAULT_SECONDS  # two of its four files are not in the table
+    assert seconds[SHARED] == 150.0 + (len(SHARED_FILES) - 2) * DEFAULT_SECONDS  # the others are not in this table
 
 
 def test_the_table_is_made_from_a_junit_report(tmp_path: Path) -> None:
