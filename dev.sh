@@ -5,7 +5,7 @@
 #                           (http://127.0.0.1:7860, with its worker)
 #   ./dev.sh test [args]    venv + install (+ Chromium / docker-compose / PostgreSQL when root), then
 #                           the checks below and every test tier: pytest -m "" [args]
-#                           (two xdist workers, one thread a process;
+#                           (two xdist workers, whole test files each, one thread a process;
 #                           TUNEDECK_TEST_WORKERS=0: serial)
 #   ./dev.sh test --loaded  the same set-up, then the integration and browser tiers (not the SmolLM2 one)
 #                           with a CPU hog on one core, in a random order (seed printed;
@@ -91,8 +91,9 @@ ensure_venv() {
     "${pip[@]}" -e '.[test]'
     log "byte-compiling the venv's packages (on $(nproc) cores)"
     # What pip would have written, on every core; a file that does not compile is skipped, as pip skips it.
-    "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-        >/dev/null 2>&1 || true
+    local packages
+    packages="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$VENV/bin/python" -m compileall -q -j 0 "$packages" >/dev/null 2>&1 || true
     echo "$want" > "$STAMP"
 }
 
@@ -298,12 +299,12 @@ case "$cmd" in
         wait "$apt_pid" || { log "installing the system packages failed (see above)"; exit 1; }
         wait "$llama_pid" || { log "building llama-cpp-python failed (see above)"; exit 1; }
         export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False
-        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial), handed whole test files, costliest first
-        # (`--dist loadfile` with tests/scheduling.py's scheduler), the files reading the session's trained runs as one
-        # unit: a module fixture, and the SmolLM2 run, is built once. Every torch and llama.cpp process of the run gets one
-        # thread: two workers whose training children each spun two threads oversubscribed the 2 cores (a full run
-        # with default threads took 2,560 s against ~1,900 s serial; with one thread, 1,614 s against 2,203 s serial
-        # on 2026-12-05).
+        # Two xdist workers by default (TUNEDECK_TEST_WORKERS=0: serial), handed whole test files, costliest
+        # first (`--dist loadfile` with tests/scheduling.py's scheduler), the files reading the session's trained
+        # runs as one unit: a module fixture, and the SmolLM2 run, is built once. Every torch and llama.cpp process
+        # of the run gets one thread: two workers whose training children each spun two threads oversubscribed the
+        # 2 cores (a full run with default threads took 2,560 s against ~1,900 s serial; with one thread, 1,614 s
+        # against 2,203 s serial on 2026-12-05).
         workers="${TUNEDECK_TEST_WORKERS:-2}"
         xdist=()
         if [[ "$workers" != "0" ]]; then

@@ -39,9 +39,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     unit, costliest first (tests/scheduling.py). Any other mode is xdist's own."""
     if config.getvalue("dist") != "loadfile":
         return None
-    from scheduling import make_scheduler
+    from scheduling import CostliestFirst
 
-    return make_scheduler(config, log)
+    return CostliestFirst(config, log)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 TABLE = Path(__file__).with_name("file_seconds.json")
 DEFAULT_SECONDS = 5.0
@@ -84,27 +85,24 @@ def shuffled(config: Options) -> bool:
     )
 
 
-def make_scheduler(config: pytest.Config, log):
-    from xdist.scheduler import LoadFileScheduling
+class CostliestFirst(LoadFileScheduling):
+    """`loadfile` with the `SHARED_FILES` as one unit, handed out costliest first (in a shuffled run, in the shuffled
+    order)."""
 
-    class CostliestFirst(LoadFileScheduling):
-        """`loadfile` with the `SHARED_FILES` as one unit, handed out costliest first (in a shuffled run, in the
-        shuffled order)."""
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._ordered = shuffled(config)
 
-        _ordered = shuffled(config)
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of(nodeid)
 
-        def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            if not self._ordered:
-                seconds = unit_seconds(list(self.workqueue), load_table())
-                for scope in sorted(self.workqueue, key=lambda s: seconds[s]):
-                    self.workqueue.move_to_end(scope, last=False)
-                self._ordered = True
-            super()._assign_work_unit(node)
-
-    return CostliestFirst(config, log)
+    def _assign_work_unit(self, node: Any) -> None:
+        if not self._ordered:  # the first assignment: the collection is in, the queue is whole
+            seconds = unit_seconds(list(self.workqueue), load_table())
+            for scope in sorted(self.workqueue, key=lambda s: seconds[s]):
+                self.workqueue.move_to_end(scope, last=False)
+            self._ordered = True
+        super()._assign_work_unit(node)
 
 
 def file_seconds_from_junit(report: Path) -> dict[str, float]:

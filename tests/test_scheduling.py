@@ -14,6 +14,7 @@ from scheduling import (
     TABLE,
     file_seconds_from_junit,
     scope_of,
+    shuffled,
     unit_seconds,
 )
 
@@ -72,8 +73,6 @@ def test_the_committed_table_names_only_files_that_exist() -> None:
 
 
 def test_a_shuffled_run_keeps_its_seeds_order() -> None:
-    from scheduling import shuffled
-
     class Options:
         def __init__(self, **given: object) -> None:
             self.given = given
